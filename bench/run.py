@@ -1,0 +1,721 @@
+#!/usr/bin/env python3
+"""softverbs benchmark driver.
+
+    python3 bench/run.py [--build build] [--quick]
+
+Runs, in one go, the raw baselines (shared-memory cache-line ping-pong and
+single-thread memcpy, from `shm_pingpong`) and the verbs benchmark
+(`verbs_bench`) under softverbs (LD_LIBRARY_PATH=<build>/src/verbs), and
+optionally UCX's ucx_perftest over posix shared memory as a peer.  Latency and
+bandwidth rounds are interleaved so that the ratios compare numbers measured
+under the same machine conditions.
+
+Prints a markdown table to stdout, progress to stderr, and writes
+bench/results/latest.md, latest.png (if matplotlib is available) and
+latest.jsonl (all raw measurements).
+
+Exit status: 0 all benchmarks ran; 1 a benchmark failed; 2 the softverbs
+library is not built (the baseline table is still printed); 64 bad usage.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+KIB = 1024
+MIB = 1024 * 1024
+HIGHLIGHT = (64 * KIB, 1 * MIB)
+T0 = time.monotonic()
+
+
+def have_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def maybe_reexec_for_matplotlib():
+    """Debian ships matplotlib for /usr/bin/python3; a pyenv/venv python3 may
+    not have it.  Re-run ourselves under the system interpreter in that case."""
+    if have_matplotlib() or os.environ.get("SOFTVERBS_BENCH_REEXEC"):
+        return
+    syspy = "/usr/bin/python3"
+    if not os.path.exists(syspy) or os.path.realpath(sys.executable) == os.path.realpath(syspy):
+        return
+    try:
+        ok = subprocess.run([syspy, "-c", "import matplotlib"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if ok:
+        env = dict(os.environ, SOFTVERBS_BENCH_REEXEC="1")
+        sys.stderr.flush()
+        os.execve(syspy, [syspy, os.path.abspath(__file__)] + sys.argv[1:], env)
+
+
+# --------------------------------------------------------------- utilities --
+
+def log(msg):
+    sys.stderr.write("[bench %6.1fs] %s\n" % (time.monotonic() - T0, msg))
+    sys.stderr.flush()
+
+
+class BenchError(Exception):
+    pass
+
+
+def kill_group(proc):
+    """Kill a process started with start_new_session=True and its children."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=5)
+
+
+def run_cmd(cmd, timeout, env=None, what=None):
+    """Run cmd with a hard timeout; returns stdout.  Raises BenchError."""
+    what = what or os.path.basename(cmd[0])
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                start_new_session=True, text=True)
+    except OSError as e:
+        raise BenchError("%s: cannot start %s: %s" % (what, cmd[0], e))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise BenchError("%s: timed out after %ds\n%s" % (what, timeout, tail(err)))
+    finally:
+        kill_group(proc)  # leftovers of the process group, if any
+    if proc.returncode != 0:
+        raise BenchError("%s: exit status %d\n  command: %s\n%s"
+                         % (what, proc.returncode, " ".join(cmd), tail(err or out)))
+    return out
+
+
+def tail(text, n=12):
+    lines = [l for l in (text or "").strip().splitlines() if l.strip()]
+    return "\n".join("  | " + l for l in lines[-n:])
+
+
+def short_failure(msg):
+    """First line of a BenchError message plus the first line of the tool's
+    own stderr, e.g. 'verbs_bench: exit status 1: no RDMA devices found'."""
+    lines = msg.splitlines()
+    detail = [l.strip()[2:].strip() for l in lines[1:] if l.strip().startswith("|")]
+    return lines[0] + (" — " + detail[0] if detail else "")
+
+
+def parse_jsonl(text, what):
+    recs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            raise BenchError("%s: unparsable output line: %s" % (what, line))
+    if not recs:
+        raise BenchError("%s: produced no results" % what)
+    return recs
+
+
+def fmt_size(n):
+    if n >= MIB and n % MIB == 0:
+        return "%d MiB" % (n // MIB)
+    if n >= KIB and n % KIB == 0:
+        return "%d KiB" % (n // KIB)
+    return "%d B" % n
+
+
+def fmt_ns(ns):
+    if ns is None:
+        return "–"
+    if ns >= 10000:
+        return "%.1f µs" % (ns / 1000.0)
+    if ns >= 1000:
+        return "%.2f µs" % (ns / 1000.0)
+    return "%.0f ns" % ns
+
+
+def fmt_gbps(g):
+    if g is None:
+        return "–"
+    return "%.1f GB/s" % g if g >= 10 else "%.3g GB/s" % g
+
+
+def fmt_ratio(r, pct=False):
+    if r is None:
+        return "–"
+    if pct:
+        return "%.0f%%" % (100 * r)
+    if r >= 10:
+        return "%.1f×" % r
+    if r >= 0.1:
+        return "%.2f×" % r
+    return "%.2g×" % r
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+# ------------------------------------------------------------------- steps --
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.quick = args.quick
+        self.raw = []          # every JSON record, annotated
+        self.failures = []     # human-readable failure messages
+        self.notes = []
+        self.rounds = args.rounds or (1 if self.quick else 3)
+        self.tmo = 60 if self.quick else 240
+        if self.quick:
+            self.bw_sizes = [8, 64, 512, 4 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB]
+            self.bw_time = 0.05
+            self.shm_iters = 50000
+            self.verbs_iters = 20000
+            self.memcpy_trials = 3
+        else:
+            self.bw_sizes = [8 << i for i in range(20)]  # 8 B .. 4 MiB
+            self.bw_time = 0.2
+            self.shm_iters = 200000
+            self.verbs_iters = 100000
+            self.memcpy_trials = 5
+        if args.sizes:
+            self.bw_sizes = sorted(set(parse_sizes(args.sizes)))
+        self.step_no = 0
+        self.steps_total = 0
+
+    def step(self, text):
+        self.step_no += 1
+        log("step %d/%d: %s" % (self.step_no, self.steps_total, text))
+
+    def record(self, recs, source, rnd):
+        for r in recs:
+            r = dict(r)
+            r["source"] = source
+            r["round"] = rnd
+            self.raw.append(r)
+
+    # -- baselines
+    def shm_lat(self, rnd):
+        self.step("raw shm cache-line ping-pong, 8 B (round %d/%d)" % (rnd + 1, self.rounds))
+        out = run_cmd([self.shm_bin, "--test", "lat", "--iters", str(self.shm_iters),
+                       "--timeout", str(self.tmo - 5)], self.tmo, what="shm_pingpong lat")
+        self.record(parse_jsonl(out, "shm_pingpong lat"), "shm", rnd)
+
+    def memcpy_bw(self, rnd):
+        self.step("memcpy bandwidth, %d sizes (round %d/%d)" % (len(self.bw_sizes), rnd + 1, self.rounds))
+        out = run_cmd([self.shm_bin, "--test", "bw", "--sizes", ",".join(map(str, self.bw_sizes)),
+                       "--time", str(self.bw_time), "--trials", str(self.memcpy_trials),
+                       "--timeout", str(self.tmo - 5)], self.tmo, what="shm_pingpong bw")
+        self.record(parse_jsonl(out, "shm_pingpong bw"), "memcpy", rnd)
+
+    # -- softverbs
+    def verbs_env(self):
+        env = dict(os.environ)
+        old = env.get("LD_LIBRARY_PATH")
+        env["LD_LIBRARY_PATH"] = self.lib_dir + (":" + old if old else "")
+        return env
+
+    def verbs(self, tests, rnd, label):
+        if self.failures:
+            self.step("softverbs %s (round %d/%d): skipped after the failure above"
+                      % (label, rnd + 1, self.rounds))
+            return
+        self.step("softverbs %s (round %d/%d)" % (label, rnd + 1, self.rounds))
+        cmd = self.launcher + [self.verbs_bin, "--test", tests, "--lat-sizes", "8",
+               "--bw-sizes", ",".join(map(str, self.bw_sizes)), "--iters", str(self.verbs_iters),
+               "--time", str(self.bw_time), "--timeout", str(self.tmo - 5)]
+        try:
+            out = run_cmd(cmd, self.tmo, env=self.verbs_env(), what="verbs_bench " + tests)
+            self.record(parse_jsonl(out, "verbs_bench"), "softverbs", rnd)
+        except BenchError as e:
+            self.fail(str(e))
+
+    def fail(self, msg):
+        log("FAILED: " + short_failure(msg))
+        self.failures.append(msg)
+
+    # -- UCX peer
+    def ucx(self):
+        exe = shutil.which("ucx_perftest")
+        if not exe or self.args.no_ucx:
+            return
+        n_lat = 20000 if self.quick else 100000
+        runs = [("ucp_put_lat", 8, n_lat, 1000),
+                ("ucp_put_bw", 64 * KIB, 5000 if self.quick else 20000, 500),
+                ("ucp_put_bw", 1 * MIB, 1000 if self.quick else 5000, 100)]
+        for test, size, iters, warm in runs:
+            self.step("UCX peer: %s %s (posix shm)" % (test, fmt_size(size)))
+            try:
+                val = run_ucx(exe, test, size, iters, warm, timeout=30 if self.quick else 60)
+            except BenchError as e:
+                msg = "UCX %s %s: %s" % (test, fmt_size(size), e)
+                log("warning: " + msg.splitlines()[0])
+                self.notes.append(msg.splitlines()[0])
+                continue
+            rec = {"bench": "ucx", "test": test, "size": size, "iters": iters}
+            rec.update(val)
+            self.record([rec], "ucx", 0)
+
+    def plan(self, do_verbs):
+        n = self.rounds * 2  # shm lat + memcpy
+        if do_verbs:
+            n += self.rounds * 2
+        if shutil.which("ucx_perftest") and not self.args.no_ucx:
+            n += 3
+        self.steps_total = n
+
+    def run_all(self, do_verbs):
+        self.plan(do_verbs)
+        for rnd in range(self.rounds):
+            # Interleave baseline and softverbs so both see the same conditions.
+            self.shm_lat(rnd)
+            if do_verbs:
+                self.verbs("write_lat,send_lat", rnd, "RDMA WRITE + SEND/RECV latency, 8 B")
+            self.memcpy_bw(rnd)
+            if do_verbs:
+                self.verbs("write_bw", rnd, "RDMA WRITE bandwidth, %d sizes" % len(self.bw_sizes))
+        self.ucx()
+
+    # -- aggregation
+    def select(self, source, test, size=None):
+        return [r for r in self.raw if r["source"] == source and r.get("test") == test
+                and (size is None or r.get("size") == size)]
+
+    def agg(self, source, test, key, size=None):
+        return med([r.get(key) for r in self.select(source, test, size)])
+
+
+def parse_sizes(spec):
+    out = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        m = re.fullmatch(r"(\d+)\s*([kKmM]?)(i?[bB])?", item)
+        if not m:
+            raise SystemExit("bad size '%s'" % item)
+        v = int(m.group(1)) * {"": 1, "k": KIB, "m": MIB}[m.group(2).lower()]
+        if v <= 0:
+            raise SystemExit("bad size '%s'" % item)
+        out.append(v)
+    return out
+
+
+# --------------------------------------------------------------------- UCX --
+
+def free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def port_listening(port):
+    """True if some socket LISTENs on `port` (reads /proc/net/tcp{,6}; does not
+    connect, since ucx_perftest's server accepts exactly one connection)."""
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 3 and parts[3] == "0A" and \
+                            int(parts[1].rsplit(":", 1)[1], 16) == port:
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def parse_ucx(out, test):
+    """Parse ucx_perftest's result table.  Columns after 'Final:' are:
+    iterations, latency 50%ile/typical, average, overall (usec, one-way for
+    *_lat), bandwidth average, overall (MB/s, MB = 2^20), msg rate avg, overall."""
+    num = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+    row = None
+    for line in out.splitlines():
+        if line.strip().startswith("Final:"):
+            row = [float(x) for x in re.findall(num, line.split("Final:", 1)[1].replace(",", ""))]
+    if row is None:  # fall back to the last table row with enough numbers
+        for line in out.splitlines():
+            vals = re.findall(num, line.replace(",", ""))
+            if len(vals) >= 8 and not re.search(r"[A-Za-z]{3,}", line):
+                row = [float(x) for x in vals[-8:]]
+    if row is None or len(row) < 8:
+        raise BenchError("could not find a result line in ucx_perftest output\n" + tail(out))
+    row = row[-8:]
+    if test.endswith("_lat"):
+        return {"median_ns": row[1] * 1000.0, "mean_ns": row[2] * 1000.0}
+    return {"gbps": row[5] * MIB / 1e9, "mmsgs_per_s": row[7] / 1e6}
+
+
+def run_ucx(exe, test, size, iters, warm, timeout):
+    env = dict(os.environ, UCX_TLS="posix,self")
+    port = free_port()
+    server = subprocess.Popen([exe, "-p", str(port)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not port_listening(port):
+            if server.poll() is not None:
+                out = server.stdout.read() if server.stdout else ""
+                raise BenchError("ucx_perftest server exited early (%s)\n%s"
+                                 % (server.returncode, tail(out)))
+            if time.monotonic() > deadline:
+                raise BenchError("ucx_perftest server did not listen on port %d" % port)
+            time.sleep(0.02)
+        out = run_cmd([exe, "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
+                       "-n", str(iters), "-w", str(warm)], timeout, env=env, what="ucx_perftest")
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        return parse_ucx(out, test)
+    finally:
+        kill_group(server)
+        if server.stdout:
+            server.stdout.close()
+
+
+# ----------------------------------------------------------------- reports --
+
+def host_line():
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return "%s, %d CPUs, Linux %s" % (cpu or "unknown CPU", os.cpu_count() or 0, platform.release())
+
+
+def build_report(R, verbs_state):
+    """verbs_state: 'ok', 'missing-lib', 'missing-bin', 'failed'."""
+    have_ucx = any(r["source"] == "ucx" for r in R.raw)
+    L = []
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    L.append("# softverbs benchmark results")
+    L.append("")
+    L.append("%s · %s mode · %d round(s) interleaved · %s"
+             % (now, "quick" if R.quick else "full", R.rounds, host_line()))
+    L.append("")
+    if verbs_state == "missing-lib":
+        L.append("**softverbs library not built** (`%s/libibverbs.so.1` missing): baselines only."
+                 % R.lib_dir)
+        L.append("")
+    elif verbs_state == "missing-bin":
+        L.append("**verbs_bench not built**: baselines only.")
+        L.append("")
+    if R.failures:
+        L.append("**Failures:**")
+        L.append("")
+        for f in R.failures:
+            L.append("- " + short_failure(f))
+        L.append("")
+
+    # Latency
+    shm = R.agg("shm", "lat", "median_ns")
+    shm99 = R.agg("shm", "lat", "p99_ns")
+    wl = R.agg("softverbs", "write_lat", "median_ns", 8)
+    wl99 = R.agg("softverbs", "write_lat", "p99_ns", 8)
+    sl = R.agg("softverbs", "send_lat", "median_ns", 8)
+    sl99 = R.agg("softverbs", "send_lat", "p99_ns", 8)
+    ucx_lat = R.agg("ucx", "ucp_put_lat", "median_ns", 8)
+    L.append("## Latency, 8 B, one-way (RTT/2)")
+    L.append("")
+    L.append("Median over the iterations of each run, then median over rounds. "
+             "Ratio = softverbs / raw shared-memory cache-line ping-pong (1.0 = the hardware limit).")
+    L.append("")
+    hdr = "| operation | softverbs median | softverbs p99 | raw shm ping-pong | ratio |"
+    sep = "|---|---:|---:|---:|---:|"
+    if have_ucx:
+        hdr += " UCX put_lat (posix) | UCX / shm |"
+        sep += "---:|---:|"
+    L.append(hdr)
+    L.append(sep)
+    for name, v, v99 in (("RDMA WRITE", wl, wl99), ("SEND/RECV", sl, sl99)):
+        row = "| %s | %s | %s | %s | %s |" % (
+            name, fmt_ns(v), fmt_ns(v99), fmt_ns(shm),
+            fmt_ratio(v / shm if v and shm else None))
+        if have_ucx:
+            row += " %s | %s |" % (fmt_ns(ucx_lat) if name == "RDMA WRITE" else "–",
+                                   fmt_ratio(ucx_lat / shm if ucx_lat and shm and name == "RDMA WRITE" else None))
+        L.append(row)
+    L.append("")
+    L.append("Raw shm ping-pong p99: %s." % fmt_ns(shm99))
+    L.append("")
+
+    # Bandwidth
+    L.append("## Bandwidth, RDMA WRITE vs single-thread memcpy")
+    L.append("")
+    L.append("GB/s = 10^9 bytes/s. softverbs: one client, %d-WR window, %.2f s per size; "
+             "memcpy: hot buffers, same sizes. Ratio = softverbs / memcpy. Rows in bold are the "
+             "headline sizes." % (64, R.bw_time))
+    L.append("")
+    hdr = "| size | softverbs WRITE | memcpy | ratio |"
+    sep = "|---:|---:|---:|---:|"
+    if have_ucx:
+        hdr += " UCX put_bw (posix) | UCX / memcpy |"
+        sep += "---:|---:|"
+    L.append(hdr)
+    L.append(sep)
+    for size in R.bw_sizes:
+        v = R.agg("softverbs", "write_bw", "gbps", size)
+        m = R.agg("memcpy", "bw", "gbps", size)
+        u = R.agg("ucx", "ucp_put_bw", "gbps", size)
+        cells = [fmt_size(size), fmt_gbps(v), fmt_gbps(m), fmt_ratio(v / m if v and m else None)]
+        if have_ucx:
+            cells += [fmt_gbps(u), fmt_ratio(u / m if u and m else None)]
+        if size in HIGHLIGHT:
+            cells = ["**%s**" % c if c != "–" else c for c in cells]
+        L.append("| " + " | ".join(cells) + " |")
+    L.append("")
+
+    # Headline
+    head = []
+    if wl and shm:
+        head.append("WRITE 8 B latency %s = %.2f× raw shm" % (fmt_ns(wl), wl / shm))
+    for size in HIGHLIGHT:
+        v = R.agg("softverbs", "write_bw", "gbps", size)
+        m = R.agg("memcpy", "bw", "gbps", size)
+        if v and m:
+            head.append("WRITE %s %s = %.0f%% of memcpy" % (fmt_size(size), fmt_gbps(v), 100 * v / m))
+    if head:
+        L.insert(4, "**Summary:** " + "; ".join(head) + ".")
+        L.insert(5, "")
+    if R.notes:
+        L.append("Notes:")
+        L.append("")
+        for n in R.notes:
+            L.append("- " + n)
+        L.append("")
+    return "\n".join(L) + "\n"
+
+
+def make_plot(R, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:
+        log("warning: matplotlib not available (%s); no PNG written" % e)
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2, 1]})
+
+    def series(source, test):
+        xs, ys = [], []
+        for size in R.bw_sizes:
+            v = R.agg(source, test, "gbps", size)
+            if v:
+                xs.append(size)
+                ys.append(v)
+        return xs, ys
+
+    xs, ys = series("memcpy", "bw")
+    if xs:
+        ax1.plot(xs, ys, "o-", color="gray", label="memcpy (1 thread, hot)")
+    xs, ys = series("softverbs", "write_bw")
+    if xs:
+        ax1.plot(xs, ys, "s-", color="tab:blue", label="softverbs RDMA WRITE")
+    ux, uy = [], []
+    for size in HIGHLIGHT:
+        v = R.agg("ucx", "ucp_put_bw", "gbps", size)
+        if v:
+            ux.append(size)
+            uy.append(v)
+    if ux:
+        ax1.plot(ux, uy, "D", color="tab:orange", markersize=8, label="UCX ucp_put_bw (posix)")
+    for size in HIGHLIGHT:
+        ax1.axvline(size, color="lightgray", linestyle=":", zorder=0)
+    ax1.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("message size (bytes)")
+    ax1.set_ylabel("GB/s (10^9 B/s)")
+    ax1.set_title("Bandwidth")
+    ticks = [s for s in R.bw_sizes if s in (8, 64, 512, 4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB)]
+    ax1.set_xticks(ticks)
+    ax1.set_xticklabels([fmt_size(s) for s in ticks])
+    ax1.grid(True, which="both", alpha=0.3)
+    ax1.legend(loc="lower right")
+
+    bars = [("raw shm\nping-pong", R.agg("shm", "lat", "median_ns"), "gray"),
+            ("softverbs\nWRITE", R.agg("softverbs", "write_lat", "median_ns", 8), "tab:blue"),
+            ("softverbs\nSEND/RECV", R.agg("softverbs", "send_lat", "median_ns", 8), "tab:cyan"),
+            ("UCX\nput_lat", R.agg("ucx", "ucp_put_lat", "median_ns", 8), "tab:orange")]
+    bars = [b for b in bars if b[1]]
+    if bars:
+        pos = range(len(bars))
+        ax2.bar(pos, [b[1] for b in bars], color=[b[2] for b in bars])
+        ax2.set_xticks(list(pos))
+        ax2.set_xticklabels([b[0] for b in bars])
+        for i, b in enumerate(bars):
+            ax2.text(i, b[1], fmt_ns(b[1]), ha="center", va="bottom")
+        vals = [b[1] for b in bars]
+        if max(vals) / min(vals) > 20:
+            ax2.set_yscale("log")
+    ax2.set_ylabel("one-way latency, ns (median)")
+    ax2.set_title("Latency, 8 B")
+    ax2.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("softverbs vs raw shared memory (%s mode)" % ("quick" if R.quick else "full"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# -------------------------------------------------------------------- main --
+
+def resolve_dir(path):
+    if os.path.isabs(path):
+        return path
+    if os.path.exists(path):
+        return os.path.abspath(path)
+    return os.path.join(REPO, path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="softverbs benchmark suite (ratios against "
+                                             "baselines measured in the same run)")
+    ap.add_argument("--build", default="build", help="CMake build dir (default: build)")
+    ap.add_argument("--quick", action="store_true", help="short run (< 30 s)")
+    ap.add_argument("--bench-bin", help="dir with shm_pingpong/verbs_bench "
+                                        "(default <build>/bench, else <build>/bin)")
+    ap.add_argument("--lib-dir", help="dir with softverbs' libibverbs.so.1 "
+                                      "(default <build>/src/verbs, else <build>/lib)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="results dir")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
+    ap.add_argument("--sizes", help="bandwidth sizes, e.g. 8,64K,1M")
+    ap.add_argument("--no-ucx", action="store_true", help="skip the UCX peer")
+    ap.add_argument("--launcher", choices=("auto", "env", "tool"), default="auto",
+                    help="how to run verbs_bench under softverbs: 'env' = LD_LIBRARY_PATH only, "
+                         "'tool' = also wrap in '<build>/{src/tools,bin}/softverbs run --', "
+                         "'auto' (default) = 'tool' if that program exists")
+    args = ap.parse_args()
+    if args.rounds is not None and args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+
+    build = resolve_dir(args.build)
+
+    def first_with(dirs, name):
+        for d in dirs:
+            if os.path.exists(os.path.join(d, name)):
+                return d
+        return dirs[0]
+
+    bench_bin = (resolve_dir(args.bench_bin) if args.bench_bin else
+                 first_with([os.path.join(build, "bench"), os.path.join(build, "bin")],
+                            "shm_pingpong"))
+    lib_dir = (resolve_dir(args.lib_dir) if args.lib_dir else
+               first_with([os.path.join(build, "src", "verbs"), os.path.join(build, "lib")],
+                          "libibverbs.so.1"))
+
+    R = Runner(args)
+    R.shm_bin = os.path.join(bench_bin, "shm_pingpong")
+    R.verbs_bin = os.path.join(bench_bin, "verbs_bench")
+    R.lib_dir = lib_dir
+    if not os.access(R.shm_bin, os.X_OK):
+        sys.stderr.write("error: %s not found. Build the benchmarks first, e.g.\n"
+                         "  cmake --build %s --target shm_pingpong verbs_bench\n"
+                         "or pass --bench-bin DIR.\n" % (R.shm_bin, build))
+        return 1
+
+    tool = os.path.join(first_with([os.path.join(build, "src", "tools"),
+                                    os.path.join(build, "bin")], "softverbs"), "softverbs")
+    R.launcher = []
+    if args.launcher == "tool" or (args.launcher == "auto" and os.access(tool, os.X_OK)):
+        if not os.access(tool, os.X_OK):
+            sys.stderr.write("error: --launcher tool but %s does not exist\n" % tool)
+            return 1
+        R.launcher = [tool, "run", "--"]
+        log("running verbs_bench via '%s run --' (use --launcher env to bypass)" % tool)
+
+    verbs_state = "ok"
+    if not os.path.exists(os.path.join(lib_dir, "libibverbs.so.1")):
+        verbs_state = "missing-lib"
+        log("softverbs library not built (%s/libibverbs.so.1 missing); running baselines only"
+            % lib_dir)
+    elif not os.access(R.verbs_bin, os.X_OK):
+        verbs_state = "missing-bin"
+        log("verbs_bench not built (%s); running baselines only" % R.verbs_bin)
+
+    try:
+        R.run_all(verbs_state == "ok")
+    except BenchError as e:  # a baseline failed: nothing meaningful to report
+        sys.stderr.write("error: baseline benchmark failed: %s\n" % e)
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    if verbs_state == "ok" and R.failures:
+        verbs_state = "failed"
+
+    report = build_report(R, verbs_state)
+    os.makedirs(args.out, exist_ok=True)
+    md_path = os.path.join(args.out, "latest.md")
+    png_path = os.path.join(args.out, "latest.png")
+    with open(md_path, "w") as f:
+        f.write(report)
+        if os.path.exists(png_path) or have_matplotlib():
+            f.write("\n![plot](latest.png)\n")
+    with open(os.path.join(args.out, "latest.jsonl"), "w") as f:
+        for r in R.raw:
+            f.write(json.dumps(r) + "\n")
+    plotted = make_plot(R, png_path)
+    sys.stdout.write(report)
+    sys.stdout.flush()
+    log("wrote %s%s" % (md_path, ", " + png_path if plotted else ""))
+
+    if verbs_state == "missing-lib":
+        sys.stderr.write("softverbs library not built: baseline table only (exit 2)\n")
+        return 2
+    if verbs_state == "missing-bin":
+        sys.stderr.write("verbs_bench not built: baseline table only (exit 2)\n")
+        return 2
+    if R.failures:
+        sys.stderr.write("\nbenchmark FAILED:\n")
+        for f in R.failures:
+            sys.stderr.write("- %s\n" % f)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    maybe_reexec_for_matplotlib()
+    sys.exit(main())

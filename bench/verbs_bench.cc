@@ -1,0 +1,809 @@
+// verbs_bench: RDMA WRITE latency/bandwidth and SEND/RECV latency over one RC
+// QP pair, using only the public libibverbs API.  The program forks: the child
+// is the server, the parent the client; both open the first (or --dev) device,
+// exchange {qpn, psn, lid, gid, addr, rkey, mtu} over a socketpair created
+// before fork() and connect their QPs (INIT -> RTR -> RTS).
+//
+//  write_lat: ping-pong of RDMA WRITEs like perftest's ib_write_lat: each side
+//             writes into the peer's buffer and busy-polls the last byte of its
+//             own buffer for the iteration tag.  Reports one-way (RTT/2).
+//  write_bw:  the client keeps a window of WRITEs in flight (signalled every
+//             `chunk` WRs) for >= --time seconds per size; reports GB/s.
+//  send_lat:  SEND/RECV ping-pong, completion detected by polling the recv CQ.
+//
+// Output: one JSON object per line on stdout (client only); errors on stderr.
+#include <infiniband/verbs.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+
+namespace {
+
+constexpr unsigned kInline = IBV_SEND_INLINE;
+constexpr unsigned kSignaled = IBV_SEND_SIGNALED;
+
+enum class Test { WriteLat, WriteBw, SendLat };
+
+const char *test_name(Test t) {
+  switch (t) {
+    case Test::WriteLat: return "write_lat";
+    case Test::WriteBw: return "write_bw";
+    case Test::SendLat: return "send_lat";
+  }
+  return "?";
+}
+
+struct Options {
+  std::vector<Test> tests{Test::WriteLat, Test::WriteBw, Test::SendLat};
+  std::vector<uint64_t> lat_sizes{8};
+  std::vector<uint64_t> bw_sizes;
+  uint64_t iters = 100000;
+  uint64_t warmup = 2000;
+  double seconds = 0.2;  // per bw size
+  double warm_seconds = 0.02;
+  unsigned window = 64;
+  unsigned chunk = 0;  // bw: signal every `chunk` WRs; 0 = window/4
+  unsigned inline_req = 64;
+  std::string dev_name;
+  int ib_port = 1;
+  int gid_idx = 0;
+  int mtu = 0;  // bytes; 0 = port's active MTU
+  bool pin = false;
+  unsigned timeout = 300;
+};
+
+const char *g_role = "client";
+
+[[noreturn]] void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void die(const char *fmt, ...) {
+  char msg[512];
+  int n = std::snprintf(msg, sizeof msg, "verbs_bench %s: ", g_role);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg + n, sizeof msg - static_cast<size_t>(n) - 1, fmt, ap);
+  va_end(ap);
+  std::strcat(msg, "\n");
+  std::fflush(stdout);
+  ssize_t r = write(2, msg, std::strlen(msg));  // one write: no interleaving
+  (void)r;
+  _exit(1);
+}
+
+// The client learns about a failed server through SIGCHLD, even while it
+// busy-polls memory that the dead server would have written.
+volatile sig_atomic_t g_child_pid = 0;
+volatile sig_atomic_t g_child_done = 0;
+volatile sig_atomic_t g_child_status = 0;
+
+void on_sigchld(int) {
+  int saved = errno;
+  int st = 0;
+  pid_t p = waitpid(static_cast<pid_t>(g_child_pid), &st, WNOHANG);
+  if (p > 0) {
+    g_child_status = st;
+    g_child_done = 1;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      static const char msg[] = "verbs_bench client: server process failed; aborting\n";
+      ssize_t r = write(2, msg, sizeof msg - 1);
+      (void)r;
+      _exit(1);
+    }
+  }
+  errno = saved;
+}
+
+void on_alarm(int) {
+  static const char msg[] = "verbs_bench: watchdog timeout (peer hung or device too slow)\n";
+  ssize_t r = write(2, msg, sizeof msg - 1);
+  (void)r;
+  _exit(3);
+}
+
+// ------------------------------------------------------------ socket sync --
+
+void write_all(int fd, const void *p, size_t n) {
+  const char *c = static_cast<const char *>(p);
+  while (n) {
+    ssize_t r = write(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) die("socket write failed: %s", r < 0 ? std::strerror(errno) : "closed");
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+void read_all(int fd, void *p, size_t n) {
+  char *c = static_cast<char *>(p);
+  while (n) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) die("peer closed the socket (peer failed?)");
+    if (r < 0) die("socket read failed: %s", std::strerror(errno));
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+void barrier(int fd) {
+  char b = 'b';
+  write_all(fd, &b, 1);
+  read_all(fd, &b, 1);
+  if (b != 'b') die("barrier out of sync");
+}
+
+// -------------------------------------------------------------- RDMA setup --
+
+struct PeerInfo {
+  uint32_t qpn;
+  uint32_t psn;
+  uint32_t rkey;
+  uint32_t mtu;  // enum ibv_mtu
+  uint64_t addr;
+  uint16_t lid;
+  uint8_t gid[16];
+  uint8_t pad[6];
+};
+
+struct Rdma {
+  ibv_context *ctx = nullptr;
+  ibv_pd *pd = nullptr;
+  ibv_mr *mr = nullptr;
+  ibv_cq *scq = nullptr;
+  ibv_cq *rcq = nullptr;
+  ibv_qp *qp = nullptr;
+  char *buf = nullptr;
+  size_t region = 0;  // buf = [recv region | send region], each `region` bytes
+  unsigned sq_depth = 0;
+  unsigned rq_depth = 0;
+  unsigned max_inline = 0;
+  unsigned recv_posted = 0;
+  ibv_port_attr port{};
+  PeerInfo local{}, remote{};
+  std::string dev;
+  int sock = -1;
+
+  char *recv_buf() const { return buf; }
+  char *send_buf() const { return buf + region; }
+  uint64_t remote_recv() const { return remote.addr; }
+};
+
+int mtu_bytes(uint32_t m) { return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128 << m : 0; }
+
+ibv_mtu mtu_enum(int bytes) {
+  switch (bytes) {
+    case 256: return IBV_MTU_256;
+    case 512: return IBV_MTU_512;
+    case 1024: return IBV_MTU_1024;
+    case 2048: return IBV_MTU_2048;
+    case 4096: return IBV_MTU_4096;
+  }
+  die("bad MTU %d (256..4096)", bytes);
+}
+
+void setup(Rdma &r, const Options &o, uint64_t max_size) {
+  int num = 0;
+  ibv_device **list = ibv_get_device_list(&num);
+  if (!list || num == 0) die("no RDMA devices found (is softverbs on LD_LIBRARY_PATH?)");
+  ibv_device *dev = nullptr;
+  for (int i = 0; i < num; ++i) {
+    if (o.dev_name.empty() || o.dev_name == ibv_get_device_name(list[i])) {
+      dev = list[i];
+      break;
+    }
+  }
+  if (!dev) die("device '%s' not found", o.dev_name.c_str());
+  r.dev = ibv_get_device_name(dev);
+  r.ctx = ibv_open_device(dev);
+  if (!r.ctx) die("ibv_open_device(%s) failed: %s", r.dev.c_str(), std::strerror(errno));
+  ibv_free_device_list(list);
+
+  ibv_device_attr dattr{};
+  if (ibv_query_device(r.ctx, &dattr)) die("ibv_query_device failed");
+  if (ibv_query_port(r.ctx, static_cast<uint8_t>(o.ib_port), &r.port))
+    die("ibv_query_port(%d) failed", o.ib_port);
+  if (r.port.state != IBV_PORT_ACTIVE)
+    std::fprintf(stderr, "verbs_bench %s: warning: port %d is not ACTIVE (state %d)\n", g_role,
+                 o.ib_port, r.port.state);
+
+  union ibv_gid gid;
+  std::memset(&gid, 0, sizeof gid);
+  if (ibv_query_gid(r.ctx, static_cast<uint8_t>(o.ib_port), o.gid_idx, &gid))
+    std::fprintf(stderr, "verbs_bench %s: warning: ibv_query_gid(%d) failed\n", g_role, o.gid_idx);
+
+  r.pd = ibv_alloc_pd(r.ctx);
+  if (!r.pd) die("ibv_alloc_pd failed: %s", std::strerror(errno));
+
+  r.region = (std::max<uint64_t>(max_size, 64) + 4095) & ~uint64_t{4095};
+  void *mem = nullptr;
+  if (posix_memalign(&mem, 4096, 2 * r.region)) die("posix_memalign(%zu) failed", 2 * r.region);
+  r.buf = static_cast<char *>(mem);
+  std::memset(r.buf, 0, 2 * r.region);
+  r.mr = ibv_reg_mr(r.pd, r.buf, 2 * r.region,
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  if (!r.mr) die("ibv_reg_mr(%zu bytes) failed: %s", 2 * r.region, std::strerror(errno));
+
+  unsigned want_sq = std::max(o.window, 16u) * 2;
+  unsigned max_wr = dattr.max_qp_wr > 0 ? static_cast<unsigned>(dattr.max_qp_wr) : want_sq;
+  r.sq_depth = std::min(want_sq, max_wr);
+  r.rq_depth = std::min(64u, max_wr);
+  unsigned max_cqe = dattr.max_cqe > 0 ? static_cast<unsigned>(dattr.max_cqe) : r.sq_depth;
+  r.scq = ibv_create_cq(r.ctx, static_cast<int>(std::min(r.sq_depth, max_cqe)), nullptr, nullptr, 0);
+  r.rcq = ibv_create_cq(r.ctx, static_cast<int>(std::min(r.rq_depth, max_cqe)), nullptr, nullptr, 0);
+  if (!r.scq || !r.rcq) die("ibv_create_cq failed: %s", std::strerror(errno));
+
+  for (unsigned inl : {o.inline_req, 0u}) {
+    ibv_qp_init_attr qa{};
+    qa.send_cq = r.scq;
+    qa.recv_cq = r.rcq;
+    qa.cap.max_send_wr = r.sq_depth;
+    qa.cap.max_recv_wr = r.rq_depth;
+    qa.cap.max_send_sge = 1;
+    qa.cap.max_recv_sge = 1;
+    qa.cap.max_inline_data = inl;
+    qa.qp_type = IBV_QPT_RC;
+    qa.sq_sig_all = 0;
+    r.qp = ibv_create_qp(r.pd, &qa);
+    if (r.qp) {
+      r.max_inline = qa.cap.max_inline_data;  // provider reports what it granted
+      r.sq_depth = std::min(r.sq_depth, qa.cap.max_send_wr);
+      r.rq_depth = std::min(r.rq_depth, qa.cap.max_recv_wr);
+      break;
+    }
+  }
+  if (!r.qp) die("ibv_create_qp(RC) failed: %s", std::strerror(errno));
+
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = static_cast<uint8_t>(o.ib_port);
+  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (int e = ibv_modify_qp(r.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    die("modify QP to INIT failed: %s", std::strerror(e));
+
+  r.local.qpn = r.qp->qp_num;
+  r.local.psn = static_cast<uint32_t>(lrand48()) & 0xffffff;
+  r.local.rkey = r.mr->rkey;
+  r.local.mtu = o.mtu ? mtu_enum(o.mtu) : r.port.active_mtu;
+  r.local.addr = reinterpret_cast<uintptr_t>(r.recv_buf());
+  r.local.lid = r.port.lid;
+  std::memcpy(r.local.gid, gid.raw, 16);
+
+  write_all(r.sock, &r.local, sizeof r.local);
+  read_all(r.sock, &r.remote, sizeof r.remote);
+
+  uint32_t mtu = std::min(r.local.mtu, r.remote.mtu);
+  if (mtu < IBV_MTU_256 || mtu > IBV_MTU_4096) mtu = IBV_MTU_1024;
+
+  bool grh = false;
+  for (uint8_t b : r.remote.gid) grh |= b != 0;
+
+  std::memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(mtu);
+  a.dest_qp_num = r.remote.qpn;
+  a.rq_psn = r.remote.psn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.dlid = r.remote.lid;
+  a.ah_attr.sl = 0;
+  a.ah_attr.src_path_bits = 0;
+  a.ah_attr.port_num = static_cast<uint8_t>(o.ib_port);
+  a.ah_attr.is_global = grh ? 1 : 0;
+  if (grh) {
+    std::memcpy(a.ah_attr.grh.dgid.raw, r.remote.gid, 16);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(o.gid_idx);
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.grh.flow_label = 0;
+    a.ah_attr.grh.traffic_class = 0;
+  }
+  if (int e = ibv_modify_qp(r.qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    die("modify QP to RTR failed: %s", std::strerror(e));
+
+  std::memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.sq_psn = r.local.psn;
+  a.max_rd_atomic = 1;
+  if (int e = ibv_modify_qp(r.qp, &a,
+                            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+    die("modify QP to RTS failed: %s", std::strerror(e));
+
+  barrier(r.sock);
+  r.local.mtu = mtu;
+}
+
+void teardown(Rdma &r) {
+  if (r.qp && ibv_destroy_qp(r.qp)) die("ibv_destroy_qp failed");
+  if (r.scq && ibv_destroy_cq(r.scq)) die("ibv_destroy_cq failed");
+  if (r.rcq && ibv_destroy_cq(r.rcq)) die("ibv_destroy_cq failed");
+  if (r.mr && ibv_dereg_mr(r.mr)) die("ibv_dereg_mr failed");
+  if (r.pd && ibv_dealloc_pd(r.pd)) die("ibv_dealloc_pd failed");
+  if (r.ctx && ibv_close_device(r.ctx)) die("ibv_close_device failed");
+  std::free(r.buf);
+}
+
+// ------------------------------------------------------------- completions --
+
+void check_wc(const ibv_wc &wc, const char *what) {
+  if (wc.status != IBV_WC_SUCCESS)
+    die("%s completion failed: %s (status %d, vendor_err 0x%x, wr_id %llu)", what,
+        ibv_wc_status_str(wc.status), wc.status, wc.vendor_err,
+        static_cast<unsigned long long>(wc.wr_id));
+}
+
+// Non-blocking: reap up to `max` send completions; returns how many.
+int poll_send(Rdma &r, int max = 16) {
+  ibv_wc wc[16];
+  int n = ibv_poll_cq(r.scq, std::min(max, 16), wc);
+  if (n < 0) die("ibv_poll_cq(send) failed");
+  for (int i = 0; i < n; ++i) check_wc(wc[i], "send");
+  return n;
+}
+
+// Tracks unsignalled WRs so the SQ never overflows: a signalled WR retires
+// itself and every unsignalled WR posted before it.
+struct SendTracker {
+  unsigned sig_every;
+  unsigned sq_depth;
+  unsigned since_sig = 0;  // unsignalled WRs posted since the last signalled one
+  unsigned pending = 0;    // signalled WRs whose completion is not reaped yet
+
+  unsigned outstanding() const { return since_sig + pending * sig_every; }
+  // Decide the signal flag for the next WR (force = last WR of a test).
+  bool next_signaled(Rdma &r, bool force) {
+    while (outstanding() + 1 > sq_depth) pending -= static_cast<unsigned>(poll_send(r));
+    bool sig = force || since_sig + 1 >= sig_every;
+    if (sig) {
+      since_sig = 0;
+      ++pending;
+    } else {
+      ++since_sig;
+    }
+    return sig;
+  }
+  void reap(Rdma &r) {
+    if (pending) pending -= static_cast<unsigned>(poll_send(r));
+  }
+  void drain(Rdma &r) {
+    while (pending) pending -= static_cast<unsigned>(poll_send(r));
+  }
+};
+
+// Receives always cover the whole receive region, so receives left posted by
+// an earlier send_lat size still fit a larger message.
+void post_recvs(Rdma &r) {
+  while (r.recv_posted < r.rq_depth) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(r.recv_buf()), static_cast<uint32_t>(r.region), r.mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = r.recv_posted;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr *bad = nullptr;
+    if (int e = ibv_post_recv(r.qp, &wr, &bad)) die("ibv_post_recv failed: %s", std::strerror(e));
+    ++r.recv_posted;
+  }
+}
+
+// ------------------------------------------------------------------- tests --
+
+void emit_lat(Rdma &r, Test t, uint64_t size, const Options &o, bool inl,
+              std::vector<uint64_t> &stamps) {
+  bench::LatStats s = bench::one_way_stats(stamps, o.warmup);
+  bench::JsonLine()
+      .str("bench", "verbs")
+      .str("test", test_name(t))
+      .str("device", r.dev)
+      .num("size", size)
+      .num("iters", o.iters)
+      .num("inline", inl ? 1 : 0)
+      .real("median_ns", s.median_ns)
+      .real("median_iter_ns", s.median_iter_ns)
+      .real("p99_ns", s.p99_ns)
+      .real("mean_ns", s.mean_ns)
+      .real("min_ns", s.min_ns)
+      .emit();
+}
+
+void write_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
+  const uint64_t total = o.iters + o.warmup;
+  std::memset(r.recv_buf(), 0, size);
+  std::memset(r.send_buf(), 0, size);
+  const bool inl = size <= r.max_inline;
+  SendTracker tr{std::max(1u, std::min(64u, r.sq_depth / 2)), r.sq_depth};
+
+  ibv_sge sge{reinterpret_cast<uintptr_t>(r.send_buf()), static_cast<uint32_t>(size), r.mr->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.wr.rdma.remote_addr = r.remote_recv();
+  wr.wr.rdma.rkey = r.remote.rkey;
+  volatile uint8_t *poll_byte = reinterpret_cast<volatile uint8_t *>(r.recv_buf() + size - 1);
+  volatile uint8_t *post_byte = reinterpret_cast<volatile uint8_t *>(r.send_buf() + size - 1);
+
+  auto post = [&](uint64_t i, uint8_t tag) {
+    *post_byte = tag;
+    wr.wr_id = i;
+    wr.send_flags = (inl ? kInline : 0u) |
+                    (tr.next_signaled(r, i + 1 == total) ? kSignaled : 0u);
+    ibv_send_wr *bad = nullptr;
+    if (int e = ibv_post_send(r.qp, &wr, &bad)) die("ibv_post_send(WRITE) failed: %s", std::strerror(e));
+  };
+  auto wait = [&](uint8_t tag) {
+    bench::Spinner sp;
+    while (*poll_byte != tag) sp.spin();
+    tr.reap(r);
+  };
+
+  std::vector<uint64_t> stamps(client ? total + 1 : 0);
+  barrier(r.sock);
+  for (uint64_t i = 0; i < total; ++i) {
+    const uint8_t tag = static_cast<uint8_t>(i + 1);
+    if (client) {
+      stamps[i] = bench::ticks();
+      post(i, tag);
+      wait(tag);
+    } else {
+      wait(tag);
+      post(i, tag);
+    }
+  }
+  if (client) stamps[total] = bench::ticks();
+  tr.drain(r);
+  barrier(r.sock);
+  if (client) emit_lat(r, Test::WriteLat, size, o, inl, stamps);
+}
+
+void send_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
+  const uint64_t total = o.iters + o.warmup;
+  const bool inl = size <= r.max_inline;
+  SendTracker tr{std::max(1u, std::min(64u, r.sq_depth / 2)), r.sq_depth};
+  post_recvs(r);
+
+  ibv_sge sge{reinterpret_cast<uintptr_t>(r.send_buf()), static_cast<uint32_t>(size), r.mr->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  ibv_sge rsge{reinterpret_cast<uintptr_t>(r.recv_buf()), static_cast<uint32_t>(r.region), r.mr->lkey};
+  ibv_recv_wr rwr{};
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+
+  auto post = [&](uint64_t i) {
+    wr.wr_id = i;
+    wr.send_flags = (inl ? kInline : 0u) |
+                    (tr.next_signaled(r, i + 1 == total) ? kSignaled : 0u);
+    ibv_send_wr *bad = nullptr;
+    if (int e = ibv_post_send(r.qp, &wr, &bad)) die("ibv_post_send(SEND) failed: %s", std::strerror(e));
+  };
+  auto wait = [&]() {
+    ibv_wc wc;
+    int n;
+    bench::Spinner sp;
+    while ((n = ibv_poll_cq(r.rcq, 1, &wc)) == 0) sp.spin();
+    if (n < 0) die("ibv_poll_cq(recv) failed");
+    check_wc(wc, "recv");
+    if (wc.byte_len != size) die("recv byte_len %u != %llu", wc.byte_len, static_cast<unsigned long long>(size));
+    --r.recv_posted;
+    ibv_recv_wr *bad = nullptr;
+    rwr.wr_id = wc.wr_id;
+    if (int e = ibv_post_recv(r.qp, &rwr, &bad)) die("ibv_post_recv failed: %s", std::strerror(e));
+    ++r.recv_posted;
+    tr.reap(r);
+  };
+
+  std::vector<uint64_t> stamps(client ? total + 1 : 0);
+  barrier(r.sock);
+  for (uint64_t i = 0; i < total; ++i) {
+    if (client) {
+      stamps[i] = bench::ticks();
+      post(i);
+      wait();
+    } else {
+      wait();
+      post(i);
+    }
+  }
+  if (client) stamps[total] = bench::ticks();
+  tr.drain(r);
+  barrier(r.sock);
+  if (client) emit_lat(r, Test::SendLat, size, o, inl, stamps);
+}
+
+struct BwResult {
+  uint64_t msgs = 0;
+  double seconds = 0;
+};
+
+// Client side of write_bw: keep `window` WRITEs in flight for `secs` seconds.
+BwResult bw_loop(Rdma &r, uint64_t size, unsigned window, unsigned chunk, double secs) {
+  const bool inl = size <= r.max_inline;
+  const unsigned max_chunks = window / chunk;
+  std::vector<ibv_send_wr> wrs(chunk);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(r.send_buf()), static_cast<uint32_t>(size), r.mr->lkey};
+  for (unsigned j = 0; j < chunk; ++j) {
+    ibv_send_wr &w = wrs[j];
+    w = ibv_send_wr{};
+    w.wr_id = j;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.send_flags = (inl ? kInline : 0u) | (j + 1 == chunk ? kSignaled : 0u);
+    w.wr.rdma.remote_addr = r.remote_recv();
+    w.wr.rdma.rkey = r.remote.rkey;
+  }
+  BwResult res;
+  unsigned in_flight = 0;
+  uint64_t chunks_done = 0;
+  const uint64_t t0 = bench::ticks();
+  uint64_t t1 = t0;
+  for (;;) {
+    t1 = bench::ticks();
+    if (bench::elapsed_s(t0, t1) < secs) {
+      while (in_flight < max_chunks) {
+        for (unsigned j = 0; j < chunk; ++j) {
+          ibv_send_wr *bad = nullptr;
+          if (int e = ibv_post_send(r.qp, &wrs[j], &bad))
+            die("ibv_post_send(WRITE %llu B) failed: %s", static_cast<unsigned long long>(size),
+                std::strerror(e));
+        }
+        ++in_flight;
+      }
+    } else if (in_flight == 0) {
+      break;
+    }
+    int n = poll_send(r);
+    in_flight -= static_cast<unsigned>(n);
+    chunks_done += static_cast<uint64_t>(n);
+  }
+  res.msgs = chunks_done * chunk;
+  res.seconds = bench::elapsed_s(t0, t1);
+  return res;
+}
+
+void write_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
+  barrier(r.sock);
+  if (client) {
+    unsigned window = std::max(1u, std::min(o.window, r.sq_depth));
+    unsigned chunk = o.chunk ? o.chunk : std::max(1u, window / 4);
+    chunk = std::min(chunk, window);
+    window = window / chunk * chunk;
+    std::memset(r.send_buf(), 0x5a, size);
+    if (o.warm_seconds > 0) bw_loop(r, size, window, chunk, o.warm_seconds);
+    BwResult res = bw_loop(r, size, window, chunk, o.seconds);
+    double bytes = static_cast<double>(res.msgs) * static_cast<double>(size);
+    bench::JsonLine()
+        .str("bench", "verbs")
+        .str("test", "write_bw")
+        .str("device", r.dev)
+        .num("size", size)
+        .num("msgs", res.msgs)
+        .real("seconds", res.seconds)
+        .real("gbps", bytes / res.seconds / 1e9)
+        .real("mmsgs_per_s", static_cast<double>(res.msgs) / res.seconds / 1e6)
+        .num("window", window)
+        .num("signal_every", chunk)
+        .num("inline", size <= r.max_inline ? 1 : 0)
+        .emit();
+  }
+  // The server has nothing to do: RDMA WRITE needs no responder CPU.
+  barrier(r.sock);
+}
+
+int run_role(const Options &o, bool client, int sock) {
+  g_role = client ? "client" : "server";
+  srand48(getpid() * 7919L + (client ? 1 : 2));
+  if (o.pin) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(client ? 0 : 1, &set);
+    if (sched_setaffinity(0, sizeof set, &set)) std::perror("sched_setaffinity");
+  }
+  uint64_t max_size = 64;
+  for (Test t : o.tests)
+    max_size = std::max(max_size, bench::max_of(t == Test::WriteBw ? o.bw_sizes : o.lat_sizes));
+
+  Rdma r;
+  r.sock = sock;
+  setup(r, o, max_size);
+  if (client)
+    bench::JsonLine()
+        .str("bench", "verbs")
+        .str("test", "info")
+        .str("device", r.dev)
+        .num("mtu", mtu_bytes(r.local.mtu))
+        .num("max_inline", r.max_inline)
+        .num("sq_depth", r.sq_depth)
+        .str("link_layer", r.port.link_layer == IBV_LINK_LAYER_ETHERNET ? "ethernet"
+                           : r.port.link_layer == IBV_LINK_LAYER_INFINIBAND ? "infiniband"
+                                                                           : "unspecified")
+        .emit();
+
+  for (Test t : o.tests) {
+    const auto &sizes = t == Test::WriteBw ? o.bw_sizes : o.lat_sizes;
+    for (uint64_t size : sizes) {
+      switch (t) {
+        case Test::WriteLat: write_lat(r, o, client, size); break;
+        case Test::WriteBw: write_bw(r, o, client, size); break;
+        case Test::SendLat: send_lat(r, o, client, size); break;
+      }
+    }
+  }
+  barrier(sock);
+  teardown(r);
+  return 0;
+}
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: verbs_bench [options]\n"
+               "  --test LIST       write_lat,write_bw,send_lat (aliases lat,bw,send; all)\n"
+               "  --sizes LIST      sizes for all tests, e.g. 8-4M (powers of 2) or 8,64K,1M\n"
+               "  --lat-sizes LIST  sizes for latency tests (default 8)\n"
+               "  --bw-sizes LIST   sizes for write_bw (default 8-4M)\n"
+               "  --iters N         latency iterations (default 100000)\n"
+               "  --warmup N        latency warm-up iterations (default 2000)\n"
+               "  --time SEC        write_bw seconds per size (default 0.2)\n"
+               "  --window N        write_bw WRs in flight (default 64)\n"
+               "  --signal-every N  write_bw signal period (default window/4)\n"
+               "  --inline N        requested max_inline_data (default 64)\n"
+               "  --dev NAME --ib-port N --gid-idx N --mtu BYTES\n"
+               "  --pin             pin client to CPU 0, server to CPU 1\n"
+               "  --timeout SEC     watchdog (default 300)\n");
+}
+
+bool parse_tests(const std::string &v, std::vector<Test> &out) {
+  out.clear();
+  size_t pos = 0;
+  while (pos <= v.size()) {
+    size_t c = v.find(',', pos);
+    if (c == std::string::npos) c = v.size();
+    std::string t = v.substr(pos, c - pos);
+    if (t == "all") {
+      out = {Test::WriteLat, Test::WriteBw, Test::SendLat};
+    } else if (t == "write_lat" || t == "lat") {
+      out.push_back(Test::WriteLat);
+    } else if (t == "write_bw" || t == "bw") {
+      out.push_back(Test::WriteBw);
+    } else if (t == "send_lat" || t == "send") {
+      out.push_back(Test::SendLat);
+    } else if (!t.empty()) {
+      return false;
+    }
+    pos = c + 1;
+  }
+  return !out.empty();
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  bench::parse_size_list("8-4M", o.bw_sizes);
+  bench::Args a(argc, argv);
+  for (; a.valid(); a.next()) {
+    std::string v;
+    if (a.flag("-h") || a.flag("--help")) {
+      usage();
+      return 0;
+    } else if (a.take("--test", v)) {
+      if (!parse_tests(v, o.tests)) {
+        std::fprintf(stderr, "bad --test '%s'\n", v.c_str());
+        return 2;
+      }
+    } else if (a.take("--sizes", v)) {
+      if (!bench::parse_size_list(v, o.bw_sizes) || !bench::parse_size_list(v, o.lat_sizes)) {
+        std::fprintf(stderr, "bad --sizes '%s'\n", v.c_str());
+        return 2;
+      }
+    } else if (a.take("--lat-sizes", v)) {
+      if (!bench::parse_size_list(v, o.lat_sizes)) {
+        std::fprintf(stderr, "bad --lat-sizes '%s'\n", v.c_str());
+        return 2;
+      }
+    } else if (a.take("--bw-sizes", v)) {
+      if (!bench::parse_size_list(v, o.bw_sizes)) {
+        std::fprintf(stderr, "bad --bw-sizes '%s'\n", v.c_str());
+        return 2;
+      }
+    } else if (a.take("--iters", v)) {
+      o.iters = bench::to_u64(v, "--iters");
+    } else if (a.take("--warmup", v)) {
+      o.warmup = bench::to_u64(v, "--warmup");
+    } else if (a.take("--time", v)) {
+      o.seconds = bench::to_double(v, "--time");
+    } else if (a.take("--window", v)) {
+      o.window = static_cast<unsigned>(bench::to_u64(v, "--window"));
+    } else if (a.take("--signal-every", v)) {
+      o.chunk = static_cast<unsigned>(bench::to_u64(v, "--signal-every"));
+    } else if (a.take("--inline", v)) {
+      o.inline_req = static_cast<unsigned>(bench::to_u64(v, "--inline"));
+    } else if (a.take("--dev", v)) {
+      o.dev_name = v;
+    } else if (a.take("--ib-port", v)) {
+      o.ib_port = static_cast<int>(bench::to_u64(v, "--ib-port"));
+    } else if (a.take("--gid-idx", v)) {
+      o.gid_idx = static_cast<int>(bench::to_u64(v, "--gid-idx"));
+    } else if (a.take("--mtu", v)) {
+      o.mtu = static_cast<int>(bench::to_u64(v, "--mtu"));
+      mtu_enum(o.mtu);
+    } else if (a.take("--timeout", v)) {
+      o.timeout = static_cast<unsigned>(bench::to_u64(v, "--timeout"));
+    } else if (a.flag("--pin")) {
+      o.pin = true;
+    } else {
+      std::fprintf(stderr, "unknown argument '%s'\n", a.cur());
+      usage();
+      return 2;
+    }
+  }
+  if (o.iters == 0 || o.window == 0) {
+    std::fprintf(stderr, "--iters and --window must be > 0\n");
+    return 2;
+  }
+  for (uint64_t s : o.bw_sizes)
+    if (s > (1u << 30)) die("size %llu too large", static_cast<unsigned long long>(s));
+  for (uint64_t s : o.lat_sizes)
+    if (s > (1u << 30)) die("size %llu too large", static_cast<unsigned long long>(s));
+
+  bench::ticks_per_ns();  // calibrate once, before fork
+  signal(SIGALRM, on_alarm);
+  signal(SIGPIPE, SIG_IGN);
+
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) die("socketpair: %s", std::strerror(errno));
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) die("fork: %s", std::strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(sv[0]);
+    if (o.timeout) alarm(o.timeout);
+    run_role(o, false, sv[1]);
+    std::fflush(stdout);
+    _exit(0);
+  }
+  close(sv[1]);
+  g_child_pid = pid;
+  {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigchld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, nullptr);
+  }
+  // The child may have died before the handler was installed.
+  if (!g_child_done) raise(SIGCHLD);
+  if (o.timeout) alarm(o.timeout);
+  int rc = run_role(o, true, sv[0]);
+  close(sv[0]);
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) {
+    if (errno != ECHILD || !g_child_done) die("waitpid: %s", std::strerror(errno));
+    status = g_child_status;
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (WIFSIGNALED(status))
+      die("server process killed by signal %d", WTERMSIG(status));
+    die("server process failed (exit %d)", WEXITSTATUS(status));
+  }
+  return rc;
+}

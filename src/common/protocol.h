@@ -1,0 +1,203 @@
+// protocol.h: the control protocol between libibverbs.so.1 (client) and
+// softverbsd. Documented in docs/PROTOCOL.md.
+//
+// One request per SOCK_SEQPACKET message, answered by exactly one reply with
+// the same op and seq. Every message starts with Header. Each op has a fixed
+// request and reply struct; the daemon rejects a request whose length is not
+// exactly sizeof(its struct), whose magic or version differ, or which
+// carries file descriptors it did not ask for. Handles are daemon-assigned
+// and meaningful only to the client that holds them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace sv::proto {
+
+constexpr uint32_t kMagic = 0x53565250;  // "SVRP"
+constexpr uint16_t kVersion = 1;
+constexpr size_t kMaxMessage = 1024;
+
+enum class Op : uint16_t {
+  Hello = 1,
+  AllocPd,
+  DeallocPd,
+  RegBacking,      // fd: the process's backing memfd
+  RegMr,
+  DeregMr,
+  CreateChannel,   // fd: the channel's eventfd
+  DestroyChannel,
+  CreateCq,        // reply fd: CQ segment
+  DestroyCq,
+  CreateQp,        // reply fd: QP segment
+  ModifyQp,
+  DestroyQp,
+  ConnectPeer,     // reply fds: peer QP segment, peer recv CQ segment, [peer channel eventfd]
+  GetMrBacking,    // reply fd: backing memfd holding the MR
+  PeerError,       // move the connected peer QP to ERR (remote error detected by a requester)
+  Status,
+  kCount
+};
+
+struct Header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t op;
+  uint32_t seq;
+  int32_t status;  // replies: 0 or a positive errno
+};
+
+struct Empty {
+  Header h;
+};
+
+struct HelloReply {
+  Header h;
+  uint32_t client_id;
+  uint32_t pid;
+  uint64_t boot_id;
+};
+
+struct HandleReq {  // DeallocPd, DeregMr, DestroyChannel, DestroyCq, DestroyQp, PeerError, ConnectPeer
+  Header h;
+  uint32_t handle;
+  uint32_t reserved;
+};
+
+struct HandleReply {  // AllocPd, RegBacking, CreateChannel
+  Header h;
+  uint32_t handle;
+  uint32_t reserved;
+};
+
+struct RegMrReq {
+  Header h;
+  uint32_t pd;
+  uint32_t backing;
+  uint64_t addr;    // registrant's address (== backing file offset)
+  uint64_t length;
+  uint64_t iova;
+  uint32_t access;
+  uint32_t reserved;
+};
+
+struct RegMrReply {
+  Header h;
+  uint32_t handle;
+  uint32_t key;
+};
+
+struct CreateCqReq {
+  Header h;
+  uint32_t cqe;
+  uint32_t channel;  // 0 = none
+};
+
+struct CreateCqReply {
+  Header h;
+  uint32_t handle;
+  uint32_t capacity;
+  uint64_t segment_size;
+};
+
+struct CreateQpReq {
+  Header h;
+  uint32_t pd;
+  uint32_t send_cq;
+  uint32_t recv_cq;
+  uint32_t srq;
+  uint32_t qp_type;
+  uint32_t max_send_wr;
+  uint32_t max_recv_wr;
+  uint32_t max_send_sge;
+  uint32_t max_recv_sge;
+  uint32_t max_inline_data;
+  uint32_t sq_sig_all;
+  uint32_t reserved;
+};
+
+struct CreateQpReply {
+  Header h;
+  uint32_t qpn;
+  uint32_t sq_capacity;
+  uint32_t rq_capacity;
+  uint32_t reserved;
+  uint64_t segment_size;
+};
+
+// The attributes of ibv_modify_qp that the daemon keeps; attr_mask says which are set.
+struct ModifyQpReq {
+  Header h;
+  uint32_t qpn;
+  uint32_t attr_mask;
+  uint32_t qp_state;
+  uint32_t cur_qp_state;
+  uint32_t path_mtu;
+  uint32_t qkey;
+  uint32_t rq_psn;
+  uint32_t sq_psn;
+  uint32_t dest_qp_num;
+  uint32_t qp_access_flags;
+  uint16_t pkey_index;
+  uint8_t port_num;
+  uint8_t max_rd_atomic;
+  uint8_t max_dest_rd_atomic;
+  uint8_t min_rnr_timer;
+  uint8_t timeout;
+  uint8_t retry_cnt;
+  uint8_t rnr_retry;
+  uint8_t ah_port_num;
+  uint8_t ah_is_global;
+  uint8_t ah_sgid_index;
+  uint8_t ah_dgid[16];
+  uint16_t ah_dlid;
+  uint8_t sq_draining;
+  uint8_t reserved;
+};
+
+struct ConnectPeerReply {
+  Header h;
+  uint32_t peer_qpn;
+  uint32_t peer_recv_cq;
+  uint64_t qp_segment_size;
+  uint64_t cq_segment_size;
+  uint32_t has_channel;
+  uint32_t reserved;
+};
+
+struct GetMrBackingReq {
+  Header h;
+  uint32_t key;
+  uint32_t reserved;
+};
+
+struct GetMrBackingReply {
+  Header h;
+  uint32_t backing;
+  uint32_t reserved;
+};
+
+struct StatusReply {
+  Header h;
+  uint32_t clients;
+  uint32_t pds;
+  uint32_t mrs;
+  uint32_t cqs;
+  uint32_t qps;
+  uint32_t channels;
+  uint32_t backings;
+  uint32_t reserved;
+};
+
+template <class T>
+inline void init_header(T& m, Op op, uint32_t seq = 0) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  m.h.magic = kMagic;
+  m.h.version = kVersion;
+  m.h.op = uint16_t(op);
+  m.h.seq = seq;
+  m.h.status = 0;
+}
+
+}  // namespace sv::proto

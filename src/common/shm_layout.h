@@ -1,0 +1,187 @@
+// shm_layout.h: the plain-data formats softverbs keeps in shared memory.
+// The formats are documented in docs/SHARED_MEMORY.md.
+//
+// Three kinds of segment, each a memfd created by the daemon:
+//  - the device segment: the MR table and the QP table. The daemon alone
+//    writes it; clients map it read-only, so a client cannot forge a key or
+//    a QP's state.
+//  - a QP segment: the QP's send queue (work requests waiting for a
+//    receiver) and receive queue. Mapped read-write by the QP's holders and
+//    by the processes of QPs connected to it.
+//  - a CQ segment: the completion ring and its notification state. Mapped
+//    read-write by its holders and by the processes whose operations
+//    complete into it.
+// Offsets, never pointers. Every field a reader takes from a read-write
+// segment is validated before use.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/shm_ring.h"
+
+namespace sv::shm {
+
+constexpr uint32_t kDeviceMagic = 0x53564456;  // "SVDV"
+constexpr uint32_t kQpMagic = 0x53565150;      // "SVQP"
+constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
+constexpr uint32_t kLayoutVersion = 1;
+
+// Device capabilities, reported by ibv_query_device and enforced.
+constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
+constexpr uint32_t kQpTableSize = 1u << 16;   // QP slots (index = qpn & 0xffff)
+constexpr uint32_t kMaxQpWr = 16384;
+constexpr uint32_t kMaxCqe = 1u << 20;
+constexpr uint32_t kMaxSge = 16;
+constexpr uint32_t kMaxInline = 256;
+constexpr uint32_t kMaxRdAtomic = 16;
+constexpr uint64_t kMaxMrSize = 1ull << 40;
+
+// ---- Device segment ----------------------------------------------------
+
+struct alignas(64) MrEntry {
+  std::atomic<uint32_t> key;  // lkey == rkey; 0 = free. Written last on create, first on destroy.
+  uint32_t access;            // IBV_ACCESS_* of the MR
+  uint32_t pd;                // daemon PD handle
+  uint32_t backing;           // daemon backing-file id
+  uint64_t iova;              // first byte's address as keys see it
+  uint64_t length;
+  uint64_t file_offset;       // offset of iova in the backing file
+  uint32_t owner_pid;
+  uint32_t reserved[5];
+};
+static_assert(sizeof(MrEntry) == 64);
+
+struct alignas(64) QpEntry {
+  std::atomic<uint32_t> qpn;    // 0 = free
+  std::atomic<uint32_t> state;  // enum ibv_qp_state
+  uint32_t qp_type;             // enum ibv_qp_type
+  uint32_t pd;
+  std::atomic<uint32_t> dest_qpn;
+  std::atomic<uint32_t> access;  // qp_access_flags (remote access allowed as responder)
+  uint32_t send_cq;
+  uint32_t recv_cq;
+  uint8_t min_rnr_timer;
+  uint8_t timeout;
+  uint8_t retry_cnt;
+  uint8_t rnr_retry;
+  uint32_t owner_pid;
+  uint32_t reserved[6];
+};
+static_assert(sizeof(QpEntry) == 64);
+
+struct DeviceHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t size;
+  uint64_t mr_table_offset;
+  uint64_t qp_table_offset;
+  uint32_t mr_capacity;
+  uint32_t qp_capacity;
+  uint64_t boot_id;  // random per daemon start
+};
+
+struct DeviceLayout {
+  static constexpr uint64_t mr_offset() { return 4096; }
+  static constexpr uint64_t qp_offset() { return mr_offset() + uint64_t(kMrTableSize) * sizeof(MrEntry); }
+  static constexpr uint64_t size() { return qp_offset() + uint64_t(kQpTableSize) * sizeof(QpEntry); }
+};
+
+// ---- QP segment --------------------------------------------------------
+
+struct Sge {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+
+// A send work request waiting in the send queue (RNR or retry stall).
+struct SendWqe {
+  uint64_t wr_id;
+  uint32_t opcode;      // enum ibv_wr_opcode
+  uint32_t send_flags;  // IBV_SEND_*
+  uint32_t imm_data;    // network order, as in ibv_send_wr
+  uint32_t num_sge;
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t inline_len;  // bytes of inline_data valid when IBV_SEND_INLINE
+  uint64_t compare_add;
+  uint64_t swap;
+  Sge sge[kMaxSge];
+  uint8_t inline_data[kMaxInline];
+};
+
+struct RecvWqe {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  uint32_t reserved;
+  Sge sge[kMaxSge];
+};
+
+struct QpSegmentHeader {
+  uint32_t magic;
+  uint32_t qpn;
+  uint64_t size;
+  uint64_t sq_offset;  // RingHeader, then slots
+  uint64_t rq_offset;
+  uint32_t sq_capacity;
+  uint32_t rq_capacity;
+  alignas(64) ShmLock send_lock;  // serialises posters (threads or processes)
+  alignas(64) ShmLock recv_lock;
+  alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
+};
+
+struct QpLayout {
+  uint32_t sq_capacity;
+  uint32_t rq_capacity;
+  uint64_t sq_offset() const { return 4096; }
+  uint64_t rq_offset() const {
+    return sq_offset() + sizeof(RingHeader) + uint64_t(sq_capacity) * sizeof(RingSlot<SendWqe>);
+  }
+  uint64_t size() const {
+    uint64_t end = rq_offset() + sizeof(RingHeader) + uint64_t(rq_capacity) * sizeof(RingSlot<RecvWqe>);
+    return (end + 4095) & ~uint64_t(4095);
+  }
+};
+
+// ---- CQ segment --------------------------------------------------------
+
+enum : uint32_t { kArmNone = 0, kArmSolicited = 1, kArmAny = 2 };
+
+struct Cqe {
+  ibv_wc wc;
+  uint32_t solicited;
+};
+
+struct CqSegmentHeader {
+  uint32_t magic;
+  uint32_t handle;
+  uint64_t size;
+  uint64_t ring_offset;
+  uint32_t capacity;
+  uint32_t channel;                   // daemon channel handle, 0 = none
+  alignas(64) std::atomic<uint32_t> armed;     // kArm*
+  std::atomic<uint32_t> notified;     // set when an event was raised, cleared by get_cq_event
+  std::atomic<uint32_t> overrun;      // a completion was lost because the ring was full
+  alignas(64) ShmLock poll_lock;      // serialises pollers
+};
+
+struct CqLayout {
+  uint32_t capacity;
+  uint64_t ring_offset() const { return 4096; }
+  uint64_t size() const {
+    uint64_t end = ring_offset() + sizeof(RingHeader) + uint64_t(capacity) * sizeof(RingSlot<Cqe>);
+    return (end + 4095) & ~uint64_t(4095);
+  }
+};
+
+inline uint32_t round_up_pow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+}  // namespace sv::shm

@@ -1,0 +1,135 @@
+// shm_ring.h: a bounded multi-producer multi-consumer queue that lives in
+// shared memory (plain data, no pointers), after Vyukov's per-slot sequence
+// design. Producers and consumers may be different processes.
+//
+// Contract: RingHeader and the slot array are placed by the segment owner
+// (the daemon) and initialised with ring_init(). push()/pop() are lock-free
+// and safe from any number of threads and processes. A slot's payload is
+// written only by the producer that reserved it and read only by the
+// consumer that claimed it. A hostile process that maps the ring can corrupt
+// its contents but not other memory: consumers validate every payload.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+namespace sv::shm {
+
+struct RingHeader {
+  alignas(64) std::atomic<uint64_t> tail;  // next position to produce
+  alignas(64) std::atomic<uint64_t> head;  // next position to consume
+  alignas(64) uint32_t capacity;           // power of two
+  uint32_t mask;
+  uint32_t slot_size;                      // bytes per slot incl. sequence
+  uint32_t reserved;
+};
+
+template <class T>
+struct alignas(64) RingSlot {
+  std::atomic<uint64_t> seq;
+  T value;
+};
+
+template <class T>
+class Ring {
+ public:
+  Ring() = default;
+  Ring(RingHeader* h, RingSlot<T>* slots) : h_(h), slots_(slots) {}
+
+  static void init(RingHeader* h, RingSlot<T>* slots, uint32_t capacity) {
+    h->tail.store(0, std::memory_order_relaxed);
+    h->head.store(0, std::memory_order_relaxed);
+    h->capacity = capacity;
+    h->mask = capacity - 1;
+    h->slot_size = sizeof(RingSlot<T>);
+    for (uint32_t i = 0; i < capacity; ++i) slots[i].seq.store(i, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+
+  bool valid() const { return h_ != nullptr; }
+  uint32_t capacity() const { return h_->capacity; }
+
+  // Returns false when the ring is full.
+  bool push(const T& v) {
+    uint64_t pos = h_->tail.load(std::memory_order_relaxed);
+    for (;;) {
+      RingSlot<T>& s = slots_[pos & h_->mask];
+      uint64_t seq = s.seq.load(std::memory_order_acquire);
+      int64_t diff = int64_t(seq) - int64_t(pos);
+      if (diff == 0) {
+        if (h_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          std::memcpy(static_cast<void*>(&s.value), &v, sizeof(T));
+          s.seq.store(pos + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = h_->tail.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  // Returns false when the ring is empty.
+  bool pop(T& out) {
+    uint64_t pos = h_->head.load(std::memory_order_relaxed);
+    for (;;) {
+      RingSlot<T>& s = slots_[pos & h_->mask];
+      uint64_t seq = s.seq.load(std::memory_order_acquire);
+      int64_t diff = int64_t(seq) - int64_t(pos + 1);
+      if (diff == 0) {
+        if (h_->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
+          s.seq.store(pos + h_->mask + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = h_->head.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  // Peeks at the oldest element without consuming it (single consumer only).
+  const T* front() const {
+    uint64_t pos = h_->head.load(std::memory_order_relaxed);
+    const RingSlot<T>& s = slots_[pos & h_->mask];
+    if (s.seq.load(std::memory_order_acquire) != pos + 1) return nullptr;
+    return &s.value;
+  }
+
+  bool empty() const {
+    return h_->head.load(std::memory_order_acquire) == h_->tail.load(std::memory_order_acquire);
+  }
+  uint64_t size() const {
+    uint64_t t = h_->tail.load(std::memory_order_acquire);
+    uint64_t hd = h_->head.load(std::memory_order_acquire);
+    return t > hd ? t - hd : 0;
+  }
+
+ private:
+  RingHeader* h_ = nullptr;
+  RingSlot<T>* slots_ = nullptr;
+};
+
+// A spin lock in shared memory. It records its holder's pid so that the
+// daemon can recover it from a dead holder.
+struct ShmLock {
+  std::atomic<uint32_t> owner;  // 0 = free, else holder pid
+  uint32_t reserved;
+
+  void lock(uint32_t pid) {
+    for (unsigned spins = 0;; ++spins) {
+      uint32_t expected = 0;
+      if (owner.compare_exchange_weak(expected, pid, std::memory_order_acquire)) return;
+      if (spins > 64) relax_long();
+      else __builtin_ia32_pause();
+    }
+  }
+  void unlock() { owner.store(0, std::memory_order_release); }
+  static void relax_long();
+};
+
+}  // namespace sv::shm

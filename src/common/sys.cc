@@ -1,0 +1,193 @@
+#include "common/sys.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace sv {
+
+void Fd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+void Mapping::reset() {
+  if (addr_) ::munmap(addr_, len_);
+  addr_ = nullptr;
+  len_ = 0;
+}
+
+size_t page_size() {
+  static const size_t ps = size_t(::sysconf(_SC_PAGESIZE));
+  return ps;
+}
+
+int make_memfd(const char* name, size_t size, Fd& out) {
+  int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return errno;
+  Fd f(fd);
+  if (size && ::ftruncate(fd, off_t(size)) != 0) return errno;
+  out = std::move(f);
+  return 0;
+}
+
+int make_eventfd(Fd& out) {
+  int fd = ::eventfd(0, EFD_CLOEXEC);
+  if (fd < 0) return errno;
+  out.reset(fd);
+  return 0;
+}
+
+int map_shared(int fd, uint64_t offset, size_t len, int prot, bool populate, Mapping& out) {
+  if (len == 0) return EINVAL;
+  int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
+  void* p = ::mmap(nullptr, len, prot, flags, fd, off_t(offset));
+  if (p == MAP_FAILED) return errno;
+  out = Mapping(p, len);
+  return 0;
+}
+
+int dup_fd(int fd, Fd& out) {
+  int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (d < 0) return errno;
+  out.reset(d);
+  return 0;
+}
+
+int set_nonblocking(int fd, bool on) {
+  int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0) return errno;
+  fl = on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
+  if (::fcntl(fd, F_SETFL, fl) < 0) return errno;
+  return 0;
+}
+
+int send_message(int sock, const void* data, size_t len, std::span<const int> fds) {
+  if (fds.size() > size_t(kMaxFdsPerMessage)) return EINVAL;
+  iovec iov{const_cast<void*>(data), len};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  if (!fds.empty()) {
+    std::memset(ctrl, 0, sizeof(ctrl));
+    msg.msg_control = ctrl;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  for (;;) {
+    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n >= 0) return size_t(n) == len ? 0 : EMSGSIZE;
+    if (errno != EINTR) return errno;
+  }
+}
+
+int recv_message(int sock, void* buf, size_t cap, size_t* len, std::vector<Fd>& fds) {
+  iovec iov{buf, cap};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  msg.msg_control = ctrl;
+  msg.msg_controllen = sizeof(ctrl);
+  ssize_t n;
+  for (;;) {
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n >= 0) break;
+    if (errno != EINTR) return errno;
+  }
+  fds.clear();
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(fd);
+      }
+    }
+  }
+  *len = size_t(n);
+  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) return EMSGSIZE;
+  return 0;
+}
+
+int peer_credentials(int sock, PeerCred& out) {
+  ucred c{};
+  socklen_t l = sizeof(c);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &c, &l) != 0) return errno;
+  out = {c.pid, c.uid, c.gid};
+  return 0;
+}
+
+static int fill_addr(const std::string& path, sockaddr_un& a) {
+  if (path.size() >= sizeof(a.sun_path)) return ENAMETOOLONG;
+  std::memset(&a, 0, sizeof(a));
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  return 0;
+}
+
+int listen_seqpacket(const std::string& path, Fd& out) {
+  sockaddr_un a;
+  if (int e = fill_addr(path, a)) return e;
+  Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s.valid()) return errno;
+  ::unlink(path.c_str());
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return errno;
+  if (::listen(s.get(), 128) != 0) return errno;
+  out = std::move(s);
+  return 0;
+}
+
+int connect_seqpacket(const std::string& path, Fd& out) {
+  sockaddr_un a;
+  if (int e = fill_addr(path, a)) return e;
+  Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return errno;
+  for (;;) {
+    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) break;
+    if (errno != EINTR) return errno;
+  }
+  out = std::move(s);
+  return 0;
+}
+
+int eventfd_signal(int fd) {
+  uint64_t one = 1;
+  for (;;) {
+    if (::write(fd, &one, sizeof(one)) == sizeof(one)) return 0;
+    if (errno != EINTR) return errno;
+  }
+}
+
+int eventfd_drain(int fd, uint64_t* value) {
+  uint64_t v = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, &v, sizeof(v));
+    if (n == sizeof(v)) break;
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 ? errno : EIO;
+  }
+  if (value) *value = v;
+  return 0;
+}
+
+uint64_t monotonic_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+}  // namespace sv

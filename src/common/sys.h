@@ -1,0 +1,110 @@
+// sys.h: every system call softverbs uses, wrapped once.
+//
+// Contract: functions return 0 or a positive errno value (never throw, never
+// set errno as their result); outputs are passed by reference. Fd and
+// Mapping are RAII owners: the destructor is the release path. All functions
+// are thread-safe to the extent the underlying system calls are.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sv {
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// Owns one mmap()ed range.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* addr, size_t len) : addr_(addr), len_(len) {}
+  Mapping(Mapping&& o) noexcept
+      : addr_(std::exchange(o.addr_, nullptr)), len_(std::exchange(o.len_, 0)) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) {
+      reset();
+      addr_ = std::exchange(o.addr_, nullptr);
+      len_ = std::exchange(o.len_, 0);
+    }
+    return *this;
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { reset(); }
+
+  void* get() const { return addr_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(addr_); }
+  size_t size() const { return len_; }
+  bool valid() const { return addr_ != nullptr; }
+  void reset();
+
+ private:
+  void* addr_ = nullptr;
+  size_t len_ = 0;
+};
+
+size_t page_size();
+inline uint64_t page_down(uint64_t v) { return v & ~(uint64_t(page_size()) - 1); }
+inline uint64_t page_up(uint64_t v) { return page_down(v + page_size() - 1); }
+
+int make_memfd(const char* name, size_t size, Fd& out);
+int make_eventfd(Fd& out);
+// Maps [offset, offset+len) of fd shared. prot: PROT_READ or PROT_READ|PROT_WRITE.
+int map_shared(int fd, uint64_t offset, size_t len, int prot, bool populate, Mapping& out);
+int dup_fd(int fd, Fd& out);
+int set_nonblocking(int fd, bool on);
+
+// Unix SOCK_SEQPACKET with SCM_RIGHTS.
+constexpr int kMaxFdsPerMessage = 4;
+int send_message(int sock, const void* data, size_t len, std::span<const int> fds);
+// Receives one message; *len is set to its length (0 = peer closed).
+// MSG_TRUNC/MSG_CTRUNC are reported as EMSGSIZE; received fds are still owned
+// by `fds` so that nothing leaks.
+int recv_message(int sock, void* buf, size_t cap, size_t* len, std::vector<Fd>& fds);
+
+struct PeerCred {
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+};
+int peer_credentials(int sock, PeerCred& out);
+
+int listen_seqpacket(const std::string& path, Fd& out);
+int connect_seqpacket(const std::string& path, Fd& out);
+
+// Eventfd helpers: signal adds 1; drain reads the counter (EAGAIN if zero and
+// the fd is non-blocking).
+int eventfd_signal(int fd);
+int eventfd_drain(int fd, uint64_t* value);
+
+uint64_t monotonic_ns();
+
+}  // namespace sv

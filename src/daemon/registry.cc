@@ -1,0 +1,455 @@
+#include "daemon/registry.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "common/qp_state.h"
+
+namespace sv::daemon {
+
+using namespace sv::shm;
+
+namespace {
+
+constexpr uint32_t kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                  IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED;
+constexpr uint32_t kQpAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+}  // namespace
+
+Registry::Registry() : mr_key_byte_(kMrTableSize, 0), qp_gen_(kQpTableSize, 0) {}
+
+int Registry::init() {
+  std::random_device rd;
+  boot_id_ = (uint64_t(rd()) << 32) | rd();
+  if (int e = make_memfd("softverbs-device", DeviceLayout::size(), device_fd_)) return e;
+  if (int e = map_shared(device_fd_.get(), 0, DeviceLayout::size(), PROT_READ | PROT_WRITE, false,
+                         device_map_))
+    return e;
+  auto* h = device_map_.as<DeviceHeader>();
+  h->magic = kDeviceMagic;
+  h->version = kLayoutVersion;
+  h->size = DeviceLayout::size();
+  h->mr_table_offset = DeviceLayout::mr_offset();
+  h->qp_table_offset = DeviceLayout::qp_offset();
+  h->mr_capacity = kMrTableSize;
+  h->qp_capacity = kQpTableSize;
+  h->boot_id = boot_id_;
+  mr_table_ = reinterpret_cast<MrEntry*>(device_map_.as<char>() + DeviceLayout::mr_offset());
+  qp_table_ = reinterpret_cast<QpEntry*>(device_map_.as<char>() + DeviceLayout::qp_offset());
+  return 0;
+}
+
+uint32_t Registry::add_client(pid_t pid, uid_t uid) {
+  uint32_t id = next_client_++;
+  clients_[id] = Client{pid, uid};
+  return id;
+}
+
+void Registry::remove_client(uint32_t client) {
+  // Release in dependency order: QPs use CQs and PDs; MRs use PDs and backings.
+  std::vector<uint32_t> ids;
+  for (auto& [qpn, q] : qps_)
+    if (q.owner == client) ids.push_back(qpn);
+  for (uint32_t id : ids) release_qp(id);
+  ids.clear();
+  for (auto& [h, m] : mrs_)
+    if (m.owner == client) ids.push_back(h);
+  for (uint32_t id : ids) release_mr(id);
+  ids.clear();
+  for (auto& [h, c] : cqs_)
+    if (c.owner == client) ids.push_back(h);
+  for (uint32_t id : ids) release_cq(id);
+  std::erase_if(channels_, [&](auto& kv) { return kv.second.owner == client; });
+  std::erase_if(backings_, [&](auto& kv) { return kv.second.owner == client; });
+  std::erase_if(pds_, [&](auto& kv) { return kv.second.owner == client; });
+  clients_.erase(client);
+}
+
+Counts Registry::counts() const {
+  return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mrs_.size()),
+          uint32_t(cqs_.size()),     uint32_t(qps_.size()),      uint32_t(channels_.size()),
+          uint32_t(backings_.size())};
+}
+
+// ---- PD ------------------------------------------------------------------
+
+int Registry::alloc_pd(uint32_t client, uint32_t& pd) {
+  pd = next_handle_++;
+  pds_[pd] = Pd{client, 0};
+  return 0;
+}
+
+int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
+  auto it = pds_.find(pd);
+  if (it == pds_.end() || it->second.owner != client) return EINVAL;
+  if (it->second.refs) return EBUSY;  // ibv_dealloc_pd(3): still in use
+  pds_.erase(it);
+  return 0;
+}
+
+// ---- Memory --------------------------------------------------------------
+
+int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
+  if (!fd.valid()) return EINVAL;
+  id = next_handle_++;
+  backings_[id] = Backing{client, std::move(fd), 0};
+  return 0;
+}
+
+int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+  auto pd = pds_.find(req.pd);
+  if (pd == pds_.end() || pd->second.owner != client) return EINVAL;
+  auto b = backings_.find(req.backing);
+  if (b == backings_.end() || b->second.owner != client) return EINVAL;
+  if (req.access & ~kKnownAccess) return EINVAL;
+  // IBTA 10.6.3.1 (C10-32?): remote write or atomic access needs local write.
+  if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(req.access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
+  if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
+  if (req.iova + req.length < req.iova) return EINVAL;
+
+  // Find a free slot, round robin so a freed key is not reused at once.
+  uint32_t slot = 0;
+  for (uint32_t n = 0; n < kMrTableSize - 1; ++n) {
+    uint32_t s = next_mr_slot_;
+    next_mr_slot_ = next_mr_slot_ + 1 >= kMrTableSize ? 1 : next_mr_slot_ + 1;
+    if (mr_table_[s].key.load(std::memory_order_relaxed) == 0 && !mrs_.count(s)) {
+      slot = s;
+      break;
+    }
+  }
+  if (!slot) return ENOMEM;
+  uint8_t kb = ++mr_key_byte_[slot];
+  uint32_t key = (slot << 8) | kb;
+  if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
+
+  MrEntry& e = mr_table_[slot];
+  e.access = req.access;
+  e.pd = req.pd;
+  e.backing = req.backing;
+  e.iova = req.iova;
+  e.length = req.length;
+  e.file_offset = req.addr;
+  e.owner_pid = uint32_t(clients_[client].pid);
+  e.key.store(key, std::memory_order_release);  // publish last
+
+  mrs_[slot] = Mr{client, key, req.pd, req.backing};
+  pd->second.refs++;
+  b->second.refs++;
+  rep.handle = slot;
+  rep.key = key;
+  return 0;
+}
+
+void Registry::release_mr(uint32_t handle) {
+  auto it = mrs_.find(handle);
+  if (it == mrs_.end()) return;
+  mr_table_[handle].key.store(0, std::memory_order_release);  // revoke first
+  if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
+  if (auto b = backings_.find(it->second.backing); b != backings_.end()) b->second.refs--;
+  mrs_.erase(it);
+}
+
+int Registry::dereg_mr(uint32_t client, uint32_t handle) {
+  auto it = mrs_.find(handle);
+  if (it == mrs_.end() || it->second.owner != client) return EINVAL;
+  release_mr(handle);
+  return 0;
+}
+
+// ---- Channels and CQs ----------------------------------------------------
+
+int Registry::create_channel(uint32_t client, Fd eventfd, uint32_t& handle) {
+  if (!eventfd.valid()) return EINVAL;
+  handle = next_handle_++;
+  channels_[handle] = Channel{client, std::move(eventfd), 0};
+  return 0;
+}
+
+int Registry::destroy_channel(uint32_t client, uint32_t handle) {
+  auto it = channels_.find(handle);
+  if (it == channels_.end() || it->second.owner != client) return EINVAL;
+  if (it->second.refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
+  channels_.erase(it);
+  return 0;
+}
+
+int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
+                        std::vector<int>& out_fds) {
+  if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
+  if (req.channel) {
+    auto ch = channels_.find(req.channel);
+    if (ch == channels_.end() || ch->second.owner != client) return EINVAL;
+  }
+  CqLayout layout{round_up_pow2(req.cqe + 1)};
+  Cq cq{client, req.channel, Fd(), Mapping(), 0};
+  if (int e = make_memfd("softverbs-cq", layout.size(), cq.fd)) return e == EINVAL ? ENOMEM : e;
+  if (int e = map_shared(cq.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, cq.map))
+    return e;
+  uint32_t handle = next_handle_++;
+  auto* h = cq.map.as<CqSegmentHeader>();
+  h->magic = kCqMagic;
+  h->handle = handle;
+  h->size = layout.size();
+  h->ring_offset = layout.ring_offset();
+  h->capacity = layout.capacity;
+  h->channel = req.channel;
+  auto* rh = reinterpret_cast<RingHeader*>(cq.map.as<char>() + layout.ring_offset());
+  Ring<Cqe>::init(rh, reinterpret_cast<RingSlot<Cqe>*>(rh + 1), layout.capacity);
+  if (req.channel) channels_[req.channel].refs++;
+  rep.handle = handle;
+  rep.capacity = layout.capacity;
+  rep.segment_size = layout.size();
+  out_fds.push_back(cq.fd.get());
+  cqs_[handle] = std::move(cq);
+  return 0;
+}
+
+void Registry::release_cq(uint32_t handle) {
+  auto it = cqs_.find(handle);
+  if (it == cqs_.end()) return;
+  if (it->second.channel) {
+    if (auto ch = channels_.find(it->second.channel); ch != channels_.end()) ch->second.refs--;
+  }
+  cqs_.erase(it);
+}
+
+int Registry::destroy_cq(uint32_t client, uint32_t handle) {
+  auto it = cqs_.find(handle);
+  if (it == cqs_.end() || it->second.owner != client) return EINVAL;
+  if (it->second.refs) return EBUSY;  // ibv_destroy_cq(3): QPs still attached
+  release_cq(handle);
+  return 0;
+}
+
+// ---- QPs -----------------------------------------------------------------
+
+QpEntry& Registry::qp_slot(uint32_t qpn) const { return qp_table_[qpn & (kQpTableSize - 1)]; }
+
+const QpEntry* Registry::qp_entry(uint32_t qpn) const {
+  const QpEntry& e = qp_slot(qpn);
+  return e.qpn.load() == qpn ? &e : nullptr;
+}
+
+const MrEntry* Registry::mr_entry(uint32_t key) const {
+  uint32_t slot = key >> 8;
+  if (slot == 0 || slot >= kMrTableSize) return nullptr;
+  const MrEntry& e = mr_table_[slot];
+  return e.key.load() == key ? &e : nullptr;
+}
+
+Registry::Qp* Registry::find_qp(uint32_t client, uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  if (it == qps_.end() || it->second.owner != client) return nullptr;
+  return &it->second;
+}
+
+int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
+                        std::vector<int>& out_fds) {
+  auto pd = pds_.find(req.pd);
+  if (pd == pds_.end() || pd->second.owner != client) return EINVAL;
+  auto scq = cqs_.find(req.send_cq);
+  auto rcq = cqs_.find(req.recv_cq);
+  if (scq == cqs_.end() || scq->second.owner != client) return EINVAL;
+  if (rcq == cqs_.end() || rcq->second.owner != client) return EINVAL;
+  if (req.srq) return EOPNOTSUPP;  // SRQ: not yet
+  if (req.qp_type != IBV_QPT_RC) return EOPNOTSUPP;  // UC/UD: not yet
+  if (req.max_send_wr > kMaxQpWr || req.max_recv_wr > kMaxQpWr) return EINVAL;
+  if (req.max_send_sge > kMaxSge || req.max_recv_sge > kMaxSge) return EINVAL;
+  if (req.max_inline_data > kMaxInline) return EINVAL;
+
+  uint32_t slot = 0;
+  for (uint32_t n = 0; n < kQpTableSize; ++n) {
+    uint32_t s = next_qp_slot_;
+    next_qp_slot_ = next_qp_slot_ + 1 >= kQpTableSize ? 2 : next_qp_slot_ + 1;
+    if (qp_table_[s].qpn.load(std::memory_order_relaxed) == 0) {
+      slot = s;
+      break;
+    }
+  }
+  if (!slot) return ENOMEM;
+  uint32_t qpn = ((uint32_t(++qp_gen_[slot]) << 16) | slot) & 0xffffff;
+
+  QpLayout layout{round_up_pow2(std::max(req.max_send_wr, 1u)),
+                  round_up_pow2(std::max(req.max_recv_wr, 1u))};
+  Qp qp{client, req.pd, req.send_cq, req.recv_cq, ibv_qp_type(req.qp_type), Fd(), Mapping(), slot};
+  if (int e = make_memfd("softverbs-qp", layout.size(), qp.fd)) return e;
+  if (int e = map_shared(qp.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, qp.map))
+    return e;
+  auto* h = qp.map.as<QpSegmentHeader>();
+  h->magic = kQpMagic;
+  h->qpn = qpn;
+  h->size = layout.size();
+  h->sq_offset = layout.sq_offset();
+  h->rq_offset = layout.rq_offset();
+  h->sq_capacity = layout.sq_capacity;
+  h->rq_capacity = layout.rq_capacity;
+  auto* sqh = reinterpret_cast<RingHeader*>(qp.map.as<char>() + layout.sq_offset());
+  Ring<SendWqe>::init(sqh, reinterpret_cast<RingSlot<SendWqe>*>(sqh + 1), layout.sq_capacity);
+  auto* rqh = reinterpret_cast<RingHeader*>(qp.map.as<char>() + layout.rq_offset());
+  Ring<RecvWqe>::init(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1), layout.rq_capacity);
+
+  QpEntry& e = qp_table_[slot];
+  e.state.store(IBV_QPS_RESET, std::memory_order_relaxed);
+  e.qp_type = req.qp_type;
+  e.pd = req.pd;
+  e.dest_qpn.store(0, std::memory_order_relaxed);
+  e.access.store(0, std::memory_order_relaxed);
+  e.send_cq = req.send_cq;
+  e.recv_cq = req.recv_cq;
+  e.min_rnr_timer = 0;
+  e.timeout = 0;
+  e.retry_cnt = 0;
+  e.rnr_retry = 0;
+  e.owner_pid = uint32_t(clients_[client].pid);
+  e.qpn.store(qpn, std::memory_order_release);
+
+  pd->second.refs++;
+  scq->second.refs++;
+  rcq->second.refs++;
+  rep.qpn = qpn;
+  rep.sq_capacity = layout.sq_capacity;
+  rep.rq_capacity = layout.rq_capacity;
+  rep.segment_size = layout.size();
+  out_fds.push_back(qp.fd.get());
+  qps_[qpn] = std::move(qp);
+  return 0;
+}
+
+int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
+  Qp* qp = find_qp(client, r.qpn);
+  if (!qp) return EINVAL;
+  QpEntry& e = qp_slot(r.qpn);
+  auto cur = ibv_qp_state(e.state.load());
+  uint32_t mask = r.attr_mask;
+  if (mask & IBV_QP_CUR_STATE) {
+    // IBTA 11.2.4.2: the current state, if given, must be the QP's state.
+    if (r.cur_qp_state != cur) return EINVAL;
+  }
+  auto next = (mask & IBV_QP_STATE) ? ibv_qp_state(r.qp_state) : cur;
+  if (int(next) < IBV_QPS_RESET || int(next) > IBV_QPS_ERR) return EINVAL;
+  if (int err = check_qp_transition(qp->type, cur, next, mask)) return err;
+
+  // Attribute ranges (ibv_modify_qp(3), IBTA 11.2.4.2).
+  if ((mask & IBV_QP_PORT) && r.port_num != 1) return EINVAL;
+  if ((mask & IBV_QP_PKEY_INDEX) && r.pkey_index != 0) return EINVAL;
+  if ((mask & IBV_QP_ACCESS_FLAGS) && (r.qp_access_flags & ~kQpAccess)) return EINVAL;
+  if ((mask & IBV_QP_PATH_MTU) && (r.path_mtu < IBV_MTU_256 || r.path_mtu > IBV_MTU_4096)) return EINVAL;
+  if ((mask & IBV_QP_DEST_QPN) && r.dest_qp_num > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_RQ_PSN) && r.rq_psn > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_SQ_PSN) && r.sq_psn > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && r.min_rnr_timer > 31) return EINVAL;
+  if ((mask & IBV_QP_TIMEOUT) && r.timeout > 31) return EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && r.retry_cnt > 7) return EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && r.rnr_retry > 7) return EINVAL;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && r.max_rd_atomic > kMaxRdAtomic) return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && r.max_dest_rd_atomic > kMaxRdAtomic) return EINVAL;
+  if (mask & IBV_QP_AV) {
+    if (r.ah_port_num != 1 && r.ah_port_num != 0) return EINVAL;
+  }
+
+  if (mask & IBV_QP_ACCESS_FLAGS) e.access.store(r.qp_access_flags, std::memory_order_relaxed);
+  if (mask & IBV_QP_DEST_QPN) e.dest_qpn.store(r.dest_qp_num, std::memory_order_relaxed);
+  if (mask & IBV_QP_MIN_RNR_TIMER) e.min_rnr_timer = r.min_rnr_timer;
+  if (mask & IBV_QP_TIMEOUT) e.timeout = r.timeout;
+  if (mask & IBV_QP_RETRY_CNT) e.retry_cnt = r.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) e.rnr_retry = r.rnr_retry;
+  if (next == IBV_QPS_RESET) {
+    e.dest_qpn.store(0, std::memory_order_relaxed);
+    e.access.store(0, std::memory_order_relaxed);
+  }
+  e.state.store(next, std::memory_order_release);
+  return 0;
+}
+
+void Registry::release_qp(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  if (it == qps_.end()) return;
+  QpEntry& e = qp_slot(qpn);
+  e.state.store(IBV_QPS_ERR, std::memory_order_release);
+  e.qpn.store(0, std::memory_order_release);
+  if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
+  if (auto c = cqs_.find(it->second.send_cq); c != cqs_.end()) c->second.refs--;
+  if (auto c = cqs_.find(it->second.recv_cq); c != cqs_.end()) c->second.refs--;
+  qps_.erase(it);
+}
+
+int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
+  if (!find_qp(client, qpn)) return EINVAL;
+  release_qp(qpn);
+  return 0;
+}
+
+int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
+                           std::vector<int>& out_fds) {
+  Qp* qp = find_qp(client, qpn);
+  if (!qp) return EINVAL;
+  const QpEntry& mine = qp_slot(qpn);
+  uint32_t dest = mine.dest_qpn.load();
+  auto peer = qps_.find(dest);
+  if (peer == qps_.end()) return ENOENT;  // nobody listens at that QPN on this host
+  const QpEntry& pe = qp_slot(dest);
+  auto st = ibv_qp_state(pe.state.load());
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE)
+    return EAGAIN;  // not ready to receive: the requester retries
+  if (peer->second.type == IBV_QPT_RC && pe.dest_qpn.load() != qpn) return EAGAIN;
+  auto rcq = cqs_.find(peer->second.recv_cq);
+  if (rcq == cqs_.end()) return ENOENT;
+  rep.peer_qpn = dest;
+  rep.peer_recv_cq = peer->second.recv_cq;
+  rep.qp_segment_size = peer->second.map.size();
+  rep.cq_segment_size = rcq->second.map.size();
+  out_fds.push_back(peer->second.fd.get());
+  out_fds.push_back(rcq->second.fd.get());
+  rep.has_channel = 0;
+  if (rcq->second.channel) {
+    if (auto ch = channels_.find(rcq->second.channel); ch != channels_.end()) {
+      out_fds.push_back(ch->second.eventfd.get());
+      rep.has_channel = 1;
+    }
+  }
+  return 0;
+}
+
+int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
+                             std::vector<int>& out_fds) {
+  const MrEntry* e = mr_entry(key);
+  if (!e) return EINVAL;
+  auto mr = mrs_.find(key >> 8);
+  if (mr == mrs_.end()) return EINVAL;
+  // A key grants access only to a process that owns the MR's PD, or that
+  // holds a QP connected to a QP of that PD.
+  bool allowed = false;
+  if (auto pd = pds_.find(mr->second.pd); pd != pds_.end() && pd->second.owner == client) allowed = true;
+  for (auto it = qps_.begin(); !allowed && it != qps_.end(); ++it) {
+    if (it->second.owner != client) continue;
+    auto peer = qps_.find(qp_slot(it->first).dest_qpn.load());
+    if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
+  }
+  if (!allowed) return EACCES;
+  auto b = backings_.find(mr->second.backing);
+  if (b == backings_.end()) return EINVAL;
+  rep.backing = mr->second.backing;
+  out_fds.push_back(b->second.fd.get());
+  return 0;
+}
+
+int Registry::peer_error(uint32_t client, uint32_t qpn) {
+  if (!find_qp(client, qpn)) return EINVAL;
+  uint32_t dest = qp_slot(qpn).dest_qpn.load();
+  auto peer = qps_.find(dest);
+  if (peer == qps_.end()) return 0;
+  QpEntry& pe = qp_slot(dest);
+  if (pe.dest_qpn.load() != qpn) return EINVAL;
+  pe.state.store(IBV_QPS_ERR, std::memory_order_release);
+  return 0;
+}
+
+}  // namespace sv::daemon

@@ -1,0 +1,138 @@
+// registry.h: the daemon's authoritative registry of every softverbs object.
+//
+// Contract: single-threaded (the daemon's event loop owns it). Every entry
+// point takes the id of the calling client and a request whose fields have
+// not been trusted yet; it validates each handle (it must exist and be held
+// by that client), length, key and attribute, and answers with a positive
+// errno on any violation. The registry writes the device segment (MR and QP
+// tables) that clients map read-only. Objects are released when their
+// holder destroys them or when the holder's connection closes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/protocol.h"
+#include "common/shm_layout.h"
+#include "common/sys.h"
+
+namespace sv::daemon {
+
+struct Counts {
+  uint32_t clients, pds, mrs, cqs, qps, channels, backings;
+};
+
+class Registry {
+ public:
+  Registry();
+  int init();  // creates the device segment
+  int device_fd() const { return device_fd_.get(); }
+  uint64_t boot_id() const { return boot_id_; }
+
+  uint32_t add_client(pid_t pid, uid_t uid);
+  void remove_client(uint32_t client);  // releases everything the client held
+  Counts counts() const;
+
+  // One call per protocol op. `in_fds` are the descriptors that came with the
+  // request (already checked to be the number the op expects); `out_fds`
+  // receives borrowed descriptors to send with the reply.
+  int alloc_pd(uint32_t client, uint32_t& pd);
+  int dealloc_pd(uint32_t client, uint32_t pd);
+  int reg_backing(uint32_t client, Fd fd, uint32_t& id);
+  int reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
+  int dereg_mr(uint32_t client, uint32_t handle);
+  int create_channel(uint32_t client, Fd eventfd, uint32_t& handle);
+  int destroy_channel(uint32_t client, uint32_t handle);
+  int create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
+                std::vector<int>& out_fds);
+  int destroy_cq(uint32_t client, uint32_t handle);
+  int create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
+                std::vector<int>& out_fds);
+  int modify_qp(uint32_t client, const proto::ModifyQpReq& req);
+  int destroy_qp(uint32_t client, uint32_t qpn);
+  int connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
+                   std::vector<int>& out_fds);
+  int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
+                     std::vector<int>& out_fds);
+  int peer_error(uint32_t client, uint32_t qpn);
+
+  // Read access for tests.
+  const shm::QpEntry* qp_entry(uint32_t qpn) const;
+  const shm::MrEntry* mr_entry(uint32_t key) const;
+
+ private:
+  struct Client {
+    pid_t pid;
+    uid_t uid;
+  };
+  struct Pd {
+    uint32_t owner;
+    uint32_t refs = 0;  // MRs and QPs using it
+  };
+  struct Backing {
+    uint32_t owner;
+    Fd fd;
+    uint32_t refs = 0;
+  };
+  struct Mr {
+    uint32_t owner;
+    uint32_t key;
+    uint32_t pd;
+    uint32_t backing;
+  };
+  struct Channel {
+    uint32_t owner;
+    Fd eventfd;
+    uint32_t refs = 0;
+  };
+  struct Cq {
+    uint32_t owner;
+    uint32_t channel;
+    Fd fd;
+    Mapping map;
+    uint32_t refs = 0;  // QPs using it
+  };
+  struct Qp {
+    uint32_t owner;
+    uint32_t pd;
+    uint32_t send_cq;
+    uint32_t recv_cq;
+    ibv_qp_type type;
+    Fd fd;
+    Mapping map;
+    uint32_t slot;
+  };
+
+  shm::QpEntry& qp_slot(uint32_t qpn) const;
+  Qp* find_qp(uint32_t client, uint32_t qpn);
+  void release_mr(uint32_t handle);
+  void release_qp(uint32_t qpn);
+  void release_cq(uint32_t handle);
+
+  uint64_t boot_id_ = 0;
+  Fd device_fd_;
+  Mapping device_map_;
+  shm::MrEntry* mr_table_ = nullptr;
+  shm::QpEntry* qp_table_ = nullptr;
+
+  uint32_t next_client_ = 1;
+  uint32_t next_handle_ = 1;
+  std::map<uint32_t, Client> clients_;
+  std::map<uint32_t, Pd> pds_;
+  std::map<uint32_t, Backing> backings_;
+  std::map<uint32_t, Mr> mrs_;
+  std::map<uint32_t, Channel> channels_;
+  std::map<uint32_t, Cq> cqs_;
+  std::map<uint32_t, Qp> qps_;  // by qpn
+
+  std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
+  std::vector<uint8_t> qp_gen_;       // per QP slot: generation
+  uint32_t next_mr_slot_ = 1;
+  uint32_t next_qp_slot_ = 2;  // QPN 0 and 1 are the special QPs
+};
+
+}  // namespace sv::daemon

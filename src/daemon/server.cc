@@ -1,0 +1,288 @@
+#include "daemon/server.h"
+
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/paths.h"
+
+namespace sv::daemon {
+
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+// Number of fds each op must carry in.
+int fds_expected(proto::Op op) {
+  switch (op) {
+    case proto::Op::RegBacking:
+    case proto::Op::CreateChannel:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+template <class Req>
+bool decode(const uint8_t* msg, size_t len, Req& out) {
+  if (len != sizeof(Req)) return false;
+  std::memcpy(&out, msg, sizeof(Req));
+  return true;
+}
+
+template <class Rep>
+size_t encode(const proto::Header& req_h, Rep& rep, int status, uint8_t* out) {
+  rep.h = req_h;
+  rep.h.status = status;
+  std::memcpy(out, &rep, sizeof(Rep));
+  return sizeof(Rep);
+}
+
+}  // namespace
+
+int Server::start() {
+  if (int e = ensure_runtime_dir(dir_)) return e;
+  lock_fd_.reset(::open(lock_path(dir_).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock_fd_.valid()) return errno;
+  if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK ? EALREADY : errno;
+  if (int e = registry_.init()) return e;
+  if (int e = listen_seqpacket(socket_path(dir_), listen_fd_)) return e;
+  epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_fd_.valid()) return errno;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = listen_fd_.get();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev) != 0) return errno;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
+
+int Server::run() {
+  uint64_t idle_since = monotonic_ns();
+  while (!g_stop) {
+    epoll_event evs[32];
+    int n = ::epoll_wait(epoll_fd_.get(), evs, 32, 1000);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    for (int i = 0; i < n; ++i) {
+      int fd = evs[i].data.fd;
+      if (fd == listen_fd_.get()) accept_clients();
+      else if (evs[i].events & EPOLLIN) serve(fd);
+      else if (evs[i].events & (EPOLLHUP | EPOLLERR)) drop(fd);
+    }
+    if (!conns_.empty()) {
+      idle_since = monotonic_ns();
+    } else if (idle_seconds_ > 0 && monotonic_ns() - idle_since > uint64_t(idle_seconds_) * 1000000000ull) {
+      break;
+    }
+  }
+  ::unlink(socket_path(dir_).c_str());
+  return 0;
+}
+
+void Server::accept_clients() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    Fd sock(fd);
+    PeerCred cred{};
+    // One daemon per user: refuse every other user's process.
+    if (peer_credentials(fd, cred) != 0 || cred.uid != ::getuid()) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
+    uint32_t id = registry_.add_client(cred.pid, cred.uid);
+    conns_[fd] = Conn{id, std::move(sock)};
+  }
+}
+
+void Server::drop(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  registry_.remove_client(it->second.client);
+  conns_.erase(it);
+}
+
+void Server::serve(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  uint8_t in[proto::kMaxMessage];
+  uint8_t out[proto::kMaxMessage];
+  for (;;) {
+    size_t len = 0;
+    std::vector<Fd> fds;
+    int e = recv_message(fd, in, sizeof(in), &len, fds);
+    if (e == EAGAIN) return;
+    if (e == EMSGSIZE) {
+      // Oversized or truncated message: answer with an error if we can read a header.
+      if (len < sizeof(proto::Header)) continue;
+    } else if (e != 0 || len == 0) {
+      drop(fd);
+      return;
+    }
+    std::vector<int> out_fds;
+    size_t rlen = e == EMSGSIZE ? 0 : handle(it->second.client, in, len, fds, out, out_fds);
+    if (rlen == 0) {
+      // Malformed beyond answering (bad magic or version, truncated header): say so.
+      proto::Empty rep{};
+      proto::init_header(rep, proto::Op(0));
+      rep.h.status = EPROTO;
+      if (len >= sizeof(proto::Header)) std::memcpy(&rep.h.seq, in + offsetof(proto::Header, seq), 4);
+      std::memcpy(out, &rep, sizeof(rep));
+      rlen = sizeof(rep);
+      out_fds.clear();
+    }
+    if (send_message(fd, out, rlen, out_fds) != 0) {
+      drop(fd);
+      return;
+    }
+  }
+}
+
+size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vector<Fd>& in_fds,
+                      uint8_t* out, std::vector<int>& out_fds) {
+  using proto::Op;
+  if (len < sizeof(proto::Header)) return 0;
+  proto::Header h;
+  std::memcpy(&h, msg, sizeof(h));
+  if (h.magic != proto::kMagic || h.version != proto::kVersion) return 0;
+  if (h.op == 0 || h.op >= uint16_t(Op::kCount)) {
+    proto::Empty rep{};
+    return encode(h, rep, EOPNOTSUPP, out);
+  }
+  Op op = Op(h.op);
+  if (int(in_fds.size()) != fds_expected(op)) {
+    proto::Empty rep{};
+    return encode(h, rep, EBADF, out);
+  }
+  auto bad = [&] {
+    proto::Empty rep{};
+    return encode(h, rep, EINVAL, out);
+  };
+
+  switch (op) {
+    case Op::Hello: {
+      proto::Empty req;
+      if (!decode(msg, len, req)) return bad();
+      proto::HelloReply rep{};
+      rep.client_id = client;
+      rep.boot_id = registry_.boot_id();
+      out_fds.push_back(registry_.device_fd());
+      return encode(h, rep, 0, out);
+    }
+    case Op::AllocPd: {
+      proto::Empty req;
+      if (!decode(msg, len, req)) return bad();
+      proto::HandleReply rep{};
+      int st = registry_.alloc_pd(client, rep.handle);
+      return encode(h, rep, st, out);
+    }
+    case Op::RegBacking:
+    case Op::CreateChannel: {
+      proto::Empty req;
+      if (!decode(msg, len, req)) return bad();
+      proto::HandleReply rep{};
+      int st = op == Op::RegBacking ? registry_.reg_backing(client, std::move(in_fds[0]), rep.handle)
+                                    : registry_.create_channel(client, std::move(in_fds[0]), rep.handle);
+      return encode(h, rep, st, out);
+    }
+    case Op::DeallocPd:
+    case Op::DeregMr:
+    case Op::DestroyChannel:
+    case Op::DestroyCq:
+    case Op::DestroyQp:
+    case Op::PeerError: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      int st = 0;
+      switch (op) {
+        case Op::DeallocPd: st = registry_.dealloc_pd(client, req.handle); break;
+        case Op::DeregMr: st = registry_.dereg_mr(client, req.handle); break;
+        case Op::DestroyChannel: st = registry_.destroy_channel(client, req.handle); break;
+        case Op::DestroyCq: st = registry_.destroy_cq(client, req.handle); break;
+        case Op::DestroyQp: st = registry_.destroy_qp(client, req.handle); break;
+        default: st = registry_.peer_error(client, req.handle); break;
+      }
+      proto::Empty rep{};
+      return encode(h, rep, st, out);
+    }
+    case Op::RegMr: {
+      proto::RegMrReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::RegMrReply rep{};
+      int st = registry_.reg_mr(client, req, rep);
+      return encode(h, rep, st, out);
+    }
+    case Op::CreateCq: {
+      proto::CreateCqReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::CreateCqReply rep{};
+      int st = registry_.create_cq(client, req, rep, out_fds);
+      return encode(h, rep, st, out);
+    }
+    case Op::CreateQp: {
+      proto::CreateQpReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::CreateQpReply rep{};
+      int st = registry_.create_qp(client, req, rep, out_fds);
+      return encode(h, rep, st, out);
+    }
+    case Op::ModifyQp: {
+      proto::ModifyQpReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.modify_qp(client, req), out);
+    }
+    case Op::ConnectPeer: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ConnectPeerReply rep{};
+      int st = registry_.connect_peer(client, req.handle, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::GetMrBacking: {
+      proto::GetMrBackingReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::GetMrBackingReply rep{};
+      int st = registry_.get_mr_backing(client, req.key, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::Status: {
+      proto::Empty req;
+      if (!decode(msg, len, req)) return bad();
+      proto::StatusReply rep{};
+      Counts c = registry_.counts();
+      rep.clients = c.clients;
+      rep.pds = c.pds;
+      rep.mrs = c.mrs;
+      rep.cqs = c.cqs;
+      rep.qps = c.qps;
+      rep.channels = c.channels;
+      rep.backings = c.backings;
+      return encode(h, rep, 0, out);
+    }
+    default: {
+      proto::Empty rep{};
+      return encode(h, rep, EOPNOTSUPP, out);
+    }
+  }
+}
+
+}  // namespace sv::daemon

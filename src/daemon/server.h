@@ -1,0 +1,48 @@
+// server.h: softverbsd's event loop: accepts clients on the control socket,
+// checks their credentials, decodes and validates each request, calls the
+// registry and sends the reply. A client whose connection closes is removed
+// and everything it held is released.
+//
+// Contract: single-threaded; run() returns when idle for idle_seconds (no
+// clients) or on SIGTERM/SIGINT.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "daemon/registry.h"
+
+namespace sv::daemon {
+
+class Server {
+ public:
+  explicit Server(std::string dir, int idle_seconds) : dir_(std::move(dir)), idle_seconds_(idle_seconds) {}
+  int start();  // takes the lock, binds the socket; EALREADY if another daemon runs
+  int run();
+
+  // Handles one raw request from `client` (exposed for tests and fuzzing).
+  // Returns the reply length written to `out` and fills `out_fds`.
+  size_t handle(uint32_t client, const uint8_t* msg, size_t len, std::vector<Fd>& in_fds,
+                uint8_t* out, std::vector<int>& out_fds);
+  Registry& registry() { return registry_; }
+
+ private:
+  void accept_clients();
+  void serve(int fd);
+  void drop(int fd);
+
+  std::string dir_;
+  int idle_seconds_;
+  Registry registry_;
+  Fd lock_fd_;
+  Fd listen_fd_;
+  Fd epoll_fd_;
+  struct Conn {
+    uint32_t client;
+    Fd sock;
+  };
+  std::map<int, Conn> conns_;
+};
+
+}  // namespace sv::daemon

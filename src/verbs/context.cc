@@ -1,0 +1,387 @@
+// Devices and contexts: the device list, opening a context (and with it the
+// daemon connection), and the query verbs. See docs/ABI.md for the layout
+// rules these structures follow.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "verbs/provider.h"
+
+#undef ibv_query_port
+#undef ibv_reg_mr
+
+namespace sv::verbs {
+namespace {
+
+// The device as libibverbs lays out `struct verbs_device`: an ibv_device,
+// then the provider ops pointer that mlx5dv/efadv compare against their own
+// (ours points elsewhere), then fields we leave zero. 1 KiB covers v44's
+// 672-byte struct.
+struct Device {
+  ibv_device dev;
+  const void* ops;
+  char reserved[1024];
+};
+
+const char kOpsMarker[] = "softverbs";
+
+Device* the_device() {
+  static Device* d = [] {
+    auto* dev = static_cast<Device*>(std::calloc(1, sizeof(Device)));
+    dev->dev.node_type = IBV_NODE_CA;
+    dev->dev.transport_type = IBV_TRANSPORT_IB;
+    std::snprintf(dev->dev.name, sizeof(dev->dev.name), "%s", kDeviceName);
+    std::snprintf(dev->dev.dev_name, sizeof(dev->dev.dev_name), "uverbs_%s", kDeviceName);
+    std::snprintf(dev->dev.dev_path, sizeof(dev->dev.dev_path), "/sys/class/infiniband_verbs/uverbs_%s",
+                  kDeviceName);
+    std::snprintf(dev->dev.ibdev_path, sizeof(dev->dev.ibdev_path), "/sys/class/infiniband/%s", kDeviceName);
+    dev->ops = kOpsMarker;
+    return dev;
+  }();
+  return d;
+}
+
+uint64_t host_guid() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (const char* p = host; *p; ++p) h = (h ^ uint8_t(*p)) * 1099511628211ull;
+  return (h & ~0xffffull) | 0x5356;
+}
+
+struct GidEntry {
+  ibv_gid gid;
+  uint32_t ifindex;
+};
+
+// The GID table of port 1, as a RoCE v2 device presents it (IBTA annex
+// A17): index 0 is ::ffff:127.0.0.1 (loopback, always present: the index
+// to use on one host), then each IPv4 address as ::ffff:a.b.c.d, then each
+// IPv6 address.
+std::vector<GidEntry> build_gid_table() {
+  std::vector<GidEntry> t;
+  auto add_v4 = [&](in_addr a, uint32_t ifindex) {
+    GidEntry e{};
+    e.gid.raw[10] = 0xff;
+    e.gid.raw[11] = 0xff;
+    std::memcpy(&e.gid.raw[12], &a, 4);
+    e.ifindex = ifindex;
+    t.push_back(e);
+  };
+  in_addr lo{htonl(INADDR_LOOPBACK)};
+  add_v4(lo, 1);
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+      if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK)) continue;
+      if (i->ifa_addr->sa_family == AF_INET)
+        add_v4(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, ::if_nametoindex(i->ifa_name));
+    }
+    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+      if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK)) continue;
+      if (i->ifa_addr->sa_family == AF_INET6) {
+        GidEntry e{};
+        std::memcpy(e.gid.raw, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, 16);
+        e.ifindex = ::if_nametoindex(i->ifa_name);
+        t.push_back(e);
+      }
+    }
+    ::freeifaddrs(ifs);
+  }
+  if (t.size() > kGidTableLen) t.resize(kGidTableLen);
+  return t;
+}
+
+const std::vector<GidEntry>& gid_table() {
+  static const std::vector<GidEntry> t = build_gid_table();
+  return t;
+}
+
+int bind_mw_unsupported(ibv_qp*, ibv_mw*, ibv_mw_bind*) { return EOPNOTSUPP; }
+ibv_mw* alloc_mw_unsupported(ibv_pd*, ibv_mw_type) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+int dealloc_mw_unsupported(ibv_mw*) { return EOPNOTSUPP; }
+
+}  // namespace
+
+void fill_device_attr(ibv_device_attr& a) {
+  std::memset(&a, 0, sizeof(a));
+  std::snprintf(a.fw_ver, sizeof(a.fw_ver), "softverbs %s", SOFTVERBS_VERSION);
+  a.node_guid = htobe64(host_guid());
+  a.sys_image_guid = a.node_guid;
+  a.max_mr_size = shm::kMaxMrSize;
+  a.page_size_cap = ~uint64_t(0xfff);  // any power of two from 4 KiB
+  a.vendor_id = kVendorId;
+  a.vendor_part_id = kVendorPartId;
+  a.hw_ver = 1;
+  a.max_qp = shm::kQpTableSize - 2;
+  a.max_qp_wr = shm::kMaxQpWr;
+  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
+  a.max_sge = shm::kMaxSge;
+  a.max_sge_rd = shm::kMaxSge;
+  a.max_cq = 65536;
+  a.max_cqe = shm::kMaxCqe - 1;
+  a.max_mr = shm::kMrTableSize - 1;
+  a.max_pd = 1 << 24;
+  a.max_qp_rd_atom = shm::kMaxRdAtomic;
+  a.max_qp_init_rd_atom = shm::kMaxRdAtomic;
+  a.max_res_rd_atom = shm::kMaxRdAtomic * a.max_qp;
+  a.atomic_cap = IBV_ATOMIC_HCA;
+  a.max_ah = 65536;
+  a.max_pkeys = 1;
+  a.local_ca_ack_delay = 15;
+  a.phys_port_cnt = 1;
+}
+
+ibv_context* open_context(ibv_device* device) {
+  if (device != &the_device()->dev) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  auto st = std::make_unique<ContextState>();
+  if (int e = st->conn.open()) {
+    errno = e;
+    return nullptr;
+  }
+  proto::Empty hello{};
+  proto::HelloReply rep{};
+  std::vector<Fd> fds;
+  if (int e = st->conn.call(proto::Op::Hello, hello, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
+    return nullptr;
+  }
+  st->boot_id = rep.boot_id;
+  if (int e = map_shared(fds[0].get(), 0, shm::DeviceLayout::size(), PROT_READ, false, st->device_map)) {
+    errno = e;
+    return nullptr;
+  }
+  auto* dh = st->device_map.as<shm::DeviceHeader>();
+  if (dh->magic != shm::kDeviceMagic || dh->version != shm::kLayoutVersion) {
+    errno = EPROTO;
+    return nullptr;
+  }
+  st->mr_table = reinterpret_cast<const MrEntry*>(st->device_map.as<char>() + dh->mr_table_offset);
+  st->qp_table = reinterpret_cast<const QpEntry*>(st->device_map.as<char>() + dh->qp_table_offset);
+  if (int e = make_eventfd(st->async_fd)) {
+    errno = e;
+    return nullptr;
+  }
+
+  auto* ctx = static_cast<Context*>(std::calloc(1, sizeof(Context)));
+  if (!ctx) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  verbs_context& v = ctx->v;
+  v.sz = sizeof(verbs_context);
+  v.query_port = query_port;
+  v.query_device_ex = query_device_ex;
+  v.create_cq_ex = create_cq_ex;
+  v.create_qp_ex = create_qp_ex;
+  ibv_context& c = v.context;
+  c.device = device;
+  c.ops.poll_cq = poll_cq;
+  c.ops.req_notify_cq = req_notify_cq;
+  c.ops.post_send = post_send;
+  c.ops.post_recv = post_recv;
+  c.ops.post_srq_recv = post_srq_recv;
+  c.ops.alloc_mw = alloc_mw_unsupported;
+  c.ops.bind_mw = bind_mw_unsupported;
+  c.ops.dealloc_mw = dealloc_mw_unsupported;
+  c.cmd_fd = st->conn.fd();
+  c.async_fd = st->async_fd.get();
+  c.num_comp_vectors = 1;
+  pthread_mutex_init(&c.mutex, nullptr);
+  c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  ctx->st = st.release();
+  return &c;
+}
+
+int close_context(ibv_context* c) {
+  Context* ctx = to_ctx(c);
+  delete ctx->st;  // closes the daemon connection: the daemon releases what is left
+  pthread_mutex_destroy(&c->mutex);
+  std::free(ctx);
+  return 0;
+}
+
+int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
+                    size_t attr_size) {
+  if (in && in->comp_mask) return EINVAL;
+  if (attr_size < sizeof(attr->orig_attr)) return EINVAL;
+  std::memset(attr, 0, std::min(attr_size, sizeof(*attr)));
+  fill_device_attr(attr->orig_attr);
+  return 0;
+}
+
+int query_port(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t attr_len) {
+  if (port != 1) return EINVAL;
+  ibv_port_attr a{};
+  a.state = IBV_PORT_ACTIVE;
+  a.max_mtu = IBV_MTU_4096;
+  a.active_mtu = IBV_MTU_4096;
+  a.gid_tbl_len = kGidTableLen;
+  a.port_cap_flags = IBV_PORT_CM_SUP;
+  a.max_msg_sz = 1u << 31;
+  a.pkey_tbl_len = 1;
+  a.active_width = 2;   // 4x
+  a.active_speed = 32;  // EDR
+  a.phys_state = 5;     // LinkUp
+  a.link_layer = IBV_LINK_LAYER_ETHERNET;
+  std::memcpy(attr, &a, std::min(attr_len, sizeof(a)));
+  return 0;
+}
+
+void push_async_event(ContextState& st, const ibv_async_event& ev) {
+  {
+    std::lock_guard<std::mutex> g(st.async.mu);
+    st.async.events.push_back(ev);
+  }
+  eventfd_signal(st.async_fd.get());
+}
+
+}  // namespace sv::verbs
+
+using namespace sv;
+using namespace sv::verbs;
+
+extern "C" {
+
+ibv_device** ibv_get_device_list(int* num) {
+  auto** list = static_cast<ibv_device**>(std::calloc(2, sizeof(ibv_device*)));
+  if (!list) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  list[0] = &the_device()->dev;
+  if (num) *num = 1;
+  return list;
+}
+
+void ibv_free_device_list(ibv_device** list) { std::free(list); }
+
+const char* ibv_get_device_name(ibv_device* d) { return d ? d->name : nullptr; }
+
+__be64 ibv_get_device_guid(ibv_device*) { return htobe64(host_guid()); }
+
+int ibv_get_device_index(ibv_device*) { return 0; }
+
+ibv_context* ibv_open_device(ibv_device* d) { return open_context(d); }
+
+int ibv_close_device(ibv_context* c) { return close_context(c); }
+
+int ibv_query_device(ibv_context*, ibv_device_attr* attr) {
+  fill_device_attr(*attr);
+  return 0;
+}
+
+// The 1.1 symbol takes the compat attr (it ends before the extended fields);
+// new callers reach query_port through verbs_context.
+int ibv_query_port(ibv_context* c, uint8_t port, struct _compat_ibv_port_attr* attr) {
+  return query_port(c, port, reinterpret_cast<ibv_port_attr*>(attr),
+                    offsetof(ibv_port_attr, link_layer) + sizeof(uint8_t));
+}
+
+int ibv_query_gid(ibv_context*, uint8_t port, int index, ibv_gid* gid) {
+  if (port != 1 || index < 0 || index >= int(kGidTableLen)) {
+    errno = EINVAL;
+    return -1;
+  }
+  const auto& t = gid_table();
+  if (size_t(index) < t.size()) *gid = t[index].gid;
+  else std::memset(gid, 0, sizeof(*gid));
+  return 0;
+}
+
+int _ibv_query_gid_ex(ibv_context* c, uint32_t port, uint32_t index, ibv_gid_entry* entry, uint32_t flags,
+                      size_t entry_size) {
+  if (flags || port != 1 || entry_size < sizeof(ibv_gid_entry)) return EINVAL;
+  if (index >= kGidTableLen) return EINVAL;
+  const auto& t = gid_table();
+  if (index >= t.size()) return ENODATA;
+  std::memset(entry, 0, sizeof(*entry));
+  entry->gid = t[index].gid;
+  entry->gid_index = index;
+  entry->port_num = port;
+  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  entry->ndev_ifindex = t[index].ifindex;
+  (void)c;
+  return 0;
+}
+
+ssize_t _ibv_query_gid_table(ibv_context* c, ibv_gid_entry* entries, size_t max, uint32_t flags,
+                             size_t entry_size) {
+  if (flags || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
+  const auto& t = gid_table();
+  if (max < t.size()) return -EINVAL;
+  for (size_t i = 0; i < t.size(); ++i) {
+    auto* e = reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + i * entry_size);
+    _ibv_query_gid_ex(c, 1, uint32_t(i), e, 0, entry_size);
+  }
+  return ssize_t(t.size());
+}
+
+// Private (IBVERBS_PRIVATE_34): 0 = IB/RoCE v1, 1 = RoCE v2.
+int ibv_query_gid_type(ibv_context*, uint8_t port, unsigned index, int* type) {
+  if (port != 1 || index >= kGidTableLen) {
+    errno = EINVAL;
+    return -1;
+  }
+  *type = 1;
+  return 0;
+}
+
+int ibv_query_pkey(ibv_context*, uint8_t port, int index, __be16* pkey) {
+  if (port != 1 || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *pkey = htobe16(0xffff);
+  return 0;
+}
+
+int ibv_get_pkey_index(ibv_context*, uint8_t port, __be16 pkey) {
+  if (port == 1 && be16toh(pkey) == 0xffff) return 0;
+  return -EINVAL;
+}
+
+int ibv_get_async_event(ibv_context* c, ibv_async_event* ev) {
+  ContextState& st = ctx_state(c);
+  for (;;) {
+    uint64_t v;
+    int e = sv::eventfd_drain(st.async_fd.get(), &v);
+    if (e && e != EAGAIN) {
+      errno = e;
+      return -1;
+    }
+    std::lock_guard<std::mutex> g(st.async.mu);
+    if (!st.async.events.empty()) {
+      *ev = st.async.events.front();
+      st.async.events.pop_front();
+      if (!st.async.events.empty()) sv::eventfd_signal(st.async_fd.get());
+      return 0;
+    }
+    if (e == EAGAIN) {
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+}
+
+void ibv_ack_async_event(ibv_async_event*) {}
+
+// Private: provider registration is a no-op; softverbs is the only device.
+void verbs_register_driver_34(const void*) {}
+
+}  // extern "C"

@@ -1,0 +1,251 @@
+// Completion queues and completion channels. A CQ is a ring in a shared
+// segment: any process whose operations complete into it pushes entries
+// (requesters for their sends, peers for receives), and pollers pop them.
+// An armed CQ raises its channel's eventfd once per arming (IBTA 11.4.2.2).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "verbs/provider.h"
+
+namespace sv::verbs {
+
+int CqView::attach(int fd, uint64_t size) {
+  if (size < 4096) return EINVAL;
+  if (int e = map_shared(fd, 0, size, PROT_READ | PROT_WRITE, false, map)) return e;
+  auto* h = map.as<shm::CqSegmentHeader>();
+  // The segment is writable by other processes: check its geometry once.
+  uint32_t cap = h->capacity;
+  if (h->magic != shm::kCqMagic || h->size != size || cap == 0 || (cap & (cap - 1)) ||
+      h->ring_offset != shm::CqLayout{cap}.ring_offset() || shm::CqLayout{cap}.size() > size)
+    return EPROTO;
+  auto* rh = reinterpret_cast<shm::RingHeader*>(map.as<char>() + h->ring_offset);
+  if (rh->capacity != cap || rh->mask != cap - 1) return EPROTO;
+  hdr = h;
+  ring = shm::Ring<Cqe>(rh, reinterpret_cast<shm::RingSlot<Cqe>*>(rh + 1));
+  return 0;
+}
+
+bool CqView::push(const ibv_wc& wc, bool solicited) {
+  Cqe e{};
+  e.wc = wc;
+  e.solicited = solicited;
+  if (!ring.push(e)) {
+    hdr->overrun.store(1, std::memory_order_relaxed);
+    return false;
+  }
+  uint32_t armed = hdr->armed.load(std::memory_order_acquire);
+  if (armed == shm::kArmAny || (armed == shm::kArmSolicited && solicited)) {
+    if (hdr->armed.exchange(shm::kArmNone, std::memory_order_acq_rel) != shm::kArmNone) {
+      hdr->notified.store(1, std::memory_order_release);
+      if (channel_fd >= 0) eventfd_signal(channel_fd);
+    }
+  }
+  return true;
+}
+
+int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
+  if (n < 0) return -EINVAL;
+  CqState* st = to_cq(ibcq)->st;
+  int got = 0;
+  Cqe e;
+  while (got < n && st->view.ring.pop(e)) wc[got++] = e.wc;
+  return got;
+}
+
+int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
+  CqState* st = to_cq(ibcq)->st;
+  uint32_t want = solicited_only ? shm::kArmSolicited : shm::kArmAny;
+  // Arming for any completion overrides an earlier solicited-only arming.
+  uint32_t cur = st->view.hdr->armed.load(std::memory_order_relaxed);
+  if (cur != shm::kArmAny) st->view.hdr->armed.store(want, std::memory_order_release);
+  return 0;
+}
+
+namespace {
+
+ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
+  if (cqe <= 0 || uint32_t(cqe) > shm::kMaxCqe - 1 || comp_vector < 0 || comp_vector >= c->num_comp_vectors) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (channel && channel->context != c) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ContextState& cs = ctx_state(c);
+  proto::CreateCqReq req{};
+  req.cqe = uint32_t(cqe);
+  req.channel = channel ? to_channel(channel)->handle : 0;
+  proto::CreateCqReply rep{};
+  std::vector<Fd> fds;
+  if (int e = cs.conn.call(proto::Op::CreateCq, req, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
+    return nullptr;
+  }
+  auto st = std::make_unique<CqState>();
+  st->ctx = to_ctx(c);
+  st->handle = rep.handle;
+  st->channel = channel ? to_channel(channel) : nullptr;
+  if (int e = st->view.attach(fds[0].get(), rep.segment_size)) {
+    errno = e;
+    return nullptr;
+  }
+  if (channel) st->view.channel_fd = channel->fd;
+  auto* cq = static_cast<Cq*>(std::calloc(1, sizeof(Cq)));
+  if (!cq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ibv_cq& q = *reinterpret_cast<ibv_cq*>(&cq->cq);
+  q.context = c;
+  q.channel = channel;
+  q.cq_context = cq_context;
+  q.handle = rep.handle;
+  q.cqe = int(rep.capacity - 1);
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  st->ibcq = &q;
+  cq->st = st.release();
+  if (channel) __atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_RELAXED);
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.cqs.push_back(cq->st);
+  return &q;
+}
+
+}  // namespace
+
+ibv_cq_ex* create_cq_ex(ibv_context*, ibv_cq_init_attr_ex*) {
+  errno = EOPNOTSUPP;  // extended CQs: see the verbs-coverage issue
+  return nullptr;
+}
+
+}  // namespace sv::verbs
+
+using namespace sv;
+using namespace sv::verbs;
+
+extern "C" {
+
+ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
+  ContextState& cs = ctx_state(c);
+  sv::Fd efd;
+  if (int e = sv::make_eventfd(efd)) {
+    errno = e;
+    return nullptr;
+  }
+  proto::Empty req{};
+  proto::HandleReply rep{};
+  int fds[1] = {efd.get()};
+  if (int e = cs.conn.call(proto::Op::CreateChannel, req, rep, fds)) {
+    errno = e;
+    return nullptr;
+  }
+  auto* ch = static_cast<Channel*>(std::calloc(1, sizeof(Channel)));
+  if (!ch) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ch->ch.context = c;
+  ch->ch.fd = efd.release();
+  ch->ch.refcnt = 0;
+  ch->handle = rep.handle;
+  ch->ctx = to_ctx(c);
+  return &ch->ch;
+}
+
+int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  Channel* ch = to_channel(channel);
+  if (__atomic_load_n(&channel->refcnt, __ATOMIC_RELAXED) != 0) {
+    errno = EBUSY;
+    return -1;
+  }
+  ContextState& cs = ctx_state(channel->context);
+  proto::HandleReq req{};
+  req.handle = ch->handle;
+  proto::Empty rep{};
+  if (int e = cs.conn.call(proto::Op::DestroyChannel, req, rep)) {
+    errno = e;
+    return -1;
+  }
+  ::close(channel->fd);
+  std::free(ch);
+  return 0;
+}
+
+ibv_cq* ibv_create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
+  return create_cq(c, cqe, cq_context, channel, comp_vector);
+}
+
+int ibv_destroy_cq(ibv_cq* ibcq) {
+  Cq* cq = to_cq(ibcq);
+  ContextState& cs = ctx_state(ibcq->context);
+  proto::HandleReq req{};
+  req.handle = cq->st->handle;
+  proto::Empty rep{};
+  if (int e = cs.conn.call(proto::Op::DestroyCq, req, rep)) return e;
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    std::erase(cs.cqs, cq->st);
+  }
+  if (ibcq->channel) __atomic_sub_fetch(&ibcq->channel->refcnt, 1, __ATOMIC_RELAXED);
+  pthread_cond_destroy(&ibcq->cond);
+  pthread_mutex_destroy(&ibcq->mutex);
+  delete cq->st;
+  std::free(cq);
+  return 0;
+}
+
+int ibv_resize_cq(ibv_cq*, int) { return EOPNOTSUPP; }
+
+// Waits for an event on `channel` (ibv_get_cq_event(3)). The eventfd is
+// drained first and the CQs' notified flags scanned after, so a flag set
+// while we scan is never lost; if more than one CQ fired, the fd is raised
+// again so that it stays readable.
+int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_context) {
+  ContextState& cs = ctx_state(channel->context);
+  Channel* ch = to_channel(channel);
+  for (;;) {
+    uint64_t v;
+    int e = sv::eventfd_drain(channel->fd, &v);
+    if (e && e != EAGAIN) {
+      errno = e;
+      return -1;
+    }
+    CqState* hit = nullptr;
+    bool more = false;
+    {
+      std::lock_guard<std::mutex> g(cs.mu);
+      for (CqState* s : cs.cqs) {
+        if (s->channel != ch) continue;
+        if (!hit) {
+          if (s->view.hdr->notified.exchange(0, std::memory_order_acq_rel)) hit = s;
+        } else if (s->view.hdr->notified.load(std::memory_order_acquire)) {
+          more = true;
+        }
+      }
+    }
+    if (hit) {
+      if (more) sv::eventfd_signal(channel->fd);
+      *cq_out = hit->ibcq;
+      *cq_context = hit->ibcq->cq_context;
+      return 0;
+    }
+    if (e == EAGAIN) {
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+}
+
+void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_signal(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+}  // extern "C"

@@ -1,0 +1,106 @@
+// The library's side of the control protocol: connecting to the user's
+// daemon, starting it on demand, and synchronous request/reply calls.
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "common/paths.h"
+#include "verbs/provider.h"
+
+namespace sv::verbs {
+namespace {
+
+std::string library_dir() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || !info.dli_fname) return ".";
+  std::string p = info.dli_fname;
+  auto slash = p.rfind('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+std::string find_daemon() {
+  if (const char* e = std::getenv("SOFTVERBSD"); e && *e) return e;
+  std::string dir = library_dir();
+  for (const char* rel : {"/../bin/softverbsd", "/softverbsd", "/../libexec/softverbs/softverbsd",
+                          "/../../bin/softverbsd"}) {
+    std::string c = dir + rel;
+    if (::access(c.c_str(), X_OK) == 0) return c;
+  }
+  return "softverbsd";  // rely on PATH
+}
+
+// Starts the daemon as a grandchild so that it is never our child to reap,
+// with no descriptor of ours open.
+void spawn_daemon() {
+  std::string path = find_daemon();
+  pid_t child = ::fork();
+  if (child < 0) return;
+  if (child == 0) {
+    pid_t grandchild = ::fork();
+    if (grandchild == 0) {
+      ::syscall(SYS_close_range, 3u, ~0u, 0u);
+      char* argv[] = {const_cast<char*>("softverbsd"), nullptr};
+      if (path.find('/') != std::string::npos) ::execv(path.c_str(), argv);
+      else ::execvp(path.c_str(), argv);
+      ::_exit(127);
+    }
+    ::_exit(0);
+  }
+  int status;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+int DaemonConn::open() {
+  std::string dir = runtime_dir();
+  if (int e = ensure_runtime_dir(dir)) return e;
+  std::string sock = socket_path(dir);
+  bool spawned = false;
+  uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
+  for (;;) {
+    int e = connect_seqpacket(sock, sock_);
+    if (e == 0) return 0;
+    if (e != ENOENT && e != ECONNREFUSED) return e;
+    if (!spawned && !std::getenv("SOFTVERBS_NO_SPAWN")) {
+      spawn_daemon();
+      spawned = true;
+    }
+    if (monotonic_ns() > deadline) return ENODEV;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
+                         std::span<const int> send_fds, std::vector<Fd>* recv_fds) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!sock_.valid()) return ENODEV;
+  auto* h = static_cast<proto::Header*>(req);
+  h->seq = ++seq_;
+  if (int e = send_message(sock_.get(), req, req_len, send_fds)) return e == EPIPE ? ENODEV : e;
+  alignas(8) uint8_t buf[proto::kMaxMessage];
+  std::vector<Fd> fds;
+  size_t len = 0;
+  if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds)) return e;
+  if (len == 0) return ENODEV;  // the daemon went away
+  if (len < sizeof(proto::Header)) return EPROTO;
+  proto::Header rh;
+  std::memcpy(&rh, buf, sizeof(rh));
+  if (rh.magic != proto::kMagic || rh.seq != h->seq) return EPROTO;
+  if (rh.status != 0) return rh.status;
+  if (len != rep_len) return EPROTO;
+  std::memcpy(rep, buf, rep_len);
+  if (recv_fds) *recv_fds = std::move(fds);
+  return 0;
+}
+
+}  // namespace sv::verbs

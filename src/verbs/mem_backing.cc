@@ -1,0 +1,1109 @@
+// Implementation notes (the contract is in mem_backing.h, the design in
+// docs/MEMORY.md).
+//
+// Conversion of a private range [b, e) with protection P:
+//   punch [b, e) in the file (so it reads zeros); reserve a parking range;
+//   publish [b, e) as "in flight"; mprotect(b, e, P minus PROT_WRITE plus
+//   PROT_READ); pwrite the non-zero pages into the file at offset ==
+//   address; mprotect(PROT_NONE) and mremap(MREMAP_DONTUNMAP) the original
+//   VMA to the parking range (its pages go with it, an empty VMA stays at
+//   [b, e) so the range is never unmapped); mmap(MAP_SHARED | MAP_FIXED, P)
+//   the file over [b, e) (atomic replacement); unpublish; MADV_DONTNEED the
+//   parked pages. Where MREMAP_DONTUNMAP is refused (kernels < 5.7, or
+//   < 5.13 for non-anonymous VMAs) the original VMA is simply replaced.
+// Revert of a backed range [b, e) with protection P:
+//   take the parked original VMA (or, if there is none, fresh private
+//   anonymous memory); publish; mprotect [b, e) without PROT_WRITE; pread the
+//   file into it; mprotect it to P; mremap(MREMAP_FIXED) it over [b, e);
+//   unpublish; punch. Because the parked VMA keeps its original vm_pgoff and
+//   anon_vma, the kernel merges it back with its old neighbours, so
+//   register/deregister cycles do not fragment the address space (a fresh
+//   VMA moved into place never merges: its pgoff belongs to another address).
+// Between publish and unpublish, nothing may allocate from the heap (the
+// converting thread could fault on a heap page it has made read-only).
+//
+// The SIGSEGV handler never takes the mutex: it reads the in-flight range
+// from atomics (seqlock-style, g_sig.seq odd while an operation is in flight),
+// waits on a futex until the operation is over and returns so the faulting
+// instruction is retried. A fault reported after the operation already ended
+// is recognised by probing the page with MADV_POPULATE_WRITE (succeeds only
+// if a write would now succeed).
+
+#include "mem_backing.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <linux/magic.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+static_assert(sizeof(void*) == 8, "softverbs mem_backing assumes a 64-bit address space");
+
+namespace sv {
+namespace {
+
+// ---------------------------------------------------------------------------
+// System calls, wrapped once. Each wrapper returns 0 or a positive errno.
+// They bypass libc: libc's pwrite/pread/mmap are intercepted by sanitizers
+// (which would check application bytes we copy, e.g. ASan redzones, or
+// re-shadow memory we replace in place, TSan), and on x86-64 the `syscall`
+// instruction is issued inline, so code running while part of the address
+// space is PROT_NONE touches neither the PLT/GOT nor errno.
+namespace sys {
+
+// Returns the raw kernel result: >= 0, or -errno.
+long sc(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0, long a5 = 0, long a6 = 0) {
+#if defined(__x86_64__)
+  long r;
+  register long r10 asm("r10") = a4;
+  register long r8 asm("r8") = a5;
+  register long r9 asm("r9") = a6;
+  asm volatile("syscall"
+               : "=a"(r)
+               : "a"(nr), "D"(a1), "S"(a2), "d"(a3), "r"(r10), "r"(r8), "r"(r9)
+               : "rcx", "r11", "memory");
+  return r;
+#else
+  const int saved = errno;
+  long r = syscall(nr, a1, a2, a3, a4, a5, a6);
+  if (r == -1) r = -errno;
+  errno = saved;
+  return r;
+#endif
+}
+
+// Whether the inline path (no libc involvement at all) is in use.
+constexpr bool kInline =
+#if defined(__x86_64__)
+    true;
+#else
+    false;
+#endif
+
+long L(uintptr_t v) { return static_cast<long>(v); }
+long L(uint64_t v, int) { return static_cast<long>(v); }
+
+int err(long r) { return r < 0 && r > -4096 ? static_cast<int>(-r) : 0; }
+
+// Retries EINTR.
+template <class F>
+long again(F&& f) {
+  for (;;) {
+    long r = f();
+    if (r != -EINTR) return r;
+  }
+}
+
+int mprotect(uintptr_t a, size_t n, int prot) { return err(sc(SYS_mprotect, L(a), L(n), prot)); }
+
+int munmap(uintptr_t a, size_t n) { return err(sc(SYS_munmap, L(a), L(n))); }
+
+int mmap(uintptr_t hint, size_t n, int prot, int flags, int fd, uint64_t off, uintptr_t* out) {
+  const long r = sc(SYS_mmap, L(hint), L(n), prot, flags, fd, L(off, 0));
+  if (int e = err(r)) return e;
+  *out = static_cast<uintptr_t>(r);
+  return 0;
+}
+
+int mremap_fixed(uintptr_t from, size_t n, uintptr_t to) {
+  return err(sc(SYS_mremap, L(from), L(n), L(n), MREMAP_MAYMOVE | MREMAP_FIXED, L(to)));
+}
+
+int mremap_dontunmap(uintptr_t from, size_t n, uintptr_t to) {
+  return err(sc(SYS_mremap, L(from), L(n), L(n), MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, L(to)));
+}
+
+int madvise(uintptr_t a, size_t n, int advice) { return err(sc(SYS_madvise, L(a), L(n), advice)); }
+
+int ftruncate(int fd, uint64_t size) {
+  return err(again([&] { return sc(SYS_ftruncate, fd, L(size, 0)); }));
+}
+
+int punch(int fd, uint64_t off, uint64_t n) {
+  return err(again([&] {
+    return sc(SYS_fallocate, fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, L(off, 0), L(n, 0));
+  }));
+}
+
+int pwrite_all(int fd, uintptr_t src, size_t n, uint64_t off) {
+  while (n > 0) {
+    const long r = again([&] { return sc(SYS_pwrite64, fd, L(src), L(n), L(off, 0)); });
+    if (int e = err(r)) return e;
+    if (r == 0) return EIO;
+    src += static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+    n -= static_cast<size_t>(r);
+  }
+  return 0;
+}
+
+int pread_all(int fd, uintptr_t dst, size_t n, uint64_t off) {
+  while (n > 0) {
+    const long r = again([&] { return sc(SYS_pread64, fd, L(dst), L(n), L(off, 0)); });
+    if (int e = err(r)) return e;
+    if (r == 0) return EIO;  // file shorter than expected
+    dst += static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+    n -= static_cast<size_t>(r);
+  }
+  return 0;
+}
+
+int lseek(int fd, uint64_t off, int whence, uint64_t* out) {
+  const long r = sc(SYS_lseek, fd, L(off, 0), whence);
+  if (int e = err(r)) return e;
+  *out = static_cast<uint64_t>(r);
+  return 0;
+}
+
+int memfd_create(const char* name, unsigned flags, int* out) {
+  const long r = sc(SYS_memfd_create, reinterpret_cast<long>(name), static_cast<long>(flags));
+  if (int e = err(r)) return e;
+  *out = static_cast<int>(r);
+  return 0;
+}
+
+int fcntl(int fd, int cmd, long arg) { return err(sc(SYS_fcntl, fd, cmd, arg)); }
+
+int fstat(int fd, struct stat* st) { return err(sc(SYS_fstat, fd, reinterpret_cast<long>(st))); }
+
+int statfs(const char* path, struct statfs* st) {
+  return err(sc(SYS_statfs, reinterpret_cast<long>(path), reinterpret_cast<long>(st)));
+}
+
+int open_ro(const char* path, int* out) {
+  const long r = again([&] { return sc(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_CLOEXEC); });
+  if (int e = err(r)) return e;
+  *out = static_cast<int>(r);
+  return 0;
+}
+
+int read(int fd, char* buf, size_t n, size_t* got) {
+  const long r = again([&] { return sc(SYS_read, fd, reinterpret_cast<long>(buf), L(n)); });
+  if (int e = err(r)) return e;
+  *got = static_cast<size_t>(r);
+  return 0;
+}
+
+void close(int fd) { sc(SYS_close, fd); }
+
+long gettid() { return sc(SYS_gettid); }
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
+  sc(SYS_futex, reinterpret_cast<long>(word), FUTEX_WAIT_PRIVATE, static_cast<long>(expected));
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  sc(SYS_futex, reinterpret_cast<long>(word), FUTEX_WAKE_PRIVATE, INT32_MAX);
+}
+
+// sigaction goes through libc on purpose: sanitizers must see (and wrap) it.
+int sigaction(int sig, const struct sigaction* sa, struct sigaction* old) {
+  return ::sigaction(sig, sa, old) == -1 ? errno : 0;
+}
+
+}  // namespace sys
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free,
+              "futex word must be a plain lock-free 32-bit integer");
+
+// ---------------------------------------------------------------------------
+// Everything the SIGSEGV handler reads (async-signal-safe atomics), kept in
+// one object so that a range can be checked against it (see can_park).
+struct alignas(64) SignalState {
+  std::atomic<uint32_t> seq{0};  // odd while a conversion/revert is in flight
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  std::atomic<long> tid{0};  // thread doing the conversion/revert
+  std::atomic<uintptr_t> page{4096};
+  struct sigaction prev {};  // written once, before our handler is installed
+};
+SignalState g_sig;
+
+// Only ever called with the mutex held, so there is one writer.
+void publish(uintptr_t b, uintptr_t e) {
+  g_sig.begin.store(b);
+  g_sig.end.store(e);
+  g_sig.tid.store(sys::gettid());
+  g_sig.seq.fetch_add(1);  // now odd
+}
+
+void unpublish() {
+  g_sig.seq.fetch_add(1);  // now even
+  sys::futex_wake_all(&g_sig.seq);
+}
+
+// Whether the faulting access was a data write (the only kind of access our
+// read-only window can make fail). Unknown architectures: assume a write.
+bool fault_is_write(void* uc) {
+#if defined(__x86_64__)
+  const auto* u = static_cast<const ucontext_t*>(uc);
+  const auto err = static_cast<uint64_t>(u->uc_mcontext.gregs[REG_ERR]);
+  return (err & 0x2u) != 0 && (err & 0x10u) == 0;  // X86_PF_WRITE, not X86_PF_INSTR
+#else
+  (void)uc;
+  return true;
+#endif
+}
+
+void chain_segv(int sig, siginfo_t* si, void* uc) {
+  const struct sigaction& p = g_sig.prev;
+  if (p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) {
+    if (p.sa_flags & SA_SIGINFO) {
+      p.sa_sigaction(sig, si, uc);
+    } else {
+      p.sa_handler(sig);
+    }
+    return;
+  }
+  // Default action: restore it and let the fault happen again (a kernel
+  // fault re-executes the instruction; a sent signal is re-raised).
+  struct sigaction dfl;
+  std::memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
+  if (si == nullptr || si->si_code <= 0) raise(sig);
+}
+
+void segv_handler(int sig, siginfo_t* si, void* uc) {
+  const int saved_errno = errno;
+  if (si != nullptr && (si->si_code == SEGV_ACCERR || si->si_code == SEGV_MAPERR)) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(si->si_addr);
+    const uintptr_t ps = g_sig.page.load(std::memory_order_relaxed);
+    const bool write = fault_is_write(uc);
+    for (;;) {
+      const uint32_t s1 = g_sig.seq.load();
+      if (s1 & 1u) {
+        const uintptr_t b = g_sig.begin.load();
+        const uintptr_t e = g_sig.end.load();
+        const long tid = g_sig.tid.load();
+        if (g_sig.seq.load() == s1 && a >= b && a < e && tid != sys::gettid()) {
+          while (g_sig.seq.load() == s1) sys::futex_wait(&g_sig.seq, s1);
+          errno = saved_errno;
+          return;  // retry the access on the new pages
+        }
+      }
+      // The operation may have finished between the fault and now: if a
+      // write to the page would now succeed, retry it.
+      if (write && sys::madvise(a & ~(ps - 1), ps, MADV_POPULATE_WRITE) == 0) {
+        errno = saved_errno;
+        return;
+      }
+      if (g_sig.seq.load() == s1) break;  // nothing changed: a genuine fault
+    }
+  }
+  errno = saved_errno;
+  chain_segv(sig, si, uc);
+}
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+uintptr_t page_size() { return g_sig.page.load(std::memory_order_relaxed); }
+uintptr_t page_down(uintptr_t a) { return a & ~(page_size() - 1); }
+
+// [b, e) page range covering [addr, addr+len); false on wrap-around.
+bool page_range(const void* addr, size_t len, uintptr_t* b, uintptr_t* e) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  const uintptr_t ps = page_size();
+  if (len == 0 || a + len < a) return false;
+  const uintptr_t last = a + len - 1;
+  if (last + ps < last) return false;
+  *b = page_down(a);
+  *e = page_down(last) + ps;
+  return *e > *b;
+}
+
+constexpr uintptr_t kConvertChunk = uintptr_t{64} << 20;
+
+// Whether a page reads as all zero. Reads bytes outside the registered buffer
+// (rest of the page, e.g. ASan redzones) and memory that other threads wrote
+// before the read-only window (no race: the range is read-only now), hence
+// not instrumented.
+__attribute__((noinline, no_sanitize("address", "thread", "undefined"))) bool page_is_zero(uintptr_t p,
+                                                                                             uintptr_t n) {
+  const auto* w = reinterpret_cast<const uint64_t*>(p);
+  for (uintptr_t i = 0; i < n / 8; i += 8) {
+    if ((w[i] | w[i + 1] | w[i + 2] | w[i + 3] | w[i + 4] | w[i + 5] | w[i + 6] | w[i + 7]) != 0) return false;
+  }
+  return true;
+}
+
+// Writes the non-zero pages of [b, b+n) into the file at offset == address.
+// The file range must already be a hole.
+int copy_to_file(int fd, uintptr_t b, uintptr_t n) {
+  const uintptr_t ps = page_size();
+  uintptr_t run = 0;
+  bool in_run = false;
+  for (uintptr_t p = b; p < b + n; p += ps) {
+    if (!page_is_zero(p, ps)) {
+      if (!in_run) run = p;
+      in_run = true;
+    } else if (in_run) {
+      if (int r = sys::pwrite_all(fd, run, p - run, run)) return r;
+      in_run = false;
+    }
+  }
+  if (in_run) return sys::pwrite_all(fd, run, b + n - run, run);
+  return 0;
+}
+
+// Copies the data extents of file range [off, off+n) to dst (whose pages are
+// fresh anonymous zero pages, so holes need no copying).
+int copy_from_file(int fd, uint64_t off, uintptr_t dst, uint64_t n) {
+  const uint64_t end = off + n;
+  uint64_t cur = off;
+  while (cur < end) {
+    uint64_t data = 0;
+    int r = sys::lseek(fd, cur, SEEK_DATA, &data);
+    if (r == ENXIO) return 0;  // no data past cur
+    if (r) return r;
+    if (data >= end) return 0;
+    uint64_t hole = 0;
+    if ((r = sys::lseek(fd, data, SEEK_HOLE, &hole))) return r;
+    hole = std::min(hole, end);
+    if ((r = sys::pread_all(fd, dst + (data - off), hole - data, data))) return r;
+    cur = hole;
+  }
+  return 0;
+}
+
+int read_only(int prot) { return (prot & ~PROT_WRITE) | PROT_READ; }
+
+// Where the original private VMA of a converted range was parked.
+struct Park {
+  uintptr_t at = 0;     // parking address of the range's first page, 0 if none
+  bool zeroed = false;  // parked pages read as zero (anonymous + MADV_DONTNEED)
+};
+
+// Whether the original VMA of [b, e) may be parked. Parking needs a short
+// PROT_NONE window; code that might run meanwhile (this thread between two
+// syscalls, the SIGSEGV handler in other threads) must not read the range:
+// so only with inline syscalls (no PLT/GOT), never for executable memory,
+// and never over the handler's own state.
+bool can_park(uintptr_t b, uintptr_t e, int prot) {
+  const uintptr_t ps = g_sig.page.load(std::memory_order_relaxed);
+  const uintptr_t sb = reinterpret_cast<uintptr_t>(&g_sig) & ~(ps - 1);
+  const uintptr_t se = (reinterpret_cast<uintptr_t>(&g_sig + 1) + ps - 1) & ~(ps - 1);
+  return sys::kInline && (prot & PROT_EXEC) == 0 && (e <= sb || b >= se);
+}
+
+// Converts private memory [b, e) (protection prot) into a shared mapping of
+// the backing file at offset b. `anon`: the VMA is anonymous memory. No heap
+// allocation.
+int convert_chunk(int fd, uintptr_t b, uintptr_t e, int prot, bool anon, Park* park) {
+  const uintptr_t n = e - b;
+  *park = Park{};
+  if (int r = sys::punch(fd, b, n)) return r;
+  uintptr_t spot = 0;
+  if (can_park(b, e, prot) &&
+      sys::mmap(0, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0, &spot) != 0) {
+    spot = 0;
+  }
+  enum { kReserved, kParked, kGone } spot_state = kReserved;
+  publish(b, e);
+  int r = sys::mprotect(b, n, read_only(prot));
+  if (r == 0) r = copy_to_file(fd, b, n);
+  if (r == 0 && spot != 0 && sys::mprotect(b, n, PROT_NONE) == 0) {
+    if (sys::mremap_dontunmap(b, n, spot) == 0) {
+      spot_state = kParked;
+    } else {
+      sys::mprotect(b, n, read_only(prot));  // not supported here: plain replacement
+    }
+  }
+  if (r == 0) {
+    uintptr_t got = 0;
+    r = sys::mmap(b, n, prot, MAP_SHARED | MAP_FIXED, fd, b, &got);
+    // On failure put the original pages back over the (empty) VMA left at b.
+    if (r != 0 && spot_state == kParked && sys::mremap_fixed(spot, n, b) == 0) spot_state = kGone;
+  }
+  if (r != 0) sys::mprotect(b, n, prot);
+  unpublish();
+  if (spot_state == kParked && r == 0) {
+    park->at = spot;
+    park->zeroed = anon && sys::madvise(spot, n, MADV_DONTNEED) == 0;
+  } else if (spot != 0 && spot_state == kReserved) {
+    sys::munmap(spot, n);  // still our own PROT_NONE reservation
+  }
+  return r;
+}
+
+// Replaces backed range [b, e) (currently protection prot) by private memory
+// with the same contents: the parked VMA `park` if there is one, otherwise
+// fresh anonymous memory. With concurrent == true, writers are held off as
+// during conversion. Does not punch; on failure a parked VMA stays parked
+// (the caller unmaps it). No heap allocation.
+int make_private(int fd, uintptr_t b, uintptr_t e, int prot, bool concurrent, Park park) {
+  const uintptr_t n = e - b;
+  uintptr_t dst = park.at;
+  bool zeroed = park.zeroed;
+  if (dst == 0) {
+    if (int r = sys::mmap(0, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0, &dst)) return r;
+    zeroed = true;
+  } else if (int r = sys::mprotect(dst, n, PROT_READ | PROT_WRITE)) {
+    return r;
+  }
+  if (concurrent) publish(b, e);
+  int r = 0;
+  const bool drop_write = concurrent && (prot & PROT_WRITE) != 0;
+  if (drop_write) r = sys::mprotect(b, n, prot & ~PROT_WRITE);
+  if (r == 0) r = zeroed ? copy_from_file(fd, b, dst, n) : sys::pread_all(fd, dst, n, b);
+  if (r == 0 && prot != (PROT_READ | PROT_WRITE)) r = sys::mprotect(dst, n, prot);
+  if (r == 0) r = sys::mremap_fixed(dst, n, b);
+  if (r != 0) {
+    if (drop_write) sys::mprotect(b, n, prot);
+    if (park.at == 0) sys::munmap(dst, n);
+  }
+  if (concurrent) unpublish();
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// /proc/self/maps.
+
+// One /proc/self/maps line. `name` points into the buffer being parsed.
+struct VmaView {
+  uintptr_t start = 0;
+  uintptr_t end = 0;
+  int prot = 0;
+  bool shared = false;
+  uint64_t offset = 0;
+  unsigned dev_major = 0;
+  unsigned dev_minor = 0;
+  uint64_t inode = 0;
+  const char* name = nullptr;
+  size_t name_len = 0;
+};
+
+struct Vma : VmaView {
+  std::string name_str;
+};
+
+bool parse_num(const char*& p, const char* end, int base, uint64_t* out) {
+  uint64_t v = 0;
+  const char* s = p;
+  for (; p < end; ++p) {
+    int d;
+    const char c = *p;
+    if (c >= '0' && c <= '9') {
+      d = c - '0';
+    } else if (base == 16 && c >= 'a' && c <= 'f') {
+      d = c - 'a' + 10;
+    } else if (base == 16 && c >= 'A' && c <= 'F') {
+      d = c - 'A' + 10;
+    } else {
+      break;
+    }
+    v = v * static_cast<uint64_t>(base) + static_cast<uint64_t>(d);
+  }
+  *out = v;
+  return p != s;
+}
+
+bool parse_char(const char*& p, const char* end, char c) {
+  if (p >= end || *p != c) return false;
+  ++p;
+  return true;
+}
+
+void skip_spaces(const char*& p, const char* end) {
+  while (p < end && *p == ' ') ++p;
+}
+
+// "start-end perms offset major:minor inode   name"
+bool parse_maps_line(const char* p, const char* end, VmaView* v) {
+  uint64_t x = 0;
+  if (!parse_num(p, end, 16, &x)) return false;
+  v->start = x;
+  if (!parse_char(p, end, '-') || !parse_num(p, end, 16, &x)) return false;
+  v->end = x;
+  skip_spaces(p, end);
+  if (end - p < 4) return false;
+  v->prot = (p[0] == 'r' ? PROT_READ : 0) | (p[1] == 'w' ? PROT_WRITE : 0) | (p[2] == 'x' ? PROT_EXEC : 0);
+  v->shared = p[3] == 's';
+  p += 4;
+  skip_spaces(p, end);
+  if (!parse_num(p, end, 16, &v->offset)) return false;
+  skip_spaces(p, end);
+  if (!parse_num(p, end, 16, &x)) return false;
+  v->dev_major = static_cast<unsigned>(x);
+  if (!parse_char(p, end, ':') || !parse_num(p, end, 16, &x)) return false;
+  v->dev_minor = static_cast<unsigned>(x);
+  skip_spaces(p, end);
+  if (!parse_num(p, end, 10, &v->inode)) return false;
+  skip_spaces(p, end);
+  v->name = p;
+  v->name_len = static_cast<size_t>(end - p);
+  return true;
+}
+
+// Calls f(const VmaView&) for every line of /proc/self/maps, in address
+// order. Reads the whole file first into memory from mmap, not from the heap
+// (usable in the fork child before its heap pages are private again).
+template <class F>
+int for_each_vma(F&& f) {
+  for (size_t cap = size_t{1} << 18;; cap *= 2) {
+    uintptr_t buf = 0;
+    if (int r = sys::mmap(0, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0, &buf)) return r;
+    int fd = -1;
+    int r = sys::open_ro("/proc/self/maps", &fd);
+    size_t used = 0;
+    if (r == 0) {
+      for (;;) {
+        size_t got = 0;
+        if ((r = sys::read(fd, reinterpret_cast<char*>(buf) + used, cap - used, &got)) || got == 0) break;
+        used += got;
+        if (used == cap) break;
+      }
+      sys::close(fd);
+    }
+    if (r == 0 && used < cap) {
+      const char* p = reinterpret_cast<const char*>(buf);
+      const char* end = p + used;
+      while (p < end) {
+        const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+        const char* le = nl ? nl : end;
+        VmaView v;
+        if (parse_maps_line(p, le, &v)) f(v);
+        p = nl ? nl + 1 : end;
+      }
+    }
+    sys::munmap(buf, cap);
+    if (r != 0 || used < cap) return r;
+    // Buffer full: retry with a bigger one.
+  }
+}
+
+// Reads the VMAs overlapping [lo, hi), sorted by address (allocates).
+int read_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out) {
+  out->clear();
+  return for_each_vma([&](const VmaView& v) {
+    if (v.end <= lo || v.start >= hi) return;
+    Vma m;
+    static_cast<VmaView&>(m) = v;
+    m.name_str.assign(v.name, v.name_len);
+    m.name = nullptr;
+    m.name_len = 0;
+    out->push_back(std::move(m));
+  });
+}
+
+struct FileId {
+  unsigned dev_major = 0;
+  unsigned dev_minor = 0;
+  uint64_t inode = 0;
+};
+
+bool is_our_file(const VmaView& v, const FileId& id) {
+  return v.shared && v.inode == id.inode && v.dev_major == id.dev_major && v.dev_minor == id.dev_minor;
+}
+
+// A mapping of our file at offset == address (so it backs exactly itself).
+bool is_ours_identity(const VmaView& v, const FileId& id) { return is_our_file(v, id) && v.offset == v.start; }
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+enum class Kind { kOurs, kConvert };
+
+// Whether (and how) a VMA can be backed. Returns 0 or the errno to refuse with.
+int classify(const Vma& v, const FileId& id, Kind* kind) {
+  if (is_our_file(v, id)) {
+    if (v.offset != v.start) return EOPNOTSUPP;  // our fd mapped elsewhere
+    *kind = Kind::kOurs;
+    return 0;
+  }
+  if (v.shared) return EOPNOTSUPP;  // someone else's shared memory
+  if (starts_with(v.name_str, "[")) {
+    // [heap] and named anonymous memory are ordinary private memory; [stack]
+    // grows down, [vdso]/[vvar]/[vsyscall]/[uprobes]... are the kernel's.
+    if (v.name_str != "[heap]" && !starts_with(v.name_str, "[anon:")) return EOPNOTSUPP;
+  } else if (starts_with(v.name_str, "/anon_hugepage")) {
+    return EOPNOTSUPP;  // private MAP_HUGETLB
+  } else if (starts_with(v.name_str, "/") && !ends_with(v.name_str, " (deleted)")) {
+    struct statfs st;
+    if (sys::statfs(v.name_str.c_str(), &st) == 0 && static_cast<uint64_t>(st.f_type) == HUGETLBFS_MAGIC) {
+      return EOPNOTSUPP;
+    }
+  }
+  *kind = Kind::kConvert;
+  return 0;
+}
+
+// Calls f(b, e, vma-or-null) for consecutive segments of [b, e); vmas sorted.
+template <class F>
+void for_each_segment(const std::vector<Vma>& vmas, uintptr_t b, uintptr_t e, F&& f) {
+  auto it = std::upper_bound(vmas.begin(), vmas.end(), b, [](uintptr_t x, const Vma& m) { return x < m.end; });
+  uintptr_t cur = b;
+  for (; cur < e && it != vmas.end() && it->start < e; ++it) {
+    if (it->start > cur) {
+      f(cur, it->start, static_cast<const Vma*>(nullptr));
+      cur = it->start;
+    }
+    const uintptr_t se = std::min(e, it->end);
+    f(cur, se, &*it);
+    cur = se;
+  }
+  if (cur < e) f(cur, e, static_cast<const Vma*>(nullptr));
+}
+
+struct Range {
+  uintptr_t b;
+  uintptr_t e;
+};
+
+struct Piece {
+  uintptr_t b;
+  uintptr_t e;
+  int prot;
+  bool anon;  // anonymous memory (not a private file mapping)
+  Park park;
+};
+
+bool is_anonymous(const Vma& v) {
+  return v.name_str.empty() || v.name_str == "[heap]" || starts_with(v.name_str, "[anon:");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+struct MemBacking::Impl {
+  struct Run {
+    uintptr_t end;
+    uint64_t count;  // > 0
+  };
+
+  mutable std::mutex mu;
+  std::atomic<int> fd{-1};
+  FileId id;
+  bool handler_installed = false;
+  std::map<uintptr_t, Run> runs;  // disjoint page runs with count > 0
+  size_t pages = 0;
+  // Parked original VMAs of converted ranges: start -> (end, parking spot).
+  struct Parked {
+    uintptr_t end;
+    Park park;
+  };
+  std::map<uintptr_t, Parked> parks;
+
+  int ensure_ready();
+  int convert(const std::vector<Range>& gaps, std::vector<Piece>* done);
+  void undo_conversions(const std::vector<Piece>& done);
+  void revert(const std::vector<Range>& zeros);
+  void on_fork_child();
+
+  // Table operations (may allocate; never inside an in-flight window).
+  std::vector<Range> gaps(uintptr_t b, uintptr_t e) const;
+  void split_at(uintptr_t x);
+  void coalesce(uintptr_t b, uintptr_t e);
+  void inc(uintptr_t b, uintptr_t e);
+  std::vector<Range> dec(uintptr_t b, uintptr_t e);
+  void split_park(uintptr_t x);
+  void take_parks(uintptr_t b, uintptr_t e, int prot, std::vector<Piece>* out);
+};
+
+namespace {
+
+std::atomic<MemBacking::Impl*> g_impl{nullptr};
+MemBacking::Impl* g_fork_locked = nullptr;  // forks are serialised by libc while handlers run
+
+void atfork_prepare() {
+  g_fork_locked = g_impl.load();
+  if (g_fork_locked != nullptr) g_fork_locked->mu.lock();
+}
+
+void atfork_parent() {
+  if (g_fork_locked != nullptr) g_fork_locked->mu.unlock();
+}
+
+void atfork_child() {
+  if (g_fork_locked == nullptr) return;
+  g_fork_locked->on_fork_child();
+  g_fork_locked->mu.unlock();
+}
+
+// Registered when the library is loaded rather than on first use, so that our
+// child handler runs before those of libraries loaded later and of the
+// application (child handlers run in registration order).
+struct AtforkRegistration {
+  AtforkRegistration() { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+} g_atfork_registration;
+
+}  // namespace
+
+int MemBacking::Impl::ensure_ready() {
+  if (fd.load() < 0) {
+    int f = -1;
+    // Never executed: ask for the no-exec seal where the kernel knows it.
+    int r = sys::memfd_create("softverbs-backing", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL, &f);
+    if (r == EINVAL) r = sys::memfd_create("softverbs-backing", MFD_CLOEXEC | MFD_ALLOW_SEALING, &f);
+    if (r) return r;
+    // Peers must not be able to shrink the file under our mappings (SIGBUS)
+    // or add seals that stop us from growing or punching it.
+    sys::fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL);
+    struct stat st;
+    if ((r = sys::fstat(f, &st))) {
+      sys::close(f);
+      return r;
+    }
+    id.dev_major = major(st.st_dev);
+    id.dev_minor = minor(st.st_dev);
+    id.inode = st.st_ino;
+    fd.store(f);
+  }
+  if (!handler_installed) {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = segv_handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    if (int r = sys::sigaction(SIGSEGV, &sa, &g_sig.prev)) return r;
+    handler_installed = true;
+  }
+  return 0;
+}
+
+std::vector<Range> MemBacking::Impl::gaps(uintptr_t b, uintptr_t e) const {
+  std::vector<Range> out;
+  uintptr_t cur = b;
+  auto it = runs.upper_bound(b);
+  if (it != runs.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.end > b) cur = std::min(prev->second.end, e);
+  }
+  for (; it != runs.end() && it->first < e; ++it) {
+    if (it->first > cur) out.push_back({cur, it->first});
+    cur = std::min(it->second.end, e);
+  }
+  if (cur < e) out.push_back({cur, e});
+  return out;
+}
+
+void MemBacking::Impl::split_at(uintptr_t x) {
+  auto it = runs.upper_bound(x);
+  if (it == runs.begin()) return;
+  --it;
+  if (it->first < x && x < it->second.end) {
+    const Run tail{it->second.end, it->second.count};
+    it->second.end = x;
+    runs.emplace(x, tail);
+  }
+}
+
+void MemBacking::Impl::coalesce(uintptr_t b, uintptr_t e) {
+  auto it = runs.lower_bound(b);
+  if (it != runs.begin()) --it;
+  while (it != runs.end() && it->first <= e) {
+    auto next = std::next(it);
+    if (next == runs.end()) break;
+    if (it->second.end == next->first && it->second.count == next->second.count) {
+      it->second.end = next->second.end;
+      runs.erase(next);
+    } else {
+      it = next;
+    }
+  }
+}
+
+void MemBacking::Impl::inc(uintptr_t b, uintptr_t e) {
+  split_at(b);  // splitting never changes counts, so a throw here is harmless
+  split_at(e);
+  // Fill the gaps with count-0 runs first (allocates), then count (does not).
+  try {
+    for (const Range& g : gaps(b, e)) runs.emplace(g.b, Run{g.e, 0});
+  } catch (...) {
+    for (auto it = runs.lower_bound(b); it != runs.end() && it->first < e;) {
+      it = it->second.count == 0 ? runs.erase(it) : std::next(it);
+    }
+    throw;
+  }
+  const uintptr_t ps = page_size();
+  for (auto it = runs.lower_bound(b); it != runs.end() && it->first < e; ++it) {
+    if (it->second.count++ == 0) pages += (it->second.end - it->first) / ps;
+  }
+  coalesce(b, e);
+}
+
+std::vector<Range> MemBacking::Impl::dec(uintptr_t b, uintptr_t e) {
+  split_at(b);
+  split_at(e);
+  const uintptr_t ps = page_size();
+  std::vector<Range> zeros;
+  auto it = runs.lower_bound(b);
+  while (it != runs.end() && it->first < e) {
+    if (--it->second.count == 0) {
+      const Range z{it->first, it->second.end};
+      if (!zeros.empty() && zeros.back().e == z.b) {
+        zeros.back().e = z.e;
+      } else {
+        zeros.push_back(z);
+      }
+      pages -= (z.e - z.b) / ps;
+      it = runs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  coalesce(b, e);
+  return zeros;
+}
+
+// Converts the not-yet-counted ranges `gaps`. Either everything is converted
+// (done lists the converted chunks) or nothing is and an errno is returned.
+int MemBacking::Impl::convert(const std::vector<Range>& gap_list, std::vector<Piece>* done) {
+  std::vector<Vma> vmas;
+  if (int r = read_maps(gap_list.front().b, gap_list.back().e, &vmas)) return r;
+  std::vector<Piece> pieces;
+  int err = 0;
+  // This thread's own stack (thread stacks are plain anonymous memory): the
+  // read-only window would stop this very thread.
+  const uintptr_t sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  for (const Range& g : gap_list) {
+    for_each_segment(vmas, g.b, g.e, [&](uintptr_t sb, uintptr_t se, const Vma* v) {
+      if (err) return;
+      if (v == nullptr) {
+        err = EFAULT;
+        return;
+      }
+      if (sp >= v->start && sp < v->end) {
+        err = EOPNOTSUPP;
+        return;
+      }
+      Kind kind = Kind::kConvert;
+      if ((err = classify(*v, id, &kind))) return;
+      if (kind == Kind::kConvert) pieces.push_back({sb, se, v->prot, is_anonymous(*v), Park{}});
+    });
+    if (err) return err;
+  }
+  if (pieces.empty()) return 0;
+
+  const int f = fd.load();
+  struct stat st;
+  if (int r = sys::fstat(f, &st)) return r;
+  const uintptr_t need = pieces.back().e;
+  if (static_cast<uint64_t>(st.st_size) < need) {
+    if (int r = sys::ftruncate(f, need)) return r;
+  }
+
+  size_t chunks = 0;
+  for (const Piece& p : pieces) chunks += (p.e - p.b + kConvertChunk - 1) / kConvertChunk;
+  done->clear();
+  done->reserve(chunks);  // no allocation from here on
+  for (const Piece& p : pieces) {
+    for (uintptr_t cb = p.b; cb < p.e;) {
+      const uintptr_t ce = std::min(p.e, cb + kConvertChunk);
+      Park park;
+      if (int r = convert_chunk(f, cb, ce, p.prot, p.anon, &park)) {
+        undo_conversions(*done);
+        done->clear();
+        return r;
+      }
+      done->push_back({cb, ce, p.prot, p.anon, park});
+      cb = ce;
+    }
+  }
+  return 0;
+}
+
+// Reverts chunks converted by the current call (no allocation).
+void MemBacking::Impl::undo_conversions(const std::vector<Piece>& done) {
+  const int f = fd.load();
+  for (auto it = done.rbegin(); it != done.rend(); ++it) {
+    if (make_private(f, it->b, it->e, it->prot, true, it->park) == 0) {
+      sys::punch(f, it->b, it->e - it->b);
+    } else if (it->park.at != 0) {
+      sys::munmap(it->park.at, it->e - it->b);
+    }
+  }
+}
+
+void MemBacking::Impl::split_park(uintptr_t x) {
+  auto it = parks.upper_bound(x);
+  if (it == parks.begin()) return;
+  --it;
+  if (it->first < x && x < it->second.end) {
+    Parked tail = it->second;
+    tail.park.at += x - it->first;
+    it->second.end = x;
+    parks.emplace(x, tail);
+  }
+}
+
+// Cuts [b, e) out of the park table; appends pieces covering [b, e), with the
+// parking spot where there is one.
+void MemBacking::Impl::take_parks(uintptr_t b, uintptr_t e, int prot, std::vector<Piece>* out) {
+  split_park(b);
+  split_park(e);
+  uintptr_t cur = b;
+  auto it = parks.lower_bound(b);
+  while (cur < e) {
+    if (it != parks.end() && it->first < e) {
+      if (it->first > cur) out->push_back({cur, it->first, prot, true, Park{}});
+      out->push_back({it->first, it->second.end, prot, true, it->second.park});
+      cur = it->second.end;
+      it = parks.erase(it);
+    } else {
+      out->push_back({cur, e, prot, true, Park{}});
+      cur = e;
+    }
+  }
+}
+
+// Reverts the ranges whose count dropped to zero.
+void MemBacking::Impl::revert(const std::vector<Range>& zeros) {
+  const int f = fd.load();
+  std::vector<Vma> vmas;
+  if (read_maps(zeros.front().b, zeros.back().e, &vmas) != 0) return;  // stay backed: contents are safe
+  std::vector<Piece> ours;   // to make private again
+  std::vector<Piece> stale;  // not ours any more (unmapped or replaced by the application)
+  for (const Range& z : zeros) {
+    for_each_segment(vmas, z.b, z.e, [&](uintptr_t sb, uintptr_t se, const Vma* v) {
+      const bool mine = v != nullptr && is_ours_identity(*v, id);
+      take_parks(sb, se, mine ? v->prot : 0, mine ? &ours : &stale);
+    });
+  }
+  for (const Piece& p : ours) {
+    if (make_private(f, p.b, p.e, p.prot, true, p.park) == 0) {
+      sys::punch(f, p.b, p.e - p.b);
+    } else if (p.park.at != 0) {
+      sys::munmap(p.park.at, p.e - p.b);  // stays backed (contents safe)
+    }
+  }
+  for (const Piece& p : stale) {
+    sys::punch(f, p.b, p.e - p.b);
+    if (p.park.at != 0) sys::munmap(p.park.at, p.e - p.b);
+  }
+}
+
+// Runs in the child of fork() (single-threaded, mutex held). Until the backed
+// ranges are private, the child's writes to them land in the parent's pages,
+// so nothing here may touch the heap before they are all replaced.
+void MemBacking::Impl::on_fork_child() {
+  const int f = fd.load();
+  if (f >= 0) {
+    const FileId ours = id;
+    const int r = for_each_vma([&](const VmaView& v) {
+      if (!is_ours_identity(v, ours)) return;
+      if (make_private(f, v.start, v.end, v.prot, false, Park{}) != 0) {
+        // Cannot copy: at least make sure the child cannot touch the
+        // parent's pages.
+        if (sys::mprotect(v.start, v.end - v.start, PROT_NONE) != 0) sys::munmap(v.start, v.end - v.start);
+      }
+    });
+    if (r != 0) {
+      for (const auto& [b, run] : runs) {
+        if (sys::mprotect(b, run.end - b, PROT_NONE) != 0) sys::munmap(b, run.end - b);
+      }
+    }
+    // The parked originals are the parent's business.
+    for (const auto& [b, p] : parks) sys::munmap(p.park.at, p.end - b);
+    sys::close(f);
+  }
+  fd.store(-1);
+  id = FileId{};
+  runs.clear();
+  parks.clear();
+  pages = 0;
+}
+
+// ---------------------------------------------------------------------------
+
+MemBacking::MemBacking() : impl_(new Impl) {
+  g_sig.page.store(static_cast<uintptr_t>(sysconf(_SC_PAGESIZE)));
+  g_impl.store(impl_);
+}
+
+MemBacking& MemBacking::instance() {
+  static MemBacking* const inst = new MemBacking();
+  return *inst;
+}
+
+int MemBacking::fd() const { return impl_->fd.load(); }
+
+int MemBacking::acquire(const void* addr, size_t len) {
+  uintptr_t b = 0, e = 0;
+  if (!page_range(addr, len, &b, &e)) return EINVAL;
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<Piece> done;
+  try {
+    if (int r = s.ensure_ready()) return r;
+    const std::vector<Range> gap_list = s.gaps(b, e);
+    if (!gap_list.empty()) {
+      if (int r = s.convert(gap_list, &done)) return r;
+    }
+    for (const Piece& p : done) {
+      if (p.park.at != 0) s.parks.emplace(p.b, Impl::Parked{p.e, p.park});
+    }
+    s.inc(b, e);
+  } catch (const std::bad_alloc&) {
+    for (const Piece& p : done) s.parks.erase(p.b);
+    s.undo_conversions(done);
+    return ENOMEM;
+  }
+  return 0;
+}
+
+void MemBacking::release(const void* addr, size_t len) {
+  uintptr_t b = 0, e = 0;
+  if (!page_range(addr, len, &b, &e)) return;
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.fd.load() < 0) return;
+  try {
+    const std::vector<Range> zeros = s.dec(b, e);
+    if (!zeros.empty()) s.revert(zeros);
+  } catch (const std::bad_alloc&) {
+    // Pages stay backed (count 0); contents are safe, a later acquire reuses them.
+  }
+}
+
+size_t MemBacking::backed_pages() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->pages;
+}
+
+bool MemBacking::is_backed(const void* addr) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->runs.upper_bound(a);
+  if (it == impl_->runs.begin()) return false;
+  --it;
+  return a < it->second.end;
+}
+
+}  // namespace sv

@@ -1,0 +1,156 @@
+// Protection domains and memory regions. Registration makes the pages
+// reachable by peers through the process's backing file (mem_backing.h,
+// docs/MEMORY.md) and records the region in the daemon's MR table.
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "verbs/mem_backing.h"
+#include "verbs/provider.h"
+
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+namespace sv::verbs {
+
+int get_backing(ContextState& st) {
+  std::lock_guard<std::mutex> g(st.mu);
+  if (st.backing) return 0;
+  int fd = MemBacking::instance().fd();
+  if (fd < 0) return EINVAL;
+  proto::Empty req{};
+  proto::HandleReply rep{};
+  int fds[1] = {fd};
+  if (int e = st.conn.call(proto::Op::RegBacking, req, rep, fds)) return e;
+  st.backing = rep.handle;
+  return 0;
+}
+
+namespace {
+
+// Bits rdma-core lets a provider ignore (ibv_reg_mr(3): "optional" access).
+constexpr int kOptionalAccess = IBV_ACCESS_OPTIONAL_RANGE;
+
+ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int access) {
+  if (!ibpd) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  access &= ~kOptionalAccess;
+  if (access & IBV_ACCESS_ON_DEMAND) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  access &= ~IBV_ACCESS_HUGETLB;  // a hint only
+  if (length == 0 || (!addr && !(access & IBV_ACCESS_ZERO_BASED))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (access & IBV_ACCESS_ZERO_BASED) iova = 0;
+  ContextState& st = ctx_state(ibpd->context);
+  Pd* pd = to_pd(ibpd);
+
+  if (int e = MemBacking::instance().acquire(addr, length)) {
+    errno = e;
+    return nullptr;
+  }
+  auto fail = [&](int e) -> ibv_mr* {
+    MemBacking::instance().release(addr, length);
+    errno = e;
+    return nullptr;
+  };
+  if (int e = get_backing(st)) return fail(e);
+
+  proto::RegMrReq req{};
+  req.pd = pd->handle;
+  req.backing = st.backing;
+  req.addr = reinterpret_cast<uint64_t>(addr);
+  req.length = length;
+  req.iova = iova;
+  req.access = uint32_t(access);
+  proto::RegMrReply rep{};
+  if (int e = st.conn.call(proto::Op::RegMr, req, rep)) return fail(e);
+
+  auto* mr = static_cast<Mr*>(std::calloc(1, sizeof(Mr)));
+  if (!mr) return fail(ENOMEM);
+  mr->mr.context = ibpd->context;
+  mr->mr.pd = ibpd;
+  mr->mr.addr = addr;
+  mr->mr.length = length;
+  mr->mr.handle = rep.handle;
+  mr->mr.lkey = rep.key;
+  mr->mr.rkey = rep.key;
+  mr->handle = rep.handle;
+  mr->reg_addr = addr;
+  mr->reg_len = length;
+  return &mr->mr;
+}
+
+}  // namespace
+}  // namespace sv::verbs
+
+using namespace sv;
+using namespace sv::verbs;
+
+extern "C" {
+
+ibv_pd* ibv_alloc_pd(ibv_context* c) {
+  ContextState& st = ctx_state(c);
+  proto::Empty req{};
+  proto::HandleReply rep{};
+  if (int e = st.conn.call(proto::Op::AllocPd, req, rep)) {
+    errno = e;
+    return nullptr;
+  }
+  auto* pd = static_cast<Pd*>(std::calloc(1, sizeof(Pd)));
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  pd->pd.context = c;
+  pd->pd.handle = rep.handle;
+  pd->handle = rep.handle;
+  return &pd->pd;
+}
+
+int ibv_dealloc_pd(ibv_pd* ibpd) {
+  ContextState& st = ctx_state(ibpd->context);
+  proto::HandleReq req{};
+  req.handle = to_pd(ibpd)->handle;
+  proto::Empty rep{};
+  if (int e = st.conn.call(proto::Op::DeallocPd, req, rep)) return e;
+  std::free(to_pd(ibpd));
+  return 0;
+}
+
+ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return reg_mr(pd, addr, length, reinterpret_cast<uint64_t>(addr), access);
+}
+
+ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
+  return reg_mr(pd, addr, length, iova, access);
+}
+
+ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
+  return reg_mr(pd, addr, length, iova, int(access));
+}
+
+int ibv_dereg_mr(ibv_mr* ibmr) {
+  Mr* mr = to_mr(ibmr);
+  ContextState& st = ctx_state(ibmr->context);
+  proto::HandleReq req{};
+  req.handle = mr->handle;
+  proto::Empty rep{};
+  if (int e = st.conn.call(proto::Op::DeregMr, req, rep)) return e;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    st.windows.erase(ibmr->rkey);
+  }
+  MemBacking::instance().release(mr->reg_addr, mr->reg_len);
+  std::free(mr);
+  return 0;
+}
+
+int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return EOPNOTSUPP; }
+
+}  // extern "C"

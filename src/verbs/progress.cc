@@ -1,0 +1,78 @@
+// The progress thread: retries work requests that wait on an RNR NAK or a
+// transport timeout, so they complete (or fail) even while the application
+// only sleeps in ibv_get_cq_event. Started on first use.
+//
+// Lock order: the registry mutex, then a QP's send lock. post_send never
+// holds a send lock while registering.
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <set>
+#include <thread>
+
+#include "verbs/provider.h"
+
+namespace sv::verbs {
+namespace {
+
+struct Progress {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<QpState*> qps;
+  bool started = false;
+
+  void run() {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      if (qps.empty()) {
+        cv.wait(lk);
+        continue;
+      }
+      uint64_t now = monotonic_ns();
+      uint64_t next = now + 1'000'000;  // look again within 1 ms at the latest
+      for (auto it = qps.begin(); it != qps.end();) {
+        QpState* q = *it;
+        q->hdr->send_lock.lock(uint32_t(::getpid()));
+        bool pending = progress_qp(*q);
+        uint64_t when = q->next_try_ns;
+        q->hdr->send_lock.unlock();
+        if (!pending) {
+          q->in_progress_list = false;
+          it = qps.erase(it);
+        } else {
+          next = std::min(next, std::max(when, now + 5'000));
+          ++it;
+        }
+      }
+      cv.wait_for(lk, std::chrono::nanoseconds(next - now));
+    }
+  }
+};
+
+Progress& progress() {
+  static Progress* p = new Progress;  // lives until exit; the thread is detached
+  return *p;
+}
+
+}  // namespace
+
+void progress_register(QpState* q) {
+  Progress& p = progress();
+  std::lock_guard<std::mutex> g(p.mu);
+  q->in_progress_list = true;
+  p.qps.insert(q);
+  if (!p.started) {
+    p.started = true;
+    std::thread([&p] { p.run(); }).detach();
+  }
+  p.cv.notify_one();
+}
+
+void progress_unregister(QpState* q) {
+  Progress& p = progress();
+  std::lock_guard<std::mutex> g(p.mu);
+  p.qps.erase(q);
+}
+
+}  // namespace sv::verbs

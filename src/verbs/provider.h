@@ -1,0 +1,254 @@
+// provider.h: the softverbs objects behind the libibverbs ABI structures.
+//
+// Every public verbs object is allocated as its ABI struct (ibv_pd, ibv_mr,
+// ibv_cq_ex, ibv_qp_ex, ...) followed by softverbs state, so a pointer a
+// client hands back converts to ours with one cast. Verbs functions return
+// errors the way rdma-core documents for each verb.
+//
+// Thread safety: as libibverbs(7): all verbs are thread-safe. Posting to one
+// QP from several threads or processes is serialised by the QP's send lock in
+// shared memory; polling one CQ by its poll lock.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/protocol.h"
+#include "common/shm_layout.h"
+#include "common/sys.h"
+
+namespace sv::verbs {
+
+using shm::Cqe;
+using shm::MrEntry;
+using shm::QpEntry;
+
+constexpr const char* kDeviceName = "sv0";
+constexpr uint32_t kVendorId = 0x5356;  // 'SV': neither mlx5 nor EFA, see docs/ABI.md
+constexpr uint32_t kVendorPartId = 1;
+constexpr uint32_t kGidTableLen = 16;
+
+// ---- The daemon connection ----------------------------------------------
+
+class DaemonConn {
+ public:
+  // Connects to the user's daemon, starting it if none answers.
+  int open();
+  int fd() const { return sock_.get(); }
+
+  // Sends `req` (its header is filled in here) and waits for the reply.
+  // Returns the transport error, else the reply's status.
+  template <class Req, class Rep>
+  int call(proto::Op op, Req& req, Rep& rep, std::span<const int> send_fds = {},
+           std::vector<Fd>* recv_fds = nullptr) {
+    proto::init_header(req, op);
+    return raw_call(&req, sizeof(req), &rep, sizeof(rep), send_fds, recv_fds);
+  }
+
+ private:
+  int raw_call(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
+               std::vector<Fd>* recv_fds);
+  Fd sock_;
+  std::mutex mu_;
+  uint32_t seq_ = 0;
+};
+
+// ---- A CQ ring as a producer sees it (local or a peer's) -------------------
+
+struct CqView {
+  Mapping map;
+  shm::CqSegmentHeader* hdr = nullptr;
+  shm::Ring<Cqe> ring;
+  int channel_fd = -1;  // eventfd to signal when armed (borrowed or owned by `channel_owned`)
+  Fd channel_owned;
+
+  int attach(int fd, uint64_t size);  // maps a CQ segment
+  // Appends a completion and raises the CQ's event if it is armed. Returns
+  // false on overrun (the ring is full; IBTA 11.4.2.1 CQ overrun).
+  bool push(const ibv_wc& wc, bool solicited);
+};
+
+// ---- Objects ---------------------------------------------------------------
+
+struct Context;
+struct Cq;
+
+struct Pd {
+  ibv_pd pd;
+  uint32_t handle;
+};
+
+struct Mr {
+  ibv_mr mr;
+  uint32_t handle;
+  void* reg_addr;   // what MemBacking acquired
+  size_t reg_len;
+};
+
+struct Channel {
+  ibv_comp_channel ch;
+  uint32_t handle;
+  Context* ctx;
+};
+
+struct CqState {
+  Context* ctx;
+  uint32_t handle;
+  Channel* channel;
+  ibv_cq* ibcq = nullptr;
+  CqView view;
+};
+
+struct Cq {
+  ibv_cq_ex cq;  // ibv_cq at offset 0
+  CqState* st;
+};
+
+// A connected peer QP on this host, as the requester sees it.
+struct Peer {
+  uint32_t qpn;
+  const QpEntry* entry;
+  Mapping seg;
+  shm::QpSegmentHeader* hdr;
+  shm::Ring<shm::RecvWqe> rq;
+  CqView recv_cq;
+};
+
+// A view of another process's registered memory, by key.
+struct Window {
+  uint32_t key;
+  uint64_t file_base;  // file offset mapped at `map.get()`
+  Mapping map;
+  uint8_t* at(uint64_t file_offset) const { return map.as<uint8_t>() + (file_offset - file_base); }
+};
+
+struct QpState {
+  Context* ctx;
+  uint32_t qpn;
+  ibv_qp_type type;
+  Pd* pd;
+  Cq* send_cq;
+  Cq* recv_cq;
+  const QpEntry* entry;
+  Mapping seg;
+  shm::QpSegmentHeader* hdr;
+  shm::Ring<shm::SendWqe> sq;
+  shm::Ring<shm::RecvWqe> rq;
+  ibv_qp_cap cap;
+  bool sq_sig_all;
+
+  std::mutex attr_mu;  // guards attr
+  ibv_qp_attr attr{};
+
+  // Requester state, guarded by hdr->send_lock.
+  std::unique_ptr<Peer> peer;
+  std::shared_ptr<Window> last_window;
+  uint32_t rnr_left = 0;     // RNR retries left for the WQE at the head
+  uint32_t retry_left = 0;   // transport retries left
+  bool head_started = false;
+  uint64_t next_try_ns = 0;
+  bool in_progress_list = false;
+  struct Qp* self = nullptr;
+};
+
+struct Qp {
+  ibv_qp_ex qpx;  // ibv_qp at offset 0
+  QpState* st;
+};
+
+struct AsyncQueue {
+  std::mutex mu;
+  std::deque<ibv_async_event> events;
+};
+
+struct ContextState {
+  DaemonConn conn;
+  uint64_t boot_id = 0;
+  Mapping device_map;
+  const MrEntry* mr_table = nullptr;
+  const QpEntry* qp_table = nullptr;
+  Fd async_fd;
+  AsyncQueue async;
+
+  std::mutex mu;  // guards the maps below
+  uint32_t backing = 0;  // this process's backing file as registered on this connection
+  std::map<uint32_t, Fd> foreign_backings;                      // backing id -> fd
+  std::unordered_map<uint32_t, std::shared_ptr<Window>> windows;  // key -> window
+  std::vector<CqState*> cqs;
+
+  const MrEntry* mr(uint32_t key) const {
+    uint32_t slot = key >> 8;
+    if (slot == 0 || slot >= shm::kMrTableSize) return nullptr;
+    const MrEntry* e = &mr_table[slot];
+    return e->key.load(std::memory_order_acquire) == key ? e : nullptr;
+  }
+  const QpEntry* qp_slot(uint32_t qpn) const { return &qp_table[qpn & (shm::kQpTableSize - 1)]; }
+};
+
+struct Context {
+  verbs_context v;  // v.context is what clients hold
+  ContextState* st;
+};
+
+inline Context* to_ctx(ibv_context* c) {
+  return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+}
+inline ContextState& ctx_state(ibv_context* c) { return *to_ctx(c)->st; }
+inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
+inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
+inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+inline Channel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<Channel*>(c); }
+
+// ---- Internal entry points shared between files ----------------------------
+
+// Context (context.cc)
+ibv_context* open_context(ibv_device* dev);
+int close_context(ibv_context* ctx);
+int query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
+int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
+                    size_t attr_size);
+void push_async_event(ContextState& st, const ibv_async_event& ev);
+
+void fill_device_attr(ibv_device_attr& a);
+
+// CQs (cq.cc)
+int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
+int req_notify_cq(ibv_cq* cq, int solicited_only);
+ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+
+// QPs (qp.cc, requester.cc)
+ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// Runs the QP's queued work requests; returns true while some remain queued.
+bool progress_qp(QpState& qp);
+void flush_qp(QpState& qp);
+void move_to_error(QpState& qp);
+void progress_register(QpState* qp);
+void progress_unregister(QpState* qp);
+
+inline Qp* to_qp_from_state(QpState& q) { return q.self; }
+ibv_wc_opcode send_wc_opcode(uint32_t op);
+void flush_sq_locked(QpState& q);
+void flush_rq(QpState& q);
+void flush_peer_rq(Peer& p);
+
+// Memory (mr.cc)
+int get_backing(ContextState& st);  // registers the process backing on this connection
+
+// Remote memory resolution (peer.cc)
+std::shared_ptr<Window> window_for(ContextState& st, const MrEntry& e, uint32_t key);
+
+}  // namespace sv::verbs

@@ -1,0 +1,368 @@
+// Queue pairs: creation, the modify/query verbs (the state machine itself
+// is checked by the daemon, src/common/qp_state.cc), receive posting and
+// flushing. The requester (post_send) is in requester.cc.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "verbs/provider.h"
+
+namespace sv::verbs {
+
+namespace {
+
+int attach_qp_segment(QpState& q, int fd, uint64_t size) {
+  if (int e = map_shared(fd, 0, size, PROT_READ | PROT_WRITE, false, q.seg)) return e;
+  auto* h = q.seg.as<shm::QpSegmentHeader>();
+  shm::QpLayout l{h->sq_capacity, h->rq_capacity};
+  if (h->magic != shm::kQpMagic || h->size != size || l.size() > size) return EPROTO;
+  q.hdr = h;
+  auto* sqh = reinterpret_cast<shm::RingHeader*>(q.seg.as<char>() + l.sq_offset());
+  auto* rqh = reinterpret_cast<shm::RingHeader*>(q.seg.as<char>() + l.rq_offset());
+  q.sq = shm::Ring<shm::SendWqe>(sqh, reinterpret_cast<shm::RingSlot<shm::SendWqe>*>(sqh + 1));
+  q.rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
+  return 0;
+}
+
+void flush_rq_into(shm::Ring<shm::RecvWqe>& rq, CqView& cq, uint32_t qpn) {
+  shm::RecvWqe w;
+  while (rq.pop(w)) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qpn;
+    cq.push(wc, true);
+  }
+}
+
+}  // namespace
+
+ibv_wc_opcode send_wc_opcode(uint32_t op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    default: return IBV_WC_SEND;
+  }
+}
+
+void flush_sq_locked(QpState& q) {
+  shm::SendWqe w;
+  while (q.sq.pop(w)) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = send_wc_opcode(w.opcode);
+    wc.qp_num = q.qpn;
+    q.send_cq->st->view.push(wc, true);
+  }
+  q.head_started = false;
+}
+
+void flush_rq(QpState& q) { flush_rq_into(q.rq, q.recv_cq->st->view, q.qpn); }
+
+void flush_peer_rq(Peer& p) { flush_rq_into(p.rq, p.recv_cq, p.qpn); }
+
+void flush_qp(QpState& q) {
+  q.hdr->send_lock.lock(uint32_t(::getpid()));
+  flush_sq_locked(q);
+  q.hdr->send_lock.unlock();
+  flush_rq(q);
+}
+
+// Moves the QP to ERR after an error completion (IBTA 10.3.1: a requester
+// error takes the QP to the error state); the caller holds the send lock.
+void move_to_error(QpState& q) {
+  ContextState& cs = *q.ctx->st;
+  proto::ModifyQpReq req{};
+  req.qpn = q.qpn;
+  req.attr_mask = IBV_QP_STATE;
+  req.qp_state = IBV_QPS_ERR;
+  proto::Empty rep{};
+  cs.conn.call(proto::Op::ModifyQp, req, rep);
+  {
+    std::lock_guard<std::mutex> g(q.attr_mu);
+    q.attr.qp_state = IBV_QPS_ERR;
+  }
+  reinterpret_cast<ibv_qp*>(&to_qp_from_state(q)->qpx)->state = IBV_QPS_ERR;
+  flush_sq_locked(q);
+  flush_rq(q);
+}
+
+ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
+  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (a->qp_type != IBV_QPT_RC) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (a->srq) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp_cap& cap = a->cap;
+  if (cap.max_send_wr > shm::kMaxQpWr || cap.max_recv_wr > shm::kMaxQpWr || cap.max_send_sge > shm::kMaxSge ||
+      cap.max_recv_sge > shm::kMaxSge || cap.max_inline_data > shm::kMaxInline) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (a->pd->context != c || a->send_cq->context != c || a->recv_cq->context != c) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ContextState& cs = ctx_state(c);
+  proto::CreateQpReq req{};
+  req.pd = to_pd(a->pd)->handle;
+  req.send_cq = to_cq(a->send_cq)->st->handle;
+  req.recv_cq = to_cq(a->recv_cq)->st->handle;
+  req.qp_type = a->qp_type;
+  req.max_send_wr = cap.max_send_wr;
+  req.max_recv_wr = cap.max_recv_wr;
+  req.max_send_sge = cap.max_send_sge;
+  req.max_recv_sge = cap.max_recv_sge;
+  req.max_inline_data = cap.max_inline_data;
+  req.sq_sig_all = a->sq_sig_all;
+  proto::CreateQpReply rep{};
+  std::vector<Fd> fds;
+  if (int e = cs.conn.call(proto::Op::CreateQp, req, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
+    return nullptr;
+  }
+  auto st = std::make_unique<QpState>();
+  st->ctx = to_ctx(c);
+  st->qpn = rep.qpn;
+  st->type = a->qp_type;
+  st->pd = to_pd(a->pd);
+  st->send_cq = to_cq(a->send_cq);
+  st->recv_cq = to_cq(a->recv_cq);
+  st->entry = cs.qp_slot(rep.qpn);
+  if (int e = attach_qp_segment(*st, fds[0].get(), rep.segment_size)) {
+    errno = e;
+    return nullptr;
+  }
+  // Report what the QP really holds (ibv_create_qp(3): at least what was asked).
+  cap.max_send_wr = rep.sq_capacity;
+  cap.max_recv_wr = rep.rq_capacity;
+  cap.max_send_sge = shm::kMaxSge;
+  cap.max_recv_sge = shm::kMaxSge;
+  cap.max_inline_data = shm::kMaxInline;
+  st->cap = cap;
+  st->sq_sig_all = a->sq_sig_all != 0;
+  st->attr.qp_state = IBV_QPS_RESET;
+  st->attr.cap = cap;
+
+  auto* qp = static_cast<Qp*>(std::calloc(1, sizeof(Qp)));
+  if (!qp) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ibv_qp& q = qp->qpx.qp_base;
+  q.context = c;
+  q.qp_context = a->qp_context;
+  q.pd = a->pd;
+  q.send_cq = a->send_cq;
+  q.recv_cq = a->recv_cq;
+  q.srq = nullptr;
+  q.handle = rep.qpn;
+  q.qp_num = rep.qpn;
+  q.state = IBV_QPS_RESET;
+  q.qp_type = a->qp_type;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  st->self = qp;
+  qp->st = st.release();
+  return &q;
+}
+
+int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  QpState& q = *to_qp(ibqp)->st;
+  auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
+  if (state == IBV_QPS_RESET) {
+    *bad = wr;
+    return EINVAL;
+  }
+  for (; wr; wr = wr->next) {
+    if (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_recv_sge) {
+      *bad = wr;
+      return EINVAL;
+    }
+    shm::RecvWqe w{};
+    w.wr_id = wr->wr_id;
+    w.num_sge = uint32_t(wr->num_sge);
+    for (int i = 0; i < wr->num_sge; ++i)
+      w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    if (!q.rq.push(w)) {
+      *bad = wr;
+      return ENOMEM;
+    }
+  }
+  // Receives posted to a QP in ERR complete at once with a flush error.
+  if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) flush_rq(q);
+  return 0;
+}
+
+int post_srq_recv(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  *bad = wr;
+  return EOPNOTSUPP;
+}
+
+}  // namespace sv::verbs
+
+using namespace sv;
+using namespace sv::verbs;
+
+extern "C" {
+
+ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  if (!pd || !attr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_qp_init_attr_ex ex{};
+  ex.qp_context = attr->qp_context;
+  ex.send_cq = attr->send_cq;
+  ex.recv_cq = attr->recv_cq;
+  ex.srq = attr->srq;
+  ex.cap = attr->cap;
+  ex.qp_type = attr->qp_type;
+  ex.sq_sig_all = attr->sq_sig_all;
+  ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+  ex.pd = pd;
+  ibv_qp* qp = create_qp_ex(pd->context, &ex);
+  if (qp) attr->cap = ex.cap;
+  return qp;
+}
+
+int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
+  QpState& q = *to_qp(ibqp)->st;
+  ContextState& cs = *q.ctx->st;
+  proto::ModifyQpReq req{};
+  req.qpn = q.qpn;
+  req.attr_mask = uint32_t(mask);
+  req.qp_state = attr->qp_state;
+  req.cur_qp_state = attr->cur_qp_state;
+  req.path_mtu = attr->path_mtu;
+  req.qkey = attr->qkey;
+  req.rq_psn = attr->rq_psn;
+  req.sq_psn = attr->sq_psn;
+  req.dest_qp_num = attr->dest_qp_num;
+  req.qp_access_flags = uint32_t(attr->qp_access_flags);
+  req.pkey_index = attr->pkey_index;
+  req.port_num = attr->port_num;
+  req.max_rd_atomic = attr->max_rd_atomic;
+  req.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+  req.min_rnr_timer = attr->min_rnr_timer;
+  req.timeout = attr->timeout;
+  req.retry_cnt = attr->retry_cnt;
+  req.rnr_retry = attr->rnr_retry;
+  if (mask & IBV_QP_AV) {
+    const ibv_ah_attr& ah = attr->ah_attr;
+    req.ah_port_num = ah.port_num;
+    req.ah_is_global = ah.is_global;
+    req.ah_dlid = ah.dlid;
+    if (ah.is_global) {
+      if (ah.grh.sgid_index >= kGidTableLen) return EINVAL;
+      req.ah_sgid_index = ah.grh.sgid_index;
+      std::memcpy(req.ah_dgid, ah.grh.dgid.raw, 16);
+    }
+  }
+  if ((mask & IBV_QP_CAP) != 0) return EINVAL;  // resizing a QP's queues is not supported
+  proto::Empty rep{};
+  if (int e = cs.conn.call(proto::Op::ModifyQp, req, rep)) return e;
+
+  ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : ibqp->state;
+  {
+    std::lock_guard<std::mutex> g(q.attr_mu);
+    ibv_qp_attr& s = q.attr;
+    if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr->pkey_index;
+    if (mask & IBV_QP_PORT) s.port_num = attr->port_num;
+    if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = attr->qp_access_flags;
+    if (mask & IBV_QP_AV) s.ah_attr = attr->ah_attr;
+    if (mask & IBV_QP_PATH_MTU) s.path_mtu = attr->path_mtu;
+    if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = attr->dest_qp_num;
+    if (mask & IBV_QP_RQ_PSN) s.rq_psn = attr->rq_psn;
+    if (mask & IBV_QP_SQ_PSN) s.sq_psn = attr->sq_psn;
+    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = attr->max_rd_atomic;
+    if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = attr->min_rnr_timer;
+    if (mask & IBV_QP_TIMEOUT) s.timeout = attr->timeout;
+    if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = attr->retry_cnt;
+    if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = attr->rnr_retry;
+    if (mask & IBV_QP_QKEY) s.qkey = attr->qkey;
+    s.qp_state = next;
+  }
+  ibqp->state = next;
+  if (next == IBV_QPS_ERR) {
+    flush_qp(q);
+  } else if (next == IBV_QPS_RESET) {
+    // RESET discards both queues without completions (IBTA 10.3.1).
+    q.hdr->send_lock.lock(uint32_t(::getpid()));
+    shm::SendWqe sw;
+    while (q.sq.pop(sw)) {
+    }
+    q.head_started = false;
+    q.peer.reset();
+    q.last_window.reset();
+    q.hdr->send_lock.unlock();
+    shm::RecvWqe rw;
+    while (q.rq.pop(rw)) {
+    }
+  }
+  return 0;
+}
+
+int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
+  QpState& q = *to_qp(ibqp)->st;
+  {
+    std::lock_guard<std::mutex> g(q.attr_mu);
+    *attr = q.attr;
+  }
+  attr->qp_state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
+  attr->cur_qp_state = attr->qp_state;
+  attr->cap = q.cap;
+  if (init) {
+    std::memset(init, 0, sizeof(*init));
+    init->qp_context = ibqp->qp_context;
+    init->send_cq = ibqp->send_cq;
+    init->recv_cq = ibqp->recv_cq;
+    init->srq = ibqp->srq;
+    init->cap = q.cap;
+    init->qp_type = ibqp->qp_type;
+    init->sq_sig_all = q.sq_sig_all;
+  }
+  return 0;
+}
+
+int ibv_destroy_qp(ibv_qp* ibqp) {
+  Qp* qp = to_qp(ibqp);
+  QpState& q = *qp->st;
+  ContextState& cs = *q.ctx->st;
+  proto::HandleReq req{};
+  req.handle = q.qpn;
+  proto::Empty rep{};
+  if (int e = cs.conn.call(proto::Op::DestroyQp, req, rep)) return e;
+  progress_unregister(&q);
+  pthread_cond_destroy(&ibqp->cond);
+  pthread_mutex_destroy(&ibqp->mutex);
+  delete qp->st;
+  std::free(qp);
+  return 0;
+}
+
+ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
+  return nullptr;  // only QPs created with send-ops flags are extended; none are yet
+}
+
+}  // extern "C"

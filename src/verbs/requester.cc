@@ -1,0 +1,489 @@
+// The requester: ibv_post_send carries out each work request itself, in
+// the posting process, straight into the responder's memory through shared
+// memory (docs/ARCHITECTURE.md, "Data path"). A request that must wait (RNR,
+// responder not reachable yet) stays in the QP's send queue, with the ones
+// after it, until the progress thread retries it (IBTA 9.7.5.2.8 RNR, 9.7.6.1.3
+// timeouts). Responder-side checks follow IBTA 9.7.4.1 (validation of
+// incoming requests) and 10.6.7 (memory access rights).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "verbs/provider.h"
+
+namespace sv::verbs {
+namespace {
+
+constexpr uint32_t kInlineCaptured = 1u << 31;  // internal send flag: inline_data holds the payload
+constexpr uint64_t kMaxMessage = 1ull << 31;
+
+// IBTA 9.7.5.2.8 table 45: RNR NAK timer field (min_rnr_timer) in microseconds x 100.
+constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,    8,     12,    16,   24,   32,
+                                        48,    64,   96,   128,  192,  256,  384,   512,   768,  1024, 1536,
+                                        2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
+
+enum class Step { kDone, kRnr, kRetry, kError };
+
+struct Outcome {
+  Step step;
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  bool peer_error = false;  // the responder detected the error: it goes to ERR too
+  uint32_t byte_len = 0;
+};
+
+struct Seg {
+  uint8_t* p;
+  uint64_t len;
+};
+
+// Copies between two scatter lists in order. The last bytes land last, after
+// a compiler barrier, so a poller watching the final byte of the target (as
+// perftest's latency tests do) sees a complete message (x86 stores are seen
+// in program order).
+void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t total) {
+  int di = 0, si = 0;
+  uint64_t doff = 0, soff = 0, done = 0;
+  while (done < total) {
+    while (di < nd && doff == dst[di].len) di++, doff = 0;
+    while (si < ns && soff == src[si].len) si++, soff = 0;
+    uint64_t n = std::min(dst[di].len - doff, src[si].len - soff);
+    n = std::min(n, total - done);
+    uint8_t* d = dst[di].p + doff;
+    const uint8_t* s = src[si].p + soff;
+    if (done + n == total && n > 0) {
+      uint64_t head = n > 16 ? n - 16 : 0;
+      std::memcpy(d, s, head);
+      asm volatile("" ::: "memory");
+      for (uint64_t i = head; i < n; ++i) d[i] = s[i];
+    } else {
+      std::memcpy(d, s, n);
+    }
+    doff += n;
+    soff += n;
+    done += n;
+  }
+}
+
+// Resolves a local SGE (IBTA 10.6.7.1: L_Key, PD, bounds, local write).
+bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
+  ContextState& cs = *q.ctx->st;
+  if (sge.length == 0) {
+    out = {nullptr, 0};
+    return true;
+  }
+  const MrEntry* e = cs.mr(sge.lkey);
+  if (!e || e->pd != q.pd->handle) return false;
+  if (sge.addr < e->iova || sge.addr - e->iova > e->length || e->length - (sge.addr - e->iova) < sge.length)
+    return false;
+  if (write && !(e->access & IBV_ACCESS_LOCAL_WRITE)) return false;
+  uint64_t off = e->file_offset + (sge.addr - e->iova);
+  if (e->backing == cs.backing) {
+    out = {reinterpret_cast<uint8_t*>(off), sge.length};  // our own memory: file offset == address
+    return true;
+  }
+  auto w = window_for(cs, *e, sge.lkey);
+  if (!w) return false;
+  out = {w->at(off), sge.length};
+  return true;
+}
+
+// Resolves an address in a peer's memory through its key (IBTA 10.6.7.2:
+// R_Key or L_Key, PD of the responder's QP, bounds, access rights).
+uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
+  ContextState& cs = *q.ctx->st;
+  const MrEntry* e = cs.mr(key);
+  if (!e || e->pd != p.entry->pd) return nullptr;
+  if ((e->access & need) != need) return nullptr;
+  if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return nullptr;
+  std::shared_ptr<Window> w = q.last_window;
+  if (!w || w->key != key) {
+    w = window_for(cs, *e, key);
+    if (!w) return nullptr;
+    q.last_window = w;
+  }
+  return w->at(e->file_offset + (addr - e->iova));
+}
+
+Peer* resolve_peer(QpState& q) {
+  uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
+  Peer* p = q.peer.get();
+  if (!p || p->qpn != dest || p->entry->qpn.load(std::memory_order_acquire) != dest) {
+    q.peer.reset();
+    q.last_window.reset();
+    ContextState& cs = *q.ctx->st;
+    proto::HandleReq req{};
+    req.handle = q.qpn;
+    proto::ConnectPeerReply rep{};
+    std::vector<Fd> fds;
+    if (cs.conn.call(proto::Op::ConnectPeer, req, rep, {}, &fds) != 0 || fds.size() < 2) return nullptr;
+    auto np = std::make_unique<Peer>();
+    np->qpn = rep.peer_qpn;
+    np->entry = cs.qp_slot(rep.peer_qpn);
+    if (map_shared(fds[0].get(), 0, rep.qp_segment_size, PROT_READ | PROT_WRITE, false, np->seg)) return nullptr;
+    auto* h = np->seg.as<shm::QpSegmentHeader>();
+    shm::QpLayout l{h->sq_capacity, h->rq_capacity};
+    if (h->magic != shm::kQpMagic || h->size != rep.qp_segment_size || l.size() > rep.qp_segment_size)
+      return nullptr;
+    auto* rqh = reinterpret_cast<shm::RingHeader*>(np->seg.as<char>() + l.rq_offset());
+    if (rqh->capacity != h->rq_capacity) return nullptr;
+    np->hdr = h;
+    np->rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
+    if (np->recv_cq.attach(fds[1].get(), rep.cq_segment_size)) return nullptr;
+    if (rep.has_channel && fds.size() == 3) {
+      np->recv_cq.channel_owned = std::move(fds[2]);
+      np->recv_cq.channel_fd = np->recv_cq.channel_owned.get();
+    }
+    q.peer = std::move(np);
+    p = q.peer.get();
+  }
+  auto st = p->entry->state.load(std::memory_order_acquire);
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return nullptr;
+  if (p->entry->dest_qpn.load(std::memory_order_relaxed) != q.qpn) return nullptr;
+  return p;
+}
+
+// Gathers the local source of a send, write or atomic.
+bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& total, ibv_wc_status& err) {
+  n = 0;
+  total = 0;
+  if (w.send_flags & IBV_SEND_INLINE) {
+    if (w.send_flags & kInlineCaptured) {
+      segs[n++] = {const_cast<uint8_t*>(w.inline_data), w.inline_len};
+      total = w.inline_len;
+    } else {
+      for (uint32_t i = 0; i < w.num_sge; ++i) {
+        segs[n++] = {reinterpret_cast<uint8_t*>(w.sge[i].addr), w.sge[i].length};
+        total += w.sge[i].length;
+      }
+    }
+    return true;
+  }
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    if (!local_segment(q, w.sge[i], false, segs[n])) {
+      err = IBV_WC_LOC_PROT_ERR;
+      return false;
+    }
+    total += segs[n++].len;
+  }
+  if (total > kMaxMessage) {
+    err = IBV_WC_LOC_LEN_ERR;
+    return false;
+  }
+  return true;
+}
+
+void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
+                          uint32_t len, const shm::SendWqe& w) {
+  ibv_wc wc{};
+  wc.wr_id = r.wr_id;
+  wc.status = status;
+  wc.opcode = op;
+  wc.byte_len = len;
+  wc.qp_num = p.qpn;
+  wc.src_qp = q.qpn;
+  if (status == IBV_WC_SUCCESS &&
+      (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) {
+    wc.wc_flags = IBV_WC_WITH_IMM;
+    wc.imm_data = w.imm_data;
+  }
+  p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS);
+}
+
+Outcome execute(QpState& q, const shm::SendWqe& w) {
+  Peer* p = resolve_peer(q);
+  if (!p) return {Step::kRetry};
+  Seg local[shm::kMaxSge];
+  int nl = 0;
+  uint64_t total = 0;
+  ibv_wc_status err = IBV_WC_SUCCESS;
+  uint32_t qp_access = p->entry->access.load(std::memory_order_relaxed);
+
+  switch (w.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM: {
+      if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
+      shm::RecvWqe r;
+      if (!p->rq.pop(r)) return {Step::kRnr};
+      Seg remote[shm::kMaxSge];
+      uint64_t room = 0;
+      uint32_t nr = std::min<uint32_t>(r.num_sge, shm::kMaxSge);
+      for (uint32_t i = 0; i < nr; ++i) {
+        uint8_t* d = r.sge[i].length ? peer_address(q, *p, r.sge[i].lkey, r.sge[i].addr, r.sge[i].length,
+                                                    IBV_ACCESS_LOCAL_WRITE)
+                                     : nullptr;
+        if (r.sge[i].length && !d) {
+          // The responder's own receive buffer is bad: its local protection
+          // error, our remote operational error (IBTA 9.7.5.1.5... class B).
+          push_recv_completion(q, *p, r, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, w);
+          return {Step::kError, IBV_WC_REM_OP_ERR, true};
+        }
+        remote[i] = {d, r.sge[i].length};
+        room += r.sge[i].length;
+      }
+      if (total > room || r.num_sge > shm::kMaxSge) {
+        push_recv_completion(q, *p, r, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, w);
+        return {Step::kError, IBV_WC_REM_INV_REQ_ERR, true};
+      }
+      copy_segments(remote, int(nr), local, nl, total);
+      push_recv_completion(q, *p, r, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(total), w);
+      return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+    }
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: {
+      if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
+      uint8_t* d = nullptr;
+      if (total) {
+        if (!(qp_access & IBV_ACCESS_REMOTE_WRITE)) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+        d = peer_address(q, *p, w.rkey, w.remote_addr, total, IBV_ACCESS_REMOTE_WRITE);
+        if (!d) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+      }
+      shm::RecvWqe r;
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !p->rq.pop(r)) return {Step::kRnr};
+      Seg dst{d, total};
+      if (total) copy_segments(&dst, 1, local, nl, total);
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+        push_recv_completion(q, *p, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(total), w);
+      return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+    }
+    case IBV_WR_RDMA_READ: {
+      for (uint32_t i = 0; i < w.num_sge; ++i) {
+        if (!local_segment(q, w.sge[i], true, local[nl])) return {Step::kError, IBV_WC_LOC_PROT_ERR};
+        total += local[nl++].len;
+      }
+      if (total > kMaxMessage) return {Step::kError, IBV_WC_LOC_LEN_ERR};
+      if (total) {
+        if (!(qp_access & IBV_ACCESS_REMOTE_READ)) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+        uint8_t* s = peer_address(q, *p, w.rkey, w.remote_addr, total, IBV_ACCESS_REMOTE_READ);
+        if (!s) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+        Seg src{s, total};
+        copy_segments(local, nl, &src, 1, total);
+      }
+      return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+    }
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+      Seg res;
+      if (!local_segment(q, w.sge[0], true, res)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
+      // IBTA 9.4.5: atomics act on an 8-byte aligned remote quadword.
+      if (w.remote_addr & 7) return {Step::kError, IBV_WC_REM_INV_REQ_ERR, true};
+      if (!(qp_access & IBV_ACCESS_REMOTE_ATOMIC)) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+      uint8_t* t = peer_address(q, *p, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC);
+      if (!t) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+      auto* word = reinterpret_cast<uint64_t*>(t);
+      uint64_t old;
+      if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+        old = w.compare_add;
+        __atomic_compare_exchange_n(word, &old, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      } else {
+        old = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
+      }
+      std::memcpy(res.p, &old, 8);
+      return {Step::kDone, IBV_WC_SUCCESS, false, 8};
+    }
+    default:
+      return {Step::kError, IBV_WC_LOC_QP_OP_ERR};
+  }
+}
+
+void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len) {
+  bool signaled = q.sq_sig_all || (w.send_flags & IBV_SEND_SIGNALED);
+  if (status == IBV_WC_SUCCESS && !signaled) return;
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = status;
+  wc.opcode = send_wc_opcode(w.opcode);
+  wc.byte_len = len;
+  wc.qp_num = q.qpn;
+  q.send_cq->st->view.push(wc, true);
+}
+
+void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
+  complete(q, w, o.status, 0);
+  if (o.peer_error && q.peer) {
+    ContextState& cs = *q.ctx->st;
+    proto::HandleReq req{};
+    req.handle = q.qpn;
+    proto::Empty rep{};
+    cs.conn.call(proto::Op::PeerError, req, rep);
+    flush_peer_rq(*q.peer);
+  }
+  move_to_error(q);
+}
+
+uint64_t retry_delay_ns(QpState& q, Step s) {
+  if (s == Step::kRnr) {
+    uint32_t code = q.peer ? q.peer->entry->min_rnr_timer : 0;
+    return uint64_t(kRnrTimer10us[code & 31]) * 10'000;
+  }
+  uint32_t t = q.entry->timeout;
+  if (t == 0) return 1'000'000;  // "infinite": keep trying every millisecond
+  return 4096ull << std::min<uint32_t>(t, 31);  // 4.096 us x 2^timeout (IBTA 9.7.6.1.3)
+}
+
+// Decides what a stalled head request does next; returns false when it failed for good.
+bool stall(QpState& q, Step s) {
+  uint64_t now = monotonic_ns();
+  if (!q.head_started) {
+    q.head_started = true;
+    q.rnr_left = q.entry->rnr_retry;
+    q.retry_left = q.entry->retry_cnt;
+  }
+  if (s == Step::kRnr) {
+    if (q.rnr_left != 7) {  // 7 means retry forever (IBTA 9.7.5.2.8)
+      if (q.rnr_left == 0) return false;
+      q.rnr_left--;
+    }
+  } else if (q.entry->timeout != 0) {
+    if (q.retry_left == 0) return false;
+    q.retry_left--;
+  }
+  q.next_try_ns = now + retry_delay_ns(q, s);
+  return true;
+}
+
+void capture_inline(shm::SendWqe& w) {
+  if (!(w.send_flags & IBV_SEND_INLINE) || (w.send_flags & kInlineCaptured)) return;
+  uint32_t off = 0;
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
+    off += w.sge[i].length;
+  }
+  w.inline_len = off;
+  w.send_flags |= kInlineCaptured;
+}
+
+int validate(QpState& q, const ibv_send_wr* wr) {
+  switch (wr->opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      if (wr->num_sge != 1 || wr->sg_list[0].length < 8) return EINVAL;
+      if (wr->send_flags & IBV_SEND_INLINE) return EINVAL;
+      break;
+    default:
+      return EINVAL;
+  }
+  if (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge) return EINVAL;
+  if (wr->send_flags & IBV_SEND_INLINE) {
+    if (wr->opcode == IBV_WR_RDMA_READ) return EINVAL;
+    uint64_t len = 0;
+    for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+    if (len > q.cap.max_inline_data) return EINVAL;
+  }
+  return 0;
+}
+
+void to_wqe(const ibv_send_wr* wr, shm::SendWqe& w) {
+  w.wr_id = wr->wr_id;
+  w.opcode = wr->opcode;
+  w.send_flags = wr->send_flags & ~kInlineCaptured;
+  w.imm_data = wr->imm_data;
+  w.num_sge = uint32_t(wr->num_sge);
+  w.inline_len = 0;
+  for (int i = 0; i < wr->num_sge; ++i) w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+  if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    w.remote_addr = wr->wr.atomic.remote_addr;
+    w.rkey = wr->wr.atomic.rkey;
+    w.compare_add = wr->wr.atomic.compare_add;
+    w.swap = wr->wr.atomic.swap;
+  } else {
+    w.remote_addr = wr->wr.rdma.remote_addr;
+    w.rkey = wr->wr.rdma.rkey;
+  }
+}
+
+}  // namespace
+
+// Runs queued requests in order; the caller holds the send lock.
+bool progress_qp(QpState& q) {
+  for (;;) {
+    const shm::SendWqe* head = q.sq.front();
+    if (!head) return false;
+    if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
+      flush_sq_locked(q);
+      return false;
+    }
+    if (monotonic_ns() < q.next_try_ns) return true;
+    shm::SendWqe w = *head;
+    Outcome o = execute(q, w);
+    if (o.step == Step::kRnr || o.step == Step::kRetry) {
+      if (stall(q, o.step)) return true;
+      shm::SendWqe gone;
+      q.sq.pop(gone);
+      fail(q, w, {Step::kError, o.step == Step::kRnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR});
+      return false;
+    }
+    shm::SendWqe gone;
+    q.sq.pop(gone);
+    q.head_started = false;
+    q.next_try_ns = 0;
+    if (o.step == Step::kError) {
+      fail(q, w, o);
+      return false;
+    }
+    complete(q, w, IBV_WC_SUCCESS, o.byte_len);
+  }
+}
+
+int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  QpState& q = *to_qp(ibqp)->st;
+  auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
+  // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
+  // (and in ERR, where they are flushed); earlier states refuse them.
+  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR) {
+    *bad = wr;
+    return EINVAL;
+  }
+  int rc = 0;
+  bool need_progress = false;
+  q.hdr->send_lock.lock(uint32_t(::getpid()));
+  for (; wr; wr = wr->next) {
+    if (int e = validate(q, wr)) {
+      *bad = wr;
+      rc = e;
+      break;
+    }
+    shm::SendWqe w;
+    to_wqe(wr, w);
+    state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
+    if (state == IBV_QPS_ERR) {
+      complete(q, w, IBV_WC_WR_FLUSH_ERR, 0);
+      continue;
+    }
+    if (q.sq.empty()) {
+      Outcome o = execute(q, w);
+      if (o.step == Step::kDone) {
+        complete(q, w, IBV_WC_SUCCESS, o.byte_len);
+        continue;
+      }
+      if (o.step == Step::kError) {
+        fail(q, w, o);
+        continue;
+      }
+      q.head_started = false;
+      if (!stall(q, o.step)) {
+        fail(q, w, {Step::kError, o.step == Step::kRnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR});
+        continue;
+      }
+    }
+    capture_inline(w);
+    if (!q.sq.push(w)) {
+      *bad = wr;
+      rc = ENOMEM;
+      break;
+    }
+    need_progress = true;
+  }
+  q.hdr->send_lock.unlock();
+  if (need_progress && !q.in_progress_list) progress_register(&q);
+  return rc;
+}
+
+}  // namespace sv::verbs
