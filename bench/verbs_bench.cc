@@ -105,6 +105,22 @@ void on_sigchld(int) {
   errno = saved;
 }
 
+bool g_verbose = false;
+
+void vlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void vlog(const char *fmt, ...) {
+  if (!g_verbose) return;
+  char msg[512];
+  int n = std::snprintf(msg, sizeof msg, "verbs_bench %s: ", g_role);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg + n, sizeof msg - static_cast<size_t>(n) - 1, fmt, ap);
+  va_end(ap);
+  std::strcat(msg, "\n");
+  ssize_t r = write(2, msg, std::strlen(msg));
+  (void)r;
+}
+
 void on_alarm(int) {
   static const char msg[] = "verbs_bench: watchdog timeout (peer hung or device too slow)\n";
   ssize_t r = write(2, msg, sizeof msg - 1);
@@ -206,6 +222,7 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
   }
   if (!dev) die("device '%s' not found", o.dev_name.c_str());
   r.dev = ibv_get_device_name(dev);
+  vlog("opening %s", r.dev.c_str());
   r.ctx = ibv_open_device(dev);
   if (!r.ctx) die("ibv_open_device(%s) failed: %s", r.dev.c_str(), std::strerror(errno));
   ibv_free_device_list(list);
@@ -281,6 +298,7 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
   r.local.lid = r.port.lid;
   std::memcpy(r.local.gid, gid.raw, 16);
 
+  vlog("QP %u in INIT, psn %u, exchanging addresses", r.local.qpn, r.local.psn);
   write_all(r.sock, &r.local, sizeof r.local);
   read_all(r.sock, &r.remote, sizeof r.remote);
 
@@ -326,6 +344,8 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
     die("modify QP to RTS failed: %s", std::strerror(e));
 
+  vlog("QP %u -> peer QP %u in RTS (mtu %d, max_inline %u, grh %d)", r.local.qpn, r.remote.qpn,
+       mtu_bytes(mtu), r.max_inline, grh ? 1 : 0);
   barrier(r.sock);
   r.local.mtu = mtu;
 }
@@ -641,6 +661,7 @@ int run_role(const Options &o, bool client, int sock) {
   for (Test t : o.tests) {
     const auto &sizes = t == Test::WriteBw ? o.bw_sizes : o.lat_sizes;
     for (uint64_t size : sizes) {
+      vlog("%s %llu B: start", test_name(t), static_cast<unsigned long long>(size));
       switch (t) {
         case Test::WriteLat: write_lat(r, o, client, size); break;
         case Test::WriteBw: write_bw(r, o, client, size); break;
@@ -649,7 +670,9 @@ int run_role(const Options &o, bool client, int sock) {
     }
   }
   barrier(sock);
+  vlog("tests done, tearing down");
   teardown(r);
+  vlog("done");
   return 0;
 }
 
@@ -668,7 +691,8 @@ void usage() {
                "  --inline N        requested max_inline_data (default 64)\n"
                "  --dev NAME --ib-port N --gid-idx N --mtu BYTES\n"
                "  --pin             pin client to CPU 0, server to CPU 1\n"
-               "  --timeout SEC     watchdog (default 300)\n");
+               "  --timeout SEC     watchdog (default 300)\n"
+               "  -v, --verbose     log setup and test progress to stderr\n");
 }
 
 bool parse_tests(const std::string &v, std::vector<Test> &out) {
@@ -750,6 +774,8 @@ int main(int argc, char **argv) {
       o.timeout = static_cast<unsigned>(bench::to_u64(v, "--timeout"));
     } else if (a.flag("--pin")) {
       o.pin = true;
+    } else if (a.flag("-v") || a.flag("--verbose")) {
+      g_verbose = true;
     } else {
       std::fprintf(stderr, "unknown argument '%s'\n", a.cur());
       usage();

@@ -8,6 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -182,6 +185,20 @@ int eventfd_drain(int fd, uint64_t* value) {
   }
   if (value) *value = v;
   return 0;
+}
+
+namespace {
+std::atomic<uint32_t> g_pid{0};
+void refresh_pid() { g_pid.store(uint32_t(::getpid()), std::memory_order_relaxed); }
+}  // namespace
+
+uint32_t self_pid() {
+  uint32_t p = g_pid.load(std::memory_order_relaxed);
+  if (p) return p;
+  static const int once = [] { return ::pthread_atfork(nullptr, nullptr, refresh_pid); }();
+  (void)once;
+  refresh_pid();
+  return g_pid.load(std::memory_order_relaxed);
 }
 
 uint64_t monotonic_ns() {

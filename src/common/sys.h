@@ -107,4 +107,8 @@ int eventfd_drain(int fd, uint64_t* value);
 
 uint64_t monotonic_ns();
 
+// This process's pid, cached (getpid(2) is a real system call); refreshed
+// in a fork child.
+uint32_t self_pid();
+
 }  // namespace sv

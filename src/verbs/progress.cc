@@ -33,7 +33,7 @@ struct Progress {
       uint64_t next = now + 1'000'000;  // look again within 1 ms at the latest
       for (auto it = qps.begin(); it != qps.end();) {
         QpState* q = *it;
-        q->hdr->send_lock.lock(uint32_t(::getpid()));
+        q->hdr->send_lock.lock(self_pid());
         bool pending = progress_qp(*q);
         uint64_t when = q->next_try_ns;
         q->hdr->send_lock.unlock();

@@ -70,7 +70,7 @@ void flush_rq(QpState& q) { flush_rq_into(q.rq, q.recv_cq->st->view, q.qpn); }
 void flush_peer_rq(Peer& p) { flush_rq_into(p.rq, p.recv_cq, p.qpn); }
 
 void flush_qp(QpState& q) {
-  q.hdr->send_lock.lock(uint32_t(::getpid()));
+  q.hdr->send_lock.lock(self_pid());
   flush_sq_locked(q);
   q.hdr->send_lock.unlock();
   flush_rq(q);
@@ -308,7 +308,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     flush_qp(q);
   } else if (next == IBV_QPS_RESET) {
     // RESET discards both queues without completions (IBTA 10.3.1).
-    q.hdr->send_lock.lock(uint32_t(::getpid()));
+    q.hdr->send_lock.lock(self_pid());
     shm::SendWqe sw;
     while (q.sq.pop(sw)) {
     }

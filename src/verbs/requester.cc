@@ -443,7 +443,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   }
   int rc = 0;
   bool need_progress = false;
-  q.hdr->send_lock.lock(uint32_t(::getpid()));
+  q.hdr->send_lock.lock(self_pid());
   for (; wr; wr = wr->next) {
     if (int e = validate(q, wr)) {
       *bad = wr;
