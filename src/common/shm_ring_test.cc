@@ -1,0 +1,97 @@
+#include "common/shm_ring.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+#include <vector>
+
+namespace sv::shm {
+namespace {
+
+struct Item {
+  uint64_t v;
+};
+
+struct RingMem {
+  explicit RingMem(uint32_t cap) : cap(cap) {
+    size_t len = sizeof(RingHeader) + cap * sizeof(RingSlot<Item>);
+    mem = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    size = len;
+    auto* h = static_cast<RingHeader*>(mem);
+    Ring<Item>::init(h, reinterpret_cast<RingSlot<Item>*>(h + 1), cap);
+    ring = Ring<Item>(h, reinterpret_cast<RingSlot<Item>*>(h + 1));
+  }
+  ~RingMem() { ::munmap(mem, size); }
+  uint32_t cap;
+  void* mem;
+  size_t size;
+  Ring<Item> ring;
+};
+
+TEST(ShmRing, FifoAndFull) {
+  RingMem m(4);
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(m.ring.push({i}));
+  EXPECT_FALSE(m.ring.push({99}));
+  Item it;
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(m.ring.pop(it));
+    EXPECT_EQ(i, it.v);
+  }
+  EXPECT_FALSE(m.ring.pop(it));
+  EXPECT_TRUE(m.ring.empty());
+}
+
+TEST(ShmRing, ManyThreadsLoseAndDuplicateNothing) {
+  RingMem m(64);
+  constexpr int kProducers = 3, kPer = 20000;
+  std::vector<std::thread> ts;
+  std::atomic<uint64_t> sum{0}, count{0};
+  for (int p = 0; p < kProducers; ++p)
+    ts.emplace_back([&, p] {
+      for (int i = 0; i < kPer; ++i)
+        while (!m.ring.push({uint64_t(p) * kPer + i + 1})) std::this_thread::yield();
+    });
+  for (int c = 0; c < 2; ++c)
+    ts.emplace_back([&] {
+      Item it;
+      while (count.load() < uint64_t(kProducers) * kPer) {
+        if (m.ring.pop(it)) {
+          sum += it.v;
+          count++;
+        } else {
+          std::this_thread::yield();
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  uint64_t n = uint64_t(kProducers) * kPer;
+  EXPECT_EQ(n, count.load());
+  EXPECT_EQ(n * (n + 1) / 2, sum.load());
+}
+
+TEST(ShmRing, WorksAcrossProcesses) {
+  RingMem m(16);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    for (uint64_t i = 1; i <= 10000; ++i)
+      while (!m.ring.push({i})) ::sched_yield();
+    ::_exit(0);
+  }
+  uint64_t expect = 1;
+  Item it;
+  while (expect <= 10000) {
+    if (m.ring.pop(it)) {
+      ASSERT_EQ(expect, it.v);
+      ++expect;
+    }
+  }
+  int st;
+  ::waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+}  // namespace
+}  // namespace sv::shm

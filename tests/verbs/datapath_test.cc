@@ -1,0 +1,297 @@
+// Data between separate processes, every opcode, patterns checked on
+// arrival; and every error completion the foundation defines.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "harness.h"
+
+namespace svtest {
+namespace {
+
+class DataPath : public ::testing::Test {
+ protected:
+  void SetUp() override { connect({}, {}); }
+
+  void connect(const Side::Options& mine, const Side::Options& theirs) {
+    ASSERT_EQ(0, me.open(mine));
+    info = peer.open(theirs);
+    ASSERT_NE(0u, info.qpn);
+    ASSERT_EQ(0, peer.connect(me.qp->qp_num, theirs));
+    ASSERT_EQ(0, me.connect(info.qpn, mine));
+  }
+
+  int post(ibv_wr_opcode op, uint64_t local_off, uint32_t len, uint64_t remote_off, uint32_t rkey,
+           int flags = IBV_SEND_SIGNALED, uint32_t lkey = 0) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(me.buf) + local_off, len, lkey ? lkey : me.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 77;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = op;
+    wr.send_flags = flags;
+    wr.imm_data = htonl(0xabcd1234);
+    wr.wr.rdma.remote_addr = info.addr + remote_off;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad;
+    return ibv_post_send(me.qp, &wr, &bad);
+  }
+
+  void fill_local(uint8_t seed, uint64_t off, uint64_t len) {
+    for (uint64_t i = 0; i < len; ++i) me.buf[off + i] = pattern(seed, i);
+  }
+  uint64_t local_sum(uint64_t off, uint64_t len) { return checksum(me.buf + off, len); }
+
+  ibv_wc one_completion() {
+    auto wc = poll(me.cq, 1);
+    EXPECT_EQ(1u, wc.size());
+    return wc.empty() ? ibv_wc{} : wc[0];
+  }
+
+  Side me;
+  Peer peer;
+  PeerInfo info{};
+};
+
+TEST_F(DataPath, RdmaWriteLandsExactlyAtEverySize) {
+  for (uint32_t len : {1u, 7u, 64u, 4095u, 4096u, 40000u}) {
+    fill_local(uint8_t(len), 0, len);
+    uint64_t remote_off = 3;  // unaligned target
+    ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, len, remote_off, info.rkey));
+    ibv_wc wc = one_completion();
+    EXPECT_EQ(IBV_WC_SUCCESS, wc.status);
+    EXPECT_EQ(IBV_WC_RDMA_WRITE, wc.opcode);
+    EXPECT_EQ(77u, wc.wr_id);
+    EXPECT_EQ(local_sum(0, len), peer.checksum(remote_off, len)) << len;
+  }
+}
+
+TEST_F(DataPath, RdmaReadFetchesThePeersBytes) {
+  peer.fill(9);
+  std::vector<uint8_t> want(5000);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = pattern(9, i + 100);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_READ, 10, 5000, 100, info.rkey));
+  ibv_wc wc = one_completion();
+  EXPECT_EQ(IBV_WC_SUCCESS, wc.status);
+  EXPECT_EQ(IBV_WC_RDMA_READ, wc.opcode);
+  EXPECT_EQ(0, std::memcmp(want.data(), me.buf + 10, want.size()));
+}
+
+TEST_F(DataPath, SendArrivesWithImmediateAndSource) {
+  ASSERT_EQ(0, peer.post_recv(2, 0, 4096));
+  fill_local(5, 0, 3000);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 3000, 0, 0));
+  ASSERT_EQ(0, post(IBV_WR_SEND_WITH_IMM, 0, 10, 0, 0));
+  auto mine = poll(me.cq, 2);
+  ASSERT_EQ(2u, mine.size());
+  EXPECT_EQ(IBV_WC_SEND, mine[0].opcode);
+  auto theirs = peer.poll(2);
+  ASSERT_EQ(2u, theirs.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, theirs[0].status);
+  EXPECT_EQ(IBV_WC_RECV, theirs[0].opcode);
+  EXPECT_EQ(3000u, theirs[0].byte_len);
+  EXPECT_EQ(1000u, theirs[0].wr_id);
+  EXPECT_EQ(me.qp->qp_num, theirs[0].src_qp);
+  EXPECT_EQ(info.qpn, theirs[0].qp_num);
+  EXPECT_FALSE(theirs[0].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_TRUE(theirs[1].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(htonl(0xabcd1234), theirs[1].imm_data);
+  EXPECT_EQ(local_sum(0, 10), peer.checksum(4096, 10));
+}
+
+TEST_F(DataPath, InlineSendAndWriteDoNotNeedAKey) {
+  ASSERT_EQ(0, peer.post_recv(1, 0, 64));
+  fill_local(3, 0, 48);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 48, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_INLINE, 0xdead00));
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 48, 1000, info.rkey, IBV_SEND_SIGNALED | IBV_SEND_INLINE, 0xdead00));
+  auto mine = poll(me.cq, 2);
+  ASSERT_EQ(2u, mine.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, mine[0].status);
+  EXPECT_EQ(IBV_WC_SUCCESS, mine[1].status);
+  ASSERT_EQ(1u, peer.poll(1).size());
+  EXPECT_EQ(local_sum(0, 48), peer.checksum(0, 48));
+  EXPECT_EQ(local_sum(0, 48), peer.checksum(1000, 48));
+}
+
+TEST_F(DataPath, WriteWithImmediateConsumesAReceive) {
+  ASSERT_EQ(0, peer.post_recv(1, 0, 16));
+  fill_local(4, 0, 2048);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE_WITH_IMM, 0, 2048, 8192, info.rkey));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  auto theirs = peer.poll(1);
+  ASSERT_EQ(1u, theirs.size());
+  EXPECT_EQ(IBV_WC_RECV_RDMA_WITH_IMM, theirs[0].opcode);
+  EXPECT_EQ(htonl(0xabcd1234), theirs[0].imm_data);
+  EXPECT_EQ(local_sum(0, 2048), peer.checksum(8192, 2048));
+}
+
+TEST_F(DataPath, MultiSgeGatherAndScatter) {
+  ASSERT_EQ(0, peer.post_recv(1, 100, 5000));
+  ibv_sge sges[3] = {{reinterpret_cast<uint64_t>(me.buf), 100, me.mr->lkey},
+                     {reinterpret_cast<uint64_t>(me.buf) + 1000, 1, me.mr->lkey},
+                     {reinterpret_cast<uint64_t>(me.buf) + 3000, 900, me.mr->lkey}};
+  fill_local(8, 0, 4000);
+  std::vector<uint8_t> expect;
+  for (auto& s : sges) expect.insert(expect.end(), me.buf + (s.addr - uint64_t(me.buf)), me.buf + (s.addr - uint64_t(me.buf)) + s.length);
+  ibv_send_wr wr{};
+  wr.sg_list = sges;
+  wr.num_sge = 3;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad;
+  ASSERT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  ASSERT_EQ(1u, peer.poll(1).size());
+  EXPECT_EQ(checksum(expect.data(), expect.size()), peer.checksum(100, expect.size()));
+}
+
+TEST_F(DataPath, UnsignaledWritesCompleteSilently) {
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, uint64_t(i) * 8, info.rkey, 0));
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 80, info.rkey));
+  auto wc = poll(me.cq, 2, 200);
+  ASSERT_EQ(1u, wc.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, wc[0].status);
+}
+
+TEST_F(DataPath, AtomicsActOnThePeersWord) {
+  auto* word = reinterpret_cast<uint64_t*>(me.buf);
+  ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  wr.wr.atomic.remote_addr = info.addr + 64;
+  wr.wr.atomic.rkey = info.rkey;
+  wr.wr.atomic.compare_add = 5;
+  ibv_send_wr* bad;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+    ibv_wc wc = one_completion();
+    EXPECT_EQ(IBV_WC_FETCH_ADD, wc.opcode);
+    EXPECT_EQ(uint64_t(i) * 5, *word);
+  }
+  wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+  wr.wr.atomic.compare_add = 15;
+  wr.wr.atomic.swap = 1234;
+  ASSERT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+  EXPECT_EQ(IBV_WC_COMP_SWAP, one_completion().opcode);
+  EXPECT_EQ(15u, *word);
+  wr.wr.atomic.compare_add = 15;  // fails now: value is 1234
+  ASSERT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+  one_completion();
+  EXPECT_EQ(1234u, *word);
+  // Misaligned: an error completion, never a torn update.
+  wr.wr.atomic.remote_addr = info.addr + 65;
+  ASSERT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+  EXPECT_EQ(IBV_WC_REM_INV_REQ_ERR, one_completion().status);
+}
+
+// ---- Error completions ---------------------------------------------------
+
+TEST_F(DataPath, BadLkeyIsALocalProtectionError) {
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey, IBV_SEND_SIGNALED, me.mr->lkey + 1));
+  ibv_wc wc = one_completion();
+  EXPECT_EQ(IBV_WC_LOC_PROT_ERR, wc.status);
+  EXPECT_EQ(77u, wc.wr_id);
+}
+
+TEST_F(DataPath, LocalSgeOutsideTheMrIsAProtectionError) {
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, me.len - 4, 8, 0, info.rkey));
+  EXPECT_EQ(IBV_WC_LOC_PROT_ERR, one_completion().status);
+}
+
+TEST_F(DataPath, BadRkeyIsARemoteAccessErrorAndLeavesMemoryAlone) {
+  peer.fill(1);
+  uint64_t before = peer.checksum(0, info.len);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey ^ 0x100));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+  EXPECT_EQ(before, peer.checksum(0, info.len));
+}
+
+TEST_F(DataPath, WriteBeyondTheRemoteMrIsARemoteAccessError) {
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 16, info.len - 8, info.rkey));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+}
+
+TEST_F(DataPath, SubsequentRequestsAreFlushedAfterAnError) {
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey + 1));
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey));
+  auto wc = poll(me.cq, 2);
+  ASSERT_EQ(2u, wc.size());
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, wc[0].status);
+  EXPECT_EQ(IBV_WC_WR_FLUSH_ERR, wc[1].status);
+}
+
+TEST_F(DataPath, SendLargerThanTheReceiveIsALengthError) {
+  ASSERT_EQ(0, peer.post_recv(1, 0, 16));
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 17, 0, 0));
+  EXPECT_EQ(IBV_WC_REM_INV_REQ_ERR, one_completion().status);
+  auto theirs = peer.poll(1);
+  ASSERT_EQ(1u, theirs.size());
+  EXPECT_EQ(IBV_WC_LOC_LEN_ERR, theirs[0].status);
+}
+
+TEST_F(DataPath, ErrorStateFlushesPostedReceives) {
+  ASSERT_EQ(0, peer.post_recv(3, 0, 16));
+  ASSERT_EQ(0, peer.to_error());
+  auto theirs = peer.poll(3);
+  ASSERT_EQ(3u, theirs.size());
+  for (auto& wc : theirs) EXPECT_EQ(IBV_WC_WR_FLUSH_ERR, wc.status);
+  // Receives posted in ERR complete at once, flushed.
+  ASSERT_EQ(0, peer.post_recv(1, 0, 16));
+  ASSERT_EQ(1u, peer.poll(1).size());
+}
+
+class DataPathAccess : public DataPath {
+ protected:
+  void SetUp() override {}
+};
+
+TEST_F(DataPathAccess, MrWithoutRemoteWriteRefusesWrites) {
+  Side::Options theirs;
+  theirs.mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+  connect({}, theirs);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+}
+
+TEST_F(DataPathAccess, QpWithoutRemoteReadRefusesReads) {
+  Side::Options theirs;
+  theirs.qp_access = IBV_ACCESS_REMOTE_WRITE;
+  connect({}, theirs);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_READ, 0, 8, 0, info.rkey));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+}
+
+TEST_F(DataPathAccess, NoReceivePostedExhaustsRnrRetries) {
+  Side::Options mine;
+  mine.rnr_retry = 1;
+  connect(mine, {});
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 8, 0, 0));
+  EXPECT_EQ(IBV_WC_RNR_RETRY_EXC_ERR, one_completion().status);
+}
+
+TEST_F(DataPathAccess, ReceivePostedLateIsUsedAfterRnrWait) {
+  connect({}, {});  // rnr_retry 7: retry forever
+  fill_local(6, 0, 32);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 32, 0, 0));
+  EXPECT_TRUE(poll(me.cq, 1, 50).empty());  // waiting on RNR
+  ASSERT_EQ(0, peer.post_recv(1, 0, 64));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  EXPECT_EQ(local_sum(0, 32), peer.checksum(0, 32));
+}
+
+TEST_F(DataPathAccess, UnreachablePeerExhaustsTransportRetries) {
+  Side::Options mine;
+  mine.retry_cnt = 1;
+  mine.timeout = 8;  // ~1 ms
+  ASSERT_EQ(0, me.open(mine));
+  ASSERT_EQ(0, me.connect(0xfffff0, mine));  // no such QP
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, 0x1234));
+  EXPECT_EQ(IBV_WC_RETRY_EXC_ERR, one_completion().status);
+}
+
+}  // namespace
+}  // namespace svtest

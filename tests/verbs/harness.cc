@@ -1,0 +1,289 @@
+#include "harness.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace svtest {
+
+int Side::open(const Options& o) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list || n < 1) return ENODEV;
+  ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!ctx) return errno;
+  pd = ibv_alloc_pd(ctx);
+  if (!pd) return errno;
+  len = o.len;
+  if (posix_memalign(reinterpret_cast<void**>(&buf), 4096, len)) return ENOMEM;
+  std::memset(buf, 0, len);
+  mr = ibv_reg_mr(pd, buf, len, o.mr_access);
+  if (!mr) return errno;
+  cq = ibv_create_cq(ctx, o.cqe, nullptr, nullptr, 0);
+  if (!cq) return errno;
+  ibv_qp_init_attr ia{};
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = o.max_wr;
+  ia.cap.max_recv_wr = o.max_wr;
+  ia.cap.max_send_sge = 4;
+  ia.cap.max_recv_sge = 4;
+  ia.cap.max_inline_data = 64;
+  qp = ibv_create_qp(pd, &ia);
+  if (!qp) return errno;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.pkey_index = 0;
+  a.qp_access_flags = o.qp_access;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+int Side::connect(uint32_t dest_qpn, const Options& o) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = dest_qpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = o.min_rnr_timer;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.sgid_index = 0;
+  a.ah_attr.grh.hop_limit = 1;
+  ibv_query_gid(ctx, 1, 0, &a.ah_attr.grh.dgid);
+  a.ah_attr.port_num = 1;
+  if (int e = ibv_modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return e;
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RTS;
+  r.timeout = o.timeout;
+  r.retry_cnt = o.retry_cnt;
+  r.rnr_retry = o.rnr_retry;
+  r.sq_psn = 0;
+  r.max_rd_atomic = 1;
+  return ibv_modify_qp(qp, &r,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                           IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+void Side::close() {
+  if (qp) ibv_destroy_qp(qp);
+  if (cq) ibv_destroy_cq(cq);
+  if (mr) ibv_dereg_mr(mr);
+  if (pd) ibv_dealloc_pd(pd);
+  if (ctx) ibv_close_device(ctx);
+  std::free(buf);
+  qp = nullptr;
+  cq = nullptr;
+  mr = nullptr;
+  pd = nullptr;
+  ctx = nullptr;
+  buf = nullptr;
+}
+
+std::vector<ibv_wc> poll(ibv_cq* cq, int n, int ms) {
+  std::vector<ibv_wc> out;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (int(out.size()) < n && std::chrono::steady_clock::now() < deadline) {
+    ibv_wc wc[8];
+    int got = ibv_poll_cq(cq, 8, wc);
+    if (got < 0) break;
+    out.insert(out.end(), wc, wc + got);
+    if (got == 0) std::this_thread::yield();
+  }
+  return out;
+}
+
+uint64_t checksum(const uint8_t* p, uint64_t len) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint64_t i = 0; i < len; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// ---- Peer ----------------------------------------------------------------
+
+namespace {
+
+bool read_all(int fd, void* p, size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n) {
+    ssize_t r = ::read(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  auto* c = static_cast<const char*>(p);
+  while (n) {
+    ssize_t r = ::write(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+[[noreturn]] void serve(int fd) {
+  Side s;
+  Peer::Cmd c;
+  while (read_all(fd, &c, sizeof(c))) {
+    Peer::Reply r{};
+    switch (c.op) {
+      case Peer::kOpen:
+        r.status = s.open(c.opt);
+        if (!r.status) r.info = {s.qp->qp_num, s.mr->rkey, reinterpret_cast<uint64_t>(s.buf), s.len};
+        break;
+      case Peer::kConnect:
+        r.status = s.connect(c.a, c.opt);
+        break;
+      case Peer::kPostRecv:
+        for (uint32_t i = 0; i < c.a && !r.status; ++i) {
+          ibv_sge sge{reinterpret_cast<uint64_t>(s.buf) + c.b + i * c.c, uint32_t(c.c), s.mr->lkey};
+          ibv_recv_wr wr{};
+          wr.wr_id = 1000 + i;
+          wr.sg_list = &sge;
+          wr.num_sge = 1;
+          ibv_recv_wr* bad;
+          r.status = ibv_post_recv(s.qp, &wr, &bad);
+        }
+        break;
+      case Peer::kPoll: {
+        auto v = poll(s.cq, int(std::min<uint32_t>(c.a, 8)), int(c.b));
+        r.count = uint32_t(v.size());
+        for (size_t i = 0; i < v.size(); ++i) r.wc[i] = v[i];
+        break;
+      }
+      case Peer::kFill:
+        for (uint64_t i = 0; i < s.len; ++i) s.buf[i] = pattern(uint8_t(c.a), i);
+        break;
+      case Peer::kChecksum:
+        r.value = checksum(s.buf + c.b, c.c);
+        break;
+      case Peer::kToError: {
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_ERR;
+        r.status = ibv_modify_qp(s.qp, &a, IBV_QP_STATE);
+        break;
+      }
+      case Peer::kExit:
+        s.close();
+        write_all(fd, &r, sizeof(r));
+        ::_exit(0);
+    }
+    write_all(fd, &r, sizeof(r));
+  }
+  ::_exit(0);
+}
+
+}  // namespace
+
+Peer::Peer() {
+  int sv[2];
+  ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::close(sv[0]);
+    serve(sv[1]);
+  }
+  ::close(sv[1]);
+  sock_ = sv[0];
+}
+
+Peer::~Peer() {
+  if (pid_ > 0) {
+    Cmd c{};
+    c.op = kExit;
+    write_all(sock_, &c, sizeof(c));
+    Reply r;
+    read_all(sock_, &r, sizeof(r));
+    int st;
+    ::waitpid(pid_, &st, 0);
+  }
+  ::close(sock_);
+}
+
+void Peer::kill9() {
+  ::kill(pid_, SIGKILL);
+  int st;
+  ::waitpid(pid_, &st, 0);
+  pid_ = -1;
+}
+
+Peer::Reply Peer::call(const Cmd& c) {
+  Reply r{};
+  r.status = EIO;
+  if (!write_all(sock_, &c, sizeof(c)) || !read_all(sock_, &r, sizeof(r))) r.status = EIO;
+  return r;
+}
+
+PeerInfo Peer::open(const Side::Options& o) {
+  Cmd c{};
+  c.op = kOpen;
+  c.opt = o;
+  Reply r = call(c);
+  if (r.status) return {};
+  return r.info;
+}
+
+int Peer::connect(uint32_t dest, const Side::Options& o) {
+  Cmd c{};
+  c.op = kConnect;
+  c.a = dest;
+  c.opt = o;
+  return call(c).status;
+}
+
+int Peer::post_recv(uint32_t count, uint64_t off, uint64_t len) {
+  Cmd c{};
+  c.op = kPostRecv;
+  c.a = count;
+  c.b = off;
+  c.c = len;
+  return call(c).status;
+}
+
+std::vector<ibv_wc> Peer::poll(uint32_t n, int ms) {
+  Cmd c{};
+  c.op = kPoll;
+  c.a = n;
+  c.b = uint64_t(ms);
+  Reply r = call(c);
+  return std::vector<ibv_wc>(r.wc, r.wc + r.count);
+}
+
+void Peer::fill(uint8_t seed) {
+  Cmd c{};
+  c.op = kFill;
+  c.a = seed;
+  call(c);
+}
+
+uint64_t Peer::checksum(uint64_t off, uint64_t len) {
+  Cmd c{};
+  c.op = kChecksum;
+  c.b = off;
+  c.c = len;
+  return call(c).value;
+}
+
+int Peer::to_error() {
+  Cmd c{};
+  c.op = kToError;
+  return call(c).status;
+}
+
+}  // namespace svtest

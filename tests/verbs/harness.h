@@ -1,0 +1,98 @@
+// harness.h: the pieces the verbs tests share. Tests talk to softverbs only
+// through the public verbs API (our libibverbs.so.1 is linked in), and put a
+// second party in a real process (Peer) that obeys simple commands sent over
+// a socketpair: create resources, connect, post receives, poll, report its
+// buffer. Every test binary uses its own daemon (SOFTVERBS_DIR, set in main).
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace svtest {
+
+// One side's resources: device context, PD, CQ, RC QP and a registered buffer.
+struct Side {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  ibv_mr* mr = nullptr;
+  uint8_t* buf = nullptr;
+  size_t len = 0;
+
+  struct Options {
+    size_t len = 1 << 16;
+    int mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                    IBV_ACCESS_REMOTE_ATOMIC;
+    int qp_access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    int cqe = 256;
+    uint32_t max_wr = 64;
+    uint8_t rnr_retry = 7;
+    uint8_t retry_cnt = 7;
+    uint8_t timeout = 14;
+    uint8_t min_rnr_timer = 1;
+  };
+
+  int open(const Options& o);   // up to INIT; 0 or errno
+  int connect(uint32_t dest_qpn, const Options& o);  // INIT -> RTR -> RTS
+  void close();
+  ~Side() { close(); }
+};
+
+// Polls `cq` until `n` completions arrived or `ms` passed.
+std::vector<ibv_wc> poll(ibv_cq* cq, int n, int ms = 5000);
+
+struct PeerInfo {
+  uint32_t qpn;
+  uint32_t rkey;
+  uint64_t addr;
+  uint64_t len;
+};
+
+// A second process holding its own Side.
+class Peer {
+ public:
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError };
+  struct Cmd {
+    uint32_t op;
+    uint32_t a;
+    uint64_t b;
+    uint64_t c;
+    Side::Options opt;
+  };
+  struct Reply {
+    int32_t status;
+    uint32_t count;
+    PeerInfo info;
+    uint64_t value;
+    ibv_wc wc[8];
+  };
+
+  Peer();
+  ~Peer();
+  PeerInfo open(const Side::Options& o = {});
+  int connect(uint32_t dest_qpn, const Side::Options& o = {});
+  // Posts `count` receives of `len` bytes each at offset `off`, consecutive.
+  int post_recv(uint32_t count, uint64_t off, uint64_t len);
+  std::vector<ibv_wc> poll(uint32_t n, int ms = 5000);
+  void fill(uint8_t seed);          // buffer = pattern(seed)
+  uint64_t checksum(uint64_t off, uint64_t len);
+  int to_error();
+  pid_t pid() const { return pid_; }
+  void kill9();
+
+ private:
+  Reply call(const Cmd& c);
+  pid_t pid_ = -1;
+  int sock_ = -1;
+};
+
+// Deterministic byte pattern.
+inline uint8_t pattern(uint8_t seed, uint64_t i) { return uint8_t(seed * 131 + i * 7 + (i >> 8)); }
+uint64_t checksum(const uint8_t* p, uint64_t len);
+
+}  // namespace svtest
