@@ -197,7 +197,7 @@ class Runner:
         self.failures = []     # human-readable failure messages
         self.notes = []
         self.rounds = args.rounds or (1 if self.quick else 3)
-        self.tmo = 60 if self.quick else 240
+        self.tmo = 30 if self.quick else 240
         if self.quick:
             self.bw_sizes = [8, 64, 512, 4 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB]
             self.bw_time = 0.05
@@ -692,7 +692,7 @@ def main():
     png_path = os.path.join(args.out, "latest.png")
     with open(md_path, "w") as f:
         f.write(report)
-        if os.path.exists(png_path) or have_matplotlib():
+        if have_matplotlib():
             f.write("\n![plot](latest.png)\n")
     with open(os.path.join(args.out, "latest.jsonl"), "w") as f:
         for r in R.raw:

@@ -486,9 +486,9 @@ TEST(MemBacking, ReleaseRestoresOriginalVmas) {
   MemBacking& mb = MemBacking::instance();
   for (size_t i = 0; i < 64; i += 2) ASSERT_EQ(0, mb.acquire(p + i * kPage + 1, 10));
   for (size_t i = 0; i < 64; i += 2) mb.release(p + i * kPage + 1, 10);
-  MapsLine m = vma_of(p + 5 * kPage);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(p), m.start);  // one VMA again
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(p + n), m.end);
+  const MapsLine m = vma_of(p + 5 * kPage);  // one VMA again (maybe merged with a neighbour)
+  EXPECT_LE(m.start, reinterpret_cast<uintptr_t>(p));
+  EXPECT_GE(m.end, reinterpret_cast<uintptr_t>(p + n));
   EXPECT_TRUE(check(p, n, 12));
 
   // Many register/deregister cycles on distinct heap buffers do not leave

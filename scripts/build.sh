@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Configures and builds into BUILD_DIR (default build/). Extra args go to cmake.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${BUILD_DIR:-build}
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
+cmake --build "$dir" -j"$(nproc)"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages softverbs needs to build, test and demo.
+# Usage: scripts/deps.sh [build|test|bench]   (default: test)
+set -euo pipefail
+what=${1:-test}
+pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev ibverbs-utils perftest
+      python3 iproute2 procps psmisc)
+if [ "$what" = bench ]; then pkgs+=(ucx-utils python3-matplotlib); fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "softverbs: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
