@@ -43,8 +43,9 @@ class Ring {
     h->capacity = capacity;
     h->mask = capacity - 1;
     h->slot_size = sizeof(RingSlot<T>);
-    for (uint32_t i = 0; i < capacity; ++i) slots[i].seq.store(i, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
+    // Other processes see the ring only after its segment's fd reaches them
+    // over a socket, which orders these stores before their loads.
+    for (uint32_t i = 0; i < capacity; ++i) slots[i].seq.store(i, std::memory_order_release);
   }
 
   bool valid() const { return h_ != nullptr; }

@@ -1,0 +1,160 @@
+// The daemon as a resource manager: it releases what a dead client held, and
+// a client that speaks raw, malformed or forged messages gets errors, never
+// a crash, and never another client's objects.
+#include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/paths.h"
+#include "common/protocol.h"
+#include "common/sys.h"
+#include "harness.h"
+
+namespace svtest {
+namespace {
+
+using namespace sv;
+
+class RawClient {
+ public:
+  RawClient() { EXPECT_EQ(0, connect_seqpacket(socket_path(runtime_dir()), sock_)); }
+
+  // Sends raw bytes; returns the reply's status (or -1 if the daemon hung up).
+  int send_raw(const void* msg, size_t len, std::span<const int> fds = {}, std::vector<Fd>* got = nullptr,
+               void* reply = nullptr, size_t reply_len = 0) {
+    if (send_message(sock_.get(), msg, len, fds) != 0) return -1;
+    uint8_t buf[proto::kMaxMessage];
+    size_t n = 0;
+    std::vector<Fd> fdv;
+    if (recv_message(sock_.get(), buf, sizeof(buf), &n, fdv) != 0 || n < sizeof(proto::Header)) return -1;
+    if (got) *got = std::move(fdv);
+    if (reply) std::memcpy(reply, buf, std::min(n, reply_len));
+    proto::Header h;
+    std::memcpy(&h, buf, sizeof(h));
+    return h.status;
+  }
+  template <class Req>
+  int send(proto::Op op, Req& r, std::span<const int> fds = {}) {
+    proto::init_header(r, op, 7);
+    return send_raw(&r, sizeof(r), fds);
+  }
+  proto::StatusReply status() {
+    proto::Empty req{};
+    proto::init_header(req, proto::Op::Status, 1);
+    proto::StatusReply rep{};
+    send_raw(&req, sizeof(req), {}, nullptr, &rep, sizeof(rep));
+    return rep;
+  }
+
+ private:
+  Fd sock_;
+};
+
+// Makes sure a daemon runs (opening a device starts it).
+void ensure_daemon() {
+  Side s;
+  ASSERT_EQ(0, s.open({}));
+}
+
+TEST(Daemon, ReleasesEverythingADeadClientHeld) {
+  ensure_daemon();
+  RawClient probe;
+  auto before = probe.status();
+  {
+    Peer p;
+    ASSERT_NE(0u, p.open({}).qpn);
+    auto during = probe.status();
+    EXPECT_EQ(before.qps + 1, during.qps);
+    EXPECT_EQ(before.mrs + 1, during.mrs);
+    p.kill9();
+  }
+  proto::StatusReply after{};
+  for (int i = 0; i < 200; ++i) {
+    after = probe.status();
+    if (after.qps == before.qps && after.clients == before.clients) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(before.clients, after.clients);
+  EXPECT_EQ(before.pds, after.pds);
+  EXPECT_EQ(before.mrs, after.mrs);
+  EXPECT_EQ(before.cqs, after.cqs);
+  EXPECT_EQ(before.qps, after.qps);
+  EXPECT_EQ(before.backings, after.backings);
+}
+
+TEST(Daemon, MalformedMessagesGetErrors) {
+  ensure_daemon();
+  RawClient c;
+  proto::Empty hello{};
+  proto::init_header(hello, proto::Op::AllocPd);
+  hello.h.magic = 0x12345678;
+  EXPECT_EQ(EPROTO, c.send_raw(&hello, sizeof(hello)));
+  proto::init_header(hello, proto::Op::AllocPd);
+  hello.h.version = 99;
+  EXPECT_EQ(EPROTO, c.send_raw(&hello, sizeof(hello)));
+  uint8_t tiny[3] = {1, 2, 3};
+  EXPECT_EQ(EPROTO, c.send_raw(tiny, sizeof(tiny)));
+  // Truncated and oversized bodies.
+  proto::RegMrReq mr{};
+  proto::init_header(mr, proto::Op::RegMr);
+  EXPECT_EQ(EINVAL, c.send_raw(&mr, sizeof(mr) - 4));
+  uint8_t big[proto::kMaxMessage] = {};
+  std::memcpy(big, &mr, sizeof(mr));
+  EXPECT_EQ(EINVAL, c.send_raw(big, sizeof(mr) + 8));
+  // Unknown op.
+  proto::init_header(hello, proto::Op(999));
+  EXPECT_EQ(EOPNOTSUPP, c.send_raw(&hello, sizeof(hello)));
+  // A descriptor the op does not take.
+  int efd = ::eventfd(0, EFD_CLOEXEC);
+  proto::init_header(hello, proto::Op::AllocPd);
+  int fds[1] = {efd};
+  EXPECT_EQ(EBADF, c.send_raw(&hello, sizeof(hello), fds));
+  // An op that needs a descriptor, without one.
+  proto::Empty ch{};
+  EXPECT_EQ(EBADF, c.send(proto::Op::CreateChannel, ch));
+  ::close(efd);
+  // The daemon still serves.
+  proto::Empty pd{};
+  EXPECT_EQ(0, c.send(proto::Op::AllocPd, pd));
+}
+
+TEST(Daemon, ForgedAndForeignHandlesAreRefused) {
+  ensure_daemon();
+  Peer p;
+  PeerInfo info = p.open({});
+  ASSERT_NE(0u, info.qpn);
+  RawClient c;
+  // Another process's QP, and a made-up one.
+  proto::HandleReq h{};
+  h.handle = info.qpn;
+  EXPECT_EQ(EINVAL, c.send(proto::Op::DestroyQp, h));
+  h.handle = 0xdeadbe;
+  EXPECT_EQ(EINVAL, c.send(proto::Op::DestroyQp, h));
+  // Another process's MR by handle (slot = key >> 8).
+  h.handle = info.rkey >> 8;
+  EXPECT_EQ(EINVAL, c.send(proto::Op::DeregMr, h));
+  // Its memory by key: we own no QP connected to it.
+  proto::GetMrBackingReq g{};
+  g.key = info.rkey;
+  EXPECT_EQ(EACCES, c.send(proto::Op::GetMrBacking, g));
+  // Registering with a PD and backing we do not hold.
+  proto::RegMrReq mr{};
+  mr.pd = 1;
+  mr.backing = 1;
+  mr.addr = 4096;
+  mr.length = 4096;
+  EXPECT_EQ(EINVAL, c.send(proto::Op::RegMr, mr));
+  // Absurd sizes.
+  proto::CreateCqReq cq{};
+  cq.cqe = 0xffffffff;
+  EXPECT_EQ(EINVAL, c.send(proto::Op::CreateCq, cq));
+  // The peer's objects are untouched.
+  EXPECT_EQ(0, p.post_recv(1, 0, 8));
+}
+
+}  // namespace
+}  // namespace svtest
