@@ -340,7 +340,9 @@ int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
   // Attribute ranges (ibv_modify_qp(3), IBTA 11.2.4.2).
   if ((mask & IBV_QP_PORT) && r.port_num != 1) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && r.pkey_index != 0) return EINVAL;
-  if ((mask & IBV_QP_ACCESS_FLAGS) && (r.qp_access_flags & ~kQpAccess)) return EINVAL;
+  // Local write (and MW bind) in qp_access_flags are accepted and mean
+  // nothing for a QP, as with rdma-core's kernel drivers; unknown bits are refused.
+  if ((mask & IBV_QP_ACCESS_FLAGS) && (r.qp_access_flags & ~kKnownAccess)) return EINVAL;
   if ((mask & IBV_QP_PATH_MTU) && (r.path_mtu < IBV_MTU_256 || r.path_mtu > IBV_MTU_4096)) return EINVAL;
   if ((mask & IBV_QP_DEST_QPN) && r.dest_qp_num > 0xffffff) return EINVAL;
   if ((mask & IBV_QP_RQ_PSN) && r.rq_psn > 0xffffff) return EINVAL;
@@ -355,7 +357,7 @@ int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
     if (r.ah_port_num != 1 && r.ah_port_num != 0) return EINVAL;
   }
 
-  if (mask & IBV_QP_ACCESS_FLAGS) e.access.store(r.qp_access_flags, std::memory_order_relaxed);
+  if (mask & IBV_QP_ACCESS_FLAGS) e.access.store(r.qp_access_flags & kQpAccess, std::memory_order_relaxed);
   if (mask & IBV_QP_DEST_QPN) e.dest_qpn.store(r.dest_qp_num, std::memory_order_relaxed);
   if (mask & IBV_QP_MIN_RNR_TIMER) e.min_rnr_timer = r.min_rnr_timer;
   if (mask & IBV_QP_TIMEOUT) e.timeout = r.timeout;

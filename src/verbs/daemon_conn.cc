@@ -1,7 +1,9 @@
 // The library's side of the control protocol: connecting to the user's
 // daemon, starting it on demand, and synchronous request/reply calls.
 #include <dlfcn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,7 +71,12 @@ int DaemonConn::open() {
   uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
   for (;;) {
     int e = connect_seqpacket(sock, sock_);
-    if (e == 0) return 0;
+    if (e == 0) {
+      // A daemon that stops answering must not hang the application forever.
+      timeval tv{30, 0};
+      ::setsockopt(sock_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      return 0;
+    }
     if (e != ENOENT && e != ECONNREFUSED) return e;
     if (!spawned && !std::getenv("SOFTVERBS_NO_SPAWN")) {
       spawn_daemon();
@@ -90,7 +97,7 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
   alignas(8) uint8_t buf[proto::kMaxMessage];
   std::vector<Fd> fds;
   size_t len = 0;
-  if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds)) return e;
+  if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds)) return e == EAGAIN ? ETIMEDOUT : e;
   if (len == 0) return ENODEV;  // the daemon went away
   if (len < sizeof(proto::Header)) return EPROTO;
   proto::Header rh;

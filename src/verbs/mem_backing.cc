@@ -26,8 +26,8 @@
 // from atomics (seqlock-style, g_sig.seq odd while an operation is in flight),
 // waits on a futex until the operation is over and returns so the faulting
 // instruction is retried. A fault reported after the operation already ended
-// is recognised by probing the page with MADV_POPULATE_WRITE (succeeds only
-// if a write would now succeed).
+// is recognised by probing the page with MADV_POPULATE_WRITE/READ (succeeds
+// only if the same kind of access would now succeed; Linux >= 5.14).
 
 #include "mem_backing.h"
 
@@ -60,6 +60,9 @@
 #endif
 #ifndef MREMAP_DONTUNMAP
 #define MREMAP_DONTUNMAP 4
+#endif
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
 #endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -261,16 +264,20 @@ void unpublish() {
   sys::futex_wake_all(&g_sig.seq);
 }
 
-// Whether the faulting access was a data write (the only kind of access our
-// read-only window can make fail). Unknown architectures: assume a write.
-bool fault_is_write(void* uc) {
+enum class Access { kRead, kWrite, kExec };
+
+// What the faulting access was. Unknown architectures report a write: there
+// the module never uses PROT_NONE windows (can_park), so only writes can
+// fault because of it.
+Access fault_access(void* uc) {
 #if defined(__x86_64__)
   const auto* u = static_cast<const ucontext_t*>(uc);
   const auto err = static_cast<uint64_t>(u->uc_mcontext.gregs[REG_ERR]);
-  return (err & 0x2u) != 0 && (err & 0x10u) == 0;  // X86_PF_WRITE, not X86_PF_INSTR
+  if (err & 0x10u) return Access::kExec;  // X86_PF_INSTR
+  return (err & 0x2u) ? Access::kWrite : Access::kRead;  // X86_PF_WRITE
 #else
   (void)uc;
-  return true;
+  return Access::kWrite;
 #endif
 }
 
@@ -299,7 +306,7 @@ void segv_handler(int sig, siginfo_t* si, void* uc) {
   if (si != nullptr && (si->si_code == SEGV_ACCERR || si->si_code == SEGV_MAPERR)) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(si->si_addr);
     const uintptr_t ps = g_sig.page.load(std::memory_order_relaxed);
-    const bool write = fault_is_write(uc);
+    const Access access = fault_access(uc);
     for (;;) {
       const uint32_t s1 = g_sig.seq.load();
       if (s1 & 1u) {
@@ -312,9 +319,12 @@ void segv_handler(int sig, siginfo_t* si, void* uc) {
           return;  // retry the access on the new pages
         }
       }
-      // The operation may have finished between the fault and now: if a
-      // write to the page would now succeed, retry it.
-      if (write && sys::madvise(a & ~(ps - 1), ps, MADV_POPULATE_WRITE) == 0) {
+      // The operation may have finished between the fault and now: if the
+      // same access to the page would now succeed, retry it. (Executable
+      // memory is never made inaccessible by this module.)
+      if (access != Access::kExec &&
+          sys::madvise(a & ~(ps - 1), ps,
+                       access == Access::kWrite ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) {
         errno = saved_errno;
         return;
       }
@@ -428,6 +438,13 @@ int convert_chunk(int fd, uintptr_t b, uintptr_t e, int prot, bool anon, Park* p
   if (can_park(b, e, prot) &&
       sys::mmap(0, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0, &spot) != 0) {
     spot = 0;
+  }
+  if (spot != 0 && anon && (prot & PROT_WRITE) != 0) {
+    // A VMA that has never been written has no anon_vma, and mremap then
+    // resets its vm_pgoff to the destination address, which keeps it from
+    // merging back if its neighbours' pgoff is not address-based. Make the
+    // kernel attach one (no data changes: this only prefaults one page).
+    sys::madvise(b, page_size(), MADV_POPULATE_WRITE);
   }
   enum { kReserved, kParked, kGone } spot_state = kReserved;
   publish(b, e);
