@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/trace.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
@@ -300,6 +301,7 @@ void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t 
 }
 
 void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
+  SV_TRACE("QP 0x%x: wr_id %llu failed: %s", q.qpn, (unsigned long long)w.wr_id, ibv_wc_status_str(o.status));
   complete(q, w, o.status, 0);
   if (o.peer_error && q.peer) {
     ContextState& cs = *q.ctx->st;
@@ -325,6 +327,8 @@ uint64_t retry_delay_ns(QpState& q, Step s) {
 // Decides what a stalled head request does next; returns false when it failed for good.
 bool stall(QpState& q, Step s) {
   uint64_t now = monotonic_ns();
+  SV_TRACE("QP 0x%x: %s stall (rnr left %u, retry left %u)", q.qpn, s == Step::kRnr ? "RNR" : "transport",
+           q.rnr_left, q.retry_left);
   if (!q.head_started) {
     q.head_started = true;
     q.rnr_left = q.entry->rnr_retry;
