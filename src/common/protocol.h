@@ -37,6 +37,7 @@ enum class Op : uint16_t {
   GetMrBacking,    // reply fd: backing memfd holding the MR
   PeerError,       // move the connected peer QP to ERR (remote error detected by a requester)
   Status,
+  Accounts,        // locked-memory charges per process
   kCount
 };
 
@@ -189,6 +190,25 @@ struct StatusReply {
   uint32_t backings;
   uint32_t reserved;
 };
+
+// Locked memory charged for registrations (RLIMIT_MEMLOCK, as the kernel
+// charges pinned pages), per registering process.
+struct AccountEntry {
+  uint32_t pid;
+  uint32_t uid;
+  uint64_t locked_bytes;
+  uint64_t limit_bytes;  // UINT64_MAX: unlimited (RLIM_INFINITY or CAP_IPC_LOCK)
+};
+constexpr size_t kMaxAccounts = 32;
+
+struct AccountsReply {
+  Header h;
+  uint32_t count;  // entries used; processes beyond kMaxAccounts are summed into `others_bytes`
+  uint32_t reserved;
+  uint64_t others_bytes;
+  AccountEntry entries[kMaxAccounts];
+};
+static_assert(sizeof(AccountsReply) <= kMaxMessage);
 
 template <class T>
 inline void init_header(T& m, Op op, uint32_t seq = 0) {

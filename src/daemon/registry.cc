@@ -1,6 +1,8 @@
 #include "daemon/registry.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -18,6 +20,24 @@ constexpr uint32_t kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRI
                                   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                                   IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED;
 constexpr uint32_t kQpAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+// The locked-memory limit of `pid` in bytes: RLIMIT_MEMLOCK, or unlimited
+// with CAP_IPC_LOCK (as ib_umem_get charges pinned pages in the kernel).
+uint64_t memlock_limit(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
+  if (FILE* f = std::fopen(path, "r")) {
+    char line[256];
+    unsigned long long capeff = 0;
+    while (std::fgets(line, sizeof(line), f))
+      if (std::sscanf(line, "CapEff: %llx", &capeff) == 1) break;
+    std::fclose(f);
+    if (capeff & (1ull << 14)) return UINT64_MAX;  // CAP_IPC_LOCK
+  }
+  rlimit rl{};
+  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) != 0) return 0;
+  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+}
 
 }  // namespace
 
@@ -70,6 +90,18 @@ void Registry::remove_client(uint32_t client) {
   clients_.erase(client);
 }
 
+void Registry::accounts(proto::AccountsReply& rep) const {
+  rep.count = 0;
+  rep.others_bytes = 0;
+  for (auto& [pid, a] : accounts_) {
+    if (rep.count < proto::kMaxAccounts) {
+      rep.entries[rep.count++] = {uint32_t(pid), uint32_t(a.uid), a.locked_bytes, a.limit_bytes};
+    } else {
+      rep.others_bytes += a.locked_bytes;
+    }
+  }
+}
+
 Counts Registry::counts() const {
   return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mrs_.size()),
           uint32_t(cqs_.size()),     uint32_t(qps_.size()),      uint32_t(channels_.size()),
@@ -107,7 +139,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   auto b = backings_.find(req.backing);
   if (b == backings_.end() || b->second.owner != client) return EINVAL;
   if (req.access & ~kKnownAccess) return EINVAL;
-  // IBTA 10.6.3.1 (C10-32?): remote write or atomic access needs local write.
+  // ibv_reg_mr(3): remote write or remote atomic access needs local write.
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
       !(req.access & IBV_ACCESS_LOCAL_WRITE))
     return EINVAL;
@@ -126,6 +158,19 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
     }
   }
   if (!slot) return ENOMEM;
+  // Charge the pages the registration covers to the registrant (IBTA leaves
+  // the resource manager to the OS; we follow the kernel's RLIMIT_MEMLOCK rule).
+  pid_t pid = clients_[client].pid;
+  uint64_t bytes = page_up(req.addr + req.length) - page_down(req.addr);
+  Account& acct = accounts_[pid];
+  acct.uid = clients_[client].uid;
+  acct.limit_bytes = memlock_limit(pid);
+  if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes + bytes > acct.limit_bytes) {
+    if (acct.locked_bytes == 0) accounts_.erase(pid);
+    return ENOMEM;
+  }
+  acct.locked_bytes += bytes;
+
   uint8_t kb = ++mr_key_byte_[slot];
   uint32_t key = (slot << 8) | kb;
   if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
@@ -140,7 +185,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   e.owner_pid = uint32_t(clients_[client].pid);
   e.key.store(key, std::memory_order_release);  // publish last
 
-  mrs_[slot] = Mr{client, key, req.pd, req.backing};
+  mrs_[slot] = Mr{client, key, req.pd, req.backing, pid, bytes};
   pd->second.refs++;
   b->second.refs++;
   rep.handle = slot;
@@ -152,6 +197,10 @@ void Registry::release_mr(uint32_t handle) {
   auto it = mrs_.find(handle);
   if (it == mrs_.end()) return;
   mr_table_[handle].key.store(0, std::memory_order_release);  // revoke first
+  if (auto a = accounts_.find(it->second.charged_pid); a != accounts_.end()) {
+    a->second.locked_bytes -= it->second.charged_bytes;
+    if (a->second.locked_bytes == 0) accounts_.erase(a);
+  }
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
   if (auto b = backings_.find(it->second.backing); b != backings_.end()) b->second.refs--;
   mrs_.erase(it);

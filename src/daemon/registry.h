@@ -60,6 +60,9 @@ class Registry {
                      std::vector<int>& out_fds);
   int peer_error(uint32_t client, uint32_t qpn);
 
+  // Locked-memory accounts (pid -> charge), for `softverbs status`.
+  void accounts(proto::AccountsReply& rep) const;
+
   // Read access for tests.
   const shm::QpEntry* qp_entry(uint32_t qpn) const;
   const shm::MrEntry* mr_entry(uint32_t key) const;
@@ -83,6 +86,13 @@ class Registry {
     uint32_t key;
     uint32_t pd;
     uint32_t backing;
+    pid_t charged_pid;     // the registrant; the charge stays with it until the MR is freed
+    uint64_t charged_bytes;
+  };
+  struct Account {
+    uid_t uid;
+    uint64_t locked_bytes = 0;
+    uint64_t limit_bytes = 0;
   };
   struct Channel {
     uint32_t owner;
@@ -128,6 +138,7 @@ class Registry {
   std::map<uint32_t, Channel> channels_;
   std::map<uint32_t, Cq> cqs_;
   std::map<uint32_t, Qp> qps_;  // by qpn
+  std::map<pid_t, Account> accounts_;
 
   std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
   std::vector<uint8_t> qp_gen_;       // per QP slot: generation

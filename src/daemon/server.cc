@@ -278,6 +278,13 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       rep.backings = c.backings;
       return encode(h, rep, 0, out);
     }
+    case Op::Accounts: {
+      proto::Empty req;
+      if (!decode(msg, len, req)) return bad();
+      proto::AccountsReply rep{};
+      registry_.accounts(rep);
+      return encode(h, rep, 0, out);
+    }
     default: {
       proto::Empty rep{};
       return encode(h, rep, EOPNOTSUPP, out);

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "common/paths.h"
@@ -65,9 +66,30 @@ int status() {
     std::printf("softverbsd: bad status reply\n");
     return 1;
   }
+  sv::proto::Empty areq{};
+  sv::proto::init_header(areq, sv::proto::Op::Accounts, 2);
+  sv::proto::AccountsReply arep{};
+  bool have_accounts = sv::send_message(s.get(), &areq, sizeof(areq), {}) == 0 &&
+                       sv::recv_message(s.get(), &arep, sizeof(arep), &len, fds) == 0 && len == sizeof(arep) &&
+                       arep.h.status == 0;
   std::printf("softverbsd at %s\n", dir.c_str());
   std::printf("  clients %u (this query included)\n  pds %u\n  mrs %u\n  cqs %u\n  qps %u\n  channels %u\n  backings %u\n",
               rep.clients, rep.pds, rep.mrs, rep.cqs, rep.qps, rep.channels, rep.backings);
+  if (have_accounts) {
+    std::printf("locked memory (RLIMIT_MEMLOCK charges of registrations):\n");
+    std::printf("  %8s %8s %14s %14s\n", "pid", "uid", "locked", "limit");
+    std::map<uint32_t, uint64_t> per_user;
+    for (uint32_t i = 0; i < arep.count && i < sv::proto::kMaxAccounts; ++i) {
+      const auto& a = arep.entries[i];
+      char limit[32];
+      if (a.limit_bytes == UINT64_MAX) std::snprintf(limit, sizeof(limit), "unlimited");
+      else std::snprintf(limit, sizeof(limit), "%llu", (unsigned long long)a.limit_bytes);
+      std::printf("  %8u %8u %14llu %14s\n", a.pid, a.uid, (unsigned long long)a.locked_bytes, limit);
+      per_user[a.uid] += a.locked_bytes;
+    }
+    if (arep.others_bytes) std::printf("  (more processes: %llu bytes)\n", (unsigned long long)arep.others_bytes);
+    for (auto& [uid, b] : per_user) std::printf("  user %u: %llu bytes locked\n", uid, (unsigned long long)b);
+  }
   return 0;
 }
 

@@ -1,0 +1,34 @@
+#!/bin/bash
+# compat.ibv_rc_pingpong.*: Debian's ibv_rc_pingpong, server and client on
+# 127.0.0.1 over GID 0, validating the received data (--chk).
+#   rc_pingpong.sh BIN_DIR PORT SIZE poll|events [ITERS]
+. "$(dirname "$0")/lib.sh"
+port=${2:?port}
+size=${3:?size}
+mode=${4:?poll or events}
+iters=${5:-300}
+require ibv_rc_pingpong
+compat_setup
+
+args=(-g 0 -p "$port" -s "$size" -n "$iters" -c)
+[ "$mode" = events ] && args+=(-e)
+
+if run_pair pingpong "$port" ibv_rc_pingpong "${args[@]}" -- ibv_rc_pingpong "${args[@]}" 127.0.0.1; then
+  # "<bytes> bytes in <secs> seconds = <rate> Mbit/sec" and
+  # "<iters> iters in <secs> seconds = <usec> usec/iter" on both sides.
+  bytes=$((2 * size * iters))
+  for side in server client; do
+    out="$COMPAT_DIR/pingpong.$side"
+    grep -Eq "^$bytes bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$" "$out" ||
+      fail "$side: no '$bytes bytes in ... seconds' line"
+    grep -Eq "^$iters iters in [0-9.]+ seconds = [0-9.]+ usec/iter$" "$out" ||
+      fail "$side: no '$iters iters in ... seconds' line"
+    # --chk prints "Invalid data..." on mismatch (and may still exit 0).
+    if grep -qi 'invalid\|fail\|error\|couldn' "$out"; then
+      fail "$side: reported an error"
+    fi
+    [ "$_compat_failures" -eq 0 ] || show "$side" "$out"
+  done
+fi
+[ -n "${COMPAT_KEEP:-}" ] && cat "$COMPAT_DIR"/pingpong.* >&2
+finish

@@ -1,0 +1,94 @@
+// The resource manager: registrations are charged to the registrant's
+// RLIMIT_MEMLOCK (whole pages, each registration separately, as the kernel
+// charges pinned pages) and refused with ENOMEM beyond it, unless the
+// process has CAP_IPC_LOCK.
+#include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "harness.h"
+
+namespace svtest {
+namespace {
+
+bool drop_ipc_lock() {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2]{};
+  if (syscall(SYS_capget, &h, d) != 0) return false;
+  d[0].effective &= ~(1u << CAP_IPC_LOCK);
+  return syscall(SYS_capset, &h, d) == 0;
+}
+
+// Runs `body` in a child process and returns its exit status.
+template <class F>
+int in_child(F body) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+}
+
+TEST(Memlock, RegistrationBeyondTheLimitIsRefusedWithEnomem) {
+  int rc = in_child([] {
+    if (!drop_ipc_lock()) return 10;
+    rlimit rl{64 * 1024, 64 * 1024};
+    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
+    Side s;
+    Side::Options o;
+    o.len = 4096;  // one page charged by the Side itself
+    if (s.open(o)) return 12;
+    void* a = nullptr;
+    if (posix_memalign(&a, 4096, 256 * 1024)) return 13;
+    auto* b = static_cast<uint8_t*>(a);
+    ibv_mr* m1 = ibv_reg_mr(s.pd, b, 32 * 1024, IBV_ACCESS_LOCAL_WRITE);
+    if (!m1) return 14;
+    errno = 0;
+    ibv_mr* m2 = ibv_reg_mr(s.pd, b + 64 * 1024, 40 * 1024, IBV_ACCESS_LOCAL_WRITE);
+    if (m2 || errno != ENOMEM) return 15;
+    // Redundant registrations are charged again: the same 32 KiB once more fits
+    // (4 + 32 + 28 < 64 KiB) only while it is smaller than what is left.
+    ibv_mr* m3 = ibv_reg_mr(s.pd, b, 24 * 1024, IBV_ACCESS_LOCAL_WRITE);
+    if (!m3) return 16;
+    ibv_mr* m4 = ibv_reg_mr(s.pd, b, 8 * 1024, IBV_ACCESS_LOCAL_WRITE);
+    if (m4 || errno != ENOMEM) return 17;
+    // Freeing returns the charge.
+    if (ibv_dereg_mr(m1)) return 18;
+    m2 = ibv_reg_mr(s.pd, b + 64 * 1024, 20 * 1024, IBV_ACCESS_LOCAL_WRITE);
+    if (!m2) return 19;
+    // Byte granularity is charged by the pages it touches: 2 bytes across a page boundary = 2 pages.
+    ibv_mr* m5 = ibv_reg_mr(s.pd, b + 128 * 1024 - 1, 2, IBV_ACCESS_LOCAL_WRITE);
+    if (!m5) return 20;
+    // Charged now: 4 + 24 + 20 + 8 = 56 KiB; 12 KiB more would exceed 64 KiB, 8 KiB fits.
+    ibv_mr* m6 = ibv_reg_mr(s.pd, b + 160 * 1024, 12 * 1024, IBV_ACCESS_LOCAL_WRITE);
+    if (m6 || errno != ENOMEM) return 21;
+    if (!ibv_reg_mr(s.pd, b + 160 * 1024, 8 * 1024, IBV_ACCESS_LOCAL_WRITE)) return 22;
+    return 0;
+  });
+  if (rc == 10 || rc == 11) GTEST_SKIP() << "cannot drop CAP_IPC_LOCK or set RLIMIT_MEMLOCK here";
+  EXPECT_EQ(0, rc);
+}
+
+TEST(Memlock, CapIpcLockLiftsTheLimit) {
+  int rc = in_child([] {
+    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct d[2]{};
+    if (syscall(SYS_capget, &h, d) != 0 || !(d[0].effective & (1u << CAP_IPC_LOCK))) return 10;
+    rlimit rl{4096, 4096};
+    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
+    Side s;
+    Side::Options o;
+    o.len = 1 << 20;
+    return s.open(o) == 0 ? 0 : 12;
+  });
+  if (rc == 10 || rc == 11) GTEST_SKIP() << "no CAP_IPC_LOCK here";
+  EXPECT_EQ(0, rc);
+}
+
+}  // namespace
+}  // namespace svtest
