@@ -151,6 +151,55 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
   return 0;
 }
 
-int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return EOPNOTSUPP; }
+// ibv_rereg_mr(3): the new registration is made first, so that on failure
+// the old one is still valid (IBV_REREG_MR_ERR_INPUT); the MR keeps its
+// ibv_mr but gets new keys.
+int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  if (!ibmr || flags == 0 || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  Mr* mr = to_mr(ibmr);
+  ContextState& st = ctx_state(ibmr->context);
+  ibv_pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : ibmr->pd;
+  void* new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : ibmr->addr;
+  size_t new_len = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : ibmr->length;
+  int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : int(st.mr(ibmr->lkey) ? st.mr(ibmr->lkey)->access : 0);
+  if (!new_pd || new_pd->context != ibmr->context) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  uint64_t iova = reinterpret_cast<uint64_t>(new_addr);
+  if (!(flags & IBV_REREG_MR_CHANGE_TRANSLATION)) {
+    if (const MrEntry* e = st.mr(ibmr->lkey)) iova = e->iova;
+  }
+  ibv_mr* fresh = reg_mr(new_pd, new_addr, new_len, iova, new_access);
+  if (!fresh) return IBV_REREG_MR_ERR_INPUT;
+  proto::HandleReq req{};
+  req.handle = mr->handle;
+  proto::Empty rep{};
+  if (int e = st.conn.call(proto::Op::DeregMr, req, rep)) {
+    ibv_dereg_mr(fresh);
+    errno = e;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    st.windows.erase(ibmr->rkey);
+  }
+  MemBacking::instance().release(mr->reg_addr, mr->reg_len);
+  Mr* f = to_mr(fresh);
+  ibmr->pd = new_pd;
+  ibmr->addr = new_addr;
+  ibmr->length = new_len;
+  ibmr->handle = f->handle;
+  ibmr->lkey = fresh->lkey;
+  ibmr->rkey = fresh->rkey;
+  mr->handle = f->handle;
+  mr->reg_addr = f->reg_addr;
+  mr->reg_len = f->reg_len;
+  std::free(f);
+  return 0;
+}
 
 }  // extern "C"

@@ -188,6 +188,32 @@ TEST_F(DataPath, AtomicsActOnThePeersWord) {
   EXPECT_EQ(IBV_WC_REM_INV_REQ_ERR, one_completion().status);
 }
 
+TEST_F(DataPath, ReregChangesAccessAndTranslation) {
+  int st = -1;
+  PeerInfo ro = peer.rereg(IBV_REREG_MR_CHANGE_ACCESS, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, 0, 0, &st);
+  ASSERT_EQ(0, st);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_READ, 0, 8, 0, ro.rkey));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  // The old key is gone.
+  info.rkey = ro.rkey;
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, ro.rkey));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+}
+
+TEST_F(DataPath, ReregTranslationMovesTheWindow) {
+  int st = -1;
+  PeerInfo moved = peer.rereg(IBV_REREG_MR_CHANGE_TRANSLATION, 0, 4096, 4096, &st);
+  ASSERT_EQ(0, st);
+  EXPECT_EQ(info.addr + 4096, moved.addr);
+  info.addr = moved.addr;
+  fill_local(2, 0, 100);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 100, 0, moved.rkey));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  EXPECT_EQ(local_sum(0, 100), peer.checksum(4096, 100));
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 100, 4000, moved.rkey));  // beyond the new 4 KiB
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+}
+
 // ---- Error completions ---------------------------------------------------
 
 TEST_F(DataPath, BadLkeyIsALocalProtectionError) {

@@ -179,6 +179,10 @@ bool write_all(int fd, const void* p, size_t n) {
         r.status = ibv_modify_qp(s.qp, &a, IBV_QP_STATE);
         break;
       }
+      case Peer::kRereg:
+        r.status = ibv_rereg_mr(s.mr, int(c.a), s.pd, s.buf + c.b, c.c, c.opt.mr_access);
+        r.info = {s.qp->qp_num, s.mr->rkey, reinterpret_cast<uint64_t>(s.mr->addr), s.mr->length};
+        break;
       case Peer::kExit:
         s.close();
         write_all(fd, &r, sizeof(r));
@@ -278,6 +282,18 @@ uint64_t Peer::checksum(uint64_t off, uint64_t len) {
   c.b = off;
   c.c = len;
   return call(c).value;
+}
+
+PeerInfo Peer::rereg(int flags, int access, uint64_t off, uint64_t len, int* status) {
+  Cmd c{};
+  c.op = kRereg;
+  c.a = uint32_t(flags);
+  c.b = off;
+  c.c = len;
+  c.opt.mr_access = access;
+  Reply r = call(c);
+  *status = r.status;
+  return r.info;
 }
 
 int Peer::to_error() {

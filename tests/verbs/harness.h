@@ -56,7 +56,7 @@ struct PeerInfo {
 // A second process holding its own Side.
 class Peer {
  public:
-  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError };
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg };
   struct Cmd {
     uint32_t op;
     uint32_t a;
@@ -82,6 +82,8 @@ class Peer {
   void fill(uint8_t seed);          // buffer = pattern(seed)
   uint64_t checksum(uint64_t off, uint64_t len);
   int to_error();
+  // ibv_rereg_mr on the peer's MR; CHANGE_TRANSLATION moves it to [off, off+len) of its buffer.
+  PeerInfo rereg(int flags, int access, uint64_t off, uint64_t len, int* status);
   pid_t pid() const { return pid_; }
   void kill9();
 
