@@ -38,6 +38,10 @@ enum class Op : uint16_t {
   PeerError,       // move the connected peer QP to ERR (remote error detected by a requester)
   Status,
   Accounts,        // locked-memory charges per process
+  AllocMw,
+  DeallocMw,
+  BindMw,
+  InvalidateKey,
   kCount
 };
 
@@ -188,6 +192,38 @@ struct StatusReply {
   uint32_t qps;
   uint32_t channels;
   uint32_t backings;
+  uint32_t reserved;
+};
+
+struct AllocMwReq {
+  Header h;
+  uint32_t pd;
+  uint32_t type;  // IBV_MW_TYPE_1 or IBV_MW_TYPE_2
+};
+
+struct BindMwReq {
+  Header h;
+  uint32_t mw;       // window handle
+  uint32_t qpn;      // the binding QP (type 2: the QP the window is bound to)
+  uint32_t mr_key;   // 0 with length 0: unbind (type 1)
+  uint32_t new_key;  // type 2: the key the application chose (same index); type 1: ignored
+  uint64_t addr;
+  uint64_t length;
+  uint32_t access;
+  uint32_t reserved;
+};
+
+struct KeyReply {  // AllocMw, BindMw
+  Header h;
+  uint32_t handle;
+  uint32_t key;
+};
+
+struct InvalidateReq {
+  Header h;
+  uint32_t key;
+  uint32_t qpn;     // the caller's QP
+  uint32_t remote;  // 1: SEND_WITH_INV: the window belongs to the QP's peer
   uint32_t reserved;
 };
 

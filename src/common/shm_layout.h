@@ -51,9 +51,12 @@ struct alignas(64) MrEntry {
   uint64_t length;
   uint64_t file_offset;       // offset of iova in the backing file
   uint32_t owner_pid;
-  uint32_t reserved[5];
+  uint32_t kind;       // kKindMr, kKindMw1, kKindMw2
+  uint32_t bound_qpn;  // type 2 windows: the only QP through which the window may be used
+  uint32_t reserved[3];
 };
 static_assert(sizeof(MrEntry) == 64);
+enum : uint32_t { kKindMr = 0, kKindMw1 = 1, kKindMw2 = 2 };
 
 struct alignas(64) QpEntry {
   std::atomic<uint32_t> qpn;    // 0 = free
@@ -110,6 +113,10 @@ struct SendWqe {
   uint32_t inline_len;  // bytes of inline_data valid when IBV_SEND_INLINE
   uint64_t compare_add;
   uint64_t swap;
+  uint32_t mw_handle;   // IBV_WR_BIND_MW: the window, its access, the MR key;
+  uint32_t mw_access;   // remote_addr/compare_add carry the address and length,
+  uint32_t mr_key;      // rkey the new window key
+  uint32_t invalidate_rkey;  // IBV_WR_LOCAL_INV, IBV_WR_SEND_WITH_INV
   Sge sge[kMaxSge];
   uint8_t inline_data[kMaxInline];
 };

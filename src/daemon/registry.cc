@@ -77,6 +77,13 @@ void Registry::remove_client(uint32_t client) {
     if (q.owner == client) ids.push_back(qpn);
   for (uint32_t id : ids) release_qp(id);
   ids.clear();
+  for (auto& [h, w] : mws_)
+    if (w.owner == client) ids.push_back(h);
+  for (uint32_t id : ids) dealloc_mw(client, id);
+  ids.clear();
+  // Windows of other clients bound to this client's MRs die with them.
+  for (auto& [h, w] : mws_)
+    if (w.bound_mr && mrs_.count(w.bound_mr) && mrs_[w.bound_mr].owner == client) unbind_mw(h, w);
   for (auto& [h, m] : mrs_)
     if (m.owner == client) ids.push_back(h);
   for (uint32_t id : ids) release_mr(id);
@@ -100,6 +107,137 @@ void Registry::accounts(proto::AccountsReply& rep) const {
       rep.others_bytes += a.locked_bytes;
     }
   }
+}
+
+// ---- Memory windows (IBTA 10.6.7.2.4 ff.; ibv_alloc_mw(3), ibv_bind_mw(3)) --
+
+int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep) {
+  auto pd = pds_.find(req.pd);
+  if (pd == pds_.end() || pd->second.owner != client) return EINVAL;
+  if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
+  uint32_t slot = alloc_key_slot();
+  if (!slot) return ENOMEM;
+  uint32_t key = (slot << 8) | ++mr_key_byte_[slot];
+  MrEntry& e = mr_table_[slot];
+  e.access = 0;
+  e.pd = req.pd;
+  e.backing = 0;
+  e.iova = 0;
+  e.length = 0;
+  e.file_offset = 0;
+  e.owner_pid = uint32_t(clients_[client].pid);
+  e.kind = req.type == IBV_MW_TYPE_1 ? kKindMw1 : kKindMw2;
+  e.bound_qpn = 0;
+  // A type 1 window's key is valid (unbound, zero length) from the start; a
+  // type 2 window is invalid until its first bind.
+  if (req.type == IBV_MW_TYPE_1) e.key.store(key, std::memory_order_release);
+  mws_[slot] = Mw{client, req.pd, req.type, key, 0};
+  pd->second.refs++;
+  rep.handle = slot;
+  rep.key = key;
+  return 0;
+}
+
+void Registry::unbind_mw(uint32_t slot, Mw& mw) {
+  MrEntry& e = mr_table_[slot];
+  if (mw.type == IBV_MW_TYPE_2) e.key.store(0, std::memory_order_release);  // invalid
+  e.length = 0;
+  e.access = 0;
+  e.backing = 0;
+  if (mw.bound_mr) {
+    if (auto m = mrs_.find(mw.bound_mr); m != mrs_.end()) m->second.windows--;
+  }
+  mw.bound_mr = 0;
+}
+
+int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
+  auto it = mws_.find(handle);
+  if (it == mws_.end() || it->second.owner != client) return EINVAL;
+  unbind_mw(handle, it->second);
+  mr_table_[handle].key.store(0, std::memory_order_release);
+  if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
+  mws_.erase(it);
+  return 0;
+}
+
+int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyReply& rep) {
+  auto it = mws_.find(r.mw);
+  if (it == mws_.end() || it->second.owner != client) return EINVAL;
+  Mw& mw = it->second;
+  Qp* qp = find_qp(client, r.qpn);
+  if (!qp) return EINVAL;
+  if (ibv_qp_state(qp_slot(r.qpn).state.load()) != IBV_QPS_RTS) return EINVAL;
+  constexpr uint32_t kWindowAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                     IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
+  if (r.access & ~kWindowAccess) return EINVAL;
+  uint32_t new_key;
+  if (mw.type == IBV_MW_TYPE_2) {
+    // IBTA 10.6.7.2.5: a type 2 window is bound through a QP of its PD, only
+    // while invalid, with a key of the same index whose key byte changed.
+    if (mw.bound_mr) return EINVAL;
+    if (qp->pd != mw.pd) return EPERM;
+    if ((r.new_key >> 8) != r.mw || r.new_key == mw.key) return EINVAL;
+    if (r.length == 0) return EINVAL;
+    new_key = r.new_key;
+    mr_key_byte_[r.mw] = uint8_t(new_key);
+  } else {
+    new_key = (r.mw << 8) | ++mr_key_byte_[r.mw];
+  }
+  MrEntry& e = mr_table_[r.mw];
+  if (r.length == 0) {  // type 1 unbind
+    e.key.store(0, std::memory_order_release);
+    unbind_mw(r.mw, mw);
+    mw.key = new_key;
+    e.key.store(new_key, std::memory_order_release);
+    rep.handle = r.mw;
+    rep.key = new_key;
+    return 0;
+  }
+  const MrEntry* me = mr_entry(r.mr_key);
+  auto mr = mrs_.find(r.mr_key >> 8);
+  if (!me || mr == mrs_.end() || me->kind != kKindMr) return EINVAL;
+  if (mr->second.pd != mw.pd) return EPERM;
+  if (!(me->access & IBV_ACCESS_MW_BIND)) return EACCES;
+  // A window may not grant writes or atomics its MR does not allow locally.
+  if ((r.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(me->access & IBV_ACCESS_LOCAL_WRITE))
+    return EACCES;
+  if (r.addr < me->iova || r.addr - me->iova > me->length || me->length - (r.addr - me->iova) < r.length)
+    return EINVAL;
+  // Revoke the old binding first, then publish the new one.
+  e.key.store(0, std::memory_order_release);
+  unbind_mw(r.mw, mw);
+  e.access = r.access & ~uint32_t(IBV_ACCESS_ZERO_BASED);
+  e.backing = me->backing;
+  e.iova = (r.access & IBV_ACCESS_ZERO_BASED) ? 0 : r.addr;
+  e.length = r.length;
+  e.file_offset = me->file_offset + (r.addr - me->iova);
+  e.bound_qpn = mw.type == IBV_MW_TYPE_2 ? r.qpn : 0;
+  mw.bound_mr = r.mr_key >> 8;
+  mw.key = new_key;
+  mr->second.windows++;
+  e.key.store(new_key, std::memory_order_release);
+  rep.handle = r.mw;
+  rep.key = new_key;
+  return 0;
+}
+
+int Registry::invalidate(uint32_t client, const proto::InvalidateReq& r) {
+  Qp* qp = find_qp(client, r.qpn);
+  if (!qp) return EINVAL;
+  uint32_t slot = r.key >> 8;
+  auto it = mws_.find(slot);
+  // Only type 2 windows are invalidated by work requests (IBTA 10.6.7.2.6).
+  if (it == mws_.end() || it->second.type != IBV_MW_TYPE_2 || it->second.key != r.key || !it->second.bound_mr)
+    return EINVAL;
+  if (r.remote) {
+    uint32_t peer = qp_slot(r.qpn).dest_qpn.load();
+    auto pq = qps_.find(peer);
+    if (pq == qps_.end() || mr_table_[slot].bound_qpn != peer) return EACCES;
+  } else if (it->second.owner != client || mr_table_[slot].bound_qpn != r.qpn) {
+    return EACCES;
+  }
+  unbind_mw(slot, it->second);
+  return 0;
 }
 
 Counts Registry::counts() const {
@@ -147,16 +285,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
   if (req.iova + req.length < req.iova) return EINVAL;
 
-  // Find a free slot, round robin so a freed key is not reused at once.
-  uint32_t slot = 0;
-  for (uint32_t n = 0; n < kMrTableSize - 1; ++n) {
-    uint32_t s = next_mr_slot_;
-    next_mr_slot_ = next_mr_slot_ + 1 >= kMrTableSize ? 1 : next_mr_slot_ + 1;
-    if (mr_table_[s].key.load(std::memory_order_relaxed) == 0 && !mrs_.count(s)) {
-      slot = s;
-      break;
-    }
-  }
+  uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
   // Charge the pages the registration covers to the registrant (IBTA leaves
   // the resource manager to the OS; we follow the kernel's RLIMIT_MEMLOCK rule).
@@ -183,6 +312,8 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   e.length = req.length;
   e.file_offset = req.addr;
   e.owner_pid = uint32_t(clients_[client].pid);
+  e.kind = kKindMr;
+  e.bound_qpn = 0;
   e.key.store(key, std::memory_order_release);  // publish last
 
   mrs_[slot] = Mr{client, key, req.pd, req.backing, pid, bytes};
@@ -190,6 +321,16 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   b->second.refs++;
   rep.handle = slot;
   rep.key = key;
+  return 0;
+}
+
+// A free MR-table slot, round robin so that a freed key is not reused at once.
+uint32_t Registry::alloc_key_slot() {
+  for (uint32_t n = 0; n < kMrTableSize - 1; ++n) {
+    uint32_t s = next_mr_slot_;
+    next_mr_slot_ = next_mr_slot_ + 1 >= kMrTableSize ? 1 : next_mr_slot_ + 1;
+    if (mr_table_[s].key.load(std::memory_order_relaxed) == 0 && !mrs_.count(s) && !mws_.count(s)) return s;
+  }
   return 0;
 }
 
@@ -209,6 +350,7 @@ void Registry::release_mr(uint32_t handle) {
 int Registry::dereg_mr(uint32_t client, uint32_t handle) {
   auto it = mrs_.find(handle);
   if (it == mrs_.end() || it->second.owner != client) return EINVAL;
+  if (it->second.windows) return EBUSY;  // memory windows are still bound to it
   release_mr(handle);
   return 0;
 }
@@ -473,7 +615,9 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
                              std::vector<int>& out_fds) {
   const MrEntry* e = mr_entry(key);
   if (!e) return EINVAL;
-  auto mr = mrs_.find(key >> 8);
+  uint32_t mr_slot = key >> 8;
+  if (auto w = mws_.find(mr_slot); w != mws_.end()) mr_slot = w->second.bound_mr;  // a window: its MR
+  auto mr = mrs_.find(mr_slot);
   if (mr == mrs_.end()) return EINVAL;
   // A key grants access only to a process that owns the MR's PD, or that
   // holds a QP connected to a QP of that PD.

@@ -59,6 +59,10 @@ class Registry {
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
   int peer_error(uint32_t client, uint32_t qpn);
+  int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
+  int dealloc_mw(uint32_t client, uint32_t handle);
+  int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
+  int invalidate(uint32_t client, const proto::InvalidateReq& req);
 
   // Locked-memory accounts (pid -> charge), for `softverbs status`.
   void accounts(proto::AccountsReply& rep) const;
@@ -88,7 +92,17 @@ class Registry {
     uint32_t backing;
     pid_t charged_pid;     // the registrant; the charge stays with it until the MR is freed
     uint64_t charged_bytes;
+    uint32_t windows = 0;  // memory windows bound to it
   };
+  struct Mw {
+    uint32_t owner;
+    uint32_t pd;
+    uint32_t type;
+    uint32_t key;        // current key (type 2: also while invalid)
+    uint32_t bound_mr = 0;  // MR slot, 0 = not bound / invalid
+  };
+  uint32_t alloc_key_slot();
+  void unbind_mw(uint32_t slot, Mw& mw);
   struct Account {
     uid_t uid;
     uint64_t locked_bytes = 0;
@@ -139,6 +153,7 @@ class Registry {
   std::map<uint32_t, Cq> cqs_;
   std::map<uint32_t, Qp> qps_;  // by qpn
   std::map<pid_t, Account> accounts_;
+  std::map<uint32_t, Mw> mws_;  // by slot in the MR table
 
   std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
   std::vector<uint8_t> qp_gen_;       // per QP slot: generation

@@ -278,6 +278,32 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       rep.backings = c.backings;
       return encode(h, rep, 0, out);
     }
+    case Op::AllocMw: {
+      proto::AllocMwReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::KeyReply rep{};
+      int st = registry_.alloc_mw(client, req, rep);
+      return encode(h, rep, st, out);
+    }
+    case Op::DeallocMw: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.dealloc_mw(client, req.handle), out);
+    }
+    case Op::BindMw: {
+      proto::BindMwReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::KeyReply rep{};
+      int st = registry_.bind_mw(client, req, rep);
+      return encode(h, rep, st, out);
+    }
+    case Op::InvalidateKey: {
+      proto::InvalidateReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.invalidate(client, req), out);
+    }
     case Op::Accounts: {
       proto::Empty req;
       if (!decode(msg, len, req)) return bad();

@@ -106,12 +106,6 @@ const std::vector<GidEntry>& gid_table() {
   return t;
 }
 
-int bind_mw_unsupported(ibv_qp*, ibv_mw*, ibv_mw_bind*) { return EOPNOTSUPP; }
-ibv_mw* alloc_mw_unsupported(ibv_pd*, ibv_mw_type) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-int dealloc_mw_unsupported(ibv_mw*) { return EOPNOTSUPP; }
 
 }  // namespace
 
@@ -127,13 +121,15 @@ void fill_device_attr(ibv_device_attr& a) {
   a.hw_ver = 1;
   a.max_qp = shm::kQpTableSize - 2;
   a.max_qp_wr = shm::kMaxQpWr;
-  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
+  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_MEM_WINDOW |
+                       IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   a.max_sge = shm::kMaxSge;
   a.max_sge_rd = shm::kMaxSge;
   a.max_cq = 65536;
   a.max_cqe = shm::kMaxCqe - 1;
   a.max_mr = shm::kMrTableSize - 1;
   a.max_pd = 1 << 24;
+  a.max_mw = shm::kMrTableSize - 1;  // windows share the key table with MRs
   a.max_qp_rd_atom = shm::kMaxRdAtomic;
   a.max_qp_init_rd_atom = shm::kMaxRdAtomic;
   a.max_res_rd_atom = shm::kMaxRdAtomic * a.max_qp;
@@ -196,9 +192,9 @@ ibv_context* open_context(ibv_device* device) {
   c.ops.post_send = post_send;
   c.ops.post_recv = post_recv;
   c.ops.post_srq_recv = post_srq_recv;
-  c.ops.alloc_mw = alloc_mw_unsupported;
-  c.ops.bind_mw = bind_mw_unsupported;
-  c.ops.dealloc_mw = dealloc_mw_unsupported;
+  c.ops.alloc_mw = alloc_mw;
+  c.ops.bind_mw = bind_mw;
+  c.ops.dealloc_mw = dealloc_mw;
   c.cmd_fd = st->conn.fd();
   c.async_fd = st->async_fd.get();
   c.num_comp_vectors = 1;

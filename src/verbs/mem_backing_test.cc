@@ -493,15 +493,17 @@ TEST(MemBacking, ReleaseRestoresOriginalVmas) {
 
   // Many register/deregister cycles on distinct heap buffers do not leave
   // VMAs behind (vm.max_map_count).
+  // (Allocate first: the allocator may map new regions of its own.)
   std::vector<void*> bufs;
+  auto len_of = [](size_t i) { return 3000 + i * 13; };
+  for (size_t i = 0; i < 300; ++i) {
+    bufs.push_back(malloc(len_of(i)));
+    ASSERT_NE(nullptr, bufs.back());
+  }
   const size_t before = vma_count();
-  for (int i = 0; i < 300; ++i) {
-    const size_t len = 3000 + static_cast<size_t>(i) * 13;
-    void* q = malloc(len);
-    ASSERT_NE(nullptr, q);
-    bufs.push_back(q);
-    ASSERT_EQ(0, mb.acquire(q, len));
-    mb.release(q, len);
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    ASSERT_EQ(0, mb.acquire(bufs[i], len_of(i)));
+    mb.release(bufs[i], len_of(i));
   }
   EXPECT_LE(vma_count(), before + 4);
   for (void* q : bufs) free(q);

@@ -245,6 +245,12 @@ void flush_sq_locked(QpState& q);
 void flush_rq(QpState& q);
 void flush_peer_rq(Peer& p);
 
+// Memory windows (mw.cc)
+ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);
+int dealloc_mw(ibv_mw* mw);
+int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
+int daemon_bind(QpState& q, uint32_t mw_handle, uint32_t new_key, const ibv_mw_bind_info& b, uint32_t* key_out);
+
 // Memory (mr.cc)
 int get_backing(ContextState& st);  // registers the process backing on this connection
 

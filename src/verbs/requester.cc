@@ -75,7 +75,7 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
     return true;
   }
   const MrEntry* e = cs.mr(sge.lkey);
-  if (!e || e->pd != q.pd->handle) return false;
+  if (!e || e->pd != q.pd->handle || e->kind != shm::kKindMr) return false;
   if (sge.addr < e->iova || sge.addr - e->iova > e->length || e->length - (sge.addr - e->iova) < sge.length)
     return false;
   if (write && !(e->access & IBV_ACCESS_LOCAL_WRITE)) return false;
@@ -97,6 +97,10 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
   const MrEntry* e = cs.mr(key);
   if (!e || e->pd != p.entry->pd) return nullptr;
   if ((e->access & need) != need) return nullptr;
+  // A type 2 window serves only the QP it is bound to (IBTA 10.6.7.2.5).
+  if (e->kind == shm::kKindMw2 && e->bound_qpn != p.qpn) return nullptr;
+  // Receive buffers are named by L_Key, which windows never are.
+  if (need == IBV_ACCESS_LOCAL_WRITE && e->kind != shm::kKindMr) return nullptr;
   if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return nullptr;
   std::shared_ptr<Window> w = q.last_window;
   if (!w || w->key != key) {
@@ -189,10 +193,38 @@ void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_sta
     wc.wc_flags = IBV_WC_WITH_IMM;
     wc.imm_data = w.imm_data;
   }
+  if (status == IBV_WC_SUCCESS && w.opcode == IBV_WR_SEND_WITH_INV) {
+    wc.wc_flags = IBV_WC_WITH_INV;
+    wc.invalidated_rkey = w.invalidate_rkey;
+  }
   p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS);
 }
 
+// Binds and local invalidations act on this side only (no peer needed).
+Outcome execute_local(QpState& q, const shm::SendWqe& w) {
+  ContextState& cs = *q.ctx->st;
+  if (w.opcode == IBV_WR_BIND_MW) {
+    const MrEntry* me = cs.mr(w.mr_key);
+    ibv_mw_bind_info b{};
+    b.addr = w.remote_addr;
+    b.length = w.compare_add;
+    b.mw_access_flags = w.mw_access;
+    ibv_mr fake{};
+    fake.lkey = w.mr_key;
+    b.mr = me ? &fake : nullptr;
+    if (daemon_bind(q, w.mw_handle, w.rkey, b, nullptr)) return {Step::kError, IBV_WC_MW_BIND_ERR};
+    return {Step::kDone};
+  }
+  proto::InvalidateReq req{};
+  req.key = w.invalidate_rkey;
+  req.qpn = q.qpn;
+  proto::Empty rep{};
+  if (cs.conn.call(proto::Op::InvalidateKey, req, rep)) return {Step::kError, IBV_WC_MW_BIND_ERR};
+  return {Step::kDone};
+}
+
 Outcome execute(QpState& q, const shm::SendWqe& w) {
+  if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) return execute_local(q, w);
   Peer* p = resolve_peer(q);
   if (!p) return {Step::kRetry};
   Seg local[shm::kMaxSge];
@@ -203,7 +235,8 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
 
   switch (w.opcode) {
     case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM: {
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_SEND_WITH_INV: {
       if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
       shm::RecvWqe r;
       if (!p->rq.pop(r)) return {Step::kRnr};
@@ -228,6 +261,18 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
         return {Step::kError, IBV_WC_REM_INV_REQ_ERR, true};
       }
       copy_segments(remote, int(nr), local, nl, total);
+      if (w.opcode == IBV_WR_SEND_WITH_INV) {
+        // Remote invalidation of the responder's type 2 window (IBTA 9.4.1.2.1).
+        proto::InvalidateReq req{};
+        req.key = w.invalidate_rkey;
+        req.qpn = q.qpn;
+        req.remote = 1;
+        proto::Empty rep{};
+        if (q.ctx->st->conn.call(proto::Op::InvalidateKey, req, rep)) {
+          push_recv_completion(q, *p, r, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, w);
+          return {Step::kError, IBV_WC_REM_OP_ERR, true};
+        }
+      }
       push_recv_completion(q, *p, r, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(total), w);
       return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
     }
@@ -371,6 +416,15 @@ int validate(QpState& q, const ibv_send_wr* wr) {
       if (wr->num_sge != 1 || wr->sg_list[0].length < 8) return EINVAL;
       if (wr->send_flags & IBV_SEND_INLINE) return EINVAL;
       break;
+    case IBV_WR_SEND_WITH_INV:
+      break;
+    case IBV_WR_LOCAL_INV:
+      return 0;
+    case IBV_WR_BIND_MW:
+      // Type 1 windows are bound with ibv_bind_mw(3), not through the send queue.
+      if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2) return EINVAL;
+      if (wr->bind_mw.mw->context != q.self->qpx.qp_base.context) return EINVAL;
+      return 0;
     default:
       return EINVAL;
   }
@@ -392,6 +446,22 @@ void to_wqe(const ibv_send_wr* wr, shm::SendWqe& w) {
   w.num_sge = uint32_t(wr->num_sge);
   w.inline_len = 0;
   for (int i = 0; i < wr->num_sge; ++i) w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+  w.invalidate_rkey = wr->invalidate_rkey;
+  if (wr->opcode == IBV_WR_BIND_MW) {
+    const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
+    w.num_sge = 0;
+    w.mw_handle = wr->bind_mw.mw->handle;
+    w.rkey = wr->bind_mw.rkey;
+    w.mr_key = b.mr ? b.mr->lkey : 0;
+    w.remote_addr = b.addr;
+    w.compare_add = b.length;
+    w.mw_access = b.mw_access_flags;
+    return;
+  }
+  if (wr->opcode == IBV_WR_LOCAL_INV) {
+    w.num_sge = 0;
+    return;
+  }
   if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
     w.remote_addr = wr->wr.atomic.remote_addr;
     w.rkey = wr->wr.atomic.rkey;

@@ -74,6 +74,9 @@ compat_setup() {
   export SOFTVERBS_DIR="$COMPAT_DIR"
   export SOFTVERBS_NO_SPAWN=1
   export SOFTVERBSD="$SVD"
+  # Registrations are charged to RLIMIT_MEMLOCK as on real hardware; perftest
+  # -a registers 8 MiB buffers. Raise the soft limit as far as we may.
+  ulimit -l unlimited 2>/dev/null || ulimit -l "$(ulimit -H -l)" 2>/dev/null || true
   "$SVD" --foreground --idle 0 --dir "$COMPAT_DIR" 2>"$COMPAT_DIR/daemon.stderr" &
   _compat_daemon=$!
   local i

@@ -183,6 +183,26 @@ bool write_all(int fd, const void* p, size_t n) {
         r.status = ibv_rereg_mr(s.mr, int(c.a), s.pd, s.buf + c.b, c.c, c.opt.mr_access);
         r.info = {s.qp->qp_num, s.mr->rkey, reinterpret_cast<uint64_t>(s.mr->addr), s.mr->length};
         break;
+      case Peer::kPost: {
+        ibv_sge sge{reinterpret_cast<uint64_t>(s.buf) + c.b, uint32_t(c.c), s.mr->lkey};
+        ibv_send_wr wr{};
+        wr.wr_id = 5;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode(c.a);
+        wr.send_flags = IBV_SEND_SIGNALED;
+        if (wr.opcode == IBV_WR_SEND_WITH_INV) wr.invalidate_rkey = c.e;
+        wr.wr.rdma.remote_addr = c.d;
+        wr.wr.rdma.rkey = c.e;
+        ibv_send_wr* bad;
+        r.status = ibv_post_send(s.qp, &wr, &bad);
+        if (!r.status) {
+          auto v = poll(s.cq, 1, 5000);
+          r.count = uint32_t(v.size());
+          if (!v.empty()) r.wc[0] = v[0];
+        }
+        break;
+      }
       case Peer::kExit:
         s.close();
         write_all(fd, &r, sizeof(r));
@@ -294,6 +314,23 @@ PeerInfo Peer::rereg(int flags, int access, uint64_t off, uint64_t len, int* sta
   Reply r = call(c);
   *status = r.status;
   return r.info;
+}
+
+ibv_wc Peer::post(ibv_wr_opcode op, uint64_t off, uint32_t len, uint64_t remote_addr, uint32_t rkey) {
+  Cmd c{};
+  c.op = kPost;
+  c.a = op;
+  c.b = off;
+  c.c = len;
+  c.d = remote_addr;
+  c.e = rkey;
+  Reply r = call(c);
+  if (r.status || r.count != 1) {
+    ibv_wc bad{};
+    bad.status = IBV_WC_GENERAL_ERR;
+    return bad;
+  }
+  return r.wc[0];
 }
 
 int Peer::to_error() {

@@ -56,12 +56,14 @@ struct PeerInfo {
 // A second process holding its own Side.
 class Peer {
  public:
-  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg };
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost };
   struct Cmd {
     uint32_t op;
     uint32_t a;
     uint64_t b;
     uint64_t c;
+    uint64_t d;
+    uint32_t e;
     Side::Options opt;
   };
   struct Reply {
@@ -82,6 +84,9 @@ class Peer {
   void fill(uint8_t seed);          // buffer = pattern(seed)
   uint64_t checksum(uint64_t off, uint64_t len);
   int to_error();
+  // Posts one signaled work request from the peer's buffer [off, off+len) and
+  // returns its completion. For *_WITH_INV, `rkey` is the key to invalidate.
+  ibv_wc post(ibv_wr_opcode op, uint64_t off, uint32_t len, uint64_t remote_addr, uint32_t rkey);
   // ibv_rereg_mr on the peer's MR; CHANGE_TRANSLATION moves it to [off, off+len) of its buffer.
   PeerInfo rereg(int flags, int access, uint64_t off, uint64_t len, int* status);
   pid_t pid() const { return pid_; }

@@ -1,0 +1,63 @@
+#!/bin/bash
+# compat.perftest.*: Debian's perftest (ib_{write,read,send}_{bw,lat}), RC,
+# server and client on 127.0.0.1, against softverbs.
+#   perftest.sh BIN_DIR PORT PROGRAM default|all [ITERS]
+# default: one run at the program's default size; all: -a (2 B .. 8 MiB).
+# Checks exit codes and that the result table has a numeric row for every
+# size run, with the right iteration count. Timings are not judged: both
+# sides busy-poll and this machine may be loaded.
+. "$(dirname "$0")/lib.sh"
+port=${2:?port}
+prog=${3:?program}
+mode=${4:?default or all}
+iters=${5:-}
+require "$prog"
+compat_setup
+
+case $prog in
+*_bw) [ -n "$iters" ] || iters=1000; default_size=65536 ;;
+*_lat) [ -n "$iters" ] || iters=1000; default_size=2 ;;
+*) log "unknown program $prog"; exit 2 ;;
+esac
+
+args=(-p "$port" -n "$iters")
+sizes=($default_size)
+if [ "$mode" = all ]; then
+  args+=(-a)
+  sizes=()
+  for i in $(seq 1 23); do sizes+=($((1 << i))); done
+fi
+
+# table_rows FILE SIZE...: every SIZE has a "SIZE ITERS number number..." row.
+table_rows() {
+  local file=$1 side=$2 s
+  shift 2
+  for s in "$@"; do
+    grep -Eq "^[[:space:]]*$s[[:space:]]+$iters([[:space:]]+[0-9]+\.?[0-9]*){3,}[[:space:]]*$" "$file" ||
+      fail "$prog $mode $side: no numeric result row for $s bytes x $iters iterations"
+  done
+}
+
+if run_pair "$prog" "$port" "$prog" "${args[@]}" -- "$prog" "${args[@]}" 127.0.0.1; then
+  # The client (the active side) reports every size.
+  table_rows "$CLIENT_OUT" client "${sizes[@]}"
+  # Where the server measures too it reports every size; the passive side of
+  # RDMA write/read bandwidth reports the last size only; that of ib_read_lat
+  # reports nothing.
+  case $prog in
+  ib_send_bw | ib_send_lat | ib_write_lat) table_rows "$SERVER_OUT" server "${sizes[@]}" ;;
+  ib_write_bw | ib_read_bw) table_rows "$SERVER_OUT" server "${sizes[-1]}" ;;
+  esac
+  for side in server client; do
+    out="$COMPAT_DIR/$prog.$side"
+    if grep -Eiq 'fail|error|unable|couldn|invalid' "$out"; then
+      fail "$prog $mode $side: reported an error"
+    fi
+  done
+  if [ "$_compat_failures" -ne 0 ]; then
+    show server "$SERVER_OUT"
+    show client "$CLIENT_OUT"
+  fi
+fi
+[ -n "${COMPAT_KEEP:-}" ] && cat "$SERVER_OUT" "$CLIENT_OUT" >&2
+finish
