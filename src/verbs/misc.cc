@@ -125,16 +125,16 @@ ibv_rate mbps_to_ibv_rate(int mbps) {
 }
 
 // Registered pages are shared-file pages whose fork behaviour softverbs
-// controls itself (docs/MEMORY.md): a child gets a private copy. So, as on
-// kernels with fork-safe pinning, fork needs no preparation.
+// controls itself (docs/MEMORY.md): a child gets a private copy of them, as
+// with ordinary memory. So fork needs no preparation, and softverbs answers
+// as rdma-core does on kernels with fork-safe pinning: ibv_fork_init() is a
+// successful no-op and ibv_is_fork_initialized() says IBV_FORK_UNNEEDED.
 int ibv_fork_init(void) {
   g_fork_init = true;
   return 0;
 }
 
-ibv_fork_status ibv_is_fork_initialized(void) {
-  return g_fork_init ? IBV_FORK_ENABLED : IBV_FORK_UNNEEDED;
-}
+ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
 
 // softverbs' device has no sysfs directory.
 int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {

@@ -18,7 +18,7 @@ BIN_DIR=$(cd "$BIN_DIR" && pwd)
 SV="$BIN_DIR/softverbs"
 SVD="$BIN_DIR/softverbsd"
 # Per-process timeout for every program a test runs (seconds).
-COMPAT_TIMEOUT=${COMPAT_TIMEOUT:-40}
+COMPAT_TIMEOUT=${COMPAT_TIMEOUT:-45}
 
 _compat_failures=0
 _compat_pids=()
@@ -44,14 +44,24 @@ require() {
 }
 
 _compat_cleanup() {
-  local rc=$? p
-  for p in "${_compat_pids[@]}"; do
+  local rc=$? p i
+  trap - TERM INT
+  # The programs first (each is `timeout`, which passes the signal on), then
+  # the daemon; SIGKILL whatever outlives a grace period.
+  for p in "${_compat_pids[@]}" $_compat_daemon; do
     kill "$p" 2>/dev/null
   done
-  if [ -n "$_compat_daemon" ]; then
-    kill "$_compat_daemon" 2>/dev/null
-    wait "$_compat_daemon" 2>/dev/null
-  fi
+  for i in $(seq 50); do
+    local alive=0
+    for p in "${_compat_pids[@]}" $_compat_daemon; do
+      kill -0 "$p" 2>/dev/null && alive=1
+    done
+    [ $alive -eq 0 ] && break
+    sleep 0.1
+  done
+  for p in "${_compat_pids[@]}" $_compat_daemon; do
+    kill -9 "$p" 2>/dev/null
+  done
   if [ -n "$COMPAT_DIR" ] && [ -d "$COMPAT_DIR" ]; then
     if [ "$rc" -ne 0 ] && [ "$rc" -ne $SKIP ]; then
       for p in "$COMPAT_DIR"/daemon.stderr "$COMPAT_DIR"/daemon.log; do
@@ -89,7 +99,7 @@ compat_setup() {
   exit 1
 }
 
-# daemon_alive: fail if our daemon died.
+# check_daemon: fail if our daemon died.
 check_daemon() {
   if ! kill -0 "$_compat_daemon" 2>/dev/null; then
     fail "softverbsd (pid $_compat_daemon) died"
@@ -97,9 +107,11 @@ check_daemon() {
   fi
 }
 
-# sv_run CMD...: run CMD on softverbs, bounded by COMPAT_TIMEOUT.
+# sv_run CMD...: run CMD on softverbs, bounded by COMPAT_TIMEOUT, its stdout
+# line-buffered so that a program killed by the timeout still shows how far
+# it got.
 sv_run() {
-  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$@"
+  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL "$@"
 }
 
 # wait_listen PORT PID: wait until a TCP listener is on PORT (the server has
@@ -141,13 +153,19 @@ run_pair() {
     fail "$name: TCP port $port is already in use by someone else"
     return 1
   fi
-  sv_run "${server[@]}" >"$SERVER_OUT" 2>&1 &
+  # Started directly (not through a shell function) so that $! is the
+  # process that becomes `timeout`, which passes a kill on to the program.
+  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL "${server[@]}" >"$SERVER_OUT" 2>&1 &
   local spid=$!
   _compat_pids+=("$spid")
   if ! wait_listen "$port" "$spid"; then
     log "$name: server never listened on port $port"
   fi
-  sv_run "${client[@]}" >"$CLIENT_OUT" 2>&1
+  # In the background too, so that a TERM from ctest is handled at once.
+  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL "${client[@]}" >"$CLIENT_OUT" 2>&1 &
+  local cpid=$!
+  _compat_pids+=("$cpid")
+  wait "$cpid"
   CLIENT_RC=$?
   wait "$spid"
   SERVER_RC=$?

@@ -203,6 +203,28 @@ bool write_all(int fd, const void* p, size_t n) {
         }
         break;
       }
+      case Peer::kAtomics: {
+        ibv_sge sge{reinterpret_cast<uint64_t>(s.buf), 8, s.mr->lkey};
+        ibv_send_wr wr{};
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.atomic.remote_addr = c.d;
+        wr.wr.atomic.rkey = c.e;
+        wr.wr.atomic.compare_add = 1;
+        for (uint32_t i = 0; i < c.a && !r.status; ++i) {
+          ibv_send_wr* bad;
+          r.status = ibv_post_send(s.qp, &wr, &bad);
+          auto v = poll(s.cq, 1, 5000);
+          if (v.size() != 1 || v[0].status != IBV_WC_SUCCESS) r.status = EIO;
+        }
+        break;
+      }
+      case Peer::kDereg:
+        r.status = ibv_dereg_mr(s.mr);
+        if (!r.status) s.mr = nullptr;
+        break;
       case Peer::kExit:
         s.close();
         write_all(fd, &r, sizeof(r));
@@ -331,6 +353,21 @@ ibv_wc Peer::post(ibv_wr_opcode op, uint64_t off, uint32_t len, uint64_t remote_
     return bad;
   }
   return r.wc[0];
+}
+
+int Peer::fetch_add(uint32_t count, uint64_t remote_addr, uint32_t rkey) {
+  Cmd c{};
+  c.op = kAtomics;
+  c.a = count;
+  c.d = remote_addr;
+  c.e = rkey;
+  return call(c).status;
+}
+
+int Peer::dereg() {
+  Cmd c{};
+  c.op = kDereg;
+  return call(c).status;
 }
 
 int Peer::to_error() {

@@ -56,7 +56,7 @@ struct PeerInfo {
 // A second process holding its own Side.
 class Peer {
  public:
-  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost };
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg };
   struct Cmd {
     uint32_t op;
     uint32_t a;
@@ -84,6 +84,9 @@ class Peer {
   void fill(uint8_t seed);          // buffer = pattern(seed)
   uint64_t checksum(uint64_t off, uint64_t len);
   int to_error();
+  // `count` fetch-and-add(1) operations on the word at remote_addr, one at a time.
+  int fetch_add(uint32_t count, uint64_t remote_addr, uint32_t rkey);
+  int dereg();
   // Posts one signaled work request from the peer's buffer [off, off+len) and
   // returns its completion. For *_WITH_INV, `rkey` is the key to invalidate.
   ibv_wc post(ibv_wr_opcode op, uint64_t off, uint32_t len, uint64_t remote_addr, uint32_t rkey);
