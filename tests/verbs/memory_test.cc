@@ -102,10 +102,14 @@ TEST(Memory, ForkChildGetsAPrivateSnapshot) {
   ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
   ASSERT_EQ(0, me.connect(info.qpn, {}));
   std::memset(me.buf, 1, me.len);
-  int pipe_fd[2];
+  int pipe_fd[2], ready[2];
   ASSERT_EQ(0, pipe(pipe_fd));
+  ASSERT_EQ(0, pipe(ready));
   pid_t child = fork();
   if (child == 0) {
+    // The snapshot is complete once fork() returns in the child (see
+    // docs/MEMORY.md: it is taken by the child's atfork handler).
+    if (write(ready[1], "r", 1) != 1) _exit(4);
     // The child sees the registered bytes as they were at fork, and its
     // writes stay its own.
     bool ok = me.buf[10] == 1;
@@ -116,6 +120,8 @@ TEST(Memory, ForkChildGetsAPrivateSnapshot) {
     _exit(ok ? 0 : 1);
   }
   // The peer writes into the parent's registered memory after the fork.
+  char r;
+  ASSERT_EQ(1, read(ready[0], &r, 1));
   peer.fill(0);
   ASSERT_EQ(IBV_WC_SUCCESS, peer.post(IBV_WR_RDMA_WRITE, 0, 64, reinterpret_cast<uint64_t>(me.buf), me.mr->rkey).status);
   EXPECT_EQ(peer.checksum(0, 64), checksum(me.buf, 64));
@@ -126,6 +132,8 @@ TEST(Memory, ForkChildGetsAPrivateSnapshot) {
   EXPECT_EQ(1, me.buf[100]);  // the child's write did not reach the parent
   close(pipe_fd[0]);
   close(pipe_fd[1]);
+  close(ready[0]);
+  close(ready[1]);
 }
 
 }  // namespace
