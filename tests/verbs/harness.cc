@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <sched.h>
+
 #include <thread>
 
 namespace svtest {
@@ -221,6 +223,46 @@ bool write_all(int fd, const void* p, size_t n) {
         }
         break;
       }
+      case Peer::kLockLoop: {
+        uint64_t* local = reinterpret_cast<uint64_t*>(s.buf);
+        auto one = [&](ibv_wr_opcode op, uint64_t addr, uint64_t cmp, uint64_t swap, uint32_t len) {
+          ibv_sge sge{reinterpret_cast<uint64_t>(s.buf), len, s.mr->lkey};
+          ibv_send_wr wr{};
+          wr.sg_list = &sge;
+          wr.num_sge = 1;
+          wr.opcode = op;
+          wr.send_flags = IBV_SEND_SIGNALED;
+          if (op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+            wr.wr.atomic.remote_addr = addr;
+            wr.wr.atomic.rkey = uint32_t(c.e);
+            wr.wr.atomic.compare_add = cmp;
+            wr.wr.atomic.swap = swap;
+          } else {
+            wr.wr.rdma.remote_addr = addr;
+            wr.wr.rdma.rkey = uint32_t(c.e);
+          }
+          ibv_send_wr* bad;
+          if (ibv_post_send(s.qp, &wr, &bad)) return false;
+          ibv_wc wc;
+          int n;
+          while ((n = ibv_poll_cq(s.cq, 1, &wc)) == 0) {
+          }
+          return n == 1 && wc.status == IBV_WC_SUCCESS;
+        };
+        for (uint32_t i = 0; i < c.a && !r.status; ++i) {
+          for (unsigned spins = 0;; ++spins) {
+            if (!one(IBV_WR_ATOMIC_CMP_AND_SWP, c.b, 0, 1, 8)) { r.status = EIO; break; }
+            if (*local == 0) break;  // we hold the lock
+            if (spins > 16) sched_yield();
+          }
+          if (r.status) break;
+          if (!one(IBV_WR_RDMA_READ, c.d, 0, 0, 8)) { r.status = EIO; break; }
+          *local += 1;  // the non-atomic update the lock guards
+          if (!one(IBV_WR_RDMA_WRITE, c.d, 0, 0, 8)) { r.status = EIO; break; }
+          if (!one(IBV_WR_ATOMIC_CMP_AND_SWP, c.b, 1, 0, 8) || *local != 1) { r.status = EIO; break; }
+        }
+        break;
+      }
       case Peer::kDereg:
         r.status = ibv_dereg_mr(s.mr);
         if (!r.status) s.mr = nullptr;
@@ -360,6 +402,16 @@ int Peer::fetch_add(uint32_t count, uint64_t remote_addr, uint32_t rkey) {
   c.op = kAtomics;
   c.a = count;
   c.d = remote_addr;
+  c.e = rkey;
+  return call(c).status;
+}
+
+int Peer::lock_loop(uint32_t count, uint64_t lock_addr, uint64_t counter_addr, uint32_t rkey) {
+  Cmd c{};
+  c.op = kLockLoop;
+  c.a = count;
+  c.b = lock_addr;
+  c.d = counter_addr;
   c.e = rkey;
   return call(c).status;
 }

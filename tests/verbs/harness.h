@@ -56,7 +56,7 @@ struct PeerInfo {
 // A second process holding its own Side.
 class Peer {
  public:
-  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg };
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop };
   struct Cmd {
     uint32_t op;
     uint32_t a;
@@ -87,6 +87,9 @@ class Peer {
   // `count` fetch-and-add(1) operations on the word at remote_addr, one at a time.
   int fetch_add(uint32_t count, uint64_t remote_addr, uint32_t rkey);
   int dereg();
+  // `count` times: take a spinlock (CAS 0 -> 1 on lock_addr), read the counter
+  // at counter_addr, write it back plus one, release the lock (CAS 1 -> 0).
+  int lock_loop(uint32_t count, uint64_t lock_addr, uint64_t counter_addr, uint32_t rkey);
   // Posts one signaled work request from the peer's buffer [off, off+len) and
   // returns its completion. For *_WITH_INV, `rkey` is the key to invalidate.
   ibv_wc post(ibv_wr_opcode op, uint64_t off, uint32_t len, uint64_t remote_addr, uint32_t rkey);

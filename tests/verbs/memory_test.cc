@@ -14,6 +14,122 @@
 namespace svtest {
 namespace {
 
+// The peer registers 1000 bytes at an odd offset; this process reaches its
+// first and last byte, and fails one byte beyond either end.
+TEST(Memory, FirstAndLastByteReachableOneBeyondFails) {
+  Side me;
+  ASSERT_EQ(0, me.open({}));
+  auto attempt = [&](int64_t offset, bool remote_ok_expected) {
+    // A fresh connection each time: an access error moves both QPs to ERR.
+    Peer peer;
+    PeerInfo info = peer.open({});
+    Side mine;
+    EXPECT_EQ(0, mine.open({}));
+    EXPECT_EQ(0, peer.connect(mine.qp->qp_num, {}));
+    EXPECT_EQ(0, mine.connect(info.qpn, {}));
+    int st = -1;
+    PeerInfo odd = peer.rereg(IBV_REREG_MR_CHANGE_TRANSLATION, 0, 333, 1000, &st);
+    EXPECT_EQ(0, st);
+    ibv_sge sge{reinterpret_cast<uint64_t>(mine.buf), 1, mine.mr->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = odd.addr + uint64_t(offset);
+    wr.wr.rdma.rkey = odd.rkey;
+    ibv_send_wr* bad;
+    EXPECT_EQ(0, ibv_post_send(mine.qp, &wr, &bad));
+    auto wc = poll(mine.cq, 1);
+    EXPECT_EQ(1u, wc.size());
+    EXPECT_EQ(remote_ok_expected ? IBV_WC_SUCCESS : IBV_WC_REM_ACCESS_ERR, wc[0].status) << offset;
+  };
+  attempt(0, true);
+  attempt(999, true);
+  attempt(-1, false);
+  attempt(1000, false);
+
+}
+
+TEST(Memory, LocalSgeBeyondEitherEndIsAProtectionError) {
+  Side me;
+  ASSERT_EQ(0, me.open({}));
+  Peer peer;
+  PeerInfo info = peer.open({});
+  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
+  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  ibv_mr* odd = ibv_reg_mr(me.pd, me.buf + 333, 1000, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(nullptr, odd);
+  auto write_from = [&](int64_t offset, uint32_t len) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(me.buf) + uint64_t(333 + offset), len, odd->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = info.addr;
+    wr.wr.rdma.rkey = info.rkey;
+    ibv_send_wr* bad;
+    EXPECT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+    auto wc = poll(me.cq, 1);
+    return wc.size() == 1 ? wc[0].status : IBV_WC_GENERAL_ERR;
+  };
+  EXPECT_EQ(IBV_WC_SUCCESS, write_from(0, 1));
+  EXPECT_EQ(IBV_WC_SUCCESS, write_from(999, 1));
+  EXPECT_EQ(IBV_WC_SUCCESS, write_from(0, 1000));
+  EXPECT_EQ(IBV_WC_LOC_PROT_ERR, write_from(999, 2));  // one byte beyond the end
+  ibv_dereg_mr(odd);
+}
+
+TEST(Memory, HundredRedundantRegistrationsEachEnforceTheirFlags) {
+  Side me;
+  ASSERT_EQ(0, me.open({}));
+  Peer peer;
+  PeerInfo info = peer.open({});
+  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
+  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  const int kinds[4] = {IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE};
+  std::vector<ibv_mr*> mrs;
+  for (int i = 0; i < 100; ++i) {
+    ibv_mr* m = ibv_reg_mr(me.pd, me.buf + 4096, 4096, kinds[i % 4]);
+    ASSERT_NE(nullptr, m);
+    mrs.push_back(m);
+  }
+  // The peer reads and writes through each key; only the granted ones work.
+  // (A refused access moves the connection to ERR: check all allowed ones
+  // first, then one refused read and, on a new connection, one refused write.)
+  uint64_t addr = reinterpret_cast<uint64_t>(me.buf) + 4096;
+  for (int i = 0; i < 100; ++i) {
+    if (kinds[i % 4] & IBV_ACCESS_REMOTE_READ) {
+      ASSERT_EQ(IBV_WC_SUCCESS, peer.post(IBV_WR_RDMA_READ, 0, 16, addr, mrs[i]->rkey).status) << i;
+    }
+    if (kinds[i % 4] & IBV_ACCESS_REMOTE_WRITE) {
+      ASSERT_EQ(IBV_WC_SUCCESS, peer.post(IBV_WR_RDMA_WRITE, 0, 16, addr, mrs[i]->rkey).status) << i;
+    }
+  }
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, peer.post(IBV_WR_RDMA_READ, 0, 16, addr, mrs[2]->rkey).status);
+  for (ibv_mr* m : mrs) EXPECT_EQ(0, ibv_dereg_mr(m));
+}
+
+TEST(Memory, ZeroBasedRegistrationIsAddressedFromZero) {
+  Side me;
+  ASSERT_EQ(0, me.open({}));
+  Peer peer;
+  PeerInfo info = peer.open({});
+  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
+  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  ibv_mr* zb = ibv_reg_mr_iova(me.pd, me.buf + 1000, 500, 0,
+                               IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ZERO_BASED);
+  ASSERT_NE(nullptr, zb);
+  peer.fill(3);
+  EXPECT_EQ(IBV_WC_SUCCESS, peer.post(IBV_WR_RDMA_WRITE, 0, 100, 400, zb->rkey).status);
+  EXPECT_EQ(peer.checksum(0, 100), checksum(me.buf + 1400, 100));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, peer.post(IBV_WR_RDMA_WRITE, 0, 100, 401, zb->rkey).status);
+  ibv_dereg_mr(zb);
+}
+
 TEST(Memory, DeregisteredMrRefusesRemoteAccessAndIsNotTouched) {
   Side me;
   ASSERT_EQ(0, me.open({}));
@@ -43,15 +159,21 @@ TEST(Memory, DeregisteredMrRefusesRemoteAccessAndIsNotTouched) {
   EXPECT_EQ(before, peer.checksum(0, info.len));
 }
 
-TEST(Memory, AtomicsFromSeveralProcessesAreAtomic) {
-  // This process owns the word; three peer processes hammer it through
-  // three QPs at once.
-  constexpr int kPeers = 3;
-  constexpr uint32_t kEach = 2000;
+// This process owns the words; kPeers peer processes reach them through one
+// QP each.
+struct Cluster {
+  static constexpr int kPeers = 4;
   Side owner;
-  ASSERT_EQ(0, owner.open({}));
   std::vector<ibv_qp*> qps;
   std::vector<std::unique_ptr<Peer>> peers;
+  void build();
+  ~Cluster() {
+    for (size_t i = 1; i < qps.size(); ++i) ibv_destroy_qp(qps[i]);
+  }
+};
+
+void Cluster::build() {
+  ASSERT_EQ(0, owner.open({}));
   for (int i = 0; i < kPeers; ++i) {
     peers.push_back(std::make_unique<Peer>());
     PeerInfo pi = peers.back()->open({});
@@ -68,7 +190,7 @@ TEST(Memory, AtomicsFromSeveralProcessesAreAtomic) {
       ibv_qp_attr a{};
       a.qp_state = IBV_QPS_INIT;
       a.port_num = 1;
-      a.qp_access_flags = IBV_ACCESS_REMOTE_ATOMIC;
+      a.qp_access_flags = IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
       ASSERT_EQ(0, ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
     }
     Side tmp;
@@ -80,16 +202,46 @@ TEST(Memory, AtomicsFromSeveralProcessesAreAtomic) {
     ASSERT_EQ(0, peers.back()->connect(qp->qp_num, {}));
     qps.push_back(qp);
   }
-  auto* word = reinterpret_cast<uint64_t*>(owner.buf + 128);
+}
+
+// IBTA 9.4.5: RDMA atomics are atomic with respect to each other, here from
+// four processes through four QPs at once.
+TEST(Memory, FourProcessesFetchAndAddExactly) {
+  constexpr uint32_t kEach = 100000;
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(c.build());
+  auto* word = reinterpret_cast<uint64_t*>(c.owner.buf + 128);
   *word = 0;
   std::vector<std::thread> ts;
-  std::vector<int> rc(kPeers, -1);
-  for (int i = 0; i < kPeers; ++i)
-    ts.emplace_back([&, i] { rc[i] = peers[i]->fetch_add(kEach, reinterpret_cast<uint64_t>(word), owner.mr->rkey); });
+  std::vector<int> rc(Cluster::kPeers, -1);
+  for (int i = 0; i < Cluster::kPeers; ++i)
+    ts.emplace_back([&, i] { rc[i] = c.peers[i]->fetch_add(kEach, reinterpret_cast<uint64_t>(word), c.owner.mr->rkey); });
   for (auto& t : ts) t.join();
-  for (int i = 0; i < kPeers; ++i) EXPECT_EQ(0, rc[i]);
-  EXPECT_EQ(uint64_t(kPeers) * kEach, __atomic_load_n(word, __ATOMIC_SEQ_CST));
-  for (size_t i = 1; i < qps.size(); ++i) ibv_destroy_qp(qps[i]);
+  for (int i = 0; i < Cluster::kPeers; ++i) EXPECT_EQ(0, rc[i]);
+  EXPECT_EQ(uint64_t(Cluster::kPeers) * kEach, __atomic_load_n(word, __ATOMIC_SEQ_CST));
+}
+
+// A cluster-wide lock (seed 003): a CAS spinlock guards a read-modify-write
+// done with plain RDMA READ and WRITE.
+TEST(Memory, FourProcessesCasSpinlockGuardsANonAtomicUpdate) {
+  constexpr uint32_t kEach = 100000;
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(c.build());
+  auto* lock = reinterpret_cast<uint64_t*>(c.owner.buf + 256);
+  auto* counter = reinterpret_cast<uint64_t*>(c.owner.buf + 512);
+  *lock = 0;
+  *counter = 0;
+  std::vector<std::thread> ts;
+  std::vector<int> rc(Cluster::kPeers, -1);
+  for (int i = 0; i < Cluster::kPeers; ++i)
+    ts.emplace_back([&, i] {
+      rc[i] = c.peers[i]->lock_loop(kEach, reinterpret_cast<uint64_t>(lock), reinterpret_cast<uint64_t>(counter),
+                                    c.owner.mr->rkey);
+    });
+  for (auto& t : ts) t.join();
+  for (int i = 0; i < Cluster::kPeers; ++i) EXPECT_EQ(0, rc[i]);
+  EXPECT_EQ(uint64_t(Cluster::kPeers) * kEach, __atomic_load_n(counter, __ATOMIC_SEQ_CST));
+  EXPECT_EQ(0u, *lock);
 }
 
 TEST(Memory, ForkChildGetsAPrivateSnapshot) {
