@@ -83,15 +83,21 @@ inline void cpu_relax() {
 #endif
 }
 
-// Busy-wait helper: pause-spin, but yield the CPU every 4096 spins (~0.1 ms).
-// On an idle machine the ping-pong partner answers long before that, so the
-// yield never happens; when another task occupies the partner's CPU (2 vCPUs,
-// a compiler running) it turns a time-slice-long stall into a quick handoff.
+// Busy-wait helper: pause-spin; once a wait has lasted more than 1 ms, also
+// yield the CPU every 1024 spins.  A ping-pong partner on an idle machine
+// answers within microseconds, so the yield never happens in a measurement
+// that matters; when the partner was preempted (2 vCPUs and something else
+// running) it lets it run sooner.  Yielding early is harmful: it hands the CPU
+// to whatever else is runnable for a whole time slice.
 struct Spinner {
-  unsigned n = 0;
+  uint32_t n = 0;
+  uint64_t start = 0;
   void spin() {
-    if ((++n & 4095u) != 0) cpu_relax();
-    else sched_yield();
+    cpu_relax();
+    if ((++n & 1023u) != 0) return;
+    const uint64_t t = ticks();
+    if (start == 0) start = t;
+    else if (elapsed_s(start, t) > 1e-3) sched_yield();
   }
 };
 

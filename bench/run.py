@@ -157,6 +157,8 @@ def fmt_size(n):
 def fmt_ns(ns):
     if ns is None:
         return "–"
+    if ns >= 1e6:
+        return "%.2f ms" % (ns / 1e6)
     if ns >= 10000:
         return "%.1f µs" % (ns / 1000.0)
     if ns >= 1000:
@@ -288,16 +290,29 @@ class Runner:
             rec.update(val)
             self.record([rec], "ucx", 0)
 
+    def verify(self):
+        self.step("softverbs data check: RDMA WRITE of each size arrives intact")
+        cmd = self.launcher + [self.verbs_bin, "--test", "verify",
+                               "--bw-sizes", ",".join(map(str, self.bw_sizes)),
+                               "--timeout", str(self.tmo - 5)]
+        try:
+            out = run_cmd(cmd, self.tmo, env=self.verbs_env(), what="verbs_bench verify")
+            self.record(parse_jsonl(out, "verbs_bench verify"), "softverbs", 0)
+        except BenchError as e:
+            self.fail(str(e))
+
     def plan(self, do_verbs):
         n = self.rounds * 2  # shm lat + memcpy
         if do_verbs:
-            n += self.rounds * 2
+            n += self.rounds * 2 + 1
         if shutil.which("ucx_perftest") and not self.args.no_ucx:
             n += 3
         self.steps_total = n
 
     def run_all(self, do_verbs):
         self.plan(do_verbs)
+        if do_verbs:
+            self.verify()
         for rnd in range(self.rounds):
             # Interleave baseline and softverbs so both see the same conditions.
             self.shm_lat(rnd)
@@ -411,6 +426,56 @@ def run_ucx(exe, test, size, iters, warm, timeout):
             server.stdout.close()
 
 
+# ------------------------------------------------------------ machine noise --
+
+class CpuMeter:
+    """How much CPU other processes (and the hypervisor, as steal) took while
+    we ran: busy time from /proc/stat minus our children's rusage."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.s0 = self._stat()
+        self.c0 = self._children()
+
+    @staticmethod
+    def _stat():
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+            hz = os.sysconf("SC_CLK_TCK")
+            busy = v[0] + v[1] + v[2] + v[5] + v[6]  # user nice system irq softirq
+            steal = v[7] if len(v) > 7 else 0
+            return busy / hz, steal / hz
+        except (OSError, ValueError, IndexError):
+            return None
+
+    @staticmethod
+    def _children():
+        import resource
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime + me.ru_utime + me.ru_stime
+
+    def result(self):
+        """(other %, steal %) of total CPU capacity during the run, or None."""
+        s1 = self._stat()
+        if not self.s0 or not s1:
+            return None
+        wall = max(time.monotonic() - self.t0, 1e-3)
+        cap = wall * (os.cpu_count() or 1)
+        other = (s1[0] - self.s0[0]) - (self._children() - self.c0)
+        steal = s1[1] - self.s0[1]
+        return max(0.0, 100.0 * other / cap), max(0.0, 100.0 * steal / cap)
+
+
+def load_line(load_start, noise):
+    text = "load average %s at start" % load_start
+    if noise:
+        text += "; other processes used %.0f%% and the hypervisor stole %.0f%% of the CPUs " \
+                "during the run" % noise
+    return text
+
+
 # ----------------------------------------------------------------- reports --
 
 def host_line():
@@ -435,6 +500,9 @@ def build_report(R, verbs_state):
     L.append("")
     L.append("%s · %s mode · %d round(s) interleaved · %s"
              % (now, "quick" if R.quick else "full", R.rounds, host_line()))
+    L.append("")
+    L.append("Machine noise: %s%s." % (R.load_text, " — **busy machine, expect noisy numbers**"
+                                        if R.busy else ""))
     L.append("")
     if verbs_state == "missing-lib":
         L.append("**softverbs library not built** (`%s/libibverbs.so.1` missing): baselines only."
@@ -676,6 +744,12 @@ def main():
         log("verbs_bench not built (%s); running baselines only" % R.verbs_bin)
 
     try:
+        with open("/proc/loadavg") as f:
+            load0 = f.read().split()[0]
+    except OSError:
+        load0 = "?"
+    meter = CpuMeter()
+    try:
         R.run_all(verbs_state == "ok")
     except BenchError as e:  # a baseline failed: nothing meaningful to report
         sys.stderr.write("error: baseline benchmark failed: %s\n" % e)
@@ -685,6 +759,12 @@ def main():
         return 130
     if verbs_state == "ok" and R.failures:
         verbs_state = "failed"
+    noise = meter.result()
+    R.load_text = load_line(load0, noise)
+    R.busy = bool(noise and noise[0] + noise[1] > 10)
+    if R.busy:
+        log("warning: other processes used %.0f%% of the CPUs during the run (steal %.0f%%); "
+            "the numbers are noisy" % noise)
 
     report = build_report(R, verbs_state)
     os.makedirs(args.out, exist_ok=True)

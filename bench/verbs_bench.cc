@@ -35,13 +35,14 @@ namespace {
 constexpr unsigned kInline = IBV_SEND_INLINE;
 constexpr unsigned kSignaled = IBV_SEND_SIGNALED;
 
-enum class Test { WriteLat, WriteBw, SendLat };
+enum class Test { WriteLat, WriteBw, SendLat, Verify };
 
 const char *test_name(Test t) {
   switch (t) {
     case Test::WriteLat: return "write_lat";
     case Test::WriteBw: return "write_bw";
     case Test::SendLat: return "send_lat";
+    case Test::Verify: return "verify";
   }
   return "?";
 }
@@ -56,6 +57,7 @@ struct Options {
   double warm_seconds = 0.02;
   unsigned window = 64;
   unsigned chunk = 0;  // bw: signal every `chunk` WRs; 0 = window/4
+  unsigned cq_mod = 64;  // latency tests: signal every `cq_mod` WRs
   unsigned inline_req = 64;
   std::string dev_name;
   int ib_port = 1;
@@ -447,7 +449,7 @@ void write_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
   std::memset(r.recv_buf(), 0, size);
   std::memset(r.send_buf(), 0, size);
   const bool inl = size <= r.max_inline;
-  SendTracker tr{std::max(1u, std::min(64u, r.sq_depth / 2)), r.sq_depth};
+  SendTracker tr{std::max(1u, std::min(o.cq_mod, r.sq_depth / 2)), r.sq_depth};
 
   ibv_sge sge{reinterpret_cast<uintptr_t>(r.send_buf()), static_cast<uint32_t>(size), r.mr->lkey};
   ibv_send_wr wr{};
@@ -495,7 +497,7 @@ void write_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
 void send_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
   const uint64_t total = o.iters + o.warmup;
   const bool inl = size <= r.max_inline;
-  SendTracker tr{std::max(1u, std::min(64u, r.sq_depth / 2)), r.sq_depth};
+  SendTracker tr{std::max(1u, std::min(o.cq_mod, r.sq_depth / 2)), r.sq_depth};
   post_recvs(r);
 
   ibv_sge sge{reinterpret_cast<uintptr_t>(r.send_buf()), static_cast<uint32_t>(size), r.mr->lkey};
@@ -547,6 +549,91 @@ void send_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
   tr.drain(r);
   barrier(r.sock);
   if (client) emit_lat(r, Test::SendLat, size, o, inl, stamps);
+}
+
+// verify: RDMA WRITE a pattern and have the target compare it with what it
+// computes itself.  Three passes: inline (if the size fits), non-inline, and
+// one where the initiator does not poll its CQ until the target has seen the
+// data (as in write_lat: an RDMA WRITE must reach the target without the
+// requester calling ibv_poll_cq).  A broken data path then fails with a clear
+// message instead of a hang in the latency test.
+uint8_t pattern_byte(uint64_t i, uint64_t size, unsigned pass) {
+  return static_cast<uint8_t>((i * 131 + size * 7 + pass * 29 + 1) & 0xff);
+}
+
+void verify(Rdma &r, bool client, uint64_t size) {
+  barrier(r.sock);
+  for (unsigned pass = 0; pass < 3; ++pass) {
+    const bool unpolled = pass == 2;
+    const bool inl = pass == 1 ? false : size <= r.max_inline;
+    if (pass == 0 && !inl) continue;
+    const char *kind = unpolled ? "unpolled" : inl ? "inline" : "non-inline";
+    auto wait_completion = [&]() {
+      ibv_wc wc;
+      int n;
+      const uint64_t t0 = bench::ticks();
+      while ((n = ibv_poll_cq(r.scq, 1, &wc)) == 0) {
+        if (bench::elapsed_s(t0, bench::ticks()) > 5.0)
+          die("verify: no completion for a %s %llu B WRITE within 5 s", kind,
+              static_cast<unsigned long long>(size));
+      }
+      if (n < 0) die("verify: ibv_poll_cq failed");
+      check_wc(wc, "verify WRITE");
+      if (wc.wr_id != 0x7e57 || wc.opcode != IBV_WC_RDMA_WRITE)
+        die("verify: bad completion (wr_id %llu, opcode %d)",
+            static_cast<unsigned long long>(wc.wr_id), wc.opcode);
+    };
+    if (client) {
+      for (uint64_t i = 0; i < size; ++i)
+        r.send_buf()[i] = static_cast<char>(pattern_byte(i, size, pass));
+      ibv_sge sge{reinterpret_cast<uintptr_t>(r.send_buf()), static_cast<uint32_t>(size), r.mr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = 0x7e57;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = kSignaled | (inl ? kInline : 0u);
+      wr.wr.rdma.remote_addr = r.remote_recv();
+      wr.wr.rdma.rkey = r.remote.rkey;
+      ibv_send_wr *bad = nullptr;
+      if (int e = ibv_post_send(r.qp, &wr, &bad)) die("verify: ibv_post_send failed: %s", std::strerror(e));
+      if (!unpolled) wait_completion();  // completion => data placed at the target
+    }
+    barrier(r.sock);
+    char verdict[200] = "ok";
+    if (!client) {
+      const volatile uint8_t *p = reinterpret_cast<const volatile uint8_t *>(r.recv_buf());
+      if (unpolled) {  // wait for the last byte, as write_lat does
+        const uint8_t last = pattern_byte(size - 1, size, pass);
+        const uint64_t t0 = bench::ticks();
+        bench::Spinner sp;
+        while (p[size - 1] != last && bench::elapsed_s(t0, bench::ticks()) < 2.0) sp.spin();
+      }
+      for (uint64_t i = 0; i < size; ++i) {
+        uint8_t want = pattern_byte(i, size, pass);
+        if (p[i] != want) {
+          std::snprintf(verdict, sizeof verdict, "%s WRITE of %llu B: target byte %llu is 0x%02x, expected 0x%02x%s",
+                        kind, static_cast<unsigned long long>(size), static_cast<unsigned long long>(i), p[i],
+                        want, unpolled ? " after 2 s (data must arrive while the initiator does not poll its CQ)" : "");
+          break;
+        }
+      }
+      write_all(r.sock, verdict, sizeof verdict);
+    } else {
+      read_all(r.sock, verdict, sizeof verdict);
+      verdict[sizeof verdict - 1] = 0;
+      if (std::strcmp(verdict, "ok") != 0) die("verify failed: %s", verdict);
+      if (unpolled) wait_completion();
+    }
+  }
+  if (client)
+    bench::JsonLine()
+        .str("bench", "verbs")
+        .str("test", "verify")
+        .str("device", r.dev)
+        .num("size", size)
+        .num("ok", 1)
+        .emit();
 }
 
 struct BwResult {
@@ -640,7 +727,8 @@ int run_role(const Options &o, bool client, int sock) {
   }
   uint64_t max_size = 64;
   for (Test t : o.tests)
-    max_size = std::max(max_size, bench::max_of(t == Test::WriteBw ? o.bw_sizes : o.lat_sizes));
+    max_size = std::max(max_size, bench::max_of(t == Test::WriteBw || t == Test::Verify ? o.bw_sizes
+                                                                                   : o.lat_sizes));
 
   Rdma r;
   r.sock = sock;
@@ -659,13 +747,14 @@ int run_role(const Options &o, bool client, int sock) {
         .emit();
 
   for (Test t : o.tests) {
-    const auto &sizes = t == Test::WriteBw ? o.bw_sizes : o.lat_sizes;
+    const auto &sizes = t == Test::WriteBw || t == Test::Verify ? o.bw_sizes : o.lat_sizes;
     for (uint64_t size : sizes) {
       vlog("%s %llu B: start", test_name(t), static_cast<unsigned long long>(size));
       switch (t) {
         case Test::WriteLat: write_lat(r, o, client, size); break;
         case Test::WriteBw: write_bw(r, o, client, size); break;
         case Test::SendLat: send_lat(r, o, client, size); break;
+        case Test::Verify: verify(r, client, size); break;
       }
     }
   }
@@ -679,7 +768,9 @@ int run_role(const Options &o, bool client, int sock) {
 void usage() {
   std::fprintf(stderr,
                "usage: verbs_bench [options]\n"
-               "  --test LIST       write_lat,write_bw,send_lat (aliases lat,bw,send; all)\n"
+               "  --test LIST       write_lat,write_bw,send_lat,verify (aliases lat,bw,send;\n"
+               "                    all = write_lat,write_bw,send_lat; verify checks that\n"
+               "                    WRITE data arrives intact, for each bw size)\n"
                "  --sizes LIST      sizes for all tests, e.g. 8-4M (powers of 2) or 8,64K,1M\n"
                "  --lat-sizes LIST  sizes for latency tests (default 8)\n"
                "  --bw-sizes LIST   sizes for write_bw (default 8-4M)\n"
@@ -688,6 +779,7 @@ void usage() {
                "  --time SEC        write_bw seconds per size (default 0.2)\n"
                "  --window N        write_bw WRs in flight (default 64)\n"
                "  --signal-every N  write_bw signal period (default window/4)\n"
+               "  --cq-mod N        latency tests: signal every Nth WR (default 64)\n"
                "  --inline N        requested max_inline_data (default 64)\n"
                "  --dev NAME --ib-port N --gid-idx N --mtu BYTES\n"
                "  --pin             pin client to CPU 0, server to CPU 1\n"
@@ -710,6 +802,8 @@ bool parse_tests(const std::string &v, std::vector<Test> &out) {
       out.push_back(Test::WriteBw);
     } else if (t == "send_lat" || t == "send") {
       out.push_back(Test::SendLat);
+    } else if (t == "verify") {
+      out.push_back(Test::Verify);
     } else if (!t.empty()) {
       return false;
     }
@@ -759,6 +853,8 @@ int main(int argc, char **argv) {
       o.window = static_cast<unsigned>(bench::to_u64(v, "--window"));
     } else if (a.take("--signal-every", v)) {
       o.chunk = static_cast<unsigned>(bench::to_u64(v, "--signal-every"));
+    } else if (a.take("--cq-mod", v)) {
+      o.cq_mod = static_cast<unsigned>(bench::to_u64(v, "--cq-mod"));
     } else if (a.take("--inline", v)) {
       o.inline_req = static_cast<unsigned>(bench::to_u64(v, "--inline"));
     } else if (a.take("--dev", v)) {

@@ -42,6 +42,12 @@ enum class Op : uint16_t {
   DeallocMw,
   BindMw,
   InvalidateKey,
+  ClaimSocket,     // the client's end of this connection, by inode
+  ImportContext,   // fd: another process's command socket (ibv_import_device)
+  QueryPd,         // is this PD in my context?
+  QueryMr,         // ibv_import_mr
+  ImportCq,        // reply fd: CQ segment
+  ImportQp,        // reply fd: QP segment
   kCount
 };
 
@@ -225,6 +231,41 @@ struct InvalidateReq {
   uint32_t qpn;     // the caller's QP
   uint32_t remote;  // 1: SEND_WITH_INV: the window belongs to the QP's peer
   uint32_t reserved;
+};
+
+struct ClaimSocketReq {
+  Header h;
+  uint64_t inode;
+};
+
+struct QueryMrReply {
+  Header h;
+  uint32_t pd;
+  uint32_t key;
+  uint64_t addr;
+  uint64_t length;
+  uint32_t access;
+  uint32_t reserved;
+};
+
+struct ImportCqReply {
+  Header h;
+  uint32_t capacity;
+  uint32_t reserved;
+  uint64_t segment_size;
+};
+
+struct ImportQpReply {
+  Header h;
+  uint32_t pd;
+  uint32_t send_cq;
+  uint32_t recv_cq;
+  uint32_t qp_type;
+  uint32_t max_send_wr;
+  uint32_t max_recv_wr;
+  uint32_t sq_sig_all;
+  uint32_t reserved;
+  uint64_t segment_size;
 };
 
 // Locked memory charged for registrations (RLIMIT_MEMLOCK, as the kernel

@@ -1,7 +1,9 @@
 #include "daemon/registry.h"
 
+#include <dirent.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -66,35 +68,158 @@ int Registry::init() {
 
 uint32_t Registry::add_client(pid_t pid, uid_t uid) {
   uint32_t id = next_client_++;
-  clients_[id] = Client{pid, uid};
+  uint32_t context = next_handle_++;
+  clients_[id] = Client{pid, uid, context, 0};
+  contexts_[context] = Context{1};
   return id;
 }
 
+uint32_t Registry::ctx(uint32_t client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() ? 0 : it->second.ctx;
+}
+
+int Registry::claim_socket(uint32_t client, uint64_t inode) {
+  auto c = clients_.find(client);
+  if (c == clients_.end() || inode == 0) return EINVAL;
+  // The claim must be true: the client process holds that socket.
+  char dir[64];
+  std::snprintf(dir, sizeof(dir), "/proc/%d/fd", int(c->second.pid));
+  bool found = false;
+  if (DIR* d = ::opendir(dir)) {
+    char want[64];
+    std::snprintf(want, sizeof(want), "socket:[%llu]", (unsigned long long)inode);
+    while (dirent* e = ::readdir(d)) {
+      char path[320], target[64];
+      std::snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+      ssize_t n = ::readlink(path, target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      target[n] = 0;
+      if (std::strcmp(target, want) == 0) {
+        found = true;
+        break;
+      }
+    }
+    ::closedir(d);
+  }
+  if (!found) return EPERM;
+  for (auto& [id, other] : clients_)
+    if (id != client && other.socket_inode == inode) return EEXIST;
+  c->second.socket_inode = inode;
+  return 0;
+}
+
+int Registry::import_context(uint32_t client, Fd fd) {
+  struct stat st {};
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) return EINVAL;
+  auto me = clients_.find(client);
+  if (me == clients_.end()) return EINVAL;
+  for (auto& [id, other] : clients_) {
+    if (id == client || other.socket_inode != uint64_t(st.st_ino)) continue;
+    // ibv_import_device(3): this connection now shares that context. It must
+    // not hold objects of its own yet.
+    uint32_t mine = me->second.ctx;
+    for (auto& [h, p] : pds_)
+      if (p.owner == mine) return EBUSY;
+    for (auto& [h, b] : backings_)
+      if (b.owner == mine) return EBUSY;
+    remove_context_if_unused(mine);
+    me->second.ctx = other.ctx;
+    contexts_[other.ctx].attached++;
+    return 0;
+  }
+  return ENOENT;
+}
+
+int Registry::query_pd(uint32_t client, uint32_t pd) {
+  auto it = pds_.find(pd);
+  return (it == pds_.end() || it->second.owner != ctx(client)) ? EINVAL : 0;
+}
+
+int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep) {
+  auto it = mrs_.find(handle);
+  if (it == mrs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  const MrEntry& e = mr_table_[handle];
+  rep.pd = it->second.pd;
+  rep.key = it->second.key;
+  rep.addr = e.file_offset;  // the registrant's address
+  rep.length = e.length;
+  rep.access = e.access;
+  return 0;
+}
+
+int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
+  auto it = cqs_.find(handle);
+  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  rep.capacity = it->second.map.as<CqSegmentHeader>()->capacity;
+  rep.segment_size = it->second.map.size();
+  out_fds.push_back(it->second.fd.get());
+  return 0;
+}
+
+int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds) {
+  Qp* qp = find_qp(client, qpn);
+  if (!qp) return EINVAL;
+  rep.pd = qp->pd;
+  rep.send_cq = qp->send_cq;
+  rep.recv_cq = qp->recv_cq;
+  rep.qp_type = qp->type;
+  rep.max_send_wr = qp->sq_capacity;
+  rep.max_recv_wr = qp->rq_capacity;
+  rep.sq_sig_all = qp->sq_sig_all;
+  rep.segment_size = qp->map.size();
+  out_fds.push_back(qp->fd.get());
+  return 0;
+}
+
+void Registry::remove_context_if_unused(uint32_t context) {
+  auto ct = contexts_.find(context);
+  if (ct != contexts_.end() && --ct->second.attached == 0) {
+    contexts_.erase(ct);
+    release_context(context);
+  }
+}
+
 void Registry::remove_client(uint32_t client) {
-  // Release in dependency order: QPs use CQs and PDs; MRs use PDs and backings.
+  auto c = clients_.find(client);
+  if (c == clients_.end()) return;
+  uint32_t context = c->second.ctx;
+  clients_.erase(c);
+  auto ct = contexts_.find(context);
+  if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it
+  contexts_.erase(context);
+  release_context(context);
+}
+
+// Frees every object of a context no process holds any more, in dependency
+// order: QPs use CQs and PDs; windows and MRs use PDs and backings.
+void Registry::release_context(uint32_t owner) {
   std::vector<uint32_t> ids;
   for (auto& [qpn, q] : qps_)
-    if (q.owner == client) ids.push_back(qpn);
+    if (q.owner == owner) ids.push_back(qpn);
   for (uint32_t id : ids) release_qp(id);
   ids.clear();
   for (auto& [h, w] : mws_)
-    if (w.owner == client) ids.push_back(h);
-  for (uint32_t id : ids) dealloc_mw(client, id);
+    if (w.owner == owner) ids.push_back(h);
+  for (uint32_t id : ids) {
+    unbind_mw(id, mws_[id]);
+    mr_table_[id].key.store(0, std::memory_order_release);
+    mws_.erase(id);
+  }
   ids.clear();
-  // Windows of other clients bound to this client's MRs die with them.
+  // Windows of other contexts bound to this context's MRs die with them.
   for (auto& [h, w] : mws_)
-    if (w.bound_mr && mrs_.count(w.bound_mr) && mrs_[w.bound_mr].owner == client) unbind_mw(h, w);
+    if (w.bound_mr && mrs_.count(w.bound_mr) && mrs_[w.bound_mr].owner == owner) unbind_mw(h, w);
   for (auto& [h, m] : mrs_)
-    if (m.owner == client) ids.push_back(h);
+    if (m.owner == owner) ids.push_back(h);
   for (uint32_t id : ids) release_mr(id);
   ids.clear();
-  for (auto& [h, c] : cqs_)
-    if (c.owner == client) ids.push_back(h);
+  for (auto& [h, cq] : cqs_)
+    if (cq.owner == owner) ids.push_back(h);
   for (uint32_t id : ids) release_cq(id);
-  std::erase_if(channels_, [&](auto& kv) { return kv.second.owner == client; });
-  std::erase_if(backings_, [&](auto& kv) { return kv.second.owner == client; });
-  std::erase_if(pds_, [&](auto& kv) { return kv.second.owner == client; });
-  clients_.erase(client);
+  std::erase_if(channels_, [&](auto& kv) { return kv.second.owner == owner; });
+  std::erase_if(backings_, [&](auto& kv) { return kv.second.owner == owner; });
+  std::erase_if(pds_, [&](auto& kv) { return kv.second.owner == owner; });
 }
 
 void Registry::accounts(proto::AccountsReply& rep) const {
@@ -113,7 +238,7 @@ void Registry::accounts(proto::AccountsReply& rep) const {
 
 int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep) {
   auto pd = pds_.find(req.pd);
-  if (pd == pds_.end() || pd->second.owner != client) return EINVAL;
+  if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
@@ -131,7 +256,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   // A type 1 window's key is valid (unbound, zero length) from the start; a
   // type 2 window is invalid until its first bind.
   if (req.type == IBV_MW_TYPE_1) e.key.store(key, std::memory_order_release);
-  mws_[slot] = Mw{client, req.pd, req.type, key, 0};
+  mws_[slot] = Mw{ctx(client), req.pd, req.type, key, 0};
   pd->second.refs++;
   rep.handle = slot;
   rep.key = key;
@@ -152,7 +277,7 @@ void Registry::unbind_mw(uint32_t slot, Mw& mw) {
 
 int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
   auto it = mws_.find(handle);
-  if (it == mws_.end() || it->second.owner != client) return EINVAL;
+  if (it == mws_.end() || it->second.owner != ctx(client)) return EINVAL;
   unbind_mw(handle, it->second);
   mr_table_[handle].key.store(0, std::memory_order_release);
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
@@ -162,7 +287,7 @@ int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
 
 int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyReply& rep) {
   auto it = mws_.find(r.mw);
-  if (it == mws_.end() || it->second.owner != client) return EINVAL;
+  if (it == mws_.end() || it->second.owner != ctx(client)) return EINVAL;
   Mw& mw = it->second;
   Qp* qp = find_qp(client, r.qpn);
   if (!qp) return EINVAL;
@@ -233,7 +358,7 @@ int Registry::invalidate(uint32_t client, const proto::InvalidateReq& r) {
     uint32_t peer = qp_slot(r.qpn).dest_qpn.load();
     auto pq = qps_.find(peer);
     if (pq == qps_.end() || mr_table_[slot].bound_qpn != peer) return EACCES;
-  } else if (it->second.owner != client || mr_table_[slot].bound_qpn != r.qpn) {
+  } else if (it->second.owner != ctx(client) || mr_table_[slot].bound_qpn != r.qpn) {
     return EACCES;
   }
   unbind_mw(slot, it->second);
@@ -250,13 +375,13 @@ Counts Registry::counts() const {
 
 int Registry::alloc_pd(uint32_t client, uint32_t& pd) {
   pd = next_handle_++;
-  pds_[pd] = Pd{client, 0};
+  pds_[pd] = Pd{ctx(client), 0};
   return 0;
 }
 
 int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
   auto it = pds_.find(pd);
-  if (it == pds_.end() || it->second.owner != client) return EINVAL;
+  if (it == pds_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // ibv_dealloc_pd(3): still in use
   pds_.erase(it);
   return 0;
@@ -267,15 +392,15 @@ int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
 int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
   if (!fd.valid()) return EINVAL;
   id = next_handle_++;
-  backings_[id] = Backing{client, std::move(fd), 0};
+  backings_[id] = Backing{ctx(client), std::move(fd), 0};
   return 0;
 }
 
 int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
   auto pd = pds_.find(req.pd);
-  if (pd == pds_.end() || pd->second.owner != client) return EINVAL;
+  if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   auto b = backings_.find(req.backing);
-  if (b == backings_.end() || b->second.owner != client) return EINVAL;
+  if (b == backings_.end() || b->second.owner != ctx(client)) return EINVAL;
   if (req.access & ~kKnownAccess) return EINVAL;
   // ibv_reg_mr(3): remote write or remote atomic access needs local write.
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
@@ -316,7 +441,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   e.bound_qpn = 0;
   e.key.store(key, std::memory_order_release);  // publish last
 
-  mrs_[slot] = Mr{client, key, req.pd, req.backing, pid, bytes};
+  mrs_[slot] = Mr{ctx(client), key, req.pd, req.backing, pid, bytes};
   pd->second.refs++;
   b->second.refs++;
   rep.handle = slot;
@@ -349,7 +474,7 @@ void Registry::release_mr(uint32_t handle) {
 
 int Registry::dereg_mr(uint32_t client, uint32_t handle) {
   auto it = mrs_.find(handle);
-  if (it == mrs_.end() || it->second.owner != client) return EINVAL;
+  if (it == mrs_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.windows) return EBUSY;  // memory windows are still bound to it
   release_mr(handle);
   return 0;
@@ -360,13 +485,13 @@ int Registry::dereg_mr(uint32_t client, uint32_t handle) {
 int Registry::create_channel(uint32_t client, Fd eventfd, uint32_t& handle) {
   if (!eventfd.valid()) return EINVAL;
   handle = next_handle_++;
-  channels_[handle] = Channel{client, std::move(eventfd), 0};
+  channels_[handle] = Channel{ctx(client), std::move(eventfd), 0};
   return 0;
 }
 
 int Registry::destroy_channel(uint32_t client, uint32_t handle) {
   auto it = channels_.find(handle);
-  if (it == channels_.end() || it->second.owner != client) return EINVAL;
+  if (it == channels_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
   channels_.erase(it);
   return 0;
@@ -377,10 +502,10 @@ int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::C
   if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
   if (req.channel) {
     auto ch = channels_.find(req.channel);
-    if (ch == channels_.end() || ch->second.owner != client) return EINVAL;
+    if (ch == channels_.end() || ch->second.owner != ctx(client)) return EINVAL;
   }
   CqLayout layout{round_up_pow2(req.cqe + 1)};
-  Cq cq{client, req.channel, Fd(), Mapping(), 0};
+  Cq cq{ctx(client), req.channel, Fd(), Mapping(), 0};
   if (int e = make_memfd("softverbs-cq", layout.size(), cq.fd)) return e == EINVAL ? ENOMEM : e;
   if (int e = map_shared(cq.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, cq.map))
     return e;
@@ -414,7 +539,7 @@ void Registry::release_cq(uint32_t handle) {
 
 int Registry::destroy_cq(uint32_t client, uint32_t handle) {
   auto it = cqs_.find(handle);
-  if (it == cqs_.end() || it->second.owner != client) return EINVAL;
+  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // ibv_destroy_cq(3): QPs still attached
   release_cq(handle);
   return 0;
@@ -438,18 +563,18 @@ const MrEntry* Registry::mr_entry(uint32_t key) const {
 
 Registry::Qp* Registry::find_qp(uint32_t client, uint32_t qpn) {
   auto it = qps_.find(qpn);
-  if (it == qps_.end() || it->second.owner != client) return nullptr;
+  if (it == qps_.end() || it->second.owner != ctx(client)) return nullptr;
   return &it->second;
 }
 
 int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                         std::vector<int>& out_fds) {
   auto pd = pds_.find(req.pd);
-  if (pd == pds_.end() || pd->second.owner != client) return EINVAL;
+  if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   auto scq = cqs_.find(req.send_cq);
   auto rcq = cqs_.find(req.recv_cq);
-  if (scq == cqs_.end() || scq->second.owner != client) return EINVAL;
-  if (rcq == cqs_.end() || rcq->second.owner != client) return EINVAL;
+  if (scq == cqs_.end() || scq->second.owner != ctx(client)) return EINVAL;
+  if (rcq == cqs_.end() || rcq->second.owner != ctx(client)) return EINVAL;
   if (req.srq) return EOPNOTSUPP;  // SRQ: not yet
   if (req.qp_type != IBV_QPT_RC) return EOPNOTSUPP;  // UC/UD: not yet
   if (req.max_send_wr > kMaxQpWr || req.max_recv_wr > kMaxQpWr) return EINVAL;
@@ -470,7 +595,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
 
   QpLayout layout{round_up_pow2(std::max(req.max_send_wr, 1u)),
                   round_up_pow2(std::max(req.max_recv_wr, 1u))};
-  Qp qp{client, req.pd, req.send_cq, req.recv_cq, ibv_qp_type(req.qp_type), Fd(), Mapping(), slot};
+  Qp qp{ctx(client), req.pd, req.send_cq, req.recv_cq, ibv_qp_type(req.qp_type), Fd(), Mapping(), slot};
   if (int e = make_memfd("softverbs-qp", layout.size(), qp.fd)) return e;
   if (int e = map_shared(qp.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, qp.map))
     return e;
@@ -505,6 +630,9 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   pd->second.refs++;
   scq->second.refs++;
   rcq->second.refs++;
+  qp.sq_capacity = layout.sq_capacity;
+  qp.rq_capacity = layout.rq_capacity;
+  qp.sq_sig_all = req.sq_sig_all;
   rep.qpn = qpn;
   rep.sq_capacity = layout.sq_capacity;
   rep.rq_capacity = layout.rq_capacity;
@@ -622,9 +750,9 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   // A key grants access only to a process that owns the MR's PD, or that
   // holds a QP connected to a QP of that PD.
   bool allowed = false;
-  if (auto pd = pds_.find(mr->second.pd); pd != pds_.end() && pd->second.owner == client) allowed = true;
+  if (auto pd = pds_.find(mr->second.pd); pd != pds_.end() && pd->second.owner == ctx(client)) allowed = true;
   for (auto it = qps_.begin(); !allowed && it != qps_.end(); ++it) {
-    if (it->second.owner != client) continue;
+    if (it->second.owner != ctx(client)) continue;
     auto peer = qps_.find(qp_slot(it->first).dest_qpn.load());
     if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
   }

@@ -34,7 +34,20 @@ class Registry {
   uint64_t boot_id() const { return boot_id_; }
 
   uint32_t add_client(pid_t pid, uid_t uid);
-  void remove_client(uint32_t client);  // releases everything the client held
+  // Detaches the client from its context; the last one out releases the
+  // context's objects, whichever process created them.
+  void remove_client(uint32_t client);
+  // The client says which socket (by inode) is its end of the connection,
+  // so that another process can import its context by passing that socket.
+  // Verified against /proc/PID/fd.
+  int claim_socket(uint32_t client, uint64_t inode);
+  // ibv_import_device(3): attach the client to the context of the
+  // connection whose client end `fd` is.
+  int import_context(uint32_t client, Fd fd);
+  int query_pd(uint32_t client, uint32_t pd);
+  int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
+  int import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
+  int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
   Counts counts() const;
 
   // One call per protocol op. `in_fds` are the descriptors that came with the
@@ -75,7 +88,17 @@ class Registry {
   struct Client {
     pid_t pid;
     uid_t uid;
+    uint32_t ctx;           // the context this connection works in
+    uint64_t socket_inode;  // claimed and verified client end of the connection
   };
+  // A device context: objects belong to it; processes attach to it (by
+  // opening a device, or by importing another's context). All are equal.
+  struct Context {
+    uint32_t attached;
+  };
+  uint32_t ctx(uint32_t client) const;
+  void release_context(uint32_t ctx);
+  void remove_context_if_unused(uint32_t ctx);
   struct Pd {
     uint32_t owner;
     uint32_t refs = 0;  // MRs and QPs using it
@@ -129,6 +152,9 @@ class Registry {
     Fd fd;
     Mapping map;
     uint32_t slot;
+    uint32_t sq_capacity = 0;
+    uint32_t rq_capacity = 0;
+    uint32_t sq_sig_all = 0;
   };
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
@@ -146,6 +172,7 @@ class Registry {
   uint32_t next_client_ = 1;
   uint32_t next_handle_ = 1;
   std::map<uint32_t, Client> clients_;
+  std::map<uint32_t, Context> contexts_;
   std::map<uint32_t, Pd> pds_;
   std::map<uint32_t, Backing> backings_;
   std::map<uint32_t, Mr> mrs_;

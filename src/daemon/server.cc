@@ -24,6 +24,7 @@ int fds_expected(proto::Op op) {
   switch (op) {
     case proto::Op::RegBacking:
     case proto::Op::CreateChannel:
+    case proto::Op::ImportContext:
       return 1;
     default:
       return 0;
@@ -303,6 +304,47 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (!decode(msg, len, req)) return bad();
       proto::Empty rep{};
       return encode(h, rep, registry_.invalidate(client, req), out);
+    }
+    case Op::ClaimSocket: {
+      proto::ClaimSocketReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.claim_socket(client, req.inode), out);
+    }
+    case Op::ImportContext: {
+      proto::Empty req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.import_context(client, std::move(in_fds[0])), out);
+    }
+    case Op::QueryPd: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.query_pd(client, req.handle), out);
+    }
+    case Op::QueryMr: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::QueryMrReply rep{};
+      int st = registry_.query_mr(client, req.handle, rep);
+      return encode(h, rep, st, out);
+    }
+    case Op::ImportCq: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ImportCqReply rep{};
+      int st = registry_.import_cq(client, req.handle, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::ImportQp: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ImportQpReply rep{};
+      int st = registry_.import_qp(client, req.handle, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
     }
     case Op::Accounts: {
       proto::Empty req;

@@ -6,6 +6,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -145,10 +146,34 @@ ibv_context* open_context(ibv_device* device) {
     errno = ENODEV;
     return nullptr;
   }
+  return make_context(-1);
+}
+
+// Opens a context on a new daemon connection. With import_fd >= 0, the
+// connection joins the context whose command socket that is
+// (ibv_import_device(3)) instead of starting a new one.
+ibv_context* make_context(int import_fd) {
   auto st = std::make_unique<ContextState>();
   if (int e = st->conn.open()) {
     errno = e;
     return nullptr;
+  }
+  struct stat sst {};
+  if (::fstat(st->conn.fd(), &sst) != 0) return nullptr;
+  proto::ClaimSocketReq claim{};
+  claim.inode = sst.st_ino;
+  proto::Empty none{};
+  if (int e = st->conn.call(proto::Op::ClaimSocket, claim, none)) {
+    errno = e;
+    return nullptr;
+  }
+  if (import_fd >= 0) {
+    proto::Empty req{};
+    int fds1[1] = {import_fd};
+    if (int e = st->conn.call(proto::Op::ImportContext, req, none, fds1)) {
+      errno = e == ENOENT ? EINVAL : e;
+      return nullptr;
+    }
   }
   proto::Empty hello{};
   proto::HelloReply rep{};
@@ -186,7 +211,7 @@ ibv_context* open_context(ibv_device* device) {
   v.create_cq_ex = create_cq_ex;
   v.create_qp_ex = create_qp_ex;
   ibv_context& c = v.context;
-  c.device = device;
+  c.device = &the_device()->dev;
   c.ops.poll_cq = poll_cq;
   c.ops.req_notify_cq = req_notify_cq;
   c.ops.post_send = post_send;
@@ -379,5 +404,15 @@ void ibv_ack_async_event(ibv_async_event*) {}
 
 // Private: provider registration is a no-op; softverbs is the only device.
 void verbs_register_driver_34(const void*) {}
+
+// ibv_import_device(3): cmd_fd is another process's context's command fd
+// (passed over a unix socket); the new context shares its objects.
+ibv_context* ibv_import_device(int cmd_fd) {
+  if (cmd_fd < 0) {
+    errno = EBADF;
+    return nullptr;
+  }
+  return make_context(cmd_fd);
+}
 
 }  // extern "C"

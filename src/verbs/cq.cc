@@ -113,6 +113,7 @@ ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* c
   if (channel) __atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_RELAXED);
   std::lock_guard<std::mutex> g(cs.mu);
   cs.cqs.push_back(cq->st);
+  cs.cq_handles[rep.handle] = cq;
   return &q;
 }
 
@@ -190,6 +191,7 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
   {
     std::lock_guard<std::mutex> g(cs.mu);
     std::erase(cs.cqs, cq->st);
+    cs.cq_handles.erase(cq->st->handle);
   }
   if (ibcq->channel) __atomic_sub_fetch(&ibcq->channel->refcnt, 1, __ATOMIC_RELAXED);
   pthread_cond_destroy(&ibcq->cond);

@@ -9,8 +9,9 @@
 //   VMA to the parking range (its pages go with it, an empty VMA stays at
 //   [b, e) so the range is never unmapped); mmap(MAP_SHARED | MAP_FIXED, P)
 //   the file over [b, e) (atomic replacement); unpublish; MADV_DONTNEED the
-//   parked pages. Where MREMAP_DONTUNMAP is refused (kernels < 5.7, or
-//   < 5.13 for non-anonymous VMAs) the original VMA is simply replaced.
+//   parked pages. Where MREMAP_DONTUNMAP is refused (before Linux 5.7, and
+//   on early kernels for anything but private anonymous memory) the original
+//   VMA is simply replaced.
 // Revert of a backed range [b, e) with protection P:
 //   take the parked original VMA (or, if there is none, fresh private
 //   anonymous memory); publish; mprotect [b, e) without PROT_WRITE; pread the
@@ -112,7 +113,7 @@ constexpr bool kInline =
 #endif
 
 long L(uintptr_t v) { return static_cast<long>(v); }
-long L(uint64_t v, int) { return static_cast<long>(v); }
+long L64(uint64_t v) { return static_cast<long>(v); }
 
 int err(long r) { return r < 0 && r > -4096 ? static_cast<int>(-r) : 0; }
 
@@ -130,7 +131,7 @@ int mprotect(uintptr_t a, size_t n, int prot) { return err(sc(SYS_mprotect, L(a)
 int munmap(uintptr_t a, size_t n) { return err(sc(SYS_munmap, L(a), L(n))); }
 
 int mmap(uintptr_t hint, size_t n, int prot, int flags, int fd, uint64_t off, uintptr_t* out) {
-  const long r = sc(SYS_mmap, L(hint), L(n), prot, flags, fd, L(off, 0));
+  const long r = sc(SYS_mmap, L(hint), L(n), prot, flags, fd, L64(off));
   if (int e = err(r)) return e;
   *out = static_cast<uintptr_t>(r);
   return 0;
@@ -147,18 +148,18 @@ int mremap_dontunmap(uintptr_t from, size_t n, uintptr_t to) {
 int madvise(uintptr_t a, size_t n, int advice) { return err(sc(SYS_madvise, L(a), L(n), advice)); }
 
 int ftruncate(int fd, uint64_t size) {
-  return err(again([&] { return sc(SYS_ftruncate, fd, L(size, 0)); }));
+  return err(again([&] { return sc(SYS_ftruncate, fd, L64(size)); }));
 }
 
 int punch(int fd, uint64_t off, uint64_t n) {
   return err(again([&] {
-    return sc(SYS_fallocate, fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, L(off, 0), L(n, 0));
+    return sc(SYS_fallocate, fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, L64(off), L64(n));
   }));
 }
 
 int pwrite_all(int fd, uintptr_t src, size_t n, uint64_t off) {
   while (n > 0) {
-    const long r = again([&] { return sc(SYS_pwrite64, fd, L(src), L(n), L(off, 0)); });
+    const long r = again([&] { return sc(SYS_pwrite64, fd, L(src), L(n), L64(off)); });
     if (int e = err(r)) return e;
     if (r == 0) return EIO;
     src += static_cast<size_t>(r);
@@ -170,7 +171,7 @@ int pwrite_all(int fd, uintptr_t src, size_t n, uint64_t off) {
 
 int pread_all(int fd, uintptr_t dst, size_t n, uint64_t off) {
   while (n > 0) {
-    const long r = again([&] { return sc(SYS_pread64, fd, L(dst), L(n), L(off, 0)); });
+    const long r = again([&] { return sc(SYS_pread64, fd, L(dst), L(n), L64(off)); });
     if (int e = err(r)) return e;
     if (r == 0) return EIO;  // file shorter than expected
     dst += static_cast<size_t>(r);
@@ -181,7 +182,7 @@ int pread_all(int fd, uintptr_t dst, size_t n, uint64_t off) {
 }
 
 int lseek(int fd, uint64_t off, int whence, uint64_t* out) {
-  const long r = sc(SYS_lseek, fd, L(off, 0), whence);
+  const long r = sc(SYS_lseek, fd, L64(off), whence);
   if (int e = err(r)) return e;
   *out = static_cast<uint64_t>(r);
   return 0;

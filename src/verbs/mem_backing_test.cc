@@ -22,14 +22,6 @@
 #include <thread>
 #include <vector>
 
-#if defined(__SANITIZE_THREAD__)
-#define SV_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SV_TSAN 1
-#endif
-#endif
-
 namespace {
 
 using sv::MemBacking;
@@ -568,7 +560,11 @@ TEST(MemBacking, RefusesTheCallersOwnThreadStack) {
 // ---------------------------------------------------------------------------
 // Concurrent writers.
 
-void hammer_during_cycles(uint8_t* region, size_t n, std::vector<size_t> counter_offsets, int cycles) {
+// Writers increment counters at counter_offsets while the range is acquired
+// and released `cycles` times; a reader watches a constant non-zero word at
+// sentinel_offset (it must never read anything else, e.g. a zero page).
+void hammer_during_cycles(uint8_t* region, size_t n, std::vector<size_t> counter_offsets, size_t sentinel_offset,
+                          int cycles) {
   MemBacking& mb = MemBacking::instance();
   std::atomic<bool> stop{false};
   std::atomic<int> running{0};
@@ -590,6 +586,17 @@ void hammer_during_cycles(uint8_t* region, size_t n, std::vector<size_t> counter
       done[t] = local;
     });
   }
+  const uint64_t sentinel = 0x0123456789abcdefULL;
+  std::memcpy(region + sentinel_offset, &sentinel, sizeof sentinel);
+  uint64_t bad_reads = 0, reads = 0;
+  threads.emplace_back([&] {
+    auto* w = reinterpret_cast<volatile uint64_t*>(region + sentinel_offset);
+    running.fetch_add(1);
+    while (!stop.load(std::memory_order_relaxed)) {
+      bad_reads += *w != sentinel;
+      ++reads;
+    }
+  });
   while (running.load() < static_cast<int>(threads.size())) std::this_thread::yield();
   int failures = 0;
   for (int i = 0; i < cycles; ++i) {
@@ -604,6 +611,8 @@ void hammer_during_cycles(uint8_t* region, size_t n, std::vector<size_t> counter
     EXPECT_EQ(done[t], *reinterpret_cast<uint64_t*>(region + counter_offsets[t])) << "writer " << t;
     EXPECT_GT(done[t], 0u);
   }
+  EXPECT_EQ(0u, bad_reads) << "of " << reads;
+  EXPECT_GT(reads, 0u);
 }
 
 TEST(MemBacking, ConcurrentWritersLoseNothingAnonymous) {
@@ -613,7 +622,7 @@ TEST(MemBacking, ConcurrentWritersLoseNothingAnonymous) {
   std::memset(p, 0x5a, n + kPage);  // non-zero: every page is copied, long windows
   for (size_t off : {size_t{0}, n / 2, n - 8, n}) std::memset(p + off, 0, 8);
   // Counters at the start, middle and end of the range, and one just past it.
-  hammer_during_cycles(p, n, {0, n / 2, n - 8, n}, 60);
+  hammer_during_cycles(p, n, {0, n / 2, n - 8, n}, n / 4, 60);
   munmap(p, n + kPage);
 }
 
@@ -622,7 +631,7 @@ TEST(MemBacking, ConcurrentWritersLoseNothingHeap) {
   auto* p = static_cast<uint8_t*>(calloc(1, n));
   ASSERT_NE(nullptr, p);
   std::memset(p + 64, 0x11, n - 64);
-  hammer_during_cycles(p, n, {0, 32}, 300);
+  hammer_during_cycles(p, n, {0, 32}, kPage + 8, 300);
   free(p);
 }
 

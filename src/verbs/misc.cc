@@ -163,21 +163,6 @@ int ibv_destroy_ah(ibv_ah* ah) {
   return 0;
 }
 
-// Sharing (the import API) arrives with the sharing issue.
-ibv_context* ibv_import_device(int) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-ibv_pd* ibv_import_pd(ibv_context*, uint32_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-void ibv_unimport_pd(ibv_pd*) {}
-ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-void ibv_unimport_mr(ibv_mr*) {}
 
 // SRQs arrive with the verbs-coverage issue.
 ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) {

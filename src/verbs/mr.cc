@@ -110,6 +110,8 @@ ibv_pd* ibv_alloc_pd(ibv_context* c) {
   pd->pd.context = c;
   pd->pd.handle = rep.handle;
   pd->handle = rep.handle;
+  std::lock_guard<std::mutex> g(st.mu);
+  st.pds[rep.handle] = pd;
   return &pd->pd;
 }
 
@@ -119,6 +121,10 @@ int ibv_dealloc_pd(ibv_pd* ibpd) {
   req.handle = to_pd(ibpd)->handle;
   proto::Empty rep{};
   if (int e = st.conn.call(proto::Op::DeallocPd, req, rep)) return e;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    st.pds.erase(to_pd(ibpd)->handle);
+  }
   std::free(to_pd(ibpd));
   return 0;
 }
@@ -141,12 +147,21 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
   proto::HandleReq req{};
   req.handle = mr->handle;
   proto::Empty rep{};
-  if (int e = st.conn.call(proto::Op::DeregMr, req, rep)) return e;
+  if (int e = st.conn.call(proto::Op::DeregMr, req, rep)) {
+    // Already deregistered by another holder (all holders are equal): our
+    // pages need not stay shared any more; the handle stays until
+    // ibv_unimport_mr().
+    if (e == EINVAL && mr->reg_addr) {
+      MemBacking::instance().release(mr->reg_addr, mr->reg_len);
+      mr->reg_addr = nullptr;
+    }
+    return e;
+  }
   {
     std::lock_guard<std::mutex> g(st.mu);
     st.windows.erase(ibmr->rkey);
   }
-  MemBacking::instance().release(mr->reg_addr, mr->reg_len);
+  if (mr->reg_addr) MemBacking::instance().release(mr->reg_addr, mr->reg_len);
   std::free(mr);
   return 0;
 }

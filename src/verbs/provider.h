@@ -185,6 +185,11 @@ struct ContextState {
   std::map<uint32_t, Fd> foreign_backings;                      // backing id -> fd
   std::unordered_map<uint32_t, std::shared_ptr<Window>> windows;  // key -> window
   std::vector<CqState*> cqs;
+  // This process's handles of the context's objects, for import and
+  // resolution (svx_resolve_qp): daemon handle -> local object.
+  std::map<uint32_t, Pd*> pds;
+  std::map<uint32_t, Cq*> cq_handles;
+  std::map<uint32_t, Qp*> qp_handles;
 
   const MrEntry* mr(uint32_t key) const {
     uint32_t slot = key >> 8;
@@ -214,6 +219,7 @@ inline Channel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<Channe
 
 // Context (context.cc)
 ibv_context* open_context(ibv_device* dev);
+ibv_context* make_context(int import_fd);
 int close_context(ibv_context* ctx);
 int query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
 int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
@@ -244,6 +250,11 @@ ibv_wc_opcode send_wc_opcode(uint32_t op);
 void flush_sq_locked(QpState& q);
 void flush_rq(QpState& q);
 void flush_peer_rq(Peer& p);
+
+// Sharing (sharing.cc, qp.cc)
+int attach_qp_segment(QpState& q, int fd, uint64_t size);
+Cq* import_cq_handle(ibv_context* c, uint32_t handle);
+ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn);
 
 // Memory windows (mw.cc)
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);

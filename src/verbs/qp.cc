@@ -12,8 +12,6 @@
 
 namespace sv::verbs {
 
-namespace {
-
 int attach_qp_segment(QpState& q, int fd, uint64_t size) {
   if (int e = map_shared(fd, 0, size, PROT_READ | PROT_WRITE, false, q.seg)) return e;
   auto* h = q.seg.as<shm::QpSegmentHeader>();
@@ -26,6 +24,8 @@ int attach_qp_segment(QpState& q, int fd, uint64_t size) {
   q.rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
   return 0;
 }
+
+namespace {
 
 void flush_rq_into(shm::Ring<shm::RecvWqe>& rq, CqView& cq, uint32_t qpn) {
   shm::RecvWqe w;
@@ -185,13 +185,16 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   pthread_cond_init(&q.cond, nullptr);
   st->self = qp;
   qp->st = st.release();
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.qp_handles[rep.qpn] = qp;
   return &q;
 }
 
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   QpState& q = *to_qp(ibqp)->st;
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
-  if (state == IBV_QPS_RESET) {
+  // Destroyed by another sharer: the handle is stale.
+  if (state == IBV_QPS_RESET || q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {
     *bad = wr;
     return EINVAL;
   }
@@ -355,6 +358,10 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
   req.handle = q.qpn;
   proto::Empty rep{};
   if (int e = cs.conn.call(proto::Op::DestroyQp, req, rep)) return e;
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    cs.qp_handles.erase(q.qpn);
+  }
   progress_unregister(&q);
   pthread_cond_destroy(&ibqp->cond);
   pthread_mutex_destroy(&ibqp->mutex);

@@ -511,7 +511,8 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
   // (and in ERR, where they are flushed); earlier states refuse them.
-  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR) {
+  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
+      q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {  // or destroyed by another sharer
     *bad = wr;
     return EINVAL;
   }

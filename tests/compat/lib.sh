@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for the compatibility tests: Debian's unmodified rdma-core /
 # perftest binaries run against softverbs' drop-in libibverbs.so.1.
 #
@@ -9,6 +10,9 @@
 # dead daemon shows up as an error instead of a silently spawned replacement.
 #
 # Exit codes: 0 pass, 1 fail, 77 skip (a Debian binary is not installed).
+# Environment: COMPAT_TIMEOUT (seconds a program may run before it is reported
+# as hung, default 45); COMPAT_VERBOSE=1 shows the programs' output of passing
+# runs too.
 
 set -u
 
@@ -17,7 +21,7 @@ BIN_DIR=${1:?usage: $0 BIN_DIR (the build directory holding softverbs and softve
 BIN_DIR=$(cd "$BIN_DIR" && pwd)
 SV="$BIN_DIR/softverbs"
 SVD="$BIN_DIR/softverbsd"
-# Per-process timeout for every program a test runs (seconds).
+# How long (seconds) a program may run before the test reports it as hung.
 COMPAT_TIMEOUT=${COMPAT_TIMEOUT:-45}
 
 _compat_failures=0
@@ -44,14 +48,14 @@ require() {
 }
 
 _compat_cleanup() {
-  local rc=$? p i
+  local rc=$? p
   trap - TERM INT
   # The programs first (each is `timeout`, which passes the signal on), then
   # the daemon; SIGKILL whatever outlives a grace period.
   for p in "${_compat_pids[@]}" $_compat_daemon; do
     kill "$p" 2>/dev/null
   done
-  for i in $(seq 50); do
+  for _ in $(seq 50); do
     local alive=0
     for p in "${_compat_pids[@]}" $_compat_daemon; do
       kill -0 "$p" 2>/dev/null && alive=1
@@ -84,13 +88,13 @@ compat_setup() {
   export SOFTVERBS_DIR="$COMPAT_DIR"
   export SOFTVERBS_NO_SPAWN=1
   export SOFTVERBSD="$SVD"
+  export SOFTVERBS_TRACE=1  # the library reports RNR/retry stalls and failed WRs
   # Registrations are charged to RLIMIT_MEMLOCK as on real hardware; perftest
   # -a registers 8 MiB buffers. Raise the soft limit as far as we may.
   ulimit -l unlimited 2>/dev/null || ulimit -l "$(ulimit -H -l)" 2>/dev/null || true
   "$SVD" --foreground --idle 0 --dir "$COMPAT_DIR" 2>"$COMPAT_DIR/daemon.stderr" &
   _compat_daemon=$!
-  local i
-  for i in $(seq 200); do
+  for _ in $(seq 200); do
     [ -S "$COMPAT_DIR/control" ] && return 0
     kill -0 "$_compat_daemon" 2>/dev/null || break
     sleep 0.05
@@ -107,9 +111,7 @@ check_daemon() {
   fi
 }
 
-# sv_run CMD...: run CMD on softverbs, bounded by COMPAT_TIMEOUT, its stdout
-# line-buffered so that a program killed by the timeout still shows how far
-# it got.
+# sv_run CMD...: run a one-shot CMD on softverbs, killed after COMPAT_TIMEOUT.
 sv_run() {
   "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL "$@"
 }
@@ -117,13 +119,33 @@ sv_run() {
 # wait_listen PORT PID: wait until a TCP listener is on PORT (the server has
 # opened the device and is waiting for its client) or PID is gone.
 wait_listen() {
-  local port=$1 pid=$2 i
-  for i in $(seq 400); do
+  local port=$1 pid=$2
+  if ! command -v ss >/dev/null 2>&1; then
+    sleep 1
+    return 0
+  fi
+  for _ in $(seq 400); do
     if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then return 0; fi
     kill -0 "$pid" 2>/dev/null || return 1
     sleep 0.05
   done
   return 1
+}
+
+# dump_state NAME PID: for a hung program (PID is its `timeout`), log the
+# stacks of its threads (if gdb is installed and may attach).
+dump_state() {
+  local name=$1 pid=$2 child
+  kill -0 "$pid" 2>/dev/null || return 0
+  child=$(pgrep -P "$pid" | head -n 1)
+  [ -n "$child" ] || return 0
+  log "----- $name (pid $child) threads:"
+  if command -v gdb >/dev/null 2>&1; then
+    timeout 4 gdb -p "$child" -batch -ex 'thread apply all bt' 2>&1 |
+      grep -E '^(#|Thread )' >&2
+  else
+    log "(gdb not installed)"
+  fi
 }
 
 # show NAME FILE: dump a program's output to the test log.
@@ -149,26 +171,50 @@ run_pair() {
   CLIENT_OUT="$COMPAT_DIR/$name.client"
   SERVER_RC=-1
   CLIENT_RC=-1
-  if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+  if command -v ss >/dev/null 2>&1 && ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
     fail "$name: TCP port $port is already in use by someone else"
     return 1
   fi
   # Started directly (not through a shell function) so that $! is the
   # process that becomes `timeout`, which passes a kill on to the program.
-  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL "${server[@]}" >"$SERVER_OUT" 2>&1 &
+  # `timeout` is only a backstop: the watchdog below fires first.
+  local backstop=$((COMPAT_TIMEOUT + 10))
+  "$SV" run -- timeout -k 5 "$backstop" stdbuf -oL "${server[@]}" >"$SERVER_OUT" 2>&1 &
   local spid=$!
   _compat_pids+=("$spid")
   if ! wait_listen "$port" "$spid"; then
     log "$name: server never listened on port $port"
   fi
   # In the background too, so that a TERM from ctest is handled at once.
-  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL "${client[@]}" >"$CLIENT_OUT" 2>&1 &
+  "$SV" run -- timeout -k 5 "$backstop" stdbuf -oL "${client[@]}" >"$CLIENT_OUT" 2>&1 &
   local cpid=$!
   _compat_pids+=("$cpid")
+  # Watchdog: a pair still running after COMPAT_TIMEOUT seconds is reported
+  # with its threads' stacks, then killed.
+  local deadline=$((SECONDS + COMPAT_TIMEOUT)) hung=0
+  while kill -0 "$spid" 2>/dev/null || kill -0 "$cpid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      hung=1
+      log "$name: still running after ${COMPAT_TIMEOUT}s"
+      dump_state "$name server" "$spid"
+      dump_state "$name client" "$cpid"
+      log "----- softverbs status:"
+      timeout 2 "$SV" status >&2 2>&1
+      kill "$spid" "$cpid" 2>/dev/null
+      break
+    fi
+    sleep 0.1
+  done
   wait "$cpid"
   CLIENT_RC=$?
   wait "$spid"
   SERVER_RC=$?
+  if [ $hung -eq 1 ]; then
+    fail "$name: killed after ${COMPAT_TIMEOUT}s (server exit $SERVER_RC, client exit $CLIENT_RC)"
+    show "$name server" "$SERVER_OUT"
+    show "$name client" "$CLIENT_OUT"
+    return 1
+  fi
   if [ "$SERVER_RC" -ne 0 ] || [ "$CLIENT_RC" -ne 0 ]; then
     fail "$name: server exit $SERVER_RC, client exit $CLIENT_RC"
     show "$name server" "$SERVER_OUT"
@@ -180,6 +226,12 @@ run_pair() {
 
 # finish: exit with the test's verdict.
 finish() {
+  if [ -n "${COMPAT_VERBOSE:-}" ]; then
+    local f
+    for f in "$COMPAT_DIR"/*.server "$COMPAT_DIR"/*.client; do
+      [ -f "$f" ] && show "$(basename "$f")" "$f"
+    done
+  fi
   check_daemon
   if [ "$_compat_failures" -ne 0 ]; then
     log "$_compat_failures check(s) failed"

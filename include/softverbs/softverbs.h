@@ -1,0 +1,76 @@
+/* softverbs.h: softverbs' extensions to the verbs API, for sharing verbs
+ * objects between processes (docs/SHARING.md).
+ *
+ * Contract: link with softverbs' libibverbs.so.1 (symbols at SOFTVERBS_1.0).
+ * All calls are thread-safe. Every process that holds an object is equal:
+ * any holder may destroy it, which destroys it for all; a holder's later use
+ * of a destroyed object fails with an error, never a crash. "Unimport"
+ * releases only the calling process's handle. When every process holding a
+ * context has exited, the daemon frees whatever is left of it.
+ *
+ * rdma-core's own sharing calls (ibv_import_device, ibv_import_pd,
+ * ibv_import_mr, ibv_unimport_pd, ibv_unimport_mr) work unchanged; these add
+ * CQs and QPs and a way to hand a set of objects over a unix socket.
+ */
+#ifndef SOFTVERBS_SOFTVERBS_H
+#define SOFTVERBS_SOFTVERBS_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Import a CQ of an imported (shared) context by its handle (cq->handle in
+ * the creating process). Any holder may poll it; every completion is seen
+ * by exactly one poller. Imported CQs have no completion channel. */
+struct ibv_cq *svx_import_cq(struct ibv_context *context, uint32_t cq_handle);
+void svx_unimport_cq(struct ibv_cq *cq);
+
+/* Import a QP of a shared context by its number. Any holder may post to it
+ * (posts are serialised as between threads) and modify it. Its CQs and PD
+ * are imported too if this process has no handle for them yet. */
+struct ibv_qp *svx_import_qp(struct ibv_context *context, uint32_t qp_num);
+void svx_unimport_qp(struct ibv_qp *qp);
+
+/* The local handle of a QP of this context by number (for example the
+ * qp_num of a completion of a shared CQ), importing it if needed.
+ * NULL with errno EINVAL if the context has no such QP. */
+struct ibv_qp *svx_resolve_qp(struct ibv_context *context, uint32_t qp_num);
+
+enum svx_object_type {
+  SVX_OBJ_PD = 1,
+  SVX_OBJ_MR = 2,
+  SVX_OBJ_CQ = 3,
+  SVX_OBJ_QP = 4,
+};
+
+struct svx_object {
+  enum svx_object_type type;
+  union {
+    struct ibv_pd *pd;
+    struct ibv_mr *mr;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    void *ptr;
+  };
+};
+
+#define SVX_MAX_PACKED 64
+
+/* Pack a context and up to SVX_MAX_PACKED of its objects into one message on
+ * a connected unix-domain socket (the context's command fd travels as
+ * SCM_RIGHTS). Returns 0 or an errno value. */
+int svx_pack(int sock, struct ibv_context *context, const struct svx_object *objects, int count);
+
+/* The inverse: receive one packed message, import the context and each
+ * object. *count is set to the number of objects; objects[i] matches the
+ * sender's order. Returns 0 or an errno value. */
+int svx_unpack(int sock, struct ibv_context **context, struct svx_object *objects, int max, int *count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SOFTVERBS_SOFTVERBS_H */
