@@ -12,6 +12,8 @@
 #include <cstring>
 #include <set>
 
+#include "common/paths.h"
+#include "common/protocol.h"
 #include "common/sys.h"
 #include "harness.h"
 #include "softverbs/softverbs.h"
@@ -387,6 +389,56 @@ TEST(Sharing, ThreePollersSeeEveryCompletionOnce) {
   }
   for (int i = 0; i < kTotal; ++i) ASSERT_EQ(1, count[i]) << "completion " << i;
   for (pid_t pid : pids) EXPECT_EQ(0, wait_child(pid));
+}
+
+uint64_t locked_bytes_of(pid_t pid) {
+  sv::Fd s;
+  if (sv::connect_seqpacket(sv::socket_path(sv::runtime_dir()), s)) return ~0ull;
+  sv::proto::Empty req{};
+  sv::proto::init_header(req, sv::proto::Op::Accounts, 1);
+  sv::proto::AccountsReply rep{};
+  std::vector<sv::Fd> fds;
+  size_t len = 0;
+  if (sv::send_message(s.get(), &req, sizeof(req), {}) || sv::recv_message(s.get(), &rep, sizeof(rep), &len, fds))
+    return ~0ull;
+  for (uint32_t i = 0; i < rep.count; ++i)
+    if (rep.entries[i].pid == uint32_t(pid)) return rep.entries[i].locked_bytes;
+  return 0;
+}
+
+// Seed 002's locked_vm bug, fixed: the charge of an MR stays with it after
+// its registering process exited, until a holder frees it.
+TEST(Sharing, ChargeFollowsAnMrWhoseRegistrantExited) {
+  Pair p;
+  Side me;
+  ASSERT_EQ(0, me.open({}));
+  pid_t child = fork();
+  if (child == 0) {
+    std::vector<sv::Fd> fds;
+    uint32_t pd_handle = 0;
+    size_t len = 0;
+    if (sv::recv_message(p.b, &pd_handle, sizeof(pd_handle), &len, fds) || fds.size() != 1) _exit(2);
+    ibv_context* c = ibv_import_device(fds[0].get());
+    ibv_pd* pd = c ? ibv_import_pd(c, pd_handle) : nullptr;
+    void* buf = nullptr;
+    if (!pd || posix_memalign(&buf, 4096, 65536)) _exit(3);
+    ibv_mr* mr = ibv_reg_mr(pd, buf, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (!mr) _exit(4);
+    put<uint32_t>(p.b, mr->handle);
+    _exit(0);  // exits holding the MR: the context lives on in the parent
+  }
+  int fds[1] = {me.ctx->cmd_fd};
+  uint32_t h = me.pd->handle;
+  ASSERT_EQ(0, sv::send_message(p.a, &h, sizeof(h), fds));
+  uint32_t mr_handle = get<uint32_t>(p.a);
+  EXPECT_EQ(0, wait_child(child));
+  EXPECT_EQ(65536u, locked_bytes_of(child));
+  ibv_mr* mr = ibv_import_mr(me.pd, mr_handle);
+  ASSERT_NE(nullptr, mr);
+  // The dead registrant's pages are still reachable through the key.
+  EXPECT_EQ(65536u, mr->length);
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+  EXPECT_EQ(0u, locked_bytes_of(child));
 }
 
 // kill -9 of the creator leaves the objects working for the other holder.
