@@ -500,3 +500,50 @@ TEST(Sharing, CreatorKilledObjectsLiveOn) {
 
 }  // namespace
 }  // namespace svtest
+
+#include "softverbs/softverbs.hpp"
+
+namespace svtest {
+namespace {
+
+// The C++ layer: unpacked objects are released by their destructors, and a
+// process's unimport leaves the object to its other holders.
+TEST(SharingCpp, UnpackOwnsAndReleasesImportedHandles) {
+  Pair p;
+  pid_t child = fork();
+  if (child == 0) {
+    int err = 0;
+    {
+      auto u = softverbs::unpack(p.b, &err);
+      if (!u || u->qps.size() != 1 || u->cqs.size() != 1 || !u->qps[0].imported()) _exit(2);
+      put<uint32_t>(p.b, u->qps[0]->qp_num);
+    }  // all unimported here; the creator's objects must live on
+    put<uint32_t>(p.b, 1);
+    _exit(0);
+  }
+  Side me;
+  ASSERT_EQ(0, me.open({}));
+  svx_object objs[2];
+  objs[0].type = SVX_OBJ_QP;
+  objs[0].qp = me.qp;
+  objs[1].type = SVX_OBJ_CQ;
+  objs[1].cq = me.cq;
+  ASSERT_EQ(0, svx_pack(p.a, me.ctx, objs, 2));
+  EXPECT_EQ(me.qp->qp_num, get<uint32_t>(p.a));
+  EXPECT_EQ(1u, get<uint32_t>(p.a));
+  EXPECT_EQ(0, wait_child(child));
+  // Still ours and alive.
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  EXPECT_EQ(0, ibv_query_qp(me.qp, &a, IBV_QP_STATE, &ia));
+  EXPECT_EQ(IBV_QPS_INIT, a.qp_state);
+  ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
+  ibv_recv_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad;
+  EXPECT_EQ(0, ibv_post_recv(me.qp, &wr, &bad));
+}
+
+}  // namespace
+}  // namespace svtest
