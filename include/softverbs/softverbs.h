@@ -69,6 +69,27 @@ int svx_pack(int sock, struct ibv_context *context, const struct svx_object *obj
  * sender's order. Returns 0 or an errno value. */
 int svx_unpack(int sock, struct ibv_context **context, struct svx_object *objects, int max, int *count);
 
+#define SVX_SHMID_MAX 64
+
+/* Seed 000: register a named shared memory region. The first caller (any
+ * process of the user, in any context) creates a zero-filled region of
+ * `length` bytes under the byte-array `id` (1 to SVX_SHMID_MAX bytes); later
+ * callers attach to it, in any order, with `length` no larger than the
+ * region (0: all of it). The library maps the region in the caller and
+ * registers it; mr->addr is where. The region is tied to no context and is
+ * freed when its last registration is deregistered. *created (if not NULL)
+ * tells whether this call created it. NULL with errno on failure (EINVAL:
+ * bad id or length, or larger than the existing region). */
+struct ibv_mr *svx_reg_shmid(struct ibv_pd *pd, const void *id, size_t id_len, size_t length,
+                             unsigned int access, int *created);
+
+/* Seed 000's reg_shared: register the pages of an existing MR (for example
+ * one imported from another process) again, with its own keys and access,
+ * at `addr` in this process. With addr == NULL the library maps the pages
+ * itself. A non-NULL addr must map the very same pages (same file, same
+ * offsets), else EINVAL; a PD of another device is refused with EINVAL. */
+struct ibv_mr *svx_reg_shared(struct ibv_mr *mr, struct ibv_pd *pd, void *addr, unsigned int access);
+
 #ifdef __cplusplus
 }
 #endif

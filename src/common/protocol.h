@@ -48,6 +48,8 @@ enum class Op : uint16_t {
   QueryMr,         // ibv_import_mr
   ImportCq,        // reply fd: CQ segment
   ImportQp,        // reply fd: QP segment
+  RegShmid,        // named shared memory region: create or attach; reply fd: the region
+  RegShared,       // register an existing MR's pages again (at another address)
   kCount
 };
 
@@ -198,7 +200,7 @@ struct StatusReply {
   uint32_t qps;
   uint32_t channels;
   uint32_t backings;
-  uint32_t reserved;
+  uint32_t regions;  // named shared memory regions
 };
 
 struct AllocMwReq {
@@ -266,6 +268,35 @@ struct ImportQpReply {
   uint32_t sq_sig_all;
   uint32_t reserved;
   uint64_t segment_size;
+};
+
+constexpr size_t kMaxShmidLen = 64;
+
+struct RegShmidReq {
+  Header h;
+  uint32_t pd;
+  uint32_t access;
+  uint64_t length;
+  uint64_t iova;       // where the caller mapped... 0: the reply says the size, map, then RegMr
+  uint32_t id_len;
+  uint8_t id[kMaxShmidLen];
+  uint32_t reserved;
+};
+
+struct RegShmidReply {
+  Header h;
+  uint32_t backing;   // the region as a backing file of this context
+  uint32_t created;   // 1 if this call created the region
+  uint64_t length;    // the region's size
+};
+
+struct RegSharedReq {
+  Header h;
+  uint32_t key;       // the existing MR
+  uint32_t pd;
+  uint64_t iova;      // the new registration's address
+  uint32_t access;
+  uint32_t reserved;
 };
 
 // Locked memory charged for registrations (RLIMIT_MEMLOCK, as the kernel

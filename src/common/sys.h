@@ -64,6 +64,11 @@ class Mapping {
   T* as() const { return static_cast<T*>(addr_); }
   size_t size() const { return len_; }
   bool valid() const { return addr_ != nullptr; }
+  // Forgets the range without unmapping it (someone else unmaps it).
+  void release_ownership() {
+    addr_ = nullptr;
+    len_ = 0;
+  }
   void reset();
 
  private:

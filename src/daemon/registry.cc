@@ -218,7 +218,10 @@ void Registry::release_context(uint32_t owner) {
     if (cq.owner == owner) ids.push_back(h);
   for (uint32_t id : ids) release_cq(id);
   std::erase_if(channels_, [&](auto& kv) { return kv.second.owner == owner; });
-  std::erase_if(backings_, [&](auto& kv) { return kv.second.owner == owner; });
+  ids.clear();
+  for (auto& [h, b] : backings_)
+    if (b.owner == owner) ids.push_back(h);
+  for (uint32_t id : ids) drop_backing(id);
   std::erase_if(pds_, [&](auto& kv) { return kv.second.owner == owner; });
 }
 
@@ -392,7 +395,7 @@ int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
 int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
   if (!fd.valid()) return EINVAL;
   id = next_handle_++;
-  backings_[id] = Backing{ctx(client), std::move(fd), 0};
+  backings_[id] = Backing{ctx(client), std::move(fd), 0, {}, 0};
   return 0;
 }
 
@@ -409,6 +412,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
   if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
   if (req.iova + req.length < req.iova) return EINVAL;
+  if (!b->second.region.empty() && req.addr + req.length > b->second.limit) return EINVAL;
 
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
@@ -468,8 +472,70 @@ void Registry::release_mr(uint32_t handle) {
     if (a->second.locked_bytes == 0) accounts_.erase(a);
   }
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
-  if (auto b = backings_.find(it->second.backing); b != backings_.end()) b->second.refs--;
+  uint32_t backing = it->second.backing;
   mrs_.erase(it);
+  if (auto b = backings_.find(backing); b != backings_.end()) {
+    // A region is freed with its last registration (seed 000).
+    if (--b->second.refs == 0 && !b->second.region.empty()) drop_backing(backing);
+  }
+}
+
+void Registry::drop_backing(uint32_t id) {
+  auto b = backings_.find(id);
+  if (b == backings_.end()) return;
+  if (!b->second.region.empty()) {
+    auto r = regions_.find(b->second.region);
+    if (r != regions_.end() && --r->second.backings == 0) regions_.erase(r);
+  }
+  backings_.erase(b);
+}
+
+// Seed 000: register memory under a byte-array id. The first caller creates
+// the region, later callers attach, in any order; no caller is the master.
+int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep,
+                        std::vector<int>& out_fds) {
+  auto pd = pds_.find(req.pd);
+  if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
+  if (req.id_len == 0 || req.id_len > proto::kMaxShmidLen) return EINVAL;
+  std::string id(reinterpret_cast<const char*>(req.id), req.id_len);
+  auto r = regions_.find(id);
+  rep.created = 0;
+  if (r == regions_.end()) {
+    if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
+    Region region{Fd(), page_up(req.length), 0};
+    if (int e = make_memfd("softverbs-region", region.length, region.fd)) return e;
+    r = regions_.emplace(id, std::move(region)).first;
+    rep.created = 1;
+  } else if (req.length > r->second.length) {
+    return EINVAL;  // attaching callers may not ask for more than the region holds
+  }
+  Fd dup;
+  if (int e = dup_fd(r->second.fd.get(), dup)) {
+    if (rep.created) regions_.erase(r);
+    return e;
+  }
+  uint32_t handle = next_handle_++;
+  backings_[handle] = Backing{ctx(client), std::move(dup), 0, id, r->second.length};
+  r->second.backings++;
+  rep.backing = handle;
+  rep.length = r->second.length;
+  out_fds.push_back(r->second.fd.get());
+  return 0;
+}
+
+// Seed 000's reg_shared: a new registration of an existing MR's pages.
+int Registry::reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep) {
+  const MrEntry* e = mr_entry(req.key);
+  auto mr = mrs_.find(req.key >> 8);
+  if (!e || mr == mrs_.end() || e->kind != kKindMr || mr->second.owner != ctx(client)) return EINVAL;
+  proto::RegMrReq r{};
+  r.pd = req.pd;
+  r.backing = mr->second.backing;
+  r.addr = e->file_offset;
+  r.length = e->length;
+  r.iova = req.iova;
+  r.access = req.access;
+  return reg_mr(client, r, rep);
 }
 
 int Registry::dereg_mr(uint32_t client, uint32_t handle) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/protocol.h"
@@ -48,6 +49,9 @@ class Registry {
   int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
   int import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
+  int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
+  int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
+  uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
 
   // One call per protocol op. `in_fds` are the descriptors that came with the
@@ -107,7 +111,17 @@ class Registry {
     uint32_t owner;
     Fd fd;
     uint32_t refs = 0;
+    std::string region;     // named region (seed 000) this backing attaches, or empty
+    uint64_t limit = 0;     // region backings: the region's size
   };
+  // A named shared memory region: tied to no context; alive while some
+  // context holds a backing of it (from attach until its last MR is gone).
+  struct Region {
+    Fd fd;
+    uint64_t length;
+    uint32_t backings = 0;
+  };
+  void drop_backing(uint32_t id);
   struct Mr {
     uint32_t owner;
     uint32_t key;
@@ -181,6 +195,7 @@ class Registry {
   std::map<uint32_t, Qp> qps_;  // by qpn
   std::map<pid_t, Account> accounts_;
   std::map<uint32_t, Mw> mws_;  // by slot in the MR table
+  std::map<std::string, Region> regions_;
 
   std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
   std::vector<uint8_t> qp_gen_;       // per QP slot: generation

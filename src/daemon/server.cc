@@ -277,6 +277,7 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       rep.qps = c.qps;
       rep.channels = c.channels;
       rep.backings = c.backings;
+      rep.regions = registry_.region_count();
       return encode(h, rep, 0, out);
     }
     case Op::AllocMw: {
@@ -344,6 +345,21 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       proto::ImportQpReply rep{};
       int st = registry_.import_qp(client, req.handle, rep, out_fds);
       if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::RegShmid: {
+      proto::RegShmidReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::RegShmidReply rep{};
+      int st = registry_.reg_shmid(client, req, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::RegShared: {
+      proto::RegSharedReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::RegMrReply rep{};
+      int st = registry_.reg_shared(client, req, rep);
       return encode(h, rep, st, out);
     }
     case Op::Accounts: {

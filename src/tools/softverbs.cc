@@ -73,8 +73,8 @@ int status() {
                        sv::recv_message(s.get(), &arep, sizeof(arep), &len, fds) == 0 && len == sizeof(arep) &&
                        arep.h.status == 0;
   std::printf("softverbsd at %s\n", dir.c_str());
-  std::printf("  clients %u (this query included)\n  pds %u\n  mrs %u\n  cqs %u\n  qps %u\n  channels %u\n  backings %u\n",
-              rep.clients, rep.pds, rep.mrs, rep.cqs, rep.qps, rep.channels, rep.backings);
+  std::printf("  clients %u (this query included)\n  pds %u\n  mrs %u\n  cqs %u\n  qps %u\n  channels %u\n  backings %u\n  regions %u\n",
+              rep.clients, rep.pds, rep.mrs, rep.cqs, rep.qps, rep.channels, rep.backings, rep.regions);
   if (have_accounts) {
     std::printf("locked memory (RLIMIT_MEMLOCK charges of registrations):\n");
     std::printf("  %8s %8s %14s %14s\n", "pid", "uid", "locked", "limit");

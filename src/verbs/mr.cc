@@ -1,6 +1,8 @@
 // Protection domains and memory regions. Registration makes the pages
 // reachable by peers through the process's backing file (mem_backing.h,
 // docs/MEMORY.md) and records the region in the daemon's MR table.
+#include <sys/mman.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -162,6 +164,7 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
     st.windows.erase(ibmr->rkey);
   }
   if (mr->reg_addr) MemBacking::instance().release(mr->reg_addr, mr->reg_len);
+  if (mr->map_addr) ::munmap(mr->map_addr, mr->map_len);
   std::free(mr);
   return 0;
 }

@@ -93,6 +93,8 @@ struct Mr {
   uint32_t handle;
   void* reg_addr;   // what MemBacking acquired
   size_t reg_len;
+  void* map_addr;   // a mapping the library made for this MR (shared regions), unmapped at dereg
+  size_t map_len;
 };
 
 struct Channel {
@@ -190,6 +192,9 @@ struct ContextState {
   std::map<uint32_t, Pd*> pds;
   std::map<uint32_t, Cq*> cq_handles;
   std::map<uint32_t, Qp*> qp_handles;
+  // Backing files this process has mapped itself (named regions): backing id
+  // -> (base address, file offset of base).
+  std::map<uint32_t, std::pair<uint8_t*, uint64_t>> local_views;
 
   const MrEntry* mr(uint32_t key) const {
     uint32_t slot = key >> 8;

@@ -84,6 +84,14 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
     out = {reinterpret_cast<uint8_t*>(off), sge.length};  // our own memory: file offset == address
     return true;
   }
+  if (e->owner_pid == self_pid()) {
+    // Memory this process mapped itself (a named region): no second mapping.
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto v = cs.local_views.find(e->backing); v != cs.local_views.end()) {
+      out = {v->second.first + (off - v->second.second), sge.length};
+      return true;
+    }
+  }
   auto w = window_for(cs, *e, sge.lkey);
   if (!w) return false;
   out = {w->at(off), sge.length};
@@ -102,11 +110,14 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
   // Receive buffers are named by L_Key, which windows never are.
   if (need == IBV_ACCESS_LOCAL_WRITE && e->kind != shm::kKindMr) return nullptr;
   if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return nullptr;
-  std::shared_ptr<Window> w = q.last_window;
+  // The hot path uses the QP's last window without touching its reference
+  // count; only a different key goes to the context's window cache.
+  Window* w = q.last_window.get();
   if (!w || w->key != key) {
-    w = window_for(cs, *e, key);
-    if (!w) return nullptr;
-    q.last_window = w;
+    std::shared_ptr<Window> sp = window_for(cs, *e, key);
+    if (!sp) return nullptr;
+    q.last_window = std::move(sp);
+    w = q.last_window.get();
   }
   return w->at(e->file_offset + (addr - e->iova));
 }
