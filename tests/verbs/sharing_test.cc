@@ -547,3 +547,74 @@ TEST(SharingCpp, UnpackOwnsAndReleasesImportedHandles) {
 
 }  // namespace
 }  // namespace svtest
+
+namespace svtest {
+namespace {
+
+// Seed 001's connection race: this process "accepts" (connects the QP); a
+// sender sends at once; the receives are posted only afterwards, by another
+// process that shares the QP. The sender waits on RNR; nothing is lost.
+TEST(SharingRace, ReceivesPostedByAnotherSharerServeEarlySends) {
+  Pair p;
+  pid_t poster = fork();
+  if (poster == 0) {
+    ibv_context* c = nullptr;
+    svx_object objs[2];
+    int n = 0;
+    if (svx_unpack(p.b, &c, objs, 2, &n) || n != 2) _exit(2);
+    get<uint32_t>(p.b);  // wait until the sends are already in flight
+    ibv_mr* mr = objs[1].mr;
+    for (int i = 0; i < 4; ++i) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr) + uint64_t(i) * 64, 64, mr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = uint64_t(i);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      if (ibv_post_recv(objs[0].qp, &wr, &bad)) _exit(3);
+    }
+    put<uint32_t>(p.b, 1);
+    get<uint32_t>(p.b);
+    _exit(0);
+  }
+  Side server, client;
+  ASSERT_EQ(0, server.open({}));
+  ASSERT_EQ(0, client.open({}));
+  svx_object objs[2];
+  objs[0].type = SVX_OBJ_QP;
+  objs[0].qp = server.qp;
+  objs[1].type = SVX_OBJ_MR;
+  objs[1].mr = server.mr;
+  ASSERT_EQ(0, svx_pack(p.a, server.ctx, objs, 2));
+  ASSERT_EQ(0, server.connect(client.qp->qp_num, {}));  // accept
+  ASSERT_EQ(0, client.connect(server.qp->qp_num, {}));
+  for (int i = 0; i < 4; ++i) {
+    for (int k = 0; k < 64; ++k) client.buf[i * 64 + k] = pattern(uint8_t(i), k);
+    ibv_sge sge{reinterpret_cast<uint64_t>(client.buf) + uint64_t(i) * 64, 64, client.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = uint64_t(i);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad;
+    ASSERT_EQ(0, ibv_post_send(client.qp, &wr, &bad));
+  }
+  EXPECT_TRUE(poll(client.cq, 1, 30).empty());  // RNR: waiting for receives
+  put<uint32_t>(p.a, 1);
+  ASSERT_EQ(1u, get<uint32_t>(p.a));
+  auto sent = poll(client.cq, 4);
+  ASSERT_EQ(4u, sent.size());
+  for (auto& wc : sent) EXPECT_EQ(IBV_WC_SUCCESS, wc.status);
+  auto got = poll(server.cq, 4);
+  ASSERT_EQ(4u, got.size());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(uint64_t(i), got[i].wr_id);  // in order
+    for (int k = 0; k < 64; ++k) ASSERT_EQ(pattern(uint8_t(i), k), server.buf[i * 64 + k]);
+  }
+  put<uint32_t>(p.a, 1);
+  EXPECT_EQ(0, wait_child(poster));
+}
+
+}  // namespace
+}  // namespace svtest
