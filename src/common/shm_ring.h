@@ -125,12 +125,21 @@ struct ShmLock {
     for (unsigned spins = 0;; ++spins) {
       uint32_t expected = 0;
       if (owner.compare_exchange_weak(expected, pid, std::memory_order_acquire)) return;
-      if (spins > 64) relax_long();
-      else __builtin_ia32_pause();
+      if (spins > 64) {
+        relax_long();
+        // A holder that died with the lock (kill -9 mid-post) never frees
+        // it: take it over. What it was doing is lost, as with a crashed
+        // thread; the queues stay consistent (every ring step is atomic).
+        if ((spins & 1023) == 0 && expected != 0 && expected != pid && !alive(expected))
+          owner.compare_exchange_strong(expected, 0, std::memory_order_relaxed);
+      } else {
+        __builtin_ia32_pause();
+      }
     }
   }
   void unlock() { owner.store(0, std::memory_order_release); }
   static void relax_long();
+  static bool alive(uint32_t pid);
 };
 
 }  // namespace sv::shm

@@ -95,3 +95,27 @@ TEST(ShmRing, WorksAcrossProcesses) {
 
 }  // namespace
 }  // namespace sv::shm
+
+namespace sv::shm {
+namespace {
+
+TEST(ShmLock, ALockHeldByADeadProcessIsTakenOver) {
+  auto* lock = static_cast<ShmLock*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  lock->owner.store(0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    lock->lock(uint32_t(::getpid()));
+    ::_exit(0);  // dies holding it
+  }
+  int st;
+  ::waitpid(pid, &st, 0);
+  EXPECT_EQ(uint32_t(pid), lock->owner.load());
+  lock->lock(uint32_t(::getpid()));  // must not hang
+  EXPECT_EQ(uint32_t(::getpid()), lock->owner.load());
+  lock->unlock();
+  ::munmap(lock, 4096);
+}
+
+}  // namespace
+}  // namespace sv::shm
