@@ -642,7 +642,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   if (scq == cqs_.end() || scq->second.owner != ctx(client)) return EINVAL;
   if (rcq == cqs_.end() || rcq->second.owner != ctx(client)) return EINVAL;
   if (req.srq) return EOPNOTSUPP;  // SRQ: not yet
-  if (req.qp_type != IBV_QPT_RC) return EOPNOTSUPP;  // UC/UD: not yet
+  if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC) return EOPNOTSUPP;  // UD, XRC: not yet
   if (req.max_send_wr > kMaxQpWr || req.max_recv_wr > kMaxQpWr) return EINVAL;
   if (req.max_send_sge > kMaxSge || req.max_recv_sge > kMaxSge) return EINVAL;
   if (req.max_inline_data > kMaxInline) return EINVAL;
@@ -786,7 +786,8 @@ int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerRepl
   auto st = ibv_qp_state(pe.state.load());
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE)
     return EAGAIN;  // not ready to receive: the requester retries
-  if (peer->second.type == IBV_QPT_RC && pe.dest_qpn.load() != qpn) return EAGAIN;
+  if (peer->second.type != qp->type) return EAGAIN;  // an RC QP does not talk to a UC one
+  if (pe.dest_qpn.load() != qpn) return EAGAIN;
   auto rcq = cqs_.find(peer->second.recv_cq);
   if (rcq == cqs_.end()) return ENOENT;
   rep.peer_qpn = dest;

@@ -415,6 +415,10 @@ void capture_inline(shm::SendWqe& w) {
 }
 
 int validate(QpState& q, const ibv_send_wr* wr) {
+  // IBTA 9.8 (UC): no RDMA READ and no atomics on an unreliable connection.
+  if (q.type == IBV_QPT_UC && wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
+      wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
+    return EINVAL;
   switch (wr->opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
@@ -486,6 +490,19 @@ void to_wqe(const ibv_send_wr* wr, shm::SendWqe& w) {
 
 }  // namespace
 
+// IBTA 9.8: an unreliable connection has no acknowledgements. A message the
+// responder cannot take (no receive posted, peer not ready, bad key or
+// length) is dropped there, and the requester completes it successfully;
+// a receive that was consumed completes with its error at the responder.
+Outcome execute_uc(QpState& q, const shm::SendWqe& w) {
+  Outcome o = execute(q, w);
+  if (o.step == Step::kRnr || o.step == Step::kRetry) return {Step::kDone};
+  if (o.step == Step::kError && o.peer_error) return {Step::kDone};
+  return o;
+}
+
+Outcome run(QpState& q, const shm::SendWqe& w) { return q.type == IBV_QPT_UC ? execute_uc(q, w) : execute(q, w); }
+
 // Runs queued requests in order; the caller holds the send lock.
 bool progress_qp(QpState& q) {
   for (;;) {
@@ -497,7 +514,7 @@ bool progress_qp(QpState& q) {
     }
     if (monotonic_ns() < q.next_try_ns) return true;
     shm::SendWqe w = *head;
-    Outcome o = execute(q, w);
+    Outcome o = run(q, w);
     if (o.step == Step::kRnr || o.step == Step::kRetry) {
       if (stall(q, o.step)) return true;
       shm::SendWqe gone;
@@ -544,7 +561,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
       continue;
     }
     if (q.sq.empty()) {
-      Outcome o = execute(q, w);
+      Outcome o = run(q, w);
       if (o.step == Step::kDone) {
         complete(q, w, IBV_WC_SUCCESS, o.byte_len);
         continue;

@@ -1,26 +1,28 @@
 #!/bin/bash
 # compat.ibv_rc_pingpong.*: Debian's ibv_rc_pingpong, server and client on
 # 127.0.0.1 over GID 0, validating the received data (--chk).
-#   rc_pingpong.sh BIN_DIR PORT SIZE poll|events [ITERS]
+#   rc_pingpong.sh BIN_DIR PORT SIZE poll|events [ITERS] [PROGRAM]
+# PROGRAM is ibv_rc_pingpong (default) or ibv_uc_pingpong.
 . "$(dirname "$0")/lib.sh"
 port=${2:?port}
 size=${3:?size}
 mode=${4:?poll or events}
 iters=${5:-300}
-require ibv_rc_pingpong
+prog=${6:-ibv_rc_pingpong}
+require "$prog"
 compat_setup
 
 args=(-g 0 -p "$port" -s "$size" -n "$iters")
 # --chk (rdma-core >= 40): the client sends a known pattern and the server
 # checks every page of what it received.
-if ibv_rc_pingpong --help 2>&1 | grep -q -- '--chk'; then
+if "$prog" --help 2>&1 | grep -q -- '--chk'; then
   args+=(-c)
 else
   log "note: this ibv_rc_pingpong has no --chk; data is not validated"
 fi
 [ "$mode" = events ] && args+=(-e)
 
-if run_pair pingpong "$port" ibv_rc_pingpong "${args[@]}" -- ibv_rc_pingpong "${args[@]}" 127.0.0.1; then
+if run_pair pingpong "$port" "$prog" "${args[@]}" -- "$prog" "${args[@]}" 127.0.0.1; then
   # "<bytes> bytes in <secs> seconds = <rate> Mbit/sec" and
   # "<iters> iters in <secs> seconds = <usec> usec/iter" on both sides.
   bytes=$((2 * size * iters))

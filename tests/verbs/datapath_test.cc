@@ -309,6 +309,33 @@ TEST_F(DataPathAccess, ReceivePostedLateIsUsedAfterRnrWait) {
   EXPECT_EQ(local_sum(0, 32), peer.checksum(0, 32));
 }
 
+// IBTA 9.8: UC has no acknowledgements: a message without a posted receive
+// is dropped at the responder and completes successfully at the requester.
+TEST_F(DataPathAccess, UcDropsWhatTheResponderCannotTakeAndCarriesOn) {
+  Side::Options uc;
+  uc.type = IBV_QPT_UC;
+  connect(uc, uc);
+  fill_local(1, 0, 64);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 64, 0, 0));  // no receive posted: dropped
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey + 1));  // bad key: dropped
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  EXPECT_TRUE(peer.poll(1, 50).empty());
+  ASSERT_EQ(0, peer.post_recv(1, 0, 64));
+  fill_local(2, 0, 64);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 64, 0, 0));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  auto theirs = peer.poll(1);
+  ASSERT_EQ(1u, theirs.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, theirs[0].status);
+  EXPECT_EQ(local_sum(0, 64), peer.checksum(0, 64));
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 64, 128, info.rkey));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  EXPECT_EQ(local_sum(0, 64), peer.checksum(128, 64));
+  // No READ or atomics on UC.
+  EXPECT_EQ(EINVAL, post(IBV_WR_RDMA_READ, 0, 8, 0, info.rkey));
+}
+
 TEST_F(DataPathAccess, UnreachablePeerExhaustsTransportRetries) {
   Side::Options mine;
   mine.retry_cnt = 1;

@@ -34,7 +34,7 @@ int Side::open(const Options& o) {
   ibv_qp_init_attr ia{};
   ia.send_cq = cq;
   ia.recv_cq = cq;
-  ia.qp_type = IBV_QPT_RC;
+  ia.qp_type = o.type;
   ia.cap.max_send_wr = o.max_wr;
   ia.cap.max_recv_wr = o.max_wr;
   ia.cap.max_send_sge = 4;
@@ -46,7 +46,7 @@ int Side::open(const Options& o) {
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
   a.pkey_index = 0;
-  a.qp_access_flags = o.qp_access;
+  a.qp_access_flags = o.type == IBV_QPT_UC ? (o.qp_access & IBV_ACCESS_REMOTE_WRITE) : o.qp_access;
   return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
@@ -63,10 +63,10 @@ int Side::connect(uint32_t dest_qpn, const Options& o) {
   a.ah_attr.grh.hop_limit = 1;
   ibv_query_gid(ctx, 1, 0, &a.ah_attr.grh.dgid);
   a.ah_attr.port_num = 1;
-  if (int e = ibv_modify_qp(qp, &a,
-                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    return e;
+  bool uc = o.type == IBV_QPT_UC;
+  int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  if (!uc) rtr_mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  if (int e = ibv_modify_qp(qp, &a, rtr_mask)) return e;
   ibv_qp_attr r{};
   r.qp_state = IBV_QPS_RTS;
   r.timeout = o.timeout;
@@ -74,9 +74,9 @@ int Side::connect(uint32_t dest_qpn, const Options& o) {
   r.rnr_retry = o.rnr_retry;
   r.sq_psn = 0;
   r.max_rd_atomic = 1;
-  return ibv_modify_qp(qp, &r,
-                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                           IBV_QP_MAX_QP_RD_ATOMIC);
+  int rts_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+  if (!uc) rts_mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  return ibv_modify_qp(qp, &r, rts_mask);
 }
 
 void Side::close() {

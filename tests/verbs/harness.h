@@ -35,6 +35,7 @@ struct Side {
     uint8_t retry_cnt = 7;
     uint8_t timeout = 14;
     uint8_t min_rnr_timer = 1;
+    ibv_qp_type type = IBV_QPT_RC;
   };
 
   int open(const Options& o);   // up to INIT; 0 or errno
