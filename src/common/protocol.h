@@ -50,6 +50,7 @@ enum class Op : uint16_t {
   ImportQp,        // reply fd: QP segment
   RegShmid,        // named shared memory region: create or attach; reply fd: the region
   RegShared,       // register an existing MR's pages again (at another address)
+  ConnectUd,       // UD: reach QP `handle2` from my UD QP `handle`; reply fds as ConnectPeer
   kCount
 };
 
@@ -177,6 +178,12 @@ struct ConnectPeerReply {
   uint64_t cq_segment_size;
   uint32_t has_channel;
   uint32_t reserved;
+};
+
+struct ConnectUdReq {
+  Header h;
+  uint32_t qpn;   // mine
+  uint32_t dest;  // the destination UD QP
 };
 
 struct GetMrBackingReq {

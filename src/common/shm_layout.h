@@ -72,7 +72,8 @@ struct alignas(64) QpEntry {
   uint8_t retry_cnt;
   uint8_t rnr_retry;
   uint32_t owner_pid;
-  uint32_t reserved[6];
+  std::atomic<uint32_t> qkey;  // UD: the Q_Key incoming messages must carry
+  uint32_t reserved[5];
 };
 static_assert(sizeof(QpEntry) == 64);
 
@@ -117,6 +118,11 @@ struct SendWqe {
   uint32_t mw_access;   // remote_addr/compare_add carry the address and length,
   uint32_t mr_key;      // rkey the new window key
   uint32_t invalidate_rkey;  // IBV_WR_LOCAL_INV, IBV_WR_SEND_WITH_INV
+  uint32_t ud_qpn;           // UD: destination QP, Q_Key, and whether the AH
+  uint32_t ud_qkey;          //     carries a GRH (with its destination GID)
+  uint32_t ud_grh;
+  uint32_t reserved2;
+  uint8_t ud_dgid[16];
   Sge sge[kMaxSge];
   uint8_t inline_data[kMaxInline];
 };

@@ -642,7 +642,8 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   if (scq == cqs_.end() || scq->second.owner != ctx(client)) return EINVAL;
   if (rcq == cqs_.end() || rcq->second.owner != ctx(client)) return EINVAL;
   if (req.srq) return EOPNOTSUPP;  // SRQ: not yet
-  if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC) return EOPNOTSUPP;  // UD, XRC: not yet
+  if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC && req.qp_type != IBV_QPT_UD)
+    return EOPNOTSUPP;  // XRC, raw packet: not yet
   if (req.max_send_wr > kMaxQpWr || req.max_recv_wr > kMaxQpWr) return EINVAL;
   if (req.max_send_sge > kMaxSge || req.max_recv_sge > kMaxSge) return EINVAL;
   if (req.max_inline_data > kMaxInline) return EINVAL;
@@ -691,6 +692,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   e.retry_cnt = 0;
   e.rnr_retry = 0;
   e.owner_pid = uint32_t(clients_[client].pid);
+  e.qkey.store(0, std::memory_order_relaxed);
   e.qpn.store(qpn, std::memory_order_release);
 
   pd->second.refs++;
@@ -748,6 +750,7 @@ int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
   if (mask & IBV_QP_TIMEOUT) e.timeout = r.timeout;
   if (mask & IBV_QP_RETRY_CNT) e.retry_cnt = r.retry_cnt;
   if (mask & IBV_QP_RNR_RETRY) e.rnr_retry = r.rnr_retry;
+  if (mask & IBV_QP_QKEY) e.qkey.store(r.qkey, std::memory_order_relaxed);
   if (next == IBV_QPS_RESET) {
     e.dest_qpn.store(0, std::memory_order_relaxed);
     e.access.store(0, std::memory_order_relaxed);
@@ -774,20 +777,9 @@ int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
   return 0;
 }
 
-int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
-                           std::vector<int>& out_fds) {
-  Qp* qp = find_qp(client, qpn);
-  if (!qp) return EINVAL;
-  const QpEntry& mine = qp_slot(qpn);
-  uint32_t dest = mine.dest_qpn.load();
+int Registry::peer_reply(uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds) {
   auto peer = qps_.find(dest);
-  if (peer == qps_.end()) return ENOENT;  // nobody listens at that QPN on this host
-  const QpEntry& pe = qp_slot(dest);
-  auto st = ibv_qp_state(pe.state.load());
-  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE)
-    return EAGAIN;  // not ready to receive: the requester retries
-  if (peer->second.type != qp->type) return EAGAIN;  // an RC QP does not talk to a UC one
-  if (pe.dest_qpn.load() != qpn) return EAGAIN;
+  if (peer == qps_.end()) return ENOENT;
   auto rcq = cqs_.find(peer->second.recv_cq);
   if (rcq == cqs_.end()) return ENOENT;
   rep.peer_qpn = dest;
@@ -806,6 +798,34 @@ int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerRepl
   return 0;
 }
 
+int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
+                           std::vector<int>& out_fds) {
+  Qp* qp = find_qp(client, qpn);
+  if (!qp) return EINVAL;
+  const QpEntry& mine = qp_slot(qpn);
+  uint32_t dest = mine.dest_qpn.load();
+  auto peer = qps_.find(dest);
+  if (peer == qps_.end()) return ENOENT;  // nobody listens at that QPN on this host
+  const QpEntry& pe = qp_slot(dest);
+  auto st = ibv_qp_state(pe.state.load());
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE)
+    return EAGAIN;  // not ready to receive: the requester retries
+  if (peer->second.type != qp->type) return EAGAIN;  // an RC QP does not talk to a UC one
+  if (pe.dest_qpn.load() != qpn) return EAGAIN;
+  return peer_reply(dest, rep, out_fds);
+}
+
+// UD has no connection: any UD QP may send to any UD QP whose Q_Key it
+// knows (checked per message by the sender against the QP table).
+int Registry::connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::ConnectPeerReply& rep,
+                         std::vector<int>& out_fds) {
+  Qp* qp = find_qp(client, qpn);
+  if (!qp || qp->type != IBV_QPT_UD) return EINVAL;
+  auto peer = qps_.find(dest);
+  if (peer == qps_.end() || peer->second.type != IBV_QPT_UD) return ENOENT;
+  return peer_reply(dest, rep, out_fds);
+}
+
 int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                              std::vector<int>& out_fds) {
   const MrEntry* e = mr_entry(key);
@@ -818,11 +838,16 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   // holds a QP connected to a QP of that PD.
   bool allowed = false;
   if (auto pd = pds_.find(mr->second.pd); pd != pds_.end() && pd->second.owner == ctx(client)) allowed = true;
+  bool has_ud = false;
   for (auto it = qps_.begin(); !allowed && it != qps_.end(); ++it) {
     if (it->second.owner != ctx(client)) continue;
+    has_ud |= it->second.type == IBV_QPT_UD;
     auto peer = qps_.find(qp_slot(it->first).dest_qpn.load());
     if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
   }
+  // A UD sender scatters into receive buffers of any UD QP of that PD.
+  for (auto it = qps_.begin(); !allowed && has_ud && it != qps_.end(); ++it)
+    if (it->second.type == IBV_QPT_UD && it->second.pd == mr->second.pd) allowed = true;
   if (!allowed) return EACCES;
   auto b = backings_.find(mr->second.backing);
   if (b == backings_.end()) return EINVAL;

@@ -73,6 +73,8 @@ class Registry {
   int destroy_qp(uint32_t client, uint32_t qpn);
   int connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
                    std::vector<int>& out_fds);
+  int connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::ConnectPeerReply& rep,
+                 std::vector<int>& out_fds);
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
   int peer_error(uint32_t client, uint32_t qpn);
@@ -139,6 +141,7 @@ class Registry {
     uint32_t bound_mr = 0;  // MR slot, 0 = not bound / invalid
   };
   uint32_t alloc_key_slot();
+  int peer_reply(uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
   void unbind_mw(uint32_t slot, Mw& mw);
   struct Account {
     uid_t uid;

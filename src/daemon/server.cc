@@ -257,6 +257,14 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (st) out_fds.clear();
       return encode(h, rep, st, out);
     }
+    case Op::ConnectUd: {
+      proto::ConnectUdReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ConnectPeerReply rep{};
+      int st = registry_.connect_ud(client, req.qpn, req.dest, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
     case Op::GetMrBacking: {
       proto::GetMrBackingReq req;
       if (!decode(msg, len, req)) return bad();

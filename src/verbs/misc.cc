@@ -142,20 +142,22 @@ int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
   return -1;
 }
 
-// Address handles: UD is a later issue; the handle records its attributes.
+// Address handles record their attributes; a UD send reads the destination
+// GID from them (ibv_create_ah(3)).
 ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
-  if (!pd || !attr || attr->port_num != 1) {
+  if (!pd || !attr || attr->port_num != 1 || (attr->is_global && attr->grh.sgid_index >= kGidTableLen)) {
     errno = EINVAL;
     return nullptr;
   }
-  auto* ah = static_cast<ibv_ah*>(std::calloc(1, sizeof(ibv_ah)));
+  auto* ah = static_cast<Ah*>(std::calloc(1, sizeof(Ah)));
   if (!ah) {
     errno = ENOMEM;
     return nullptr;
   }
-  ah->context = pd->context;
-  ah->pd = pd;
-  return ah;
+  ah->ah.context = pd->context;
+  ah->ah.pd = pd;
+  ah->attr = *attr;
+  return &ah->ah;
 }
 
 int ibv_destroy_ah(ibv_ah* ah) {

@@ -97,6 +97,11 @@ struct Mr {
   size_t map_len;
 };
 
+struct Ah {
+  ibv_ah ah;
+  ibv_ah_attr attr;
+};
+
 struct Channel {
   ibv_comp_channel ch;
   uint32_t handle;
@@ -154,6 +159,7 @@ struct QpState {
 
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;
+  std::map<uint32_t, std::unique_ptr<Peer>> ud_peers;  // UD destinations by QPN
   std::shared_ptr<Window> last_window;
   uint32_t rnr_left = 0;     // RNR retries left for the WQE at the head
   uint32_t retry_left = 0;   // transport retries left

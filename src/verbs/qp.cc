@@ -106,7 +106,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC) {
+  if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD) {
     errno = EOPNOTSUPP;
     return nullptr;
   }

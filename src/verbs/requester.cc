@@ -415,6 +415,11 @@ void capture_inline(shm::SendWqe& w) {
 }
 
 int validate(QpState& q, const ibv_send_wr* wr) {
+  if (q.type == IBV_QPT_UD) {
+    // IBTA 9.8.2: UD carries sends only, to the address in the work request.
+    if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) return EINVAL;
+    if (!wr->wr.ud.ah || wr->wr.ud.ah->context != q.self->qpx.qp_base.context) return EINVAL;
+  }
   // IBTA 9.8 (UC): no RDMA READ and no atomics on an unreliable connection.
   if (q.type == IBV_QPT_UC && wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
       wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
@@ -453,7 +458,7 @@ int validate(QpState& q, const ibv_send_wr* wr) {
   return 0;
 }
 
-void to_wqe(const ibv_send_wr* wr, shm::SendWqe& w) {
+void to_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
   w.wr_id = wr->wr_id;
   w.opcode = wr->opcode;
   w.send_flags = wr->send_flags & ~kInlineCaptured;
@@ -475,6 +480,16 @@ void to_wqe(const ibv_send_wr* wr, shm::SendWqe& w) {
   }
   if (wr->opcode == IBV_WR_LOCAL_INV) {
     w.num_sge = 0;
+    return;
+  }
+  if (q.type == IBV_QPT_UD) {  // UD work requests carry an address, not an rkey
+    const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
+    w.ud_qpn = wr->wr.ud.remote_qpn & 0xffffff;
+    w.ud_qkey = wr->wr.ud.remote_qkey;
+    w.ud_grh = ah->attr.is_global;
+    std::memcpy(w.ud_dgid, ah->attr.grh.dgid.raw, 16);
+    w.remote_addr = 0;
+    w.rkey = 0;
     return;
   }
   if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
@@ -501,7 +516,126 @@ Outcome execute_uc(QpState& q, const shm::SendWqe& w) {
   return o;
 }
 
-Outcome run(QpState& q, const shm::SendWqe& w) { return q.type == IBV_QPT_UC ? execute_uc(q, w) : execute(q, w); }
+bool gid_is_local(const uint8_t* gid) {
+  for (uint32_t i = 0; i < kGidTableLen; ++i) {
+    ibv_gid g{};
+    if (ibv_query_gid(nullptr, 1, int(i), &g) != 0) break;
+    bool zero = true;
+    for (int k = 0; k < 16; ++k) zero &= g.raw[k] == 0;
+    if (zero) break;
+    if (std::memcmp(g.raw, gid, 16) == 0) return true;
+  }
+  return false;
+}
+
+Peer* ud_peer(QpState& q, uint32_t dest) {
+  auto it = q.ud_peers.find(dest);
+  if (it != q.ud_peers.end()) {
+    if (it->second->entry->qpn.load(std::memory_order_acquire) == dest) return it->second.get();
+    q.ud_peers.erase(it);
+  }
+  ContextState& cs = *q.ctx->st;
+  proto::ConnectUdReq req{};
+  req.qpn = q.qpn;
+  req.dest = dest;
+  proto::ConnectPeerReply rep{};
+  std::vector<Fd> fds;
+  if (cs.conn.call(proto::Op::ConnectUd, req, rep, {}, &fds) != 0 || fds.size() < 2) return nullptr;
+  auto np = std::make_unique<Peer>();
+  np->qpn = dest;
+  np->entry = cs.qp_slot(dest);
+  if (map_shared(fds[0].get(), 0, rep.qp_segment_size, PROT_READ | PROT_WRITE, false, np->seg)) return nullptr;
+  auto* h = np->seg.as<shm::QpSegmentHeader>();
+  shm::QpLayout l{h->sq_capacity, h->rq_capacity};
+  if (h->magic != shm::kQpMagic || h->size != rep.qp_segment_size || l.size() > rep.qp_segment_size) return nullptr;
+  auto* rqh = reinterpret_cast<shm::RingHeader*>(np->seg.as<char>() + l.rq_offset());
+  np->hdr = h;
+  np->rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
+  if (np->recv_cq.attach(fds[1].get(), rep.cq_segment_size)) return nullptr;
+  if (rep.has_channel && fds.size() == 3) {
+    np->recv_cq.channel_owned = std::move(fds[2]);
+    np->recv_cq.channel_fd = np->recv_cq.channel_owned.get();
+  }
+  Peer* p = np.get();
+  q.ud_peers[dest] = std::move(np);
+  return p;
+}
+
+// IBTA 9.8.2 and 11.4.1.1: a UD message goes to the QP named in the work
+// request if its Q_Key matches; the receive buffer starts with 40 bytes for
+// the GRH. Whatever cannot be delivered is dropped without an error at the
+// sender.
+Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
+  Seg local[shm::kMaxSge];
+  int nl = 0;
+  uint64_t total = 0;
+  ibv_wc_status err = IBV_WC_SUCCESS;
+  if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
+  if (total > 4096) return {Step::kError, IBV_WC_LOC_LEN_ERR};  // larger than the path MTU
+  if (w.ud_grh && !gid_is_local(w.ud_dgid)) return {Step::kDone};  // another host: not on this wire yet
+  Peer* p = ud_peer(q, w.ud_qpn);
+  if (!p) return {Step::kDone};
+  auto st = p->entry->state.load(std::memory_order_acquire);
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) return {Step::kDone};
+  uint32_t qkey = (w.ud_qkey & 0x80000000u) ? q.entry->qkey.load() : w.ud_qkey;
+  if (qkey != p->entry->qkey.load(std::memory_order_relaxed)) return {Step::kDone};  // Q_Key violation: dropped
+  shm::RecvWqe r;
+  if (!p->rq.pop(r)) return {Step::kDone};  // no receive posted: dropped (no RNR on UD)
+  // The GRH (an IPv6-style header carrying the GIDs) precedes the payload.
+  uint8_t grh[40] = {};
+  grh[0] = 0x60;
+  grh[4] = uint8_t(total >> 8);
+  grh[5] = uint8_t(total);
+  grh[6] = 0x1b;  // next header: IBA transport
+  grh[7] = 64;
+  const uint8_t loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+  std::memcpy(grh + 8, loopback, 16);
+  std::memcpy(grh + 24, w.ud_grh ? w.ud_dgid : loopback, 16);
+  Seg src[shm::kMaxSge + 1];
+  src[0] = {grh, 40};
+  for (int i = 0; i < nl; ++i) src[i + 1] = local[i];
+  Seg remote[shm::kMaxSge];
+  uint64_t room = 0;
+  uint32_t nr = std::min<uint32_t>(r.num_sge, shm::kMaxSge);
+  for (uint32_t i = 0; i < nr; ++i) {
+    uint8_t* d = r.sge[i].length ? peer_address(q, *p, r.sge[i].lkey, r.sge[i].addr, r.sge[i].length,
+                                                IBV_ACCESS_LOCAL_WRITE)
+                                 : nullptr;
+    if (r.sge[i].length && !d) {
+      push_recv_completion(q, *p, r, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, w);
+      return {Step::kDone};
+    }
+    remote[i] = {d, r.sge[i].length};
+    room += r.sge[i].length;
+  }
+  if (total + 40 > room) {
+    push_recv_completion(q, *p, r, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, w);
+    return {Step::kDone};
+  }
+  copy_segments(remote, int(nr), src, nl + 1, total + 40);
+  ibv_wc wc{};
+  wc.wr_id = r.wr_id;
+  wc.status = IBV_WC_SUCCESS;
+  wc.opcode = IBV_WC_RECV;
+  wc.byte_len = uint32_t(total + 40);
+  wc.qp_num = p->qpn;
+  wc.src_qp = q.qpn;
+  wc.wc_flags = w.ud_grh ? IBV_WC_GRH : 0;
+  if (w.opcode == IBV_WR_SEND_WITH_IMM) {
+    wc.wc_flags |= IBV_WC_WITH_IMM;
+    wc.imm_data = w.imm_data;
+  }
+  p->recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0);
+  return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+}
+
+Outcome run(QpState& q, const shm::SendWqe& w) {
+  switch (q.type) {
+    case IBV_QPT_UC: return execute_uc(q, w);
+    case IBV_QPT_UD: return execute_ud(q, w);
+    default: return execute(q, w);
+  }
+}
 
 // Runs queued requests in order; the caller holds the send lock.
 bool progress_qp(QpState& q) {
@@ -554,7 +688,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
       break;
     }
     shm::SendWqe w;
-    to_wqe(wr, w);
+    to_wqe(q, wr, w);
     state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
     if (state == IBV_QPS_ERR) {
       complete(q, w, IBV_WC_WR_FLUSH_ERR, 0);

@@ -336,6 +336,50 @@ TEST_F(DataPathAccess, UcDropsWhatTheResponderCannotTakeAndCarriesOn) {
   EXPECT_EQ(EINVAL, post(IBV_WR_RDMA_READ, 0, 8, 0, info.rkey));
 }
 
+// IBTA 9.8.2: UD sends go to the QP the work request names, if the Q_Key
+// matches; receive buffers start with 40 bytes for the GRH.
+TEST_F(DataPathAccess, UdDeliversWithGrhAndChecksTheQkey) {
+  Side::Options ud;
+  ud.type = IBV_QPT_UD;
+  connect(ud, ud);
+  ibv_ah_attr aa{};
+  aa.is_global = 1;
+  aa.port_num = 1;
+  ibv_query_gid(me.ctx, 1, 0, &aa.grh.dgid);
+  ibv_ah* ah = ibv_create_ah(me.pd, &aa);
+  ASSERT_NE(nullptr, ah);
+  auto send = [&](uint32_t qkey, uint32_t len) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), len, me.mr->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND_WITH_IMM;
+    wr.imm_data = htonl(42);
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.ud.ah = ah;
+    wr.wr.ud.remote_qpn = info.qpn;
+    wr.wr.ud.remote_qkey = qkey;
+    ibv_send_wr* bad;
+    EXPECT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+    return one_completion().status;
+  };
+  fill_local(3, 0, 1000);
+  EXPECT_EQ(IBV_WC_SUCCESS, send(0x1234, 1000));  // no receive posted: dropped quietly
+  ASSERT_EQ(0, peer.post_recv(2, 0, 2048));
+  EXPECT_EQ(IBV_WC_SUCCESS, send(0x9999, 1000));  // wrong Q_Key: dropped
+  EXPECT_TRUE(peer.poll(1, 50).empty());
+  EXPECT_EQ(IBV_WC_SUCCESS, send(0x1234, 1000));
+  auto theirs = peer.poll(1);
+  ASSERT_EQ(1u, theirs.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, theirs[0].status);
+  EXPECT_EQ(1040u, theirs[0].byte_len);  // includes the GRH
+  EXPECT_EQ(me.qp->qp_num, theirs[0].src_qp);
+  EXPECT_TRUE(theirs[0].wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(htonl(42), theirs[0].imm_data);
+  EXPECT_EQ(local_sum(0, 1000), peer.checksum(40, 1000));  // payload after the 40 GRH bytes
+  ibv_destroy_ah(ah);
+}
+
 TEST_F(DataPathAccess, UnreachablePeerExhaustsTransportRetries) {
   Side::Options mine;
   mine.retry_cnt = 1;

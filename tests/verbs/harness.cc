@@ -46,11 +46,22 @@ int Side::open(const Options& o) {
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
   a.pkey_index = 0;
+  if (o.type == IBV_QPT_UD) {
+    a.qkey = o.qkey;
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
+  }
   a.qp_access_flags = o.type == IBV_QPT_UC ? (o.qp_access & IBV_ACCESS_REMOTE_WRITE) : o.qp_access;
   return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
 int Side::connect(uint32_t dest_qpn, const Options& o) {
+  if (o.type == IBV_QPT_UD) {  // no connection: RTR and RTS need no peer
+    ibv_qp_attr u{};
+    u.qp_state = IBV_QPS_RTR;
+    if (int e = ibv_modify_qp(qp, &u, IBV_QP_STATE)) return e;
+    u.qp_state = IBV_QPS_RTS;
+    return ibv_modify_qp(qp, &u, IBV_QP_STATE | IBV_QP_SQ_PSN);
+  }
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = IBV_MTU_1024;

@@ -36,6 +36,7 @@ struct Side {
     uint8_t timeout = 14;
     uint8_t min_rnr_timer = 1;
     ibv_qp_type type = IBV_QPT_RC;
+    uint32_t qkey = 0x1234;  // UD
   };
 
   int open(const Options& o);   // up to INIT; 0 or errno
