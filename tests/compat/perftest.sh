@@ -1,8 +1,9 @@
 #!/bin/bash
 # compat.perftest.*: Debian's perftest (ib_{write,read,send}_{bw,lat}), RC,
 # server and client on 127.0.0.1, against softverbs.
-#   perftest.sh BIN_DIR PORT PROGRAM default|all [ITERS]
-# default: one run at the program's default size; all: -a (2 B .. 8 MiB).
+#   perftest.sh BIN_DIR PORT PROGRAM default|all|FETCH_AND_ADD|CMP_AND_SWAP [ITERS]
+# default: one run at the program's default size; all: -a (2 B .. 8 MiB);
+# FETCH_AND_ADD, CMP_AND_SWAP: ib_atomic_{bw,lat} with -A (8 B).
 # Checks exit codes and that the result table has a numeric row for every
 # size run, with the right iteration count. Timings are not judged: both
 # sides busy-poll and this machine may be loaded.
@@ -15,6 +16,7 @@ require "$prog"
 compat_setup
 
 case $prog in
+ib_atomic_*) [ -n "$iters" ] || iters=1000; default_size=8 ;;
 *_bw) [ -n "$iters" ] || iters=1000; default_size=65536 ;;
 *_lat) [ -n "$iters" ] || iters=1000; default_size=2 ;;
 *) log "unknown program $prog"; exit 2 ;;
@@ -22,6 +24,7 @@ esac
 
 args=(-p "$port" -n "$iters")
 sizes=("$default_size")
+case $mode in FETCH_AND_ADD | CMP_AND_SWAP) args+=(-A "$mode") ;; esac
 if [ "$mode" = all ]; then
   args+=(-a)
   sizes=()

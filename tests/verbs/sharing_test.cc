@@ -213,6 +213,9 @@ TEST(Sharing, FourWorkersSharePdMrCqEachWithAPrivateQp) {
     EXPECT_EQ(0, std::memcmp(srv.buf + i * kChunk, srv.buf + (kWorkers + i) * kChunk, kChunk)) << i;
   for (int i = 0; i < kWorkers; ++i) put<uint32_t>(pairs[i]->a, 1);
   for (pid_t pid : pids) EXPECT_EQ(0, wait_child(pid));
+  // The workers' QPs outlive the workers (the context lives on here); any
+  // holder may destroy them.
+  for (uint32_t qpn : worker_qpns) EXPECT_EQ(0, ibv_destroy_qp(svx_resolve_qp(srv.ctx, qpn)));
   for (ibv_qp* q : mine) ibv_destroy_qp(q);
   ibv_destroy_cq(local_cq);
 }
@@ -495,6 +498,11 @@ TEST(Sharing, CreatorKilledObjectsLiveOn) {
   ASSERT_EQ(0, ibv_post_send(qp, &wr, &bad));
   ASSERT_EQ(1u, poll(cq, 1).size());
   EXPECT_EQ(peer.checksum(0, 128), peer.checksum(4096, 128));
+  ibv_pd* pd = qp->pd;
+  svx_unimport_qp(qp);
+  svx_unimport_cq(cq);
+  ibv_unimport_mr(mr);
+  ibv_unimport_pd(pd);
   ibv_close_device(c);
 }
 
