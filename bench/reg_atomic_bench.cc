@@ -1,0 +1,214 @@
+// reg_atomic_bench: what registration costs and how fast RDMA atomics run,
+// each beside a baseline measured in the same run.
+//
+//   reg    ibv_reg_mr + ibv_dereg_mr per size (small buffers: per
+//          registration; large: per MiB), beside memcpy of the same size
+//          (softverbs copies the pages once in and once out) and
+//          mlock+munlock of the same range (what pinning costs the kernel).
+//   atomic FETCH_AND_ADD rate between two processes (one RC QP pair, a
+//          window of WRs in flight), beside the rate of __atomic_fetch_add
+//          on one cache line bounced between the same two processes.
+// Output: JSON lines on stdout, like shm_pingpong and verbs_bench.
+#include <infiniband/verbs.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "bench_common.h"
+
+namespace {
+
+using bench::JsonLine;
+using bench::now_ns_steady;
+
+ibv_context* open_dev() {
+  int n = 0;
+  ibv_device** l = ibv_get_device_list(&n);
+  ibv_context* c = (l && n) ? ibv_open_device(l[0]) : nullptr;
+  if (l) ibv_free_device_list(l);
+  return c;
+}
+
+int reg_bench() {
+  ibv_context* ctx = open_dev();
+  if (!ctx) return std::fprintf(stderr, "reg: no device\n"), 1;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  for (uint64_t size : {64ull, 4096ull, 1ull << 20, 64ull << 20}) {
+    int reps = size <= 4096 ? 2000 : size <= (1 << 20) ? 200 : 10;
+    void* buf = nullptr;
+    if (posix_memalign(&buf, 4096, size)) return 1;
+    std::memset(buf, 1, size);
+    std::vector<uint8_t> dst(size);
+    uint64_t t0 = now_ns_steady();
+    for (int i = 0; i < reps; ++i) {
+      ibv_mr* mr = ibv_reg_mr(pd, buf, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+      if (!mr) return std::fprintf(stderr, "reg_mr %llu failed\n", (unsigned long long)size), 1;
+      ibv_dereg_mr(mr);
+    }
+    double reg_ns = double(now_ns_steady() - t0) / reps;
+    t0 = now_ns_steady();
+    for (int i = 0; i < reps; ++i) {
+      std::memcpy(dst.data(), buf, size);
+      asm volatile("" ::"r"(dst.data()) : "memory");
+    }
+    double copy_ns = double(now_ns_steady() - t0) / reps;
+    t0 = now_ns_steady();
+    bool locked = true;
+    for (int i = 0; i < reps && locked; ++i) {
+      locked = mlock(buf, size) == 0;
+      munlock(buf, size);
+    }
+    double lock_ns = locked ? double(now_ns_steady() - t0) / reps : -1;
+    JsonLine()
+        .str("bench", "reg")
+        .num("size", size)
+        .num("reps", reps)
+        .real("reg_dereg_ns", reg_ns)
+        .real("memcpy_ns", copy_ns)
+        .real("mlock_munlock_ns", lock_ns)
+        .emit();
+    std::free(buf);
+  }
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  return 0;
+}
+
+// The baseline: two processes hammer one shared cache line with fetch-add.
+double raw_atomic_rate(uint64_t ops) {
+  auto* word = static_cast<std::atomic<uint64_t>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  word[0] = 0;
+  word[8] = 0;  // start flag, another line
+  pid_t pid = fork();
+  if (pid == 0) {
+    while (word[8].load() == 0) {
+    }
+    for (uint64_t i = 0; i < ops; ++i) word[0].fetch_add(1);
+    _exit(0);
+  }
+  uint64_t t0 = now_ns_steady();
+  word[8] = 1;
+  for (uint64_t i = 0; i < ops; ++i) word[0].fetch_add(1);
+  int st;
+  waitpid(pid, &st, 0);
+  double s = double(now_ns_steady() - t0) / 1e9;
+  munmap(word, 4096);
+  return double(2 * ops) / s;
+}
+
+int atomic_bench() {
+  int sv[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+  constexpr uint64_t kOps = 500000;
+  constexpr int kWindow = 32;
+  pid_t pid = fork();
+  bool server = pid == 0;
+  int sock = server ? sv[1] : sv[0];
+  ibv_context* ctx = open_dev();
+  if (!ctx) return std::fprintf(stderr, "atomic: no device\n"), 1;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  void* buf = nullptr;
+  if (posix_memalign(&buf, 4096, 4096)) return 1;
+  std::memset(buf, 0, 4096);
+  ibv_mr* mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  ibv_cq* cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {128, 16, 1, 1, 0};
+  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  if (!pd || !mr || !cq || !qp) return std::fprintf(stderr, "atomic: setup failed\n"), 1;
+  struct Info {
+    uint32_t qpn, rkey;
+    uint64_t addr;
+  } mine{qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(buf)}, theirs{};
+  if (write(sock, &mine, sizeof(mine)) != sizeof(mine) || read(sock, &theirs, sizeof(theirs)) != sizeof(theirs))
+    return 1;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_ATOMIC;
+  ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = theirs.qpn;
+  a.max_dest_rd_atomic = 16;
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = 1;
+  ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 16;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                IBV_QP_MAX_QP_RD_ATOMIC))
+    return std::fprintf(stderr, "atomic: connect failed\n"), 1;
+  char c = 0;
+  if (write(sock, &c, 1) != 1 || read(sock, &c, 1) != 1) return 1;
+  if (server) {
+    if (read(sock, &c, 1) != 1) _exit(1);  // until the client is done
+    _exit(0);
+  }
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf) + 64, 8, mr->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  wr.wr.atomic.remote_addr = theirs.addr;
+  wr.wr.atomic.rkey = theirs.rkey;
+  wr.wr.atomic.compare_add = 1;
+  uint64_t posted = 0, done = 0;
+  uint64_t t0 = now_ns_steady();
+  while (done < kOps) {
+    while (posted < kOps && posted - done < kWindow) {
+      wr.send_flags = (posted % 8 == 7 || posted + 1 == kOps) ? IBV_SEND_SIGNALED : 0;
+      ibv_send_wr* bad;
+      if (ibv_post_send(qp, &wr, &bad)) return std::fprintf(stderr, "atomic: post failed\n"), 1;
+      ++posted;
+    }
+    ibv_wc wc[16];
+    int n = ibv_poll_cq(cq, 16, wc);
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) return std::fprintf(stderr, "atomic: %s\n", ibv_wc_status_str(wc[i].status)), 1;
+      done = std::min(kOps, (done / 8 + 1) * 8);
+    }
+  }
+  double s = double(now_ns_steady() - t0) / 1e9;
+  if (write(sock, &c, 1) != 1) return 1;
+  int st;
+  waitpid(pid, &st, 0);
+  double raw = raw_atomic_rate(kOps);
+  JsonLine()
+      .str("bench", "atomic")
+      .str("op", "fetch_add")
+      .num("ops", kOps)
+      .real("softverbs_ops_per_s", double(kOps) / s)
+      .real("raw_shared_line_ops_per_s", raw)
+      .emit();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool reg = true, atomic = true;
+  if (argc > 1) {
+    reg = std::strcmp(argv[1], "reg") == 0 || std::strcmp(argv[1], "all") == 0;
+    atomic = std::strcmp(argv[1], "atomic") == 0 || std::strcmp(argv[1], "all") == 0;
+  }
+  if (reg && reg_bench()) return 1;
+  if (atomic && atomic_bench()) return 1;
+  return 0;
+}
