@@ -51,6 +51,8 @@ enum class Op : uint16_t {
   RegShmid,        // named shared memory region: create or attach; reply fd: the region
   RegShared,       // register an existing MR's pages again (at another address)
   ConnectUd,       // UD: reach QP `handle2` from my UD QP `handle`; reply fds as ConnectPeer
+  RegAsync,        // fd: the context's async eventfd, raised when an AsyncEvent is sent
+  AsyncEvent,      // daemon -> client, unsolicited (seq 0): an affiliated async event
   kCount
 };
 
@@ -178,6 +180,12 @@ struct ConnectPeerReply {
   uint64_t cq_segment_size;
   uint32_t has_channel;
   uint32_t reserved;
+};
+
+struct AsyncEventMsg {
+  Header h;
+  uint32_t event_type;  // enum ibv_event_type
+  uint32_t element;     // QPN for QP events, CQ handle for CQ events, 0 for the device
 };
 
 struct ConnectUdReq {

@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
 
+#include "common/completion.h"
 #include "common/qp_state.h"
 
 namespace sv::daemon {
@@ -185,6 +187,7 @@ void Registry::remove_client(uint32_t client) {
   if (c == clients_.end()) return;
   uint32_t context = c->second.ctx;
   clients_.erase(c);
+  async_fds_.erase(client);
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it
   contexts_.erase(context);
@@ -198,6 +201,7 @@ void Registry::release_context(uint32_t owner) {
   for (auto& [qpn, q] : qps_)
     if (q.owner == owner) ids.push_back(qpn);
   for (uint32_t id : ids) release_qp(id);
+  fail_peers_of(ids);
   ids.clear();
   for (auto& [h, w] : mws_)
     if (w.owner == owner) ids.push_back(h);
@@ -372,6 +376,54 @@ Counts Registry::counts() const {
   return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mrs_.size()),
           uint32_t(cqs_.size()),     uint32_t(qps_.size()),      uint32_t(channels_.size()),
           uint32_t(backings_.size())};
+}
+
+int Registry::reg_async(uint32_t client, Fd eventfd) {
+  auto c = clients_.find(client);
+  if (c == clients_.end() || !eventfd.valid()) return EINVAL;
+  c->second.async_fd = eventfd.get();
+  async_fds_[client] = std::move(eventfd);
+  return 0;
+}
+
+// The peers of QPs that just died (their last holder exited): connected
+// QPs go to ERR at once, their posted receives complete with flush errors,
+// and every process holding them gets IBV_EVENT_QP_FATAL. (On a wire the
+// peers would find out by their retries running out; on one host the
+// daemon knows.) Their send queues are flushed by their holders, which see
+// the ERR state on their next post or retry.
+void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
+  if (dead.empty()) return;
+  for (auto& [qpn, q] : qps_) {
+    QpEntry& e = qp_slot(qpn);
+    uint32_t dest = e.dest_qpn.load();
+    if (q.type == IBV_QPT_UD || std::find(dead.begin(), dead.end(), dest) == dead.end()) continue;
+    auto st = ibv_qp_state(e.state.load());
+    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_ERR) continue;
+    e.state.store(IBV_QPS_ERR, std::memory_order_release);
+    auto cq = cqs_.find(q.recv_cq);
+    if (cq != cqs_.end()) {
+      auto* qh = q.map.as<QpSegmentHeader>();
+      auto* rqh = reinterpret_cast<RingHeader*>(q.map.as<char>() + qh->rq_offset);
+      Ring<RecvWqe> rq(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1));
+      auto* ch = cq->second.map.as<CqSegmentHeader>();
+      auto* crh = reinterpret_cast<RingHeader*>(cq->second.map.as<char>() + ch->ring_offset);
+      Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
+      int channel_fd = -1;
+      if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
+      RecvWqe w;
+      while (rq.pop(w)) {
+        ibv_wc wc{};
+        wc.wr_id = w.wr_id;
+        wc.status = IBV_WC_WR_FLUSH_ERR;
+        wc.opcode = IBV_WC_RECV;
+        wc.qp_num = qpn;
+        push_completion(ch, ring, wc, true, channel_fd);
+      }
+    }
+    for (auto& [id, c] : clients_)
+      if (c.ctx == q.owner) events_.push_back({id, IBV_EVENT_QP_FATAL, qpn});
+  }
 }
 
 // ---- PD ------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/protocol.h"
@@ -86,6 +87,20 @@ class Registry {
   // Locked-memory accounts (pid -> charge), for `softverbs status`.
   void accounts(proto::AccountsReply& rep) const;
 
+  int reg_async(uint32_t client, Fd eventfd);
+  // Async events waiting to be sent: (client, event type, element). The
+  // server sends them after each request or disconnection.
+  struct PendingEvent {
+    uint32_t client;
+    uint32_t type;
+    uint32_t element;
+  };
+  std::vector<PendingEvent> take_events() { return std::exchange(events_, {}); }
+  int async_fd_of(uint32_t client) const {
+    auto it = clients_.find(client);
+    return it == clients_.end() ? -1 : it->second.async_fd;
+  }
+
   // Read access for tests.
   const shm::QpEntry* qp_entry(uint32_t qpn) const;
   const shm::MrEntry* mr_entry(uint32_t key) const;
@@ -96,7 +111,10 @@ class Registry {
     uid_t uid;
     uint32_t ctx;           // the context this connection works in
     uint64_t socket_inode;  // claimed and verified client end of the connection
+    int async_fd = -1;      // the client's async eventfd (owned by async_fds_)
   };
+  std::map<uint32_t, Fd> async_fds_;  // by client
+  void fail_peers_of(const std::vector<uint32_t>& dead_qpns);
   // A device context: objects belong to it; processes attach to it (by
   // opening a device, or by importing another's context). All are equal.
   struct Context {
@@ -199,6 +217,7 @@ class Registry {
   std::map<pid_t, Account> accounts_;
   std::map<uint32_t, Mw> mws_;  // by slot in the MR table
   std::map<std::string, Region> regions_;
+  std::vector<PendingEvent> events_;
 
   std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
   std::vector<uint8_t> qp_gen_;       // per QP slot: generation

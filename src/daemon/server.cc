@@ -25,6 +25,7 @@ int fds_expected(proto::Op op) {
     case proto::Op::RegBacking:
     case proto::Op::CreateChannel:
     case proto::Op::ImportContext:
+    case proto::Op::RegAsync:
       return 1;
     default:
       return 0;
@@ -117,6 +118,26 @@ void Server::drop(int fd) {
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   registry_.remove_client(it->second.client);
   conns_.erase(it);
+  send_events();
+}
+
+// Async events go out as unsolicited messages (seq 0) on the client's
+// socket, and its async eventfd is raised so that a poller wakes up. A
+// client that does not read its socket loses events rather than stall us.
+void Server::send_events() {
+  for (const auto& ev : registry_.take_events()) {
+    for (auto& [fd, conn] : conns_) {
+      if (conn.client != ev.client) continue;
+      proto::AsyncEventMsg m{};
+      proto::init_header(m, proto::Op::AsyncEvent, 0);
+      m.event_type = ev.type;
+      m.element = ev.element;
+      if (send_message(fd, &m, sizeof(m), {}) == 0) {
+        int afd = registry_.async_fd_of(conn.client);
+        if (afd >= 0) eventfd_signal(afd);
+      }
+    }
+  }
 }
 
 void Server::serve(int fd) {
@@ -152,6 +173,7 @@ void Server::serve(int fd) {
       drop(fd);
       return;
     }
+    send_events();
   }
 }
 
@@ -369,6 +391,12 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       proto::RegMrReply rep{};
       int st = registry_.reg_shared(client, req, rep);
       return encode(h, rep, st, out);
+    }
+    case Op::RegAsync: {
+      proto::Empty req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.reg_async(client, std::move(in_fds[0])), out);
     }
     case Op::Accounts: {
       proto::Empty req;

@@ -31,6 +31,7 @@ class Server {
   void accept_clients();
   void serve(int fd);
   void drop(int fd);
+  void send_events();
 
   std::string dir_;
   int idle_seconds_;

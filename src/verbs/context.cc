@@ -5,6 +5,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -198,6 +199,21 @@ ibv_context* make_context(int import_fd) {
     errno = e;
     return nullptr;
   }
+  // Async events from the daemon: it raises our eventfd and sends the event.
+  {
+    proto::Empty req{};
+    proto::Empty rep{};
+    int fds1[1] = {st->async_fd.get()};
+    if (int e = st->conn.call(proto::Op::RegAsync, req, rep, fds1)) {
+      errno = e;
+      return nullptr;
+    }
+    ContextState* raw = st.get();
+    st->conn.on_event = [raw](const proto::AsyncEventMsg& m) {
+      std::lock_guard<std::mutex> g(raw->async.mu);
+      raw->async.raw.push_back(m);
+    };
+  }
 
   auto* ctx = static_cast<Context*>(std::calloc(1, sizeof(Context)));
   if (!ctx) {
@@ -225,6 +241,7 @@ ibv_context* make_context(int import_fd) {
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
   c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  start_watchdog(*st);
   ctx->st = st.release();
   return &c;
 }
@@ -262,6 +279,67 @@ int query_port(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t attr_len)
   a.link_layer = IBV_LINK_LAYER_ETHERNET;
   std::memcpy(attr, &a, std::min(attr_len, sizeof(a)));
   return 0;
+}
+
+ContextState::~ContextState() {
+  if (watchdog.joinable()) {
+    eventfd_signal(watchdog_stop.get());
+    watchdog.join();
+  }
+}
+
+// Watches the daemon connection: when the daemon dies, the device is gone
+// (IBV_EVENT_DEVICE_FATAL): later verbs fail, and threads asleep in
+// ibv_get_cq_event or ibv_get_async_event wake up with an error.
+void start_watchdog(ContextState& st) {
+  if (make_eventfd(st.watchdog_stop)) return;
+  st.watchdog = std::thread([&st] {
+    pollfd p[2] = {{st.conn.fd(), POLLRDHUP, 0}, {st.watchdog_stop.get(), POLLIN, 0}};
+    for (;;) {
+      int n = ::poll(p, 2, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 || (p[1].revents & POLLIN)) return;
+      if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) break;
+    }
+    st.dead.store(true);
+    ibv_async_event ev{};
+    ev.event_type = IBV_EVENT_DEVICE_FATAL;
+    push_async_event(st, ev);
+    std::lock_guard<std::mutex> g(st.mu);
+    for (CqState* cq : st.cqs)
+      if (cq->channel) eventfd_signal(cq->channel->ch.fd);
+  });
+}
+
+// Matches the daemon's events to this process's handles; events for objects
+// this process holds no handle of are not its business.
+void resolve_raw_events(ContextState& st) {
+  std::deque<proto::AsyncEventMsg> raw;
+  {
+    std::lock_guard<std::mutex> g(st.async.mu);
+    raw.swap(st.async.raw);
+  }
+  for (const auto& m : raw) {
+    ibv_async_event ev{};
+    ev.event_type = ibv_event_type(m.event_type);
+    {
+      std::lock_guard<std::mutex> g(st.mu);
+      if (m.event_type == IBV_EVENT_QP_FATAL || m.event_type == IBV_EVENT_QP_REQ_ERR ||
+          m.event_type == IBV_EVENT_QP_ACCESS_ERR || m.event_type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+        auto it = st.qp_handles.find(m.element);
+        if (it == st.qp_handles.end()) continue;
+        ev.element.qp = &it->second->qpx.qp_base;
+      } else if (m.event_type == IBV_EVENT_CQ_ERR) {
+        auto it = st.cq_handles.find(m.element);
+        if (it == st.cq_handles.end()) continue;
+        ev.element.cq = reinterpret_cast<ibv_cq*>(&it->second->cq);
+      } else {
+        ev.element.port_num = 1;
+      }
+    }
+    std::lock_guard<std::mutex> g(st.async.mu);
+    st.async.events.push_back(ev);
+  }
 }
 
 void push_async_event(ContextState& st, const ibv_async_event& ev) {
@@ -386,6 +464,8 @@ int ibv_get_async_event(ibv_context* c, ibv_async_event* ev) {
       errno = e;
       return -1;
     }
+    if (!st.dead.load()) st.conn.drain_events();
+    resolve_raw_events(st);
     std::lock_guard<std::mutex> g(st.async.mu);
     if (!st.async.events.empty()) {
       *ev = st.async.events.front();

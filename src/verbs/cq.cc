@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/completion.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
@@ -30,21 +31,7 @@ int CqView::attach(int fd, uint64_t size) {
 }
 
 bool CqView::push(const ibv_wc& wc, bool solicited) {
-  Cqe e{};
-  e.wc = wc;
-  e.solicited = solicited;
-  if (!ring.push(e)) {
-    hdr->overrun.store(1, std::memory_order_relaxed);
-    return false;
-  }
-  uint32_t armed = hdr->armed.load(std::memory_order_acquire);
-  if (armed == shm::kArmAny || (armed == shm::kArmSolicited && solicited)) {
-    if (hdr->armed.exchange(shm::kArmNone, std::memory_order_acq_rel) != shm::kArmNone) {
-      hdr->notified.store(1, std::memory_order_release);
-      if (channel_fd >= 0) eventfd_signal(channel_fd);
-    }
-  }
-  return true;
+  return shm::push_completion(hdr, ring, wc, solicited, channel_fd);
 }
 
 int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
@@ -235,6 +222,10 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_conte
       *cq_out = hit->ibcq;
       *cq_context = hit->ibcq->cq_context;
       return 0;
+    }
+    if (cs.dead.load()) {
+      errno = EIO;  // the device is gone
+      return -1;
     }
     if (e == EAGAIN) {
       errno = EAGAIN;

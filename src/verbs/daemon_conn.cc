@@ -1,6 +1,7 @@
 // The library's side of the control protocol: connecting to the user's
 // daemon, starting it on demand, and synchronous request/reply calls.
 #include <dlfcn.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -97,10 +98,13 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
   alignas(8) uint8_t buf[proto::kMaxMessage];
   std::vector<Fd> fds;
   size_t len = 0;
-  if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds)) return e == EAGAIN ? ETIMEDOUT : e;
-  if (len == 0) return ENODEV;  // the daemon went away
-  if (len < sizeof(proto::Header)) return EPROTO;
   proto::Header rh;
+  for (;;) {
+    if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds)) return e == EAGAIN ? ETIMEDOUT : e;
+    if (len == 0) return ENODEV;  // the daemon went away
+    if (len < sizeof(proto::Header)) return EPROTO;
+    if (!dispatch_event(buf, len)) break;  // not an async event: our reply
+  }
   std::memcpy(&rh, buf, sizeof(rh));
   if (rh.magic != proto::kMagic || rh.seq != h->seq) return EPROTO;
   if (rh.status != 0) return rh.status;
@@ -108,6 +112,31 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
   std::memcpy(rep, buf, rep_len);
   if (recv_fds) *recv_fds = std::move(fds);
   return 0;
+}
+
+bool DaemonConn::dispatch_event(const uint8_t* buf, size_t len) {
+  proto::Header h;
+  std::memcpy(&h, buf, sizeof(h));
+  if (h.op != uint16_t(proto::Op::AsyncEvent) || h.seq != 0) return false;
+  if (len == sizeof(proto::AsyncEventMsg) && on_event) {
+    proto::AsyncEventMsg m;
+    std::memcpy(&m, buf, sizeof(m));
+    on_event(m);
+  }
+  return true;
+}
+
+void DaemonConn::drain_events() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (;;) {
+    pollfd p{sock_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) return;
+    alignas(8) uint8_t buf[proto::kMaxMessage];
+    std::vector<Fd> fds;
+    size_t len = 0;
+    if (recv_message(sock_.get(), buf, sizeof(buf), &len, fds) || len < sizeof(proto::Header)) return;
+    dispatch_event(buf, len);  // nothing else can be waiting: calls hold the lock
+  }
 }
 
 }  // namespace sv::verbs

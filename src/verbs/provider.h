@@ -16,6 +16,8 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <thread>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,6 +47,10 @@ class DaemonConn {
   // Connects to the user's daemon, starting it if none answers.
   int open();
   int fd() const { return sock_.get(); }
+  // Receives the async events waiting on the socket without blocking.
+  void drain_events();
+  // Called (under the connection's lock) for each async event the daemon sends.
+  std::function<void(const proto::AsyncEventMsg&)> on_event;
 
   // Sends `req` (its header is filled in here) and waits for the reply.
   // Returns the transport error, else the reply's status.
@@ -58,6 +64,7 @@ class DaemonConn {
  private:
   int raw_call(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
                std::vector<Fd>* recv_fds);
+  bool dispatch_event(const uint8_t* buf, size_t len);
   Fd sock_;
   std::mutex mu_;
   uint32_t seq_ = 0;
@@ -177,10 +184,18 @@ struct Qp {
 struct AsyncQueue {
   std::mutex mu;
   std::deque<ibv_async_event> events;
+  // Events from the daemon, not yet matched to this process's handles (the
+  // match takes the context lock, which the connection lock must not wait for).
+  std::deque<proto::AsyncEventMsg> raw;
 };
 
 struct ContextState {
+  ~ContextState();
   DaemonConn conn;
+  // Set when the daemon is gone (IBV_EVENT_DEVICE_FATAL): every later verb fails.
+  std::atomic<bool> dead{false};
+  std::thread watchdog;
+  Fd watchdog_stop;
   uint64_t boot_id = 0;
   Mapping device_map;
   const MrEntry* mr_table = nullptr;
@@ -236,6 +251,7 @@ int query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_
 int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
                     size_t attr_size);
 void push_async_event(ContextState& st, const ibv_async_event& ev);
+void start_watchdog(ContextState& st);
 
 void fill_device_attr(ibv_device_attr& a);
 

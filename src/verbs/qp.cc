@@ -194,6 +194,10 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   QpState& q = *to_qp(ibqp)->st;
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // Destroyed by another sharer: the handle is stale.
+  if (q.ctx->st->dead.load(std::memory_order_relaxed)) {
+    *bad = wr;
+    return EIO;
+  }
   if (state == IBV_QPS_RESET || q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {
     *bad = wr;
     return EINVAL;

@@ -678,6 +678,10 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     *bad = wr;
     return EINVAL;
   }
+  if (q.ctx->st->dead.load(std::memory_order_relaxed)) {  // IBV_EVENT_DEVICE_FATAL happened
+    *bad = wr;
+    return EIO;
+  }
   int rc = 0;
   bool need_progress = false;
   q.hdr->send_lock.lock(self_pid());

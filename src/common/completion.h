@@ -1,0 +1,37 @@
+// completion.h: appending a completion to a CQ ring in shared memory, and
+// raising the CQ's event if it is armed (IBTA 11.4.2.2: one event per
+// arming). Used by requesters (library) and by the daemon when it flushes
+// the queues of a QP whose peer died.
+//
+// Contract: thread- and process-safe (the ring is multi-producer).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include "common/shm_layout.h"
+#include "common/sys.h"
+
+namespace sv::shm {
+
+// Returns false on overrun: the ring was full and the completion is lost
+// (IBTA 11.4.2.1 CQ overrun; recorded in hdr->overrun).
+inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc& wc, bool solicited,
+                            int channel_fd) {
+  Cqe e{};
+  e.wc = wc;
+  e.solicited = solicited;
+  if (!ring.push(e)) {
+    hdr->overrun.store(1, std::memory_order_relaxed);
+    return false;
+  }
+  uint32_t armed = hdr->armed.load(std::memory_order_acquire);
+  if (armed == kArmAny || (armed == kArmSolicited && solicited)) {
+    if (hdr->armed.exchange(kArmNone, std::memory_order_acq_rel) != kArmNone) {
+      hdr->notified.store(1, std::memory_order_release);
+      if (channel_fd >= 0) eventfd_signal(channel_fd);
+    }
+  }
+  return true;
+}
+
+}  // namespace sv::shm
