@@ -670,6 +670,50 @@ def make_plot(R, path):
 
 # -------------------------------------------------------------------- main --
 
+def reg_atomic_section(R, bench_bin):
+    """Registration cost and atomic rate (reg_atomic_bench), each beside its
+    baseline from the same run.  Returns markdown, or '' if not built."""
+    exe = os.path.join(bench_bin, "reg_atomic_bench")
+    if not os.access(exe, os.X_OK):
+        return ""
+    log("registration cost and atomic rate (reg_atomic_bench)")
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = R.lib_dir + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    try:
+        recs = parse_jsonl(run_cmd(R.launcher + [exe], 300, env=env), "reg_atomic_bench")
+    except BenchError as e:
+        R.failures.append(short_failure(str(e)))
+        return ""
+    for r in recs:
+        r["source"] = "reg_atomic"
+    R.raw.extend(recs)
+    out = ["", "## Registration cost", "",
+           "`ibv_reg_mr` + `ibv_dereg_mr` of a `posix_memalign` buffer (softverbs copies the pages "
+           "into its backing file and back), beside memcpy of the same size and the kernel's "
+           "`mlock`+`munlock` of it, all in this run.", "",
+           "| size | reg+dereg | per MiB | memcpy | mlock+munlock | reg / memcpy |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for r in recs:
+        if r.get("bench") != "reg":
+            continue
+        size = r["size"]
+        reg = r["reg_dereg_ns"]
+        per_mib = "%.2f ms" % (reg / 1e6 * (1 << 20) / size) if size >= (1 << 20) else "–"
+        lock = fmt_ns(r["mlock_munlock_ns"]) if r["mlock_munlock_ns"] >= 0 else "n/a"
+        out.append("| %s | %s | %s | %s | %s | %.0f× |" % (
+            fmt_size(size), fmt_ns(reg), per_mib, fmt_ns(r["memcpy_ns"]), lock, reg / max(r["memcpy_ns"], 1e-9)))
+    for r in recs:
+        if r.get("bench") == "atomic":
+            out += ["", "## Atomic rate", "",
+                    "FETCH_AND_ADD between two processes, one RC QP pair, 32 in flight, beside "
+                    "`__atomic_fetch_add` on one cache line shared by two processes.", "",
+                    "| softverbs | raw shared line | ratio |", "|---:|---:|---:|",
+                    "| %.1f M ops/s | %.1f M ops/s | %.2f× |" % (
+                        r["softverbs_ops_per_s"] / 1e6, r["raw_shared_line_ops_per_s"] / 1e6,
+                        r["softverbs_ops_per_s"] / r["raw_shared_line_ops_per_s"])]
+    return "\n".join(out) + "\n"
+
+
 def resolve_dir(path):
     if os.path.isabs(path):
         return path
@@ -767,6 +811,8 @@ def main():
             "the numbers are noisy" % noise)
 
     report = build_report(R, verbs_state)
+    if verbs_state == "ok":
+        report += reg_atomic_section(R, bench_bin)
     os.makedirs(args.out, exist_ok=True)
     md_path = os.path.join(args.out, "latest.md")
     png_path = os.path.join(args.out, "latest.png")

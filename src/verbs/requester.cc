@@ -54,10 +54,18 @@ void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t tota
     uint8_t* d = dst[di].p + doff;
     const uint8_t* s = src[si].p + soff;
     if (done + n == total && n > 0) {
-      uint64_t head = n > 16 ? n - 16 : 0;
-      std::memcpy(d, s, head);
+      // Everything but the tail, then the tail in one store: few stores
+      // means the target line does not bounce to a poller between them.
+      uint64_t tail = n >= 8 ? 8 : 1;
+      std::memcpy(d, s, n - tail);
       asm volatile("" ::: "memory");
-      for (uint64_t i = head; i < n; ++i) d[i] = s[i];
+      if (tail == 8) {
+        uint64_t v;
+        std::memcpy(&v, s + n - 8, 8);
+        *reinterpret_cast<volatile uint64_t*>(d + n - 8) = v;  // may be unaligned: fine on x86
+      } else {
+        d[n - 1] = s[n - 1];
+      }
     } else {
       std::memcpy(d, s, n);
     }
