@@ -53,6 +53,9 @@ enum class Op : uint16_t {
   ConnectUd,       // UD: reach QP `handle2` from my UD QP `handle`; reply fds as ConnectPeer
   RegAsync,        // fd: the context's async eventfd, raised when an AsyncEvent is sent
   AsyncEvent,      // daemon -> client, unsolicited (seq 0): an affiliated async event
+  CreateSrq,       // reply fd: SRQ segment
+  DestroySrq,
+  SrqLimit,        // a sender found the SRQ below its armed limit: tell its holders
   kCount
 };
 
@@ -172,6 +175,8 @@ struct ModifyQpReq {
   uint8_t reserved;
 };
 
+// fds: the peer's QP segment, its receive CQ segment, then its SRQ segment
+// if has_srq, then its CQ's channel eventfd if has_channel.
 struct ConnectPeerReply {
   Header h;
   uint32_t peer_qpn;
@@ -179,7 +184,25 @@ struct ConnectPeerReply {
   uint64_t qp_segment_size;
   uint64_t cq_segment_size;
   uint32_t has_channel;
+  uint32_t has_srq;
+  uint64_t srq_segment_size;
+  uint32_t srq_handle;
   uint32_t reserved;
+};
+
+struct CreateSrqReq {
+  Header h;
+  uint32_t pd;
+  uint32_t max_wr;
+  uint32_t max_sge;
+  uint32_t srq_limit;
+};
+
+struct CreateSrqReply {
+  Header h;
+  uint32_t handle;
+  uint32_t capacity;
+  uint64_t segment_size;
 };
 
 struct AsyncEventMsg {

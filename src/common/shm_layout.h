@@ -160,6 +160,29 @@ struct QpLayout {
   }
 };
 
+// ---- SRQ segment -------------------------------------------------------
+
+constexpr uint32_t kSrqMagic = 0x53565352;  // "SVSR"
+
+struct SrqSegmentHeader {
+  uint32_t magic;
+  uint32_t handle;
+  uint64_t size;
+  uint64_t ring_offset;
+  uint32_t capacity;
+  uint32_t max_sge;
+  alignas(64) std::atomic<uint32_t> limit;  // armed limit (IBV_SRQ_LIMIT), 0 = not armed
+};
+
+struct SrqLayout {
+  uint32_t capacity;
+  uint64_t ring_offset() const { return 4096; }
+  uint64_t size() const {
+    uint64_t end = ring_offset() + sizeof(RingHeader) + uint64_t(capacity) * sizeof(RingSlot<RecvWqe>);
+    return (end + 4095) & ~uint64_t(4095);
+  }
+};
+
 // ---- CQ segment --------------------------------------------------------
 
 enum : uint32_t { kArmNone = 0, kArmSolicited = 1, kArmAny = 2 };

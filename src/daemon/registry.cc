@@ -202,6 +202,11 @@ void Registry::release_context(uint32_t owner) {
     if (q.owner == owner) ids.push_back(qpn);
   for (uint32_t id : ids) release_qp(id);
   fail_peers_of(ids);
+  std::erase_if(srqs_, [&](auto& kv) {
+    if (kv.second.owner != owner) return false;
+    if (auto p = pds_.find(kv.second.pd); p != pds_.end()) p->second.refs--;
+    return true;
+  });
   ids.clear();
   for (auto& [h, w] : mws_)
     if (w.owner == owner) ids.push_back(h);
@@ -376,6 +381,67 @@ Counts Registry::counts() const {
   return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mrs_.size()),
           uint32_t(cqs_.size()),     uint32_t(qps_.size()),      uint32_t(channels_.size()),
           uint32_t(backings_.size())};
+}
+
+// ---- SRQs (ibv_create_srq(3)) ---------------------------------------------
+
+int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
+                         std::vector<int>& out_fds) {
+  auto pd = pds_.find(req.pd);
+  if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
+  if (req.max_wr == 0 || req.max_wr > kMaxQpWr || req.max_sge == 0 || req.max_sge > kMaxSge) return EINVAL;
+  SrqLayout layout{round_up_pow2(req.max_wr)};
+  // ibv_create_srq(3): the limit must be below the queue's size.
+  if (req.srq_limit >= layout.capacity) return EINVAL;
+  Srq srq{ctx(client), req.pd, Fd(), Mapping(), 0};
+  if (int e = make_memfd("softverbs-srq", layout.size(), srq.fd)) return e;
+  if (int e = map_shared(srq.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, srq.map)) return e;
+  uint32_t handle = next_handle_++;
+  auto* h = srq.map.as<SrqSegmentHeader>();
+  h->magic = kSrqMagic;
+  h->handle = handle;
+  h->size = layout.size();
+  h->ring_offset = layout.ring_offset();
+  h->capacity = layout.capacity;
+  h->max_sge = req.max_sge;
+  h->limit.store(req.srq_limit, std::memory_order_relaxed);
+  auto* rh = reinterpret_cast<RingHeader*>(srq.map.as<char>() + layout.ring_offset());
+  Ring<RecvWqe>::init(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), layout.capacity);
+  pd->second.refs++;
+  rep.handle = handle;
+  rep.capacity = layout.capacity;
+  rep.segment_size = layout.size();
+  out_fds.push_back(srq.fd.get());
+  srqs_[handle] = std::move(srq);
+  return 0;
+}
+
+int Registry::destroy_srq(uint32_t client, uint32_t handle) {
+  auto it = srqs_.find(handle);
+  if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (it->second.refs) return EBUSY;  // QPs still use it
+  if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
+  srqs_.erase(it);
+  return 0;
+}
+
+// IBTA 11.5.2.4: the SRQ limit event goes to the SRQ's holders. A sender
+// that saw the queue fall below the armed limit (and disarmed it) asks for it;
+// only one connected to a QP of that SRQ may.
+int Registry::srq_limit(uint32_t client, uint32_t handle) {
+  auto it = srqs_.find(handle);
+  if (it == srqs_.end()) return EINVAL;
+  bool allowed = it->second.owner == ctx(client);
+  for (auto& [qpn, q] : qps_) {
+    if (allowed) break;
+    if (q.owner != ctx(client)) continue;
+    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
+    if (peer != qps_.end() && peer->second.srq == handle) allowed = true;
+  }
+  if (!allowed) return EACCES;
+  for (auto& [id, c] : clients_)
+    if (c.ctx == it->second.owner) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, handle});
+  return 0;
 }
 
 int Registry::reg_async(uint32_t client, Fd eventfd) {
@@ -693,7 +759,11 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   auto rcq = cqs_.find(req.recv_cq);
   if (scq == cqs_.end() || scq->second.owner != ctx(client)) return EINVAL;
   if (rcq == cqs_.end() || rcq->second.owner != ctx(client)) return EINVAL;
-  if (req.srq) return EOPNOTSUPP;  // SRQ: not yet
+  auto srq = srqs_.end();
+  if (req.srq) {
+    srq = srqs_.find(req.srq);
+    if (srq == srqs_.end() || srq->second.owner != ctx(client) || req.qp_type == IBV_QPT_UD) return EINVAL;
+  }
   if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC && req.qp_type != IBV_QPT_UD)
     return EOPNOTSUPP;  // XRC, raw packet: not yet
   if (req.max_send_wr > kMaxQpWr || req.max_recv_wr > kMaxQpWr) return EINVAL;
@@ -752,6 +822,10 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   rcq->second.refs++;
   qp.sq_capacity = layout.sq_capacity;
   qp.rq_capacity = layout.rq_capacity;
+  if (srq != srqs_.end()) {
+    qp.srq = req.srq;
+    srq->second.refs++;
+  }
   qp.sq_sig_all = req.sq_sig_all;
   rep.qpn = qpn;
   rep.sq_capacity = layout.sq_capacity;
@@ -818,6 +892,7 @@ void Registry::release_qp(uint32_t qpn) {
   e.state.store(IBV_QPS_ERR, std::memory_order_release);
   e.qpn.store(0, std::memory_order_release);
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
+  if (auto q = srqs_.find(it->second.srq); q != srqs_.end()) q->second.refs--;
   if (auto c = cqs_.find(it->second.send_cq); c != cqs_.end()) c->second.refs--;
   if (auto c = cqs_.find(it->second.recv_cq); c != cqs_.end()) c->second.refs--;
   qps_.erase(it);
@@ -840,6 +915,13 @@ int Registry::peer_reply(uint32_t dest, proto::ConnectPeerReply& rep, std::vecto
   rep.cq_segment_size = rcq->second.map.size();
   out_fds.push_back(peer->second.fd.get());
   out_fds.push_back(rcq->second.fd.get());
+  rep.has_srq = 0;
+  if (auto q = srqs_.find(peer->second.srq); q != srqs_.end()) {
+    out_fds.push_back(q->second.fd.get());
+    rep.has_srq = 1;
+    rep.srq_segment_size = q->second.map.size();
+    rep.srq_handle = q->first;
+  }
   rep.has_channel = 0;
   if (rcq->second.channel) {
     if (auto ch = channels_.find(rcq->second.channel); ch != channels_.end()) {

@@ -88,6 +88,10 @@ class Registry {
   void accounts(proto::AccountsReply& rep) const;
 
   int reg_async(uint32_t client, Fd eventfd);
+  int create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
+                 std::vector<int>& out_fds);
+  int destroy_srq(uint32_t client, uint32_t handle);
+  int srq_limit(uint32_t client, uint32_t handle);
   // Async events waiting to be sent: (client, event type, element). The
   // server sends them after each request or disconnection.
   struct PendingEvent {
@@ -178,6 +182,14 @@ class Registry {
     Mapping map;
     uint32_t refs = 0;  // QPs using it
   };
+  struct Srq {
+    uint32_t owner;
+    uint32_t pd;
+    Fd fd;
+    Mapping map;
+    uint32_t refs = 0;  // QPs using it
+  };
+  std::map<uint32_t, Srq> srqs_;
   struct Qp {
     uint32_t owner;
     uint32_t pd;
@@ -190,6 +202,7 @@ class Registry {
     uint32_t sq_capacity = 0;
     uint32_t rq_capacity = 0;
     uint32_t sq_sig_all = 0;
+    uint32_t srq = 0;
   };
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;

@@ -392,6 +392,22 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       int st = registry_.reg_shared(client, req, rep);
       return encode(h, rep, st, out);
     }
+    case Op::CreateSrq: {
+      proto::CreateSrqReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::CreateSrqReply rep{};
+      int st = registry_.create_srq(client, req, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::DestroySrq:
+    case Op::SrqLimit: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      int st = op == Op::DestroySrq ? registry_.destroy_srq(client, req.handle) : registry_.srq_limit(client, req.handle);
+      return encode(h, rep, st, out);
+    }
     case Op::RegAsync: {
       proto::Empty req;
       if (!decode(msg, len, req)) return bad();

@@ -138,6 +138,9 @@ void fill_device_attr(ibv_device_attr& a) {
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_ah = 65536;
   a.max_pkeys = 1;
+  a.max_srq = 65536;
+  a.max_srq_wr = shm::kMaxQpWr;
+  a.max_srq_sge = shm::kMaxSge;
   a.local_ca_ack_delay = 15;
   a.phys_port_cnt = 1;
 }
@@ -329,6 +332,10 @@ void resolve_raw_events(ContextState& st) {
         auto it = st.qp_handles.find(m.element);
         if (it == st.qp_handles.end()) continue;
         ev.element.qp = &it->second->qpx.qp_base;
+      } else if (m.event_type == IBV_EVENT_SRQ_LIMIT_REACHED || m.event_type == IBV_EVENT_SRQ_ERR) {
+        auto it = st.srq_handles.find(m.element);
+        if (it == st.srq_handles.end()) continue;
+        ev.element.srq = it->second;
       } else if (m.event_type == IBV_EVENT_CQ_ERR) {
         auto it = st.cq_handles.find(m.element);
         if (it == st.cq_handles.end()) continue;

@@ -166,14 +166,6 @@ int ibv_destroy_ah(ibv_ah* ah) {
 }
 
 
-// SRQs arrive with the verbs-coverage issue.
-ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP; }
-int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return EOPNOTSUPP; }
-int ibv_destroy_srq(ibv_srq*) { return EOPNOTSUPP; }
 
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }

@@ -136,6 +136,25 @@ struct Peer {
   shm::QpSegmentHeader* hdr;
   shm::Ring<shm::RecvWqe> rq;
   CqView recv_cq;
+  // The peer's SRQ, if its receives come from one.
+  Mapping srq_seg;
+  shm::SrqSegmentHeader* srq_hdr = nullptr;
+  shm::Ring<shm::RecvWqe> srq;
+  uint32_t srq_handle = 0;
+};
+
+struct SrqState {
+  Context* ctx;
+  uint32_t handle;
+  Mapping seg;
+  shm::SrqSegmentHeader* hdr;
+  shm::Ring<shm::RecvWqe> ring;
+  uint32_t max_sge;
+};
+
+struct Srq {
+  ibv_srq srq;
+  SrqState* st;
 };
 
 // A view of another process's registered memory, by key.
@@ -153,6 +172,7 @@ struct QpState {
   Pd* pd;
   Cq* send_cq;
   Cq* recv_cq;
+  Srq* srq = nullptr;
   const QpEntry* entry;
   Mapping seg;
   shm::QpSegmentHeader* hdr;
@@ -213,6 +233,7 @@ struct ContextState {
   std::map<uint32_t, Pd*> pds;
   std::map<uint32_t, Cq*> cq_handles;
   std::map<uint32_t, Qp*> qp_handles;
+  std::map<uint32_t, ibv_srq*> srq_handles;
   // Backing files this process has mapped itself (named regions): backing id
   // -> (base address, file offset of base).
   std::map<uint32_t, std::pair<uint8_t*, uint64_t>> local_views;
@@ -277,6 +298,12 @@ ibv_wc_opcode send_wc_opcode(uint32_t op);
 void flush_sq_locked(QpState& q);
 void flush_rq(QpState& q);
 void flush_peer_rq(Peer& p);
+
+// Receive side of a peer (srq.cc): the next receive WQE from its RQ or SRQ
+// (raising the SRQ limit event when it falls below the armed limit), and
+// mapping the peer's segments from a ConnectPeer/ConnectUd reply.
+bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out);
+int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, std::vector<Fd>& fds);
 
 // Sharing (sharing.cc, qp.cc)
 int attach_qp_segment(QpState& q, int fd, uint64_t size);

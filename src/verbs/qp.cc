@@ -110,8 +110,8 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  if (a->srq) {
-    errno = EOPNOTSUPP;
+  if (a->srq && (a->srq->context != c || a->qp_type == IBV_QPT_UD)) {
+    errno = EINVAL;
     return nullptr;
   }
   ibv_qp_cap& cap = a->cap;
@@ -129,6 +129,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   req.pd = to_pd(a->pd)->handle;
   req.send_cq = to_cq(a->send_cq)->st->handle;
   req.recv_cq = to_cq(a->recv_cq)->st->handle;
+  req.srq = a->srq ? reinterpret_cast<Srq*>(a->srq)->st->handle : 0;
   req.qp_type = a->qp_type;
   req.max_send_wr = cap.max_send_wr;
   req.max_recv_wr = cap.max_recv_wr;
@@ -149,6 +150,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   st->pd = to_pd(a->pd);
   st->send_cq = to_cq(a->send_cq);
   st->recv_cq = to_cq(a->recv_cq);
+  st->srq = a->srq ? reinterpret_cast<Srq*>(a->srq) : nullptr;
   st->entry = cs.qp_slot(rep.qpn);
   if (int e = attach_qp_segment(*st, fds[0].get(), rep.segment_size)) {
     errno = e;
@@ -176,7 +178,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   q.pd = a->pd;
   q.send_cq = a->send_cq;
   q.recv_cq = a->recv_cq;
-  q.srq = nullptr;
+  q.srq = a->srq;
   q.handle = rep.qpn;
   q.qp_num = rep.qpn;
   q.state = IBV_QPS_RESET;
@@ -198,7 +200,8 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     *bad = wr;
     return EIO;
   }
-  if (state == IBV_QPS_RESET || q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {
+  // A QP attached to an SRQ takes its receives from there (ibv_post_recv(3): EINVAL).
+  if (state == IBV_QPS_RESET || q.srq || q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {
     *bad = wr;
     return EINVAL;
   }
@@ -222,10 +225,6 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return 0;
 }
 
-int post_srq_recv(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr** bad) {
-  *bad = wr;
-  return EOPNOTSUPP;
-}
 
 }  // namespace sv::verbs
 

@@ -141,24 +141,9 @@ Peer* resolve_peer(QpState& q) {
     req.handle = q.qpn;
     proto::ConnectPeerReply rep{};
     std::vector<Fd> fds;
-    if (cs.conn.call(proto::Op::ConnectPeer, req, rep, {}, &fds) != 0 || fds.size() < 2) return nullptr;
+    if (cs.conn.call(proto::Op::ConnectPeer, req, rep, {}, &fds) != 0) return nullptr;
     auto np = std::make_unique<Peer>();
-    np->qpn = rep.peer_qpn;
-    np->entry = cs.qp_slot(rep.peer_qpn);
-    if (map_shared(fds[0].get(), 0, rep.qp_segment_size, PROT_READ | PROT_WRITE, false, np->seg)) return nullptr;
-    auto* h = np->seg.as<shm::QpSegmentHeader>();
-    shm::QpLayout l{h->sq_capacity, h->rq_capacity};
-    if (h->magic != shm::kQpMagic || h->size != rep.qp_segment_size || l.size() > rep.qp_segment_size)
-      return nullptr;
-    auto* rqh = reinterpret_cast<shm::RingHeader*>(np->seg.as<char>() + l.rq_offset());
-    if (rqh->capacity != h->rq_capacity) return nullptr;
-    np->hdr = h;
-    np->rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
-    if (np->recv_cq.attach(fds[1].get(), rep.cq_segment_size)) return nullptr;
-    if (rep.has_channel && fds.size() == 3) {
-      np->recv_cq.channel_owned = std::move(fds[2]);
-      np->recv_cq.channel_fd = np->recv_cq.channel_owned.get();
-    }
+    if (attach_peer(cs, *np, rep, fds)) return nullptr;
     q.peer = std::move(np);
     p = q.peer.get();
   }
@@ -258,7 +243,7 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
     case IBV_WR_SEND_WITH_INV: {
       if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
       shm::RecvWqe r;
-      if (!p->rq.pop(r)) return {Step::kRnr};
+      if (!pop_peer_recv(q, *p, r)) return {Step::kRnr};
       Seg remote[shm::kMaxSge];
       uint64_t room = 0;
       uint32_t nr = std::min<uint32_t>(r.num_sge, shm::kMaxSge);
@@ -305,7 +290,7 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
         if (!d) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
       }
       shm::RecvWqe r;
-      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !p->rq.pop(r)) return {Step::kRnr};
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !pop_peer_recv(q, *p, r)) return {Step::kRnr};
       Seg dst{d, total};
       if (total) copy_segments(&dst, 1, local, nl, total);
       if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
@@ -548,22 +533,9 @@ Peer* ud_peer(QpState& q, uint32_t dest) {
   req.dest = dest;
   proto::ConnectPeerReply rep{};
   std::vector<Fd> fds;
-  if (cs.conn.call(proto::Op::ConnectUd, req, rep, {}, &fds) != 0 || fds.size() < 2) return nullptr;
+  if (cs.conn.call(proto::Op::ConnectUd, req, rep, {}, &fds) != 0) return nullptr;
   auto np = std::make_unique<Peer>();
-  np->qpn = dest;
-  np->entry = cs.qp_slot(dest);
-  if (map_shared(fds[0].get(), 0, rep.qp_segment_size, PROT_READ | PROT_WRITE, false, np->seg)) return nullptr;
-  auto* h = np->seg.as<shm::QpSegmentHeader>();
-  shm::QpLayout l{h->sq_capacity, h->rq_capacity};
-  if (h->magic != shm::kQpMagic || h->size != rep.qp_segment_size || l.size() > rep.qp_segment_size) return nullptr;
-  auto* rqh = reinterpret_cast<shm::RingHeader*>(np->seg.as<char>() + l.rq_offset());
-  np->hdr = h;
-  np->rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
-  if (np->recv_cq.attach(fds[1].get(), rep.cq_segment_size)) return nullptr;
-  if (rep.has_channel && fds.size() == 3) {
-    np->recv_cq.channel_owned = std::move(fds[2]);
-    np->recv_cq.channel_fd = np->recv_cq.channel_owned.get();
-  }
+  if (attach_peer(cs, *np, rep, fds)) return nullptr;
   Peer* p = np.get();
   q.ud_peers[dest] = std::move(np);
   return p;
@@ -588,7 +560,7 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
   uint32_t qkey = (w.ud_qkey & 0x80000000u) ? q.entry->qkey.load() : w.ud_qkey;
   if (qkey != p->entry->qkey.load(std::memory_order_relaxed)) return {Step::kDone};  // Q_Key violation: dropped
   shm::RecvWqe r;
-  if (!p->rq.pop(r)) return {Step::kDone};  // no receive posted: dropped (no RNR on UD)
+  if (!pop_peer_recv(q, *p, r)) return {Step::kDone};  // no receive posted: dropped (no RNR on UD)
   // The GRH (an IPv6-style header carrying the GIDs) precedes the payload.
   uint8_t grh[40] = {};
   grh[0] = 0x60;

@@ -2,7 +2,7 @@
 # compat.ibv_rc_pingpong.*: Debian's ibv_rc_pingpong, server and client on
 # 127.0.0.1 over GID 0, validating the received data (--chk).
 #   rc_pingpong.sh BIN_DIR PORT SIZE poll|events [ITERS] [PROGRAM]
-# PROGRAM is ibv_rc_pingpong (default), ibv_uc_pingpong or ibv_ud_pingpong.
+# PROGRAM is ibv_rc_pingpong (default), ibv_uc_pingpong, ibv_ud_pingpong or ibv_srq_pingpong.
 . "$(dirname "$0")/lib.sh"
 port=${2:?port}
 size=${3:?size}

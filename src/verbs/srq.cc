@@ -1,0 +1,188 @@
+// Shared receive queues (ibv_create_srq(3)): a ring of receive WQEs in a
+// daemon-created segment that several QPs' senders take from, with the
+// limit event of IBTA 11.5.2.4. Also the receive side of a peer as a
+// requester sees it.
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "verbs/provider.h"
+
+namespace sv::verbs {
+namespace {
+
+int attach_srq_segment(Mapping& seg, shm::SrqSegmentHeader*& hdr, shm::Ring<shm::RecvWqe>& ring, int fd,
+                       uint64_t size) {
+  if (int e = map_shared(fd, 0, size, PROT_READ | PROT_WRITE, false, seg)) return e;
+  auto* h = seg.as<shm::SrqSegmentHeader>();
+  uint32_t cap = h->capacity;
+  if (h->magic != shm::kSrqMagic || h->size != size || cap == 0 || (cap & (cap - 1)) ||
+      shm::SrqLayout{cap}.size() > size)
+    return EPROTO;
+  auto* rh = reinterpret_cast<shm::RingHeader*>(seg.as<char>() + shm::SrqLayout{cap}.ring_offset());
+  if (rh->capacity != cap) return EPROTO;
+  hdr = h;
+  ring = shm::Ring<shm::RecvWqe>(rh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rh + 1));
+  return 0;
+}
+
+}  // namespace
+
+int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, std::vector<Fd>& fds) {
+  size_t want = 2 + (rep.has_srq ? 1 : 0) + (rep.has_channel ? 1 : 0);
+  if (fds.size() != want) return EPROTO;
+  p.qpn = rep.peer_qpn;
+  p.entry = cs.qp_slot(rep.peer_qpn);
+  if (int e = map_shared(fds[0].get(), 0, rep.qp_segment_size, PROT_READ | PROT_WRITE, false, p.seg)) return e;
+  auto* h = p.seg.as<shm::QpSegmentHeader>();
+  shm::QpLayout l{h->sq_capacity, h->rq_capacity};
+  if (h->magic != shm::kQpMagic || h->size != rep.qp_segment_size || l.size() > rep.qp_segment_size) return EPROTO;
+  auto* rqh = reinterpret_cast<shm::RingHeader*>(p.seg.as<char>() + l.rq_offset());
+  if (rqh->capacity != h->rq_capacity) return EPROTO;
+  p.hdr = h;
+  p.rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
+  if (int e = p.recv_cq.attach(fds[1].get(), rep.cq_segment_size)) return e;
+  size_t next = 2;
+  if (rep.has_srq) {
+    if (int e = attach_srq_segment(p.srq_seg, p.srq_hdr, p.srq, fds[next].get(), rep.srq_segment_size)) return e;
+    p.srq_handle = rep.srq_handle;
+    ++next;
+  }
+  if (rep.has_channel) {
+    p.recv_cq.channel_owned = std::move(fds[next]);
+    p.recv_cq.channel_fd = p.recv_cq.channel_owned.get();
+  }
+  return 0;
+}
+
+bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
+  if (!p.srq_hdr) return p.rq.pop(out);
+  if (!p.srq.pop(out)) return false;
+  uint32_t limit = p.srq_hdr->limit.load(std::memory_order_relaxed);
+  if (limit && p.srq.size() < limit && p.srq_hdr->limit.exchange(0) != 0) {
+    // Below the armed limit: the SRQ's holders get IBV_EVENT_SRQ_LIMIT_REACHED
+    // (the limit disarms itself).
+    proto::HandleReq req{};
+    req.handle = p.srq_handle;
+    proto::Empty rep{};
+    q.ctx->st->conn.call(proto::Op::SrqLimit, req, rep);
+  }
+  return true;
+}
+
+}  // namespace sv::verbs
+
+using namespace sv;
+using namespace sv::verbs;
+
+extern "C" {
+
+ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
+  if (!pd || !attr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ContextState& cs = ctx_state(pd->context);
+  proto::CreateSrqReq req{};
+  req.pd = to_pd(pd)->handle;
+  req.max_wr = attr->attr.max_wr;
+  req.max_sge = attr->attr.max_sge;
+  req.srq_limit = attr->attr.srq_limit;
+  proto::CreateSrqReply rep{};
+  std::vector<Fd> fds;
+  if (int e = cs.conn.call(proto::Op::CreateSrq, req, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
+    return nullptr;
+  }
+  auto st = std::make_unique<SrqState>();
+  st->ctx = to_ctx(pd->context);
+  st->handle = rep.handle;
+  st->max_sge = attr->attr.max_sge;
+  if (int e = attach_srq_segment(st->seg, st->hdr, st->ring, fds[0].get(), rep.segment_size)) {
+    errno = e;
+    return nullptr;
+  }
+  auto* srq = static_cast<Srq*>(std::calloc(1, sizeof(Srq)));
+  if (!srq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  srq->srq.context = pd->context;
+  srq->srq.srq_context = attr->srq_context;
+  srq->srq.pd = pd;
+  srq->srq.handle = rep.handle;
+  pthread_mutex_init(&srq->srq.mutex, nullptr);
+  pthread_cond_init(&srq->srq.cond, nullptr);
+  srq->st = st.release();
+  attr->attr.max_wr = rep.capacity;  // what it really holds
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.srq_handles[rep.handle] = &srq->srq;
+  return &srq->srq;
+}
+
+int ibv_modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) {
+  SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+  if (mask & IBV_SRQ_MAX_WR) return EINVAL;  // resizing is not supported (IBV_DEVICE_SRQ_RESIZE is not set)
+  if (mask & IBV_SRQ_LIMIT) {
+    if (attr->srq_limit >= st.hdr->capacity) return EINVAL;
+    st.hdr->limit.store(attr->srq_limit, std::memory_order_release);  // arms it (0 disarms)
+  }
+  return 0;
+}
+
+int ibv_query_srq(ibv_srq* ibsrq, ibv_srq_attr* attr) {
+  SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;
+  attr->max_wr = st.hdr->capacity;
+  attr->max_sge = st.max_sge;
+  attr->srq_limit = st.hdr->limit.load(std::memory_order_relaxed);
+  return 0;
+}
+
+int ibv_destroy_srq(ibv_srq* ibsrq) {
+  Srq* srq = reinterpret_cast<Srq*>(ibsrq);
+  ContextState& cs = ctx_state(ibsrq->context);
+  proto::HandleReq req{};
+  req.handle = srq->st->handle;
+  proto::Empty rep{};
+  if (int e = cs.conn.call(proto::Op::DestroySrq, req, rep)) return e;
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    cs.srq_handles.erase(srq->st->handle);
+  }
+  pthread_cond_destroy(&ibsrq->cond);
+  pthread_mutex_destroy(&ibsrq->mutex);
+  delete srq->st;
+  std::free(srq);
+  return 0;
+}
+
+}  // extern "C"
+
+namespace sv::verbs {
+
+int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;
+  if (st.ctx->st->dead.load(std::memory_order_relaxed)) {
+    *bad = wr;
+    return EIO;
+  }
+  for (; wr; wr = wr->next) {
+    if (wr->num_sge < 0 || uint32_t(wr->num_sge) > st.max_sge) {
+      *bad = wr;
+      return EINVAL;
+    }
+    shm::RecvWqe w{};
+    w.wr_id = wr->wr_id;
+    w.num_sge = uint32_t(wr->num_sge);
+    for (int i = 0; i < wr->num_sge; ++i) w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    if (!st.ring.push(w)) {
+      *bad = wr;
+      return ENOMEM;
+    }
+  }
+  return 0;
+}
+
+}  // namespace sv::verbs
