@@ -263,6 +263,11 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
   if (attr_size < sizeof(attr->orig_attr)) return EINVAL;
   std::memset(attr, 0, std::min(attr_size, sizeof(*attr)));
   fill_device_attr(attr->orig_attr);
+  // Completion timestamps are CLOCK_MONOTONIC nanoseconds: a 1 GHz clock.
+  if (attr_size >= offsetof(ibv_device_attr_ex, hca_core_clock) + sizeof(attr->hca_core_clock)) {
+    attr->completion_timestamp_mask = ~uint64_t(0);
+    attr->hca_core_clock = 1000000;  // kHz
+  }
   return 0;
 }
 

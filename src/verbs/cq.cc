@@ -3,6 +3,7 @@
 // (requesters for their sends, peers for receives), and pollers pop them.
 // An armed CQ raises its channel's eventfd once per arming (IBTA 11.4.2.2).
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -51,8 +52,6 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   if (cur != shm::kArmAny) st->view.hdr->armed.store(want, std::memory_order_release);
   return 0;
 }
-
-namespace {
 
 ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
   if (cqe <= 0 || uint32_t(cqe) > shm::kMaxCqe - 1 || comp_vector < 0 || comp_vector >= c->num_comp_vectors) {
@@ -104,11 +103,86 @@ ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* c
   return &q;
 }
 
+
+// ---- Extended CQs (ibv_create_cq_ex(3)) -------------------------------------
+
+namespace {
+
+CqState& ex_state(ibv_cq_ex* cq) { return *to_cq(reinterpret_cast<ibv_cq*>(cq))->st; }
+
+int ex_take(ibv_cq_ex* cq) {
+  CqState& st = ex_state(cq);
+  if (!st.view.ring.pop(st.cur)) return ENOENT;
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  st.cur_ns = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+  cq->status = st.cur.wc.status;
+  cq->wr_id = st.cur.wc.wr_id;
+  return 0;
+}
+int ex_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
+  if (attr && attr->comp_mask) return EINVAL;
+  return ex_take(cq);
+}
+int ex_next_poll(ibv_cq_ex* cq) { return ex_take(cq); }
+void ex_end_poll(ibv_cq_ex*) {}
+ibv_wc_opcode ex_opcode(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.opcode; }
+uint32_t ex_vendor_err(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.vendor_err; }
+uint32_t ex_byte_len(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.byte_len; }
+__be32 ex_imm(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.imm_data; }
+uint32_t ex_qp_num(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.qp_num; }
+uint32_t ex_src_qp(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.src_qp; }
+unsigned int ex_wc_flags(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.wc_flags; }
+uint32_t ex_slid(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.slid; }
+uint8_t ex_sl(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.sl; }
+uint8_t ex_dlid_path_bits(ibv_cq_ex* cq) { return ex_state(cq).cur.wc.dlid_path_bits; }
+uint64_t ex_ts(ibv_cq_ex* cq) { return ex_state(cq).cur_ns; }  // 1 tick = 1 ns (hca_core_clock 1 GHz)
+uint64_t ex_wallclock(ibv_cq_ex* cq) {
+  timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  (void)cq;
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+constexpr uint64_t kSupportedWcFlags = uint64_t(IBV_WC_STANDARD_FLAGS) |
+                                       uint64_t(IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) |
+                                       uint64_t(IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK);
+
 }  // namespace
 
-ibv_cq_ex* create_cq_ex(ibv_context*, ibv_cq_init_attr_ex*) {
-  errno = EOPNOTSUPP;  // extended CQs: see the verbs-coverage issue
-  return nullptr;
+ibv_cq_ex* create_cq_ex(ibv_context* c, ibv_cq_init_attr_ex* attr) {
+  if (!attr || (attr->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (attr->wc_flags & ~kSupportedWcFlags) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+      (attr->flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN))) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_cq* q = create_cq(c, int(attr->cqe), attr->cq_context, attr->channel, int(attr->comp_vector));
+  if (!q) return nullptr;
+  auto* ex = reinterpret_cast<ibv_cq_ex*>(q);
+  ex->start_poll = ex_start_poll;
+  ex->next_poll = ex_next_poll;
+  ex->end_poll = ex_end_poll;
+  ex->read_opcode = ex_opcode;
+  ex->read_vendor_err = ex_vendor_err;
+  ex->read_byte_len = ex_byte_len;
+  ex->read_imm_data = ex_imm;
+  ex->read_qp_num = ex_qp_num;
+  ex->read_src_qp = ex_src_qp;
+  ex->read_wc_flags = ex_wc_flags;
+  ex->read_slid = ex_slid;
+  ex->read_sl = ex_sl;
+  ex->read_dlid_path_bits = ex_dlid_path_bits;
+  ex->read_completion_ts = ex_ts;
+  ex->read_completion_wallclock_ns = ex_wallclock;
+  return ex;
 }
 
 }  // namespace sv::verbs

@@ -121,6 +121,10 @@ struct CqState {
   Channel* channel;
   ibv_cq* ibcq = nullptr;
   CqView view;
+  // Extended polling (ibv_start_poll): the completion being read, and when
+  // it was taken from the ring (the completion timestamp softverbs reports).
+  Cqe cur{};
+  uint64_t cur_ns = 0;
 };
 
 struct Cq {
@@ -279,6 +283,7 @@ void fill_device_attr(ibv_device_attr& a);
 // CQs (cq.cc)
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
+ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector);
 ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 
 // QPs (qp.cc, requester.cc)

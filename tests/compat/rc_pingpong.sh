@@ -1,7 +1,7 @@
 #!/bin/bash
 # compat.ibv_rc_pingpong.*: Debian's ibv_rc_pingpong, server and client on
 # 127.0.0.1 over GID 0, validating the received data (--chk).
-#   rc_pingpong.sh BIN_DIR PORT SIZE poll|events [ITERS] [PROGRAM]
+#   rc_pingpong.sh BIN_DIR PORT SIZE poll|events|ts [ITERS] [PROGRAM]
 # PROGRAM is ibv_rc_pingpong (default), ibv_uc_pingpong, ibv_ud_pingpong or ibv_srq_pingpong.
 . "$(dirname "$0")/lib.sh"
 port=${2:?port}
@@ -21,6 +21,8 @@ else
   log "note: this ibv_rc_pingpong has no --chk; data is not validated"
 fi
 [ "$mode" = events ] && args+=(-e)
+# ts: extended CQ with completion timestamps (ibv_create_cq_ex).
+[ "$mode" = ts ] && args+=(-t)
 
 if run_pair pingpong "$port" "$prog" "${args[@]}" -- "$prog" "${args[@]}" 127.0.0.1; then
   # "<bytes> bytes in <secs> seconds = <rate> Mbit/sec" and
