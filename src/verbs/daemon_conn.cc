@@ -21,6 +21,8 @@
 namespace sv::verbs {
 namespace {
 
+constexpr uint64_t kReplySpinNs = 50'000;
+
 std::string library_dir() {
   Dl_info info{};
   if (::dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || !info.dli_fname) return ".";
@@ -100,6 +102,14 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
   size_t len = 0;
   proto::Header rh;
   for (;;) {
+    // A blocking wake-up across vCPUs costs tens of microseconds on a VM
+    // (docs/PERFORMANCE.md); the daemon usually answers faster than that,
+    // so spin briefly before sleeping in recvmsg.
+    for (uint64_t until = monotonic_ns() + kReplySpinNs; monotonic_ns() < until;) {
+      pollfd p{sock_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) == 1) break;
+      __builtin_ia32_pause();
+    }
     if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds)) return e == EAGAIN ? ETIMEDOUT : e;
     if (len == 0) return ENODEV;  // the daemon went away
     if (len < sizeof(proto::Header)) return EPROTO;
