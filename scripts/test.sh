@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build, run every test
 # (unit, verbs, and Debian's own binaries under softverbs), then the same
-# gtest suites under ASan+UBSan and under TSan.
-# SOFTVERBS_SANITIZERS=0 skips the sanitizer builds.
+# gtest suites under ASan+UBSan and under TSan, then a time-boxed fuzz run of
+# the daemon's control-message decoding.
+# SOFTVERBS_SANITIZERS=0 skips the sanitizer builds; SOFTVERBS_FUZZ_SECONDS=0
+# the fuzz run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
@@ -16,5 +18,22 @@ if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
     BUILD_DIR=build-$san scripts/build.sh -DSANITIZE=$san
     (cd build-$san && ctest -j2 -LE compat --output-on-failure --timeout 300) || status=1
   done
+fi
+if [ "${SOFTVERBS_FUZZ_SECONDS:-30}" != 0 ] && command -v clang++ >/dev/null; then
+  echo "== fuzz: control messages (${SOFTVERBS_FUZZ_SECONDS:-30} s, libFuzzer + ASan/UBSan) =="
+  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON >/dev/null
+  cmake --build build-fuzz --target control_fuzz -j"$(nproc)" >/dev/null
+  work=$(mktemp -d)
+  cp fuzz/corpus/control/* "$work/"
+  if build-fuzz/fuzz/control_fuzz -max_total_time="${SOFTVERBS_FUZZ_SECONDS:-30}" -rss_limit_mb=4096 \
+       -print_final_stats=1 "$work" fuzz/corpus/control > build-fuzz/fuzz.log 2>&1; then
+    grep -E "^stat::number_of_executed_units|^Done" build-fuzz/fuzz.log || true
+    echo "fuzz: no crash"
+  else
+    tail -40 build-fuzz/fuzz.log
+    echo "fuzz: FAILED (the crashing input is in build-fuzz/, see above)"
+    status=1
+  fi
+  rm -rf "$work"
 fi
 exit $status
