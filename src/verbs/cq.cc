@@ -229,7 +229,7 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   proto::HandleReq req{};
   req.handle = ch->handle;
   proto::Empty rep{};
-  if (int e = cs.conn.call(proto::Op::DestroyChannel, req, rep)) {
+  if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroyChannel, req, rep))) {
     errno = e;
     return -1;
   }
@@ -248,7 +248,7 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
   proto::HandleReq req{};
   req.handle = cq->st->handle;
   proto::Empty rep{};
-  if (int e = cs.conn.call(proto::Op::DestroyCq, req, rep)) return e;
+  if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroyCq, req, rep))) return e;
   {
     std::lock_guard<std::mutex> g(cs.mu);
     std::erase(cs.cqs, cq->st);

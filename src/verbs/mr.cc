@@ -122,7 +122,7 @@ int ibv_dealloc_pd(ibv_pd* ibpd) {
   proto::HandleReq req{};
   req.handle = to_pd(ibpd)->handle;
   proto::Empty rep{};
-  if (int e = st.conn.call(proto::Op::DeallocPd, req, rep)) return e;
+  if (int e = destroy_result(st, st.conn.call(proto::Op::DeallocPd, req, rep))) return e;
   {
     std::lock_guard<std::mutex> g(st.mu);
     st.pds.erase(to_pd(ibpd)->handle);
@@ -149,7 +149,7 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
   proto::HandleReq req{};
   req.handle = mr->handle;
   proto::Empty rep{};
-  if (int e = st.conn.call(proto::Op::DeregMr, req, rep)) {
+  if (int e = destroy_result(st, st.conn.call(proto::Op::DeregMr, req, rep))) {
     // Already deregistered by another holder (all holders are equal): our
     // pages need not stay shared any more; the handle stays until
     // ibv_unimport_mr().

@@ -36,7 +36,7 @@ int dealloc_mw(ibv_mw* mw) {
   proto::HandleReq req{};
   req.handle = mw->handle;
   proto::Empty rep{};
-  if (int e = st.conn.call(proto::Op::DeallocMw, req, rep)) return e;
+  if (int e = destroy_result(st, st.conn.call(proto::Op::DeallocMw, req, rep))) return e;
   std::free(mw);
   return 0;
 }

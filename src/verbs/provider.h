@@ -196,7 +196,7 @@ struct QpState {
   uint32_t retry_left = 0;   // transport retries left
   bool head_started = false;
   uint64_t next_try_ns = 0;
-  bool in_progress_list = false;
+  std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
   struct Qp* self = nullptr;
 };
 
@@ -265,6 +265,11 @@ inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
 inline Channel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<Channel*>(c); }
+
+// After the device is gone (daemon dead), destroying an object frees this
+// process's side of it and succeeds, as rdma-core allows destroys after a
+// device disassociation; otherwise the daemon's answer stands.
+inline int destroy_result(const ContextState& st, int e) { return (e && st.dead.load()) ? 0 : e; }
 
 // ---- Internal entry points shared between files ----------------------------
 

@@ -360,7 +360,7 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
   proto::HandleReq req{};
   req.handle = q.qpn;
   proto::Empty rep{};
-  if (int e = cs.conn.call(proto::Op::DestroyQp, req, rep)) return e;
+  if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroyQp, req, rep))) return e;
   {
     std::lock_guard<std::mutex> g(cs.mu);
     cs.qp_handles.erase(q.qpn);

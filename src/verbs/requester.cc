@@ -59,13 +59,7 @@ void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t tota
       uint64_t tail = n >= 8 ? 8 : 1;
       std::memcpy(d, s, n - tail);
       asm volatile("" ::: "memory");
-      if (tail == 8) {
-        uint64_t v;
-        std::memcpy(&v, s + n - 8, 8);
-        *reinterpret_cast<volatile uint64_t*>(d + n - 8) = v;  // may be unaligned: fine on x86
-      } else {
-        d[n - 1] = s[n - 1];
-      }
+      std::memcpy(d + n - tail, s + n - tail, tail);  // one (possibly unaligned) store
     } else {
       std::memcpy(d, s, n);
     }

@@ -146,7 +146,7 @@ int ibv_destroy_srq(ibv_srq* ibsrq) {
   proto::HandleReq req{};
   req.handle = srq->st->handle;
   proto::Empty rep{};
-  if (int e = cs.conn.call(proto::Op::DestroySrq, req, rep)) return e;
+  if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroySrq, req, rep))) return e;
   {
     std::lock_guard<std::mutex> g(cs.mu);
     cs.srq_handles.erase(srq->st->handle);
