@@ -177,6 +177,25 @@ bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& tota
   return true;
 }
 
+// Resolves a receive WQE's scatter list in the responder's memory (its
+// L_Keys in its PD, with local write) for a message of `len` bytes: the
+// responder's error status, or IBV_WC_SUCCESS with `remote` filled.
+ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr) {
+  if (r.num_sge > shm::kMaxSge) return IBV_WC_LOC_LEN_ERR;  // a corrupt ring entry
+  nr = r.num_sge;
+  uint64_t room = 0;
+  for (uint32_t i = 0; i < nr; ++i) {
+    uint8_t* d = nullptr;
+    if (r.sge[i].length) {
+      d = peer_address(q, p, r.sge[i].lkey, r.sge[i].addr, r.sge[i].length, IBV_ACCESS_LOCAL_WRITE);
+      if (!d) return IBV_WC_LOC_PROT_ERR;
+    }
+    remote[i] = {d, r.sge[i].length};
+    room += r.sge[i].length;
+  }
+  return len > room ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
+}
+
 void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
                           uint32_t len, const shm::SendWqe& w) {
   ibv_wc wc{};
@@ -239,24 +258,13 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
       shm::RecvWqe r;
       if (!pop_peer_recv(q, *p, r)) return {Step::kRnr};
       Seg remote[shm::kMaxSge];
-      uint64_t room = 0;
-      uint32_t nr = std::min<uint32_t>(r.num_sge, shm::kMaxSge);
-      for (uint32_t i = 0; i < nr; ++i) {
-        uint8_t* d = r.sge[i].length ? peer_address(q, *p, r.sge[i].lkey, r.sge[i].addr, r.sge[i].length,
-                                                    IBV_ACCESS_LOCAL_WRITE)
-                                     : nullptr;
-        if (r.sge[i].length && !d) {
-          // The responder's own receive buffer is bad: its local protection
-          // error, our remote operational error (IBTA 9.7.5.1.5... class B).
-          push_recv_completion(q, *p, r, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, w);
-          return {Step::kError, IBV_WC_REM_OP_ERR, true};
-        }
-        remote[i] = {d, r.sge[i].length};
-        room += r.sge[i].length;
-      }
-      if (total > room || r.num_sge > shm::kMaxSge) {
-        push_recv_completion(q, *p, r, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, w);
-        return {Step::kError, IBV_WC_REM_INV_REQ_ERR, true};
+      uint32_t nr = 0;
+      if (ibv_wc_status rs = resolve_recv(q, *p, r, total, remote, nr)) {
+        // The responder's receive buffer is bad (its local protection error:
+        // our remote operational error) or too small (its local length error:
+        // our invalid request), IBTA 9.7.5.2.
+        push_recv_completion(q, *p, r, rs, IBV_WC_RECV, 0, w);
+        return {Step::kError, rs == IBV_WC_LOC_PROT_ERR ? IBV_WC_REM_OP_ERR : IBV_WC_REM_INV_REQ_ERR, true};
       }
       copy_segments(remote, int(nr), local, nl, total);
       if (w.opcode == IBV_WR_SEND_WITH_INV) {
@@ -569,21 +577,9 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
   src[0] = {grh, 40};
   for (int i = 0; i < nl; ++i) src[i + 1] = local[i];
   Seg remote[shm::kMaxSge];
-  uint64_t room = 0;
-  uint32_t nr = std::min<uint32_t>(r.num_sge, shm::kMaxSge);
-  for (uint32_t i = 0; i < nr; ++i) {
-    uint8_t* d = r.sge[i].length ? peer_address(q, *p, r.sge[i].lkey, r.sge[i].addr, r.sge[i].length,
-                                                IBV_ACCESS_LOCAL_WRITE)
-                                 : nullptr;
-    if (r.sge[i].length && !d) {
-      push_recv_completion(q, *p, r, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, w);
-      return {Step::kDone};
-    }
-    remote[i] = {d, r.sge[i].length};
-    room += r.sge[i].length;
-  }
-  if (total + 40 > room) {
-    push_recv_completion(q, *p, r, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, w);
+  uint32_t nr = 0;
+  if (ibv_wc_status rs = resolve_recv(q, *p, r, total + 40, remote, nr)) {
+    push_recv_completion(q, *p, r, rs, IBV_WC_RECV, 0, w);  // the responder's error; the sender never knows
     return {Step::kDone};
   }
   copy_segments(remote, int(nr), src, nl + 1, total + 40);
