@@ -31,11 +31,9 @@ bool wait_async(ibv_context* c, ibv_async_event* ev, int ms) {
 
 TEST(Faults, PeerDeathTakesConnectedQpToErrorWithFlushesAndAnEvent) {
   Side me;
-  ASSERT_EQ(0, me.open({}));
   Peer peer;
-  PeerInfo info = peer.open({});
-  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
-  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  PeerInfo info;
+  ASSERT_EQ(0, connect_pair(me, peer, info));
   for (int i = 0; i < 3; ++i) {
     ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 16, me.mr->lkey};
     ibv_recv_wr wr{};

@@ -118,6 +118,14 @@ std::vector<ibv_wc> poll(ibv_cq* cq, int n, int ms) {
   return out;
 }
 
+int connect_pair(Side& me, Peer& peer, PeerInfo& info, const Side::Options& mine, const Side::Options& theirs) {
+  if (int e = me.open(mine)) return e;
+  info = peer.open(theirs);
+  if (info.qpn == 0) return EIO;
+  if (int e = peer.connect(me.qp->qp_num, theirs)) return e;
+  return me.connect(info.qpn, mine);
+}
+
 uint64_t checksum(const uint8_t* p, uint64_t len) {
   uint64_t h = 1469598103934665603ull;
   for (uint64_t i = 0; i < len; ++i) h = (h ^ p[i]) * 1099511628211ull;

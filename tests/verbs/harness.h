@@ -106,6 +106,11 @@ class Peer {
   int sock_ = -1;
 };
 
+// Opens `me` and `peer` and connects their QPs to each other; `info` gets
+// the peer's QP and buffer. 0 or the first error.
+int connect_pair(Side& me, Peer& peer, PeerInfo& info, const Side::Options& mine = {},
+                 const Side::Options& theirs = {});
+
 // Deterministic byte pattern.
 inline uint8_t pattern(uint8_t seed, uint64_t i) { return uint8_t(seed * 131 + i * 7 + (i >> 8)); }
 uint64_t checksum(const uint8_t* p, uint64_t len);

@@ -53,11 +53,9 @@ TEST(Memory, FirstAndLastByteReachableOneBeyondFails) {
 
 TEST(Memory, LocalSgeBeyondEitherEndIsAProtectionError) {
   Side me;
-  ASSERT_EQ(0, me.open({}));
   Peer peer;
-  PeerInfo info = peer.open({});
-  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
-  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  PeerInfo info;
+  ASSERT_EQ(0, connect_pair(me, peer, info));
   ibv_mr* odd = ibv_reg_mr(me.pd, me.buf + 333, 1000, IBV_ACCESS_LOCAL_WRITE);
   ASSERT_NE(nullptr, odd);
   auto write_from = [&](int64_t offset, uint32_t len) {
@@ -83,11 +81,9 @@ TEST(Memory, LocalSgeBeyondEitherEndIsAProtectionError) {
 
 TEST(Memory, HundredRedundantRegistrationsEachEnforceTheirFlags) {
   Side me;
-  ASSERT_EQ(0, me.open({}));
   Peer peer;
-  PeerInfo info = peer.open({});
-  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
-  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  PeerInfo info;
+  ASSERT_EQ(0, connect_pair(me, peer, info));
   const int kinds[4] = {IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE};
@@ -115,11 +111,9 @@ TEST(Memory, HundredRedundantRegistrationsEachEnforceTheirFlags) {
 
 TEST(Memory, ZeroBasedRegistrationIsAddressedFromZero) {
   Side me;
-  ASSERT_EQ(0, me.open({}));
   Peer peer;
-  PeerInfo info = peer.open({});
-  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
-  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  PeerInfo info;
+  ASSERT_EQ(0, connect_pair(me, peer, info));
   ibv_mr* zb = ibv_reg_mr_iova(me.pd, me.buf + 1000, 500, 0,
                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ZERO_BASED);
   ASSERT_NE(nullptr, zb);
@@ -132,11 +126,9 @@ TEST(Memory, ZeroBasedRegistrationIsAddressedFromZero) {
 
 TEST(Memory, DeregisteredMrRefusesRemoteAccessAndIsNotTouched) {
   Side me;
-  ASSERT_EQ(0, me.open({}));
   Peer peer;
-  PeerInfo info = peer.open({});
-  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
-  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  PeerInfo info;
+  ASSERT_EQ(0, connect_pair(me, peer, info));
   ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
   ibv_send_wr wr{};
   wr.sg_list = &sge;
@@ -248,11 +240,9 @@ TEST(Memory, ForkChildGetsAPrivateSnapshot) {
   EXPECT_EQ(IBV_FORK_UNNEEDED, ibv_is_fork_initialized());
   EXPECT_EQ(0, ibv_fork_init());
   Side me;
-  ASSERT_EQ(0, me.open({}));
   Peer peer;
-  PeerInfo info = peer.open({});
-  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
-  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  PeerInfo info;
+  ASSERT_EQ(0, connect_pair(me, peer, info));
   std::memset(me.buf, 1, me.len);
   int pipe_fd[2], ready[2];
   ASSERT_EQ(0, pipe(pipe_fd));

@@ -98,11 +98,9 @@ TEST(ShmRegion, FirstCreatesOthersAttachNoOrderFreedWithLastDereg) {
 
 TEST(ShmRegion, RemoteAccessToARegion) {
   Side me;
-  ASSERT_EQ(0, me.open({}));
   Peer peer;
-  PeerInfo info = peer.open({});
-  ASSERT_EQ(0, peer.connect(me.qp->qp_num, {}));
-  ASSERT_EQ(0, me.connect(info.qpn, {}));
+  PeerInfo info;
+  ASSERT_EQ(0, connect_pair(me, peer, info));
   ibv_mr* mr = svx_reg_shmid(me.pd, "rdma", 4, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, nullptr);
   ASSERT_NE(nullptr, mr);
   peer.fill(8);
