@@ -81,6 +81,11 @@ ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* c
     return nullptr;
   }
   if (channel) st->view.channel_fd = channel->fd;
+  return new_cq_handle(c, std::move(st), rep.capacity, channel, cq_context);
+}
+
+ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capacity, ibv_comp_channel* channel,
+                      void* cq_context) {
   auto* cq = static_cast<Cq*>(std::calloc(1, sizeof(Cq)));
   if (!cq) {
     errno = ENOMEM;
@@ -90,16 +95,17 @@ ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* c
   q.context = c;
   q.channel = channel;
   q.cq_context = cq_context;
-  q.handle = rep.handle;
-  q.cqe = int(rep.capacity - 1);
+  q.handle = st->handle;
+  q.cqe = int(capacity - 1);
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
   st->ibcq = &q;
   cq->st = st.release();
   if (channel) __atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_RELAXED);
+  ContextState& cs = ctx_state(c);
   std::lock_guard<std::mutex> g(cs.mu);
   cs.cqs.push_back(cq->st);
-  cs.cq_handles[rep.handle] = cq;
+  cs.cq_handles[q.handle] = cq;
   return &q;
 }
 

@@ -15,6 +15,21 @@
 
 namespace sv::verbs {
 
+ibv_pd* new_pd_handle(ibv_context* c, uint32_t handle) {
+  auto* pd = static_cast<Pd*>(std::calloc(1, sizeof(Pd)));
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  pd->pd.context = c;
+  pd->pd.handle = handle;
+  pd->handle = handle;
+  ContextState& st = ctx_state(c);
+  std::lock_guard<std::mutex> g(st.mu);
+  st.pds.emplace(handle, pd);
+  return &pd->pd;
+}
+
 int get_backing(ContextState& st) {
   std::lock_guard<std::mutex> g(st.mu);
   if (st.backing) return 0;
@@ -104,17 +119,7 @@ ibv_pd* ibv_alloc_pd(ibv_context* c) {
     errno = e;
     return nullptr;
   }
-  auto* pd = static_cast<Pd*>(std::calloc(1, sizeof(Pd)));
-  if (!pd) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  pd->pd.context = c;
-  pd->pd.handle = rep.handle;
-  pd->handle = rep.handle;
-  std::lock_guard<std::mutex> g(st.mu);
-  st.pds[rep.handle] = pd;
-  return &pd->pd;
+  return new_pd_handle(c, rep.handle);
 }
 
 int ibv_dealloc_pd(ibv_pd* ibpd) {

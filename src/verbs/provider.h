@@ -315,6 +315,12 @@ void flush_peer_rq(Peer& p);
 bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out);
 int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, std::vector<Fd>& fds);
 
+// This process's handle of a PD / CQ (created here or imported): allocated,
+// filled in, and registered in the context's maps. NULL with errno on failure.
+ibv_pd* new_pd_handle(ibv_context* c, uint32_t handle);
+ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capacity, ibv_comp_channel* channel,
+                      void* cq_context);
+
 // Sharing (sharing.cc, qp.cc)
 int attach_qp_segment(QpState& q, int fd, uint64_t size);
 Cq* import_cq_handle(ibv_context* c, uint32_t handle);

@@ -47,23 +47,8 @@ Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
     errno = e;
     return nullptr;
   }
-  auto* cq = static_cast<Cq*>(std::calloc(1, sizeof(Cq)));
-  if (!cq) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  ibv_cq& q = *reinterpret_cast<ibv_cq*>(&cq->cq);
-  q.context = c;
-  q.handle = handle;
-  q.cqe = int(rep.capacity - 1);
-  pthread_mutex_init(&q.mutex, nullptr);
-  pthread_cond_init(&q.cond, nullptr);
-  st->ibcq = &q;
-  cq->st = st.release();
-  std::lock_guard<std::mutex> g(cs.mu);
-  cs.cqs.push_back(cq->st);
-  cs.cq_handles[handle] = cq;
-  return cq;
+  ibv_cq* q = new_cq_handle(c, std::move(st), rep.capacity, nullptr, nullptr);
+  return q ? to_cq(q) : nullptr;
 }
 
 ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
@@ -140,17 +125,7 @@ ibv_pd* ibv_import_pd(ibv_context* c, uint32_t pd_handle) {
     errno = e;
     return nullptr;
   }
-  auto* pd = static_cast<Pd*>(std::calloc(1, sizeof(Pd)));
-  if (!pd) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  pd->pd.context = c;
-  pd->pd.handle = pd_handle;
-  pd->handle = pd_handle;
-  std::lock_guard<std::mutex> g(st.mu);
-  st.pds.emplace(pd_handle, pd);
-  return &pd->pd;
+  return new_pd_handle(c, pd_handle);
 }
 
 void ibv_unimport_pd(ibv_pd* ibpd) {
