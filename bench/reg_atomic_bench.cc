@@ -12,6 +12,7 @@
 #include <infiniband/verbs.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "bench_common.h"
@@ -200,9 +202,107 @@ int atomic_bench() {
   return 0;
 }
 
+// Resident memory of a process in KiB (VmRSS), 0 if unknown.
+uint64_t rss_kib(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof(line), f))
+    if (std::sscanf(line, "VmRSS: %llu", &kib) == 1) break;
+  std::fclose(f);
+  return kib;
+}
+
+// The daemon's pid, from its status reply (protocol.h's StatusReply).
+pid_t daemon_pid() {
+  const char* d = std::getenv("SOFTVERBS_DIR");
+  std::string dir = d && *d ? d : "/tmp/softverbs-" + std::to_string(getuid());
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); !(d && *d) && x && *x) dir = std::string(x) + "/softverbs";
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof(a.sun_path), "%s/control", dir.c_str());
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(s);
+    return 0;
+  }
+  struct {
+    uint32_t magic;
+    uint16_t version, op;
+    uint32_t seq;
+    int32_t status;
+  } req{0x53565250, 1, 17 /* Status */, 1, 0};
+  uint32_t rep[16] = {};
+  pid_t pid = 0;
+  if (send(s, &req, sizeof(req), 0) == sizeof(req) && recv(s, rep, sizeof(rep), 0) >= 52) pid = pid_t(rep[12]);
+  close(s);
+  return pid;
+}
+
+// Scale: many QPs and many MRs in one process, with the memory each costs
+// this process and the daemon.
+int scale_bench(uint32_t nqp, uint32_t nmr) {
+  ibv_context* ctx = open_dev();
+  if (!ctx) return std::fprintf(stderr, "scale: no device\n"), 1;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = ibv_create_cq(ctx, 1024, nullptr, nullptr, 0);
+  pid_t dpid = daemon_pid();
+  uint64_t me0 = rss_kib(getpid()), d0 = dpid ? rss_kib(dpid) : 0;
+  std::vector<ibv_qp*> qps;
+  uint64_t t0 = now_ns_steady();
+  for (uint32_t i = 0; i < nqp; ++i) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap = {16, 16, 1, 1, 0};
+    ibv_qp* qp = ibv_create_qp(pd, &ia);
+    if (!qp) return std::fprintf(stderr, "scale: QP %u: %s\n", i, std::strerror(errno)), 1;
+    qps.push_back(qp);
+  }
+  double qp_ns = double(now_ns_steady() - t0) / nqp;
+  uint64_t me1 = rss_kib(getpid()), d1 = dpid ? rss_kib(dpid) : 0;
+  void* buf = nullptr;
+  if (posix_memalign(&buf, 4096, 65536)) return 1;
+  std::vector<ibv_mr*> mrs;
+  t0 = now_ns_steady();
+  for (uint32_t i = 0; i < nmr; ++i) {
+    ibv_mr* mr = ibv_reg_mr(pd, static_cast<char*>(buf) + (i % 4096), 4096, IBV_ACCESS_LOCAL_WRITE);
+    if (!mr) return std::fprintf(stderr, "scale: MR %u: %s\n", i, std::strerror(errno)), 1;
+    mrs.push_back(mr);
+  }
+  double mr_ns = double(now_ns_steady() - t0) / nmr;
+  uint64_t me2 = rss_kib(getpid()), d2 = dpid ? rss_kib(dpid) : 0;
+  JsonLine()
+      .str("bench", "scale")
+      .num("qps", nqp)
+      .num("mrs", nmr)
+      .real("create_qp_ns", qp_ns)
+      .real("reg_mr_ns", mr_ns)
+      .real("process_bytes_per_qp", double(me1 - me0) * 1024 / nqp)
+      .real("daemon_bytes_per_qp", dpid ? double(d1 - d0) * 1024 / nqp : -1)
+      .real("process_bytes_per_mr", double(me2 - me1) * 1024 / nmr)
+      .real("daemon_bytes_per_mr", dpid ? double(d2 - d1) * 1024 / nmr : -1)
+      .emit();
+  for (ibv_mr* mr : mrs) ibv_dereg_mr(mr);
+  for (ibv_qp* qp : qps) ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  std::free(buf);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "scale") == 0) {
+    uint32_t nqp = argc > 2 ? uint32_t(std::atoi(argv[2])) : 10000;
+    uint32_t nmr = argc > 3 ? uint32_t(std::atoi(argv[3])) : 100000;
+    return scale_bench(nqp, nmr);
+  }
   bool reg = true, atomic = true;
   if (argc > 1) {
     reg = std::strcmp(argv[1], "reg") == 0 || std::strcmp(argv[1], "all") == 0;

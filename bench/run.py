@@ -702,6 +702,26 @@ def reg_atomic_section(R, bench_bin):
         lock = fmt_ns(r["mlock_munlock_ns"]) if r["mlock_munlock_ns"] >= 0 else "n/a"
         out.append("| %s | %s | %s | %s | %s | %.0f× |" % (
             fmt_size(size), fmt_ns(reg), per_mib, fmt_ns(r["memcpy_ns"]), lock, reg / max(r["memcpy_ns"], 1e-9)))
+    try:
+        scale = parse_jsonl(run_cmd(R.launcher + [exe, "scale", "10000", "100000"], 300, env=env),
+                            "reg_atomic_bench scale")
+        for r in scale:
+            r["source"] = "reg_atomic"
+        R.raw.extend(scale)
+        recs = recs + scale
+    except BenchError as e:
+        R.failures.append(short_failure(str(e)))
+    for r in recs:
+        if r.get("bench") == "scale":
+            out += ["", "## Scale", "",
+                    "%d QPs (16-deep queues) and %d MRs (4 KiB each, overlapping) in one process; "
+                    "memory is the growth of resident memory (VmRSS)." % (r["qps"], r["mrs"]), "",
+                    "| object | create | process memory each | daemon memory each |",
+                    "|---|---:|---:|---:|",
+                    "| QP | %s | %.1f KiB | %.1f KiB |" % (fmt_ns(r["create_qp_ns"]), r["process_bytes_per_qp"] / 1024,
+                                                     r["daemon_bytes_per_qp"] / 1024),
+                    "| MR | %s | %.0f B | %.0f B |" % (fmt_ns(r["reg_mr_ns"]), r["process_bytes_per_mr"],
+                                                   r["daemon_bytes_per_mr"])]
     for r in recs:
         if r.get("bench") == "atomic":
             out += ["", "## Atomic rate", "",

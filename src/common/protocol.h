@@ -239,6 +239,8 @@ struct StatusReply {
   uint32_t channels;
   uint32_t backings;
   uint32_t regions;  // named shared memory regions
+  uint32_t daemon_pid;
+  uint32_t reserved;
 };
 
 struct AllocMwReq {

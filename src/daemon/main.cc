@@ -1,6 +1,7 @@
 // softverbsd: the per-user softverbs device daemon. Usually started on
 // demand by libibverbs.so.1; see docs/ARCHITECTURE.md.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +35,14 @@ int main(int argc, char** argv) {
     }
   }
   if (const char* e = std::getenv("SOFTVERBSD_IDLE")) idle = std::atoi(e);
+
+  // Every QP, CQ, channel and backing holds a descriptor here: use all the
+  // descriptors the hard limit allows.
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
 
   sv::daemon::Server server(dir, idle);
   int e = server.start();

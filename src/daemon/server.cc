@@ -314,6 +314,7 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       rep.channels = c.channels;
       rep.backings = c.backings;
       rep.regions = registry_.region_count();
+      rep.daemon_pid = uint32_t(::getpid());
       return encode(h, rep, 0, out);
     }
     case Op::AllocMw: {

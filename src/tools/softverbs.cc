@@ -72,7 +72,7 @@ int status() {
   bool have_accounts = sv::send_message(s.get(), &areq, sizeof(areq), {}) == 0 &&
                        sv::recv_message(s.get(), &arep, sizeof(arep), &len, fds) == 0 && len == sizeof(arep) &&
                        arep.h.status == 0;
-  std::printf("softverbsd at %s\n", dir.c_str());
+  std::printf("softverbsd (pid %u) at %s\n", rep.daemon_pid, dir.c_str());
   std::printf("  clients %u (this query included)\n  pds %u\n  mrs %u\n  cqs %u\n  qps %u\n  channels %u\n  backings %u\n  regions %u\n",
               rep.clients, rep.pds, rep.mrs, rep.cqs, rep.qps, rep.channels, rep.backings, rep.regions);
   if (have_accounts) {
