@@ -15,6 +15,20 @@
 
 namespace sv::verbs {
 
+Mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length, uint32_t handle, uint32_t key) {
+  auto* mr = static_cast<Mr*>(std::calloc(1, sizeof(Mr)));
+  if (!mr) return nullptr;
+  mr->mr.context = pd->context;
+  mr->mr.pd = pd;
+  mr->mr.addr = addr;
+  mr->mr.length = length;
+  mr->mr.handle = handle;
+  mr->mr.lkey = key;
+  mr->mr.rkey = key;
+  mr->handle = handle;
+  return mr;
+}
+
 ibv_pd* new_pd_handle(ibv_context* c, uint32_t handle) {
   auto* pd = static_cast<Pd*>(std::calloc(1, sizeof(Pd)));
   if (!pd) {
@@ -88,16 +102,8 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int acces
   proto::RegMrReply rep{};
   if (int e = st.conn.call(proto::Op::RegMr, req, rep)) return fail(e);
 
-  auto* mr = static_cast<Mr*>(std::calloc(1, sizeof(Mr)));
+  Mr* mr = new_mr_handle(ibpd, addr, length, rep.handle, rep.key);
   if (!mr) return fail(ENOMEM);
-  mr->mr.context = ibpd->context;
-  mr->mr.pd = ibpd;
-  mr->mr.addr = addr;
-  mr->mr.length = length;
-  mr->mr.handle = rep.handle;
-  mr->mr.lkey = rep.key;
-  mr->mr.rkey = rep.key;
-  mr->handle = rep.handle;
   mr->reg_addr = addr;
   mr->reg_len = length;
   return &mr->mr;

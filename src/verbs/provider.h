@@ -321,6 +321,20 @@ ibv_pd* new_pd_handle(ibv_context* c, uint32_t handle);
 ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capacity, ibv_comp_channel* channel,
                       void* cq_context);
 
+// This process's handle of an MR (registered here, imported, or over a
+// named region); NULL on allocation failure. `reg_addr`/`map_addr` stay
+// unset: the caller says what, if anything, dereg must release.
+Mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length, uint32_t handle, uint32_t key);
+
+// A receive work request as it sits in a receive queue ring.
+inline shm::RecvWqe to_recv_wqe(const ibv_recv_wr& wr) {
+  shm::RecvWqe w{};
+  w.wr_id = wr.wr_id;
+  w.num_sge = uint32_t(wr.num_sge);
+  for (int i = 0; i < wr.num_sge; ++i) w.sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+  return w;
+}
+
 // Sharing (sharing.cc, qp.cc)
 int attach_qp_segment(QpState& q, int fd, uint64_t size);
 Cq* import_cq_handle(ibv_context* c, uint32_t handle);

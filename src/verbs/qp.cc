@@ -210,11 +210,7 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       *bad = wr;
       return EINVAL;
     }
-    shm::RecvWqe w{};
-    w.wr_id = wr->wr_id;
-    w.num_sge = uint32_t(wr->num_sge);
-    for (int i = 0; i < wr->num_sge; ++i)
-      w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    shm::RecvWqe w = to_recv_wqe(*wr);
     if (!q.rq.push(w)) {
       *bad = wr;
       return ENOMEM;

@@ -150,20 +150,12 @@ ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
     errno = EINVAL;
     return nullptr;
   }
-  auto* mr = static_cast<Mr*>(std::calloc(1, sizeof(Mr)));
+  // The pages are the registrant's: this handle releases nothing at dereg.
+  Mr* mr = new_mr_handle(pd, reinterpret_cast<void*>(rep.addr), rep.length, mr_handle, rep.key);
   if (!mr) {
     errno = ENOMEM;
     return nullptr;
   }
-  mr->mr.context = pd->context;
-  mr->mr.pd = pd;
-  mr->mr.addr = reinterpret_cast<void*>(rep.addr);
-  mr->mr.length = rep.length;
-  mr->mr.handle = mr_handle;
-  mr->mr.lkey = rep.key;
-  mr->mr.rkey = rep.key;
-  mr->handle = mr_handle;
-  mr->reg_addr = nullptr;  // the pages are the registrant's: nothing to release here
   return &mr->mr;
 }
 

@@ -16,20 +16,6 @@
 namespace sv::verbs {
 namespace {
 
-Mr* new_mr(ibv_pd* pd, void* addr, size_t length, const proto::RegMrReply& rep) {
-  auto* mr = static_cast<Mr*>(std::calloc(1, sizeof(Mr)));
-  if (!mr) return nullptr;
-  mr->mr.context = pd->context;
-  mr->mr.pd = pd;
-  mr->mr.addr = addr;
-  mr->mr.length = length;
-  mr->mr.handle = rep.handle;
-  mr->mr.lkey = rep.key;
-  mr->mr.rkey = rep.key;
-  mr->handle = rep.handle;
-  return mr;
-}
-
 // Does [addr, addr+len) map file (dev, ino) at file offset `off`, contiguously?
 bool maps_same_pages(const void* addr, size_t len, dev_t dev, ino_t ino, uint64_t off) {
   FILE* f = std::fopen("/proc/self/maps", "r");
@@ -95,7 +81,7 @@ ibv_mr* svx_reg_shmid(ibv_pd* pd, const void* id, size_t id_len, size_t length, 
     errno = e;
     return nullptr;
   }
-  Mr* mr = new_mr(pd, map.get(), len, mr_rep);
+  Mr* mr = new_mr_handle(pd, map.get(), len, mr_rep.handle, mr_rep.key);
   if (!mr) {
     errno = ENOMEM;
     return nullptr;
@@ -159,7 +145,7 @@ ibv_mr* svx_reg_shared(ibv_mr* old, ibv_pd* pd, void* addr, unsigned int access)
     errno = err;
     return nullptr;
   }
-  Mr* mr = new_mr(pd, addr, length, rep);
+  Mr* mr = new_mr_handle(pd, addr, length, rep.handle, rep.key);
   if (!mr) {
     errno = ENOMEM;
     return nullptr;
