@@ -1,5 +1,7 @@
 #include "daemon/registry.h"
 
+#include "common/trace.h"
+
 #include <dirent.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -186,6 +188,7 @@ void Registry::remove_client(uint32_t client) {
   auto c = clients_.find(client);
   if (c == clients_.end()) return;
   uint32_t context = c->second.ctx;
+  SV_TRACE("daemon: client %u (pid %d) left context %u", client, int(c->second.pid), context);
   clients_.erase(c);
   async_fds_.erase(client);
   auto ct = contexts_.find(context);
@@ -466,6 +469,7 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
     if (q.type == IBV_QPT_UD || std::find(dead.begin(), dead.end(), dest) == dead.end()) continue;
     auto st = ibv_qp_state(e.state.load());
     if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_ERR) continue;
+    SV_TRACE("daemon: QP 0x%x to ERR: its peer QP 0x%x is gone", qpn, dest);
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
     auto cq = cqs_.find(q.recv_cq);
     if (cq != cqs_.end()) {
@@ -997,6 +1001,7 @@ int Registry::peer_error(uint32_t client, uint32_t qpn) {
   if (peer == qps_.end()) return 0;
   QpEntry& pe = qp_slot(dest);
   if (pe.dest_qpn.load() != qpn) return EINVAL;
+  SV_TRACE("daemon: QP 0x%x reports a responder error: peer QP 0x%x to ERR", qpn, dest);
   pe.state.store(IBV_QPS_ERR, std::memory_order_release);
   return 0;
 }

@@ -1,5 +1,7 @@
 #include "daemon/server.h"
 
+#include "common/trace.h"
+
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/file.h>
@@ -89,7 +91,10 @@ int Server::run() {
       int fd = evs[i].data.fd;
       if (fd == listen_fd_.get()) accept_clients();
       else if (evs[i].events & EPOLLIN) serve(fd);
-      else if (evs[i].events & (EPOLLHUP | EPOLLERR)) drop(fd);
+      else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+        SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, evs[i].events);
+        drop(fd);
+      }
     }
     if (!conns_.empty()) {
       idle_since = monotonic_ns();
@@ -160,6 +165,7 @@ void Server::serve(int fd) {
       // Oversized or truncated message: answer with an error if we can read a header.
       if (len < sizeof(proto::Header)) continue;
     } else if (e != 0 || len == 0) {
+      SV_TRACE("daemon: fd %d: %s", fd, e ? std::strerror(e) : "closed by the client");
       drop(fd);
       return;
     }
@@ -175,7 +181,8 @@ void Server::serve(int fd) {
       rlen = sizeof(rep);
       out_fds.clear();
     }
-    if (send_message(fd, out, rlen, out_fds) != 0) {
+    if (int se = send_message(fd, out, rlen, out_fds)) {
+      SV_TRACE("daemon: fd %d: reply not sent: %s", fd, std::strerror(se));
       drop(fd);
       return;
     }

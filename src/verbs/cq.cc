@@ -50,6 +50,9 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   // Arming for any completion overrides an earlier solicited-only arming.
   uint32_t cur = st->view.hdr->armed.load(std::memory_order_relaxed);
   if (cur != shm::kArmAny) st->view.hdr->armed.store(want, std::memory_order_release);
+  // The caller polls the CQ next: the arming must be visible before that
+  // poll reads the ring (see push_completion in common/completion.h).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   return 0;
 }
 
@@ -270,13 +273,60 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
 
 int ibv_resize_cq(ibv_cq*, int) { return EOPNOTSUPP; }
 
+// How long ibv_get_cq_event spins before it sleeps. A blocking wake-up
+// across vCPUs costs tens of microseconds on a VM (docs/PERFORMANCE.md),
+// while a ping-pong partner usually answers within a few: spinning that long
+// buys the difference back. SOFTVERBS_SPIN_US overrides it (0: never spin).
+static uint64_t spin_budget_ns() {
+  static const uint64_t ns = [] {
+    const char* e = std::getenv("SOFTVERBS_SPIN_US");
+    long us = e && *e ? std::strtol(e, nullptr, 10) : 50;
+    return uint64_t(us < 0 ? 0 : us > 100000 ? 100000 : us) * 1000;
+  }();
+  return ns;
+}
+
+// True if some CQ on `ch` has a pending event. Reads only shared memory.
+static bool channel_has_event(ContextState& cs, Channel* ch) {
+  std::lock_guard<std::mutex> g(cs.mu);
+  for (CqState* s : cs.cqs)
+    if (s->channel == ch && s->view.hdr->notified.load(std::memory_order_acquire)) return true;
+  return false;
+}
+
+// Spins up to the budget for an event before the caller blocks. Adaptive:
+// after 8 waits in a row that the spin did not catch (the partner is slow,
+// spinning only burns a CPU), it spins on one wait in 16 only, to notice
+// when the partner is fast again.
+static void spin_for_event(ContextState& cs, Channel* ch) {
+  uint64_t budget = spin_budget_ns();
+  if (budget == 0) return;
+  // Relaxed atomics: threads sharing a channel only need a rough count.
+  uint32_t waits = __atomic_add_fetch(&ch->waits, 1, __ATOMIC_RELAXED);
+  uint32_t misses = __atomic_load_n(&ch->spin_misses, __ATOMIC_RELAXED);
+  if (misses >= 8 && (waits & 15) != 0) return;
+  uint64_t start = sv::monotonic_ns();
+  do {
+    for (int i = 0; i < 64; ++i) {
+      if (channel_has_event(cs, ch)) {
+        __atomic_store_n(&ch->spin_misses, 0, __ATOMIC_RELAXED);
+        return;
+      }
+      __builtin_ia32_pause();
+    }
+  } while (sv::monotonic_ns() - start < budget);
+  if (misses < 8) __atomic_store_n(&ch->spin_misses, misses + 1, __ATOMIC_RELAXED);
+}
+
 // Waits for an event on `channel` (ibv_get_cq_event(3)). The eventfd is
 // drained first and the CQs' notified flags scanned after, so a flag set
 // while we scan is never lost; if more than one CQ fired, the fd is raised
-// again so that it stays readable.
+// again so that it stays readable. A flag is set before its eventfd is
+// raised (completion.h), so a drain after the spin saw a flag returns at once.
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_context) {
   ContextState& cs = ctx_state(channel->context);
   Channel* ch = to_channel(channel);
+  spin_for_event(cs, ch);
   for (;;) {
     uint64_t v;
     int e = sv::eventfd_drain(channel->fd, &v);

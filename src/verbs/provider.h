@@ -113,6 +113,10 @@ struct Channel {
   ibv_comp_channel ch;
   uint32_t handle;
   Context* ctx;
+  // Adaptive spinning in ibv_get_cq_event: how many waits in a row the spin
+  // did not catch (then spinning pauses; see cq.cc).
+  uint32_t spin_misses;
+  uint32_t waits;
 };
 
 struct CqState {
