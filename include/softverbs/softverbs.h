@@ -90,6 +90,35 @@ struct ibv_mr *svx_reg_shmid(struct ibv_pd *pd, const void *id, size_t id_len, s
  * offsets), else EINVAL; a PD of another device is refused with EINVAL. */
 struct ibv_mr *svx_reg_shared(struct ibv_mr *mr, struct ibv_pd *pd, void *addr, unsigned int access);
 
+/* The namespace (seed 002): publish an object this process holds under a
+ * path-like name ("/app/mr0": components of [A-Za-z0-9._-], at most
+ * SVX_NAME_MAX-1 bytes), owned by the caller's user, with `group` (-1: the
+ * caller's group; otherwise one the caller belongs to, unless root) and
+ * permission bits `mode` (0..0777; r = may open for reading, w = for
+ * writing). The name goes away with the object or with svx_unpublish.
+ * Returns 0 or an errno value: EEXIST (the name is taken), EINVAL (bad name,
+ * mode, or an object that is not this context's), EPERM (group). */
+#define SVX_NAME_MAX 128
+#define SVX_OPEN_READ 4
+#define SVX_OPEN_WRITE 2
+int svx_publish(struct ibv_context *context, const char *name, const struct svx_object *object,
+                unsigned int mode, int group);
+
+/* Remove a name (only its owner or root may). 0, ENOENT or EPERM. */
+int svx_unpublish(struct ibv_context *context, const char *name);
+
+/* Open a published object by name: checks `access` (SVX_OPEN_READ and/or
+ * SVX_OPEN_WRITE) against the entry's mode with the caller's real
+ * credentials (from the socket, as the kernel gives them), then returns a
+ * new context that shares the object's context (as ibv_import_device does)
+ * and the object imported into it (*object; an MR comes with its PD). Close
+ * the context with ibv_close_device when done. NULL with errno: ENOENT (no
+ * such name), EACCES (the mode denies it), EPERM (the mode allows it but
+ * the object belongs to another user: sharing memory between users needs a
+ * path the daemon carries out, which is not built yet; see docs/SHARING.md),
+ * EINVAL (bad name or access). */
+struct ibv_context *svx_open(const char *name, int access, struct svx_object *object);
+
 #ifdef __cplusplus
 }
 #endif

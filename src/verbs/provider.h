@@ -29,6 +29,8 @@
 #include "common/shm_layout.h"
 #include "common/sys.h"
 
+struct svx_object;
+
 namespace sv::verbs {
 
 using shm::Cqe;
@@ -279,7 +281,17 @@ inline int destroy_result(const ContextState& st, int e) { return (e && st.dead.
 
 // Context (context.cc)
 ibv_context* open_context(ibv_device* dev);
-ibv_context* make_context(int import_fd);
+// Opens a context on a new daemon connection. With import_fd >= 0 it joins
+// the context whose command socket that is (ibv_import_device); with `ns`
+// it joins the context of a published object (svx_open) and fills ns->rep.
+struct NsAttach {
+  const char* name;
+  uint32_t access;
+  proto::NsOpenReply rep;
+};
+ibv_context* make_context(int import_fd, NsAttach* ns = nullptr);
+// Imports one object of a shared context into this process (sharing.cc).
+int import_object(ibv_context* c, uint32_t type, uint32_t handle, ::svx_object& obj);
 int close_context(ibv_context* ctx);
 int query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
 int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,

@@ -114,6 +114,36 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
 using namespace sv;
 using namespace sv::verbs;
 
+namespace sv::verbs {
+
+// Imports one object of a shared context into this process (svx_unpack,
+// svx_open). An MR comes with its PD. 0 or an errno value.
+int import_object(ibv_context* c, uint32_t type, uint32_t handle, svx_object& obj) {
+  obj.type = svx_object_type(type);
+  obj.ptr = nullptr;
+  ContextState& st = ctx_state(c);
+  errno = 0;
+  switch (type) {
+    case SVX_OBJ_PD:
+      if (Pd* pd = local_pd(st, c, handle)) obj.pd = &pd->pd;
+      break;
+    case SVX_OBJ_MR: {
+      proto::HandleReq req{};
+      req.handle = handle;
+      proto::QueryMrReply rep{};
+      if (int e = st.conn.call(proto::Op::QueryMr, req, rep)) return e;
+      if (Pd* pd = local_pd(st, c, rep.pd)) obj.mr = ibv_import_mr(&pd->pd, handle);
+      break;
+    }
+    case SVX_OBJ_CQ: obj.cq = svx_import_cq(c, handle); break;
+    case SVX_OBJ_QP: obj.qp = svx_import_qp(c, handle); break;
+    default: return EINVAL;
+  }
+  return obj.ptr ? 0 : (errno ? errno : EPROTO);
+}
+
+}  // namespace sv::verbs
+
 extern "C" {
 
 ibv_pd* ibv_import_pd(ibv_context* c, uint32_t pd_handle) {
@@ -250,33 +280,7 @@ int svx_unpack(int sock, ibv_context** out, svx_object* objs, int max, int* coun
   ibv_context* c = ibv_import_device(fds[0].get());
   if (!c) return errno;
   for (int i = 0; i < m.h.count; ++i) {
-    objs[i].type = svx_object_type(m.e[i].type);
-    objs[i].ptr = nullptr;
-    ContextState& st = ctx_state(c);
-    switch (m.e[i].type) {
-      case SVX_OBJ_PD:
-        objs[i].pd = &local_pd(st, c, m.e[i].handle)->pd;
-        break;
-      case SVX_OBJ_MR: {
-        proto::HandleReq req{};
-        req.handle = m.e[i].handle;
-        proto::QueryMrReply rep{};
-        if (st.conn.call(proto::Op::QueryMr, req, rep) == 0) {
-          if (Pd* pd = local_pd(st, c, rep.pd)) objs[i].mr = ibv_import_mr(&pd->pd, m.e[i].handle);
-        }
-        break;
-      }
-      case SVX_OBJ_CQ:
-        objs[i].cq = svx_import_cq(c, m.e[i].handle);
-        break;
-      case SVX_OBJ_QP:
-        objs[i].qp = svx_import_qp(c, m.e[i].handle);
-        break;
-      default:
-        break;
-    }
-    if (!objs[i].ptr) {
-      int e = errno ? errno : EPROTO;
+    if (int e = import_object(c, m.e[i].type, m.e[i].handle, objs[i])) {
       ibv_close_device(c);
       return e;
     }
