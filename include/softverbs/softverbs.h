@@ -34,6 +34,13 @@ void svx_unimport_cq(struct ibv_cq *cq);
 struct ibv_qp *svx_import_qp(struct ibv_context *context, uint32_t qp_num);
 void svx_unimport_qp(struct ibv_qp *qp);
 
+/* Import an SRQ of a shared context by its handle (srq->handle in the
+ * creating process), with its PD. Any holder may post receives to it and
+ * modify or query it; the QPs attached to it take receives from it,
+ * whichever process posted them. Unimport releases only this handle. */
+struct ibv_srq *svx_import_srq(struct ibv_context *context, uint32_t srq_handle);
+void svx_unimport_srq(struct ibv_srq *srq);
+
 /* The local handle of a QP of this context by number (for example the
  * qp_num of a completion of a shared CQ), importing it if needed.
  * NULL with errno EINVAL if the context has no such QP. */
@@ -44,6 +51,7 @@ enum svx_object_type {
   SVX_OBJ_MR = 2,
   SVX_OBJ_CQ = 3,
   SVX_OBJ_QP = 4,
+  SVX_OBJ_SRQ = 5,
 };
 
 struct svx_object {
@@ -53,6 +61,7 @@ struct svx_object {
     struct ibv_mr *mr;
     struct ibv_cq *cq;
     struct ibv_qp *qp;
+    struct ibv_srq *srq;
     void *ptr;
   };
 };

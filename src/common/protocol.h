@@ -60,6 +60,7 @@ enum class Op : uint16_t {
   NsUnpublish,
   NsOpen,          // attach this (fresh) connection to the context of a published object
   NsList,          // list the namespace, a page at a time
+  ImportSrq,       // reply fd: SRQ segment
   kCount
 };
 
@@ -206,6 +207,13 @@ struct CreateSrqReply {
   Header h;
   uint32_t handle;
   uint32_t capacity;
+  uint64_t segment_size;
+};
+
+struct ImportSrqReply {
+  Header h;
+  uint32_t pd;
+  uint32_t max_sge;
   uint64_t segment_size;
 };
 

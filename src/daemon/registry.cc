@@ -183,6 +183,16 @@ int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep
   return 0;
 }
 
+int Registry::import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds) {
+  auto it = srqs_.find(handle);
+  if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  rep.pd = it->second.pd;
+  rep.max_sge = it->second.map.as<SrqSegmentHeader>()->max_sge;
+  rep.segment_size = it->second.map.size();
+  out_fds.push_back(it->second.fd.get());
+  return 0;
+}
+
 void Registry::remove_context_if_unused(uint32_t context) {
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached == 0) {

@@ -20,6 +20,7 @@ int svx_publish(ibv_context* c, const char* name, const svx_object* obj, unsigne
     case SVX_OBJ_MR: req.handle = obj->mr->handle; break;
     case SVX_OBJ_CQ: req.handle = obj->cq->handle; break;
     case SVX_OBJ_QP: req.handle = obj->qp->qp_num; break;
+    case SVX_OBJ_SRQ: req.handle = obj->srq->handle; break;
     default: return EINVAL;
   }
   req.kind = uint32_t(obj->type);

@@ -334,6 +334,9 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
 // This process's handle of a PD / CQ (created here or imported): allocated,
 // filled in, and registered in the context's maps. NULL with errno on failure.
 ibv_pd* new_pd_handle(ibv_context* c, uint32_t handle);
+// This process's handle of PD `handle` of a shared context, imported if needed.
+ibv_pd* import_pd_handle(ibv_context* c, uint32_t handle);
+ibv_srq* new_srq_handle(ibv_pd* pd, uint32_t handle, uint32_t max_sge, void* srq_context, int fd, uint64_t size);
 ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capacity, ibv_comp_channel* channel,
                       void* cq_context);
 

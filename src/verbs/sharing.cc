@@ -25,6 +25,11 @@ Pd* local_pd(ContextState& st, ibv_context* c, uint32_t handle) {
 
 }  // namespace
 
+ibv_pd* import_pd_handle(ibv_context* c, uint32_t handle) {
+  Pd* p = local_pd(ctx_state(c), c, handle);
+  return p ? &p->pd : nullptr;
+}
+
 Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
   ContextState& cs = ctx_state(c);
   {
@@ -137,6 +142,7 @@ int import_object(ibv_context* c, uint32_t type, uint32_t handle, svx_object& ob
     }
     case SVX_OBJ_CQ: obj.cq = svx_import_cq(c, handle); break;
     case SVX_OBJ_QP: obj.qp = svx_import_qp(c, handle); break;
+    case SVX_OBJ_SRQ: obj.srq = svx_import_srq(c, handle); break;
     default: return EINVAL;
   }
   return obj.ptr ? 0 : (errno ? errno : EPROTO);
@@ -260,6 +266,7 @@ int svx_pack(int sock, ibv_context* c, const svx_object* objs, int count) {
       case SVX_OBJ_MR: m.e[i].handle = objs[i].mr->handle; break;
       case SVX_OBJ_CQ: m.e[i].handle = objs[i].cq->handle; break;
       case SVX_OBJ_QP: m.e[i].handle = objs[i].qp->qp_num; break;
+      case SVX_OBJ_SRQ: m.e[i].handle = objs[i].srq->handle; break;
       default: return EINVAL;
     }
   }

@@ -154,6 +154,108 @@ TEST(Namespace, PublishedObjectsOpenByNameInAnotherProcess) {
   ibv_close_device(ctx);
 }
 
+// An SRQ shared by name: another process posts receives to it from its own
+// memory, and a QP of the creator consumes them.
+TEST(Namespace, SrqOpenedByNameServesReceivesPostedByAnotherProcess) {
+  ibv_context* ctx = open_dev();
+  ASSERT_NE(nullptr, ctx);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 16;
+  sa.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd, &sa);
+  ASSERT_TRUE(pd && cq && srq);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {16, 16, 1, 1, 0};
+  ibv_qp* sender = ibv_create_qp(pd, &ia);
+  ia.srq = srq;
+  ibv_qp* receiver = ibv_create_qp(pd, &ia);
+  ASSERT_TRUE(sender && receiver);
+  for (auto [q, d] : {std::pair{sender, receiver->qp_num}, std::pair{receiver, sender->qp_num}}) {
+    Side s;
+    s.ctx = ctx;
+    s.qp = q;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    ASSERT_EQ(0, ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+    ASSERT_EQ(0, s.connect(d, {}));
+    s.ctx = nullptr;
+    s.qp = nullptr;
+  }
+  svx_object osrq{SVX_OBJ_SRQ, {}};
+  osrq.srq = srq;
+  ASSERT_EQ(0, svx_publish(ctx, "/srq-test/srq", &osrq, 0600, -1));
+
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+  pid_t child = spawn([&] {
+    close(sv[0]);
+    svx_object o{};
+    ibv_context* c = svx_open("/srq-test/srq", SVX_OPEN_READ | SVX_OPEN_WRITE, &o);
+    if (!c || o.type != SVX_OBJ_SRQ || !o.srq || !o.srq->pd) return 40;
+    ibv_srq_attr qa{};
+    if (ibv_query_srq(o.srq, &qa) != 0 || qa.max_wr < 16) return 41;
+    static uint8_t mine[256];
+    ibv_mr* mr = ibv_reg_mr(o.srq->pd, mine, sizeof(mine), IBV_ACCESS_LOCAL_WRITE);
+    if (!mr) return 42;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(mine), sizeof(mine), mr->lkey};
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 0xabc;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    if (ibv_post_srq_recv(o.srq, &wr, &bad) != 0) return 43;
+    char b = 1;
+    if (write(sv[1], &b, 1) != 1 || read(sv[1], &b, 1) != 1) return 44;
+    for (int i = 0; i < 100; ++i)
+      if (mine[i] != uint8_t(i * 7 + 1)) return 45;
+    svx_unimport_srq(o.srq);
+    return 0;  // the MR and context go with the process
+  });
+  close(sv[1]);
+  char b = 0;
+  ASSERT_EQ(1, read(sv[0], &b, 1));
+  static uint8_t msg[100];
+  for (int i = 0; i < 100; ++i) msg[i] = uint8_t(i * 7 + 1);
+  ibv_mr* mr = ibv_reg_mr(pd, msg, sizeof(msg), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(nullptr, mr);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = 1;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ASSERT_EQ(0, ibv_post_send(sender, &wr, &bad));
+  auto wcs = poll(cq, 2);
+  ASSERT_EQ(2u, wcs.size());
+  bool got_recv = false;
+  for (const auto& wc : wcs) {
+    EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    if (wc.opcode == IBV_WC_RECV) {
+      got_recv = true;
+      EXPECT_EQ(0xabcu, wc.wr_id);
+      EXPECT_EQ(receiver->qp_num, wc.qp_num);
+      EXPECT_EQ(100u, wc.byte_len);
+    }
+  }
+  EXPECT_TRUE(got_recv);
+  ASSERT_EQ(1, write(sv[0], &b, 1));
+  EXPECT_EQ(0, wait_for(child));
+  close(sv[0]);
+  ibv_destroy_qp(receiver);
+  ibv_destroy_qp(sender);
+  ibv_dereg_mr(mr);
+  EXPECT_EQ(0, ibv_destroy_srq(srq));
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+}
+
 // A private system-wide daemon (what root runs as /run/softverbs) for the
 // duration of a test; the environment points this process and its
 // children at it.
