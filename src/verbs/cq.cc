@@ -2,10 +2,12 @@
 // segment: any process whose operations complete into it pushes entries
 // (requesters for their sends, peers for receives), and pollers pop them.
 // An armed CQ raises its channel's eventfd once per arming (IBTA 11.4.2.2).
+#include <sched.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -295,9 +297,11 @@ static bool channel_has_event(ContextState& cs, Channel* ch) {
 }
 
 // Spins up to the budget for an event before the caller blocks. Adaptive:
-// after 8 waits in a row that the spin did not catch (the partner is slow,
-// spinning only burns a CPU), it spins on one wait in 16 only, to notice
-// when the partner is fast again.
+// after 8 waits in a row that the spin did not catch quickly (the partner
+// is slow, spinning only burns a CPU), it spins on one wait in 16 only, to
+// notice when the partner is fast again. The spin yields the CPU between
+// rounds: when the CPUs are oversubscribed the partner may be waiting for
+// this very CPU, and a spin that holds it would delay the event it awaits.
 static void spin_for_event(ContextState& cs, Channel* ch) {
   uint64_t budget = spin_budget_ns();
   if (budget == 0) return;
@@ -306,15 +310,20 @@ static void spin_for_event(ContextState& cs, Channel* ch) {
   uint32_t misses = __atomic_load_n(&ch->spin_misses, __ATOMIC_RELAXED);
   if (misses >= 8 && (waits & 15) != 0) return;
   uint64_t start = sv::monotonic_ns();
+  uint64_t waited = 0;
   do {
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < 32; ++i) {
       if (channel_has_event(cs, ch)) {
-        __atomic_store_n(&ch->spin_misses, 0, __ATOMIC_RELAXED);
+        // Caught, but only a quick catch counts as one.
+        bool quick = waited < budget / 4;
+        __atomic_store_n(&ch->spin_misses, quick ? 0 : std::min(misses + 1, 8u), __ATOMIC_RELAXED);
         return;
       }
       __builtin_ia32_pause();
     }
-  } while (sv::monotonic_ns() - start < budget);
+    ::sched_yield();
+    waited = sv::monotonic_ns() - start;
+  } while (waited < budget);
   if (misses < 8) __atomic_store_n(&ch->spin_misses, misses + 1, __ATOMIC_RELAXED);
 }
 
