@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -148,6 +149,23 @@ Id* find(uint64_t serial) {
   return it == g.ids.end() ? nullptr : it->second;
 }
 
+// SOFTVERBS_CM_TRACE=1: one line on stderr per CM step (debugging aid).
+bool tracing() {
+  static const bool on = [] {
+    const char* v = std::getenv("SOFTVERBS_CM_TRACE");
+    return v && *v && *v != '0';
+  }();
+  return on;
+}
+#define CM_TRACE(...)                                        \
+  do {                                                       \
+    if (tracing()) {                                         \
+      std::fprintf(stderr, "softverbs-cm[%d]: ", ::getpid()); \
+      std::fprintf(stderr, __VA_ARGS__);                     \
+      std::fputc('\n', stderr);                              \
+    }                                                        \
+  } while (0)
+
 uint32_t random32() {
   uint32_t v = 0;
   if (::getrandom(&v, sizeof(v), 0) != sizeof(v)) v = uint32_t(Clock::now().time_since_epoch().count());
@@ -157,6 +175,7 @@ uint32_t random32() {
 // --- events -----------------------------------------------------------------
 
 Event* new_event(Id* d, rdma_cm_event_type type, int status) {
+  CM_TRACE("id %llu event %s status %d", (unsigned long long)d->serial, rdma_event_str(type), status);
   auto* e = new Event;
   e->ev.id = &d->id;
   e->ev.event = type;
@@ -312,6 +331,7 @@ int do_bind(Id* d, const sockaddr* addr) {
   }
   d->bind_fd = fd;
   d->bind_path = rendezvous_path(ps, port, text);
+  CM_TRACE("id %llu bound at %s", (unsigned long long)d->serial, d->bind_path.c_str());
   watch(fd, FdKind::kBind, d->serial);
   std::memcpy(&d->id.route.addr.src_storage, &a, sizeof(a));
   if (!addr_is_any(sa)) {
@@ -706,6 +726,7 @@ void on_rep(Id* d, const cm::Rep& r) {
 }
 
 void on_message(Id* d, const cm::Msg& m) {
+  CM_TRACE("id %llu got attr 0x%x in state %d", (unsigned long long)d->serial, unsigned(m.attr), int(d->st));
   switch (m.attr) {
     case cm::Attr::kRep:
       on_rep(d, m.rep);
@@ -917,7 +938,9 @@ bool try_connect(Id* d) {
     if (!fill_sun(sun, rendezvous_path(d->id.ps, port, c))) continue;
     int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return false;
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun)) == 0) {
+    int cr = ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun));
+    CM_TRACE("id %llu connect %s: %s", (unsigned long long)d->serial, sun.sun_path, cr ? std::strerror(errno) : "ok");
+    if (cr == 0) {
       d->conn_fd = fd;
       watch(fd, FdKind::kConn, d->serial);
       send_mad(d, d->pending_req);
@@ -1642,6 +1665,7 @@ int rdma_create_ep(rdma_cm_id** id, rdma_addrinfo* res, ibv_pd* pd, ibv_qp_init_
   rdma_cm_id* cid = nullptr;
   if (rdma_create_id(nullptr, &cid, nullptr, rdma_port_space(res->ai_port_space))) return -1;
   Id* d = id_of(cid);
+  if (res->ai_qp_type) cid->qp_type = ibv_qp_type(res->ai_qp_type);
   auto undo = [&] {
     int e = errno;
     rdma_destroy_id(cid);
@@ -1651,14 +1675,20 @@ int rdma_create_ep(rdma_cm_id** id, rdma_addrinfo* res, ibv_pd* pd, ibv_qp_init_
   if (res->ai_flags & RAI_PASSIVE) {
     if (rdma_bind_addr(cid, res->ai_src_addr)) return undo();
     if (pd) cid->pd = pd;
-    if (qp_init_attr) d->ep_qp_attr = new ibv_qp_init_attr(*qp_init_attr);
+    if (qp_init_attr) {
+      d->ep_qp_attr = new ibv_qp_init_attr(*qp_init_attr);
+      d->ep_qp_attr->qp_type = cid->qp_type;  // librdmacm: the endpoint's type, from rdma_getaddrinfo
+    }
     *id = cid;
     return 0;
   }
   if (rdma_resolve_addr(cid, res->ai_src_addr, res->ai_dst_addr, 2000)) return undo();
   if (rdma_resolve_route(cid, 2000)) return undo();
   if (pd) cid->pd = pd;
-  if (qp_init_attr && rdma_create_qp(cid, pd, qp_init_attr)) return undo();
+  if (qp_init_attr) {
+    qp_init_attr->qp_type = cid->qp_type;
+    if (rdma_create_qp(cid, pd, qp_init_attr)) return undo();
+  }
   *id = cid;
   return 0;
 }
