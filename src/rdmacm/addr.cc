@@ -47,6 +47,15 @@ ibv_context* device() {
   return g_ctx;
 }
 
+ibv_context* open_watch_context() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) return nullptr;
+  ibv_context* c = n > 0 ? ibv_open_device(list[0]) : nullptr;
+  ibv_free_device_list(list);
+  return c;
+}
+
 ibv_pd* default_pd() {
   ibv_context* c = device();
   if (!c) return nullptr;

@@ -125,7 +125,7 @@ struct Timer {
   TimerKind kind;
 };
 
-enum class FdKind { kBind, kPending, kConn, kWake };
+enum class FdKind { kBind, kPending, kConn, kWake, kAsync };
 struct FdRef {
   FdKind kind;
   uint64_t serial;
@@ -139,6 +139,8 @@ struct Global {
   uint64_t next_serial = 1;
   int ep = -1, wake = -1;
   std::once_flag started;
+  ibv_context* watch_ctx = nullptr;  // its async fd tells of the daemon's death
+  bool device_removed = false;
 };
 Global& g = *new Global;  // never destroyed: the engine thread outlives static destructors
 
@@ -826,7 +828,25 @@ void on_peer_gone(Id* d) {
   }
 }
 
+// IBV_EVENT_DEVICE_FATAL (softverbsd died): every id on the device gets
+// DEVICE_REMOVAL, once, as rdma_cm reports a removed device.
+void on_async() {
+  ibv_async_event ev;
+  while (ibv_get_async_event(g.watch_ctx, &ev) == 0) {
+    bool fatal = ev.event_type == IBV_EVENT_DEVICE_FATAL;
+    ibv_ack_async_event(&ev);
+    if (!fatal || g.device_removed) continue;
+    g.device_removed = true;
+    for (auto& [serial, d] : g.ids)
+      if (d->id.verbs) post(d, RDMA_CM_EVENT_DEVICE_REMOVAL, 0);
+  }
+}
+
 void on_readable(int fd, FdRef ref) {
+  if (ref.kind == FdKind::kAsync) {
+    on_async();
+    return;
+  }
   if (ref.kind == FdKind::kWake) {
     uint64_t v;
     (void)!::read(fd, &v, sizeof(v));
@@ -1052,6 +1072,11 @@ int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, 
   if (!device()) return -1;  // librdmacm fails with ENODEV without a device
   start_engine();
   std::lock_guard<std::mutex> lk(g.mu);
+  if (!g.watch_ctx && (g.watch_ctx = open_watch_context())) {
+    int fd = g.watch_ctx->async_fd;
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    watch(fd, FdKind::kAsync, 0);
+  }
   Id* d = new_id(channel ? chan_of(channel) : nullptr, context, ps, qpt);
   if (!channel) {
     d->id.channel = nullptr;

@@ -19,6 +19,9 @@ namespace sv::rdmacm {
 // opened on first use; nullptr (errno set) if the device cannot be opened.
 ibv_context* device();
 ibv_pd* default_pd();
+// A second context on the same device, whose async events only the CM reads
+// (the application may read those of device()); nullptr on failure.
+ibv_context* open_watch_context();
 
 // librdmacm's convention: -1 with errno.
 inline int fail(int e) {

@@ -138,8 +138,44 @@ struct Active {
 
 // --- children -----------------------------------------------------------------
 
+// A process with a daemon of its own, which it kills: every id on the
+// device gets DEVICE_REMOVAL.
+int device_removal_child() {
+  char tmpl[] = "/tmp/softverbs-cmfault-XXXXXX";
+  if (!mkdtemp(tmpl)) return 2;
+  setenv("SOFTVERBS_DIR", tmpl, 1);
+  setenv("SOFTVERBS_NO_SPAWN", "1", 1);
+  std::string bin = g_self.substr(0, g_self.rfind('/')) + "/../bin/softverbsd";
+  pid_t d = ::fork();
+  if (d == 0) {
+    ::execl(bin.c_str(), "softverbsd", "--foreground", "--idle", "0", "--dir", tmpl, nullptr);
+    ::_exit(127);
+  }
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  int r = -1;
+  for (int i = 0; i < 200 && r != 0; ++i) {  // until the daemon is up
+    r = rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
+    if (r) ::usleep(10000);
+  }
+  if (r) return 3;
+  sockaddr_in a = loopback(0);
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 1000)) return 4;
+  if (!expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED)) return 5;
+  ::kill(d, SIGKILL);
+  ::waitpid(d, nullptr, 0);
+  rdma_cm_id* got = nullptr;
+  if (!expect_event(ch, RDMA_CM_EVENT_DEVICE_REMOVAL, nullptr, nullptr, &got, 5000)) return 6;
+  if (got != id) return 7;
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+  std::string rm = std::string("rm -rf ") + tmpl;
+  return std::system(rm.c_str()) == 0 ? 0 : 8;
+}
+
 // Exit codes: 0 as expected, 1 + step otherwise.
 int child_main(const std::string& mode, uint16_t port) {
+  if (mode == "device-removal") return device_removal_child();
   Active c;
   if (mode == "reject") {
     if (!c.start(port, "knock knock")) return 2;
@@ -506,6 +542,8 @@ TEST(RdmaCm, QpStatesFollowTheConnection) {
   rdma_destroy_qp(id);
   rdma_destroy_id(id);
 }
+
+TEST(RdmaCm, DaemonDeathIsDeviceRemoval) { EXPECT_EQ(reap(spawn("device-removal", 0)), 0); }
 
 TEST(RdmaCm, UnimplementedCallsFailCleanly) {
   rdma_event_channel* ch = rdma_create_event_channel();
