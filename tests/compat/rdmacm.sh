@@ -3,8 +3,10 @@
 # perftest -R) on softverbs' librdmacm.so.1 + libibverbs.so.1, server and
 # client on 127.0.0.1.
 #   rdmacm.sh BIN_DIR MODE PORT
-# MODE: rping | ucmatose | ucmatose4 | udaddy | rdma_server | ib_send_bw |
-# ib_write_lat | ib_read_bw. PORT is an rdma_cm port: it lives in this
+# MODE: rping | rping_q (the application creates and moves its QP:
+# CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish) | rping6 (over ::1) |
+# ucmatose | ucmatose4 | ucmatose_m (rdma_migrate_id) | udaddy | rdma_server |
+# ib_send_bw | ib_write_lat | ib_read_bw. PORT is an rdma_cm port: it lives in this
 # test's own SOFTVERBS_DIR (the rendezvous sockets), not in TCP.
 . "$(dirname "$0")/lib.sh"
 mode=${2:?mode}
@@ -87,10 +89,14 @@ TCP=262  # RDMA_PS_TCP
 UDP=273  # RDMA_PS_UDP
 
 case "$mode" in
-  rping)
+  rping | rping_q | rping6)
     require rping
     compat_setup
-    if cm_pair rping $TCP "$port" rping -s -v -C 10 -p "$port" -- rping -c -a 127.0.0.1 -v -C 10 -p "$port"; then
+    sargs=(-s -v -C 10 -p "$port")
+    cargs=(-c -a 127.0.0.1 -v -C 10 -p "$port")
+    [ "$mode" = rping_q ] && { sargs+=(-q); cargs+=(-q); }
+    [ "$mode" = rping6 ] && { sargs+=(-a ::1); cargs+=(-a ::1); }
+    if cm_pair rping $TCP "$port" rping "${sargs[@]}" -- rping "${cargs[@]}"; then
       # -v prints each ping's payload: "rdma-ping-<n>: " and 50 characters of
       # the ASCII range A..z rotating from 'A' + n, exactly.
       for i in $(seq 0 9); do
@@ -107,11 +113,12 @@ case "$mode" in
       no_errors
     fi
     ;;
-  ucmatose | ucmatose4)
+  ucmatose | ucmatose4 | ucmatose_m)
     require ucmatose
     compat_setup
     args=(-p "$port")
     [ "$mode" = ucmatose4 ] && args+=(-c 4)
+    [ "$mode" = ucmatose_m ] && args+=(-m)
     if cm_pair ucmatose $TCP "$port" ucmatose "${args[@]}" -- ucmatose -s 127.0.0.1 "${args[@]}"; then
       expect "$SERVER_OUT" '^data transfers complete$' 1
       expect "$CLIENT_OUT" '^data transfers complete$' 1
