@@ -691,7 +691,7 @@ void on_rep(Id* d, const cm::Rep& r) {
   d->responder_resources = r.initiator_depth;
   d->initiator_depth = r.responder_resources;
   d->rnr_retry_count = r.rnr_retry_count;
-  Event* e = new_event(d, RDMA_CM_EVENT_ESTABLISHED, 0);
+  Event* e = new_event(d, d->id.qp ? RDMA_CM_EVENT_ESTABLISHED : RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
   set_conn_pdata(e, r.private_data, cm::kRepPrivate);
   rdma_conn_param& p = e->ev.param.conn;
   p.responder_resources = d->responder_resources;
@@ -702,7 +702,6 @@ void on_rep(Id* d, const cm::Rep& r) {
   p.qp_num = r.local_qpn;
   if (!d->id.qp) {
     d->st = St::kRepRcvd;
-    e->ev.event = RDMA_CM_EVENT_CONNECT_RESPONSE;
     post(d, e);
     return;
   }

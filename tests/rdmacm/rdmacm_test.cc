@@ -455,6 +455,8 @@ void disconnect_test(const std::string& mode) {
   if (mode != "die") {
     EXPECT_EQ(rdma_disconnect(id), 0);  // after DISCONNECTED, as ucmatose does
   }
+  // The connection leaves time-wait (IBTA 12.9.8.6); the QP may be reused.
+  EXPECT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_TIMEWAIT_EXIT, nullptr, nullptr, nullptr, 3000));
   EXPECT_EQ(reap(pid), mode == "die" ? 128 + SIGKILL : 0);
   rdma_dereg_mr(mr);
   std::free(msg);
