@@ -30,7 +30,7 @@ Qp::SendWqe* Qp::oldest_pending_read_or_atomic() {
 // The responder has executed everything up to `psn`. Returns whether that is
 // forward progress. An acknowledgement that covers a READ or atomic whose
 // response has not arrived means the response was lost: an implied NAK
-// (IBTA 9.7.5.1.x, C9-?), so the request is sent again, once per such PSN.
+// (IBTA 9.7.5), so the request is sent again, once per such PSN.
 bool Qp::acknowledge_through(uint32_t psn) {
   // Forward progress, for the retry counters, is the responder acknowledging
   // a newer PSN, even while a lost READ response still holds una_ back.
@@ -126,7 +126,7 @@ void Qp::fail_wqe_at(uint32_t psn, WcStatus st) {
 void Qp::on_ack(const Packet& p) {
   const uint32_t psn = p.bth.psn;
   const uint32_t last_sent = psn_add(sent_end_, -1);
-  if (psn_diff(psn, last_sent) > 0) {  // acknowledges what was never sent: ignore (9.7.5.1.x)
+  if (psn_diff(psn, last_sent) > 0) {  // acknowledges what was never sent: ignore
     stats_.dropped++;
     return;
   }
@@ -159,7 +159,7 @@ void Qp::on_ack(const Packet& p) {
       if (state_ != QpState::kReady) return;
       switch (NakCode(syndrome_value(syn))) {
         case NakCode::kPsnSeqError:
-          // IBTA 9.7.5.2.1: resend from the PSN the responder expects; this
+          // IBTA 9.7.5.2: resend from the PSN the responder expects; this
           // counts against retry_cnt as a timeout does (as rxe does).
           stats_.seq_naks_received++;
           // The responder NAKs a gap once; the same NAK again is a duplicate.
@@ -195,12 +195,12 @@ void Qp::on_read_response(const Packet& p) {
   const uint32_t off = r->resp_pkts * cfg_.pmtu;
   const uint32_t want = std::min(cfg_.pmtu, r->len - off);
   const bool ends = p.info().ends_message();
-  // A response must fill whole MTUs except the last (IBTA 9.7.5.1.4).
+  // A response must fill whole MTUs except the last (IBTA 9.7.5).
   if (p.payload.size() != want || ends != (off + want >= r->len)) {
     stats_.dropped++;
     return;
   }
-  // It implicitly acknowledges everything before the READ (IBTA 9.7.5.1.3).
+  // It implicitly acknowledges everything before the READ (IBTA 9.7.5).
   acknowledge_through(psn_add(r->first_psn, -1));
   size_t done = 0;
   uint32_t skip = off;

@@ -121,8 +121,8 @@ class Clock {
 };
 
 // Registered memory as the transport needs it. Local keys check the local
-// SGEs of a work request (IBTA 10.6.3.1); remote keys check and carry out
-// the responder's accesses (IBTA 10.6.7.2: key, PD, bounds, access rights).
+// SGEs of a work request (IBTA 10.6.3); remote keys check and carry out
+// the responder's accesses (IBTA 10.6.7: key, PD, bounds, access rights).
 // Each returns false on a protection violation, having touched nothing.
 class Memory {
  public:
@@ -137,7 +137,7 @@ class Memory {
   // access to that memory (other QPs, local CPUs).
   virtual bool remote_atomic(uint32_t rkey, uint64_t va, bool cas, uint64_t compare_add, uint64_t swap,
                              uint64_t* orig) = 0;
-  // SEND with Invalidate (IBTA 10.6.7.3): false if the key cannot be invalidated.
+  // SEND with Invalidate (IBTA 10.6.7): false if the key cannot be invalidated.
   virtual bool invalidate(uint32_t rkey) { (void)rkey; return false; }
 };
 
@@ -190,7 +190,7 @@ class Qp {
   void progress();
   // When progress() next has timer work (ns on the Clock), or UINT64_MAX.
   uint64_t next_deadline() const;
-  // Move to the error state: flush both queues (IBTA 10.3.1, 11.6.2).
+  // Move to the error state: flush both queues (IBTA 10.3.1).
   void set_error();
 
   QpState state() const { return state_; }
@@ -220,7 +220,7 @@ class Qp {
   // ---- responder (responder.cc)
   enum class RespMsg : uint8_t { kNone, kSend, kWrite };  // the multi-packet message in progress
   enum class RespResult : uint8_t { kDone, kRnr, kNakInvalid, kNakAccess, kNakOperational, kDrop };
-  struct Resource {  // IBTA 9.7.5.1.4 / C9-111: a READ or atomic kept for duplicates
+  struct Resource {  // IBTA 9.7.5: a READ or atomic kept for duplicates
     bool atomic = false;
     uint32_t first_psn = 0, last_psn = 0;
     Reth reth;
@@ -300,7 +300,7 @@ class Qp {
   uint32_t recv_off_ = 0;
   Reth cur_write_;             // the WRITE in progress: va advanced, dma_len = bytes left
   uint32_t write_total_ = 0;
-  bool nak_sent_ = false;      // one sequence NAK per gap (IBTA 9.7.5.1.2)
+  bool nak_sent_ = false;      // one sequence NAK per gap (IBTA 9.7.5)
   bool ack_pending_ = false;
   bool uc_resync_ = false;     // UC: dropping until the next First/Only
   std::deque<Resource> resources_;

@@ -253,7 +253,7 @@ TEST(RcDuplicates, WriteIsAcknowledgedNotExecutedAgain) {
   p.settle();
   EXPECT_EQ(p.sim.nodes[1].mem.writes, writes);
   EXPECT_EQ(p.sim.nodes[1].mem.bytes(p.b)[0], 0xee);
-  EXPECT_EQ(p.qb().stats().acks_sent, acks + 1);  // C9-104: acknowledged again
+  EXPECT_EQ(p.qb().stats().acks_sent, acks + 1);  // acknowledged again
   EXPECT_EQ(p.ca().size(), 1u);                    // and nothing completes twice
 }
 

@@ -117,7 +117,7 @@ size_t build_packet(const Packet& pk, std::span<uint8_t> out) {
   if (out.size() < total) return 0;
   uint8_t* p = out.data();
   Bth b = pk.bth;
-  b.pad = uint8_t((4 - (pk.payload.size() & 3)) & 3);  // IBTA 9.2.4: pad to a multiple of 4 bytes
+  b.pad = uint8_t((4 - (pk.payload.size() & 3)) & 3);  // IBTA 9.2: pad to a multiple of 4 bytes
   if (!info.payload) b.pad = 0;
   b.encode(p);
   size_t off = kBthLen;

@@ -17,7 +17,7 @@
 
 namespace sv::roce {
 
-constexpr uint16_t kRoceV2Port = 4791;  // IANA, IBTA A17.2
+constexpr uint16_t kRoceV2Port = 4791;  // IANA; IBTA Annex A17
 constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28, kAtomicAckEthLen = 8,
                  kDethLen = 8, kImmDtLen = 4, kIethLen = 4, kIcrcLen = 4;
 constexpr uint16_t kDefaultPkey = 0xffff;
@@ -40,27 +40,27 @@ struct Bth {  // IBTA 9.2
   uint8_t pad = 0;        // pad count, 0..3
   uint8_t tver = 0;       // transport header version, 0
   uint16_t pkey = kDefaultPkey;
-  bool fecn = false, becn = false;  // RoCEv2 puts these in resv8a's top bits (A17.4.1)
+  bool fecn = false, becn = false;  // RoCEv2 puts these in resv8a's top bits (A17.4)
   uint32_t dest_qp = 0;   // 24 bits
   bool ack_req = false;
   uint32_t psn = 0;       // 24 bits
   void encode(uint8_t* p) const;
   static Bth decode(const uint8_t* p);
 };
-struct Reth {  // IBTA 9.3.3
+struct Reth {  // IBTA 9.3
   uint64_t va = 0;
   uint32_t rkey = 0;
   uint32_t dma_len = 0;
   void encode(uint8_t* p) const;
   static Reth decode(const uint8_t* p);
 };
-struct Aeth {  // IBTA 9.3.5
+struct Aeth {  // IBTA 9.3
   uint8_t syndrome = 0;
   uint32_t msn = 0;  // 24 bits
   void encode(uint8_t* p) const;
   static Aeth decode(const uint8_t* p);
 };
-struct AtomicEth {  // IBTA 9.3.4
+struct AtomicEth {  // IBTA 9.3
   uint64_t va = 0;
   uint32_t rkey = 0;
   uint64_t swap_add = 0;
@@ -68,19 +68,19 @@ struct AtomicEth {  // IBTA 9.3.4
   void encode(uint8_t* p) const;
   static AtomicEth decode(const uint8_t* p);
 };
-struct AtomicAckEth {  // IBTA 9.3.6
+struct AtomicAckEth {  // IBTA 9.3
   uint64_t orig = 0;
   void encode(uint8_t* p) const;
   static AtomicAckEth decode(const uint8_t* p);
 };
-struct Deth {  // IBTA 9.3.2
+struct Deth {  // IBTA 9.3
   uint32_t qkey = 0;
   uint32_t src_qp = 0;  // 24 bits
   void encode(uint8_t* p) const;
   static Deth decode(const uint8_t* p);
 };
 
-// ---- AETH syndromes, IBTA 9.7.5.2 table 44.
+// ---- AETH syndromes, IBTA 9.7.5.2 (the AETH syndrome encoding).
 enum class AckType : uint8_t { kAck = 0, kRnrNak = 1, kNak = 3, kReserved = 2 };
 enum class NakCode : uint8_t {
   kPsnSeqError = 0, kInvalidRequest = 1, kRemoteAccess = 2, kRemoteOperational = 3, kInvalidRdRequest = 4,
@@ -215,7 +215,7 @@ enum class ParseError : uint8_t {
   kOk = 0,
   kTruncated,      // shorter than BTH, the opcode's headers, or pad + ICRC
   kBadOpcode,      // not in table 38 for RC/UC/UD
-  kBadVersion,     // TVer != 0 (IBTA 9.2.2, C9-?: silently dropped)
+  kBadVersion,     // TVer != 0 (IBTA 9.6: silently dropped)
   kBadPad,         // pad count on a packet without payload, or longer than it
   kUnexpectedPayload,  // bytes after the headers of an opcode that carries none
 };

@@ -21,7 +21,7 @@ constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
 constexpr uint32_t crc_step(uint32_t crc, uint8_t b) { return kCrcTable[(crc ^ b) & 0xff] ^ (crc >> 8); }
 
 // The CRC state after the 8 bytes of 0xFF that stand for the masked LRH
-// (A17.4.1): 0xdebb20e3, as rxe's seed.
+// (A17.4): 0xdebb20e3, as rxe's seed.
 constexpr uint32_t lrh_seed() {
   uint32_t c = 0xffffffffu;
   for (int i = 0; i < 8; i++) c = crc_step(c, 0xff);

@@ -1,4 +1,4 @@
-// icrc.h: the RoCEv2 invariant CRC (IBTA vol. 1 Annex A17.4.1, built on the
+// icrc.h: the RoCEv2 invariant CRC (IBTA vol. 1 Annex A17.4, built on the
 // ICRC of 7.8.1) and IPv4/IPv6 + UDP framing of a transport packet.
 //
 // The ICRC is CRC-32 (the Ethernet polynomial, reflected) over: 8 bytes of

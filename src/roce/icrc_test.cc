@@ -53,7 +53,7 @@ TEST(Icrc, MatchesScapyByteForByte) {
 
 TEST(Icrc, MaskedFieldsDoNotCountOthersDo) {
   auto base = kScapyWriteOnly;
-  // Variant fields (A17.4.1): TOS, TTL, IP checksum, UDP checksum, BTH resv8a.
+  // Variant fields (A17.4): TOS, TTL, IP checksum, UDP checksum, BTH resv8a.
   for (size_t i : {1, 8, 10, 11, 26, 27, 32}) {
     auto v = base;
     v[i] ^= 0x5a;

@@ -117,7 +117,7 @@ uint64_t Qp::next_deadline() const {
 
 void Qp::set_error() { enter_error(SIZE_MAX, WcStatus::kWrFlushErr); }
 
-// IBTA 10.3.1 / 11.6.2: in the error state every outstanding WR completes,
+// IBTA 10.3.1: in the error state every outstanding WR completes,
 // with `st` for the one that failed and WR_FLUSH_ERR for the rest; the send
 // queue in order first, then the receives.
 void Qp::enter_error(size_t idx, WcStatus st) {

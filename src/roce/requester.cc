@@ -42,12 +42,12 @@ bool Qp::start_wqe(SendWqe& w) {
     enter_error(sq_next_, WcStatus::kLocLenErr);
     return false;
   }
-  if (cfg_.type == QpType::kUD && w.len > cfg_.pmtu) {  // UD messages are one packet (IBTA 9.8.2)
+  if (cfg_.type == QpType::kUD && w.len > cfg_.pmtu) {  // UD messages are one packet (IBTA 9.8)
     enter_error(sq_next_, WcStatus::kLocLenErr);
     return false;
   }
   if (is_read_or_atomic(w)) {
-    if (rd_atomic_in_flight_ >= cfg_.max_rd_atomic) return false;  // initiator depth (IBTA 9.7.6.1)
+    if (rd_atomic_in_flight_ >= cfg_.max_rd_atomic) return false;  // initiator depth (IBTA 9.7.6)
     rd_atomic_in_flight_++;
   }
   w.started = true;
@@ -83,7 +83,7 @@ void Qp::send_request_packet(SendWqe& w) {
   switch (w.wr.opcode) {
     case WrOpcode::kRead: {
       // After a retransmission point inside a READ the request asks only for
-      // what is missing, at the PSN of the first missing response (9.7.5.1.4).
+      // what is missing, at the PSN of the first missing response (9.7.5).
       p.bth.opcode = op::kReadRequest;
       p.reth = Reth{w.wr.remote_addr + off, w.wr.rkey, w.len - off};
       npsn = std::max<uint32_t>(1, (w.len - off + cfg_.pmtu - 1) / cfg_.pmtu);
@@ -131,7 +131,7 @@ void Qp::send_request_packet(SendWqe& w) {
       p.ieth_rkey = w.wr.invalidate_rkey;
       if (t == QpType::kUD) {
         // A Q_Key with its high-order bit set in the WR means "use the QP's own"
-        // (IBTA 11.4.1.1, Post Send Request).
+        // (IBTA 11.4.1, Post Send Request).
         p.deth = Deth{(w.wr.remote_qkey & 0x80000000u) ? cfg_.qkey : w.wr.remote_qkey, cfg_.qpn};
       }
       p.bth.se = last && w.wr.solicited;

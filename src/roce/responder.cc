@@ -21,7 +21,7 @@ void Qp::send_ack(uint8_t syndrome, uint32_t psn) {
 }
 
 // ACK coalescing: the AckReqs of one batch of receives get one ACK, for the
-// newest PSN (IBTA 9.7.5.1.1 lets one ACK acknowledge every earlier PSN).
+// newest PSN (IBTA 9.7.5 lets one ACK acknowledge every earlier PSN).
 void Qp::flush_pending_ack() {
   if (!ack_pending_) return;
   ack_pending_ = false;
@@ -45,7 +45,7 @@ void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
     const uint32_t off = k * cfg_.pmtu;
     const uint32_t chunk = std::min(cfg_.pmtu, reth.dma_len - off);
     std::span<uint8_t> data(payload_.data(), chunk);
-    // Read at send time: a replayed READ returns memory as it is now (9.7.5.1.4).
+    // Read at send time: a replayed READ returns memory as it is now (9.7.5).
     if (chunk && !mem_.remote_read(reth.rkey, reth.va + off, data)) return;
     Packet p;
     p.bth.opcode = n == 1 ? op::kReadRespOnly : k == 0 ? op::kReadRespFirst
@@ -82,7 +82,7 @@ void Qp::responder_receive(const Packet& p, uint64_t from) {
   const int32_t d = psn_diff(p.bth.psn, epsn_);
   if (d > 0) {
     // A gap: one PSN sequence error NAK per gap, with the PSN expected
-    // (IBTA 9.7.5.2.1); later packets of the same gap are dropped silently.
+    // (IBTA 9.7.5.2); later packets of the same gap are dropped silently.
     stats_.dropped++;
     if (!nak_sent_) {
       nak_sent_ = true;
@@ -115,7 +115,7 @@ void Qp::responder_receive(const Packet& p, uint64_t from) {
       return;
     default: {
       // Invalid request, remote access and remote operational errors are
-      // fatal to the connection at both ends (IBTA 9.7.5.2.2-4).
+      // fatal to the connection at both ends (IBTA 9.7.5.2).
       const NakCode code = r == RespResult::kNakInvalid  ? NakCode::kInvalidRequest
                            : r == RespResult::kNakAccess ? NakCode::kRemoteAccess
                                                          : NakCode::kRemoteOperational;
@@ -127,7 +127,7 @@ void Qp::responder_receive(const Packet& p, uint64_t from) {
   }
 }
 
-// IBTA 9.7.5.1.x (C9-104 .. C9-111): a duplicate SEND or WRITE is
+// IBTA 9.7.5 (duplicate requests): a duplicate SEND or WRITE is
 // acknowledged again and not executed; a duplicate READ is answered again
 // from memory; a duplicate atomic gets the result saved when it ran.
 void Qp::responder_duplicate(const Packet& p) {
@@ -165,7 +165,7 @@ void Qp::responder_duplicate(const Packet& p) {
 
 Qp::RespResult Qp::responder_execute(const Packet& p) {
   const OpcodeInfo& i = p.info();
-  // Opcode sequence (IBTA 9.7.4.1.3): Middle/Last only continue a message of
+  // Opcode sequence (IBTA 9.7.4): Middle/Last only continue a message of
   // the same kind; anything else only starts one.
   switch (resp_msg_) {
     case RespMsg::kNone:
@@ -190,7 +190,7 @@ Qp::RespResult Qp::responder_execute(const Packet& p) {
 
 Qp::RespResult Qp::respond_send(const Packet& p) {
   const OpcodeInfo& i = p.info();
-  // Every packet but the last of a message is exactly one path MTU (9.7.4.1.2).
+  // Every packet but the last of a message is exactly one path MTU (9.7.4).
   if (p.payload.size() > cfg_.pmtu || (!i.ends_message() && p.payload.size() != cfg_.pmtu)) {
     return RespResult::kNakInvalid;
   }
@@ -204,7 +204,7 @@ Qp::RespResult Qp::respond_send(const Packet& p) {
   bool too_long = false;
   if (!scatter(*cur_recv_, recv_off_, p.payload, &too_long)) {
     // Too long for the receive buffer: invalid request at the requester, a
-    // local length error here (IBTA 9.7.5.2.2); a bad local key: remote
+    // local length error here (IBTA 9.7.5.2); a bad local key: remote
     // operational error there, local protection error here.
     complete_recv(*cur_recv_, too_long ? WcStatus::kLocLenErr : WcStatus::kLocProtErr, 0, nullptr);
     cur_recv_.reset();
@@ -241,7 +241,7 @@ Qp::RespResult Qp::respond_write(const Packet& p) {
   Reth cur = cur_write_;
   if (i.starts_message()) {
     cur = p.reth;
-    // IBTA 9.7.4.1.5 / 10.6.7.2: the QP must allow remote writes and the
+    // IBTA 9.7.4 / 10.6.7: the QP must allow remote writes and the
     // R_Key must cover the whole length; a zero-length WRITE checks nothing.
     if (cur.dma_len != 0 &&
         (!(cfg_.access & kRemoteWrite) || !mem_.remote_check(cur.rkey, cur.va, cur.dma_len, kRemoteWrite))) {
@@ -283,7 +283,7 @@ Qp::RespResult Qp::respond_read(const Packet& p) {
   res.last_psn = psn_add(p.bth.psn, n - 1);
   res.reth = reth;
   resources_.push_back(res);
-  // max_dest_rd_atomic resources (IBTA 9.7.5.1.4); the oldest is forgotten.
+  // max_dest_rd_atomic resources (IBTA 9.7.5); the oldest is forgotten.
   while (resources_.size() > std::max<uint8_t>(cfg_.max_dest_rd_atomic, 1)) resources_.pop_front();
   flush_pending_ack();
   epsn_ = psn_add(epsn_, n);  // the responses use the READ's PSNs (9.7.2)
@@ -295,7 +295,7 @@ Qp::RespResult Qp::respond_read(const Packet& p) {
 Qp::RespResult Qp::respond_atomic(const Packet& p) {
   const AtomicEth& a = p.atomic;
   if (!(cfg_.access & kRemoteAtomic)) return RespResult::kNakAccess;
-  if (a.va % 8) return RespResult::kNakInvalid;  // IBTA 9.4.5: atomics are naturally aligned
+  if (a.va % 8) return RespResult::kNakInvalid;  // IBTA 9.4: atomics are naturally aligned
   uint64_t orig = 0;
   const bool cas = p.info().kind == OpKind::kCompareSwap;
   if (!mem_.remote_check(a.rkey, a.va, 8, kRemoteAtomic) ||
@@ -315,7 +315,7 @@ Qp::RespResult Qp::respond_atomic(const Packet& p) {
   return RespResult::kDone;
 }
 
-// UC (IBTA 9.8.3): no ACKs and no retransmission. A PSN gap loses the
+// UC (IBTA 9.8): no ACKs and no retransmission. A PSN gap loses the
 // message in progress; the responder resynchronises on the next First or
 // Only packet, and the receive WQE the lost message had taken is reused.
 void Qp::responder_uc(const Packet& p) {
@@ -342,9 +342,9 @@ void Qp::responder_uc(const Packet& p) {
   uc_resync_ = true;
 }
 
-// UD (IBTA 9.8.4): one packet per message; a Q_Key mismatch or no receive
+// UD (IBTA 9.8): one packet per message; a Q_Key mismatch or no receive
 // WQE drops it silently. The first 40 bytes of the receive buffer are the
-// GRH's (IBTA 11.4.1.2); the packet I/O, which has the IP header, may fill
+// GRH's (IBTA 11.4.1); the packet I/O, which has the IP header, may fill
 // them through the same local key.
 void Qp::responder_ud(const Packet& p, uint64_t from) {
   if (p.deth.qkey != cfg_.qkey || rq_.empty()) {
