@@ -49,7 +49,61 @@ def icrc_zlib(ip):
     return zlib.crc32(b"\xff" * 8 + bytes(ip)) & 0xFFFFFFFF
 
 
+OPCODE_NAMES = {0x00: "SEND First", 0x01: "SEND Middle", 0x02: "SEND Last", 0x03: "SEND Last Imm",
+                0x04: "SEND Only", 0x05: "SEND Only Imm", 0x06: "WRITE First", 0x07: "WRITE Middle",
+                0x08: "WRITE Last", 0x0a: "WRITE Only", 0x0c: "READ Request", 0x0d: "READ resp First",
+                0x0e: "READ resp Middle", 0x0f: "READ resp Last", 0x10: "READ resp Only", 0x11: "ACK",
+                0x12: "ATOMIC ACK", 0x14: "FetchAdd"}
+
+
+def verify_pcap(pcap, need):
+    """Every RoCEv2 frame of a capture of real traffic: ICRC right (with the IP
+    header as it was on the wire), DF set, and tshark decodes it as InfiniBand;
+    the opcodes in `need` all occur."""
+    frames = read_pcap(pcap)
+    errors, roce = [], 0
+    for i, fr in enumerate(frames, 1):
+        if fr[12:14] != b"\x08\x00":
+            continue
+        ip = fr[14:]
+        ihl = (ip[0] & 15) * 4
+        if ip[9] != 17 or struct.unpack("!H", ip[ihl + 2:ihl + 4])[0] != 4791:
+            continue
+        roce += 1
+        total = struct.unpack("!H", ip[2:4])[0]
+        ip = ip[:total]
+        if struct.unpack("!H", ip[6:8])[0] & 0x4000 == 0:
+            errors.append("frame %d: DF not set" % i)
+        if icrc_zlib(ip[:-4]) != struct.unpack("<I", ip[-4:])[0]:
+            errors.append("frame %d: bad ICRC (IP ID %d)" % (i, struct.unpack("!H", ip[4:6])[0]))
+    out = subprocess.run(["tshark", "-r", pcap, "-Y", "udp.dstport == 4791", "-T", "fields", "-e", "frame.number",
+                          "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp", "-e", "infiniband.bth.psn",
+                          "--disable-heuristic", "rpcrdma_infiniband", "--disable-heuristic",
+                          "smb_direct_infiniband", "--disable-heuristic", "iser_infiniband"],
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    seen = {}
+    for line in out:
+        f = line.split("\t")
+        if len(f) < 4 or not f[1]:
+            errors.append("tshark did not decode frame %s as InfiniBand" % f[0])
+            continue
+        seen[int(f[1])] = seen.get(int(f[1]), 0) + 1
+    if len(out) != roce:
+        errors.append("tshark saw %d RoCEv2 frames, the pcap has %d" % (len(out), roce))
+    for op in need:
+        if op not in seen:
+            errors.append("no %s (opcode %d) in the capture" % (OPCODE_NAMES.get(op, "?"), op))
+    for e in errors[:20]:
+        print(e)
+    print("%d RoCEv2 frames, ICRC and DF checked; opcodes: %s: %s" % (
+        roce, ", ".join("%s %d" % (OPCODE_NAMES.get(k, hex(k)), v) for k, v in sorted(seen.items())),
+        "FAILED" if errors else "ok"))
+    return 1 if errors or roce == 0 else 0
+
+
 def main():
+    if sys.argv[1] == "--verify-pcap":
+        return verify_pcap(sys.argv[2], [int(x, 0) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [])
     pcapgen, work = sys.argv[1], sys.argv[2]
     if not shutil.which("tshark"):
         print("tshark not installed: skipped")
