@@ -215,6 +215,7 @@ void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_sta
     wc.invalidated_rkey = w.invalidate_rkey;
   }
   p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS);
+  q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
 }
 
 // Binds and local invalidations act on this side only (no peer needed).
@@ -596,6 +597,7 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
     wc.imm_data = w.imm_data;
   }
   p->recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0);
+  q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
   return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
 }
 
