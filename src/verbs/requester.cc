@@ -609,8 +609,29 @@ Outcome run(QpState& q, const shm::SendWqe& w) {
   }
 }
 
+// Called with the send lock held. A torn receive (see pop_peer_recv) under
+// a lock we hold means its previous holder, another process sharing this QP,
+// was killed mid-delivery and we took the lock over: the responder gets that
+// receive back as aborted rather than never.
+void complete_torn_receive(QpState& q) {
+  uint32_t qpn = q.hdr->torn_qpn.load(std::memory_order_acquire);
+  if (qpn == 0) return;
+  Peer* p = q.type == IBV_QPT_UD ? ud_peer(q, qpn) : resolve_peer(q);
+  if (p && p->qpn == qpn) {
+    ibv_wc wc{};
+    wc.wr_id = q.hdr->torn_wr_id;
+    wc.status = IBV_WC_REM_ABORT_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qpn;
+    wc.src_qp = q.qpn;
+    p->recv_cq.push(wc, true);
+  }
+  q.hdr->torn_qpn.store(0, std::memory_order_release);
+}
+
 // Runs queued requests in order; the caller holds the send lock.
 bool progress_qp(QpState& q) {
+  complete_torn_receive(q);
   for (;;) {
     const shm::SendWqe* head = q.sq.front();
     if (!head) return false;
@@ -657,6 +678,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   int rc = 0;
   bool need_progress = false;
   q.hdr->send_lock.lock(self_pid());
+  complete_torn_receive(q);
   for (; wr; wr = wr->next) {
     if (int e = validate(q, wr)) {
       *bad = wr;

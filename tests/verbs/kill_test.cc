@@ -44,6 +44,7 @@ namespace {
 constexpr uint32_t kRecvs = 64;
 constexpr uint32_t kVictimSends = 16;     // the victim never consumes all our receives
 constexpr uint64_t kVictimTag = 1ull << 63;  // wr_ids the victim posts on the shared QP
+constexpr uint32_t kSharedRecv = 1024;       // receives of the shared QP's peer
 
 // Daemon status over a raw control connection of our own.
 struct Probe {
@@ -170,7 +171,7 @@ std::atomic<uint64_t>* victim_ops;
   };
   std::vector<Buf> bufs;
   std::vector<std::pair<ibv_cq*, ibv_qp*>> objects;
-  uint32_t sends = 0;
+  uint32_t sends = 0, shared_sends = 0;
   uint64_t seq = 0;
   auto one = [&](ibv_qp* qp, ibv_cq* cq, ibv_wr_opcode op, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t raddr,
                  uint32_t rkey, int count, uint64_t tag) {
@@ -234,9 +235,17 @@ std::atomic<uint64_t>* victim_ops;
         uint32_t len = 4096 + uint32_t(rnd(512 << 10));
         uint64_t off = rnd(t.len - 8192 - len);
         uint64_t loff = rnd(sh_mr->length - len);
-        static const ibv_wr_opcode ops[] = {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD};
-        ibv_wr_opcode op = ops[rnd(3)];
+        static const ibv_wr_opcode ops[] = {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD,
+                                            IBV_WR_SEND};
+        ibv_wr_opcode op = ops[rnd(4)];
         if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) len = 8, loff &= ~7ull;
+        if (op == IBV_WR_SEND) {  // into the receives we keep posted on the shared QP's peer
+          if (shared_sends >= kVictimSends) break;
+          len = 1 + uint32_t(rnd(kSharedRecv));
+          one(sh_qp, sh_cq, op, reinterpret_cast<uint64_t>(sh_mr->addr) + loff, sh_mr->lkey, len, 0, 0, 1, kVictimTag);
+          shared_sends++;
+          break;
+        }
         one(sh_qp, sh_cq, op, reinterpret_cast<uint64_t>(sh_mr->addr) + loff, sh_mr->lkey, len, t.addr + off, t.rkey,
             1 + int(rnd(8)), kVictimTag);
         break;
@@ -277,8 +286,8 @@ bool next_event(ibv_context* c, ibv_async_event& ev, int ms) {
 // holding the QP's send lock. Completions of the victim's requests may still
 // be in the shared CQ; they are skipped.
 bool shared_qp_works(ibv_qp* qp, ibv_cq* cq, ibv_mr* mr, const Target& t, uint64_t id, std::string& why) {
-  for (ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ}) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), 4096, mr->lkey};
+  for (ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_SEND}) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), op == IBV_WR_SEND ? kSharedRecv : 4096, mr->lkey};
     ibv_send_wr wr{};
     wr.wr_id = id;
     wr.sg_list = &sge;
@@ -335,9 +344,21 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
   int base_fds = daemon_memfds(daemon);
   ASSERT_GT(base_fds, 0);
 
-  int connected_kills = 0;
+  int connected_kills = 0, aborted = 0;
+  uint64_t tgt_posted = 0, tgt_done = 0;  // receives on the shared QP's peer
   for (int it = 0; it < iterations; ++it) {
     SCOPED_TRACE("iteration " + std::to_string(it) + ", seed " + std::to_string(seed));
+    while (tgt_posted - tgt_done < 48) {  // more than the victim (16) and we (1) consume; the queue holds 64
+      ibv_sge sge{reinterpret_cast<uint64_t>(tgt.buf) + (1 << 20) + kSharedRecv * (tgt_posted % 64), kSharedRecv,
+                  tgt.mr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = tgt_posted;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      ASSERT_EQ(0, ibv_post_recv(tgt.qp, &wr, &bad));
+      tgt_posted++;
+    }
     int sv[2];
     ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
     uint64_t vseed = rng();
@@ -423,6 +444,19 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
     // Shared objects keep working, and a send lock the victim held is ours now.
     std::string why;
     EXPECT_TRUE(shared_qp_works(sh.qp, sh.cq, sh.mr, t, uint64_t(it), why)) << why;
+    // Every receive of the shared QP's peer completed once, in order: our
+    // SEND's last, after the victim's (one of which may have been torn by the
+    // kill and comes back as aborted when we took the send lock over).
+    for (;;) {
+      ibv_wc w;
+      int n = ibv_poll_cq(tgt.cq, 1, &w);
+      ASSERT_GE(n, 0);
+      if (n == 0) break;
+      ASSERT_EQ(tgt_done, w.wr_id) << "a receive of the shared QP's peer was lost or repeated";
+      tgt_done++;
+      EXPECT_TRUE(w.status == IBV_WC_SUCCESS || w.status == IBV_WC_REM_ABORT_ERR) << ibv_wc_status_str(w.status);
+      aborted += w.status == IBV_WC_REM_ABORT_ERR;
+    }
     ibv_async_event stray{};
     EXPECT_FALSE(next_event(sh.ctx, stray, 0)) << "unexpected async event " << stray.event_type;
 
@@ -437,9 +471,9 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
     }
     ASSERT_EQ(counts(base, base_fds), counts(now, fds)) << "the daemon keeps what a killed process held";
   }
-  printf("  %d kills after connecting, %d early; victims started %llu registrations, %llu object changes, "
+  printf("  %d kills after connecting, %d early, %d torn sends on the shared QP; victims started %llu registrations, %llu object changes, "
          "%llu shared-QP batches, %llu own transfers, %llu PD/channel cycles\n",
-         connected_kills, iterations - connected_kills, (unsigned long long)victim_ops[0].load(),
+         connected_kills, iterations - connected_kills, aborted, (unsigned long long)victim_ops[0].load(),
          (unsigned long long)victim_ops[1].load(), (unsigned long long)(victim_ops[2].load() + victim_ops[3].load()),
          (unsigned long long)victim_ops[4].load(), (unsigned long long)victim_ops[5].load());
   munmap(page, 4096);
