@@ -220,6 +220,7 @@ void Registry::release_context(uint32_t owner) {
   std::vector<uint32_t> ids;
   for (auto& [qpn, q] : qps_)
     if (q.owner == owner) ids.push_back(qpn);
+  for (uint32_t id : ids) complete_torn_receive(id);
   for (uint32_t id : ids) release_qp(id);
   fail_peers_of(ids);
   std::erase_if(srqs_, [&](auto& kv) {
@@ -478,6 +479,38 @@ int Registry::reg_async(uint32_t client, Fd eventfd) {
 // peers would find out by their retries running out; on one host the
 // daemon knows.) Their send queues are flushed by their holders, which see
 // the ERR state on their next post or retry.
+// A process killed while its QP was delivering a message (pop_peer_recv in
+// the library) leaves the responder's receive taken but not completed.
+// Complete it now, before fail_peers_of flushes the rest of that queue, so
+// the responder sees every receive once and in order: flushed, as a receive
+// whose message never fully arrived is (IBTA 10.3.1, the QP goes to ERR).
+void Registry::complete_torn_receive(uint32_t dead_qpn) {
+  auto dq = qps_.find(dead_qpn);
+  if (dq == qps_.end()) return;
+  auto* dh = dq->second.map.as<QpSegmentHeader>();
+  uint32_t qpn = dh->torn_qpn.exchange(0, std::memory_order_acquire);
+  if (qpn == 0) return;
+  auto q = qps_.find(qpn);
+  if (q == qps_.end()) return;
+  // Only a QP this one could have delivered to (a client can write anything here).
+  if (q->second.type != IBV_QPT_UD && qp_slot(dead_qpn).dest_qpn.load() != qpn) return;
+  auto cq = cqs_.find(q->second.recv_cq);
+  if (cq == cqs_.end()) return;
+  auto* ch = cq->second.map.as<CqSegmentHeader>();
+  auto* crh = reinterpret_cast<RingHeader*>(cq->second.map.as<char>() + ch->ring_offset);
+  Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
+  int channel_fd = -1;
+  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
+  ibv_wc wc{};
+  wc.wr_id = dh->torn_wr_id;
+  // A UD responder stays usable: its receive was aborted, not flushed.
+  wc.status = q->second.type == IBV_QPT_UD ? IBV_WC_REM_ABORT_ERR : IBV_WC_WR_FLUSH_ERR;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = qpn;
+  wc.src_qp = dead_qpn;
+  push_completion(ch, ring, wc, true, channel_fd);
+}
+
 void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
   if (dead.empty()) return;
   for (auto& [qpn, q] : qps_) {

@@ -129,6 +129,7 @@ class Registry {
   };
   std::map<uint32_t, Fd> async_fds_;  // by client
   void fail_peers_of(const std::vector<uint32_t>& dead_qpns);
+  void complete_torn_receive(uint32_t dead_qpn);
   // A device context: objects belong to it; processes attach to it (by
   // opening a device, or by importing another's context). All are equal.
   struct Context {

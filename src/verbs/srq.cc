@@ -56,9 +56,14 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
   return 0;
 }
 
+// Takes a receive and records it as torn until push_recv_completion: a
+// poster killed in between leaves the record for the daemon (issue
+// "Robustness": a dead requester must not make the responder lose a receive).
 bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
-  if (!p.srq_hdr) return p.rq.pop(out);
-  if (!p.srq.pop(out)) return false;
+  if (!(p.srq_hdr ? p.srq.pop(out) : p.rq.pop(out))) return false;
+  q.hdr->torn_wr_id = out.wr_id;
+  q.hdr->torn_qpn.store(p.qpn, std::memory_order_release);
+  if (!p.srq_hdr) return true;
   uint32_t limit = p.srq_hdr->limit.load(std::memory_order_relaxed);
   if (limit && p.srq.size() < limit && p.srq_hdr->limit.exchange(0) != 0) {
     // Below the armed limit: the SRQ's holders get IBV_EVENT_SRQ_LIMIT_REACHED
