@@ -186,7 +186,15 @@ void UdpEndpoint::poll(int timeout_ms) {
       stats_.no_qp++;
       continue;
     }
-    it->second->receive(transport, peer_for(from));
+    // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
+    // or 20 bytes of zero then the IPv4 header).
+    uint8_t grh[40] = {};
+    if (hdr == kIpv6UdpLen) {
+      std::memcpy(grh, frame_.data(), 40);
+    } else {
+      std::memcpy(grh + 20, frame_.data(), 20);
+    }
+    it->second->receive(transport, peer_for(from), grh);
   }
   flush_delayed();
   for (auto& [qpn, qp] : qps_) qp->progress();

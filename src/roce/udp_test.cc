@@ -81,6 +81,49 @@ TEST_P(UdpLoopback, RcWithFaults) {
   EXPECT_EQ(a.ep.stats().bad_icrc + b.ep.stats().bad_icrc, 0u);
 }
 
+TEST_P(UdpLoopback, UdCarriesTheIpHeaderAsGrh) {
+  const char* lo = GetParam();
+  const bool v6 = std::string(lo) == "::1";
+  Side a(FaultConfig{}), b(FaultConfig{});
+  if (a.ep.bind(lo, 0) != 0) GTEST_SKIP() << "cannot bind " << lo;
+  ASSERT_EQ(b.ep.bind(lo, 0), 0);
+  QpConfig ca, cb;
+  ca.type = cb.type = QpType::kUD;
+  ca.qpn = 0x41;
+  cb.qpn = 0x42;
+  ca.qkey = cb.qkey = 0x11;
+  a.key = a.mem.add(0x1000, 4096, kLocalWrite);
+  b.key = b.mem.add(0x2000, 4096, kLocalWrite);
+  a.qp = std::make_unique<Qp>(ca, a.ep, a.cq, a.mem, a.clock);
+  b.qp = std::make_unique<Qp>(cb, b.ep, b.cq, b.mem, b.clock);
+  a.ep.attach(a.qp.get());
+  b.ep.attach(b.qp.get());
+  b.qp->post_recv(rwr(1, b.key, 0x2000, 1064));
+  SendWr w = wr(7, WrOpcode::kSend, a.key, 0x1000, 1000);
+  w.remote_qpn = 0x42;
+  w.remote_qkey = 0x11;
+  w.ah = a.ep.add_peer(lo, b.ep.port());
+  a.qp->post_send(w);
+  for (int i = 0; i < 100 && b.cq.all.empty(); i++) {
+    a.ep.poll(0);
+    b.ep.poll(5);
+  }
+  ASSERT_EQ(b.cq.all.size(), 1u);
+  EXPECT_TRUE(b.cq.all[0].grh);
+  EXPECT_EQ(b.cq.all[0].src_qp, 0x41u);
+  const uint8_t* g = b.mem.bytes(b.key).data();
+  if (v6) {
+    EXPECT_EQ(g[0] >> 4, 6);
+    EXPECT_EQ(g[6], 17);  // next header UDP
+    EXPECT_EQ(g[8 + 15], 1);
+  } else {
+    for (int i = 0; i < 20; i++) EXPECT_EQ(g[i], 0) << i;
+    EXPECT_EQ(g[20], 0x45);
+    EXPECT_EQ(g[20 + 9], 17);
+    EXPECT_EQ(g[20 + 12], 127);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ipv4AndIpv6, UdpLoopback, ::testing::Values("127.0.0.1", "::1"));
 
 TEST(UdpEndpoint, CorruptIcrcAndUnknownQpAreDropped) {
