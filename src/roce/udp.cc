@@ -87,12 +87,40 @@ uint64_t UdpEndpoint::add_peer(const std::string& addr, uint16_t port) {
   return peers_.size() - 1;
 }
 
+// A peer's packets come from whatever source port it likes (rxe: 0xc000 +
+// a hash of the QPN) but are answered on the RoCEv2 port: a source that is
+// not a known peer is matched by address alone, else becomes a new peer at
+// our own port (everyone listens on 4791; tests bind other ports and add
+// their peers explicitly).
 uint64_t UdpEndpoint::peer_for(const Addr& a) {
   for (size_t i = 0; i < peers_.size(); i++) {
     if (peers_[i] == a) return i;
   }
-  peers_.push_back(a);
+  Addr at_port = a;
+  if (a.v6()) {
+    reinterpret_cast<sockaddr_in6&>(at_port.ss).sin6_port = htons(port_);
+  } else {
+    reinterpret_cast<sockaddr_in&>(at_port.ss).sin_port = htons(port_);
+  }
+  for (size_t i = 0; i < peers_.size(); i++) {
+    if (peers_[i] == at_port) return i;
+  }
+  peers_.push_back(at_port);
   return peers_.size() - 1;
+}
+
+std::string UdpEndpoint::peer_name(uint64_t ah) const {
+  if (ah >= peers_.size()) return "";
+  const Addr& a = peers_[ah];
+  char buf[INET6_ADDRSTRLEN];
+  if (a.v6()) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(a.ss);
+    inet_ntop(AF_INET6, &x.sin6_addr, buf, sizeof buf);
+    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(x.sin6_port));
+  }
+  auto& x = reinterpret_cast<const sockaddr_in&>(a.ss);
+  inet_ntop(AF_INET, &x.sin_addr, buf, sizeof buf);
+  return std::string(buf) + ":" + std::to_string(ntohs(x.sin_port));
 }
 
 void UdpEndpoint::attach(Qp* qp) { qps_[qp->config().qpn] = qp; }

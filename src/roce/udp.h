@@ -51,6 +51,9 @@ class UdpEndpoint : public PacketSink {
   // An address handle for a peer (of the bound address's family), or
   // UINT64_MAX if `addr` is not one.
   uint64_t add_peer(const std::string& addr, uint16_t port);
+  // "addr:port" ("[addr]:port" for IPv6) of an address handle, "" if none.
+  std::string peer_name(uint64_t ah) const;
+  size_t peer_count() const { return peers_.size(); }
   // Arriving packets for `qp->config().qpn` go to `qp`, which must outlive
   // the endpoint or be detached.
   void attach(Qp* qp);

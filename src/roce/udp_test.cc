@@ -176,6 +176,10 @@ TEST(UdpEndpoint, CorruptIcrcAndUnknownQpAreDropped) {
   sendto(s, good.data(), good.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
   for (int i = 0; i < 20 && ep.stats().received < 3; i++) ep.poll(50);
   EXPECT_EQ(ep.stats().received, 3u);
+  // The sender was unknown: it became a peer at the endpoint's own port, where
+  // a RoCEv2 host listens whatever its source port.
+  ASSERT_EQ(ep.peer_count(), 1u);
+  EXPECT_EQ(ep.peer_name(0), "127.0.0.1:" + std::to_string(ep.port()));
   EXPECT_EQ(ep.stats().bad_icrc, 1u);
   EXPECT_EQ(ep.stats().no_qp, 1u);
   EXPECT_EQ(mem.writes, 1u);  // only the good one, whose ICRC assumed IP ID 0 as sent
