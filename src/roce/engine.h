@@ -70,6 +70,7 @@ struct SendWr {
   std::vector<Sge> sg;
   bool signaled = true;
   bool solicited = false;
+  bool fence = false;            // wait for earlier READs and atomics (IBV_SEND_FENCE)
   uint32_t imm = 0;              // kSendImm, kWriteImm (network order value as ibv_send_wr holds it)
   uint32_t invalidate_rkey = 0;  // kSendInv
   uint64_t remote_addr = 0;      // write, read, atomics
@@ -98,6 +99,7 @@ struct Completion {
   uint32_t invalidated_rkey = 0;
   uint32_t src_qp = 0;  // UD receives
   uint64_t src_ah = 0;  // UD receives: where it came from (the `from` of receive())
+  bool grh = false;     // UD receives: the first 40 bytes hold a GRH (IBV_WC_GRH)
   uint32_t qp_num = 0;
 };
 
@@ -184,8 +186,10 @@ class Qp {
   int post_recv(RecvWr wr);
   // One arriving transport packet; `from` is the sender's address handle
   // (reported in UD receive completions). Malformed packets, and packets for
-  // another QP or transport, are dropped and counted.
-  void receive(std::span<const uint8_t> packet, uint64_t from = 0);
+  // another QP or transport, are dropped and counted. `grh`, if 40 bytes, is
+  // what a UD receive gets in the first 40 bytes of its buffer (RoCEv2: the
+  // IPv6 header, or 20 zero bytes then the IPv4 header).
+  void receive(std::span<const uint8_t> packet, uint64_t from = 0, std::span<const uint8_t> grh = {});
   // Timers, the coalesced ACK of the last batch of receives, new packets.
   void progress();
   // When progress() next has timer work (ns on the Clock), or UINT64_MAX.
@@ -226,14 +230,14 @@ class Qp {
     Reth reth;
     uint64_t orig = 0;
   };
-  void responder_receive(const Packet& p, uint64_t from);
+  void responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh);
   void responder_duplicate(const Packet& p);
   RespResult responder_execute(const Packet& p);
   RespResult respond_send(const Packet& p);
   RespResult respond_write(const Packet& p);
   RespResult respond_read(const Packet& p);
   RespResult respond_atomic(const Packet& p);
-  void responder_ud(const Packet& p, uint64_t from);
+  void responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> grh);
   void responder_uc(const Packet& p);
   void send_read_response(const Reth& reth, uint32_t first_psn);
   void send_ack(uint8_t syndrome, uint32_t psn);
@@ -241,7 +245,7 @@ class Qp {
   void flush_pending_ack();
   bool scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data, bool* too_long);
   void complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Packet* p, uint64_t from = 0,
-                     bool write_imm = false);
+                     bool write_imm = false, bool grh = false);
 
   // ---- completer (completer.cc)
   void completer_receive(const Packet& p);

@@ -501,6 +501,58 @@ TEST(Engine, CorruptedPacketsNeverBreakTheInvariants) {
   }
 }
 
+TEST(UdEngine, GrhFromThePacketIo) {
+  Pair p(QpType::kUD);
+  p.start();
+  p.qb().post_recv(rwr(5, p.b, kB, 200));
+  Packet q;
+  q.bth.opcode = op::kUD | op::kSendOnly;
+  q.bth.dest_qp = p.sim.cfg[1].qpn;
+  q.deth = Deth{0x1234, 0x77};
+  const uint8_t data[5] = {9, 8, 7, 6, 5};
+  q.payload = data;
+  std::vector<uint8_t> b(packet_size(q));
+  build_packet(q, b);
+  uint8_t grh[40];
+  for (int i = 0; i < 40; i++) grh[i] = uint8_t(0xc0 + i);
+  p.qb().receive(b, 3, grh);
+  ASSERT_EQ(p.cb().size(), 1u);
+  EXPECT_TRUE(p.cb()[0].grh);
+  EXPECT_EQ(p.cb()[0].src_ah, 3u);
+  EXPECT_EQ(p.cb()[0].src_qp, 0x77u);
+  EXPECT_EQ(0, memcmp(p.sim.nodes[1].mem.bytes(p.b).data(), grh, 40));
+  EXPECT_EQ(0, memcmp(p.sim.nodes[1].mem.bytes(p.b).data() + 40, data, 5));
+}
+
+TEST(RcEngineOps, FenceWaitsForEarlierReads) {
+  for (bool fence : {false, true}) {
+    Pair p(QpType::kRC, {}, 256);
+    p.start();
+    uint64_t last_read_response = 0, send_arrival = 0;
+    p.sim.nodes[0].tap = [&](std::vector<uint8_t>& b) {
+      if (b[0] == op::kReadRespLast) last_read_response = p.sim.clock.now;
+    };
+    p.sim.nodes[1].tap = [&](std::vector<uint8_t>& b) {
+      if (b[0] == op::kSendOnly && !send_arrival) send_arrival = p.sim.clock.now;
+    };
+    p.qb().post_recv(rwr(5, p.b, kB + 4096, 100));
+    SendWr r = wr(1, WrOpcode::kRead, p.a, kA, 4000);
+    r.remote_addr = kB;
+    r.rkey = p.b;
+    p.qa().post_send(r);
+    SendWr s = wr(2, WrOpcode::kSend, p.a, kA, 10);
+    s.fence = fence;
+    p.qa().post_send(s);
+    p.settle();
+    ASSERT_EQ(p.ca().size(), 2u);
+    if (fence) {
+      EXPECT_GT(send_arrival, last_read_response);
+    } else {
+      EXPECT_LT(send_arrival, last_read_response);
+    }
+  }
+}
+
 TEST(Engine, MalformedAndMisaddressedPacketsAreDropped) {
   Pair p;
   p.start();

@@ -76,7 +76,7 @@ int Qp::post_recv(RecvWr wr) {
   return 0;
 }
 
-void Qp::receive(std::span<const uint8_t> packet, uint64_t from) {
+void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const uint8_t> grh) {
   stats_.packets_received++;
   Packet p;
   if (state_ == QpState::kError || parse_packet(packet, false, &p) != ParseError::kOk) {
@@ -92,7 +92,7 @@ void Qp::receive(std::span<const uint8_t> packet, uint64_t from) {
     return;
   }
   if (p.info().request) {
-    responder_receive(p, from);
+    responder_receive(p, from, grh);
   } else if (cfg_.type == QpType::kRC) {
     completer_receive(p);
   } else {
@@ -156,7 +156,7 @@ void Qp::complete_send(const SendWqe& w, WcStatus st) {
 }
 
 void Qp::complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Packet* p, uint64_t from,
-                       bool write_imm) {
+                       bool write_imm, bool grh) {
   Completion c;
   c.wr_id = r.wr_id;
   c.status = st;
@@ -171,6 +171,7 @@ void Qp::complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Pa
     c.invalidated_rkey = p->ieth_rkey;
     if (p->info().has(kHasDeth)) c.src_qp = p->deth.src_qp;
     c.src_ah = from;
+    c.grh = grh;
   }
   cq_.complete(c);
 }

@@ -46,6 +46,9 @@ bool Qp::start_wqe(SendWqe& w) {
     enter_error(sq_next_, WcStatus::kLocLenErr);
     return false;
   }
+  // A fenced WR (the verbs' fence indicator) waits until every earlier READ
+  // and atomic has its response, so that it cannot overtake what they read.
+  if (w.wr.fence && rd_atomic_in_flight_ > 0) return false;
   if (is_read_or_atomic(w)) {
     if (rd_atomic_in_flight_ >= cfg_.max_rd_atomic) return false;  // initiator depth (IBTA 9.7.6)
     rd_atomic_in_flight_++;

@@ -76,8 +76,8 @@ bool Qp::scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data, b
   return true;
 }
 
-void Qp::responder_receive(const Packet& p, uint64_t from) {
-  if (cfg_.type == QpType::kUD) return responder_ud(p, from);
+void Qp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
+  if (cfg_.type == QpType::kUD) return responder_ud(p, from, grh);
   if (cfg_.type == QpType::kUC) return responder_uc(p);
   const int32_t d = psn_diff(p.bth.psn, epsn_);
   if (d > 0) {
@@ -344,9 +344,8 @@ void Qp::responder_uc(const Packet& p) {
 
 // UD (IBTA 9.8): one packet per message; a Q_Key mismatch or no receive
 // WQE drops it silently. The first 40 bytes of the receive buffer are the
-// GRH's (IBTA 11.4.1); the packet I/O, which has the IP header, may fill
-// them through the same local key.
-void Qp::responder_ud(const Packet& p, uint64_t from) {
+// GRH's (IBTA 11.4.1), filled from `grh` when the packet I/O gives one.
+void Qp::responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
   if (p.deth.qkey != cfg_.qkey || rq_.empty()) {
     stats_.dropped++;
     return;
@@ -354,11 +353,12 @@ void Qp::responder_ud(const Packet& p, uint64_t from) {
   RecvWr r = std::move(rq_.front());
   rq_.pop_front();
   bool too_long = false;
-  if (!scatter(r, 40, p.payload, &too_long)) {
+  const bool with_grh = grh.size() == 40;
+  if (!scatter(r, 40, p.payload, &too_long) || (with_grh && !scatter(r, 0, grh, &too_long))) {
     complete_recv(r, too_long ? WcStatus::kLocLenErr : WcStatus::kLocProtErr, 0, nullptr);
     return;
   }
-  complete_recv(r, WcStatus::kSuccess, uint32_t(p.payload.size()) + 40, &p, from);
+  complete_recv(r, WcStatus::kSuccess, uint32_t(p.payload.size()) + 40, &p, from, false, with_grh);
 }
 
 }  // namespace sv::roce

@@ -30,59 +30,132 @@ UdpEndpoint::~UdpEndpoint() {
   if (fd_ >= 0) close(fd_);
 }
 
+bool UdpEndpoint::Addr::operator==(const Addr& o) const {
+  if (ss.ss_family != o.ss.ss_family) return false;
+  if (v6()) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(ss);
+    auto& y = reinterpret_cast<const sockaddr_in6&>(o.ss);
+    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, 16) == 0;
+  }
+  auto& x = reinterpret_cast<const sockaddr_in&>(ss);
+  auto& y = reinterpret_cast<const sockaddr_in&>(o.ss);
+  return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+}
+
+bool UdpEndpoint::parse(const std::string& s, uint16_t port, Addr* out) {
+  *out = Addr{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&out->ss);
+  if (inet_pton(AF_INET, s.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    return true;
+  }
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&out->ss);
+  if (inet_pton(AF_INET6, s.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    return true;
+  }
+  return false;
+}
+
 int UdpEndpoint::bind(const std::string& addr, uint16_t port) {
-  fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (!parse(addr, port, &local_)) return EINVAL;
+  fd_ = socket(local_.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd_ < 0) return errno;
-  // Never IP-fragment: DF on every datagram (and IP ID 0, which the ICRC covers).
-  int pmtu = IP_PMTUDISC_DO;
-  setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  local_.sin_family = AF_INET;
-  local_.sin_port = htons(port);
-  if (inet_pton(AF_INET, addr.c_str(), &local_.sin_addr) != 1) return EINVAL;
-  if (::bind(fd_, reinterpret_cast<sockaddr*>(&local_), sizeof local_) != 0) return errno;
-  socklen_t len = sizeof local_;
-  getsockname(fd_, reinterpret_cast<sockaddr*>(&local_), &len);
-  port_ = ntohs(local_.sin_port);
+  // Never IP-fragment: DF on every IPv4 datagram (and IP ID 0, which the
+  // ICRC covers); no fragmentation on IPv6 either.
+  if (local_.v6()) {
+    int pmtu = IPV6_PMTUDISC_DO;
+    setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  } else {
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  }
+  if (::bind(fd_, local_.sa(), local_.len()) != 0) return errno;
+  socklen_t len = sizeof local_.ss;
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&local_.ss), &len);
+  port_ = ntohs(local_.v6() ? reinterpret_cast<sockaddr_in6&>(local_.ss).sin6_port
+                            : reinterpret_cast<sockaddr_in&>(local_.ss).sin_port);
   return 0;
 }
 
 uint64_t UdpEndpoint::add_peer(const std::string& addr, uint16_t port) {
-  Peer p;
-  p.sa.sin_family = AF_INET;
-  p.sa.sin_port = htons(port);
-  inet_pton(AF_INET, addr.c_str(), &p.sa.sin_addr);
-  peers_.push_back(p);
+  Addr a;
+  if (!parse(addr, port, &a) || a.ss.ss_family != local_.ss.ss_family) return UINT64_MAX;
+  peers_.push_back(a);
   return peers_.size() - 1;
 }
 
-uint64_t UdpEndpoint::peer_for(const sockaddr_in& sa) {
+// A peer's packets come from whatever source port it likes (rxe: 0xc000 +
+// a hash of the QPN) but are answered on the RoCEv2 port: a source that is
+// not a known peer is matched by address alone, else becomes a new peer at
+// our own port (everyone listens on 4791; tests bind other ports and add
+// their peers explicitly).
+uint64_t UdpEndpoint::peer_for(const Addr& a) {
   for (size_t i = 0; i < peers_.size(); i++) {
-    if (peers_[i].sa.sin_addr.s_addr == sa.sin_addr.s_addr && peers_[i].sa.sin_port == sa.sin_port) return i;
+    if (peers_[i] == a) return i;
   }
-  peers_.push_back(Peer{sa});
+  Addr at_port = a;
+  if (a.v6()) {
+    reinterpret_cast<sockaddr_in6&>(at_port.ss).sin6_port = htons(port_);
+  } else {
+    reinterpret_cast<sockaddr_in&>(at_port.ss).sin_port = htons(port_);
+  }
+  for (size_t i = 0; i < peers_.size(); i++) {
+    if (peers_[i] == at_port) return i;
+  }
+  peers_.push_back(at_port);
   return peers_.size() - 1;
+}
+
+std::string UdpEndpoint::peer_name(uint64_t ah) const {
+  if (ah >= peers_.size()) return "";
+  const Addr& a = peers_[ah];
+  char buf[INET6_ADDRSTRLEN];
+  if (a.v6()) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(a.ss);
+    inet_ntop(AF_INET6, &x.sin6_addr, buf, sizeof buf);
+    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(x.sin6_port));
+  }
+  auto& x = reinterpret_cast<const sockaddr_in&>(a.ss);
+  inet_ntop(AF_INET, &x.sin_addr, buf, sizeof buf);
+  return std::string(buf) + ":" + std::to_string(ntohs(x.sin_port));
 }
 
 void UdpEndpoint::attach(Qp* qp) { qps_[qp->config().qpn] = qp; }
 void UdpEndpoint::detach(uint32_t qpn) { qps_.erase(qpn); }
 
-namespace {
-Ipv4Udp ipv4_of(const sockaddr_in& src, const sockaddr_in& dst) {
+size_t UdpEndpoint::frame(const Addr& src, const Addr& dst, std::span<const uint8_t> transport, size_t* hdr) {
+  if (src.v6()) {
+    auto& s = reinterpret_cast<const sockaddr_in6&>(src.ss);
+    auto& d = reinterpret_cast<const sockaddr_in6&>(dst.ss);
+    Ipv6Udp h;  // class, flow label and hop limit are masked: their values do not matter
+    std::memcpy(h.src.data(), &s.sin6_addr, 16);
+    std::memcpy(h.dst.data(), &d.sin6_addr, 16);
+    h.sport = ntohs(s.sin6_port);
+    h.dport = ntohs(d.sin6_port);
+    *hdr = kIpv6UdpLen;
+    return frame_ipv6(h, transport, frame_);
+  }
+  auto& s = reinterpret_cast<const sockaddr_in&>(src.ss);
+  auto& d = reinterpret_cast<const sockaddr_in&>(dst.ss);
   Ipv4Udp h;
-  std::memcpy(h.src.data(), &src.sin_addr, 4);
-  std::memcpy(h.dst.data(), &dst.sin_addr, 4);
-  h.sport = ntohs(src.sin_port);
-  h.dport = ntohs(dst.sin_port);
-  return h;
+  std::memcpy(h.src.data(), &s.sin_addr, 4);
+  std::memcpy(h.dst.data(), &d.sin_addr, 4);
+  h.sport = ntohs(s.sin_port);
+  h.dport = ntohs(d.sin_port);
+  *hdr = kIpv4UdpLen;
+  return frame_ipv4(h, transport, frame_);
 }
-}  // namespace
 
 void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   if (ah >= peers_.size() || fd_ < 0) return;
   // Build the datagram as the kernel will put it on the wire, to get the ICRC.
-  size_t n = frame_ipv4(ipv4_of(local_, peers_[ah].sa), packet, frame_);
+  size_t hdr = 0;
+  const size_t n = frame(local_, peers_[ah], packet, &hdr);
   if (n == 0) return;
-  std::span<const uint8_t> udp_payload(frame_.data() + kIpv4UdpLen, n - kIpv4UdpLen);
+  std::span<const uint8_t> udp_payload(frame_.data() + hdr, n - hdr);
   if (!faulty_) return transmit(ah, udp_payload);
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
@@ -97,9 +170,9 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
 }
 
 void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> udp_payload) {
-  const sockaddr_in& sa = peers_[ah].sa;
+  const Addr& a = peers_[ah];
   // A full socket buffer loses the datagram, as a congested link would.
-  if (sendto(fd_, udp_payload.data(), udp_payload.size(), 0, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) >= 0) {
+  if (sendto(fd_, udp_payload.data(), udp_payload.size(), 0, a.sa(), a.len()) >= 0) {
     stats_.sent++;
   }
 }
@@ -117,19 +190,20 @@ void UdpEndpoint::poll(int timeout_ms) {
   pollfd p{fd_, POLLIN, 0};
   ::poll(&p, 1, timeout_ms);
   for (int budget = 0; budget < 256; budget++) {
-    sockaddr_in from{};
-    socklen_t fl = sizeof from;
-    ssize_t n = recvfrom(fd_, rx_.data(), rx_.size(), 0, reinterpret_cast<sockaddr*>(&from), &fl);
+    Addr from;
+    socklen_t fl = sizeof from.ss;
+    ssize_t n = recvfrom(fd_, rx_.data(), rx_.size(), 0, reinterpret_cast<sockaddr*>(&from.ss), &fl);
     if (n < 0) break;
     stats_.received++;
     if (size_t(n) < kBthLen + kIcrcLen) {
       stats_.too_short++;
       continue;
     }
-    // Rebuild the IPv4 and UDP headers the datagram arrived with (IP ID
+    // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
     // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
     std::span<const uint8_t> transport(rx_.data(), size_t(n) - kIcrcLen);
-    const size_t total = frame_ipv4(ipv4_of(from, local_), transport, frame_);
+    size_t hdr = 0;
+    const size_t total = frame(from, local_, transport, &hdr);
     if (total == 0 || icrc_load(frame_.data() + total - kIcrcLen) != icrc_load(rx_.data() + n - kIcrcLen)) {
       stats_.bad_icrc++;
       continue;
@@ -140,7 +214,15 @@ void UdpEndpoint::poll(int timeout_ms) {
       stats_.no_qp++;
       continue;
     }
-    it->second->receive(transport, peer_for(from));
+    // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
+    // or 20 bytes of zero then the IPv4 header).
+    uint8_t grh[40] = {};
+    if (hdr == kIpv6UdpLen) {
+      std::memcpy(grh, frame_.data(), 40);
+    } else {
+      std::memcpy(grh + 20, frame_.data(), 20);
+    }
+    it->second->receive(transport, peer_for(from), grh);
   }
   flush_delayed();
   for (auto& [qpn, qp] : qps_) qp->progress();

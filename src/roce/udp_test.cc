@@ -30,13 +30,18 @@ struct Side {
   explicit Side(FaultConfig f) : ep(clock, f) {}
 };
 
-TEST(UdpEndpoint, RcOverLoopbackWithFaults) {
+class UdpLoopback : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(UdpLoopback, RcWithFaults) {
+  const char* lo = GetParam();
   FaultConfig f{0.05, 0.02, 0.05, 200000, 3};
   Side a(f), b(f);
-  ASSERT_EQ(a.ep.bind("127.0.0.1", 0), 0);
-  ASSERT_EQ(b.ep.bind("127.0.0.1", 0), 0);
-  const uint64_t ab = a.ep.add_peer("127.0.0.1", b.ep.port());
-  const uint64_t ba = b.ep.add_peer("127.0.0.1", a.ep.port());
+  if (a.ep.bind(lo, 0) != 0) GTEST_SKIP() << "cannot bind " << lo;
+  ASSERT_EQ(b.ep.bind(lo, 0), 0);
+  const uint64_t ab = a.ep.add_peer(lo, b.ep.port());
+  const uint64_t ba = b.ep.add_peer(lo, a.ep.port());
+  ASSERT_NE(ab, UINT64_MAX);
+  EXPECT_EQ(a.ep.add_peer(std::string(lo) == "::1" ? "127.0.0.1" : "::1", 1), UINT64_MAX);  // other family
   QpConfig ca, cb;
   ca.qpn = 0x21; ca.dest_qpn = 0x22; ca.dest_ah = ab; ca.sq_psn = 10; ca.rq_psn = 20; ca.timeout = 10;  // 4 ms
   cb.qpn = 0x22; cb.dest_qpn = 0x21; cb.dest_ah = ba; cb.sq_psn = 20; cb.rq_psn = 10; cb.timeout = 10;
@@ -75,6 +80,51 @@ TEST(UdpEndpoint, RcOverLoopbackWithFaults) {
   EXPECT_GT(a.ep.stats().fault_dropped, 0u);
   EXPECT_EQ(a.ep.stats().bad_icrc + b.ep.stats().bad_icrc, 0u);
 }
+
+TEST_P(UdpLoopback, UdCarriesTheIpHeaderAsGrh) {
+  const char* lo = GetParam();
+  const bool v6 = std::string(lo) == "::1";
+  Side a(FaultConfig{}), b(FaultConfig{});
+  if (a.ep.bind(lo, 0) != 0) GTEST_SKIP() << "cannot bind " << lo;
+  ASSERT_EQ(b.ep.bind(lo, 0), 0);
+  QpConfig ca, cb;
+  ca.type = cb.type = QpType::kUD;
+  ca.qpn = 0x41;
+  cb.qpn = 0x42;
+  ca.qkey = cb.qkey = 0x11;
+  a.key = a.mem.add(0x1000, 4096, kLocalWrite);
+  b.key = b.mem.add(0x2000, 4096, kLocalWrite);
+  a.qp = std::make_unique<Qp>(ca, a.ep, a.cq, a.mem, a.clock);
+  b.qp = std::make_unique<Qp>(cb, b.ep, b.cq, b.mem, b.clock);
+  a.ep.attach(a.qp.get());
+  b.ep.attach(b.qp.get());
+  b.qp->post_recv(rwr(1, b.key, 0x2000, 1064));
+  SendWr w = wr(7, WrOpcode::kSend, a.key, 0x1000, 1000);
+  w.remote_qpn = 0x42;
+  w.remote_qkey = 0x11;
+  w.ah = a.ep.add_peer(lo, b.ep.port());
+  a.qp->post_send(w);
+  for (int i = 0; i < 100 && b.cq.all.empty(); i++) {
+    a.ep.poll(0);
+    b.ep.poll(5);
+  }
+  ASSERT_EQ(b.cq.all.size(), 1u);
+  EXPECT_TRUE(b.cq.all[0].grh);
+  EXPECT_EQ(b.cq.all[0].src_qp, 0x41u);
+  const uint8_t* g = b.mem.bytes(b.key).data();
+  if (v6) {
+    EXPECT_EQ(g[0] >> 4, 6);
+    EXPECT_EQ(g[6], 17);  // next header UDP
+    EXPECT_EQ(g[8 + 15], 1);
+  } else {
+    for (int i = 0; i < 20; i++) EXPECT_EQ(g[i], 0) << i;
+    EXPECT_EQ(g[20], 0x45);
+    EXPECT_EQ(g[20 + 9], 17);
+    EXPECT_EQ(g[20 + 12], 127);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ipv4AndIpv6, UdpLoopback, ::testing::Values("127.0.0.1", "::1"));
 
 TEST(UdpEndpoint, CorruptIcrcAndUnknownQpAreDropped) {
   SteadyClock clock;
@@ -126,6 +176,10 @@ TEST(UdpEndpoint, CorruptIcrcAndUnknownQpAreDropped) {
   sendto(s, good.data(), good.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
   for (int i = 0; i < 20 && ep.stats().received < 3; i++) ep.poll(50);
   EXPECT_EQ(ep.stats().received, 3u);
+  // The sender was unknown: it became a peer at the endpoint's own port, where
+  // a RoCEv2 host listens whatever its source port.
+  ASSERT_EQ(ep.peer_count(), 1u);
+  EXPECT_EQ(ep.peer_name(0), "127.0.0.1:" + std::to_string(ep.port()));
   EXPECT_EQ(ep.stats().bad_icrc, 1u);
   EXPECT_EQ(ep.stats().no_qp, 1u);
   EXPECT_EQ(mem.writes, 1u);  // only the good one, whose ICRC assumed IP ID 0 as sent

@@ -57,25 +57,32 @@ OPCODE_NAMES = {0x00: "SEND First", 0x01: "SEND Middle", 0x02: "SEND Last", 0x03
 
 
 def verify_pcap(pcap, need):
-    """Every RoCEv2 frame of a capture of real traffic: ICRC right (with the IP
-    header as it was on the wire), DF set, and tshark decodes it as InfiniBand;
-    the opcodes in `need` all occur."""
+    """Every RoCEv2 frame (IPv4 or IPv6) of a capture of real traffic: ICRC
+    right (with the IP header as it was on the wire), DF set on IPv4, and
+    tshark decodes it as InfiniBand; the opcodes in `need` all occur."""
     frames = read_pcap(pcap)
     errors, roce = [], 0
     for i, fr in enumerate(frames, 1):
-        if fr[12:14] != b"\x08\x00":
-            continue
         ip = fr[14:]
-        ihl = (ip[0] & 15) * 4
-        if ip[9] != 17 or struct.unpack("!H", ip[ihl + 2:ihl + 4])[0] != 4791:
+        if fr[12:14] == b"\x08\x00":
+            ihl = (ip[0] & 15) * 4
+            if ip[9] != 17:
+                continue
+            ip = ip[:struct.unpack("!H", ip[2:4])[0]]
+            if struct.unpack("!H", ip[6:8])[0] & 0x4000 == 0:
+                errors.append("frame %d: DF not set" % i)
+        elif fr[12:14] == b"\x86\xdd":
+            ihl = 40
+            if ip[6] != 17:
+                continue
+            ip = ip[:40 + struct.unpack("!H", ip[4:6])[0]]
+        else:
+            continue
+        if struct.unpack("!H", ip[ihl + 2:ihl + 4])[0] != 4791:
             continue
         roce += 1
-        total = struct.unpack("!H", ip[2:4])[0]
-        ip = ip[:total]
-        if struct.unpack("!H", ip[6:8])[0] & 0x4000 == 0:
-            errors.append("frame %d: DF not set" % i)
         if icrc_zlib(ip[:-4]) != struct.unpack("<I", ip[-4:])[0]:
-            errors.append("frame %d: bad ICRC (IP ID %d)" % (i, struct.unpack("!H", ip[4:6])[0]))
+            errors.append("frame %d: bad ICRC" % i)
     out = subprocess.run(["tshark", "-r", pcap, "-Y", "udp.dstport == 4791", "-T", "fields", "-e", "frame.number",
                           "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp", "-e", "infiniband.bth.psn",
                           "--disable-heuristic", "rpcrdma_infiniband", "--disable-heuristic",
