@@ -1295,8 +1295,13 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
 
 void rdma_destroy_qp(rdma_cm_id* id) {
   if (!id || !id->qp) return;
-  ibv_destroy_qp(id->qp);
-  id->qp = nullptr;
+  ibv_qp* qp;
+  {
+    std::lock_guard<std::mutex> lk(g.mu);  // the engine moves id->qp on a REP
+    qp = id->qp;
+    id->qp = nullptr;
+  }
+  ibv_destroy_qp(qp);
   Id* d = id_of(id);
   if (d->created_cqs) {
     if (id->send_cq) ibv_destroy_cq(id->send_cq);
