@@ -1352,7 +1352,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
       r.pkey = 0xffff;
       r.service_id = cm::service_id(d->id.ps, port);
       cm::encode_ip_header(ip, r.private_data);
-      if (param && param->private_data_len)
+      if (param && param->private_data && param->private_data_len)
         std::memcpy(r.private_data + cm::kIpHeader, param->private_data, param->private_data_len);
       cm::encode(r, d->local_comm_id, d->pending_req);
     } else {
@@ -1382,7 +1382,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
       r.hop_limit = 64;
       r.local_ack_timeout = d->ack_timeout;
       cm::encode_ip_header(ip, r.private_data);
-      if (param && param->private_data_len)
+      if (param && param->private_data && param->private_data_len)
         std::memcpy(r.private_data + cm::kIpHeader, param->private_data, param->private_data_len);
       cm::encode(r, d->local_comm_id, d->pending_req);
     }
@@ -1470,7 +1470,7 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
       r.qpn = qpn;
       r.service_id = cm::service_id(d->id.ps, addr_port(&d->id.route.addr.src_addr));
       r.qkey = RDMA_UDP_QKEY;
-      if (param && param->private_data_len) std::memcpy(r.private_data, param->private_data, param->private_data_len);
+      if (param && param->private_data && param->private_data_len) std::memcpy(r.private_data, param->private_data, param->private_data_len);
       cm::encode(r, 0, mad);
       d->st = St::kEstablished;
       if (!send_mad(d, mad)) return fail(ECONNRESET);
@@ -1499,7 +1499,7 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
       ibv_device_attr a{};
       ibv_query_device(d->id.verbs, &a);
       r.local_ca_guid = be64toh(a.node_guid);
-      if (param && param->private_data_len) std::memcpy(r.private_data, param->private_data, param->private_data_len);
+      if (param && param->private_data && param->private_data_len) std::memcpy(r.private_data, param->private_data, param->private_data_len);
       cm::encode(r, 0, mad);
       if (d->peer_gone || !send_mad(d, mad)) {
         qp_to_err(d);
@@ -1529,7 +1529,7 @@ int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_l
     cm::SidrRep r;
     r.request_id = d->remote_comm_id;
     r.status = cm::kSidrRejected;
-    if (private_data_len) std::memcpy(r.private_data, private_data, private_data_len);
+    if (private_data && private_data_len) std::memcpy(r.private_data, private_data, private_data_len);
     cm::encode(r, 0, mad);
   } else {
     if (private_data_len > cm::kRejPrivate) return fail(EINVAL);
@@ -1538,7 +1538,7 @@ int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_l
     r.remote_comm_id = d->remote_comm_id;
     r.message_rejected = d->st == St::kReqRcvd ? cm::kRejectedReq : cm::kRejectedRep;
     r.reason = cm::kRejConsumer;
-    if (private_data_len) std::memcpy(r.private_data, private_data, private_data_len);
+    if (private_data && private_data_len) std::memcpy(r.private_data, private_data, private_data_len);
     cm::encode(r, 0, mad);
   }
   send_mad(d, mad);
