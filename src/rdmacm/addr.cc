@@ -158,6 +158,45 @@ int gid_index_of(const sockaddr* a, ibv_gid* gid) {
 
 using namespace sv::rdmacm;
 
+namespace {
+
+sockaddr* copy_addr(const sockaddr* a, socklen_t n) {
+  auto* p = static_cast<sockaddr*>(std::malloc(n));
+  if (p) std::memcpy(p, a, n);
+  return p;
+}
+
+int port_space_of(const rdma_addrinfo* hints) {
+  return hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+}
+
+int qp_type_of(const rdma_addrinfo* hints, int ps) {
+  if (hints && hints->ai_qp_type) return hints->ai_qp_type;
+  return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB ? IBV_QPT_UD : IBV_QPT_RC;
+}
+
+int from_hints(const rdma_addrinfo* hints, rdma_addrinfo** res) {
+  auto* out = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+  if (!out) return fail(ENOMEM);
+  out->ai_flags = hints->ai_flags;
+  out->ai_port_space = port_space_of(hints);
+  out->ai_qp_type = qp_type_of(hints, out->ai_port_space);
+  const sockaddr* any = hints->ai_dst_addr ? hints->ai_dst_addr : hints->ai_src_addr;
+  out->ai_family = hints->ai_family ? hints->ai_family : any->sa_family;
+  if (hints->ai_src_addr && hints->ai_src_len) {
+    out->ai_src_len = hints->ai_src_len;
+    out->ai_src_addr = copy_addr(hints->ai_src_addr, hints->ai_src_len);
+  }
+  if (hints->ai_dst_addr && hints->ai_dst_len) {
+    out->ai_dst_len = hints->ai_dst_len;
+    out->ai_dst_addr = copy_addr(hints->ai_dst_addr, hints->ai_dst_len);
+  }
+  *res = out;
+  return 0;
+}
+
+}  // namespace
+
 extern "C" {
 
 ibv_context** rdma_get_devices(int* num_devices) {
@@ -200,7 +239,13 @@ const char* rdma_event_str(rdma_cm_event_type event) {
 // resolvable IP address is an RDMA address here (the device owns every
 // local address; others fail later, at address resolution).
 int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
-  if (!res || (!node && !service)) return fail(EINVAL);
+  if (!res) return fail(EINVAL);
+  if (!node && !service) {
+    // rdma_getaddrinfo(3): the addresses may come in the hints instead
+    // (libfabric's verbs provider passes them so).
+    if (!hints || (!hints->ai_src_addr && !hints->ai_dst_addr)) return fail(EINVAL);
+    return from_hints(hints, res);
+  }
   addrinfo h{};
   h.ai_socktype = SOCK_STREAM;
   int rai_flags = hints ? hints->ai_flags : 0;
@@ -221,15 +266,9 @@ int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo*
   }
   out->ai_flags = rai_flags;
   out->ai_family = ai->ai_family;
-  out->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
-  out->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type
-                    : (out->ai_port_space == RDMA_PS_UDP || out->ai_port_space == RDMA_PS_IPOIB) ? IBV_QPT_UD
-                                                                                                  : IBV_QPT_RC;
-  auto copy = [](const sockaddr* a, socklen_t n) {
-    auto* p = static_cast<sockaddr*>(std::malloc(n));
-    if (p) std::memcpy(p, a, n);
-    return p;
-  };
+  out->ai_port_space = port_space_of(hints);
+  out->ai_qp_type = qp_type_of(hints, out->ai_port_space);
+  auto copy = copy_addr;
   if (rai_flags & RAI_PASSIVE) {
     out->ai_src_len = ai->ai_addrlen;
     out->ai_src_addr = copy(ai->ai_addr, ai->ai_addrlen);

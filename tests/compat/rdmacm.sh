@@ -6,7 +6,7 @@
 # MODE: rping | rping_q (the application creates and moves its QP:
 # CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish) | rping6 (over ::1) |
 # ucmatose | ucmatose4 | ucmatose_m (rdma_migrate_id) | udaddy | rdma_server |
-# ib_send_bw | ib_write_lat | ib_read_bw. PORT is an rdma_cm port: it lives in this
+# ib_send_bw | ib_write_lat | ib_read_bw | fi_pingpong (its PORT is TCP). PORT is an rdma_cm port: it lives in this
 # test's own SOFTVERBS_DIR (the rendezvous sockets), not in TCP.
 . "$(dirname "$0")/lib.sh"
 mode=${2:?mode}
@@ -156,6 +156,20 @@ case "$mode" in
       expect "$CLIENT_OUT" '^ *[0-9]+ +1000 +[0-9.]+ +[0-9.]+' 1
       grep -q 'rdma_cm' "$CLIENT_OUT" "$SERVER_OUT" ||
         fail "perftest did not report using rdma_cm"
+    fi
+    ;;
+  fi_pingpong)
+    # libfabric's verbs provider, MSG endpoints (rdma_cm). It lists only the
+    # addresses of non-loopback interfaces as its own; PORT is the TCP
+    # control port fi_pingpong exchanges addresses on.
+    require fi_pingpong
+    ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -E '^[0-9.]+$' | head -n 1)
+    [ -n "$ip" ] || { log "SKIP: no IPv4 address besides loopback"; exit $SKIP; }
+    compat_setup
+    if run_pair fi_pingpong "$port" fi_pingpong -p verbs -e msg -B "$port" -I 100 -- \
+        fi_pingpong -p verbs -e msg -P "$port" -I 100 "$ip"; then
+      expect "$CLIENT_OUT" '^1m +100 +=100 ' 1
+      expect "$SERVER_OUT" '^1m +100 +=100 ' 1
     fi
     ;;
   *)
