@@ -493,6 +493,7 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   auto q = qps_.find(qpn);
   if (q == qps_.end()) return;
   // Only a QP this one could have delivered to (a client can write anything here).
+  if (q->second.type != dq->second.type) return;
   if (q->second.type != IBV_QPT_UD && qp_slot(dead_qpn).dest_qpn.load() != qpn) return;
   auto cq = cqs_.find(q->second.recv_cq);
   if (cq == cqs_.end()) return;

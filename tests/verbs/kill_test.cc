@@ -480,5 +480,70 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
   EXPECT_GT(connected_kills, 0);
 }
 
+// The moment that matters most, made likely rather than left to chance: the
+// victim is killed in the middle of a 64 MiB RDMA WRITE on the shared QP,
+// i.e. while it holds the QP's send lock (the copy is done under it). Our
+// next post must take the lock over promptly, not wait forever.
+TEST(Kill, DeathInsideTheSharedQpSendLockIsTakenOver) {
+  constexpr uint64_t kLen = 64 << 20;
+  Side sh, tgt;
+  Side::Options o;
+  o.len = kLen;
+  ASSERT_EQ(0, sh.open(o));
+  ASSERT_EQ(0, tgt.open(o));
+  ASSERT_EQ(0, sh.connect(tgt.qp->qp_num, o));
+  ASSERT_EQ(0, tgt.connect(sh.qp->qp_num, o));
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  pid_t v = fork();
+  if (v == 0) {
+    close(sv[0]);
+    ibv_context* c = nullptr;
+    svx_object objs[2];
+    int n = 0;
+    if (svx_unpack(sv[1], &c, objs, 2, &n) || n != 2) _exit(2);
+    ibv_sge sge{reinterpret_cast<uint64_t>(objs[1].mr->addr), uint32_t(kLen), objs[1].mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = kVictimTag;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(tgt.buf);
+    wr.wr.rdma.rkey = tgt.mr->rkey;
+    ibv_send_wr* bad;
+    for (;;) {  // one long copy after another: the lock is held nearly all the time
+      put(sv[1], uint32_t(1));
+      if (ibv_post_send(objs[0].qp, &wr, &bad)) _exit(3);
+    }
+  }
+  close(sv[1]);
+  svx_object objs[2];
+  objs[0].type = SVX_OBJ_QP;
+  objs[0].qp = sh.qp;
+  objs[1].type = SVX_OBJ_MR;
+  objs[1].mr = sh.mr;
+  ASSERT_EQ(0, svx_pack(sv[0], sh.ctx, objs, 2));
+  uint32_t posting = 0;
+  ASSERT_TRUE(get(sv[0], posting, 20000));
+  ASSERT_TRUE(get(sv[0], posting, 20000));  // its second copy is under way
+  usleep(2000);
+  kill(v, SIGKILL);
+  int st;
+  waitpid(v, &st, 0);
+  close(sv[0]);
+  ASSERT_TRUE(WIFSIGNALED(st));
+  Target t{reinterpret_cast<uint64_t>(tgt.buf), tgt.mr->rkey, uint32_t(tgt.len)};
+  ibv_sge rsge{reinterpret_cast<uint64_t>(tgt.buf), kSharedRecv, tgt.mr->lkey};
+  ibv_recv_wr rwr{};
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+  ibv_recv_wr* rbad;
+  ASSERT_EQ(0, ibv_post_recv(tgt.qp, &rwr, &rbad));  // for shared_qp_works' SEND
+  auto start = std::chrono::steady_clock::now();
+  std::string why;
+  EXPECT_TRUE(shared_qp_works(sh.qp, sh.cq, sh.mr, t, 1, why)) << why;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "the lock took long to recover";
+}
+
 }  // namespace
 }  // namespace svtest
