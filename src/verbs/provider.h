@@ -204,6 +204,12 @@ struct QpState {
   uint64_t next_try_ns = 0;
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
   struct Qp* self = nullptr;
+
+  // Extended QPs (qp_ex.cc): the IBV_QP_EX_WITH_* ops allowed, 0 for a QP
+  // not created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, and the batch being
+  // built between ibv_wr_start and ibv_wr_complete/abort.
+  uint64_t send_ops = 0;
+  std::shared_ptr<struct WrBatch> batch;
 };
 
 struct Qp {
@@ -310,6 +316,13 @@ ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 // QPs (qp.cc, requester.cc)
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+// post_send for ibv_wr_complete: every WR of the chain is checked, and room
+// for all of them in the send queue, before any runs; on error none was posted.
+int post_send_all(ibv_qp* qp, ibv_send_wr* wr);
+// Extended QPs (qp_ex.cc): the supported IBV_QP_EX_WITH_* ops of a QP type,
+// and filling in the ibv_wr_* builders of a QP created with send_ops_flags.
+uint64_t supported_send_ops(ibv_qp_type type);
+void init_qp_ex(Qp* qp, uint64_t send_ops);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Runs the QP's queued work requests; returns true while some remain queued.
