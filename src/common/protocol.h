@@ -61,6 +61,7 @@ enum class Op : uint16_t {
   NsOpen,          // attach this (fresh) connection to the context of a published object
   NsList,          // list the namespace, a page at a time
   ImportSrq,       // reply fd: SRQ segment
+  ImportChannel,   // reply fd: the completion channel's eventfd
   kCount
 };
 
@@ -305,7 +306,7 @@ struct QueryMrReply {
 struct ImportCqReply {
   Header h;
   uint32_t capacity;
-  uint32_t reserved;
+  uint32_t channel;  // the CQ's completion channel, 0 if none
   uint64_t segment_size;
 };
 
@@ -372,7 +373,7 @@ static_assert(sizeof(AccountsReply) <= kMaxMessage);
 
 // ---- The namespace ----------------------------------------------------------
 constexpr size_t kMaxNsName = 128;  // including the terminating NUL
-enum NsKind : uint32_t { kNsPd = 1, kNsMr = 2, kNsCq = 3, kNsQp = 4, kNsSrq = 5 };
+enum NsKind : uint32_t { kNsPd = 1, kNsMr = 2, kNsCq = 3, kNsQp = 4, kNsSrq = 5, kNsChannel = 6 };
 constexpr uint32_t kNsRead = 4, kNsWrite = 2;  // as the r and w permission bits
 
 struct NsPublishReq {

@@ -163,6 +163,7 @@ int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& 
   auto it = cqs_.find(handle);
   if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
   rep.capacity = it->second.map.as<CqSegmentHeader>()->capacity;
+  rep.channel = it->second.channel;
   rep.segment_size = it->second.map.size();
   out_fds.push_back(it->second.fd.get());
   return 0;
@@ -180,6 +181,13 @@ int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep
   rep.sq_sig_all = qp->sq_sig_all;
   rep.segment_size = qp->map.size();
   out_fds.push_back(qp->fd.get());
+  return 0;
+}
+
+int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
+  auto it = channels_.find(handle);
+  if (it == channels_.end() || it->second.owner != ctx(client)) return EINVAL;
+  out_fds.push_back(it->second.eventfd.get());
   return 0;
 }
 
@@ -1105,6 +1113,10 @@ bool Registry::ns_alive(const NsEntry& e) const {
     case proto::kNsSrq: {
       auto it = srqs_.find(e.handle);
       return it != srqs_.end() && it->second.owner == e.ctx;
+    }
+    case proto::kNsChannel: {
+      auto it = channels_.find(e.handle);
+      return it != channels_.end() && it->second.owner == e.ctx;
     }
     default: return false;
   }

@@ -51,6 +51,7 @@ class Registry {
   int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
   int import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
+  int import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds);
   int import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds);
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
   int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);

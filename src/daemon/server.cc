@@ -386,6 +386,14 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (st) out_fds.clear();
       return encode(h, rep, st, out);
     }
+    case Op::ImportChannel: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      int st = registry_.import_channel(client, req.handle, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
     case Op::ImportSrq: {
       proto::HandleReq req;
       if (!decode(msg, len, req)) return bad();

@@ -227,6 +227,8 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
   ch->ch.refcnt = 0;
   ch->handle = rep.handle;
   ch->ctx = to_ctx(c);
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.channel_handles[ch->handle] = ch;
   return &ch->ch;
 }
 
@@ -244,10 +246,64 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
     errno = e;
     return -1;
   }
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(ch->handle); it != cs.channel_handles.end() && it->second == ch)
+      cs.channel_handles.erase(it);
+  }
   ::close(channel->fd);
   std::free(ch);
   return 0;
 }
+
+// svx_import_comp_channel (softverbs.h): a completion channel of a shared
+// context. Its eventfd is the same one in every holder: each event wakes
+// one waiter, and ibv_get_cq_event hands it to whoever takes the CQ's
+// notified flag first.
+ibv_comp_channel* svx_import_comp_channel(ibv_context* c, uint32_t handle) {
+  ContextState& cs = ctx_state(c);
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(handle); it != cs.channel_handles.end()) return &it->second->ch;
+  }
+  proto::HandleReq req{};
+  req.handle = handle;
+  proto::Empty rep{};
+  std::vector<sv::Fd> fds;
+  if (int e = cs.conn.call(proto::Op::ImportChannel, req, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
+    return nullptr;
+  }
+  auto* ch = static_cast<Channel*>(std::calloc(1, sizeof(Channel)));
+  if (!ch) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ch->ch.context = c;
+  ch->ch.fd = fds[0].release();
+  ch->handle = handle;
+  ch->ctx = to_ctx(c);
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.channel_handles[handle] = ch;
+  return &ch->ch;
+}
+
+// Releases this process's handle only (EBUSY while CQs of this process use it).
+int svx_unimport_comp_channel(ibv_comp_channel* channel) {
+  if (__atomic_load_n(&channel->refcnt, __ATOMIC_RELAXED) != 0) return EBUSY;
+  Channel* ch = to_channel(channel);
+  ContextState& cs = ctx_state(channel->context);
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(ch->handle); it != cs.channel_handles.end() && it->second == ch)
+      cs.channel_handles.erase(it);
+  }
+  ::close(channel->fd);
+  std::free(ch);
+  return 0;
+}
+
+uint32_t svx_comp_channel_handle(ibv_comp_channel* channel) { return to_channel(channel)->handle; }
 
 ibv_cq* ibv_create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
   return create_cq(c, cqe, cq_context, channel, comp_vector);

@@ -250,6 +250,7 @@ struct ContextState {
   std::map<uint32_t, Cq*> cq_handles;
   std::map<uint32_t, Qp*> qp_handles;
   std::map<uint32_t, ibv_srq*> srq_handles;
+  std::map<uint32_t, Channel*> channel_handles;
   // Backing files this process has mapped itself (named regions): backing id
   // -> (base address, file offset of base).
   std::map<uint32_t, std::pair<uint8_t*, uint64_t>> local_views;
