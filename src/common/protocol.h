@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/shm_layout.h"
+
 namespace sv::proto {
 
 constexpr uint32_t kMagic = 0x53565250;  // "SVRP"
@@ -62,6 +64,7 @@ enum class Op : uint16_t {
   NsList,          // list the namespace, a page at a time
   ImportSrq,       // reply fd: SRQ segment
   ImportChannel,   // reply fd: the completion channel's eventfd
+  Mediate,         // carry out one RC/UC operation towards a peer of another user
   kCount
 };
 
@@ -193,7 +196,10 @@ struct ConnectPeerReply {
   uint32_t has_srq;
   uint64_t srq_segment_size;
   uint32_t srq_handle;
-  uint32_t reserved;
+  // 1: the peer belongs to another user. No descriptor comes with the reply;
+  // each operation goes through the daemon (Op::Mediate), which applies the
+  // keys' bounds to the peer's memory itself.
+  uint32_t mediated;
 };
 
 struct CreateSrqReq {
@@ -209,6 +215,37 @@ struct CreateSrqReply {
   uint32_t handle;
   uint32_t capacity;
   uint64_t segment_size;
+};
+
+// One send work request towards a peer the requester may not map (another
+// user's QP): the daemon checks both sides' keys and copies. sge: the
+// requester's local list (lkeys of its own MRs).
+struct MediateReq {
+  Header h;
+  uint32_t qpn;        // the requester's QP
+  uint32_t opcode;     // IBV_WR_*
+  uint32_t send_flags;
+  uint32_t imm_data;   // as in ibv_send_wr (network order)
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t num_sge;
+  uint64_t compare_add;
+  uint64_t swap;
+  shm::Sge sge[shm::kMaxSge];
+  uint32_t inline_len;  // IBV_SEND_INLINE: the payload is here, not in sge
+  uint32_t reserved;
+  uint8_t inline_data[shm::kMaxInline];
+};
+static_assert(sizeof(MediateReq) <= kMaxMessage);
+
+enum MediateOutcome : uint32_t { kMediateDone = 0, kMediateRnr = 1, kMediateRetry = 2, kMediateError = 3 };
+
+struct MediateReply {
+  Header h;
+  uint32_t outcome;     // MediateOutcome
+  uint32_t wc_status;   // the requester's completion status when kMediateError
+  uint32_t peer_error;  // the responder detected the error (it went to ERR)
+  uint32_t byte_len;
 };
 
 struct ImportSrqReply {

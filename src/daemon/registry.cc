@@ -41,8 +41,24 @@ uint64_t memlock_limit(pid_t pid) {
     if (capeff & (1ull << 14)) return UINT64_MAX;  // CAP_IPC_LOCK
   }
   rlimit rl{};
-  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) != 0) return 0;
-  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) == 0)
+    return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+  // prlimit(2) on another user's process needs CAP_SYS_RESOURCE, which a
+  // system daemon in a container may lack: /proc/PID/limits says the same.
+  if (FILE* f = std::fopen((std::string("/proc/") + std::to_string(pid) + "/limits").c_str(), "r")) {
+    char line[256];
+    uint64_t limit = 0;
+    while (std::fgets(line, sizeof(line), f)) {
+      if (std::strncmp(line, "Max locked memory", 17) != 0) continue;
+      char soft[64] = {0};
+      if (std::sscanf(line + 17, "%63s", soft) == 1)
+        limit = std::strcmp(soft, "unlimited") == 0 ? UINT64_MAX : std::strtoull(soft, nullptr, 10);
+      break;
+    }
+    std::fclose(f);
+    return limit;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -605,6 +621,8 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   acct.uid = clients_[client].uid;
   acct.limit_bytes = memlock_limit(pid);
   if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes + bytes > acct.limit_bytes) {
+    SV_TRACE("daemon: pid %d: RLIMIT_MEMLOCK %llu, locked %llu, asks %llu: ENOMEM", int(pid),
+             (unsigned long long)acct.limit_bytes, (unsigned long long)acct.locked_bytes, (unsigned long long)bytes);
     if (acct.locked_bytes == 0) accounts_.erase(pid);
     return ENOMEM;
   }
@@ -971,8 +989,15 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
   auto peer = qps_.find(dest);
   if (peer == qps_.end()) return ENOENT;
   // The peer's queues and, through its keys, its memory are mapped by the
-  // requester: not across users (see same_user).
-  if (!same_user(client, peer->second.owner)) return EACCES;
+  // requester: not across users (see same_user). Between users the daemon
+  // carries out each operation itself (Op::Mediate, mediate.cc); UD is not
+  // mediated yet.
+  if (!same_user(client, peer->second.owner)) {
+    if (peer->second.type == IBV_QPT_UD) return EACCES;
+    rep.peer_qpn = dest;
+    rep.mediated = 1;
+    return 0;
+  }
   auto rcq = cqs_.find(peer->second.recv_cq);
   if (rcq == cqs_.end()) return ENOENT;
   rep.peer_qpn = dest;

@@ -89,6 +89,10 @@ class Registry {
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
   int peer_error(uint32_t client, uint32_t qpn);
+  // Carries out one operation of `client`'s QP towards a peer of another
+  // user (mediate.cc): the daemon checks the keys and copies between the
+  // backings, so neither side maps the other's memory.
+  int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep);
   int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
   int dealloc_mw(uint32_t client, uint32_t handle);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
@@ -225,6 +229,17 @@ class Registry {
     uint32_t sq_sig_all = 0;
     uint32_t srq = 0;
   };
+
+  // mediate.cc
+  struct Span {
+    int fd;
+    uint64_t off;
+    uint64_t len;
+  };
+  bool resolve_key(uint32_t key, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need, uint32_t kinds,
+                   uint32_t bound_qpn, Span& out) const;
+  bool pop_recv(Qp& peer, uint32_t peer_qpn, shm::RecvWqe& out);
+  void push_recv(Qp& peer, uint32_t peer_qpn, const ibv_wc& wc, bool solicited);
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
   Qp* find_qp(uint32_t client, uint32_t qpn);

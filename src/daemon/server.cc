@@ -386,6 +386,13 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (st) out_fds.clear();
       return encode(h, rep, st, out);
     }
+    case Op::Mediate: {
+      proto::MediateReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::MediateReply rep{};
+      int st = registry_.mediate(client, req, rep);
+      return encode(h, rep, st, out);
+    }
     case Op::ImportChannel: {
       proto::HandleReq req;
       if (!decode(msg, len, req)) return bad();

@@ -151,6 +151,9 @@ struct Peer {
   shm::SrqSegmentHeader* srq_hdr = nullptr;
   shm::Ring<shm::RecvWqe> srq;
   uint32_t srq_handle = 0;
+  // The peer belongs to another user: nothing of it is mapped here, and each
+  // operation goes through the daemon (requester.cc execute_mediated).
+  bool mediated = false;
 };
 
 struct SrqState {

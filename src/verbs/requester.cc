@@ -137,7 +137,13 @@ Peer* resolve_peer(QpState& q) {
     std::vector<Fd> fds;
     if (cs.conn.call(proto::Op::ConnectPeer, req, rep, {}, &fds) != 0) return nullptr;
     auto np = std::make_unique<Peer>();
-    if (attach_peer(cs, *np, rep, fds)) return nullptr;
+    if (rep.mediated) {
+      np->qpn = rep.peer_qpn;
+      np->entry = cs.qp_slot(rep.peer_qpn);
+      np->mediated = true;
+    } else if (attach_peer(cs, *np, rep, fds)) {
+      return nullptr;
+    }
     q.peer = std::move(np);
     p = q.peer.get();
   }
@@ -241,10 +247,49 @@ Outcome execute_local(QpState& q, const shm::SendWqe& w) {
   return {Step::kDone};
 }
 
+// A peer of another user (system daemon): the daemon carries the operation
+// out between the two processes' memory with every key checked
+// (daemon/mediate.cc); one round trip per work request.
+Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
+  proto::MediateReq req{};
+  req.qpn = q.qpn;
+  req.opcode = w.opcode;
+  req.send_flags = w.send_flags & ~kInlineCaptured;
+  req.imm_data = w.imm_data;
+  req.remote_addr = w.remote_addr;
+  req.rkey = w.rkey;
+  req.compare_add = w.compare_add;
+  req.swap = w.swap;
+  req.num_sge = w.num_sge;
+  std::memcpy(req.sge, w.sge, sizeof(req.sge));
+  if (w.send_flags & IBV_SEND_INLINE) {
+    // The payload travels in the request: it need not be registered.
+    if (w.send_flags & kInlineCaptured) {
+      req.inline_len = w.inline_len;
+      std::memcpy(req.inline_data, w.inline_data, w.inline_len);
+    } else {
+      for (uint32_t i = 0; i < w.num_sge; ++i) {
+        if (req.inline_len + w.sge[i].length > shm::kMaxInline) return {Step::kError, IBV_WC_LOC_LEN_ERR};
+        std::memcpy(req.inline_data + req.inline_len, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
+        req.inline_len += w.sge[i].length;
+      }
+    }
+  }
+  proto::MediateReply rep{};
+  if (q.ctx->st->conn.call(proto::Op::Mediate, req, rep)) return {Step::kRetry};
+  switch (rep.outcome) {
+    case proto::kMediateDone: return {Step::kDone, IBV_WC_SUCCESS, false, rep.byte_len};
+    case proto::kMediateRnr: return {Step::kRnr};
+    case proto::kMediateRetry: return {Step::kRetry};
+    default: return {Step::kError, ibv_wc_status(rep.wc_status), rep.peer_error != 0};
+  }
+}
+
 Outcome execute(QpState& q, const shm::SendWqe& w) {
   if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) return execute_local(q, w);
   Peer* p = resolve_peer(q);
   if (!p) return {Step::kRetry};
+  if (p->mediated) return execute_mediated(q, w);
   Seg local[shm::kMaxSge];
   int nl = 0;
   uint64_t total = 0;
@@ -361,7 +406,7 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
     req.handle = q.qpn;
     proto::Empty rep{};
     cs.conn.call(proto::Op::PeerError, req, rep);
-    flush_peer_rq(*q.peer);
+    if (!q.peer->mediated) flush_peer_rq(*q.peer);  // else the daemon flushed it
   }
   move_to_error(q);
 }
@@ -629,7 +674,7 @@ void complete_torn_receive(QpState& q) {
   uint32_t qpn = q.hdr->torn_qpn.load(std::memory_order_acquire);
   if (qpn == 0) return;
   Peer* p = q.type == IBV_QPT_UD ? ud_peer(q, qpn) : resolve_peer(q);
-  if (p && p->qpn == qpn) {
+  if (p && !p->mediated && p->qpn == qpn) {
     ibv_wc wc{};
     wc.wr_id = q.hdr->torn_wr_id;
     wc.status = IBV_WC_REM_ABORT_ERR;

@@ -360,5 +360,127 @@ TEST(Namespace, AnotherUserIsRefusedAndLsShowsOwnersAndModes) {
   ibv_close_device(ctx);
 }
 
+// Between users, a connection works with exactly what the keys grant: the
+// daemon carries each operation out (nothing of the other user's memory is
+// mapped), and a key that does not grant the access fails as on a fabric.
+TEST(Namespace, AnotherUsersQpReachesOnlyWhatItsKeysGrant) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  Side a;
+  ASSERT_EQ(0, a.open({}));
+  for (size_t i = 0; i < a.len; ++i) a.buf[i] = uint8_t(i * 13 + 1);
+  static uint8_t secret[4096];
+  ibv_mr* local_only = ibv_reg_mr(a.pd, secret, sizeof(secret), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(nullptr, local_only);
+  uint64_t word_before = 0;
+  std::memcpy(&word_before, a.buf + 2048, 8);
+  // Two receives for the child's SENDs.
+  for (int i = 0; i < 2; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(a.buf + 8192 + i * 256), 256, a.mr->lkey};
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 100 + i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ASSERT_EQ(0, ibv_post_recv(a.qp, &wr, &bad));
+  }
+  struct Info {
+    uint32_t qpn, rkey, local_only_key;
+    uint64_t addr, local_only_addr;
+  } info{a.qp->qp_num, a.mr->rkey, local_only->lkey, reinterpret_cast<uintptr_t>(a.buf),
+         reinterpret_cast<uintptr_t>(secret)};
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+  pid_t child = spawn([&] {
+    close(sv[0]);
+    if (setgid(65534) != 0 || setuid(65534) != 0) return 60;
+    Side b;
+    if (int e = b.open({})) {
+      fprintf(stderr, "child: open: %s\n", strerror(e));
+      return 61;
+    }
+    uint32_t mine = b.qp->qp_num;
+    if (write(sv[1], &mine, 4) != 4) return 62;
+    if (b.connect(info.qpn, {})) return 63;
+    char go;
+    if (read(sv[1], &go, 1) != 1) return 64;  // the root side is connected too
+    auto post = [&](ibv_wr_opcode op, uint64_t off, uint32_t len, uint64_t raddr, uint32_t rkey, int flags = 0,
+                    uint64_t add = 0) {
+      ibv_sge sge{reinterpret_cast<uintptr_t>(b.buf + off), len, b.mr->lkey};
+      ibv_send_wr wr{}, *bad = nullptr;
+      wr.wr_id = off;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = op;
+      wr.send_flags = IBV_SEND_SIGNALED | flags;
+      if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+        wr.wr.atomic.remote_addr = raddr;
+        wr.wr.atomic.rkey = rkey;
+        wr.wr.atomic.compare_add = add;
+      } else {
+        wr.wr.rdma.remote_addr = raddr;
+        wr.wr.rdma.rkey = rkey;
+      }
+      ibv_wc wc{};
+      wc.status = IBV_WC_GENERAL_ERR;
+      if (ibv_post_send(b.qp, &wr, &bad)) return wc;
+      auto got = svtest::poll(b.cq, 1);
+      return got.empty() ? wc : got[0];
+    };
+    // READ the whole buffer of the other user, through its key.
+    ibv_wc wc = post(IBV_WR_RDMA_READ, 0, 4096, info.addr, info.rkey);
+    if (wc.status != IBV_WC_SUCCESS) return 65;
+    for (int i = 0; i < 4096; ++i)
+      if (b.buf[i] != uint8_t(i * 13 + 1)) return 66;
+    std::memset(b.buf + 4096, 0xc3, 100);
+    if (post(IBV_WR_RDMA_WRITE, 4096, 100, info.addr + 1000, info.rkey).status != IBV_WC_SUCCESS) return 67;
+    wc = post(IBV_WR_ATOMIC_FETCH_AND_ADD, 4200, 8, info.addr + 2048, info.rkey, 0, 5);
+    if (wc.status != IBV_WC_SUCCESS) return 68;
+    uint64_t old = 0;
+    std::memcpy(&old, b.buf + 4200, 8);
+    if (write(sv[1], &old, 8) != 8) return 69;
+    std::memset(b.buf + 4300, 0x5e, 64);
+    if (post(IBV_WR_SEND, 4300, 64, 0, 0).status != IBV_WC_SUCCESS) return 70;
+    std::memcpy(b.buf + 4400, "inline payload!", 16);
+    if (post(IBV_WR_SEND, 4400, 16, 0, 0, IBV_SEND_INLINE).status != IBV_WC_SUCCESS) return 71;
+    // A key that grants no remote access (forged from what it knows) fails.
+    wc = post(IBV_WR_RDMA_READ, 0, 64, info.local_only_addr, info.local_only_key);
+    if (wc.status != IBV_WC_REM_ACCESS_ERR) return 72;
+    return 0;
+  });
+  close(sv[1]);
+  uint32_t bqpn = 0;
+  if (read(sv[0], &bqpn, 4) != 4) FAIL() << "the child failed early: exit " << wait_for(child);
+  ASSERT_EQ(0, a.connect(bqpn, {}));
+  char go = 1;
+  ASSERT_EQ(1, write(sv[0], &go, 1));
+  uint64_t old = 0;
+  ASSERT_EQ(8, read(sv[0], &old, 8));
+  EXPECT_EQ(word_before, old);
+  EXPECT_EQ(0, wait_for(child));
+  close(sv[0]);
+  for (int i = 1000; i < 1100; ++i) ASSERT_EQ(0xc3, a.buf[i]) << i;
+  EXPECT_EQ(uint8_t(999 * 13 + 1), a.buf[999]);
+  EXPECT_EQ(uint8_t(1100 * 13 + 1), a.buf[1100]);
+  uint64_t word = 0;
+  std::memcpy(&word, a.buf + 2048, 8);
+  EXPECT_EQ(word_before + 5, word);
+  auto wcs = poll(a.cq, 2);
+  ASSERT_GE(wcs.size(), 2u);
+  EXPECT_EQ(100u, wcs[0].wr_id);
+  EXPECT_EQ(IBV_WC_SUCCESS, wcs[0].status);
+  EXPECT_EQ(64u, wcs[0].byte_len);
+  EXPECT_EQ(bqpn, wcs[0].src_qp);
+  EXPECT_EQ(101u, wcs[1].wr_id);
+  EXPECT_EQ(16u, wcs[1].byte_len);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(0x5e, a.buf[8192 + i]);
+  EXPECT_EQ(0, std::memcmp(a.buf + 8192 + 256, "inline payload!", 16));
+  // The responder found the bad key: its QP went to ERR (IBTA 9.9.3.1.2).
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(0, ibv_query_qp(a.qp, &qa, IBV_QP_STATE, &qi));
+  EXPECT_EQ(IBV_QPS_ERR, qa.qp_state);
+  ibv_dereg_mr(local_only);
+}
+
 }  // namespace
 }  // namespace svtest
