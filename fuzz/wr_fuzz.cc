@@ -16,6 +16,9 @@
 // The application contract is kept: inline data and sg_list pointers are
 // readable (inline SGEs are clamped into a slot), ud.ah is NULL or ours.
 //
+// A type 2 memory window is bound, used and invalidated through the same
+// requests (BIND_MW, SEND_WITH_INV, LOCAL_INV).
+//
 // Environment: SOFTVERBS_DIR is set to a private directory; the daemon is
 // started on demand from the build tree.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -58,6 +61,7 @@ struct Harness {
   ibv_cq* cq = nullptr;
   ibv_qp* qp[kQps] = {};
   ibv_ah* ah = nullptr;
+  ibv_mw* mw = nullptr;  // a type 2 window for BIND_MW, SEND_WITH_INV and LOCAL_INV
   uint8_t* arena = nullptr;  // guard, slot, guard, slot, ..., guard
   uint8_t* slot[kSlots] = {};
   ibv_mr* mr[kSlots] = {};
@@ -148,6 +152,8 @@ bool Harness::init() {
   ah_attr.port_num = 1;
   ah = ibv_create_ah(pd, &ah_attr);
   if (!ah) return false;
+  mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+  if (!mw) return false;
   size_t total = kPage + kSlots * (kSlotLen + kPage);
   void* m = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return false;
@@ -314,7 +320,20 @@ void post_send(FuzzedDataProvider& in) {
       w.wr.rdma.remote_addr = pick_addr(in, nullptr, &slot);
       w.wr.rdma.rkey = pick_key(in, slot);
     }
-    w.invalidate_rkey = pick_key(in, in.ConsumeIntegralInRange(0, kSlots - 1));  // SEND_WITH_INV, LOCAL_INV
+    // SEND_WITH_INV, LOCAL_INV: a key of ours, the window's, or anything.
+    w.invalidate_rkey = in.ConsumeBool() ? h->mw->rkey : pick_key(in, in.ConsumeIntegralInRange(0, kSlots - 1));
+    if (op == IBV_WR_BIND_MW) {
+      // The window and MR pointers must be NULL or real (the application's
+      // side of the contract); everything else is arbitrary.
+      w.bind_mw.mw = in.ConsumeIntegralInRange(0, 7) ? h->mw : nullptr;
+      w.bind_mw.rkey = in.ConsumeBool() ? ibv_inc_rkey(h->mw->rkey) : in.ConsumeIntegral<uint32_t>();
+      int slot = 0;
+      int64_t hint = 0;
+      w.bind_mw.bind_info.addr = pick_addr(in, &hint, &slot);
+      w.bind_mw.bind_info.mr = in.ConsumeIntegralInRange(0, 7) ? h->mr[slot] : nullptr;
+      w.bind_mw.bind_info.length = pick_len(in, hint);
+      w.bind_mw.bind_info.mw_access_flags = in.ConsumeIntegral<uint8_t>() & 0x1f;
+    }
   }
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(h->qp[q], wrs.data(), &bad);
@@ -411,6 +430,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   h->reset_all();
+  // A window bound to an MR keeps it from being deregistered (EBUSY): a
+  // fresh window for the next input.
+  if (ibv_dealloc_mw(h->mw)) die("dealloc_mw failed");
+  h->mw = ibv_alloc_mw(h->pd, IBV_MW_TYPE_2);
+  if (!h->mw) die("alloc_mw failed");
   for (int s = 0; s < kSlots; ++s) {
     size_t off = h->mr_off[s], len = h->mr[s] ? h->mr_len[s] : 0;
     for (size_t i = 0; i < kSlotLen; ++i)
