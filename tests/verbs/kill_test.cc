@@ -2,7 +2,8 @@
 // victim process imports a shared context (PD, MR, CQ and an RC QP that this
 // process also posts to), opens a context of its own with a QP connected to
 // one of ours, and does a random mix of work -- registering and
-// deregistering, creating and destroying objects, posting large transfers
+// deregistering (MRs and named shared-memory regions), creating and
+// destroying objects, posting large transfers
 // to the shared QP (so it is often inside its send lock), transfers on its
 // own QP -- until it is SIGKILLed after a random, seeded delay (sometimes
 // before it even got going). After each kill:
@@ -171,6 +172,7 @@ std::atomic<uint64_t>* victim_ops;
   };
   std::vector<Buf> bufs;
   std::vector<std::pair<ibv_cq*, ibv_qp*>> objects;
+  std::vector<ibv_mr*> regions;
   uint32_t sends = 0, shared_sends = 0;
   uint64_t seq = 0;
   auto one = [&](ibv_qp* qp, ibv_cq* cq, ibv_wr_opcode op, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t raddr,
@@ -258,11 +260,22 @@ std::atomic<uint64_t>* victim_ops;
         one(me.qp, me.cq, op, reinterpret_cast<uint64_t>(me.buf), me.mr->lkey, len, t.addr + off, t.rkey, 1, 0);
         break;
       }
-      case 5: {  // PDs and channels come and go
+      case 5: {  // PDs, channels and named shared-memory regions come and go
         ibv_pd* pd = ibv_alloc_pd(me.ctx);
         ibv_comp_channel* ch = ibv_create_comp_channel(me.ctx);
         if (ch) ibv_destroy_comp_channel(ch);
         if (pd) ibv_dealloc_pd(pd);
+        if (regions.size() < 2 && rnd(2)) {
+          char id[64];
+          int n = snprintf(id, sizeof(id), "kill-test-%d-%llu", int(getpid()), (unsigned long long)seq++);
+          if (ibv_mr* mr = svx_reg_shmid(me.pd, id, size_t(n), 1 << 16, IBV_ACCESS_LOCAL_WRITE, nullptr)) {
+            regions.push_back(mr);
+            victim_ops[6].fetch_add(1, std::memory_order_relaxed);
+          }
+        } else if (!regions.empty()) {
+          ibv_dereg_mr(regions.back());
+          regions.pop_back();
+        }
         break;
       }
     }
@@ -323,7 +336,7 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
   std::mt19937_64 rng(seed);
   void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(MAP_FAILED, page);
-  victim_ops = new (page) std::atomic<uint64_t>[6]();
+  victim_ops = new (page) std::atomic<uint64_t>[7]();
 
   // The shared context: its QP talks to `tgt` (our private context), whose
   // MR is also where the victim's own QP writes and reads.
@@ -472,10 +485,11 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
     ASSERT_EQ(counts(base, base_fds), counts(now, fds)) << "the daemon keeps what a killed process held";
   }
   printf("  %d kills after connecting, %d early, %d torn sends on the shared QP; victims started %llu registrations, %llu object changes, "
-         "%llu shared-QP batches, %llu own transfers, %llu PD/channel cycles\n",
+         "%llu shared-QP batches, %llu own transfers, %llu PD/channel/region cycles (%llu regions)\n",
          connected_kills, iterations - connected_kills, aborted, (unsigned long long)victim_ops[0].load(),
          (unsigned long long)victim_ops[1].load(), (unsigned long long)(victim_ops[2].load() + victim_ops[3].load()),
-         (unsigned long long)victim_ops[4].load(), (unsigned long long)victim_ops[5].load());
+         (unsigned long long)victim_ops[4].load(), (unsigned long long)victim_ops[5].load(),
+         (unsigned long long)victim_ops[6].load());
   munmap(page, 4096);
   EXPECT_GT(connected_kills, 0);
 }
