@@ -17,7 +17,8 @@
 // readable (inline SGEs are clamped into a slot), ud.ah is NULL or ours.
 //
 // A type 2 memory window is bound, used and invalidated through the same
-// requests (BIND_MW, SEND_WITH_INV, LOCAL_INV).
+// requests (BIND_MW, SEND_WITH_INV, LOCAL_INV). Inputs may also move a QP to
+// any state between requests.
 //
 // Environment: SOFTVERBS_DIR is set to a private directory; the daemon is
 // started on demand from the build tree.
@@ -53,6 +54,7 @@ struct Expect {
   bool recv;
   bool must;  // must complete (receive, or signaled send)
   int seen = 0;
+  uint32_t opcode = 0, flags = 0;  // for the report
 };
 
 struct Harness {
@@ -181,7 +183,8 @@ void Harness::poll_once() {
     if (wc[i].status == IBV_WC_SUCCESS) {
       bool recv_op = wc[i].opcode & IBV_WC_RECV;
       if (recv_op != e.recv) die("completion opcode of the wrong queue", wc[i].opcode, e.recv);
-      if (!e.recv && !e.must) die("an unsignaled request completed successfully", wc[i].wr_id);
+      if (!e.recv && !(e.flags & IBV_SEND_SIGNALED))
+        die("an unsignaled request completed successfully", e.opcode, uint64_t(e.qp) << 32 | e.flags);
     }
   }
 }
@@ -346,8 +349,12 @@ void post_send(FuzzedDataProvider& in) {
   }
   n_posted += uint64_t(nwr);
   n_accepted += uint64_t(accepted);
-  for (int i = 0; i < accepted; ++i)
-    h->expect[wrs[size_t(i)].wr_id] = {q, false, (wrs[size_t(i)].send_flags & IBV_SEND_SIGNALED) != 0};
+  for (int i = 0; i < accepted; ++i) {
+    const ibv_send_wr& w = wrs[size_t(i)];
+    uint32_t op;
+    std::memcpy(&op, &w.opcode, sizeof(op));
+    h->expect[w.wr_id] = {q, false, (w.send_flags & IBV_SEND_SIGNALED) != 0, 0, op, w.send_flags};
+  }
 }
 
 void post_recv(FuzzedDataProvider& in) {
@@ -378,6 +385,54 @@ void post_recv(FuzzedDataProvider& in) {
   n_posted += uint64_t(nwr);
   n_accepted += uint64_t(accepted);
   for (int i = 0; i < accepted; ++i) h->expect[wrs[size_t(i)].wr_id] = {q, true, true};
+}
+
+// A state change in the middle of the traffic: to any state, with the mask
+// the transition needs or a random one (the library and daemon must refuse
+// what IBTA 11.2.4.2 does not allow). RESET discards outstanding requests
+// without completions (IBTA 10.3.1): they may no longer complete... but
+// still at most once.
+void modify(FuzzedDataProvider& in) {
+  int q = in.ConsumeIntegralInRange(0, kQps - 1);
+  auto target = ibv_qp_state(in.ConsumeIntegralInRange(0, 6));  // RESET .. ERR
+  ibv_qp_type t = type_of(q);
+  ibv_qp_attr a{};
+  a.qp_state = target;
+  a.port_num = 1;
+  a.qkey = kQkey;
+  a.qp_access_flags = in.ConsumeIntegral<uint8_t>() & 0xf;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = in.ConsumeBool() ? h->qp[q ^ 1]->qp_num : in.ConsumeIntegral<uint32_t>() & 0xffffff;
+  a.max_dest_rd_atomic = 1;
+  a.max_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.timeout = 1;
+  a.retry_cnt = 1;
+  a.rnr_retry = 2;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.hop_limit = 1;
+  ibv_query_gid(h->ctx, 1, 0, &a.ah_attr.grh.dgid);
+  a.ah_attr.port_num = 1;
+  int mask = IBV_QP_STATE;
+  switch (target) {
+    case IBV_QPS_INIT:
+      mask |= IBV_QP_PKEY_INDEX | IBV_QP_PORT | (t == IBV_QPT_UD ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS);
+      break;
+    case IBV_QPS_RTR:
+      if (t != IBV_QPT_UD) mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+      if (t == IBV_QPT_RC) mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      break;
+    case IBV_QPS_RTS:
+      mask |= IBV_QP_SQ_PSN;
+      if (t == IBV_QPT_RC) mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      break;
+    default:
+      break;
+  }
+  if (in.ConsumeIntegralInRange(0, 3) == 0) mask = int(in.ConsumeIntegral<uint32_t>() & ((1u << 21) - 1));
+  if (ibv_modify_qp(h->qp[q], &a, mask) == 0 && (mask & IBV_QP_STATE) && target == IBV_QPS_RESET)
+    for (auto& [id, e] : h->expect)
+      if (e.qp == q) e.must = false;
 }
 
 }  // namespace
@@ -422,11 +477,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     h->mr_len[s] = h->mr[s] ? len : 0;
   }
   for (int cmds = 0; cmds < 24 && in.remaining_bytes() > 0; ++cmds) {
-    switch (in.ConsumeIntegralInRange(0, 3)) {
+    switch (in.ConsumeIntegralInRange(0, 4)) {
       case 0:
       case 1: post_send(in); break;
       case 2: post_recv(in); break;
-      default: h->poll_once(); break;
+      case 3: h->poll_once(); break;
+      default: modify(in); break;
     }
   }
   h->reset_all();
