@@ -56,6 +56,12 @@ enum class Op : uint16_t {
   CreateSrq,       // reply fd: SRQ segment
   DestroySrq,
   SrqLimit,        // a sender found the SRQ below its armed limit: tell its holders
+  NsPublish,       // the namespace (docs/SHARING.md): publish an object I hold under a name
+  NsUnpublish,
+  NsOpen,          // attach this (fresh) connection to the context of a published object
+  NsList,          // list the namespace, a page at a time
+  ImportSrq,       // reply fd: SRQ segment
+  ImportChannel,   // reply fd: the completion channel's eventfd
   kCount
 };
 
@@ -205,6 +211,13 @@ struct CreateSrqReply {
   uint64_t segment_size;
 };
 
+struct ImportSrqReply {
+  Header h;
+  uint32_t pd;
+  uint32_t max_sge;
+  uint64_t segment_size;
+};
+
 struct AsyncEventMsg {
   Header h;
   uint32_t event_type;  // enum ibv_event_type
@@ -293,7 +306,7 @@ struct QueryMrReply {
 struct ImportCqReply {
   Header h;
   uint32_t capacity;
-  uint32_t reserved;
+  uint32_t channel;  // the CQ's completion channel, 0 if none
   uint64_t segment_size;
 };
 
@@ -357,6 +370,53 @@ struct AccountsReply {
   AccountEntry entries[kMaxAccounts];
 };
 static_assert(sizeof(AccountsReply) <= kMaxMessage);
+
+// ---- The namespace ----------------------------------------------------------
+constexpr size_t kMaxNsName = 128;  // including the terminating NUL
+enum NsKind : uint32_t { kNsPd = 1, kNsMr = 2, kNsCq = 3, kNsQp = 4, kNsSrq = 5, kNsChannel = 6 };
+constexpr uint32_t kNsRead = 4, kNsWrite = 2;  // as the r and w permission bits
+
+struct NsPublishReq {
+  Header h;
+  uint32_t kind;
+  uint32_t handle;
+  uint32_t mode;   // 0..0777
+  int32_t group;   // -1: the caller's gid
+  char name[kMaxNsName];  // NUL-terminated
+};
+
+struct NsNameReq {  // NsUnpublish, NsOpen
+  Header h;
+  uint32_t access;  // NsOpen: kNsRead | kNsWrite
+  uint32_t reserved;
+  char name[kMaxNsName];
+};
+
+struct NsOpenReply {
+  Header h;
+  uint32_t kind;
+  uint32_t handle;
+};
+
+struct NsListReq {
+  Header h;
+  uint32_t start;  // index of the first entry wanted
+  uint32_t reserved;
+};
+
+struct NsListEntry {
+  char name[kMaxNsName];
+  uint32_t kind, handle, uid, gid, mode, reserved;
+};
+constexpr size_t kNsListPage = 6;
+
+struct NsListReply {
+  Header h;
+  uint32_t count;  // entries in this page
+  uint32_t total;  // entries in the namespace
+  NsListEntry entries[kNsListPage];
+};
+static_assert(sizeof(NsListReply) <= kMaxMessage);
 
 template <class T>
 inline void init_header(T& m, Op op, uint32_t seq = 0) {

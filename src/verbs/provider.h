@@ -29,6 +29,8 @@
 #include "common/shm_layout.h"
 #include "common/sys.h"
 
+struct svx_object;
+
 namespace sv::verbs {
 
 using shm::Cqe;
@@ -113,6 +115,10 @@ struct Channel {
   ibv_comp_channel ch;
   uint32_t handle;
   Context* ctx;
+  // Adaptive spinning in ibv_get_cq_event: how many waits in a row the spin
+  // did not catch (then spinning pauses; see cq.cc).
+  uint32_t spin_misses;
+  uint32_t waits;
 };
 
 struct CqState {
@@ -198,6 +204,12 @@ struct QpState {
   uint64_t next_try_ns = 0;
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
   struct Qp* self = nullptr;
+
+  // Extended QPs (qp_ex.cc): the IBV_QP_EX_WITH_* ops allowed, 0 for a QP
+  // not created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, and the batch being
+  // built between ibv_wr_start and ibv_wr_complete/abort.
+  uint64_t send_ops = 0;
+  std::shared_ptr<struct WrBatch> batch;
 };
 
 struct Qp {
@@ -238,6 +250,7 @@ struct ContextState {
   std::map<uint32_t, Cq*> cq_handles;
   std::map<uint32_t, Qp*> qp_handles;
   std::map<uint32_t, ibv_srq*> srq_handles;
+  std::map<uint32_t, Channel*> channel_handles;
   // Backing files this process has mapped itself (named regions): backing id
   // -> (base address, file offset of base).
   std::map<uint32_t, std::pair<uint8_t*, uint64_t>> local_views;
@@ -275,7 +288,17 @@ inline int destroy_result(const ContextState& st, int e) { return (e && st.dead.
 
 // Context (context.cc)
 ibv_context* open_context(ibv_device* dev);
-ibv_context* make_context(int import_fd);
+// Opens a context on a new daemon connection. With import_fd >= 0 it joins
+// the context whose command socket that is (ibv_import_device); with `ns`
+// it joins the context of a published object (svx_open) and fills ns->rep.
+struct NsAttach {
+  const char* name;
+  uint32_t access;
+  proto::NsOpenReply rep;
+};
+ibv_context* make_context(int import_fd, NsAttach* ns = nullptr);
+// Imports one object of a shared context into this process (sharing.cc).
+int import_object(ibv_context* c, uint32_t type, uint32_t handle, ::svx_object& obj);
 int close_context(ibv_context* ctx);
 int query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
 int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
@@ -294,6 +317,13 @@ ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 // QPs (qp.cc, requester.cc)
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+// post_send for ibv_wr_complete: every WR of the chain is checked, and room
+// for all of them in the send queue, before any runs; on error none was posted.
+int post_send_all(ibv_qp* qp, ibv_send_wr* wr);
+// Extended QPs (qp_ex.cc): the supported IBV_QP_EX_WITH_* ops of a QP type,
+// and filling in the ibv_wr_* builders of a QP created with send_ops_flags.
+uint64_t supported_send_ops(ibv_qp_type type);
+void init_qp_ex(Qp* qp, uint64_t send_ops);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Runs the QP's queued work requests; returns true while some remain queued.
@@ -318,6 +348,9 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
 // This process's handle of a PD / CQ (created here or imported): allocated,
 // filled in, and registered in the context's maps. NULL with errno on failure.
 ibv_pd* new_pd_handle(ibv_context* c, uint32_t handle);
+// This process's handle of PD `handle` of a shared context, imported if needed.
+ibv_pd* import_pd_handle(ibv_context* c, uint32_t handle);
+ibv_srq* new_srq_handle(ibv_pd* pd, uint32_t handle, uint32_t max_sge, void* srq_context, int fd, uint64_t size);
 ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capacity, ibv_comp_channel* channel,
                       void* cq_context);
 

@@ -102,11 +102,18 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
     errno = EINVAL;
     return nullptr;
   }
-  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD)) {
+  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
   if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // ibv_create_qp_ex(3): an op the device cannot do on this QP type fails
+  // the create (EOPNOTSUPP, as rdma-core's providers answer).
+  const bool extended = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (extended && (a->send_ops_flags & ~supported_send_ops(a->qp_type))) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
@@ -187,6 +194,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   pthread_cond_init(&q.cond, nullptr);
   st->self = qp;
   qp->st = st.release();
+  if (extended) init_qp_ex(qp, a->send_ops_flags);
   std::lock_guard<std::mutex> g(cs.mu);
   cs.qp_handles[rep.qpn] = qp;
   return &q;
@@ -367,10 +375,6 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
   delete qp->st;
   std::free(qp);
   return 0;
-}
-
-ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
-  return nullptr;  // only QPs created with send-ops flags are extended; none are yet
 }
 
 }  // extern "C"

@@ -673,7 +673,9 @@ bool progress_qp(QpState& q) {
   }
 }
 
-int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
+namespace {
+
+int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   QpState& q = *to_qp(ibqp)->st;
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
@@ -691,6 +693,23 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   bool need_progress = false;
   q.hdr->send_lock.lock(self_pid());
   complete_torn_receive(q);
+  if (all_or_nothing) {
+    // ibv_wr_complete(3): the whole batch is posted or none of it. Every WR
+    // might have to wait in the send queue, so all of them must fit there.
+    uint64_t n = 0;
+    for (ibv_send_wr* w = wr; w; w = w->next, ++n) {
+      if (int e = validate(q, w)) {
+        q.hdr->send_lock.unlock();
+        *bad = w;
+        return e;
+      }
+    }
+    if (q.sq.size() + n > q.cap.max_send_wr) {
+      q.hdr->send_lock.unlock();
+      *bad = wr;
+      return ENOMEM;
+    }
+  }
   for (; wr; wr = wr->next) {
     if (int e = validate(q, wr)) {
       *bad = wr;
@@ -731,6 +750,15 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   q.hdr->send_lock.unlock();
   if (need_progress && !q.in_progress_list) progress_register(&q);
   return rc;
+}
+
+}  // namespace
+
+int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) { return post_send_impl(ibqp, wr, bad, false); }
+
+int post_send_all(ibv_qp* ibqp, ibv_send_wr* wr) {
+  ibv_send_wr* bad = nullptr;
+  return post_send_impl(ibqp, wr, &bad, true);
 }
 
 }  // namespace sv::verbs

@@ -78,6 +78,38 @@ bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
 
 }  // namespace sv::verbs
 
+namespace sv::verbs {
+
+// One constructor of a process's SRQ handle, for create and import.
+ibv_srq* new_srq_handle(ibv_pd* pd, uint32_t handle, uint32_t max_sge, void* srq_context, int fd, uint64_t size) {
+  ContextState& cs = ctx_state(pd->context);
+  auto st = std::make_unique<SrqState>();
+  st->ctx = to_ctx(pd->context);
+  st->handle = handle;
+  st->max_sge = max_sge;
+  if (int e = attach_srq_segment(st->seg, st->hdr, st->ring, fd, size)) {
+    errno = e;
+    return nullptr;
+  }
+  auto* srq = static_cast<Srq*>(std::calloc(1, sizeof(Srq)));
+  if (!srq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  srq->srq.context = pd->context;
+  srq->srq.srq_context = srq_context;
+  srq->srq.pd = pd;
+  srq->srq.handle = handle;
+  pthread_mutex_init(&srq->srq.mutex, nullptr);
+  pthread_cond_init(&srq->srq.cond, nullptr);
+  srq->st = st.release();
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.srq_handles[handle] = &srq->srq;
+  return &srq->srq;
+}
+
+}  // namespace sv::verbs
+
 using namespace sv;
 using namespace sv::verbs;
 
@@ -100,30 +132,40 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
     errno = e ? e : EPROTO;
     return nullptr;
   }
-  auto st = std::make_unique<SrqState>();
-  st->ctx = to_ctx(pd->context);
-  st->handle = rep.handle;
-  st->max_sge = attr->attr.max_sge;
-  if (int e = attach_srq_segment(st->seg, st->hdr, st->ring, fds[0].get(), rep.segment_size)) {
-    errno = e;
+  ibv_srq* srq = new_srq_handle(pd, rep.handle, attr->attr.max_sge, attr->srq_context, fds[0].get(), rep.segment_size);
+  if (srq) attr->attr.max_wr = rep.capacity;  // what it really holds
+  return srq;
+}
+
+// svx_import_srq (softverbs.h): the SRQ of a shared context, by handle. Any
+// holder may post receives to it; QPs of any holder take from it.
+ibv_srq* svx_import_srq(ibv_context* c, uint32_t handle) {
+  ContextState& cs = ctx_state(c);
+  proto::HandleReq req{};
+  req.handle = handle;
+  proto::ImportSrqReply rep{};
+  std::vector<Fd> fds;
+  if (int e = cs.conn.call(proto::Op::ImportSrq, req, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
     return nullptr;
   }
-  auto* srq = static_cast<Srq*>(std::calloc(1, sizeof(Srq)));
-  if (!srq) {
-    errno = ENOMEM;
-    return nullptr;
+  ibv_pd* pd = import_pd_handle(c, rep.pd);
+  if (!pd) return nullptr;
+  return new_srq_handle(pd, handle, rep.max_sge, nullptr, fds[0].get(), rep.segment_size);
+}
+
+// Releases this process's handle only; the SRQ lives on for its other holders.
+void svx_unimport_srq(ibv_srq* ibsrq) {
+  ContextState& cs = ctx_state(ibsrq->context);
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.srq_handles.find(ibsrq->handle); it != cs.srq_handles.end() && it->second == ibsrq)
+      cs.srq_handles.erase(it);
   }
-  srq->srq.context = pd->context;
-  srq->srq.srq_context = attr->srq_context;
-  srq->srq.pd = pd;
-  srq->srq.handle = rep.handle;
-  pthread_mutex_init(&srq->srq.mutex, nullptr);
-  pthread_cond_init(&srq->srq.cond, nullptr);
-  srq->st = st.release();
-  attr->attr.max_wr = rep.capacity;  // what it really holds
-  std::lock_guard<std::mutex> g(cs.mu);
-  cs.srq_handles[rep.handle] = &srq->srq;
-  return &srq->srq;
+  pthread_cond_destroy(&ibsrq->cond);
+  pthread_mutex_destroy(&ibsrq->mutex);
+  delete reinterpret_cast<Srq*>(ibsrq)->st;
+  std::free(ibsrq);
 }
 
 int ibv_modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) {

@@ -54,22 +54,6 @@ int ibv_dofork_range(void * /*base*/, size_t /*size*/) { return 0; }
 
 // --- Address handles and multicast -------------------------------------------
 
-// Man page: 0 on success, -1 on error.
-int ibv_init_ah_from_wc(struct ibv_context * /*context*/, uint8_t /*port_num*/,
-                        struct ibv_wc * /*wc*/, struct ibv_grh * /*grh*/,
-                        struct ibv_ah_attr * /*ah_attr*/) {
-  errno = EOPNOTSUPP;
-  return -1;
-}
-
-struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd * /*pd*/,
-                                     struct ibv_wc * /*wc*/,
-                                     struct ibv_grh * /*grh*/,
-                                     uint8_t /*port_num*/) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-
 int ibv_attach_mcast(struct ibv_qp * /*qp*/, const union ibv_gid * /*gid*/,
                      uint16_t /*lid*/) {
   return EOPNOTSUPP;

@@ -40,7 +40,19 @@ int Side::open(const Options& o) {
   ia.cap.max_send_sge = 4;
   ia.cap.max_recv_sge = 4;
   ia.cap.max_inline_data = 64;
-  qp = ibv_create_qp(pd, &ia);
+  if (o.send_ops) {
+    ibv_qp_init_attr_ex ix{};
+    ix.send_cq = cq;
+    ix.recv_cq = cq;
+    ix.qp_type = o.type;
+    ix.cap = ia.cap;
+    ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ix.pd = pd;
+    ix.send_ops_flags = o.send_ops;
+    qp = ibv_create_qp_ex(ctx, &ix);
+  } else {
+    qp = ibv_create_qp(pd, &ia);
+  }
   if (!qp) return errno;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;

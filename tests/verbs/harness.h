@@ -37,6 +37,7 @@ struct Side {
     uint8_t min_rnr_timer = 1;
     ibv_qp_type type = IBV_QPT_RC;
     uint32_t qkey = 0x1234;  // UD
+    uint64_t send_ops = 0;   // non-zero: ibv_create_qp_ex with these IBV_QP_EX_WITH_* ops
   };
 
   int open(const Options& o);   // up to INIT; 0 or errno
