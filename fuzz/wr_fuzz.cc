@@ -18,7 +18,8 @@
 //
 // A type 2 memory window is bound, used and invalidated through the same
 // requests (BIND_MW, SEND_WITH_INV, LOCAL_INV). Inputs may also move a QP to
-// any state between requests.
+// any state between requests, and post to an extended RC pair through the
+// ibv_wr_* API (all-or-nothing batches).
 //
 // Environment: SOFTVERBS_DIR is set to a private directory; the daemon is
 // started on demand from the build tree.
@@ -41,7 +42,10 @@ constexpr int kSlots = 4;
 constexpr size_t kPage = 4096;
 constexpr size_t kSlotLen = 2 * kPage;  // an MR lives in [off, off + len) of its slot
 constexpr uint8_t kCanary = 0xC5;
-constexpr int kQps = 6;  // RC a/b, UC a/b, UD a/b: a and b are connected to each other
+// RC a/b, UC a/b, UD a/b, and an RC pair of extended QPs (ibv_create_qp_ex,
+// posted to with ibv_wr_* as well): a and b are connected to each other.
+constexpr int kQps = 8;
+constexpr int kFirstEx = 6;
 constexpr uint32_t kQkey = 0x1234;
 
 [[noreturn]] void die(const char* what, unsigned long long a = 0, unsigned long long b = 0) {
@@ -81,7 +85,7 @@ Harness* h;
 // Printed at exit with WR_FUZZ_STATS=1: how much of what was posted got through.
 uint64_t n_posted, n_accepted, n_success, n_error, n_status[32];
 
-ibv_qp_type type_of(int i) { return i < 2 ? IBV_QPT_RC : i < 4 ? IBV_QPT_UC : IBV_QPT_UD; }
+ibv_qp_type type_of(int i) { return i < 2 || i >= kFirstEx ? IBV_QPT_RC : i < 4 ? IBV_QPT_UC : IBV_QPT_UD; }
 
 bool Harness::to_rts(int i) {
   ibv_qp_attr a{};
@@ -142,7 +146,22 @@ bool Harness::init() {
     ia.recv_cq = cq;
     ia.qp_type = type_of(i);
     ia.cap = {64, 64, 4, 4, 64};
-    qp[i] = ibv_create_qp(pd, &ia);
+    if (i >= kFirstEx) {
+      ibv_qp_init_attr_ex ix{};
+      ix.send_cq = cq;
+      ix.recv_cq = cq;
+      ix.qp_type = IBV_QPT_RC;
+      ix.cap = ia.cap;
+      ix.pd = pd;
+      ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+      ix.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
+                          IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+                          IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+                          IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV;
+      qp[i] = ibv_create_qp_ex(ctx, &ix);
+    } else {
+      qp[i] = ibv_create_qp(pd, &ia);
+    }
     if (!qp[i]) return false;
   }
   for (int i = 0; i < kQps; ++i)
@@ -387,6 +406,92 @@ void post_recv(FuzzedDataProvider& in) {
   for (int i = 0; i < accepted; ++i) h->expect[wrs[size_t(i)].wr_id] = {q, true, true};
 }
 
+// The extended post API (ibv_wr_post(3)): a batch of builders and setters
+// with fuzzed operands, then ibv_wr_complete (all or nothing: if it fails,
+// none of the batch was posted) or ibv_wr_abort.
+void post_ex(FuzzedDataProvider& in) {
+  int q = in.ConsumeIntegralInRange(kFirstEx, kQps - 1);
+  ibv_qp_ex* qx = ibv_qp_to_qp_ex(h->qp[q]);
+  if (!qx) die("ibv_qp_to_qp_ex failed");
+  struct Built {
+    uint64_t id;
+    uint32_t op, flags;
+  };
+  std::vector<Built> built;
+  ibv_wr_start(qx);
+  int nwr = in.ConsumeIntegralInRange(0, 4);
+  for (int i = 0; i < nwr; ++i) {
+    qx->wr_id = h->next_id++;
+    qx->wr_flags = in.ConsumeIntegral<uint8_t>() & 0x1f;
+    int slot = 0;
+    int64_t hint = 0;
+    uint64_t raddr = pick_addr(in, &hint, &slot);
+    uint32_t rkey = pick_key(in, slot);
+    uint32_t op;
+    switch (in.ConsumeIntegralInRange(0, 9)) {
+      case 0: ibv_wr_send(qx); op = IBV_WR_SEND; break;
+      case 1: ibv_wr_send_imm(qx, in.ConsumeIntegral<uint32_t>()); op = IBV_WR_SEND_WITH_IMM; break;
+      case 2: ibv_wr_send_inv(qx, in.ConsumeBool() ? h->mw->rkey : rkey); op = IBV_WR_SEND_WITH_INV; break;
+      case 3: ibv_wr_rdma_write(qx, rkey, raddr); op = IBV_WR_RDMA_WRITE; break;
+      case 4: ibv_wr_rdma_write_imm(qx, rkey, raddr, in.ConsumeIntegral<uint32_t>()); op = IBV_WR_RDMA_WRITE_WITH_IMM; break;
+      case 5: ibv_wr_rdma_read(qx, rkey, raddr); op = IBV_WR_RDMA_READ; break;
+      case 6:
+        ibv_wr_atomic_cmp_swp(qx, rkey, raddr, in.ConsumeIntegral<uint64_t>(), in.ConsumeIntegral<uint64_t>());
+        op = IBV_WR_ATOMIC_CMP_AND_SWP;
+        break;
+      case 7: ibv_wr_atomic_fetch_add(qx, rkey, raddr, in.ConsumeIntegral<uint64_t>()); op = IBV_WR_ATOMIC_FETCH_AND_ADD; break;
+      case 8: ibv_wr_local_inv(qx, in.ConsumeBool() ? h->mw->rkey : rkey); op = IBV_WR_LOCAL_INV; break;
+      default: {
+        ibv_mw_bind_info b{};
+        b.mr = in.ConsumeIntegralInRange(0, 7) ? h->mr[slot] : nullptr;
+        b.addr = raddr;
+        b.length = pick_len(in, hint);
+        b.mw_access_flags = in.ConsumeIntegral<uint8_t>() & 0x1f;
+        ibv_wr_bind_mw(qx, h->mw, in.ConsumeBool() ? ibv_inc_rkey(h->mw->rkey) : in.ConsumeIntegral<uint32_t>(), &b);
+        op = IBV_WR_BIND_MW;
+        break;
+      }
+    }
+    switch (in.ConsumeIntegralInRange(0, 3)) {
+      case 0: {
+        int64_t lh = 0;
+        int ls = 0;
+        uint64_t a = pick_addr(in, &lh, &ls);
+        uint32_t len = pick_len(in, lh);
+        ibv_wr_set_sge(qx, pick_key(in, ls), a, len);
+        break;
+      }
+      case 1: {
+        size_t n = in.ConsumeIntegralInRange<size_t>(0, 6);
+        std::vector<ibv_sge> sg(std::max<size_t>(n, 1));
+        fill_sges(in, sg, false);
+        ibv_wr_set_sge_list(qx, n, sg.data());
+        break;
+      }
+      case 2: {
+        size_t n = in.ConsumeIntegralInRange<size_t>(0, 3);
+        std::vector<ibv_sge> sg(std::max<size_t>(n, 1));
+        fill_sges(in, sg, true);  // readable buffers, as the contract wants
+        std::vector<ibv_data_buf> bufs;
+        for (size_t k = 0; k < n; ++k) bufs.push_back({reinterpret_cast<void*>(sg[k].addr), sg[k].length});
+        ibv_wr_set_inline_data_list(qx, n, bufs.data());
+        break;
+      }
+      default: break;  // no scatter list at all
+    }
+    built.push_back({qx->wr_id, op, qx->wr_flags});
+  }
+  if (in.ConsumeIntegralInRange(0, 7) == 0) {
+    ibv_wr_abort(qx);
+    return;
+  }
+  n_posted += built.size();
+  if (ibv_wr_complete(qx) != 0) return;  // nothing of the batch was posted
+  n_accepted += built.size();
+  for (const Built& b : built)
+    h->expect[b.id] = {q, false, (b.flags & IBV_SEND_SIGNALED) != 0, 0, b.op, b.flags};
+}
+
 // A state change in the middle of the traffic: to any state, with the mask
 // the transition needs or a random one (the library and daemon must refuse
 // what IBTA 11.2.4.2 does not allow). RESET discards outstanding requests
@@ -477,12 +582,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     h->mr_len[s] = h->mr[s] ? len : 0;
   }
   for (int cmds = 0; cmds < 24 && in.remaining_bytes() > 0; ++cmds) {
-    switch (in.ConsumeIntegralInRange(0, 4)) {
+    switch (in.ConsumeIntegralInRange(0, 5)) {
       case 0:
       case 1: post_send(in); break;
       case 2: post_recv(in); break;
       case 3: h->poll_once(); break;
-      default: modify(in); break;
+      case 4: modify(in); break;
+      default: post_ex(in); break;
     }
   }
   h->reset_all();
