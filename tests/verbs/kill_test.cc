@@ -13,7 +13,7 @@
 //   holding the send lock (that lock is taken over);
 // * the daemon's object counts and its memfds return to the baseline taken
 //   before the first victim: nothing leaks across iterations.
-// SOFTVERBS_KILL_ITERATIONS (default 150) and SOFTVERBS_KILL_SEED.
+// SOFTVERBS_KILL_ITERATIONS (default 150, at most 30 s) and SOFTVERBS_KILL_SEED.
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -359,7 +359,10 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
 
   int connected_kills = 0, aborted = 0;
   uint64_t tgt_posted = 0, tgt_done = 0;  // receives on the shared QP's peer
-  for (int it = 0; it < iterations; ++it) {
+  // Time-boxed too, so that slow (sanitizer) builds stay within ctest's limit.
+  auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int it = 0;
+  for (; it < iterations && std::chrono::steady_clock::now() < stop; ++it) {
     SCOPED_TRACE("iteration " + std::to_string(it) + ", seed " + std::to_string(seed));
     while (tgt_posted - tgt_done < 48) {  // more than the victim (16) and we (1) consume; the queue holds 64
       ibv_sge sge{reinterpret_cast<uint64_t>(tgt.buf) + (1 << 20) + kSharedRecv * (tgt_posted % 64), kSharedRecv,
@@ -484,9 +487,10 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
     }
     ASSERT_EQ(counts(base, base_fds), counts(now, fds)) << "the daemon keeps what a killed process held";
   }
+  if (it < iterations) printf("  time box reached after %d iterations\n", it);
   printf("  %d kills after connecting, %d early, %d torn sends on the shared QP; victims started %llu registrations, %llu object changes, "
          "%llu shared-QP batches, %llu own transfers, %llu PD/channel/region cycles (%llu regions)\n",
-         connected_kills, iterations - connected_kills, aborted, (unsigned long long)victim_ops[0].load(),
+         connected_kills, it - connected_kills, aborted, (unsigned long long)victim_ops[0].load(),
          (unsigned long long)victim_ops[1].load(), (unsigned long long)(victim_ops[2].load() + victim_ops[3].load()),
          (unsigned long long)victim_ops[4].load(), (unsigned long long)victim_ops[5].load(),
          (unsigned long long)victim_ops[6].load());
