@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build, run every test
 # (unit, verbs, and Debian's own binaries under softverbs), then the same
-# gtest suites under ASan+UBSan and under TSan, then a time-boxed fuzz run of
-# the daemon's control-message decoding.
+# gtest suites under ASan+UBSan and under TSan, then time-boxed fuzz runs of
+# the daemon's control-message decoding and of work-request validation.
 # SOFTVERBS_SANITIZERS=0 skips the sanitizer builds; SOFTVERBS_FUZZ_SECONDS=0
 # the fuzz run; SOFTVERBS_WR_FUZZ_SECONDS=0 the work-request fuzz run.
 set -euo pipefail
