@@ -138,7 +138,9 @@ int svx_unpublish(struct ibv_context *context, const char *name);
  * such name), EACCES (the mode denies it), EPERM (the mode allows it but
  * the object belongs to another user: sharing memory between users needs a
  * path the daemon carries out, which is not built yet; see docs/SHARING.md),
- * EINVAL (bad name or access). */
+ * EINVAL (bad name or access). Between users only a CQ is granted this way
+ * (in a context of the caller's own: the CQ's completions, no memory);
+ * another user's memory is reached through its keys over a connection. */
 struct ibv_context *svx_open(const char *name, int access, struct svx_object *object);
 
 #ifdef __cplusplus

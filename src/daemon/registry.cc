@@ -177,9 +177,13 @@ int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& re
 
 int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
   auto it = cqs_.find(handle);
-  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (it == cqs_.end()) return EINVAL;
+  bool granted = false;
+  for (auto [g, end] = cq_grants_.equal_range(client); g != end; ++g) granted |= g->second == handle;
+  if (it->second.owner != ctx(client) && !granted) return EINVAL;
   rep.capacity = it->second.map.as<CqSegmentHeader>()->capacity;
-  rep.channel = it->second.channel;
+  // A granted CQ comes without its channel (an eventfd of the owner's context).
+  rep.channel = granted && it->second.owner != ctx(client) ? 0 : it->second.channel;
   rep.segment_size = it->second.map.size();
   out_fds.push_back(it->second.fd.get());
   return 0;
@@ -232,6 +236,7 @@ void Registry::remove_client(uint32_t client) {
   SV_TRACE("daemon: client %u (pid %d) left context %u", client, int(c->second.pid), context);
   clients_.erase(c);
   async_fds_.erase(client);
+  cq_grants_.erase(client);
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it
   contexts_.erase(context);
@@ -1189,11 +1194,18 @@ int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpe
   ns_collect();
   NsEntry e{};
   if (int err = ns_.lookup(field_name(req.name), credentials(client), req.access, e)) return err;
-  // The mode allowed it. Between users the daemon does not hand out the
-  // descriptors of the owner's context: they would map more than the named
-  // object (its holder's whole backing memory). That access would need a
-  // path the daemon carries out itself, which is not built yet.
-  if (!same_user(client, e.ctx)) return EPERM;
+  // The mode allowed it. Between users the daemon never joins the caller to
+  // the owner's context: its descriptors would map more than the named
+  // object (its holder's whole backing memory). A CQ is granted by itself
+  // (its segment holds completions only); PDs, MRs, QPs and SRQs of another
+  // user are reached through keys over a connection instead (mediate.cc).
+  if (!same_user(client, e.ctx)) {
+    if (e.kind != proto::kNsCq) return EPERM;
+    cq_grants_.emplace(client, e.handle);
+    rep.kind = e.kind;
+    rep.handle = e.handle;
+    return 0;
+  }
   uint32_t mine = me->second.ctx;
   if (mine != e.ctx) {
     // As ibv_import_device: this connection must not hold objects of its own.

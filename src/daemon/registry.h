@@ -147,6 +147,9 @@ class Registry {
   bool same_user(uint32_t client, uint32_t owner) const;
   Credentials credentials(uint32_t client) const;
   bool ns_alive(const NsEntry& e) const;
+  // CQs another user opened by name (client -> CQ handles): a CQ segment
+  // holds completions only, so mapping it grants exactly the named object.
+  std::multimap<uint32_t, uint32_t> cq_grants_;
   void ns_collect();
   NameSpace ns_;
   uint32_t ctx(uint32_t client) const;

@@ -482,5 +482,58 @@ TEST(Namespace, AnotherUsersQpReachesOnlyWhatItsKeysGrant) {
   ibv_dereg_mr(local_only);
 }
 
+// What the mode grants another user: a CQ, mapped by itself (its segment
+// holds completions only). The other user polls the owner's completions.
+TEST(Namespace, AnotherUserPollsACqTheModeGrants) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  Side a;
+  ASSERT_EQ(0, a.open({}));
+  Side::Options o2;
+  o2.len = 4096;
+  Side b;  // a second QP of the owner, as the target of its writes
+  ASSERT_EQ(0, b.open(o2));
+  ASSERT_EQ(0, a.connect(b.qp->qp_num, {}));
+  ASSERT_EQ(0, b.connect(a.qp->qp_num, {}));
+  svx_object ocq{SVX_OBJ_CQ, {}};
+  ocq.cq = a.cq;
+  ASSERT_EQ(0, svx_publish(a.ctx, "/sys-test/cq", &ocq, 0604, -1));
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+  pid_t child = spawn([&] {
+    close(sv[0]);
+    if (setgid(65534) != 0 || setuid(65534) != 0) return 80;
+    svx_object o{};
+    errno = 0;
+    if (svx_open("/sys-test/cq", SVX_OPEN_READ | SVX_OPEN_WRITE, &o) || errno != EACCES) return 81;
+    ibv_context* c = svx_open("/sys-test/cq", SVX_OPEN_READ, &o);
+    if (!c || o.type != SVX_OBJ_CQ || !o.cq) return 82;
+    // Not this user's to destroy.
+    if (ibv_destroy_cq(o.cq) == 0) return 83;
+    char go = 1;
+    if (write(sv[1], &go, 1) != 1) return 84;
+    auto wcs = svtest::poll(o.cq, 1);
+    if (wcs.size() != 1 || wcs[0].wr_id != 0xc0ffee || wcs[0].status != IBV_WC_SUCCESS) return 85;
+    svx_unimport_cq(o.cq);
+    ibv_close_device(c);
+    return 0;
+  });
+  close(sv[1]);
+  char go = 0;
+  ASSERT_EQ(1, read(sv[0], &go, 1));
+  ibv_sge sge{reinterpret_cast<uintptr_t>(a.buf), 8, a.mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = 0xc0ffee;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(b.buf);
+  wr.wr.rdma.rkey = b.mr->rkey;
+  ASSERT_EQ(0, ibv_post_send(a.qp, &wr, &bad));
+  EXPECT_EQ(0, wait_for(child));
+  close(sv[0]);
+}
+
 }  // namespace
 }  // namespace svtest
