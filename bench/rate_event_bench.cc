@@ -39,6 +39,15 @@
 namespace {
 
 const char *g_role = "client";
+bool g_pin = false;  // --pin: client (parent) on CPU 0, server (child) on CPU 1
+
+void pin_to(int cpu) {
+  if (!g_pin) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set)) std::perror("sched_setaffinity");
+}
 
 [[noreturn]] void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void die(const char *fmt, ...) {
@@ -84,12 +93,14 @@ void two_processes(F fn) {
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     g_role = "server";
+    pin_to(1);
     close(sv[0]);
     fn(false, sv[1]);
     std::fflush(stdout);
     _exit(0);
   }
   close(sv[1]);
+  pin_to(0);
   fn(true, sv[0]);
   close(sv[0]);
   int st = 0;
@@ -475,6 +486,7 @@ void futex_pingpong(uint64_t iters) {
   if (pid < 0) die("fork");
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    pin_to(1);
     for (uint64_t i = 0; i < total; ++i) {
       wait_for(static_cast<uint32_t>(2 * i + 1));
       set(static_cast<uint32_t>(2 * i + 2));
@@ -516,6 +528,7 @@ void eventfd_pingpong(uint64_t iters) {
   if (pid < 0) die("fork");
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    pin_to(1);
     for (uint64_t i = 0; i < total; ++i) {
       wait(to_child);
       ping(to_parent);
@@ -554,6 +567,7 @@ void usage() {
                "  --time SEC     rate: seconds per QP count (default 0.3)\n"
                "  --iters N      event and wake iterations (default 5000)\n"
                "  --poll-iters N event: polling-mode iterations (default 50000)\n"
+               "  --pin          client on CPU 0, server on CPU 1\n"
                "  --timeout SEC  watchdog (default 120)\n");
 }
 
@@ -591,6 +605,9 @@ int main(int argc, char **argv) {
       iters = std::max<uint64_t>(32, bench::to_u64(v, "--iters"));
     } else if (a.take("--poll-iters", v)) {
       poll_iters = std::max<uint64_t>(32, bench::to_u64(v, "--poll-iters"));
+    } else if (a.flag("--pin")) {
+      g_pin = true;
+      pin_to(0);
     } else if (a.take("--timeout", v)) {
       timeout = static_cast<unsigned>(bench::to_u64(v, "--timeout"));
     } else if (a.cur()[0] == '-') {

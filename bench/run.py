@@ -232,6 +232,10 @@ class Runner:
         self.perftest_lat_iters = 1000 if self.quick else 20000
         self.perftest_bw_iters = {64 * KIB: 2000 if self.quick else 20000,
                                   1 * MIB: 200 if self.quick else 2000}
+        # --pin: the two processes of a ping-pong on CPUs 0 and 1.  On a busy
+        # 2-vCPU machine the scheduler otherwise often puts both on one CPU,
+        # where every round trip costs a time slice.
+        self.pin = ["--pin"] if args.pin else []
         self.step_no = 0
         self.steps_total = 0
 
@@ -250,7 +254,7 @@ class Runner:
     def shm_lat(self, rnd):
         self.step("raw shm cache-line ping-pong, 8 B (round %d/%d)" % (rnd + 1, self.rounds))
         out = run_cmd([self.shm_bin, "--test", "lat", "--iters", str(self.shm_iters),
-                       "--warmup", str(min(10000, self.shm_iters // 5)),
+                       "--warmup", str(min(10000, self.shm_iters // 5))] + self.pin + [
                        "--timeout", str(self.tmo - 5)], self.tmo, what="shm_pingpong lat")
         self.record(parse_jsonl(out, "shm_pingpong lat"), "shm", rnd)
 
@@ -285,6 +289,7 @@ class Runner:
                    "--bw-sizes", ",".join(map(str, self.bw_sizes)), "--iters", str(self.verbs_iters),
                    "--warmup", str(min(2000, self.verbs_iters // 10)),
                    "--time", str(self.bw_time), "--timeout", str(self.tmo - 5)]
+        cmd += self.pin
         try:
             out = run_cmd(cmd, self.tmo, env=self.verbs_env(), what="verbs_bench " + tests)
             self.record(parse_jsonl(out, "verbs_bench"), "sweep" if sweep else "softverbs", rnd)
@@ -316,9 +321,9 @@ class Runner:
         exe = os.path.join(self.bench_bin, "rate_event_bench")
         self.aux("rate", "softverbs message rate, 8 B WRITE, 1/4/16 QPs",
                  [exe, "--qps", "1,4,16", "--time", str(self.rate_time), "--timeout", str(self.tmo - 5),
-                  "rate"])
+                  "rate"] + self.pin)
         wake = [exe, "--iters", str(self.event_iters), "--poll-iters", str(self.event_poll_iters),
-                "--timeout", str(self.tmo - 5)]
+                "--timeout", str(self.tmo - 5)] + self.pin
         self.aux("event", "event-mode latency (default adaptive spin) + futex/eventfd limits",
                  wake + ["wake", "event"])
         self.aux("event", "event-mode latency, SOFTVERBS_SPIN_US=0 (pure blocking wake-ups)",
@@ -1168,6 +1173,8 @@ def main():
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
     ap.add_argument("--sizes", help="bandwidth sizes, e.g. 8,64K,1M")
     ap.add_argument("--no-ucx", action="store_true", help="skip the UCX peer")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the two processes of shm_pingpong and verbs_bench to CPUs 0 and 1")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless every row of the report holds a number (smoke test; "
                          "never judges the numbers)")

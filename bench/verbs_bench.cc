@@ -338,7 +338,10 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
   a.dest_qp_num = r.remote.qpn;
   a.rq_psn = r.remote.psn;
   a.max_dest_rd_atomic = static_cast<uint8_t>(r.rd_atom);
-  a.min_rnr_timer = 12;
+  // The shortest RNR NAK timer (IBTA 9.7.5.2.8 table 45: code 1 = 0.01 ms):
+  // in send_bw the client can outrun the server's reposting, and a sender
+  // then waits this long before it retries.
+  a.min_rnr_timer = 1;
   a.ah_attr.dlid = r.remote.lid;
   a.ah_attr.sl = 0;
   a.ah_attr.src_path_bits = 0;
@@ -676,10 +679,18 @@ struct BwResult {
   double seconds = 0;
 };
 
+// Flow control of send_bw: the server RDMA-WRITEs how many receives it has
+// reposted into `*credit`; the client keeps at most `limit` SENDs beyond that.
+struct Credits {
+  const volatile uint64_t *credit = nullptr;
+  uint64_t limit = 0;
+  uint64_t posted = 0;  // SENDs posted so far, over all bw_loop calls of one size
+};
+
 // Client side of the bandwidth tests: keep `window` WRs of `op` in flight for
 // `secs` seconds.  RDMA READ cannot be inline (its data flows the other way).
 BwResult bw_loop(Rdma &r, uint64_t size, unsigned window, unsigned chunk, double secs,
-                 ibv_wr_opcode op = IBV_WR_RDMA_WRITE) {
+                 ibv_wr_opcode op = IBV_WR_RDMA_WRITE, Credits *cr = nullptr) {
   const bool inl = op != IBV_WR_RDMA_READ && size <= r.max_inline;
   const unsigned max_chunks = window / chunk;
   std::vector<ibv_send_wr> wrs(chunk);
@@ -703,7 +714,8 @@ BwResult bw_loop(Rdma &r, uint64_t size, unsigned window, unsigned chunk, double
   for (;;) {
     t1 = bench::ticks();
     if (bench::elapsed_s(t0, t1) < secs) {
-      while (in_flight < max_chunks) {
+      while (in_flight < max_chunks && (!cr || cr->posted + chunk <= *cr->credit + cr->limit)) {
+        if (cr) cr->posted += chunk;
         for (unsigned j = 0; j < chunk; ++j) {
           ibv_send_wr *bad = nullptr;
           if (int e = ibv_post_send(r.qp, &wrs[j], &bad))
@@ -765,6 +777,7 @@ void write_bw(Rdma &r, const Options &o, bool client, uint64_t size, Test t = Te
 // loop ends, learns the total from the socket (checked between polls).
 void send_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
   post_recvs(r);
+  if (client) *reinterpret_cast<volatile uint64_t *>(r.recv_buf()) = 0;  // the credit word
   barrier(r.sock);
   if (client) {
     unsigned window, chunk;
@@ -772,9 +785,13 @@ void send_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
     window = std::min(window, r.rq_depth / chunk * chunk);  // never outrun the receives
     if (window == 0) window = chunk = 1;
     std::memset(r.send_buf(), 0x3c, size);
+    // Never more SENDs unconsumed than the server has receives: a sender
+    // that runs out of them waits out RNR NAK timers (IBTA 9.7.5.2.8), and
+    // that would measure the back-off, not the data path.
+    Credits cr{reinterpret_cast<const volatile uint64_t *>(r.recv_buf()), r.rq_depth, 0};
     uint64_t sent = 0;
-    if (o.warm_seconds > 0) sent += bw_loop(r, size, window, chunk, o.warm_seconds, IBV_WR_SEND).msgs;
-    BwResult res = bw_loop(r, size, window, chunk, o.seconds, IBV_WR_SEND);
+    if (o.warm_seconds > 0) sent += bw_loop(r, size, window, chunk, o.warm_seconds, IBV_WR_SEND, &cr).msgs;
+    BwResult res = bw_loop(r, size, window, chunk, o.seconds, IBV_WR_SEND, &cr);
     sent += res.msgs;
     write_all(r.sock, &sent, sizeof sent);
     uint64_t got = 0;
@@ -802,6 +819,17 @@ void send_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
     rwr.num_sge = 1;
     uint64_t got = 0, want = UINT64_MAX;
     unsigned idle = 0;
+    // Credits: every 16 reposted receives, an inline RDMA WRITE of the count
+    // into the client's credit word.
+    SendTracker tr{16, r.sq_depth};
+    ibv_sge csge{reinterpret_cast<uintptr_t>(r.send_buf()), 8, r.mr->lkey};
+    ibv_send_wr cwr{};
+    cwr.sg_list = &csge;
+    cwr.num_sge = 1;
+    cwr.opcode = IBV_WR_RDMA_WRITE;
+    cwr.wr.rdma.remote_addr = r.remote_recv();
+    cwr.wr.rdma.rkey = r.remote.rkey;
+    uint64_t credited = 0;
     while (got < want) {
       ibv_wc wc[16];
       int n = ibv_poll_cq(r.rcq, 16, wc);
@@ -815,6 +843,14 @@ void send_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
         if (int e = ibv_post_recv(r.qp, &rwr, &bad)) die("ibv_post_recv failed: %s", std::strerror(e));
       }
       got += static_cast<uint64_t>(n);
+      if (got - credited >= 16 || (n == 0 && got != credited)) {
+        credited = got;
+        std::memcpy(r.send_buf(), &credited, 8);
+        cwr.send_flags = (r.max_inline >= 8 ? kInline : 0u) | (tr.next_signaled(r, false) ? kSignaled : 0u);
+        ibv_send_wr *bad = nullptr;
+        if (int e = ibv_post_send(r.qp, &cwr, &bad)) die("ibv_post_send(credit) failed: %s", std::strerror(e));
+        tr.reap(r);
+      }
       if (n == 0 && want == UINT64_MAX && (++idle & 255) == 0) {
         uint64_t v;
         ssize_t k = recv(r.sock, &v, sizeof v, MSG_DONTWAIT | MSG_PEEK);
@@ -825,6 +861,7 @@ void send_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
     }
     if (got != want) die("send_bw: received %llu messages, client sent %llu", static_cast<unsigned long long>(got),
                          static_cast<unsigned long long>(want));
+    tr.drain(r);
     write_all(r.sock, &got, sizeof got);
   }
   barrier(r.sock);
