@@ -236,6 +236,9 @@ class Runner:
         # 2-vCPU machine the scheduler otherwise often puts both on one CPU,
         # where every round trip costs a time slice.
         self.pin = ["--pin"] if args.pin else []
+        taskset = shutil.which("taskset") if args.pin else None
+        # The peers' two processes (servers and clients of their own) the same way.
+        self.cpu_prefix = (lambda c: [taskset, "-c", str(c)]) if taskset else (lambda c: [])
         self.step_no = 0
         self.steps_total = 0
 
@@ -344,7 +347,7 @@ class Runner:
                 continue
             self.step("perftest peer: %s %s over softverbs" % (prog, fmt_size(size)))
             try:
-                val = run_perftest(self.launcher, exe, size, iters, self.verbs_env(),
+                val = run_perftest(self.launcher, exe, size, iters, self.verbs_env(), self.cpu_prefix,
                                    timeout=60 if self.quick else 120)
             except BenchError as e:
                 msg = "perftest %s %s: %s" % (prog, fmt_size(size), short_failure(str(e)))
@@ -364,7 +367,7 @@ class Runner:
         exe = shutil.which("ucx_perftest")
         if not exe or self.args.no_ucx:
             return
-        n_lat = 5000 if self.quick else 100000
+        n_lat = 2000 if self.quick else 100000
         runs = [("ucp_put_lat", 8, n_lat, 1000),
                 ("ucp_put_bw", 64 * KIB, 5000 if self.quick else 20000, 500),
                 ("ucp_put_bw", 1 * MIB, 1000 if self.quick else 5000, 100),
@@ -372,7 +375,7 @@ class Runner:
         for test, size, iters, warm in runs:
             self.step("UCX peer: %s %s (posix shm)" % (test, fmt_size(size)))
             try:
-                val = run_ucx(exe, test, size, iters, warm, timeout=30 if self.quick else 60)
+                val = run_ucx(exe, test, size, iters, warm, self.cpu_prefix, timeout=60 if self.quick else 120)
             except BenchError as e:
                 msg = "UCX %s %s: %s" % (test, fmt_size(size), e)
                 log("warning: " + msg.splitlines()[0])
@@ -398,7 +401,7 @@ class Runner:
         if do_verbs:
             n += self.rounds * 2 + 1
         if do_verbs:
-            n += 1 + 4 + len([p for p in ("ib_write_lat", "ib_send_lat", "ib_write_bw", "ib_write_bw")
+            n += 1 + 4 + int(os.access(os.path.join(self.bench_bin, "reg_atomic_bench"), os.X_OK)) + len([p for p in ("ib_write_lat", "ib_send_lat", "ib_write_bw", "ib_write_bw")
                               if shutil.which(p)])
         if shutil.which("ucx_perftest") and not self.args.no_ucx:
             n += 4
@@ -500,7 +503,7 @@ def parse_ucx(out, test):
     return {"gbps": row[5] * MIB / 1e9, "mmsgs_per_s": row[7] / 1e6}
 
 
-def run_perftest(launcher, exe, size, iters, env, timeout):
+def run_perftest(launcher, exe, size, iters, env, cpu, timeout):
     """perftest's server and client (both under softverbs) on 127.0.0.1.
     Returns {'median_ns', 'mean_ns', 'p99_ns'} (one-way: perftest halves the
     round trip of WRITE and SEND latency) or {'gbps', 'mmsgs_per_s'}.
@@ -510,7 +513,7 @@ def run_perftest(launcher, exe, size, iters, env, timeout):
     for attempt in range(3):
         port = free_port()
         args = [exe, "-p", str(port), "-s", str(size), "-n", str(iters)]
-        server = subprocess.Popen(launcher + args, env=env, stdout=subprocess.PIPE,
+        server = subprocess.Popen(cpu(1) + launcher + args, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             deadline = time.monotonic() + 15
@@ -522,7 +525,7 @@ def run_perftest(launcher, exe, size, iters, env, timeout):
                     raise BenchError("%s server did not listen on port %d" % (prog, port))
                 time.sleep(0.02)
             try:
-                out = run_cmd(launcher + args + ["127.0.0.1"], timeout, env=env, what=prog)
+                out = run_cmd(cpu(0) + launcher + args + ["127.0.0.1"], timeout, env=env, what=prog)
             except BenchError as e:
                 if attempt < 2 and "Correlation coefficient" in str(e):
                     continue
@@ -552,10 +555,10 @@ def parse_perftest(out, prog, size):
     raise BenchError("could not find a result row for %d bytes in %s output\n%s" % (size, prog, tail(out)))
 
 
-def run_ucx(exe, test, size, iters, warm, timeout):
+def run_ucx(exe, test, size, iters, warm, cpu, timeout):
     env = dict(os.environ, UCX_TLS="posix,self")
     port = free_port()
-    server = subprocess.Popen([exe, "-p", str(port)], env=env, stdout=subprocess.PIPE,
+    server = subprocess.Popen(cpu(1) + [exe, "-p", str(port)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 10
@@ -567,7 +570,7 @@ def run_ucx(exe, test, size, iters, warm, timeout):
             if time.monotonic() > deadline:
                 raise BenchError("ucx_perftest server did not listen on port %d" % port)
             time.sleep(0.02)
-        out = run_cmd([exe, "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
+        out = run_cmd(cpu(0) + [exe, "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
                        "-n", str(iters), "-w", str(warm)], timeout, env=env, what="ucx_perftest")
         try:
             server.wait(timeout=5)
@@ -1097,7 +1100,7 @@ def reg_atomic_section(R, bench_bin):
     exe = os.path.join(bench_bin, "reg_atomic_bench")
     if not os.access(exe, os.X_OK):
         return ""
-    log("registration cost and atomic rate (reg_atomic_bench)")
+    R.step("registration cost, scale (10,000 QPs, 100,000 MRs) and atomic rate (reg_atomic_bench)")
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = R.lib_dir + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     try:
