@@ -4,6 +4,11 @@
 // Both benchmarks time ping-pong loops the same way (one timestamp per round
 // trip, RTT_i = t[i+1] - t[i]) so that the clock overhead is identical in the
 // baseline and in the verbs measurement and their ratio stays meaningful.
+//
+// Contract: header-only, no global state except the cached tick rate
+// (ticks_per_ns(), call it once before fork() or threads); every helper is
+// safe to call from one thread at a time per object, and nothing here owns
+// memory beyond its own members.
 #pragma once
 
 #include <sched.h>
