@@ -1189,6 +1189,9 @@ def main():
                          "'tool' = also wrap in '<build>/{src/tools,bin}/softverbs run --', "
                          "'auto' (default) = 'tool' if that program exists")
     args = ap.parse_args()
+    # SIGTERM unwinds like an exception: run_cmd's `finally` then kills the
+    # running benchmark's process group and the private daemon directory goes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be >= 1")
 
