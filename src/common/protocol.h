@@ -56,6 +56,10 @@ enum class Op : uint16_t {
   CreateSrq,       // reply fd: SRQ segment
   DestroySrq,
   SrqLimit,        // a sender found the SRQ below its armed limit: tell its holders
+  ResizeCq,        // a new, pending segment for a CQ; reply fd: that segment
+  ResizeCqDone,    // commit (the CQ moves to the pending segment) or abort a ResizeCq
+  GetCq,           // the current segment of a CQ I may complete into; reply fd: the segment
+  CqError,         // a producer overran the CQ (IBTA 11.4.2.1): CQ error event, its QPs to ERR
   kCount
 };
 
@@ -188,6 +192,18 @@ struct ConnectPeerReply {
   uint64_t srq_segment_size;
   uint32_t srq_handle;
   uint32_t reserved;
+};
+
+struct ResizeCqReq {  // reply: CreateCqReply
+  Header h;
+  uint32_t handle;
+  uint32_t cqe;
+};
+
+struct ResizeCqDoneReq {
+  Header h;
+  uint32_t handle;
+  uint32_t commit;  // 1: the caller moved every completion into the pending segment; 0: abort
 };
 
 struct CreateSrqReq {

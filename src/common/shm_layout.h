@@ -202,6 +202,8 @@ struct CqSegmentHeader {
   alignas(64) std::atomic<uint32_t> armed;     // kArm*
   std::atomic<uint32_t> notified;     // set when an event was raised, cleared by get_cq_event
   std::atomic<uint32_t> overrun;      // a completion was lost because the ring was full
+  std::atomic<uint32_t> moved;        // set by the daemon once a resize moved the CQ to a new segment
+  std::atomic<uint32_t> ignore_overrun;  // IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: no CQ error on overrun
   alignas(64) ShmLock poll_lock;      // serialises pollers
 };
 

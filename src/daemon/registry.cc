@@ -688,27 +688,120 @@ int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::C
     auto ch = channels_.find(req.channel);
     if (ch == channels_.end() || ch->second.owner != ctx(client)) return EINVAL;
   }
-  CqLayout layout{round_up_pow2(req.cqe + 1)};
-  Cq cq{ctx(client), req.channel, Fd(), Mapping(), 0};
-  if (int e = make_memfd("softverbs-cq", layout.size(), cq.fd)) return e == EINVAL ? ENOMEM : e;
-  if (int e = map_shared(cq.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, cq.map))
-    return e;
-  uint32_t handle = next_handle_++;
-  auto* h = cq.map.as<CqSegmentHeader>();
+  Cq cq{ctx(client), req.channel, Fd(), Mapping(), 0, Fd(), Mapping(), false};
+  uint32_t handle = next_handle_;
+  if (int e = make_cq_segment(handle, req.cqe, req.channel, cq.fd, cq.map)) return e;
+  next_handle_++;
+  if (req.channel) channels_[req.channel].refs++;
+  rep.handle = handle;
+  rep.capacity = cq.map.as<CqSegmentHeader>()->capacity;
+  rep.segment_size = cq.map.size();
+  out_fds.push_back(cq.fd.get());
+  cqs_[handle] = std::move(cq);
+  return 0;
+}
+
+int Registry::make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map) {
+  CqLayout layout{round_up_pow2(cqe + 1)};
+  if (int e = make_memfd("softverbs-cq", layout.size(), fd)) return e == EINVAL ? ENOMEM : e;
+  if (int e = map_shared(fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, map)) return e;
+  auto* h = map.as<CqSegmentHeader>();
   h->magic = kCqMagic;
   h->handle = handle;
   h->size = layout.size();
   h->ring_offset = layout.ring_offset();
   h->capacity = layout.capacity;
-  h->channel = req.channel;
-  auto* rh = reinterpret_cast<RingHeader*>(cq.map.as<char>() + layout.ring_offset());
+  h->channel = channel;
+  auto* rh = reinterpret_cast<RingHeader*>(map.as<char>() + layout.ring_offset());
   Ring<Cqe>::init(rh, reinterpret_cast<RingSlot<Cqe>*>(rh + 1), layout.capacity);
-  if (req.channel) channels_[req.channel].refs++;
-  rep.handle = handle;
-  rep.capacity = layout.capacity;
-  rep.segment_size = layout.size();
+  return 0;
+}
+
+// ibv_resize_cq moves a CQ to a new segment. The daemon makes the segment;
+// the resizing process closes the old ring to producers, moves the waiting
+// completions over in order and commits. Producers that meet the closed
+// ring wait for `moved` and fetch the new segment with GetCq.
+int Registry::resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
+                        std::vector<int>& out_fds) {
+  auto it = cqs_.find(req.handle);
+  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (req.cqe == 0 || req.cqe > kMaxCqe - 1) return EINVAL;
+  Cq& cq = it->second;
+  if (cq.next_fd.valid()) return EBUSY;  // another holder is resizing it
+  if (int e = make_cq_segment(req.handle, req.cqe, cq.channel, cq.next_fd, cq.next_map)) {
+    cq.next_fd = Fd();
+    cq.next_map = Mapping();
+    return e;
+  }
+  rep.handle = req.handle;
+  rep.capacity = cq.next_map.as<CqSegmentHeader>()->capacity;
+  rep.segment_size = cq.next_map.size();
+  out_fds.push_back(cq.next_fd.get());
+  return 0;
+}
+
+int Registry::resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req) {
+  auto it = cqs_.find(req.handle);
+  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (req.commit > 1) return EINVAL;
+  Cq& cq = it->second;
+  if (!cq.next_fd.valid()) return EINVAL;
+  if (req.commit) {
+    Mapping old = std::move(cq.map);
+    cq.fd = std::move(cq.next_fd);
+    cq.map = std::move(cq.next_map);
+    // Producers and pollers follow now (GetCq answers with the new segment).
+    old.as<CqSegmentHeader>()->moved.store(1, std::memory_order_release);
+  }
+  cq.next_fd = Fd();
+  cq.next_map = Mapping();
+  return 0;
+}
+
+bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
+  auto it = cqs_.find(handle);
+  if (it == cqs_.end()) return false;
+  uint32_t c = ctx(client);
+  if (it->second.owner == c) return true;
+  // A requester pushes receive completions into the CQ of the QP it reaches:
+  // its connected peer, or (UD) any UD QP.
+  bool has_ud = false;
+  for (auto& [qpn, q] : qps_) {
+    if (q.owner != c) continue;
+    has_ud |= q.type == IBV_QPT_UD;
+    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
+    if (peer != qps_.end() && peer->second.recv_cq == handle) return true;
+  }
+  if (has_ud)
+    for (auto& [qpn, q] : qps_)
+      if (q.type == IBV_QPT_UD && q.recv_cq == handle) return true;
+  return false;
+}
+
+int Registry::get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
+  if (!may_complete_into(client, handle)) return EINVAL;
+  Cq& cq = cqs_.at(handle);
+  rep.capacity = cq.map.as<CqSegmentHeader>()->capacity;
+  rep.segment_size = cq.map.size();
   out_fds.push_back(cq.fd.get());
-  cqs_[handle] = std::move(cq);
+  return 0;
+}
+
+// IBTA 11.4.2.1 and 10.10.2.3: a CQ overrun is a CQ error. The CQ's holders
+// get IBV_EVENT_CQ_ERR and every QP completing into it goes to ERR.
+int Registry::cq_error(uint32_t client, uint32_t handle) {
+  if (!may_complete_into(client, handle)) return EINVAL;
+  Cq& cq = cqs_.at(handle);
+  if (cq.failed) return 0;
+  cq.failed = true;
+  for (auto& [id, c] : clients_)
+    if (c.ctx == cq.owner) events_.push_back({id, IBV_EVENT_CQ_ERR, handle});
+  for (auto& [qpn, q] : qps_) {
+    if (q.send_cq != handle && q.recv_cq != handle) continue;
+    QpEntry& e = qp_slot(qpn);
+    if (ibv_qp_state(e.state.load()) == IBV_QPS_RESET) continue;
+    e.state.store(IBV_QPS_ERR, std::memory_order_release);
+  }
   return 0;
 }
 

@@ -68,6 +68,14 @@ class Registry {
   int create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                 std::vector<int>& out_fds);
   int destroy_cq(uint32_t client, uint32_t handle);
+  // ibv_resize_cq: a pending segment, then its commit or abort (see docs/PROTOCOL.md).
+  int resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
+                std::vector<int>& out_fds);
+  int resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req);
+  // A CQ's current segment, for a process that completes into it (its
+  // context's CQ, or the receive CQ of a QP one of its QPs can reach).
+  int get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
+  int cq_error(uint32_t client, uint32_t handle);
   int create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
   int modify_qp(uint32_t client, const proto::ModifyQpReq& req);
@@ -181,7 +189,12 @@ class Registry {
     Fd fd;
     Mapping map;
     uint32_t refs = 0;  // QPs using it
+    Fd next_fd;         // a resize in progress: the segment it moves to
+    Mapping next_map;
+    bool failed = false;  // CQ error reported (once)
   };
+  int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map);
+  bool may_complete_into(uint32_t client, uint32_t cq);
   struct Srq {
     uint32_t owner;
     uint32_t pd;

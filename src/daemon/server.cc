@@ -415,6 +415,34 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       int st = op == Op::DestroySrq ? registry_.destroy_srq(client, req.handle) : registry_.srq_limit(client, req.handle);
       return encode(h, rep, st, out);
     }
+    case Op::ResizeCq: {
+      proto::ResizeCqReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::CreateCqReply rep{};
+      int st = registry_.resize_cq(client, req, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::ResizeCqDone: {
+      proto::ResizeCqDoneReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.resize_cq_done(client, req), out);
+    }
+    case Op::GetCq: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ImportCqReply rep{};
+      int st = registry_.get_cq(client, req.handle, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::CqError: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.cq_error(client, req.handle), out);
+    }
     case Op::RegAsync: {
       proto::Empty req;
       if (!decode(msg, len, req)) return bad();

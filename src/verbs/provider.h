@@ -72,17 +72,38 @@ class DaemonConn {
 
 // ---- A CQ ring as a producer sees it (local or a peer's) -------------------
 
-struct CqView {
+struct ContextState;
+
+// One mapped CQ segment. A resized CQ gets a new segment; the old ones stay
+// mapped until the view dies, since another thread may still be reading them.
+struct CqSegment {
   Mapping map;
   shm::CqSegmentHeader* hdr = nullptr;
   shm::Ring<Cqe> ring;
+};
+
+struct CqView {
+  ContextState* cs = nullptr;  // the connection to fetch a moved segment on
+  uint32_t handle = 0;         // the daemon's CQ handle
   int channel_fd = -1;  // eventfd to signal when armed (borrowed or owned by `channel_owned`)
   Fd channel_owned;
 
-  int attach(int fd, uint64_t size);  // maps a CQ segment
-  // Appends a completion and raises the CQ's event if it is armed. Returns
-  // false on overrun (the ring is full; IBTA 11.4.2.1 CQ overrun).
+  int attach(int fd, uint64_t size);  // maps a CQ segment and makes it current
+  shm::CqSegmentHeader* hdr() const { return cur.load(std::memory_order_acquire)->hdr; }
+  shm::Ring<Cqe>& ring() const { return cur.load(std::memory_order_acquire)->ring; }
+  // Appends a completion and raises the CQ's event if it is armed; follows
+  // a resize. Returns false on overrun (the ring is full; IBTA 11.4.2.1 CQ
+  // overrun), after reporting the CQ error to the daemon.
   bool push(const ibv_wc& wc, bool solicited);
+  // Takes up to n of the oldest completions (one: pop); follows a resize.
+  int poll(Cqe* out, int n);
+  bool pop(Cqe& out);
+  // After a resize committed (hdr()->moved): maps the CQ's current segment.
+  bool follow(CqSegment* from);
+
+  std::atomic<CqSegment*> cur{nullptr};
+  std::mutex mu;  // guards segs
+  std::vector<std::unique_ptr<CqSegment>> segs;
 };
 
 // ---- Objects ---------------------------------------------------------------
@@ -296,6 +317,7 @@ int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
 ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector);
 ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+int resize_cq(ibv_cq* cq, int cqe);
 
 // QPs (qp.cc, requester.cc)
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);

@@ -43,6 +43,8 @@ Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
   st->ctx = to_ctx(c);
   st->handle = handle;
   st->channel = nullptr;
+  st->view.cs = &cs;
+  st->view.handle = handle;
   if (int e = st->view.attach(fds[0].get(), rep.segment_size)) {
     errno = e;
     return nullptr;

@@ -42,6 +42,8 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
   if (rqh->capacity != h->rq_capacity) return EPROTO;
   p.hdr = h;
   p.rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
+  p.recv_cq.cs = &cs;
+  p.recv_cq.handle = rep.peer_recv_cq;
   if (int e = p.recv_cq.attach(fds[1].get(), rep.cq_segment_size)) return e;
   size_t next = 2;
   if (rep.has_srq) {
