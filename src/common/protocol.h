@@ -60,6 +60,8 @@ enum class Op : uint16_t {
   ResizeCqDone,    // commit (the CQ moves to the pending segment) or abort a ResizeCq
   GetCq,           // the current segment of a CQ I may complete into; reply fd: the segment
   CqError,         // a producer overran the CQ (IBTA 11.4.2.1): CQ error event, its QPs to ERR
+  AttachMcast,     // ibv_attach_mcast: my UD QP joins a multicast group
+  DetachMcast,
   kCount
 };
 
@@ -204,6 +206,14 @@ struct ResizeCqDoneReq {
   Header h;
   uint32_t handle;
   uint32_t commit;  // 1: the caller moved every completion into the pending segment; 0: abort
+};
+
+struct McastReq {  // AttachMcast, DetachMcast
+  Header h;
+  uint32_t qpn;
+  uint16_t lid;
+  uint16_t reserved;
+  uint8_t gid[16];
 };
 
 struct CreateSrqReq {

@@ -65,6 +65,7 @@ int Registry::init() {
   h->boot_id = boot_id_;
   mr_table_ = reinterpret_cast<MrEntry*>(device_map_.as<char>() + DeviceLayout::mr_offset());
   qp_table_ = reinterpret_cast<QpEntry*>(device_map_.as<char>() + DeviceLayout::qp_offset());
+  mcg_table_ = reinterpret_cast<McgEntry*>(device_map_.as<char>() + DeviceLayout::mcg_offset());
   return 0;
 }
 
@@ -989,6 +990,68 @@ void Registry::release_qp(uint32_t qpn) {
   if (auto c = cqs_.find(it->second.send_cq); c != cqs_.end()) c->second.refs--;
   if (auto c = cqs_.find(it->second.recv_cq); c != cqs_.end()) c->second.refs--;
   qps_.erase(it);
+  // A destroyed QP leaves its multicast groups (as the kernel detaches them).
+  for (uint32_t i = 0; i < kMcgTableSize; ++i) mcg_remove(mcg_table_[i], qpn);
+}
+
+// ---- Multicast (UD) ---------------------------------------------------------
+
+McgEntry* Registry::find_mcg(const uint8_t* gid) {
+  for (uint32_t i = 0; i < kMcgTableSize; ++i)
+    if (mcg_table_[i].count && std::memcmp(mcg_table_[i].gid, gid, 16) == 0) return &mcg_table_[i];
+  return nullptr;
+}
+
+// Entries change under their sequence lock: odd while being written, so a
+// sender that read a torn entry reads it again.
+void Registry::mcg_remove(McgEntry& g, uint32_t qpn) {
+  if (!g.count) return;
+  uint32_t i = 0;
+  while (i < g.count && g.qpns[i] != qpn) ++i;
+  if (i == g.count) return;
+  g.seq.fetch_add(1, std::memory_order_acq_rel);
+  g.qpns[i] = g.qpns[g.count - 1];
+  g.count--;
+  if (!g.count) std::memset(g.gid, 0, 16);
+  g.seq.fetch_add(1, std::memory_order_release);
+}
+
+// IBTA 10.5.2 / 11.3 (attach QP to multicast group): UD QPs only, and the
+// GID must be a multicast GID (first byte 0xFF). The link layer is Ethernet,
+// so the LID is not checked, as the kernel does for RoCE.
+int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
+  Qp* qp = find_qp(client, req.qpn);
+  if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
+  McgEntry* g = find_mcg(req.gid);
+  if (!g) {
+    for (uint32_t i = 0; i < kMcgTableSize && !g; ++i)
+      if (!mcg_table_[i].count) g = &mcg_table_[i];
+    if (!g) return ENOMEM;  // max_mcast_grp
+  }
+  for (uint32_t i = 0; i < g->count; ++i)
+    if (g->qpns[i] == req.qpn) return 0;  // attached already
+  if (g->count == kMcgMaxQps) return ENOMEM;  // max_mcast_qp_attach
+  g->seq.fetch_add(1, std::memory_order_acq_rel);
+  if (!g->count) {
+    std::memcpy(g->gid, req.gid, 16);
+    g->lid = req.lid;
+  }
+  g->qpns[g->count] = req.qpn;
+  g->count++;
+  g->seq.fetch_add(1, std::memory_order_release);
+  return 0;
+}
+
+int Registry::detach_mcast(uint32_t client, const proto::McastReq& req) {
+  Qp* qp = find_qp(client, req.qpn);
+  if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
+  McgEntry* g = find_mcg(req.gid);
+  if (!g) return EINVAL;
+  uint32_t i = 0;
+  while (i < g->count && g->qpns[i] != req.qpn) ++i;
+  if (i == g->count) return EINVAL;  // not attached
+  mcg_remove(*g, req.qpn);
+  return 0;
 }
 
 int Registry::destroy_qp(uint32_t client, uint32_t qpn) {

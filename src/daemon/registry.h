@@ -76,6 +76,8 @@ class Registry {
   // context's CQ, or the receive CQ of a QP one of its QPs can reach).
   int get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int cq_error(uint32_t client, uint32_t handle);
+  int attach_mcast(uint32_t client, const proto::McastReq& req);
+  int detach_mcast(uint32_t client, const proto::McastReq& req);
   int create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
   int modify_qp(uint32_t client, const proto::ModifyQpReq& req);
@@ -219,6 +221,8 @@ class Registry {
   };
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
+  shm::McgEntry* find_mcg(const uint8_t* gid);
+  void mcg_remove(shm::McgEntry& g, uint32_t qpn);
   Qp* find_qp(uint32_t client, uint32_t qpn);
   void release_mr(uint32_t handle);
   void release_qp(uint32_t qpn);
@@ -229,6 +233,7 @@ class Registry {
   Mapping device_map_;
   shm::MrEntry* mr_table_ = nullptr;
   shm::QpEntry* qp_table_ = nullptr;
+  shm::McgEntry* mcg_table_ = nullptr;
 
   uint32_t next_client_ = 1;
   uint32_t next_handle_ = 1;

@@ -443,6 +443,14 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       proto::Empty rep{};
       return encode(h, rep, registry_.cq_error(client, req.handle), out);
     }
+    case Op::AttachMcast:
+    case Op::DetachMcast: {
+      proto::McastReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      int st = op == Op::AttachMcast ? registry_.attach_mcast(client, req) : registry_.detach_mcast(client, req);
+      return encode(h, rep, st, out);
+    }
     case Op::RegAsync: {
       proto::Empty req;
       if (!decode(msg, len, req)) return bad();

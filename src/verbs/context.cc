@@ -137,6 +137,9 @@ void fill_device_attr(ibv_device_attr& a) {
   a.max_res_rd_atom = shm::kMaxRdAtomic * a.max_qp;
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_ah = 65536;
+  a.max_mcast_grp = shm::kMcgTableSize;
+  a.max_mcast_qp_attach = shm::kMcgMaxQps;
+  a.max_total_mcast_qp_attach = shm::kMcgTableSize * shm::kMcgMaxQps;
   a.max_pkeys = 1;
   a.max_srq = 65536;
   a.max_srq_wr = shm::kMaxQpWr;
@@ -198,6 +201,7 @@ ibv_context* make_context(int import_fd) {
   }
   st->mr_table = reinterpret_cast<const MrEntry*>(st->device_map.as<char>() + dh->mr_table_offset);
   st->qp_table = reinterpret_cast<const QpEntry*>(st->device_map.as<char>() + dh->qp_table_offset);
+  st->mcg_table = reinterpret_cast<const shm::McgEntry*>(st->device_map.as<char>() + shm::DeviceLayout::mcg_offset());
   if (int e = make_eventfd(st->async_fd)) {
     errno = e;
     return nullptr;

@@ -251,6 +251,7 @@ struct ContextState {
   Mapping device_map;
   const MrEntry* mr_table = nullptr;
   const QpEntry* qp_table = nullptr;
+  const shm::McgEntry* mcg_table = nullptr;
   Fd async_fd;
   AsyncQueue async;
 
@@ -374,6 +375,11 @@ inline shm::RecvWqe to_recv_wqe(const ibv_recv_wr& wr) {
 int attach_qp_segment(QpState& q, int fd, uint64_t size);
 Cq* import_cq_handle(ibv_context* c, uint32_t handle);
 ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn);
+
+// Multicast (mcast.cc): the QPs attached to the group of a multicast GID
+// (or, with gid NULL, LID), read from the daemon's table in shared memory.
+// False when no such group exists.
+bool mcast_members(const ContextState& cs, const uint8_t* gid, uint16_t lid, std::vector<uint32_t>& out);
 
 // Memory windows (mw.cc)
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);

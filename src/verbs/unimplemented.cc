@@ -70,16 +70,6 @@ struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd * /*pd*/,
   return nullptr;
 }
 
-int ibv_attach_mcast(struct ibv_qp * /*qp*/, const union ibv_gid * /*gid*/,
-                     uint16_t /*lid*/) {
-  return EOPNOTSUPP;
-}
-
-int ibv_detach_mcast(struct ibv_qp * /*qp*/, const union ibv_gid * /*gid*/,
-                     uint16_t /*lid*/) {
-  return EOPNOTSUPP;
-}
-
 // Used by providers' create_ah for RoCE; rdma-core returns a negative errno
 // (callers only test for non-zero).
 int ibv_resolve_eth_l2_from_gid(struct ibv_context * /*context*/,
