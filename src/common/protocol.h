@@ -62,6 +62,10 @@ enum class Op : uint16_t {
   CqError,         // a producer overran the CQ (IBTA 11.4.2.1): CQ error event, its QPs to ERR
   AttachMcast,     // ibv_attach_mcast: my UD QP joins a multicast group
   DetachMcast,
+  OpenXrcd,        // fd (optional, has_fd): the file whose inode names the XRC domain
+  CloseXrcd,
+  ConnectXrc,      // XRC: reach SRQ `srqn` through my XRC_SEND QP's target; reply fds as ConnectPeer
+  OpenQp,          // ibv_open_qp: an XRC target QP of my XRC domain; reply fd: QP segment
   kCount
 };
 
@@ -139,7 +143,7 @@ struct CreateQpReq {
   uint32_t max_recv_sge;
   uint32_t max_inline_data;
   uint32_t sq_sig_all;
-  uint32_t reserved;
+  uint32_t xrcd;  // IBV_QPT_XRC_RECV: the XRC domain handle (no PD, no CQs)
 };
 
 struct CreateQpReply {
@@ -193,7 +197,7 @@ struct ConnectPeerReply {
   uint32_t has_srq;
   uint64_t srq_segment_size;
   uint32_t srq_handle;
-  uint32_t reserved;
+  uint32_t pd;  // ConnectXrc: the XRC SRQ's PD (receive buffers are checked against it); else 0
 };
 
 struct ResizeCqReq {  // reply: CreateCqReply
@@ -222,6 +226,28 @@ struct CreateSrqReq {
   uint32_t max_wr;
   uint32_t max_sge;
   uint32_t srq_limit;
+  uint32_t srq_type;  // IBV_SRQT_BASIC or IBV_SRQT_XRC
+  uint32_t xrcd;      // XRC: the XRC domain handle
+  uint32_t cq;        // XRC: the CQ its receives complete into
+  uint32_t reserved;
+};
+
+struct OpenXrcdReq {
+  Header h;
+  uint32_t oflags;  // O_CREAT, O_EXCL
+  uint32_t has_fd;  // 1: an fd comes with the request; 0: a private domain (fd -1)
+};
+
+struct ConnectXrcReq {
+  Header h;
+  uint32_t qpn;   // my XRC_SEND QP
+  uint32_t srqn;  // the remote XRC SRQ
+};
+
+struct OpenQpReq {
+  Header h;
+  uint32_t qpn;
+  uint32_t xrcd;
 };
 
 struct CreateSrqReply {

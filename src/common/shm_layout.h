@@ -137,6 +137,8 @@ struct SendWqe {
   uint32_t ud_qkey;          //     carries a GRH (with its destination GID)
   uint32_t ud_grh;
   uint32_t ud_dlid;          // UD without a GRH: the destination LID (multicast range: a group)
+  uint32_t xrc_srqn;         // XRC_SEND: the remote XRC SRQ that takes the message
+  uint32_t reserved3;
   uint8_t ud_dgid[16];
   Sge sge[kMaxSge];
   uint8_t inline_data[kMaxInline];

@@ -124,7 +124,7 @@ void fill_device_attr(ibv_device_attr& a) {
   a.max_qp = shm::kQpTableSize - 2;
   a.max_qp_wr = shm::kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_MEM_WINDOW |
-                       IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                       IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC;
   a.max_sge = shm::kMaxSge;
   a.max_sge_rd = shm::kMaxSge;
   a.max_cq = 65536;
@@ -233,6 +233,11 @@ ibv_context* make_context(int import_fd) {
   v.query_device_ex = query_device_ex;
   v.create_cq_ex = create_cq_ex;
   v.create_qp_ex = create_qp_ex;
+  v.open_xrcd = open_xrcd;  // and close_xrcd: set both or neither (verbs-abi notes)
+  v.close_xrcd = close_xrcd;
+  v.create_srq_ex = create_srq_ex;
+  v.get_srq_num = get_srq_num;
+  v.open_qp = open_qp;
   ibv_context& c = v.context;
   c.device = &the_device()->dev;
   c.ops.poll_cq = poll_cq;

@@ -166,6 +166,7 @@ struct Peer {
   shm::SrqSegmentHeader* srq_hdr = nullptr;
   shm::Ring<shm::RecvWqe> srq;
   uint32_t srq_handle = 0;
+  uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
 };
 
 struct SrqState {
@@ -175,6 +176,7 @@ struct SrqState {
   shm::SrqSegmentHeader* hdr;
   shm::Ring<shm::RecvWqe> ring;
   uint32_t max_sge;
+  uint32_t srq_type = IBV_SRQT_BASIC;
 };
 
 struct Srq {
@@ -211,7 +213,7 @@ struct QpState {
 
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;
-  std::map<uint32_t, std::unique_ptr<Peer>> ud_peers;  // UD destinations by QPN
+  std::map<uint32_t, std::unique_ptr<Peer>> ud_peers;  // UD destinations by QPN; XRC_SEND: by remote SRQ number
   std::shared_ptr<Window> last_window;
   uint32_t rnr_left = 0;     // RNR retries left for the WQE at the head
   uint32_t retry_left = 0;   // transport retries left
@@ -380,6 +382,17 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn);
 // (or, with gid NULL, LID), read from the daemon's table in shared memory.
 // False when no such group exists.
 bool mcast_members(const ContextState& cs, const uint8_t* gid, uint16_t lid, std::vector<uint32_t>& out);
+
+// XRC (xrc.cc): the verbs_context ops, and the XRC domain handle of an ibv_xrcd.
+ibv_xrcd* open_xrcd(ibv_context* c, ibv_xrcd_init_attr* attr);
+int close_xrcd(ibv_xrcd* x);
+ibv_srq* create_srq_ex(ibv_context* c, ibv_srq_init_attr_ex* attr);
+int get_srq_num(ibv_srq* srq, uint32_t* num);
+ibv_qp* open_qp(ibv_context* c, ibv_qp_open_attr* attr);
+uint32_t xrcd_handle(ibv_xrcd* x);
+// An SRQ of any type (srq.cc); NULL with errno on failure.
+ibv_srq* create_srq(ibv_context* c, ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, uint32_t type,
+                    uint32_t xrcd, ibv_cq* cq);
 
 // Memory windows (mw.cc)
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);

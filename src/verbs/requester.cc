@@ -105,7 +105,7 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
 uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
   ContextState& cs = *q.ctx->st;
   const MrEntry* e = cs.mr(key);
-  if (!e || e->pd != p.entry->pd) return nullptr;
+  if (!e || e->pd != (p.pd ? p.pd : p.entry->pd)) return nullptr;
   if ((e->access & need) != need) return nullptr;
   // A type 2 window serves only the QP it is bound to (IBTA 10.6.7.2.5).
   if (e->kind == shm::kKindMw2 && e->bound_qpn != p.qpn) return nullptr;
@@ -240,9 +240,41 @@ Outcome execute_local(QpState& q, const shm::SendWqe& w) {
   return {Step::kDone};
 }
 
+// XRC (IBTA A14.4): the message goes through the target QP to the XRC SRQ
+// it names, whose CQ takes the receive completion. One Peer per SRQ number.
+// Null with `invalid` set when the target's domain has no such SRQ.
+Peer* xrc_peer(QpState& q, uint32_t srqn, bool& invalid) {
+  uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
+  auto it = q.ud_peers.find(srqn);
+  Peer* p = it == q.ud_peers.end() ? nullptr : it->second.get();
+  if (!p || p->qpn != dest || p->entry->qpn.load(std::memory_order_acquire) != dest) {
+    if (p) q.ud_peers.erase(it);
+    q.last_window.reset();
+    ContextState& cs = *q.ctx->st;
+    proto::ConnectXrcReq req{};
+    req.qpn = q.qpn;
+    req.srqn = srqn;
+    proto::ConnectPeerReply rep{};
+    std::vector<Fd> fds;
+    int e = cs.conn.call(proto::Op::ConnectXrc, req, rep, {}, &fds);
+    if (e == ENOENT) invalid = true;
+    if (e) return nullptr;
+    auto np = std::make_unique<Peer>();
+    if (attach_peer(cs, *np, rep, fds)) return nullptr;
+    p = np.get();
+    q.ud_peers[srqn] = std::move(np);
+  }
+  auto st = p->entry->state.load(std::memory_order_acquire);
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return nullptr;
+  if (p->entry->dest_qpn.load(std::memory_order_relaxed) != q.qpn) return nullptr;
+  return p;
+}
+
 Outcome execute(QpState& q, const shm::SendWqe& w) {
   if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) return execute_local(q, w);
-  Peer* p = resolve_peer(q);
+  bool invalid = false;
+  Peer* p = q.type == IBV_QPT_XRC_SEND ? xrc_peer(q, w.xrc_srqn, invalid) : resolve_peer(q);
+  if (invalid) return {Step::kError, IBV_WC_REM_INV_REQ_ERR};
   if (!p) return {Step::kRetry};
   Seg local[shm::kMaxSge];
   int nl = 0;
@@ -462,6 +494,7 @@ void to_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
   w.inline_len = 0;
   for (int i = 0; i < wr->num_sge; ++i) w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
   w.invalidate_rkey = wr->invalidate_rkey;
+  w.xrc_srqn = q.type == IBV_QPT_XRC_SEND ? wr->qp_type.xrc.remote_srqn : 0;
   if (wr->opcode == IBV_WR_BIND_MW) {
     const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
     w.num_sge = 0;
@@ -671,7 +704,8 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
   // (and in ERR, where they are flushed); earlier states refuse them.
-  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
+  // An XRC target QP has no send queue.
+  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR || q.type == IBV_QPT_XRC_RECV ||
       q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {  // or destroyed by another sharer
     *bad = wr;
     return EINVAL;

@@ -42,6 +42,7 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
   if (rqh->capacity != h->rq_capacity) return EPROTO;
   p.hdr = h;
   p.rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
+  p.pd = rep.pd;
   p.recv_cq.cs = &cs;
   p.recv_cq.handle = rep.peer_recv_cq;
   if (int e = p.recv_cq.attach(fds[1].get(), rep.cq_segment_size)) return e;
@@ -85,12 +86,26 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  return create_srq(pd->context, pd, attr->attr, attr->srq_context, IBV_SRQT_BASIC, 0, nullptr);
+}
+
+}  // extern "C"
+
+ibv_srq* sv::verbs::create_srq(ibv_context* c, ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, uint32_t type,
+                               uint32_t xrcd, ibv_cq* cq) {
+  if (pd->context != c || (cq && cq->context != c)) {
+    errno = EINVAL;
+    return nullptr;
+  }
   ContextState& cs = ctx_state(pd->context);
   proto::CreateSrqReq req{};
   req.pd = to_pd(pd)->handle;
-  req.max_wr = attr->attr.max_wr;
-  req.max_sge = attr->attr.max_sge;
-  req.srq_limit = attr->attr.srq_limit;
+  req.max_wr = attr.max_wr;
+  req.max_sge = attr.max_sge;
+  req.srq_limit = attr.srq_limit;
+  req.srq_type = type;
+  req.xrcd = xrcd;
+  req.cq = cq ? to_cq(cq)->st->handle : 0;
   proto::CreateSrqReply rep{};
   std::vector<Fd> fds;
   if (int e = cs.conn.call(proto::Op::CreateSrq, req, rep, {}, &fds); e || fds.size() != 1) {
@@ -100,7 +115,8 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
   auto st = std::make_unique<SrqState>();
   st->ctx = to_ctx(pd->context);
   st->handle = rep.handle;
-  st->max_sge = attr->attr.max_sge;
+  st->max_sge = attr.max_sge;
+  st->srq_type = type;
   if (int e = attach_srq_segment(st->seg, st->hdr, st->ring, fds[0].get(), rep.segment_size)) {
     errno = e;
     return nullptr;
@@ -111,17 +127,19 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
     return nullptr;
   }
   srq->srq.context = pd->context;
-  srq->srq.srq_context = attr->srq_context;
+  srq->srq.srq_context = srq_context;
   srq->srq.pd = pd;
   srq->srq.handle = rep.handle;
   pthread_mutex_init(&srq->srq.mutex, nullptr);
   pthread_cond_init(&srq->srq.cond, nullptr);
   srq->st = st.release();
-  attr->attr.max_wr = rep.capacity;  // what it really holds
+  attr.max_wr = rep.capacity;  // what it really holds
   std::lock_guard<std::mutex> g(cs.mu);
   cs.srq_handles[rep.handle] = &srq->srq;
   return &srq->srq;
 }
+
+extern "C" {
 
 int ibv_modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) {
   SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;
