@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "harness.h"
 
 namespace svtest {
@@ -108,6 +112,48 @@ TEST_F(CqResize, AnotherProcessFollowsTheResizedCq) {
     EXPECT_EQ(IBV_WC_RECV, wc[i].opcode);
     EXPECT_EQ(16u, wc[i].byte_len);
   }
+}
+
+// Resizes while another thread keeps completing into the CQ and this one
+// polls: every completion arrives once, in order.
+TEST_F(CqResize, ResizesRaceProducersWithoutLossOrReordering) {
+  connect(1024);
+  constexpr uint64_t kTotal = 3000;
+  std::atomic<uint64_t> posted{0}, polled{0};
+  std::atomic<bool> failed{false};
+  std::thread producer([&] {
+    for (uint64_t i = 0; i < kTotal; ++i) {
+      while (posted.load() - polled.load() > 400) std::this_thread::yield();  // stay below every size used
+      if (write(i)) {
+        failed = true;
+        return;
+      }
+      posted++;
+    }
+  });
+  uint64_t next = 0;
+  int resizes = 0;
+  const int sizes[] = {600, 4096, 800, 2048};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (next < kTotal && !failed && std::chrono::steady_clock::now() < deadline) {
+    ibv_wc wc[16];
+    int n = ibv_poll_cq(me.cq, 16, wc);
+    ASSERT_GE(n, 0);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(next, wc[i].wr_id);
+      ASSERT_EQ(IBV_WC_SUCCESS, wc[i].status);
+      ++next;
+    }
+    polled += uint64_t(n);
+    if (next / 150 > uint64_t(resizes)) {
+      ASSERT_EQ(0, ibv_resize_cq(me.cq, sizes[resizes % 4]));
+      ++resizes;
+    }
+  }
+  producer.join();
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(kTotal, next);
+  EXPECT_GE(resizes, 10);
 }
 
 // IBTA 11.4.2.1: a completion that does not fit is a CQ overrun, an error

@@ -263,7 +263,8 @@ class XrcData : public ::testing::Test {
     ASSERT_NE(nullptr, tgt);
     ibv_qp_init_attr_ex qa{};
     qa.qp_type = IBV_QPT_XRC_SEND;
-    qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+    qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    qa.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
     qa.pd = spd;
     qa.send_cq = scq;
     qa.cap = {16, 0, 2, 0, 0};
@@ -418,6 +419,29 @@ TEST_F(XrcData, NoSuchSrqIsAnInvalidRequest) {
   auto wc = poll(scq, 1);
   ASSERT_EQ(1u, wc.size());
   EXPECT_EQ(IBV_WC_REM_INV_REQ_ERR, wc[0].status);
+}
+
+// The ibv_wr_* API names the SRQ with ibv_wr_set_xrc_srqn.
+TEST_F(XrcData, TheWrApiNamesTheSrq) {
+  ibv_qp_ex* x = ibv_qp_to_qp_ex(ini);
+  ASSERT_NE(nullptr, x);
+  ASSERT_EQ(0, post_srq(srq2, 7, 0));
+  for (int i = 0; i < 50; ++i) sbuf[i] = uint8_t(3 * i);
+  ibv_wr_start(x);
+  x->wr_id = 9;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(x);
+  ibv_wr_set_xrc_srqn(x, num(srq2));
+  ibv_wr_set_sge(x, smr->lkey, reinterpret_cast<uint64_t>(sbuf), 50);
+  ASSERT_EQ(0, ibv_wr_complete(x));
+  auto mine = poll(scq, 1);
+  ASSERT_EQ(1u, mine.size());
+  EXPECT_EQ(9u, mine[0].wr_id);
+  EXPECT_EQ(IBV_WC_SUCCESS, mine[0].status);
+  auto got = poll(rcq2, 1);
+  ASSERT_EQ(1u, got.size());
+  EXPECT_EQ(7u, got[0].wr_id);
+  EXPECT_EQ(0, std::memcmp(sbuf, rbuf, 50));
 }
 
 TEST_F(XrcData, ATargetQpCannotSend) {
