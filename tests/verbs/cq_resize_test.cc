@@ -8,7 +8,12 @@
 #include <chrono>
 #include <thread>
 
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "harness.h"
+#include "softverbs/softverbs.h"
 
 namespace svtest {
 namespace {
@@ -154,6 +159,53 @@ TEST_F(CqResize, ResizesRaceProducersWithoutLossOrReordering) {
   EXPECT_FALSE(failed);
   EXPECT_EQ(kTotal, next);
   EXPECT_GE(resizes, 10);
+}
+
+// A process sharing the CQ (svx_pack/svx_unpack) polls it: it follows the
+// resizes made by the creator and sees every completion in order.
+TEST_F(CqResize, ASharerFollowsTheResizes) {
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  pid_t child = fork();
+  if (child == 0) {
+    ::close(sv[0]);
+    ibv_context* c = nullptr;
+    svx_object obj[1];
+    int n = 0;
+    if (svx_unpack(sv[1], &c, obj, 1, &n) || n != 1) _exit(2);
+    uint32_t ready = 1;
+    if (::write(sv[1], &ready, 4) != 4) _exit(3);
+    uint64_t next = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (next < 100 && std::chrono::steady_clock::now() < deadline) {
+      ibv_wc wc[8];
+      int got = ibv_poll_cq(obj[0].cq, 8, wc);
+      if (got < 0) _exit(4);
+      for (int i = 0; i < got; ++i)
+        if (wc[i].wr_id != next++ || wc[i].status != IBV_WC_SUCCESS) _exit(5);
+    }
+    _exit(next == 100 ? 0 : 6);
+  }
+  ::close(sv[1]);
+  connect(256);
+  svx_object obj[1];
+  obj[0].type = SVX_OBJ_CQ;
+  obj[0].cq = me.cq;
+  ASSERT_EQ(0, svx_pack(sv[0], me.ctx, obj, 1));
+  uint32_t ready = 0;
+  ASSERT_EQ(4, read(sv[0], &ready, 4));
+  for (uint64_t i = 0; i < 30; ++i) ASSERT_EQ(0, write(i));
+  ASSERT_EQ(0, ibv_resize_cq(me.cq, 2048));
+  for (uint64_t i = 30; i < 60; ++i) ASSERT_EQ(0, write(i));
+  int rc;
+  while ((rc = ibv_resize_cq(me.cq, 100)) == EINVAL) usleep(1000);  // until the sharer drained enough
+  ASSERT_EQ(0, rc);
+  for (uint64_t i = 60; i < 100; ++i) ASSERT_EQ(0, write(i));
+  int st = 0;
+  ASSERT_EQ(child, waitpid(child, &st, 0));
+  EXPECT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(0, WEXITSTATUS(st));
+  ::close(sv[0]);
 }
 
 // IBTA 11.4.2.1: a completion that does not fit is a CQ overrun, an error
