@@ -74,7 +74,7 @@ bool CqView::push(const ibv_wc& wc, bool solicited) {
     if (!s->ring.closed()) {
       // IBTA 11.4.2.1: an overrun is a CQ error (the daemon raises the
       // event and takes the CQ's QPs to ERR), unless the CQ ignores it.
-      if (cs && !s->hdr->ignore_overrun.load(std::memory_order_relaxed)) {
+      if (cs && !s->hdr->ignore_overrun.load(std::memory_order_relaxed) && !error_reported.exchange(true)) {
         proto::HandleReq req{};
         req.handle = handle;
         proto::Empty rep{};

@@ -102,6 +102,7 @@ struct CqView {
   bool follow(CqSegment* from);
 
   std::atomic<CqSegment*> cur{nullptr};
+  std::atomic<bool> error_reported{false};  // CqError sent (the daemon acts once per CQ anyway)
   std::mutex mu;  // guards segs
   std::vector<std::unique_ptr<CqSegment>> segs;
 };
