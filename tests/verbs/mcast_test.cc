@@ -81,7 +81,7 @@ class McastData : public ::testing::Test {
     for (int i = 0; i < 200; ++i) me.buf[i] = uint8_t(i * 5);
   }
   // Sends 200 bytes to `ah`, QPN `qpn`; returns the send completion's status.
-  ibv_wc_status send(ibv_ah* ah, uint32_t qpn, uint32_t imm) {
+  ibv_wc_status send(ibv_ah* ah, uint32_t qpn, uint32_t imm, uint32_t qkey = 0x1234) {
     ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 200, me.mr->lkey};
     ibv_send_wr wr{};
     wr.sg_list = &sge;
@@ -91,7 +91,7 @@ class McastData : public ::testing::Test {
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.wr.ud.ah = ah;
     wr.wr.ud.remote_qpn = qpn;
-    wr.wr.ud.remote_qkey = 0x1234;
+    wr.wr.ud.remote_qkey = qkey;
     ibv_send_wr* bad;
     EXPECT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
     auto wc = poll(me.cq, 1);
@@ -132,6 +132,11 @@ TEST_F(McastData, ASendReachesEveryAttachedProcess) {
   // A multicast DGID with a unicast QPN is not a multicast packet: dropped.
   EXPECT_EQ(IBV_WC_SUCCESS, send(ah, info[0].qpn, 2));
   EXPECT_TRUE(peers[0].poll(1, 50).empty());
+
+  // Each member checks the Q_Key, as any UD destination does.
+  EXPECT_EQ(IBV_WC_SUCCESS, send(ah, 0xffffff, 9, 0x9999));
+  EXPECT_TRUE(peers[0].poll(1, 50).empty());
+  EXPECT_TRUE(peers[1].poll(1, 50).empty());
 
   // After a detach, only the members left get it.
   ASSERT_EQ(0, peers[1].mcast(false, g, 0xc009));
