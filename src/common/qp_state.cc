@@ -119,7 +119,7 @@ QpTransition qp_transition(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next
   Row r = rule(cur, next);
   Kind k = kind_of(type);
   QpTransition t{r.valid, r.req[k], r.opt[k]};
-  // IBTA A14 (XRC) 11.2.4.2: an XRC initiator has no responder side, so
+  // IBTA annex A14 (XRC), QP state table: an XRC initiator has no responder side, so
   // INIT->RTR does not need the responder's read/atomic depth or RNR timer;
   // an XRC target has no requester side, so RTR->RTS needs only the timeout
   // and the send PSN (rdma-core and the kernel take the same lists).

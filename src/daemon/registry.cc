@@ -543,7 +543,7 @@ bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {
   return false;
 }
 
-// IBTA A14.4: an XRC message names the SRQ that takes it; the SRQ must be in
+// IBTA annex A14: an XRC message names the SRQ that takes it; the SRQ must be in
 // the target QP's domain. EAGAIN: the target is not ready (the requester
 // retries); ENOENT: no such SRQ there (an invalid request).
 int Registry::connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
@@ -1213,7 +1213,7 @@ void Registry::mcg_remove(McgEntry& g, uint32_t qpn) {
   g.seq.fetch_add(1, std::memory_order_release);
 }
 
-// IBTA 10.5.2 / 11.3 (attach QP to multicast group): UD QPs only, and the
+// Attach QP to multicast group (IBTA verbs chapter 11; ibv_attach_mcast(3)): UD QPs only, and the
 // GID must be a multicast GID (first byte 0xFF). The link layer is Ethernet,
 // so the LID is not checked, as the kernel does for RoCE.
 int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {

@@ -240,7 +240,7 @@ Outcome execute_local(QpState& q, const shm::SendWqe& w) {
   return {Step::kDone};
 }
 
-// XRC (IBTA A14.4): the message goes through the target QP to the XRC SRQ
+// XRC (IBTA annex A14): the message goes through the target QP to the XRC SRQ
 // it names, whose CQ takes the receive completion. One Peer per SRQ number.
 // Null with `invalid` set when the target's domain has no such SRQ.
 Peer* xrc_peer(QpState& q, uint32_t srqn, bool& invalid) {
@@ -623,7 +623,7 @@ bool deliver_ud(QpState& q, Peer& p, const shm::SendWqe& w, const Seg* local, in
   return true;
 }
 
-// IBTA 10.5.2 / 9.8.2: a multicast destination is a GRH with a multicast
+// IBTA multicast (UD only, 9.8.2): a multicast destination is a GRH with a multicast
 // DGID (first byte 0xFF) or, without a GRH, a DLID in the multicast range
 // (0xC000..0xFFFE); the destination QP is then 0xFFFFFF.
 constexpr uint32_t kMulticastQpn = 0xffffff;

@@ -403,7 +403,7 @@ TEST_F(XrcData, EachSendGoesToTheSrqItNames) {
   EXPECT_EQ(0, std::memcmp(sbuf, rbuf + 8192, 64));
 }
 
-// IBTA A14.4: an XRC SRQ number outside the target QP's domain is an
+// IBTA annex A14: an XRC SRQ number outside the target QP's domain is an
 // invalid request.
 TEST_F(XrcData, AnSrqOfAnotherDomainIsAnInvalidRequest) {
   ASSERT_EQ(0, post_srq(foreign, 1, 0));
