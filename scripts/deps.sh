@@ -4,7 +4,8 @@
 set -euo pipefail
 what=${1:-test}
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev ibverbs-utils perftest
-      python3 iproute2 procps psmisc clang libclang-rt-14-dev)
+      librdmacm-dev rdmacm-utils libfabric-bin
+      python3 iproute2 procps psmisc clang libclang-rt-14-dev tshark python3-scapy)
 if [ "$what" = bench ]; then pkgs+=(ucx-utils python3-matplotlib); fi
 missing=()
 for p in "${pkgs[@]}"; do

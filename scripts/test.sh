@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build, run every test
 # (unit, verbs, and Debian's own binaries under softverbs), then the same
-# gtest suites under ASan+UBSan and under TSan, then a time-boxed fuzz run of
-# the daemon's control-message decoding.
+# gtest suites under ASan+UBSan and under TSan, then time-boxed fuzz runs of
+# the daemon's control-message decoding and of work-request validation.
 # SOFTVERBS_SANITIZERS=0 skips the sanitizer builds; SOFTVERBS_FUZZ_SECONDS=0
-# the fuzz run.
+# the fuzz run; SOFTVERBS_WR_FUZZ_SECONDS=0 the work-request fuzz run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
@@ -38,6 +38,24 @@ if [ "${SOFTVERBS_FUZZ_SECONDS:-30}" != 0 ] && command -v clang++ >/dev/null; th
   else
     tail -40 build-fuzz/fuzz.log
     echo "fuzz: FAILED (the crashing input is in build-fuzz/, see above)"
+    status=1
+  fi
+  rm -rf "$work"
+fi
+# Work requests and SGEs (fuzz/wr_fuzz.cc): its own time box, after the control fuzzer.
+if [ "${SOFTVERBS_WR_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; then
+  echo "== fuzz: work requests and SGEs (${SOFTVERBS_WR_FUZZ_SECONDS:-20} s, libFuzzer + ASan/UBSan) =="
+  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON >/dev/null
+  cmake --build build-fuzz --target wr_fuzz softverbsd -j"$(nproc)" >/dev/null
+  work=$(mktemp -d)
+  cp fuzz/corpus/wr/* "$work/"
+  if (cd build-fuzz && fuzz/wr_fuzz -max_total_time="${SOFTVERBS_WR_FUZZ_SECONDS:-20}" -max_len=1024 \
+        -rss_limit_mb=4096 -print_final_stats=1 "$work" ../fuzz/corpus/wr > wr_fuzz.log 2>&1); then
+    grep -E "^stat::number_of_executed_units|^Done" build-fuzz/wr_fuzz.log || true
+    echo "wr fuzz: no crash"
+  else
+    tail -40 build-fuzz/wr_fuzz.log
+    echo "wr fuzz: FAILED (the crashing input is in build-fuzz/, see above)"
     status=1
   fi
   rm -rf "$work"

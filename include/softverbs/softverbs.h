@@ -34,6 +34,24 @@ void svx_unimport_cq(struct ibv_cq *cq);
 struct ibv_qp *svx_import_qp(struct ibv_context *context, uint32_t qp_num);
 void svx_unimport_qp(struct ibv_qp *qp);
 
+/* Import an SRQ of a shared context by its handle (srq->handle in the
+ * creating process), with its PD. Any holder may post receives to it and
+ * modify or query it; the QPs attached to it take receives from it,
+ * whichever process posted them. Unimport releases only this handle. */
+struct ibv_srq *svx_import_srq(struct ibv_context *context, uint32_t srq_handle);
+void svx_unimport_srq(struct ibv_srq *srq);
+
+/* Import a completion channel of a shared context by its handle
+ * (svx_comp_channel_handle in the creating process). The channel is the
+ * same in every holder: CQs imported after it (svx_import_cq, svx_unpack:
+ * pack the channel before its CQs) are bound to it, any holder may arm them
+ * and wait with ibv_get_cq_event, and each event goes to one waiter.
+ * svx_unimport_comp_channel releases only this handle (EBUSY while this
+ * process's CQs use it). */
+struct ibv_comp_channel *svx_import_comp_channel(struct ibv_context *context, uint32_t handle);
+int svx_unimport_comp_channel(struct ibv_comp_channel *channel);
+uint32_t svx_comp_channel_handle(struct ibv_comp_channel *channel);
+
 /* The local handle of a QP of this context by number (for example the
  * qp_num of a completion of a shared CQ), importing it if needed.
  * NULL with errno EINVAL if the context has no such QP. */
@@ -44,6 +62,8 @@ enum svx_object_type {
   SVX_OBJ_MR = 2,
   SVX_OBJ_CQ = 3,
   SVX_OBJ_QP = 4,
+  SVX_OBJ_SRQ = 5,
+  SVX_OBJ_CHANNEL = 6,
 };
 
 struct svx_object {
@@ -53,6 +73,8 @@ struct svx_object {
     struct ibv_mr *mr;
     struct ibv_cq *cq;
     struct ibv_qp *qp;
+    struct ibv_srq *srq;
+    struct ibv_comp_channel *channel;
     void *ptr;
   };
 };
@@ -89,6 +111,35 @@ struct ibv_mr *svx_reg_shmid(struct ibv_pd *pd, const void *id, size_t id_len, s
  * itself. A non-NULL addr must map the very same pages (same file, same
  * offsets), else EINVAL; a PD of another device is refused with EINVAL. */
 struct ibv_mr *svx_reg_shared(struct ibv_mr *mr, struct ibv_pd *pd, void *addr, unsigned int access);
+
+/* The namespace (seed 002): publish an object this process holds under a
+ * path-like name ("/app/mr0": components of [A-Za-z0-9._-], at most
+ * SVX_NAME_MAX-1 bytes), owned by the caller's user, with `group` (-1: the
+ * caller's group; otherwise one the caller belongs to, unless root) and
+ * permission bits `mode` (0..0777; r = may open for reading, w = for
+ * writing). The name goes away with the object or with svx_unpublish.
+ * Returns 0 or an errno value: EEXIST (the name is taken), EINVAL (bad name,
+ * mode, or an object that is not this context's), EPERM (group). */
+#define SVX_NAME_MAX 128
+#define SVX_OPEN_READ 4
+#define SVX_OPEN_WRITE 2
+int svx_publish(struct ibv_context *context, const char *name, const struct svx_object *object,
+                unsigned int mode, int group);
+
+/* Remove a name (only its owner or root may). 0, ENOENT or EPERM. */
+int svx_unpublish(struct ibv_context *context, const char *name);
+
+/* Open a published object by name: checks `access` (SVX_OPEN_READ and/or
+ * SVX_OPEN_WRITE) against the entry's mode with the caller's real
+ * credentials (from the socket, as the kernel gives them), then returns a
+ * new context that shares the object's context (as ibv_import_device does)
+ * and the object imported into it (*object; an MR comes with its PD). Close
+ * the context with ibv_close_device when done. NULL with errno: ENOENT (no
+ * such name), EACCES (the mode denies it), EPERM (the mode allows it but
+ * the object belongs to another user: sharing memory between users needs a
+ * path the daemon carries out, which is not built yet; see docs/SHARING.md),
+ * EINVAL (bad name or access). */
+struct ibv_context *svx_open(const char *name, int access, struct svx_object *object);
 
 #ifdef __cplusplus
 }

@@ -61,6 +61,7 @@ inline void unimport_pd(ibv_pd* p) { ibv_unimport_pd(p); }
 inline void unimport_mr(ibv_mr* m) { ibv_unimport_mr(m); }
 inline void unimport_cq(ibv_cq* c) { svx_unimport_cq(c); }
 inline void unimport_qp(ibv_qp* q) { svx_unimport_qp(q); }
+inline void unimport_srq(ibv_srq* s) { svx_unimport_srq(s); }
 }  // namespace detail
 
 using Context = detail::Handle<ibv_context, detail::close_device, detail::close_imported>;
@@ -68,6 +69,7 @@ using ProtectionDomain = detail::Handle<ibv_pd, ibv_dealloc_pd, detail::unimport
 using MemoryRegion = detail::Handle<ibv_mr, ibv_dereg_mr, detail::unimport_mr>;
 using CompletionQueue = detail::Handle<ibv_cq, ibv_destroy_cq, detail::unimport_cq>;
 using QueuePair = detail::Handle<ibv_qp, ibv_destroy_qp, detail::unimport_qp>;
+using SharedReceiveQueue = detail::Handle<ibv_srq, ibv_destroy_srq, detail::unimport_srq>;
 
 // Opens the first device (softverbs' sv0).
 inline Context open_first_device() {
@@ -83,14 +85,25 @@ inline ProtectionDomain import_pd(ibv_context* c, uint32_t h) { return Protectio
 inline MemoryRegion import_mr(ibv_pd* pd, uint32_t h) { return MemoryRegion(ibv_import_mr(pd, h), true); }
 inline CompletionQueue import_cq(ibv_context* c, uint32_t h) { return CompletionQueue(svx_import_cq(c, h), true); }
 inline QueuePair import_qp(ibv_context* c, uint32_t qpn) { return QueuePair(svx_import_qp(c, qpn), true); }
+inline SharedReceiveQueue import_srq(ibv_context* c, uint32_t h) { return SharedReceiveQueue(svx_import_srq(c, h), true); }
 
 // What svx_unpack delivered, each object owned as an imported handle.
 struct Unpacked {
   Context context;
+  struct Channels {
+    std::vector<ibv_comp_channel*> v;
+    void push_back(ibv_comp_channel* c) { v.push_back(c); }
+    ~Channels() {
+      for (auto* c : v) svx_unimport_comp_channel(c);
+    }
+  } channels;
   std::vector<ProtectionDomain> pds;
   std::vector<MemoryRegion> mrs;
   std::vector<CompletionQueue> cqs;
-  std::vector<QueuePair> qps;
+  // Channels are released by ~Unpacked after the CQs (declared first,
+  // destroyed last): svx_unimport_comp_channel refuses while CQs use them.
+  std::vector<SharedReceiveQueue> srqs;
+  std::vector<QueuePair> qps;  // released first: QPs use the SRQs and CQs
 };
 
 // Receives one packed message (svx_unpack) and takes ownership of it all.
@@ -112,6 +125,8 @@ inline std::optional<Unpacked> unpack(int sock, int* error = nullptr) {
       case SVX_OBJ_MR: u.mrs.emplace_back(objs[i].mr, true); break;
       case SVX_OBJ_CQ: u.cqs.emplace_back(objs[i].cq, true); break;
       case SVX_OBJ_QP: u.qps.emplace_back(objs[i].qp, true); break;
+      case SVX_OBJ_SRQ: u.srqs.emplace_back(objs[i].srq, true); break;
+      case SVX_OBJ_CHANNEL: u.channels.push_back(objs[i].channel); break;
     }
   }
   return u;

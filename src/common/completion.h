@@ -8,6 +8,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
+
 #include "common/shm_layout.h"
 #include "common/sys.h"
 
@@ -25,6 +27,12 @@ inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc&
     if (!ring.closed()) hdr->overrun.store(1, std::memory_order_relaxed);
     return false;
   }
+  // Dekker-style handshake with req_notify_cq, which stores `armed` and
+  // then polls the ring: each side stores, then loads what the other
+  // stored. Without a full fence on both sides the two loads may both see
+  // old values (x86 lets a load pass an earlier store): the poller misses
+  // the entry and we miss the arming, and the event is lost.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   uint32_t armed = hdr->armed.load(std::memory_order_acquire);
   if (armed == kArmAny || (armed == kArmSolicited && solicited)) {
     if (hdr->armed.exchange(kArmNone, std::memory_order_acq_rel) != kArmNone) {

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/shm_layout.h"
+
 namespace sv::proto {
 
 constexpr uint32_t kMagic = 0x53565250;  // "SVRP"
@@ -56,6 +58,13 @@ enum class Op : uint16_t {
   CreateSrq,       // reply fd: SRQ segment
   DestroySrq,
   SrqLimit,        // a sender found the SRQ below its armed limit: tell its holders
+  NsPublish,       // the namespace (docs/SHARING.md): publish an object I hold under a name
+  NsUnpublish,
+  NsOpen,          // attach this (fresh) connection to the context of a published object
+  NsList,          // list the namespace, a page at a time
+  ImportSrq,       // reply fd: SRQ segment
+  ImportChannel,   // reply fd: the completion channel's eventfd
+  Mediate,         // carry out one RC/UC operation towards a peer of another user
   ResizeCq,        // a new, pending segment for a CQ; reply fd: that segment
   ResizeCqDone,    // commit (the CQ moves to the pending segment) or abort a ResizeCq
   GetCq,           // the current segment of a CQ I may complete into; reply fd: the segment
@@ -197,7 +206,12 @@ struct ConnectPeerReply {
   uint32_t has_srq;
   uint64_t srq_segment_size;
   uint32_t srq_handle;
+  // 1: the peer belongs to another user. No descriptor comes with the reply;
+  // each operation goes through the daemon (Op::Mediate), which applies the
+  // keys' bounds to the peer's memory itself.
+  uint32_t mediated;
   uint32_t pd;  // ConnectXrc: the XRC SRQ's PD (receive buffers are checked against it); else 0
+  uint32_t reserved;
 };
 
 struct ResizeCqReq {  // reply: CreateCqReply
@@ -254,6 +268,44 @@ struct CreateSrqReply {
   Header h;
   uint32_t handle;
   uint32_t capacity;
+  uint64_t segment_size;
+};
+
+// One send work request towards a peer the requester may not map (another
+// user's QP): the daemon checks both sides' keys and copies. sge: the
+// requester's local list (lkeys of its own MRs).
+struct MediateReq {
+  Header h;
+  uint32_t qpn;        // the requester's QP
+  uint32_t opcode;     // IBV_WR_*
+  uint32_t send_flags;
+  uint32_t imm_data;   // as in ibv_send_wr (network order)
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t num_sge;
+  uint64_t compare_add;
+  uint64_t swap;
+  shm::Sge sge[shm::kMaxSge];
+  uint32_t inline_len;  // IBV_SEND_INLINE: the payload is here, not in sge
+  uint32_t reserved;
+  uint8_t inline_data[shm::kMaxInline];
+};
+static_assert(sizeof(MediateReq) <= kMaxMessage);
+
+enum MediateOutcome : uint32_t { kMediateDone = 0, kMediateRnr = 1, kMediateRetry = 2, kMediateError = 3 };
+
+struct MediateReply {
+  Header h;
+  uint32_t outcome;     // MediateOutcome
+  uint32_t wc_status;   // the requester's completion status when kMediateError
+  uint32_t peer_error;  // the responder detected the error (it went to ERR)
+  uint32_t byte_len;
+};
+
+struct ImportSrqReply {
+  Header h;
+  uint32_t pd;
+  uint32_t max_sge;
   uint64_t segment_size;
 };
 
@@ -345,7 +397,7 @@ struct QueryMrReply {
 struct ImportCqReply {
   Header h;
   uint32_t capacity;
-  uint32_t reserved;
+  uint32_t channel;  // the CQ's completion channel, 0 if none
   uint64_t segment_size;
 };
 
@@ -409,6 +461,53 @@ struct AccountsReply {
   AccountEntry entries[kMaxAccounts];
 };
 static_assert(sizeof(AccountsReply) <= kMaxMessage);
+
+// ---- The namespace ----------------------------------------------------------
+constexpr size_t kMaxNsName = 128;  // including the terminating NUL
+enum NsKind : uint32_t { kNsPd = 1, kNsMr = 2, kNsCq = 3, kNsQp = 4, kNsSrq = 5, kNsChannel = 6 };
+constexpr uint32_t kNsRead = 4, kNsWrite = 2;  // as the r and w permission bits
+
+struct NsPublishReq {
+  Header h;
+  uint32_t kind;
+  uint32_t handle;
+  uint32_t mode;   // 0..0777
+  int32_t group;   // -1: the caller's gid
+  char name[kMaxNsName];  // NUL-terminated
+};
+
+struct NsNameReq {  // NsUnpublish, NsOpen
+  Header h;
+  uint32_t access;  // NsOpen: kNsRead | kNsWrite
+  uint32_t reserved;
+  char name[kMaxNsName];
+};
+
+struct NsOpenReply {
+  Header h;
+  uint32_t kind;
+  uint32_t handle;
+};
+
+struct NsListReq {
+  Header h;
+  uint32_t start;  // index of the first entry wanted
+  uint32_t reserved;
+};
+
+struct NsListEntry {
+  char name[kMaxNsName];
+  uint32_t kind, handle, uid, gid, mode, reserved;
+};
+constexpr size_t kNsListPage = 6;
+
+struct NsListReply {
+  Header h;
+  uint32_t count;  // entries in this page
+  uint32_t total;  // entries in the namespace
+  NsListEntry entries[kNsListPage];
+};
+static_assert(sizeof(NsListReply) <= kMaxMessage);
 
 template <class T>
 inline void init_header(T& m, Op op, uint32_t seq = 0) {

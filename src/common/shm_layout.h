@@ -162,6 +162,14 @@ struct QpSegmentHeader {
   alignas(64) ShmLock send_lock;  // serialises posters (threads or processes)
   alignas(64) ShmLock recv_lock;
   alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
+  // A receive this QP's requester took from a peer's queue and has not
+  // completed yet (written under send_lock). Non-zero only while a message
+  // is being delivered, or if its poster was killed in between: then the
+  // daemon (the QP died with its context) completes that receive, so the
+  // responder does not lose it.
+  alignas(64) std::atomic<uint32_t> torn_qpn;  // the responder QP, 0 = none
+  uint32_t reserved2;
+  uint64_t torn_wr_id;
 };
 
 struct QpLayout {

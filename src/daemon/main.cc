@@ -16,25 +16,33 @@
 
 static void usage() {
   std::fprintf(stderr,
-               "usage: softverbsd [--foreground] [--idle SECONDS] [--dir DIR]\n"
-               "  --idle: exit after SECONDS with no clients (default 30, 0 = never)\n");
+               "usage: softverbsd [--foreground] [--idle SECONDS] [--dir DIR] [--system]\n"
+               "  --idle: exit after SECONDS with no clients (default 30, 0 = never)\n"
+               "  --system: the host-wide daemon serving every user (run it as root; its\n"
+               "            directory is $SOFTVERBS_SYSTEM_DIR or /run/softverbs, and it\n"
+               "            does not exit when idle unless --idle is given)\n");
 }
 
 int main(int argc, char** argv) {
   bool foreground = false;
+  bool system = false;
   int idle = 30;
-  std::string dir = sv::runtime_dir();
+  bool idle_given = false;
+  std::string dir;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--foreground") foreground = true;
-    else if (a == "--idle" && i + 1 < argc) idle = std::atoi(argv[++i]);
+    else if (a == "--idle" && i + 1 < argc) idle = std::atoi(argv[++i]), idle_given = true;
+    else if (a == "--system") system = true;
     else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
     else {
       usage();
       return 2;
     }
   }
-  if (const char* e = std::getenv("SOFTVERBSD_IDLE")) idle = std::atoi(e);
+  if (const char* e = std::getenv("SOFTVERBSD_IDLE")) idle = std::atoi(e), idle_given = true;
+  if (dir.empty()) dir = system ? sv::system_dir() : sv::runtime_dir();
+  if (system && !idle_given) idle = 0;
 
   // Every QP, CQ, channel and backing holds a descriptor here: use all the
   // descriptors the hard limit allows.
@@ -44,7 +52,7 @@ int main(int argc, char** argv) {
     ::setrlimit(RLIMIT_NOFILE, &nofile);
   }
 
-  sv::daemon::Server server(dir, idle);
+  sv::daemon::Server server(dir, idle, system);
   int e = server.start();
   if (e == EALREADY) return 0;  // another daemon serves this user
   if (e) {

@@ -1,5 +1,7 @@
 #include "daemon/registry.h"
 
+#include "common/trace.h"
+
 #include <dirent.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -40,8 +42,24 @@ uint64_t memlock_limit(pid_t pid) {
     if (capeff & (1ull << 14)) return UINT64_MAX;  // CAP_IPC_LOCK
   }
   rlimit rl{};
-  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) != 0) return 0;
-  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) == 0)
+    return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+  // prlimit(2) on another user's process needs CAP_SYS_RESOURCE, which a
+  // system daemon in a container may lack: /proc/PID/limits says the same.
+  if (FILE* f = std::fopen((std::string("/proc/") + std::to_string(pid) + "/limits").c_str(), "r")) {
+    char line[256];
+    uint64_t limit = 0;
+    while (std::fgets(line, sizeof(line), f)) {
+      if (std::strncmp(line, "Max locked memory", 17) != 0) continue;
+      char soft[64] = {0};
+      if (std::sscanf(line + 17, "%63s", soft) == 1)
+        limit = std::strcmp(soft, "unlimited") == 0 ? UINT64_MAX : std::strtoull(soft, nullptr, 10);
+      break;
+    }
+    std::fclose(f);
+    return limit;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -70,12 +88,19 @@ int Registry::init() {
   return 0;
 }
 
-uint32_t Registry::add_client(pid_t pid, uid_t uid) {
+uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid) {
   uint32_t id = next_client_++;
   uint32_t context = next_handle_++;
-  clients_[id] = Client{pid, uid, context, 0};
-  contexts_[context] = Context{1};
+  clients_[id] = Client{pid, uid, gid, context, 0};
+  contexts_[context] = Context{1, uid};
   return id;
+}
+
+bool Registry::same_user(uint32_t client, uint32_t owner) const {
+  auto c = clients_.find(client);
+  auto o = contexts_.find(owner);
+  if (c == clients_.end() || o == contexts_.end()) return false;
+  return c->second.uid == 0 || c->second.uid == o->second.uid;
 }
 
 uint32_t Registry::ctx(uint32_t client) const {
@@ -156,6 +181,7 @@ int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& 
   auto it = cqs_.find(handle);
   if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
   rep.capacity = it->second.map.as<CqSegmentHeader>()->capacity;
+  rep.channel = it->second.channel;
   rep.segment_size = it->second.map.size();
   out_fds.push_back(it->second.fd.get());
   return 0;
@@ -176,6 +202,23 @@ int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep
   return 0;
 }
 
+int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
+  auto it = channels_.find(handle);
+  if (it == channels_.end() || it->second.owner != ctx(client)) return EINVAL;
+  out_fds.push_back(it->second.eventfd.get());
+  return 0;
+}
+
+int Registry::import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds) {
+  auto it = srqs_.find(handle);
+  if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  rep.pd = it->second.pd;
+  rep.max_sge = it->second.map.as<SrqSegmentHeader>()->max_sge;
+  rep.segment_size = it->second.map.size();
+  out_fds.push_back(it->second.fd.get());
+  return 0;
+}
+
 void Registry::remove_context_if_unused(uint32_t context) {
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached == 0) {
@@ -188,6 +231,7 @@ void Registry::remove_client(uint32_t client) {
   auto c = clients_.find(client);
   if (c == clients_.end()) return;
   uint32_t context = c->second.ctx;
+  SV_TRACE("daemon: client %u (pid %d) left context %u", client, int(c->second.pid), context);
   clients_.erase(c);
   async_fds_.erase(client);
   auto ct = contexts_.find(context);
@@ -212,6 +256,7 @@ void Registry::release_context(uint32_t owner) {
       ids.push_back(qpn);
     }
   }
+  for (uint32_t id : ids) complete_torn_receive(id);
   for (uint32_t id : ids) release_qp(id);
   fail_peers_of(ids);
   ids.clear();
@@ -628,6 +673,39 @@ int Registry::reg_async(uint32_t client, Fd eventfd) {
 // peers would find out by their retries running out; on one host the
 // daemon knows.) Their send queues are flushed by their holders, which see
 // the ERR state on their next post or retry.
+// A process killed while its QP was delivering a message (pop_peer_recv in
+// the library) leaves the responder's receive taken but not completed.
+// Complete it now, before fail_peers_of flushes the rest of that queue, so
+// the responder sees every receive once and in order: flushed, as a receive
+// whose message never fully arrived is (IBTA 10.3.1, the QP goes to ERR).
+void Registry::complete_torn_receive(uint32_t dead_qpn) {
+  auto dq = qps_.find(dead_qpn);
+  if (dq == qps_.end()) return;
+  auto* dh = dq->second.map.as<QpSegmentHeader>();
+  uint32_t qpn = dh->torn_qpn.exchange(0, std::memory_order_acquire);
+  if (qpn == 0) return;
+  auto q = qps_.find(qpn);
+  if (q == qps_.end()) return;
+  // Only a QP this one could have delivered to (a client can write anything here).
+  if (q->second.type != dq->second.type) return;
+  if (q->second.type != IBV_QPT_UD && qp_slot(dead_qpn).dest_qpn.load() != qpn) return;
+  auto cq = cqs_.find(q->second.recv_cq);
+  if (cq == cqs_.end()) return;
+  auto* ch = cq->second.map.as<CqSegmentHeader>();
+  auto* crh = reinterpret_cast<RingHeader*>(cq->second.map.as<char>() + ch->ring_offset);
+  Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
+  int channel_fd = -1;
+  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
+  ibv_wc wc{};
+  wc.wr_id = dh->torn_wr_id;
+  // A UD responder stays usable: its receive was aborted, not flushed.
+  wc.status = q->second.type == IBV_QPT_UD ? IBV_WC_REM_ABORT_ERR : IBV_WC_WR_FLUSH_ERR;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = qpn;
+  wc.src_qp = dead_qpn;
+  push_completion(ch, ring, wc, true, channel_fd);
+}
+
 void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
   if (dead.empty()) return;
   for (auto& [qpn, q] : qps_) {
@@ -636,6 +714,7 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
     if (q.type == IBV_QPT_UD || std::find(dead.begin(), dead.end(), dest) == dead.end()) continue;
     auto st = ibv_qp_state(e.state.load());
     if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_ERR) continue;
+    SV_TRACE("daemon: QP 0x%x to ERR: its peer QP 0x%x is gone", qpn, dest);
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
     auto cq = cqs_.find(q.recv_cq);
     if (cq != cqs_.end()) {
@@ -712,6 +791,8 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   acct.uid = clients_[client].uid;
   acct.limit_bytes = memlock_limit(pid);
   if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes + bytes > acct.limit_bytes) {
+    SV_TRACE("daemon: pid %d: RLIMIT_MEMLOCK %llu, locked %llu, asks %llu: ENOMEM", int(pid),
+             (unsigned long long)acct.limit_bytes, (unsigned long long)acct.locked_bytes, (unsigned long long)bytes);
     if (acct.locked_bytes == 0) accounts_.erase(pid);
     return ENOMEM;
   }
@@ -1267,9 +1348,19 @@ int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
   return 0;
 }
 
-int Registry::peer_reply(uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds) {
+int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds) {
   auto peer = qps_.find(dest);
   if (peer == qps_.end()) return ENOENT;
+  // The peer's queues and, through its keys, its memory are mapped by the
+  // requester: not across users (see same_user). Between users the daemon
+  // carries out each operation itself (Op::Mediate, mediate.cc); UD is not
+  // mediated yet.
+  if (!same_user(client, peer->second.owner)) {
+    if (peer->second.type == IBV_QPT_UD) return EACCES;
+    rep.peer_qpn = dest;
+    rep.mediated = 1;
+    return 0;
+  }
   auto rcq = cqs_.find(peer->second.recv_cq);
   if (rcq == cqs_.end()) return ENOENT;
   rep.peer_qpn = dest;
@@ -1309,7 +1400,7 @@ int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerRepl
     return EAGAIN;  // not ready to receive: the requester retries
   if (peer->second.type != qp->type) return EAGAIN;  // an RC QP does not talk to a UC one
   if (pe.dest_qpn.load() != qpn) return EAGAIN;
-  return peer_reply(dest, rep, out_fds);
+  return peer_reply(client, dest, rep, out_fds);
 }
 
 // UD has no connection: any UD QP may send to any UD QP whose Q_Key it
@@ -1320,7 +1411,7 @@ int Registry::connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::Co
   if (!qp || qp->type != IBV_QPT_UD) return EINVAL;
   auto peer = qps_.find(dest);
   if (peer == qps_.end() || peer->second.type != IBV_QPT_UD) return ENOENT;
-  return peer_reply(dest, rep, out_fds);
+  return peer_reply(client, dest, rep, out_fds);
 }
 
 int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
@@ -1331,6 +1422,7 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   if (auto w = mws_.find(mr_slot); w != mws_.end()) mr_slot = w->second.bound_mr;  // a window: its MR
   auto mr = mrs_.find(mr_slot);
   if (mr == mrs_.end()) return EINVAL;
+  if (!same_user(client, mr->second.owner)) return EACCES;
   // A key grants access only to a process that owns the MR's PD, or that
   // holds a QP connected to a QP of that PD.
   bool allowed = false;
@@ -1363,8 +1455,145 @@ int Registry::peer_error(uint32_t client, uint32_t qpn) {
   if (peer == qps_.end()) return 0;
   QpEntry& pe = qp_slot(dest);
   if (pe.dest_qpn.load() != qpn) return EINVAL;
+  SV_TRACE("daemon: QP 0x%x reports a responder error: peer QP 0x%x to ERR", qpn, dest);
   pe.state.store(IBV_QPS_ERR, std::memory_order_release);
   return 0;
+}
+
+}  // namespace sv::daemon
+
+// ---- The namespace -----------------------------------------------------------
+
+namespace sv::daemon {
+
+namespace {
+// A name field from a client: NUL-terminated within its array, else empty
+// (which no valid name is).
+std::string field_name(const char (&name)[proto::kMaxNsName]) {
+  size_t n = ::strnlen(name, proto::kMaxNsName);
+  return n == proto::kMaxNsName ? std::string() : std::string(name, n);
+}
+}  // namespace
+
+Credentials Registry::credentials(uint32_t client) const {
+  auto c = clients_.find(client);
+  if (c == clients_.end()) return Credentials{uid_t(-1), gid_t(-1), {}};
+  return Credentials{c->second.uid, c->second.gid, supplementary_groups(c->second.pid)};
+}
+
+// An entry names an object only while that object exists in that context;
+// names of destroyed objects disappear (lazily, before each namespace op).
+bool Registry::ns_alive(const NsEntry& e) const {
+  switch (e.kind) {
+    case proto::kNsPd: {
+      auto it = pds_.find(e.handle);
+      return it != pds_.end() && it->second.owner == e.ctx;
+    }
+    case proto::kNsMr: {
+      auto it = mrs_.find(e.handle);
+      return it != mrs_.end() && it->second.owner == e.ctx;
+    }
+    case proto::kNsCq: {
+      auto it = cqs_.find(e.handle);
+      return it != cqs_.end() && it->second.owner == e.ctx;
+    }
+    case proto::kNsQp: {
+      auto it = qps_.find(e.handle);
+      return it != qps_.end() && it->second.owner == e.ctx;
+    }
+    case proto::kNsSrq: {
+      auto it = srqs_.find(e.handle);
+      return it != srqs_.end() && it->second.owner == e.ctx;
+    }
+    case proto::kNsChannel: {
+      auto it = channels_.find(e.handle);
+      return it != channels_.end() && it->second.owner == e.ctx;
+    }
+    default: return false;
+  }
+}
+
+void Registry::ns_collect() {
+  std::vector<std::string> gone;
+  for (const auto& [name, e] : ns_.entries())
+    if (!ns_alive(e)) gone.push_back(name);
+  Credentials root{0, 0, {}};
+  for (const auto& n : gone) ns_.unpublish(n, root);
+}
+
+int Registry::ns_publish(uint32_t client, const proto::NsPublishReq& req) {
+  auto c = clients_.find(client);
+  if (c == clients_.end()) return EINVAL;
+  std::string name = field_name(req.name);
+  if (!NameSpace::valid_name(name) || (req.mode & ~0777u)) return EINVAL;
+  NsEntry e{req.kind, req.handle, c->second.ctx, c->second.uid, c->second.gid, req.mode};
+  if (!ns_alive(e)) return EINVAL;  // not an object of the caller's context
+  if (req.group != -1) {
+    // As chgrp(1): only to a group the caller is in, unless root.
+    Credentials who = credentials(client);
+    gid_t g = gid_t(req.group);
+    if (req.group < 0) return EINVAL;
+    if (who.uid != 0 && g != who.gid && std::find(who.groups.begin(), who.groups.end(), g) == who.groups.end())
+      return EPERM;
+    e.group = g;
+  }
+  ns_collect();
+  return ns_.publish(name, e);
+}
+
+int Registry::ns_unpublish(uint32_t client, const proto::NsNameReq& req) {
+  std::string name = field_name(req.name);
+  if (!NameSpace::valid_name(name)) return EINVAL;
+  ns_collect();
+  return ns_.unpublish(name, credentials(client));
+}
+
+int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep) {
+  auto me = clients_.find(client);
+  if (me == clients_.end()) return EINVAL;
+  if (req.access == 0 || (req.access & ~(proto::kNsRead | proto::kNsWrite))) return EINVAL;
+  ns_collect();
+  NsEntry e{};
+  if (int err = ns_.lookup(field_name(req.name), credentials(client), req.access, e)) return err;
+  // The mode allowed it. Between users the daemon does not hand out the
+  // descriptors of the owner's context: they would map more than the named
+  // object (its holder's whole backing memory). That access would need a
+  // path the daemon carries out itself, which is not built yet.
+  if (!same_user(client, e.ctx)) return EPERM;
+  uint32_t mine = me->second.ctx;
+  if (mine != e.ctx) {
+    // As ibv_import_device: this connection must not hold objects of its own.
+    for (auto& [h, p] : pds_)
+      if (p.owner == mine) return EBUSY;
+    for (auto& [h, b] : backings_)
+      if (b.owner == mine) return EBUSY;
+    remove_context_if_unused(mine);
+    me->second.ctx = e.ctx;
+    contexts_[e.ctx].attached++;
+  }
+  rep.kind = e.kind;
+  rep.handle = e.handle;
+  return 0;
+}
+
+void Registry::ns_list(uint32_t start, proto::NsListReply& rep) {
+  ns_collect();
+  const auto& all = ns_.entries();
+  rep.total = uint32_t(all.size());
+  rep.count = 0;
+  uint32_t i = 0;
+  for (const auto& [name, e] : all) {
+    if (i++ < start) continue;
+    if (rep.count == proto::kNsListPage) break;
+    proto::NsListEntry& out = rep.entries[rep.count++];
+    std::memset(&out, 0, sizeof(out));
+    std::memcpy(out.name, name.data(), std::min(name.size(), proto::kMaxNsName - 1));
+    out.kind = e.kind;
+    out.handle = e.handle;
+    out.uid = uint32_t(e.owner);
+    out.gid = uint32_t(e.group);
+    out.mode = e.mode;
+  }
 }
 
 }  // namespace sv::daemon

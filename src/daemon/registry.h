@@ -21,6 +21,7 @@
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
+#include "daemon/name_space.h"
 
 namespace sv::daemon {
 
@@ -35,7 +36,7 @@ class Registry {
   int device_fd() const { return device_fd_.get(); }
   uint64_t boot_id() const { return boot_id_; }
 
-  uint32_t add_client(pid_t pid, uid_t uid);
+  uint32_t add_client(pid_t pid, uid_t uid, gid_t gid = 0);
   // Detaches the client from its context; the last one out releases the
   // context's objects, whichever process created them.
   void remove_client(uint32_t client);
@@ -50,8 +51,17 @@ class Registry {
   int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
   int import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
+  int import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds);
+  int import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds);
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
   int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
+  // The namespace (name_space.h). Publishing needs the object in the
+  // caller's context; opening attaches the caller's fresh connection to the
+  // object's context, as ibv_import_device does, after the mode check.
+  int ns_publish(uint32_t client, const proto::NsPublishReq& req);
+  int ns_unpublish(uint32_t client, const proto::NsNameReq& req);
+  int ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep);
+  void ns_list(uint32_t start, proto::NsListReply& rep);
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
 
@@ -94,6 +104,10 @@ class Registry {
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
   int peer_error(uint32_t client, uint32_t qpn);
+  // Carries out one operation of `client`'s QP towards a peer of another
+  // user (mediate.cc): the daemon checks the keys and copies between the
+  // backings, so neither side maps the other's memory.
+  int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep);
   int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
   int dealloc_mw(uint32_t client, uint32_t handle);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
@@ -128,17 +142,28 @@ class Registry {
   struct Client {
     pid_t pid;
     uid_t uid;
+    gid_t gid;
     uint32_t ctx;           // the context this connection works in
     uint64_t socket_inode;  // claimed and verified client end of the connection
     int async_fd = -1;      // the client's async eventfd (owned by async_fds_)
   };
   std::map<uint32_t, Fd> async_fds_;  // by client
   void fail_peers_of(const std::vector<uint32_t>& dead_qpns);
+  void complete_torn_receive(uint32_t dead_qpn);
   // A device context: objects belong to it; processes attach to it (by
   // opening a device, or by importing another's context). All are equal.
   struct Context {
     uint32_t attached;
+    uid_t uid;  // the user whose process opened it: its memory is that user's
   };
+  // May `client` receive descriptors that map the memory or queues of
+  // context `owner`? Only a process of the same user (or root): a backing
+  // memfd maps a process's whole address space, more than any key grants.
+  bool same_user(uint32_t client, uint32_t owner) const;
+  Credentials credentials(uint32_t client) const;
+  bool ns_alive(const NsEntry& e) const;
+  void ns_collect();
+  NameSpace ns_;
   uint32_t ctx(uint32_t client) const;
   void release_context(uint32_t ctx);
   void remove_context_if_unused(uint32_t ctx);
@@ -178,7 +203,7 @@ class Registry {
     uint32_t bound_mr = 0;  // MR slot, 0 = not bound / invalid
   };
   uint32_t alloc_key_slot();
-  int peer_reply(uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
+  int peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
   void unbind_mw(uint32_t slot, Mw& mw);
   struct Account {
     uid_t uid;
@@ -249,6 +274,17 @@ class Registry {
     uint32_t xrcd = 0;               // XRC target: its domain
     std::vector<uint32_t> holders = {};  // XRC target: the context of each handle of it (ibv_open_qp)
   };
+
+  // mediate.cc
+  struct Span {
+    int fd;
+    uint64_t off;
+    uint64_t len;
+  };
+  bool resolve_key(uint32_t key, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need, uint32_t kinds,
+                   uint32_t bound_qpn, Span& out) const;
+  bool pop_recv(Qp& peer, uint32_t peer_qpn, shm::RecvWqe& out);
+  void push_recv(Qp& peer, uint32_t peer_qpn, const ibv_wc& wc, bool solicited);
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
   shm::McgEntry* find_mcg(const uint8_t* gid);

@@ -1,9 +1,12 @@
 #include "daemon/server.h"
 
+#include "common/trace.h"
+
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -52,12 +55,13 @@ size_t encode(const proto::Header& req_h, Rep& rep, int status, uint8_t* out) {
 }  // namespace
 
 int Server::start() {
-  if (int e = ensure_runtime_dir(dir_)) return e;
+  if (int e = system_ ? ensure_system_dir(dir_) : ensure_runtime_dir(dir_)) return e;
   lock_fd_.reset(::open(lock_path(dir_).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock_fd_.valid()) return errno;
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK ? EALREADY : errno;
   if (int e = registry_.init()) return e;
   if (int e = listen_seqpacket(socket_path(dir_), listen_fd_)) return e;
+  if (system_ && ::chmod(socket_path(dir_).c_str(), 0666) != 0) return errno;
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_fd_.valid()) return errno;
   epoll_event ev{};
@@ -91,7 +95,10 @@ int Server::run() {
       int fd = evs[i].data.fd;
       if (fd == listen_fd_.get()) accept_clients();
       else if (evs[i].events & EPOLLIN) serve(fd);
-      else if (evs[i].events & (EPOLLHUP | EPOLLERR)) drop(fd);
+      else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+        SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, evs[i].events);
+        drop(fd);
+      }
     }
     if (!conns_.empty()) {
       idle_since = monotonic_ns();
@@ -109,13 +116,14 @@ void Server::accept_clients() {
     if (fd < 0) return;
     Fd sock(fd);
     PeerCred cred{};
-    // One daemon per user: refuse every other user's process.
-    if (peer_credentials(fd, cred) != 0 || cred.uid != ::getuid()) continue;
+    // A per-user daemon refuses every other user's process; the system
+    // daemon serves all users (the registry keeps them apart).
+    if (peer_credentials(fd, cred) != 0 || (!system_ && cred.uid != ::getuid())) continue;
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
-    uint32_t id = registry_.add_client(cred.pid, cred.uid);
+    uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid);
     conns_[fd] = Conn{id, std::move(sock)};
   }
 }
@@ -162,6 +170,7 @@ void Server::serve(int fd) {
       // Oversized or truncated message: answer with an error if we can read a header.
       if (len < sizeof(proto::Header)) continue;
     } else if (e != 0 || len == 0) {
+      SV_TRACE("daemon: fd %d: %s", fd, e ? std::strerror(e) : "closed by the client");
       drop(fd);
       return;
     }
@@ -177,7 +186,8 @@ void Server::serve(int fd) {
       rlen = sizeof(rep);
       out_fds.clear();
     }
-    if (send_message(fd, out, rlen, out_fds) != 0) {
+    if (int se = send_message(fd, out, rlen, out_fds)) {
+      SV_TRACE("daemon: fd %d: reply not sent: %s", fd, std::strerror(se));
       drop(fd);
       return;
     }
@@ -378,6 +388,29 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (st) out_fds.clear();
       return encode(h, rep, st, out);
     }
+    case Op::Mediate: {
+      proto::MediateReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::MediateReply rep{};
+      int st = registry_.mediate(client, req, rep);
+      return encode(h, rep, st, out);
+    }
+    case Op::ImportChannel: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      int st = registry_.import_channel(client, req.handle, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::ImportSrq: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ImportSrqReply rep{};
+      int st = registry_.import_srq(client, req.handle, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
     case Op::ImportQp: {
       proto::HandleReq req;
       if (!decode(msg, len, req)) return bad();
@@ -481,6 +514,32 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       proto::Empty rep{};
       int st = op == Op::AttachMcast ? registry_.attach_mcast(client, req) : registry_.detach_mcast(client, req);
       return encode(h, rep, st, out);
+    }
+    case Op::NsPublish: {
+      proto::NsPublishReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.ns_publish(client, req), out);
+    }
+    case Op::NsUnpublish: {
+      proto::NsNameReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.ns_unpublish(client, req), out);
+    }
+    case Op::NsOpen: {
+      proto::NsNameReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::NsOpenReply rep{};
+      int st = registry_.ns_open(client, req, rep);
+      return encode(h, rep, st, out);
+    }
+    case Op::NsList: {
+      proto::NsListReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::NsListReply rep{};
+      registry_.ns_list(req.start, rep);
+      return encode(h, rep, 0, out);
     }
     case Op::RegAsync: {
       proto::Empty req;

@@ -17,7 +17,10 @@ namespace sv::daemon {
 
 class Server {
  public:
-  explicit Server(std::string dir, int idle_seconds) : dir_(std::move(dir)), idle_seconds_(idle_seconds) {}
+  // `system`: the host-wide daemon (run as root) that serves every user; its
+  // directory is world-searchable and its socket world-writable.
+  explicit Server(std::string dir, int idle_seconds, bool system = false)
+      : dir_(std::move(dir)), idle_seconds_(idle_seconds), system_(system) {}
   int start();  // takes the lock, binds the socket; EALREADY if another daemon runs
   int run();
 
@@ -35,6 +38,7 @@ class Server {
 
   std::string dir_;
   int idle_seconds_;
+  bool system_;
   Registry registry_;
   Fd lock_fd_;
   Fd listen_fd_;

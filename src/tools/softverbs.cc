@@ -2,6 +2,8 @@
 //
 //   softverbs run [--] CMD [ARGS...]   run CMD with softverbs' libibverbs.so.1 first
 //   softverbs status                   objects the daemon holds
+//   softverbs ls                       names published in the daemon's namespace
+// With SOFTVERBS_SYSTEM=1, status and ls ask the host-wide daemon.
 //   softverbs stop                     ask the daemon to exit (SIGTERM)
 #include <signal.h>
 #include <unistd.h>
@@ -49,8 +51,57 @@ int run(int argc, char** argv) {
   return 127;
 }
 
+std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::runtime_dir(); }
+
+const char* kind_name(uint32_t k) {
+  switch (k) {
+    case sv::proto::kNsPd: return "pd";
+    case sv::proto::kNsMr: return "mr";
+    case sv::proto::kNsCq: return "cq";
+    case sv::proto::kNsQp: return "qp";
+    case sv::proto::kNsSrq: return "srq";
+    case sv::proto::kNsChannel: return "channel";
+    default: return "?";
+  }
+}
+
+// Like `ls -l`: mode, owner, group, kind, handle, name.
+int list_names() {
+  std::string dir = daemon_dir();
+  sv::Fd s;
+  if (int e = sv::connect_seqpacket(sv::socket_path(dir), s)) {
+    std::fprintf(stderr, "softverbs ls: no daemon at %s: %s\n", sv::socket_path(dir).c_str(), std::strerror(e));
+    return 1;
+  }
+  uint32_t start = 0;
+  for (uint32_t seq = 1;; ++seq) {
+    sv::proto::NsListReq req{};
+    sv::proto::init_header(req, sv::proto::Op::NsList, seq);
+    req.start = start;
+    sv::proto::NsListReply rep{};
+    std::vector<sv::Fd> fds;
+    size_t len = 0;
+    if (sv::send_message(s.get(), &req, sizeof(req), {}) != 0 ||
+        sv::recv_message(s.get(), &rep, sizeof(rep), &len, fds) != 0 || len != sizeof(rep) || rep.h.status ||
+        rep.count > sv::proto::kNsListPage) {
+      std::fprintf(stderr, "softverbs ls: bad reply from the daemon\n");
+      return 1;
+    }
+    for (uint32_t i = 0; i < rep.count; ++i) {
+      const auto& e = rep.entries[i];
+      char perm[10];
+      for (int b = 0; b < 9; ++b) perm[b] = (e.mode >> (8 - b)) & 1 ? "rwxrwxrwx"[b] : '-';
+      perm[9] = 0;
+      std::string name(e.name, ::strnlen(e.name, sizeof(e.name)));
+      std::printf("%s %6u %6u %-3s %8u %s\n", perm, e.uid, e.gid, kind_name(e.kind), e.handle, name.c_str());
+    }
+    start += rep.count;
+    if (rep.count == 0 || start >= rep.total) return 0;
+  }
+}
+
 int status() {
-  std::string dir = sv::runtime_dir();
+  std::string dir = daemon_dir();
   sv::Fd s;
   if (int e = sv::connect_seqpacket(sv::socket_path(dir), s)) {
     std::printf("softverbsd: not running (%s: %s)\n", sv::socket_path(dir).c_str(), std::strerror(e));
@@ -97,12 +148,13 @@ int status() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: softverbs run [--] CMD [ARGS...] | softverbs status\n");
+    std::fprintf(stderr, "usage: softverbs run [--] CMD [ARGS...] | softverbs status | softverbs ls\n");
     return 2;
   }
   std::string cmd = argv[1];
   if (cmd == "run") return run(argc - 2, argv + 2);
   if (cmd == "status") return status();
+  if (cmd == "ls") return list_names();
   std::fprintf(stderr, "softverbs: unknown command '%s'\n", cmd.c_str());
   return 2;
 }

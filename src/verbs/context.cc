@@ -159,7 +159,7 @@ ibv_context* open_context(ibv_device* device) {
 // Opens a context on a new daemon connection. With import_fd >= 0, the
 // connection joins the context whose command socket that is
 // (ibv_import_device(3)) instead of starting a new one.
-ibv_context* make_context(int import_fd) {
+ibv_context* make_context(int import_fd, NsAttach* ns) {
   auto st = std::make_unique<ContextState>();
   if (int e = st->conn.open()) {
     errno = e;
@@ -179,6 +179,15 @@ ibv_context* make_context(int import_fd) {
     int fds1[1] = {import_fd};
     if (int e = st->conn.call(proto::Op::ImportContext, req, none, fds1)) {
       errno = e == ENOENT ? EINVAL : e;
+      return nullptr;
+    }
+  }
+  if (ns) {
+    proto::NsNameReq req{};
+    req.access = ns->access;
+    std::strncpy(req.name, ns->name, sizeof(req.name) - 1);
+    if (int e = st->conn.call(proto::Op::NsOpen, req, ns->rep)) {
+      errno = e;
       return nullptr;
     }
   }

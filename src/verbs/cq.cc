@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -198,6 +199,9 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   shm::CqSegmentHeader* h = st->view.hdr();
   uint32_t cur = h->armed.load(std::memory_order_relaxed);
   if (cur != shm::kArmAny) h->armed.store(want, std::memory_order_release);
+  // The caller polls the CQ next: the arming must be visible before that
+  // poll reads the ring (see push_completion in common/completion.h).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   return 0;
 }
 
@@ -374,6 +378,8 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
   ch->ch.refcnt = 0;
   ch->handle = rep.handle;
   ch->ctx = to_ctx(c);
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.channel_handles[ch->handle] = ch;
   return &ch->ch;
 }
 
@@ -391,10 +397,64 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
     errno = e;
     return -1;
   }
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(ch->handle); it != cs.channel_handles.end() && it->second == ch)
+      cs.channel_handles.erase(it);
+  }
   ::close(channel->fd);
   std::free(ch);
   return 0;
 }
+
+// svx_import_comp_channel (softverbs.h): a completion channel of a shared
+// context. Its eventfd is the same one in every holder: each event wakes
+// one waiter, and ibv_get_cq_event hands it to whoever takes the CQ's
+// notified flag first.
+ibv_comp_channel* svx_import_comp_channel(ibv_context* c, uint32_t handle) {
+  ContextState& cs = ctx_state(c);
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(handle); it != cs.channel_handles.end()) return &it->second->ch;
+  }
+  proto::HandleReq req{};
+  req.handle = handle;
+  proto::Empty rep{};
+  std::vector<sv::Fd> fds;
+  if (int e = cs.conn.call(proto::Op::ImportChannel, req, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
+    return nullptr;
+  }
+  auto* ch = static_cast<Channel*>(std::calloc(1, sizeof(Channel)));
+  if (!ch) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ch->ch.context = c;
+  ch->ch.fd = fds[0].release();
+  ch->handle = handle;
+  ch->ctx = to_ctx(c);
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.channel_handles[handle] = ch;
+  return &ch->ch;
+}
+
+// Releases this process's handle only (EBUSY while CQs of this process use it).
+int svx_unimport_comp_channel(ibv_comp_channel* channel) {
+  if (__atomic_load_n(&channel->refcnt, __ATOMIC_RELAXED) != 0) return EBUSY;
+  Channel* ch = to_channel(channel);
+  ContextState& cs = ctx_state(channel->context);
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(ch->handle); it != cs.channel_handles.end() && it->second == ch)
+      cs.channel_handles.erase(it);
+  }
+  ::close(channel->fd);
+  std::free(ch);
+  return 0;
+}
+
+uint32_t svx_comp_channel_handle(ibv_comp_channel* channel) { return to_channel(channel)->handle; }
 
 ibv_cq* ibv_create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
   return create_cq(c, cqe, cq_context, channel, comp_vector);
@@ -422,13 +482,67 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
 
 int ibv_resize_cq(ibv_cq* cq, int cqe) { return resize_cq(cq, cqe); }
 
+// How long ibv_get_cq_event spins before it sleeps. A blocking wake-up
+// across vCPUs costs tens of microseconds on a VM (docs/PERFORMANCE.md),
+// while a ping-pong partner usually answers within a few: spinning that long
+// buys the difference back. SOFTVERBS_SPIN_US overrides it (0: never spin).
+static uint64_t spin_budget_ns() {
+  static const uint64_t ns = [] {
+    const char* e = std::getenv("SOFTVERBS_SPIN_US");
+    long us = e && *e ? std::strtol(e, nullptr, 10) : 50;
+    return uint64_t(us < 0 ? 0 : us > 100000 ? 100000 : us) * 1000;
+  }();
+  return ns;
+}
+
+// True if some CQ on `ch` has a pending event. Reads only shared memory.
+static bool channel_has_event(ContextState& cs, Channel* ch) {
+  std::lock_guard<std::mutex> g(cs.mu);
+  for (CqState* s : cs.cqs)
+    if (s->channel == ch && s->view.hdr()->notified.load(std::memory_order_acquire)) return true;
+  return false;
+}
+
+// Spins up to the budget for an event before the caller blocks. Adaptive:
+// after 8 waits in a row that the spin did not catch quickly (the partner
+// is slow, spinning only burns a CPU), it spins on one wait in 16 only, to
+// notice when the partner is fast again. The spin yields the CPU between
+// rounds: when the CPUs are oversubscribed the partner may be waiting for
+// this very CPU, and a spin that holds it would delay the event it awaits.
+static void spin_for_event(ContextState& cs, Channel* ch) {
+  uint64_t budget = spin_budget_ns();
+  if (budget == 0) return;
+  // Relaxed atomics: threads sharing a channel only need a rough count.
+  uint32_t waits = __atomic_add_fetch(&ch->waits, 1, __ATOMIC_RELAXED);
+  uint32_t misses = __atomic_load_n(&ch->spin_misses, __ATOMIC_RELAXED);
+  if (misses >= 8 && (waits & 15) != 0) return;
+  uint64_t start = sv::monotonic_ns();
+  uint64_t waited = 0;
+  do {
+    for (int i = 0; i < 32; ++i) {
+      if (channel_has_event(cs, ch)) {
+        // Caught, but only a quick catch counts as one.
+        bool quick = waited < budget / 4;
+        __atomic_store_n(&ch->spin_misses, quick ? 0 : std::min(misses + 1, 8u), __ATOMIC_RELAXED);
+        return;
+      }
+      __builtin_ia32_pause();
+    }
+    ::sched_yield();
+    waited = sv::monotonic_ns() - start;
+  } while (waited < budget);
+  if (misses < 8) __atomic_store_n(&ch->spin_misses, misses + 1, __ATOMIC_RELAXED);
+}
+
 // Waits for an event on `channel` (ibv_get_cq_event(3)). The eventfd is
 // drained first and the CQs' notified flags scanned after, so a flag set
 // while we scan is never lost; if more than one CQ fired, the fd is raised
-// again so that it stays readable.
+// again so that it stays readable. A flag is set before its eventfd is
+// raised (completion.h), so a drain after the spin saw a flag returns at once.
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_context) {
   ContextState& cs = ctx_state(channel->context);
   Channel* ch = to_channel(channel);
+  spin_for_event(cs, ch);
   for (;;) {
     uint64_t v;
     int e = sv::eventfd_drain(channel->fd, &v);

@@ -67,10 +67,13 @@ void spawn_daemon() {
 }  // namespace
 
 int DaemonConn::open() {
-  std::string dir = runtime_dir();
-  if (int e = ensure_runtime_dir(dir)) return e;
+  // SOFTVERBS_SYSTEM=1: the host-wide daemon, which an administrator runs;
+  // it is never started from here.
+  bool system = use_system_daemon();
+  std::string dir = system ? system_dir() : runtime_dir();
+  if (int e = system ? check_system_dir(dir) : ensure_runtime_dir(dir)) return e;
   std::string sock = socket_path(dir);
-  bool spawned = false;
+  bool spawned = system;
   uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
   for (;;) {
     int e = connect_seqpacket(sock, sock_);
@@ -81,6 +84,9 @@ int DaemonConn::open() {
       return 0;
     }
     if (e != ENOENT && e != ECONNREFUSED) return e;
+    // No system daemon runs (no socket, or a stale one for over a second;
+    // a daemon that is starting has bound but may not listen yet).
+    if (system && (e == ENOENT || monotonic_ns() > deadline - 9'000'000'000ull)) return ENODEV;
     if (!spawned && !std::getenv("SOFTVERBS_NO_SPAWN")) {
       spawn_daemon();
       spawned = true;

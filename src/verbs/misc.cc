@@ -165,6 +165,51 @@ int ibv_destroy_ah(ibv_ah* ah) {
   return 0;
 }
 
+// ibv_init_ah_from_wc(3): the reply address of a received UD message. With
+// a GRH (IBTA 8.3), the reply goes to the sender's GID from the local GID
+// the message was sent to; 0 on success, -1 with errno on error.
+int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_grh* grh, ibv_ah_attr* ah_attr) {
+  if (!context || !wc || !ah_attr || port_num != 1 || ((wc->wc_flags & IBV_WC_GRH) && !grh)) {
+    errno = EINVAL;
+    return -1;
+  }
+  std::memset(ah_attr, 0, sizeof(*ah_attr));
+  ah_attr->dlid = wc->slid;
+  ah_attr->sl = wc->sl;
+  ah_attr->src_path_bits = wc->dlid_path_bits;
+  ah_attr->port_num = port_num;
+  if (wc->wc_flags & IBV_WC_GRH) {
+    ah_attr->is_global = 1;
+    ah_attr->grh.dgid = grh->sgid;
+    int index = -1;
+    for (int i = 0; i < int(kGidTableLen) && index < 0; ++i) {
+      ibv_gid g{};
+      if (ibv_query_gid(context, port_num, i, &g)) break;
+      if (std::memcmp(g.raw, grh->dgid.raw, 16) == 0) index = i;
+    }
+    if (index < 0) {
+      errno = ENOENT;  // the message was not addressed to one of our GIDs
+      return -1;
+    }
+    uint32_t flow = be32toh(grh->version_tclass_flow);
+    ah_attr->grh.sgid_index = uint8_t(index);
+    ah_attr->grh.flow_label = flow & 0xfffff;
+    ah_attr->grh.traffic_class = uint8_t(flow >> 20);
+    ah_attr->grh.hop_limit = 0xff;
+  }
+  return 0;
+}
+
+ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port_num) {
+  if (!pd) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_ah_attr attr;
+  if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr)) return nullptr;
+  return ibv_create_ah(pd, &attr);
+}
+
 
 
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }

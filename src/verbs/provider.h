@@ -29,6 +29,8 @@
 #include "common/shm_layout.h"
 #include "common/sys.h"
 
+struct svx_object;
+
 namespace sv::verbs {
 
 using shm::Cqe;
@@ -135,6 +137,10 @@ struct Channel {
   ibv_comp_channel ch;
   uint32_t handle;
   Context* ctx;
+  // Adaptive spinning in ibv_get_cq_event: how many waits in a row the spin
+  // did not catch (then spinning pauses; see cq.cc).
+  uint32_t spin_misses;
+  uint32_t waits;
 };
 
 struct CqState {
@@ -168,6 +174,9 @@ struct Peer {
   shm::Ring<shm::RecvWqe> srq;
   uint32_t srq_handle = 0;
   uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
+  // The peer belongs to another user: nothing of it is mapped here, and each
+  // operation goes through the daemon (requester.cc execute_mediated).
+  bool mediated = false;
 };
 
 struct SrqState {
@@ -269,6 +278,7 @@ struct ContextState {
   std::map<uint32_t, Cq*> cq_handles;
   std::map<uint32_t, Qp*> qp_handles;
   std::map<uint32_t, ibv_srq*> srq_handles;
+  std::map<uint32_t, Channel*> channel_handles;
   // Backing files this process has mapped itself (named regions): backing id
   // -> (base address, file offset of base).
   std::map<uint32_t, std::pair<uint8_t*, uint64_t>> local_views;
@@ -306,7 +316,17 @@ inline int destroy_result(const ContextState& st, int e) { return (e && st.dead.
 
 // Context (context.cc)
 ibv_context* open_context(ibv_device* dev);
-ibv_context* make_context(int import_fd);
+// Opens a context on a new daemon connection. With import_fd >= 0 it joins
+// the context whose command socket that is (ibv_import_device); with `ns`
+// it joins the context of a published object (svx_open) and fills ns->rep.
+struct NsAttach {
+  const char* name;
+  uint32_t access;
+  proto::NsOpenReply rep;
+};
+ibv_context* make_context(int import_fd, NsAttach* ns = nullptr);
+// Imports one object of a shared context into this process (sharing.cc).
+int import_object(ibv_context* c, uint32_t type, uint32_t handle, ::svx_object& obj);
 int close_context(ibv_context* ctx);
 int query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
 int query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* in, ibv_device_attr_ex* attr,
@@ -357,6 +377,9 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
 // This process's handle of a PD / CQ (created here or imported): allocated,
 // filled in, and registered in the context's maps. NULL with errno on failure.
 ibv_pd* new_pd_handle(ibv_context* c, uint32_t handle);
+// This process's handle of PD `handle` of a shared context, imported if needed.
+ibv_pd* import_pd_handle(ibv_context* c, uint32_t handle);
+ibv_srq* new_srq_handle(ibv_pd* pd, uint32_t handle, uint32_t max_sge, void* srq_context, int fd, uint64_t size);
 ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capacity, ibv_comp_channel* channel,
                       void* cq_context);
 

@@ -137,7 +137,13 @@ Peer* resolve_peer(QpState& q) {
     std::vector<Fd> fds;
     if (cs.conn.call(proto::Op::ConnectPeer, req, rep, {}, &fds) != 0) return nullptr;
     auto np = std::make_unique<Peer>();
-    if (attach_peer(cs, *np, rep, fds)) return nullptr;
+    if (rep.mediated) {
+      np->qpn = rep.peer_qpn;
+      np->entry = cs.qp_slot(rep.peer_qpn);
+      np->mediated = true;
+    } else if (attach_peer(cs, *np, rep, fds)) {
+      return nullptr;
+    }
     q.peer = std::move(np);
     p = q.peer.get();
   }
@@ -215,6 +221,7 @@ void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_sta
     wc.invalidated_rkey = w.invalidate_rkey;
   }
   p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS);
+  q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
 }
 
 // Binds and local invalidations act on this side only (no peer needed).
@@ -270,12 +277,51 @@ Peer* xrc_peer(QpState& q, uint32_t srqn, bool& invalid) {
   return p;
 }
 
+// A peer of another user (system daemon): the daemon carries the operation
+// out between the two processes' memory with every key checked
+// (daemon/mediate.cc); one round trip per work request.
+Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
+  proto::MediateReq req{};
+  req.qpn = q.qpn;
+  req.opcode = w.opcode;
+  req.send_flags = w.send_flags & ~kInlineCaptured;
+  req.imm_data = w.imm_data;
+  req.remote_addr = w.remote_addr;
+  req.rkey = w.rkey;
+  req.compare_add = w.compare_add;
+  req.swap = w.swap;
+  req.num_sge = w.num_sge;
+  std::memcpy(req.sge, w.sge, sizeof(req.sge));
+  if (w.send_flags & IBV_SEND_INLINE) {
+    // The payload travels in the request: it need not be registered.
+    if (w.send_flags & kInlineCaptured) {
+      req.inline_len = w.inline_len;
+      std::memcpy(req.inline_data, w.inline_data, w.inline_len);
+    } else {
+      for (uint32_t i = 0; i < w.num_sge; ++i) {
+        if (req.inline_len + w.sge[i].length > shm::kMaxInline) return {Step::kError, IBV_WC_LOC_LEN_ERR};
+        std::memcpy(req.inline_data + req.inline_len, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
+        req.inline_len += w.sge[i].length;
+      }
+    }
+  }
+  proto::MediateReply rep{};
+  if (q.ctx->st->conn.call(proto::Op::Mediate, req, rep)) return {Step::kRetry};
+  switch (rep.outcome) {
+    case proto::kMediateDone: return {Step::kDone, IBV_WC_SUCCESS, false, rep.byte_len};
+    case proto::kMediateRnr: return {Step::kRnr};
+    case proto::kMediateRetry: return {Step::kRetry};
+    default: return {Step::kError, ibv_wc_status(rep.wc_status), rep.peer_error != 0};
+  }
+}
+
 Outcome execute(QpState& q, const shm::SendWqe& w) {
   if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) return execute_local(q, w);
   bool invalid = false;
   Peer* p = q.type == IBV_QPT_XRC_SEND ? xrc_peer(q, w.xrc_srqn, invalid) : resolve_peer(q);
   if (invalid) return {Step::kError, IBV_WC_REM_INV_REQ_ERR};
   if (!p) return {Step::kRetry};
+  if (p->mediated) return execute_mediated(q, w);
   Seg local[shm::kMaxSge];
   int nl = 0;
   uint64_t total = 0;
@@ -392,7 +438,7 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
     req.handle = q.qpn;
     proto::Empty rep{};
     cs.conn.call(proto::Op::PeerError, req, rep);
-    flush_peer_rq(*q.peer);
+    if (!q.peer->mediated) flush_peer_rq(*q.peer);  // else the daemon flushed it
   }
   move_to_error(q);
 }
@@ -441,17 +487,27 @@ void capture_inline(shm::SendWqe& w) {
   w.send_flags |= kInlineCaptured;
 }
 
+// The opcode as the integer a C caller may have put there: an out-of-range
+// value must be refused, and loading it as the enum would be undefined.
+uint32_t opcode_of(const ibv_send_wr* wr) {
+  uint32_t op;
+  static_assert(sizeof(wr->opcode) == sizeof(op));
+  std::memcpy(&op, &wr->opcode, sizeof(op));
+  return op;
+}
+
 int validate(QpState& q, const ibv_send_wr* wr) {
+  const uint32_t opcode = opcode_of(wr);
   if (q.type == IBV_QPT_UD) {
     // IBTA 9.8.2: UD carries sends only, to the address in the work request.
-    if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) return EINVAL;
+    if (opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) return EINVAL;
     if (!wr->wr.ud.ah || wr->wr.ud.ah->context != q.self->qpx.qp_base.context) return EINVAL;
   }
   // IBTA 9.8 (UC): no RDMA READ and no atomics on an unreliable connection.
-  if (q.type == IBV_QPT_UC && wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
-      wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
+  if (q.type == IBV_QPT_UC && opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM &&
+      opcode != IBV_WR_RDMA_WRITE && opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
     return EINVAL;
-  switch (wr->opcode) {
+  switch (opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
     case IBV_WR_RDMA_WRITE:
@@ -477,7 +533,7 @@ int validate(QpState& q, const ibv_send_wr* wr) {
   }
   if (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge) return EINVAL;
   if (wr->send_flags & IBV_SEND_INLINE) {
-    if (wr->opcode == IBV_WR_RDMA_READ) return EINVAL;
+    if (opcode == IBV_WR_RDMA_READ) return EINVAL;
     uint64_t len = 0;
     for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
     if (len > q.cap.max_inline_data) return EINVAL;
@@ -486,16 +542,16 @@ int validate(QpState& q, const ibv_send_wr* wr) {
 }
 
 void to_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
+  const uint32_t opcode = opcode_of(wr);
   w.wr_id = wr->wr_id;
-  w.opcode = wr->opcode;
+  w.opcode = opcode;
   w.send_flags = wr->send_flags & ~kInlineCaptured;
   w.imm_data = wr->imm_data;
-  w.num_sge = uint32_t(wr->num_sge);
+  w.num_sge = 0;
   w.inline_len = 0;
-  for (int i = 0; i < wr->num_sge; ++i) w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
   w.invalidate_rkey = wr->invalidate_rkey;
   w.xrc_srqn = q.type == IBV_QPT_XRC_SEND ? wr->qp_type.xrc.remote_srqn : 0;
-  if (wr->opcode == IBV_WR_BIND_MW) {
+  if (opcode == IBV_WR_BIND_MW) {
     const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
     w.num_sge = 0;
     w.mw_handle = wr->bind_mw.mw->handle;
@@ -506,10 +562,12 @@ void to_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
     w.mw_access = b.mw_access_flags;
     return;
   }
-  if (wr->opcode == IBV_WR_LOCAL_INV) {
-    w.num_sge = 0;
-    return;
-  }
+  if (opcode == IBV_WR_LOCAL_INV) return;
+  // Only requests that carry data have a scatter list; validate() bounded
+  // num_sge for them. (Found by fuzz/wr_fuzz.cc: LOCAL_INV with a large
+  // num_sge overflowed w.sge.)
+  w.num_sge = uint32_t(wr->num_sge);
+  for (int i = 0; i < wr->num_sge; ++i) w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
   if (q.type == IBV_QPT_UD) {  // UD work requests carry an address, not an rkey
     const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
     w.ud_qpn = wr->wr.ud.remote_qpn & 0xffffff;
@@ -521,7 +579,7 @@ void to_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
     w.rkey = 0;
     return;
   }
-  if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+  if (opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
     w.remote_addr = wr->wr.atomic.remote_addr;
     w.rkey = wr->wr.atomic.rkey;
     w.compare_add = wr->wr.atomic.compare_add;
@@ -620,6 +678,7 @@ bool deliver_ud(QpState& q, Peer& p, const shm::SendWqe& w, const Seg* local, in
     wc.imm_data = w.imm_data;
   }
   p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0);
+  q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
   return true;
 }
 
@@ -666,8 +725,29 @@ Outcome run(QpState& q, const shm::SendWqe& w) {
   }
 }
 
+// Called with the send lock held. A torn receive (see pop_peer_recv) under
+// a lock we hold means its previous holder, another process sharing this QP,
+// was killed mid-delivery and we took the lock over: the responder gets that
+// receive back as aborted rather than never.
+void complete_torn_receive(QpState& q) {
+  uint32_t qpn = q.hdr->torn_qpn.load(std::memory_order_acquire);
+  if (qpn == 0) return;
+  Peer* p = q.type == IBV_QPT_UD ? ud_peer(q, qpn) : resolve_peer(q);
+  if (p && !p->mediated && p->qpn == qpn) {
+    ibv_wc wc{};
+    wc.wr_id = q.hdr->torn_wr_id;
+    wc.status = IBV_WC_REM_ABORT_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qpn;
+    wc.src_qp = q.qpn;
+    p->recv_cq.push(wc, true);
+  }
+  q.hdr->torn_qpn.store(0, std::memory_order_release);
+}
+
 // Runs queued requests in order; the caller holds the send lock.
 bool progress_qp(QpState& q) {
+  complete_torn_receive(q);
   for (;;) {
     const shm::SendWqe* head = q.sq.front();
     if (!head) return false;
@@ -717,6 +797,7 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
   int rc = 0;
   bool need_progress = false;
   q.hdr->send_lock.lock(self_pid());
+  complete_torn_receive(q);
   if (all_or_nothing) {
     // ibv_wr_complete(3): the whole batch is posted or none of it. Every WR
     // might have to wait in the send queue, so all of them must fit there.

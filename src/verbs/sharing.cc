@@ -25,6 +25,11 @@ Pd* local_pd(ContextState& st, ibv_context* c, uint32_t handle) {
 
 }  // namespace
 
+ibv_pd* import_pd_handle(ibv_context* c, uint32_t handle) {
+  Pd* p = local_pd(ctx_state(c), c, handle);
+  return p ? &p->pd : nullptr;
+}
+
 Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
   ContextState& cs = ctx_state(c);
   {
@@ -42,14 +47,22 @@ Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
   auto st = std::make_unique<CqState>();
   st->ctx = to_ctx(c);
   st->handle = handle;
-  st->channel = nullptr;
+  // The CQ's completion channel, if this process has imported it already
+  // (svx_import_comp_channel); otherwise the CQ is imported without one.
+  Channel* ch = nullptr;
+  if (rep.channel) {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(rep.channel); it != cs.channel_handles.end()) ch = it->second;
+  }
+  st->channel = ch;
   st->view.cs = &cs;
   st->view.handle = handle;
   if (int e = st->view.attach(fds[0].get(), rep.segment_size)) {
     errno = e;
     return nullptr;
   }
-  ibv_cq* q = new_cq_handle(c, std::move(st), rep.capacity, nullptr, nullptr);
+  if (ch) st->view.channel_fd = ch->ch.fd;
+  ibv_cq* q = new_cq_handle(c, std::move(st), rep.capacity, ch ? &ch->ch : nullptr, nullptr);
   return q ? to_cq(q) : nullptr;
 }
 
@@ -116,6 +129,38 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
 using namespace sv;
 using namespace sv::verbs;
 
+namespace sv::verbs {
+
+// Imports one object of a shared context into this process (svx_unpack,
+// svx_open). An MR comes with its PD. 0 or an errno value.
+int import_object(ibv_context* c, uint32_t type, uint32_t handle, svx_object& obj) {
+  obj.type = svx_object_type(type);
+  obj.ptr = nullptr;
+  ContextState& st = ctx_state(c);
+  errno = 0;
+  switch (type) {
+    case SVX_OBJ_PD:
+      if (Pd* pd = local_pd(st, c, handle)) obj.pd = &pd->pd;
+      break;
+    case SVX_OBJ_MR: {
+      proto::HandleReq req{};
+      req.handle = handle;
+      proto::QueryMrReply rep{};
+      if (int e = st.conn.call(proto::Op::QueryMr, req, rep)) return e;
+      if (Pd* pd = local_pd(st, c, rep.pd)) obj.mr = ibv_import_mr(&pd->pd, handle);
+      break;
+    }
+    case SVX_OBJ_CQ: obj.cq = svx_import_cq(c, handle); break;
+    case SVX_OBJ_QP: obj.qp = svx_import_qp(c, handle); break;
+    case SVX_OBJ_SRQ: obj.srq = svx_import_srq(c, handle); break;
+    case SVX_OBJ_CHANNEL: obj.channel = svx_import_comp_channel(c, handle); break;
+    default: return EINVAL;
+  }
+  return obj.ptr ? 0 : (errno ? errno : EPROTO);
+}
+
+}  // namespace sv::verbs
+
 extern "C" {
 
 ibv_pd* ibv_import_pd(ibv_context* c, uint32_t pd_handle) {
@@ -177,6 +222,7 @@ void svx_unimport_cq(ibv_cq* ibcq) {
     if (auto it = cs.cq_handles.find(cq->st->handle); it != cs.cq_handles.end() && it->second == cq)
       cs.cq_handles.erase(it);
   }
+  if (ibcq->channel) __atomic_sub_fetch(&ibcq->channel->refcnt, 1, __ATOMIC_RELAXED);
   pthread_cond_destroy(&ibcq->cond);
   pthread_mutex_destroy(&ibcq->mutex);
   delete cq->st;
@@ -232,6 +278,8 @@ int svx_pack(int sock, ibv_context* c, const svx_object* objs, int count) {
       case SVX_OBJ_MR: m.e[i].handle = objs[i].mr->handle; break;
       case SVX_OBJ_CQ: m.e[i].handle = objs[i].cq->handle; break;
       case SVX_OBJ_QP: m.e[i].handle = objs[i].qp->qp_num; break;
+      case SVX_OBJ_SRQ: m.e[i].handle = objs[i].srq->handle; break;
+      case SVX_OBJ_CHANNEL: m.e[i].handle = svx_comp_channel_handle(objs[i].channel); break;
       default: return EINVAL;
     }
   }
@@ -252,33 +300,7 @@ int svx_unpack(int sock, ibv_context** out, svx_object* objs, int max, int* coun
   ibv_context* c = ibv_import_device(fds[0].get());
   if (!c) return errno;
   for (int i = 0; i < m.h.count; ++i) {
-    objs[i].type = svx_object_type(m.e[i].type);
-    objs[i].ptr = nullptr;
-    ContextState& st = ctx_state(c);
-    switch (m.e[i].type) {
-      case SVX_OBJ_PD:
-        objs[i].pd = &local_pd(st, c, m.e[i].handle)->pd;
-        break;
-      case SVX_OBJ_MR: {
-        proto::HandleReq req{};
-        req.handle = m.e[i].handle;
-        proto::QueryMrReply rep{};
-        if (st.conn.call(proto::Op::QueryMr, req, rep) == 0) {
-          if (Pd* pd = local_pd(st, c, rep.pd)) objs[i].mr = ibv_import_mr(&pd->pd, m.e[i].handle);
-        }
-        break;
-      }
-      case SVX_OBJ_CQ:
-        objs[i].cq = svx_import_cq(c, m.e[i].handle);
-        break;
-      case SVX_OBJ_QP:
-        objs[i].qp = svx_import_qp(c, m.e[i].handle);
-        break;
-      default:
-        break;
-    }
-    if (!objs[i].ptr) {
-      int e = errno ? errno : EPROTO;
+    if (int e = import_object(c, m.e[i].type, m.e[i].handle, objs[i])) {
       ibv_close_device(c);
       return e;
     }

@@ -59,9 +59,14 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
   return 0;
 }
 
+// Takes a receive and records it as torn until push_recv_completion: a
+// poster killed in between leaves the record for the daemon (issue
+// "Robustness": a dead requester must not make the responder lose a receive).
 bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
-  if (!p.srq_hdr) return p.rq.pop(out);
-  if (!p.srq.pop(out)) return false;
+  if (!(p.srq_hdr ? p.srq.pop(out) : p.rq.pop(out))) return false;
+  q.hdr->torn_wr_id = out.wr_id;
+  q.hdr->torn_qpn.store(p.qpn, std::memory_order_release);
+  if (!p.srq_hdr) return true;
   uint32_t limit = p.srq_hdr->limit.load(std::memory_order_relaxed);
   if (limit && p.srq.size() < limit && p.srq_hdr->limit.exchange(0) != 0) {
     // Below the armed limit: the SRQ's holders get IBV_EVENT_SRQ_LIMIT_REACHED
@@ -72,6 +77,38 @@ bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
     q.ctx->st->conn.call(proto::Op::SrqLimit, req, rep);
   }
   return true;
+}
+
+}  // namespace sv::verbs
+
+namespace sv::verbs {
+
+// One constructor of a process's SRQ handle, for create and import.
+ibv_srq* new_srq_handle(ibv_pd* pd, uint32_t handle, uint32_t max_sge, void* srq_context, int fd, uint64_t size) {
+  ContextState& cs = ctx_state(pd->context);
+  auto st = std::make_unique<SrqState>();
+  st->ctx = to_ctx(pd->context);
+  st->handle = handle;
+  st->max_sge = max_sge;
+  if (int e = attach_srq_segment(st->seg, st->hdr, st->ring, fd, size)) {
+    errno = e;
+    return nullptr;
+  }
+  auto* srq = static_cast<Srq*>(std::calloc(1, sizeof(Srq)));
+  if (!srq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  srq->srq.context = pd->context;
+  srq->srq.srq_context = srq_context;
+  srq->srq.pd = pd;
+  srq->srq.handle = handle;
+  pthread_mutex_init(&srq->srq.mutex, nullptr);
+  pthread_cond_init(&srq->srq.cond, nullptr);
+  srq->st = st.release();
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.srq_handles[handle] = &srq->srq;
+  return &srq->srq;
 }
 
 }  // namespace sv::verbs
@@ -112,34 +149,46 @@ ibv_srq* sv::verbs::create_srq(ibv_context* c, ibv_pd* pd, ibv_srq_attr& attr, v
     errno = e ? e : EPROTO;
     return nullptr;
   }
-  auto st = std::make_unique<SrqState>();
-  st->ctx = to_ctx(pd->context);
-  st->handle = rep.handle;
-  st->max_sge = attr.max_sge;
-  st->srq_type = type;
-  if (int e = attach_srq_segment(st->seg, st->hdr, st->ring, fds[0].get(), rep.segment_size)) {
-    errno = e;
-    return nullptr;
+  ibv_srq* srq = new_srq_handle(pd, rep.handle, attr.max_sge, srq_context, fds[0].get(), rep.segment_size);
+  if (srq) {
+    reinterpret_cast<Srq*>(srq)->st->srq_type = type;
+    attr.max_wr = rep.capacity;  // what it really holds
   }
-  auto* srq = static_cast<Srq*>(std::calloc(1, sizeof(Srq)));
-  if (!srq) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  srq->srq.context = pd->context;
-  srq->srq.srq_context = srq_context;
-  srq->srq.pd = pd;
-  srq->srq.handle = rep.handle;
-  pthread_mutex_init(&srq->srq.mutex, nullptr);
-  pthread_cond_init(&srq->srq.cond, nullptr);
-  srq->st = st.release();
-  attr.max_wr = rep.capacity;  // what it really holds
-  std::lock_guard<std::mutex> g(cs.mu);
-  cs.srq_handles[rep.handle] = &srq->srq;
-  return &srq->srq;
+  return srq;
 }
 
 extern "C" {
+
+// svx_import_srq (softverbs.h): the SRQ of a shared context, by handle. Any
+// holder may post receives to it; QPs of any holder take from it.
+ibv_srq* svx_import_srq(ibv_context* c, uint32_t handle) {
+  ContextState& cs = ctx_state(c);
+  proto::HandleReq req{};
+  req.handle = handle;
+  proto::ImportSrqReply rep{};
+  std::vector<Fd> fds;
+  if (int e = cs.conn.call(proto::Op::ImportSrq, req, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
+    return nullptr;
+  }
+  ibv_pd* pd = import_pd_handle(c, rep.pd);
+  if (!pd) return nullptr;
+  return new_srq_handle(pd, handle, rep.max_sge, nullptr, fds[0].get(), rep.segment_size);
+}
+
+// Releases this process's handle only; the SRQ lives on for its other holders.
+void svx_unimport_srq(ibv_srq* ibsrq) {
+  ContextState& cs = ctx_state(ibsrq->context);
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.srq_handles.find(ibsrq->handle); it != cs.srq_handles.end() && it->second == ibsrq)
+      cs.srq_handles.erase(it);
+  }
+  pthread_cond_destroy(&ibsrq->cond);
+  pthread_mutex_destroy(&ibsrq->mutex);
+  delete reinterpret_cast<Srq*>(ibsrq)->st;
+  std::free(ibsrq);
+}
 
 int ibv_modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) {
   SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;

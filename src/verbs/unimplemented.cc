@@ -52,23 +52,7 @@ void ibv_unimport_dm(struct ibv_dm * /*dm*/) {}
 int ibv_dontfork_range(void * /*base*/, size_t /*size*/) { return 0; }
 int ibv_dofork_range(void * /*base*/, size_t /*size*/) { return 0; }
 
-// --- Address handles and multicast -------------------------------------------
-
-// Man page: 0 on success, -1 on error.
-int ibv_init_ah_from_wc(struct ibv_context * /*context*/, uint8_t /*port_num*/,
-                        struct ibv_wc * /*wc*/, struct ibv_grh * /*grh*/,
-                        struct ibv_ah_attr * /*ah_attr*/) {
-  errno = EOPNOTSUPP;
-  return -1;
-}
-
-struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd * /*pd*/,
-                                     struct ibv_wc * /*wc*/,
-                                     struct ibv_grh * /*grh*/,
-                                     uint8_t /*port_num*/) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
+// --- Address handles -----------------------------------------------------------
 
 // Used by providers' create_ah for RoCE; rdma-core returns a negative errno
 // (callers only test for non-zero).

@@ -1,0 +1,302 @@
+// addr.cc: addresses, the device, rdma_getaddrinfo, rdma_get_devices,
+// rdma_event_str.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <rdma/rdma_cma.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "rdmacm/cma.h"
+
+namespace sv::rdmacm {
+namespace {
+
+std::mutex g_dev_mu;
+ibv_context* g_ctx = nullptr;
+ibv_pd* g_pd = nullptr;
+
+bool v4_of(const sockaddr* a, in_addr* out) {
+  if (a->sa_family == AF_INET) {
+    *out = reinterpret_cast<const sockaddr_in*>(a)->sin_addr;
+    return true;
+  }
+  if (a->sa_family == AF_INET6) {
+    const in6_addr& s6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&s6)) {
+      std::memcpy(out, &s6.s6_addr[12], 4);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+ibv_context* device() {
+  std::lock_guard<std::mutex> g(g_dev_mu);
+  if (g_ctx) return g_ctx;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) return nullptr;
+  if (n > 0) g_ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!g_ctx && n == 0) errno = ENODEV;
+  return g_ctx;
+}
+
+ibv_context* open_watch_context() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) return nullptr;
+  ibv_context* c = n > 0 ? ibv_open_device(list[0]) : nullptr;
+  ibv_free_device_list(list);
+  return c;
+}
+
+ibv_pd* default_pd() {
+  ibv_context* c = device();
+  if (!c) return nullptr;
+  std::lock_guard<std::mutex> g(g_dev_mu);
+  if (!g_pd) g_pd = ibv_alloc_pd(c);
+  return g_pd;
+}
+
+socklen_t addr_len(const sockaddr* a) {
+  if (!a) return 0;
+  if (a->sa_family == AF_INET) return sizeof(sockaddr_in);
+  if (a->sa_family == AF_INET6) return sizeof(sockaddr_in6);
+  return 0;
+}
+
+uint16_t addr_port(const sockaddr* a) {
+  if (a->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(a)->sin_port);
+  if (a->sa_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(a)->sin6_port);
+  return 0;
+}
+
+void set_port(sockaddr* a, uint16_t port) {
+  if (a->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(a)->sin_port = htons(port);
+  if (a->sa_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(a)->sin6_port = htons(port);
+}
+
+bool addr_is_any(const sockaddr* a) {
+  if (a->sa_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr == htonl(INADDR_ANY);
+  if (a->sa_family == AF_INET6) return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
+  return false;
+}
+
+bool addr_is_loopback(const sockaddr* a) {
+  in_addr v4;
+  if (v4_of(a, &v4)) return (ntohl(v4.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6) return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
+  return false;
+}
+
+bool addr_is_local(const sockaddr* a) {
+  if (addr_is_loopback(a)) return true;
+  in_addr v4;
+  bool is4 = v4_of(a, &v4);
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return false;
+  bool found = false;
+  for (ifaddrs* i = ifs; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    if (is4 && i->ifa_addr->sa_family == AF_INET)
+      found = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == v4.s_addr;
+    else if (!is4 && a->sa_family == AF_INET6 && i->ifa_addr->sa_family == AF_INET6)
+      found = std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                          &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, 16) == 0;
+  }
+  ::freeifaddrs(ifs);
+  return found;
+}
+
+std::string addr_text(const sockaddr* a) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  in_addr v4;
+  if (v4_of(a, &v4))
+    ::inet_ntop(AF_INET, &v4, buf, sizeof(buf));
+  else if (a->sa_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, buf, sizeof(buf));
+  return buf;
+}
+
+// RoCE v2 GIDs are the interface addresses (IBTA annex A17.8); an IPv4
+// address appears as ::ffff:a.b.c.d. Loopback addresses map to index 0
+// (::ffff:127.0.0.1, see src/verbs/context.cc).
+int gid_index_of(const sockaddr* a, ibv_gid* gid) {
+  ibv_context* c = device();
+  if (!c) return -1;
+  ibv_gid want{};
+  in_addr v4;
+  if (v4_of(a, &v4)) {
+    want.raw[10] = want.raw[11] = 0xff;
+    std::memcpy(&want.raw[12], &v4, 4);
+  } else if (a->sa_family == AF_INET6) {
+    std::memcpy(want.raw, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, 16);
+  } else {
+    return -1;
+  }
+  ibv_port_attr pa{};
+  if (ibv_query_port(c, 1, &pa)) return -1;
+  for (int i = 0; i < pa.gid_tbl_len; ++i) {
+    ibv_gid g{};
+    if (ibv_query_gid(c, 1, i, &g)) break;
+    if (std::memcmp(g.raw, want.raw, 16) == 0) {
+      if (gid) *gid = g;
+      return i;
+    }
+  }
+  if (addr_is_loopback(a) && ibv_query_gid(c, 1, 0, gid ? gid : &want) == 0) return 0;
+  return -1;
+}
+
+}  // namespace sv::rdmacm
+
+using namespace sv::rdmacm;
+
+namespace {
+
+sockaddr* copy_addr(const sockaddr* a, socklen_t n) {
+  auto* p = static_cast<sockaddr*>(std::malloc(n));
+  if (p) std::memcpy(p, a, n);
+  return p;
+}
+
+int port_space_of(const rdma_addrinfo* hints) {
+  return hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+}
+
+int qp_type_of(const rdma_addrinfo* hints, int ps) {
+  if (hints && hints->ai_qp_type) return hints->ai_qp_type;
+  return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB ? IBV_QPT_UD : IBV_QPT_RC;
+}
+
+int from_hints(const rdma_addrinfo* hints, rdma_addrinfo** res) {
+  auto* out = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+  if (!out) return fail(ENOMEM);
+  out->ai_flags = hints->ai_flags;
+  out->ai_port_space = port_space_of(hints);
+  out->ai_qp_type = qp_type_of(hints, out->ai_port_space);
+  const sockaddr* any = hints->ai_dst_addr ? hints->ai_dst_addr : hints->ai_src_addr;
+  out->ai_family = hints->ai_family ? hints->ai_family : any->sa_family;
+  if (hints->ai_src_addr && hints->ai_src_len) {
+    out->ai_src_len = hints->ai_src_len;
+    out->ai_src_addr = copy_addr(hints->ai_src_addr, hints->ai_src_len);
+  }
+  if (hints->ai_dst_addr && hints->ai_dst_len) {
+    out->ai_dst_len = hints->ai_dst_len;
+    out->ai_dst_addr = copy_addr(hints->ai_dst_addr, hints->ai_dst_len);
+  }
+  *res = out;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+ibv_context** rdma_get_devices(int* num_devices) {
+  ibv_context* c = device();
+  auto** list = static_cast<ibv_context**>(std::calloc(2, sizeof(ibv_context*)));
+  if (!list) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  list[0] = c;
+  if (num_devices) *num_devices = c ? 1 : 0;
+  return list;
+}
+
+void rdma_free_devices(ibv_context** list) { std::free(list); }
+
+const char* rdma_event_str(rdma_cm_event_type event) {
+  switch (event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+  }
+  return "UNKNOWN EVENT";
+}
+
+// rdma_getaddrinfo(3): name resolution through getaddrinfo(3); every
+// resolvable IP address is an RDMA address here (the device owns every
+// local address; others fail later, at address resolution).
+int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
+  if (!res) return fail(EINVAL);
+  if (!node && !service) {
+    // rdma_getaddrinfo(3): the addresses may come in the hints instead
+    // (libfabric's verbs provider passes them so).
+    if (!hints || (!hints->ai_src_addr && !hints->ai_dst_addr)) return fail(EINVAL);
+    return from_hints(hints, res);
+  }
+  addrinfo h{};
+  h.ai_socktype = SOCK_STREAM;
+  int rai_flags = hints ? hints->ai_flags : 0;
+  if (rai_flags & RAI_PASSIVE) h.ai_flags |= AI_PASSIVE;
+  if (rai_flags & RAI_NUMERICHOST) h.ai_flags |= AI_NUMERICHOST;
+  if (hints && ((rai_flags & RAI_FAMILY) || hints->ai_family)) h.ai_family = hints->ai_family;
+  if (h.ai_family == AF_IB) return fail(EAFNOSUPPORT);
+  addrinfo* ai = nullptr;
+  int r = ::getaddrinfo(node, service, &h, &ai);
+  if (r) {
+    errno = (r == EAI_SYSTEM) ? errno : ENODEV;
+    return r == EAI_SYSTEM ? -1 : r;
+  }
+  auto* out = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+  if (!out) {
+    ::freeaddrinfo(ai);
+    return fail(ENOMEM);
+  }
+  out->ai_flags = rai_flags;
+  out->ai_family = ai->ai_family;
+  out->ai_port_space = port_space_of(hints);
+  out->ai_qp_type = qp_type_of(hints, out->ai_port_space);
+  auto copy = copy_addr;
+  if (rai_flags & RAI_PASSIVE) {
+    out->ai_src_len = ai->ai_addrlen;
+    out->ai_src_addr = copy(ai->ai_addr, ai->ai_addrlen);
+  } else {
+    out->ai_dst_len = ai->ai_addrlen;
+    out->ai_dst_addr = copy(ai->ai_addr, ai->ai_addrlen);
+    if (hints && hints->ai_src_addr && hints->ai_src_len) {
+      out->ai_src_len = hints->ai_src_len;
+      out->ai_src_addr = copy(hints->ai_src_addr, hints->ai_src_len);
+    }
+  }
+  ::freeaddrinfo(ai);
+  *res = out;
+  return 0;
+}
+
+void rdma_freeaddrinfo(rdma_addrinfo* res) {
+  while (res) {
+    rdma_addrinfo* next = res->ai_next;
+    std::free(res->ai_src_addr);
+    std::free(res->ai_dst_addr);
+    std::free(res->ai_src_canonname);
+    std::free(res->ai_dst_canonname);
+    std::free(res->ai_route);
+    std::free(res->ai_connect);
+    std::free(res);
+    res = next;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,313 @@
+// engine.h: the IBTA transport of one queue pair (RC, UC or UD) as a pure
+// engine: no sockets, no threads, no clock of its own. It is driven by
+//   - post_send / post_recv (what a QP's send and receive queues hold),
+//   - receive(packet) for each arriving transport packet (BTH .. pad, the
+//     ICRC already checked and stripped by the packet I/O),
+//   - progress() after a batch of receives and when next_deadline() passes,
+// and it acts through four interfaces the owner provides: PacketSink (send a
+// datagram to an address handle), CompletionSink (a CQ), Memory (local keys
+// and remote keys, i.e. the MR tables), Clock.
+//
+// Roles, one file each as in rxe: requester.cc (send queue -> request
+// packets, PSNs, segmentation, AckReq), responder.cc (request packets ->
+// memory, receive completions, ACK/NAK/RNR, read responses, duplicate
+// detection with the saved read/atomic resources), completer.cc (ACKs,
+// read responses and atomic ACKs -> send completions, retransmission timer,
+// RNR wait, retry counters, errors and flush).
+//
+// Contract: a Qp is not thread-safe; its owner serialises every call (one
+// lock per QP, or one thread per set of QPs). The interfaces are called
+// synchronously from inside those calls and must not call back into the Qp.
+// The Qp keeps references to the interfaces, which must outlive it.
+// Completions of one queue are delivered in order, each exactly once; an
+// unsignaled send completes silently unless it fails.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "roce/headers.h"
+#include "roce/psn.h"
+
+namespace sv::roce {
+
+enum class QpType : uint8_t { kRC, kUC, kUD };
+
+enum class WrOpcode : uint8_t { kSend, kSendImm, kSendInv, kWrite, kWriteImm, kRead, kCompareSwap, kFetchAdd };
+
+// The ibv_wc_status values the transport produces (same meaning and names).
+enum class WcStatus : uint8_t {
+  kSuccess,
+  kLocLenErr,        // IBV_WC_LOC_LEN_ERR
+  kLocQpOpErr,       // IBV_WC_LOC_QP_OP_ERR
+  kLocProtErr,       // IBV_WC_LOC_PROT_ERR
+  kWrFlushErr,       // IBV_WC_WR_FLUSH_ERR
+  kRemInvReqErr,     // IBV_WC_REM_INV_REQ_ERR
+  kRemAccessErr,     // IBV_WC_REM_ACCESS_ERR
+  kRemOpErr,         // IBV_WC_REM_OP_ERR
+  kRetryExcErr,      // IBV_WC_RETRY_EXC_ERR
+  kRnrRetryExcErr,   // IBV_WC_RNR_RETRY_EXC_ERR
+};
+const char* wc_status_name(WcStatus s);
+
+enum class WcOpcode : uint8_t { kSend, kWrite, kRead, kCompareSwap, kFetchAdd, kRecv, kRecvWriteImm };
+
+// Access bits, the values of ibv_access_flags.
+enum : uint32_t { kLocalWrite = 1, kRemoteWrite = 2, kRemoteRead = 4, kRemoteAtomic = 8 };
+
+struct Sge {
+  uint64_t addr = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+};
+
+struct SendWr {
+  uint64_t wr_id = 0;
+  WrOpcode opcode = WrOpcode::kSend;
+  std::vector<Sge> sg;
+  bool signaled = true;
+  bool solicited = false;
+  bool fence = false;            // wait for earlier READs and atomics (IBV_SEND_FENCE)
+  uint32_t imm = 0;              // kSendImm, kWriteImm (network order value as ibv_send_wr holds it)
+  uint32_t invalidate_rkey = 0;  // kSendInv
+  uint64_t remote_addr = 0;      // write, read, atomics
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;      // compare (CmpSwap) or add (FetchAdd)
+  uint64_t swap = 0;
+  uint32_t remote_qpn = 0;       // UD
+  uint32_t remote_qkey = 0;      // UD; high bit set = use the QP's Q_Key
+  uint64_t ah = 0;               // UD: destination, opaque to the engine
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  std::vector<Sge> sg;
+};
+
+struct Completion {
+  uint64_t wr_id = 0;
+  WcStatus status = WcStatus::kSuccess;
+  WcOpcode opcode = WcOpcode::kSend;
+  bool is_recv = false;
+  uint32_t byte_len = 0;
+  bool has_imm = false;
+  uint32_t imm = 0;
+  bool has_inv = false;
+  uint32_t invalidated_rkey = 0;
+  uint32_t src_qp = 0;  // UD receives
+  uint64_t src_ah = 0;  // UD receives: where it came from (the `from` of receive())
+  bool grh = false;     // UD receives: the first 40 bytes hold a GRH (IBV_WC_GRH)
+  uint32_t qp_num = 0;
+};
+
+class PacketSink {
+ public:
+  virtual ~PacketSink() = default;
+  // Send one transport packet (BTH .. pad; the I/O adds IP/UDP and ICRC).
+  virtual void send(uint64_t ah, std::span<const uint8_t> packet) = 0;
+};
+
+class CompletionSink {
+ public:
+  virtual ~CompletionSink() = default;
+  virtual void complete(const Completion& c) = 0;
+};
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual uint64_t now_ns() const = 0;
+};
+
+// Registered memory as the transport needs it. Local keys check the local
+// SGEs of a work request (IBTA 10.6.3); remote keys check and carry out
+// the responder's accesses (IBTA 10.6.7: key, PD, bounds, access rights).
+// Each returns false on a protection violation, having touched nothing.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual bool local_read(uint32_t lkey, uint64_t addr, std::span<uint8_t> out) = 0;
+  virtual bool local_write(uint32_t lkey, uint64_t addr, std::span<const uint8_t> in) = 0;
+  virtual bool remote_check(uint32_t rkey, uint64_t va, uint64_t len, uint32_t access) = 0;
+  virtual bool remote_write(uint32_t rkey, uint64_t va, std::span<const uint8_t> in) = 0;
+  virtual bool remote_read(uint32_t rkey, uint64_t va, std::span<uint8_t> out) = 0;
+  // 8 bytes at va, naturally aligned (checked by the responder): compare and
+  // swap when `cas`, else fetch and add. Atomic with respect to every other
+  // access to that memory (other QPs, local CPUs).
+  virtual bool remote_atomic(uint32_t rkey, uint64_t va, bool cas, uint64_t compare_add, uint64_t swap,
+                             uint64_t* orig) = 0;
+  // SEND with Invalidate (IBTA 10.6.7): false if the key cannot be invalidated.
+  virtual bool invalidate(uint32_t rkey) { (void)rkey; return false; }
+};
+
+// The attributes ibv_modify_qp gives a QP on its way to RTS.
+struct QpConfig {
+  QpType type = QpType::kRC;
+  uint32_t qpn = 0;
+  uint32_t dest_qpn = 0;       // RC, UC
+  uint64_t dest_ah = 0;        // RC, UC: the peer's address, opaque to the engine
+  uint32_t sq_psn = 0;
+  uint32_t rq_psn = 0;
+  uint32_t pmtu = 1024;        // bytes: 256, 512, 1024, 2048 or 4096
+  uint8_t timeout = 14;        // ACK timeout 4.096 us x 2^timeout, 0 = infinite (IBTA 9.7.6.1.3)
+  uint8_t retry_cnt = 7;       // transport retries after a timeout or sequence NAK (7 is 7)
+  uint8_t rnr_retry = 7;       // RNR retries, 7 = infinite (IBTA 9.7.5.2.8)
+  uint8_t min_rnr_timer = 12;  // table 45 code this responder sends in an RNR NAK
+  uint32_t qkey = 0;           // UD
+  uint32_t access = 0;         // kRemoteWrite | kRemoteRead | kRemoteAtomic the QP allows
+  uint8_t max_rd_atomic = 16;       // initiator depth: READs and atomics in flight
+  uint8_t max_dest_rd_atomic = 16;  // responder resources: saved READs and atomics
+  uint16_t pkey = kDefaultPkey;
+  uint32_t max_window = 256;   // unacknowledged PSNs the requester allows itself (< 2^23)
+  uint32_t ack_req_every = 16; // AckReq at least every this many packets of a long message
+};
+
+enum class QpState : uint8_t { kReady, kError };
+
+struct QpStats {
+  uint64_t packets_sent = 0, packets_received = 0, retransmit_timeouts = 0, seq_naks_sent = 0,
+           seq_naks_received = 0, rnr_naks_sent = 0, rnr_naks_received = 0, acks_sent = 0, duplicates = 0,
+           dropped = 0, read_replays = 0, atomic_replays = 0;
+};
+
+class Qp {
+ public:
+  Qp(const QpConfig& cfg, PacketSink& net, CompletionSink& cq, Memory& mem, Clock& clock);
+  Qp(const Qp&) = delete;
+  Qp& operator=(const Qp&) = delete;
+
+  // Queue a work request. In the error state it completes at once with
+  // kWrFlushErr (as a QP in ERR flushes what is posted). Returns 0, or
+  // EINVAL for a request the QP type cannot carry (e.g. READ on UC).
+  int post_send(SendWr wr);
+  int post_recv(RecvWr wr);
+  // One arriving transport packet; `from` is the sender's address handle
+  // (reported in UD receive completions). Malformed packets, and packets for
+  // another QP or transport, are dropped and counted. `grh`, if 40 bytes, is
+  // what a UD receive gets in the first 40 bytes of its buffer (RoCEv2: the
+  // IPv6 header, or 20 zero bytes then the IPv4 header).
+  void receive(std::span<const uint8_t> packet, uint64_t from = 0, std::span<const uint8_t> grh = {});
+  // Timers, the coalesced ACK of the last batch of receives, new packets.
+  void progress();
+  // When progress() next has timer work (ns on the Clock), or UINT64_MAX.
+  uint64_t next_deadline() const;
+  // Move to the error state: flush both queues (IBTA 10.3.1).
+  void set_error();
+
+  QpState state() const { return state_; }
+  const QpConfig& config() const { return cfg_; }
+  const QpStats& stats() const { return stats_; }
+  size_t send_queue_depth() const { return sq_.size(); }
+
+ private:
+  // ---- requester (requester.cc)
+  struct SendWqe {
+    SendWr wr;
+    uint32_t len = 0;
+    bool started = false;    // PSNs assigned
+    bool done = false;       // READ/atomic response arrived
+    uint32_t first_psn = 0, last_psn = 0;
+    uint32_t resp_pkts = 0;  // READ response packets received in order
+  };
+  enum class ReqStep : uint8_t { kSent, kBlocked, kIdle };
+  ReqStep requester_step();
+  bool start_wqe(SendWqe& w);
+  void send_request_packet(SendWqe& w);
+  void requester_run();
+  bool gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out);
+  uint32_t packets_of(const SendWqe& w) const;
+  bool is_read_or_atomic(const SendWqe& w) const;
+
+  // ---- responder (responder.cc)
+  enum class RespMsg : uint8_t { kNone, kSend, kWrite };  // the multi-packet message in progress
+  enum class RespResult : uint8_t { kDone, kRnr, kNakInvalid, kNakAccess, kNakOperational, kDrop };
+  struct Resource {  // IBTA 9.7.5: a READ or atomic kept for duplicates
+    bool atomic = false;
+    uint32_t first_psn = 0, last_psn = 0;
+    Reth reth;
+    uint64_t orig = 0;
+  };
+  void responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh);
+  void responder_duplicate(const Packet& p);
+  RespResult responder_execute(const Packet& p);
+  RespResult respond_send(const Packet& p);
+  RespResult respond_write(const Packet& p);
+  RespResult respond_read(const Packet& p);
+  RespResult respond_atomic(const Packet& p);
+  void responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> grh);
+  void responder_uc(const Packet& p);
+  void send_read_response(const Reth& reth, uint32_t first_psn);
+  void send_ack(uint8_t syndrome, uint32_t psn);
+  void send_atomic_ack(uint32_t psn, uint64_t orig);
+  void flush_pending_ack();
+  bool scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data, bool* too_long);
+  void complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Packet* p, uint64_t from = 0,
+                     bool write_imm = false, bool grh = false);
+
+  // ---- completer (completer.cc)
+  void completer_receive(const Packet& p);
+  void on_ack(const Packet& p);
+  void on_read_response(const Packet& p);
+  void on_atomic_ack(const Packet& p);
+  bool acknowledge_through(uint32_t psn);
+  void retire();
+  void position(uint32_t psn);
+  void go_back(uint32_t psn);
+  void enter_error(size_t idx, WcStatus st);
+  uint64_t timeout_ns() const;
+  void arm_retransmit_timer();
+  void on_timers();
+  void fail_wqe_at(uint32_t psn, WcStatus st);
+  SendWqe* oldest_pending_read_or_atomic();
+  void complete_send(const SendWqe& w, WcStatus st);
+  void emit_packet(uint64_t ah, const Packet& p);
+
+  QpConfig cfg_;
+  PacketSink& net_;
+  CompletionSink& cq_;
+  Memory& mem_;
+  Clock& clock_;
+  QpState state_ = QpState::kReady;
+  QpStats stats_;
+  std::vector<uint8_t> tx_;       // one packet being built
+  std::vector<uint8_t> payload_;  // one packet's payload being gathered
+
+  // requester
+  std::deque<SendWqe> sq_;
+  size_t sq_next_ = 0;         // index in sq_ of the WQE the next packet comes from
+  uint32_t sq_next_off_ = 0;   // byte offset in it
+  uint32_t next_psn_;          // PSN of the next packet to send (moves back on retransmission)
+  uint32_t sent_end_;          // one past the highest PSN ever sent
+  uint32_t una_;               // oldest unacknowledged PSN
+  uint32_t since_ack_req_ = 0;
+  uint32_t rd_atomic_in_flight_ = 0;
+
+  // completer
+  uint64_t retransmit_at_ = UINT64_MAX;
+  uint64_t rnr_until_ = 0;     // no sending before this (RNR wait)
+  uint8_t retry_left_;
+  uint8_t rnr_left_;
+  uint32_t implied_nak_psn_ = UINT32_MAX;  // the read already re-requested for an implied NAK
+  uint32_t last_acked_;                     // newest PSN the responder acknowledged
+  uint32_t last_seq_nak_ = UINT32_MAX;
+  bool timed_out_since_nak_ = false;
+
+  // responder
+  std::deque<RecvWr> rq_;
+  uint32_t epsn_;
+  uint32_t msn_ = 0;
+  RespMsg resp_msg_ = RespMsg::kNone;
+  std::optional<RecvWr> cur_recv_;
+  uint32_t recv_off_ = 0;
+  Reth cur_write_;             // the WRITE in progress: va advanced, dma_len = bytes left
+  uint32_t write_total_ = 0;
+  bool nak_sent_ = false;      // one sequence NAK per gap (IBTA 9.7.5)
+  bool ack_pending_ = false;
+  bool uc_resync_ = false;     // UC: dropping until the next First/Only
+  std::deque<Resource> resources_;
+};
+
+}  // namespace sv::roce

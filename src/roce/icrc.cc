@@ -1,0 +1,144 @@
+#include "roce/icrc.h"
+
+#include <cstring>
+
+#include "roce/headers.h"
+
+namespace sv::roce {
+namespace {
+
+constexpr std::array<uint32_t, 256> make_crc_table() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
+
+constexpr uint32_t crc_step(uint32_t crc, uint8_t b) { return kCrcTable[(crc ^ b) & 0xff] ^ (crc >> 8); }
+
+// The CRC state after the 8 bytes of 0xFF that stand for the masked LRH
+// (A17.4): 0xdebb20e3, as rxe's seed.
+constexpr uint32_t lrh_seed() {
+  uint32_t c = 0xffffffffu;
+  for (int i = 0; i < 8; i++) c = crc_step(c, 0xff);
+  return c;
+}
+static_assert(lrh_seed() == 0xdebb20e3u);
+
+uint16_t ones_sum_fold(uint32_t sum) {
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return uint16_t(sum);
+}
+uint32_t ones_sum(const uint8_t* p, size_t n, uint32_t sum = 0) {
+  for (size_t i = 0; i + 1 < n; i += 2) sum += get_be16(p + i);
+  if (n & 1) sum += uint32_t(p[n - 1]) << 8;
+  return sum;
+}
+
+}  // namespace
+
+uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> data) {
+  for (uint8_t b : data) crc = crc_step(crc, b);
+  return crc;
+}
+
+std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip) {
+  if (ip.empty()) return std::nullopt;
+  // The masked copy of IP + UDP + BTH; the rest is hashed in place.
+  uint8_t hdr[60 + 8 + kBthLen];
+  size_t iplen;
+  const int version = ip[0] >> 4;
+  if (version == 4) {
+    iplen = size_t(ip[0] & 0xf) * 4;
+    if (iplen < 20 || ip.size() < iplen + 8 + kBthLen || ip[9] != 17) return std::nullopt;
+    std::memcpy(hdr, ip.data(), iplen + 8 + kBthLen);
+    hdr[1] = 0xff;                  // TOS (DSCP, ECN)
+    hdr[8] = 0xff;                  // TTL
+    hdr[10] = hdr[11] = 0xff;       // header checksum
+  } else if (version == 6) {
+    iplen = 40;
+    // No extension headers: RoCEv2 sends UDP right after the fixed header.
+    if (ip.size() < iplen + 8 + kBthLen || ip[6] != 17) return std::nullopt;
+    std::memcpy(hdr, ip.data(), iplen + 8 + kBthLen);
+    hdr[0] |= 0x0f;                 // traffic class (high nibble of it)
+    hdr[1] = hdr[2] = hdr[3] = 0xff;  // traffic class (low nibble), flow label
+    hdr[7] = 0xff;                  // hop limit
+  } else {
+    return std::nullopt;
+  }
+  uint8_t* udp = hdr + iplen;
+  udp[6] = udp[7] = 0xff;           // UDP checksum
+  udp[8 + 4] = 0xff;                // BTH resv8a (FECN, BECN, reserved)
+  uint32_t crc = crc32_update(lrh_seed(), std::span<const uint8_t>(hdr, iplen + 8 + kBthLen));
+  crc = crc32_update(crc, ip.subspan(iplen + 8 + kBthLen));
+  return ~crc;
+}
+
+bool icrc_check(std::span<const uint8_t> ip) {
+  if (ip.size() < kIcrcLen) return false;
+  auto c = icrc_compute(ip.first(ip.size() - kIcrcLen));
+  return c && *c == icrc_load(ip.data() + ip.size() - kIcrcLen);
+}
+
+size_t frame_ipv4(const Ipv4Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out) {
+  const size_t total = kIpv4UdpLen + transport.size() + kIcrcLen;
+  if (total > 65535 || out.size() < total) return 0;
+  uint8_t* p = out.data();
+  p[0] = 0x45;
+  p[1] = h.tos;
+  put_be16(p + 2, uint16_t(total));
+  put_be16(p + 4, h.id);
+  put_be16(p + 6, 0x4000);  // DF: RoCEv2 is never fragmented
+  p[8] = h.ttl;
+  p[9] = 17;
+  put_be16(p + 10, 0);
+  std::memcpy(p + 12, h.src.data(), 4);
+  std::memcpy(p + 16, h.dst.data(), 4);
+  put_be16(p + 10, uint16_t(~ones_sum_fold(ones_sum(p, 20))));
+  uint8_t* u = p + 20;
+  put_be16(u, h.sport);
+  put_be16(u + 2, h.dport);
+  put_be16(u + 4, uint16_t(total - 20));
+  put_be16(u + 6, 0);
+  std::memcpy(u + 8, transport.data(), transport.size());
+  auto crc = icrc_compute(std::span<const uint8_t>(p, total - kIcrcLen));
+  if (!crc) return 0;
+  icrc_store(p + total - kIcrcLen, *crc);
+  return total;
+}
+
+size_t frame_ipv6(const Ipv6Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out) {
+  const size_t total = kIpv6UdpLen + transport.size() + kIcrcLen;
+  const size_t udplen = total - 40;
+  if (udplen > 65535 || out.size() < total) return 0;
+  uint8_t* p = out.data();
+  put_be32(p, 6u << 28 | uint32_t(h.tclass) << 20 | (h.flow_label & 0xfffff));
+  put_be16(p + 4, uint16_t(udplen));
+  p[6] = 17;
+  p[7] = h.hop_limit;
+  std::memcpy(p + 8, h.src.data(), 16);
+  std::memcpy(p + 24, h.dst.data(), 16);
+  uint8_t* u = p + 40;
+  put_be16(u, h.sport);
+  put_be16(u + 2, h.dport);
+  put_be16(u + 4, uint16_t(udplen));
+  put_be16(u + 6, 0);
+  std::memcpy(u + 8, transport.data(), transport.size());
+  auto crc = icrc_compute(std::span<const uint8_t>(p, total - kIcrcLen));
+  if (!crc) return 0;
+  icrc_store(p + total - kIcrcLen, *crc);
+  // UDP checksum (RFC 8200 8.1) over the pseudo-header and the whole UDP
+  // datagram, ICRC included; the ICRC masks it, so order does not matter.
+  uint32_t sum = ones_sum(p + 8, 32);
+  sum += uint32_t(udplen) + 17;
+  sum = ones_sum(u, udplen, sum);
+  uint16_t c = uint16_t(~ones_sum_fold(sum));
+  put_be16(u + 6, c == 0 ? 0xffff : c);
+  return total;
+}
+
+}  // namespace sv::roce

@@ -1,0 +1,123 @@
+#include "roce/icrc.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "roce/headers.h"
+
+namespace sv::roce {
+namespace {
+
+// An RC RDMA WRITE Only (QPN 0x12, PSN 0x345, AckReq, RETH va 0xdeadbeef rkey
+// 0x1234 len 16, payload 00..0f) from 10.0.0.1 to 10.0.0.2, built by scapy
+// 2.5 (scapy.contrib.roce computes the ICRC independently of this code).
+const std::vector<uint8_t> kScapyWriteOnly = {
+    0x45, 0x00, 0x00, 0x4c, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x26, 0x9f, 0x0a, 0x00, 0x00, 0x01, 0x0a, 0x00, 0x00,
+    0x02, 0xc0, 0x00, 0x12, 0xb7, 0x00, 0x38, 0x00, 0x00, 0x0a, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x12, 0x80, 0x00,
+    0x03, 0x45, 0x00, 0x00, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x00, 0x00, 0x12, 0x34, 0x00, 0x00, 0x00, 0x10, 0x00,
+    0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0xf1, 0x55, 0xce, 0x65};
+
+TEST(Crc32, IsTheEthernetCrc) {
+  const char* s = "123456789";
+  uint32_t c = crc32_update(0xffffffffu, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s), 9));
+  EXPECT_EQ(c ^ 0xffffffffu, 0xCBF43926u);
+}
+
+std::vector<uint8_t> write_only_transport() {
+  Packet p;
+  p.bth.opcode = op::kWriteOnly;
+  p.bth.dest_qp = 0x12;
+  p.bth.psn = 0x345;
+  p.bth.ack_req = true;
+  p.reth = Reth{0xdeadbeef, 0x1234, 16};
+  static uint8_t data[16];
+  for (int i = 0; i < 16; i++) data[i] = uint8_t(i);
+  p.payload = data;
+  std::vector<uint8_t> t(packet_size(p));
+  build_packet(p, t);
+  return t;
+}
+
+TEST(Icrc, MatchesScapyByteForByte) {
+  EXPECT_TRUE(icrc_check(kScapyWriteOnly));
+  Ipv4Udp h;
+  h.src = {10, 0, 0, 1};
+  h.dst = {10, 0, 0, 2};
+  auto t = write_only_transport();
+  std::vector<uint8_t> out(200);
+  size_t n = frame_ipv4(h, t, out);
+  out.resize(n);
+  EXPECT_EQ(out, kScapyWriteOnly);  // IP header (checksum, DF, id 0), UDP, BTH, RETH, ICRC
+}
+
+TEST(Icrc, MaskedFieldsDoNotCountOthersDo) {
+  auto base = kScapyWriteOnly;
+  // Variant fields (A17.4): TOS, TTL, IP checksum, UDP checksum, BTH resv8a.
+  for (size_t i : {1, 8, 10, 11, 26, 27, 32}) {
+    auto v = base;
+    v[i] ^= 0x5a;
+    EXPECT_TRUE(icrc_check(v)) << "byte " << i << " should be masked";
+  }
+  // Every other bit is covered: each single-bit flip is detected.
+  for (size_t i = 0; i < base.size() - 4; i++) {
+    if (i == 1 || i == 8 || i == 10 || i == 11 || i == 26 || i == 27 || i == 32) continue;
+    for (int b = 0; b < 8; b++) {
+      auto v = base;
+      v[i] ^= uint8_t(1 << b);
+      EXPECT_FALSE(icrc_check(v)) << "byte " << i << " bit " << b;
+    }
+  }
+  for (size_t i = base.size() - 4; i < base.size(); i++) {
+    auto v = base;
+    v[i] ^= 1;
+    EXPECT_FALSE(icrc_check(v));
+  }
+}
+
+TEST(Icrc, Ipv6MasksClassFlowLabelHopLimit) {
+  Ipv6Udp h;
+  h.src[15] = 1;
+  h.dst[15] = 2;
+  auto t = write_only_transport();
+  std::vector<uint8_t> a(300), b(300);
+  size_t na = frame_ipv6(h, t, a);
+  h.tclass = 0xb8;
+  h.flow_label = 0xfffff;
+  h.hop_limit = 1;
+  size_t nb = frame_ipv6(h, t, b);
+  ASSERT_EQ(na, nb);
+  ASSERT_EQ(na, 48 + t.size() + 4);
+  a.resize(na);
+  b.resize(nb);
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(icrc_check(a));
+  EXPECT_TRUE(icrc_check(b));
+  EXPECT_EQ(icrc_load(&a[na - 4]), icrc_load(&b[nb - 4]));
+  EXPECT_NE(a[46] | a[47], 0);  // UDP checksum is present on IPv6
+  h.src[15] = 3;
+  std::vector<uint8_t> c(300);
+  c.resize(frame_ipv6(h, t, c));
+  EXPECT_NE(icrc_load(&c[c.size() - 4]), icrc_load(&a[na - 4]));
+}
+
+TEST(Icrc, MalformedDatagramsAreRejected) {
+  EXPECT_FALSE(icrc_compute({}).has_value());
+  auto v = kScapyWriteOnly;
+  v[9] = 6;  // TCP
+  EXPECT_FALSE(icrc_compute(v).has_value());
+  v = kScapyWriteOnly;
+  v[0] = 0x55;  // version 5
+  EXPECT_FALSE(icrc_compute(v).has_value());
+  v = kScapyWriteOnly;
+  v[0] = 0x4f;  // IHL 60 bytes, longer than what follows can hold
+  EXPECT_FALSE(icrc_compute(std::span<const uint8_t>(v).first(60)).has_value());
+  for (size_t n = 0; n < 20 + 8 + 12; n++) {
+    std::vector<uint8_t> cut(kScapyWriteOnly.begin(), kScapyWriteOnly.begin() + ptrdiff_t(n));
+    EXPECT_FALSE(icrc_compute(cut).has_value()) << n;
+  }
+  EXPECT_FALSE(icrc_check(std::vector<uint8_t>{1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace sv::roce

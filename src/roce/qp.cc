@@ -1,0 +1,186 @@
+// qp.cc: what the three roles share: construction, posting, the receive
+// dispatch, progress, the error state and completions.
+#include <cerrno>
+
+#include "roce/engine.h"
+
+namespace sv::roce {
+
+const char* wc_status_name(WcStatus s) {
+  switch (s) {
+    case WcStatus::kSuccess: return "success";
+    case WcStatus::kLocLenErr: return "local length error";
+    case WcStatus::kLocQpOpErr: return "local QP operation error";
+    case WcStatus::kLocProtErr: return "local protection error";
+    case WcStatus::kWrFlushErr: return "WR flushed";
+    case WcStatus::kRemInvReqErr: return "remote invalid request";
+    case WcStatus::kRemAccessErr: return "remote access error";
+    case WcStatus::kRemOpErr: return "remote operation error";
+    case WcStatus::kRetryExcErr: return "transport retry counter exceeded";
+    case WcStatus::kRnrRetryExcErr: return "RNR retry counter exceeded";
+  }
+  return "?";
+}
+
+Qp::Qp(const QpConfig& cfg, PacketSink& net, CompletionSink& cq, Memory& mem, Clock& clock)
+    : cfg_(cfg), net_(net), cq_(cq), mem_(mem), clock_(clock) {
+  cfg_.sq_psn &= kPsnMask;
+  cfg_.rq_psn &= kPsnMask;
+  if (cfg_.max_window == 0 || cfg_.max_window >= (1u << 23)) cfg_.max_window = 256;
+  if (cfg_.ack_req_every == 0) cfg_.ack_req_every = 16;
+  if (cfg_.max_rd_atomic == 0) cfg_.max_rd_atomic = 1;
+  next_psn_ = sent_end_ = una_ = cfg_.sq_psn;
+  last_acked_ = psn_add(cfg_.sq_psn, -1);
+  epsn_ = cfg_.rq_psn;
+  retry_left_ = cfg_.retry_cnt & 7;
+  rnr_left_ = cfg_.rnr_retry & 7;
+  tx_.resize(cfg_.pmtu + 64);
+  payload_.resize(cfg_.pmtu);
+}
+
+uint64_t Qp::timeout_ns() const {
+  // IBTA 9.7.6.1.3: 4.096 us x 2^timeout; 0 means the timer is disabled.
+  return cfg_.timeout == 0 ? UINT64_MAX : 4096ull << (cfg_.timeout & 31);
+}
+
+int Qp::post_send(SendWr wr) {
+  const bool rc = cfg_.type == QpType::kRC, ud = cfg_.type == QpType::kUD;
+  switch (wr.opcode) {
+    case WrOpcode::kSend: case WrOpcode::kSendImm: break;
+    case WrOpcode::kWrite: case WrOpcode::kWriteImm: if (ud) return EINVAL; break;
+    // Table 38: READ, atomics and SEND with Invalidate exist for RC only.
+    case WrOpcode::kSendInv: case WrOpcode::kRead: case WrOpcode::kCompareSwap: case WrOpcode::kFetchAdd:
+      if (!rc) return EINVAL;
+      break;
+  }
+  SendWqe w;
+  uint64_t len = 0;
+  for (const Sge& s : wr.sg) len += s.length;
+  if (len > (1u << 31)) return EINVAL;  // IBTA 9.4: a message is at most 2^31 bytes
+  w.len = uint32_t(len);
+  w.wr = std::move(wr);
+  if (state_ == QpState::kError) {
+    complete_send(w, WcStatus::kWrFlushErr);
+    return 0;
+  }
+  sq_.push_back(std::move(w));
+  return 0;
+}
+
+int Qp::post_recv(RecvWr wr) {
+  if (state_ == QpState::kError) {
+    complete_recv(wr, WcStatus::kWrFlushErr, 0, nullptr);
+    return 0;
+  }
+  rq_.push_back(std::move(wr));
+  return 0;
+}
+
+void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const uint8_t> grh) {
+  stats_.packets_received++;
+  Packet p;
+  if (state_ == QpState::kError || parse_packet(packet, false, &p) != ParseError::kOk) {
+    stats_.dropped++;
+    return;
+  }
+  const Transport want = cfg_.type == QpType::kRC ? Transport::kRC
+                         : cfg_.type == QpType::kUC ? Transport::kUC : Transport::kUD;
+  // IBTA 9.6: header checks; a packet failing them is silently dropped.
+  if (p.bth.dest_qp != cfg_.qpn || p.info().transport != want ||
+      ((p.bth.pkey & 0x7fff) != (cfg_.pkey & 0x7fff))) {
+    stats_.dropped++;
+    return;
+  }
+  if (p.info().request) {
+    responder_receive(p, from, grh);
+  } else if (cfg_.type == QpType::kRC) {
+    completer_receive(p);
+  } else {
+    stats_.dropped++;
+  }
+}
+
+void Qp::progress() {
+  if (state_ != QpState::kReady) return;
+  on_timers();
+  if (state_ != QpState::kReady) return;
+  flush_pending_ack();
+  requester_run();
+}
+
+uint64_t Qp::next_deadline() const {
+  if (state_ != QpState::kReady) return UINT64_MAX;
+  uint64_t t = retransmit_at_;
+  if (rnr_until_ != 0 && rnr_until_ < t) t = rnr_until_;
+  return t;
+}
+
+void Qp::set_error() { enter_error(SIZE_MAX, WcStatus::kWrFlushErr); }
+
+// IBTA 10.3.1: in the error state every outstanding WR completes,
+// with `st` for the one that failed and WR_FLUSH_ERR for the rest; the send
+// queue in order first, then the receives.
+void Qp::enter_error(size_t idx, WcStatus st) {
+  if (state_ == QpState::kError) return;
+  state_ = QpState::kError;
+  retransmit_at_ = UINT64_MAX;
+  rnr_until_ = 0;
+  std::deque<SendWqe> sq;
+  sq.swap(sq_);
+  for (size_t i = 0; i < sq.size(); i++) complete_send(sq[i], i == idx ? st : WcStatus::kWrFlushErr);
+  sq_next_ = 0;
+  if (cur_recv_) {
+    complete_recv(*cur_recv_, WcStatus::kWrFlushErr, 0, nullptr);
+    cur_recv_.reset();
+  }
+  std::deque<RecvWr> rq;
+  rq.swap(rq_);
+  for (const RecvWr& r : rq) complete_recv(r, WcStatus::kWrFlushErr, 0, nullptr);
+}
+
+void Qp::complete_send(const SendWqe& w, WcStatus st) {
+  if (st == WcStatus::kSuccess && !w.wr.signaled) return;
+  Completion c;
+  c.wr_id = w.wr.wr_id;
+  c.status = st;
+  c.qp_num = cfg_.qpn;
+  c.byte_len = w.len;
+  switch (w.wr.opcode) {
+    case WrOpcode::kSend: case WrOpcode::kSendImm: case WrOpcode::kSendInv: c.opcode = WcOpcode::kSend; break;
+    case WrOpcode::kWrite: case WrOpcode::kWriteImm: c.opcode = WcOpcode::kWrite; break;
+    case WrOpcode::kRead: c.opcode = WcOpcode::kRead; break;
+    case WrOpcode::kCompareSwap: c.opcode = WcOpcode::kCompareSwap; c.byte_len = 8; break;
+    case WrOpcode::kFetchAdd: c.opcode = WcOpcode::kFetchAdd; c.byte_len = 8; break;
+  }
+  cq_.complete(c);
+}
+
+void Qp::complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Packet* p, uint64_t from,
+                       bool write_imm, bool grh) {
+  Completion c;
+  c.wr_id = r.wr_id;
+  c.status = st;
+  c.is_recv = true;
+  c.qp_num = cfg_.qpn;
+  c.opcode = write_imm ? WcOpcode::kRecvWriteImm : WcOpcode::kRecv;
+  if (st == WcStatus::kSuccess && p) {
+    c.byte_len = byte_len;
+    c.has_imm = p->info().has(kHasImmDt);
+    c.imm = p->imm;
+    c.has_inv = p->info().has(kHasIeth);
+    c.invalidated_rkey = p->ieth_rkey;
+    if (p->info().has(kHasDeth)) c.src_qp = p->deth.src_qp;
+    c.src_ah = from;
+    c.grh = grh;
+  }
+  cq_.complete(c);
+}
+
+void Qp::emit_packet(uint64_t ah, const Packet& p) {
+  size_t n = build_packet(p, tx_);
+  if (n == 0) return;  // cannot happen: tx_ holds pmtu + the longest headers
+  stats_.packets_sent++;
+  net_.send(ah, std::span<const uint8_t>(tx_.data(), n));
+}
+
+}  // namespace sv::roce

@@ -1,0 +1,171 @@
+// requester.cc: turns the send queue into request packets (IBTA 9.7.2 and
+// 9.5): assigns PSNs, segments to the path MTU, chooses First/Middle/Last/
+// Only opcodes, sets AckReq, limits READs/atomics in flight to the
+// initiator depth and unacknowledged PSNs to a window. Retransmission is the
+// completer moving (sq_next_, sq_next_off_, next_psn_) back; this file then
+// simply sends from there again.
+#include <algorithm>
+
+#include "roce/engine.h"
+
+namespace sv::roce {
+
+bool Qp::is_read_or_atomic(const SendWqe& w) const {
+  return w.wr.opcode == WrOpcode::kRead || w.wr.opcode == WrOpcode::kCompareSwap ||
+         w.wr.opcode == WrOpcode::kFetchAdd;
+}
+
+uint32_t Qp::packets_of(const SendWqe& w) const {
+  if (w.wr.opcode == WrOpcode::kCompareSwap || w.wr.opcode == WrOpcode::kFetchAdd) return 1;
+  // A zero-length message is one packet; a READ's responses use its PSNs (9.7.2).
+  return std::max<uint32_t>(1, (w.len + cfg_.pmtu - 1) / cfg_.pmtu);
+}
+
+void Qp::requester_run() {
+  while (requester_step() == ReqStep::kSent) {
+  }
+}
+
+Qp::ReqStep Qp::requester_step() {
+  if (state_ != QpState::kReady || sq_next_ >= sq_.size()) return ReqStep::kIdle;
+  if (rnr_until_ != 0) return ReqStep::kBlocked;  // waiting out an RNR NAK's timer
+  SendWqe& w = sq_[sq_next_];
+  if (cfg_.type == QpType::kRC && psn_diff(next_psn_, una_) >= int32_t(cfg_.max_window)) return ReqStep::kBlocked;
+  if (!w.started && !start_wqe(w)) return state_ == QpState::kReady ? ReqStep::kBlocked : ReqStep::kIdle;
+  send_request_packet(w);
+  return state_ == QpState::kReady ? ReqStep::kSent : ReqStep::kIdle;
+}
+
+bool Qp::start_wqe(SendWqe& w) {
+  const bool atomic = w.wr.opcode == WrOpcode::kCompareSwap || w.wr.opcode == WrOpcode::kFetchAdd;
+  if (atomic && w.len != 8) {  // the original value lands in one 8-byte local buffer
+    enter_error(sq_next_, WcStatus::kLocLenErr);
+    return false;
+  }
+  if (cfg_.type == QpType::kUD && w.len > cfg_.pmtu) {  // UD messages are one packet (IBTA 9.8)
+    enter_error(sq_next_, WcStatus::kLocLenErr);
+    return false;
+  }
+  // A fenced WR (the verbs' fence indicator) waits until every earlier READ
+  // and atomic has its response, so that it cannot overtake what they read.
+  if (w.wr.fence && rd_atomic_in_flight_ > 0) return false;
+  if (is_read_or_atomic(w)) {
+    if (rd_atomic_in_flight_ >= cfg_.max_rd_atomic) return false;  // initiator depth (IBTA 9.7.6)
+    rd_atomic_in_flight_++;
+  }
+  w.started = true;
+  w.first_psn = next_psn_;
+  w.last_psn = psn_add(next_psn_, packets_of(w) - 1);
+  return true;
+}
+
+bool Qp::gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out) {
+  size_t done = 0;
+  for (const Sge& s : w.wr.sg) {
+    if (done == out.size()) break;
+    if (off >= s.length) { off -= s.length; continue; }
+    size_t n = std::min<size_t>(s.length - off, out.size() - done);
+    if (!mem_.local_read(s.lkey, s.addr + off, out.subspan(done, n))) return false;
+    done += n;
+    off = 0;
+  }
+  return done == out.size();
+}
+
+void Qp::send_request_packet(SendWqe& w) {
+  const QpType t = cfg_.type;
+  Packet p;
+  p.bth.pkey = cfg_.pkey;
+  p.bth.psn = next_psn_;
+  p.bth.dest_qp = t == QpType::kUD ? w.wr.remote_qpn : cfg_.dest_qpn;
+  const uint64_t ah = t == QpType::kUD ? w.wr.ah : cfg_.dest_ah;
+  const uint8_t base = t == QpType::kRC ? op::kRC : t == QpType::kUC ? op::kUC : op::kUD;
+  const uint32_t off = sq_next_off_;
+  bool finished = false;  // the WQE's last packet has gone out
+  uint32_t npsn = 1;
+  switch (w.wr.opcode) {
+    case WrOpcode::kRead: {
+      // After a retransmission point inside a READ the request asks only for
+      // what is missing, at the PSN of the first missing response (9.7.5).
+      p.bth.opcode = op::kReadRequest;
+      p.reth = Reth{w.wr.remote_addr + off, w.wr.rkey, w.len - off};
+      npsn = std::max<uint32_t>(1, (w.len - off + cfg_.pmtu - 1) / cfg_.pmtu);
+      p.bth.ack_req = true;
+      finished = true;
+      break;
+    }
+    case WrOpcode::kCompareSwap:
+    case WrOpcode::kFetchAdd: {
+      const bool cas = w.wr.opcode == WrOpcode::kCompareSwap;
+      p.bth.opcode = cas ? op::kCompareSwap : op::kFetchAdd;
+      p.atomic = AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
+                           cas ? w.wr.compare_add : 0};
+      p.bth.ack_req = true;
+      finished = true;
+      break;
+    }
+    default: {
+      const uint32_t chunk = std::min(cfg_.pmtu, w.len - off);
+      const bool first = off == 0, last = off + chunk >= w.len;
+      std::span<uint8_t> data(payload_.data(), chunk);
+      if (!gather(w, off, data)) {
+        enter_error(sq_next_, WcStatus::kLocProtErr);
+        return;
+      }
+      p.payload = data;
+      const bool write = w.wr.opcode == WrOpcode::kWrite || w.wr.opcode == WrOpcode::kWriteImm;
+      const bool imm = w.wr.opcode == WrOpcode::kSendImm || w.wr.opcode == WrOpcode::kWriteImm;
+      const bool inv = w.wr.opcode == WrOpcode::kSendInv;
+      uint8_t o;
+      if (write) {
+        if (first && last) o = imm ? op::kWriteOnlyImm : op::kWriteOnly;
+        else if (first) o = op::kWriteFirst;
+        else if (last) o = imm ? op::kWriteLastImm : op::kWriteLast;
+        else o = op::kWriteMiddle;
+        if (first) p.reth = Reth{w.wr.remote_addr, w.wr.rkey, w.len};
+      } else {
+        if (first && last) o = imm ? op::kSendOnlyImm : inv ? op::kSendOnlyInv : op::kSendOnly;
+        else if (first) o = op::kSendFirst;
+        else if (last) o = imm ? op::kSendLastImm : inv ? op::kSendLastInv : op::kSendLast;
+        else o = op::kSendMiddle;
+      }
+      p.bth.opcode = uint8_t(base | o);
+      p.imm = w.wr.imm;
+      p.ieth_rkey = w.wr.invalidate_rkey;
+      if (t == QpType::kUD) {
+        // A Q_Key with its high-order bit set in the WR means "use the QP's own"
+        // (IBTA 11.4.1, Post Send Request).
+        p.deth = Deth{(w.wr.remote_qkey & 0x80000000u) ? cfg_.qkey : w.wr.remote_qkey, cfg_.qpn};
+      }
+      p.bth.se = last && w.wr.solicited;
+      if (t == QpType::kRC) {
+        // AckReq on the last packet of a message, every ack_req_every packets
+        // and when the window is about to close, so that ACKs keep it open.
+        p.bth.ack_req = last || ++since_ack_req_ >= cfg_.ack_req_every ||
+                        psn_diff(psn_add(next_psn_, 1), una_) >= int32_t(cfg_.max_window);
+        if (p.bth.ack_req) since_ack_req_ = 0;
+      }
+      sq_next_off_ += chunk;
+      finished = last;
+      break;
+    }
+  }
+  emit_packet(ah, p);
+  next_psn_ = psn_add(next_psn_, npsn);
+  if (psn_diff(next_psn_, sent_end_) > 0) sent_end_ = next_psn_;
+  if (t == QpType::kRC && retransmit_at_ == UINT64_MAX && timeout_ns() != UINT64_MAX) {
+    retransmit_at_ = clock_.now_ns() + timeout_ns();  // IBTA 9.7.6.1.3: runs while requests are unacknowledged
+  }
+  if (!finished) return;
+  sq_next_off_ = 0;
+  if (t == QpType::kRC) {
+    sq_next_++;
+  } else {
+    // UC and UD are unacknowledged: done once sent (IBTA 9.8).
+    complete_send(w, WcStatus::kSuccess);
+    sq_.pop_front();
+    una_ = next_psn_;
+  }
+}
+
+}  // namespace sv::roce

@@ -1,0 +1,364 @@
+// responder.cc: request packets -> memory and receive completions (IBTA
+// 9.7.4, 9.7.5.1): PSN checks, duplicate detection, RNR, NAKs, READ
+// responses, atomics, and the saved resources that let duplicates of READs
+// and atomics be answered without executing anything twice. UC and UD have
+// their own, simpler entry points at the end.
+#include <algorithm>
+
+#include "roce/engine.h"
+
+namespace sv::roce {
+
+void Qp::send_ack(uint8_t syndrome, uint32_t psn) {
+  Packet p;
+  p.bth.opcode = op::kAck;
+  p.bth.pkey = cfg_.pkey;
+  p.bth.dest_qp = cfg_.dest_qpn;
+  p.bth.psn = psn;
+  p.aeth = Aeth{syndrome, msn_ & kPsnMask};
+  stats_.acks_sent++;
+  emit_packet(cfg_.dest_ah, p);
+}
+
+// ACK coalescing: the AckReqs of one batch of receives get one ACK, for the
+// newest PSN (IBTA 9.7.5 lets one ACK acknowledge every earlier PSN).
+void Qp::flush_pending_ack() {
+  if (!ack_pending_) return;
+  ack_pending_ = false;
+  send_ack(syndrome_ack(), psn_add(epsn_, -1));
+}
+
+void Qp::send_atomic_ack(uint32_t psn, uint64_t orig) {
+  Packet p;
+  p.bth.opcode = op::kAtomicAck;
+  p.bth.pkey = cfg_.pkey;
+  p.bth.dest_qp = cfg_.dest_qpn;
+  p.bth.psn = psn;
+  p.aeth = Aeth{syndrome_ack(), msn_ & kPsnMask};
+  p.atomic_ack.orig = orig;
+  emit_packet(cfg_.dest_ah, p);
+}
+
+void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
+  const uint32_t n = std::max<uint32_t>(1, (reth.dma_len + cfg_.pmtu - 1) / cfg_.pmtu);
+  for (uint32_t k = 0; k < n; k++) {
+    const uint32_t off = k * cfg_.pmtu;
+    const uint32_t chunk = std::min(cfg_.pmtu, reth.dma_len - off);
+    std::span<uint8_t> data(payload_.data(), chunk);
+    // Read at send time: a replayed READ returns memory as it is now (9.7.5).
+    if (chunk && !mem_.remote_read(reth.rkey, reth.va + off, data)) return;
+    Packet p;
+    p.bth.opcode = n == 1 ? op::kReadRespOnly : k == 0 ? op::kReadRespFirst
+                   : k == n - 1 ? op::kReadRespLast : op::kReadRespMiddle;
+    p.bth.pkey = cfg_.pkey;
+    p.bth.dest_qp = cfg_.dest_qpn;
+    p.bth.psn = psn_add(first_psn, k);
+    p.aeth = Aeth{syndrome_ack(), msn_ & kPsnMask};
+    p.payload = data;
+    emit_packet(cfg_.dest_ah, p);
+  }
+}
+
+bool Qp::scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data, bool* too_long) {
+  uint64_t total = 0;
+  for (const Sge& s : r.sg) total += s.length;
+  *too_long = off + uint64_t(data.size()) > total;
+  if (*too_long) return false;
+  size_t done = 0;
+  for (const Sge& s : r.sg) {
+    if (done == data.size()) break;
+    if (off >= s.length) { off -= s.length; continue; }
+    size_t n = std::min<size_t>(s.length - off, data.size() - done);
+    if (!mem_.local_write(s.lkey, s.addr + off, data.subspan(done, n))) return false;
+    done += n;
+    off = 0;
+  }
+  return true;
+}
+
+void Qp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
+  if (cfg_.type == QpType::kUD) return responder_ud(p, from, grh);
+  if (cfg_.type == QpType::kUC) return responder_uc(p);
+  const int32_t d = psn_diff(p.bth.psn, epsn_);
+  if (d > 0) {
+    // A gap: one PSN sequence error NAK per gap, with the PSN expected
+    // (IBTA 9.7.5.2); later packets of the same gap are dropped silently.
+    stats_.dropped++;
+    if (!nak_sent_) {
+      nak_sent_ = true;
+      flush_pending_ack();
+      stats_.seq_naks_sent++;
+      send_ack(syndrome_nak(NakCode::kPsnSeqError), epsn_);
+    }
+    return;
+  }
+  if (d < 0) {
+    stats_.duplicates++;
+    responder_duplicate(p);
+    return;
+  }
+  const RespResult r = responder_execute(p);
+  switch (r) {
+    case RespResult::kDone:
+      nak_sent_ = false;
+      return;
+    case RespResult::kRnr:
+      // IBTA 9.7.5.2.8: nothing was consumed; the requester comes back with
+      // this PSN after our timer. Until then a gap is not worth a NAK.
+      nak_sent_ = true;
+      flush_pending_ack();
+      stats_.rnr_naks_sent++;
+      send_ack(syndrome_rnr(cfg_.min_rnr_timer), p.bth.psn);
+      return;
+    case RespResult::kDrop:
+      stats_.dropped++;
+      return;
+    default: {
+      // Invalid request, remote access and remote operational errors are
+      // fatal to the connection at both ends (IBTA 9.7.5.2).
+      const NakCode code = r == RespResult::kNakInvalid  ? NakCode::kInvalidRequest
+                           : r == RespResult::kNakAccess ? NakCode::kRemoteAccess
+                                                         : NakCode::kRemoteOperational;
+      flush_pending_ack();
+      send_ack(syndrome_nak(code), p.bth.psn);
+      set_error();
+      return;
+    }
+  }
+}
+
+// IBTA 9.7.5 (duplicate requests): a duplicate SEND or WRITE is
+// acknowledged again and not executed; a duplicate READ is answered again
+// from memory; a duplicate atomic gets the result saved when it ran.
+void Qp::responder_duplicate(const Packet& p) {
+  const uint32_t psn = p.bth.psn;
+  switch (p.info().kind) {
+    case OpKind::kReadRequest:
+      for (const Resource& res : resources_) {
+        if (!res.atomic && psn_le(res.first_psn, psn) && psn_le(psn, res.last_psn)) {
+          if (p.reth.dma_len && !mem_.remote_check(p.reth.rkey, p.reth.va, p.reth.dma_len, kRemoteRead)) return;
+          flush_pending_ack();
+          stats_.read_replays++;
+          send_read_response(p.reth, psn);
+          return;
+        }
+      }
+      stats_.dropped++;  // older than what we kept: the requester has moved on
+      return;
+    case OpKind::kCompareSwap:
+    case OpKind::kFetchAdd:
+      for (const Resource& res : resources_) {
+        if (res.atomic && res.first_psn == psn) {
+          flush_pending_ack();
+          stats_.atomic_replays++;
+          send_atomic_ack(psn, res.orig);
+          return;
+        }
+      }
+      stats_.dropped++;
+      return;
+    default:
+      ack_pending_ = true;
+      return;
+  }
+}
+
+Qp::RespResult Qp::responder_execute(const Packet& p) {
+  const OpcodeInfo& i = p.info();
+  // Opcode sequence (IBTA 9.7.4): Middle/Last only continue a message of
+  // the same kind; anything else only starts one.
+  switch (resp_msg_) {
+    case RespMsg::kNone:
+      if (!i.starts_message()) return RespResult::kNakInvalid;
+      break;
+    case RespMsg::kSend:
+      if (i.kind != OpKind::kSend || i.starts_message()) return RespResult::kNakInvalid;
+      break;
+    case RespMsg::kWrite:
+      if (i.kind != OpKind::kWrite || i.starts_message()) return RespResult::kNakInvalid;
+      break;
+  }
+  switch (i.kind) {
+    case OpKind::kSend: return respond_send(p);
+    case OpKind::kWrite: return respond_write(p);
+    case OpKind::kReadRequest: return respond_read(p);
+    case OpKind::kCompareSwap:
+    case OpKind::kFetchAdd: return respond_atomic(p);
+    default: return RespResult::kDrop;
+  }
+}
+
+Qp::RespResult Qp::respond_send(const Packet& p) {
+  const OpcodeInfo& i = p.info();
+  // Every packet but the last of a message is exactly one path MTU (9.7.4).
+  if (p.payload.size() > cfg_.pmtu || (!i.ends_message() && p.payload.size() != cfg_.pmtu)) {
+    return RespResult::kNakInvalid;
+  }
+  if (i.starts_message()) {
+    if (rq_.empty()) return RespResult::kRnr;
+    cur_recv_ = std::move(rq_.front());
+    rq_.pop_front();
+    recv_off_ = 0;
+    resp_msg_ = RespMsg::kSend;
+  }
+  bool too_long = false;
+  if (!scatter(*cur_recv_, recv_off_, p.payload, &too_long)) {
+    // Too long for the receive buffer: invalid request at the requester, a
+    // local length error here (IBTA 9.7.5.2); a bad local key: remote
+    // operational error there, local protection error here.
+    complete_recv(*cur_recv_, too_long ? WcStatus::kLocLenErr : WcStatus::kLocProtErr, 0, nullptr);
+    cur_recv_.reset();
+    resp_msg_ = RespMsg::kNone;
+    return too_long ? RespResult::kNakInvalid : RespResult::kNakOperational;
+  }
+  recv_off_ += uint32_t(p.payload.size());
+  if (i.ends_message()) {
+    if (i.has(kHasIeth) && !mem_.invalidate(p.ieth_rkey)) {
+      complete_recv(*cur_recv_, WcStatus::kLocProtErr, 0, nullptr);
+      cur_recv_.reset();
+      resp_msg_ = RespMsg::kNone;
+      return RespResult::kNakInvalid;
+    }
+    complete_recv(*cur_recv_, WcStatus::kSuccess, recv_off_, &p);
+    cur_recv_.reset();
+    resp_msg_ = RespMsg::kNone;
+    msn_++;
+  }
+  epsn_ = psn_add(epsn_, 1);
+  if (p.bth.ack_req) ack_pending_ = true;
+  return RespResult::kDone;
+}
+
+Qp::RespResult Qp::respond_write(const Packet& p) {
+  const OpcodeInfo& i = p.info();
+  const bool imm = i.has(kHasImmDt);
+  // WRITE with Immediate consumes a receive WQE: check before touching
+  // anything, so that the retry after an RNR NAK finds the state unchanged.
+  if (imm && rq_.empty()) return RespResult::kRnr;
+  if (p.payload.size() > cfg_.pmtu || (!i.ends_message() && p.payload.size() != cfg_.pmtu)) {
+    return RespResult::kNakInvalid;
+  }
+  Reth cur = cur_write_;
+  if (i.starts_message()) {
+    cur = p.reth;
+    // IBTA 9.7.4 / 10.6.7: the QP must allow remote writes and the
+    // R_Key must cover the whole length; a zero-length WRITE checks nothing.
+    if (cur.dma_len != 0 &&
+        (!(cfg_.access & kRemoteWrite) || !mem_.remote_check(cur.rkey, cur.va, cur.dma_len, kRemoteWrite))) {
+      return RespResult::kNakAccess;
+    }
+    write_total_ = cur.dma_len;
+  }
+  if (p.payload.size() > cur.dma_len || (i.ends_message() && p.payload.size() != cur.dma_len)) {
+    return RespResult::kNakInvalid;  // more or less data than the RETH announced
+  }
+  if (!p.payload.empty() && !mem_.remote_write(cur.rkey, cur.va, p.payload)) return RespResult::kNakAccess;
+  cur.va += p.payload.size();
+  cur.dma_len -= uint32_t(p.payload.size());
+  cur_write_ = cur;
+  resp_msg_ = i.ends_message() ? RespMsg::kNone : RespMsg::kWrite;
+  if (i.ends_message()) {
+    if (imm) {
+      RecvWr r = std::move(rq_.front());
+      rq_.pop_front();
+      complete_recv(r, WcStatus::kSuccess, write_total_, &p, 0, true);
+    }
+    msn_++;
+  }
+  epsn_ = psn_add(epsn_, 1);
+  if (p.bth.ack_req) ack_pending_ = true;
+  return RespResult::kDone;
+}
+
+Qp::RespResult Qp::respond_read(const Packet& p) {
+  const Reth& reth = p.reth;
+  if (reth.dma_len > (1u << 31)) return RespResult::kNakInvalid;
+  if (reth.dma_len != 0 &&
+      (!(cfg_.access & kRemoteRead) || !mem_.remote_check(reth.rkey, reth.va, reth.dma_len, kRemoteRead))) {
+    return RespResult::kNakAccess;
+  }
+  const uint32_t n = std::max<uint32_t>(1, (reth.dma_len + cfg_.pmtu - 1) / cfg_.pmtu);
+  Resource res;
+  res.first_psn = p.bth.psn;
+  res.last_psn = psn_add(p.bth.psn, n - 1);
+  res.reth = reth;
+  resources_.push_back(res);
+  // max_dest_rd_atomic resources (IBTA 9.7.5); the oldest is forgotten.
+  while (resources_.size() > std::max<uint8_t>(cfg_.max_dest_rd_atomic, 1)) resources_.pop_front();
+  flush_pending_ack();
+  epsn_ = psn_add(epsn_, n);  // the responses use the READ's PSNs (9.7.2)
+  msn_++;
+  send_read_response(reth, p.bth.psn);
+  return RespResult::kDone;
+}
+
+Qp::RespResult Qp::respond_atomic(const Packet& p) {
+  const AtomicEth& a = p.atomic;
+  if (!(cfg_.access & kRemoteAtomic)) return RespResult::kNakAccess;
+  if (a.va % 8) return RespResult::kNakInvalid;  // IBTA 9.4: atomics are naturally aligned
+  uint64_t orig = 0;
+  const bool cas = p.info().kind == OpKind::kCompareSwap;
+  if (!mem_.remote_check(a.rkey, a.va, 8, kRemoteAtomic) ||
+      !mem_.remote_atomic(a.rkey, a.va, cas, cas ? a.compare : a.swap_add, a.swap_add, &orig)) {
+    return RespResult::kNakAccess;
+  }
+  Resource res;
+  res.atomic = true;
+  res.first_psn = res.last_psn = p.bth.psn;
+  res.orig = orig;
+  resources_.push_back(res);
+  while (resources_.size() > std::max<uint8_t>(cfg_.max_dest_rd_atomic, 1)) resources_.pop_front();
+  flush_pending_ack();
+  epsn_ = psn_add(epsn_, 1);
+  msn_++;
+  send_atomic_ack(p.bth.psn, orig);
+  return RespResult::kDone;
+}
+
+// UC (IBTA 9.8): no ACKs and no retransmission. A PSN gap loses the
+// message in progress; the responder resynchronises on the next First or
+// Only packet, and the receive WQE the lost message had taken is reused.
+void Qp::responder_uc(const Packet& p) {
+  const bool starts = p.info().starts_message();
+  if (psn_diff(p.bth.psn, epsn_) != 0 || uc_resync_) {
+    if (resp_msg_ == RespMsg::kSend && cur_recv_) rq_.push_front(std::move(*cur_recv_));
+    cur_recv_.reset();
+    resp_msg_ = RespMsg::kNone;
+    if (!starts) {
+      uc_resync_ = true;
+      stats_.dropped++;
+      return;
+    }
+    uc_resync_ = false;
+    epsn_ = p.bth.psn;
+  }
+  const RespResult r = responder_execute(p);
+  if (r == RespResult::kDone) return;
+  // Anything else drops the message: no RNR and no NAK on UC.
+  stats_.dropped++;
+  if (resp_msg_ == RespMsg::kSend && cur_recv_) rq_.push_front(std::move(*cur_recv_));
+  cur_recv_.reset();
+  resp_msg_ = RespMsg::kNone;
+  uc_resync_ = true;
+}
+
+// UD (IBTA 9.8): one packet per message; a Q_Key mismatch or no receive
+// WQE drops it silently. The first 40 bytes of the receive buffer are the
+// GRH's (IBTA 11.4.1), filled from `grh` when the packet I/O gives one.
+void Qp::responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
+  if (p.deth.qkey != cfg_.qkey || rq_.empty()) {
+    stats_.dropped++;
+    return;
+  }
+  RecvWr r = std::move(rq_.front());
+  rq_.pop_front();
+  bool too_long = false;
+  const bool with_grh = grh.size() == 40;
+  if (!scatter(r, 40, p.payload, &too_long) || (with_grh && !scatter(r, 0, grh, &too_long))) {
+    complete_recv(r, too_long ? WcStatus::kLocLenErr : WcStatus::kLocProtErr, 0, nullptr);
+    return;
+  }
+  complete_recv(r, WcStatus::kSuccess, uint32_t(p.payload.size()) + 40, &p, from, false, with_grh);
+}
+
+}  // namespace sv::roce

@@ -1,0 +1,245 @@
+#include "roce/udp.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "roce/headers.h"
+#include "roce/icrc.h"
+
+namespace sv::roce {
+
+uint64_t SteadyClock::now_ns() const {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+UdpEndpoint::UdpEndpoint(Clock& clock, FaultConfig faults)
+    : clock_(clock), faults_(faults), faulty_(faults.drop > 0 || faults.duplicate > 0 || faults.reorder > 0) {
+  frame_.resize(65536);
+  rx_.resize(65536);
+}
+
+UdpEndpoint::~UdpEndpoint() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool UdpEndpoint::Addr::operator==(const Addr& o) const {
+  if (ss.ss_family != o.ss.ss_family) return false;
+  if (v6()) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(ss);
+    auto& y = reinterpret_cast<const sockaddr_in6&>(o.ss);
+    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, 16) == 0;
+  }
+  auto& x = reinterpret_cast<const sockaddr_in&>(ss);
+  auto& y = reinterpret_cast<const sockaddr_in&>(o.ss);
+  return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+}
+
+bool UdpEndpoint::parse(const std::string& s, uint16_t port, Addr* out) {
+  *out = Addr{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&out->ss);
+  if (inet_pton(AF_INET, s.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    return true;
+  }
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&out->ss);
+  if (inet_pton(AF_INET6, s.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    return true;
+  }
+  return false;
+}
+
+int UdpEndpoint::bind(const std::string& addr, uint16_t port) {
+  if (!parse(addr, port, &local_)) return EINVAL;
+  fd_ = socket(local_.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd_ < 0) return errno;
+  // Never IP-fragment: DF on every IPv4 datagram (and IP ID 0, which the
+  // ICRC covers); no fragmentation on IPv6 either.
+  if (local_.v6()) {
+    int pmtu = IPV6_PMTUDISC_DO;
+    setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  } else {
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  }
+  if (::bind(fd_, local_.sa(), local_.len()) != 0) return errno;
+  socklen_t len = sizeof local_.ss;
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&local_.ss), &len);
+  port_ = ntohs(local_.v6() ? reinterpret_cast<sockaddr_in6&>(local_.ss).sin6_port
+                            : reinterpret_cast<sockaddr_in&>(local_.ss).sin_port);
+  return 0;
+}
+
+uint64_t UdpEndpoint::add_peer(const std::string& addr, uint16_t port) {
+  Addr a;
+  if (!parse(addr, port, &a) || a.ss.ss_family != local_.ss.ss_family) return UINT64_MAX;
+  peers_.push_back(a);
+  return peers_.size() - 1;
+}
+
+// A peer's packets come from whatever source port it likes (rxe: 0xc000 +
+// a hash of the QPN) but are answered on the RoCEv2 port: a source that is
+// not a known peer is matched by address alone, else becomes a new peer at
+// our own port (everyone listens on 4791; tests bind other ports and add
+// their peers explicitly).
+uint64_t UdpEndpoint::peer_for(const Addr& a) {
+  for (size_t i = 0; i < peers_.size(); i++) {
+    if (peers_[i] == a) return i;
+  }
+  Addr at_port = a;
+  if (a.v6()) {
+    reinterpret_cast<sockaddr_in6&>(at_port.ss).sin6_port = htons(port_);
+  } else {
+    reinterpret_cast<sockaddr_in&>(at_port.ss).sin_port = htons(port_);
+  }
+  for (size_t i = 0; i < peers_.size(); i++) {
+    if (peers_[i] == at_port) return i;
+  }
+  peers_.push_back(at_port);
+  return peers_.size() - 1;
+}
+
+std::string UdpEndpoint::peer_name(uint64_t ah) const {
+  if (ah >= peers_.size()) return "";
+  const Addr& a = peers_[ah];
+  char buf[INET6_ADDRSTRLEN];
+  if (a.v6()) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(a.ss);
+    inet_ntop(AF_INET6, &x.sin6_addr, buf, sizeof buf);
+    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(x.sin6_port));
+  }
+  auto& x = reinterpret_cast<const sockaddr_in&>(a.ss);
+  inet_ntop(AF_INET, &x.sin_addr, buf, sizeof buf);
+  return std::string(buf) + ":" + std::to_string(ntohs(x.sin_port));
+}
+
+void UdpEndpoint::attach(Qp* qp) { qps_[qp->config().qpn] = qp; }
+void UdpEndpoint::detach(uint32_t qpn) { qps_.erase(qpn); }
+
+size_t UdpEndpoint::frame(const Addr& src, const Addr& dst, std::span<const uint8_t> transport, size_t* hdr) {
+  if (src.v6()) {
+    auto& s = reinterpret_cast<const sockaddr_in6&>(src.ss);
+    auto& d = reinterpret_cast<const sockaddr_in6&>(dst.ss);
+    Ipv6Udp h;  // class, flow label and hop limit are masked: their values do not matter
+    std::memcpy(h.src.data(), &s.sin6_addr, 16);
+    std::memcpy(h.dst.data(), &d.sin6_addr, 16);
+    h.sport = ntohs(s.sin6_port);
+    h.dport = ntohs(d.sin6_port);
+    *hdr = kIpv6UdpLen;
+    return frame_ipv6(h, transport, frame_);
+  }
+  auto& s = reinterpret_cast<const sockaddr_in&>(src.ss);
+  auto& d = reinterpret_cast<const sockaddr_in&>(dst.ss);
+  Ipv4Udp h;
+  std::memcpy(h.src.data(), &s.sin_addr, 4);
+  std::memcpy(h.dst.data(), &d.sin_addr, 4);
+  h.sport = ntohs(s.sin_port);
+  h.dport = ntohs(d.sin_port);
+  *hdr = kIpv4UdpLen;
+  return frame_ipv4(h, transport, frame_);
+}
+
+void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
+  if (ah >= peers_.size() || fd_ < 0) return;
+  // Build the datagram as the kernel will put it on the wire, to get the ICRC.
+  size_t hdr = 0;
+  const size_t n = frame(local_, peers_[ah], packet, &hdr);
+  if (n == 0) return;
+  std::span<const uint8_t> udp_payload(frame_.data() + hdr, n - hdr);
+  if (!faulty_) return transmit(ah, udp_payload);
+  FaultDecision d = faults_.decide();
+  if (d.copies == 0) stats_.fault_dropped++;
+  for (int c = 0; c < d.copies; c++) {
+    if (d.delay_ns[c] == 0) {
+      transmit(ah, udp_payload);
+    } else {
+      delayed_.push(Delayed{clock_.now_ns() + d.delay_ns[c], seq_++, ah,
+                            std::vector<uint8_t>(udp_payload.begin(), udp_payload.end())});
+    }
+  }
+}
+
+void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> udp_payload) {
+  const Addr& a = peers_[ah];
+  // A full socket buffer loses the datagram, as a congested link would.
+  if (sendto(fd_, udp_payload.data(), udp_payload.size(), 0, a.sa(), a.len()) >= 0) {
+    stats_.sent++;
+  }
+}
+
+void UdpEndpoint::flush_delayed() {
+  const uint64_t now = clock_.now_ns();
+  while (!delayed_.empty() && delayed_.top().at <= now) {
+    Delayed d = delayed_.top();
+    delayed_.pop();
+    transmit(d.ah, d.bytes);
+  }
+}
+
+void UdpEndpoint::poll(int timeout_ms) {
+  pollfd p{fd_, POLLIN, 0};
+  ::poll(&p, 1, timeout_ms);
+  for (int budget = 0; budget < 256; budget++) {
+    Addr from;
+    socklen_t fl = sizeof from.ss;
+    ssize_t n = recvfrom(fd_, rx_.data(), rx_.size(), 0, reinterpret_cast<sockaddr*>(&from.ss), &fl);
+    if (n < 0) break;
+    stats_.received++;
+    if (size_t(n) < kBthLen + kIcrcLen) {
+      stats_.too_short++;
+      continue;
+    }
+    // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
+    // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
+    std::span<const uint8_t> transport(rx_.data(), size_t(n) - kIcrcLen);
+    size_t hdr = 0;
+    const size_t total = frame(from, local_, transport, &hdr);
+    if (total == 0 || icrc_load(frame_.data() + total - kIcrcLen) != icrc_load(rx_.data() + n - kIcrcLen)) {
+      stats_.bad_icrc++;
+      continue;
+    }
+    const uint32_t dqpn = get_be24(transport.data() + 5);
+    auto it = qps_.find(dqpn);
+    if (it == qps_.end()) {
+      stats_.no_qp++;
+      continue;
+    }
+    // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
+    // or 20 bytes of zero then the IPv4 header).
+    uint8_t grh[40] = {};
+    if (hdr == kIpv6UdpLen) {
+      std::memcpy(grh, frame_.data(), 40);
+    } else {
+      std::memcpy(grh + 20, frame_.data(), 20);
+    }
+    it->second->receive(transport, peer_for(from), grh);
+  }
+  flush_delayed();
+  for (auto& [qpn, qp] : qps_) qp->progress();
+  flush_delayed();
+}
+
+bool UdpEndpoint::run(const std::function<bool()>& done, uint64_t deadline_ns) {
+  while (!done()) {
+    const uint64_t now = clock_.now_ns();
+    if (now >= deadline_ns) return done();
+    uint64_t next = deadline_ns;
+    for (auto& [qpn, qp] : qps_) next = std::min(next, qp->next_deadline());
+    if (!delayed_.empty()) next = std::min(next, delayed_.top().at);
+    int ms = next <= now ? 0 : int(std::min<uint64_t>((next - now + 999999) / 1000000, 100));
+    poll(ms);
+  }
+  return true;
+}
+
+}  // namespace sv::roce

@@ -1,0 +1,111 @@
+// udp.h: a RoCEv2 endpoint on a UDP socket (IPv4 or IPv6): it owns the socket
+// (UDP port 4791, or any port for tests), adds the ICRC to what the engine
+// sends and checks it on what arrives, demultiplexes arriving packets by
+// destination QPN to the attached Qps, and drives their timers. A
+// FaultInjector on the send path drops, duplicates and delays datagrams.
+//
+// The ICRC covers the IP header the kernel builds; its variant fields are
+// masked, the rest is known (addresses, length, DF) except, on IPv4, the IP
+// ID, which a UDP socket sending with IP_PMTUDISC_DO leaves 0 and which it
+// cannot see on arrival: the check assumes 0 (docs/ROCE.md). Packets whose
+// ICRC does not match are dropped and counted.
+//
+// Contract: single-threaded; the endpoint owns its socket; attached Qps and
+// the PacketSink role must be used from the thread that calls run()/poll().
+#pragma once
+
+#include <netinet/in.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "roce/engine.h"
+#include "roce/fault.h"
+
+namespace sv::roce {
+
+class SteadyClock : public Clock {
+ public:
+  uint64_t now_ns() const override;
+};
+
+struct UdpEndpointStats {
+  uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0;
+};
+
+class UdpEndpoint : public PacketSink {
+ public:
+  explicit UdpEndpoint(Clock& clock, FaultConfig faults = {});
+  ~UdpEndpoint() override;
+  UdpEndpoint(const UdpEndpoint&) = delete;
+  UdpEndpoint& operator=(const UdpEndpoint&) = delete;
+
+  // Binds to addr:port (an IPv4 or IPv6 address; port 0 = any free port).
+  // Returns 0 or an errno.
+  int bind(const std::string& addr, uint16_t port);
+  uint16_t port() const { return port_; }
+  // An address handle for a peer (of the bound address's family), or
+  // UINT64_MAX if `addr` is not one.
+  uint64_t add_peer(const std::string& addr, uint16_t port);
+  // "addr:port" ("[addr]:port" for IPv6) of an address handle, "" if none.
+  std::string peer_name(uint64_t ah) const;
+  size_t peer_count() const { return peers_.size(); }
+  // Arriving packets for `qp->config().qpn` go to `qp`, which must outlive
+  // the endpoint or be detached.
+  void attach(Qp* qp);
+  void detach(uint32_t qpn);
+
+  // PacketSink: frames a transport packet (appends the ICRC) and sends it.
+  void send(uint64_t ah, std::span<const uint8_t> packet) override;
+
+  // Receives what is there (waiting at most timeout_ms), delivers it, then
+  // runs progress() on every attached Qp.
+  void poll(int timeout_ms);
+  // poll() until done() or deadline_ns on the clock; returns done().
+  bool run(const std::function<bool()>& done, uint64_t deadline_ns);
+
+  const UdpEndpointStats& stats() const { return stats_; }
+
+ private:
+  struct Addr {
+    sockaddr_storage ss{};
+    bool v6() const { return ss.ss_family == AF_INET6; }
+    socklen_t len() const { return v6() ? sizeof(sockaddr_in6) : sizeof(sockaddr_in); }
+    const sockaddr* sa() const { return reinterpret_cast<const sockaddr*>(&ss); }
+    bool operator==(const Addr& o) const;
+  };
+  static bool parse(const std::string& s, uint16_t port, Addr* out);
+  // The datagram src -> dst as the kernel puts it on the wire (ICRC
+  // included) into frame_; returns its size and the IP + UDP header length.
+  size_t frame(const Addr& src, const Addr& dst, std::span<const uint8_t> transport, size_t* hdr);
+  struct Delayed {
+    uint64_t at;
+    uint64_t seq;
+    uint64_t ah;
+    std::vector<uint8_t> bytes;
+    bool operator>(const Delayed& o) const { return at != o.at ? at > o.at : seq > o.seq; }
+  };
+  void transmit(uint64_t ah, std::span<const uint8_t> udp_payload);
+  void flush_delayed();
+  uint64_t peer_for(const Addr& a);
+
+  Clock& clock_;
+  FaultInjector faults_;
+  bool faulty_;
+  int fd_ = -1;
+  Addr local_;
+  uint16_t port_ = 0;
+  std::vector<Addr> peers_;
+  std::map<uint32_t, Qp*> qps_;
+  std::priority_queue<Delayed, std::vector<Delayed>, std::greater<Delayed>> delayed_;
+  uint64_t seq_ = 0;
+  std::vector<uint8_t> frame_;  // a datagram as the kernel sends it, for the ICRC
+  std::vector<uint8_t> rx_;
+  UdpEndpointStats stats_;
+};
+
+}  // namespace sv::roce

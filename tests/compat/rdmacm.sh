@@ -1,0 +1,180 @@
+#!/bin/bash
+# compat.rdmacm.*: Debian's unmodified librdmacm programs (rdmacm-utils,
+# perftest -R) on softverbs' librdmacm.so.1 + libibverbs.so.1, server and
+# client on 127.0.0.1.
+#   rdmacm.sh BIN_DIR MODE PORT
+# MODE: rping | rping_q (the application creates and moves its QP:
+# CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish) | rping6 (over ::1) |
+# ucmatose | ucmatose4 | ucmatose_m (rdma_migrate_id) | udaddy | rdma_server |
+# ib_send_bw | ib_write_lat | ib_read_bw | fi_pingpong (its PORT is TCP). PORT is an rdma_cm port: it lives in this
+# test's own SOFTVERBS_DIR (the rendezvous sockets), not in TCP.
+. "$(dirname "$0")/lib.sh"
+mode=${2:?mode}
+port=${3:?port}
+
+# cm_wait PS PORT PID: wait until a listener has bound (PS, PORT): its
+# rendezvous socket appears in $COMPAT_DIR/cm (see docs/RDMACM.md).
+cm_wait() {
+  local ps=$1 p=$2 pid=$3
+  for _ in $(seq 400); do
+    compgen -G "$COMPAT_DIR/cm/$ps-$p-*" >/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# cm_pair NAME PS PORT SERVER... -- CLIENT...: like lib.sh's run_pair, but
+# the server is ready when it listens on the rdma_cm port.
+cm_pair() {
+  local name=$1 ps=$2 p=$3
+  shift 3
+  local -a server=() client=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do server+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  client=("$@")
+  SERVER_OUT="$COMPAT_DIR/$name.server"
+  CLIENT_OUT="$COMPAT_DIR/$name.client"
+  local backstop=$((COMPAT_TIMEOUT + 10))
+  "$SV" run -- timeout -k 5 "$backstop" stdbuf -oL "${server[@]}" >"$SERVER_OUT" 2>&1 &
+  local spid=$!
+  _compat_pids+=("$spid")
+  cm_wait "$ps" "$p" "$spid" || log "$name: server never listened on rdma_cm port $p"
+  "$SV" run -- timeout -k 5 "$backstop" stdbuf -oL "${client[@]}" >"$CLIENT_OUT" 2>&1 &
+  local cpid=$!
+  _compat_pids+=("$cpid")
+  local deadline=$((SECONDS + COMPAT_TIMEOUT)) hung=0
+  while kill -0 "$spid" 2>/dev/null || kill -0 "$cpid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      hung=1
+      log "$name: still running after ${COMPAT_TIMEOUT}s"
+      dump_state "$name server" "$spid"
+      dump_state "$name client" "$cpid"
+      kill "$spid" "$cpid" 2>/dev/null
+      break
+    fi
+    sleep 0.1
+  done
+  wait "$cpid"
+  CLIENT_RC=$?
+  wait "$spid"
+  SERVER_RC=$?
+  if [ $hung -eq 1 ] || [ "$SERVER_RC" -ne 0 ] || [ "$CLIENT_RC" -ne 0 ]; then
+    fail "$name: server exit $SERVER_RC, client exit $CLIENT_RC"
+    show "$name server" "$SERVER_OUT"
+    show "$name client" "$CLIENT_OUT"
+    return 1
+  fi
+  return 0
+}
+
+# expect FILE REGEX COUNT: exactly COUNT lines of FILE match REGEX.
+expect() {
+  local n
+  n=$(grep -Ec -- "$2" "$1")
+  [ "$n" -eq "$3" ] || { fail "$(basename "$1"): $n lines match '$2', expected $3"; show "$(basename "$1")" "$1"; }
+}
+
+no_errors() {
+  local f
+  for f in "$COMPAT_DIR"/*.server "$COMPAT_DIR"/*.client; do
+    if grep -Eqi 'error|fail|unhandled|invalid' "$f"; then
+      fail "$(basename "$f") reports an error"
+      show "$(basename "$f")" "$f"
+    fi
+  done
+}
+
+TCP=262  # RDMA_PS_TCP
+UDP=273  # RDMA_PS_UDP
+
+case "$mode" in
+  rping | rping_q | rping6)
+    require rping
+    compat_setup
+    sargs=(-s -v -C 10 -p "$port")
+    cargs=(-c -a 127.0.0.1 -v -C 10 -p "$port")
+    [ "$mode" = rping_q ] && { sargs+=(-q); cargs+=(-q); }
+    [ "$mode" = rping6 ] && { sargs+=(-a ::1); cargs+=(-a ::1); }
+    if cm_pair rping $TCP "$port" rping "${sargs[@]}" -- rping "${cargs[@]}"; then
+      # -v prints each ping's payload: "rdma-ping-<n>: " and 50 characters of
+      # the ASCII range A..z rotating from 'A' + n, exactly.
+      for i in $(seq 0 9); do
+        line="rdma-ping-$i: "
+        for k in $(seq 0 49); do
+          line+=$(printf "\\$(printf '%03o' $((65 + (i + k) % 58)))")
+        done
+        grep -Fxq -- "ping data: $line" "$CLIENT_OUT" || fail "client: no line 'ping data: $line'"
+        grep -Fxq -- "server ping data: $line" "$SERVER_OUT" || fail "server: no line 'server ping data: $line'"
+      done
+      expect "$CLIENT_OUT" '^ping data: ' 10
+      expect "$SERVER_OUT" '^server ping data: ' 10
+      expect "$SERVER_OUT" '^server DISCONNECT EVENT' 1
+      no_errors
+    fi
+    ;;
+  ucmatose | ucmatose4 | ucmatose_m)
+    require ucmatose
+    compat_setup
+    args=(-p "$port")
+    [ "$mode" = ucmatose4 ] && args+=(-c 4)
+    [ "$mode" = ucmatose_m ] && args+=(-m)
+    if cm_pair ucmatose $TCP "$port" ucmatose "${args[@]}" -- ucmatose -s 127.0.0.1 "${args[@]}"; then
+      expect "$SERVER_OUT" '^data transfers complete$' 1
+      expect "$CLIENT_OUT" '^data transfers complete$' 1
+      expect "$SERVER_OUT" '^disconnected$' 1
+      expect "$SERVER_OUT" '^return status 0$' 1
+      expect "$CLIENT_OUT" '^return status 0$' 1
+      no_errors
+    fi
+    ;;
+  udaddy)
+    require udaddy
+    compat_setup
+    # udaddy has no port option: 7174, in this test's own directory.
+    if cm_pair udaddy $UDP 7174 udaddy -- udaddy -s 127.0.0.1; then
+      expect "$SERVER_OUT" '^sending replies$' 1
+      expect "$CLIENT_OUT" '^data transfers complete$' 1
+      expect "$SERVER_OUT" '^return status 0$' 1
+      expect "$CLIENT_OUT" '^return status 0$' 1
+      no_errors
+    fi
+    ;;
+  rdma_server)
+    require rdma_server rdma_client
+    compat_setup
+    if cm_pair rdma_server $TCP "$port" rdma_server -p "$port" -- rdma_client -s 127.0.0.1 -p "$port"; then
+      expect "$SERVER_OUT" '^rdma_server: end 0$' 1
+      expect "$CLIENT_OUT" '^rdma_client: end 0$' 1
+    fi
+    ;;
+  ib_send_bw | ib_read_bw | ib_write_lat)
+    require "$mode"
+    compat_setup
+    if cm_pair "$mode" $TCP "$port" "$mode" -R -p "$port" -n 1000 -- "$mode" -R -p "$port" -n 1000 127.0.0.1; then
+      # The result line: size, iterations, then numbers.
+      expect "$CLIENT_OUT" '^ *[0-9]+ +1000 +[0-9.]+ +[0-9.]+' 1
+      grep -q 'rdma_cm' "$CLIENT_OUT" "$SERVER_OUT" ||
+        fail "perftest did not report using rdma_cm"
+    fi
+    ;;
+  fi_pingpong)
+    # libfabric's verbs provider, MSG endpoints (rdma_cm). It lists only the
+    # addresses of non-loopback interfaces as its own; PORT is the TCP
+    # control port fi_pingpong exchanges addresses on.
+    require fi_pingpong
+    ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -E '^[0-9.]+$' | head -n 1)
+    [ -n "$ip" ] || { log "SKIP: no IPv4 address besides loopback"; exit $SKIP; }
+    compat_setup
+    if run_pair fi_pingpong "$port" fi_pingpong -p verbs -e msg -B "$port" -I 100 -- \
+        fi_pingpong -p verbs -e msg -P "$port" -I 100 "$ip"; then
+      expect "$CLIENT_OUT" '^1m +100 +=100 ' 1
+      expect "$SERVER_OUT" '^1m +100 +=100 ' 1
+    fi
+    ;;
+  *)
+    log "unknown mode $mode"
+    exit 1
+    ;;
+esac
+finish

@@ -1,0 +1,589 @@
+// rdmacm_test.cc: the drop-in librdmacm through its public API. The other
+// party of a connection is a real process: this binary run again with
+// `--child MODE PORT` (fork + exec, so that it starts with a fresh library).
+// main() gives the test run its own daemon and rendezvous directory
+// (SOFTVERBS_DIR), which the children inherit.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <rdma/rsocket.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "rdmacm/cm_msg.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+std::string g_self;
+
+// Waits up to `ms` for the next event on `ch`; nullptr on timeout.
+rdma_cm_event* next_event(rdma_event_channel* ch, int ms = 10000) {
+  pollfd p{ch->fd, POLLIN, 0};
+  auto end = Clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    int left = int(std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count());
+    if (left < 0) return nullptr;
+    if (::poll(&p, 1, left) <= 0) return nullptr;
+    int fl = ::fcntl(ch->fd, F_GETFL);
+    ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK);
+    rdma_cm_event* e = nullptr;
+    int r = rdma_get_cm_event(ch, &e);
+    ::fcntl(ch->fd, F_SETFL, fl);
+    if (r == 0) return e;
+  }
+}
+
+// Waits for an event of `type` (acked); false otherwise. `status` and the
+// first bytes of private data are copied out when asked for.
+bool expect_event(rdma_event_channel* ch, rdma_cm_event_type type, int* status = nullptr,
+                  std::string* pdata = nullptr, rdma_cm_id** id = nullptr, int ms = 10000) {
+  rdma_cm_event* e = next_event(ch, ms);
+  if (!e) {
+    std::fprintf(stderr, "[%d] no event (wanted %s)\n", ::getpid(), rdma_event_str(type));
+    return false;
+  }
+  bool ok = e->event == type;
+  if (!ok) std::fprintf(stderr, "[%d] got %s, wanted %s\n", ::getpid(), rdma_event_str(e->event), rdma_event_str(type));
+  if (status) *status = e->status;
+  if (pdata && e->param.conn.private_data)
+    *pdata = std::string(static_cast<const char*>(e->param.conn.private_data),
+                         strnlen(static_cast<const char*>(e->param.conn.private_data), e->param.conn.private_data_len));
+  if (id) *id = e->id;
+  rdma_ack_cm_event(e);
+  return ok;
+}
+
+bool warn(const char* what) {
+  std::fprintf(stderr, "[%d] %s: %s\n", ::getpid(), what, std::strerror(errno));
+  return false;
+}
+
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+ibv_qp_init_attr rc_attr() {
+  ibv_qp_init_attr a{};
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  a.sq_sig_all = 1;
+  return a;
+}
+
+// A listener on 127.0.0.1 with a port chosen by rdma_bind_addr.
+struct Listener {
+  rdma_event_channel* ch = nullptr;
+  rdma_cm_id* id = nullptr;
+  uint16_t port = 0;
+  bool open(int backlog = 16) {
+    ch = rdma_create_event_channel();
+    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return false;
+    sockaddr_in a = loopback(0);
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a))) return false;
+    port = ntohs(rdma_get_src_port(id));
+    return port != 0 && rdma_listen(id, backlog) == 0;
+  }
+  ~Listener() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+};
+
+// The active side: resolves 127.0.0.1:port, creates an RC QP with one
+// receive posted, connects with `pdata`; returns the event that answered.
+struct Active {
+  rdma_event_channel* ch = nullptr;
+  rdma_cm_id* id = nullptr;
+  ibv_mr* mr = nullptr;
+  // Registered memory on the heap (softverbs does not register stacks).
+  char* buf = static_cast<char*>(std::calloc(1, 64));
+  bool start(uint16_t port, const char* pdata) {
+    ch = rdma_create_event_channel();
+    if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return false;
+    sockaddr_in a = loopback(port);
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000)) return false;
+    if (!expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED)) return false;
+    if (rdma_resolve_route(id, 2000) || !expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED)) return false;
+    ibv_qp_init_attr qa = rc_attr();
+    if (rdma_create_qp(id, nullptr, &qa)) return warn("rdma_create_qp");
+    mr = rdma_reg_msgs(id, buf, 64);
+    if (!mr) return warn("rdma_reg_msgs");
+    if (rdma_post_recv(id, nullptr, buf, 64, mr)) return warn("rdma_post_recv");
+    rdma_conn_param p{};
+    p.private_data = pdata;
+    p.private_data_len = uint8_t(std::strlen(pdata) + 1);
+    p.retry_count = 7;
+    p.rnr_retry_count = 7;
+    return rdma_connect(id, &p) == 0;
+  }
+};
+
+// --- children -----------------------------------------------------------------
+
+// A process with a daemon of its own, which it kills: every id on the
+// device gets DEVICE_REMOVAL.
+int device_removal_child() {
+  char tmpl[] = "/tmp/softverbs-cmfault-XXXXXX";
+  if (!mkdtemp(tmpl)) return 2;
+  setenv("SOFTVERBS_DIR", tmpl, 1);
+  setenv("SOFTVERBS_NO_SPAWN", "1", 1);
+  std::string bin = g_self.substr(0, g_self.rfind('/')) + "/../bin/softverbsd";
+  pid_t d = ::fork();
+  if (d == 0) {
+    ::execl(bin.c_str(), "softverbsd", "--foreground", "--idle", "0", "--dir", tmpl, nullptr);
+    ::_exit(127);
+  }
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  int r = -1;
+  for (int i = 0; i < 200 && r != 0; ++i) {  // until the daemon is up
+    r = rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
+    if (r) ::usleep(10000);
+  }
+  if (r) return 3;
+  sockaddr_in a = loopback(0);
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 1000)) return 4;
+  if (!expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED)) return 5;
+  ::kill(d, SIGKILL);
+  ::waitpid(d, nullptr, 0);
+  rdma_cm_id* got = nullptr;
+  if (!expect_event(ch, RDMA_CM_EVENT_DEVICE_REMOVAL, nullptr, nullptr, &got, 5000)) return 6;
+  if (got != id) return 7;
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+  std::string rm = std::string("rm -rf ") + tmpl;
+  return std::system(rm.c_str()) == 0 ? 0 : 8;
+}
+
+// Exit codes: 0 as expected, 1 + step otherwise.
+int child_main(const std::string& mode, uint16_t port) {
+  if (mode == "device-removal") return device_removal_child();
+  Active c;
+  if (mode == "reject") {
+    if (!c.start(port, "knock knock")) return 2;
+    int status = 0;
+    std::string pd;
+    if (!expect_event(c.ch, RDMA_CM_EVENT_REJECTED, &status, &pd)) return 3;
+    if (status != 28) return 4;  // IBTA 12.6.7.2: consumer reject
+    return pd == "go away" ? 0 : 5;
+  }
+  if (!c.start(port, mode.c_str())) return 2;
+  if (!expect_event(c.ch, RDMA_CM_EVENT_ESTABLISHED)) return 3;
+  if (mode == "connect") return 0;
+  if (mode == "connect-wait") return expect_event(c.ch, RDMA_CM_EVENT_DISCONNECTED) ? 0 : 9;
+  // The passive side sends one message, which the receive posted before
+  // rdma_connect takes.
+  ibv_wc wc{};
+  if (rdma_get_recv_comp(c.id, &wc) != 1 || wc.status != IBV_WC_SUCCESS) return 4;
+  if (std::strcmp(c.buf, "ping") != 0) return 5;
+  if (mode == "die") {
+    ::kill(::getpid(), SIGKILL);
+    return 6;
+  }
+  if (mode == "active-disconnects") {
+    if (rdma_disconnect(c.id)) return 7;
+  }
+  if (!expect_event(c.ch, RDMA_CM_EVENT_DISCONNECTED)) return 8;
+  rdma_dereg_mr(c.mr);
+  rdma_destroy_qp(c.id);
+  rdma_destroy_id(c.id);
+  rdma_destroy_event_channel(c.ch);
+  return 0;
+}
+
+pid_t spawn(const std::string& mode, uint16_t port) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::string p = std::to_string(port);
+    ::execl(g_self.c_str(), g_self.c_str(), "--child", mode.c_str(), p.c_str(), nullptr);
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The child's exit status (its code, or 128 + signal), -1 after `ms`.
+int reap(pid_t pid, int ms = 20000) {
+  auto end = Clock::now() + std::chrono::milliseconds(ms);
+  while (Clock::now() < end) {
+    int st = 0;
+    pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    ::usleep(10000);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// Passive side of one connection: waits for the request, creates the QP,
+// posts nothing (the child receives), accepts, waits for ESTABLISHED.
+rdma_cm_id* accept_one(Listener& l, std::string* pdata = nullptr) {
+  rdma_cm_id* id = nullptr;
+  if (!expect_event(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST, nullptr, pdata, &id)) return nullptr;
+  ibv_qp_init_attr qa = rc_attr();
+  if (rdma_create_qp(id, nullptr, &qa)) return nullptr;
+  if (rdma_accept(id, nullptr)) return nullptr;
+  return id;
+}
+
+// --- the CM messages ------------------------------------------------------------
+
+TEST(CmMsg, ReqRoundTripAndLayout) {
+  sv::cm::Req r;
+  r.local_comm_id = 0x11223344;
+  r.service_id = sv::cm::service_id(RDMA_PS_TCP, 7174);
+  r.local_qpn = 0xabcdef;
+  r.responder_resources = 4;
+  r.initiator_depth = 3;
+  r.starting_psn = 0x123456;
+  r.retry_count = 7;
+  r.rnr_retry_count = 6;
+  r.path_mtu = IBV_MTU_4096;
+  r.local_gid[15] = 9;
+  std::memcpy(r.private_data + sv::cm::kIpHeader, "abc", 4);
+  uint8_t mad[sv::cm::kMadSize];
+  sv::cm::encode(r, 42, mad);
+  // IBTA 13.4.3 header: base version 1, class CM, class version 2, Send, REQ.
+  EXPECT_EQ(mad[0], 1);
+  EXPECT_EQ(mad[1], 0x07);
+  EXPECT_EQ(mad[2], 2);
+  EXPECT_EQ(mad[3], 0x03);
+  EXPECT_EQ(mad[16] << 8 | mad[17], 0x0010);
+  // IBTA 12.6.5: service ID at byte 8 of the data (0x0000000001060000 | port),
+  // local QPN in the top 24 bits of the word at 32, then responder resources.
+  const uint8_t* d = mad + 24;
+  EXPECT_EQ(d[0], 0x11);
+  EXPECT_EQ(d[13], 0x06);
+  EXPECT_EQ(d[12], 0x01);
+  EXPECT_EQ(d[32], 0xab);
+  EXPECT_EQ(d[34], 0xef);
+  EXPECT_EQ(d[35], 4);
+  EXPECT_EQ(d[44], 0x12);
+  EXPECT_EQ(std::memcmp(d + 140 + sv::cm::kIpHeader, "abc", 4), 0);
+  sv::cm::Msg m;
+  ASSERT_TRUE(sv::cm::decode(mad, sizeof(mad), m));
+  ASSERT_EQ(m.attr, sv::cm::Attr::kReq);
+  EXPECT_EQ(m.tid, 42u);
+  EXPECT_EQ(m.req.local_qpn, 0xabcdefu);
+  EXPECT_EQ(m.req.starting_psn, 0x123456u);
+  EXPECT_EQ(m.req.retry_count, 7);
+  EXPECT_EQ(m.req.rnr_retry_count, 6);
+  EXPECT_EQ(m.req.path_mtu, IBV_MTU_4096);
+  EXPECT_EQ(m.req.initiator_depth, 3);
+  EXPECT_EQ(m.req.local_gid[15], 9);
+  EXPECT_FALSE(sv::cm::decode(mad, sizeof(mad) - 1, m));
+  mad[1] = 0x01;  // not the CM class
+  EXPECT_FALSE(sv::cm::decode(mad, sizeof(mad), m));
+}
+
+TEST(CmMsg, RejAndIpHeader) {
+  sv::cm::Rej j;
+  j.local_comm_id = 1;
+  j.remote_comm_id = 2;
+  j.reason = 28;
+  j.message_rejected = sv::cm::kRejectedReq;
+  std::memcpy(j.private_data, "no", 3);
+  uint8_t mad[sv::cm::kMadSize];
+  sv::cm::encode(j, 0, mad);
+  EXPECT_EQ(mad[24 + 11], 28);  // IBTA 12.6.7: reason at byte 10
+  sv::cm::Msg m;
+  ASSERT_TRUE(sv::cm::decode(mad, sizeof(mad), m));
+  EXPECT_EQ(m.attr, sv::cm::Attr::kRej);
+  EXPECT_EQ(m.rej.reason, 28);
+  EXPECT_STREQ(reinterpret_cast<char*>(m.rej.private_data), "no");
+
+  sv::cm::IpHeader h;
+  auto& s = reinterpret_cast<sockaddr_in&>(h.src);
+  s.sin_family = AF_INET;
+  s.sin_port = htons(5000);
+  s.sin_addr.s_addr = htonl(0x0a000001);
+  auto& t = reinterpret_cast<sockaddr_in&>(h.dst);
+  t.sin_family = AF_INET;
+  t.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  uint8_t b[sv::cm::kIpHeader];
+  sv::cm::encode_ip_header(h, b);
+  EXPECT_EQ(b[1], 0x40);  // Annex A11: IP version 4 in bits 7:4
+  EXPECT_EQ(b[4 + 12], 10);
+  sv::cm::IpHeader back;
+  ASSERT_TRUE(sv::cm::decode_ip_header(b, back));
+  EXPECT_EQ(reinterpret_cast<sockaddr_in&>(back.src).sin_port, htons(5000));
+  EXPECT_EQ(reinterpret_cast<sockaddr_in&>(back.dst).sin_addr.s_addr, htonl(INADDR_LOOPBACK));
+}
+
+// --- the connection manager ---------------------------------------------------
+
+TEST(RdmaCm, EventChannelIsPollableAndNonblocking) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  ASSERT_EQ(::fcntl(ch->fd, F_SETFL, ::fcntl(ch->fd, F_GETFL) | O_NONBLOCK), 0);
+  rdma_cm_event* e = nullptr;
+  EXPECT_EQ(rdma_get_cm_event(ch, &e), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = loopback(0);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 1000), 0);
+  pollfd p{ch->fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 2000), 1);
+  ASSERT_EQ(rdma_get_cm_event(ch, &e), 0);
+  EXPECT_EQ(e->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  EXPECT_EQ(e->id, id);
+  rdma_ack_cm_event(e);
+  EXPECT_NE(id->verbs, nullptr);
+  EXPECT_NE(rdma_get_src_port(id), 0);  // auto-bound to a free port
+  EXPECT_EQ(rdma_get_cm_event(ch, &e), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+}
+
+TEST(RdmaCm, BindPortZeroPicksDistinctFreePorts) {
+  Listener a, b;
+  ASSERT_TRUE(a.open());
+  ASSERT_TRUE(b.open());
+  EXPECT_NE(a.port, b.port);
+  // The port is taken: a second bind of it fails.
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(a.ch, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in s = loopback(a.port);
+  EXPECT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&s)), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+  rdma_destroy_id(id);
+}
+
+TEST(RdmaCm, NobodyListeningIsRejected) {
+  Listener l;
+  ASSERT_TRUE(l.open());
+  uint16_t port = l.port;
+  rdma_destroy_id(l.id);
+  l.id = nullptr;
+  Active c;
+  ASSERT_TRUE(c.start(port, "x"));
+  int status = 0;
+  ASSERT_TRUE(expect_event(c.ch, RDMA_CM_EVENT_REJECTED, &status));
+  EXPECT_EQ(status, 8);  // IBTA 12.6.7.2: invalid service ID
+}
+
+TEST(RdmaCm, UnreachableAddressTimesOut) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(7174);
+  ASSERT_EQ(inet_pton(AF_INET, "192.0.2.1", &a.sin_addr), 1);  // TEST-NET-1 (RFC 5737)
+  ifaddrs* ifs = nullptr;
+  ASSERT_EQ(getifaddrs(&ifs), 0);
+  bool mine = false;
+  for (ifaddrs* i = ifs; i; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == a.sin_addr.s_addr)
+      mine = true;
+  freeifaddrs(ifs);
+  if (mine) GTEST_SKIP() << "this host owns 192.0.2.1";
+  auto t0 = Clock::now();
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 500), 0);
+  rdma_cm_event* e = next_event(ch, 5000);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  ASSERT_NE(e, nullptr);
+  EXPECT_TRUE(e->event == RDMA_CM_EVENT_ADDR_ERROR || e->event == RDMA_CM_EVENT_UNREACHABLE)
+      << rdma_event_str(e->event);
+  EXPECT_LT(e->status, 0);
+  rdma_ack_cm_event(e);
+  EXPECT_GE(ms, 450);   // not before the timeout
+  EXPECT_LT(ms, 3000);  // and not much after it
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+}
+
+TEST(RdmaCm, RejectCarriesPrivateData) {
+  Listener l;
+  ASSERT_TRUE(l.open());
+  pid_t pid = spawn("reject", l.port);
+  rdma_cm_id* id = nullptr;
+  std::string pd;
+  rdma_cm_event* e = next_event(l.ch);
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(e->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  EXPECT_EQ(e->listen_id, l.id);
+  id = e->id;
+  EXPECT_NE(id, l.id);
+  EXPECT_STREQ(static_cast<const char*>(e->param.conn.private_data), "knock knock");
+  EXPECT_GE(e->param.conn.private_data_len, 12);
+  EXPECT_EQ(e->param.conn.retry_count, 7);
+  EXPECT_EQ(e->param.conn.rnr_retry_count, 7);
+  EXPECT_NE(e->param.conn.qp_num, 0u);
+  EXPECT_EQ(rdma_get_peer_addr(id)->sa_family, AF_INET);
+  EXPECT_EQ(ntohs(rdma_get_src_port(id)), l.port);
+  EXPECT_NE(rdma_get_dst_port(id), 0);
+  rdma_ack_cm_event(e);
+  ASSERT_EQ(rdma_reject(id, "go away", 8), 0);
+  EXPECT_EQ(reap(pid), 0);
+  rdma_destroy_id(id);
+}
+
+// Connects a child, sends it "ping" (received by the receive it posted
+// before rdma_connect), then one side disconnects; both see DISCONNECTED.
+void disconnect_test(const std::string& mode) {
+  Listener l;
+  ASSERT_TRUE(l.open());
+  pid_t pid = spawn(mode, l.port);
+  rdma_cm_id* id = accept_one(l);
+  ASSERT_NE(id, nullptr);
+  ASSERT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_ESTABLISHED));
+  char* msg = static_cast<char*>(std::calloc(1, 8));
+  std::strcpy(msg, "ping");
+  ibv_mr* mr = rdma_reg_msgs(id, msg, 8);
+  ASSERT_NE(mr, nullptr);
+  ASSERT_EQ(rdma_post_send(id, nullptr, msg, 5, mr, 0), 0);
+  ibv_wc wc{};
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  if (mode == "passive-disconnects") {
+    ASSERT_EQ(rdma_disconnect(id), 0);
+  }
+  EXPECT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_DISCONNECTED));
+  if (mode != "die") {
+    EXPECT_EQ(rdma_disconnect(id), 0);  // after DISCONNECTED, as ucmatose does
+  }
+  // The connection leaves time-wait (IBTA 12.9.8.6); the QP may be reused.
+  EXPECT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_TIMEWAIT_EXIT, nullptr, nullptr, nullptr, 3000));
+  EXPECT_EQ(reap(pid), mode == "die" ? 128 + SIGKILL : 0);
+  rdma_dereg_mr(mr);
+  std::free(msg);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+}
+
+TEST(RdmaCm, DisconnectFromActiveSide) { disconnect_test("active-disconnects"); }
+TEST(RdmaCm, DisconnectFromPassiveSide) { disconnect_test("passive-disconnects"); }
+TEST(RdmaCm, PeerDeathDisconnects) { disconnect_test("die"); }
+
+TEST(RdmaCm, SixteenSimultaneousRequests) {
+  constexpr int kN = 16;
+  Listener l;
+  ASSERT_TRUE(l.open(kN));
+  std::vector<pid_t> kids;
+  for (int i = 0; i < kN; ++i) kids.push_back(spawn("connect", l.port));
+  std::vector<rdma_cm_id*> ids;
+  int requests = 0, established = 0, disconnected = 0;
+  auto end = Clock::now() + std::chrono::seconds(30);
+  while ((requests < kN || established < kN) && Clock::now() < end) {
+    rdma_cm_event* e = next_event(l.ch, 5000);
+    if (!e) break;
+    if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+      requests++;
+      rdma_cm_id* id = e->id;
+      rdma_ack_cm_event(e);
+      ibv_qp_init_attr qa = rc_attr();
+      ASSERT_EQ(rdma_create_qp(id, nullptr, &qa), 0);
+      ASSERT_EQ(rdma_accept(id, nullptr), 0);
+      ids.push_back(id);
+    } else if (e->event == RDMA_CM_EVENT_ESTABLISHED) {
+      established++;
+      rdma_ack_cm_event(e);
+    } else if (e->event == RDMA_CM_EVENT_DISCONNECTED) {
+      disconnected++;  // a child that saw ESTABLISHED exits
+      rdma_ack_cm_event(e);
+    } else {
+      ADD_FAILURE() << rdma_event_str(e->event);
+      rdma_ack_cm_event(e);
+    }
+  }
+  EXPECT_EQ(requests, kN);
+  EXPECT_EQ(established, kN);
+  EXPECT_LE(disconnected, established);
+  for (pid_t p : kids) EXPECT_EQ(reap(p), 0);
+  for (rdma_cm_id* id : ids) {
+    rdma_destroy_qp(id);
+    rdma_destroy_id(id);
+  }
+}
+
+// rdma_create_qp moves an RC QP to INIT, accept to RTS with the CM's
+// attributes (rdma_init_qp_attr gives the same).
+TEST(RdmaCm, QpStatesFollowTheConnection) {
+  Listener l;
+  ASSERT_TRUE(l.open());
+  pid_t pid = spawn("connect-wait", l.port);
+  rdma_cm_id* id = nullptr;
+  ASSERT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST, nullptr, nullptr, &id));
+  ibv_qp_init_attr qa = rc_attr();
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &qa), 0);
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  ASSERT_EQ(ibv_query_qp(id->qp, &a, IBV_QP_STATE, &ia), 0);
+  EXPECT_EQ(a.qp_state, IBV_QPS_INIT);
+  ibv_qp_attr want{};
+  int mask = 0;
+  want.qp_state = IBV_QPS_RTR;
+  ASSERT_EQ(rdma_init_qp_attr(id, &want, &mask), 0);
+  EXPECT_TRUE(mask & IBV_QP_DEST_QPN);
+  EXPECT_NE(want.dest_qp_num, 0u);
+  EXPECT_EQ(want.ah_attr.is_global, 1);
+  ASSERT_EQ(rdma_accept(id, nullptr), 0);
+  ASSERT_EQ(ibv_query_qp(id->qp, &a, IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_RNR_RETRY, &ia), 0);
+  EXPECT_EQ(a.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(a.dest_qp_num, want.dest_qp_num);
+  EXPECT_EQ(a.rnr_retry, 7);
+  EXPECT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_ESTABLISHED));
+  ASSERT_EQ(rdma_disconnect(id), 0);
+  ASSERT_EQ(ibv_query_qp(id->qp, &a, IBV_QP_STATE, &ia), 0);
+  EXPECT_EQ(a.qp_state, IBV_QPS_ERR);  // librdmacm moves the QP to ERR on disconnect
+  EXPECT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_DISCONNECTED));
+  EXPECT_EQ(reap(pid), 0);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+}
+
+TEST(RdmaCm, DaemonDeathIsDeviceRemoval) { EXPECT_EQ(reap(spawn("device-removal", 0)), 0); }
+
+TEST(RdmaCm, UnimplementedCallsFailCleanly) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_UDP), 0);
+  sockaddr_in a = loopback(0);
+  EXPECT_EQ(rdma_join_multicast(id, reinterpret_cast<sockaddr*>(&a), nullptr), -1);
+  EXPECT_EQ(errno, ENOSYS);
+  EXPECT_EQ(rsocket(AF_INET, SOCK_STREAM, 0), -1);
+  EXPECT_EQ(errno, ENOSYS);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_self = "/proc/self/exe";
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) g_self.assign(buf, size_t(n));
+  if (argc == 4 && std::strcmp(argv[1], "--child") == 0) return child_main(argv[2], uint16_t(std::atoi(argv[3])));
+  char tmpl[] = "/tmp/softverbs-test-XXXXXX";
+  if (!getenv("SOFTVERBS_DIR")) {
+    const char* dir = mkdtemp(tmpl);
+    if (dir) setenv("SOFTVERBS_DIR", dir, 1);
+  }
+  setenv("SOFTVERBSD_IDLE", "3", 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
