@@ -689,13 +689,6 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   // Only a QP this one could have delivered to (a client can write anything here).
   if (q->second.type != dq->second.type) return;
   if (q->second.type != IBV_QPT_UD && qp_slot(dead_qpn).dest_qpn.load() != qpn) return;
-  auto cq = cqs_.find(q->second.recv_cq);
-  if (cq == cqs_.end()) return;
-  auto* ch = cq->second.map.as<CqSegmentHeader>();
-  auto* crh = reinterpret_cast<RingHeader*>(cq->second.map.as<char>() + ch->ring_offset);
-  Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
-  int channel_fd = -1;
-  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
   ibv_wc wc{};
   wc.wr_id = dh->torn_wr_id;
   // A UD responder stays usable: its receive was aborted, not flushed.
@@ -703,7 +696,24 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   wc.opcode = IBV_WC_RECV;
   wc.qp_num = qpn;
   wc.src_qp = dead_qpn;
-  push_completion(ch, ring, wc, true, channel_fd);
+  push_cq(q->second.recv_cq, wc, true);
+}
+
+// The daemon's own completions (flushes, torn receives, mediated
+// operations). While a resize is moving the CQ (its ring closed) they go to
+// the segment it moves to, so none is lost.
+void Registry::push_cq(uint32_t handle, const ibv_wc& wc, bool solicited) {
+  auto cq = cqs_.find(handle);
+  if (cq == cqs_.end()) return;
+  int channel_fd = -1;
+  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
+  for (Mapping* m : {&cq->second.map, &cq->second.next_map}) {
+    if (!m->get()) continue;
+    auto* ch = m->as<CqSegmentHeader>();
+    auto* crh = reinterpret_cast<RingHeader*>(m->as<char>() + ch->ring_offset);
+    Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
+    if (push_completion(ch, ring, wc, solicited, channel_fd) || !ring.closed()) return;
+  }
 }
 
 void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
@@ -716,16 +726,10 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
     if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_ERR) continue;
     SV_TRACE("daemon: QP 0x%x to ERR: its peer QP 0x%x is gone", qpn, dest);
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
-    auto cq = cqs_.find(q.recv_cq);
-    if (cq != cqs_.end()) {
+    if (cqs_.count(q.recv_cq)) {
       auto* qh = q.map.as<QpSegmentHeader>();
       auto* rqh = reinterpret_cast<RingHeader*>(q.map.as<char>() + qh->rq_offset);
       Ring<RecvWqe> rq(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1));
-      auto* ch = cq->second.map.as<CqSegmentHeader>();
-      auto* crh = reinterpret_cast<RingHeader*>(cq->second.map.as<char>() + ch->ring_offset);
-      Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
-      int channel_fd = -1;
-      if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
       RecvWqe w;
       while (rq.pop(w)) {
         ibv_wc wc{};
@@ -733,7 +737,7 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
         wc.status = IBV_WC_WR_FLUSH_ERR;
         wc.opcode = IBV_WC_RECV;
         wc.qp_num = qpn;
-        push_completion(ch, ring, wc, true, channel_fd);
+        push_cq(q.recv_cq, wc, true);
       }
     }
     for (auto& [id, c] : clients_)

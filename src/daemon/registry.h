@@ -227,6 +227,7 @@ class Registry {
   };
   int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map);
   bool may_complete_into(uint32_t client, uint32_t cq);
+  void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
   struct Srq {
     uint32_t owner;
     uint32_t pd;
