@@ -546,13 +546,16 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
   if (fd.valid()) {
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return EBADF;
+    // Per user too: under the system daemon no object is shared between
+    // users unless mediated, and a target QP would be (ibv_open_qp).
+    uint32_t uid = clients_[client].uid;
     for (auto& [xid, x] : xrcds_)
-      if (x.ino && x.dev == uint64_t(st.st_dev) && x.ino == uint64_t(st.st_ino)) id = xid;
+      if (x.ino && x.dev == uint64_t(st.st_dev) && x.ino == uint64_t(st.st_ino) && x.uid == uid) id = xid;
     if (id && (req.oflags & O_EXCL)) return EINVAL;
     if (!id && !(req.oflags & O_CREAT)) return EINVAL;
     if (!id) {
       id = next_xrcd_++;
-      xrcds_[id] = Xrcd{uint64_t(st.st_dev), uint64_t(st.st_ino), 0, 0};
+      xrcds_[id] = Xrcd{uint64_t(st.st_dev), uint64_t(st.st_ino), uid, 0, 0};
     }
   } else {
     id = next_xrcd_++;
@@ -601,6 +604,7 @@ int Registry::connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, prot
   const QpEntry& te = qp_slot(dest);
   auto st = ibv_qp_state(te.state.load());
   if (tgt->second.type != IBV_QPT_XRC_RECV || te.dest_qpn.load() != req.qpn) return EAGAIN;
+  if (!same_user(client, tgt->second.owner)) return EACCES;  // XRC is not mediated between users
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return EAGAIN;
   auto srq = srqs_.find(req.srqn);
   if (srq == srqs_.end() || srq->second.type != IBV_SRQT_XRC || srq->second.xrcd != tgt->second.xrcd) return ENOENT;
@@ -1018,6 +1022,7 @@ bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
   if (it == cqs_.end()) return false;
   uint32_t c = ctx(client);
   if (it->second.owner == c) return true;
+  if (!same_user(client, it->second.owner)) return false;  // another user's peers are mediated
   // A requester pushes receive completions into the CQ of the QP it reaches:
   // its connected peer, or (UD) any UD QP.
   bool has_ud = false;

@@ -243,6 +243,7 @@ class Registry {
   struct Xrcd {
     uint64_t dev = 0;
     uint64_t ino = 0;  // 0: private
+    uint32_t uid = 0;  // the user of its openers: a file names one domain per user (system daemon)
     uint32_t opens = 0;  // handles
     uint32_t users = 0;  // XRC SRQs and target QPs
   };
