@@ -23,7 +23,8 @@ inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc&
   e.wc = wc;
   e.solicited = solicited;
   if (!ring.push(e)) {
-    hdr->overrun.store(1, std::memory_order_relaxed);
+    // A closed ring is being moved (resize), not full: the caller follows it.
+    if (!ring.closed()) hdr->overrun.store(1, std::memory_order_relaxed);
     return false;
   }
   // Dekker-style handshake with req_notify_cq, which stores `armed` and

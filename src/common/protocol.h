@@ -65,6 +65,16 @@ enum class Op : uint16_t {
   ImportSrq,       // reply fd: SRQ segment
   ImportChannel,   // reply fd: the completion channel's eventfd
   Mediate,         // carry out one RC/UC operation towards a peer of another user
+  ResizeCq,        // a new, pending segment for a CQ; reply fd: that segment
+  ResizeCqDone,    // commit (the CQ moves to the pending segment) or abort a ResizeCq
+  GetCq,           // the current segment of a CQ I may complete into; reply fd: the segment
+  CqError,         // a producer overran the CQ (IBTA 11.4.2.1): CQ error event, its QPs to ERR
+  AttachMcast,     // ibv_attach_mcast: my UD QP joins a multicast group
+  DetachMcast,
+  OpenXrcd,        // fd (optional, has_fd): the file whose inode names the XRC domain
+  CloseXrcd,
+  ConnectXrc,      // XRC: reach SRQ `srqn` through my XRC_SEND QP's target; reply fds as ConnectPeer
+  OpenQp,          // ibv_open_qp: an XRC target QP of my XRC domain; reply fd: QP segment
   kCount
 };
 
@@ -142,7 +152,7 @@ struct CreateQpReq {
   uint32_t max_recv_sge;
   uint32_t max_inline_data;
   uint32_t sq_sig_all;
-  uint32_t reserved;
+  uint32_t xrcd;  // IBV_QPT_XRC_RECV: the XRC domain handle (no PD, no CQs)
 };
 
 struct CreateQpReply {
@@ -200,6 +210,28 @@ struct ConnectPeerReply {
   // each operation goes through the daemon (Op::Mediate), which applies the
   // keys' bounds to the peer's memory itself.
   uint32_t mediated;
+  uint32_t pd;  // ConnectXrc: the XRC SRQ's PD (receive buffers are checked against it); else 0
+  uint32_t reserved;
+};
+
+struct ResizeCqReq {  // reply: CreateCqReply
+  Header h;
+  uint32_t handle;
+  uint32_t cqe;
+};
+
+struct ResizeCqDoneReq {
+  Header h;
+  uint32_t handle;
+  uint32_t commit;  // 1: the caller moved every completion into the pending segment; 0: abort
+};
+
+struct McastReq {  // AttachMcast, DetachMcast
+  Header h;
+  uint32_t qpn;
+  uint16_t lid;
+  uint16_t reserved;
+  uint8_t gid[16];
 };
 
 struct CreateSrqReq {
@@ -208,6 +240,28 @@ struct CreateSrqReq {
   uint32_t max_wr;
   uint32_t max_sge;
   uint32_t srq_limit;
+  uint32_t srq_type;  // IBV_SRQT_BASIC or IBV_SRQT_XRC
+  uint32_t xrcd;      // XRC: the XRC domain handle
+  uint32_t cq;        // XRC: the CQ its receives complete into
+  uint32_t reserved;
+};
+
+struct OpenXrcdReq {
+  Header h;
+  uint32_t oflags;  // O_CREAT, O_EXCL
+  uint32_t has_fd;  // 1: an fd comes with the request; 0: a private domain (fd -1)
+};
+
+struct ConnectXrcReq {
+  Header h;
+  uint32_t qpn;   // my XRC_SEND QP
+  uint32_t srqn;  // the remote XRC SRQ
+};
+
+struct OpenQpReq {
+  Header h;
+  uint32_t qpn;
+  uint32_t xrcd;
 };
 
 struct CreateSrqReply {

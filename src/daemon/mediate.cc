@@ -84,14 +84,7 @@ bool Registry::pop_recv(Qp& peer, uint32_t, RecvWqe& out) {
 }
 
 void Registry::push_recv(Qp& peer, uint32_t, const ibv_wc& wc, bool solicited) {
-  auto cq = cqs_.find(peer.recv_cq);
-  if (cq == cqs_.end()) return;
-  auto* ch = cq->second.map.as<CqSegmentHeader>();
-  auto* crh = reinterpret_cast<RingHeader*>(cq->second.map.as<char>() + ch->ring_offset);
-  Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
-  int channel_fd = -1;
-  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
-  push_completion(ch, ring, wc, solicited, channel_fd);
+  push_cq(peer.recv_cq, wc, solicited);
 }
 
 int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep) {

@@ -55,6 +55,8 @@ Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
     if (auto it = cs.channel_handles.find(rep.channel); it != cs.channel_handles.end()) ch = it->second;
   }
   st->channel = ch;
+  st->view.cs = &cs;
+  st->view.handle = handle;
   if (int e = st->view.attach(fds[0].get(), rep.segment_size)) {
     errno = e;
     return nullptr;
