@@ -197,11 +197,12 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   uint32_t want = solicited_only ? shm::kArmSolicited : shm::kArmAny;
   // Arming for any completion overrides an earlier solicited-only arming.
   shm::CqSegmentHeader* h = st->view.hdr();
+  // A read-modify-write either way: the caller polls the CQ next, and the
+  // arming must be ordered before that poll reads the ring (see
+  // push_completion in common/completion.h).
   uint32_t cur = h->armed.load(std::memory_order_relaxed);
-  if (cur != shm::kArmAny) h->armed.store(want, std::memory_order_release);
-  // The caller polls the CQ next: the arming must be visible before that
-  // poll reads the ring (see push_completion in common/completion.h).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (cur != shm::kArmAny) h->armed.exchange(want, std::memory_order_acq_rel);
+  else h->armed.fetch_or(0, std::memory_order_acq_rel);
   return 0;
 }
 

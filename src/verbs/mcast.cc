@@ -26,7 +26,10 @@ bool mcast_members(const ContextState& cs, const uint8_t* gid, uint16_t lid, std
       bool match = n && (gid ? std::memcmp(g.gid, gid, 16) == 0 : g.lid == lid);
       uint32_t qpns[shm::kMcgMaxQps];
       if (match) std::memcpy(qpns, g.qpns, n * sizeof(uint32_t));
-      std::atomic_thread_fence(std::memory_order_acquire);
+      // The copies above must complete before seq is read again. x86 does
+      // not reorder loads with loads, so a compiler barrier is the acquire
+      // fence here (TSan refuses std::atomic_thread_fence).
+      asm volatile("" ::: "memory");
       if (g.seq.load(std::memory_order_relaxed) != s1) continue;  // rewritten meanwhile: read again
       if (!match) break;
       out.assign(qpns, qpns + n);
