@@ -634,34 +634,10 @@ namespace {
 // sleeps in ibv_get_cq_event on the shared channel; a completion produced by
 // the creator's QP wakes it.
 TEST(Sharing, CompletionChannelSharedWakesAnotherProcess) {
-  ibv_context* ctx = nullptr;
-  {
-    int n = 0;
-    ibv_device** l = ibv_get_device_list(&n);
-    ASSERT_GT(n, 0);
-    ctx = ibv_open_device(l[0]);
-    ibv_free_device_list(l);
-  }
-  ASSERT_NE(nullptr, ctx);
-  ibv_pd* pd = ibv_alloc_pd(ctx);
-  ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
-  ASSERT_TRUE(pd && ch);
-  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, ch, 0);
-  ASSERT_NE(nullptr, cq);
-  static uint8_t buf[256];
-  ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  ibv_qp* qa = make_qp(pd, cq);
-  ibv_qp* qb = make_qp(pd, cq);
-  ASSERT_TRUE(mr && qa && qb);
-  ASSERT_EQ(0, connect_qp(qa, qb->qp_num));
-  ASSERT_EQ(0, connect_qp(qb, qa->qp_num));
-
+  // The child is forked before this process starts the library's threads
+  // (TSan cannot follow a fork taken while other threads run); it waits in
+  // svx_unpack for what the parent sends.
   Pair p;
-  svx_object objs[2];
-  objs[0].type = SVX_OBJ_CHANNEL;  // the channel before its CQ
-  objs[0].channel = ch;
-  objs[1].type = SVX_OBJ_CQ;
-  objs[1].cq = cq;
   pid_t child = fork();
   if (child == 0) {
     alarm(20);  // a lost wake-up must fail the test, not hang it
@@ -685,6 +661,33 @@ TEST(Sharing, CompletionChannelSharedWakesAnotherProcess) {
     ibv_close_device(c);
     _exit(0);
   }
+  ibv_context* ctx = nullptr;
+  {
+    int n = 0;
+    ibv_device** l = ibv_get_device_list(&n);
+    ASSERT_GT(n, 0);
+    ctx = ibv_open_device(l[0]);
+    ibv_free_device_list(l);
+  }
+  ASSERT_NE(nullptr, ctx);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+  ASSERT_TRUE(pd && ch);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+  ASSERT_NE(nullptr, cq);
+  static uint8_t buf[256];
+  ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_qp* qa = make_qp(pd, cq);
+  ibv_qp* qb = make_qp(pd, cq);
+  ASSERT_TRUE(mr && qa && qb);
+  ASSERT_EQ(0, connect_qp(qa, qb->qp_num));
+  ASSERT_EQ(0, connect_qp(qb, qa->qp_num));
+
+  svx_object objs[2];
+  objs[0].type = SVX_OBJ_CHANNEL;  // the channel before its CQ
+  objs[0].channel = ch;
+  objs[1].type = SVX_OBJ_CQ;
+  objs[1].cq = cq;
   ASSERT_EQ(0, svx_pack(p.a, ctx, objs, 2));
   ASSERT_EQ(1, get<uint8_t>(p.a));
   usleep(20000);  // let the child fall asleep in ibv_get_cq_event
