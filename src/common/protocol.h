@@ -61,6 +61,7 @@ enum class Op : uint16_t {
   NsOpen,          // attach this (fresh) connection to the context of a published object
   NsList,          // list the namespace, a page at a time
   ImportSrq,       // reply fd: SRQ segment
+  RoceAttach,      // RoCEv2 (docs/ROCE.md): reply fds: the UDP socket on the GID's address, the arrival socket
   kCount
 };
 
@@ -227,6 +228,31 @@ struct ConnectUdReq {
   Header h;
   uint32_t qpn;   // mine
   uint32_t dest;  // the destination UD QP
+};
+
+// RoCEv2: QP `qpn` (mine) talks to another host from local GID `sgid`. The
+// daemon owns UDP port 4791 and forwards arriving datagrams for the QPN to
+// this connection's arrival socket, each prefixed by a RoceArrival.
+struct RoceAttachReq {
+  Header h;
+  uint32_t qpn;
+  uint8_t sgid[16];
+};
+
+struct RoceAttachReply {
+  Header h;
+  // The fault hook (SOFTVERBS_FAULTS, read by the daemon): per million.
+  uint32_t drop_ppm;
+  uint32_t dup_ppm;
+  uint32_t reorder_ppm;
+  uint32_t reorder_delay_us;
+  uint64_t seed;
+};
+
+// Prefix of each datagram on an arrival socket: the sender's address.
+struct RoceArrival {
+  uint8_t from[28];  // sockaddr_in or sockaddr_in6
+  uint32_t from_len;
 };
 
 struct GetMrBackingReq {

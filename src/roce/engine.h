@@ -194,6 +194,9 @@ class Qp {
   void progress();
   // When progress() next has timer work (ns on the Clock), or UINT64_MAX.
   uint64_t next_deadline() const;
+  // RTR -> RTS (ibv_modify_qp): the requester's attributes, given before
+  // anything was posted; the responder's state is kept.
+  void set_requester(uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry, uint8_t max_rd_atomic);
   // Move to the error state: flush both queues (IBTA 10.3.1).
   void set_error();
 

@@ -80,6 +80,18 @@ int UdpEndpoint::bind(const std::string& addr, uint16_t port) {
   return 0;
 }
 
+int UdpEndpoint::adopt(int fd) {
+  local_ = Addr{};
+  socklen_t len = sizeof local_.ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local_.ss), &len) != 0) return errno;
+  if (local_.ss.ss_family != AF_INET && local_.ss.ss_family != AF_INET6) return EAFNOSUPPORT;
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+  port_ = ntohs(local_.v6() ? reinterpret_cast<sockaddr_in6&>(local_.ss).sin6_port
+                            : reinterpret_cast<sockaddr_in&>(local_.ss).sin_port);
+  return 0;
+}
+
 uint64_t UdpEndpoint::add_peer(const std::string& addr, uint16_t port) {
   Addr a;
   if (!parse(addr, port, &a) || a.ss.ss_family != local_.ss.ss_family) return UINT64_MAX;
@@ -186,6 +198,41 @@ void UdpEndpoint::flush_delayed() {
   }
 }
 
+void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uint8_t* data, size_t n) {
+  Addr from;
+  if (from_len > sizeof from.ss) return;
+  std::memcpy(&from.ss, from_sa, from_len);
+  stats_.received++;
+  if (n < kBthLen + kIcrcLen) {
+    stats_.too_short++;
+    return;
+  }
+  // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
+  // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
+  std::span<const uint8_t> transport(data, n - kIcrcLen);
+  size_t hdr = 0;
+  const size_t total = frame(from, local_, transport, &hdr);
+  if (total == 0 || icrc_load(frame_.data() + total - kIcrcLen) != icrc_load(data + n - kIcrcLen)) {
+    stats_.bad_icrc++;
+    return;
+  }
+  const uint32_t dqpn = get_be24(transport.data() + 5);
+  auto it = qps_.find(dqpn);
+  if (it == qps_.end()) {
+    stats_.no_qp++;
+    return;
+  }
+  // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
+  // or 20 bytes of zero then the IPv4 header).
+  uint8_t grh[40] = {};
+  if (hdr == kIpv6UdpLen) {
+    std::memcpy(grh, frame_.data(), 40);
+  } else {
+    std::memcpy(grh + 20, frame_.data(), 20);
+  }
+  it->second->receive(transport, peer_for(from), grh);
+}
+
 void UdpEndpoint::poll(int timeout_ms) {
   pollfd p{fd_, POLLIN, 0};
   ::poll(&p, 1, timeout_ms);
@@ -194,35 +241,7 @@ void UdpEndpoint::poll(int timeout_ms) {
     socklen_t fl = sizeof from.ss;
     ssize_t n = recvfrom(fd_, rx_.data(), rx_.size(), 0, reinterpret_cast<sockaddr*>(&from.ss), &fl);
     if (n < 0) break;
-    stats_.received++;
-    if (size_t(n) < kBthLen + kIcrcLen) {
-      stats_.too_short++;
-      continue;
-    }
-    // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
-    // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
-    std::span<const uint8_t> transport(rx_.data(), size_t(n) - kIcrcLen);
-    size_t hdr = 0;
-    const size_t total = frame(from, local_, transport, &hdr);
-    if (total == 0 || icrc_load(frame_.data() + total - kIcrcLen) != icrc_load(rx_.data() + n - kIcrcLen)) {
-      stats_.bad_icrc++;
-      continue;
-    }
-    const uint32_t dqpn = get_be24(transport.data() + 5);
-    auto it = qps_.find(dqpn);
-    if (it == qps_.end()) {
-      stats_.no_qp++;
-      continue;
-    }
-    // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
-    // or 20 bytes of zero then the IPv4 header).
-    uint8_t grh[40] = {};
-    if (hdr == kIpv6UdpLen) {
-      std::memcpy(grh, frame_.data(), 40);
-    } else {
-      std::memcpy(grh + 20, frame_.data(), 20);
-    }
-    it->second->receive(transport, peer_for(from), grh);
+    deliver(reinterpret_cast<const sockaddr*>(&from.ss), fl, rx_.data(), size_t(n));
   }
   flush_delayed();
   for (auto& [qpn, qp] : qps_) qp->progress();

@@ -47,6 +47,10 @@ class UdpEndpoint : public PacketSink {
   // Binds to addr:port (an IPv4 or IPv6 address; port 0 = any free port).
   // Returns 0 or an errno.
   int bind(const std::string& addr, uint16_t port);
+  // Takes over a UDP socket bound elsewhere (the daemon's port 4791 socket,
+  // passed to a process for sending). Returns 0 or an errno. With an adopted
+  // socket the owner receives (the daemon forwards) and calls deliver().
+  int adopt(int fd);
   uint16_t port() const { return port_; }
   // An address handle for a peer (of the bound address's family), or
   // UINT64_MAX if `addr` is not one.
@@ -65,6 +69,13 @@ class UdpEndpoint : public PacketSink {
   // Receives what is there (waiting at most timeout_ms), delivers it, then
   // runs progress() on every attached Qp.
   void poll(int timeout_ms);
+  // One arriving UDP payload (BTH .. ICRC) from `from`: ICRC check, QPN
+  // demultiplexing, receive() on the Qp. progress() is the caller's.
+  void deliver(const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n);
+  // Sends the datagrams the fault hook held back whose time has come, and
+  // when the next one is due (UINT64_MAX if none).
+  void flush_delayed();
+  uint64_t next_delayed() const { return delayed_.empty() ? UINT64_MAX : delayed_.top().at; }
   // poll() until done() or deadline_ns on the clock; returns done().
   bool run(const std::function<bool()>& done, uint64_t deadline_ns);
 
@@ -90,7 +101,6 @@ class UdpEndpoint : public PacketSink {
     bool operator>(const Delayed& o) const { return at != o.at ? at > o.at : seq > o.seq; }
   };
   void transmit(uint64_t ah, std::span<const uint8_t> udp_payload);
-  void flush_delayed();
   uint64_t peer_for(const Addr& a);
 
   Clock& clock_;
