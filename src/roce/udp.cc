@@ -171,10 +171,12 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   if (!faulty_) return transmit(ah, udp_payload);
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
+  if (d.copies == 2) stats_.fault_duplicated++;
   for (int c = 0; c < d.copies; c++) {
     if (d.delay_ns[c] == 0) {
       transmit(ah, udp_payload);
     } else {
+      stats_.fault_delayed++;
       delayed_.push(Delayed{clock_.now_ns() + d.delay_ns[c], seq_++, ah,
                             std::vector<uint8_t>(udp_payload.begin(), udp_payload.end())});
     }
@@ -189,8 +191,8 @@ void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> udp_payload) {
   }
 }
 
-void UdpEndpoint::flush_delayed() {
-  const uint64_t now = clock_.now_ns();
+void UdpEndpoint::flush_delayed(bool all) {
+  const uint64_t now = all ? UINT64_MAX : clock_.now_ns();
   while (!delayed_.empty() && delayed_.top().at <= now) {
     Delayed d = delayed_.top();
     delayed_.pop();

@@ -34,7 +34,8 @@ class SteadyClock : public Clock {
 };
 
 struct UdpEndpointStats {
-  uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0;
+  uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0, fault_delayed = 0,
+           fault_duplicated = 0;
 };
 
 class UdpEndpoint : public PacketSink {
@@ -72,9 +73,10 @@ class UdpEndpoint : public PacketSink {
   // One arriving UDP payload (BTH .. ICRC) from `from`: ICRC check, QPN
   // demultiplexing, receive() on the Qp. progress() is the caller's.
   void deliver(const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n);
-  // Sends the datagrams the fault hook held back whose time has come, and
-  // when the next one is due (UINT64_MAX if none).
-  void flush_delayed();
+  // Sends the datagrams the fault hook held back whose time has come (all
+  // of them with `all`: they are on the wire already, as it were), and when
+  // the next one is due (UINT64_MAX if none).
+  void flush_delayed(bool all = false);
   uint64_t next_delayed() const { return delayed_.empty() ? UINT64_MAX : delayed_.top().at; }
   // poll() until done() or deadline_ns on the clock; returns done().
   bool run(const std::function<bool()>& done, uint64_t deadline_ns);

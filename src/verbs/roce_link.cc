@@ -11,6 +11,8 @@
 
 #include <array>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 
@@ -438,7 +440,30 @@ void roce_detach(QpState& q) {
   Hub& h = hub();
   std::lock_guard<std::mutex> g(h.mu);
   auto it = h.qps.find(q.qpn);
-  if (it != h.qps.end() && it->second->q == &q) h.qps.erase(it);
+  if (it != h.qps.end() && it->second->q == &q) {
+    RoceQp& r = *it->second;
+    // SOFTVERBS_ROCE_STATS=1: what the wire did, for tests and debugging.
+    if (r.engine && std::getenv("SOFTVERBS_ROCE_STATS")) {
+      const QpStats& s = r.engine->stats();
+      const UdpEndpointStats& e = r.ep->stats();
+      std::fprintf(stderr,
+                   "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
+                   "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
+                   "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu "
+                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu\n",
+                   q.qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
+                   (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
+                   (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
+                   (unsigned long)s.rnr_naks_received, (unsigned long)s.duplicates, (unsigned long)s.dropped,
+                   (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
+                   (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
+                   (unsigned long)e.fault_duplicated);
+    }
+    // Datagrams the fault hook holds back were sent, as far as the peer
+    // knows: they must not vanish with the QP.
+    if (r.ep) r.ep->flush_delayed(true);
+    h.qps.erase(it);
+  }
   q.on_wire.store(false, std::memory_order_release);
 }
 
