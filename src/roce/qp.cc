@@ -80,6 +80,14 @@ int Qp::post_send(SendWr wr) {
   return 0;
 }
 
+bool Qp::have_recv() {
+  if (!rq_.empty()) return true;
+  RecvWr r;
+  if (!recv_source_ || !recv_source_->take(r)) return false;
+  rq_.push_back(std::move(r));
+  return true;
+}
+
 int Qp::post_recv(RecvWr wr) {
   if (state_ == QpState::kError) {
     complete_recv(wr, WcStatus::kWrFlushErr, 0, nullptr);

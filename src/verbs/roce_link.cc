@@ -183,6 +183,39 @@ class CqSink : public CompletionSink {
   QpState& q_;
 };
 
+// Receive WQEs from the QP's ring or its SRQ, one when a message needs it:
+// the ring is shared with the shared-memory path (a UD QP hears both) and
+// an SRQ with other QPs.
+class RingRecvSource : public RecvSource {
+ public:
+  explicit RingRecvSource(QpState& q) : q_(q) {}
+  bool take(RecvWr& out) override {
+    shm::RecvWqe w;
+    if (q_.srq) {
+      SrqState& s = *q_.srq->st;
+      if (!s.ring.pop(w)) return false;
+      uint32_t limit = s.hdr->limit.load(std::memory_order_relaxed);
+      if (limit && s.ring.size() < limit && s.hdr->limit.exchange(0) != 0) {
+        // Below the armed limit: IBV_EVENT_SRQ_LIMIT_REACHED to its holders.
+        proto::HandleReq req{};
+        req.handle = s.handle;
+        proto::Empty rep{};
+        q_.ctx->st->conn.call(proto::Op::SrqLimit, req, rep);
+      }
+    } else if (!q_.rq.pop(w)) {
+      return false;
+    }
+    out.wr_id = w.wr_id;
+    out.sg.clear();
+    for (uint32_t i = 0; i < w.num_sge && i < shm::kMaxSge; ++i)
+      out.sg.push_back({w.sge[i].addr, w.sge[i].length, w.sge[i].lkey});
+    return true;
+  }
+
+ private:
+  QpState& q_;
+};
+
 using Gid = std::array<uint8_t, 16>;
 
 // "a.b.c.d" for an IPv4-mapped GID (RoCEv2, IBTA annex A17.4.5.1), else the IPv6 text.
@@ -229,14 +262,39 @@ struct RoceQp {
   Gid sgid{};
   OwnMemory mem;
   CqSink sink;
+  RingRecvSource recvs;
   std::unique_ptr<UdpEndpoint> ep;
   std::unique_ptr<roce::Qp> engine;
   roce::QpConfig cfg;
   std::map<Gid, uint64_t> ahs;  // UD destinations -> endpoint address handles
   uint32_t wire_mtu = 1024;
   uint64_t inline_next = 0;
-  explicit RoceQp(QpState& s) : q(&s), mem(s), sink(s) {}
+  bool error_reported = false;
+  explicit RoceQp(QpState& s) : q(&s), mem(s), sink(s), recvs(s) {}
 };
+
+// The engine went to the error state by itself (a fatal completion error,
+// IBTA 10.3.1): the daemon's QP table follows, so that ibv_query_qp and
+// post_recv see ERR, and what waits in the receive ring is flushed.
+// Called with the hub lock held (lock order: hub, then the connection).
+void report_error(RoceQp& r) {
+  if (r.error_reported || !r.engine || r.engine->state() != roce::QpState::kError) return;
+  r.error_reported = true;
+  QpState& q = *r.q;
+  proto::ModifyQpReq req{};
+  req.qpn = q.qpn;
+  req.attr_mask = IBV_QP_STATE;
+  req.qp_state = IBV_QPS_ERR;
+  proto::Empty rep{};
+  q.ctx->st->conn.call(proto::Op::ModifyQp, req, rep);
+  {
+    std::lock_guard<std::mutex> g(q.attr_mu);
+    q.attr.qp_state = IBV_QPS_ERR;
+  }
+  q.self->qpx.qp_base.state = IBV_QPS_ERR;
+  if (!q.srq) flush_rq(q);
+  SV_TRACE("roce: QP %u: transport error, now in ERR", q.qpn);
+}
 
 struct ArrivalSock {
   Fd fd;
@@ -255,18 +313,6 @@ struct Hub {
 
   void kick() { eventfd_signal(wake.get()); }
 
-  // Receive WQEs the application posted to the QP's ring go to the engine.
-  void refill(RoceQp& r) {
-    shm::RecvWqe w;
-    while (r.q->rq.pop(w)) {
-      RecvWr rw;
-      rw.wr_id = w.wr_id;
-      for (uint32_t i = 0; i < w.num_sge && i < shm::kMaxSge; ++i)
-        rw.sg.push_back({w.sge[i].addr, w.sge[i].length, w.sge[i].lkey});
-      r.engine->post_recv(std::move(rw));
-    }
-  }
-
   void drain(int fd) {
     for (int budget = 0; budget < 1024; ++budget) {
       ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
@@ -282,7 +328,6 @@ struct Hub {
       if (it == qps.end()) continue;
       RoceQp& r = *it->second;
       if (!r.engine) continue;
-      refill(r);
       sockaddr_storage from{};
       std::memcpy(&from, a.from, a.from_len);
       r.ep->deliver(reinterpret_cast<sockaddr*>(&from), a.from_len, dg, len);
@@ -319,6 +364,7 @@ struct Hub {
         r->ep->flush_delayed();
         r->engine->progress();
         r->ep->flush_delayed();
+        report_error(*r);
       }
     }
   }
@@ -381,7 +427,10 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
   auto it = h.qps.find(q.qpn);
   RoceQp* r = (it != h.qps.end() && it->second->q == &q) ? it->second.get() : nullptr;
   if (next == IBV_QPS_ERR) {
-    if (r && r->engine) r->engine->set_error();
+    if (r && r->engine) {
+      r->error_reported = true;  // the application's own modify
+      r->engine->set_error();
+    }
     return 0;
   }
   if (next == IBV_QPS_RTR && !r) {
@@ -421,6 +470,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
       if (c.dest_ah == UINT64_MAX) return EINVAL;  // IPv4 source, IPv6 destination or the reverse
     }
     nr->engine = std::make_unique<roce::Qp>(c, *nr->ep, nr->sink, nr->mem, h.clock);
+    nr->engine->set_recv_source(&nr->recvs);
     nr->ep->attach(nr->engine.get());
     nr->mem.inline_slab.resize(size_t(q.cap.max_send_wr + 1) * std::max<uint32_t>(q.cap.max_inline_data, 1));
     SV_TRACE("roce: QP %u on the wire, pmtu %u", q.qpn, c.pmtu);
@@ -563,6 +613,7 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   }
   r.engine->progress();
   r.ep->flush_delayed();
+  report_error(r);
   h.kick();  // the RoCE thread re-reads the deadlines
   return rc;
 }
