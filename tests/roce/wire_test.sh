@@ -9,8 +9,8 @@
 # SOFTVERBS_ROCE_STATS lines the library prints when a QP is destroyed.
 #
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
-#   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | write_bw_faults |
-#         send_lat_faults | read_bw_faults | capture
+#   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | srq | write_bw_faults |
+#         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -202,6 +202,36 @@ case $case in
   ud_reorder)
     start_daemons "reorder=0.05,seed=$seed"
     pingpong ud_reorder ibv_ud_pingpong 1 "$a1" 1024 300
+    ;;
+  srq)
+    # 16 RC QPs taking their receives from one SRQ, on demand.
+    start_daemons ""
+    pingpong srq ibv_srq_pingpong 1 "$a1" 4096 200
+    ;;
+  write_bw_uc)
+    start_daemons ""
+    perf write_bw_uc ib_write_bw 1000 65536 -c UC
+    ;;
+  send_bw_ud)
+    start_daemons ""
+    perf send_bw_ud ib_send_bw 1000 1024 -c UD
+    ;;
+  peer_dies)
+    # The server is killed mid-run: the client's retransmissions go
+    # unanswered and its send completes with IBV_WC_RETRY_EXC_ERR (IBTA
+    # 9.7.6.1.3) after retry_cnt retries, instead of hanging.
+    start_daemons ""
+    on h1 timeout -s KILL 2 ibv_rc_pingpong -g 1 -n 100000000 -p 18515 >"$work/dies.server" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do
+      "$tb" exec h1 ss -Hltn "sport = :18515" 2>/dev/null | grep -q . && break
+      sleep 0.05
+    done
+    start=$SECONDS
+    on h0 ibv_rc_pingpong -g 1 -n 100000000 -p 18515 "$a1" >"$work/dies.client" 2>&1 && fail "peer_dies: the client succeeded"
+    grep -q "transport retry counter exceeded (12)" "$work/dies.client" ||
+      { fail "peer_dies: no RETRY_EXC_ERR completion"; show dies; }
+    [ $((SECONDS - start)) -lt 30 ] || fail "peer_dies: took $((SECONDS - start)) s"
     ;;
   write_bw_faults)
     start_daemons "$faults"
