@@ -16,6 +16,7 @@
 
 #include <netinet/in.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,7 +36,7 @@ class SteadyClock : public Clock {
 
 struct UdpEndpointStats {
   uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0, fault_delayed = 0,
-           fault_duplicated = 0;
+           fault_duplicated = 0, nonzero_ipv4_id = 0;
 };
 
 class UdpEndpoint : public PacketSink {
@@ -81,6 +82,11 @@ class UdpEndpoint : public PacketSink {
   // poll() until done() or deadline_ns on the clock; returns done().
   bool run(const std::function<bool()>& done, uint64_t deadline_ns);
 
+  // IPv4 peers that send a non-zero IP ID with DF (Linux rxe: every packet)
+  // compute their ICRC over that ID, which a UDP socket cannot see. When
+  // set, an IPv4 datagram is accepted if its ICRC is right for some ID: the
+  // check keeps 16 of its 32 bits for such peers (docs/ROCE.md).
+  void set_accept_any_ipv4_id(bool on) { any_ipv4_id_ = on; }
   const UdpEndpointStats& stats() const { return stats_; }
 
  private:
@@ -103,6 +109,7 @@ class UdpEndpoint : public PacketSink {
     bool operator>(const Delayed& o) const { return at != o.at ? at > o.at : seq > o.seq; }
   };
   void transmit(uint64_t ah, std::span<const uint8_t> udp_payload);
+  bool icrc_matches_some_ipv4_id(size_t total, uint32_t got);
   uint64_t peer_for(const Addr& a);
 
   Clock& clock_;
@@ -118,6 +125,9 @@ class UdpEndpoint : public PacketSink {
   std::vector<uint8_t> frame_;  // a datagram as the kernel sends it, for the ICRC
   std::vector<uint8_t> rx_;
   UdpEndpointStats stats_;
+  bool any_ipv4_id_ = false;
+  // Per IPv4 datagram length: how each bit of the IP ID changes the ICRC.
+  std::map<size_t, std::array<uint32_t, 16>> id_deltas_;
 };
 
 }  // namespace sv::roce

@@ -395,6 +395,7 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   auto r = std::make_unique<RoceQp>(q);
   r->ep = std::make_unique<UdpEndpoint>(h.clock, f);
   if (int e = r->ep->adopt(fds[0].release())) return e;
+  r->ep->set_accept_any_ipv4_id(true);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
   std::memcpy(r->sgid.data(), sgid, 16);
   r->wire_mtu = wire_mtu_for(sgid);
   if (h.arrivals.find(&cs) == h.arrivals.end()) {
@@ -499,13 +500,14 @@ void roce_detach(QpState& q) {
       std::fprintf(stderr,
                    "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
                    "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
-                   "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu "
+                   "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu nonzero_ipv4_id %lu "
                    "fault_dropped %lu fault_delayed %lu fault_duplicated %lu\n",
                    q.qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                    (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                    (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
                    (unsigned long)s.rnr_naks_received, (unsigned long)s.duplicates, (unsigned long)s.dropped,
                    (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
+                   (unsigned long)e.nonzero_ipv4_id,
                    (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
                    (unsigned long)e.fault_duplicated);
     }
