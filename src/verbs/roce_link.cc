@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -313,7 +314,8 @@ struct Hub {
 
   void kick() { eventfd_signal(wake.get()); }
 
-  void drain(int fd) {
+  // Delivers what waits on arrival socket `fd`; counts datagrams in *got.
+  void drain(int fd, int* got) {
     for (int budget = 0; budget < 1024; ++budget) {
       ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
       if (n < 0) return;
@@ -331,6 +333,17 @@ struct Hub {
       sockaddr_storage from{};
       std::memcpy(&from, a.from, a.from_len);
       r.ep->deliver(reinterpret_cast<sockaddr*>(&from), a.from_len, dg, len);
+      if (got) ++*got;
+    }
+  }
+
+  void progress_all() {
+    for (auto& [qpn, r] : qps) {
+      if (!r->engine) continue;
+      r->ep->flush_delayed();
+      r->engine->progress();
+      r->ep->flush_delayed();
+      report_error(*r);
     }
   }
 
@@ -357,15 +370,19 @@ struct Hub {
         }
       }
       for (size_t i = 1; i < pfds.size(); ++i) {
-        if (pfds[i].revents & POLLIN) drain(pfds[i].fd);
+        if (pfds[i].revents & POLLIN) drain(pfds[i].fd, nullptr);
+        if (pfds[i].revents & (POLLHUP | POLLERR)) {
+          // The daemon closed its end (the context was closed, or the daemon
+          // died): stop polling it, or poll() would return at once for ever.
+          for (auto a = arrivals.begin(); a != arrivals.end(); ++a) {
+            if (a->second.fd.get() == pfds[i].fd) {
+              arrivals.erase(a);
+              break;
+            }
+          }
+        }
       }
-      for (auto& [qpn, r] : qps) {
-        if (!r->engine) continue;
-        r->ep->flush_delayed();
-        r->engine->progress();
-        r->ep->flush_delayed();
-        report_error(*r);
-      }
+      progress_all();
     }
   }
 };
@@ -398,7 +415,12 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   r->ep->set_accept_any_ipv4_id(true);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
   std::memcpy(r->sgid.data(), sgid, 16);
   r->wire_mtu = wire_mtu_for(sgid);
-  if (h.arrivals.find(&cs) == h.arrivals.end()) {
+  // One arrival socket per daemon connection. A ContextState at the address
+  // of a closed one is a new connection with a new socket: compare inodes.
+  auto a = h.arrivals.find(&cs);
+  struct stat now {}, had {};
+  if (a == h.arrivals.end() || ::fstat(fds[1].get(), &now) != 0 || ::fstat(a->second.fd.get(), &had) != 0 ||
+      now.st_ino != had.st_ino) {
     h.arrivals[&cs].fd = std::move(fds[1]);
     h.kick();
   }
