@@ -75,6 +75,7 @@ enum class Op : uint16_t {
   CloseXrcd,
   ConnectXrc,      // XRC: reach SRQ `srqn` through my XRC_SEND QP's target; reply fds as ConnectPeer
   OpenQp,          // ibv_open_qp: an XRC target QP of my XRC domain; reply fd: QP segment
+  RoceAttach,      // RoCEv2 (docs/ROCE.md): reply fds: the UDP socket on the GID's address, the arrival socket
   kCount
 };
 
@@ -319,6 +320,31 @@ struct ConnectUdReq {
   Header h;
   uint32_t qpn;   // mine
   uint32_t dest;  // the destination UD QP
+};
+
+// RoCEv2: QP `qpn` (mine) talks to another host from local GID `sgid`. The
+// daemon owns UDP port 4791 and forwards arriving datagrams for the QPN to
+// this connection's arrival socket, each prefixed by a RoceArrival.
+struct RoceAttachReq {
+  Header h;
+  uint32_t qpn;
+  uint8_t sgid[16];
+};
+
+struct RoceAttachReply {
+  Header h;
+  // The fault hook (SOFTVERBS_FAULTS, read by the daemon): per million.
+  uint32_t drop_ppm;
+  uint32_t dup_ppm;
+  uint32_t reorder_ppm;
+  uint32_t reorder_delay_us;
+  uint64_t seed;
+};
+
+// Prefix of each datagram on an arrival socket: the sender's address.
+struct RoceArrival {
+  uint8_t from[28];  // sockaddr_in or sockaddr_in6
+  uint32_t from_len;
 };
 
 struct GetMrBackingReq {

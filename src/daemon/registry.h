@@ -134,6 +134,9 @@ class Registry {
     return it == clients_.end() ? -1 : it->second.async_fd;
   }
 
+  // Is `qpn` a QP of the client's context? (RoCE attach)
+  bool holds_qp(uint32_t client, uint32_t qpn) { return find_qp(client, qpn) != nullptr; }
+
   // Read access for tests.
   const shm::QpEntry* qp_entry(uint32_t qpn) const;
   const shm::MrEntry* mr_entry(uint32_t key) const;

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/paths.h"
@@ -68,6 +70,19 @@ int Server::start() {
   ev.events = EPOLLIN;
   ev.data.fd = listen_fd_.get();
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev) != 0) return errno;
+  // RoCEv2 (docs/ROCE.md): the port is taken only when asked for.
+  const char* roce = std::getenv("SOFTVERBS_ROCE");
+  if ((roce && std::strcmp(roce, "1") == 0) || system_) {
+    if (int e = roce_.open()) {
+      std::fprintf(stderr, "softverbsd: RoCEv2 port not opened: %s\n", std::strerror(e));
+    }
+    for (int fd : roce_.fds()) {
+      epoll_event rev{};
+      rev.events = EPOLLIN;
+      rev.data.fd = fd;
+      if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &rev) != 0) return errno;
+    }
+  }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   ::sigaction(SIGTERM, &sa, nullptr);
@@ -94,6 +109,7 @@ int Server::run() {
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
       if (fd == listen_fd_.get()) accept_clients();
+      else if (roce_.owns(fd)) roce_.readable(fd);
       else if (evs[i].events & EPOLLIN) serve(fd);
       else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
         SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, evs[i].events);
@@ -133,6 +149,7 @@ void Server::drop(int fd) {
   if (it == conns_.end()) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   registry_.remove_client(it->second.client);
+  roce_.remove_client(it->second.client);
   conns_.erase(it);
   send_events();
 }
@@ -546,6 +563,16 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (!decode(msg, len, req)) return bad();
       proto::Empty rep{};
       return encode(h, rep, registry_.reg_async(client, std::move(in_fds[0])), out);
+    }
+    case Op::RoceAttach: {
+      proto::RoceAttachReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::RoceAttachReply rep{};
+      int st = !roce_.enabled() ? EOPNOTSUPP
+               : !registry_.holds_qp(client, req.qpn) ? EINVAL
+                                                      : roce_.attach(client, req, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
     }
     case Op::Accounts: {
       proto::Empty req;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "daemon/registry.h"
+#include "daemon/roce_port.h"
 
 namespace sv::daemon {
 
@@ -40,6 +41,7 @@ class Server {
   int idle_seconds_;
   bool system_;
   Registry registry_;
+  RocePort roce_;  // UDP 4791, when RoCEv2 is enabled
   Fd lock_fd_;
   Fd listen_fd_;
   Fd epoll_fd_;

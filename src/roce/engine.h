@@ -143,6 +143,15 @@ class Memory {
   virtual bool invalidate(uint32_t rkey) { (void)rkey; return false; }
 };
 
+// Where receive WQEs come from when the Qp's own receive queue is empty:
+// a queue shared with others (an SRQ, or a ring that other paths also
+// consume), taken from one WQE at a time, only when a message needs one.
+class RecvSource {
+ public:
+  virtual ~RecvSource() = default;
+  virtual bool take(RecvWr& out) = 0;
+};
+
 // The attributes ibv_modify_qp gives a QP on its way to RTS.
 struct QpConfig {
   QpType type = QpType::kRC;
@@ -184,6 +193,8 @@ class Qp {
   // EINVAL for a request the QP type cannot carry (e.g. READ on UC).
   int post_send(SendWr wr);
   int post_recv(RecvWr wr);
+  // Receive WQEs are also taken from `src` (not owned; nullptr: none).
+  void set_recv_source(RecvSource* src) { recv_source_ = src; }
   // One arriving transport packet; `from` is the sender's address handle
   // (reported in UD receive completions). Malformed packets, and packets for
   // another QP or transport, are dropped and counted. `grh`, if 40 bytes, is
@@ -194,6 +205,9 @@ class Qp {
   void progress();
   // When progress() next has timer work (ns on the Clock), or UINT64_MAX.
   uint64_t next_deadline() const;
+  // RTR -> RTS (ibv_modify_qp): the requester's attributes, given before
+  // anything was posted; the responder's state is kept.
+  void set_requester(uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry, uint8_t max_rd_atomic);
   // Move to the error state: flush both queues (IBTA 10.3.1).
   void set_error();
 
@@ -230,6 +244,7 @@ class Qp {
     Reth reth;
     uint64_t orig = 0;
   };
+  bool have_recv();  // rq_ has a WQE, pulled from recv_source_ if need be
   void responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh);
   void responder_duplicate(const Packet& p);
   RespResult responder_execute(const Packet& p);
@@ -297,6 +312,7 @@ class Qp {
 
   // responder
   std::deque<RecvWr> rq_;
+  RecvSource* recv_source_ = nullptr;
   uint32_t epsn_;
   uint32_t msn_ = 0;
   RespMsg resp_msg_ = RespMsg::kNone;

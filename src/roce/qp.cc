@@ -38,6 +38,19 @@ Qp::Qp(const QpConfig& cfg, PacketSink& net, CompletionSink& cq, Memory& mem, Cl
   payload_.resize(cfg_.pmtu);
 }
 
+void Qp::set_requester(uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry,
+                       uint8_t max_rd_atomic) {
+  cfg_.sq_psn = sq_psn & kPsnMask;
+  cfg_.timeout = timeout;
+  cfg_.retry_cnt = retry_cnt;
+  cfg_.rnr_retry = rnr_retry;
+  cfg_.max_rd_atomic = max_rd_atomic ? max_rd_atomic : 1;
+  next_psn_ = sent_end_ = una_ = cfg_.sq_psn;
+  last_acked_ = psn_add(cfg_.sq_psn, -1);
+  retry_left_ = cfg_.retry_cnt & 7;
+  rnr_left_ = cfg_.rnr_retry & 7;
+}
+
 uint64_t Qp::timeout_ns() const {
   // IBTA 9.7.6.1.3: 4.096 us x 2^timeout; 0 means the timer is disabled.
   return cfg_.timeout == 0 ? UINT64_MAX : 4096ull << (cfg_.timeout & 31);
@@ -65,6 +78,14 @@ int Qp::post_send(SendWr wr) {
   }
   sq_.push_back(std::move(w));
   return 0;
+}
+
+bool Qp::have_recv() {
+  if (!rq_.empty()) return true;
+  RecvWr r;
+  if (!recv_source_ || !recv_source_->take(r)) return false;
+  rq_.push_back(std::move(r));
+  return true;
 }
 
 int Qp::post_recv(RecvWr wr) {

@@ -195,7 +195,7 @@ Qp::RespResult Qp::respond_send(const Packet& p) {
     return RespResult::kNakInvalid;
   }
   if (i.starts_message()) {
-    if (rq_.empty()) return RespResult::kRnr;
+    if (!have_recv()) return RespResult::kRnr;
     cur_recv_ = std::move(rq_.front());
     rq_.pop_front();
     recv_off_ = 0;
@@ -234,7 +234,7 @@ Qp::RespResult Qp::respond_write(const Packet& p) {
   const bool imm = i.has(kHasImmDt);
   // WRITE with Immediate consumes a receive WQE: check before touching
   // anything, so that the retry after an RNR NAK finds the state unchanged.
-  if (imm && rq_.empty()) return RespResult::kRnr;
+  if (imm && !have_recv()) return RespResult::kRnr;
   if (p.payload.size() > cfg_.pmtu || (!i.ends_message() && p.payload.size() != cfg_.pmtu)) {
     return RespResult::kNakInvalid;
   }
@@ -346,7 +346,7 @@ void Qp::responder_uc(const Packet& p) {
 // WQE drops it silently. The first 40 bytes of the receive buffer are the
 // GRH's (IBTA 11.4.1), filled from `grh` when the packet I/O gives one.
 void Qp::responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
-  if (p.deth.qkey != cfg_.qkey || rq_.empty()) {
+  if (p.deth.qkey != cfg_.qkey || !have_recv()) {
     stats_.dropped++;
     return;
   }

@@ -80,6 +80,18 @@ int UdpEndpoint::bind(const std::string& addr, uint16_t port) {
   return 0;
 }
 
+int UdpEndpoint::adopt(int fd) {
+  local_ = Addr{};
+  socklen_t len = sizeof local_.ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local_.ss), &len) != 0) return errno;
+  if (local_.ss.ss_family != AF_INET && local_.ss.ss_family != AF_INET6) return EAFNOSUPPORT;
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+  port_ = ntohs(local_.v6() ? reinterpret_cast<sockaddr_in6&>(local_.ss).sin6_port
+                            : reinterpret_cast<sockaddr_in&>(local_.ss).sin_port);
+  return 0;
+}
+
 uint64_t UdpEndpoint::add_peer(const std::string& addr, uint16_t port) {
   Addr a;
   if (!parse(addr, port, &a) || a.ss.ss_family != local_.ss.ss_family) return UINT64_MAX;
@@ -159,10 +171,12 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   if (!faulty_) return transmit(ah, udp_payload);
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
+  if (d.copies == 2) stats_.fault_duplicated++;
   for (int c = 0; c < d.copies; c++) {
     if (d.delay_ns[c] == 0) {
       transmit(ah, udp_payload);
     } else {
+      stats_.fault_delayed++;
       delayed_.push(Delayed{clock_.now_ns() + d.delay_ns[c], seq_++, ah,
                             std::vector<uint8_t>(udp_payload.begin(), udp_payload.end())});
     }
@@ -177,13 +191,96 @@ void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> udp_payload) {
   }
 }
 
-void UdpEndpoint::flush_delayed() {
-  const uint64_t now = clock_.now_ns();
+void UdpEndpoint::flush_delayed(bool all) {
+  const uint64_t now = all ? UINT64_MAX : clock_.now_ns();
   while (!delayed_.empty() && delayed_.top().at <= now) {
     Delayed d = delayed_.top();
     delayed_.pop();
     transmit(d.ah, d.bytes);
   }
+}
+
+// CRC-32 is affine over GF(2): for datagrams of one length, the ICRC with
+// IP ID x is the ICRC with ID 0 XOR a linear function of x's 16 bits. So the
+// difference between the ICRC received and the one computed with ID 0 must
+// be a combination of the 16 per-bit differences, which are computed once
+// per length (frame_ holds the datagram with ID 0).
+bool UdpEndpoint::icrc_matches_some_ipv4_id(size_t total, uint32_t got) {
+  const uint32_t icrc0 = icrc_load(frame_.data() + total - kIcrcLen);
+  auto it = id_deltas_.find(total);
+  if (it == id_deltas_.end()) {
+    std::array<uint32_t, 16> d{};
+    std::span<const uint8_t> ip(frame_.data(), total - kIcrcLen);
+    for (int b = 0; b < 16; b++) {
+      frame_[4] = uint8_t((1u << b) >> 8);  // IPv4 header: ID at bytes 4-5
+      frame_[5] = uint8_t(1u << b);
+      d[b] = icrc_compute(ip).value_or(icrc0) ^ icrc0;
+    }
+    frame_[4] = frame_[5] = 0;
+    if (id_deltas_.size() > 4096) id_deltas_.clear();
+    it = id_deltas_.emplace(total, d).first;
+  }
+  // Gaussian elimination: a basis by leading bit, then reduce the difference.
+  uint32_t basis[32] = {};
+  for (uint32_t v : it->second) {
+    for (int bit = 31; bit >= 0 && v; bit--) {
+      if (!(v >> bit & 1)) continue;
+      if (!basis[bit]) {
+        basis[bit] = v;
+        break;
+      }
+      v ^= basis[bit];
+    }
+  }
+  uint32_t diff = got ^ icrc0;
+  for (int bit = 31; bit >= 0 && diff; bit--) {
+    if (!(diff >> bit & 1)) continue;
+    if (!basis[bit]) return false;
+    diff ^= basis[bit];
+  }
+  return diff == 0;
+}
+
+void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uint8_t* data, size_t n) {
+  Addr from;
+  if (from_len > sizeof from.ss) return;
+  std::memcpy(&from.ss, from_sa, from_len);
+  stats_.received++;
+  if (n < kBthLen + kIcrcLen) {
+    stats_.too_short++;
+    return;
+  }
+  // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
+  // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
+  std::span<const uint8_t> transport(data, n - kIcrcLen);
+  size_t hdr = 0;
+  const size_t total = frame(from, local_, transport, &hdr);
+  if (total == 0) {
+    stats_.bad_icrc++;
+    return;
+  }
+  if (icrc_load(frame_.data() + total - kIcrcLen) != icrc_load(data + n - kIcrcLen)) {
+    if (!any_ipv4_id_ || hdr != kIpv4UdpLen || !icrc_matches_some_ipv4_id(total, icrc_load(data + n - kIcrcLen))) {
+      stats_.bad_icrc++;
+      return;
+    }
+    stats_.nonzero_ipv4_id++;
+  }
+  const uint32_t dqpn = get_be24(transport.data() + 5);
+  auto it = qps_.find(dqpn);
+  if (it == qps_.end()) {
+    stats_.no_qp++;
+    return;
+  }
+  // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
+  // or 20 bytes of zero then the IPv4 header).
+  uint8_t grh[40] = {};
+  if (hdr == kIpv6UdpLen) {
+    std::memcpy(grh, frame_.data(), 40);
+  } else {
+    std::memcpy(grh + 20, frame_.data(), 20);
+  }
+  it->second->receive(transport, peer_for(from), grh);
 }
 
 void UdpEndpoint::poll(int timeout_ms) {
@@ -194,35 +291,7 @@ void UdpEndpoint::poll(int timeout_ms) {
     socklen_t fl = sizeof from.ss;
     ssize_t n = recvfrom(fd_, rx_.data(), rx_.size(), 0, reinterpret_cast<sockaddr*>(&from.ss), &fl);
     if (n < 0) break;
-    stats_.received++;
-    if (size_t(n) < kBthLen + kIcrcLen) {
-      stats_.too_short++;
-      continue;
-    }
-    // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
-    // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
-    std::span<const uint8_t> transport(rx_.data(), size_t(n) - kIcrcLen);
-    size_t hdr = 0;
-    const size_t total = frame(from, local_, transport, &hdr);
-    if (total == 0 || icrc_load(frame_.data() + total - kIcrcLen) != icrc_load(rx_.data() + n - kIcrcLen)) {
-      stats_.bad_icrc++;
-      continue;
-    }
-    const uint32_t dqpn = get_be24(transport.data() + 5);
-    auto it = qps_.find(dqpn);
-    if (it == qps_.end()) {
-      stats_.no_qp++;
-      continue;
-    }
-    // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
-    // or 20 bytes of zero then the IPv4 header).
-    uint8_t grh[40] = {};
-    if (hdr == kIpv6UdpLen) {
-      std::memcpy(grh, frame_.data(), 40);
-    } else {
-      std::memcpy(grh + 20, frame_.data(), 20);
-    }
-    it->second->receive(transport, peer_for(from), grh);
+    deliver(reinterpret_cast<const sockaddr*>(&from.ss), fl, rx_.data(), size_t(n));
   }
   flush_delayed();
   for (auto& [qpn, qp] : qps_) qp->progress();

@@ -16,6 +16,7 @@
 
 #include <netinet/in.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,7 +35,8 @@ class SteadyClock : public Clock {
 };
 
 struct UdpEndpointStats {
-  uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0;
+  uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0, fault_delayed = 0,
+           fault_duplicated = 0, nonzero_ipv4_id = 0;
 };
 
 class UdpEndpoint : public PacketSink {
@@ -47,6 +49,10 @@ class UdpEndpoint : public PacketSink {
   // Binds to addr:port (an IPv4 or IPv6 address; port 0 = any free port).
   // Returns 0 or an errno.
   int bind(const std::string& addr, uint16_t port);
+  // Takes over a UDP socket bound elsewhere (the daemon's port 4791 socket,
+  // passed to a process for sending). Returns 0 or an errno. With an adopted
+  // socket the owner receives (the daemon forwards) and calls deliver().
+  int adopt(int fd);
   uint16_t port() const { return port_; }
   // An address handle for a peer (of the bound address's family), or
   // UINT64_MAX if `addr` is not one.
@@ -65,9 +71,22 @@ class UdpEndpoint : public PacketSink {
   // Receives what is there (waiting at most timeout_ms), delivers it, then
   // runs progress() on every attached Qp.
   void poll(int timeout_ms);
+  // One arriving UDP payload (BTH .. ICRC) from `from`: ICRC check, QPN
+  // demultiplexing, receive() on the Qp. progress() is the caller's.
+  void deliver(const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n);
+  // Sends the datagrams the fault hook held back whose time has come (all
+  // of them with `all`: they are on the wire already, as it were), and when
+  // the next one is due (UINT64_MAX if none).
+  void flush_delayed(bool all = false);
+  uint64_t next_delayed() const { return delayed_.empty() ? UINT64_MAX : delayed_.top().at; }
   // poll() until done() or deadline_ns on the clock; returns done().
   bool run(const std::function<bool()>& done, uint64_t deadline_ns);
 
+  // IPv4 peers that send a non-zero IP ID with DF (Linux rxe: every packet)
+  // compute their ICRC over that ID, which a UDP socket cannot see. When
+  // set, an IPv4 datagram is accepted if its ICRC is right for some ID: the
+  // check keeps 16 of its 32 bits for such peers (docs/ROCE.md).
+  void set_accept_any_ipv4_id(bool on) { any_ipv4_id_ = on; }
   const UdpEndpointStats& stats() const { return stats_; }
 
  private:
@@ -90,7 +109,7 @@ class UdpEndpoint : public PacketSink {
     bool operator>(const Delayed& o) const { return at != o.at ? at > o.at : seq > o.seq; }
   };
   void transmit(uint64_t ah, std::span<const uint8_t> udp_payload);
-  void flush_delayed();
+  bool icrc_matches_some_ipv4_id(size_t total, uint32_t got);
   uint64_t peer_for(const Addr& a);
 
   Clock& clock_;
@@ -106,6 +125,9 @@ class UdpEndpoint : public PacketSink {
   std::vector<uint8_t> frame_;  // a datagram as the kernel sends it, for the ICRC
   std::vector<uint8_t> rx_;
   UdpEndpointStats stats_;
+  bool any_ipv4_id_ = false;
+  // Per IPv4 datagram length: how each bit of the IP ID changes the ICRC.
+  std::map<size_t, std::array<uint32_t, 16>> id_deltas_;
 };
 
 }  // namespace sv::roce

@@ -187,5 +187,62 @@ TEST(UdpEndpoint, CorruptIcrcAndUnknownQpAreDropped) {
   close(s);
 }
 
+// Linux rxe sends IPv4 with DF and a non-zero IP ID, which its ICRC covers
+// and a UDP socket cannot see: with set_accept_any_ipv4_id such a datagram
+// is accepted, without it dropped; a corrupted one is dropped either way.
+TEST(UdpEndpoint, Ipv4IcrcOverANonZeroIpId) {
+  for (bool any : {false, true}) {
+    SteadyClock clock;
+    UdpEndpoint ep(clock);
+    ASSERT_EQ(ep.bind("127.0.0.1", 0), 0);
+    ep.set_accept_any_ipv4_id(any);
+    TestMemory mem;
+    Cq cq;
+    QpConfig c;
+    c.qpn = 0x33;
+    c.access = kRemoteWrite;
+    uint32_t key = mem.add(0x5000, 64, kRemoteWrite);
+    Qp qp(c, ep, cq, mem, clock);
+    ep.attach(&qp);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_port = htons(0xc123);
+    inet_pton(AF_INET, "127.0.0.1", &from.sin_addr);
+    auto datagram = [&](uint16_t id, uint32_t psn, uint8_t fill) {
+      Packet p;
+      p.bth.opcode = op::kWriteOnly;
+      p.bth.dest_qp = 0x33;
+      p.bth.psn = psn;
+      p.reth = Reth{0x5000, key, 4};
+      const uint8_t data[4] = {fill, fill, fill, fill};
+      p.payload = data;
+      std::vector<uint8_t> t(packet_size(p));
+      build_packet(p, t);
+      Ipv4Udp h;
+      std::memcpy(h.src.data(), &from.sin_addr, 4);
+      std::memcpy(h.dst.data(), &from.sin_addr, 4);
+      h.sport = 0xc123;
+      h.dport = ep.port();
+      h.id = id;
+      std::vector<uint8_t> ip(kIpv4UdpLen + t.size() + 4);
+      frame_ipv4(h, t, ip);
+      return std::vector<uint8_t>(ip.begin() + kIpv4UdpLen, ip.end());
+    };
+    auto give = [&](const std::vector<uint8_t>& d) {
+      ep.deliver(reinterpret_cast<const sockaddr*>(&from), sizeof from, d.data(), d.size());
+    };
+    give(datagram(0x1234, 0, 7));  // rxe-style: ID chosen by the kernel
+    auto bad = datagram(0xbeef, any ? 1 : 0, 9);
+    bad[29] ^= 0x40;  // a payload bit flipped on the way (after BTH + RETH)
+    give(bad);
+    give(datagram(0, any ? 1 : 0, 8));  // ID 0: accepted in both modes
+    EXPECT_EQ(ep.stats().received, 3u);
+    EXPECT_EQ(ep.stats().bad_icrc, any ? 1u : 2u);
+    EXPECT_EQ(ep.stats().nonzero_ipv4_id, any ? 1u : 0u);
+    EXPECT_EQ(mem.writes, any ? 2u : 1u);
+    EXPECT_EQ(mem.bytes(key)[0], 8);
+  }
+}
+
 }  // namespace
 }  // namespace sv::roce

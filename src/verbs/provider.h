@@ -230,6 +230,7 @@ struct QpState {
   bool head_started = false;
   uint64_t next_try_ns = 0;
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
+  std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
   struct Qp* self = nullptr;
 
   // Extended QPs (qp_ex.cc): the IBV_QP_EX_WITH_* ops allowed, 0 for a QP

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "verbs/provider.h"
+#include "verbs/roce_link.h"
 
 namespace sv::verbs {
 
@@ -340,6 +341,15 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     s.qp_state = next;
   }
   ibqp->state = next;
+  if (mask & IBV_QP_STATE) {
+    // A peer on another host: the QP goes on the wire at RTR (roce_link.h).
+    ibv_qp_attr now;
+    {
+      std::lock_guard<std::mutex> g(q.attr_mu);
+      now = q.attr;
+    }
+    if (int e = roce_on_modify(q, now, mask, next)) return e;
+  }
   if (next == IBV_QPS_ERR) {
     flush_qp(q);
   } else if (next == IBV_QPS_RESET) {
@@ -394,6 +404,7 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
     cs.qp_handles.erase(q.qpn);
   }
   progress_unregister(&q);
+  roce_detach(q);
   pthread_cond_destroy(&ibqp->cond);
   pthread_mutex_destroy(&ibqp->mutex);
   delete qp->st;

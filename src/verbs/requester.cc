@@ -13,6 +13,7 @@
 
 #include "common/trace.h"
 #include "verbs/provider.h"
+#include "verbs/roce_link.h"
 
 namespace sv::verbs {
 namespace {
@@ -794,6 +795,10 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     *bad = wr;
     return EIO;
   }
+  // The peer is on another host: the RoCEv2 engine carries it (roce_link.h).
+  if (roce_attached(q) && wr &&
+      (q.type != IBV_QPT_UD || (wr->wr.ud.ah && wr->wr.ud.ah->context == ibqp->context && roce_ud_remote(q, wr))))
+    return roce_post_send(q, wr, bad);
   int rc = 0;
   bool need_progress = false;
   q.hdr->send_lock.lock(self_pid());

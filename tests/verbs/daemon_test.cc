@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -154,6 +155,20 @@ TEST(Daemon, ForgedAndForeignHandlesAreRefused) {
   EXPECT_EQ(EINVAL, c.send(proto::Op::CreateCq, cq));
   // The peer's objects are untouched.
   EXPECT_EQ(0, p.post_recv(1, 0, 8));
+}
+
+// UDP 4791 belongs to a per-user daemon only when asked (SOFTVERBS_ROCE=1,
+// docs/ROCE.md); otherwise no QP can be attached to the wire.
+TEST(Daemon, RoceAttachNeedsTheRocePort) {
+  if (const char* e = std::getenv("SOFTVERBS_ROCE"); e && std::strcmp(e, "1") == 0) GTEST_SKIP();
+  ensure_daemon();
+  Side s;
+  ASSERT_EQ(0, s.open({}));
+  RawClient c;
+  proto::RoceAttachReq r{};
+  r.qpn = s.qp->qp_num;
+  r.sgid[10] = r.sgid[11] = 0xff;
+  EXPECT_EQ(EOPNOTSUPP, c.send(proto::Op::RoceAttach, r));
 }
 
 }  // namespace

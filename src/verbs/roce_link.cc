@@ -1,0 +1,645 @@
+#include "verbs/roce_link.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
+#include "common/trace.h"
+#include "roce/engine.h"
+#include "roce/udp.h"
+#include "verbs/provider.h"
+
+namespace sv::verbs {
+namespace {
+
+using namespace sv::roce;
+
+// The registered memory of one QP's PD in this process, as the engine needs
+// it: every key checked against the MR table (IBTA 10.6.7), since what
+// arrives from the wire is untrusted.
+class OwnMemory : public Memory {
+ public:
+  explicit OwnMemory(QpState& q) : q_(q) {}
+
+  // `fn` gets the bytes [addr, addr+len) if `key` grants `need` over them.
+  bool access(uint32_t key, uint64_t addr, uint64_t len, uint32_t need, bool remote,
+              const std::function<void(uint8_t*)>& fn) {
+    if (len == 0) {
+      // A zero-length access needs no key (IBTA 9.7.4.1.5 for remote ones).
+      fn(nullptr);
+      return true;
+    }
+    ContextState& cs = *q_.ctx->st;
+    const MrEntry* e = cs.mr(key);
+    if (!e || e->pd != q_.pd->handle) return false;
+    if (!remote) {
+      // L_Keys name memory regions only (IBTA 10.6.3).
+      if (e->kind != shm::kKindMr) return false;
+    } else if (e->kind == shm::kKindMw2 && e->bound_qpn != q_.qpn) {
+      return false;  // a type 2 window serves only the QP it is bound to (IBTA 10.6.7.2.5)
+    }
+    if ((e->access & need) != need) return false;
+    if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return false;
+    const uint64_t off = e->file_offset + (addr - e->iova);
+    if (e->backing == cs.backing) {
+      fn(reinterpret_cast<uint8_t*>(off));  // our own memory: file offset == address
+      return true;
+    }
+    if (e->owner_pid == self_pid()) {
+      std::lock_guard<std::mutex> g(cs.mu);
+      if (auto v = cs.local_views.find(e->backing); v != cs.local_views.end()) {
+        fn(v->second.first + (off - v->second.second));
+        return true;
+      }
+    }
+    std::shared_ptr<Window> w = window_for(cs, *e, key);
+    if (!w) return false;
+    fn(w->at(off));
+    return true;
+  }
+
+  // Inline sends (IBV_SEND_INLINE) have no key: their bytes are copied at
+  // post time into staging slots, named by key 0 (never a valid key: slot 0
+  // of the MR table is unused).
+  std::vector<uint8_t> inline_slab;
+
+  bool local_read(uint32_t lkey, uint64_t addr, std::span<uint8_t> out) override {
+    if (lkey == 0 && !out.empty()) {
+      auto* base = inline_slab.data();
+      auto* p = reinterpret_cast<uint8_t*>(addr);
+      if (p < base || p + out.size() > base + inline_slab.size()) return false;
+      std::memcpy(out.data(), p, out.size());
+      return true;
+    }
+    return access(lkey, addr, out.size(), 0, false, [&](uint8_t* p) { std::memcpy(out.data(), p, out.size()); });
+  }
+  bool local_write(uint32_t lkey, uint64_t addr, std::span<const uint8_t> in) override {
+    return access(lkey, addr, in.size(), IBV_ACCESS_LOCAL_WRITE, false,
+                  [&](uint8_t* p) { std::memcpy(p, in.data(), in.size()); });
+  }
+  bool remote_check(uint32_t rkey, uint64_t va, uint64_t len, uint32_t need) override {
+    return access(rkey, va, len, need, true, [](uint8_t*) {});
+  }
+  bool remote_write(uint32_t rkey, uint64_t va, std::span<const uint8_t> in) override {
+    return access(rkey, va, in.size(), IBV_ACCESS_REMOTE_WRITE, true, [&](uint8_t* p) {
+      // The last bytes last, so a poller of a buffer's final byte (perftest's
+      // latency tests) sees the message whole (docs/ARCHITECTURE.md).
+      size_t n = in.size(), tail = n >= 8 ? 8 : n;
+      std::memcpy(p, in.data(), n - tail);
+      asm volatile("" ::: "memory");
+      std::memcpy(p + n - tail, in.data() + n - tail, tail);
+    });
+  }
+  bool remote_read(uint32_t rkey, uint64_t va, std::span<uint8_t> out) override {
+    return access(rkey, va, out.size(), IBV_ACCESS_REMOTE_READ, true,
+                  [&](uint8_t* p) { std::memcpy(out.data(), p, out.size()); });
+  }
+  bool remote_atomic(uint32_t rkey, uint64_t va, bool cas, uint64_t compare_add, uint64_t swap,
+                     uint64_t* orig) override {
+    // __atomic on the shared page: atomic with respect to local QPs too.
+    return access(rkey, va, 8, IBV_ACCESS_REMOTE_ATOMIC, true, [&](uint8_t* p) {
+      auto* w = reinterpret_cast<uint64_t*>(p);
+      if (cas) {
+        uint64_t expect = compare_add;
+        __atomic_compare_exchange_n(w, &expect, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        *orig = expect;
+      } else {
+        *orig = __atomic_fetch_add(w, compare_add, __ATOMIC_SEQ_CST);
+      }
+    });
+  }
+
+ private:
+  QpState& q_;
+};
+
+ibv_wc_status to_status(WcStatus s) {
+  switch (s) {
+    case WcStatus::kSuccess: return IBV_WC_SUCCESS;
+    case WcStatus::kLocLenErr: return IBV_WC_LOC_LEN_ERR;
+    case WcStatus::kLocQpOpErr: return IBV_WC_LOC_QP_OP_ERR;
+    case WcStatus::kLocProtErr: return IBV_WC_LOC_PROT_ERR;
+    case WcStatus::kWrFlushErr: return IBV_WC_WR_FLUSH_ERR;
+    case WcStatus::kRemInvReqErr: return IBV_WC_REM_INV_REQ_ERR;
+    case WcStatus::kRemAccessErr: return IBV_WC_REM_ACCESS_ERR;
+    case WcStatus::kRemOpErr: return IBV_WC_REM_OP_ERR;
+    case WcStatus::kRetryExcErr: return IBV_WC_RETRY_EXC_ERR;
+    case WcStatus::kRnrRetryExcErr: return IBV_WC_RNR_RETRY_EXC_ERR;
+  }
+  return IBV_WC_GENERAL_ERR;
+}
+
+ibv_wc_opcode to_wc_opcode(WcOpcode o) {
+  switch (o) {
+    case WcOpcode::kSend: return IBV_WC_SEND;
+    case WcOpcode::kWrite: return IBV_WC_RDMA_WRITE;
+    case WcOpcode::kRead: return IBV_WC_RDMA_READ;
+    case WcOpcode::kCompareSwap: return IBV_WC_COMP_SWAP;
+    case WcOpcode::kFetchAdd: return IBV_WC_FETCH_ADD;
+    case WcOpcode::kRecv: return IBV_WC_RECV;
+    case WcOpcode::kRecvWriteImm: return IBV_WC_RECV_RDMA_WITH_IMM;
+  }
+  return IBV_WC_SEND;
+}
+
+class CqSink : public CompletionSink {
+ public:
+  explicit CqSink(QpState& q) : q_(q) {}
+  void complete(const Completion& c) override {
+    ibv_wc wc{};
+    wc.wr_id = c.wr_id;
+    wc.status = to_status(c.status);
+    wc.opcode = to_wc_opcode(c.opcode);
+    wc.qp_num = q_.qpn;
+    wc.byte_len = c.byte_len;
+    if (c.has_imm) {
+      wc.wc_flags |= IBV_WC_WITH_IMM;
+      wc.imm_data = c.imm;
+    }
+    if (c.has_inv) {
+      wc.wc_flags |= IBV_WC_WITH_INV;
+      wc.invalidated_rkey = c.invalidated_rkey;
+    }
+    if (c.grh) wc.wc_flags |= IBV_WC_GRH;
+    wc.src_qp = c.src_qp;
+    wc.pkey_index = 0;
+    Cq* cq = c.is_recv ? q_.recv_cq : q_.send_cq;
+    cq->st->view.push(wc, c.is_recv);
+  }
+
+ private:
+  QpState& q_;
+};
+
+// Receive WQEs from the QP's ring or its SRQ, one when a message needs it:
+// the ring is shared with the shared-memory path (a UD QP hears both) and
+// an SRQ with other QPs.
+class RingRecvSource : public RecvSource {
+ public:
+  explicit RingRecvSource(QpState& q) : q_(q) {}
+  bool take(RecvWr& out) override {
+    shm::RecvWqe w;
+    if (q_.srq) {
+      SrqState& s = *q_.srq->st;
+      if (!s.ring.pop(w)) return false;
+      uint32_t limit = s.hdr->limit.load(std::memory_order_relaxed);
+      if (limit && s.ring.size() < limit && s.hdr->limit.exchange(0) != 0) {
+        // Below the armed limit: IBV_EVENT_SRQ_LIMIT_REACHED to its holders.
+        proto::HandleReq req{};
+        req.handle = s.handle;
+        proto::Empty rep{};
+        q_.ctx->st->conn.call(proto::Op::SrqLimit, req, rep);
+      }
+    } else if (!q_.rq.pop(w)) {
+      return false;
+    }
+    out.wr_id = w.wr_id;
+    out.sg.clear();
+    for (uint32_t i = 0; i < w.num_sge && i < shm::kMaxSge; ++i)
+      out.sg.push_back({w.sge[i].addr, w.sge[i].length, w.sge[i].lkey});
+    return true;
+  }
+
+ private:
+  QpState& q_;
+};
+
+using Gid = std::array<uint8_t, 16>;
+
+// "a.b.c.d" for an IPv4-mapped GID (RoCEv2, IBTA annex A17.4.5.1), else the IPv6 text.
+std::string gid_to_ip(const uint8_t* g) {
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (std::memcmp(g, mapped, 12) == 0) inet_ntop(AF_INET, g + 12, buf, sizeof buf);
+  else inet_ntop(AF_INET6, g, buf, sizeof buf);
+  return buf;
+}
+
+// The largest IB MTU whose packets (IP, UDP, BTH, the longest extension
+// headers, ICRC) fit the netdev that holds `sgid`: never IP-fragment.
+uint32_t wire_mtu_for(const uint8_t* sgid) {
+  const bool v4 = gid_to_ip(sgid).find(':') == std::string::npos;
+  uint32_t ifmtu = 1500;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+      if (!i->ifa_addr) continue;
+      const void* a = nullptr;
+      if (v4 && i->ifa_addr->sa_family == AF_INET) a = &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+      if (!v4 && i->ifa_addr->sa_family == AF_INET6) a = &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
+      if (!a || std::memcmp(a, v4 ? sgid + 12 : sgid, v4 ? 4 : 16) != 0) continue;
+      int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      ifreq r{};
+      std::strncpy(r.ifr_name, i->ifa_name, IFNAMSIZ - 1);
+      if (s >= 0 && ::ioctl(s, SIOCGIFMTU, &r) == 0) ifmtu = uint32_t(r.ifr_mtu);
+      if (s >= 0) ::close(s);
+      break;
+    }
+    ::freeifaddrs(ifs);
+  }
+  const uint32_t overhead = (v4 ? 20 : 40) + 8 + kBthLen + 28 + kIcrcLen;
+  uint32_t mtu = 4096;
+  while (mtu > 256 && mtu + overhead > ifmtu) mtu /= 2;
+  return mtu;
+}
+
+uint32_t mtu_bytes(ibv_mtu m) { return (m >= IBV_MTU_256 && m <= IBV_MTU_4096) ? 128u << m : 1024; }
+
+struct RoceQp {
+  QpState* q;
+  Gid sgid{};
+  OwnMemory mem;
+  CqSink sink;
+  RingRecvSource recvs;
+  std::unique_ptr<UdpEndpoint> ep;
+  std::unique_ptr<roce::Qp> engine;
+  roce::QpConfig cfg;
+  std::map<Gid, uint64_t> ahs;  // UD destinations -> endpoint address handles
+  uint32_t wire_mtu = 1024;
+  uint64_t inline_next = 0;
+  bool error_reported = false;
+  explicit RoceQp(QpState& s) : q(&s), mem(s), sink(s), recvs(s) {}
+};
+
+// The engine went to the error state by itself (a fatal completion error,
+// IBTA 10.3.1): the daemon's QP table follows, so that ibv_query_qp and
+// post_recv see ERR, and what waits in the receive ring is flushed.
+// Called with the hub lock held (lock order: hub, then the connection).
+void report_error(RoceQp& r) {
+  if (r.error_reported || !r.engine || r.engine->state() != roce::QpState::kError) return;
+  r.error_reported = true;
+  QpState& q = *r.q;
+  proto::ModifyQpReq req{};
+  req.qpn = q.qpn;
+  req.attr_mask = IBV_QP_STATE;
+  req.qp_state = IBV_QPS_ERR;
+  proto::Empty rep{};
+  q.ctx->st->conn.call(proto::Op::ModifyQp, req, rep);
+  {
+    std::lock_guard<std::mutex> g(q.attr_mu);
+    q.attr.qp_state = IBV_QPS_ERR;
+  }
+  q.self->qpx.qp_base.state = IBV_QPS_ERR;
+  if (!q.srq) flush_rq(q);
+  SV_TRACE("roce: QP %u: transport error, now in ERR", q.qpn);
+}
+
+struct ArrivalSock {
+  Fd fd;
+};
+
+// All RoCE QPs of this process and the thread that serves their arrivals
+// and timers.
+struct Hub {
+  std::mutex mu;
+  std::map<uint32_t, std::unique_ptr<RoceQp>> qps;        // by QPN
+  std::map<ContextState*, ArrivalSock> arrivals;           // one per daemon connection
+  SteadyClock clock;
+  Fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+  bool started = false;
+  std::vector<uint8_t> buf = std::vector<uint8_t>(65536 + sizeof(proto::RoceArrival));
+
+  void kick() { eventfd_signal(wake.get()); }
+
+  // Delivers what waits on arrival socket `fd`; counts datagrams in *got.
+  void drain(int fd, int* got) {
+    for (int budget = 0; budget < 1024; ++budget) {
+      ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+      if (n < 0) return;
+      if (size_t(n) < sizeof(proto::RoceArrival) + kBthLen + kIcrcLen) continue;
+      proto::RoceArrival a;
+      std::memcpy(&a, buf.data(), sizeof a);
+      if (a.from_len > sizeof a.from) continue;
+      const uint8_t* dg = buf.data() + sizeof a;
+      const size_t len = size_t(n) - sizeof a;
+      const uint32_t dqpn = uint32_t(dg[5]) << 16 | uint32_t(dg[6]) << 8 | dg[7];
+      auto it = qps.find(dqpn);
+      if (it == qps.end()) continue;
+      RoceQp& r = *it->second;
+      if (!r.engine) continue;
+      sockaddr_storage from{};
+      std::memcpy(&from, a.from, a.from_len);
+      r.ep->deliver(reinterpret_cast<sockaddr*>(&from), a.from_len, dg, len);
+      if (got) ++*got;
+    }
+  }
+
+  void progress_all() {
+    for (auto& [qpn, r] : qps) {
+      if (!r->engine) continue;
+      r->ep->flush_delayed();
+      r->engine->progress();
+      r->ep->flush_delayed();
+      report_error(*r);
+    }
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lk(mu);
+    std::vector<pollfd> pfds;
+    for (;;) {
+      pfds.clear();
+      pfds.push_back({wake.get(), POLLIN, 0});
+      for (auto& [cs, a] : arrivals) pfds.push_back({a.fd.get(), POLLIN, 0});
+      const uint64_t now = clock.now_ns();
+      uint64_t next = now + 20'000'000;
+      for (auto& [qpn, r] : qps) {
+        if (!r->engine) continue;
+        next = std::min({next, r->engine->next_deadline(), r->ep->next_delayed()});
+      }
+      int ms = next <= now ? 0 : int((next - now + 999'999) / 1'000'000);
+      lk.unlock();
+      ::poll(pfds.data(), pfds.size(), ms);
+      lk.lock();
+      if (pfds[0].revents & POLLIN) {
+        uint64_t v;
+        while (::read(wake.get(), &v, sizeof v) > 0) {
+        }
+      }
+      for (size_t i = 1; i < pfds.size(); ++i) {
+        if (pfds[i].revents & POLLIN) drain(pfds[i].fd, nullptr);
+        if (pfds[i].revents & (POLLHUP | POLLERR)) {
+          // The daemon closed its end (the context was closed, or the daemon
+          // died): stop polling it, or poll() would return at once for ever.
+          for (auto a = arrivals.begin(); a != arrivals.end(); ++a) {
+            if (a->second.fd.get() == pfds[i].fd) {
+              arrivals.erase(a);
+              break;
+            }
+          }
+        }
+      }
+      progress_all();
+    }
+  }
+};
+
+Hub& hub() {
+  static Hub* h = new Hub;  // lives until exit; its thread is detached
+  return *h;
+}
+
+// RoceAttach: the daemon's socket on the address of `sgid`, and this
+// connection's arrival socket. Called with the hub lock held.
+int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out) {
+  ContextState& cs = *q.ctx->st;
+  proto::RoceAttachReq req{};
+  req.qpn = q.qpn;
+  std::memcpy(req.sgid, sgid, 16);
+  proto::RoceAttachReply rep{};
+  std::vector<Fd> fds;
+  if (int e = cs.conn.call(proto::Op::RoceAttach, req, rep, {}, &fds)) return e;
+  if (fds.size() != 2) return EPROTO;
+  FaultConfig f;
+  f.drop = rep.drop_ppm / 1e6;
+  f.duplicate = rep.dup_ppm / 1e6;
+  f.reorder = rep.reorder_ppm / 1e6;
+  f.reorder_delay_ns = uint64_t(rep.reorder_delay_us) * 1000;
+  f.seed = rep.seed ^ (uint64_t(q.qpn) << 32);  // each QP its own sequence
+  auto r = std::make_unique<RoceQp>(q);
+  r->ep = std::make_unique<UdpEndpoint>(h.clock, f);
+  if (int e = r->ep->adopt(fds[0].release())) return e;
+  r->ep->set_accept_any_ipv4_id(true);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
+  std::memcpy(r->sgid.data(), sgid, 16);
+  r->wire_mtu = wire_mtu_for(sgid);
+  // One arrival socket per daemon connection. A ContextState at the address
+  // of a closed one is a new connection with a new socket: compare inodes.
+  auto a = h.arrivals.find(&cs);
+  struct stat now {}, had {};
+  if (a == h.arrivals.end() || ::fstat(fds[1].get(), &now) != 0 || ::fstat(a->second.fd.get(), &had) != 0 ||
+      now.st_ino != had.st_ino) {
+    h.arrivals[&cs].fd = std::move(fds[1]);
+    h.kick();
+  }
+  if (!h.started) {
+    h.started = true;
+    std::thread([&h] { h.run(); }).detach();
+  }
+  out = std::move(r);
+  return 0;
+}
+
+QpType engine_type(ibv_qp_type t) {
+  return t == IBV_QPT_UC ? QpType::kUC : t == IBV_QPT_UD ? QpType::kUD : QpType::kRC;
+}
+
+}  // namespace
+
+bool roce_attached(const QpState& q) { return q.on_wire.load(std::memory_order_acquire); }
+
+int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next) {
+  Hub& h = hub();
+  if (next == IBV_QPS_RESET) {
+    roce_detach(q);
+    return 0;
+  }
+  std::lock_guard<std::mutex> g(h.mu);
+  auto it = h.qps.find(q.qpn);
+  RoceQp* r = (it != h.qps.end() && it->second->q == &q) ? it->second.get() : nullptr;
+  if (next == IBV_QPS_ERR) {
+    if (r && r->engine) {
+      r->error_reported = true;  // the application's own modify
+      r->engine->set_error();
+    }
+    return 0;
+  }
+  if (next == IBV_QPS_RTR && !r) {
+    uint8_t sgid[16] = {};
+    if (q.type == IBV_QPT_UD) {
+      // A UD QP has no address vector: it listens on the first address of
+      // the GID table after loopback (index 1); messages to local GIDs
+      // keep the shared-memory path.
+      ibv_gid g1{};
+      if (ibv_query_gid(q.self->qpx.qp_base.context, 1, 1, &g1) != 0) return 0;
+      std::memcpy(sgid, g1.raw, 16);
+    } else {
+      if (!(mask & IBV_QP_AV) || !attr.ah_attr.is_global || gid_is_local(attr.ah_attr.grh.dgid.raw)) return 0;
+      ibv_gid s{};
+      if (ibv_query_gid(q.self->qpx.qp_base.context, 1, attr.ah_attr.grh.sgid_index, &s) != 0) return EINVAL;
+      std::memcpy(sgid, s.raw, 16);
+    }
+    std::unique_ptr<RoceQp> nr;
+    if (int e = attach(h, q, sgid, nr)) {
+      // UD without a RoCE port stays a local-only QP.
+      if (q.type == IBV_QPT_UD) return 0;
+      SV_TRACE("roce: QP %u: no RoCEv2 port: %s", q.qpn, std::strerror(e));
+      return e;
+    }
+    roce::QpConfig& c = nr->cfg;
+    c.type = engine_type(q.type);
+    c.qpn = q.qpn;
+    c.pmtu = q.type == IBV_QPT_UD ? nr->wire_mtu : std::min(mtu_bytes(attr.path_mtu), nr->wire_mtu);
+    c.rq_psn = attr.rq_psn;
+    c.access = uint32_t(attr.qp_access_flags);
+    c.min_rnr_timer = attr.min_rnr_timer;
+    c.max_dest_rd_atomic = attr.max_dest_rd_atomic ? attr.max_dest_rd_atomic : 1;
+    c.qkey = attr.qkey;
+    if (q.type != IBV_QPT_UD) {
+      c.dest_qpn = attr.dest_qp_num;
+      c.dest_ah = nr->ep->add_peer(gid_to_ip(attr.ah_attr.grh.dgid.raw), kRoceV2Port);
+      if (c.dest_ah == UINT64_MAX) return EINVAL;  // IPv4 source, IPv6 destination or the reverse
+    }
+    nr->engine = std::make_unique<roce::Qp>(c, *nr->ep, nr->sink, nr->mem, h.clock);
+    nr->engine->set_recv_source(&nr->recvs);
+    nr->ep->attach(nr->engine.get());
+    nr->mem.inline_slab.resize(size_t(q.cap.max_send_wr + 1) * std::max<uint32_t>(q.cap.max_inline_data, 1));
+    SV_TRACE("roce: QP %u on the wire, pmtu %u", q.qpn, c.pmtu);
+    h.qps[q.qpn] = std::move(nr);
+    q.on_wire.store(true, std::memory_order_release);
+    return 0;
+  }
+  if (next == IBV_QPS_RTS && r && r->engine && q.type != IBV_QPT_UD) {
+    r->engine->set_requester(attr.sq_psn, attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic);
+  } else if (next == IBV_QPS_RTS && r && r->engine) {
+    r->engine->set_requester(attr.sq_psn, 0, 0, 0, 1);
+  }
+  return 0;
+}
+
+void roce_detach(QpState& q) {
+  Hub& h = hub();
+  std::lock_guard<std::mutex> g(h.mu);
+  auto it = h.qps.find(q.qpn);
+  if (it != h.qps.end() && it->second->q == &q) {
+    RoceQp& r = *it->second;
+    // SOFTVERBS_ROCE_STATS=1: what the wire did, for tests and debugging.
+    if (r.engine && std::getenv("SOFTVERBS_ROCE_STATS")) {
+      const QpStats& s = r.engine->stats();
+      const UdpEndpointStats& e = r.ep->stats();
+      std::fprintf(stderr,
+                   "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
+                   "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
+                   "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu nonzero_ipv4_id %lu "
+                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu\n",
+                   q.qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
+                   (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
+                   (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
+                   (unsigned long)s.rnr_naks_received, (unsigned long)s.duplicates, (unsigned long)s.dropped,
+                   (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
+                   (unsigned long)e.nonzero_ipv4_id,
+                   (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
+                   (unsigned long)e.fault_duplicated);
+    }
+    // Datagrams the fault hook holds back were sent, as far as the peer
+    // knows: they must not vanish with the QP.
+    if (r.ep) r.ep->flush_delayed(true);
+    h.qps.erase(it);
+  }
+  q.on_wire.store(false, std::memory_order_release);
+}
+
+bool roce_ud_remote(const QpState&, const ibv_send_wr* wr) {
+  const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
+  return ah && ah->attr.is_global && !gid_is_local(ah->attr.grh.dgid.raw);
+}
+
+int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
+  Hub& h = hub();
+  std::lock_guard<std::mutex> g(h.mu);
+  auto it = h.qps.find(q.qpn);
+  if (it == h.qps.end() || !it->second->engine) {
+    *bad = wr;
+    return EINVAL;
+  }
+  RoceQp& r = *it->second;
+  int rc = 0;
+  for (; wr; wr = wr->next) {
+    uint32_t op;
+    std::memcpy(&op, &wr->opcode, sizeof op);
+    SendWr s;
+    switch (op) {
+      case IBV_WR_SEND: s.opcode = WrOpcode::kSend; break;
+      case IBV_WR_SEND_WITH_IMM: s.opcode = WrOpcode::kSendImm; break;
+      case IBV_WR_SEND_WITH_INV: s.opcode = WrOpcode::kSendInv; break;
+      case IBV_WR_RDMA_WRITE: s.opcode = WrOpcode::kWrite; break;
+      case IBV_WR_RDMA_WRITE_WITH_IMM: s.opcode = WrOpcode::kWriteImm; break;
+      case IBV_WR_RDMA_READ: s.opcode = WrOpcode::kRead; break;
+      case IBV_WR_ATOMIC_CMP_AND_SWP: s.opcode = WrOpcode::kCompareSwap; break;
+      case IBV_WR_ATOMIC_FETCH_AND_ADD: s.opcode = WrOpcode::kFetchAdd; break;
+      default: rc = EINVAL; break;  // memory windows and LOCAL_INV: not on the wire yet
+    }
+    if (rc == 0 && (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge)) rc = EINVAL;
+    if (rc == 0 && r.engine->send_queue_depth() >= q.cap.max_send_wr) rc = ENOMEM;
+    if (rc) {
+      *bad = wr;
+      break;
+    }
+    s.wr_id = wr->wr_id;
+    s.signaled = q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+    s.solicited = wr->send_flags & IBV_SEND_SOLICITED;
+    s.fence = wr->send_flags & IBV_SEND_FENCE;
+    s.imm = wr->imm_data;
+    s.invalidate_rkey = wr->invalidate_rkey;
+    if ((wr->send_flags & IBV_SEND_INLINE) && op != IBV_WR_RDMA_READ) {
+      // Copied now (ibv_post_send(3): the buffer may be reused at once) into
+      // a staging slot, which lives until the WR has surely retired: the
+      // engine holds at most max_send_wr WRs and there are one more slots.
+      uint64_t total = 0;
+      for (int i = 0; i < wr->num_sge; ++i) total += wr->sg_list[i].length;
+      const size_t slot = std::max<uint32_t>(q.cap.max_inline_data, 1);
+      if (total > slot) {
+        *bad = wr;
+        rc = EINVAL;
+        break;
+      }
+      uint8_t* p = r.mem.inline_slab.data() + (r.inline_next++ % (q.cap.max_send_wr + 1)) * slot;
+      uint64_t off = 0;
+      for (int i = 0; i < wr->num_sge; ++i) {
+        std::memcpy(p + off, reinterpret_cast<const void*>(wr->sg_list[i].addr), wr->sg_list[i].length);
+        off += wr->sg_list[i].length;
+      }
+      if (total) s.sg.push_back({uint64_t(reinterpret_cast<uintptr_t>(p)), uint32_t(total), 0});
+    } else {
+      for (int i = 0; i < wr->num_sge; ++i)
+        s.sg.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
+    }
+    if (q.type == IBV_QPT_UD) {
+      const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
+      Gid dg;
+      std::memcpy(dg.data(), ah->attr.grh.dgid.raw, 16);
+      auto a = r.ahs.find(dg);
+      if (a == r.ahs.end()) a = r.ahs.emplace(dg, r.ep->add_peer(gid_to_ip(dg.data()), kRoceV2Port)).first;
+      if (a->second == UINT64_MAX) {
+        *bad = wr;
+        rc = EINVAL;
+        break;
+      }
+      s.ah = a->second;
+      s.remote_qpn = wr->wr.ud.remote_qpn & 0xffffff;
+      s.remote_qkey = wr->wr.ud.remote_qkey;
+    } else if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      s.remote_addr = wr->wr.atomic.remote_addr;
+      s.rkey = wr->wr.atomic.rkey;
+      s.compare_add = wr->wr.atomic.compare_add;
+      s.swap = wr->wr.atomic.swap;
+    } else {
+      s.remote_addr = wr->wr.rdma.remote_addr;
+      s.rkey = wr->wr.rdma.rkey;
+    }
+    if (int e = r.engine->post_send(std::move(s))) {
+      *bad = wr;
+      rc = e;
+      break;
+    }
+  }
+  r.engine->progress();
+  r.ep->flush_delayed();
+  report_error(r);
+  h.kick();  // the RoCE thread re-reads the deadlines
+  return rc;
+}
+
+}  // namespace sv::verbs

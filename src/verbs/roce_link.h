@@ -1,0 +1,40 @@
+// roce_link.h: QPs whose peer is on another host, over RoCEv2 (docs/ROCE.md).
+//
+// When a RC or UC QP moves to RTR with an address vector whose destination
+// GID is not one of this host's, or a UD QP moves to RTR while the daemon
+// owns the RoCEv2 port, the QP is attached to the daemon's UDP port 4791
+// (RoceAttach) and from then on runs the transport engine of src/roce in
+// this process: post_send hands work requests to the engine (which sends
+// directly on the daemon's socket), the daemon forwards arriving datagrams
+// for the QPN to this process, and one thread here (the RoCE thread) feeds
+// them to the engine, runs its timers and pushes its completions into the
+// CQ rings. Receive WQEs are still posted to the QP's receive ring; the
+// engine takes them from there. QPs whose peer is local keep the
+// shared-memory path unchanged.
+//
+// Thread safety: every function may be called from any thread; one mutex
+// (per process) serialises all engines, the RoCE thread included. An
+// attached QP must be detached (roce_detach) before its QpState is freed.
+#pragma once
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+namespace sv::verbs {
+
+struct QpState;
+
+// Called by ibv_modify_qp after the daemon accepted the transition to
+// `next`, with the QP's attributes as they now are. Returns 0 or an errno.
+int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next);
+// Destroy or RESET: the QP leaves the wire.
+void roce_detach(QpState& q);
+// Is this QP's traffic on the wire? (post_send then calls roce_post_send.)
+bool roce_attached(const QpState& q);
+// For UD: does this work request go to another host?
+bool roce_ud_remote(const QpState& q, const ibv_send_wr* wr);
+int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad);
+
+bool gid_is_local(const uint8_t* gid);  // requester.cc
+
+}  // namespace sv::verbs

@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# roce.wire.*: Debian's unmodified ibv_*_pingpong and perftest programs on
+# softverbs between the two hosts (network namespaces) of the test bed, over
+# RoCEv2 (docs/ROCE.md, "Integration"). Each host runs its own softverbsd
+# (own SOFTVERBS_DIR, SOFTVERBS_ROCE=1: it owns UDP 4791 there); the
+# programs use -g/-x with the GID index of the host's veth address (1: IPv4,
+# 2: IPv6). Faults (SOFTVERBS_FAULTS, read by the daemons, applied by every
+# sender's fault hook) are checked to have happened from the
+# SOFTVERBS_ROCE_STATS lines the library prints when a QP is destroyed.
+#
+#   wire_test.sh SOURCE_DIR BIN_DIR CASE
+#   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | srq | write_bw_faults |
+#         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture
+# Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
+set -u
+src=$1 bin=$2 case=$3
+tb=$src/scripts/testbed.sh
+SKIP=77
+log() { printf '%s\n' "$*" >&2; }
+[ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
+ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
+export SOFTVERBS_TESTBED=svw$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
+TIMEOUT=${ROCE_WIRE_TIMEOUT:-90}
+work=$(mktemp -d "${TMPDIR:-/tmp}/svwire.XXXXXX") || exit 1
+chmod 711 "$work"
+pids=()
+daemons=()
+failures=0
+fail() { log "FAIL: $*"; failures=$((failures + 1)); }
+
+cleanup() {
+  local rc=$? p
+  for p in "${pids[@]}" "${daemons[@]}"; do kill "$p" 2>/dev/null; done
+  sleep 0.2
+  for p in "${pids[@]}" "${daemons[@]}"; do kill -9 "$p" 2>/dev/null; done
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne $SKIP ]; then
+    for p in "$work"/*.dlog; do [ -s "$p" ] && { log "--- $p"; cat "$p" >&2; }; done
+  fi
+  "$tb" down 2>/dev/null
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+
+for p in softverbs softverbsd; do [ -x "$bin/$p" ] || { log "missing $bin/$p"; exit 1; }; done
+"$tb" up 2 || { log "SKIP: the test bed cannot be created"; exit $SKIP; }
+a1=$("$tb" addr h1)
+
+# start_daemons FAULTS: a fresh softverbsd in each host.
+start_daemons() {
+  local h p
+  for p in "${daemons[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  daemons=()
+  for h in h0 h1; do
+    rm -rf "${work:?}/$h"
+    mkdir -m 700 "$work/$h"
+    SOFTVERBS_ROCE=1 SOFTVERBS_FAULTS=$1 "$tb" exec "$h" "$bin/softverbsd" --foreground --idle 0 \
+      --dir "$work/$h" 2>"$work/$h.dlog" &
+    daemons+=($!)
+  done
+  for h in h0 h1; do
+    for _ in $(seq 100); do [ -S "$work/$h/control" ] && break; sleep 0.05; done
+    [ -S "$work/$h/control" ] || { log "softverbsd did not come up in $h"; exit 1; }
+  done
+}
+
+# on HOST CMD...: CMD in HOST on softverbs (its own daemon), stats on.
+on() {
+  local h=$1
+  shift
+  SOFTVERBS_DIR=$work/$h SOFTVERBS_NO_SPAWN=1 SOFTVERBS_ROCE_STATS=1 \
+    "$tb" exec "$h" "$bin/softverbs" run -- timeout -k 5 "$TIMEOUT" stdbuf -oL "$@"
+}
+
+# pair NAME PORT SERVER_CMD... -- CLIENT_CMD...: the server in h1, the client
+# in h0; outputs in $work/NAME.server and .client. Returns 0 iff both exit 0.
+pair() {
+  local name=$1 port=$2
+  shift 2
+  local -a server=() client=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do server+=("$1"); shift; done
+  shift
+  client=("$@")
+  on h1 "${server[@]}" >"$work/$name.server" 2>&1 &
+  local spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    "$tb" exec h1 ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
+  on h0 "${client[@]}" >"$work/$name.client" 2>&1
+  local crc=$?
+  wait $spid
+  local src=$?
+  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+    fail "$name: server exit $src, client exit $crc"
+    show "$name"
+    return 1
+  fi
+  return 0
+}
+
+show() {
+  local s
+  for s in server client; do
+    log "----- $1.$s:"
+    cat "$work/$1.$s" >&2
+  done
+}
+
+# stat NAME SIDE FIELD: the sum of FIELD over the QPs' stats lines.
+stat() {
+  grep -o "$3 [0-9]*" "$work/$1.$2" | awk '{s += $2} END {print s + 0}'
+}
+
+# check_pingpong NAME SIZE ITERS: both sides' summary lines (as
+# tests/compat/rc_pingpong.sh), no error reported, every QP on the wire
+# (a stats line) with a clean ICRC.
+check_pingpong() {
+  local name=$1 size=$2 iters=$3 side out bytes=$(($2 * $3 * 2))
+  for side in server client; do
+    out=$work/$name.$side
+    grep -Eq "^$bytes bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$" "$out" ||
+      fail "$name $side: no '$bytes bytes in ... seconds' line"
+    grep -Eq "^$iters iters in [0-9.]+ seconds = [0-9.]+ usec/iter$" "$out" ||
+      fail "$name $side: no '$iters iters in ... seconds' line"
+    # --chk prints "invalid data in page N" on a mismatch and still exits 0.
+    grep -qi 'invalid\|fail\|error\|couldn' "$out" && fail "$name $side: reported an error"
+    grep -q "^softverbs roce: qp" "$out" || fail "$name $side: the QP was not on the wire"
+    [ "$(stat "$name" "$side" bad_icrc)" -eq 0 ] || fail "$name $side: datagrams with a bad ICRC"
+  done
+}
+
+# check_faults NAME: drops and reordering did happen, and were recovered from.
+check_faults() {
+  local d r
+  d=$(($(stat "$1" server fault_dropped) + $(stat "$1" client fault_dropped)))
+  r=$(($(stat "$1" server fault_delayed) + $(stat "$1" client fault_delayed)))
+  log "$1: $d datagrams dropped, $r delayed by the fault hook"
+  [ "$d" -gt 0 ] || fail "$1: no datagram was dropped: faults not injected?"
+  [ "$r" -gt 0 ] || fail "$1: no datagram was reordered: faults not injected?"
+}
+
+# pingpong NAME PROG GIDX SERVER_ADDR SIZE ITERS [ARGS...]
+pingpong() {
+  local name=$1 prog=$2 g=$3 addr=$4 size=$5 iters=$6
+  shift 6
+  command -v "$prog" >/dev/null || { log "SKIP: $prog not installed"; exit $SKIP; }
+  local -a args=(-g "$g" -c -s "$size" -n "$iters" -p 18515 "$@")
+  pair "$name" 18515 "$prog" "${args[@]}" -- "$prog" "${args[@]}" "$addr" && check_pingpong "$name" "$size" "$iters"
+}
+
+# perf NAME PROG ITERS SIZE [ARGS...]: perftest over GID 1; the result line
+# "SIZE ITERS ..." on both sides.
+perf() {
+  local name=$1 prog=$2 iters=$3 size=$4
+  shift 4
+  command -v "$prog" >/dev/null || { log "SKIP: $prog not installed"; exit $SKIP; }
+  local -a args=(-x 1 -n "$iters" -s "$size" -p 18515 "$@")
+  pair "$name" 18515 "$prog" "${args[@]}" -- "$prog" "${args[@]}" "$a1" || return 1
+  local side
+  for side in server client; do
+    grep -Eq "^ *$size +$iters +[0-9.]+" "$work/$name.$side" || fail "$name $side: no '$size $iters ...' result line"
+    grep -qi 'fail\|error\|couldn' "$work/$name.$side" && fail "$name $side: reported an error"
+    grep -q "^softverbs roce: qp" "$work/$name.$side" || fail "$name $side: the QP was not on the wire"
+  done
+  [ $failures -eq 0 ] || show "$name"
+}
+
+# Fixed seeds: each run drops and delays the same datagrams (as far as the
+# timing of retransmissions allows), so a failure can be replayed.
+seed=${ROCE_WIRE_SEED:-7}
+faults="drop=0.01,reorder=0.01,seed=$seed"
+case $case in
+  rc)
+    start_daemons ""
+    pingpong rc ibv_rc_pingpong 1 "$a1" 4096 200
+    ;;
+  rc_faults)
+    start_daemons "$faults"
+    pingpong rc_faults ibv_rc_pingpong 1 "$a1" 4096 500 && check_faults rc_faults
+    ;;
+  rc6_faults)
+    start_daemons "$faults,dup=0.01"
+    # The out-of-band exchange stays on IPv4 (the pingpong server listens on
+    # the first address getaddrinfo gives); the RoCE traffic is IPv6.
+    pingpong rc6_faults ibv_rc_pingpong 2 "$a1" 4096 500 && check_faults rc6_faults
+    ;;
+  uc)
+    # UC has no recovery (IBTA 9.8): a lost message is gone, and
+    # ibv_uc_pingpong would wait for it for ever. No faults.
+    start_daemons ""
+    pingpong uc ibv_uc_pingpong 1 "$a1" 4096 200
+    ;;
+  ud)
+    # UD: one MTU per message; the veth's 1500 bytes carry 1024.
+    start_daemons ""
+    pingpong ud ibv_ud_pingpong 1 "$a1" 1024 200
+    ;;
+  ud_reorder)
+    start_daemons "reorder=0.05,seed=$seed"
+    pingpong ud_reorder ibv_ud_pingpong 1 "$a1" 1024 300
+    ;;
+  srq)
+    # 16 RC QPs taking their receives from one SRQ, on demand.
+    start_daemons ""
+    pingpong srq ibv_srq_pingpong 1 "$a1" 4096 200
+    ;;
+  write_bw_uc)
+    start_daemons ""
+    perf write_bw_uc ib_write_bw 1000 65536 -c UC
+    ;;
+  send_bw_ud)
+    start_daemons ""
+    perf send_bw_ud ib_send_bw 1000 1024 -c UD
+    ;;
+  peer_dies)
+    # The server is killed mid-run while the client always has WRITEs in
+    # flight (ib_write_bw -D): the retransmissions go unanswered and a WR
+    # completes with IBV_WC_RETRY_EXC_ERR (12; IBTA 9.7.6.1.3) after
+    # retry_cnt retries, instead of hanging. (A pingpong is no good here: if
+    # the server dies between acknowledging and answering, the client waits
+    # for its receive for ever, as on any RDMA device.)
+    command -v ib_write_bw >/dev/null || { log "SKIP: ib_write_bw not installed"; exit $SKIP; }
+    start_daemons ""
+    on h1 timeout -s KILL 3 ib_write_bw -x 1 -D 30 -p 18515 >"$work/dies.server" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do
+      "$tb" exec h1 ss -Hltn "sport = :18515" 2>/dev/null | grep -q . && break
+      sleep 0.05
+    done
+    start=$SECONDS
+    on h0 ib_write_bw -x 1 -D 30 -p 18515 "$a1" >"$work/dies.client" 2>&1 && fail "peer_dies: the client succeeded"
+    grep -q "Failed status 12" "$work/dies.client" || { fail "peer_dies: no RETRY_EXC_ERR completion"; show dies; }
+    [ $((SECONDS - start)) -lt 25 ] || fail "peer_dies: took $((SECONDS - start)) s"
+    ;;
+  write_bw_faults)
+    start_daemons "$faults"
+    perf write_bw ib_write_bw 2000 65536 && check_faults write_bw
+    ;;
+  send_lat_faults)
+    start_daemons "$faults"
+    perf send_lat ib_send_lat 1000 64 && check_faults send_lat
+    ;;
+  read_bw_faults)
+    # Loss costs a READ an ACK timeout (perftest's timeout 14: 67 ms) each.
+    start_daemons "drop=0.002,reorder=0.01,seed=$seed"
+    perf read_bw ib_read_bw 200 65536 && check_faults read_bw
+    ;;
+  capture)
+    # One run captured on h1's veth: every frame's ICRC (independent code)
+    # and DF, and tshark decodes each as InfiniBand with the opcodes an RC
+    # SEND of 4 MTUs and its ACKs use.
+    command -v tshark >/dev/null || { log "SKIP: no tshark"; exit $SKIP; }
+    start_daemons ""
+    "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp port 4791" -w "$work/wire.pcap" 2>"$work/tshark.log" &
+    cap=$!
+    pids+=($cap)
+    for _ in $(seq 100); do grep -q "Capturing on" "$work/tshark.log" 2>/dev/null && break; sleep 0.1; done
+    pingpong capture ibv_rc_pingpong 1 "$a1" 4096 50
+    sleep 0.5
+    kill $cap 2>/dev/null
+    wait $cap 2>/dev/null
+    # SEND First, Middle, Last; ACK.
+    /usr/bin/python3 "$src/tests/roce/check_capture.py" --verify-pcap "$work/wire.pcap" 0x00,0x01,0x02,0x11 ||
+      fail "capture: check_capture.py"
+    ;;
+  *)
+    log "unknown case $case"
+    exit 2
+    ;;
+esac
+for p in "${daemons[@]}"; do kill -0 "$p" 2>/dev/null || fail "a softverbsd died"; done
+if [ $failures -ne 0 ]; then
+  log "$failures check(s) failed"
+  exit 1
+fi
+log "PASS"
+exit 0
