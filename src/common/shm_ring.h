@@ -65,9 +65,12 @@ class Ring {
   bool push(const T& v) {
     uint64_t pos = h_->tail.load(std::memory_order_relaxed);
     for (;;) {
+      if (pos & kClosed) return false;  // closed: as full
       RingSlot<T>& s = slots_[pos & h_->mask];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
-      int64_t diff = int64_t(seq) - int64_t(pos);
+      // The difference of positions, computed unsigned (wrapping is defined)
+      // and read as signed: they never drift 2^63 apart.
+      int64_t diff = int64_t(seq - pos);
       if (diff == 0) {
         if (h_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
           std::memcpy(static_cast<void*>(&s.value), &v, sizeof(T));
@@ -88,7 +91,7 @@ class Ring {
     for (;;) {
       RingSlot<T>& s = slots_[pos & h_->mask];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
-      int64_t diff = int64_t(seq) - int64_t(pos + 1);
+      int64_t diff = int64_t(seq - (pos + 1));
       if (diff == 0) {
         if (h_->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
           std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
