@@ -460,5 +460,243 @@ TEST_F(Errors, CreateAhNeedsAGrhOnRoceAndAGidThatExists) {
   EXPECT_EQ(EINVAL, errno);
 }
 
+// --- posting send requests --------------------------------------------------------
+
+// ibv_post_send(3): a WR the QP cannot take is refused with EINVAL (ENOMEM
+// for a full send queue), bad_wr names it, and the WRs before it are posted.
+class PostSendErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    opts.max_wr = 4;
+    ASSERT_EQ(0, connect_pair(me, peer, info, opts, opts));
+  }
+  // Posts `good` (a signaled 8-byte RDMA WRITE) followed by `wr`; returns the
+  // error and checks that bad_wr is `wr` and that `good` completed.
+  int post_after_good(ibv_send_wr& wr) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
+    ibv_send_wr good{};
+    good.wr_id = 1;
+    good.opcode = IBV_WR_RDMA_WRITE;
+    good.sg_list = &sge;
+    good.num_sge = 1;
+    good.send_flags = IBV_SEND_SIGNALED;
+    good.wr.rdma.remote_addr = info.addr;
+    good.wr.rdma.rkey = info.rkey;
+    good.next = &wr;
+    ibv_send_wr* bad = nullptr;
+    int e = ibv_post_send(me.qp, &good, &bad);
+    EXPECT_EQ(&wr, bad);
+    auto wc = poll(me.cq, 1, 2000);
+    EXPECT_EQ(1u, wc.size());
+    if (!wc.empty()) {
+      EXPECT_EQ(1u, wc[0].wr_id);
+      EXPECT_EQ(IBV_WC_SUCCESS, wc[0].status);
+    }
+    return e;
+  }
+  ibv_send_wr write_wr(ibv_sge* sg, int n) const {
+    ibv_send_wr wr{};
+    wr.wr_id = 2;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.sg_list = sg;
+    wr.num_sge = n;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = info.addr;
+    wr.wr.rdma.rkey = info.rkey;
+    return wr;
+  }
+  Side::Options opts;
+  Side me;
+  Peer peer;
+  PeerInfo info{};
+};
+
+TEST_F(PostSendErrors, MoreSgesThanTheQpHasIsEinval) {
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(0, ibv_query_qp(me.qp, &qa, IBV_QP_CAP, &qi));
+  std::vector<ibv_sge> sg(qi.cap.max_send_sge + 1, ibv_sge{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey});
+  auto wr = write_wr(sg.data(), int(sg.size()));
+  EXPECT_EQ(EINVAL, post_after_good(wr));
+  wr.num_sge = -1;
+  EXPECT_EQ(EINVAL, post_after_good(wr));
+}
+
+TEST_F(PostSendErrors, InlineDataBeyondMaxInlineIsEinval) {
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(0, ibv_query_qp(me.qp, &qa, IBV_QP_CAP, &qi));
+  ibv_sge sg{reinterpret_cast<uint64_t>(me.buf), qi.cap.max_inline_data + 1, 0};
+  auto wr = write_wr(&sg, 1);
+  wr.send_flags |= IBV_SEND_INLINE;
+  EXPECT_EQ(EINVAL, post_after_good(wr));
+}
+
+TEST_F(PostSendErrors, AFullSendQueueIsEnomem) {
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(0, ibv_query_qp(me.qp, &qa, IBV_QP_CAP, &qi));
+  ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
+  // A SEND with no receive posted waits in the send queue for RNR retries
+  // (rnr_retry 7: for ever), holding its slot; so does everything behind it.
+  std::vector<ibv_send_wr> wr(qi.cap.max_send_wr + 1);
+  for (size_t i = 0; i < wr.size(); ++i) {
+    wr[i].wr_id = 10 + i;
+    wr[i].opcode = IBV_WR_SEND;
+    wr[i].sg_list = &sge;
+    wr[i].num_sge = 1;
+    wr[i].send_flags = IBV_SEND_SIGNALED;
+    wr[i].next = i + 1 < wr.size() ? &wr[i + 1] : nullptr;
+  }
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ENOMEM, ibv_post_send(me.qp, wr.data(), &bad));
+  ASSERT_NE(nullptr, bad);
+  EXPECT_EQ(10u + qi.cap.max_send_wr, bad->wr_id);
+}
+
+TEST_F(PostSendErrors, AtomicOnAMisalignedWordOrIntoAShortSgeIsNeverExecuted) {
+  // IBTA 9.4.5: an atomic acts on one naturally aligned 8-byte word (else
+  // the responder answers "invalid request"); the local SGE must hold the
+  // 8-byte original value.
+  auto atomic = [&](uint64_t remote, uint32_t local_len) {
+    ibv_sge sg{reinterpret_cast<uint64_t>(me.buf), local_len, me.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 2;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = remote;
+    wr.wr.atomic.rkey = info.rkey;
+    wr.wr.atomic.compare_add = 1;
+    ibv_send_wr* bad = nullptr;
+    // Either refused at post time or completed in error: never executed.
+    int e = ibv_post_send(me.qp, &wr, &bad);
+    if (e == 0) {
+      auto wc = poll(me.cq, 1, 2000);
+      ASSERT_EQ(1u, wc.size());
+      EXPECT_NE(IBV_WC_SUCCESS, wc[0].status);
+    } else {
+      EXPECT_EQ(EINVAL, e);
+      EXPECT_EQ(&wr, bad);
+    }
+  };
+  atomic(info.addr + 8, 4);
+  atomic(info.addr + 4, 8);
+  const std::vector<uint8_t> zeros(64);
+  EXPECT_EQ(checksum(zeros.data(), zeros.size()), peer.checksum(0, 64));  // untouched
+}
+
+TEST(PostSendErrorsUd, RdmaAndAtomicsOnUdOrASendWithoutAnAhAreEinval) {
+  // IBTA 10.7.2 (table 93? "valid operations per service"): UD carries SEND
+  // and SEND with immediate only; a UD SEND needs an address handle.
+  Side me;
+  Side::Options o;
+  o.type = IBV_QPT_UD;
+  ASSERT_EQ(0, me.open(o));
+  ASSERT_EQ(0, me.connect(0, o));
+  ibv_ah_attr aa{};
+  aa.port_num = 1;
+  aa.is_global = 1;
+  aa.grh.hop_limit = 1;
+  aa.grh.dgid.raw[10] = 0xff;
+  aa.grh.dgid.raw[11] = 0xff;
+  aa.grh.dgid.raw[12] = 127;
+  aa.grh.dgid.raw[15] = 1;
+  ibv_ah* ah = ibv_create_ah(me.pd, &aa);
+  ASSERT_NE(nullptr, ah);
+  ibv_sge sg{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.wr.ud.ah = ah;
+  wr.wr.ud.remote_qpn = me.qp->qp_num;
+  wr.wr.ud.remote_qkey = o.qkey;
+  ibv_send_wr* bad = nullptr;
+  for (ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD}) {
+    wr.opcode = op;
+    bad = nullptr;
+    EXPECT_EQ(EINVAL, ibv_post_send(me.qp, &wr, &bad)) << op;
+    EXPECT_EQ(&wr, bad);
+  }
+  wr.opcode = IBV_WR_SEND;
+  wr.wr.ud.ah = nullptr;
+  bad = nullptr;
+  EXPECT_EQ(EINVAL, ibv_post_send(me.qp, &wr, &bad));
+  EXPECT_EQ(&wr, bad);
+  // A UD message is at most one MTU (IBTA 9.8.3.2? no segmentation on UD).
+  ibv_port_attr pa{};
+  ASSERT_EQ(0, ibv_query_port(me.ctx, 1, &pa));
+  const uint32_t mtu = 128u << pa.active_mtu;
+  ASSERT_LE(mtu + 1, me.len);
+  ibv_sge big{reinterpret_cast<uint64_t>(me.buf), mtu + 1, me.mr->lkey};
+  wr.wr.ud.ah = ah;
+  wr.sg_list = &big;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  bad = nullptr;
+  int e = ibv_post_send(me.qp, &wr, &bad);
+  if (e == 0) {
+    auto wc = poll(me.cq, 1, 2000);
+    ASSERT_EQ(1u, wc.size());
+    EXPECT_NE(IBV_WC_SUCCESS, wc[0].status);
+  } else {
+    EXPECT_EQ(EINVAL, e);
+  }
+  EXPECT_EQ(0, ibv_destroy_ah(ah));
+}
+
+TEST(PostSendErrorsUc, ReadsAndAtomicsOnUcAreEinval) {
+  // IBTA 10.7.2: UC carries SEND and RDMA WRITE, not READ or atomics.
+  Side me;
+  Peer peer;
+  PeerInfo info;
+  Side::Options o;
+  o.type = IBV_QPT_UC;
+  ASSERT_EQ(0, connect_pair(me, peer, info, o, o));
+  ibv_sge sg{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = info.addr;
+  wr.wr.rdma.rkey = info.rkey;
+  for (ibv_wr_opcode op : {IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_ATOMIC_CMP_AND_SWP}) {
+    wr.opcode = op;
+    ibv_send_wr* bad = nullptr;
+    EXPECT_EQ(EINVAL, ibv_post_send(me.qp, &wr, &bad)) << op;
+    EXPECT_EQ(&wr, bad);
+  }
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+  auto wc = poll(me.cq, 1, 2000);
+  ASSERT_EQ(1u, wc.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, wc[0].status);
+}
+
+// --- extended CQs ---------------------------------------------------------------
+
+TEST_F(Errors, CreateCqExChecksCqeAndVector) {
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 0;
+  ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN;
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_create_cq_ex(s.ctx, &ca));
+  EXPECT_EQ(EINVAL, errno);
+  ca.cqe = dev.max_cqe + 1;
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_create_cq_ex(s.ctx, &ca));
+  EXPECT_EQ(EINVAL, errno);
+  ca.cqe = 16;
+  ca.comp_vector = s.ctx->num_comp_vectors;
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_create_cq_ex(s.ctx, &ca));
+  EXPECT_EQ(EINVAL, errno);
+  ca.comp_vector = 0;
+  ibv_cq_ex* cq = ibv_create_cq_ex(s.ctx, &ca);
+  ASSERT_NE(nullptr, cq);
+  EXPECT_EQ(0, ibv_destroy_cq(ibv_cq_ex_to_cq(cq)));
+}
+
 }  // namespace
 }  // namespace svtest
