@@ -18,18 +18,15 @@ conn=${6:-RC}
 wait_mode=${7:-poll}
 require "$prog"
 # A transport or -e the program does not offer is not a softverbs matter.
-"$prog" --help >"${TMPDIR:-/tmp}/perftest-help.$$" 2>&1
-if ! grep -q -- "--connection=<[^>]*\b$conn\b" "${TMPDIR:-/tmp}/perftest-help.$$"; then
-  rm -f "${TMPDIR:-/tmp}/perftest-help.$$"
+help=$("$prog" --help 2>&1)
+if ! grep -q -- "--connection=<[^>]*\b$conn\b" <<<"$help"; then
   log "SKIP: $prog has no -c $conn"
   exit $SKIP
 fi
-if [ "$wait_mode" = events ] && ! grep -q -- '--events' "${TMPDIR:-/tmp}/perftest-help.$$"; then
-  rm -f "${TMPDIR:-/tmp}/perftest-help.$$"
+if [ "$wait_mode" = events ] && ! grep -q -- '--events' <<<"$help"; then
   log "SKIP: $prog has no -e (events)"
   exit $SKIP
 fi
-rm -f "${TMPDIR:-/tmp}/perftest-help.$$"
 case $prog/$mode in ib_atomic_*/all)
   # perftest: "Message size cannot be changed for Atomic tests".
   log "SKIP: $prog refuses -a (an atomic is always 8 bytes)"
