@@ -217,6 +217,35 @@ TEST_F(Errors, CreateQpWithMoreInlineDataThanTheDeviceHasIsEinval) {
   EXPECT_EQ(EINVAL, create_qp_errno(ia));
 }
 
+TEST_F(Errors, CreateQpExNeedsAPdAndRefusesFeaturesItLacks) {
+  ibv_qp_init_attr_ex ix{};
+  ix.send_cq = s.cq;
+  ix.recv_cq = s.cq;
+  ix.qp_type = IBV_QPT_RC;
+  ix.cap = {4, 4, 1, 1, 0};
+  ix.pd = s.pd;
+  auto create = [&](const ibv_qp_init_attr_ex& a) {
+    ibv_qp_init_attr_ex c = a;
+    errno = 0;
+    ibv_qp* qp = ibv_create_qp_ex(s.ctx, &c);
+    if (!qp) return errno;
+    EXPECT_EQ(0, ibv_destroy_qp(qp));
+    return 0;
+  };
+  ix.comp_mask = 0;  // an RC QP without IBV_QP_INIT_ATTR_PD has no PD
+  EXPECT_EQ(EINVAL, create(ix));
+  // Creation flags (scatter FCS, CVLAN stripping...) belong to raw packet
+  // QPs on a NIC; RSS (rx_hash) needs one too.
+  ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  ix.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+  EXPECT_NE(0, create(ix));
+  ix.create_flags = 0;
+  ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_RX_HASH;
+  EXPECT_NE(0, create(ix));
+  ix.comp_mask = IBV_QP_INIT_ATTR_PD;
+  EXPECT_EQ(0, create(ix));
+}
+
 TEST_F(Errors, ModifyQpAttributesOutOfRange) {
   // RESET -> INIT with a P_Key index past the table (max_pkeys entries).
   {
