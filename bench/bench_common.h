@@ -4,6 +4,11 @@
 // Both benchmarks time ping-pong loops the same way (one timestamp per round
 // trip, RTT_i = t[i+1] - t[i]) so that the clock overhead is identical in the
 // baseline and in the verbs measurement and their ratio stays meaningful.
+//
+// Contract: header-only, no global state except the cached tick rate
+// (ticks_per_ns(), call it once before fork() or threads); every helper is
+// safe to call from one thread at a time per object, and nothing here owns
+// memory beyond its own members.
 #pragma once
 
 #include <sched.h>
@@ -119,11 +124,12 @@ inline constexpr size_t kLatBatch = 16;
 
 // stamps[i] = tick count just before round trip i starts; stamps.back() after
 // the last one.  The first `skip` round trips are warm-up.  Results are
-// one-way (RTT/2) in nanoseconds.
-inline LatStats one_way_stats(const std::vector<uint64_t> &stamps, size_t skip) {
+// one-way (RTT/2) in nanoseconds; with `div` = 1 they are whole round trips
+// (RDMA READ, whose latency is a round trip by nature).
+inline LatStats one_way_stats(const std::vector<uint64_t> &stamps, size_t skip, double div = 2.0) {
   LatStats s;
   if (stamps.size() < skip + 2) return s;
-  const double k = 0.5 / ticks_per_ns();
+  const double k = 1.0 / div / ticks_per_ns();
   std::vector<uint64_t> rtt;
   rtt.reserve(stamps.size() - skip - 1);
   for (size_t i = skip; i + 1 < stamps.size(); ++i) rtt.push_back(stamps[i + 1] - stamps[i]);

@@ -199,12 +199,15 @@ class Runner:
         self.failures = []     # human-readable failure messages
         self.notes = []
         self.rounds = args.rounds or (1 if self.quick else 3)
-        self.tmo = 30 if self.quick else 240
+        self.tmo = 60 if self.quick else 240
         if self.quick:
             self.bw_sizes = [8, 64, 512, 4 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB]
             self.bw_time = 0.05
-            self.shm_iters = 50000
-            self.verbs_iters = 20000
+            # Few iterations: on a loaded 2-vCPU machine a busy-polling
+            # ping-pong whose partner is descheduled takes milliseconds per
+            # round trip.
+            self.shm_iters = 5000
+            self.verbs_iters = 1000
             self.memcpy_trials = 3
         else:
             self.bw_sizes = [8 << i for i in range(20)]  # 8 B .. 4 MiB
@@ -214,6 +217,28 @@ class Runner:
             self.memcpy_trials = 5
         if args.sizes:
             self.bw_sizes = sorted(set(parse_sizes(args.sizes)))
+        # Latency against size: once (not per round), fewer iterations for
+        # large messages (verbs_bench --lat-bytes).
+        if self.quick and not args.sizes:
+            self.sweep_sizes = [8, 4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB]
+        else:
+            self.sweep_sizes = list(self.bw_sizes)
+        self.sweep_iters = 200 if self.quick else 10000
+        self.sweep_bytes = "32M" if self.quick else "256M"
+        self.rate_time = 0.05 if self.quick else 0.3
+        self.event_iters = 200 if self.quick else 5000
+        self.event_poll_iters = 500 if self.quick else 50000
+        self.import_iters = 20 if self.quick else 200
+        self.perftest_lat_iters = 1000 if self.quick else 20000
+        self.perftest_bw_iters = {64 * KIB: 2000 if self.quick else 20000,
+                                  1 * MIB: 200 if self.quick else 2000}
+        # --pin: the two processes of a ping-pong on CPUs 0 and 1.  On a busy
+        # 2-vCPU machine the scheduler otherwise often puts both on one CPU,
+        # where every round trip costs a time slice.
+        self.pin = ["--pin"] if args.pin else []
+        taskset = shutil.which("taskset") if args.pin else None
+        # The peers' two processes (servers and clients of their own) the same way.
+        self.cpu_prefix = (lambda c: [taskset, "-c", str(c)]) if taskset else (lambda c: [])
         self.step_no = 0
         self.steps_total = 0
 
@@ -232,6 +257,7 @@ class Runner:
     def shm_lat(self, rnd):
         self.step("raw shm cache-line ping-pong, 8 B (round %d/%d)" % (rnd + 1, self.rounds))
         out = run_cmd([self.shm_bin, "--test", "lat", "--iters", str(self.shm_iters),
+                       "--warmup", str(min(10000, self.shm_iters // 5))] + self.pin + [
                        "--timeout", str(self.tmo - 5)], self.tmo, what="shm_pingpong lat")
         self.record(parse_jsonl(out, "shm_pingpong lat"), "shm", rnd)
 
@@ -249,20 +275,88 @@ class Runner:
         env["LD_LIBRARY_PATH"] = self.lib_dir + (":" + old if old else "")
         return env
 
-    def verbs(self, tests, rnd, label):
+    def verbs(self, tests, rnd, label, sweep=False):
         if self.failures:
-            self.step("softverbs %s (round %d/%d): skipped after the failure above"
-                      % (label, rnd + 1, self.rounds))
+            self.step("softverbs %s%s: skipped after the failure above"
+                      % (label, "" if sweep else " (round %d/%d)" % (rnd + 1, self.rounds)))
             return
-        self.step("softverbs %s (round %d/%d)" % (label, rnd + 1, self.rounds))
-        cmd = self.launcher + [self.verbs_bin, "--test", tests, "--lat-sizes", "8",
-               "--bw-sizes", ",".join(map(str, self.bw_sizes)), "--iters", str(self.verbs_iters),
-               "--time", str(self.bw_time), "--timeout", str(self.tmo - 5)]
+        if sweep:
+            self.step("softverbs %s" % label)
+            cmd = self.launcher + [self.verbs_bin, "--test", tests,
+                   "--lat-sizes", ",".join(map(str, self.sweep_sizes)),
+                   "--iters", str(self.sweep_iters), "--lat-bytes", self.sweep_bytes,
+                   "--warmup", str(self.sweep_iters // 10), "--timeout", str(self.tmo - 5)]
+        else:
+            self.step("softverbs %s (round %d/%d)" % (label, rnd + 1, self.rounds))
+            cmd = self.launcher + [self.verbs_bin, "--test", tests, "--lat-sizes", "8",
+                   "--bw-sizes", ",".join(map(str, self.bw_sizes)), "--iters", str(self.verbs_iters),
+                   "--warmup", str(min(2000, self.verbs_iters // 10)),
+                   "--time", str(self.bw_time), "--timeout", str(self.tmo - 5)]
+        cmd += self.pin
         try:
             out = run_cmd(cmd, self.tmo, env=self.verbs_env(), what="verbs_bench " + tests)
-            self.record(parse_jsonl(out, "verbs_bench"), "softverbs", rnd)
+            self.record(parse_jsonl(out, "verbs_bench"), "sweep" if sweep else "softverbs", rnd)
         except BenchError as e:
             self.fail(str(e))
+
+    def aux(self, source, label, args, env_extra=None, fatal=True):
+        """Runs one of the other benchmark programs under softverbs; its JSON
+        lines are recorded under `source`.  A failure is a benchmark failure
+        (fatal) or a note."""
+        if not os.access(args[0], os.X_OK):
+            self.step("%s: skipped, %s not built" % (label, os.path.basename(args[0])))
+            self.notes.append("%s not built: no %s rows" % (os.path.basename(args[0]), label))
+            return
+        self.step(label)
+        env = self.verbs_env()
+        env.update(env_extra or {})
+        try:
+            out = run_cmd(self.launcher + args, self.tmo, env=env, what=os.path.basename(args[0]))
+            self.record(parse_jsonl(out, os.path.basename(args[0])), source, 0)
+        except BenchError as e:
+            if fatal:
+                self.fail(str(e))
+            else:
+                log("warning: " + short_failure(str(e)))
+                self.notes.append("%s: %s" % (label, short_failure(str(e))))
+
+    def rate_event_import(self):
+        exe = os.path.join(self.bench_bin, "rate_event_bench")
+        self.aux("rate", "softverbs message rate, 8 B WRITE, 1/4/16 QPs",
+                 [exe, "--qps", "1,4,16", "--time", str(self.rate_time), "--timeout", str(self.tmo - 5),
+                  "rate"] + self.pin)
+        wake = [exe, "--iters", str(self.event_iters), "--poll-iters", str(self.event_poll_iters),
+                "--timeout", str(self.tmo - 5)] + self.pin
+        self.aux("event", "event-mode latency (default adaptive spin) + futex/eventfd limits",
+                 wake + ["wake", "event"])
+        self.aux("event", "event-mode latency, SOFTVERBS_SPIN_US=0 (pure blocking wake-ups)",
+                 wake + ["event"], {"SOFTVERBS_SPIN_US": "0"})
+        self.aux("import", "import and namespace cost, per call",
+                 [os.path.join(self.bench_bin, "import_bench"), str(self.import_iters)])
+
+    # -- perftest's own programs over softverbs (a peer row)
+    def perftest(self):
+        runs = [("ib_write_lat", 8, self.perftest_lat_iters),
+                ("ib_send_lat", 8, self.perftest_lat_iters),
+                ("ib_write_bw", 64 * KIB, self.perftest_bw_iters[64 * KIB]),
+                ("ib_write_bw", 1 * MIB, self.perftest_bw_iters[1 * MIB])]
+        for prog, size, iters in runs:
+            exe = shutil.which(prog)
+            if not exe:
+                self.notes.append("%s not installed (package perftest): no perftest row" % prog)
+                continue
+            self.step("perftest peer: %s %s over softverbs" % (prog, fmt_size(size)))
+            try:
+                val = run_perftest(self.launcher, exe, size, iters, self.verbs_env(), self.cpu_prefix,
+                                   timeout=60 if self.quick else 120)
+            except BenchError as e:
+                msg = "perftest %s %s: %s" % (prog, fmt_size(size), short_failure(str(e)))
+                log("warning: " + msg)
+                self.notes.append(msg)
+                continue
+            rec = {"bench": "perftest", "test": prog, "size": size, "iters": iters}
+            rec.update(val)
+            self.record([rec], "perftest", 0)
 
     def fail(self, msg):
         log("FAILED: " + short_failure(msg))
@@ -273,14 +367,15 @@ class Runner:
         exe = shutil.which("ucx_perftest")
         if not exe or self.args.no_ucx:
             return
-        n_lat = 20000 if self.quick else 100000
+        n_lat = 2000 if self.quick else 100000
         runs = [("ucp_put_lat", 8, n_lat, 1000),
                 ("ucp_put_bw", 64 * KIB, 5000 if self.quick else 20000, 500),
-                ("ucp_put_bw", 1 * MIB, 1000 if self.quick else 5000, 100)]
+                ("ucp_put_bw", 1 * MIB, 1000 if self.quick else 5000, 100),
+                ("ucp_am_lat", 8, n_lat, 1000)]
         for test, size, iters, warm in runs:
             self.step("UCX peer: %s %s (posix shm)" % (test, fmt_size(size)))
             try:
-                val = run_ucx(exe, test, size, iters, warm, timeout=30 if self.quick else 60)
+                val = run_ucx(exe, test, size, iters, warm, self.cpu_prefix, timeout=60 if self.quick else 120)
             except BenchError as e:
                 msg = "UCX %s %s: %s" % (test, fmt_size(size), e)
                 log("warning: " + msg.splitlines()[0])
@@ -305,8 +400,11 @@ class Runner:
         n = self.rounds * 2  # shm lat + memcpy
         if do_verbs:
             n += self.rounds * 2 + 1
+        if do_verbs:
+            n += 1 + 4 + int(os.access(os.path.join(self.bench_bin, "reg_atomic_bench"), os.X_OK)) + len([p for p in ("ib_write_lat", "ib_send_lat", "ib_write_bw", "ib_write_bw")
+                              if shutil.which(p)])
         if shutil.which("ucx_perftest") and not self.args.no_ucx:
-            n += 3
+            n += 4
         self.steps_total = n
 
     def run_all(self, do_verbs):
@@ -320,7 +418,14 @@ class Runner:
                 self.verbs("write_lat,send_lat", rnd, "RDMA WRITE + SEND/RECV latency, 8 B")
             self.memcpy_bw(rnd)
             if do_verbs:
-                self.verbs("write_bw", rnd, "RDMA WRITE bandwidth, %d sizes" % len(self.bw_sizes))
+                self.verbs("write_bw,read_bw,send_bw", rnd,
+                           "RDMA WRITE, READ and SEND/RECV bandwidth, %d sizes" % len(self.bw_sizes))
+        if do_verbs:
+            self.verbs("write_lat,read_lat,send_lat", 0,
+                       "WRITE, READ and SEND/RECV latency against size, %d sizes" % len(self.sweep_sizes),
+                       sweep=True)
+            self.rate_event_import()
+            self.perftest()
         self.ucx()
 
     # -- aggregation
@@ -398,10 +503,62 @@ def parse_ucx(out, test):
     return {"gbps": row[5] * MIB / 1e9, "mmsgs_per_s": row[7] / 1e6}
 
 
-def run_ucx(exe, test, size, iters, warm, timeout):
+def run_perftest(launcher, exe, size, iters, env, cpu, timeout):
+    """perftest's server and client (both under softverbs) on 127.0.0.1.
+    Returns {'median_ns', 'mean_ns', 'p99_ns'} (one-way: perftest halves the
+    round trip of WRITE and SEND latency) or {'gbps', 'mmsgs_per_s'}.
+    perftest calibrates its clock over a busy loop and gives up ('Correlation
+    coefficient') when preempted meanwhile: that is retried twice."""
+    prog = os.path.basename(exe)
+    for attempt in range(3):
+        port = free_port()
+        args = [exe, "-p", str(port), "-s", str(size), "-n", str(iters)]
+        server = subprocess.Popen(cpu(1) + launcher + args, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 15
+            while not port_listening(port):
+                if server.poll() is not None:
+                    out = server.stdout.read() if server.stdout else ""
+                    raise BenchError("%s server exited early (%s)\n%s" % (prog, server.returncode, tail(out)))
+                if time.monotonic() > deadline:
+                    raise BenchError("%s server did not listen on port %d" % (prog, port))
+                time.sleep(0.02)
+            try:
+                out = run_cmd(cpu(0) + launcher + args + ["127.0.0.1"], timeout, env=env, what=prog)
+            except BenchError as e:
+                if attempt < 2 and "Correlation coefficient" in str(e):
+                    continue
+                raise
+        finally:
+            kill_group(server)
+            if server.stdout:
+                server.stdout.close()
+        return parse_perftest(out, prog, size)
+    raise BenchError("%s: could not calibrate its clock three times (machine busy)" % prog)
+
+
+def parse_perftest(out, prog, size):
+    """The result row starts with the size: lat programs print #bytes
+    #iterations t_min t_max t_typical t_avg t_stdev p99 p99.9 (usec);
+    bw programs #bytes #iterations BW_peak BW_average (MB/s, MB = 2^20) MsgRate (Mpps)."""
+    num = r"[-+]?\d+(?:\.\d+)?"
+    for line in out.splitlines():
+        vals = re.findall(num, line)
+        if not vals or not re.match(r"\s*%d\s" % size, line) or re.search(r"[A-Za-z]", line):
+            continue
+        v = [float(x) for x in vals]
+        if prog.endswith("_lat") and len(v) >= 8:
+            return {"median_ns": v[4] * 1000.0, "mean_ns": v[5] * 1000.0, "p99_ns": v[7] * 1000.0}
+        if prog.endswith("_bw") and len(v) >= 5:
+            return {"gbps": v[3] * MIB / 1e9, "mmsgs_per_s": v[4]}
+    raise BenchError("could not find a result row for %d bytes in %s output\n%s" % (size, prog, tail(out)))
+
+
+def run_ucx(exe, test, size, iters, warm, cpu, timeout):
     env = dict(os.environ, UCX_TLS="posix,self")
     port = free_port()
-    server = subprocess.Popen([exe, "-p", str(port)], env=env, stdout=subprocess.PIPE,
+    server = subprocess.Popen(cpu(1) + [exe, "-p", str(port)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 10
@@ -413,7 +570,7 @@ def run_ucx(exe, test, size, iters, warm, timeout):
             if time.monotonic() > deadline:
                 raise BenchError("ucx_perftest server did not listen on port %d" % port)
             time.sleep(0.02)
-        out = run_cmd([exe, "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
+        out = run_cmd(cpu(0) + [exe, "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
                        "-n", str(iters), "-w", str(warm)], timeout, env=env, what="ucx_perftest")
         try:
             server.wait(timeout=5)
@@ -491,6 +648,206 @@ def host_line():
     return "%s, %d CPUs, Linux %s" % (cpu or "unknown CPU", os.cpu_count() or 0, platform.release())
 
 
+def latency_limit(R, size):
+    """Raw shm one-way latency + the time of one memcpy of `size` bytes."""
+    shm = R.agg("shm", "lat", "median_ns")
+    m = R.agg("memcpy", "bw", "gbps", size)
+    if not shm or not m:
+        return None
+    return shm + size / m  # bytes / (10^9 B/s) = ns
+
+
+def memcpy_rate_8(R):
+    """The raw limit of an 8 B message rate: single-thread 8 B memcpys into
+    shared memory per second (from the bandwidth baseline)."""
+    m = R.agg("memcpy", "bw", "gbps", 8)
+    return m * 1e9 / 8 if m else None
+
+
+def event_numbers(R):
+    """One-way medians of the event-mode experiment (None where missing)."""
+    def pick(test, spin):
+        return med([r.get("median_ns") for r in R.raw if r["source"] == "event"
+                    and r.get("test") == test and r.get("spin_us") == spin])
+
+    def pick99(test, spin):
+        return med([r.get("p99_ns") for r in R.raw if r["source"] == "event"
+                    and r.get("test") == test and r.get("spin_us") == spin])
+    return {
+        "poll": pick("poll_lat", "default"), "poll99": pick99("poll_lat", "default"),
+        "spin": pick("event_lat", "default"), "spin99": pick99("event_lat", "default"),
+        "block": pick("event_lat", "0"), "block99": pick99("event_lat", "0"),
+        "futex": R.agg("event", "futex_lat", "median_ns"), "futex99": R.agg("event", "futex_lat", "p99_ns"),
+        "eventfd": R.agg("event", "eventfd_lat", "median_ns"),
+        "eventfd99": R.agg("event", "eventfd_lat", "p99_ns"),
+    }
+
+
+def event_summary(ev):
+    """What blocking wake-ups cost and what spinning buys back, in words."""
+    if not (ev["block"] and ev["poll"]):
+        return []
+    if ev["block"] > ev["poll"]:
+        text = ("A blocking wake-up costs %s per one-way hop over polling (%s vs %s); the kernel's "
+                "own futex ping-pong between two processes takes %s." % (
+                    fmt_ns(ev["block"] - ev["poll"]), fmt_ns(ev["block"]), fmt_ns(ev["poll"]),
+                    fmt_ns(ev["futex"])))
+        if ev["spin"]:
+            gain = ev["block"] - ev["spin"]
+            text += (" The default adaptive spin gives %s: it buys back %s (%.0f%% of the wake-up cost)."
+                     % (fmt_ns(ev["spin"]), fmt_ns(gain), 100.0 * gain / (ev["block"] - ev["poll"]))
+                     if gain > 0 else
+                     " The default adaptive spin gives %s: it buys nothing back in this run." % fmt_ns(ev["spin"]))
+    else:
+        text = ("In this run polling (%s) was slower than blocking (%s): the CPUs were busy, and a "
+                "busy-polling side holds the CPU its descheduled partner needs, while a blocked one "
+                "gives it up. Blocking wake-ups themselves cost about the kernel's futex ping-pong "
+                "(%s); the adaptive spin gave %s." % (fmt_ns(ev["poll"]), fmt_ns(ev["block"]),
+                                                      fmt_ns(ev["futex"]), fmt_ns(ev["spin"])))
+    return [text, ""]
+
+
+IMPORT_ROWS = [
+    ("import_device", "`ibv_import_device` + `ibv_close_device`"),
+    ("import_pd", "`ibv_import_pd` + `ibv_unimport_pd`"),
+    ("import_mr", "`ibv_import_mr` + `ibv_unimport_mr`"),
+    ("import_cq", "`svx_import_cq` + `svx_unimport_cq`"),
+    ("import_qp", "`svx_import_qp` + `svx_unimport_qp`"),
+    ("pack_unpack", "`svx_pack` + `svx_unpack` of PD, MR, CQ, QP (round trip)"),
+    ("unpacked_close", "`ibv_close_device` of the unpacked context"),
+    ("publish", "`svx_publish` (an MR)"),
+    ("open", "`svx_open` + `ibv_close_device`"),
+    ("unpublish", "`svx_unpublish`"),
+]
+
+
+def extra_sections(R):
+    """Message rate, event-mode latency and import cost (markdown lines)."""
+    L = []
+    raw = memcpy_rate_8(R)
+    if any(r["source"] == "rate" for r in R.raw):
+        L += ["## Message rate, 8 B RDMA WRITE", "",
+              "One client thread, round robin over N RC QPs with one shared send CQ: inline 8 B "
+              "WRITEs, one `ibv_post_send` each, every 16th signalled, up to 64 outstanding per QP, "
+              "%.2f s per N. Raw limit = single-thread 8 B memcpys into a shared mapping per second "
+              "(the 8 B row of the memcpy baseline): any shared-memory transport must at least store "
+              "the payload." % R.rate_time, "",
+              "| QPs | softverbs | raw limit | ratio |", "|---:|---:|---:|---:|"]
+        for q in (1, 4, 16):
+            v = med([r.get("mmsgs_per_s") for r in R.raw if r["source"] == "rate" and r.get("qps") == q])
+            L.append("| %d | %s | %s | %s |" % (
+                q, "%.2f M msg/s" % v if v else "–", "%.0f M msg/s" % (raw / 1e6) if raw else "–",
+                fmt_ratio(v * 1e6 / raw if v and raw else None)))
+        L.append("")
+    ev = event_numbers(R)
+    if any(v for v in ev.values()):
+        L += ["## Event-mode latency (completion channel), 8 B SEND/RECV", "",
+              "Ping-pong where each side waits for its receive completion in `ibv_get_cq_event` "
+              "(CQ armed with `ibv_req_notify_cq`), one-way median; beside the same ping-pong "
+              "busy-polling the CQ, and two processes waking each other through the kernel "
+              "(the limit for any blocking wake-up). `SOFTVERBS_SPIN_US=0`: the library sleeps at "
+              "once; default: it spins up to 50 µs first (`spin_for_event`, adaptive).", "",
+              "| mode | one-way median | p99 | vs futex ping-pong |", "|---|---:|---:|---:|"]
+        for name, k in (("softverbs, polling (busy)", "poll"),
+                        ("softverbs, event, `SOFTVERBS_SPIN_US=0` (blocking)", "block"),
+                        ("softverbs, event, default adaptive spin", "spin"),
+                        ("raw futex ping-pong (FUTEX_WAIT/WAKE on a shared word)", "futex"),
+                        ("raw eventfd ping-pong (blocking read/write)", "eventfd")):
+            v = ev[k]
+            L.append("| %s | %s | %s | %s |" % (name, fmt_ns(v), fmt_ns(ev[k + "99"]),
+                                               fmt_ratio(v / ev["futex"] if v and ev["futex"] else None)))
+        L.append("")
+        L += event_summary(ev)
+    if any(r["source"] == "import" for r in R.raw):
+        L += ["## Import and namespace cost, per call", "",
+              "Between two processes: the owner creates a PD, MR, CQ and QP and hands them over with "
+              "`svx_pack`; the importer times each call (median and mean over %d calls). Each is one "
+              "or more round trips to the daemon." % R.import_iters, "",
+              "| call | median | mean |", "|---|---:|---:|"]
+        for test, name in IMPORT_ROWS:
+            L.append("| %s | %s | %s |" % (name, fmt_ns(R.agg("import", test, "median_ns")),
+                                           fmt_ns(R.agg("import", test, "mean_ns"))))
+        L.append("")
+    return L
+
+
+def targets_section(R):
+    """The targets of issue 7, each with the value measured in this run."""
+    shm = R.agg("shm", "lat", "median_ns")
+    wl = R.agg("softverbs", "write_lat", "median_ns", 8)
+    sl = R.agg("softverbs", "send_lat", "median_ns", 8)
+    ucx_put = R.agg("ucx", "ucp_put_lat", "median_ns", 8)
+    ucx_am = R.agg("ucx", "ucp_am_lat", "median_ns", 8)
+
+    def verdict(ok):
+        return "–" if ok is None else ("met" if ok else "**not met**")
+
+    rows = []
+    r = wl / shm if wl and shm else None
+    rows.append(("8 B RDMA WRITE one-way ≤ 1.25× raw ping-pong",
+                 "%s vs %s = %s" % (fmt_ns(wl), fmt_ns(shm), fmt_ratio(r)), verdict(r and r <= 1.25)))
+    rows.append(("8 B RDMA WRITE ≤ UCX ucp_put_lat", "%s vs %s" % (fmt_ns(wl), fmt_ns(ucx_put)),
+                 verdict(wl <= ucx_put if wl and ucx_put else None)))
+    rows.append(("8 B SEND/RECV ≤ UCX ucp_am_lat", "%s vs %s" % (fmt_ns(sl), fmt_ns(ucx_am)),
+                 verdict(sl <= ucx_am if sl and ucx_am else None)))
+    for size in HIGHLIGHT:
+        v = R.agg("softverbs", "write_bw", "gbps", size)
+        m = R.agg("memcpy", "bw", "gbps", size)
+        u = R.agg("ucx", "ucp_put_bw", "gbps", size)
+        rows.append(("%s RDMA WRITE ≥ 90%% of memcpy" % fmt_size(size),
+                     "%s vs %s = %s" % (fmt_gbps(v), fmt_gbps(m), fmt_ratio(v / m if v and m else None, pct=True)),
+                     verdict(v >= 0.9 * m if v and m else None)))
+        rows.append(("%s RDMA WRITE ≥ UCX ucp_put_bw" % fmt_size(size),
+                     "%s vs %s" % (fmt_gbps(v), fmt_gbps(u)), verdict(v >= u if v and u else None)))
+    ev = event_numbers(R)
+    if ev["block"] and ev["poll"]:
+        rows.append(("Event mode: what blocking wake-ups cost, what spinning buys back",
+                     "blocking %s vs polling %s one-way (futex limit %s); adaptive spin %s" % (
+                         fmt_ns(ev["block"]), fmt_ns(ev["poll"]), fmt_ns(ev["futex"]), fmt_ns(ev["spin"])),
+                     "stated"))
+    sc = [x for x in R.raw if x.get("bench") == "scale"]
+    if sc:
+        x = sc[-1]
+        rows.append(("Scale: %d QPs and %d MRs work; memory per QP and MR" % (x["qps"], x["mrs"]),
+                     "QP %.1f KiB process + %.1f KiB daemon; MR %.0f B + %.0f B" % (
+                         x["process_bytes_per_qp"] / 1024, x["daemon_bytes_per_qp"] / 1024,
+                         x["process_bytes_per_mr"], x["daemon_bytes_per_mr"]), "met"))
+    L = ["", "## Targets (issue 7)", "", "| target | measured in this run | |", "|---|---|---|"]
+    L += ["| %s | %s | %s |" % row for row in rows]
+    return "\n".join(L) + "\n"
+
+
+def missing_numbers(R):
+    """Rows of the report that should hold a number and do not (for --check)."""
+    want = [("shm", "lat", None, "median_ns"), ("softverbs", "write_lat", 8, "median_ns"),
+            ("softverbs", "send_lat", 8, "median_ns")]
+    for size in R.bw_sizes:
+        want += [("memcpy", "bw", size, "gbps")]
+        want += [("softverbs", t, size, "gbps") for t in ("write_bw", "read_bw", "send_bw")]
+    for size in R.sweep_sizes:
+        want += [("sweep", t, size, "median_iter_ns") for t in ("write_lat", "read_lat", "send_lat")]
+    want += [("import", t, None, "median_ns") for t, _ in IMPORT_ROWS]
+    want += [("event", t, None, "median_ns") for t in ("futex_lat", "eventfd_lat")]
+    for prog, size in (("ib_write_lat", 8), ("ib_send_lat", 8), ("ib_write_bw", 64 * KIB), ("ib_write_bw", MIB)):
+        if shutil.which(prog):
+            want.append(("perftest", prog, size, "gbps" if prog.endswith("_bw") else "median_ns"))
+    if shutil.which("ucx_perftest") and not R.args.no_ucx:
+        want += [("ucx", "ucp_put_lat", 8, "median_ns"), ("ucx", "ucp_am_lat", 8, "median_ns"),
+                 ("ucx", "ucp_put_bw", 64 * KIB, "gbps"), ("ucx", "ucp_put_bw", MIB, "gbps")]
+    out = ["%s %s%s" % (src, t, " %s" % fmt_size(sz) if sz else "") for src, t, sz, k in want
+           if not R.agg(src, t, k, sz)]
+    for q in (1, 4, 16):
+        if not med([r.get("mmsgs_per_s") for r in R.raw if r["source"] == "rate" and r.get("qps") == q]):
+            out.append("message rate %d QPs" % q)
+    ev = event_numbers(R)
+    out += ["event %s" % k for k in ("poll", "block", "spin") if not ev[k]]
+    if not any(r.get("bench") == "scale" for r in R.raw):
+        out.append("scale")
+    if not any(r.get("bench") == "atomic" for r in R.raw):
+        out.append("atomic rate")
+    return out
+
+
 def build_report(R, verbs_state):
     """verbs_state: 'ok', 'missing-lib', 'missing-bin', 'failed'."""
     have_ucx = any(r["source"] == "ucx" for r in R.raw)
@@ -521,63 +878,90 @@ def build_report(R, verbs_state):
     # Latency
     shm = R.agg("shm", "lat", "median_ns")
     shm99 = R.agg("shm", "lat", "p99_ns")
-    wl = R.agg("softverbs", "write_lat", "median_ns", 8)
-    wl99 = R.agg("softverbs", "write_lat", "p99_ns", 8)
-    sl = R.agg("softverbs", "send_lat", "median_ns", 8)
-    sl99 = R.agg("softverbs", "send_lat", "p99_ns", 8)
-    ucx_lat = R.agg("ucx", "ucp_put_lat", "median_ns", 8)
+    ucx_put = R.agg("ucx", "ucp_put_lat", "median_ns", 8)
+    ucx_am = R.agg("ucx", "ucp_am_lat", "median_ns", 8)
     L.append("## Latency, 8 B, one-way (RTT/2)")
     L.append("")
     L.append("Median over the iterations of each run, then median over rounds. "
-             "Ratio = softverbs / raw shared-memory cache-line ping-pong (1.0 = the hardware limit).")
+             "Ratio = softverbs / raw shared-memory cache-line ping-pong (1.0 = the hardware limit). "
+             "Peer = UCX over posix shared memory for the same kind of operation "
+             "(ucp_put_lat for WRITE, ucp_am_lat for SEND/RECV).")
     L.append("")
-    hdr = "| operation | softverbs median | softverbs p99 | raw shm ping-pong | ratio |"
-    sep = "|---|---:|---:|---:|---:|"
-    if have_ucx:
-        hdr += " UCX put_lat (posix) | UCX / shm |"
-        sep += "---:|---:|"
-    L.append(hdr)
-    L.append(sep)
-    for name, v, v99 in (("RDMA WRITE", wl, wl99), ("SEND/RECV", sl, sl99)):
-        row = "| %s | %s | %s | %s | %s |" % (
-            name, fmt_ns(v), fmt_ns(v99), fmt_ns(shm),
-            fmt_ratio(v / shm if v and shm else None))
-        if have_ucx:
-            row += " %s | %s |" % (fmt_ns(ucx_lat) if name == "RDMA WRITE" else "–",
-                                   fmt_ratio(ucx_lat / shm if ucx_lat and shm and name == "RDMA WRITE" else None))
-        L.append(row)
+    L.append("| operation | median | p99 | raw shm ping-pong | ratio | UCX peer | softverbs / UCX |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|")
+    rows = [("RDMA WRITE (verbs_bench)", R.agg("softverbs", "write_lat", "median_ns", 8),
+             R.agg("softverbs", "write_lat", "p99_ns", 8), ucx_put),
+            ("SEND/RECV (verbs_bench)", R.agg("softverbs", "send_lat", "median_ns", 8),
+             R.agg("softverbs", "send_lat", "p99_ns", 8), ucx_am),
+            ("RDMA READ, whole round trip (verbs_bench)", R.agg("sweep", "read_lat", "median_ns", 8),
+             R.agg("sweep", "read_lat", "p99_ns", 8), None),
+            ("perftest `ib_write_lat` over softverbs", R.agg("perftest", "ib_write_lat", "median_ns", 8),
+             R.agg("perftest", "ib_write_lat", "p99_ns", 8), ucx_put),
+            ("perftest `ib_send_lat` over softverbs", R.agg("perftest", "ib_send_lat", "median_ns", 8),
+             R.agg("perftest", "ib_send_lat", "p99_ns", 8), ucx_am)]
+    for name, v, v99, peer in rows:
+        L.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            name, fmt_ns(v), fmt_ns(v99), fmt_ns(shm), fmt_ratio(v / shm if v and shm else None),
+            fmt_ns(peer), fmt_ratio(v / peer if v and peer else None)))
     L.append("")
-    L.append("Raw shm ping-pong p99: %s." % fmt_ns(shm99))
+    L.append("Raw shm ping-pong p99: %s. UCX / raw shm: put_lat %s, am_lat %s. An RDMA READ is "
+             "carried out by the reader alone (a copy out of the target's registered memory), "
+             "so its round trip needs no cache line to go and come back." % (
+                 fmt_ns(shm99), fmt_ratio(ucx_put / shm if ucx_put and shm else None),
+                 fmt_ratio(ucx_am / shm if ucx_am and shm else None)))
     L.append("")
 
+    # Latency against size
+    if any(r["source"] == "sweep" for r in R.raw):
+        L.append("## Latency against message size")
+        L.append("")
+        L.append("One-way (RTT/2) for WRITE and SEND/RECV, the whole round trip for READ; plain median "
+                 "of the individual round trips (at large sizes there are too few for the batch median "
+                 "of the 8 B table, and one preempted round trip would spoil a whole batch). Measured "
+                 "once, not interleaved with the baselines. "
+                 "Limit = raw shm ping-pong + one memcpy of the size (from the bandwidth table): "
+                 "a message cannot arrive sooner than a cache line plus a copy of the data. "
+                 "Large sizes run fewer iterations (at most %s per size)." % R.sweep_bytes)
+        L.append("")
+        L.append("| size | WRITE | READ | SEND/RECV | limit | WRITE / limit | READ / limit | SEND / limit |")
+        L.append("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for size in R.sweep_sizes:
+            w = R.agg("sweep", "write_lat", "median_iter_ns", size)
+            rd = R.agg("sweep", "read_lat", "median_iter_ns", size)
+            sd = R.agg("sweep", "send_lat", "median_iter_ns", size)
+            lim = latency_limit(R, size)
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                fmt_size(size), fmt_ns(w), fmt_ns(rd), fmt_ns(sd), fmt_ns(lim),
+                *[fmt_ratio(x / lim if x and lim else None) for x in (w, rd, sd)]))
+        L.append("")
+
     # Bandwidth
-    L.append("## Bandwidth, RDMA WRITE vs single-thread memcpy")
+    L.append("## Bandwidth, RDMA WRITE, READ and SEND/RECV vs single-thread memcpy")
     L.append("")
-    L.append("GB/s = 10^9 bytes/s. softverbs: one client, %d-WR window, %.2f s per size; "
+    L.append("GB/s = 10^9 bytes/s. softverbs: one client, %d-WR window (signalled every 16th), "
+             "%.2f s per size; SEND/RECV: the server reposts each receive as it consumes it. "
              "memcpy: hot buffers, same sizes. Ratio = softverbs / memcpy. Rows in bold are the "
-             "headline sizes." % (64, R.bw_time))
+             "headline sizes; UCX ucp_put_bw and perftest's ib_write_bw (over softverbs) there." % (64, R.bw_time))
     L.append("")
-    hdr = "| size | softverbs WRITE | memcpy | ratio |"
-    sep = "|---:|---:|---:|---:|"
-    if have_ucx:
-        hdr += " UCX put_bw (posix) | UCX / memcpy |"
-        sep += "---:|---:|"
-    L.append(hdr)
-    L.append(sep)
+    L.append("| size | WRITE | READ | SEND/RECV | memcpy | WRITE / memcpy | READ / memcpy | SEND / memcpy "
+             "| UCX put_bw | perftest ib_write_bw |")
+    L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in R.bw_sizes:
-        v = R.agg("softverbs", "write_bw", "gbps", size)
+        v = [R.agg("softverbs", t, "gbps", size) for t in ("write_bw", "read_bw", "send_bw")]
         m = R.agg("memcpy", "bw", "gbps", size)
         u = R.agg("ucx", "ucp_put_bw", "gbps", size)
-        cells = [fmt_size(size), fmt_gbps(v), fmt_gbps(m), fmt_ratio(v / m if v and m else None)]
-        if have_ucx:
-            cells += [fmt_gbps(u), fmt_ratio(u / m if u and m else None)]
+        pt = R.agg("perftest", "ib_write_bw", "gbps", size)
+        cells = [fmt_size(size)] + [fmt_gbps(x) for x in v] + [fmt_gbps(m)] + \
+                [fmt_ratio(x / m if x and m else None) for x in v] + [fmt_gbps(u), fmt_gbps(pt)]
         if size in HIGHLIGHT:
             cells = ["**%s**" % c if c != "–" else c for c in cells]
         L.append("| " + " | ".join(cells) + " |")
     L.append("")
+    L += extra_sections(R)
 
     # Headline
     head = []
+    wl = R.agg("softverbs", "write_lat", "median_ns", 8)
     if wl and shm:
         head.append("WRITE 8 B latency %s = %.2f× raw shm" % (fmt_ns(wl), wl / shm))
     for size in HIGHLIGHT:
@@ -605,7 +989,7 @@ def make_plot(R, path):
     except Exception as e:
         log("warning: matplotlib not available (%s); no PNG written" % e)
         return False
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5.5), gridspec_kw={"width_ratios": [3, 3, 2]})
 
     def series(source, test):
         xs, ys = [], []
@@ -641,26 +1025,66 @@ def make_plot(R, path):
     ax1.set_xticks(ticks)
     ax1.set_xticklabels([fmt_size(s) for s in ticks])
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(loc="lower right")
 
+    for test, style, color, label in (("read_bw", "^-", "tab:green", "softverbs RDMA READ"),
+                                      ("send_bw", "v-", "tab:cyan", "softverbs SEND/RECV")):
+        xs, ys = series("softverbs", test)
+        if xs:
+            ax1.plot(xs, ys, style, color=color, label=label, markersize=4)
+    ax1.legend(loc="lower right", fontsize=8)
+
+    # Latency against size: softverbs beside the limit (ping-pong + memcpy).
+    for test, style, color, label in (("write_lat", "s-", "tab:blue", "softverbs WRITE (one-way)"),
+                                      ("read_lat", "^-", "tab:green", "softverbs READ (round trip)"),
+                                      ("send_lat", "v-", "tab:cyan", "softverbs SEND/RECV (one-way)")):
+        pts = [(sz, R.agg("sweep", test, "median_iter_ns", sz)) for sz in R.sweep_sizes]
+        pts = [p for p in pts if p[1]]
+        if pts:
+            ax2.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=label, markersize=4)
+    lim = [(sz, latency_limit(R, sz)) for sz in R.sweep_sizes]
+    lim = [p for p in lim if p[1]]
+    if lim:
+        ax2.plot([p[0] for p in lim], [p[1] for p in lim], "o-", color="gray",
+                 label="limit: shm ping-pong + memcpy")
+    for test, marker, label in (("ucp_put_lat", "D", "UCX ucp_put_lat"), ("ucp_am_lat", "P", "UCX ucp_am_lat")):
+        v = R.agg("ucx", test, "median_ns", 8)
+        if v:
+            ax2.plot([8], [v], marker, color="tab:orange" if test == "ucp_put_lat" else "tab:red",
+                     markersize=8, label=label)
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("message size (bytes)")
+    ax2.set_ylabel("latency, ns (median)")
+    ax2.set_title("Latency")
+    ticks = [s for s in R.sweep_sizes if s in (8, 64, 512, 4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB)]
+    ax2.set_xticks(ticks)
+    ax2.set_xticklabels([fmt_size(s) for s in ticks])
+    ax2.grid(True, which="both", alpha=0.3)
+    ax2.legend(loc="upper left", fontsize=8)
+
+    ev = event_numbers(R)
     bars = [("raw shm\nping-pong", R.agg("shm", "lat", "median_ns"), "gray"),
-            ("softverbs\nWRITE", R.agg("softverbs", "write_lat", "median_ns", 8), "tab:blue"),
-            ("softverbs\nSEND/RECV", R.agg("softverbs", "send_lat", "median_ns", 8), "tab:cyan"),
-            ("UCX\nput_lat", R.agg("ucx", "ucp_put_lat", "median_ns", 8), "tab:orange")]
+            ("WRITE", R.agg("softverbs", "write_lat", "median_ns", 8), "tab:blue"),
+            ("SEND/\nRECV", R.agg("softverbs", "send_lat", "median_ns", 8), "tab:cyan"),
+            ("UCX\nput_lat", R.agg("ucx", "ucp_put_lat", "median_ns", 8), "tab:orange"),
+            ("UCX\nam_lat", R.agg("ucx", "ucp_am_lat", "median_ns", 8), "tab:red"),
+            ("event,\nspin", ev["spin"], "tab:purple"),
+            ("event,\nno spin", ev["block"], "tab:pink"),
+            ("raw\nfutex", ev["futex"], "dimgray")]
     bars = [b for b in bars if b[1]]
     if bars:
         pos = range(len(bars))
-        ax2.bar(pos, [b[1] for b in bars], color=[b[2] for b in bars])
-        ax2.set_xticks(list(pos))
-        ax2.set_xticklabels([b[0] for b in bars])
+        ax3.bar(pos, [b[1] for b in bars], color=[b[2] for b in bars])
+        ax3.set_xticks(list(pos))
+        ax3.set_xticklabels([b[0] for b in bars], fontsize=7)
         for i, b in enumerate(bars):
-            ax2.text(i, b[1], fmt_ns(b[1]), ha="center", va="bottom")
+            ax3.text(i, b[1], fmt_ns(b[1]), ha="center", va="bottom", fontsize=7)
         vals = [b[1] for b in bars]
         if max(vals) / min(vals) > 20:
-            ax2.set_yscale("log")
-    ax2.set_ylabel("one-way latency, ns (median)")
-    ax2.set_title("Latency, 8 B")
-    ax2.grid(True, axis="y", alpha=0.3)
+            ax3.set_yscale("log")
+    ax3.set_ylabel("one-way latency, ns (median)")
+    ax3.set_title("8 B one-way latency")
+    ax3.grid(True, axis="y", alpha=0.3)
     fig.suptitle("softverbs vs raw shared memory (%s mode)" % ("quick" if R.quick else "full"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -676,7 +1100,7 @@ def reg_atomic_section(R, bench_bin):
     exe = os.path.join(bench_bin, "reg_atomic_bench")
     if not os.access(exe, os.X_OK):
         return ""
-    log("registration cost and atomic rate (reg_atomic_bench)")
+    R.step("registration cost, scale (10,000 QPs, 100,000 MRs) and atomic rate (reg_atomic_bench)")
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = R.lib_dir + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     try:
@@ -755,11 +1179,19 @@ def main():
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
     ap.add_argument("--sizes", help="bandwidth sizes, e.g. 8,64K,1M")
     ap.add_argument("--no-ucx", action="store_true", help="skip the UCX peer")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the two processes of shm_pingpong and verbs_bench to CPUs 0 and 1")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 unless every row of the report holds a number (smoke test; "
+                         "never judges the numbers)")
     ap.add_argument("--launcher", choices=("auto", "env", "tool"), default="auto",
                     help="how to run verbs_bench under softverbs: 'env' = LD_LIBRARY_PATH only, "
                          "'tool' = also wrap in '<build>/{src/tools,bin}/softverbs run --', "
                          "'auto' (default) = 'tool' if that program exists")
     args = ap.parse_args()
+    # SIGTERM unwinds like an exception: run_cmd's `finally` then kills the
+    # running benchmark's process group and the private daemon directory goes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be >= 1")
 
@@ -781,7 +1213,18 @@ def main():
     R = Runner(args)
     R.shm_bin = os.path.join(bench_bin, "shm_pingpong")
     R.verbs_bin = os.path.join(bench_bin, "verbs_bench")
+    R.bench_bin = bench_bin
     R.lib_dir = lib_dir
+    # A daemon of this very build, in a directory of its own, unless the
+    # caller chose one: the per-user default may hold a daemon of another
+    # build (or another engineer's benchmark) and its memory would mix into ours.
+    if not os.environ.get("SOFTVERBS_DIR"):
+        import atexit
+        import tempfile
+        private = tempfile.mkdtemp(prefix="softverbs-bench-")  # mode 0700, as the library requires
+        os.environ["SOFTVERBS_DIR"] = private
+        atexit.register(shutil.rmtree, private, True)
+        log("daemon directory %s (set SOFTVERBS_DIR to choose one)" % private)
     if not os.access(R.shm_bin, os.X_OK):
         sys.stderr.write("error: %s not found. Build the benchmarks first, e.g.\n"
                          "  cmake --build %s --target shm_pingpong verbs_bench\n"
@@ -833,6 +1276,7 @@ def main():
     report = build_report(R, verbs_state)
     if verbs_state == "ok":
         report += reg_atomic_section(R, bench_bin)
+        report += targets_section(R)
     os.makedirs(args.out, exist_ok=True)
     md_path = os.path.join(args.out, "latest.md")
     png_path = os.path.join(args.out, "latest.png")
@@ -854,6 +1298,12 @@ def main():
     if verbs_state == "missing-bin":
         sys.stderr.write("verbs_bench not built: baseline table only (exit 2)\n")
         return 2
+    if args.check and verbs_state == "ok":
+        missing = missing_numbers(R)
+        if missing:
+            sys.stderr.write("\n--check: no number for: %s\n" % ", ".join(missing))
+            return 1
+        log("--check: every row holds a number")
     if R.failures:
         sys.stderr.write("\nbenchmark FAILED:\n")
         for f in R.failures:

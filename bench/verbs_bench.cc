@@ -1,5 +1,5 @@
-// verbs_bench: RDMA WRITE latency/bandwidth and SEND/RECV latency over one RC
-// QP pair, using only the public libibverbs API.  The program forks: the child
+// verbs_bench: RDMA WRITE, RDMA READ and SEND/RECV latency and bandwidth over
+// one RC QP pair, using only the public libibverbs API.  The program forks: the child
 // is the server, the parent the client; both open the first (or --dev) device,
 // exchange {qpn, psn, lid, gid, addr, rkey, mtu} over a socketpair created
 // before fork() and connect their QPs (INIT -> RTR -> RTS).
@@ -10,6 +10,17 @@
 //  write_bw:  the client keeps a window of WRITEs in flight (signalled every
 //             `chunk` WRs) for >= --time seconds per size; reports GB/s.
 //  send_lat:  SEND/RECV ping-pong, completion detected by polling the recv CQ.
+//  read_lat:  the client RDMA-READs from the server's buffer, one at a time,
+//             and polls its CQ for the completion.  A READ is a round trip by
+//             nature, so this reports the whole round trip, not half.
+//  read_bw:   like write_bw with RDMA READs (up to the device's max_qp_rd_atom
+//             outstanding on the wire).
+//  send_bw:   like write_bw with SENDs; the server keeps receives posted and
+//             polls its receive CQ; the client stops the server by telling it
+//             over the socket how many messages it sent.
+//
+// Latency tests scale the iteration count down for large sizes (--lat-bytes),
+// so that 4 MiB ping-pongs do not take minutes.
 //
 // Output: one JSON object per line on stdout (client only); errors on stderr.
 #include <infiniband/verbs.h>
@@ -35,7 +46,9 @@ namespace {
 constexpr unsigned kInline = IBV_SEND_INLINE;
 constexpr unsigned kSignaled = IBV_SEND_SIGNALED;
 
-enum class Test { WriteLat, WriteBw, SendLat, Verify };
+enum class Test { WriteLat, WriteBw, SendLat, Verify, ReadLat, ReadBw, SendBw };
+
+bool is_bw(Test t) { return t == Test::WriteBw || t == Test::ReadBw || t == Test::SendBw || t == Test::Verify; }
 
 const char *test_name(Test t) {
   switch (t) {
@@ -43,6 +56,9 @@ const char *test_name(Test t) {
     case Test::WriteBw: return "write_bw";
     case Test::SendLat: return "send_lat";
     case Test::Verify: return "verify";
+    case Test::ReadLat: return "read_lat";
+    case Test::ReadBw: return "read_bw";
+    case Test::SendBw: return "send_bw";
   }
   return "?";
 }
@@ -53,6 +69,8 @@ struct Options {
   std::vector<uint64_t> bw_sizes;
   uint64_t iters = 100000;
   uint64_t warmup = 2000;
+  uint64_t lat_bytes = 1ull << 30;  // latency: at most this many bytes per size and side
+  uint64_t min_iters = 100;
   double seconds = 0.2;  // per bw size
   double warm_seconds = 0.02;
   unsigned window = 64;
@@ -186,6 +204,7 @@ struct Rdma {
   size_t region = 0;  // buf = [recv region | send region], each `region` bytes
   unsigned sq_depth = 0;
   unsigned rq_depth = 0;
+  unsigned rd_atom = 1;  // RDMA READs this QP may have outstanding
   unsigned max_inline = 0;
   unsigned recv_posted = 0;
   ibv_port_attr port{};
@@ -257,7 +276,10 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
   unsigned want_sq = std::max(o.window, 16u) * 2;
   unsigned max_wr = dattr.max_qp_wr > 0 ? static_cast<unsigned>(dattr.max_qp_wr) : want_sq;
   r.sq_depth = std::min(want_sq, max_wr);
-  r.rq_depth = std::min(64u, max_wr);
+  // send_bw needs at least a window of receives posted, else the sender
+  // stalls on RNR.
+  r.rq_depth = std::min(std::max(64u, 2 * o.window), max_wr);
+  r.rd_atom = static_cast<unsigned>(std::clamp(std::min(dattr.max_qp_init_rd_atom, dattr.max_qp_rd_atom), 1, 16));
   unsigned max_cqe = dattr.max_cqe > 0 ? static_cast<unsigned>(dattr.max_cqe) : r.sq_depth;
   r.scq = ibv_create_cq(r.ctx, static_cast<int>(std::min(r.sq_depth, max_cqe)), nullptr, nullptr, 0);
   r.rcq = ibv_create_cq(r.ctx, static_cast<int>(std::min(r.rq_depth, max_cqe)), nullptr, nullptr, 0);
@@ -315,8 +337,11 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
   a.path_mtu = static_cast<ibv_mtu>(mtu);
   a.dest_qp_num = r.remote.qpn;
   a.rq_psn = r.remote.psn;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
+  a.max_dest_rd_atomic = static_cast<uint8_t>(r.rd_atom);
+  // The shortest RNR NAK timer (IBTA 9.7.5.2.8 table 45: code 1 = 0.01 ms):
+  // in send_bw the client can outrun the server's reposting, and a sender
+  // then waits this long before it retries.
+  a.min_rnr_timer = 1;
   a.ah_attr.dlid = r.remote.lid;
   a.ah_attr.sl = 0;
   a.ah_attr.src_path_bits = 0;
@@ -340,7 +365,7 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
   a.retry_cnt = 7;
   a.rnr_retry = 7;
   a.sq_psn = r.local.psn;
-  a.max_rd_atomic = 1;
+  a.max_rd_atomic = static_cast<uint8_t>(r.rd_atom);
   if (int e = ibv_modify_qp(r.qp, &a,
                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
@@ -426,15 +451,26 @@ void post_recvs(Rdma &r) {
 
 // ------------------------------------------------------------------- tests --
 
-void emit_lat(Rdma &r, Test t, uint64_t size, const Options &o, bool inl,
-              std::vector<uint64_t> &stamps) {
-  bench::LatStats s = bench::one_way_stats(stamps, o.warmup);
+// Latency iterations for one size: fewer for large messages (at most
+// --lat-bytes moved per side), never fewer than --min-iters.
+struct LatIters {
+  uint64_t iters, warmup;
+};
+LatIters lat_iters(const Options &o, uint64_t size) {
+  uint64_t it = std::min(o.iters, std::max(o.min_iters, o.lat_bytes / std::max<uint64_t>(size, 1)));
+  uint64_t w = std::min(o.warmup, std::max<uint64_t>(16, it / 10));
+  return {it, w};
+}
+
+void emit_lat(Rdma &r, Test t, uint64_t size, LatIters n, bool inl, std::vector<uint64_t> &stamps,
+              double div = 2.0) {
+  bench::LatStats s = bench::one_way_stats(stamps, n.warmup, div);
   bench::JsonLine()
       .str("bench", "verbs")
       .str("test", test_name(t))
       .str("device", r.dev)
       .num("size", size)
-      .num("iters", o.iters)
+      .num("iters", n.iters)
       .num("inline", inl ? 1 : 0)
       .real("median_ns", s.median_ns)
       .real("median_iter_ns", s.median_iter_ns)
@@ -445,7 +481,8 @@ void emit_lat(Rdma &r, Test t, uint64_t size, const Options &o, bool inl,
 }
 
 void write_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
-  const uint64_t total = o.iters + o.warmup;
+  const LatIters li = lat_iters(o, size);
+  const uint64_t total = li.iters + li.warmup;
   std::memset(r.recv_buf(), 0, size);
   std::memset(r.send_buf(), 0, size);
   const bool inl = size <= r.max_inline;
@@ -491,11 +528,12 @@ void write_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
   if (client) stamps[total] = bench::ticks();
   tr.drain(r);
   barrier(r.sock);
-  if (client) emit_lat(r, Test::WriteLat, size, o, inl, stamps);
+  if (client) emit_lat(r, Test::WriteLat, size, li, inl, stamps);
 }
 
 void send_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
-  const uint64_t total = o.iters + o.warmup;
+  const LatIters li = lat_iters(o, size);
+  const uint64_t total = li.iters + li.warmup;
   const bool inl = size <= r.max_inline;
   SendTracker tr{std::max(1u, std::min(o.cq_mod, r.sq_depth / 2)), r.sq_depth};
   post_recvs(r);
@@ -548,7 +586,7 @@ void send_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
   if (client) stamps[total] = bench::ticks();
   tr.drain(r);
   barrier(r.sock);
-  if (client) emit_lat(r, Test::SendLat, size, o, inl, stamps);
+  if (client) emit_lat(r, Test::SendLat, size, li, inl, stamps);
 }
 
 // verify: RDMA WRITE a pattern and have the target compare it with what it
@@ -641,9 +679,19 @@ struct BwResult {
   double seconds = 0;
 };
 
-// Client side of write_bw: keep `window` WRITEs in flight for `secs` seconds.
-BwResult bw_loop(Rdma &r, uint64_t size, unsigned window, unsigned chunk, double secs) {
-  const bool inl = size <= r.max_inline;
+// Flow control of send_bw: the server RDMA-WRITEs how many receives it has
+// reposted into `*credit`; the client keeps at most `limit` SENDs beyond that.
+struct Credits {
+  const volatile uint64_t *credit = nullptr;
+  uint64_t limit = 0;
+  uint64_t posted = 0;  // SENDs posted so far, over all bw_loop calls of one size
+};
+
+// Client side of the bandwidth tests: keep `window` WRs of `op` in flight for
+// `secs` seconds.  RDMA READ cannot be inline (its data flows the other way).
+BwResult bw_loop(Rdma &r, uint64_t size, unsigned window, unsigned chunk, double secs,
+                 ibv_wr_opcode op = IBV_WR_RDMA_WRITE, Credits *cr = nullptr) {
+  const bool inl = op != IBV_WR_RDMA_READ && size <= r.max_inline;
   const unsigned max_chunks = window / chunk;
   std::vector<ibv_send_wr> wrs(chunk);
   ibv_sge sge{reinterpret_cast<uintptr_t>(r.send_buf()), static_cast<uint32_t>(size), r.mr->lkey};
@@ -653,7 +701,7 @@ BwResult bw_loop(Rdma &r, uint64_t size, unsigned window, unsigned chunk, double
     w.wr_id = j;
     w.sg_list = &sge;
     w.num_sge = 1;
-    w.opcode = IBV_WR_RDMA_WRITE;
+    w.opcode = op;
     w.send_flags = (inl ? kInline : 0u) | (j + 1 == chunk ? kSignaled : 0u);
     w.wr.rdma.remote_addr = r.remote_recv();
     w.wr.rdma.rkey = r.remote.rkey;
@@ -666,7 +714,8 @@ BwResult bw_loop(Rdma &r, uint64_t size, unsigned window, unsigned chunk, double
   for (;;) {
     t1 = bench::ticks();
     if (bench::elapsed_s(t0, t1) < secs) {
-      while (in_flight < max_chunks) {
+      while (in_flight < max_chunks && (!cr || cr->posted + chunk <= *cr->credit + cr->limit)) {
+        if (cr) cr->posted += chunk;
         for (unsigned j = 0; j < chunk; ++j) {
           ibv_send_wr *bad = nullptr;
           if (int e = ibv_post_send(r.qp, &wrs[j], &bad))
@@ -687,20 +736,72 @@ BwResult bw_loop(Rdma &r, uint64_t size, unsigned window, unsigned chunk, double
   return res;
 }
 
-void write_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
+void bw_window(const Options &o, const Rdma &r, unsigned &window, unsigned &chunk) {
+  window = std::max(1u, std::min(o.window, r.sq_depth));
+  chunk = o.chunk ? o.chunk : std::max(1u, window / 4);
+  chunk = std::min(chunk, window);
+  window = window / chunk * chunk;
+}
+
+// write_bw and read_bw: the server has nothing to do, a one-sided operation
+// needs no responder CPU.
+void write_bw(Rdma &r, const Options &o, bool client, uint64_t size, Test t = Test::WriteBw) {
+  const ibv_wr_opcode op = t == Test::ReadBw ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
   barrier(r.sock);
   if (client) {
-    unsigned window = std::max(1u, std::min(o.window, r.sq_depth));
-    unsigned chunk = o.chunk ? o.chunk : std::max(1u, window / 4);
-    chunk = std::min(chunk, window);
-    window = window / chunk * chunk;
+    unsigned window, chunk;
+    bw_window(o, r, window, chunk);
     std::memset(r.send_buf(), 0x5a, size);
-    if (o.warm_seconds > 0) bw_loop(r, size, window, chunk, o.warm_seconds);
-    BwResult res = bw_loop(r, size, window, chunk, o.seconds);
+    if (o.warm_seconds > 0) bw_loop(r, size, window, chunk, o.warm_seconds, op);
+    BwResult res = bw_loop(r, size, window, chunk, o.seconds, op);
     double bytes = static_cast<double>(res.msgs) * static_cast<double>(size);
     bench::JsonLine()
         .str("bench", "verbs")
-        .str("test", "write_bw")
+        .str("test", test_name(t))
+        .str("device", r.dev)
+        .num("size", size)
+        .num("msgs", res.msgs)
+        .real("seconds", res.seconds)
+        .real("gbps", bytes / res.seconds / 1e9)
+        .real("mmsgs_per_s", static_cast<double>(res.msgs) / res.seconds / 1e6)
+        .num("window", window)
+        .num("signal_every", chunk)
+        .num("inline", op != IBV_WR_RDMA_READ && size <= r.max_inline ? 1 : 0)
+        .emit();
+  }
+  barrier(r.sock);
+}
+
+// send_bw: the client streams SENDs like write_bw; the server reposts each
+// consumed receive at once and, since it cannot know when the client's timed
+// loop ends, learns the total from the socket (checked between polls).
+void send_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
+  post_recvs(r);
+  if (client) *reinterpret_cast<volatile uint64_t *>(r.recv_buf()) = 0;  // the credit word
+  barrier(r.sock);
+  if (client) {
+    unsigned window, chunk;
+    bw_window(o, r, window, chunk);
+    window = std::min(window, r.rq_depth / chunk * chunk);  // never outrun the receives
+    if (window == 0) window = chunk = 1;
+    std::memset(r.send_buf(), 0x3c, size);
+    // Never more SENDs unconsumed than the server has receives: a sender
+    // that runs out of them waits out RNR NAK timers (IBTA 9.7.5.2.8), and
+    // that would measure the back-off, not the data path.
+    Credits cr{reinterpret_cast<const volatile uint64_t *>(r.recv_buf()), r.rq_depth, 0};
+    uint64_t sent = 0;
+    if (o.warm_seconds > 0) sent += bw_loop(r, size, window, chunk, o.warm_seconds, IBV_WR_SEND, &cr).msgs;
+    BwResult res = bw_loop(r, size, window, chunk, o.seconds, IBV_WR_SEND, &cr);
+    sent += res.msgs;
+    write_all(r.sock, &sent, sizeof sent);
+    uint64_t got = 0;
+    read_all(r.sock, &got, sizeof got);
+    if (got != sent) die("send_bw: server received %llu of %llu messages", static_cast<unsigned long long>(got),
+                         static_cast<unsigned long long>(sent));
+    double bytes = static_cast<double>(res.msgs) * static_cast<double>(size);
+    bench::JsonLine()
+        .str("bench", "verbs")
+        .str("test", "send_bw")
         .str("device", r.dev)
         .num("size", size)
         .num("msgs", res.msgs)
@@ -711,9 +812,94 @@ void write_bw(Rdma &r, const Options &o, bool client, uint64_t size) {
         .num("signal_every", chunk)
         .num("inline", size <= r.max_inline ? 1 : 0)
         .emit();
+  } else {
+    ibv_sge rsge{reinterpret_cast<uintptr_t>(r.recv_buf()), static_cast<uint32_t>(r.region), r.mr->lkey};
+    ibv_recv_wr rwr{};
+    rwr.sg_list = &rsge;
+    rwr.num_sge = 1;
+    uint64_t got = 0, want = UINT64_MAX;
+    unsigned idle = 0;
+    // Credits: every 16 reposted receives, an inline RDMA WRITE of the count
+    // into the client's credit word.
+    SendTracker tr{16, r.sq_depth};
+    ibv_sge csge{reinterpret_cast<uintptr_t>(r.send_buf()), 8, r.mr->lkey};
+    ibv_send_wr cwr{};
+    cwr.sg_list = &csge;
+    cwr.num_sge = 1;
+    cwr.opcode = IBV_WR_RDMA_WRITE;
+    cwr.wr.rdma.remote_addr = r.remote_recv();
+    cwr.wr.rdma.rkey = r.remote.rkey;
+    uint64_t credited = 0;
+    while (got < want) {
+      ibv_wc wc[16];
+      int n = ibv_poll_cq(r.rcq, 16, wc);
+      if (n < 0) die("ibv_poll_cq(recv) failed");
+      for (int i = 0; i < n; ++i) {
+        check_wc(wc[i], "recv");
+        if (wc[i].byte_len != size) die("recv byte_len %u != %llu", wc[i].byte_len,
+                                        static_cast<unsigned long long>(size));
+        rwr.wr_id = wc[i].wr_id;
+        ibv_recv_wr *bad = nullptr;
+        if (int e = ibv_post_recv(r.qp, &rwr, &bad)) die("ibv_post_recv failed: %s", std::strerror(e));
+      }
+      got += static_cast<uint64_t>(n);
+      if (got - credited >= 16 || (n == 0 && got != credited)) {
+        credited = got;
+        std::memcpy(r.send_buf(), &credited, 8);
+        cwr.send_flags = (r.max_inline >= 8 ? kInline : 0u) | (tr.next_signaled(r, false) ? kSignaled : 0u);
+        ibv_send_wr *bad = nullptr;
+        if (int e = ibv_post_send(r.qp, &cwr, &bad)) die("ibv_post_send(credit) failed: %s", std::strerror(e));
+        tr.reap(r);
+      }
+      if (n == 0 && want == UINT64_MAX && (++idle & 255) == 0) {
+        uint64_t v;
+        ssize_t k = recv(r.sock, &v, sizeof v, MSG_DONTWAIT | MSG_PEEK);
+        if (k == static_cast<ssize_t>(sizeof v)) read_all(r.sock, &want, sizeof want);
+        else if (k == 0) die("peer closed the socket (peer failed?)");
+      }
+      if (n == 0) bench::cpu_relax();
+    }
+    if (got != want) die("send_bw: received %llu messages, client sent %llu", static_cast<unsigned long long>(got),
+                         static_cast<unsigned long long>(want));
+    tr.drain(r);
+    write_all(r.sock, &got, sizeof got);
   }
-  // The server has nothing to do: RDMA WRITE needs no responder CPU.
   barrier(r.sock);
+}
+
+// read_lat: one RDMA READ at a time from the server's buffer into the
+// client's; the time from post to polled completion.  Always signalled: the
+// completion is the only sign the data has arrived.
+void read_lat(Rdma &r, const Options &o, bool client, uint64_t size) {
+  const LatIters li = lat_iters(o, size);
+  const uint64_t total = li.iters + li.warmup;
+  std::vector<uint64_t> stamps(client ? total + 1 : 0);
+  barrier(r.sock);
+  if (client) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(r.send_buf()), static_cast<uint32_t>(size), r.mr->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = kSignaled;
+    wr.wr.rdma.remote_addr = r.remote_recv();
+    wr.wr.rdma.rkey = r.remote.rkey;
+    for (uint64_t i = 0; i < total; ++i) {
+      stamps[i] = bench::ticks();
+      wr.wr_id = i;
+      ibv_send_wr *bad = nullptr;
+      if (int e = ibv_post_send(r.qp, &wr, &bad)) die("ibv_post_send(READ) failed: %s", std::strerror(e));
+      ibv_wc wc;
+      int n;
+      bench::Spinner sp;
+      while ((n = ibv_poll_cq(r.scq, 1, &wc)) == 0) sp.spin();
+      if (n < 0) die("ibv_poll_cq(send) failed");
+      check_wc(wc, "READ");
+    }
+    stamps[total] = bench::ticks();
+  }
+  barrier(r.sock);
+  if (client) emit_lat(r, Test::ReadLat, size, li, false, stamps, 1.0);
 }
 
 int run_role(const Options &o, bool client, int sock) {
@@ -727,8 +913,7 @@ int run_role(const Options &o, bool client, int sock) {
   }
   uint64_t max_size = 64;
   for (Test t : o.tests)
-    max_size = std::max(max_size, bench::max_of(t == Test::WriteBw || t == Test::Verify ? o.bw_sizes
-                                                                                   : o.lat_sizes));
+    max_size = std::max(max_size, bench::max_of(is_bw(t) ? o.bw_sizes : o.lat_sizes));
 
   Rdma r;
   r.sock = sock;
@@ -747,7 +932,7 @@ int run_role(const Options &o, bool client, int sock) {
         .emit();
 
   for (Test t : o.tests) {
-    const auto &sizes = t == Test::WriteBw || t == Test::Verify ? o.bw_sizes : o.lat_sizes;
+    const auto &sizes = is_bw(t) ? o.bw_sizes : o.lat_sizes;
     for (uint64_t size : sizes) {
       vlog("%s %llu B: start", test_name(t), static_cast<unsigned long long>(size));
       switch (t) {
@@ -755,6 +940,9 @@ int run_role(const Options &o, bool client, int sock) {
         case Test::WriteBw: write_bw(r, o, client, size); break;
         case Test::SendLat: send_lat(r, o, client, size); break;
         case Test::Verify: verify(r, client, size); break;
+        case Test::ReadLat: read_lat(r, o, client, size); break;
+        case Test::ReadBw: write_bw(r, o, client, size, Test::ReadBw); break;
+        case Test::SendBw: send_bw(r, o, client, size); break;
       }
     }
   }
@@ -768,13 +956,16 @@ int run_role(const Options &o, bool client, int sock) {
 void usage() {
   std::fprintf(stderr,
                "usage: verbs_bench [options]\n"
-               "  --test LIST       write_lat,write_bw,send_lat,verify (aliases lat,bw,send;\n"
-               "                    all = write_lat,write_bw,send_lat; verify checks that\n"
-               "                    WRITE data arrives intact, for each bw size)\n"
+               "  --test LIST       write_lat,write_bw,send_lat,read_lat,read_bw,send_bw,verify\n"
+               "                    (aliases lat,bw,send; all = every test but verify;\n"
+               "                    verify checks that WRITE data arrives intact, for each bw size)\n"
                "  --sizes LIST      sizes for all tests, e.g. 8-4M (powers of 2) or 8,64K,1M\n"
                "  --lat-sizes LIST  sizes for latency tests (default 8)\n"
-               "  --bw-sizes LIST   sizes for write_bw (default 8-4M)\n"
+               "  --bw-sizes LIST   sizes for the bandwidth tests (default 8-4M)\n"
                "  --iters N         latency iterations (default 100000)\n"
+               "  --lat-bytes SIZE  latency: at most SIZE bytes per message size (default 1G),\n"
+               "                    i.e. fewer iterations for large messages\n"
+               "  --min-iters N     latency: but at least N iterations (default 100)\n"
                "  --warmup N        latency warm-up iterations (default 2000)\n"
                "  --time SEC        write_bw seconds per size (default 0.2)\n"
                "  --window N        write_bw WRs in flight (default 64)\n"
@@ -795,7 +986,7 @@ bool parse_tests(const std::string &v, std::vector<Test> &out) {
     if (c == std::string::npos) c = v.size();
     std::string t = v.substr(pos, c - pos);
     if (t == "all") {
-      out = {Test::WriteLat, Test::WriteBw, Test::SendLat};
+      out = {Test::WriteLat, Test::WriteBw, Test::SendLat, Test::ReadLat, Test::ReadBw, Test::SendBw};
     } else if (t == "write_lat" || t == "lat") {
       out.push_back(Test::WriteLat);
     } else if (t == "write_bw" || t == "bw") {
@@ -804,6 +995,12 @@ bool parse_tests(const std::string &v, std::vector<Test> &out) {
       out.push_back(Test::SendLat);
     } else if (t == "verify") {
       out.push_back(Test::Verify);
+    } else if (t == "read_lat") {
+      out.push_back(Test::ReadLat);
+    } else if (t == "read_bw") {
+      out.push_back(Test::ReadBw);
+    } else if (t == "send_bw") {
+      out.push_back(Test::SendBw);
     } else if (!t.empty()) {
       return false;
     }
@@ -845,6 +1042,13 @@ int main(int argc, char **argv) {
       }
     } else if (a.take("--iters", v)) {
       o.iters = bench::to_u64(v, "--iters");
+    } else if (a.take("--lat-bytes", v)) {
+      if (!bench::parse_size(v, o.lat_bytes)) {
+        std::fprintf(stderr, "bad --lat-bytes '%s'\n", v.c_str());
+        return 2;
+      }
+    } else if (a.take("--min-iters", v)) {
+      o.min_iters = std::max<uint64_t>(1, bench::to_u64(v, "--min-iters"));
     } else if (a.take("--warmup", v)) {
       o.warmup = bench::to_u64(v, "--warmup");
     } else if (a.take("--time", v)) {

@@ -16,6 +16,11 @@
 // The application contract is kept: inline data and sg_list pointers are
 // readable (inline SGEs are clamped into a slot), ud.ah is NULL or ours.
 //
+// A type 2 memory window is bound, used and invalidated through the same
+// requests (BIND_MW, SEND_WITH_INV, LOCAL_INV). Inputs may also move a QP to
+// any state between requests, and post to an extended RC pair through the
+// ibv_wr_* API (all-or-nothing batches).
+//
 // Environment: SOFTVERBS_DIR is set to a private directory; the daemon is
 // started on demand from the build tree.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -37,7 +42,10 @@ constexpr int kSlots = 4;
 constexpr size_t kPage = 4096;
 constexpr size_t kSlotLen = 2 * kPage;  // an MR lives in [off, off + len) of its slot
 constexpr uint8_t kCanary = 0xC5;
-constexpr int kQps = 6;  // RC a/b, UC a/b, UD a/b: a and b are connected to each other
+// RC a/b, UC a/b, UD a/b, and an RC pair of extended QPs (ibv_create_qp_ex,
+// posted to with ibv_wr_* as well): a and b are connected to each other.
+constexpr int kQps = 8;
+constexpr int kFirstEx = 6;
 constexpr uint32_t kQkey = 0x1234;
 
 [[noreturn]] void die(const char* what, unsigned long long a = 0, unsigned long long b = 0) {
@@ -50,6 +58,7 @@ struct Expect {
   bool recv;
   bool must;  // must complete (receive, or signaled send)
   int seen = 0;
+  uint32_t opcode = 0, flags = 0;  // for the report
 };
 
 struct Harness {
@@ -58,6 +67,7 @@ struct Harness {
   ibv_cq* cq = nullptr;
   ibv_qp* qp[kQps] = {};
   ibv_ah* ah = nullptr;
+  ibv_mw* mw = nullptr;  // a type 2 window for BIND_MW, SEND_WITH_INV and LOCAL_INV
   uint8_t* arena = nullptr;  // guard, slot, guard, slot, ..., guard
   uint8_t* slot[kSlots] = {};
   ibv_mr* mr[kSlots] = {};
@@ -75,7 +85,7 @@ Harness* h;
 // Printed at exit with WR_FUZZ_STATS=1: how much of what was posted got through.
 uint64_t n_posted, n_accepted, n_success, n_error, n_status[32];
 
-ibv_qp_type type_of(int i) { return i < 2 ? IBV_QPT_RC : i < 4 ? IBV_QPT_UC : IBV_QPT_UD; }
+ibv_qp_type type_of(int i) { return i < 2 || i >= kFirstEx ? IBV_QPT_RC : i < 4 ? IBV_QPT_UC : IBV_QPT_UD; }
 
 bool Harness::to_rts(int i) {
   ibv_qp_attr a{};
@@ -136,7 +146,22 @@ bool Harness::init() {
     ia.recv_cq = cq;
     ia.qp_type = type_of(i);
     ia.cap = {64, 64, 4, 4, 64};
-    qp[i] = ibv_create_qp(pd, &ia);
+    if (i >= kFirstEx) {
+      ibv_qp_init_attr_ex ix{};
+      ix.send_cq = cq;
+      ix.recv_cq = cq;
+      ix.qp_type = IBV_QPT_RC;
+      ix.cap = ia.cap;
+      ix.pd = pd;
+      ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+      ix.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
+                          IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+                          IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+                          IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV;
+      qp[i] = ibv_create_qp_ex(ctx, &ix);
+    } else {
+      qp[i] = ibv_create_qp(pd, &ia);
+    }
     if (!qp[i]) return false;
   }
   for (int i = 0; i < kQps; ++i)
@@ -148,6 +173,8 @@ bool Harness::init() {
   ah_attr.port_num = 1;
   ah = ibv_create_ah(pd, &ah_attr);
   if (!ah) return false;
+  mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+  if (!mw) return false;
   size_t total = kPage + kSlots * (kSlotLen + kPage);
   void* m = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return false;
@@ -175,7 +202,8 @@ void Harness::poll_once() {
     if (wc[i].status == IBV_WC_SUCCESS) {
       bool recv_op = wc[i].opcode & IBV_WC_RECV;
       if (recv_op != e.recv) die("completion opcode of the wrong queue", wc[i].opcode, e.recv);
-      if (!e.recv && !e.must) die("an unsignaled request completed successfully", wc[i].wr_id);
+      if (!e.recv && !(e.flags & IBV_SEND_SIGNALED))
+        die("an unsignaled request completed successfully", e.opcode, uint64_t(e.qp) << 32 | e.flags);
     }
   }
 }
@@ -314,7 +342,20 @@ void post_send(FuzzedDataProvider& in) {
       w.wr.rdma.remote_addr = pick_addr(in, nullptr, &slot);
       w.wr.rdma.rkey = pick_key(in, slot);
     }
-    w.invalidate_rkey = pick_key(in, in.ConsumeIntegralInRange(0, kSlots - 1));  // SEND_WITH_INV, LOCAL_INV
+    // SEND_WITH_INV, LOCAL_INV: a key of ours, the window's, or anything.
+    w.invalidate_rkey = in.ConsumeBool() ? h->mw->rkey : pick_key(in, in.ConsumeIntegralInRange(0, kSlots - 1));
+    if (op == IBV_WR_BIND_MW) {
+      // The window and MR pointers must be NULL or real (the application's
+      // side of the contract); everything else is arbitrary.
+      w.bind_mw.mw = in.ConsumeIntegralInRange(0, 7) ? h->mw : nullptr;
+      w.bind_mw.rkey = in.ConsumeBool() ? ibv_inc_rkey(h->mw->rkey) : in.ConsumeIntegral<uint32_t>();
+      int slot = 0;
+      int64_t hint = 0;
+      w.bind_mw.bind_info.addr = pick_addr(in, &hint, &slot);
+      w.bind_mw.bind_info.mr = in.ConsumeIntegralInRange(0, 7) ? h->mr[slot] : nullptr;
+      w.bind_mw.bind_info.length = pick_len(in, hint);
+      w.bind_mw.bind_info.mw_access_flags = in.ConsumeIntegral<uint8_t>() & 0x1f;
+    }
   }
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(h->qp[q], wrs.data(), &bad);
@@ -327,8 +368,12 @@ void post_send(FuzzedDataProvider& in) {
   }
   n_posted += uint64_t(nwr);
   n_accepted += uint64_t(accepted);
-  for (int i = 0; i < accepted; ++i)
-    h->expect[wrs[size_t(i)].wr_id] = {q, false, (wrs[size_t(i)].send_flags & IBV_SEND_SIGNALED) != 0};
+  for (int i = 0; i < accepted; ++i) {
+    const ibv_send_wr& w = wrs[size_t(i)];
+    uint32_t op;
+    std::memcpy(&op, &w.opcode, sizeof(op));
+    h->expect[w.wr_id] = {q, false, (w.send_flags & IBV_SEND_SIGNALED) != 0, 0, op, w.send_flags};
+  }
 }
 
 void post_recv(FuzzedDataProvider& in) {
@@ -359,6 +404,140 @@ void post_recv(FuzzedDataProvider& in) {
   n_posted += uint64_t(nwr);
   n_accepted += uint64_t(accepted);
   for (int i = 0; i < accepted; ++i) h->expect[wrs[size_t(i)].wr_id] = {q, true, true};
+}
+
+// The extended post API (ibv_wr_post(3)): a batch of builders and setters
+// with fuzzed operands, then ibv_wr_complete (all or nothing: if it fails,
+// none of the batch was posted) or ibv_wr_abort.
+void post_ex(FuzzedDataProvider& in) {
+  int q = in.ConsumeIntegralInRange(kFirstEx, kQps - 1);
+  ibv_qp_ex* qx = ibv_qp_to_qp_ex(h->qp[q]);
+  if (!qx) die("ibv_qp_to_qp_ex failed");
+  struct Built {
+    uint64_t id;
+    uint32_t op, flags;
+  };
+  std::vector<Built> built;
+  ibv_wr_start(qx);
+  int nwr = in.ConsumeIntegralInRange(0, 4);
+  for (int i = 0; i < nwr; ++i) {
+    qx->wr_id = h->next_id++;
+    qx->wr_flags = in.ConsumeIntegral<uint8_t>() & 0x1f;
+    int slot = 0;
+    int64_t hint = 0;
+    uint64_t raddr = pick_addr(in, &hint, &slot);
+    uint32_t rkey = pick_key(in, slot);
+    uint32_t op;
+    switch (in.ConsumeIntegralInRange(0, 9)) {
+      case 0: ibv_wr_send(qx); op = IBV_WR_SEND; break;
+      case 1: ibv_wr_send_imm(qx, in.ConsumeIntegral<uint32_t>()); op = IBV_WR_SEND_WITH_IMM; break;
+      case 2: ibv_wr_send_inv(qx, in.ConsumeBool() ? h->mw->rkey : rkey); op = IBV_WR_SEND_WITH_INV; break;
+      case 3: ibv_wr_rdma_write(qx, rkey, raddr); op = IBV_WR_RDMA_WRITE; break;
+      case 4: ibv_wr_rdma_write_imm(qx, rkey, raddr, in.ConsumeIntegral<uint32_t>()); op = IBV_WR_RDMA_WRITE_WITH_IMM; break;
+      case 5: ibv_wr_rdma_read(qx, rkey, raddr); op = IBV_WR_RDMA_READ; break;
+      case 6:
+        ibv_wr_atomic_cmp_swp(qx, rkey, raddr, in.ConsumeIntegral<uint64_t>(), in.ConsumeIntegral<uint64_t>());
+        op = IBV_WR_ATOMIC_CMP_AND_SWP;
+        break;
+      case 7: ibv_wr_atomic_fetch_add(qx, rkey, raddr, in.ConsumeIntegral<uint64_t>()); op = IBV_WR_ATOMIC_FETCH_AND_ADD; break;
+      case 8: ibv_wr_local_inv(qx, in.ConsumeBool() ? h->mw->rkey : rkey); op = IBV_WR_LOCAL_INV; break;
+      default: {
+        ibv_mw_bind_info b{};
+        b.mr = in.ConsumeIntegralInRange(0, 7) ? h->mr[slot] : nullptr;
+        b.addr = raddr;
+        b.length = pick_len(in, hint);
+        b.mw_access_flags = in.ConsumeIntegral<uint8_t>() & 0x1f;
+        ibv_wr_bind_mw(qx, h->mw, in.ConsumeBool() ? ibv_inc_rkey(h->mw->rkey) : in.ConsumeIntegral<uint32_t>(), &b);
+        op = IBV_WR_BIND_MW;
+        break;
+      }
+    }
+    switch (in.ConsumeIntegralInRange(0, 3)) {
+      case 0: {
+        int64_t lh = 0;
+        int ls = 0;
+        uint64_t a = pick_addr(in, &lh, &ls);
+        uint32_t len = pick_len(in, lh);
+        ibv_wr_set_sge(qx, pick_key(in, ls), a, len);
+        break;
+      }
+      case 1: {
+        size_t n = in.ConsumeIntegralInRange<size_t>(0, 6);
+        std::vector<ibv_sge> sg(std::max<size_t>(n, 1));
+        fill_sges(in, sg, false);
+        ibv_wr_set_sge_list(qx, n, sg.data());
+        break;
+      }
+      case 2: {
+        size_t n = in.ConsumeIntegralInRange<size_t>(0, 3);
+        std::vector<ibv_sge> sg(std::max<size_t>(n, 1));
+        fill_sges(in, sg, true);  // readable buffers, as the contract wants
+        std::vector<ibv_data_buf> bufs;
+        for (size_t k = 0; k < n; ++k) bufs.push_back({reinterpret_cast<void*>(sg[k].addr), sg[k].length});
+        ibv_wr_set_inline_data_list(qx, n, bufs.data());
+        break;
+      }
+      default: break;  // no scatter list at all
+    }
+    built.push_back({qx->wr_id, op, qx->wr_flags});
+  }
+  if (in.ConsumeIntegralInRange(0, 7) == 0) {
+    ibv_wr_abort(qx);
+    return;
+  }
+  n_posted += built.size();
+  if (ibv_wr_complete(qx) != 0) return;  // nothing of the batch was posted
+  n_accepted += built.size();
+  for (const Built& b : built)
+    h->expect[b.id] = {q, false, (b.flags & IBV_SEND_SIGNALED) != 0, 0, b.op, b.flags};
+}
+
+// A state change in the middle of the traffic: to any state, with the mask
+// the transition needs or a random one (the library and daemon must refuse
+// what IBTA 11.2.4.2 does not allow). RESET discards outstanding requests
+// without completions (IBTA 10.3.1): they may no longer complete... but
+// still at most once.
+void modify(FuzzedDataProvider& in) {
+  int q = in.ConsumeIntegralInRange(0, kQps - 1);
+  auto target = ibv_qp_state(in.ConsumeIntegralInRange(0, 6));  // RESET .. ERR
+  ibv_qp_type t = type_of(q);
+  ibv_qp_attr a{};
+  a.qp_state = target;
+  a.port_num = 1;
+  a.qkey = kQkey;
+  a.qp_access_flags = in.ConsumeIntegral<uint8_t>() & 0xf;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = in.ConsumeBool() ? h->qp[q ^ 1]->qp_num : in.ConsumeIntegral<uint32_t>() & 0xffffff;
+  a.max_dest_rd_atomic = 1;
+  a.max_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.timeout = 1;
+  a.retry_cnt = 1;
+  a.rnr_retry = 2;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.hop_limit = 1;
+  ibv_query_gid(h->ctx, 1, 0, &a.ah_attr.grh.dgid);
+  a.ah_attr.port_num = 1;
+  int mask = IBV_QP_STATE;
+  switch (target) {
+    case IBV_QPS_INIT:
+      mask |= IBV_QP_PKEY_INDEX | IBV_QP_PORT | (t == IBV_QPT_UD ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS);
+      break;
+    case IBV_QPS_RTR:
+      if (t != IBV_QPT_UD) mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+      if (t == IBV_QPT_RC) mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      break;
+    case IBV_QPS_RTS:
+      mask |= IBV_QP_SQ_PSN;
+      if (t == IBV_QPT_RC) mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      break;
+    default:
+      break;
+  }
+  if (in.ConsumeIntegralInRange(0, 3) == 0) mask = int(in.ConsumeIntegral<uint32_t>() & ((1u << 21) - 1));
+  if (ibv_modify_qp(h->qp[q], &a, mask) == 0 && (mask & IBV_QP_STATE) && target == IBV_QPS_RESET)
+    for (auto& [id, e] : h->expect)
+      if (e.qp == q) e.must = false;
 }
 
 }  // namespace
@@ -403,14 +582,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     h->mr_len[s] = h->mr[s] ? len : 0;
   }
   for (int cmds = 0; cmds < 24 && in.remaining_bytes() > 0; ++cmds) {
-    switch (in.ConsumeIntegralInRange(0, 3)) {
+    switch (in.ConsumeIntegralInRange(0, 5)) {
       case 0:
       case 1: post_send(in); break;
       case 2: post_recv(in); break;
-      default: h->poll_once(); break;
+      case 3: h->poll_once(); break;
+      case 4: modify(in); break;
+      default: post_ex(in); break;
     }
   }
   h->reset_all();
+  // A window bound to an MR keeps it from being deregistered (EBUSY): a
+  // fresh window for the next input.
+  if (ibv_dealloc_mw(h->mw)) die("dealloc_mw failed");
+  h->mw = ibv_alloc_mw(h->pd, IBV_MW_TYPE_2);
+  if (!h->mw) die("alloc_mw failed");
   for (int s = 0; s < kSlots; ++s) {
     size_t off = h->mr_off[s], len = h->mr[s] ? h->mr_len[s] : 0;
     for (size_t i = 0; i < kSlotLen; ++i)

@@ -41,6 +41,17 @@ void svx_unimport_qp(struct ibv_qp *qp);
 struct ibv_srq *svx_import_srq(struct ibv_context *context, uint32_t srq_handle);
 void svx_unimport_srq(struct ibv_srq *srq);
 
+/* Import a completion channel of a shared context by its handle
+ * (svx_comp_channel_handle in the creating process). The channel is the
+ * same in every holder: CQs imported after it (svx_import_cq, svx_unpack:
+ * pack the channel before its CQs) are bound to it, any holder may arm them
+ * and wait with ibv_get_cq_event, and each event goes to one waiter.
+ * svx_unimport_comp_channel releases only this handle (EBUSY while this
+ * process's CQs use it). */
+struct ibv_comp_channel *svx_import_comp_channel(struct ibv_context *context, uint32_t handle);
+int svx_unimport_comp_channel(struct ibv_comp_channel *channel);
+uint32_t svx_comp_channel_handle(struct ibv_comp_channel *channel);
+
 /* The local handle of a QP of this context by number (for example the
  * qp_num of a completion of a shared CQ), importing it if needed.
  * NULL with errno EINVAL if the context has no such QP. */
@@ -52,6 +63,7 @@ enum svx_object_type {
   SVX_OBJ_CQ = 3,
   SVX_OBJ_QP = 4,
   SVX_OBJ_SRQ = 5,
+  SVX_OBJ_CHANNEL = 6,
 };
 
 struct svx_object {
@@ -62,6 +74,7 @@ struct svx_object {
     struct ibv_cq *cq;
     struct ibv_qp *qp;
     struct ibv_srq *srq;
+    struct ibv_comp_channel *channel;
     void *ptr;
   };
 };
@@ -125,7 +138,9 @@ int svx_unpublish(struct ibv_context *context, const char *name);
  * such name), EACCES (the mode denies it), EPERM (the mode allows it but
  * the object belongs to another user: sharing memory between users needs a
  * path the daemon carries out, which is not built yet; see docs/SHARING.md),
- * EINVAL (bad name or access). */
+ * EINVAL (bad name or access). Between users only a CQ is granted this way
+ * (in a context of the caller's own: the CQ's completions, no memory);
+ * another user's memory is reached through its keys over a connection. */
 struct ibv_context *svx_open(const char *name, int access, struct svx_object *object);
 
 #ifdef __cplusplus

@@ -90,9 +90,18 @@ inline SharedReceiveQueue import_srq(ibv_context* c, uint32_t h) { return Shared
 // What svx_unpack delivered, each object owned as an imported handle.
 struct Unpacked {
   Context context;
+  struct Channels {
+    std::vector<ibv_comp_channel*> v;
+    void push_back(ibv_comp_channel* c) { v.push_back(c); }
+    ~Channels() {
+      for (auto* c : v) svx_unimport_comp_channel(c);
+    }
+  } channels;
   std::vector<ProtectionDomain> pds;
   std::vector<MemoryRegion> mrs;
   std::vector<CompletionQueue> cqs;
+  // Channels are released by ~Unpacked after the CQs (declared first,
+  // destroyed last): svx_unimport_comp_channel refuses while CQs use them.
   std::vector<SharedReceiveQueue> srqs;
   std::vector<QueuePair> qps;  // released first: QPs use the SRQs and CQs
 };
@@ -117,6 +126,7 @@ inline std::optional<Unpacked> unpack(int sock, int* error = nullptr) {
       case SVX_OBJ_CQ: u.cqs.emplace_back(objs[i].cq, true); break;
       case SVX_OBJ_QP: u.qps.emplace_back(objs[i].qp, true); break;
       case SVX_OBJ_SRQ: u.srqs.emplace_back(objs[i].srq, true); break;
+      case SVX_OBJ_CHANNEL: u.channels.push_back(objs[i].channel); break;
     }
   }
   return u;

@@ -23,16 +23,19 @@ inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc&
   e.wc = wc;
   e.solicited = solicited;
   if (!ring.push(e)) {
-    hdr->overrun.store(1, std::memory_order_relaxed);
+    // A closed ring is being moved (resize), not full: the caller follows it.
+    if (!ring.closed()) hdr->overrun.store(1, std::memory_order_relaxed);
     return false;
   }
-  // Dekker-style handshake with req_notify_cq, which stores `armed` and
-  // then polls the ring: each side stores, then loads what the other
-  // stored. Without a full fence on both sides the two loads may both see
-  // old values (x86 lets a load pass an earlier store): the poller misses
-  // the entry and we miss the arming, and the event is lost.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  uint32_t armed = hdr->armed.load(std::memory_order_acquire);
+  // Dekker-style handshake with req_notify_cq, which arms and then polls
+  // the ring: each side writes, then reads what the other wrote. With plain
+  // stores and loads both reads may see old values (x86 lets a load pass an
+  // earlier store): the poller misses the entry, we miss the arming, and the
+  // event is lost. Both sides therefore access `armed` with a read-modify-
+  // write (acq_rel): the two RMWs are ordered, and whichever comes second
+  // sees what the first side wrote before it (a full barrier on x86; TSan
+  // understands it, which it does not a fence).
+  uint32_t armed = hdr->armed.fetch_or(0, std::memory_order_acq_rel);
   if (armed == kArmAny || (armed == kArmSolicited && solicited)) {
     if (hdr->armed.exchange(kArmNone, std::memory_order_acq_rel) != kArmNone) {
       hdr->notified.store(1, std::memory_order_release);

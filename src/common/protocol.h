@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/shm_layout.h"
+
 namespace sv::proto {
 
 constexpr uint32_t kMagic = 0x53565250;  // "SVRP"
@@ -61,6 +63,18 @@ enum class Op : uint16_t {
   NsOpen,          // attach this (fresh) connection to the context of a published object
   NsList,          // list the namespace, a page at a time
   ImportSrq,       // reply fd: SRQ segment
+  ImportChannel,   // reply fd: the completion channel's eventfd
+  Mediate,         // carry out one RC/UC operation towards a peer of another user
+  ResizeCq,        // a new, pending segment for a CQ; reply fd: that segment
+  ResizeCqDone,    // commit (the CQ moves to the pending segment) or abort a ResizeCq
+  GetCq,           // the current segment of a CQ I may complete into; reply fd: the segment
+  CqError,         // a producer overran the CQ (IBTA 11.4.2.1): CQ error event, its QPs to ERR
+  AttachMcast,     // ibv_attach_mcast: my UD QP joins a multicast group
+  DetachMcast,
+  OpenXrcd,        // fd (optional, has_fd): the file whose inode names the XRC domain
+  CloseXrcd,
+  ConnectXrc,      // XRC: reach SRQ `srqn` through my XRC_SEND QP's target; reply fds as ConnectPeer
+  OpenQp,          // ibv_open_qp: an XRC target QP of my XRC domain; reply fd: QP segment
   kCount
 };
 
@@ -138,7 +152,7 @@ struct CreateQpReq {
   uint32_t max_recv_sge;
   uint32_t max_inline_data;
   uint32_t sq_sig_all;
-  uint32_t reserved;
+  uint32_t xrcd;  // IBV_QPT_XRC_RECV: the XRC domain handle (no PD, no CQs)
 };
 
 struct CreateQpReply {
@@ -192,7 +206,32 @@ struct ConnectPeerReply {
   uint32_t has_srq;
   uint64_t srq_segment_size;
   uint32_t srq_handle;
+  // 1: the peer belongs to another user. No descriptor comes with the reply;
+  // each operation goes through the daemon (Op::Mediate), which applies the
+  // keys' bounds to the peer's memory itself.
+  uint32_t mediated;
+  uint32_t pd;  // ConnectXrc: the XRC SRQ's PD (receive buffers are checked against it); else 0
   uint32_t reserved;
+};
+
+struct ResizeCqReq {  // reply: CreateCqReply
+  Header h;
+  uint32_t handle;
+  uint32_t cqe;
+};
+
+struct ResizeCqDoneReq {
+  Header h;
+  uint32_t handle;
+  uint32_t commit;  // 1: the caller moved every completion into the pending segment; 0: abort
+};
+
+struct McastReq {  // AttachMcast, DetachMcast
+  Header h;
+  uint32_t qpn;
+  uint16_t lid;
+  uint16_t reserved;
+  uint8_t gid[16];
 };
 
 struct CreateSrqReq {
@@ -201,6 +240,28 @@ struct CreateSrqReq {
   uint32_t max_wr;
   uint32_t max_sge;
   uint32_t srq_limit;
+  uint32_t srq_type;  // IBV_SRQT_BASIC or IBV_SRQT_XRC
+  uint32_t xrcd;      // XRC: the XRC domain handle
+  uint32_t cq;        // XRC: the CQ its receives complete into
+  uint32_t reserved;
+};
+
+struct OpenXrcdReq {
+  Header h;
+  uint32_t oflags;  // O_CREAT, O_EXCL
+  uint32_t has_fd;  // 1: an fd comes with the request; 0: a private domain (fd -1)
+};
+
+struct ConnectXrcReq {
+  Header h;
+  uint32_t qpn;   // my XRC_SEND QP
+  uint32_t srqn;  // the remote XRC SRQ
+};
+
+struct OpenQpReq {
+  Header h;
+  uint32_t qpn;
+  uint32_t xrcd;
 };
 
 struct CreateSrqReply {
@@ -208,6 +269,37 @@ struct CreateSrqReply {
   uint32_t handle;
   uint32_t capacity;
   uint64_t segment_size;
+};
+
+// One send work request towards a peer the requester may not map (another
+// user's QP): the daemon checks both sides' keys and copies. sge: the
+// requester's local list (lkeys of its own MRs).
+struct MediateReq {
+  Header h;
+  uint32_t qpn;        // the requester's QP
+  uint32_t opcode;     // IBV_WR_*
+  uint32_t send_flags;
+  uint32_t imm_data;   // as in ibv_send_wr (network order)
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t num_sge;
+  uint64_t compare_add;
+  uint64_t swap;
+  shm::Sge sge[shm::kMaxSge];
+  uint32_t inline_len;  // IBV_SEND_INLINE: the payload is here, not in sge
+  uint32_t reserved;
+  uint8_t inline_data[shm::kMaxInline];
+};
+static_assert(sizeof(MediateReq) <= kMaxMessage);
+
+enum MediateOutcome : uint32_t { kMediateDone = 0, kMediateRnr = 1, kMediateRetry = 2, kMediateError = 3 };
+
+struct MediateReply {
+  Header h;
+  uint32_t outcome;     // MediateOutcome
+  uint32_t wc_status;   // the requester's completion status when kMediateError
+  uint32_t peer_error;  // the responder detected the error (it went to ERR)
+  uint32_t byte_len;
 };
 
 struct ImportSrqReply {
@@ -305,7 +397,7 @@ struct QueryMrReply {
 struct ImportCqReply {
   Header h;
   uint32_t capacity;
-  uint32_t reserved;
+  uint32_t channel;  // the CQ's completion channel, 0 if none
   uint64_t segment_size;
 };
 
@@ -372,7 +464,7 @@ static_assert(sizeof(AccountsReply) <= kMaxMessage);
 
 // ---- The namespace ----------------------------------------------------------
 constexpr size_t kMaxNsName = 128;  // including the terminating NUL
-enum NsKind : uint32_t { kNsPd = 1, kNsMr = 2, kNsCq = 3, kNsQp = 4, kNsSrq = 5 };
+enum NsKind : uint32_t { kNsPd = 1, kNsMr = 2, kNsCq = 3, kNsQp = 4, kNsSrq = 5, kNsChannel = 6 };
 constexpr uint32_t kNsRead = 4, kNsWrite = 2;  // as the r and w permission bits
 
 struct NsPublishReq {

@@ -104,7 +104,9 @@ constexpr Row rule(ibv_qp_state cur, ibv_qp_state next) {
 
 Kind kind_of(ibv_qp_type t) {
   switch (t) {
-    case IBV_QPT_RC: return kRc;
+    case IBV_QPT_RC:
+    case IBV_QPT_XRC_SEND:
+    case IBV_QPT_XRC_RECV: return kRc;  // XRC follows RC, with the differences below
     case IBV_QPT_UC: return kUc;
     default: return kUd;
   }
@@ -116,7 +118,22 @@ QpTransition qp_transition(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next
   if (int(cur) < 0 || int(cur) >= kStates || int(next) < 0 || int(next) >= kStates) return {false, 0, 0};
   Row r = rule(cur, next);
   Kind k = kind_of(type);
-  return {r.valid, r.req[k], r.opt[k]};
+  QpTransition t{r.valid, r.req[k], r.opt[k]};
+  // IBTA annex A14 (XRC), QP state table: an XRC initiator has no responder side, so
+  // INIT->RTR does not need the responder's read/atomic depth or RNR timer;
+  // an XRC target has no requester side, so RTR->RTS needs only the timeout
+  // and the send PSN (rdma-core and the kernel take the same lists).
+  if (type == IBV_QPT_XRC_SEND && cur == IBV_QPS_INIT && next == IBV_QPS_RTR) {
+    constexpr uint32_t resp = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    t.required &= ~resp;
+    t.optional |= resp;
+  }
+  if (type == IBV_QPT_XRC_RECV && cur == IBV_QPS_RTR && next == IBV_QPS_RTS) {
+    constexpr uint32_t need = IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
+    t.optional |= t.required & ~need;
+    t.required = need;
+  }
+  return t;
 }
 
 int check_qp_transition(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, uint32_t mask) {

@@ -62,5 +62,24 @@ TEST(QpState, UdAndUcUseTheirOwnAttributeSets) {
   EXPECT_EQ(EINVAL, check_qp_transition(IBV_QPT_UC, IBV_QPS_RTR, IBV_QPS_RTS, kRts));
 }
 
+// XRC (IBTA annex A14): an initiator needs no responder attributes at RTR;
+// a target needs only the timeout and send PSN at RTS; otherwise as RC.
+TEST(QpState, XrcInitiatorAndTargetDifferFromRcWhereTheyLackASide) {
+  constexpr uint32_t rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  constexpr uint32_t resp = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  EXPECT_EQ(0, check_qp_transition(IBV_QPT_XRC_SEND, IBV_QPS_INIT, IBV_QPS_RTR, rtr));
+  EXPECT_EQ(0, check_qp_transition(IBV_QPT_XRC_SEND, IBV_QPS_INIT, IBV_QPS_RTR, rtr | resp));
+  EXPECT_EQ(EINVAL, check_qp_transition(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR, rtr));
+  EXPECT_EQ(EINVAL, check_qp_transition(IBV_QPT_XRC_RECV, IBV_QPS_INIT, IBV_QPS_RTR, rtr));
+  EXPECT_EQ(0, check_qp_transition(IBV_QPT_XRC_RECV, IBV_QPS_INIT, IBV_QPS_RTR, rtr | resp));
+  constexpr uint32_t tgt_rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
+  EXPECT_EQ(0, check_qp_transition(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, tgt_rts));
+  EXPECT_EQ(0, check_qp_transition(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, kRts));
+  EXPECT_EQ(EINVAL, check_qp_transition(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_STATE | IBV_QP_TIMEOUT));
+  EXPECT_EQ(EINVAL, check_qp_transition(IBV_QPT_XRC_SEND, IBV_QPS_RTR, IBV_QPS_RTS, tgt_rts));
+  EXPECT_EQ(0, check_qp_transition(IBV_QPT_XRC_SEND, IBV_QPS_RTR, IBV_QPS_RTS, kRts));
+  EXPECT_EQ(0, check_qp_transition(IBV_QPT_XRC_SEND, IBV_QPS_RESET, IBV_QPS_INIT, kInit));
+}
+
 }  // namespace
 }  // namespace sv

@@ -77,6 +77,20 @@ struct alignas(64) QpEntry {
 };
 static_assert(sizeof(QpEntry) == 64);
 
+// Multicast groups (ibv_attach_mcast): written by the daemon under a
+// sequence lock, read by UD senders without a control round trip.
+constexpr uint32_t kMcgTableSize = 256;  // max_mcast_grp
+constexpr uint32_t kMcgMaxQps = 32;      // max_mcast_qp_attach
+struct alignas(64) McgEntry {
+  std::atomic<uint32_t> seq;  // odd while the daemon rewrites the entry
+  uint32_t count;             // attached QPs; 0 = free slot
+  uint16_t lid;               // the multicast LID given at the first attach
+  uint16_t reserved;
+  uint32_t reserved2;
+  uint8_t gid[16];
+  uint32_t qpns[kMcgMaxQps];
+};
+
 struct DeviceHeader {
   uint32_t magic;
   uint32_t version;
@@ -91,7 +105,8 @@ struct DeviceHeader {
 struct DeviceLayout {
   static constexpr uint64_t mr_offset() { return 4096; }
   static constexpr uint64_t qp_offset() { return mr_offset() + uint64_t(kMrTableSize) * sizeof(MrEntry); }
-  static constexpr uint64_t size() { return qp_offset() + uint64_t(kQpTableSize) * sizeof(QpEntry); }
+  static constexpr uint64_t mcg_offset() { return qp_offset() + uint64_t(kQpTableSize) * sizeof(QpEntry); }
+  static constexpr uint64_t size() { return mcg_offset() + uint64_t(kMcgTableSize) * sizeof(McgEntry); }
 };
 
 // ---- QP segment --------------------------------------------------------
@@ -121,7 +136,9 @@ struct SendWqe {
   uint32_t ud_qpn;           // UD: destination QP, Q_Key, and whether the AH
   uint32_t ud_qkey;          //     carries a GRH (with its destination GID)
   uint32_t ud_grh;
-  uint32_t reserved2;
+  uint32_t ud_dlid;          // UD without a GRH: the destination LID (multicast range: a group)
+  uint32_t xrc_srqn;         // XRC_SEND: the remote XRC SRQ that takes the message
+  uint32_t reserved3;
   uint8_t ud_dgid[16];
   Sge sge[kMaxSge];
   uint8_t inline_data[kMaxInline];
@@ -210,6 +227,8 @@ struct CqSegmentHeader {
   alignas(64) std::atomic<uint32_t> armed;     // kArm*
   std::atomic<uint32_t> notified;     // set when an event was raised, cleared by get_cq_event
   std::atomic<uint32_t> overrun;      // a completion was lost because the ring was full
+  std::atomic<uint32_t> moved;        // set by the daemon once a resize moved the CQ to a new segment
+  std::atomic<uint32_t> ignore_overrun;  // IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: no CQ error on overrun
   alignas(64) ShmLock poll_lock;      // serialises pollers
 };
 

@@ -48,7 +48,17 @@ class Ring {
     for (uint32_t i = 0; i < capacity; ++i) slots[i].seq.store(i, std::memory_order_release);
   }
 
+  // Bit of `tail` that closes the ring to producers: push() then fails as
+  // on a full ring. Used to move a CQ to a new segment (ibv_resize_cq).
+  static constexpr uint64_t kClosed = 1ull << 63;
+
   bool valid() const { return h_ != nullptr; }
+  // Closes the ring to producers; returns the final tail. Slots reserved
+  // before the close may still be in the middle of being written.
+  uint64_t close() { return h_->tail.fetch_or(kClosed, std::memory_order_acq_rel) & ~kClosed; }
+  void reopen() { h_->tail.fetch_and(~kClosed, std::memory_order_acq_rel); }
+  bool closed() const { return h_->tail.load(std::memory_order_acquire) & kClosed; }
+  uint64_t head() const { return h_->head.load(std::memory_order_acquire); }
   uint32_t capacity() const { return h_->capacity; }
 
   // Returns false when the ring is full.
@@ -102,10 +112,10 @@ class Ring {
   }
 
   bool empty() const {
-    return h_->head.load(std::memory_order_acquire) == h_->tail.load(std::memory_order_acquire);
+    return h_->head.load(std::memory_order_acquire) == (h_->tail.load(std::memory_order_acquire) & ~kClosed);
   }
   uint64_t size() const {
-    uint64_t t = h_->tail.load(std::memory_order_acquire);
+    uint64_t t = h_->tail.load(std::memory_order_acquire) & ~kClosed;
     uint64_t hd = h_->head.load(std::memory_order_acquire);
     return t > hd ? t - hd : 0;
   }

@@ -31,6 +31,29 @@ struct RingMem {
   Ring<Item> ring;
 };
 
+// Closing (a CQ being moved by ibv_resize_cq) refuses producers but lets
+// consumers take everything pushed before; reopening resumes at the tail.
+TEST(ShmRing, CloseRefusesProducersAndKeepsTheTail) {
+  RingMem m(8);
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(m.ring.push({i}));
+  EXPECT_FALSE(m.ring.closed());
+  EXPECT_EQ(3u, m.ring.close());
+  EXPECT_TRUE(m.ring.closed());
+  EXPECT_FALSE(m.ring.push({7}));
+  EXPECT_EQ(3u, m.ring.size());
+  EXPECT_FALSE(m.ring.empty());
+  Item it;
+  ASSERT_TRUE(m.ring.pop(it));
+  EXPECT_EQ(0u, it.v);
+  m.ring.reopen();
+  EXPECT_TRUE(m.ring.push({3}));
+  for (uint64_t i = 1; i < 4; ++i) {
+    ASSERT_TRUE(m.ring.pop(it));
+    EXPECT_EQ(i, it.v);
+  }
+  EXPECT_TRUE(m.ring.empty());
+}
+
 TEST(ShmRing, FifoAndFull) {
   RingMem m(4);
   for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(m.ring.push({i}));

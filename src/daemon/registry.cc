@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <random>
 
 #include "common/completion.h"
@@ -41,8 +42,24 @@ uint64_t memlock_limit(pid_t pid) {
     if (capeff & (1ull << 14)) return UINT64_MAX;  // CAP_IPC_LOCK
   }
   rlimit rl{};
-  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) != 0) return 0;
-  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) == 0)
+    return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+  // prlimit(2) on another user's process needs CAP_SYS_RESOURCE, which a
+  // system daemon in a container may lack: /proc/PID/limits says the same.
+  if (FILE* f = std::fopen((std::string("/proc/") + std::to_string(pid) + "/limits").c_str(), "r")) {
+    char line[256];
+    uint64_t limit = 0;
+    while (std::fgets(line, sizeof(line), f)) {
+      if (std::strncmp(line, "Max locked memory", 17) != 0) continue;
+      char soft[64] = {0};
+      if (std::sscanf(line + 17, "%63s", soft) == 1)
+        limit = std::strcmp(soft, "unlimited") == 0 ? UINT64_MAX : std::strtoull(soft, nullptr, 10);
+      break;
+    }
+    std::fclose(f);
+    return limit;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -67,6 +84,7 @@ int Registry::init() {
   h->boot_id = boot_id_;
   mr_table_ = reinterpret_cast<MrEntry*>(device_map_.as<char>() + DeviceLayout::mr_offset());
   qp_table_ = reinterpret_cast<QpEntry*>(device_map_.as<char>() + DeviceLayout::qp_offset());
+  mcg_table_ = reinterpret_cast<McgEntry*>(device_map_.as<char>() + DeviceLayout::mcg_offset());
   return 0;
 }
 
@@ -161,8 +179,13 @@ int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& re
 
 int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
   auto it = cqs_.find(handle);
-  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (it == cqs_.end()) return EINVAL;
+  bool granted = false;
+  for (auto [g, end] = cq_grants_.equal_range(client); g != end; ++g) granted |= g->second == handle;
+  if (it->second.owner != ctx(client) && !granted) return EINVAL;
   rep.capacity = it->second.map.as<CqSegmentHeader>()->capacity;
+  // A granted CQ comes without its channel (an eventfd of the owner's context).
+  rep.channel = granted && it->second.owner != ctx(client) ? 0 : it->second.channel;
   rep.segment_size = it->second.map.size();
   out_fds.push_back(it->second.fd.get());
   return 0;
@@ -180,6 +203,13 @@ int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep
   rep.sq_sig_all = qp->sq_sig_all;
   rep.segment_size = qp->map.size();
   out_fds.push_back(qp->fd.get());
+  return 0;
+}
+
+int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
+  auto it = channels_.find(handle);
+  if (it == channels_.end() || it->second.owner != ctx(client)) return EINVAL;
+  out_fds.push_back(it->second.eventfd.get());
   return 0;
 }
 
@@ -208,6 +238,7 @@ void Registry::remove_client(uint32_t client) {
   SV_TRACE("daemon: client %u (pid %d) left context %u", client, int(c->second.pid), context);
   clients_.erase(c);
   async_fds_.erase(client);
+  cq_grants_.erase(client);
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it
   contexts_.erase(context);
@@ -218,16 +249,37 @@ void Registry::remove_client(uint32_t client) {
 // order: QPs use CQs and PDs; windows and MRs use PDs and backings.
 void Registry::release_context(uint32_t owner) {
   std::vector<uint32_t> ids;
-  for (auto& [qpn, q] : qps_)
-    if (q.owner == owner) ids.push_back(qpn);
+  for (auto& [qpn, q] : qps_) {
+    if (q.type == IBV_QPT_XRC_RECV) {
+      std::erase(q.holders, owner);
+      if (!q.holders.empty()) {
+        q.owner = q.holders.front();  // another context still holds the target QP
+        continue;
+      }
+      ids.push_back(qpn);
+    } else if (q.owner == owner) {
+      ids.push_back(qpn);
+    }
+  }
   for (uint32_t id : ids) complete_torn_receive(id);
   for (uint32_t id : ids) release_qp(id);
   fail_peers_of(ids);
-  std::erase_if(srqs_, [&](auto& kv) {
-    if (kv.second.owner != owner) return false;
-    if (auto p = pds_.find(kv.second.pd); p != pds_.end()) p->second.refs--;
-    return true;
-  });
+  ids.clear();
+  for (auto& [h, q] : srqs_)
+    if (q.owner == owner) ids.push_back(h);
+  for (uint32_t h : ids) {
+    release_srq_refs(srqs_[h]);
+    srqs_.erase(h);
+  }
+  ids.clear();
+  for (auto& [h, x] : xrcd_handles_)
+    if (x.owner == owner) ids.push_back(h);
+  for (uint32_t h : ids) {
+    uint32_t id = xrcd_handles_[h].xrcd;
+    xrcd_handles_.erase(h);
+    if (auto x = xrcds_.find(id); x != xrcds_.end()) x->second.opens--;
+    xrcd_drop_if_unused(id);
+  }
   ids.clear();
   for (auto& [h, w] : mws_)
     if (w.owner == owner) ids.push_back(h);
@@ -411,10 +463,29 @@ int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto:
   auto pd = pds_.find(req.pd);
   if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   if (req.max_wr == 0 || req.max_wr > kMaxQpWr || req.max_sge == 0 || req.max_sge > kMaxSge) return EINVAL;
+  if (req.reserved) return EINVAL;
+  uint32_t xrcd = 0;
+  if (req.srq_type == IBV_SRQT_XRC) {
+    // An XRC SRQ belongs to an XRC domain and has its own CQ.
+    xrcd = xrcd_of(client, req.xrcd);
+    auto cq = cqs_.find(req.cq);
+    if (!xrcd || cq == cqs_.end() || cq->second.owner != ctx(client)) return EINVAL;
+  } else if (req.srq_type != IBV_SRQT_BASIC) {
+    return req.srq_type == IBV_SRQT_TM ? EOPNOTSUPP : EINVAL;
+  } else if (req.xrcd || req.cq) {
+    return EINVAL;
+  }
   SrqLayout layout{round_up_pow2(req.max_wr)};
   // ibv_create_srq(3): the limit must be below the queue's size.
   if (req.srq_limit >= layout.capacity) return EINVAL;
   Srq srq{ctx(client), req.pd, Fd(), Mapping(), 0};
+  srq.type = req.srq_type;
+  if (xrcd) {
+    srq.xrcd = xrcd;
+    srq.cq = req.cq;
+    xrcds_[xrcd].users++;
+    cqs_[req.cq].refs++;
+  }
   if (int e = make_memfd("softverbs-srq", layout.size(), srq.fd)) return e;
   if (int e = map_shared(srq.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, srq.map)) return e;
   uint32_t handle = next_handle_++;
@@ -441,8 +512,140 @@ int Registry::destroy_srq(uint32_t client, uint32_t handle) {
   auto it = srqs_.find(handle);
   if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // QPs still use it
-  if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
+  release_srq_refs(it->second);
   srqs_.erase(it);
+  return 0;
+}
+
+void Registry::release_srq_refs(const Srq& srq) {
+  if (auto p = pds_.find(srq.pd); p != pds_.end()) p->second.refs--;
+  if (srq.cq)
+    if (auto c = cqs_.find(srq.cq); c != cqs_.end()) c->second.refs--;
+  if (srq.xrcd) xrcd_unuse(srq.xrcd);
+}
+
+// ---- XRC (IBTA A14) -----------------------------------------------------------
+
+uint32_t Registry::xrcd_of(uint32_t client, uint32_t handle) {
+  auto it = xrcd_handles_.find(handle);
+  if (it == xrcd_handles_.end() || it->second.owner != ctx(client)) return 0;
+  return it->second.xrcd;
+}
+
+void Registry::xrcd_drop_if_unused(uint32_t id) {
+  auto it = xrcds_.find(id);
+  if (it != xrcds_.end() && it->second.opens == 0 && it->second.users == 0) xrcds_.erase(it);
+}
+
+void Registry::xrcd_unuse(uint32_t id) {
+  if (auto it = xrcds_.find(id); it != xrcds_.end() && it->second.users) it->second.users--;
+  xrcd_drop_if_unused(id);
+}
+
+// ibv_open_xrcd(3), as the kernel does it: a file names a domain by its
+// inode, shared by every opener; without O_CREAT the domain must exist, with
+// O_EXCL it must not. No file (fd -1): a new private domain.
+int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle) {
+  if (req.has_fd > 1 || bool(req.has_fd) != fd.valid()) return EINVAL;
+  uint32_t id = 0;
+  if (fd.valid()) {
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return EBADF;
+    // Per user too: under the system daemon no object is shared between
+    // users unless mediated, and a target QP would be (ibv_open_qp).
+    uint32_t uid = clients_[client].uid;
+    for (auto& [xid, x] : xrcds_)
+      if (x.ino && x.dev == uint64_t(st.st_dev) && x.ino == uint64_t(st.st_ino) && x.uid == uid) id = xid;
+    if (id && (req.oflags & O_EXCL)) return EINVAL;
+    if (!id && !(req.oflags & O_CREAT)) return EINVAL;
+    if (!id) {
+      id = next_xrcd_++;
+      xrcds_[id] = Xrcd{uint64_t(st.st_dev), uint64_t(st.st_ino), uid, 0, 0};
+    }
+  } else {
+    id = next_xrcd_++;
+    xrcds_[id] = Xrcd{};
+  }
+  xrcds_[id].opens++;
+  handle = next_handle_++;
+  xrcd_handles_[handle] = XrcdHandle{ctx(client), id};
+  return 0;
+}
+
+int Registry::close_xrcd(uint32_t client, uint32_t handle) {
+  uint32_t id = xrcd_of(client, handle);
+  if (!id) return EINVAL;
+  Xrcd& x = xrcds_[id];
+  // The last handle of a domain that SRQs or target QPs still use.
+  if (x.opens == 1 && x.users) return EBUSY;
+  x.opens--;
+  xrcd_handles_.erase(handle);
+  xrcd_drop_if_unused(id);
+  return 0;
+}
+
+// Whether one of the context's XRC_SEND QPs is connected to a target QP of
+// the SRQ's domain, i.e. may deliver into that SRQ.
+bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {
+  if (srq.type != IBV_SRQT_XRC) return false;
+  for (auto& [qpn, q] : qps_) {
+    if (q.owner != context || q.type != IBV_QPT_XRC_SEND) continue;
+    auto t = qps_.find(qp_slot(qpn).dest_qpn.load());
+    if (t != qps_.end() && t->second.type == IBV_QPT_XRC_RECV && t->second.xrcd == srq.xrcd) return true;
+  }
+  return false;
+}
+
+// IBTA annex A14: an XRC message names the SRQ that takes it; the SRQ must be in
+// the target QP's domain. EAGAIN: the target is not ready (the requester
+// retries); ENOENT: no such SRQ there (an invalid request).
+int Registry::connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
+                          std::vector<int>& out_fds) {
+  Qp* qp = find_qp(client, req.qpn);
+  if (!qp || qp->type != IBV_QPT_XRC_SEND) return EINVAL;
+  uint32_t dest = qp_slot(req.qpn).dest_qpn.load();
+  auto tgt = qps_.find(dest);
+  if (tgt == qps_.end()) return EAGAIN;
+  const QpEntry& te = qp_slot(dest);
+  auto st = ibv_qp_state(te.state.load());
+  if (tgt->second.type != IBV_QPT_XRC_RECV || te.dest_qpn.load() != req.qpn) return EAGAIN;
+  if (!same_user(client, tgt->second.owner)) return EACCES;  // XRC is not mediated between users
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return EAGAIN;
+  auto srq = srqs_.find(req.srqn);
+  if (srq == srqs_.end() || srq->second.type != IBV_SRQT_XRC || srq->second.xrcd != tgt->second.xrcd) return ENOENT;
+  auto cq = cqs_.find(srq->second.cq);
+  if (cq == cqs_.end()) return ENOENT;
+  rep.peer_qpn = dest;
+  rep.peer_recv_cq = srq->second.cq;
+  rep.qp_segment_size = tgt->second.map.size();
+  rep.cq_segment_size = cq->second.map.size();
+  out_fds.push_back(tgt->second.fd.get());
+  out_fds.push_back(cq->second.fd.get());
+  out_fds.push_back(srq->second.fd.get());
+  rep.has_srq = 1;
+  rep.srq_segment_size = srq->second.map.size();
+  rep.srq_handle = req.srqn;
+  rep.pd = srq->second.pd;
+  rep.has_channel = 0;
+  if (auto ch = channels_.find(cq->second.channel); ch != channels_.end()) {
+    out_fds.push_back(ch->second.eventfd.get());
+    rep.has_channel = 1;
+  }
+  return 0;
+}
+
+// ibv_open_qp(3): another handle of an XRC target QP, for a context that
+// opened the QP's domain.
+int Registry::open_qp(uint32_t client, const proto::OpenQpReq& req, proto::ImportQpReply& rep,
+                      std::vector<int>& out_fds) {
+  uint32_t xrcd = xrcd_of(client, req.xrcd);
+  auto it = qps_.find(req.qpn);
+  if (!xrcd || it == qps_.end() || it->second.type != IBV_QPT_XRC_RECV || it->second.xrcd != xrcd) return EINVAL;
+  Qp& q = it->second;
+  q.holders.push_back(ctx(client));  // one entry per handle: each is destroyed on its own
+  rep.qp_type = q.type;
+  rep.segment_size = q.map.size();
+  out_fds.push_back(q.fd.get());
   return 0;
 }
 
@@ -452,7 +655,7 @@ int Registry::destroy_srq(uint32_t client, uint32_t handle) {
 int Registry::srq_limit(uint32_t client, uint32_t handle) {
   auto it = srqs_.find(handle);
   if (it == srqs_.end()) return EINVAL;
-  bool allowed = it->second.owner == ctx(client);
+  bool allowed = it->second.owner == ctx(client) || xrc_reaches_srq(ctx(client), it->second);
   for (auto& [qpn, q] : qps_) {
     if (allowed) break;
     if (q.owner != ctx(client)) continue;
@@ -495,13 +698,6 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   // Only a QP this one could have delivered to (a client can write anything here).
   if (q->second.type != dq->second.type) return;
   if (q->second.type != IBV_QPT_UD && qp_slot(dead_qpn).dest_qpn.load() != qpn) return;
-  auto cq = cqs_.find(q->second.recv_cq);
-  if (cq == cqs_.end()) return;
-  auto* ch = cq->second.map.as<CqSegmentHeader>();
-  auto* crh = reinterpret_cast<RingHeader*>(cq->second.map.as<char>() + ch->ring_offset);
-  Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
-  int channel_fd = -1;
-  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
   ibv_wc wc{};
   wc.wr_id = dh->torn_wr_id;
   // A UD responder stays usable: its receive was aborted, not flushed.
@@ -509,7 +705,24 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   wc.opcode = IBV_WC_RECV;
   wc.qp_num = qpn;
   wc.src_qp = dead_qpn;
-  push_completion(ch, ring, wc, true, channel_fd);
+  push_cq(q->second.recv_cq, wc, true);
+}
+
+// The daemon's own completions (flushes, torn receives, mediated
+// operations). While a resize is moving the CQ (its ring closed) they go to
+// the segment it moves to, so none is lost.
+void Registry::push_cq(uint32_t handle, const ibv_wc& wc, bool solicited) {
+  auto cq = cqs_.find(handle);
+  if (cq == cqs_.end()) return;
+  int channel_fd = -1;
+  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
+  for (Mapping* m : {&cq->second.map, &cq->second.next_map}) {
+    if (!m->get()) continue;
+    auto* ch = m->as<CqSegmentHeader>();
+    auto* crh = reinterpret_cast<RingHeader*>(m->as<char>() + ch->ring_offset);
+    Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
+    if (push_completion(ch, ring, wc, solicited, channel_fd) || !ring.closed()) return;
+  }
 }
 
 void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
@@ -522,16 +735,10 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
     if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_ERR) continue;
     SV_TRACE("daemon: QP 0x%x to ERR: its peer QP 0x%x is gone", qpn, dest);
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
-    auto cq = cqs_.find(q.recv_cq);
-    if (cq != cqs_.end()) {
+    if (cqs_.count(q.recv_cq)) {
       auto* qh = q.map.as<QpSegmentHeader>();
       auto* rqh = reinterpret_cast<RingHeader*>(q.map.as<char>() + qh->rq_offset);
       Ring<RecvWqe> rq(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1));
-      auto* ch = cq->second.map.as<CqSegmentHeader>();
-      auto* crh = reinterpret_cast<RingHeader*>(cq->second.map.as<char>() + ch->ring_offset);
-      Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
-      int channel_fd = -1;
-      if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
       RecvWqe w;
       while (rq.pop(w)) {
         ibv_wc wc{};
@@ -539,7 +746,7 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
         wc.status = IBV_WC_WR_FLUSH_ERR;
         wc.opcode = IBV_WC_RECV;
         wc.qp_num = qpn;
-        push_completion(ch, ring, wc, true, channel_fd);
+        push_cq(q.recv_cq, wc, true);
       }
     }
     for (auto& [id, c] : clients_)
@@ -597,6 +804,8 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   acct.uid = clients_[client].uid;
   acct.limit_bytes = memlock_limit(pid);
   if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes + bytes > acct.limit_bytes) {
+    SV_TRACE("daemon: pid %d: RLIMIT_MEMLOCK %llu, locked %llu, asks %llu: ENOMEM", int(pid),
+             (unsigned long long)acct.limit_bytes, (unsigned long long)acct.locked_bytes, (unsigned long long)bytes);
     if (acct.locked_bytes == 0) accounts_.erase(pid);
     return ENOMEM;
   }
@@ -743,27 +952,123 @@ int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::C
     auto ch = channels_.find(req.channel);
     if (ch == channels_.end() || ch->second.owner != ctx(client)) return EINVAL;
   }
-  CqLayout layout{round_up_pow2(req.cqe + 1)};
-  Cq cq{ctx(client), req.channel, Fd(), Mapping(), 0};
-  if (int e = make_memfd("softverbs-cq", layout.size(), cq.fd)) return e == EINVAL ? ENOMEM : e;
-  if (int e = map_shared(cq.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, cq.map))
-    return e;
-  uint32_t handle = next_handle_++;
-  auto* h = cq.map.as<CqSegmentHeader>();
+  Cq cq{ctx(client), req.channel, Fd(), Mapping(), 0, Fd(), Mapping(), false};
+  uint32_t handle = next_handle_;
+  if (int e = make_cq_segment(handle, req.cqe, req.channel, cq.fd, cq.map)) return e;
+  next_handle_++;
+  if (req.channel) channels_[req.channel].refs++;
+  rep.handle = handle;
+  rep.capacity = cq.map.as<CqSegmentHeader>()->capacity;
+  rep.segment_size = cq.map.size();
+  out_fds.push_back(cq.fd.get());
+  cqs_[handle] = std::move(cq);
+  return 0;
+}
+
+int Registry::make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map) {
+  CqLayout layout{round_up_pow2(cqe + 1)};
+  if (int e = make_memfd("softverbs-cq", layout.size(), fd)) return e == EINVAL ? ENOMEM : e;
+  if (int e = map_shared(fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, map)) return e;
+  auto* h = map.as<CqSegmentHeader>();
   h->magic = kCqMagic;
   h->handle = handle;
   h->size = layout.size();
   h->ring_offset = layout.ring_offset();
   h->capacity = layout.capacity;
-  h->channel = req.channel;
-  auto* rh = reinterpret_cast<RingHeader*>(cq.map.as<char>() + layout.ring_offset());
+  h->channel = channel;
+  auto* rh = reinterpret_cast<RingHeader*>(map.as<char>() + layout.ring_offset());
   Ring<Cqe>::init(rh, reinterpret_cast<RingSlot<Cqe>*>(rh + 1), layout.capacity);
-  if (req.channel) channels_[req.channel].refs++;
-  rep.handle = handle;
-  rep.capacity = layout.capacity;
-  rep.segment_size = layout.size();
+  return 0;
+}
+
+// ibv_resize_cq moves a CQ to a new segment. The daemon makes the segment;
+// the resizing process closes the old ring to producers, moves the waiting
+// completions over in order and commits. Producers that meet the closed
+// ring wait for `moved` and fetch the new segment with GetCq.
+int Registry::resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
+                        std::vector<int>& out_fds) {
+  auto it = cqs_.find(req.handle);
+  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (req.cqe == 0 || req.cqe > kMaxCqe - 1) return EINVAL;
+  Cq& cq = it->second;
+  if (cq.next_fd.valid()) return EBUSY;  // another holder is resizing it
+  if (int e = make_cq_segment(req.handle, req.cqe, cq.channel, cq.next_fd, cq.next_map)) {
+    cq.next_fd = Fd();
+    cq.next_map = Mapping();
+    return e;
+  }
+  rep.handle = req.handle;
+  rep.capacity = cq.next_map.as<CqSegmentHeader>()->capacity;
+  rep.segment_size = cq.next_map.size();
+  out_fds.push_back(cq.next_fd.get());
+  return 0;
+}
+
+int Registry::resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req) {
+  auto it = cqs_.find(req.handle);
+  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (req.commit > 1) return EINVAL;
+  Cq& cq = it->second;
+  if (!cq.next_fd.valid()) return EINVAL;
+  if (req.commit) {
+    Mapping old = std::move(cq.map);
+    cq.fd = std::move(cq.next_fd);
+    cq.map = std::move(cq.next_map);
+    // Producers and pollers follow now (GetCq answers with the new segment).
+    old.as<CqSegmentHeader>()->moved.store(1, std::memory_order_release);
+  }
+  cq.next_fd = Fd();
+  cq.next_map = Mapping();
+  return 0;
+}
+
+bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
+  auto it = cqs_.find(handle);
+  if (it == cqs_.end()) return false;
+  uint32_t c = ctx(client);
+  if (it->second.owner == c) return true;
+  if (!same_user(client, it->second.owner)) return false;  // another user's peers are mediated
+  // A requester pushes receive completions into the CQ of the QP it reaches:
+  // its connected peer, or (UD) any UD QP.
+  bool has_ud = false;
+  for (auto& [qpn, q] : qps_) {
+    if (q.owner != c) continue;
+    has_ud |= q.type == IBV_QPT_UD;
+    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
+    if (peer != qps_.end() && peer->second.recv_cq == handle) return true;
+  }
+  if (has_ud)
+    for (auto& [qpn, q] : qps_)
+      if (q.type == IBV_QPT_UD && q.recv_cq == handle) return true;
+  for (auto& [h, srq] : srqs_)
+    if (srq.cq == handle && xrc_reaches_srq(c, srq)) return true;
+  return false;
+}
+
+int Registry::get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
+  if (!may_complete_into(client, handle)) return EINVAL;
+  Cq& cq = cqs_.at(handle);
+  rep.capacity = cq.map.as<CqSegmentHeader>()->capacity;
+  rep.segment_size = cq.map.size();
   out_fds.push_back(cq.fd.get());
-  cqs_[handle] = std::move(cq);
+  return 0;
+}
+
+// IBTA 11.4.2.1 and 10.10.2.3: a CQ overrun is a CQ error. The CQ's holders
+// get IBV_EVENT_CQ_ERR and every QP completing into it goes to ERR.
+int Registry::cq_error(uint32_t client, uint32_t handle) {
+  if (!may_complete_into(client, handle)) return EINVAL;
+  Cq& cq = cqs_.at(handle);
+  if (cq.failed) return 0;
+  cq.failed = true;
+  for (auto& [id, c] : clients_)
+    if (c.ctx == cq.owner) events_.push_back({id, IBV_EVENT_CQ_ERR, handle});
+  for (auto& [qpn, q] : qps_) {
+    if (q.send_cq != handle && q.recv_cq != handle) continue;
+    QpEntry& e = qp_slot(qpn);
+    if (ibv_qp_state(e.state.load()) == IBV_QPS_RESET) continue;
+    e.state.store(IBV_QPS_ERR, std::memory_order_release);
+  }
   return 0;
 }
 
@@ -802,25 +1107,43 @@ const MrEntry* Registry::mr_entry(uint32_t key) const {
 
 Registry::Qp* Registry::find_qp(uint32_t client, uint32_t qpn) {
   auto it = qps_.find(qpn);
-  if (it == qps_.end() || it->second.owner != ctx(client)) return nullptr;
+  if (it == qps_.end()) return nullptr;
+  uint32_t c = ctx(client);
+  const auto& h = it->second.holders;
+  if (it->second.owner != c && std::find(h.begin(), h.end(), c) == h.end()) return nullptr;
   return &it->second;
 }
 
 int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                         std::vector<int>& out_fds) {
+  // An XRC target QP has no PD, CQs or queues: it belongs to its XRC
+  // domain, and receives go to the XRC SRQ each message names.
+  const bool tgt = req.qp_type == IBV_QPT_XRC_RECV;
+  uint32_t xrcd = 0;
+  if (tgt) {
+    xrcd = xrcd_of(client, req.xrcd);
+    if (!xrcd || req.pd || req.send_cq || req.recv_cq || req.srq) return EINVAL;
+  } else if (req.xrcd) {
+    return EINVAL;
+  }
   auto pd = pds_.find(req.pd);
-  if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   auto scq = cqs_.find(req.send_cq);
   auto rcq = cqs_.find(req.recv_cq);
-  if (scq == cqs_.end() || scq->second.owner != ctx(client)) return EINVAL;
-  if (rcq == cqs_.end() || rcq->second.owner != ctx(client)) return EINVAL;
+  if (!tgt) {
+    if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
+    if (scq == cqs_.end() || scq->second.owner != ctx(client)) return EINVAL;
+    if (rcq == cqs_.end() || rcq->second.owner != ctx(client)) return EINVAL;
+  }
   auto srq = srqs_.end();
   if (req.srq) {
     srq = srqs_.find(req.srq);
-    if (srq == srqs_.end() || srq->second.owner != ctx(client) || req.qp_type == IBV_QPT_UD) return EINVAL;
+    if (srq == srqs_.end() || srq->second.owner != ctx(client) || req.qp_type == IBV_QPT_UD ||
+        req.qp_type == IBV_QPT_XRC_SEND || srq->second.type != IBV_SRQT_BASIC)
+      return EINVAL;
   }
-  if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC && req.qp_type != IBV_QPT_UD)
-    return EOPNOTSUPP;  // XRC, raw packet: not yet
+  if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC && req.qp_type != IBV_QPT_UD &&
+      req.qp_type != IBV_QPT_XRC_SEND && !tgt)
+    return EOPNOTSUPP;  // raw packet: not on this device
   if (req.max_send_wr > kMaxQpWr || req.max_recv_wr > kMaxQpWr) return EINVAL;
   if (req.max_send_sge > kMaxSge || req.max_recv_sge > kMaxSge) return EINVAL;
   if (req.max_inline_data > kMaxInline) return EINVAL;
@@ -872,9 +1195,15 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   e.qkey.store(0, std::memory_order_relaxed);
   e.qpn.store(qpn, std::memory_order_release);
 
-  pd->second.refs++;
-  scq->second.refs++;
-  rcq->second.refs++;
+  if (tgt) {
+    qp.xrcd = xrcd;
+    qp.holders.push_back(ctx(client));
+    xrcds_[xrcd].users++;
+  } else {
+    pd->second.refs++;
+    scq->second.refs++;
+    rcq->second.refs++;
+  }
   qp.sq_capacity = layout.sq_capacity;
   qp.rq_capacity = layout.rq_capacity;
   if (srq != srqs_.end()) {
@@ -950,11 +1279,85 @@ void Registry::release_qp(uint32_t qpn) {
   if (auto q = srqs_.find(it->second.srq); q != srqs_.end()) q->second.refs--;
   if (auto c = cqs_.find(it->second.send_cq); c != cqs_.end()) c->second.refs--;
   if (auto c = cqs_.find(it->second.recv_cq); c != cqs_.end()) c->second.refs--;
+  uint32_t xrcd = it->second.xrcd;
   qps_.erase(it);
+  if (xrcd) xrcd_unuse(xrcd);
+  // A destroyed QP leaves its multicast groups (as the kernel detaches them).
+  for (uint32_t i = 0; i < kMcgTableSize; ++i) mcg_remove(mcg_table_[i], qpn);
+}
+
+// ---- Multicast (UD) ---------------------------------------------------------
+
+McgEntry* Registry::find_mcg(const uint8_t* gid) {
+  for (uint32_t i = 0; i < kMcgTableSize; ++i)
+    if (mcg_table_[i].count && std::memcmp(mcg_table_[i].gid, gid, 16) == 0) return &mcg_table_[i];
+  return nullptr;
+}
+
+// Entries change under their sequence lock: odd while being written, so a
+// sender that read a torn entry reads it again.
+void Registry::mcg_remove(McgEntry& g, uint32_t qpn) {
+  if (!g.count) return;
+  uint32_t i = 0;
+  while (i < g.count && g.qpns[i] != qpn) ++i;
+  if (i == g.count) return;
+  g.seq.fetch_add(1, std::memory_order_acq_rel);
+  g.qpns[i] = g.qpns[g.count - 1];
+  g.count--;
+  if (!g.count) std::memset(g.gid, 0, 16);
+  g.seq.fetch_add(1, std::memory_order_release);
+}
+
+// Attach QP to multicast group (IBTA verbs chapter 11; ibv_attach_mcast(3)): UD QPs only, and the
+// GID must be a multicast GID (first byte 0xFF). The link layer is Ethernet,
+// so the LID is not checked, as the kernel does for RoCE.
+int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
+  Qp* qp = find_qp(client, req.qpn);
+  if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
+  McgEntry* g = find_mcg(req.gid);
+  if (!g) {
+    for (uint32_t i = 0; i < kMcgTableSize && !g; ++i)
+      if (!mcg_table_[i].count) g = &mcg_table_[i];
+    if (!g) return ENOMEM;  // max_mcast_grp
+  }
+  for (uint32_t i = 0; i < g->count; ++i)
+    if (g->qpns[i] == req.qpn) return 0;  // attached already
+  if (g->count == kMcgMaxQps) return ENOMEM;  // max_mcast_qp_attach
+  g->seq.fetch_add(1, std::memory_order_acq_rel);
+  if (!g->count) {
+    std::memcpy(g->gid, req.gid, 16);
+    g->lid = req.lid;
+  }
+  g->qpns[g->count] = req.qpn;
+  g->count++;
+  g->seq.fetch_add(1, std::memory_order_release);
+  return 0;
+}
+
+int Registry::detach_mcast(uint32_t client, const proto::McastReq& req) {
+  Qp* qp = find_qp(client, req.qpn);
+  if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
+  McgEntry* g = find_mcg(req.gid);
+  if (!g) return EINVAL;
+  uint32_t i = 0;
+  while (i < g->count && g->qpns[i] != req.qpn) ++i;
+  if (i == g->count) return EINVAL;  // not attached
+  mcg_remove(*g, req.qpn);
+  return 0;
 }
 
 int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
-  if (!find_qp(client, qpn)) return EINVAL;
+  Qp* qp = find_qp(client, qpn);
+  if (!qp) return EINVAL;
+  if (qp->type == IBV_QPT_XRC_RECV) {
+    // A target QP lives while some handle of it exists (ibv_open_qp(3)).
+    if (auto h = std::find(qp->holders.begin(), qp->holders.end(), ctx(client)); h != qp->holders.end())
+      qp->holders.erase(h);
+    if (!qp->holders.empty()) {
+      qp->owner = qp->holders.front();
+      return 0;
+    }
+  }
   release_qp(qpn);
   return 0;
 }
@@ -963,8 +1366,15 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
   auto peer = qps_.find(dest);
   if (peer == qps_.end()) return ENOENT;
   // The peer's queues and, through its keys, its memory are mapped by the
-  // requester: not across users (see same_user).
-  if (!same_user(client, peer->second.owner)) return EACCES;
+  // requester: not across users (see same_user). Between users the daemon
+  // carries out each operation itself (Op::Mediate, mediate.cc); UD is not
+  // mediated yet.
+  if (!same_user(client, peer->second.owner)) {
+    if (peer->second.type == IBV_QPT_UD) return EACCES;
+    rep.peer_qpn = dest;
+    rep.mediated = 1;
+    return 0;
+  }
   auto rcq = cqs_.find(peer->second.recv_cq);
   if (rcq == cqs_.end()) return ENOENT;
   rep.peer_qpn = dest;
@@ -1041,6 +1451,9 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   // A UD sender scatters into receive buffers of any UD QP of that PD.
   for (auto it = qps_.begin(); !allowed && has_ud && it != qps_.end(); ++it)
     if (it->second.type == IBV_QPT_UD && it->second.pd == mr->second.pd) allowed = true;
+  // An XRC sender, into buffers posted to an XRC SRQ of that PD it reaches.
+  for (auto it = srqs_.begin(); !allowed && it != srqs_.end(); ++it)
+    if (it->second.pd == mr->second.pd && xrc_reaches_srq(ctx(client), it->second)) allowed = true;
   if (!allowed) return EACCES;
   auto b = backings_.find(mr->second.backing);
   if (b == backings_.end()) return EINVAL;
@@ -1106,6 +1519,10 @@ bool Registry::ns_alive(const NsEntry& e) const {
       auto it = srqs_.find(e.handle);
       return it != srqs_.end() && it->second.owner == e.ctx;
     }
+    case proto::kNsChannel: {
+      auto it = channels_.find(e.handle);
+      return it != channels_.end() && it->second.owner == e.ctx;
+    }
     default: return false;
   }
 }
@@ -1152,11 +1569,18 @@ int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpe
   ns_collect();
   NsEntry e{};
   if (int err = ns_.lookup(field_name(req.name), credentials(client), req.access, e)) return err;
-  // The mode allowed it. Between users the daemon does not hand out the
-  // descriptors of the owner's context: they would map more than the named
-  // object (its holder's whole backing memory). That access would need a
-  // path the daemon carries out itself, which is not built yet.
-  if (!same_user(client, e.ctx)) return EPERM;
+  // The mode allowed it. Between users the daemon never joins the caller to
+  // the owner's context: its descriptors would map more than the named
+  // object (its holder's whole backing memory). A CQ is granted by itself
+  // (its segment holds completions only); PDs, MRs, QPs and SRQs of another
+  // user are reached through keys over a connection instead (mediate.cc).
+  if (!same_user(client, e.ctx)) {
+    if (e.kind != proto::kNsCq) return EPERM;
+    cq_grants_.emplace(client, e.handle);
+    rep.kind = e.kind;
+    rep.handle = e.handle;
+    return 0;
+  }
   uint32_t mine = me->second.ctx;
   if (mine != e.ctx) {
     // As ibv_import_device: this connection must not hold objects of its own.

@@ -51,6 +51,7 @@ class Registry {
   int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
   int import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
+  int import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds);
   int import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds);
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
   int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
@@ -77,6 +78,21 @@ class Registry {
   int create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                 std::vector<int>& out_fds);
   int destroy_cq(uint32_t client, uint32_t handle);
+  // ibv_resize_cq: a pending segment, then its commit or abort (see docs/PROTOCOL.md).
+  int resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
+                std::vector<int>& out_fds);
+  int resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req);
+  // A CQ's current segment, for a process that completes into it (its
+  // context's CQ, or the receive CQ of a QP one of its QPs can reach).
+  int get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
+  int cq_error(uint32_t client, uint32_t handle);
+  int open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle);
+  int close_xrcd(uint32_t client, uint32_t handle);
+  int connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
+                  std::vector<int>& out_fds);
+  int open_qp(uint32_t client, const proto::OpenQpReq& req, proto::ImportQpReply& rep, std::vector<int>& out_fds);
+  int attach_mcast(uint32_t client, const proto::McastReq& req);
+  int detach_mcast(uint32_t client, const proto::McastReq& req);
   int create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
   int modify_qp(uint32_t client, const proto::ModifyQpReq& req);
@@ -88,6 +104,10 @@ class Registry {
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
   int peer_error(uint32_t client, uint32_t qpn);
+  // Carries out one operation of `client`'s QP towards a peer of another
+  // user (mediate.cc): the daemon checks the keys and copies between the
+  // backings, so neither side maps the other's memory.
+  int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep);
   int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
   int dealloc_mw(uint32_t client, uint32_t handle);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
@@ -142,6 +162,9 @@ class Registry {
   bool same_user(uint32_t client, uint32_t owner) const;
   Credentials credentials(uint32_t client) const;
   bool ns_alive(const NsEntry& e) const;
+  // CQs another user opened by name (client -> CQ handles): a CQ segment
+  // holds completions only, so mapping it grants exactly the named object.
+  std::multimap<uint32_t, uint32_t> cq_grants_;
   void ns_collect();
   NameSpace ns_;
   uint32_t ctx(uint32_t client) const;
@@ -201,14 +224,44 @@ class Registry {
     Fd fd;
     Mapping map;
     uint32_t refs = 0;  // QPs using it
+    Fd next_fd;         // a resize in progress: the segment it moves to
+    Mapping next_map;
+    bool failed = false;  // CQ error reported (once)
   };
+  int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map);
+  bool may_complete_into(uint32_t client, uint32_t cq);
+  void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
   struct Srq {
     uint32_t owner;
     uint32_t pd;
     Fd fd;
     Mapping map;
     uint32_t refs = 0;  // QPs using it
+    uint32_t type = IBV_SRQT_BASIC;
+    uint32_t xrcd = 0;  // XRC: the domain (an id in xrcds_)
+    uint32_t cq = 0;    // XRC: the CQ its receives complete into
   };
+  // An XRC domain: shared by every context that opened the same file
+  // (by device and inode), or private (ino 0). Lives while opened or used.
+  struct Xrcd {
+    uint64_t dev = 0;
+    uint64_t ino = 0;  // 0: private
+    uint32_t uid = 0;  // the user of its openers: a file names one domain per user (system daemon)
+    uint32_t opens = 0;  // handles
+    uint32_t users = 0;  // XRC SRQs and target QPs
+  };
+  struct XrcdHandle {
+    uint32_t owner;
+    uint32_t xrcd;
+  };
+  std::map<uint32_t, Xrcd> xrcds_;
+  std::map<uint32_t, XrcdHandle> xrcd_handles_;
+  uint32_t next_xrcd_ = 1;
+  uint32_t xrcd_of(uint32_t client, uint32_t handle);  // 0 if not the client's
+  void xrcd_unuse(uint32_t id);
+  void xrcd_drop_if_unused(uint32_t id);
+  bool xrc_reaches_srq(uint32_t context, const Srq& srq);
+  void release_srq_refs(const Srq& srq);
   std::map<uint32_t, Srq> srqs_;
   struct Qp {
     uint32_t owner;
@@ -223,9 +276,24 @@ class Registry {
     uint32_t rq_capacity = 0;
     uint32_t sq_sig_all = 0;
     uint32_t srq = 0;
+    uint32_t xrcd = 0;               // XRC target: its domain
+    std::vector<uint32_t> holders = {};  // XRC target: the context of each handle of it (ibv_open_qp)
   };
 
+  // mediate.cc
+  struct Span {
+    int fd;
+    uint64_t off;
+    uint64_t len;
+  };
+  bool resolve_key(uint32_t key, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need, uint32_t kinds,
+                   uint32_t bound_qpn, Span& out) const;
+  bool pop_recv(Qp& peer, uint32_t peer_qpn, shm::RecvWqe& out);
+  void push_recv(Qp& peer, uint32_t peer_qpn, const ibv_wc& wc, bool solicited);
+
   shm::QpEntry& qp_slot(uint32_t qpn) const;
+  shm::McgEntry* find_mcg(const uint8_t* gid);
+  void mcg_remove(shm::McgEntry& g, uint32_t qpn);
   Qp* find_qp(uint32_t client, uint32_t qpn);
   void release_mr(uint32_t handle);
   void release_qp(uint32_t qpn);
@@ -236,6 +304,7 @@ class Registry {
   Mapping device_map_;
   shm::MrEntry* mr_table_ = nullptr;
   shm::QpEntry* qp_table_ = nullptr;
+  shm::McgEntry* mcg_table_ = nullptr;
 
   uint32_t next_client_ = 1;
   uint32_t next_handle_ = 1;

@@ -30,6 +30,8 @@ int fds_expected(proto::Op op) {
     case proto::Op::ImportContext:
     case proto::Op::RegAsync:
       return 1;
+    case proto::Op::OpenXrcd:
+      return -1;  // 0 or 1: the request's has_fd says which
     default:
       return 0;
   }
@@ -205,7 +207,7 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
     return encode(h, rep, EOPNOTSUPP, out);
   }
   Op op = Op(h.op);
-  if (int(in_fds.size()) != fds_expected(op)) {
+  if (fds_expected(op) >= 0 ? int(in_fds.size()) != fds_expected(op) : in_fds.size() > 1) {
     proto::Empty rep{};
     return encode(h, rep, EBADF, out);
   }
@@ -386,6 +388,21 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (st) out_fds.clear();
       return encode(h, rep, st, out);
     }
+    case Op::Mediate: {
+      proto::MediateReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::MediateReply rep{};
+      int st = registry_.mediate(client, req, rep);
+      return encode(h, rep, st, out);
+    }
+    case Op::ImportChannel: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      int st = registry_.import_channel(client, req.handle, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
     case Op::ImportSrq: {
       proto::HandleReq req;
       if (!decode(msg, len, req)) return bad();
@@ -431,6 +448,71 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (!decode(msg, len, req)) return bad();
       proto::Empty rep{};
       int st = op == Op::DestroySrq ? registry_.destroy_srq(client, req.handle) : registry_.srq_limit(client, req.handle);
+      return encode(h, rep, st, out);
+    }
+    case Op::ResizeCq: {
+      proto::ResizeCqReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::CreateCqReply rep{};
+      int st = registry_.resize_cq(client, req, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::ResizeCqDone: {
+      proto::ResizeCqDoneReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.resize_cq_done(client, req), out);
+    }
+    case Op::GetCq: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ImportCqReply rep{};
+      int st = registry_.get_cq(client, req.handle, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::CqError: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.cq_error(client, req.handle), out);
+    }
+    case Op::OpenXrcd: {
+      proto::OpenXrcdReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::HandleReply rep{};
+      Fd fd = in_fds.empty() ? Fd() : std::move(in_fds[0]);
+      return encode(h, rep, registry_.open_xrcd(client, req, std::move(fd), rep.handle), out);
+    }
+    case Op::CloseXrcd: {
+      proto::HandleReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      return encode(h, rep, registry_.close_xrcd(client, req.handle), out);
+    }
+    case Op::ConnectXrc: {
+      proto::ConnectXrcReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ConnectPeerReply rep{};
+      int st = registry_.connect_xrc(client, req, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::OpenQp: {
+      proto::OpenQpReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::ImportQpReply rep{};
+      int st = registry_.open_qp(client, req, rep, out_fds);
+      if (st) out_fds.clear();
+      return encode(h, rep, st, out);
+    }
+    case Op::AttachMcast:
+    case Op::DetachMcast: {
+      proto::McastReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::Empty rep{};
+      int st = op == Op::AttachMcast ? registry_.attach_mcast(client, req) : registry_.detach_mcast(client, req);
       return encode(h, rep, st, out);
     }
     case Op::NsPublish: {

@@ -60,6 +60,7 @@ const char* kind_name(uint32_t k) {
     case sv::proto::kNsCq: return "cq";
     case sv::proto::kNsQp: return "qp";
     case sv::proto::kNsSrq: return "srq";
+    case sv::proto::kNsChannel: return "channel";
     default: return "?";
   }
 }

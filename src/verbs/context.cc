@@ -124,7 +124,7 @@ void fill_device_attr(ibv_device_attr& a) {
   a.max_qp = shm::kQpTableSize - 2;
   a.max_qp_wr = shm::kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_MEM_WINDOW |
-                       IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                       IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC;
   a.max_sge = shm::kMaxSge;
   a.max_sge_rd = shm::kMaxSge;
   a.max_cq = 65536;
@@ -137,6 +137,9 @@ void fill_device_attr(ibv_device_attr& a) {
   a.max_res_rd_atom = shm::kMaxRdAtomic * a.max_qp;
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_ah = 65536;
+  a.max_mcast_grp = shm::kMcgTableSize;
+  a.max_mcast_qp_attach = shm::kMcgMaxQps;
+  a.max_total_mcast_qp_attach = shm::kMcgTableSize * shm::kMcgMaxQps;
   a.max_pkeys = 1;
   a.max_srq = 65536;
   a.max_srq_wr = shm::kMaxQpWr;
@@ -207,6 +210,7 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
   }
   st->mr_table = reinterpret_cast<const MrEntry*>(st->device_map.as<char>() + dh->mr_table_offset);
   st->qp_table = reinterpret_cast<const QpEntry*>(st->device_map.as<char>() + dh->qp_table_offset);
+  st->mcg_table = reinterpret_cast<const shm::McgEntry*>(st->device_map.as<char>() + shm::DeviceLayout::mcg_offset());
   if (int e = make_eventfd(st->async_fd)) {
     errno = e;
     return nullptr;
@@ -238,6 +242,11 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
   v.query_device_ex = query_device_ex;
   v.create_cq_ex = create_cq_ex;
   v.create_qp_ex = create_qp_ex;
+  v.open_xrcd = open_xrcd;  // and close_xrcd: set both or neither (verbs-abi notes)
+  v.close_xrcd = close_xrcd;
+  v.create_srq_ex = create_srq_ex;
+  v.get_srq_num = get_srq_num;
+  v.open_qp = open_qp;
   ibv_context& c = v.context;
   c.device = &the_device()->dev;
   c.ops.poll_cq = poll_cq;

@@ -17,32 +17,178 @@
 
 namespace sv::verbs {
 
-int CqView::attach(int fd, uint64_t size) {
+namespace {
+
+int map_cq_segment(int fd, uint64_t size, CqSegment& s) {
   if (size < 4096) return EINVAL;
-  if (int e = map_shared(fd, 0, size, PROT_READ | PROT_WRITE, false, map)) return e;
-  auto* h = map.as<shm::CqSegmentHeader>();
+  if (int e = map_shared(fd, 0, size, PROT_READ | PROT_WRITE, false, s.map)) return e;
+  auto* h = s.map.as<shm::CqSegmentHeader>();
   // The segment is writable by other processes: check its geometry once.
   uint32_t cap = h->capacity;
   if (h->magic != shm::kCqMagic || h->size != size || cap == 0 || (cap & (cap - 1)) ||
       h->ring_offset != shm::CqLayout{cap}.ring_offset() || shm::CqLayout{cap}.size() > size)
     return EPROTO;
-  auto* rh = reinterpret_cast<shm::RingHeader*>(map.as<char>() + h->ring_offset);
+  auto* rh = reinterpret_cast<shm::RingHeader*>(s.map.as<char>() + h->ring_offset);
   if (rh->capacity != cap || rh->mask != cap - 1) return EPROTO;
-  hdr = h;
-  ring = shm::Ring<Cqe>(rh, reinterpret_cast<shm::RingSlot<Cqe>*>(rh + 1));
+  s.hdr = h;
+  s.ring = shm::Ring<Cqe>(rh, reinterpret_cast<shm::RingSlot<Cqe>*>(rh + 1));
   return 0;
 }
 
+}  // namespace
+
+int CqView::attach(int fd, uint64_t size) {
+  auto s = std::make_unique<CqSegment>();
+  if (int e = map_cq_segment(fd, size, *s)) return e;
+  if (!handle) handle = s->hdr->handle;
+  std::lock_guard<std::mutex> g(mu);
+  cur.store(s.get(), std::memory_order_release);
+  segs.push_back(std::move(s));
+  return 0;
+}
+
+bool CqView::follow(CqSegment* from) {
+  std::lock_guard<std::mutex> g(mu);
+  if (cur.load(std::memory_order_acquire) != from) return true;  // another thread followed already
+  if (!cs) return false;
+  proto::HandleReq req{};
+  req.handle = handle;
+  proto::ImportCqReply rep{};
+  std::vector<Fd> fds;
+  if (cs->conn.call(proto::Op::GetCq, req, rep, {}, &fds) || fds.size() != 1) return false;
+  auto s = std::make_unique<CqSegment>();
+  if (map_cq_segment(fds[0].get(), rep.segment_size, *s)) return false;
+  cur.store(s.get(), std::memory_order_release);
+  segs.push_back(std::move(s));
+  return true;
+}
+
 bool CqView::push(const ibv_wc& wc, bool solicited) {
-  return shm::push_completion(hdr, ring, wc, solicited, channel_fd);
+  uint64_t deadline = 0;
+  for (;;) {
+    CqSegment* s = cur.load(std::memory_order_acquire);
+    if (shm::push_completion(s->hdr, s->ring, wc, solicited, channel_fd)) return true;
+    if (s->hdr->moved.load(std::memory_order_acquire)) {
+      if (!follow(s)) return false;
+      continue;
+    }
+    if (!s->ring.closed()) {
+      // IBTA 11.4.2.1: an overrun is a CQ error (the daemon raises the
+      // event and takes the CQ's QPs to ERR), unless the CQ ignores it.
+      if (cs && !s->hdr->ignore_overrun.load(std::memory_order_relaxed) && !error_reported.exchange(true)) {
+        proto::HandleReq req{};
+        req.handle = handle;
+        proto::Empty rep{};
+        cs->conn.call(proto::Op::CqError, req, rep);
+      }
+      return false;
+    }
+    // A resize is moving the ring: wait for its commit (or its abort, which
+    // reopens the ring). A resizer that died mid-way loses this completion.
+    uint64_t now = monotonic_ns();
+    if (!deadline) deadline = now + 2'000'000'000ull;
+    if (now > deadline) return false;
+    sched_yield();
+  }
+}
+
+// Pollers hold the segment's poll lock, which a resize holds while it moves
+// the completions, so no poller takes a newer completion from the old ring
+// while an older one is in transit to the new.
+int CqView::poll(Cqe* out, int n) {
+  for (int round = 0; round < 2; ++round) {
+    CqSegment* s = cur.load(std::memory_order_acquire);
+    s->hdr->poll_lock.lock(self_pid());
+    int got = 0;
+    while (got < n && s->ring.pop(out[got])) ++got;
+    s->hdr->poll_lock.unlock();
+    if (got || !s->hdr->moved.load(std::memory_order_acquire) || !follow(s)) return got;
+  }
+  return 0;
+}
+
+bool CqView::pop(Cqe& out) { return poll(&out, 1) == 1; }
+
+int resize_cq(ibv_cq* ibcq, int cqe) {
+  CqState* st = to_cq(ibcq)->st;
+  ContextState& cs = ctx_state(ibcq->context);
+  if (cqe <= 0 || uint32_t(cqe) > shm::kMaxCqe - 1) return EINVAL;
+  proto::ResizeCqReq req{};
+  req.handle = st->handle;
+  req.cqe = uint32_t(cqe);
+  proto::CreateCqReply rep{};
+  std::vector<Fd> fds;
+  if (int e = cs.conn.call(proto::Op::ResizeCq, req, rep, {}, &fds); e || fds.size() != 1) return e ? e : EPROTO;
+  auto done = [&](uint32_t commit) {
+    proto::ResizeCqDoneReq d{};
+    d.handle = st->handle;
+    d.commit = commit;
+    proto::Empty r{};
+    return cs.conn.call(proto::Op::ResizeCqDone, d, r);
+  };
+  auto ns = std::make_unique<CqSegment>();
+  if (int e = map_cq_segment(fds[0].get(), rep.segment_size, *ns)) {
+    done(0);
+    return e;
+  }
+  CqView& v = st->view;
+  std::lock_guard<std::mutex> g(v.mu);
+  CqSegment* old = v.cur.load(std::memory_order_acquire);
+  if (old->hdr->moved.load(std::memory_order_acquire)) {  // another holder resized it: start from its segment
+    done(0);
+    return EAGAIN;
+  }
+  old->hdr->poll_lock.lock(self_pid());
+  uint64_t tail = old->ring.close();
+  // ibv_resize_cq(3): cqe must hold every completion not yet polled.
+  if (tail - old->ring.head() > uint64_t(cqe)) {
+    old->ring.reopen();
+    old->hdr->poll_lock.unlock();
+    done(0);
+    return EINVAL;
+  }
+  // Move the waiting completions in order. A slot reserved before the close
+  // may still be being written: wait for it.
+  Cqe e;
+  while (old->ring.head() < tail) {
+    if (old->ring.pop(e)) {
+      ns->ring.push(e);
+    } else {
+      __builtin_ia32_pause();
+    }
+  }
+  ns->hdr->armed.store(old->hdr->armed.load());
+  ns->hdr->notified.store(old->hdr->notified.load());
+  ns->hdr->overrun.store(old->hdr->overrun.load());
+  ns->hdr->ignore_overrun.store(old->hdr->ignore_overrun.load());
+  int rc = done(1);  // the daemon sets old->moved: producers and pollers follow
+  if (rc) {
+    // Not committed: the completions are in a segment nobody else sees. Put
+    // them back in the old ring (it has room: they came from there).
+    old->ring.reopen();
+    while (ns->ring.pop(e)) old->ring.push(e);
+    old->hdr->poll_lock.unlock();
+    return rc;
+  }
+  v.cur.store(ns.get(), std::memory_order_release);
+  v.segs.push_back(std::move(ns));
+  old->hdr->poll_lock.unlock();
+  ibcq->cqe = int(rep.capacity - 1);
+  return 0;
 }
 
 int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   if (n < 0) return -EINVAL;
   CqState* st = to_cq(ibcq)->st;
+  Cqe e[16];
   int got = 0;
-  Cqe e;
-  while (got < n && st->view.ring.pop(e)) wc[got++] = e.wc;
+  while (got < n) {
+    int want = std::min(n - got, 16);
+    int k = st->view.poll(e, want);
+    for (int i = 0; i < k; ++i) wc[got + i] = e[i].wc;
+    got += k;
+    if (k < want) break;
+  }
   return got;
 }
 
@@ -50,11 +196,13 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   CqState* st = to_cq(ibcq)->st;
   uint32_t want = solicited_only ? shm::kArmSolicited : shm::kArmAny;
   // Arming for any completion overrides an earlier solicited-only arming.
-  uint32_t cur = st->view.hdr->armed.load(std::memory_order_relaxed);
-  if (cur != shm::kArmAny) st->view.hdr->armed.store(want, std::memory_order_release);
-  // The caller polls the CQ next: the arming must be visible before that
-  // poll reads the ring (see push_completion in common/completion.h).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  shm::CqSegmentHeader* h = st->view.hdr();
+  // A read-modify-write either way: the caller polls the CQ next, and the
+  // arming must be ordered before that poll reads the ring (see
+  // push_completion in common/completion.h).
+  uint32_t cur = h->armed.load(std::memory_order_relaxed);
+  if (cur != shm::kArmAny) h->armed.exchange(want, std::memory_order_acq_rel);
+  else h->armed.fetch_or(0, std::memory_order_acq_rel);
   return 0;
 }
 
@@ -81,6 +229,8 @@ ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* c
   st->ctx = to_ctx(c);
   st->handle = rep.handle;
   st->channel = channel ? to_channel(channel) : nullptr;
+  st->view.cs = &cs;
+  st->view.handle = rep.handle;
   if (int e = st->view.attach(fds[0].get(), rep.segment_size)) {
     errno = e;
     return nullptr;
@@ -123,7 +273,7 @@ CqState& ex_state(ibv_cq_ex* cq) { return *to_cq(reinterpret_cast<ibv_cq*>(cq))-
 
 int ex_take(ibv_cq_ex* cq) {
   CqState& st = ex_state(cq);
-  if (!st.view.ring.pop(st.cur)) return ENOENT;
+  if (!st.view.pop(st.cur)) return ENOENT;
   timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   st.cur_ns = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
@@ -177,6 +327,8 @@ ibv_cq_ex* create_cq_ex(ibv_context* c, ibv_cq_init_attr_ex* attr) {
   }
   ibv_cq* q = create_cq(c, int(attr->cqe), attr->cq_context, attr->channel, int(attr->comp_vector));
   if (!q) return nullptr;
+  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN))
+    to_cq(q)->st->view.hdr()->ignore_overrun.store(1, std::memory_order_relaxed);
   auto* ex = reinterpret_cast<ibv_cq_ex*>(q);
   ex->start_poll = ex_start_poll;
   ex->next_poll = ex_next_poll;
@@ -227,6 +379,8 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
   ch->ch.refcnt = 0;
   ch->handle = rep.handle;
   ch->ctx = to_ctx(c);
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.channel_handles[ch->handle] = ch;
   return &ch->ch;
 }
 
@@ -246,10 +400,64 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
     errno = e;
     return e;
   }
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(ch->handle); it != cs.channel_handles.end() && it->second == ch)
+      cs.channel_handles.erase(it);
+  }
   ::close(channel->fd);
   std::free(ch);
   return 0;
 }
+
+// svx_import_comp_channel (softverbs.h): a completion channel of a shared
+// context. Its eventfd is the same one in every holder: each event wakes
+// one waiter, and ibv_get_cq_event hands it to whoever takes the CQ's
+// notified flag first.
+ibv_comp_channel* svx_import_comp_channel(ibv_context* c, uint32_t handle) {
+  ContextState& cs = ctx_state(c);
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(handle); it != cs.channel_handles.end()) return &it->second->ch;
+  }
+  proto::HandleReq req{};
+  req.handle = handle;
+  proto::Empty rep{};
+  std::vector<sv::Fd> fds;
+  if (int e = cs.conn.call(proto::Op::ImportChannel, req, rep, {}, &fds); e || fds.size() != 1) {
+    errno = e ? e : EPROTO;
+    return nullptr;
+  }
+  auto* ch = static_cast<Channel*>(std::calloc(1, sizeof(Channel)));
+  if (!ch) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ch->ch.context = c;
+  ch->ch.fd = fds[0].release();
+  ch->handle = handle;
+  ch->ctx = to_ctx(c);
+  std::lock_guard<std::mutex> g(cs.mu);
+  cs.channel_handles[handle] = ch;
+  return &ch->ch;
+}
+
+// Releases this process's handle only (EBUSY while CQs of this process use it).
+int svx_unimport_comp_channel(ibv_comp_channel* channel) {
+  if (__atomic_load_n(&channel->refcnt, __ATOMIC_RELAXED) != 0) return EBUSY;
+  Channel* ch = to_channel(channel);
+  ContextState& cs = ctx_state(channel->context);
+  {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(ch->handle); it != cs.channel_handles.end() && it->second == ch)
+      cs.channel_handles.erase(it);
+  }
+  ::close(channel->fd);
+  std::free(ch);
+  return 0;
+}
+
+uint32_t svx_comp_channel_handle(ibv_comp_channel* channel) { return to_channel(channel)->handle; }
 
 ibv_cq* ibv_create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
   return create_cq(c, cqe, cq_context, channel, comp_vector);
@@ -275,7 +483,7 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
   return 0;
 }
 
-int ibv_resize_cq(ibv_cq*, int) { return EOPNOTSUPP; }
+int ibv_resize_cq(ibv_cq* cq, int cqe) { return resize_cq(cq, cqe); }
 
 // How long ibv_get_cq_event spins before it sleeps. A blocking wake-up
 // across vCPUs costs tens of microseconds on a VM (docs/PERFORMANCE.md),
@@ -294,7 +502,7 @@ static uint64_t spin_budget_ns() {
 static bool channel_has_event(ContextState& cs, Channel* ch) {
   std::lock_guard<std::mutex> g(cs.mu);
   for (CqState* s : cs.cqs)
-    if (s->channel == ch && s->view.hdr->notified.load(std::memory_order_acquire)) return true;
+    if (s->channel == ch && s->view.hdr()->notified.load(std::memory_order_acquire)) return true;
   return false;
 }
 
@@ -352,8 +560,8 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_conte
       for (CqState* s : cs.cqs) {
         if (s->channel != ch) continue;
         if (!hit) {
-          if (s->view.hdr->notified.exchange(0, std::memory_order_acq_rel)) hit = s;
-        } else if (s->view.hdr->notified.load(std::memory_order_acquire)) {
+          if (s->view.hdr()->notified.exchange(0, std::memory_order_acq_rel)) hit = s;
+        } else if (s->view.hdr()->notified.load(std::memory_order_acquire)) {
           more = true;
         }
       }

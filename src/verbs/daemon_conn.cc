@@ -84,7 +84,9 @@ int DaemonConn::open() {
       return 0;
     }
     if (e != ENOENT && e != ECONNREFUSED) return e;
-    if (system) return ENODEV;  // no system daemon runs
+    // No system daemon runs (no socket, or a stale one for over a second;
+    // a daemon that is starting has bound but may not listen yet).
+    if (system && (e == ENOENT || monotonic_ns() > deadline - 9'000'000'000ull)) return ENODEV;
     if (!spawned && !std::getenv("SOFTVERBS_NO_SPAWN")) {
       spawn_daemon();
       spawned = true;

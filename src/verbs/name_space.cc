@@ -21,6 +21,7 @@ int svx_publish(ibv_context* c, const char* name, const svx_object* obj, unsigne
     case SVX_OBJ_CQ: req.handle = obj->cq->handle; break;
     case SVX_OBJ_QP: req.handle = obj->qp->qp_num; break;
     case SVX_OBJ_SRQ: req.handle = obj->srq->handle; break;
+    case SVX_OBJ_CHANNEL: req.handle = svx_comp_channel_handle(obj->channel); break;
     default: return EINVAL;
   }
   req.kind = uint32_t(obj->type);

@@ -74,17 +74,39 @@ class DaemonConn {
 
 // ---- A CQ ring as a producer sees it (local or a peer's) -------------------
 
-struct CqView {
+struct ContextState;
+
+// One mapped CQ segment. A resized CQ gets a new segment; the old ones stay
+// mapped until the view dies, since another thread may still be reading them.
+struct CqSegment {
   Mapping map;
   shm::CqSegmentHeader* hdr = nullptr;
   shm::Ring<Cqe> ring;
+};
+
+struct CqView {
+  ContextState* cs = nullptr;  // the connection to fetch a moved segment on
+  uint32_t handle = 0;         // the daemon's CQ handle
   int channel_fd = -1;  // eventfd to signal when armed (borrowed or owned by `channel_owned`)
   Fd channel_owned;
 
-  int attach(int fd, uint64_t size);  // maps a CQ segment
-  // Appends a completion and raises the CQ's event if it is armed. Returns
-  // false on overrun (the ring is full; IBTA 11.4.2.1 CQ overrun).
+  int attach(int fd, uint64_t size);  // maps a CQ segment and makes it current
+  shm::CqSegmentHeader* hdr() const { return cur.load(std::memory_order_acquire)->hdr; }
+  shm::Ring<Cqe>& ring() const { return cur.load(std::memory_order_acquire)->ring; }
+  // Appends a completion and raises the CQ's event if it is armed; follows
+  // a resize. Returns false on overrun (the ring is full; IBTA 11.4.2.1 CQ
+  // overrun), after reporting the CQ error to the daemon.
   bool push(const ibv_wc& wc, bool solicited);
+  // Takes up to n of the oldest completions (one: pop); follows a resize.
+  int poll(Cqe* out, int n);
+  bool pop(Cqe& out);
+  // After a resize committed (hdr()->moved): maps the CQ's current segment.
+  bool follow(CqSegment* from);
+
+  std::atomic<CqSegment*> cur{nullptr};
+  std::atomic<bool> error_reported{false};  // CqError sent (the daemon acts once per CQ anyway)
+  std::mutex mu;  // guards segs
+  std::vector<std::unique_ptr<CqSegment>> segs;
 };
 
 // ---- Objects ---------------------------------------------------------------
@@ -151,6 +173,10 @@ struct Peer {
   shm::SrqSegmentHeader* srq_hdr = nullptr;
   shm::Ring<shm::RecvWqe> srq;
   uint32_t srq_handle = 0;
+  uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
+  // The peer belongs to another user: nothing of it is mapped here, and each
+  // operation goes through the daemon (requester.cc execute_mediated).
+  bool mediated = false;
 };
 
 struct SrqState {
@@ -160,6 +186,7 @@ struct SrqState {
   shm::SrqSegmentHeader* hdr;
   shm::Ring<shm::RecvWqe> ring;
   uint32_t max_sge;
+  uint32_t srq_type = IBV_SRQT_BASIC;
 };
 
 struct Srq {
@@ -196,7 +223,7 @@ struct QpState {
 
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;
-  std::map<uint32_t, std::unique_ptr<Peer>> ud_peers;  // UD destinations by QPN
+  std::map<uint32_t, std::unique_ptr<Peer>> ud_peers;  // UD destinations by QPN; XRC_SEND: by remote SRQ number
   std::shared_ptr<Window> last_window;
   uint32_t rnr_left = 0;     // RNR retries left for the WQE at the head
   uint32_t retry_left = 0;   // transport retries left
@@ -236,6 +263,7 @@ struct ContextState {
   Mapping device_map;
   const MrEntry* mr_table = nullptr;
   const QpEntry* qp_table = nullptr;
+  const shm::McgEntry* mcg_table = nullptr;
   Fd async_fd;
   AsyncQueue async;
 
@@ -250,6 +278,7 @@ struct ContextState {
   std::map<uint32_t, Cq*> cq_handles;
   std::map<uint32_t, Qp*> qp_handles;
   std::map<uint32_t, ibv_srq*> srq_handles;
+  std::map<uint32_t, Channel*> channel_handles;
   // Backing files this process has mapped itself (named regions): backing id
   // -> (base address, file offset of base).
   std::map<uint32_t, std::pair<uint8_t*, uint64_t>> local_views;
@@ -312,6 +341,7 @@ int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
 ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector);
 ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+int resize_cq(ibv_cq* cq, int cqe);
 
 // QPs (qp.cc, requester.cc)
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
@@ -371,6 +401,22 @@ inline shm::RecvWqe to_recv_wqe(const ibv_recv_wr& wr) {
 int attach_qp_segment(QpState& q, int fd, uint64_t size);
 Cq* import_cq_handle(ibv_context* c, uint32_t handle);
 ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn);
+
+// Multicast (mcast.cc): the QPs attached to the group of a multicast GID
+// (or, with gid NULL, LID), read from the daemon's table in shared memory.
+// False when no such group exists.
+bool mcast_members(const ContextState& cs, const uint8_t* gid, uint16_t lid, std::vector<uint32_t>& out);
+
+// XRC (xrc.cc): the verbs_context ops, and the XRC domain handle of an ibv_xrcd.
+ibv_xrcd* open_xrcd(ibv_context* c, ibv_xrcd_init_attr* attr);
+int close_xrcd(ibv_xrcd* x);
+ibv_srq* create_srq_ex(ibv_context* c, ibv_srq_init_attr_ex* attr);
+int get_srq_num(ibv_srq* srq, uint32_t* num);
+ibv_qp* open_qp(ibv_context* c, ibv_qp_open_attr* attr);
+uint32_t xrcd_handle(ibv_xrcd* x);
+// An SRQ of any type (srq.cc); NULL with errno on failure.
+ibv_srq* create_srq(ibv_context* c, ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, uint32_t type,
+                    uint32_t xrcd, ibv_cq* cq);
 
 // Memory windows (mw.cc)
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);

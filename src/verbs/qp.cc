@@ -55,6 +55,7 @@ ibv_wc_opcode send_wc_opcode(uint32_t op) {
 }
 
 void flush_sq_locked(QpState& q) {
+  if (!q.send_cq) return;  // an XRC target: no send queue
   shm::SendWqe w;
   while (q.sq.pop(w)) {
     ibv_wc wc{};
@@ -67,7 +68,9 @@ void flush_sq_locked(QpState& q) {
   q.head_started = false;
 }
 
-void flush_rq(QpState& q) { flush_rq_into(q.rq, q.recv_cq->st->view, q.qpn); }
+void flush_rq(QpState& q) {
+  if (q.recv_cq) flush_rq_into(q.rq, q.recv_cq->st->view, q.qpn);
+}
 
 void flush_peer_rq(Peer& p) { flush_rq_into(p.rq, p.recv_cq, p.qpn); }
 
@@ -98,17 +101,33 @@ void move_to_error(QpState& q) {
 }
 
 ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
-  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq) {
-    errno = EINVAL;
-    return nullptr;
-  }
-  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD) {
+  if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD &&
+      a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV) {
     errno = EOPNOTSUPP;
     return nullptr;
+  }
+  // An XRC target QP (IBTA A14) has an XRC domain instead of a PD, CQs and
+  // queues; an XRC initiator has no receive side (its receive CQ is optional).
+  const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
+  if (tgt) {
+    if (!(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd || a->xrcd->context != c || a->srq) {
+      errno = EINVAL;
+      return nullptr;
+    }
+  } else {
+    if (a->qp_type == IBV_QPT_XRC_SEND && !a->recv_cq) a->recv_cq = a->send_cq;
+    if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    if (a->qp_type == IBV_QPT_XRC_SEND && a->srq) {
+      errno = EINVAL;
+      return nullptr;
+    }
   }
   // ibv_create_qp_ex(3): an op the device cannot do on this QP type fails
   // the create (EOPNOTSUPP, as rdma-core's providers answer).
@@ -127,15 +146,18 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
     errno = EINVAL;
     return nullptr;
   }
-  if (a->pd->context != c || a->send_cq->context != c || a->recv_cq->context != c) {
+  if (!tgt && (a->pd->context != c || a->send_cq->context != c || a->recv_cq->context != c)) {
     errno = EINVAL;
     return nullptr;
   }
+  if (a->qp_type == IBV_QPT_XRC_SEND || tgt) cap.max_recv_wr = cap.max_recv_sge = 0;
+  if (tgt) cap.max_send_wr = cap.max_send_sge = cap.max_inline_data = 0;
   ContextState& cs = ctx_state(c);
   proto::CreateQpReq req{};
-  req.pd = to_pd(a->pd)->handle;
-  req.send_cq = to_cq(a->send_cq)->st->handle;
-  req.recv_cq = to_cq(a->recv_cq)->st->handle;
+  req.pd = tgt ? 0 : to_pd(a->pd)->handle;
+  req.send_cq = tgt ? 0 : to_cq(a->send_cq)->st->handle;
+  req.recv_cq = tgt ? 0 : to_cq(a->recv_cq)->st->handle;
+  req.xrcd = tgt ? xrcd_handle(a->xrcd) : 0;
   req.srq = a->srq ? reinterpret_cast<Srq*>(a->srq)->st->handle : 0;
   req.qp_type = a->qp_type;
   req.max_send_wr = cap.max_send_wr;
@@ -154,9 +176,9 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   st->ctx = to_ctx(c);
   st->qpn = rep.qpn;
   st->type = a->qp_type;
-  st->pd = to_pd(a->pd);
-  st->send_cq = to_cq(a->send_cq);
-  st->recv_cq = to_cq(a->recv_cq);
+  st->pd = tgt ? nullptr : to_pd(a->pd);
+  st->send_cq = tgt ? nullptr : to_cq(a->send_cq);
+  st->recv_cq = tgt ? nullptr : to_cq(a->recv_cq);
   st->srq = a->srq ? reinterpret_cast<Srq*>(a->srq) : nullptr;
   st->entry = cs.qp_slot(rep.qpn);
   if (int e = attach_qp_segment(*st, fds[0].get(), rep.segment_size)) {
@@ -182,9 +204,9 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   ibv_qp& q = qp->qpx.qp_base;
   q.context = c;
   q.qp_context = a->qp_context;
-  q.pd = a->pd;
-  q.send_cq = a->send_cq;
-  q.recv_cq = a->recv_cq;
+  q.pd = tgt ? nullptr : a->pd;
+  q.send_cq = tgt ? nullptr : a->send_cq;
+  q.recv_cq = tgt ? nullptr : a->recv_cq;
   q.srq = a->srq;
   q.handle = rep.qpn;
   q.qp_num = rep.qpn;
@@ -208,8 +230,10 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     *bad = wr;
     return EIO;
   }
-  // A QP attached to an SRQ takes its receives from there (ibv_post_recv(3): EINVAL).
-  if (state == IBV_QPS_RESET || q.srq || q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {
+  // A QP attached to an SRQ takes its receives from there (ibv_post_recv(3):
+  // EINVAL); XRC QPs have no receive queue (their SRQs do).
+  if (state == IBV_QPS_RESET || q.srq || q.type == IBV_QPT_XRC_SEND || q.type == IBV_QPT_XRC_RECV ||
+      q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {
     *bad = wr;
     return EINVAL;
   }

@@ -233,7 +233,8 @@ void wr_set_inline_data(ibv_qp_ex* qx, void* addr, size_t length) {
 
 uint64_t supported_send_ops(ibv_qp_type type) {
   switch (type) {
-    case IBV_QPT_RC: return kRcOps;
+    case IBV_QPT_RC:
+    case IBV_QPT_XRC_SEND: return kRcOps;
     case IBV_QPT_UC: return kUcOps;
     case IBV_QPT_UD: return kUdOps;
     default: return 0;

@@ -105,7 +105,7 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
 uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
   ContextState& cs = *q.ctx->st;
   const MrEntry* e = cs.mr(key);
-  if (!e || e->pd != p.entry->pd) return nullptr;
+  if (!e || e->pd != (p.pd ? p.pd : p.entry->pd)) return nullptr;
   if ((e->access & need) != need) return nullptr;
   // A type 2 window serves only the QP it is bound to (IBTA 10.6.7.2.5).
   if (e->kind == shm::kKindMw2 && e->bound_qpn != p.qpn) return nullptr;
@@ -137,7 +137,13 @@ Peer* resolve_peer(QpState& q) {
     std::vector<Fd> fds;
     if (cs.conn.call(proto::Op::ConnectPeer, req, rep, {}, &fds) != 0) return nullptr;
     auto np = std::make_unique<Peer>();
-    if (attach_peer(cs, *np, rep, fds)) return nullptr;
+    if (rep.mediated) {
+      np->qpn = rep.peer_qpn;
+      np->entry = cs.qp_slot(rep.peer_qpn);
+      np->mediated = true;
+    } else if (attach_peer(cs, *np, rep, fds)) {
+      return nullptr;
+    }
     q.peer = std::move(np);
     p = q.peer.get();
   }
@@ -241,10 +247,81 @@ Outcome execute_local(QpState& q, const shm::SendWqe& w) {
   return {Step::kDone};
 }
 
+// XRC (IBTA annex A14): the message goes through the target QP to the XRC SRQ
+// it names, whose CQ takes the receive completion. One Peer per SRQ number.
+// Null with `invalid` set when the target's domain has no such SRQ.
+Peer* xrc_peer(QpState& q, uint32_t srqn, bool& invalid) {
+  uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
+  auto it = q.ud_peers.find(srqn);
+  Peer* p = it == q.ud_peers.end() ? nullptr : it->second.get();
+  if (!p || p->qpn != dest || p->entry->qpn.load(std::memory_order_acquire) != dest) {
+    if (p) q.ud_peers.erase(it);
+    q.last_window.reset();
+    ContextState& cs = *q.ctx->st;
+    proto::ConnectXrcReq req{};
+    req.qpn = q.qpn;
+    req.srqn = srqn;
+    proto::ConnectPeerReply rep{};
+    std::vector<Fd> fds;
+    int e = cs.conn.call(proto::Op::ConnectXrc, req, rep, {}, &fds);
+    if (e == ENOENT) invalid = true;
+    if (e) return nullptr;
+    auto np = std::make_unique<Peer>();
+    if (attach_peer(cs, *np, rep, fds)) return nullptr;
+    p = np.get();
+    q.ud_peers[srqn] = std::move(np);
+  }
+  auto st = p->entry->state.load(std::memory_order_acquire);
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return nullptr;
+  if (p->entry->dest_qpn.load(std::memory_order_relaxed) != q.qpn) return nullptr;
+  return p;
+}
+
+// A peer of another user (system daemon): the daemon carries the operation
+// out between the two processes' memory with every key checked
+// (daemon/mediate.cc); one round trip per work request.
+Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
+  proto::MediateReq req{};
+  req.qpn = q.qpn;
+  req.opcode = w.opcode;
+  req.send_flags = w.send_flags & ~kInlineCaptured;
+  req.imm_data = w.imm_data;
+  req.remote_addr = w.remote_addr;
+  req.rkey = w.rkey;
+  req.compare_add = w.compare_add;
+  req.swap = w.swap;
+  req.num_sge = w.num_sge;
+  std::memcpy(req.sge, w.sge, sizeof(req.sge));
+  if (w.send_flags & IBV_SEND_INLINE) {
+    // The payload travels in the request: it need not be registered.
+    if (w.send_flags & kInlineCaptured) {
+      req.inline_len = w.inline_len;
+      std::memcpy(req.inline_data, w.inline_data, w.inline_len);
+    } else {
+      for (uint32_t i = 0; i < w.num_sge; ++i) {
+        if (req.inline_len + w.sge[i].length > shm::kMaxInline) return {Step::kError, IBV_WC_LOC_LEN_ERR};
+        std::memcpy(req.inline_data + req.inline_len, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
+        req.inline_len += w.sge[i].length;
+      }
+    }
+  }
+  proto::MediateReply rep{};
+  if (q.ctx->st->conn.call(proto::Op::Mediate, req, rep)) return {Step::kRetry};
+  switch (rep.outcome) {
+    case proto::kMediateDone: return {Step::kDone, IBV_WC_SUCCESS, false, rep.byte_len};
+    case proto::kMediateRnr: return {Step::kRnr};
+    case proto::kMediateRetry: return {Step::kRetry};
+    default: return {Step::kError, ibv_wc_status(rep.wc_status), rep.peer_error != 0};
+  }
+}
+
 Outcome execute(QpState& q, const shm::SendWqe& w) {
   if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) return execute_local(q, w);
-  Peer* p = resolve_peer(q);
+  bool invalid = false;
+  Peer* p = q.type == IBV_QPT_XRC_SEND ? xrc_peer(q, w.xrc_srqn, invalid) : resolve_peer(q);
+  if (invalid) return {Step::kError, IBV_WC_REM_INV_REQ_ERR};
   if (!p) return {Step::kRetry};
+  if (p->mediated) return execute_mediated(q, w);
   Seg local[shm::kMaxSge];
   int nl = 0;
   uint64_t total = 0;
@@ -361,7 +438,7 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
     req.handle = q.qpn;
     proto::Empty rep{};
     cs.conn.call(proto::Op::PeerError, req, rep);
-    flush_peer_rq(*q.peer);
+    if (!q.peer->mediated) flush_peer_rq(*q.peer);  // else the daemon flushed it
   }
   move_to_error(q);
 }
@@ -473,6 +550,7 @@ void to_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
   w.num_sge = 0;
   w.inline_len = 0;
   w.invalidate_rkey = wr->invalidate_rkey;
+  w.xrc_srqn = q.type == IBV_QPT_XRC_SEND ? wr->qp_type.xrc.remote_srqn : 0;
   if (opcode == IBV_WR_BIND_MW) {
     const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
     w.num_sge = 0;
@@ -495,6 +573,7 @@ void to_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
     w.ud_qpn = wr->wr.ud.remote_qpn & 0xffffff;
     w.ud_qkey = wr->wr.ud.remote_qkey;
     w.ud_grh = ah->attr.is_global;
+    w.ud_dlid = ah->attr.dlid;
     std::memcpy(w.ud_dgid, ah->attr.grh.dgid.raw, 16);
     w.remote_addr = 0;
     w.rkey = 0;
@@ -556,26 +635,16 @@ Peer* ud_peer(QpState& q, uint32_t dest) {
   return p;
 }
 
-// IBTA 9.8.2 and 11.4.1.1: a UD message goes to the QP named in the work
-// request if its Q_Key matches; the receive buffer starts with 40 bytes for
-// the GRH. Whatever cannot be delivered is dropped without an error at the
-// sender.
-Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
-  Seg local[shm::kMaxSge];
-  int nl = 0;
-  uint64_t total = 0;
-  ibv_wc_status err = IBV_WC_SUCCESS;
-  if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
-  if (total > 4096) return {Step::kError, IBV_WC_LOC_LEN_ERR};  // larger than the path MTU
-  if (w.ud_grh && !gid_is_local(w.ud_dgid)) return {Step::kDone};  // another host: not on this wire yet
-  Peer* p = ud_peer(q, w.ud_qpn);
-  if (!p) return {Step::kDone};
-  auto st = p->entry->state.load(std::memory_order_acquire);
-  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) return {Step::kDone};
+// Delivers one UD message to the QP `p` if its Q_Key matches and a receive
+// is posted; the receive buffer starts with 40 bytes for the GRH. Returns
+// false when it was dropped.
+bool deliver_ud(QpState& q, Peer& p, const shm::SendWqe& w, const Seg* local, int nl, uint64_t total) {
+  auto st = p.entry->state.load(std::memory_order_acquire);
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) return false;
   uint32_t qkey = (w.ud_qkey & 0x80000000u) ? q.entry->qkey.load() : w.ud_qkey;
-  if (qkey != p->entry->qkey.load(std::memory_order_relaxed)) return {Step::kDone};  // Q_Key violation: dropped
+  if (qkey != p.entry->qkey.load(std::memory_order_relaxed)) return false;  // Q_Key violation: dropped
   shm::RecvWqe r;
-  if (!pop_peer_recv(q, *p, r)) return {Step::kDone};  // no receive posted: dropped (no RNR on UD)
+  if (!pop_peer_recv(q, p, r)) return false;  // no receive posted: dropped (no RNR on UD)
   // The GRH (an IPv6-style header carrying the GIDs) precedes the payload.
   uint8_t grh[40] = {};
   grh[0] = 0x60;
@@ -591,9 +660,9 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
   for (int i = 0; i < nl; ++i) src[i + 1] = local[i];
   Seg remote[shm::kMaxSge];
   uint32_t nr = 0;
-  if (ibv_wc_status rs = resolve_recv(q, *p, r, total + 40, remote, nr)) {
-    push_recv_completion(q, *p, r, rs, IBV_WC_RECV, 0, w);  // the responder's error; the sender never knows
-    return {Step::kDone};
+  if (ibv_wc_status rs = resolve_recv(q, p, r, total + 40, remote, nr)) {
+    push_recv_completion(q, p, r, rs, IBV_WC_RECV, 0, w);  // the responder's error; the sender never knows
+    return false;
   }
   copy_segments(remote, int(nr), src, nl + 1, total + 40);
   ibv_wc wc{};
@@ -601,15 +670,50 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
   wc.status = IBV_WC_SUCCESS;
   wc.opcode = IBV_WC_RECV;
   wc.byte_len = uint32_t(total + 40);
-  wc.qp_num = p->qpn;
+  wc.qp_num = p.qpn;
   wc.src_qp = q.qpn;
   wc.wc_flags = w.ud_grh ? IBV_WC_GRH : 0;
   if (w.opcode == IBV_WR_SEND_WITH_IMM) {
     wc.wc_flags |= IBV_WC_WITH_IMM;
     wc.imm_data = w.imm_data;
   }
-  p->recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0);
+  p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0);
   q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
+  return true;
+}
+
+// IBTA multicast (UD only, 9.8.2): a multicast destination is a GRH with a multicast
+// DGID (first byte 0xFF) or, without a GRH, a DLID in the multicast range
+// (0xC000..0xFFFE); the destination QP is then 0xFFFFFF.
+constexpr uint32_t kMulticastQpn = 0xffffff;
+bool is_multicast(const shm::SendWqe& w) {
+  return w.ud_grh ? w.ud_dgid[0] == 0xff : (w.ud_dlid >= 0xc000 && w.ud_dlid < 0xffff);
+}
+
+// IBTA 9.8.2 and 11.4.1.1: a UD message goes to the QP named in the work
+// request (or to every QP attached to the multicast group it names, on this
+// host) if its Q_Key matches. Whatever cannot be delivered is dropped
+// without an error at the sender.
+Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
+  Seg local[shm::kMaxSge];
+  int nl = 0;
+  uint64_t total = 0;
+  ibv_wc_status err = IBV_WC_SUCCESS;
+  if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
+  if (total > 4096) return {Step::kError, IBV_WC_LOC_LEN_ERR};  // larger than the path MTU
+  if (is_multicast(w)) {
+    std::vector<uint32_t> members;
+    if (w.ud_qpn != kMulticastQpn || !mcast_members(*q.ctx->st, w.ud_grh ? w.ud_dgid : nullptr,
+                                                    uint16_t(w.ud_dlid), members))
+      return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};  // nobody listens: dropped
+    for (uint32_t m : members)
+      if (Peer* p = ud_peer(q, m)) deliver_ud(q, *p, w, local, nl, total);
+    return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+  }
+  if (w.ud_grh && !gid_is_local(w.ud_dgid)) return {Step::kDone};  // another host: not on this wire yet
+  Peer* p = ud_peer(q, w.ud_qpn);
+  if (!p) return {Step::kDone};
+  if (!deliver_ud(q, *p, w, local, nl, total)) return {Step::kDone};
   return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
 }
 
@@ -629,7 +733,7 @@ void complete_torn_receive(QpState& q) {
   uint32_t qpn = q.hdr->torn_qpn.load(std::memory_order_acquire);
   if (qpn == 0) return;
   Peer* p = q.type == IBV_QPT_UD ? ud_peer(q, qpn) : resolve_peer(q);
-  if (p && p->qpn == qpn) {
+  if (p && !p->mediated && p->qpn == qpn) {
     ibv_wc wc{};
     wc.wr_id = q.hdr->torn_wr_id;
     wc.status = IBV_WC_REM_ABORT_ERR;
@@ -680,7 +784,8 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
   // (and in ERR, where they are flushed); earlier states refuse them.
-  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
+  // An XRC target QP has no send queue.
+  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR || q.type == IBV_QPT_XRC_RECV ||
       q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {  // or destroyed by another sharer
     *bad = wr;
     return EINVAL;

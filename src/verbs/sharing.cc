@@ -47,12 +47,22 @@ Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
   auto st = std::make_unique<CqState>();
   st->ctx = to_ctx(c);
   st->handle = handle;
-  st->channel = nullptr;
+  // The CQ's completion channel, if this process has imported it already
+  // (svx_import_comp_channel); otherwise the CQ is imported without one.
+  Channel* ch = nullptr;
+  if (rep.channel) {
+    std::lock_guard<std::mutex> g(cs.mu);
+    if (auto it = cs.channel_handles.find(rep.channel); it != cs.channel_handles.end()) ch = it->second;
+  }
+  st->channel = ch;
+  st->view.cs = &cs;
+  st->view.handle = handle;
   if (int e = st->view.attach(fds[0].get(), rep.segment_size)) {
     errno = e;
     return nullptr;
   }
-  ibv_cq* q = new_cq_handle(c, std::move(st), rep.capacity, nullptr, nullptr);
+  if (ch) st->view.channel_fd = ch->ch.fd;
+  ibv_cq* q = new_cq_handle(c, std::move(st), rep.capacity, ch ? &ch->ch : nullptr, nullptr);
   return q ? to_cq(q) : nullptr;
 }
 
@@ -143,6 +153,7 @@ int import_object(ibv_context* c, uint32_t type, uint32_t handle, svx_object& ob
     case SVX_OBJ_CQ: obj.cq = svx_import_cq(c, handle); break;
     case SVX_OBJ_QP: obj.qp = svx_import_qp(c, handle); break;
     case SVX_OBJ_SRQ: obj.srq = svx_import_srq(c, handle); break;
+    case SVX_OBJ_CHANNEL: obj.channel = svx_import_comp_channel(c, handle); break;
     default: return EINVAL;
   }
   return obj.ptr ? 0 : (errno ? errno : EPROTO);
@@ -211,6 +222,7 @@ void svx_unimport_cq(ibv_cq* ibcq) {
     if (auto it = cs.cq_handles.find(cq->st->handle); it != cs.cq_handles.end() && it->second == cq)
       cs.cq_handles.erase(it);
   }
+  if (ibcq->channel) __atomic_sub_fetch(&ibcq->channel->refcnt, 1, __ATOMIC_RELAXED);
   pthread_cond_destroy(&ibcq->cond);
   pthread_mutex_destroy(&ibcq->mutex);
   delete cq->st;
@@ -267,6 +279,7 @@ int svx_pack(int sock, ibv_context* c, const svx_object* objs, int count) {
       case SVX_OBJ_CQ: m.e[i].handle = objs[i].cq->handle; break;
       case SVX_OBJ_QP: m.e[i].handle = objs[i].qp->qp_num; break;
       case SVX_OBJ_SRQ: m.e[i].handle = objs[i].srq->handle; break;
+      case SVX_OBJ_CHANNEL: m.e[i].handle = svx_comp_channel_handle(objs[i].channel); break;
       default: return EINVAL;
     }
   }

@@ -42,6 +42,9 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
   if (rqh->capacity != h->rq_capacity) return EPROTO;
   p.hdr = h;
   p.rq = shm::Ring<shm::RecvWqe>(rqh, reinterpret_cast<shm::RingSlot<shm::RecvWqe>*>(rqh + 1));
+  p.pd = rep.pd;
+  p.recv_cq.cs = &cs;
+  p.recv_cq.handle = rep.peer_recv_cq;
   if (int e = p.recv_cq.attach(fds[1].get(), rep.cq_segment_size)) return e;
   size_t next = 2;
   if (rep.has_srq) {
@@ -120,22 +123,41 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  return create_srq(pd->context, pd, attr->attr, attr->srq_context, IBV_SRQT_BASIC, 0, nullptr);
+}
+
+}  // extern "C"
+
+ibv_srq* sv::verbs::create_srq(ibv_context* c, ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, uint32_t type,
+                               uint32_t xrcd, ibv_cq* cq) {
+  if (pd->context != c || (cq && cq->context != c)) {
+    errno = EINVAL;
+    return nullptr;
+  }
   ContextState& cs = ctx_state(pd->context);
   proto::CreateSrqReq req{};
   req.pd = to_pd(pd)->handle;
-  req.max_wr = attr->attr.max_wr;
-  req.max_sge = attr->attr.max_sge;
-  req.srq_limit = attr->attr.srq_limit;
+  req.max_wr = attr.max_wr;
+  req.max_sge = attr.max_sge;
+  req.srq_limit = attr.srq_limit;
+  req.srq_type = type;
+  req.xrcd = xrcd;
+  req.cq = cq ? to_cq(cq)->st->handle : 0;
   proto::CreateSrqReply rep{};
   std::vector<Fd> fds;
   if (int e = cs.conn.call(proto::Op::CreateSrq, req, rep, {}, &fds); e || fds.size() != 1) {
     errno = e ? e : EPROTO;
     return nullptr;
   }
-  ibv_srq* srq = new_srq_handle(pd, rep.handle, attr->attr.max_sge, attr->srq_context, fds[0].get(), rep.segment_size);
-  if (srq) attr->attr.max_wr = rep.capacity;  // what it really holds
+  ibv_srq* srq = new_srq_handle(pd, rep.handle, attr.max_sge, srq_context, fds[0].get(), rep.segment_size);
+  if (srq) {
+    reinterpret_cast<Srq*>(srq)->st->srq_type = type;
+    attr.max_wr = rep.capacity;  // what it really holds
+  }
   return srq;
 }
+
+extern "C" {
 
 // svx_import_srq (softverbs.h): the SRQ of a shared context, by handle. Any
 // holder may post receives to it; QPs of any holder take from it.

@@ -52,17 +52,7 @@ void ibv_unimport_dm(struct ibv_dm * /*dm*/) {}
 int ibv_dontfork_range(void * /*base*/, size_t /*size*/) { return 0; }
 int ibv_dofork_range(void * /*base*/, size_t /*size*/) { return 0; }
 
-// --- Address handles and multicast -------------------------------------------
-
-int ibv_attach_mcast(struct ibv_qp * /*qp*/, const union ibv_gid * /*gid*/,
-                     uint16_t /*lid*/) {
-  return EOPNOTSUPP;
-}
-
-int ibv_detach_mcast(struct ibv_qp * /*qp*/, const union ibv_gid * /*gid*/,
-                     uint16_t /*lid*/) {
-  return EOPNOTSUPP;
-}
+// --- Address handles -----------------------------------------------------------
 
 // Used by providers' create_ah for RoCE; rdma-core returns a negative errno
 // (callers only test for non-zero).

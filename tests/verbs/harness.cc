@@ -294,6 +294,13 @@ bool write_all(int fd, const void* p, size_t n) {
         }
         break;
       }
+      case Peer::kMcast: {
+        ibv_gid g;
+        std::memcpy(g.raw, &c.c, 8);
+        std::memcpy(g.raw + 8, &c.d, 8);
+        r.status = c.a ? ibv_attach_mcast(s.qp, &g, uint16_t(c.e)) : ibv_detach_mcast(s.qp, &g, uint16_t(c.e));
+        break;
+      }
       case Peer::kDereg:
         r.status = ibv_dereg_mr(s.mr);
         if (!r.status) s.mr = nullptr;
@@ -456,6 +463,20 @@ int Peer::dereg() {
 int Peer::to_error() {
   Cmd c{};
   c.op = kToError;
+  return call(c).status;
+}
+
+}  // namespace svtest
+
+namespace svtest {
+
+int Peer::mcast(bool attach, const ibv_gid& gid, uint16_t lid) {
+  Cmd c{};
+  c.op = kMcast;
+  c.a = attach ? 1 : 0;
+  std::memcpy(&c.c, gid.raw, 8);
+  std::memcpy(&c.d, gid.raw + 8, 8);
+  c.e = lid;
   return call(c).status;
 }
 

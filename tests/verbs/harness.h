@@ -59,7 +59,7 @@ struct PeerInfo {
 // A second process holding its own Side.
 class Peer {
  public:
-  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop };
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop, kMcast };
   struct Cmd {
     uint32_t op;
     uint32_t a;
@@ -98,6 +98,8 @@ class Peer {
   ibv_wc post(ibv_wr_opcode op, uint64_t off, uint32_t len, uint64_t remote_addr, uint32_t rkey);
   // ibv_rereg_mr on the peer's MR; CHANGE_TRANSLATION moves it to [off, off+len) of its buffer.
   PeerInfo rereg(int flags, int access, uint64_t off, uint64_t len, int* status);
+  // ibv_attach_mcast (attach) or ibv_detach_mcast on the peer's QP; its result.
+  int mcast(bool attach, const ibv_gid& gid, uint16_t lid);
   pid_t pid() const { return pid_; }
   void kill9();
 

@@ -2,7 +2,8 @@
 // victim process imports a shared context (PD, MR, CQ and an RC QP that this
 // process also posts to), opens a context of its own with a QP connected to
 // one of ours, and does a random mix of work -- registering and
-// deregistering, creating and destroying objects, posting large transfers
+// deregistering (MRs and named shared-memory regions), creating and
+// destroying objects, posting large transfers
 // to the shared QP (so it is often inside its send lock), transfers on its
 // own QP -- until it is SIGKILLed after a random, seeded delay (sometimes
 // before it even got going). After each kill:
@@ -12,7 +13,7 @@
 //   holding the send lock (that lock is taken over);
 // * the daemon's object counts and its memfds return to the baseline taken
 //   before the first victim: nothing leaks across iterations.
-// SOFTVERBS_KILL_ITERATIONS (default 150) and SOFTVERBS_KILL_SEED.
+// SOFTVERBS_KILL_ITERATIONS (default 150, at most 30 s) and SOFTVERBS_KILL_SEED.
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -171,6 +172,7 @@ std::atomic<uint64_t>* victim_ops;
   };
   std::vector<Buf> bufs;
   std::vector<std::pair<ibv_cq*, ibv_qp*>> objects;
+  std::vector<ibv_mr*> regions;
   uint32_t sends = 0, shared_sends = 0;
   uint64_t seq = 0;
   auto one = [&](ibv_qp* qp, ibv_cq* cq, ibv_wr_opcode op, uint64_t laddr, uint32_t lkey, uint32_t len, uint64_t raddr,
@@ -258,11 +260,22 @@ std::atomic<uint64_t>* victim_ops;
         one(me.qp, me.cq, op, reinterpret_cast<uint64_t>(me.buf), me.mr->lkey, len, t.addr + off, t.rkey, 1, 0);
         break;
       }
-      case 5: {  // PDs and channels come and go
+      case 5: {  // PDs, channels and named shared-memory regions come and go
         ibv_pd* pd = ibv_alloc_pd(me.ctx);
         ibv_comp_channel* ch = ibv_create_comp_channel(me.ctx);
         if (ch) ibv_destroy_comp_channel(ch);
         if (pd) ibv_dealloc_pd(pd);
+        if (regions.size() < 2 && rnd(2)) {
+          char id[64];
+          int n = snprintf(id, sizeof(id), "kill-test-%d-%llu", int(getpid()), (unsigned long long)seq++);
+          if (ibv_mr* mr = svx_reg_shmid(me.pd, id, size_t(n), 1 << 16, IBV_ACCESS_LOCAL_WRITE, nullptr)) {
+            regions.push_back(mr);
+            victim_ops[6].fetch_add(1, std::memory_order_relaxed);
+          }
+        } else if (!regions.empty()) {
+          ibv_dereg_mr(regions.back());
+          regions.pop_back();
+        }
         break;
       }
     }
@@ -323,7 +336,7 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
   std::mt19937_64 rng(seed);
   void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(MAP_FAILED, page);
-  victim_ops = new (page) std::atomic<uint64_t>[6]();
+  victim_ops = new (page) std::atomic<uint64_t>[7]();
 
   // The shared context: its QP talks to `tgt` (our private context), whose
   // MR is also where the victim's own QP writes and reads.
@@ -346,7 +359,10 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
 
   int connected_kills = 0, aborted = 0;
   uint64_t tgt_posted = 0, tgt_done = 0;  // receives on the shared QP's peer
-  for (int it = 0; it < iterations; ++it) {
+  // Time-boxed too, so that slow (sanitizer) builds stay within ctest's limit.
+  auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int it = 0;
+  for (; it < iterations && std::chrono::steady_clock::now() < stop; ++it) {
     SCOPED_TRACE("iteration " + std::to_string(it) + ", seed " + std::to_string(seed));
     while (tgt_posted - tgt_done < 48) {  // more than the victim (16) and we (1) consume; the queue holds 64
       ibv_sge sge{reinterpret_cast<uint64_t>(tgt.buf) + (1 << 20) + kSharedRecv * (tgt_posted % 64), kSharedRecv,
@@ -471,13 +487,178 @@ TEST(Kill, VictimKilledAtRandomMomentsLeavesNothingBehind) {
     }
     ASSERT_EQ(counts(base, base_fds), counts(now, fds)) << "the daemon keeps what a killed process held";
   }
+  if (it < iterations) printf("  time box reached after %d iterations\n", it);
   printf("  %d kills after connecting, %d early, %d torn sends on the shared QP; victims started %llu registrations, %llu object changes, "
-         "%llu shared-QP batches, %llu own transfers, %llu PD/channel cycles\n",
-         connected_kills, iterations - connected_kills, aborted, (unsigned long long)victim_ops[0].load(),
+         "%llu shared-QP batches, %llu own transfers, %llu PD/channel/region cycles (%llu regions)\n",
+         connected_kills, it - connected_kills, aborted, (unsigned long long)victim_ops[0].load(),
          (unsigned long long)victim_ops[1].load(), (unsigned long long)(victim_ops[2].load() + victim_ops[3].load()),
-         (unsigned long long)victim_ops[4].load(), (unsigned long long)victim_ops[5].load());
+         (unsigned long long)victim_ops[4].load(), (unsigned long long)victim_ops[5].load(),
+         (unsigned long long)victim_ops[6].load());
   munmap(page, 4096);
   EXPECT_GT(connected_kills, 0);
+}
+
+// A requester killed in the middle of a large SEND has taken our receive but
+// not completed it; its QP dies with it. The daemon completes that receive
+// (flushed) before flushing the rest: we see every receive once, in order.
+// (Before the fix the torn receive simply vanished.)
+TEST(Kill, RequesterKilledMidSendLeavesNoReceiveBehind) {
+  constexpr uint64_t kLen = 64 << 20;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    Side me;
+    Side::Options o;
+    o.len = kLen;
+    ASSERT_EQ(0, me.open(o));
+    const uint64_t sizes[3] = {64, kLen, 64};
+    for (uint64_t i = 0; i < 3; ++i) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), uint32_t(sizes[i]), me.mr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = i;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      ASSERT_EQ(0, ibv_post_recv(me.qp, &wr, &bad));
+    }
+    int sv[2];
+    ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+    pid_t v = fork();
+    if (v == 0) {
+      close(sv[0]);
+      Side s;
+      if (s.open(o)) _exit(2);
+      put(sv[1], s.qp->qp_num);
+      uint32_t dest = 0;
+      if (!get(sv[1], dest) || s.connect(dest, o)) _exit(3);
+      for (uint64_t len : {uint64_t(8), kLen}) {  // the first maps the peer and its memory
+        ibv_sge sge{reinterpret_cast<uint64_t>(s.buf), uint32_t(len), s.mr->lkey};
+        ibv_send_wr wr{};
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_SEND;
+        ibv_send_wr* bad;
+        if (len == kLen) put(sv[1], uint32_t(1));
+        if (ibv_post_send(s.qp, &wr, &bad)) _exit(4);
+      }
+      pause();
+      _exit(0);
+    }
+    close(sv[1]);
+    uint32_t vqpn = 0, posting = 0;
+    ASSERT_TRUE(get(sv[0], vqpn, 20000));
+    ASSERT_EQ(0, me.connect(vqpn, o));
+    ASSERT_TRUE(put(sv[0], me.qp->qp_num));
+    ASSERT_TRUE(get(sv[0], posting, 20000));
+    usleep(1000);
+    kill(v, SIGKILL);
+    int st;
+    waitpid(v, &st, 0);
+    close(sv[0]);
+    ibv_async_event ev{};
+    ASSERT_TRUE(next_event(me.ctx, ev, 5000));
+    EXPECT_EQ(IBV_EVENT_QP_FATAL, ev.event_type);
+    ibv_ack_async_event(&ev);
+    auto got = poll(me.cq, 4, 300);  // 3 expected: a 4th would be one too many
+    ASSERT_EQ(3u, got.size()) << "a receive was lost or completed twice";
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(uint64_t(i), got[i].wr_id) << "out of order";
+    EXPECT_EQ(IBV_WC_SUCCESS, got[0].status);
+    EXPECT_TRUE(got[1].status == IBV_WC_WR_FLUSH_ERR || got[1].status == IBV_WC_SUCCESS)
+        << ibv_wc_status_str(got[1].status);
+    EXPECT_EQ(IBV_WC_WR_FLUSH_ERR, got[2].status);
+  }
+}
+
+// A sharer killed in the middle of a large SEND on a shared QP has taken the
+// responder's receive but not completed it. The next holder of the send lock
+// completes that receive as aborted: the responder sees each of its receives
+// once and in order. The kill lands mid-copy most of the time; the test
+// retries until it has seen that case, and every attempt must be gap-free.
+TEST(Kill, SharerKilledMidSendLeavesNoReceiveBehind) {
+  constexpr uint64_t kLen = 64 << 20;
+  int torn = 0;
+  for (int attempt = 0; attempt < 8 && torn == 0; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    Side sh, tgt;
+    Side::Options o;
+    o.len = kLen;
+    ASSERT_EQ(0, sh.open(o));
+    ASSERT_EQ(0, tgt.open(o));
+    ASSERT_EQ(0, sh.connect(tgt.qp->qp_num, o));
+    ASSERT_EQ(0, tgt.connect(sh.qp->qp_num, o));
+    const uint64_t sizes[3] = {64, kLen, 64};  // t0: warm-up, t1: the big SEND, t2: ours
+    for (uint64_t i = 0; i < 3; ++i) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(tgt.buf), uint32_t(sizes[i]), tgt.mr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = i;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      ASSERT_EQ(0, ibv_post_recv(tgt.qp, &wr, &bad));
+    }
+    int sv[2];
+    ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+    pid_t v = fork();
+    if (v == 0) {
+      close(sv[0]);
+      ibv_context* c = nullptr;
+      svx_object objs[2];
+      int n = 0;
+      if (svx_unpack(sv[1], &c, objs, 2, &n) || n != 2) _exit(2);
+      for (uint64_t len : {uint64_t(8), kLen}) {  // the first maps the peer and its memory
+        ibv_sge sge{reinterpret_cast<uint64_t>(objs[1].mr->addr), uint32_t(len), objs[1].mr->lkey};
+        ibv_send_wr wr{};
+        wr.wr_id = kVictimTag;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_SEND;
+        ibv_send_wr* bad;
+        if (len == kLen) put(sv[1], uint32_t(1));
+        if (ibv_post_send(objs[0].qp, &wr, &bad)) _exit(3);
+      }
+      pause();
+      _exit(0);
+    }
+    close(sv[1]);
+    svx_object objs[2];
+    objs[0].type = SVX_OBJ_QP;
+    objs[0].qp = sh.qp;
+    objs[1].type = SVX_OBJ_MR;
+    objs[1].mr = sh.mr;
+    ASSERT_EQ(0, svx_pack(sv[0], sh.ctx, objs, 2));
+    uint32_t posting = 0;
+    ASSERT_TRUE(get(sv[0], posting, 20000));
+    usleep(1000);
+    kill(v, SIGKILL);
+    int st;
+    waitpid(v, &st, 0);
+    close(sv[0]);
+    // Our SEND: it takes the send lock over and consumes the next receive.
+    ibv_sge sge{reinterpret_cast<uint64_t>(sh.buf), 8, sh.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 9;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad;
+    ASSERT_EQ(0, ibv_post_send(sh.qp, &wr, &bad));
+    auto mine = poll(sh.cq, 1, 5000);
+    ASSERT_EQ(1u, mine.size());
+    EXPECT_EQ(9u, mine[0].wr_id);
+    EXPECT_EQ(IBV_WC_SUCCESS, mine[0].status);
+    auto got = poll(tgt.cq, 3, 300);
+    ASSERT_GE(got.size(), 2u) << "a receive was lost";
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(uint64_t(i), got[i].wr_id) << "out of order or twice";
+    EXPECT_EQ(IBV_WC_SUCCESS, got[0].status);
+    if (got[1].status == IBV_WC_REM_ABORT_ERR) {  // killed mid-copy: t1 torn, ours went to t2
+      torn++;
+      ASSERT_EQ(3u, got.size()) << "our SEND did not arrive after the torn receive";
+      EXPECT_EQ(IBV_WC_SUCCESS, got[2].status);
+    } else {  // killed before taking t1 (ours took it), or after completing it (ours took t2)
+      EXPECT_EQ(IBV_WC_SUCCESS, got[1].status) << ibv_wc_status_str(got[1].status);
+    }
+  }
+  EXPECT_GT(torn, 0) << "no kill landed inside the copy in 8 attempts";
 }
 
 // The moment that matters most, made likely rather than left to chance: the

@@ -626,3 +626,90 @@ TEST(SharingRace, ReceivesPostedByAnotherSharerServeEarlySends) {
 
 }  // namespace
 }  // namespace svtest
+
+namespace svtest {
+namespace {
+
+// A completion channel shared with its CQ: another process arms the CQ and
+// sleeps in ibv_get_cq_event on the shared channel; a completion produced by
+// the creator's QP wakes it.
+TEST(Sharing, CompletionChannelSharedWakesAnotherProcess) {
+  // The child is forked before this process starts the library's threads
+  // (TSan cannot follow a fork taken while other threads run); it waits in
+  // svx_unpack for what the parent sends.
+  Pair p;
+  pid_t child = fork();
+  if (child == 0) {
+    alarm(20);  // a lost wake-up must fail the test, not hang it
+    ibv_context* c = nullptr;
+    svx_object got[4];
+    int n = 0;
+    if (svx_unpack(p.b, &c, got, 4, &n) || n != 2) _exit(50);
+    if (got[0].type != SVX_OBJ_CHANNEL || got[1].type != SVX_OBJ_CQ) _exit(51);
+    if (got[1].cq->channel != got[0].channel) _exit(52);
+    if (ibv_req_notify_cq(got[1].cq, 0)) _exit(53);
+    put(p.b, uint8_t(1));
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    if (ibv_get_cq_event(got[0].channel, &ev_cq, &ev_ctx)) _exit(54);
+    if (ev_cq != got[1].cq) _exit(55);
+    ibv_ack_cq_events(ev_cq, 1);
+    ibv_wc wc{};
+    if (ibv_poll_cq(ev_cq, 1, &wc) != 1 || wc.wr_id != 0x77 || wc.status != IBV_WC_SUCCESS) _exit(56);
+    svx_unimport_cq(got[1].cq);
+    if (svx_unimport_comp_channel(got[0].channel)) _exit(57);
+    ibv_close_device(c);
+    _exit(0);
+  }
+  ibv_context* ctx = nullptr;
+  {
+    int n = 0;
+    ibv_device** l = ibv_get_device_list(&n);
+    ASSERT_GT(n, 0);
+    ctx = ibv_open_device(l[0]);
+    ibv_free_device_list(l);
+  }
+  ASSERT_NE(nullptr, ctx);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+  ASSERT_TRUE(pd && ch);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+  ASSERT_NE(nullptr, cq);
+  static uint8_t buf[256];
+  ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_qp* qa = make_qp(pd, cq);
+  ibv_qp* qb = make_qp(pd, cq);
+  ASSERT_TRUE(mr && qa && qb);
+  ASSERT_EQ(0, connect_qp(qa, qb->qp_num));
+  ASSERT_EQ(0, connect_qp(qb, qa->qp_num));
+
+  svx_object objs[2];
+  objs[0].type = SVX_OBJ_CHANNEL;  // the channel before its CQ
+  objs[0].channel = ch;
+  objs[1].type = SVX_OBJ_CQ;
+  objs[1].cq = cq;
+  ASSERT_EQ(0, svx_pack(p.a, ctx, objs, 2));
+  ASSERT_EQ(1, get<uint8_t>(p.a));
+  usleep(20000);  // let the child fall asleep in ibv_get_cq_event
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf), 8, mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = 0x77;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf) + 128;
+  wr.wr.rdma.rkey = mr->rkey;
+  ASSERT_EQ(0, ibv_post_send(qa, &wr, &bad));
+  EXPECT_EQ(0, wait_child(child));
+  ibv_destroy_qp(qa);
+  ibv_destroy_qp(qb);
+  ibv_dereg_mr(mr);
+  EXPECT_EQ(0, ibv_destroy_cq(cq));
+  EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+}
+
+}  // namespace
+}  // namespace svtest
