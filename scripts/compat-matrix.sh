@@ -91,7 +91,8 @@ for p in rc uc ud srq; do
   row "ibv_${p}_pingpong.poll" "ibv_${p}_pingpong" "-g 0 -s $size --chk" rc_pingpong.sh @PORT $size poll 300 "ibv_${p}_pingpong"
   row "ibv_${p}_pingpong.events" "ibv_${p}_pingpong" "-g 0 -s $size --chk -e" rc_pingpong.sh @PORT $size events 300 "ibv_${p}_pingpong"
 done
-row ibv_xsrq_pingpong ibv_xsrq_pingpong "-g 0" pair.sh @PORT ibv_xsrq_pingpong -g 0 -p @PORT
+row ibv_xsrq_pingpong.poll ibv_xsrq_pingpong "-g 0 -s 4096" xsrq_pingpong.sh @PORT 4096 poll 100
+row ibv_xsrq_pingpong.events ibv_xsrq_pingpong "-g 0 -s 4096 -e" xsrq_pingpong.sh @PORT 4096 events 100
 
 # --- perftest: every program, every transport it may offer, -e, -a --------------
 for prog in ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_atomic_bw ib_atomic_lat; do

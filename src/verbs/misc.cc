@@ -144,12 +144,8 @@ int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
 
 // Address handles record their attributes; a UD send reads the destination
 // GID from them (ibv_create_ah(3)).
-//
-// The port's link layer is Ethernet (RoCE): an address is a GID, so an AH
-// without a GRH is EINVAL, as the kernel answers for RoCE (IBTA A16.4.1 /
-// A17.4.2: RoCE packets always carry the GRH, or the IP header in its place).
 ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
-  if (!pd || !attr || attr->port_num != 1 || !attr->is_global || attr->grh.sgid_index >= kGidTableLen) {
+  if (!pd || !attr || attr->port_num != 1 || (attr->is_global && attr->grh.sgid_index >= kGidTableLen)) {
     errno = EINVAL;
     return nullptr;
   }
