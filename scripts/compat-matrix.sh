@@ -101,8 +101,8 @@ for prog in ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw ib_read_l
   iters_all=100
   [[ $prog == *_lat ]] && iters_all=20
   # The transports this perftest offers (its --help: "-c, --connection=<RC/XRC/UC/...>");
-  # XRC, DC and SRD are not in the matrix (XRC: see docs/COMPAT.md).
-  conns=$("$prog" --help 2>/dev/null | grep -o -- '--connection=<[^>]*>' | grep -oE '\b(RC|UC|UD)\b')
+  # DC and SRD need mlx5 and EFA hardware.
+  conns=$("$prog" --help 2>/dev/null | grep -o -- '--connection=<[^>]*>' | grep -oE '\b(RC|UC|UD|XRC)\b')
   [ -n "$conns" ] || conns=RC
   for conn in $conns; do
     row "$prog.$conn" "$prog" "-c $conn" perftest.sh @PORT "$prog" $mode 1000 $conn poll

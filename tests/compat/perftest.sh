@@ -1,7 +1,7 @@
 #!/bin/bash
 # compat.perftest.*: Debian's perftest (ib_{write,read,send,atomic}_{bw,lat}),
 # server and client on 127.0.0.1, against softverbs.
-#   perftest.sh BIN_DIR PORT PROGRAM default|all|FETCH_AND_ADD|CMP_AND_SWAP [ITERS [RC|UC|UD [poll|events]]]
+#   perftest.sh BIN_DIR PORT PROGRAM default|all|FETCH_AND_ADD|CMP_AND_SWAP [ITERS [RC|UC|UD|XRC [poll|events]]]
 # default: one run at the program's default size; all: -a (2 B .. 8 MiB, UD:
 # 2 B .. the MTU); FETCH_AND_ADD, CMP_AND_SWAP: ib_atomic_{bw,lat} with -A
 # (8 B). The transport is passed as -c (default RC); events adds -e (sleep on
