@@ -131,6 +131,7 @@ done
 row libfabric.fi_info fi_info "-p verbs" fabric.sh fi_info
 row libfabric.fi_pingpong.dgram fi_pingpong "-p verbs -e dgram" fabric.sh fi_pingpong_dgram @PORT
 row libfabric.fi_pingpong.msg fi_pingpong "-p verbs -e msg (rdma_cm)" rdmacm.sh fi_pingpong @PORT
+row libfabric.fi_pingpong.rdm fi_pingpong "-p 'verbs;ofi_rxm' -e rdm" fabric.sh fi_pingpong_rdm @PORT
 
 # --- the table ------------------------------------------------------------------------
 table() {
