@@ -386,9 +386,11 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
 
 int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   Channel* ch = to_channel(channel);
+  // ibv_create_comp_channel(3): "returns 0 on success, or the value of errno
+  // on failure"; rdma-core returns EBUSY itself while a CQ uses the channel.
   if (__atomic_load_n(&channel->refcnt, __ATOMIC_RELAXED) != 0) {
     errno = EBUSY;
-    return -1;
+    return EBUSY;
   }
   ContextState& cs = ctx_state(channel->context);
   proto::HandleReq req{};
@@ -396,7 +398,7 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   proto::Empty rep{};
   if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroyChannel, req, rep))) {
     errno = e;
-    return -1;
+    return e;
   }
   {
     std::lock_guard<std::mutex> g(cs.mu);

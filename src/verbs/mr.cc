@@ -73,7 +73,9 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int acces
     return nullptr;
   }
   access &= ~IBV_ACCESS_HUGETLB;  // a hint only
-  if (length == 0 || (!addr && !(access & IBV_ACCESS_ZERO_BASED))) {
+  // Beyond the max_mr_size ibv_query_device reports is EINVAL, checked
+  // before the (absent) memory is looked at, which would say EFAULT.
+  if (length == 0 || length > shm::kMaxMrSize || (!addr && !(access & IBV_ACCESS_ZERO_BASED))) {
     errno = EINVAL;
     return nullptr;
   }
