@@ -74,8 +74,8 @@ qs=$!
 sleep 0.5
 qp() { "$tb" exec h0 qperf "$a1" -t 3 "$@" 2>&1; }
 # qperf prints "bw  =  1.23 GB/sec" (or MB/sec) and "latency  =  12.3 us".
-to_mbs() { awk '/bw/ {v=$3; u=$4; if (u ~ /^GB/) v*=1000; if (u ~ /^KB/) v/=1000; print v}'; }
-to_us() { awk '/latency/ {v=$3; u=$4; if (u ~ /^ms/) v*=1000; if (u ~ /^ns/) v/=1000; print v}'; }
+to_mbs() { awk '$1 == "bw" && $2 == "=" {v=$3; u=$4; if (u ~ /^GB/) v*=1000; if (u ~ /^KB/) v/=1000; print v; exit}'; }
+to_us() { awk '$1 == "latency" && $2 == "=" {v=$3; u=$4; if (u ~ /^ms/) v*=1000; if (u ~ /^ns/) v/=1000; print v; exit}'; }
 tbw64=$(qp -m 65536 tcp_bw | to_mbs)
 tbw1m=$(qp -m 1048576 tcp_bw | to_mbs)
 tlat=$(qp -m 8 tcp_lat | to_us)
