@@ -6,7 +6,7 @@ what=${1:-test}
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev ibverbs-utils perftest
       librdmacm-dev rdmacm-utils libfabric-bin ucx-utils
       python3 iproute2 procps psmisc clang libclang-rt-14-dev tshark python3-scapy)
-if [ "$what" = bench ]; then pkgs+=(python3-matplotlib); fi
+if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
