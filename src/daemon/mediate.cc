@@ -84,7 +84,21 @@ bool Registry::pop_recv(Qp& peer, uint32_t, RecvWqe& out) {
 }
 
 void Registry::push_recv(Qp& peer, uint32_t, const ibv_wc& wc, bool solicited) {
-  push_cq(peer.recv_cq, wc, solicited);
+  push_cq(peer.recv_cq, wc, solicited);  // follows a CQ that a resize moved
+}
+
+// The QP's own posted receives complete with flush errors (IBTA 10.3.1);
+// an SRQ's receives belong to its other QPs too and stay.
+void Registry::flush_rq(Qp& q, uint32_t qpn) {
+  RecvWqe w{};
+  while (!q.srq && pop_recv(q, qpn, w)) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qpn;
+    push_cq(q.recv_cq, wc, true);
+  }
 }
 
 int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep) {
@@ -113,16 +127,7 @@ int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::Medi
   auto responder_error = [&](ibv_wc_status requester_status) {
     if (me->type == IBV_QPT_RC) {
       pe.state.store(IBV_QPS_ERR, std::memory_order_release);
-      // Its posted receives complete with flush errors (IBTA 10.3.1).
-      RecvWqe r{};
-      while (!peer.srq && pop_recv(peer, dest, r)) {
-        ibv_wc wc{};
-        wc.wr_id = r.wr_id;
-        wc.status = IBV_WC_WR_FLUSH_ERR;
-        wc.opcode = IBV_WC_RECV;
-        wc.qp_num = dest;
-        push_recv(peer, dest, wc, true);
-      }
+      flush_rq(peer, dest);
     }
     return done(proto::kMediateError, requester_status, true);
   };

@@ -735,20 +735,7 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
     if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_ERR) continue;
     SV_TRACE("daemon: QP 0x%x to ERR: its peer QP 0x%x is gone", qpn, dest);
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
-    if (cqs_.count(q.recv_cq)) {
-      auto* qh = q.map.as<QpSegmentHeader>();
-      auto* rqh = reinterpret_cast<RingHeader*>(q.map.as<char>() + qh->rq_offset);
-      Ring<RecvWqe> rq(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1));
-      RecvWqe w;
-      while (rq.pop(w)) {
-        ibv_wc wc{};
-        wc.wr_id = w.wr_id;
-        wc.status = IBV_WC_WR_FLUSH_ERR;
-        wc.opcode = IBV_WC_RECV;
-        wc.qp_num = qpn;
-        push_cq(q.recv_cq, wc, true);
-      }
-    }
+    if (cqs_.count(q.recv_cq)) flush_rq(q, qpn);
     for (auto& [id, c] : clients_)
       if (c.ctx == q.owner) events_.push_back({id, IBV_EVENT_QP_FATAL, qpn});
   }

@@ -293,6 +293,7 @@ class Registry {
                    uint32_t bound_qpn, Span& out) const;
   bool pop_recv(Qp& peer, uint32_t peer_qpn, shm::RecvWqe& out);
   void push_recv(Qp& peer, uint32_t peer_qpn, const ibv_wc& wc, bool solicited);
+  void flush_rq(Qp& q, uint32_t qpn);
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
   shm::McgEntry* find_mcg(const uint8_t* gid);

@@ -130,6 +130,23 @@ std::vector<ibv_wc> poll(ibv_cq* cq, int n, int ms) {
   return out;
 }
 
+// Moves any RC QP through INIT/RTR/RTS towards `dest` (remote read and
+// write allowed). 0 or errno.
+int connect_qp(ibv_qp* qp, uint32_t dest) {
+  Side s;
+  s.ctx = qp->context;
+  s.qp = qp;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (!e) e = s.connect(dest, {});
+  s.ctx = nullptr;
+  s.qp = nullptr;
+  return e;
+}
+
 int connect_pair(Side& me, Peer& peer, PeerInfo& info, const Side::Options& mine, const Side::Options& theirs) {
   if (int e = me.open(mine)) return e;
   info = peer.open(theirs);

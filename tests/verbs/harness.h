@@ -109,6 +109,10 @@ class Peer {
   int sock_ = -1;
 };
 
+// Moves any RC QP through INIT/RTR/RTS towards `dest` (remote read and
+// write allowed). 0 or errno.
+int connect_qp(ibv_qp* qp, uint32_t dest);
+
 // Opens `me` and `peer` and connects their QPs to each other; `info` gets
 // the peer's QP and buffer. 0 or the first error.
 int connect_pair(Side& me, Peer& peer, PeerInfo& info, const Side::Options& mine = {},

@@ -146,19 +146,8 @@ TEST(Namespace, PublishedObjectsOpenByNameInAnotherProcess) {
   ibv_qp* qa = ibv_create_qp(pd, &ia);
   ibv_qp* qb = ibv_create_qp(pd, &ia);
   ASSERT_TRUE(qa && qb);
-  for (auto [q, d] : {std::pair{qa, qb->qp_num}, std::pair{qb, qa->qp_num}}) {
-    Side s;
-    s.ctx = ctx;
-    s.qp = q;
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    ASSERT_EQ(0, ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-    ASSERT_EQ(0, s.connect(d, {}));
-    s.ctx = nullptr;
-    s.qp = nullptr;
-  }
+  ASSERT_EQ(0, connect_qp(qa, qb->qp_num));
+  ASSERT_EQ(0, connect_qp(qb, qa->qp_num));
 
   child.start(Want{mr->rkey, mr->lkey, sizeof(buf)});
   char go = 0;
@@ -236,18 +225,8 @@ TEST(Namespace, SrqOpenedByNameServesReceivesPostedByAnotherProcess) {
   ia.srq = srq;
   ibv_qp* receiver = ibv_create_qp(pd, &ia);
   ASSERT_TRUE(sender && receiver);
-  for (auto [q, d] : {std::pair{sender, receiver->qp_num}, std::pair{receiver, sender->qp_num}}) {
-    Side s;
-    s.ctx = ctx;
-    s.qp = q;
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    ASSERT_EQ(0, ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-    ASSERT_EQ(0, s.connect(d, {}));
-    s.ctx = nullptr;
-    s.qp = nullptr;
-  }
+  ASSERT_EQ(0, connect_qp(sender, receiver->qp_num));
+  ASSERT_EQ(0, connect_qp(receiver, sender->qp_num));
   svx_object osrq{SVX_OBJ_SRQ, {}};
   osrq.srq = srq;
   ASSERT_EQ(0, svx_publish(ctx, "/srq-test/srq", &osrq, 0600, -1));

@@ -52,21 +52,6 @@ int wait_child(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-// Moves a QP of `ctx` through INIT/RTR/RTS towards dest.
-int connect_qp(ibv_qp* qp, uint32_t dest) {
-  Side s;
-  s.ctx = qp->context;
-  s.qp = qp;
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-  if (!e) e = s.connect(dest, {});
-  s.ctx = nullptr;
-  s.qp = nullptr;
-  return e;
-}
 
 ibv_qp* make_qp(ibv_pd* pd, ibv_cq* cq) {
   ibv_qp_init_attr ia{};
