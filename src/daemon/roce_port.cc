@@ -122,6 +122,10 @@ void RocePort::readable(int fd) {
     if (n < 12 + 4 || fl > sizeof pre->from) continue;  // BTH + ICRC at least
     const uint8_t* bth = buf_ + sizeof *pre;
     const uint32_t dqpn = uint32_t(bth[5]) << 16 | uint32_t(bth[6]) << 8 | bth[7];
+    if (dqpn == 1 && on_qp1) {
+      on_qp1(fd, reinterpret_cast<sockaddr*>(&from), fl, bth, size_t(n));
+      continue;
+    }
     auto q = qpns_.find(dqpn);
     if (q == qpns_.end()) continue;
     auto a = arrivals_.find(q->second);

@@ -12,7 +12,10 @@
 // Enabled only when asked (SOFTVERBS_ROCE=1, or the system daemon), since a
 // per-user daemon must not take a host's RoCE port by surprise.
 #pragma once
+#include <sys/socket.h>
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -35,6 +38,8 @@ class RocePort {
   int attach(uint32_t client, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
              std::vector<int>& out_fds);
   void remove_client(uint32_t client);
+  // Datagrams for QP1 (the GSI's MADs) go here instead: the CM gateway.
+  std::function<void(int fd, const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n)> on_qp1;
 
  private:
   struct Sock {

@@ -82,6 +82,20 @@ int Server::start() {
       rev.data.fd = fd;
       if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &rev) != 0) return errno;
     }
+    // The connection manager between hosts (docs/RDMACM.md): QP1's MADs.
+    if (roce_.enabled()) {
+      if (int e = cm_.open(dir_)) {
+        std::fprintf(stderr, "softverbsd: CM gateway not opened: %s\n", std::strerror(e));
+      } else {
+        epoll_event cev{};
+        cev.events = EPOLLIN;
+        cev.data.fd = cm_.fd();
+        if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, cm_.fd(), &cev) != 0) return errno;
+        roce_.on_qp1 = [this](int fd, const sockaddr* from, socklen_t fl, const uint8_t* d, size_t n) {
+          cm_.deliver(fd, from, fl, d, n);
+        };
+      }
+    }
   }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -110,6 +124,7 @@ int Server::run() {
       int fd = evs[i].data.fd;
       if (fd == listen_fd_.get()) accept_clients();
       else if (roce_.owns(fd)) roce_.readable(fd);
+      else if (fd == cm_.fd()) cm_.run();
       else if (evs[i].events & EPOLLIN) serve(fd);
       else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
         SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, evs[i].events);

@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 
+#include "daemon/cm_gateway.h"
 #include "daemon/registry.h"
 #include "daemon/roce_port.h"
 
@@ -42,6 +43,7 @@ class Server {
   bool system_;
   Registry registry_;
   RocePort roce_;  // UDP 4791, when RoCEv2 is enabled
+  CmGateway cm_;   // the CM's MADs on QP1, with RoCEv2
   Fd lock_fd_;
   Fd listen_fd_;
   Fd epoll_fd_;

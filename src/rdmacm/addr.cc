@@ -2,6 +2,9 @@
 // rdma_event_str.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 #include <netdb.h>
 #include <rdma/rdma_cma.h>
 
@@ -122,6 +125,67 @@ std::string addr_text(const sockaddr* a) {
   else if (a->sa_family == AF_INET6)
     ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, buf, sizeof(buf));
   return buf;
+}
+
+int route_source(const sockaddr* dst, sockaddr_storage* src) {
+  sockaddr_storage d{};
+  std::memcpy(&d, dst, addr_len(dst));
+  set_port(reinterpret_cast<sockaddr*>(&d), 4791);
+  int s = ::socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return errno;
+  int e = 0;
+  socklen_t len = sizeof(*src);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&d), addr_len(dst)) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(src), &len) != 0)
+    e = errno;
+  ::close(s);
+  if (!e) set_port(reinterpret_cast<sockaddr*>(src), 0);
+  return e;
+}
+
+ibv_gid gid_of_addr(const sockaddr* a) {
+  ibv_gid g{};
+  in_addr v4;
+  if (v4_of(a, &v4)) {
+    g.raw[10] = g.raw[11] = 0xff;
+    std::memcpy(&g.raw[12], &v4, 4);
+  } else if (a->sa_family == AF_INET6) {
+    std::memcpy(g.raw, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, 16);
+  }
+  return g;
+}
+
+int wire_mtu_of(const sockaddr* a) {
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return 0;
+  std::string name;
+  in_addr v4;
+  bool is4 = v4_of(a, &v4);
+  for (ifaddrs* i = ifs; i && name.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    if (is4 && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == v4.s_addr)
+      name = i->ifa_name;
+    else if (!is4 && a->sa_family == AF_INET6 && i->ifa_addr->sa_family == AF_INET6 &&
+             std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                         &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, 16) == 0)
+      name = i->ifa_name;
+  }
+  ::freeifaddrs(ifs);
+  if (name.empty() || name.size() >= IFNAMSIZ) return 0;
+  ifreq r{};
+  std::memcpy(r.ifr_name, name.c_str(), name.size() + 1);
+  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int ifmtu = 0;
+  if (s >= 0 && ::ioctl(s, SIOCGIFMTU, &r) == 0) ifmtu = r.ifr_mtu;
+  if (s >= 0) ::close(s);
+  if (ifmtu <= 0) return 0;
+  // IP (20 or 40) + UDP 8 + BTH 12 + the longest extension headers (28)
+  // + ICRC 4, as the RoCE engine sizes its packets (src/verbs/roce_link.cc).
+  int overhead = (is4 ? 20 : 40) + 8 + 12 + 28 + 4;
+  for (int m = IBV_MTU_4096; m >= IBV_MTU_256; --m)
+    if ((128 << m) + overhead <= ifmtu) return m;
+  return IBV_MTU_256;
 }
 
 // RoCE v2 GIDs are the interface addresses (IBTA annex A17.8); an IPv4

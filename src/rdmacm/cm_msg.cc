@@ -152,6 +152,15 @@ void encode(const SidrRep& m, uint64_t tid, uint8_t* d) {
   putn(d, 96, m.private_data, kSidrRepPrivate);
 }
 
+// IBTA 12.6.6 table 101.
+void encode(const Mra& m, uint64_t tid, uint8_t* d) {
+  header(d, Attr::kMra, tid);
+  put32(d, 0, m.local_comm_id);
+  put32(d, 4, m.remote_comm_id);
+  put8(d, 8, uint8_t((m.message_mraed & 3) << 6));
+  put8(d, 9, uint8_t((m.service_timeout & 0x1f) << 3));
+}
+
 bool decode(const uint8_t* d, size_t n, Msg& m) {
   if (n != kMadSize || d[0] != 1 || d[1] != kMgmtClassCm || d[2] != kCmClassVersion || d[3] != kMethodSend)
     return false;
@@ -258,7 +267,11 @@ bool decode(const uint8_t* d, size_t n, Msg& m) {
       getn(d, 96, m.sidr_rep.private_data, kSidrRepPrivate);
       return true;
     case Attr::kMra:
-      return false;  // we never delay a reply, so never send or expect an MRA
+      m.mra.local_comm_id = get32(d, 0);
+      m.mra.remote_comm_id = get32(d, 4);
+      m.mra.message_mraed = get8(d, 8) >> 6;
+      m.mra.service_timeout = get8(d, 9) >> 3;
+      return true;
   }
   return false;
 }

@@ -158,6 +158,16 @@ struct SidrRep {
   uint8_t private_data[kSidrRepPrivate] = {};
 };
 
+// IBTA 12.6.6 (MRA): "a reply will be late"; sent by the wire gateway
+// (src/daemon/cm_gateway.cc) for a REQ the application has not answered yet.
+enum MraMsg : uint8_t { kMraReq = 0, kMraRep = 1, kMraLap = 2 };
+struct Mra {
+  uint32_t local_comm_id = 0;
+  uint32_t remote_comm_id = 0;
+  uint8_t message_mraed = 0;          // 2 bits, MraMsg
+  uint8_t service_timeout = 0;        // 5 bits: 4.096 us * 2^n
+};
+
 // A decoded message: `attr` says which member is meaningful.
 struct Msg {
   Attr attr = Attr::kReq;
@@ -170,6 +180,7 @@ struct Msg {
   Drep drep;
   SidrReq sidr_req;
   SidrRep sidr_rep;
+  Mra mra;
 };
 
 void encode(const Req& m, uint64_t tid, uint8_t out[kMadSize]);
@@ -180,6 +191,7 @@ void encode(const Dreq& m, uint64_t tid, uint8_t out[kMadSize]);
 void encode(const Drep& m, uint64_t tid, uint8_t out[kMadSize]);
 void encode(const SidrReq& m, uint64_t tid, uint8_t out[kMadSize]);
 void encode(const SidrRep& m, uint64_t tid, uint8_t out[kMadSize]);
+void encode(const Mra& m, uint64_t tid, uint8_t out[kMadSize]);
 // false if `n` is not kMadSize or the header is not a CM Send of a known attribute.
 bool decode(const uint8_t* in, size_t n, Msg& out);
 

@@ -110,6 +110,10 @@ struct Id {
   bool ack_timeout_set = false, afonly = false, reuseaddr = false;
   bool peer_gone = false;
   bool had_qp = false;
+  // The peer is on another host: the CM's messages go through the daemon's
+  // gateway (src/daemon/cm_gateway.cc) as MADs on QP1 over RoCEv2.
+  bool wire = false;
+  uint8_t path_mtu = 0;  // enum ibv_mtu of the path (the REQ's), 0: the port's
   uint64_t timer_gen = 0;
   ibv_qp_init_attr* ep_qp_attr = nullptr;  // rdma_create_ep on a passive id
   bool created_cqs = false;
@@ -386,6 +390,8 @@ int init_qp_attr(Id* d, ibv_qp_attr* a, int* mask) {
         ibv_port_attr pa{};
         if (ibv_query_port(c, 1, &pa) == 0) a->path_mtu = pa.active_mtu;
       }
+      // IBTA 12.7.23: the REQ's path MTU (that of the path between the hosts).
+      if (d->path_mtu && d->path_mtu < a->path_mtu) a->path_mtu = ibv_mtu(d->path_mtu);
       a->dest_qp_num = d->peer_qpn;
       a->rq_psn = d->peer_psn;
       a->ah_attr.is_global = 1;
@@ -457,7 +463,7 @@ void fill_path_rec(Id* d) {
   p.reversible = 1;
   p.numb_path = 1;
   p.mtu_selector = 2;
-  p.mtu = IBV_MTU_4096;
+  p.mtu = d->path_mtu ? ibv_mtu(d->path_mtu) : IBV_MTU_4096;
   p.rate_selector = 2;
   p.rate = 2;
   p.packet_life_time_selector = 2;
@@ -627,6 +633,9 @@ void on_request(int fd, uint64_t serial, const cm::Msg& m) {
   d->sgid_index = idx < 0 ? 0 : idx;
   d->id.route.addr.addr.ibaddr.sgid = gid;
   d->id.route.addr.addr.ibaddr.pkey = htobe16(0xffff);
+  // The requester's GID (a SIDR_REQ carries none: its IP address, Annex A17.8).
+  d->peer_gid = gid_of_addr(reinterpret_cast<sockaddr*>(&ip.src));
+  d->id.route.addr.addr.ibaddr.dgid = d->peer_gid;
   d->id.verbs = device();
   d->id.pd = default_pd();
   d->id.port_num = 1;
@@ -646,6 +655,7 @@ void on_request(int fd, uint64_t serial, const cm::Msg& m) {
     d->peer_psn = r.starting_psn;
     d->my_psn = random32() & 0xffffff;
     std::memcpy(d->peer_gid.raw, r.local_gid, 16);
+    d->path_mtu = r.path_mtu >= IBV_MTU_256 && r.path_mtu <= IBV_MTU_4096 ? r.path_mtu : 0;
     d->id.route.addr.addr.ibaddr.dgid = d->peer_gid;
     // Seen from the passive side, the requester's initiator depth is what
     // it asks of our responder, and vice versa (as Linux's CM reports them).
@@ -819,7 +829,8 @@ void on_peer_gone(Id* d) {
     case St::kConnect:
       cancel_timers(d);
       d->st = St::kRejected;
-      post(d, RDMA_CM_EVENT_UNREACHABLE, -ECONNRESET);
+      // Through the gateway: the REQ went unanswered (Linux: -ETIMEDOUT).
+      post(d, RDMA_CM_EVENT_UNREACHABLE, d->wire ? -ETIMEDOUT : -ECONNRESET);
       break;
     case St::kRepSent:
     case St::kRepRcvd:
@@ -946,6 +957,30 @@ void engine_loop() {
 // Connects d->conn_fd to the listener of the destination and sends the
 // prepared REQ. A full backlog is retried every 5 ms until the deadline.
 bool try_connect(Id* d) {
+  if (d->wire) {
+    // Another host: the daemon's CM gateway carries the MADs on the wire.
+    sockaddr_un sun;
+    int fd = -1;
+    if (fill_sun(sun, sv::runtime_dir() + "/cm-gateway")) {
+      fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun)) != 0) {
+        CM_TRACE("id %llu gateway %s: %s", (unsigned long long)d->serial, sun.sun_path, std::strerror(errno));
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    if (fd < 0) {
+      // No gateway: the daemon does not own the RoCEv2 port (SOFTVERBS_ROCE).
+      d->st = St::kRejected;
+      post(d, RDMA_CM_EVENT_UNREACHABLE, -ENETUNREACH);
+      return false;
+    }
+    d->conn_fd = fd;
+    watch(fd, FdKind::kConn, d->serial);
+    send_mad(d, d->pending_req);
+    add_timer(d, TimerKind::kRepTimeout, Clock::now() + kRepTimeout);
+    return true;
+  }
   const sockaddr* dst = &d->id.route.addr.dst_addr;
   uint16_t port = addr_port(dst);
   std::string cands[3] = {addr_text(dst), "", ""};
@@ -1117,7 +1152,7 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   return 0;
 }
 
-int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, int timeout_ms) {
+int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, int /*timeout_ms: no ARP to wait for*/) {
   if (!id || !dst_addr || !addr_len(dst_addr)) return fail(EINVAL);
   Id* d = id_of(id);
   {
@@ -1160,10 +1195,38 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
       d->st = St::kAddrResolved;
       post(d, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
     } else {
-      // Not this host: another host's softverbs is not reachable yet (the
-      // RoCEv2 wire), so address resolution times out as an unanswered ARP.
-      d->st = St::kAddrQuery;
-      add_timer(d, TimerKind::kAddrError, Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 1)));
+      // Another host (RoCEv2): the routing table picks the source address,
+      // as Linux's rdma_resolve_addr does; the destination's GID is its IP
+      // address (Annex A17.8); no ARP is needed on a UDP socket. Whether
+      // anybody answers there shows at rdma_connect (UNREACHABLE).
+      sockaddr_storage src{};
+      int e = 0;
+      if (addr_is_any(&d->id.route.addr.src_addr)) {
+        e = route_source(dst_addr, &src);
+        set_port(reinterpret_cast<sockaddr*>(&src), addr_port(&d->id.route.addr.src_addr));
+      } else {
+        std::memcpy(&src, &d->id.route.addr.src_storage, sizeof(src));
+      }
+      ibv_gid sgid{};
+      int idx = e ? -1 : gid_index_of(reinterpret_cast<sockaddr*>(&src), &sgid);
+      if (idx < 0 || addr_is_loopback(reinterpret_cast<sockaddr*>(&src))) {
+        // No route, or the source is not one of the device's RoCE GIDs.
+        d->st = St::kIdle;
+        post(d, RDMA_CM_EVENT_ADDR_ERROR, -(e ? e : EADDRNOTAVAIL));
+      } else {
+        std::memcpy(&d->id.route.addr.src_storage, &src, sizeof(src));
+        d->sgid_index = idx;
+        d->id.route.addr.addr.ibaddr.sgid = sgid;
+        d->peer_gid = gid_of_addr(dst_addr);
+        d->id.route.addr.addr.ibaddr.dgid = d->peer_gid;
+        d->wire = true;
+        d->path_mtu = uint8_t(wire_mtu_of(reinterpret_cast<sockaddr*>(&src)));
+        d->id.verbs = device();
+        d->id.pd = default_pd();
+        d->id.port_num = 1;
+        d->st = St::kAddrResolved;
+        post(d, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+      }
     }
   }
   return complete(d);
@@ -1372,7 +1435,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
       r.local_cm_response_timeout = kCmResponseTimeout;
       r.retry_count = d->retry_count;
       r.pkey = 0xffff;
-      r.path_mtu = IBV_MTU_4096;
+      r.path_mtu = d->path_mtu ? d->path_mtu : uint8_t(IBV_MTU_4096);
       r.rnr_retry_count = d->rnr_retry_count;
       r.max_cm_retries = kMaxCmRetries;
       r.srq = d->id.qp ? d->id.qp->srq != nullptr : (param && param->srq);

@@ -38,6 +38,14 @@ bool addr_is_loopback(const sockaddr* a);
 bool addr_is_local(const sockaddr* a);
 // "a.b.c.d" or the IPv6 text; an IPv4-mapped IPv6 address prints as IPv4.
 std::string addr_text(const sockaddr* a);
+// The source address the routing table picks for `dst` (a connected UDP
+// socket's name), port 0. 0 or an errno (ENETUNREACH: no route).
+int route_source(const sockaddr* dst, sockaddr_storage* src);
+// The RoCEv2 GID of an address (Annex A17.8: IPv4 as ::ffff:a.b.c.d).
+ibv_gid gid_of_addr(const sockaddr* a);
+// The largest IB MTU whose RoCEv2 packets fit the MTU of the interface that
+// owns local address `a` (IBV_MTU_1024 for Ethernet's 1500); 0 if unknown.
+int wire_mtu_of(const sockaddr* a);
 // Index in sv0 port 1's GID table of the GID that owns address `a`, or -1.
 int gid_index_of(const sockaddr* a, ibv_gid* gid);
 

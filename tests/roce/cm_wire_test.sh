@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# roce.wire.cm.*: the connection manager between hosts (docs/RDMACM.md,
+# "Between hosts"). Debian's unmodified rdma_cm programs (rdmacm-utils,
+# perftest -R, libfabric) on softverbs, the server in one namespace of the
+# test bed and the client in the other, each host with its own softverbsd
+# (SOFTVERBS_ROCE=1), whose CM gateway carries the CM's MADs on QP1 over
+# RoCEv2; the QPs then run over RoCEv2 too. Plus rejection with private
+# data and an unreachable host (cm_wire_peer).
+#
+#   cm_wire_test.sh SOURCE_DIR BIN_DIR CASE
+#   CASE: rping | rping6 | ucmatose | udaddy | rdma_server | send_bw | write_lat |
+#         reject | no_listener | unreachable | fi_pingpong | ucx
+# Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
+set -u
+src=$1 bin=$2 case=$3
+tb=$src/scripts/testbed.sh
+SKIP=77
+log() { printf '%s\n' "$*" >&2; }
+[ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
+ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
+export SOFTVERBS_TESTBED=svc$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
+TIMEOUT=${ROCE_WIRE_TIMEOUT:-90}
+work=$(mktemp -d "${TMPDIR:-/tmp}/svcmwire.XXXXXX") || exit 1
+chmod 711 "$work"
+pids=()
+daemons=()
+failures=0
+fail() { log "FAIL: $*"; failures=$((failures + 1)); }
+
+cleanup() {
+  local rc=$? p
+  for p in "${pids[@]}" "${daemons[@]}"; do kill "$p" 2>/dev/null; done
+  sleep 0.2
+  for p in "${pids[@]}" "${daemons[@]}"; do kill -9 "$p" 2>/dev/null; done
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne $SKIP ]; then
+    for p in "$work"/*.dlog "$work"/*.client "$work"/*.server; do
+      [ -s "$p" ] && { log "--- $p"; tail -n 40 "$p" >&2; }
+    done
+  fi
+  "$tb" down 2>/dev/null
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+
+require() {
+  local p
+  for p in "$@"; do command -v "$p" >/dev/null || { log "SKIP: $p not installed"; exit $SKIP; }; done
+}
+for p in softverbs softverbsd; do [ -x "$bin/$p" ] || { log "missing $bin/$p"; exit 1; }; done
+"$tb" up 2 || { log "SKIP: the test bed cannot be created"; exit $SKIP; }
+a1=$("$tb" addr h1)
+a1_6=$("$tb" addr h1 6)
+
+# start_daemons HOST...: a fresh softverbsd in each HOST (trace on: the
+# gateway's steps go to HOST.dlog).
+start_daemons() {
+  local h
+  for h in "$@"; do
+    rm -rf "${work:?}/$h"
+    mkdir -m 700 "$work/$h"
+    SOFTVERBS_ROCE=1 SOFTVERBS_TRACE=1 "$tb" exec "$h" "$bin/softverbsd" --foreground --idle 0 \
+      --dir "$work/$h" 2>"$work/$h.dlog" &
+    daemons+=($!)
+  done
+  for h in "$@"; do
+    for _ in $(seq 100); do [ -S "$work/$h/cm-gateway" ] && break; sleep 0.05; done
+    [ -S "$work/$h/cm-gateway" ] || { log "softverbsd's CM gateway did not come up in $h"; exit 1; }
+  done
+}
+
+# on HOST CMD...: CMD in HOST on softverbs (its own daemon), RoCE stats on.
+on() {
+  local h=$1
+  shift
+  SOFTVERBS_DIR=$work/$h SOFTVERBS_NO_SPAWN=1 SOFTVERBS_ROCE_STATS=1 \
+    "$tb" exec "$h" "$bin/softverbs" run -- timeout -k 5 "$TIMEOUT" stdbuf -oL "$@"
+}
+
+# cm_wait PS PORT PID: the server in h1 listens on rdma_cm port PORT (its
+# rendezvous socket is there).
+cm_wait() {
+  for _ in $(seq 400); do
+    compgen -G "$work/h1/cm/$1-$2-*" >/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+show() {
+  local s
+  for s in server client; do
+    [ -f "$work/$1.$s" ] || continue
+    log "----- $1.$s:"
+    cat "$work/$1.$s" >&2
+  done
+}
+
+# pair NAME PS PORT SERVER... -- CLIENT...: the server in h1, the client in
+# h0 once the server listens (PS 0: wait for TCP port PORT instead).
+pair() {
+  local name=$1 ps=$2 port=$3
+  shift 3
+  local -a server=() client=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do server+=("$1"); shift; done
+  shift
+  client=("$@")
+  on h1 "${server[@]}" >"$work/$name.server" 2>&1 &
+  local spid=$!
+  pids+=($spid)
+  if [ "$ps" -eq 0 ]; then
+    for _ in $(seq 200); do
+      "$tb" exec h1 ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
+      sleep 0.05
+    done
+  else
+    cm_wait "$ps" "$port" $spid || log "$name: the server never listened on rdma_cm port $port"
+  fi
+  on h0 "${client[@]}" >"$work/$name.client" 2>&1
+  local crc=$?
+  wait $spid
+  local src=$?
+  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+    fail "$name: server exit $src, client exit $crc"
+    show "$name"
+    return 1
+  fi
+  return 0
+}
+
+# expect NAME SIDE REGEX COUNT: exactly COUNT lines match.
+expect() {
+  local n
+  n=$(grep -Ec -- "$3" "$work/$1.$2")
+  [ "$n" -eq "$4" ] || { fail "$1.$2: $n lines match '$3', expected $4"; show "$1"; }
+}
+
+# on_wire NAME: both sides' QPs ran over RoCEv2 (a stats line each) with
+# clean ICRCs, and the MADs went through both gateways.
+on_wire() {
+  local side
+  for side in server client; do
+    grep -q "^softverbs roce: qp" "$work/$1.$side" || fail "$1 $side: the QP was not on the wire"
+    if grep -o "bad_icrc [0-9]*" "$work/$1.$side" | grep -vq "bad_icrc 0"; then
+      fail "$1 $side: datagrams with a bad ICRC"
+    fi
+  done
+  grep -q "cm gateway: REQ\|cm gateway: SIDR_REQ" "$work/h0.dlog" || fail "$1: h0's gateway sent no request"
+  grep -q "cm gateway: attr 0x1[07]" "$work/h1.dlog" || fail "$1: h1's gateway received no request"
+}
+
+no_errors() {
+  local side
+  for side in server client; do
+    if grep -Eqi 'error|fail|unhandled|invalid' "$work/$1.$side"; then
+      fail "$1.$side reports an error"
+      show "$1"
+    fi
+  done
+}
+
+TCP=262  # RDMA_PS_TCP
+UDP=273  # RDMA_PS_UDP
+
+# rping's -v lines: "rdma-ping-<n>: " then characters of A..z from 'A' + n.
+check_rping() {
+  local name=$1 count=$2 i k line
+  for i in $(seq 0 $((count - 1))); do
+    line="rdma-ping-$i: "
+    # (the line is 64 bytes: a longer number leaves fewer characters)
+    for k in $(seq 0 $((50 - ${#i}))); do line+=$(printf "\\$(printf '%03o' $((65 + (i + k) % 58)))"); done
+    grep -Fxq -- "ping data: $line" "$work/$name.client" || fail "$name client: no line 'ping data: $line'"
+    grep -Fxq -- "server ping data: $line" "$work/$name.server" || fail "$name server: no 'server ping data: $line'"
+  done
+  expect "$name" client '^ping data: ' "$count"
+  expect "$name" server '^server ping data: ' "$count"
+  expect "$name" server '^server DISCONNECT EVENT' 1
+}
+
+case $case in
+  rping | rping6)
+    require rping
+    start_daemons h0 h1
+    addr=$a1
+    [ "$case" = rping6 ] && addr=$a1_6
+    if pair "$case" $TCP 7000 rping -s -a "$addr" -v -C 20 -p 7000 -- rping -c -a "$addr" -v -C 20 -p 7000; then
+      check_rping "$case" 20
+      on_wire "$case"
+      no_errors "$case"
+    fi
+    ;;
+  ucmatose)
+    require ucmatose
+    start_daemons h0 h1
+    if pair ucmatose $TCP 7471 ucmatose -c 4 -C 20 -- ucmatose -s "$a1" -c 4 -C 20; then
+      expect ucmatose server '^data transfers complete$' 1
+      expect ucmatose client '^data transfers complete$' 1
+      expect ucmatose server '^disconnected$' 1
+      expect ucmatose server '^return status 0$' 1
+      expect ucmatose client '^return status 0$' 1
+      on_wire ucmatose
+      no_errors ucmatose
+    fi
+    ;;
+  udaddy)
+    require udaddy
+    start_daemons h0 h1
+    # udaddy has no port option: 7174.
+    if pair udaddy $UDP 7174 udaddy -- udaddy -s "$a1"; then
+      expect udaddy server '^sending replies$' 1
+      expect udaddy client '^data transfers complete$' 1
+      expect udaddy server '^return status 0$' 1
+      expect udaddy client '^return status 0$' 1
+      grep -q "cm gateway: SIDR_REQ" "$work/h0.dlog" || fail "udaddy: no SIDR_REQ through h0's gateway"
+      no_errors udaddy
+    fi
+    ;;
+  rdma_server)
+    require rdma_server rdma_client
+    start_daemons h0 h1
+    if pair rdma_server $TCP 7471 rdma_server -p 7471 -- rdma_client -s "$a1" -p 7471; then
+      expect rdma_server server '^rdma_server: end 0$' 1
+      expect rdma_server client '^rdma_client: end 0$' 1
+      on_wire rdma_server
+    fi
+    ;;
+  send_bw | write_lat)
+    prog=ib_${case}
+    require "$prog"
+    start_daemons h0 h1
+    if pair "$case" $TCP 18515 "$prog" -R -p 18515 -n 1000 -- "$prog" -R -p 18515 -n 1000 "$a1"; then
+      expect "$case" client '^ *[0-9]+ +1000 +[0-9.]+ +[0-9.]+' 1
+      grep -q 'rdma_cm' "$work/$case.client" || fail "$case: perftest did not report using rdma_cm"
+      on_wire "$case"
+    fi
+    ;;
+  reject)
+    # The server rejects with private data; the client gets REJECTED,
+    # status 28 (consumer reject) and the bytes.
+    start_daemons h0 h1
+    if pair reject $TCP 7600 "$bin/cm_wire_peer" reject 7600 -- "$bin/cm_wire_peer" connect "$a1" 7600; then
+      expect reject client '^event RDMA_CM_EVENT_REJECTED status 28 data no-thanks-from-h1$' 1
+      expect reject server '^rejected$' 1
+      expect reject server '^request data hello$' 1
+    fi
+    ;;
+  no_listener)
+    # Nobody listens on the port in h1: its gateway rejects the REQ with
+    # reason 8 (invalid service ID), as a remote CM does.
+    start_daemons h0 h1
+    on h0 "$bin/cm_wire_peer" connect "$a1" 7601 >"$work/nol.client" 2>&1 || fail "no_listener: client exit $?"
+    expect nol client '^event RDMA_CM_EVENT_REJECTED status 8 ' 1
+    ;;
+  unreachable)
+    # No softverbsd in h1, so nothing answers on QP1 there: h0's gateway
+    # retransmits the REQ, gives up, and the client gets UNREACHABLE with
+    # -ETIMEDOUT (-110), as Linux reports a REQ never answered.
+    export SOFTVERBS_CM_RETRY_MS=200 SOFTVERBS_CM_RETRIES=3
+    start_daemons h0
+    start=$SECONDS
+    on h0 "$bin/cm_wire_peer" connect "$a1" 7602 >"$work/unr.client" 2>&1 || fail "unreachable: client exit $?"
+    expect unr client '^event RDMA_CM_EVENT_UNREACHABLE status -110 ' 1
+    n=$(grep -c "cm gateway: retransmit" "$work/h0.dlog")
+    [ "$n" -eq 3 ] || fail "unreachable: $n retransmissions, expected 3"
+    [ $((SECONDS - start)) -lt 20 ] || fail "unreachable: took $((SECONDS - start)) s"
+    ;;
+  fi_pingpong)
+    # libfabric's verbs provider, MSG endpoints over rdma_cm; 9228 is the
+    # TCP port fi_pingpong exchanges nothing but its start on.
+    require fi_pingpong
+    start_daemons h0 h1
+    if pair fi_pingpong 0 9228 fi_pingpong -p verbs -e msg -B 9228 -I 100 -- \
+        fi_pingpong -p verbs -e msg -P 9228 -I 100 "$a1"; then
+      expect fi_pingpong client '^1m +100 +=100 ' 1
+      expect fi_pingpong server '^1m +100 +=100 ' 1
+      on_wire fi_pingpong
+    fi
+    ;;
+  *)
+    log "unknown case $case"
+    exit 2
+    ;;
+esac
+for p in "${daemons[@]}"; do kill -0 "$p" 2>/dev/null || fail "a softverbsd died"; done
+if [ $failures -ne 0 ]; then
+  log "$failures check(s) failed"
+  exit 1
+fi
+log "PASS"
+exit 0
