@@ -181,20 +181,35 @@ int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_
   if (wc->wc_flags & IBV_WC_GRH) {
     ah_attr->is_global = 1;
     ah_attr->grh.dgid = grh->sgid;
+    ibv_gid dgid = grh->dgid;
+    uint8_t tclass = uint8_t(be32toh(grh->version_tclass_flow) >> 20);
+    uint32_t flow_label = be32toh(grh->version_tclass_flow) & 0xfffff;
+    // RoCEv2 over IPv4 (IBTA Annex A17.4.5.1): the 40 bytes are 20 of zero
+    // then the IPv4 header; its addresses are the GIDs ::ffff:a.b.c.d.
+    const auto* raw = reinterpret_cast<const uint8_t*>(grh);
+    if ((raw[0] >> 4) != 6 && raw[20] == 0x45) {
+      std::memset(&ah_attr->grh.dgid, 0, sizeof(ibv_gid));
+      std::memset(&dgid, 0, sizeof dgid);
+      ah_attr->grh.dgid.raw[10] = ah_attr->grh.dgid.raw[11] = 0xff;
+      dgid.raw[10] = dgid.raw[11] = 0xff;
+      std::memcpy(&ah_attr->grh.dgid.raw[12], raw + 20 + 12, 4);  // IPv4 source
+      std::memcpy(&dgid.raw[12], raw + 20 + 16, 4);                // IPv4 destination
+      tclass = raw[20 + 1];
+      flow_label = 0;
+    }
     int index = -1;
     for (int i = 0; i < int(kGidTableLen) && index < 0; ++i) {
       ibv_gid g{};
       if (ibv_query_gid(context, port_num, i, &g)) break;
-      if (std::memcmp(g.raw, grh->dgid.raw, 16) == 0) index = i;
+      if (std::memcmp(g.raw, dgid.raw, 16) == 0) index = i;
     }
     if (index < 0) {
       errno = ENOENT;  // the message was not addressed to one of our GIDs
       return -1;
     }
-    uint32_t flow = be32toh(grh->version_tclass_flow);
     ah_attr->grh.sgid_index = uint8_t(index);
-    ah_attr->grh.flow_label = flow & 0xfffff;
-    ah_attr->grh.traffic_class = uint8_t(flow >> 20);
+    ah_attr->grh.flow_label = flow_label;
+    ah_attr->grh.traffic_class = tclass;
     ah_attr->grh.hop_limit = 0xff;
   }
   return 0;
