@@ -158,6 +158,7 @@ int CmGateway::open(const std::string& dir) {
   dir_ = dir;
   retry_ = std::chrono::milliseconds(std::max(env_int("SOFTVERBS_CM_RETRY_MS", 1000), 10));
   retries_ = std::max(env_int("SOFTVERBS_CM_RETRIES", 15), 0);
+  drop_every_ = env_int("SOFTVERBS_CM_DROP_EVERY", 0);
   ep_.reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!ep_.valid()) return errno;
   if (int e = listen_seqpacket(dir + "/cm-gateway", listen_)) return e;
@@ -424,6 +425,11 @@ int CmGateway::udp_socket_for(const sockaddr_storage& local, uint16_t* port) {
 // A MAD on QP1 as the GSI sends it (IBTA 13.5.1): UD SEND Only to QP 1 from
 // QP 1 with the GSI Q_Key and the default P_Key.
 void CmGateway::send_raw(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad) {
+  // Test hook: lose every Nth MAD, as an unreliable datagram may be lost.
+  if (drop_every_ > 0 && ++sent_count_ % uint64_t(drop_every_) == 0) {
+    SV_TRACE("cm gateway: dropped attr 0x%x (SOFTVERBS_CM_DROP_EVERY)", attr_of(mad));
+    return;
+  }
   uint16_t sport = 0;
   int s = udp_socket_for(local, &sport);
   if (s < 0 || local.ss_family != remote.ss_family) return;

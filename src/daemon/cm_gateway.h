@@ -38,7 +38,8 @@ class CmGateway {
   // Listens on dir/cm-gateway; the listeners' rendezvous is dir/cm.
   // Returns 0 or an errno. SOFTVERBS_CM_RETRY_MS (default 1000) and
   // SOFTVERBS_CM_RETRIES (default 15, as Linux's rdma_cm) set the
-  // retransmission of REQ, REP and DREQ.
+  // retransmission of REQ, REP and DREQ; SOFTVERBS_CM_DROP_EVERY=N (tests)
+  // loses every Nth MAD sent.
   int open(const std::string& dir);
   int fd() const { return ep_.get(); }
   void run();
@@ -94,6 +95,8 @@ class CmGateway {
   uint32_t psn_ = 0;
   std::chrono::milliseconds retry_{1000};
   int retries_ = 15;
+  int drop_every_ = 0;  // SOFTVERBS_CM_DROP_EVERY (tests): lose every Nth MAD sent
+  uint64_t sent_count_ = 0;
   Stats stats_;
 };
 

@@ -5,9 +5,14 @@
 //   cm_wire_peer reject PORT          listen on PORT (IPv4 wildcard), reject
 //                                     the first request with private data
 //                                     "no-thanks-from-h1"; print "rejected"
-//   cm_wire_peer connect ADDR PORT    connect with private data "hello"; print
+//   cm_wire_peer accept PORT          accept the first request, print
+//                                     "established" and "pid N", then wait
+//                                     to be killed
+//   cm_wire_peer connect ADDR PORT [wait]
+//                                     connect with private data "hello"; print
 //                                     "event NAME status N data TEXT" for the
-//                                     event that ends the attempt
+//                                     event that ends the attempt (with
+//                                     "wait", after ESTABLISHED also the next)
 // Exit 0 when the program did its part (the event it got is for the test
 // to judge), 1 on a failed call.
 #include <arpa/inet.h>
@@ -15,6 +20,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 
@@ -55,7 +62,36 @@ int serve_reject(uint16_t port) {
   return 0;
 }
 
-int connect_to(const char* addr, uint16_t port) {
+int serve_accept(uint16_t port) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* l = nullptr;
+  if (!ch || rdma_create_id(ch, &l, nullptr, RDMA_PS_TCP)) return die("create");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (rdma_bind_addr(l, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(l, 4)) return die("listen");
+  rdma_cm_event* e = next(ch);
+  if (!e || e->event != RDMA_CM_EVENT_CONNECT_REQUEST) return die("no CONNECT_REQUEST");
+  rdma_cm_id* child = e->id;
+  rdma_ack_cm_event(e);
+  ibv_qp_init_attr qa{};
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  if (rdma_create_qp(child, nullptr, &qa)) return die("rdma_create_qp");
+  rdma_conn_param p{};
+  p.retry_count = 7;
+  p.rnr_retry_count = 7;
+  if (rdma_accept(child, &p)) return die("rdma_accept");
+  e = next(ch);
+  if (!e || e->event != RDMA_CM_EVENT_ESTABLISHED) return die("no ESTABLISHED");
+  rdma_ack_cm_event(e);
+  std::printf("established\npid %d\n", int(getpid()));
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+int connect_to(const char* addr, uint16_t port, bool wait) {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return die("create");
@@ -92,7 +128,15 @@ int connect_to(const char* addr, uint16_t port) {
   }
   std::printf("event %s status %d data %s\n", rdma_event_str(e->event), e->status, data.c_str());
   std::fflush(stdout);
+  const bool established = e->event == RDMA_CM_EVENT_ESTABLISHED;
   rdma_ack_cm_event(e);
+  if (wait && established) {
+    e = next(ch);
+    if (!e) return die("rdma_get_cm_event");
+    std::printf("event %s status %d\n", rdma_event_str(e->event), e->status);
+    std::fflush(stdout);
+    rdma_ack_cm_event(e);
+  }
   rdma_destroy_qp(id);
   rdma_destroy_id(id);
   rdma_destroy_event_channel(ch);
@@ -103,7 +147,9 @@ int connect_to(const char* addr, uint16_t port) {
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "reject") == 0) return serve_reject(uint16_t(std::atoi(argv[2])));
-  if (argc == 4 && std::strcmp(argv[1], "connect") == 0) return connect_to(argv[2], uint16_t(std::atoi(argv[3])));
-  std::fprintf(stderr, "usage: cm_wire_peer reject PORT | connect ADDR PORT\n");
+  if (argc == 3 && std::strcmp(argv[1], "accept") == 0) return serve_accept(uint16_t(std::atoi(argv[2])));
+  if ((argc == 4 || (argc == 5 && std::strcmp(argv[4], "wait") == 0)) && std::strcmp(argv[1], "connect") == 0)
+    return connect_to(argv[2], uint16_t(std::atoi(argv[3])), argc == 5);
+  std::fprintf(stderr, "usage: cm_wire_peer reject PORT | accept PORT | connect ADDR PORT [wait]\n");
   return 2;
 }

@@ -8,8 +8,8 @@
 # data and an unreachable host (cm_wire_peer).
 #
 #   cm_wire_test.sh SOURCE_DIR BIN_DIR CASE
-#   CASE: rping | rping6 | ucmatose | udaddy | rdma_server | send_bw | write_lat |
-#         reject | no_listener | unreachable | fi_pingpong | ucx
+#   CASE: rping | rping6 | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat |
+#         reject | no_listener | unreachable | peer_dies | fi_pingpong
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -266,12 +266,48 @@ case $case in
     [ "$n" -eq 3 ] || fail "unreachable: $n retransmissions, expected 3"
     [ $((SECONDS - start)) -lt 20 ] || fail "unreachable: took $((SECONDS - start)) s"
     ;;
+  peer_dies)
+    # The server process is killed once connected: its daemon ends the
+    # connection for it (a DREQ on the wire) and the client, which is
+    # waiting, gets DISCONNECTED.
+    start_daemons h0 h1
+    on h1 "$bin/cm_wire_peer" accept 7603 >"$work/dies.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    cm_wait $TCP 7603 $spid || fail "peer_dies: the server never listened"
+    on h0 "$bin/cm_wire_peer" connect "$a1" 7603 wait >"$work/dies.client" 2>&1 &
+    cpid=$!
+    pids+=($cpid)
+    for _ in $(seq 200); do grep -q '^pid ' "$work/dies.server" && break; sleep 0.05; done
+    victim=$(sed -n 's/^pid \([0-9]*\)$/\1/p' "$work/dies.server")
+    [ -n "$victim" ] && kill -KILL "$victim" || fail "peer_dies: not established"
+    wait $cpid || fail "peer_dies: client exit $?"
+    expect dies client '^event RDMA_CM_EVENT_ESTABLISHED status 0 ' 1
+    expect dies client '^event RDMA_CM_EVENT_DISCONNECTED status 0$' 1
+    grep -q "cm gateway: attr 0x15 from" "$work/h0.dlog" || fail "peer_dies: no DREQ reached h0"
+    ;;
+  rping_lossy)
+    # Every 2nd MAD each gateway sends is lost: REQ, REP and DREQ are
+    # retransmitted, duplicates answered (a lost RTU: the duplicate REP
+    # gets it again), and rping still completes.
+    require rping
+    export SOFTVERBS_CM_DROP_EVERY=2 SOFTVERBS_CM_RETRY_MS=200
+    start_daemons h0 h1
+    if pair rping_lossy $TCP 7001 rping -s -a "$a1" -v -C 5 -p 7001 -- rping -c -a "$a1" -v -C 5 -p 7001; then
+      check_rping rping_lossy 5
+      no_errors rping_lossy
+      n=$(cat "$work"/h*.dlog | grep -c "cm gateway: retransmit")
+      d=$(cat "$work"/h*.dlog | grep -c "cm gateway: dropped")
+      log "rping_lossy: $d MADs dropped, $n retransmitted"
+      [ "$d" -gt 0 ] && [ "$n" -gt 0 ] || fail "rping_lossy: nothing dropped or retransmitted"
+    fi
+    ;;
   fi_pingpong)
     # libfabric's verbs provider, MSG endpoints over rdma_cm; 9228 is the
     # TCP port fi_pingpong exchanges nothing but its start on.
     require fi_pingpong
     start_daemons h0 h1
-    if pair fi_pingpong 0 9228 fi_pingpong -p verbs -e msg -B 9228 -I 100 -- \
+    if pair fi_pingpong 0 9228 fi_pingpong -p verbs -e msg -B 9228 -s "$a1" -I 100 -- \
         fi_pingpong -p verbs -e msg -P 9228 -I 100 "$a1"; then
       expect fi_pingpong client '^1m +100 +=100 ' 1
       expect fi_pingpong server '^1m +100 +=100 ' 1
