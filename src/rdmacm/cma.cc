@@ -340,7 +340,11 @@ int do_bind(Id* d, const sockaddr* addr) {
   CM_TRACE("id %llu bound at %s", (unsigned long long)d->serial, d->bind_path.c_str());
   watch(fd, FdKind::kBind, d->serial);
   std::memcpy(&d->id.route.addr.src_storage, &a, sizeof(a));
-  if (!addr_is_any(sa)) {
+  // A loopback address is no device's (as in Linux, where no RoCE GID holds
+  // it): the id gets its device when it connects or is connected to.
+  // libfabric's verbs provider relies on this to find the device's own
+  // addresses when it binds "localhost" (vrb_get_rai_id).
+  if (!addr_is_any(sa) && !addr_is_loopback(sa)) {
     ibv_gid gid{};
     int idx = gid_index_of(sa, &gid);
     if (idx >= 0) {
@@ -1187,6 +1191,10 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
         set_port(reinterpret_cast<sockaddr*>(&src), addr_port(&d->id.route.addr.src_addr));
         std::memcpy(&d->id.route.addr.src_storage, &src, sizeof(src));
         d->sgid_index = gid_index_of(dst_addr, &d->id.route.addr.addr.ibaddr.sgid);
+        if (d->sgid_index < 0) d->sgid_index = 0;
+      } else if (addr_is_loopback(&d->id.route.addr.src_addr)) {
+        // Bound to loopback, which gave no device (do_bind): GID index 0.
+        d->sgid_index = gid_index_of(&d->id.route.addr.src_addr, &d->id.route.addr.addr.ibaddr.sgid);
         if (d->sgid_index < 0) d->sgid_index = 0;
       }
       d->id.verbs = device();

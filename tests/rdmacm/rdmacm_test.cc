@@ -388,7 +388,12 @@ TEST(RdmaCm, NobodyListeningIsRejected) {
   EXPECT_EQ(status, 8);  // IBTA 12.6.7.2: invalid service ID
 }
 
-TEST(RdmaCm, UnreachableAddressTimesOut) {
+// Another host (docs/RDMACM.md, "Between hosts"): the route picks the
+// source and ADDR_RESOLVED comes at once (no ARP on a UDP socket), or
+// ADDR_ERROR if there is no route; the connection then fails as
+// UNREACHABLE: at once without a CM gateway (this test's daemon does not own
+// the RoCEv2 port), after the REQ's retries with one.
+TEST(RdmaCm, UnreachableHost) {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
@@ -405,17 +410,41 @@ TEST(RdmaCm, UnreachableAddressTimesOut) {
       mine = true;
   freeifaddrs(ifs);
   if (mine) GTEST_SKIP() << "this host owns 192.0.2.1";
-  auto t0 = Clock::now();
   ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 500), 0);
   rdma_cm_event* e = next_event(ch, 5000);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   ASSERT_NE(e, nullptr);
-  EXPECT_TRUE(e->event == RDMA_CM_EVENT_ADDR_ERROR || e->event == RDMA_CM_EVENT_UNREACHABLE)
-      << rdma_event_str(e->event);
-  EXPECT_LT(e->status, 0);
-  rdma_ack_cm_event(e);
-  EXPECT_GE(ms, 450);   // not before the timeout
-  EXPECT_LT(ms, 3000);  // and not much after it
+  if (e->event == RDMA_CM_EVENT_ADDR_ERROR) {
+    EXPECT_LT(e->status, 0);  // no route to 192.0.2.1 here
+    rdma_ack_cm_event(e);
+  } else {
+    ASSERT_EQ(e->event, RDMA_CM_EVENT_ADDR_RESOLVED) << rdma_event_str(e->event);
+    rdma_ack_cm_event(e);
+    // The source is this host's address on the route, with its GID.
+    const sockaddr* src = rdma_get_local_addr(id);
+    ASSERT_EQ(src->sa_family, AF_INET);
+    EXPECT_NE(reinterpret_cast<const sockaddr_in*>(src)->sin_addr.s_addr, htonl(INADDR_ANY));
+    EXPECT_EQ(id->route.addr.addr.ibaddr.dgid.raw[10], 0xff);  // ::ffff:192.0.2.1
+    EXPECT_EQ(id->route.addr.addr.ibaddr.dgid.raw[12], 192);
+    EXPECT_NE(id->verbs, nullptr);
+    ASSERT_EQ(rdma_resolve_route(id, 500), 0);
+    e = next_event(ch, 5000);
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(e->event, RDMA_CM_EVENT_ROUTE_RESOLVED);
+    rdma_ack_cm_event(e);
+    ibv_qp_init_attr qa{};
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    ASSERT_EQ(rdma_create_qp(id, nullptr, &qa), 0);
+    rdma_conn_param p{};
+    ASSERT_EQ(rdma_connect(id, &p), 0);
+    e = next_event(ch, 30000);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->event, RDMA_CM_EVENT_UNREACHABLE) << rdma_event_str(e->event);
+    EXPECT_TRUE(e->status == -ENETUNREACH || e->status == -ETIMEDOUT) << e->status;
+    rdma_ack_cm_event(e);
+    rdma_destroy_qp(id);
+  }
   rdma_destroy_id(id);
   rdma_destroy_event_channel(ch);
 }
@@ -591,4 +620,28 @@ int main(int argc, char** argv) {
   setenv("SOFTVERBSD_IDLE", "3", 0);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
+}
+
+// IBTA 12.6.6 table 101: the MRA the CM gateway sends for a REQ whose
+// application has not answered yet (docs/RDMACM.md, "Between hosts").
+TEST(CmMsg, Mra) {
+  sv::cm::Mra r;
+  r.local_comm_id = 0x01020304;
+  r.remote_comm_id = 0x05060708;
+  r.message_mraed = sv::cm::kMraRep;
+  r.service_timeout = 20;
+  uint8_t mad[sv::cm::kMadSize];
+  sv::cm::encode(r, 7, mad);
+  EXPECT_EQ(mad[17], 0x11);           // attribute ID
+  EXPECT_EQ(mad[24 + 3], 0x04);       // local comm ID at byte 0
+  EXPECT_EQ(mad[24 + 7], 0x08);       // remote comm ID at byte 4
+  EXPECT_EQ(mad[24 + 8], 1 << 6);     // message MRAed: bits 7:6 of byte 8
+  EXPECT_EQ(mad[24 + 9], 20 << 3);    // service timeout: bits 7:3 of byte 9
+  sv::cm::Msg m;
+  ASSERT_TRUE(sv::cm::decode(mad, sizeof(mad), m));
+  ASSERT_EQ(m.attr, sv::cm::Attr::kMra);
+  EXPECT_EQ(m.mra.local_comm_id, 0x01020304u);
+  EXPECT_EQ(m.mra.remote_comm_id, 0x05060708u);
+  EXPECT_EQ(m.mra.message_mraed, sv::cm::kMraRep);
+  EXPECT_EQ(m.mra.service_timeout, 20);
 }

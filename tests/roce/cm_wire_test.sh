@@ -38,6 +38,7 @@ cleanup() {
     done
   fi
   "$tb" down 2>/dev/null
+  [ -n "${CM_WIRE_KEEP:-}" ] && cp -r "$work/." "$CM_WIRE_KEEP/"  # debugging: keep the logs
   rm -rf "$work"
   exit "$rc"
 }
@@ -307,7 +308,7 @@ case $case in
     # TCP port fi_pingpong exchanges nothing but its start on.
     require fi_pingpong
     start_daemons h0 h1
-    if pair fi_pingpong 0 9228 fi_pingpong -p verbs -e msg -B 9228 -s "$a1" -I 100 -- \
+    if pair fi_pingpong 0 9228 fi_pingpong -p verbs -e msg -B 9228 -I 100 -- \
         fi_pingpong -p verbs -e msg -P 9228 -I 100 "$a1"; then
       expect fi_pingpong client '^1m +100 +=100 ' 1
       expect fi_pingpong server '^1m +100 +=100 ' 1
