@@ -8,8 +8,8 @@
 # data and an unreachable host (cm_wire_peer).
 #
 #   cm_wire_test.sh SOURCE_DIR BIN_DIR CASE
-#   CASE: rping | rping6 | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat |
-#         reject | no_listener | unreachable | peer_dies | fi_pingpong
+#   CASE: rping | rping6 | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat | read_bw |
+#         reject | no_listener | unreachable | peer_dies | capture | fi_pingpong
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -227,7 +227,7 @@ case $case in
       on_wire rdma_server
     fi
     ;;
-  send_bw | write_lat)
+  send_bw | write_lat | read_bw)
     prog=ib_${case}
     require "$prog"
     start_daemons h0 h1
@@ -266,6 +266,43 @@ case $case in
     n=$(grep -c "cm gateway: retransmit" "$work/h0.dlog")
     [ "$n" -eq 3 ] || fail "unreachable: $n retransmissions, expected 3"
     [ $((SECONDS - start)) -lt 20 ] || fail "unreachable: took $((SECONDS - start)) s"
+    ;;
+  capture)
+    # One rping captured on h1's veth: every frame's ICRC (an independent
+    # implementation, check_capture.py) and DF; tshark decodes the MADs as the
+    # IB CM's (a dissector written from the spec, as Linux's CM reads them).
+    require rping tshark
+    start_daemons h0 h1
+    "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp port 4791" -w "$work/cm.pcap" 2>"$work/tshark.log" &
+    cap=$!
+    pids+=($cap)
+    for _ in $(seq 100); do grep -q "Capturing on" "$work/tshark.log" 2>/dev/null && break; sleep 0.1; done
+    pair capture $TCP 7002 rping -s -a "$a1" -C 3 -p 7002 -- rping -c -a "$a1" -C 3 -p 7002 || true
+    sleep 0.5
+    kill $cap 2>/dev/null
+    wait $cap 2>/dev/null
+    # UD SEND Only (the MADs) and the RC traffic of rping.
+    /usr/bin/python3 "$src/tests/roce/check_capture.py" --verify-pcap "$work/cm.pcap" 0x64 ||
+      fail "capture: check_capture.py"
+    tshark -r "$work/cm.pcap" -V -Y "infiniband.bth.destqp == 1" >"$work/cm.txt" 2>&1
+    a0=$("$tb" addr h0)
+    # The handshake and the teardown, one MAD each (nothing was lost), to
+    # QP1 from QP1 with the GSI's Q_Key (IBTA 13.5.1).
+    for m in ConnectRequest ConnectReply ReadyToUse DisconnectRequest DisconnectReply; do
+      n=$(grep -c "^    CM $m\$" "$work/cm.txt")
+      [ "$n" -eq 1 ] || fail "capture: $n CM $m MADs, expected 1"
+    done
+    [ "$(grep -c 'Queue Key: 0x0000000080010000' "$work/cm.txt")" -eq 5 ] || fail "capture: not the GSI Q_Key"
+    [ "$(grep -c 'Source Queue Pair: 0x00000001' "$work/cm.txt")" -eq 5 ] || fail "capture: not from QP1"
+    # The REQ as Linux's rdma_cm builds and reads it: the service ID of
+    # RDMA_PS_TCP port 7002 (0x1b5a), the GIDs of both ends, the path MTU of
+    # the veth (1024), the IP CM header with both addresses.
+    for want in "Prefix: 0000000001" "Protocol: 0x06" "Destination Port: 0x1b5a" \
+        "Primary Local Port GID: $a0" "Primary Remote Port GID: $a1" "Path Packet Payload MTU: 0x3" \
+        "IP CM IP Version: 0x4" "IP CM Source IP: $a0" "IP CM Destination IP: $a1"; do
+      grep -q -- "$want" "$work/cm.txt" || fail "capture: the REQ has no '$want'"
+    done
+    [ $failures -eq 0 ] || cat "$work/cm.txt" >&2
     ;;
   peer_dies)
     # The server process is killed once connected: its daemon ends the
