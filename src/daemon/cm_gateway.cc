@@ -363,6 +363,18 @@ void CmGateway::on_timer() {
         // sees its connection end: UNREACHABLE for a REQ, CONNECT_ERROR for
         // a REP, DISCONNECTED for a DREQ.
         SV_TRACE("cm gateway: attr 0x%x id %u unanswered, giving up", c.awaiting, c.local_id);
+        if (c.awaiting == A(cm::Attr::kReq) || c.awaiting == A(cm::Attr::kRep)) {
+          // IBTA 12.9.5: a REQ or REP that timed out is rejected ("timeout"),
+          // so that the other side, if it is there after all, lets go too.
+          cm::Rej r;
+          r.local_comm_id = c.local_id;
+          r.remote_comm_id = c.remote_id;
+          r.message_rejected = c.awaiting == A(cm::Attr::kReq) ? cm::kRejectedOther : cm::kRejectedRep;
+          r.reason = cm::kRejTimeout;
+          uint8_t mad[cm::kMadSize];
+          cm::encode(r, 0, mad);
+          send_wire(c, mad, true);
+        }
         c.awaiting = 0;
         c.ended = true;
         close_lib(c);
