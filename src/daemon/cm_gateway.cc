@@ -476,7 +476,7 @@ void CmGateway::send_wire(Conn& c, const uint8_t* mad, bool remember) {
 
 CmGateway::Conn* CmGateway::find_by_local_id(uint32_t id, const sockaddr_storage& remote) {
   for (auto& [key, cp] : conns_) {
-    if (cp->local_id == id && cp->local.ss_family && same_ip(cp->remote, remote)) return cp.get();
+    if (id && cp->local_id == id && cp->local.ss_family && same_ip(cp->remote, remote)) return cp.get();
   }
   return nullptr;
 }
@@ -561,10 +561,19 @@ void CmGateway::from_wire(Conn& c, const uint8_t* mad, const cm::Msg& m) {
   const uint16_t a = A(m.attr);
   const bool repeatable = m.attr == cm::Attr::kReq || m.attr == cm::Attr::kRep || m.attr == cm::Attr::kDreq ||
                           m.attr == cm::Attr::kSidrReq;
-  if (repeatable && a == c.last_in_attr) {
+  // Each message comes once per connection in the CM's exchange (an MRA
+  // aside): the same one again is a duplicate, never for the library.
+  if (a == c.last_in_attr && m.attr != cm::Attr::kMra) {
     // A retransmission: our answer was lost, or is not ready.
     stats_.duplicates++;
-    if (c.has_out && attr_of(c.last_out) != a) {
+    if (!repeatable) return;
+    const uint16_t out = c.has_out ? attr_of(c.last_out) : 0;
+    const bool answer = (m.attr == cm::Attr::kReq && (out == A(cm::Attr::kRep) || out == A(cm::Attr::kRej) ||
+                                                       out == A(cm::Attr::kMra))) ||
+                        (m.attr == cm::Attr::kRep && (out == A(cm::Attr::kRtu) || out == A(cm::Attr::kRej))) ||
+                        (m.attr == cm::Attr::kDreq && out == A(cm::Attr::kDrep)) ||
+                        (m.attr == cm::Attr::kSidrReq && out == A(cm::Attr::kSidrRep));
+    if (answer) {
       send_raw(c.local, c.remote, c.last_out);
     } else if (m.attr == cm::Attr::kReq && !c.has_out) {
       // IBTA 12.6.6: the application has not answered yet; the MRA asks
