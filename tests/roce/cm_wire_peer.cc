@@ -2,12 +2,14 @@
 // between-hosts tests (cm_wire_test.sh), run under `softverbs run` in a
 // namespace of the test bed.
 //
-//   cm_wire_peer reject PORT          listen on PORT (IPv4 wildcard), reject
-//                                     the first request with private data
+//   cm_wire_peer reject PORT [N]      listen on PORT (IPv4 wildcard), reject
+//                                     N requests (1) with private data
 //                                     "no-thanks-from-h1"; print "rejected"
 //   cm_wire_peer accept PORT          accept the first request, print
 //                                     "established" and "pid N", then wait
 //                                     to be killed
+//   cm_wire_peer connect ADDR PORT N  N attempts: "elapsed_us T" for each
+//                                     (rdma_connect to its answer), "median_us"
 //   cm_wire_peer connect ADDR PORT [wait]
 //                                     connect with private data "hello"; print
 //                                     "event NAME status N data TEXT" for the
@@ -18,12 +20,15 @@
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -38,7 +43,7 @@ rdma_cm_event* next(rdma_event_channel* ch) {
   return e;
 }
 
-int serve_reject(uint16_t port) {
+int serve_reject(uint16_t port, int count) {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* l = nullptr;
   if (!ch || rdma_create_id(ch, &l, nullptr, RDMA_PS_TCP)) return die("create");
@@ -46,17 +51,19 @@ int serve_reject(uint16_t port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   if (rdma_bind_addr(l, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(l, 4)) return die("listen");
-  rdma_cm_event* e = next(ch);
-  if (!e || e->event != RDMA_CM_EVENT_CONNECT_REQUEST) return die("no CONNECT_REQUEST");
-  const char* pd = static_cast<const char*>(e->param.conn.private_data);
-  std::printf("request data %s\n", pd && e->param.conn.private_data_len ? pd : "(none)");
-  rdma_cm_id* child = e->id;
-  static const char kNo[] = "no-thanks-from-h1";
-  if (rdma_reject(child, kNo, sizeof kNo)) return die("rdma_reject");
-  rdma_ack_cm_event(e);
-  std::printf("rejected\n");
-  std::fflush(stdout);
-  rdma_destroy_id(child);
+  for (int i = 0; i < count; ++i) {
+    rdma_cm_event* e = next(ch);
+    if (!e || e->event != RDMA_CM_EVENT_CONNECT_REQUEST) return die("no CONNECT_REQUEST");
+    const char* pd = static_cast<const char*>(e->param.conn.private_data);
+    if (i == 0) std::printf("request data %s\n", pd && e->param.conn.private_data_len ? pd : "(none)");
+    rdma_cm_id* child = e->id;
+    static const char kNo[] = "no-thanks-from-h1";
+    if (rdma_reject(child, kNo, sizeof kNo)) return die("rdma_reject");
+    rdma_ack_cm_event(e);
+    if (i == 0) std::printf("rejected\n");
+    std::fflush(stdout);
+    rdma_destroy_id(child);
+  }
   rdma_destroy_id(l);
   rdma_destroy_event_channel(ch);
   return 0;
@@ -91,7 +98,8 @@ int serve_accept(uint16_t port) {
   for (;;) pause();
 }
 
-int connect_to(const char* addr, uint16_t port, bool wait) {
+// One attempt; the time from rdma_connect to the event that answers it.
+int connect_once(const char* addr, uint16_t port, bool wait, bool quiet, double* us) {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return die("create");
@@ -118,15 +126,17 @@ int connect_to(const char* addr, uint16_t port, bool wait) {
   p.private_data_len = sizeof kHello;
   p.retry_count = 7;
   p.rnr_retry_count = 7;
+  auto t0 = std::chrono::steady_clock::now();
   if (rdma_connect(id, &p)) return die("rdma_connect");
   e = next(ch);
   if (!e) return die("rdma_get_cm_event");
+  *us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   std::string data;
   if (e->param.conn.private_data && e->param.conn.private_data_len) {
     const char* d = static_cast<const char*>(e->param.conn.private_data);
     data.assign(d, strnlen(d, e->param.conn.private_data_len));
   }
-  std::printf("event %s status %d data %s\n", rdma_event_str(e->event), e->status, data.c_str());
+  if (!quiet) std::printf("event %s status %d data %s\n", rdma_event_str(e->event), e->status, data.c_str());
   std::fflush(stdout);
   const bool established = e->event == RDMA_CM_EVENT_ESTABLISHED;
   rdma_ack_cm_event(e);
@@ -143,13 +153,32 @@ int connect_to(const char* addr, uint16_t port, bool wait) {
   return 0;
 }
 
+// `count` attempts (the server rejects each): the time of each REQ's answer
+// and their median.
+int connect_many(const char* addr, uint16_t port, int count) {
+  std::vector<double> us;
+  for (int i = 0; i < count; ++i) {
+    double t = 0;
+    if (int r = connect_once(addr, port, false, i > 0, &t)) return r;
+    std::printf("elapsed_us %.0f\n", t);
+    us.push_back(t);
+  }
+  std::sort(us.begin(), us.end());
+  std::printf("median_us %.0f\n", us[us.size() / 2]);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], "reject") == 0) return serve_reject(uint16_t(std::atoi(argv[2])));
+  if ((argc == 3 || argc == 4) && std::strcmp(argv[1], "reject") == 0)
+    return serve_reject(uint16_t(std::atoi(argv[2])), argc == 4 ? std::atoi(argv[3]) : 1);
   if (argc == 3 && std::strcmp(argv[1], "accept") == 0) return serve_accept(uint16_t(std::atoi(argv[2])));
+  if (argc == 5 && std::strcmp(argv[1], "connect") == 0 && std::atoi(argv[4]) > 0)
+    return connect_many(argv[2], uint16_t(std::atoi(argv[3])), std::atoi(argv[4]));
+  double us = 0;
   if ((argc == 4 || (argc == 5 && std::strcmp(argv[4], "wait") == 0)) && std::strcmp(argv[1], "connect") == 0)
-    return connect_to(argv[2], uint16_t(std::atoi(argv[3])), argc == 5);
-  std::fprintf(stderr, "usage: cm_wire_peer reject PORT | accept PORT | connect ADDR PORT [wait]\n");
+    return connect_once(argv[2], uint16_t(std::atoi(argv[3])), argc == 5, false, &us);
+  std::fprintf(stderr, "usage: cm_wire_peer reject PORT [N] | accept PORT | connect ADDR PORT [wait | N]\n");
   return 2;
 }

@@ -9,7 +9,7 @@
 #
 #   cm_wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rping | rping6 | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat | read_bw |
-#         reject | no_listener | unreachable | peer_dies | capture | fi_pingpong
+#         reject | no_listener | unreachable | peer_dies | capture | rtt | fi_pingpong
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -266,6 +266,25 @@ case $case in
     n=$(grep -c "cm gateway: retransmit" "$work/h0.dlog")
     [ "$n" -eq 3 ] || fail "unreachable: $n retransmissions, expected 3"
     [ $((SECONDS - start)) -lt 20 ] || fail "unreachable: took $((SECONDS - start)) s"
+    ;;
+  rtt)
+    # A measurement: the time from rdma_connect to its answer (a REJ) for
+    # 50 requests from h1 itself (unix sockets, no daemon) and 50 from h0
+    # (both gateways, the wire), in one run.
+    start_daemons h0 h1
+    on h1 "$bin/cm_wire_peer" reject 7604 100 >"$work/rtt.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    cm_wait $TCP 7604 $spid || fail "rtt: the server never listened"
+    on h1 "$bin/cm_wire_peer" connect "$a1" 7604 50 >"$work/rtt.local" 2>&1 || fail "rtt: local client"
+    on h0 "$bin/cm_wire_peer" connect "$a1" 7604 50 >"$work/rtt.client" 2>&1 || fail "rtt: remote client"
+    wait $spid || fail "rtt: server exit $?"
+    for f in local client; do
+      grep -q '^event RDMA_CM_EVENT_REJECTED status 28 ' "$work/rtt.$f" || fail "rtt $f: not rejected"
+      [ "$(grep -c '^elapsed_us ' "$work/rtt.$f")" -eq 50 ] || fail "rtt $f: not 50 answers"
+    done
+    log "rtt: REQ -> REJ median: one host $(sed -n 's/^median_us //p' "$work/rtt.local") us," \
+      "between hosts $(sed -n 's/^median_us //p' "$work/rtt.client") us"
     ;;
   capture)
     # One rping captured on h1's veth: every frame's ICRC (an independent
