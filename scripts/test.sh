@@ -4,7 +4,8 @@
 # gtest suites under ASan+UBSan and under TSan, then time-boxed fuzz runs of
 # the daemon's control-message decoding and of work-request validation.
 # SOFTVERBS_SANITIZERS=0 skips the sanitizer builds; SOFTVERBS_FUZZ_SECONDS=0
-# the fuzz run; SOFTVERBS_WR_FUZZ_SECONDS=0 the work-request fuzz run.
+# the fuzz run; SOFTVERBS_WR_FUZZ_SECONDS=0 the work-request fuzz run;
+# SOFTVERBS_CM_FUZZ_SECONDS=0 the CM gateway's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
@@ -61,5 +62,20 @@ if [ "${SOFTVERBS_WR_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null;
     status=1
   fi
   rm -rf "$work"
+fi
+# The CM gateway's MADs from the wire (fuzz/cm_fuzz.cc): its own time box.
+if [ "${SOFTVERBS_CM_FUZZ_SECONDS:-15}" != 0 ] && command -v clang++ >/dev/null; then
+  echo "== fuzz: CM MADs from the wire (${SOFTVERBS_CM_FUZZ_SECONDS:-15} s, libFuzzer + ASan/UBSan) =="
+  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON >/dev/null
+  cmake --build build-fuzz --target cm_fuzz -j"$(nproc)" >/dev/null
+  if build-fuzz/fuzz/cm_fuzz -max_total_time="${SOFTVERBS_CM_FUZZ_SECONDS:-15}" -max_len=1025 -rss_limit_mb=4096 \
+       -print_final_stats=1 > build-fuzz/cm_fuzz.log 2>&1; then
+    grep -E "^stat::number_of_executed_units|^Done" build-fuzz/cm_fuzz.log || true
+    echo "cm fuzz: no crash"
+  else
+    tail -40 build-fuzz/cm_fuzz.log
+    echo "cm fuzz: FAILED (the crashing input is in build-fuzz/, see above)"
+    status=1
+  fi
 fi
 exit $status

@@ -87,7 +87,7 @@ std::string addr(int host) {
 class CmGatewayTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ::setenv("SOFTVERBS_CM_RETRY_MS", "40", 1);
+    ::setenv("SOFTVERBS_CM_RETRY_MS", "100", 1);
     ::setenv("SOFTVERBS_CM_RETRIES", "3", 1);
     a.open(addr(0));
     b.open(addr(1));
@@ -120,11 +120,11 @@ class CmGatewayTest : public ::testing::Test {
     }
     return sent;
   }
-  // Rounds until `done` (at most 1 s); what was sent.
+  // Rounds until `done` (at most 3 s); what was sent.
   std::vector<uint16_t> until(const std::function<bool()>& done,
                               const std::function<bool(const Datagram&)>& keep = nullptr) {
     std::vector<uint16_t> all;
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
     while (!done() && std::chrono::steady_clock::now() < end) {
       for (uint16_t x : round(keep)) all.push_back(x);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -304,7 +304,7 @@ TEST_F(CmGatewayTest, RelaysTheHandshakeAndTheTeardown) {
   ASSERT_TRUE(recv_msg(child.get(), m));
   EXPECT_EQ(m.attr, cm::Attr::kDrep);
   // Answered: nothing is sent again.
-  EXPECT_TRUE(rounds(150).empty());
+  EXPECT_TRUE(rounds(250).empty());
   EXPECT_EQ(a.gw.stats().retransmitted + b.gw.stats().retransmitted, 0u);
 }
 
@@ -322,7 +322,7 @@ TEST_F(CmGatewayTest, NoListenerIsRejected) {
   EXPECT_EQ(m.rej.reason, cm::kRejInvalidServiceId);
   EXPECT_EQ(m.rej.remote_comm_id, 0xabcdu);
   EXPECT_EQ(b.gw.stats().rejected_no_listener, 1u);
-  EXPECT_TRUE(rounds(150).empty());  // a REJ ends it: no retransmission
+  EXPECT_TRUE(rounds(250).empty());  // a REJ ends it: no retransmission
 }
 
 // IBTA 12.9: a lost REP is sent again; a duplicate REQ before the
@@ -373,10 +373,13 @@ TEST_F(CmGatewayTest, LossesAndDuplicates) {
   int rtus = 0;
   sent = until(readable(child.get(), m), [&](const Datagram& d) { return d.attr() != kRtu || rtus++ > 0; });
   EXPECT_EQ(m.attr, cm::Attr::kRtu);
-  EXPECT_EQ(sent, (std::vector<uint16_t>{kRtu, kRep, kRtu}));
+  // (in any order: B's timer may fire before the lost RTU is collected)
+  EXPECT_EQ(std::count(sent.begin(), sent.end(), kRtu), 2);
+  EXPECT_EQ(std::count(sent.begin(), sent.end(), kRep), 1);
+  EXPECT_EQ(sent.size(), 3u);
   EXPECT_TRUE(nothing(child.get()));
   EXPECT_TRUE(nothing(lib.get()));  // no second REP for the library
-  EXPECT_TRUE(rounds(150).empty());  // established: quiet
+  EXPECT_TRUE(rounds(250).empty());  // established: quiet
 }
 
 // A REQ nobody answers: sent 1 + SOFTVERBS_CM_RETRIES times, then a REJ
@@ -420,7 +423,7 @@ TEST_F(CmGatewayTest, ProcessGoneEndsTheConnection) {
   cm::encode(drep, 0, mad);
   send_mad(child.get(), mad);
   EXPECT_EQ(round(), std::vector<uint16_t>{kDrep});
-  EXPECT_TRUE(rounds(150).empty());
+  EXPECT_TRUE(rounds(250).empty());
 }
 
 // What arrives is checked: a corrupted datagram (bad ICRC) is dropped; an
