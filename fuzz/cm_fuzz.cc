@@ -34,6 +34,8 @@ struct Harness {
     char tmpl[] = "/tmp/svcmfuzz.XXXXXX";
     if (!::mkdtemp(tmpl)) std::abort();
     dir = tmpl;
+    static std::string* to_remove = new std::string(dir);
+    std::atexit([] { std::system(("rm -rf '" + *to_remove + "'").c_str()); });
     ::mkdir((dir + "/cm").c_str(), 0700);
     ::setenv("SOFTVERBS_CM_RETRY_MS", "10", 1);
     if (gw.open(dir) != 0) std::abort();

@@ -8,7 +8,7 @@
 # data and an unreachable host (cm_wire_peer).
 #
 #   cm_wire_test.sh SOURCE_DIR BIN_DIR CASE
-#   CASE: rping | rping6 | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat | read_bw |
+#   CASE: rping | rping6 | rping_q | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat | read_bw |
 #         reject | no_listener | unreachable | peer_dies | capture | rtt | fi_pingpong
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
@@ -181,12 +181,17 @@ check_rping() {
 }
 
 case $case in
-  rping | rping6)
+  rping | rping6 | rping_q)
+    # rping_q: the application creates and moves its QP (CONNECT_RESPONSE,
+    # rdma_init_qp_attr, rdma_establish sends the RTU later).
     require rping
     start_daemons h0 h1
     addr=$a1
+    q=()
     [ "$case" = rping6 ] && addr=$a1_6
-    if pair "$case" $TCP 7000 rping -s -a "$addr" -v -C 20 -p 7000 -- rping -c -a "$addr" -v -C 20 -p 7000; then
+    [ "$case" = rping_q ] && q=(-q)
+    if pair "$case" $TCP 7000 rping -s -a "$addr" -v -C 20 -p 7000 "${q[@]}" -- \
+        rping -c -a "$addr" -v -C 20 -p 7000 "${q[@]}"; then
       check_rping "$case" 20
       on_wire "$case"
       no_errors "$case"
