@@ -161,34 +161,100 @@ size_t UdpEndpoint::frame(const Addr& src, const Addr& dst, std::span<const uint
   return frame_ipv4(h, transport, frame_);
 }
 
+size_t UdpEndpoint::header(const Addr& src, const Addr& dst, size_t transport_len, uint8_t* out) {
+  if (src.v6()) {
+    auto& s = reinterpret_cast<const sockaddr_in6&>(src.ss);
+    auto& d = reinterpret_cast<const sockaddr_in6&>(dst.ss);
+    Ipv6Udp h;  // class, flow label and hop limit are masked: their values do not matter
+    std::memcpy(h.src.data(), &s.sin6_addr, 16);
+    std::memcpy(h.dst.data(), &d.sin6_addr, 16);
+    h.sport = ntohs(s.sin6_port);
+    h.dport = ntohs(d.sin6_port);
+    return header_ipv6(h, transport_len, out);
+  }
+  auto& s = reinterpret_cast<const sockaddr_in&>(src.ss);
+  auto& d = reinterpret_cast<const sockaddr_in&>(dst.ss);
+  Ipv4Udp h;
+  std::memcpy(h.src.data(), &s.sin_addr, 4);
+  std::memcpy(h.dst.data(), &d.sin_addr, 4);
+  h.sport = ntohs(s.sin_port);
+  h.dport = ntohs(d.sin_port);
+  return header_ipv4(h, transport_len, out);
+}
+
 void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   if (ah >= peers_.size() || fd_ < 0) return;
-  // Build the datagram as the kernel will put it on the wire, to get the ICRC.
-  size_t hdr = 0;
-  const size_t n = frame(local_, peers_[ah], packet, &hdr);
-  if (n == 0) return;
-  std::span<const uint8_t> udp_payload(frame_.data() + hdr, n - hdr);
-  if (!faulty_) return transmit(ah, udp_payload);
+  // The ICRC over the headers the kernel will build and the packet, in place.
+  uint8_t hdr[kIpv6UdpLen];
+  const size_t hl = header(local_, peers_[ah], packet.size(), hdr);
+  if (hl == 0) return;
+  auto crc = icrc_compute(std::span<const uint8_t>(hdr, hl), packet);
+  if (!crc) return;
+  uint8_t icrc[kIcrcLen];
+  icrc_store(icrc, *crc);
+  if (!faulty_) return transmit(ah, packet, icrc);
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
   if (d.copies == 2) stats_.fault_duplicated++;
   for (int c = 0; c < d.copies; c++) {
     if (d.delay_ns[c] == 0) {
-      transmit(ah, udp_payload);
+      transmit(ah, packet, icrc);
     } else {
       stats_.fault_delayed++;
-      delayed_.push(Delayed{clock_.now_ns() + d.delay_ns[c], seq_++, ah,
-                            std::vector<uint8_t>(udp_payload.begin(), udp_payload.end())});
+      std::vector<uint8_t> bytes(packet.begin(), packet.end());
+      bytes.insert(bytes.end(), icrc, icrc + kIcrcLen);
+      delayed_.push(Delayed{clock_.now_ns() + d.delay_ns[c], seq_++, ah, std::move(bytes)});
     }
   }
 }
 
-void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> udp_payload) {
-  const Addr& a = peers_[ah];
-  // A full socket buffer loses the datagram, as a congested link would.
-  if (sendto(fd_, udp_payload.data(), udp_payload.size(), 0, a.sa(), a.len()) >= 0) {
-    stats_.sent++;
+void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  const Addr& dst = peers_[ah];
+  if (batching_ && a.size() + b.size() <= kTxSlot) {
+    if (txbuf_.empty()) {
+      txbuf_.resize(kTxBatch * kTxSlot);
+      txmsg_.resize(kTxBatch);
+      txiov_.resize(kTxBatch);
+    }
+    uint8_t* p = txbuf_.data() + size_t(tx_n_) * kTxSlot;
+    std::memcpy(p, a.data(), a.size());
+    if (!b.empty()) std::memcpy(p + a.size(), b.data(), b.size());
+    txiov_[tx_n_] = {p, a.size() + b.size()};
+    msghdr& m = txmsg_[tx_n_].msg_hdr;
+    m = msghdr{};
+    m.msg_name = const_cast<sockaddr*>(dst.sa());
+    m.msg_namelen = dst.len();
+    m.msg_iov = &txiov_[tx_n_];
+    m.msg_iovlen = 1;
+    if (++tx_n_ == kTxBatch) flush_tx();
+    return;
   }
+  flush_tx();  // keep the order
+  iovec iov[2] = {{const_cast<uint8_t*>(a.data()), a.size()}, {const_cast<uint8_t*>(b.data()), b.size()}};
+  msghdr m{};
+  m.msg_name = const_cast<sockaddr*>(dst.sa());
+  m.msg_namelen = dst.len();
+  m.msg_iov = iov;
+  m.msg_iovlen = b.empty() ? 1 : 2;
+  // A full socket buffer loses the datagram, as a congested link would.
+  if (sendmsg(fd_, &m, 0) >= 0) stats_.sent++;
+}
+
+void UdpEndpoint::flush_tx() {
+  int done = 0;
+  while (done < tx_n_) {
+    int n = sendmmsg(fd_, txmsg_.data() + done, unsigned(tx_n_ - done), 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      // A full socket buffer (EAGAIN) loses this datagram, as a congested
+      // link would; the rest may still go.
+      done++;
+      continue;
+    }
+    stats_.sent += uint64_t(n);
+    done += n;
+  }
+  tx_n_ = 0;
 }
 
 void UdpEndpoint::flush_delayed(bool all) {
@@ -253,14 +319,16 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
   // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
   std::span<const uint8_t> transport(data, n - kIcrcLen);
-  size_t hdr = 0;
-  const size_t total = frame(from, local_, transport, &hdr);
-  if (total == 0) {
+  const size_t hdr = header(from, local_, transport.size(), hdr_);
+  auto crc = hdr ? icrc_compute(std::span<const uint8_t>(hdr_, hdr), transport) : std::nullopt;
+  if (!crc) {
     stats_.bad_icrc++;
     return;
   }
-  if (icrc_load(frame_.data() + total - kIcrcLen) != icrc_load(data + n - kIcrcLen)) {
-    if (!any_ipv4_id_ || hdr != kIpv4UdpLen || !icrc_matches_some_ipv4_id(total, icrc_load(data + n - kIcrcLen))) {
+  if (*crc != icrc_load(data + n - kIcrcLen)) {
+    size_t h2 = 0;
+    const size_t total = any_ipv4_id_ && hdr == kIpv4UdpLen ? frame(from, local_, transport, &h2) : 0;
+    if (total == 0 || !icrc_matches_some_ipv4_id(total, icrc_load(data + n - kIcrcLen))) {
       stats_.bad_icrc++;
       return;
     }
@@ -276,9 +344,9 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   // or 20 bytes of zero then the IPv4 header).
   uint8_t grh[40] = {};
   if (hdr == kIpv6UdpLen) {
-    std::memcpy(grh, frame_.data(), 40);
+    std::memcpy(grh, hdr_, 40);
   } else {
-    std::memcpy(grh + 20, frame_.data(), 20);
+    std::memcpy(grh + 20, hdr_, 20);
   }
   it->second->receive(transport, peer_for(from), grh);
 }
@@ -296,6 +364,7 @@ void UdpEndpoint::poll(int timeout_ms) {
   flush_delayed();
   for (auto& [qpn, qp] : qps_) qp->progress();
   flush_delayed();
+  flush_tx();
 }
 
 bool UdpEndpoint::run(const std::function<bool()>& done, uint64_t deadline_ns) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <cstdint>
@@ -26,6 +27,7 @@
 
 #include "roce/engine.h"
 #include "roce/fault.h"
+#include "roce/icrc.h"
 
 namespace sv::roce {
 
@@ -82,6 +84,13 @@ class UdpEndpoint : public PacketSink {
   // poll() until done() or deadline_ns on the clock; returns done().
   bool run(const std::function<bool()>& done, uint64_t deadline_ns);
 
+  // Batching: with it on, datagrams wait in a batch (up to kTxBatch) until
+  // flush_tx(), which sends them with one sendmmsg; the owner calls
+  // flush_tx() after each call into the engine. Off by default.
+  void set_batching(bool on) { batching_ = on; }
+  void flush_tx();
+  static constexpr int kTxBatch = 64;
+
   // IPv4 peers that send a non-zero IP ID with DF (Linux rxe: every packet)
   // compute their ICRC over that ID, which a UDP socket cannot see. When
   // set, an IPv4 datagram is accepted if its ICRC is right for some ID: the
@@ -108,7 +117,12 @@ class UdpEndpoint : public PacketSink {
     std::vector<uint8_t> bytes;
     bool operator>(const Delayed& o) const { return at != o.at ? at > o.at : seq > o.seq; }
   };
-  void transmit(uint64_t ah, std::span<const uint8_t> udp_payload);
+  // The IP + UDP headers src -> dst of a datagram carrying `transport_len`
+  // bytes, as the kernel builds them (IPv4 ID 0), into `out` (48 bytes);
+  // returns their length (0 if too long).
+  size_t header(const Addr& src, const Addr& dst, size_t transport_len, uint8_t* out);
+  // Sends (or batches) the UDP payload a + b.
+  void transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b = {});
   bool icrc_matches_some_ipv4_id(size_t total, uint32_t got);
   uint64_t peer_for(const Addr& a);
 
@@ -124,6 +138,13 @@ class UdpEndpoint : public PacketSink {
   uint64_t seq_ = 0;
   std::vector<uint8_t> frame_;  // a datagram as the kernel sends it, for the ICRC
   std::vector<uint8_t> rx_;
+  uint8_t hdr_[kIpv6UdpLen];  // the headers of the datagram being received
+  bool batching_ = false;
+  static constexpr size_t kTxSlot = 4096 + 256;  // a 4096-MTU packet, headers, ICRC
+  std::vector<uint8_t> txbuf_;
+  std::vector<mmsghdr> txmsg_;
+  std::vector<iovec> txiov_;
+  int tx_n_ = 0;
   UdpEndpointStats stats_;
   bool any_ipv4_id_ = false;
   // Per IPv4 datagram length: how each bit of the IP ID changes the ICRC.

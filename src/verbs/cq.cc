@@ -14,6 +14,7 @@
 
 #include "common/completion.h"
 #include "verbs/provider.h"
+#include "verbs/roce_link.h"
 
 namespace sv::verbs {
 
@@ -189,6 +190,13 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
     got += k;
     if (k < want) break;
   }
+  // Empty, and a wire QP completes here: the polling thread receives and
+  // runs the engines itself (no wake-up of the RoCE thread), then looks again.
+  if (got == 0 && n > 0 && st->wire.load(std::memory_order_relaxed) && roce_poll()) {
+    int k = st->view.poll(e, std::min(n, 16));
+    for (int i = 0; i < k; ++i) wc[i] = e[i].wc;
+    got = k;
+  }
   return got;
 }
 
@@ -203,6 +211,8 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   uint32_t cur = h->armed.load(std::memory_order_relaxed);
   if (cur != shm::kArmAny) h->armed.exchange(want, std::memory_order_acq_rel);
   else h->armed.fetch_or(0, std::memory_order_acq_rel);
+  // About to sleep on the channel: the RoCE thread must serve the wire again.
+  if (st->wire.load(std::memory_order_relaxed)) roce_notify_armed();
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <poll.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -271,6 +272,7 @@ struct RoceQp {
   uint32_t wire_mtu = 1024;
   uint64_t inline_next = 0;
   bool error_reported = false;
+  int ep_fd = -1;  // the endpoint's socket (owned by it)
   explicit RoceQp(QpState& s) : q(&s), mem(s), sink(s), recvs(s) {}
 };
 
@@ -297,44 +299,111 @@ void report_error(RoceQp& r) {
   SV_TRACE("roce: QP %u: transport error, now in ERR", q.qpn);
 }
 
-struct ArrivalSock {
-  Fd fd;
+// What one daemon connection (context) gave this process: its arrival
+// socket (datagrams the daemon forwards) and the sockets the daemon steers
+// this process's QPNs to (one per local address in use; each distinct
+// socket once, by inode). Closed together when the daemon closes the
+// arrival socket, since the daemon may then give those sockets to others.
+struct ConnSocks {
+  Fd arrival;
+  std::vector<std::pair<ino_t, Fd>> steered;
 };
 
 // All RoCE QPs of this process and the thread that serves their arrivals
 // and timers.
+//
+// Who receives: a thread that polls a wire CQ (ibv_poll_cq) receives and
+// runs the engines itself when the CQ is empty (roce_poll): on a busy
+// poller's CPU that costs no wake-up. The RoCE thread then keeps away from
+// the sockets (it wakes each millisecond for timers and to see whether the
+// poller went away), and watches them again when nobody polled for a while
+// or when a CQ is armed for an event (the poller is about to sleep).
 struct Hub {
   std::mutex mu;
-  std::map<uint32_t, std::unique_ptr<RoceQp>> qps;        // by QPN
-  std::map<ContextState*, ArrivalSock> arrivals;           // one per daemon connection
+  std::map<uint32_t, std::unique_ptr<RoceQp>> qps;  // by QPN
+  std::map<ContextState*, ConnSocks> conns;          // one per daemon connection
   SteadyClock clock;
   Fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
   bool started = false;
+  std::atomic<uint64_t> last_app_poll{0};      // ns: the last roce_poll by an application thread
+  std::atomic<uint64_t> sleep_until{0};        // ns: when the RoCE thread wakes at the latest
+  uint64_t kPollerGone = std::getenv("SVX_GONE") ? std::strtoull(std::getenv("SVX_GONE"), nullptr, 0) : 2'000'000;
+  uint64_t kPollerNap = std::getenv("SVX_NAP") ? std::strtoull(std::getenv("SVX_NAP"), nullptr, 0) : 1'000'000;
   std::vector<uint8_t> buf = std::vector<uint8_t>(65536 + sizeof(proto::RoceArrival));
+  // recvmmsg batches on the steered sockets.
+  static constexpr int kBatch = 32;
+  static constexpr size_t kSlot = 9216;  // > the largest RoCEv2 packet (4096 MTU); longer is not ours
+  std::vector<uint8_t> rxbuf = std::vector<uint8_t>(kBatch * kSlot);
+  std::array<sockaddr_storage, kBatch> rxfrom{};
+  std::array<iovec, kBatch> rxiov{};
+  std::array<mmsghdr, kBatch> rxmsg{};
 
   void kick() { eventfd_signal(wake.get()); }
 
-  // Delivers what waits on arrival socket `fd`; counts datagrams in *got.
-  void drain(int fd, int* got) {
+  // The RoCE thread must wake by `deadline` (a new timer): kick it only if
+  // it sleeps longer (an eventfd write per post would cost a wake-up each).
+  void wake_by(uint64_t deadline) {
+    if (deadline < sleep_until.load(std::memory_order_relaxed)) kick();
+  }
+
+  void deliver_one(const sockaddr* from, socklen_t fl, const uint8_t* dg, size_t len) {
+    if (len < kBthLen + kIcrcLen) return;
+    const uint32_t dqpn = uint32_t(dg[5]) << 16 | uint32_t(dg[6]) << 8 | dg[7];
+    auto it = qps.find(dqpn);
+    if (it == qps.end() || !it->second->engine) return;
+    it->second->ep->deliver(from, fl, dg, len);
+  }
+
+  // Delivers what waits on arrival socket `fd`; returns how many datagrams.
+  int drain(int fd) {
+    int got = 0;
     for (int budget = 0; budget < 1024; ++budget) {
       ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
-      if (n < 0) return;
+      if (n < 0) break;
       if (size_t(n) < sizeof(proto::RoceArrival) + kBthLen + kIcrcLen) continue;
       proto::RoceArrival a;
       std::memcpy(&a, buf.data(), sizeof a);
       if (a.from_len > sizeof a.from) continue;
-      const uint8_t* dg = buf.data() + sizeof a;
-      const size_t len = size_t(n) - sizeof a;
-      const uint32_t dqpn = uint32_t(dg[5]) << 16 | uint32_t(dg[6]) << 8 | dg[7];
-      auto it = qps.find(dqpn);
-      if (it == qps.end()) continue;
-      RoceQp& r = *it->second;
-      if (!r.engine) continue;
       sockaddr_storage from{};
       std::memcpy(&from, a.from, a.from_len);
-      r.ep->deliver(reinterpret_cast<sockaddr*>(&from), a.from_len, dg, len);
-      if (got) ++*got;
+      deliver_one(reinterpret_cast<sockaddr*>(&from), a.from_len, buf.data() + sizeof a, size_t(n) - sizeof a);
+      ++got;
     }
+    return got;
+  }
+
+  // Delivers what waits on steered UDP socket `fd` (recvmmsg batches).
+  int drain_udp(int fd) {
+    int got = 0;
+    for (int round = 0; round < 32; ++round) {
+      for (int i = 0; i < kBatch; ++i) {
+        rxiov[i] = {rxbuf.data() + size_t(i) * kSlot, kSlot};
+        rxmsg[i].msg_hdr = msghdr{};
+        rxmsg[i].msg_hdr.msg_name = &rxfrom[i];
+        rxmsg[i].msg_hdr.msg_namelen = sizeof rxfrom[i];
+        rxmsg[i].msg_hdr.msg_iov = &rxiov[i];
+        rxmsg[i].msg_hdr.msg_iovlen = 1;
+      }
+      int n = ::recvmmsg(fd, rxmsg.data(), kBatch, MSG_DONTWAIT, nullptr);
+      if (n <= 0) break;
+      for (int i = 0; i < n; ++i) {
+        if (rxmsg[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
+        deliver_one(reinterpret_cast<sockaddr*>(&rxfrom[i]), rxmsg[i].msg_hdr.msg_namelen,
+                    static_cast<uint8_t*>(rxiov[i].iov_base), rxmsg[i].msg_len);
+      }
+      got += n;
+      if (n < kBatch) break;
+    }
+    return got;
+  }
+
+  int drain_all() {
+    int got = 0;
+    for (auto& [cs, c] : conns) {
+      for (auto& [ino, fd] : c.steered) got += drain_udp(fd.get());
+      if (c.arrival.valid()) got += drain(c.arrival.get());
+    }
+    return got;
   }
 
   void progress_all() {
@@ -343,45 +412,60 @@ struct Hub {
       r->ep->flush_delayed();
       r->engine->progress();
       r->ep->flush_delayed();
+      r->ep->flush_tx();
       report_error(*r);
     }
+  }
+
+  uint64_t next_deadline() {
+    uint64_t next = UINT64_MAX;
+    for (auto& [qpn, r] : qps) {
+      if (!r->engine) continue;
+      next = std::min({next, r->engine->next_deadline(), r->ep->next_delayed()});
+    }
+    return next;
   }
 
   void run() {
     std::unique_lock<std::mutex> lk(mu);
     std::vector<pollfd> pfds;
     for (;;) {
+      const uint64_t now = clock.now_ns();
+      // A thread polling a CQ does the receiving: keep off the sockets.
+      const bool poller = now - last_app_poll.load(std::memory_order_relaxed) < kPollerGone;
       pfds.clear();
       pfds.push_back({wake.get(), POLLIN, 0});
-      for (auto& [cs, a] : arrivals) pfds.push_back({a.fd.get(), POLLIN, 0});
-      const uint64_t now = clock.now_ns();
-      uint64_t next = now + 20'000'000;
-      for (auto& [qpn, r] : qps) {
-        if (!r->engine) continue;
-        next = std::min({next, r->engine->next_deadline(), r->ep->next_delayed()});
+      for (auto& [cs, c] : conns) {
+        pfds.push_back({c.arrival.get(), short(poller ? 0 : POLLIN), 0});  // POLLHUP is reported anyway
+        if (poller) continue;
+        for (auto& [ino, fd] : c.steered) pfds.push_back({fd.get(), POLLIN, 0});
       }
-      int ms = next <= now ? 0 : int((next - now + 999'999) / 1'000'000);
+      uint64_t next = std::min(next_deadline(), now + (poller ? kPollerNap : 20'000'000));
+      sleep_until.store(next, std::memory_order_relaxed);
+      timespec ts{time_t((next > now ? next - now : 0) / 1'000'000'000), long((next > now ? next - now : 0) % 1'000'000'000)};
       lk.unlock();
-      ::poll(pfds.data(), pfds.size(), ms);
+      ::ppoll(pfds.data(), pfds.size(), &ts, nullptr);
       lk.lock();
+      sleep_until.store(0, std::memory_order_relaxed);
       if (pfds[0].revents & POLLIN) {
         uint64_t v;
         while (::read(wake.get(), &v, sizeof v) > 0) {
         }
       }
       for (size_t i = 1; i < pfds.size(); ++i) {
-        if (pfds[i].revents & POLLIN) drain(pfds[i].fd, nullptr);
         if (pfds[i].revents & (POLLHUP | POLLERR)) {
-          // The daemon closed its end (the context was closed, or the daemon
-          // died): stop polling it, or poll() would return at once for ever.
-          for (auto a = arrivals.begin(); a != arrivals.end(); ++a) {
-            if (a->second.fd.get() == pfds[i].fd) {
-              arrivals.erase(a);
+          // The daemon closed the arrival socket (the context was closed, or
+          // the daemon died): stop polling it, or poll() would return at once
+          // for ever, and drop the steered sockets of that connection.
+          for (auto c = conns.begin(); c != conns.end(); ++c) {
+            if (c->second.arrival.get() == pfds[i].fd) {
+              conns.erase(c);
               break;
             }
           }
         }
       }
+      drain_all();
       progress_all();
     }
   }
@@ -411,19 +495,39 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   f.seed = rep.seed ^ (uint64_t(q.qpn) << 32);  // each QP its own sequence
   auto r = std::make_unique<RoceQp>(q);
   r->ep = std::make_unique<UdpEndpoint>(h.clock, f);
+  r->ep_fd = fds[0].get();
   if (int e = r->ep->adopt(fds[0].release())) return e;
-  r->ep->set_accept_any_ipv4_id(true);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
+  r->ep->set_accept_any_ipv4_id(true);
+  r->ep->set_batching(true);  // one sendmmsg per call into the engine  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
   std::memcpy(r->sgid.data(), sgid, 16);
   r->wire_mtu = wire_mtu_for(sgid);
   // One arrival socket per daemon connection. A ContextState at the address
   // of a closed one is a new connection with a new socket: compare inodes.
-  auto a = h.arrivals.find(&cs);
+  auto a = h.conns.find(&cs);
   struct stat now {}, had {};
-  if (a == h.arrivals.end() || ::fstat(fds[1].get(), &now) != 0 || ::fstat(a->second.fd.get(), &had) != 0 ||
+  if (a == h.conns.end() || ::fstat(fds[1].get(), &now) != 0 || ::fstat(a->second.arrival.get(), &had) != 0 ||
       now.st_ino != had.st_ino) {
-    h.arrivals[&cs].fd = std::move(fds[1]);
+    ConnSocks c;
+    c.arrival = std::move(fds[1]);
+    h.conns[&cs] = std::move(c);
     h.kick();
   }
+  if (rep.flags & proto::kRoceSteered) {
+    // Our own socket of the address's reuseport group: the RoCE thread and
+    // CQ pollers receive on it (a copy: the endpoint owns the one it sends on).
+    ConnSocks& c = h.conns[&cs];
+    struct stat st {};
+    if (::fstat(r->ep_fd, &st) == 0) {
+      bool known = false;
+      for (auto& [ino, fd] : c.steered) known = known || ino == st.st_ino;
+      if (!known) {
+        c.steered.emplace_back(st.st_ino, Fd(::fcntl(r->ep_fd, F_DUPFD_CLOEXEC, 0)));
+        h.kick();
+      }
+    }
+  }
+  q.send_cq->st->wire.store(true, std::memory_order_relaxed);
+  q.recv_cq->st->wire.store(true, std::memory_order_relaxed);
   if (!h.started) {
     h.started = true;
     std::thread([&h] { h.run(); }).detach();
@@ -535,7 +639,10 @@ void roce_detach(QpState& q) {
     }
     // Datagrams the fault hook holds back were sent, as far as the peer
     // knows: they must not vanish with the QP.
-    if (r.ep) r.ep->flush_delayed(true);
+    if (r.ep) {
+      r.ep->flush_delayed(true);
+      r.ep->flush_tx();
+    }
     h.qps.erase(it);
   }
   q.on_wire.store(false, std::memory_order_release);
@@ -637,9 +744,27 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   }
   r.engine->progress();
   r.ep->flush_delayed();
+  r.ep->flush_tx();
   report_error(r);
-  h.kick();  // the RoCE thread re-reads the deadlines
+  h.wake_by(std::min(r.engine->next_deadline(), r.ep->next_delayed()));  // a timer the RoCE thread must see
   return rc;
+}
+
+bool roce_poll() {
+  Hub& h = hub();
+  h.last_app_poll.store(h.clock.now_ns(), std::memory_order_relaxed);
+  std::unique_lock<std::mutex> lk(h.mu, std::try_to_lock);
+  if (!lk.owns_lock()) return false;  // the RoCE thread or another poller is at it
+  const int got = h.drain_all();
+  if (got == 0 && h.next_deadline() > h.clock.now_ns()) return false;
+  h.progress_all();
+  return true;
+}
+
+void roce_notify_armed() {
+  Hub& h = hub();
+  h.last_app_poll.store(0, std::memory_order_relaxed);
+  h.kick();
 }
 
 }  // namespace sv::verbs
