@@ -23,6 +23,8 @@ namespace sv::roce {
 // Plain reflected CRC-32 state update (poly 0xEDB88320), no pre/post
 // inversion: crc32_update(0xffffffff, data) ^ 0xffffffff is zlib's crc32.
 uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> data);
+// The same with tables only (no carry-less multiplication): for tests.
+uint32_t crc32_update_tables(uint32_t crc, std::span<const uint8_t> data);
 
 // The ICRC of an IP datagram (IPv4 or IPv6, by its version nibble) carrying
 // UDP then a transport packet, `ip` ending just before the ICRC. nullopt if

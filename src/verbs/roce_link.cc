@@ -4,6 +4,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <poll.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
@@ -312,12 +313,12 @@ struct ConnSocks {
 // All RoCE QPs of this process and the thread that serves their arrivals
 // and timers.
 //
-// Who receives: a thread that polls a wire CQ (ibv_poll_cq) receives and
-// runs the engines itself when the CQ is empty (roce_poll): on a busy
-// poller's CPU that costs no wake-up. The RoCE thread then keeps away from
-// the sockets (it wakes each millisecond for timers and to see whether the
-// poller went away), and watches them again when nobody polled for a while
-// or when a CQ is armed for an event (the poller is about to sleep).
+// Who receives: the RoCE thread sleeps in poll() on the sockets; a thread
+// that polls a wire CQ (ibv_poll_cq) and finds it empty receives and runs
+// the engines itself (roce_poll), which on a busy poller's CPU costs no
+// wake-up (ib_send_lat, ib_write_bw's requester). After traffic the RoCE
+// thread looks again without sleeping for a short while (spin_ns), so that
+// a stream of datagrams does not cost a wake-up each.
 struct Hub {
   std::mutex mu;
   std::map<uint32_t, std::unique_ptr<RoceQp>> qps;  // by QPN
@@ -325,10 +326,13 @@ struct Hub {
   SteadyClock clock;
   Fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
   bool started = false;
-  std::atomic<uint64_t> last_app_poll{0};      // ns: the last roce_poll by an application thread
-  std::atomic<uint64_t> sleep_until{0};        // ns: when the RoCE thread wakes at the latest
-  uint64_t kPollerGone = std::getenv("SVX_GONE") ? std::strtoull(std::getenv("SVX_GONE"), nullptr, 0) : 2'000'000;
-  uint64_t kPollerNap = std::getenv("SVX_NAP") ? std::strtoull(std::getenv("SVX_NAP"), nullptr, 0) : 1'000'000;
+  std::atomic<uint64_t> sleep_until{0};  // ns: when the RoCE thread wakes at the latest
+  // SOFTVERBS_ROCE_SPIN_US (default 20): how long the RoCE thread keeps
+  // looking after traffic before it sleeps again.
+  const uint64_t spin_ns = [] {
+    const char* e = std::getenv("SOFTVERBS_ROCE_SPIN_US");
+    return (e ? std::strtoull(e, nullptr, 10) : 20) * 1000;
+  }();
   std::vector<uint8_t> buf = std::vector<uint8_t>(65536 + sizeof(proto::RoceArrival));
   // recvmmsg batches on the steered sockets.
   static constexpr int kBatch = 32;
@@ -429,18 +433,17 @@ struct Hub {
   void run() {
     std::unique_lock<std::mutex> lk(mu);
     std::vector<pollfd> pfds;
+    uint64_t spin_until = 0;  // after traffic, look again without sleeping until then
     for (;;) {
       const uint64_t now = clock.now_ns();
-      // A thread polling a CQ does the receiving: keep off the sockets.
-      const bool poller = now - last_app_poll.load(std::memory_order_relaxed) < kPollerGone;
       pfds.clear();
       pfds.push_back({wake.get(), POLLIN, 0});
       for (auto& [cs, c] : conns) {
-        pfds.push_back({c.arrival.get(), short(poller ? 0 : POLLIN), 0});  // POLLHUP is reported anyway
-        if (poller) continue;
+        pfds.push_back({c.arrival.get(), POLLIN, 0});
         for (auto& [ino, fd] : c.steered) pfds.push_back({fd.get(), POLLIN, 0});
       }
-      uint64_t next = std::min(next_deadline(), now + (poller ? kPollerNap : 20'000'000));
+      uint64_t next = std::min(next_deadline(), now + 20'000'000);
+      if (now < spin_until) next = now;
       sleep_until.store(next, std::memory_order_relaxed);
       timespec ts{time_t((next > now ? next - now : 0) / 1'000'000'000), long((next > now ? next - now : 0) % 1'000'000'000)};
       lk.unlock();
@@ -465,7 +468,7 @@ struct Hub {
           }
         }
       }
-      drain_all();
+      if (drain_all() > 0) spin_until = clock.now_ns() + spin_ns;
       progress_all();
     }
   }
@@ -752,19 +755,17 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 bool roce_poll() {
   Hub& h = hub();
-  h.last_app_poll.store(h.clock.now_ns(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lk(h.mu, std::try_to_lock);
-  if (!lk.owns_lock()) return false;  // the RoCE thread or another poller is at it
+  if (!lk.owns_lock()) {
+    // The RoCE thread or another poller is at it. If it was preempted on
+    // our CPU (2 vCPUs: likely), spinning here would keep it from finishing.
+    sched_yield();
+    return false;
+  }
   const int got = h.drain_all();
   if (got == 0 && h.next_deadline() > h.clock.now_ns()) return false;
   h.progress_all();
   return true;
-}
-
-void roce_notify_armed() {
-  Hub& h = hub();
-  h.last_app_poll.store(0, std::memory_order_relaxed);
-  h.kick();
 }
 
 }  // namespace sv::verbs
