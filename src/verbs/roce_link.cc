@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <fcntl.h>
+#include <netinet/udp.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -326,6 +327,12 @@ struct Hub {
   SteadyClock clock;
   Fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
   bool started = false;
+  // SOFTVERBS_ROCE_GSO=0: one datagram per send and no UDP GRO (captures
+  // then show each packet as the wire of a NIC would).
+  const bool gso = [] {
+    const char* e = std::getenv("SOFTVERBS_ROCE_GSO");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
   std::atomic<uint64_t> sleep_until{0};  // ns: when the RoCE thread wakes at the latest
   // SOFTVERBS_ROCE_SPIN_US (default 20): how long the RoCE thread keeps
   // looking after traffic before it sleeps again.
@@ -336,11 +343,16 @@ struct Hub {
   std::vector<uint8_t> buf = std::vector<uint8_t>(65536 + sizeof(proto::RoceArrival));
   // recvmmsg batches on the steered sockets.
   static constexpr int kBatch = 32;
-  static constexpr size_t kSlot = 9216;  // > the largest RoCEv2 packet (4096 MTU); longer is not ours
+  // A slot takes a whole UDP GRO train (the datagrams of one GSO send).
+  static constexpr size_t kSlot = 65536;
   std::vector<uint8_t> rxbuf = std::vector<uint8_t>(kBatch * kSlot);
   std::array<sockaddr_storage, kBatch> rxfrom{};
   std::array<iovec, kBatch> rxiov{};
   std::array<mmsghdr, kBatch> rxmsg{};
+  struct CmsgBuf {
+    alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int))];
+  };
+  std::array<CmsgBuf, kBatch> rxcmsg{};
 
   void kick() { eventfd_signal(wake.get()); }
 
@@ -350,12 +362,12 @@ struct Hub {
     if (deadline < sleep_until.load(std::memory_order_relaxed)) kick();
   }
 
-  void deliver_one(const sockaddr* from, socklen_t fl, const uint8_t* dg, size_t len) {
+  void deliver_one(const sockaddr* from, socklen_t fl, const uint8_t* dg, size_t len, uint16_t ipv4_id = 0) {
     if (len < kBthLen + kIcrcLen) return;
     const uint32_t dqpn = uint32_t(dg[5]) << 16 | uint32_t(dg[6]) << 8 | dg[7];
     auto it = qps.find(dqpn);
     if (it == qps.end() || !it->second->engine) return;
-    it->second->ep->deliver(from, fl, dg, len);
+    it->second->ep->deliver(from, fl, dg, len, ipv4_id);
   }
 
   // Delivers what waits on arrival socket `fd`; returns how many datagrams.
@@ -387,13 +399,29 @@ struct Hub {
         rxmsg[i].msg_hdr.msg_namelen = sizeof rxfrom[i];
         rxmsg[i].msg_hdr.msg_iov = &rxiov[i];
         rxmsg[i].msg_hdr.msg_iovlen = 1;
+        rxmsg[i].msg_hdr.msg_control = rxcmsg[i].buf;
+        rxmsg[i].msg_hdr.msg_controllen = sizeof rxcmsg[i].buf;
       }
       int n = ::recvmmsg(fd, rxmsg.data(), kBatch, MSG_DONTWAIT, nullptr);
       if (n <= 0) break;
       for (int i = 0; i < n; ++i) {
-        if (rxmsg[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
-        deliver_one(reinterpret_cast<sockaddr*>(&rxfrom[i]), rxmsg[i].msg_hdr.msg_namelen,
-                    static_cast<uint8_t*>(rxiov[i].iov_base), rxmsg[i].msg_len);
+        const msghdr& m = rxmsg[i].msg_hdr;
+        if (m.msg_flags & MSG_TRUNC) continue;
+        // UDP GRO (enabled on the socket): a train of datagrams of gso_size
+        // bytes each (the last may be shorter), as the sender's GSO send.
+        size_t seg = rxmsg[i].msg_len;
+        for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&m), c)) {
+          if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+            int g;
+            std::memcpy(&g, CMSG_DATA(c), sizeof g);
+            if (g > 0) seg = size_t(g);
+          }
+        }
+        const uint8_t* p = static_cast<uint8_t*>(rxiov[i].iov_base);
+        uint16_t k = 0;  // the k-th datagram of a GSO send went with IPv4 ID k
+        for (size_t off = 0; off < rxmsg[i].msg_len; off += seg, ++k)
+          deliver_one(reinterpret_cast<sockaddr*>(&rxfrom[i]), m.msg_namelen, p + off,
+                      std::min(seg, size_t(rxmsg[i].msg_len) - off), k);
       }
       got += n;
       if (n < kBatch) break;
@@ -501,7 +529,8 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   r->ep_fd = fds[0].get();
   if (int e = r->ep->adopt(fds[0].release())) return e;
   r->ep->set_accept_any_ipv4_id(true);
-  r->ep->set_batching(true);  // one sendmmsg per call into the engine  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
+  r->ep->set_batching(true);  // one sendmmsg per call into the engine
+  r->ep->set_gso(h.gso);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
   std::memcpy(r->sgid.data(), sgid, 16);
   r->wire_mtu = wire_mtu_for(sgid);
   // One arrival socket per daemon connection. A ContextState at the address
@@ -524,7 +553,12 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
       bool known = false;
       for (auto& [ino, fd] : c.steered) known = known || ino == st.st_ino;
       if (!known) {
-        c.steered.emplace_back(st.st_ino, Fd(::fcntl(r->ep_fd, F_DUPFD_CLOEXEC, 0)));
+        Fd mine(::fcntl(r->ep_fd, F_DUPFD_CLOEXEC, 0));
+        // Trains of datagrams from GSO senders arrive whole (one recvmmsg
+        // entry each) instead of being cut by the kernel first.
+        int one = 1;
+        if (h.gso) ::setsockopt(mine.get(), SOL_UDP, UDP_GRO, &one, sizeof one);
+        c.steered.emplace_back(st.st_ino, std::move(mine));
         h.kick();
       }
     }
@@ -630,7 +664,7 @@ void roce_detach(QpState& q) {
                    "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
                    "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
                    "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu nonzero_ipv4_id %lu "
-                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu\n",
+                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu\n",
                    q.qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                    (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                    (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
@@ -638,7 +672,7 @@ void roce_detach(QpState& q) {
                    (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
                    (unsigned long)e.nonzero_ipv4_id,
                    (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
-                   (unsigned long)e.fault_duplicated);
+                   (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends);
     }
     // Datagrams the fault hook holds back were sent, as far as the peer
     // knows: they must not vanish with the QP.
