@@ -211,6 +211,8 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   uint32_t cur = h->armed.load(std::memory_order_relaxed);
   if (cur != shm::kArmAny) h->armed.exchange(want, std::memory_order_acq_rel);
   else h->armed.fetch_or(0, std::memory_order_acq_rel);
+  // About to sleep on the channel: the RoCE thread must serve the wire again.
+  if (st->wire.load(std::memory_order_relaxed)) roce_notify_armed();
   return 0;
 }
 

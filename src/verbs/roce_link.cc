@@ -275,6 +275,7 @@ struct RoceQp {
   uint64_t inline_next = 0;
   bool error_reported = false;
   int ep_fd = -1;  // the endpoint's socket (owned by it)
+  uint64_t ack_due = 0;  // a held ACK goes by then (Hub::kAckHold)
   explicit RoceQp(QpState& s) : q(&s), mem(s), sink(s), recvs(s) {}
 };
 
@@ -334,6 +335,14 @@ struct Hub {
     return !(e && std::strcmp(e, "0") == 0);
   }();
   std::atomic<uint64_t> sleep_until{0};  // ns: when the RoCE thread wakes at the latest
+  std::atomic<uint64_t> last_app_poll{0};  // ns: the last roce_poll of an application thread
+  // While an application thread polls a wire CQ (roce_poll within
+  // kPollerGone), it receives: the RoCE thread keeps off the sockets (a
+  // wake-up per datagram would take the CPU from the poller, on 2 vCPUs)
+  // and only naps (kPollerNap) for timers and held ACKs, and to notice the
+  // poller gone. Arming a CQ for an event ends that at once.
+  uint64_t kPollerGone = std::getenv("SVX_GONE") ? std::strtoull(std::getenv("SVX_GONE"), nullptr, 0) : 200'000;
+  uint64_t kPollerNap = std::getenv("SVX_NAP") ? std::strtoull(std::getenv("SVX_NAP"), nullptr, 0) : 100'000;
   // SOFTVERBS_ROCE_SPIN_US (default 20): how long the RoCE thread keeps
   // looking after traffic before it sleeps again.
   const uint64_t spin_ns = [] {
@@ -438,11 +447,22 @@ struct Hub {
     return got;
   }
 
+  // ACKs are held up to kAckHold after the packets that asked for them, so
+  // that an answer the application posts meanwhile carries them in the same
+  // sendmmsg, after it (ib_write_lat: the peer, polling its CQ for the ACK,
+  // has our WRITE in memory when it sees it, and needs no wake-up of its
+  // RoCE thread). The requester's window (256 packets) outlasts the hold
+  // many times over.
+  static constexpr uint64_t kAckHold = 20'000;
+
   void progress_all() {
+    const uint64_t now = clock.now_ns();
     for (auto& [qpn, r] : qps) {
       if (!r->engine) continue;
       r->ep->flush_delayed();
-      r->engine->progress();
+      r->engine->progress(r->ack_due != 0 && now >= r->ack_due);
+      if (!r->engine->ack_pending()) r->ack_due = 0;
+      else if (r->ack_due == 0) r->ack_due = now + kAckHold;
       r->ep->flush_delayed();
       r->ep->flush_tx();
       report_error(*r);
@@ -454,6 +474,7 @@ struct Hub {
     for (auto& [qpn, r] : qps) {
       if (!r->engine) continue;
       next = std::min({next, r->engine->next_deadline(), r->ep->next_delayed()});
+      if (r->ack_due) next = std::min(next, r->ack_due);
     }
     return next;
   }
@@ -464,19 +485,33 @@ struct Hub {
     uint64_t spin_until = 0;  // after traffic, look again without sleeping until then
     for (;;) {
       const uint64_t now = clock.now_ns();
+      const bool poller = now - last_app_poll.load(std::memory_order_relaxed) < kPollerGone;
       pfds.clear();
       pfds.push_back({wake.get(), POLLIN, 0});
       for (auto& [cs, c] : conns) {
-        pfds.push_back({c.arrival.get(), POLLIN, 0});
+        pfds.push_back({c.arrival.get(), short(poller ? 0 : POLLIN), 0});  // POLLHUP comes anyway
+        if (poller) continue;
         for (auto& [ino, fd] : c.steered) pfds.push_back({fd.get(), POLLIN, 0});
       }
-      uint64_t next = std::min(next_deadline(), now + 20'000'000);
-      if (now < spin_until) next = now;
+      uint64_t next = std::min(next_deadline(), now + (poller ? kPollerNap : 20'000'000));
+      if (!poller && now < spin_until) next = now;
       sleep_until.store(next, std::memory_order_relaxed);
       timespec ts{time_t((next > now ? next - now : 0) / 1'000'000'000), long((next > now ? next - now : 0) % 1'000'000'000)};
       lk.unlock();
-      ::ppoll(pfds.data(), pfds.size(), &ts, nullptr);
-      lk.lock();
+      for (;;) {
+        ::ppoll(pfds.data(), pfds.size(), &ts, nullptr);
+        if (!poller) {
+          lk.lock();
+          break;
+        }
+        // A poller holding the lock is doing the work: do not queue behind
+        // it (its unlock would then cost it a futex wake each time).
+        if (lk.try_lock()) break;
+        uint64_t v;
+        while (::read(wake.get(), &v, sizeof v) > 0) {
+        }
+        ts = timespec{0, long(kPollerNap)};
+      }
       sleep_until.store(0, std::memory_order_relaxed);
       if (pfds[0].revents & POLLIN) {
         uint64_t v;
@@ -779,7 +814,12 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
       break;
     }
   }
-  r.engine->progress();
+  // The new requests first, then the held ACK, if any, in the same
+  // sendmmsg: a peer polling for that ACK finds the requests already done
+  // when it sees it (ib_write_lat: its memory holds our WRITE by then).
+  r.engine->progress(false);
+  r.engine->flush_ack();
+  r.ack_due = 0;
   r.ep->flush_delayed();
   r.ep->flush_tx();
   report_error(r);
@@ -789,6 +829,7 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 bool roce_poll() {
   Hub& h = hub();
+  h.last_app_poll.store(h.clock.now_ns(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lk(h.mu, std::try_to_lock);
   if (!lk.owns_lock()) {
     // The RoCE thread or another poller is at it. If it was preempted on
@@ -798,8 +839,16 @@ bool roce_poll() {
   }
   const int got = h.drain_all();
   if (got == 0 && h.next_deadline() > h.clock.now_ns()) return false;
+  // A held ACK goes with our next post, or at our next poll after its
+  // time, or from the RoCE thread, which naps no longer than kPollerNap
+  // while we poll: no kick needed.
   h.progress_all();
   return true;
+}
+
+void roce_notify_armed() {
+  Hub& h = hub();
+  if (h.last_app_poll.exchange(0, std::memory_order_relaxed) != 0) h.kick();
 }
 
 }  // namespace sv::verbs

@@ -38,6 +38,9 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad);
 // in the caller's thread, unless another thread is at it. True if anything
 // was done (the CQ may have completions now).
 bool roce_poll();
+// ibv_req_notify_cq on a wire CQ: its poller may go to sleep, so the RoCE
+// thread watches the sockets again.
+void roce_notify_armed();
 
 bool gid_is_local(const uint8_t* gid);  // requester.cc
 
