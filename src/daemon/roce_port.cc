@@ -168,13 +168,15 @@ bool RocePort::steer(size_t si) {
   return true;
 }
 
-int RocePort::slot_for(size_t si, uint32_t client) {
+int RocePort::slot_for(size_t si, uint32_t client, uid_t uid) {
   Sock& s = socks_[si];
   if (!s.steering) return -1;
   int free_slot = -1;
   for (size_t j = 0; j < s.slots.size(); ++j) {
     if (s.slots[j].used && s.slots[j].client == client) return int(j);
-    if (!s.slots[j].used && free_slot < 0) free_slot = int(j);
+    // A departed client's process may live on in a child that inherited the
+    // socket: hand it only to the same user (system daemon).
+    if (!s.slots[j].used && s.slots[j].uid == uid && free_slot < 0) free_slot = int(j);
   }
   if (free_slot >= 0) {
     // What the previous owner left: datagrams for QPNs that are not the new
@@ -189,7 +191,7 @@ int RocePort::slot_for(size_t si, uint32_t client) {
       SV_TRACE("daemon: RoCE: client socket: %s", std::strerror(errno));
       return -1;
     }
-    s.slots.push_back(Slot{std::move(fd), false, 0});
+    s.slots.push_back(Slot{std::move(fd), false, 0, uid});
     free_slot = int(s.slots.size() - 1);
   }
   s.slots[free_slot].used = true;
@@ -233,7 +235,7 @@ void RocePort::readable(int fd) {
   }
 }
 
-int RocePort::attach(uint32_t client, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
+int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
                      std::vector<int>& out_fds) {
   size_t si = socks_.size();
   for (size_t i = 0; i < socks_.size(); ++i) {
@@ -260,7 +262,7 @@ int RocePort::attach(uint32_t client, const proto::RoceAttachReq& req, proto::Ro
   rep.reorder_ppm = faults_.reorder_ppm;
   rep.reorder_delay_us = faults_.reorder_delay_us;
   rep.seed = faults_.seed;
-  const int slot = qpn == kCmQpn ? -1 : slot_for(si, client);
+  const int slot = qpn == kCmQpn ? -1 : slot_for(si, client, uid);
   if (slot >= 0 && steer(si)) {
     rep.flags = proto::kRoceSteered;
     out_fds.push_back(socks_[si].slots[size_t(slot)].fd.get());

@@ -19,6 +19,7 @@
 // per-user daemon must not take a host's RoCE port by surprise.
 #pragma once
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <cstdint>
 #include <map>
@@ -39,8 +40,9 @@ class RocePort {
   bool owns(int fd) const;
   // Forwards what is waiting on `fd`.
   void readable(int fd);
-  // RoceAttach: qpn must be the client's (checked by the caller).
-  int attach(uint32_t client, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
+  // RoceAttach: qpn must be the client's (checked by the caller); uid: the
+  // user of its process.
+  int attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
              std::vector<int>& out_fds);
   void remove_client(uint32_t client);
 
@@ -52,6 +54,7 @@ class RocePort {
     Fd fd;
     bool used = false;
     uint32_t client = 0;
+    uid_t uid = 0;  // of its first owner: only that user's clients get it again
   };
   struct Sock {
     Fd fd;            // the daemon's: index 0 of the group (bound first)
@@ -62,7 +65,7 @@ class RocePort {
     std::vector<Slot> slots;  // slots[i] is index i + 1 of the group (bind order)
   };
   // The client's slot on socks_[si] (a new or recycled one), or -1.
-  int slot_for(size_t si, uint32_t client);
+  int slot_for(size_t si, uint32_t client, uid_t uid);
   // Rewrites socks_[si]'s steering program from qpns_; false if the kernel refused it.
   bool steer(size_t si);
   std::vector<Sock> socks_;

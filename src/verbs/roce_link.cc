@@ -341,8 +341,8 @@ struct Hub {
   // wake-up per datagram would take the CPU from the poller, on 2 vCPUs)
   // and only naps (kPollerNap) for timers and held ACKs, and to notice the
   // poller gone. Arming a CQ for an event ends that at once.
-  uint64_t kPollerGone = std::getenv("SVX_GONE") ? std::strtoull(std::getenv("SVX_GONE"), nullptr, 0) : 200'000;
-  uint64_t kPollerNap = std::getenv("SVX_NAP") ? std::strtoull(std::getenv("SVX_NAP"), nullptr, 0) : 100'000;
+  static constexpr uint64_t kPollerGone = 200'000;  // ns
+  static constexpr uint64_t kPollerNap = 100'000;   // ns
   // SOFTVERBS_ROCE_SPIN_US (default 20): how long the RoCE thread keeps
   // looking after traffic before it sleeps again.
   const uint64_t spin_ns = [] {
