@@ -293,7 +293,10 @@ int ex_take(ibv_cq_ex* cq) {
 }
 int ex_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
-  return ex_take(cq);
+  int rc = ex_take(cq);
+  // As poll_cq: an empty wire CQ's poller receives and runs the engines.
+  if (rc == ENOENT && ex_state(cq).wire.load(std::memory_order_relaxed) && roce_poll()) rc = ex_take(cq);
+  return rc;
 }
 int ex_next_poll(ibv_cq_ex* cq) { return ex_take(cq); }
 void ex_end_poll(ibv_cq_ex*) {}
