@@ -838,7 +838,14 @@ bool roce_poll() {
     return false;
   }
   const int got = h.drain_all();
-  if (got == 0 && h.next_deadline() > h.clock.now_ns()) return false;
+  if (got == 0 && h.next_deadline() > h.clock.now_ns()) {
+    // Nothing came: let another runnable thread of this CPU run (on 2 vCPUs
+    // shared with other work the peer's poller may be queued right here,
+    // and our spinning would hold its answer back for a time slice).
+    lk.unlock();
+    sched_yield();
+    return false;
+  }
   // A held ACK goes with our next post, or at our next poll after its
   // time, or from the RoCE thread, which naps no longer than kPollerNap
   // while we poll: no kick needed.
