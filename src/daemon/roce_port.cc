@@ -78,7 +78,7 @@ Fd open_udp(const sockaddr_storage& ss, socklen_t len, bool reuseport) {
   return fd;
 }
 
-constexpr uint32_t kCmQpn = 1;        // QP1 (IBTA 13.4.6): the daemon's, never steered
+constexpr uint32_t kCmQpn = 1;        // QP1, the General Services Interface (CM MADs): the daemon's, never steered
 constexpr size_t kMaxSlots = 256;     // client sockets per address; more clients use forwarding
 
 }  // namespace

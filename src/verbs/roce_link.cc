@@ -354,7 +354,7 @@ struct Hub {
   static constexpr int kBatch = 32;
   // A slot takes a whole UDP GRO train (the datagrams of one GSO send).
   static constexpr size_t kSlot = 65536;
-  std::vector<uint8_t> rxbuf = std::vector<uint8_t>(kBatch * kSlot);
+  std::vector<uint8_t> rxbuf;  // kBatch * kSlot, on first use (2 MiB: not for local-only processes)
   std::array<sockaddr_storage, kBatch> rxfrom{};
   std::array<iovec, kBatch> rxiov{};
   std::array<mmsghdr, kBatch> rxmsg{};
@@ -399,6 +399,7 @@ struct Hub {
 
   // Delivers what waits on steered UDP socket `fd` (recvmmsg batches).
   int drain_udp(int fd) {
+    if (rxbuf.empty()) rxbuf.resize(kBatch * kSlot);
     int got = 0;
     for (int round = 0; round < 32; ++round) {
       for (int i = 0; i < kBatch; ++i) {
