@@ -7,12 +7,15 @@
 # targets (RoCE bandwidth >= 80% of TCP's single stream, latency <= 1.5x
 # TCP's). Needs root (namespaces), perftest and qperf.
 #
-#   bench/roce_vs_tcp.sh [BUILD_DIR]      (default: build)
+#   bench/roce_vs_tcp.sh [BUILD_DIR [MTU]]   (defaults: build, 1500)
+# MTU: the veth pair's (9000: jumbo frames, RoCE path MTU 4096; TCP gets the
+# same link).
 # Latency figures are one-way (perftest and qperf both report half the
 # round trip). Run it on an idle machine: the ratios drift with load.
 set -u
 cd "$(dirname "$0")/.."
 build=${1:-build}
+mtu=${2:-1500}
 bin=$build/bin
 tb=$PWD/scripts/testbed.sh
 [ "$(id -u)" -eq 0 ] || { echo "roce_vs_tcp: needs root (network namespaces)" >&2; exit 2; }
@@ -34,6 +37,7 @@ step() { printf '[roce_vs_tcp] %s\n' "$*" >&2; }
 step "test bed up"
 "$tb" up 2 >/dev/null || { echo "roce_vs_tcp: cannot create the test bed" >&2; exit 2; }
 a1=$("$tb" addr h1)
+for h in h0 h1; do "$tb" exec $h ip link set eth0 mtu "$mtu" || exit 2; done
 for h in h0 h1; do
   mkdir -m 700 "$work/$h"
   SOFTVERBS_ROCE=1 "$tb" exec $h "$bin/softverbsd" --foreground --idle 0 --dir "$work/$h" 2>"$work/$h.log" &
@@ -87,7 +91,7 @@ r64=$(ratio "$bw64" "$tbw64")
 r1m=$(ratio "$bw1m" "$tbw1m")
 rw=$(ratio "$wlat" "$tlat")
 rs=$(ratio "$slat" "$tlat")
-echo "## RoCEv2 between two namespaces vs TCP over the same veth pair"
+echo "## RoCEv2 between two namespaces vs TCP over the same veth pair (MTU $mtu)"
 echo
 echo "| measure | softverbs RoCEv2 | TCP (qperf) | ratio | target | verdict |"
 echo "| --- | --- | --- | --- | --- | --- |"

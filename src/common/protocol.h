@@ -339,7 +339,15 @@ struct RoceAttachReply {
   uint32_t reorder_ppm;
   uint32_t reorder_delay_us;
   uint64_t seed;
+  // kRoceSteered: the first fd is the client's own socket in the port's
+  // SO_REUSEPORT group, to which the daemon steers the datagrams of the
+  // client's QPNs: the client receives on it (and sends). Without it, the
+  // first fd is the daemon's socket, for sending only; arrivals come on the
+  // arrival socket (always passed: the fallback).
+  uint32_t flags;
+  uint32_t pad;
 };
+enum : uint32_t { kRoceSteered = 1 };
 
 // Prefix of each datagram on an arrival socket: the sender's address.
 struct RoceArrival {

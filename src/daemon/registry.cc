@@ -96,6 +96,11 @@ uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid) {
   return id;
 }
 
+uid_t Registry::client_uid(uint32_t client) const {
+  auto c = clients_.find(client);
+  return c == clients_.end() ? uid_t(-1) : c->second.uid;
+}
+
 bool Registry::same_user(uint32_t client, uint32_t owner) const {
   auto c = clients_.find(client);
   auto o = contexts_.find(owner);

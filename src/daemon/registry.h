@@ -137,6 +137,8 @@ class Registry {
   // Is `qpn` a QP of the client's context? (RoCE attach)
   bool holds_qp(uint32_t client, uint32_t qpn) { return find_qp(client, qpn) != nullptr; }
 
+  // The user of a client's process (uid_t(-1) if unknown).
+  uid_t client_uid(uint32_t client) const;
   // Read access for tests.
   const shm::QpEntry* qp_entry(uint32_t qpn) const;
   const shm::MrEntry* mr_entry(uint32_t key) const;

@@ -1,6 +1,7 @@
 #include "daemon/roce_port.h"
 
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -46,6 +47,40 @@ void parse_faults(const char* s, proto::RoceAttachReply& f) {
   }
 }
 
+// A UDP socket bound to `ss` (port 4791), options as RoCEv2 needs them;
+// with `reuseport`, one that joins (or starts) the address's SO_REUSEPORT
+// group. Invalid on failure (errno set).
+Fd open_udp(const sockaddr_storage& ss, socklen_t len, bool reuseport) {
+  const int fam = ss.ss_family;
+  Fd fd(::socket(fam, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return fd;
+  // RoCEv2 is never IP-fragmented: DF set (and, on IPv4, IP ID 0, which
+  // the ICRC covers; see docs/ROCE.md).
+  int pmtu = fam == AF_INET ? IP_PMTUDISC_DO : IPV6_PMTUDISC_DO;
+  if (fam == AF_INET) ::setsockopt(fd.get(), IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  else ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  int one = 1;
+  if (fam == AF_INET6) ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  if (reuseport) ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  // A window of 256 packets in flight must fit in the receive buffer, or
+  // the kernel drops and the sender waits out a retransmission timeout:
+  // beyond net.core.rmem_max when we may (CAP_NET_ADMIN).
+  int big = 8 << 20;
+  if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big) != 0)
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  if (::setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big) != 0)
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&ss), len) != 0) {
+    int e = errno;
+    fd.reset();
+    errno = e;
+  }
+  return fd;
+}
+
+constexpr uint32_t kCmQpn = 1;        // QP1, the General Services Interface (CM MADs): the daemon's, never steered
+constexpr size_t kMaxSlots = 256;     // client sockets per address; more clients use forwarding
+
 }  // namespace
 
 int RocePort::open() {
@@ -74,28 +109,94 @@ int RocePort::open() {
       len = sizeof a;
       std::memcpy(s.gid, &a.sin6_addr, 16);
     }
-    s.fd.reset(::socket(fam, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!s.fd.valid()) continue;
-    // RoCEv2 is never IP-fragmented: DF set (and, on IPv4, IP ID 0, which
-    // the ICRC covers; see docs/ROCE.md).
-    int pmtu = fam == AF_INET ? IP_PMTUDISC_DO : IPV6_PMTUDISC_DO;
-    if (fam == AF_INET) ::setsockopt(s.fd.get(), IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    else ::setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    if (fam == AF_INET6) {
-      int one = 1;
-      ::setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    // The port must be ours alone: probe with a plain bind first (a second
+    // daemon, or rxe, holds it), then bind again as the first member of a
+    // reuseport group, whose other members will be our clients' sockets.
+    {
+      Fd probe = open_udp(ss, len, false);
+      if (!probe.valid()) {
+        SV_TRACE("daemon: RoCE: bind %s: %s", i->ifa_name, std::strerror(errno));
+        continue;
+      }
     }
-    int big = 4 << 20;
-    ::setsockopt(s.fd.get(), SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
-    ::setsockopt(s.fd.get(), SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
-    if (::bind(s.fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+    s.fd = open_udp(ss, len, true);
+    if (!s.fd.valid()) {
       SV_TRACE("daemon: RoCE: bind %s: %s", i->ifa_name, std::strerror(errno));
       continue;
     }
+    s.addr = ss;
+    s.addr_len = len;
     socks_.push_back(std::move(s));
+    // Before any client socket joins the group, a program that sends
+    // everything to index 0: without one the kernel would spread datagrams
+    // over the group by a hash of the addresses.
+    socks_.back().steering = steer(socks_.size() - 1);
   }
   ::freeifaddrs(ifs);
   return socks_.empty() ? EADDRNOTAVAIL : 0;
+}
+
+// The steering program (classic BPF, run by the kernel on each datagram for
+// the group's address with the packet starting at the UDP payload, i.e. the
+// BTH; checked by experiment on Linux 6.18, and by the roce.wire steering
+// test). It returns a socket index in the group: the destination QPN's
+// client socket, else 0 (the daemon). A load beyond a short datagram ends
+// the program with 0, the daemon's socket too. An index beyond the group
+// would make the kernel fall back to a hash: every index it returns exists.
+bool RocePort::steer(size_t si) {
+  Sock& s = socks_[si];
+  std::vector<sock_filter> f;
+  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 4));               // BTH bytes 4-7: resv8, DestQP
+  f.push_back(BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xffffff));
+  for (const auto& [qpn, client] : qpns_) {
+    if (qpn == kCmQpn || f.size() + 3 > BPF_MAXINSNS) continue;       // the rest: forwarded
+    auto qs = qpn_sock_.find(qpn);
+    if (qs == qpn_sock_.end() || qs->second != si) continue;
+    for (size_t j = 0; j < s.slots.size(); ++j) {
+      if (!s.slots[j].used || s.slots[j].client != client) continue;
+      f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, qpn, 0, 1));
+      f.push_back(BPF_STMT(BPF_RET | BPF_K, uint32_t(j + 1)));
+      break;
+    }
+  }
+  f.push_back(BPF_STMT(BPF_RET | BPF_K, 0));
+  sock_fprog prog{uint16_t(f.size()), f.data()};
+  if (::setsockopt(s.fd.get(), SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) != 0) {
+    SV_TRACE("daemon: RoCE: steering program: %s", std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+int RocePort::slot_for(size_t si, uint32_t client, uid_t uid) {
+  Sock& s = socks_[si];
+  if (!s.steering) return -1;
+  int free_slot = -1;
+  for (size_t j = 0; j < s.slots.size(); ++j) {
+    if (s.slots[j].used && s.slots[j].client == client) return int(j);
+    // A departed client's process may live on in a child that inherited the
+    // socket: hand it only to the same user (system daemon).
+    if (!s.slots[j].used && s.slots[j].uid == uid && free_slot < 0) free_slot = int(j);
+  }
+  if (free_slot >= 0) {
+    // What the previous owner left: datagrams for QPNs that are not the new
+    // owner's. (Its QPNs left the program when it went.)
+    uint8_t junk[64];
+    while (::recv(s.slots[free_slot].fd.get(), junk, sizeof junk, MSG_DONTWAIT) >= 0) {
+    }
+  } else {
+    if (s.slots.size() >= kMaxSlots) return -1;
+    Fd fd = open_udp(s.addr, s.addr_len, true);
+    if (!fd.valid()) {
+      SV_TRACE("daemon: RoCE: client socket: %s", std::strerror(errno));
+      return -1;
+    }
+    s.slots.push_back(Slot{std::move(fd), false, 0, uid});
+    free_slot = int(s.slots.size() - 1);
+  }
+  s.slots[free_slot].used = true;
+  s.slots[free_slot].client = client;
+  return free_slot;
 }
 
 std::vector<int> RocePort::fds() const {
@@ -138,13 +239,13 @@ void RocePort::readable(int fd) {
   }
 }
 
-int RocePort::attach(uint32_t client, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
+int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
                      std::vector<int>& out_fds) {
-  const Sock* sock = nullptr;
-  for (const auto& s : socks_) {
-    if (std::memcmp(s.gid, req.sgid, 16) == 0) sock = &s;
+  size_t si = socks_.size();
+  for (size_t i = 0; i < socks_.size(); ++i) {
+    if (std::memcmp(socks_[i].gid, req.sgid, 16) == 0) si = i;
   }
-  if (!sock) return EADDRNOTAVAIL;
+  if (si == socks_.size()) return EADDRNOTAVAIL;
   auto it = arrivals_.find(client);
   if (it == arrivals_.end()) {
     int sv[2];
@@ -157,13 +258,21 @@ int RocePort::attach(uint32_t client, const proto::RoceAttachReq& req, proto::Ro
     ::setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
     it = arrivals_.emplace(client, std::move(a)).first;
   }
-  qpns_[req.qpn & 0xffffff] = client;
+  const uint32_t qpn = req.qpn & 0xffffff;
+  qpns_[qpn] = client;
+  qpn_sock_[qpn] = si;
   rep.drop_ppm = faults_.drop_ppm;
   rep.dup_ppm = faults_.dup_ppm;
   rep.reorder_ppm = faults_.reorder_ppm;
   rep.reorder_delay_us = faults_.reorder_delay_us;
   rep.seed = faults_.seed;
-  out_fds.push_back(sock->fd.get());
+  const int slot = qpn == kCmQpn ? -1 : slot_for(si, client, uid);
+  if (slot >= 0 && steer(si)) {
+    rep.flags = proto::kRoceSteered;
+    out_fds.push_back(socks_[si].slots[size_t(slot)].fd.get());
+  } else {
+    out_fds.push_back(socks_[si].fd.get());  // for sending; arrivals are forwarded
+  }
   out_fds.push_back(it->second.theirs.get());
   return 0;
 }
@@ -171,8 +280,24 @@ int RocePort::attach(uint32_t client, const proto::RoceAttachReq& req, proto::Ro
 void RocePort::remove_client(uint32_t client) {
   arrivals_.erase(client);
   for (auto it = qpns_.begin(); it != qpns_.end();) {
-    if (it->second == client) it = qpns_.erase(it);
-    else ++it;
+    if (it->second == client) {
+      qpn_sock_.erase(it->first);
+      it = qpns_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Its QPNs leave the programs before its sockets can go to anyone else.
+  for (size_t si = 0; si < socks_.size(); ++si) {
+    bool had = false;
+    for (auto& slot : socks_[si].slots) {
+      if (slot.used && slot.client == client) had = true;
+    }
+    if (!had) continue;
+    if (!steer(si)) continue;  // keep the slots out of use: the old program may still name them
+    for (auto& slot : socks_[si].slots) {
+      if (slot.used && slot.client == client) slot.used = false;
+    }
   }
 }
 

@@ -1,18 +1,25 @@
 // roce_port.h: the daemon as the owner of UDP port 4791 (RoCEv2) in its
 // network namespace (docs/ROCE.md, "Integration"). It binds the port on
-// each address of the GID table, hands a client the socket of the address
-// its QP sends from (sending needs no daemon round trip), and forwards every
-// arriving datagram, by the destination QPN in its BTH, to the arrival
-// socket of the client that attached that QPN. The transport itself (the
-// engine of src/roce) runs in the client process, which checks the ICRC,
-// keys, bounds and access flags: nothing arriving is trusted here beyond
-// reading the QPN.
+// each address of the GID table and steers each arriving datagram, by the
+// destination QPN in its BTH, to the client that attached that QPN:
+//   - straight to the client's own socket: per address, the daemon's socket
+//     and one socket per client form a SO_REUSEPORT group, and a classic BPF
+//     program (SO_ATTACH_REUSEPORT_CBPF), rewritten when QPNs come and go,
+//     maps the destination QPN to the index of its client's socket. The
+//     client receives and sends on that socket: no daemon on the data path.
+//   - anything else (QPN 1, unknown QPNs, short datagrams, clients that got
+//     no socket) lands on the daemon's socket (index 0): readable() forwards
+//     it to the client's arrival socket by QPN, or drops it.
+// The transport itself (the engine of src/roce) runs in the client process,
+// which checks the ICRC, keys, bounds and access flags: nothing arriving is
+// trusted here beyond reading the QPN.
 //
 // Contract: single-threaded (the daemon's epoll loop); owns its sockets.
 // Enabled only when asked (SOFTVERBS_ROCE=1, or the system daemon), since a
 // per-user daemon must not take a host's RoCE port by surprise.
 #pragma once
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <cstdint>
 #include <functional>
@@ -34,18 +41,36 @@ class RocePort {
   bool owns(int fd) const;
   // Forwards what is waiting on `fd`.
   void readable(int fd);
-  // RoceAttach: qpn must be the client's (checked by the caller).
-  int attach(uint32_t client, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
+  // RoceAttach: qpn must be the client's (checked by the caller); uid: the
+  // user of its process.
+  int attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
              std::vector<int>& out_fds);
   void remove_client(uint32_t client);
   // Datagrams for QP1 (the GSI's MADs) go here instead: the CM gateway.
   std::function<void(int fd, const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n)> on_qp1;
 
  private:
-  struct Sock {
+  // One client's socket in an address's reuseport group. Never closed while
+  // the group lives (the kernel would move the group's last socket into its
+  // index): a departed client's slot is drained and given to the next one.
+  struct Slot {
     Fd fd;
-    uint8_t gid[16];  // the bound address as a GID (IPv4-mapped for IPv4)
+    bool used = false;
+    uint32_t client = 0;
+    uid_t uid = 0;  // of its first owner: only that user's clients get it again
   };
+  struct Sock {
+    Fd fd;            // the daemon's: index 0 of the group (bound first)
+    uint8_t gid[16];  // the bound address as a GID (IPv4-mapped for IPv4)
+    sockaddr_storage addr{};
+    socklen_t addr_len = 0;
+    bool steering = false;    // a program is attached: slots may exist
+    std::vector<Slot> slots;  // slots[i] is index i + 1 of the group (bind order)
+  };
+  // The client's slot on socks_[si] (a new or recycled one), or -1.
+  int slot_for(size_t si, uint32_t client, uid_t uid);
+  // Rewrites socks_[si]'s steering program from qpns_; false if the kernel refused it.
+  bool steer(size_t si);
   std::vector<Sock> socks_;
   struct Arrival {
     Fd mine;    // the daemon's end (non-blocking)
@@ -53,6 +78,7 @@ class RocePort {
   };
   std::map<uint32_t, Arrival> arrivals_;  // client -> its arrival socket
   std::map<uint32_t, uint32_t> qpns_;     // QPN -> client
+  std::map<uint32_t, size_t> qpn_sock_;   // QPN -> index in socks_ of the address it attached on
   proto::RoceAttachReply faults_{};
   uint8_t buf_[65536 + sizeof(proto::RoceArrival)];
 };

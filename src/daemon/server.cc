@@ -585,7 +585,8 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       proto::RoceAttachReply rep{};
       int st = !roce_.enabled() ? EOPNOTSUPP
                : !registry_.holds_qp(client, req.qpn) ? EINVAL
-                                                      : roce_.attach(client, req, rep, out_fds);
+                                                      : roce_.attach(client, registry_.client_uid(client), req,
+                                                                     rep, out_fds);
       if (st) out_fds.clear();
       return encode(h, rep, st, out);
     }

@@ -202,7 +202,14 @@ class Qp {
   // IPv6 header, or 20 zero bytes then the IPv4 header).
   void receive(std::span<const uint8_t> packet, uint64_t from = 0, std::span<const uint8_t> grh = {});
   // Timers, the coalesced ACK of the last batch of receives, new packets.
-  void progress();
+  // With flush_ack false the ACK stays pending (ack_pending()): the owner
+  // may hold it a little so that it leaves with the next request, and must
+  // then call progress() or flush_ack() in time.
+  void progress(bool flush_ack = true);
+  bool ack_pending() const { return ack_pending_; }
+  void flush_ack() {
+    if (state_ == QpState::kReady) flush_pending_ack();
+  }
   // When progress() next has timer work (ns on the Clock), or UINT64_MAX.
   uint64_t next_deadline() const;
   // RTR -> RTS (ibv_modify_qp): the requester's attributes, given before

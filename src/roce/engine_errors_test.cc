@@ -576,3 +576,70 @@ TEST(Engine, MalformedAndMisaddressedPacketsAreDropped) {
 
 }  // namespace
 }  // namespace sv::roce
+
+namespace sv::roce {
+namespace {
+
+// Captures what a Qp sends, to hand over by hand.
+struct PacketCapture : PacketSink {
+  std::vector<std::vector<uint8_t>> out;
+  void send(uint64_t, std::span<const uint8_t> p) override { out.emplace_back(p.begin(), p.end()); }
+};
+
+// progress(false) keeps the coalesced ACK pending (the owner holds it so
+// that it leaves after the application's next request); flush_ack() or a
+// plain progress() sends it; a request sent meanwhile goes before it.
+TEST(RcEngineOps, AckHeldUntilFlushed) {
+  testsim::SimClock clock;
+  testsim::TestMemory ma, mb;
+  testsim::Cq ca, cb;
+  PacketCapture na, nb;
+  QpConfig a, b;
+  a.qpn = 0x11, a.dest_qpn = 0x12, b.qpn = 0x12, b.dest_qpn = 0x11;
+  a.access = b.access = kRemoteWrite;
+  const uint32_t ka = ma.add(kA, 4096, kLocalWrite | kRemoteWrite), kb = mb.add(kB, 4096, kLocalWrite | kRemoteWrite);
+  Qp qa(a, na, ca, ma, clock), qb(b, nb, cb, mb, clock);
+  auto write = [](uint64_t id, uint32_t lkey, uint64_t addr, uint32_t len, uint64_t raddr, uint32_t rkey) {
+    SendWr w = testsim::wr(id, WrOpcode::kWrite, lkey, addr, len);
+    w.remote_addr = raddr;
+    w.rkey = rkey;
+    return w;
+  };
+  for (int i = 0; i < 100; i++) ma.bytes(ka)[size_t(i)] = uint8_t(i + 1);
+  ASSERT_EQ(0, qa.post_send(write(1, ka, kA, 100, kB, kb)));
+  qa.progress();
+  ASSERT_EQ(na.out.size(), 1u);  // WRITE Only, AckReq
+  qb.receive(na.out[0]);
+  qb.progress(false);
+  EXPECT_TRUE(qb.ack_pending());
+  EXPECT_TRUE(nb.out.empty());
+  // B's own request goes out; the ACK still waits.
+  ASSERT_EQ(0, qb.post_send(write(2, kb, kB, 10, kA + 200, ka)));
+  qb.progress(false);
+  ASSERT_EQ(nb.out.size(), 1u);
+  EXPECT_EQ(nb.out[0][0], op::kRC | op::kWriteOnly);
+  qb.flush_ack();
+  EXPECT_FALSE(qb.ack_pending());
+  ASSERT_EQ(nb.out.size(), 2u);
+  EXPECT_EQ(nb.out[1][0], op::kRC | op::kAck);
+  // A: the WRITE from B lands, then the ACK completes A's WRITE.
+  for (auto& p : nb.out) qa.receive(p);
+  const size_t a_sent = na.out.size();
+  qa.progress();  // a plain progress(): A's ACK for B's WRITE goes at once
+  ASSERT_EQ(ca.all.size(), 1u);
+  EXPECT_EQ(ca.all[0].wr_id, 1u);
+  EXPECT_EQ(ca.all[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(mb.bytes(kb).data(), ma.bytes(ka).data(), 100));
+  EXPECT_EQ(0, std::memcmp(ma.bytes(ka).data() + 200, mb.bytes(kb).data(), 10));
+  EXPECT_FALSE(qa.ack_pending());
+  ASSERT_EQ(na.out.size(), a_sent + 1);
+  EXPECT_EQ(na.out.back()[0], op::kRC | op::kAck);
+  qb.receive(na.out.back());
+  qb.progress();
+  ASSERT_EQ(cb.all.size(), 1u);
+  EXPECT_EQ(cb.all[0].wr_id, 2u);
+  EXPECT_EQ(cb.all[0].status, WcStatus::kSuccess);
+}
+
+}  // namespace
+}  // namespace sv::roce

@@ -2,6 +2,10 @@
 
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "roce/headers.h"
 
 namespace sv::roce {
@@ -39,43 +43,142 @@ uint32_t ones_sum(const uint8_t* p, size_t n, uint32_t sum = 0) {
   return sum;
 }
 
-}  // namespace
+// Slicing by 16 (tables of the CRC of a byte followed by k zero bytes):
+// 16 table lookups per 16 bytes instead of a dependent chain of 16, about
+// ten times the bytewise loop, which capped the wire path near 400 MB/s.
+using SliceTables = std::array<std::array<uint32_t, 256>, 16>;
+constexpr SliceTables make_slice_tables() {
+  SliceTables t{};
+  t[0] = kCrcTable;
+  for (int k = 1; k < 16; k++)
+    for (int i = 0; i < 256; i++) t[k][i] = (t[k - 1][i] >> 8) ^ kCrcTable[t[k - 1][i] & 0xff];
+  return t;
+}
+constexpr SliceTables kSlice = make_slice_tables();
 
-uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> data) {
-  for (uint8_t b : data) crc = crc_step(crc, b);
+inline uint32_t load_le32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+uint32_t crc32_slice16(uint32_t crc, const uint8_t* p, size_t n) {
+  while (n >= 16) {
+    const uint32_t a = crc ^ load_le32(p), b = load_le32(p + 4), c = load_le32(p + 8), d = load_le32(p + 12);
+    crc = kSlice[15][a & 0xff] ^ kSlice[14][(a >> 8) & 0xff] ^ kSlice[13][(a >> 16) & 0xff] ^ kSlice[12][a >> 24] ^
+          kSlice[11][b & 0xff] ^ kSlice[10][(b >> 8) & 0xff] ^ kSlice[9][(b >> 16) & 0xff] ^ kSlice[8][b >> 24] ^
+          kSlice[7][c & 0xff] ^ kSlice[6][(c >> 8) & 0xff] ^ kSlice[5][(c >> 16) & 0xff] ^ kSlice[4][c >> 24] ^
+          kSlice[3][d & 0xff] ^ kSlice[2][(d >> 8) & 0xff] ^ kSlice[1][(d >> 16) & 0xff] ^ kSlice[0][d >> 24];
+    p += 16;
+    n -= 16;
+  }
+  while (n--) crc = crc_step(crc, *p++);
   return crc;
 }
 
-std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip) {
-  if (ip.empty()) return std::nullopt;
+#if defined(__x86_64__)
+// Carry-less multiplication folding (the method of Intel's white paper
+// "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ"): four
+// 128-bit lanes are folded forward over the data 64 bytes at a time, then
+// into one lane, 16 bytes at a time. A lane folded this way has the same
+// residue modulo the polynomial as the bytes it replaces, so the CRC state
+// after them is the table CRC of the lane from state 0; the tail is table
+// CRC too. The constants are x^n mod P, bit-reflected and shifted left by
+// one, for n = 544, 480 (a 512-bit fold) and 160, 96 (a 128-bit fold).
+// Checked against the table code for every length and alignment
+// (roce.Icrc.FoldedCrcMatchesTables).
+__attribute__((target("pclmul,sse2"))) inline __m128i fold(__m128i x, __m128i k, __m128i next) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next);
+}
+__attribute__((target("pclmul,sse2"))) inline __m128i load(const uint8_t* q) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+}
+
+__attribute__((target("pclmul,sse2"))) uint32_t crc32_folded(uint32_t crc, const uint8_t* p, size_t n) {
+  __m128i x0 = _mm_xor_si128(load(p), _mm_cvtsi32_si128(int(crc)));
+  __m128i x1 = load(p + 16), x2 = load(p + 32), x3 = load(p + 48);
+  p += 64;
+  n -= 64;
+  const __m128i k512 = _mm_set_epi64x(0x1c6e41596ll, 0x154442bd4ll);
+  while (n >= 64) {
+    x0 = fold(x0, k512, load(p));
+    x1 = fold(x1, k512, load(p + 16));
+    x2 = fold(x2, k512, load(p + 32));
+    x3 = fold(x3, k512, load(p + 48));
+    p += 64;
+    n -= 64;
+  }
+  const __m128i k128 = _mm_set_epi64x(0x0ccaa009ell, 0x1751997d0ll);
+  x1 = fold(x0, k128, x1);
+  x2 = fold(x1, k128, x2);
+  x3 = fold(x2, k128, x3);
+  while (n >= 16) {
+    x3 = fold(x3, k128, load(p));
+    p += 16;
+    n -= 16;
+  }
+  alignas(16) uint8_t lane[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(lane), x3);
+  return crc32_slice16(crc32_slice16(0, lane, 16), p, n);
+}
+
+bool have_pclmul() {
+  static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse2");
+  return yes;
+}
+#endif
+
+}  // namespace
+
+uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> data) {
+#if defined(__x86_64__)
+  if (data.size() >= 64 && have_pclmul()) return crc32_folded(crc, data.data(), data.size());
+#endif
+  return crc32_slice16(crc, data.data(), data.size());
+}
+
+uint32_t crc32_update_tables(uint32_t crc, std::span<const uint8_t> data) {
+  return crc32_slice16(crc, data.data(), data.size());
+}
+
+
+std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip_udp, std::span<const uint8_t> transport) {
+  if (ip_udp.empty() || transport.size() < kBthLen) return std::nullopt;
   // The masked copy of IP + UDP + BTH; the rest is hashed in place.
   uint8_t hdr[60 + 8 + kBthLen];
   size_t iplen;
-  const int version = ip[0] >> 4;
+  const int version = ip_udp[0] >> 4;
   if (version == 4) {
-    iplen = size_t(ip[0] & 0xf) * 4;
-    if (iplen < 20 || ip.size() < iplen + 8 + kBthLen || ip[9] != 17) return std::nullopt;
-    std::memcpy(hdr, ip.data(), iplen + 8 + kBthLen);
+    iplen = size_t(ip_udp[0] & 0xf) * 4;
+    if (iplen < 20 || ip_udp.size() != iplen + 8 || ip_udp[9] != 17) return std::nullopt;
+    std::memcpy(hdr, ip_udp.data(), iplen + 8);
     hdr[1] = 0xff;                  // TOS (DSCP, ECN)
     hdr[8] = 0xff;                  // TTL
     hdr[10] = hdr[11] = 0xff;       // header checksum
   } else if (version == 6) {
     iplen = 40;
     // No extension headers: RoCEv2 sends UDP right after the fixed header.
-    if (ip.size() < iplen + 8 + kBthLen || ip[6] != 17) return std::nullopt;
-    std::memcpy(hdr, ip.data(), iplen + 8 + kBthLen);
+    if (ip_udp.size() != iplen + 8 || ip_udp[6] != 17) return std::nullopt;
+    std::memcpy(hdr, ip_udp.data(), iplen + 8);
     hdr[0] |= 0x0f;                 // traffic class (high nibble of it)
     hdr[1] = hdr[2] = hdr[3] = 0xff;  // traffic class (low nibble), flow label
     hdr[7] = 0xff;                  // hop limit
   } else {
     return std::nullopt;
   }
+  std::memcpy(hdr + iplen + 8, transport.data(), kBthLen);
   uint8_t* udp = hdr + iplen;
   udp[6] = udp[7] = 0xff;           // UDP checksum
   udp[8 + 4] = 0xff;                // BTH resv8a (FECN, BECN, reserved)
   uint32_t crc = crc32_update(lrh_seed(), std::span<const uint8_t>(hdr, iplen + 8 + kBthLen));
-  crc = crc32_update(crc, ip.subspan(iplen + 8 + kBthLen));
+  crc = crc32_update(crc, transport.subspan(kBthLen));
   return ~crc;
+}
+
+std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip) {
+  if (ip.empty()) return std::nullopt;
+  const int version = ip[0] >> 4;
+  size_t iplen = version == 4 ? size_t(ip[0] & 0xf) * 4 : version == 6 ? 40 : 0;
+  if (iplen < 20 || ip.size() < iplen + 8 + kBthLen) return std::nullopt;
+  return icrc_compute(ip.first(iplen + 8), ip.subspan(iplen + 8));
 }
 
 bool icrc_check(std::span<const uint8_t> ip) {
@@ -84,10 +187,9 @@ bool icrc_check(std::span<const uint8_t> ip) {
   return c && *c == icrc_load(ip.data() + ip.size() - kIcrcLen);
 }
 
-size_t frame_ipv4(const Ipv4Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out) {
-  const size_t total = kIpv4UdpLen + transport.size() + kIcrcLen;
-  if (total > 65535 || out.size() < total) return 0;
-  uint8_t* p = out.data();
+size_t header_ipv4(const Ipv4Udp& h, size_t transport_len, uint8_t* p) {
+  const size_t total = kIpv4UdpLen + transport_len + kIcrcLen;
+  if (total > 65535) return 0;
   p[0] = 0x45;
   p[1] = h.tos;
   put_be16(p + 2, uint16_t(total));
@@ -104,18 +206,12 @@ size_t frame_ipv4(const Ipv4Udp& h, std::span<const uint8_t> transport, std::spa
   put_be16(u + 2, h.dport);
   put_be16(u + 4, uint16_t(total - 20));
   put_be16(u + 6, 0);
-  std::memcpy(u + 8, transport.data(), transport.size());
-  auto crc = icrc_compute(std::span<const uint8_t>(p, total - kIcrcLen));
-  if (!crc) return 0;
-  icrc_store(p + total - kIcrcLen, *crc);
-  return total;
+  return kIpv4UdpLen;
 }
 
-size_t frame_ipv6(const Ipv6Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out) {
-  const size_t total = kIpv6UdpLen + transport.size() + kIcrcLen;
-  const size_t udplen = total - 40;
-  if (udplen > 65535 || out.size() < total) return 0;
-  uint8_t* p = out.data();
+size_t header_ipv6(const Ipv6Udp& h, size_t transport_len, uint8_t* p) {
+  const size_t udplen = 8 + transport_len + kIcrcLen;
+  if (udplen > 65535) return 0;
   put_be32(p, 6u << 28 | uint32_t(h.tclass) << 20 | (h.flow_label & 0xfffff));
   put_be16(p + 4, uint16_t(udplen));
   p[6] = 17;
@@ -127,6 +223,28 @@ size_t frame_ipv6(const Ipv6Udp& h, std::span<const uint8_t> transport, std::spa
   put_be16(u + 2, h.dport);
   put_be16(u + 4, uint16_t(udplen));
   put_be16(u + 6, 0);
+  return kIpv6UdpLen;
+}
+
+size_t frame_ipv4(const Ipv4Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out) {
+  const size_t total = kIpv4UdpLen + transport.size() + kIcrcLen;
+  if (total > 65535 || out.size() < total) return 0;
+  uint8_t* p = out.data();
+  header_ipv4(h, transport.size(), p);
+  std::memcpy(p + kIpv4UdpLen, transport.data(), transport.size());
+  auto crc = icrc_compute(std::span<const uint8_t>(p, total - kIcrcLen));
+  if (!crc) return 0;
+  icrc_store(p + total - kIcrcLen, *crc);
+  return total;
+}
+
+size_t frame_ipv6(const Ipv6Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out) {
+  const size_t total = kIpv6UdpLen + transport.size() + kIcrcLen;
+  const size_t udplen = total - 40;
+  if (udplen > 65535 || out.size() < total) return 0;
+  uint8_t* p = out.data();
+  header_ipv6(h, transport.size(), p);
+  uint8_t* u = p + 40;
   std::memcpy(u + 8, transport.data(), transport.size());
   auto crc = icrc_compute(std::span<const uint8_t>(p, total - kIcrcLen));
   if (!crc) return 0;

@@ -23,11 +23,17 @@ namespace sv::roce {
 // Plain reflected CRC-32 state update (poly 0xEDB88320), no pre/post
 // inversion: crc32_update(0xffffffff, data) ^ 0xffffffff is zlib's crc32.
 uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> data);
+// The same with tables only (no carry-less multiplication): for tests.
+uint32_t crc32_update_tables(uint32_t crc, std::span<const uint8_t> data);
 
 // The ICRC of an IP datagram (IPv4 or IPv6, by its version nibble) carrying
 // UDP then a transport packet, `ip` ending just before the ICRC. nullopt if
 // the datagram is malformed (too short, not UDP, IPv4 options are fine).
 std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip);
+// The same for a datagram in two pieces: its IP and UDP headers (`ip_udp`,
+// as icrc_compute reads them) and the transport packet (BTH .. pad): no
+// copy of the payload. nullopt if malformed.
+std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip_udp, std::span<const uint8_t> transport);
 // True if `ip` (ending with the ICRC) carries a correct ICRC.
 bool icrc_check(std::span<const uint8_t> ip);
 // The ICRC as it appears on the wire (least-significant byte first).
@@ -56,6 +62,11 @@ constexpr size_t kIpv4UdpLen = 28, kIpv6UdpLen = 48;
 // if `out` is too small or the datagram would exceed 65535 bytes. The UDP
 // checksum is 0 on IPv4 (as rxe sends it); on IPv6 it is computed (RFC 8200
 // forbids 0).
+// Only the IP + UDP headers of such a datagram (kIpv4UdpLen / kIpv6UdpLen
+// bytes into `out`; the IPv6 UDP checksum left 0: the ICRC masks it).
+// Returns the length, 0 if too long.
+size_t header_ipv4(const Ipv4Udp& h, size_t transport_len, uint8_t* out);
+size_t header_ipv6(const Ipv6Udp& h, size_t transport_len, uint8_t* out);
 size_t frame_ipv4(const Ipv4Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out);
 size_t frame_ipv6(const Ipv6Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out);
 

@@ -121,11 +121,11 @@ void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const
   }
 }
 
-void Qp::progress() {
+void Qp::progress(bool flush_ack) {
   if (state_ != QpState::kReady) return;
   on_timers();
   if (state_ != QpState::kReady) return;
-  flush_pending_ack();
+  if (flush_ack) flush_pending_ack();
   requester_run();
 }
 

@@ -1,6 +1,7 @@
 #include "roce/udp.h"
 
 #include <arpa/inet.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -22,7 +23,6 @@ uint64_t SteadyClock::now_ns() const {
 
 UdpEndpoint::UdpEndpoint(Clock& clock, FaultConfig faults)
     : clock_(clock), faults_(faults), faulty_(faults.drop > 0 || faults.duplicate > 0 || faults.reorder > 0) {
-  frame_.resize(65536);
   rx_.resize(65536);
 }
 
@@ -138,7 +138,7 @@ std::string UdpEndpoint::peer_name(uint64_t ah) const {
 void UdpEndpoint::attach(Qp* qp) { qps_[qp->config().qpn] = qp; }
 void UdpEndpoint::detach(uint32_t qpn) { qps_.erase(qpn); }
 
-size_t UdpEndpoint::frame(const Addr& src, const Addr& dst, std::span<const uint8_t> transport, size_t* hdr) {
+size_t UdpEndpoint::header(const Addr& src, const Addr& dst, size_t transport_len, uint8_t* out) {
   if (src.v6()) {
     auto& s = reinterpret_cast<const sockaddr_in6&>(src.ss);
     auto& d = reinterpret_cast<const sockaddr_in6&>(dst.ss);
@@ -147,8 +147,7 @@ size_t UdpEndpoint::frame(const Addr& src, const Addr& dst, std::span<const uint
     std::memcpy(h.dst.data(), &d.sin6_addr, 16);
     h.sport = ntohs(s.sin6_port);
     h.dport = ntohs(d.sin6_port);
-    *hdr = kIpv6UdpLen;
-    return frame_ipv6(h, transport, frame_);
+    return header_ipv6(h, transport_len, out);
   }
   auto& s = reinterpret_cast<const sockaddr_in&>(src.ss);
   auto& d = reinterpret_cast<const sockaddr_in&>(dst.ss);
@@ -157,38 +156,156 @@ size_t UdpEndpoint::frame(const Addr& src, const Addr& dst, std::span<const uint
   std::memcpy(h.dst.data(), &d.sin_addr, 4);
   h.sport = ntohs(s.sin_port);
   h.dport = ntohs(d.sin_port);
-  *hdr = kIpv4UdpLen;
-  return frame_ipv4(h, transport, frame_);
+  return header_ipv4(h, transport_len, out);
 }
 
 void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   if (ah >= peers_.size() || fd_ < 0) return;
-  // Build the datagram as the kernel will put it on the wire, to get the ICRC.
-  size_t hdr = 0;
-  const size_t n = frame(local_, peers_[ah], packet, &hdr);
-  if (n == 0) return;
-  std::span<const uint8_t> udp_payload(frame_.data() + hdr, n - hdr);
-  if (!faulty_) return transmit(ah, udp_payload);
+  // The ICRC over the headers the kernel will build and the packet, in place.
+  uint8_t hdr[kIpv6UdpLen];
+  const size_t hl = header(local_, peers_[ah], packet.size(), hdr);
+  if (hl == 0) return;
+  auto crc = icrc_compute(std::span<const uint8_t>(hdr, hl), packet);
+  if (!crc) return;
+  uint8_t icrc[kIcrcLen];
+  icrc_store(icrc, *crc);
+  if (!faulty_) return transmit(ah, packet, icrc);
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
   if (d.copies == 2) stats_.fault_duplicated++;
   for (int c = 0; c < d.copies; c++) {
     if (d.delay_ns[c] == 0) {
-      transmit(ah, udp_payload);
+      transmit(ah, packet, icrc);
     } else {
       stats_.fault_delayed++;
-      delayed_.push(Delayed{clock_.now_ns() + d.delay_ns[c], seq_++, ah,
-                            std::vector<uint8_t>(udp_payload.begin(), udp_payload.end())});
+      std::vector<uint8_t> bytes(packet.begin(), packet.end());
+      bytes.insert(bytes.end(), icrc, icrc + kIcrcLen);
+      delayed_.push(Delayed{clock_.now_ns() + d.delay_ns[c], seq_++, ah, std::move(bytes)});
     }
   }
 }
 
-void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> udp_payload) {
-  const Addr& a = peers_[ah];
-  // A full socket buffer loses the datagram, as a congested link would.
-  if (sendto(fd_, udp_payload.data(), udp_payload.size(), 0, a.sa(), a.len()) >= 0) {
-    stats_.sent++;
+void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  if (batching_ && a.size() + b.size() <= kTxSlot) {
+    if (txbuf_.empty()) {
+      txbuf_.resize(kTxBatch * kTxSlot);
+      txmsg_.resize(kTxBatch);
+      txiov_.resize(kTxBatch);
+      tx_ah_.resize(kTxBatch);
+      txcmsg_.resize(kTxBatch);
+    }
+    uint8_t* p = txbuf_.data() + size_t(tx_n_) * kTxSlot;
+    std::memcpy(p, a.data(), a.size());
+    if (!b.empty()) std::memcpy(p + a.size(), b.data(), b.size());
+    txiov_[tx_n_] = {p, a.size() + b.size()};
+    tx_ah_[tx_n_] = ah;  // resolved at flush: peers_ may grow meanwhile
+    if (++tx_n_ == kTxBatch) flush_tx();
+    return;
   }
+  flush_tx();  // keep the order
+  const Addr& dst = peers_[ah];
+  iovec iov[2] = {{const_cast<uint8_t*>(a.data()), a.size()}, {const_cast<uint8_t*>(b.data()), b.size()}};
+  msghdr m{};
+  m.msg_name = const_cast<sockaddr*>(dst.sa());
+  m.msg_namelen = dst.len();
+  m.msg_iov = iov;
+  m.msg_iovlen = b.empty() ? 1 : 2;
+  // A full socket buffer loses the datagram, as a congested link would.
+  if (sendmsg(fd_, &m, 0) >= 0) stats_.sent++;
+}
+
+void UdpEndpoint::flush_tx() {
+  // Consecutive datagrams to one address and QPN, of one size (the last
+  // may be shorter), go as one UDP GSO send (UDP_SEGMENT): one trip through
+  // the stack for up to 64 KiB; the kernel (or the NIC) cuts it into the
+  // same datagrams. A RDMA message's Middle and Last packets qualify.
+  int nm = 0;
+  std::array<int, kTxBatch> segs_of{}, firsts{};  // per message: datagrams, index of the first
+  for (int i = 0; i < tx_n_;) {
+    const size_t seg = txiov_[i].iov_len;
+    const uint8_t* first = static_cast<const uint8_t*>(txiov_[i].iov_base);
+    size_t total = seg;
+    int j = i + 1;
+    while (gso_ && j < tx_n_ && j - i < kMaxGsoSegments && tx_ah_[j] == tx_ah_[i] && txiov_[j].iov_len <= seg &&
+           total + txiov_[j].iov_len <= kMaxGsoBytes &&
+           std::memcmp(static_cast<const uint8_t*>(txiov_[j].iov_base) + 5, first + 5, 3) == 0) {
+      total += txiov_[j].iov_len;
+      if (txiov_[j++].iov_len < seg) break;  // a shorter one ends the group
+    }
+    const Addr& dst = peers_[tx_ah_[i]];
+    if (!dst.v6()) {
+      // The kernel cuts a GSO send into datagrams whose IPv4 IDs count up
+      // from the ID of the whole, 0 with DF on an unconnected socket
+      // (inet_gso_segment): the k-th one's ICRC must cover ID k, as a peer
+      // that checks the real header (rxe) computes it. Verified on the
+      // wire by roce.wire.capture_gso.
+      for (int k = 1; k < j - i; ++k) {
+        auto* p = static_cast<uint8_t*>(txiov_[i + k].iov_base);
+        const size_t len = txiov_[i + k].iov_len;
+        icrc_store(p + len - kIcrcLen, icrc_load(p + len - kIcrcLen) ^ id_delta(kIpv4UdpLen + len, uint16_t(k)));
+      }
+    }
+    msghdr& m = txmsg_[nm].msg_hdr;
+    m = msghdr{};
+    m.msg_name = const_cast<sockaddr*>(dst.sa());
+    m.msg_namelen = dst.len();
+    m.msg_iov = &txiov_[i];
+    m.msg_iovlen = size_t(j - i);
+    if (j - i > 1) {
+      auto& cb = txcmsg_[nm];
+      m.msg_control = cb.buf;
+      m.msg_controllen = sizeof cb.buf;
+      cmsghdr* c = CMSG_FIRSTHDR(&m);
+      c->cmsg_level = SOL_UDP;
+      c->cmsg_type = UDP_SEGMENT;
+      c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+      const uint16_t gso_size = uint16_t(seg);
+      std::memcpy(CMSG_DATA(c), &gso_size, sizeof gso_size);
+    }
+    segs_of[size_t(nm)] = j - i;
+    firsts[size_t(nm)] = i;
+    ++nm;
+    i = j;
+  }
+  int done = 0;
+  while (done < nm) {
+    int n = sendmmsg(fd_, txmsg_.data() + done, unsigned(nm - done), 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && segs_of[size_t(done)] > 1 && errno != EAGAIN && errno != ENOBUFS) {
+        // No GSO on this path (a device without checksum offload, an old
+        // kernel): from now on one datagram per send; these go one by one
+        // with the ICRC of ID 0 again.
+        gso_ = false;
+        const Addr& dst = peers_[tx_ah_[size_t(firsts[size_t(done)])]];
+        for (int k = 0; k < segs_of[size_t(done)]; ++k) {
+          iovec& v = txiov_[size_t(firsts[size_t(done)] + k)];
+          auto* p = static_cast<uint8_t*>(v.iov_base);
+          if (!dst.v6() && k > 0)
+            icrc_store(p + v.iov_len - kIcrcLen,
+                       icrc_load(p + v.iov_len - kIcrcLen) ^ id_delta(kIpv4UdpLen + v.iov_len, uint16_t(k)));
+          msghdr one{};
+          one.msg_name = const_cast<sockaddr*>(dst.sa());
+          one.msg_namelen = dst.len();
+          one.msg_iov = &v;
+          one.msg_iovlen = 1;
+          if (sendmsg(fd_, &one, 0) >= 0) stats_.sent++;
+        }
+        done++;
+        continue;
+      }
+      // A full socket buffer (EAGAIN) loses these datagrams, as a congested
+      // link would; the rest may still go.
+      done++;
+      continue;
+    }
+    for (int k = done; k < done + n; ++k) {
+      stats_.sent += uint64_t(segs_of[size_t(k)]);
+      if (segs_of[size_t(k)] > 1) stats_.gso_sends++;
+    }
+    done += n;
+  }
+  tx_n_ = 0;
 }
 
 void UdpEndpoint::flush_delayed(bool all) {
@@ -200,29 +317,44 @@ void UdpEndpoint::flush_delayed(bool all) {
   }
 }
 
-// CRC-32 is affine over GF(2): for datagrams of one length, the ICRC with
-// IP ID x is the ICRC with ID 0 XOR a linear function of x's 16 bits. So the
-// difference between the ICRC received and the one computed with ID 0 must
-// be a combination of the 16 per-bit differences, which are computed once
-// per length (frame_ holds the datagram with ID 0).
-bool UdpEndpoint::icrc_matches_some_ipv4_id(size_t total, uint32_t got) {
-  const uint32_t icrc0 = icrc_load(frame_.data() + total - kIcrcLen);
+// CRC-32 is affine over GF(2): for IPv4 datagrams of one length, the ICRC
+// with IP ID x is the ICRC with ID 0 XOR a linear function of x's 16 bits,
+// whatever the rest of the datagram holds. The 16 per-bit differences are
+// computed once per length, on a datagram of zeros.
+const std::array<uint32_t, 16>& UdpEndpoint::id_deltas(size_t total) {
   auto it = id_deltas_.find(total);
-  if (it == id_deltas_.end()) {
-    std::array<uint32_t, 16> d{};
-    std::span<const uint8_t> ip(frame_.data(), total - kIcrcLen);
+  if (it != id_deltas_.end()) return it->second;
+  std::vector<uint8_t> f(total, 0);
+  std::array<uint32_t, 16> d{};
+  if (total >= kIpv4UdpLen + kBthLen + kIcrcLen) {
+    header_ipv4(Ipv4Udp{}, total - kIpv4UdpLen - kIcrcLen, f.data());
+    std::span<const uint8_t> ip(f.data(), total - kIcrcLen);
+    const uint32_t icrc0 = icrc_compute(ip).value_or(0);
     for (int b = 0; b < 16; b++) {
-      frame_[4] = uint8_t((1u << b) >> 8);  // IPv4 header: ID at bytes 4-5
-      frame_[5] = uint8_t(1u << b);
+      f[4] = uint8_t((1u << b) >> 8);  // IPv4 header: ID at bytes 4-5
+      f[5] = uint8_t(1u << b);
       d[b] = icrc_compute(ip).value_or(icrc0) ^ icrc0;
     }
-    frame_[4] = frame_[5] = 0;
-    if (id_deltas_.size() > 4096) id_deltas_.clear();
-    it = id_deltas_.emplace(total, d).first;
   }
-  // Gaussian elimination: a basis by leading bit, then reduce the difference.
+  if (id_deltas_.size() > 4096) id_deltas_.clear();
+  return id_deltas_.emplace(total, d).first->second;
+}
+
+uint32_t UdpEndpoint::id_delta(size_t total, uint16_t id) {
+  const auto& d = id_deltas(total);
+  uint32_t x = 0;
+  for (int b = 0; b < 16; b++) {
+    if (id >> b & 1) x ^= d[b];
+  }
+  return x;
+}
+
+// The difference between the ICRC received and the one computed with ID 0
+// must be a combination of the 16 per-bit differences: Gaussian
+// elimination (a basis by leading bit, then reduce the difference).
+bool UdpEndpoint::icrc_matches_some_ipv4_id(size_t total, uint32_t icrc0, uint32_t got) {
   uint32_t basis[32] = {};
-  for (uint32_t v : it->second) {
+  for (uint32_t v : id_deltas(total)) {
     for (int bit = 31; bit >= 0 && v; bit--) {
       if (!(v >> bit & 1)) continue;
       if (!basis[bit]) {
@@ -241,7 +373,8 @@ bool UdpEndpoint::icrc_matches_some_ipv4_id(size_t total, uint32_t got) {
   return diff == 0;
 }
 
-void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uint8_t* data, size_t n) {
+void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uint8_t* data, size_t n,
+                          uint16_t ipv4_id) {
   Addr from;
   if (from_len > sizeof from.ss) return;
   std::memcpy(&from.ss, from_sa, from_len);
@@ -253,18 +386,25 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
   // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
   std::span<const uint8_t> transport(data, n - kIcrcLen);
-  size_t hdr = 0;
-  const size_t total = frame(from, local_, transport, &hdr);
-  if (total == 0) {
+  const size_t hdr = header(from, local_, transport.size(), hdr_);
+  auto crc = hdr ? icrc_compute(std::span<const uint8_t>(hdr_, hdr), transport) : std::nullopt;
+  if (!crc) {
     stats_.bad_icrc++;
     return;
   }
-  if (icrc_load(frame_.data() + total - kIcrcLen) != icrc_load(data + n - kIcrcLen)) {
-    if (!any_ipv4_id_ || hdr != kIpv4UdpLen || !icrc_matches_some_ipv4_id(total, icrc_load(data + n - kIcrcLen))) {
-      stats_.bad_icrc++;
-      return;
+  const uint32_t got = icrc_load(data + n - kIcrcLen);
+  if (*crc != got) {
+    const size_t total = hdr + n;
+    // The k-th datagram of a UDP GRO train was sent with IP ID k (see
+    // flush_tx): an exact check. Else, if allowed, any ID (rxe).
+    const bool exact = hdr == kIpv4UdpLen && ipv4_id != 0 && (*crc ^ id_delta(total, ipv4_id)) == got;
+    if (!exact) {
+      if (!any_ipv4_id_ || hdr != kIpv4UdpLen || !icrc_matches_some_ipv4_id(total, *crc, got)) {
+        stats_.bad_icrc++;
+        return;
+      }
+      stats_.nonzero_ipv4_id++;
     }
-    stats_.nonzero_ipv4_id++;
   }
   const uint32_t dqpn = get_be24(transport.data() + 5);
   auto it = qps_.find(dqpn);
@@ -276,9 +416,9 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   // or 20 bytes of zero then the IPv4 header).
   uint8_t grh[40] = {};
   if (hdr == kIpv6UdpLen) {
-    std::memcpy(grh, frame_.data(), 40);
+    std::memcpy(grh, hdr_, 40);
   } else {
-    std::memcpy(grh + 20, frame_.data(), 20);
+    std::memcpy(grh + 20, hdr_, 20);
   }
   it->second->receive(transport, peer_for(from), grh);
 }
@@ -296,6 +436,7 @@ void UdpEndpoint::poll(int timeout_ms) {
   flush_delayed();
   for (auto& [qpn, qp] : qps_) qp->progress();
   flush_delayed();
+  flush_tx();
 }
 
 bool UdpEndpoint::run(const std::function<bool()>& done, uint64_t deadline_ns) {

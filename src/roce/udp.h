@@ -15,6 +15,7 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <cstdint>
@@ -26,6 +27,7 @@
 
 #include "roce/engine.h"
 #include "roce/fault.h"
+#include "roce/icrc.h"
 
 namespace sv::roce {
 
@@ -36,7 +38,7 @@ class SteadyClock : public Clock {
 
 struct UdpEndpointStats {
   uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0, fault_delayed = 0,
-           fault_duplicated = 0, nonzero_ipv4_id = 0;
+           fault_duplicated = 0, nonzero_ipv4_id = 0, gso_sends = 0;
 };
 
 class UdpEndpoint : public PacketSink {
@@ -73,7 +75,9 @@ class UdpEndpoint : public PacketSink {
   void poll(int timeout_ms);
   // One arriving UDP payload (BTH .. ICRC) from `from`: ICRC check, QPN
   // demultiplexing, receive() on the Qp. progress() is the caller's.
-  void deliver(const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n);
+  // `ipv4_id`: the IP ID the datagram is likely to have been sent with (the
+  // k-th of a UDP GRO train: k), checked exactly besides 0.
+  void deliver(const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n, uint16_t ipv4_id = 0);
   // Sends the datagrams the fault hook held back whose time has come (all
   // of them with `all`: they are on the wire already, as it were), and when
   // the next one is due (UINT64_MAX if none).
@@ -81,6 +85,16 @@ class UdpEndpoint : public PacketSink {
   uint64_t next_delayed() const { return delayed_.empty() ? UINT64_MAX : delayed_.top().at; }
   // poll() until done() or deadline_ns on the clock; returns done().
   bool run(const std::function<bool()>& done, uint64_t deadline_ns);
+
+  // Batching: with it on, datagrams wait in a batch (up to kTxBatch) until
+  // flush_tx(), which sends them with one sendmmsg; the owner calls
+  // flush_tx() after each call into the engine. Off by default.
+  void set_batching(bool on) { batching_ = on; }
+  // With batching: send runs of equal datagrams with UDP GSO (one send of
+  // up to 64 KiB, cut by the kernel). See docs/ROCE.md for the IPv4 ID.
+  void set_gso(bool on) { gso_ = on; }
+  void flush_tx();
+  static constexpr int kTxBatch = 64;
 
   // IPv4 peers that send a non-zero IP ID with DF (Linux rxe: every packet)
   // compute their ICRC over that ID, which a UDP socket cannot see. When
@@ -98,9 +112,6 @@ class UdpEndpoint : public PacketSink {
     bool operator==(const Addr& o) const;
   };
   static bool parse(const std::string& s, uint16_t port, Addr* out);
-  // The datagram src -> dst as the kernel puts it on the wire (ICRC
-  // included) into frame_; returns its size and the IP + UDP header length.
-  size_t frame(const Addr& src, const Addr& dst, std::span<const uint8_t> transport, size_t* hdr);
   struct Delayed {
     uint64_t at;
     uint64_t seq;
@@ -108,8 +119,16 @@ class UdpEndpoint : public PacketSink {
     std::vector<uint8_t> bytes;
     bool operator>(const Delayed& o) const { return at != o.at ? at > o.at : seq > o.seq; }
   };
-  void transmit(uint64_t ah, std::span<const uint8_t> udp_payload);
-  bool icrc_matches_some_ipv4_id(size_t total, uint32_t got);
+  // The IP + UDP headers src -> dst of a datagram carrying `transport_len`
+  // bytes, as the kernel builds them (IPv4 ID 0), into `out` (48 bytes);
+  // returns their length (0 if too long).
+  size_t header(const Addr& src, const Addr& dst, size_t transport_len, uint8_t* out);
+  // Sends (or batches) the UDP payload a + b.
+  void transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b = {});
+  const std::array<uint32_t, 16>& id_deltas(size_t total);
+  // ICRC(ID id) ^ ICRC(ID 0) for an IPv4 datagram of `total` bytes.
+  uint32_t id_delta(size_t total, uint16_t id);
+  bool icrc_matches_some_ipv4_id(size_t total, uint32_t icrc0, uint32_t got);
   uint64_t peer_for(const Addr& a);
 
   Clock& clock_;
@@ -122,8 +141,22 @@ class UdpEndpoint : public PacketSink {
   std::map<uint32_t, Qp*> qps_;
   std::priority_queue<Delayed, std::vector<Delayed>, std::greater<Delayed>> delayed_;
   uint64_t seq_ = 0;
-  std::vector<uint8_t> frame_;  // a datagram as the kernel sends it, for the ICRC
   std::vector<uint8_t> rx_;
+  uint8_t hdr_[kIpv6UdpLen];  // the headers of the datagram being received
+  bool batching_ = false;
+  static constexpr size_t kTxSlot = 4096 + 256;  // a 4096-MTU packet, headers, ICRC
+  std::vector<uint8_t> txbuf_;
+  std::vector<mmsghdr> txmsg_;
+  std::vector<iovec> txiov_;
+  std::vector<uint64_t> tx_ah_;
+  struct CmsgBuf {
+    alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(uint16_t))];
+  };
+  std::vector<CmsgBuf> txcmsg_;
+  bool gso_ = false;
+  static constexpr int kMaxGsoSegments = 64;
+  static constexpr size_t kMaxGsoBytes = 65000;  // UDP payload of one IPv4 datagram, with room
+  int tx_n_ = 0;
   UdpEndpointStats stats_;
   bool any_ipv4_id_ = false;
   // Per IPv4 datagram length: how each bit of the IP ID changes the ICRC.

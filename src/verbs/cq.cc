@@ -14,6 +14,7 @@
 
 #include "common/completion.h"
 #include "verbs/provider.h"
+#include "verbs/roce_link.h"
 
 namespace sv::verbs {
 
@@ -189,6 +190,13 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
     got += k;
     if (k < want) break;
   }
+  // Empty, and a wire QP completes here: the polling thread receives and
+  // runs the engines itself (no wake-up of the RoCE thread), then looks again.
+  if (got == 0 && n > 0 && st->wire.load(std::memory_order_relaxed) && roce_poll()) {
+    int k = st->view.poll(e, std::min(n, 16));
+    for (int i = 0; i < k; ++i) wc[i] = e[i].wc;
+    got = k;
+  }
   return got;
 }
 
@@ -203,6 +211,8 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   uint32_t cur = h->armed.load(std::memory_order_relaxed);
   if (cur != shm::kArmAny) h->armed.exchange(want, std::memory_order_acq_rel);
   else h->armed.fetch_or(0, std::memory_order_acq_rel);
+  // About to sleep on the channel: the RoCE thread must serve the wire again.
+  if (st->wire.load(std::memory_order_relaxed)) roce_notify_armed();
   return 0;
 }
 
@@ -283,7 +293,10 @@ int ex_take(ibv_cq_ex* cq) {
 }
 int ex_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
-  return ex_take(cq);
+  int rc = ex_take(cq);
+  // As poll_cq: an empty wire CQ's poller receives and runs the engines.
+  if (rc == ENOENT && ex_state(cq).wire.load(std::memory_order_relaxed) && roce_poll()) rc = ex_take(cq);
+  return rc;
 }
 int ex_next_poll(ibv_cq_ex* cq) { return ex_take(cq); }
 void ex_end_poll(ibv_cq_ex*) {}

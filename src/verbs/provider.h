@@ -153,6 +153,9 @@ struct CqState {
   // it was taken from the ring (the completion timestamp softverbs reports).
   Cqe cur{};
   uint64_t cur_ns = 0;
+  // A QP on the wire completes into this CQ: polling it also receives and
+  // progresses the wire QPs (roce_poll, docs/ROCE.md).
+  std::atomic<bool> wire{false};
 };
 
 struct Cq {

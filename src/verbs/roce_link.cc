@@ -4,6 +4,9 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <poll.h>
+#include <sched.h>
+#include <fcntl.h>
+#include <netinet/udp.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -271,6 +274,8 @@ struct RoceQp {
   uint32_t wire_mtu = 1024;
   uint64_t inline_next = 0;
   bool error_reported = false;
+  int ep_fd = -1;  // the endpoint's socket (owned by it)
+  uint64_t ack_due = 0;  // a held ACK goes by then (Hub::kAckHold)
   explicit RoceQp(QpState& s) : q(&s), mem(s), sink(s), recvs(s) {}
 };
 
@@ -297,91 +302,237 @@ void report_error(RoceQp& r) {
   SV_TRACE("roce: QP %u: transport error, now in ERR", q.qpn);
 }
 
-struct ArrivalSock {
-  Fd fd;
+// What one daemon connection (context) gave this process: its arrival
+// socket (datagrams the daemon forwards) and the sockets the daemon steers
+// this process's QPNs to (one per local address in use; each distinct
+// socket once, by inode). Closed together when the daemon closes the
+// arrival socket, since the daemon may then give those sockets to others.
+struct ConnSocks {
+  Fd arrival;
+  std::vector<std::pair<ino_t, Fd>> steered;
 };
 
 // All RoCE QPs of this process and the thread that serves their arrivals
 // and timers.
+//
+// Who receives: the RoCE thread sleeps in poll() on the sockets; a thread
+// that polls a wire CQ (ibv_poll_cq) and finds it empty receives and runs
+// the engines itself (roce_poll), which on a busy poller's CPU costs no
+// wake-up (ib_send_lat, ib_write_bw's requester). After traffic the RoCE
+// thread looks again without sleeping for a short while (spin_ns), so that
+// a stream of datagrams does not cost a wake-up each.
 struct Hub {
   std::mutex mu;
-  std::map<uint32_t, std::unique_ptr<RoceQp>> qps;        // by QPN
-  std::map<ContextState*, ArrivalSock> arrivals;           // one per daemon connection
+  std::map<uint32_t, std::unique_ptr<RoceQp>> qps;  // by QPN
+  std::map<ContextState*, ConnSocks> conns;          // one per daemon connection
   SteadyClock clock;
   Fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
   bool started = false;
+  // SOFTVERBS_ROCE_GSO=0: one datagram per send and no UDP GRO (captures
+  // then show each packet as the wire of a NIC would).
+  const bool gso = [] {
+    const char* e = std::getenv("SOFTVERBS_ROCE_GSO");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  std::atomic<uint64_t> sleep_until{0};  // ns: when the RoCE thread wakes at the latest
+  std::atomic<uint64_t> last_app_poll{0};  // ns: the last roce_poll of an application thread
+  // While an application thread polls a wire CQ (roce_poll within
+  // kPollerGone), it receives: the RoCE thread keeps off the sockets (a
+  // wake-up per datagram would take the CPU from the poller, on 2 vCPUs)
+  // and only naps (kPollerNap) for timers and held ACKs, and to notice the
+  // poller gone. Arming a CQ for an event ends that at once.
+  static constexpr uint64_t kPollerGone = 200'000;  // ns
+  static constexpr uint64_t kPollerNap = 100'000;   // ns
+  // SOFTVERBS_ROCE_SPIN_US (default 20): how long the RoCE thread keeps
+  // looking after traffic before it sleeps again.
+  const uint64_t spin_ns = [] {
+    const char* e = std::getenv("SOFTVERBS_ROCE_SPIN_US");
+    return (e ? std::strtoull(e, nullptr, 10) : 20) * 1000;
+  }();
   std::vector<uint8_t> buf = std::vector<uint8_t>(65536 + sizeof(proto::RoceArrival));
+  // recvmmsg batches on the steered sockets.
+  static constexpr int kBatch = 32;
+  // A slot takes a whole UDP GRO train (the datagrams of one GSO send).
+  static constexpr size_t kSlot = 65536;
+  std::vector<uint8_t> rxbuf;  // kBatch * kSlot, on first use (2 MiB: not for local-only processes)
+  std::array<sockaddr_storage, kBatch> rxfrom{};
+  std::array<iovec, kBatch> rxiov{};
+  std::array<mmsghdr, kBatch> rxmsg{};
+  struct CmsgBuf {
+    alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int))];
+  };
+  std::array<CmsgBuf, kBatch> rxcmsg{};
 
   void kick() { eventfd_signal(wake.get()); }
 
-  // Delivers what waits on arrival socket `fd`; counts datagrams in *got.
-  void drain(int fd, int* got) {
+  // The RoCE thread must wake by `deadline` (a new timer): kick it only if
+  // it sleeps longer (an eventfd write per post would cost a wake-up each).
+  void wake_by(uint64_t deadline) {
+    if (deadline < sleep_until.load(std::memory_order_relaxed)) kick();
+  }
+
+  void deliver_one(const sockaddr* from, socklen_t fl, const uint8_t* dg, size_t len, uint16_t ipv4_id = 0) {
+    if (len < kBthLen + kIcrcLen) return;
+    const uint32_t dqpn = uint32_t(dg[5]) << 16 | uint32_t(dg[6]) << 8 | dg[7];
+    auto it = qps.find(dqpn);
+    if (it == qps.end() || !it->second->engine) return;
+    it->second->ep->deliver(from, fl, dg, len, ipv4_id);
+  }
+
+  // Delivers what waits on arrival socket `fd`; returns how many datagrams.
+  int drain(int fd) {
+    int got = 0;
     for (int budget = 0; budget < 1024; ++budget) {
       ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
-      if (n < 0) return;
+      if (n < 0) break;
       if (size_t(n) < sizeof(proto::RoceArrival) + kBthLen + kIcrcLen) continue;
       proto::RoceArrival a;
       std::memcpy(&a, buf.data(), sizeof a);
       if (a.from_len > sizeof a.from) continue;
-      const uint8_t* dg = buf.data() + sizeof a;
-      const size_t len = size_t(n) - sizeof a;
-      const uint32_t dqpn = uint32_t(dg[5]) << 16 | uint32_t(dg[6]) << 8 | dg[7];
-      auto it = qps.find(dqpn);
-      if (it == qps.end()) continue;
-      RoceQp& r = *it->second;
-      if (!r.engine) continue;
       sockaddr_storage from{};
       std::memcpy(&from, a.from, a.from_len);
-      r.ep->deliver(reinterpret_cast<sockaddr*>(&from), a.from_len, dg, len);
-      if (got) ++*got;
+      deliver_one(reinterpret_cast<sockaddr*>(&from), a.from_len, buf.data() + sizeof a, size_t(n) - sizeof a);
+      ++got;
     }
+    return got;
   }
 
+  // Delivers what waits on steered UDP socket `fd` (recvmmsg batches).
+  int drain_udp(int fd) {
+    if (rxbuf.empty()) rxbuf.resize(kBatch * kSlot);
+    int got = 0;
+    for (int round = 0; round < 32; ++round) {
+      for (int i = 0; i < kBatch; ++i) {
+        rxiov[i] = {rxbuf.data() + size_t(i) * kSlot, kSlot};
+        rxmsg[i].msg_hdr = msghdr{};
+        rxmsg[i].msg_hdr.msg_name = &rxfrom[i];
+        rxmsg[i].msg_hdr.msg_namelen = sizeof rxfrom[i];
+        rxmsg[i].msg_hdr.msg_iov = &rxiov[i];
+        rxmsg[i].msg_hdr.msg_iovlen = 1;
+        rxmsg[i].msg_hdr.msg_control = rxcmsg[i].buf;
+        rxmsg[i].msg_hdr.msg_controllen = sizeof rxcmsg[i].buf;
+      }
+      int n = ::recvmmsg(fd, rxmsg.data(), kBatch, MSG_DONTWAIT, nullptr);
+      if (n <= 0) break;
+      for (int i = 0; i < n; ++i) {
+        const msghdr& m = rxmsg[i].msg_hdr;
+        if (m.msg_flags & MSG_TRUNC) continue;
+        // UDP GRO (enabled on the socket): a train of datagrams of gso_size
+        // bytes each (the last may be shorter), as the sender's GSO send.
+        size_t seg = rxmsg[i].msg_len;
+        for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&m), c)) {
+          if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+            int g;
+            std::memcpy(&g, CMSG_DATA(c), sizeof g);
+            if (g > 0) seg = size_t(g);
+          }
+        }
+        const uint8_t* p = static_cast<uint8_t*>(rxiov[i].iov_base);
+        uint16_t k = 0;  // the k-th datagram of a GSO send went with IPv4 ID k
+        for (size_t off = 0; off < rxmsg[i].msg_len; off += seg, ++k)
+          deliver_one(reinterpret_cast<sockaddr*>(&rxfrom[i]), m.msg_namelen, p + off,
+                      std::min(seg, size_t(rxmsg[i].msg_len) - off), k);
+      }
+      got += n;
+      if (n < kBatch) break;
+    }
+    return got;
+  }
+
+  int drain_all() {
+    int got = 0;
+    for (auto& [cs, c] : conns) {
+      for (auto& [ino, fd] : c.steered) got += drain_udp(fd.get());
+      if (c.arrival.valid()) got += drain(c.arrival.get());
+    }
+    return got;
+  }
+
+  // ACKs are held up to kAckHold after the packets that asked for them, so
+  // that an answer the application posts meanwhile carries them in the same
+  // sendmmsg, after it (ib_write_lat: the peer, polling its CQ for the ACK,
+  // has our WRITE in memory when it sees it, and needs no wake-up of its
+  // RoCE thread). The requester's window (256 packets) outlasts the hold
+  // many times over.
+  static constexpr uint64_t kAckHold = 20'000;
+
   void progress_all() {
+    const uint64_t now = clock.now_ns();
     for (auto& [qpn, r] : qps) {
       if (!r->engine) continue;
       r->ep->flush_delayed();
-      r->engine->progress();
+      r->engine->progress(r->ack_due != 0 && now >= r->ack_due);
+      if (!r->engine->ack_pending()) r->ack_due = 0;
+      else if (r->ack_due == 0) r->ack_due = now + kAckHold;
       r->ep->flush_delayed();
+      r->ep->flush_tx();
       report_error(*r);
     }
+  }
+
+  uint64_t next_deadline() {
+    uint64_t next = UINT64_MAX;
+    for (auto& [qpn, r] : qps) {
+      if (!r->engine) continue;
+      next = std::min({next, r->engine->next_deadline(), r->ep->next_delayed()});
+      if (r->ack_due) next = std::min(next, r->ack_due);
+    }
+    return next;
   }
 
   void run() {
     std::unique_lock<std::mutex> lk(mu);
     std::vector<pollfd> pfds;
+    uint64_t spin_until = 0;  // after traffic, look again without sleeping until then
     for (;;) {
+      const uint64_t now = clock.now_ns();
+      const bool poller = now - last_app_poll.load(std::memory_order_relaxed) < kPollerGone;
       pfds.clear();
       pfds.push_back({wake.get(), POLLIN, 0});
-      for (auto& [cs, a] : arrivals) pfds.push_back({a.fd.get(), POLLIN, 0});
-      const uint64_t now = clock.now_ns();
-      uint64_t next = now + 20'000'000;
-      for (auto& [qpn, r] : qps) {
-        if (!r->engine) continue;
-        next = std::min({next, r->engine->next_deadline(), r->ep->next_delayed()});
+      for (auto& [cs, c] : conns) {
+        pfds.push_back({c.arrival.get(), short(poller ? 0 : POLLIN), 0});  // POLLHUP comes anyway
+        if (poller) continue;
+        for (auto& [ino, fd] : c.steered) pfds.push_back({fd.get(), POLLIN, 0});
       }
-      int ms = next <= now ? 0 : int((next - now + 999'999) / 1'000'000);
+      uint64_t next = std::min(next_deadline(), now + (poller ? kPollerNap : 20'000'000));
+      if (!poller && now < spin_until) next = now;
+      sleep_until.store(next, std::memory_order_relaxed);
+      timespec ts{time_t((next > now ? next - now : 0) / 1'000'000'000), long((next > now ? next - now : 0) % 1'000'000'000)};
       lk.unlock();
-      ::poll(pfds.data(), pfds.size(), ms);
-      lk.lock();
+      for (;;) {
+        ::ppoll(pfds.data(), pfds.size(), &ts, nullptr);
+        if (!poller) {
+          lk.lock();
+          break;
+        }
+        // A poller holding the lock is doing the work: do not queue behind
+        // it (its unlock would then cost it a futex wake each time).
+        if (lk.try_lock()) break;
+        uint64_t v;
+        while (::read(wake.get(), &v, sizeof v) > 0) {
+        }
+        ts = timespec{0, long(kPollerNap)};
+      }
+      sleep_until.store(0, std::memory_order_relaxed);
       if (pfds[0].revents & POLLIN) {
         uint64_t v;
         while (::read(wake.get(), &v, sizeof v) > 0) {
         }
       }
       for (size_t i = 1; i < pfds.size(); ++i) {
-        if (pfds[i].revents & POLLIN) drain(pfds[i].fd, nullptr);
         if (pfds[i].revents & (POLLHUP | POLLERR)) {
-          // The daemon closed its end (the context was closed, or the daemon
-          // died): stop polling it, or poll() would return at once for ever.
-          for (auto a = arrivals.begin(); a != arrivals.end(); ++a) {
-            if (a->second.fd.get() == pfds[i].fd) {
-              arrivals.erase(a);
+          // The daemon closed the arrival socket (the context was closed, or
+          // the daemon died): stop polling it, or poll() would return at once
+          // for ever, and drop the steered sockets of that connection.
+          for (auto c = conns.begin(); c != conns.end(); ++c) {
+            if (c->second.arrival.get() == pfds[i].fd) {
+              conns.erase(c);
               break;
             }
           }
         }
       }
+      if (drain_all() > 0) spin_until = clock.now_ns() + spin_ns;
       progress_all();
     }
   }
@@ -411,19 +562,45 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   f.seed = rep.seed ^ (uint64_t(q.qpn) << 32);  // each QP its own sequence
   auto r = std::make_unique<RoceQp>(q);
   r->ep = std::make_unique<UdpEndpoint>(h.clock, f);
+  r->ep_fd = fds[0].get();
   if (int e = r->ep->adopt(fds[0].release())) return e;
-  r->ep->set_accept_any_ipv4_id(true);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
+  r->ep->set_accept_any_ipv4_id(true);
+  r->ep->set_batching(true);  // one sendmmsg per call into the engine
+  r->ep->set_gso(h.gso);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
   std::memcpy(r->sgid.data(), sgid, 16);
   r->wire_mtu = wire_mtu_for(sgid);
   // One arrival socket per daemon connection. A ContextState at the address
   // of a closed one is a new connection with a new socket: compare inodes.
-  auto a = h.arrivals.find(&cs);
+  auto a = h.conns.find(&cs);
   struct stat now {}, had {};
-  if (a == h.arrivals.end() || ::fstat(fds[1].get(), &now) != 0 || ::fstat(a->second.fd.get(), &had) != 0 ||
+  if (a == h.conns.end() || ::fstat(fds[1].get(), &now) != 0 || ::fstat(a->second.arrival.get(), &had) != 0 ||
       now.st_ino != had.st_ino) {
-    h.arrivals[&cs].fd = std::move(fds[1]);
+    ConnSocks c;
+    c.arrival = std::move(fds[1]);
+    h.conns[&cs] = std::move(c);
     h.kick();
   }
+  if (rep.flags & proto::kRoceSteered) {
+    // Our own socket of the address's reuseport group: the RoCE thread and
+    // CQ pollers receive on it (a copy: the endpoint owns the one it sends on).
+    ConnSocks& c = h.conns[&cs];
+    struct stat st {};
+    if (::fstat(r->ep_fd, &st) == 0) {
+      bool known = false;
+      for (auto& [ino, fd] : c.steered) known = known || ino == st.st_ino;
+      if (!known) {
+        Fd mine(::fcntl(r->ep_fd, F_DUPFD_CLOEXEC, 0));
+        // Trains of datagrams from GSO senders arrive whole (one recvmmsg
+        // entry each) instead of being cut by the kernel first.
+        int one = 1;
+        if (h.gso) ::setsockopt(mine.get(), SOL_UDP, UDP_GRO, &one, sizeof one);
+        c.steered.emplace_back(st.st_ino, std::move(mine));
+        h.kick();
+      }
+    }
+  }
+  q.send_cq->st->wire.store(true, std::memory_order_relaxed);
+  q.recv_cq->st->wire.store(true, std::memory_order_relaxed);
   if (!h.started) {
     h.started = true;
     std::thread([&h] { h.run(); }).detach();
@@ -523,7 +700,7 @@ void roce_detach(QpState& q) {
                    "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
                    "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
                    "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu nonzero_ipv4_id %lu "
-                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu\n",
+                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu\n",
                    q.qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                    (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                    (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
@@ -531,11 +708,14 @@ void roce_detach(QpState& q) {
                    (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
                    (unsigned long)e.nonzero_ipv4_id,
                    (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
-                   (unsigned long)e.fault_duplicated);
+                   (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends);
     }
     // Datagrams the fault hook holds back were sent, as far as the peer
     // knows: they must not vanish with the QP.
-    if (r.ep) r.ep->flush_delayed(true);
+    if (r.ep) {
+      r.ep->flush_delayed(true);
+      r.ep->flush_tx();
+    }
     h.qps.erase(it);
   }
   q.on_wire.store(false, std::memory_order_release);
@@ -635,11 +815,48 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
       break;
     }
   }
-  r.engine->progress();
+  // The new requests first, then the held ACK, if any, in the same
+  // sendmmsg: a peer polling for that ACK finds the requests already done
+  // when it sees it (ib_write_lat: its memory holds our WRITE by then).
+  r.engine->progress(false);
+  r.engine->flush_ack();
+  r.ack_due = 0;
   r.ep->flush_delayed();
+  r.ep->flush_tx();
   report_error(r);
-  h.kick();  // the RoCE thread re-reads the deadlines
+  h.wake_by(std::min(r.engine->next_deadline(), r.ep->next_delayed()));  // a timer the RoCE thread must see
   return rc;
+}
+
+bool roce_poll() {
+  Hub& h = hub();
+  h.last_app_poll.store(h.clock.now_ns(), std::memory_order_relaxed);
+  std::unique_lock<std::mutex> lk(h.mu, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    // The RoCE thread or another poller is at it. If it was preempted on
+    // our CPU (2 vCPUs: likely), spinning here would keep it from finishing.
+    sched_yield();
+    return false;
+  }
+  const int got = h.drain_all();
+  if (got == 0 && h.next_deadline() > h.clock.now_ns()) {
+    // Nothing came: let another runnable thread of this CPU run (on 2 vCPUs
+    // shared with other work the peer's poller may be queued right here,
+    // and our spinning would hold its answer back for a time slice).
+    lk.unlock();
+    sched_yield();
+    return false;
+  }
+  // A held ACK goes with our next post, or at our next poll after its
+  // time, or from the RoCE thread, which naps no longer than kPollerNap
+  // while we poll: no kick needed.
+  h.progress_all();
+  return true;
+}
+
+void roce_notify_armed() {
+  Hub& h = hub();
+  if (h.last_app_poll.exchange(0, std::memory_order_relaxed) != 0) h.kick();
 }
 
 }  // namespace sv::verbs

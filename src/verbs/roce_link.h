@@ -34,6 +34,13 @@ bool roce_attached(const QpState& q);
 // For UD: does this work request go to another host?
 bool roce_ud_remote(const QpState& q, const ibv_send_wr* wr);
 int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad);
+// ibv_poll_cq found a wire CQ empty: receive what waits and run the engines
+// in the caller's thread, unless another thread is at it. True if anything
+// was done (the CQ may have completions now).
+bool roce_poll();
+// ibv_req_notify_cq on a wire CQ: its poller may go to sleep, so the RoCE
+// thread watches the sockets again.
+void roce_notify_armed();
 
 bool gid_is_local(const uint8_t* gid);  // requester.cc
 

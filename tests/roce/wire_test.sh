@@ -252,8 +252,17 @@ case $case in
   capture)
     # One run captured on h1's veth: every frame's ICRC (independent code)
     # and DF, and tshark decodes each as InfiniBand with the opcodes an RC
-    # SEND of 4 MTUs and its ACKs use.
+    # SEND of 4 MTUs and its ACKs use. The senders use UDP GSO (a message's
+    # packets in one send); with the veths' tx-udp-segmentation off the
+    # kernel cuts those sends before the veth, as it does before a NIC
+    # without UDP segmentation offload, so the capture shows the datagrams
+    # as a wire would carry them: IPv4 IDs 0, 1, 2... within a send, each
+    # ICRC computed over its real ID (an rxe peer checks exactly that).
     command -v tshark >/dev/null || { log "SKIP: no tshark"; exit $SKIP; }
+    for h in h0 h1; do
+      "$tb" exec $h /usr/bin/python3 "$src/scripts/netdev_feature.py" eth0 tx-udp-segmentation off ||
+        fail "capture: cannot turn tx-udp-segmentation off"
+    done
     start_daemons ""
     "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp port 4791" -w "$work/wire.pcap" 2>"$work/tshark.log" &
     cap=$!
@@ -266,6 +275,12 @@ case $case in
     # SEND First, Middle, Last; ACK.
     /usr/bin/python3 "$src/tests/roce/check_capture.py" --verify-pcap "$work/wire.pcap" 0x00,0x01,0x02,0x11 ||
       fail "capture: check_capture.py"
+    # The GSO sends happened, and were cut into datagrams with IDs 1, 2, 3.
+    gso=$(($(stat capture server gso_sends) + $(stat capture client gso_sends)))
+    log "capture: $gso GSO sends"
+    [ "$gso" -gt 0 ] || fail "capture: no UDP GSO send"
+    ids=$(tshark -r "$work/wire.pcap" -T fields -e ip.id 2>/dev/null | sort -u | wc -l)
+    [ "$ids" -ge 4 ] || fail "capture: $ids distinct IP IDs: GSO sends were not cut by the kernel?"
     ;;
   *)
     log "unknown case $case"
