@@ -28,7 +28,7 @@ namespace sv::shm {
 constexpr uint32_t kDeviceMagic = 0x53564456;  // "SVDV"
 constexpr uint32_t kQpMagic = 0x53565150;      // "SVQP"
 constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;  // 2: CQ header lines split (producers / pollers)
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -224,12 +224,15 @@ struct CqSegmentHeader {
   uint64_t ring_offset;
   uint32_t capacity;
   uint32_t channel;                   // daemon channel handle, 0 = none
+  // Written by producers (every push reads-modifies-writes `armed`).
   alignas(64) std::atomic<uint32_t> armed;     // kArm*
   std::atomic<uint32_t> notified;     // set when an event was raised, cleared by get_cq_event
   std::atomic<uint32_t> overrun;      // a completion was lost because the ring was full
-  std::atomic<uint32_t> moved;        // set by the daemon once a resize moved the CQ to a new segment
   std::atomic<uint32_t> ignore_overrun;  // IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: no CQ error on overrun
+  // Pollers' line: an idle poller reads `moved` on every empty poll, so it
+  // must not share a line with what producers write on every push.
   alignas(64) ShmLock poll_lock;      // serialises pollers
+  std::atomic<uint32_t> moved;        // set by the daemon once a resize moved the CQ to a new segment
 };
 
 struct CqLayout {

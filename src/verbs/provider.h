@@ -13,8 +13,11 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -389,13 +392,25 @@ ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capa
 // unset: the caller says what, if anything, dereg must release.
 Mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length, uint32_t handle, uint32_t key);
 
-// A receive work request as it sits in a receive queue ring.
-inline shm::RecvWqe to_recv_wqe(const ibv_recv_wr& wr) {
-  shm::RecvWqe w{};
+// A receive work request as it sits in a receive queue ring. Only the
+// header and the num_sge SGEs in use are filled in, and only those travel
+// through the ring (recv_wqe_bytes): a one-SGE receive is one cache line
+// for the sender to read, not the five of a full RecvWqe.
+inline size_t recv_wqe_bytes(uint32_t num_sge) {
+  return offsetof(shm::RecvWqe, sge) + size_t(std::min(num_sge, shm::kMaxSge)) * sizeof(shm::Sge);
+}
+inline void to_recv_wqe(const ibv_recv_wr& wr, shm::RecvWqe& w) {
   w.wr_id = wr.wr_id;
   w.num_sge = uint32_t(wr.num_sge);
+  w.reserved = 0;
   for (int i = 0; i < wr.num_sge; ++i) w.sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
-  return w;
+}
+// Copies a receive WQE out of a ring slot, its used part only. num_sge is
+// read once: the slot is in memory the poster's peers can write, and the
+// copy must not depend on a value that changes under it.
+inline void copy_recv_wqe(shm::RecvWqe& out, const shm::RecvWqe& slot) {
+  std::memcpy(&out, &slot, offsetof(shm::RecvWqe, sge));
+  std::memcpy(out.sge, slot.sge, recv_wqe_bytes(out.num_sge) - offsetof(shm::RecvWqe, sge));
 }
 
 // Sharing (sharing.cc, qp.cc)
