@@ -165,8 +165,13 @@ struct Cq {
 
 // A connected peer QP on this host, as the requester sees it.
 struct Peer {
+  // What every post reads comes first.
   uint32_t qpn;
+  uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
   const QpEntry* entry;
+  // The peer belongs to another user: nothing of it is mapped here, and each
+  // operation goes through the daemon (requester.cc execute_mediated).
+  bool mediated = false;
   Mapping seg;
   shm::QpSegmentHeader* hdr;
   shm::Ring<shm::RecvWqe> rq;
@@ -176,10 +181,6 @@ struct Peer {
   shm::SrqSegmentHeader* srq_hdr = nullptr;
   shm::Ring<shm::RecvWqe> srq;
   uint32_t srq_handle = 0;
-  uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
-  // The peer belongs to another user: nothing of it is mapped here, and each
-  // operation goes through the daemon (requester.cc execute_mediated).
-  bool mediated = false;
 };
 
 struct SrqState {
@@ -206,34 +207,37 @@ struct Window {
 };
 
 struct QpState {
+  // What every post reads comes first, on two cache lines.
   Context* ctx;
   uint32_t qpn;
   ibv_qp_type type;
   Pd* pd;
   Cq* send_cq;
-  Cq* recv_cq;
-  Srq* srq = nullptr;
   const QpEntry* entry;
-  Mapping seg;
   shm::QpSegmentHeader* hdr;
   shm::Ring<shm::SendWqe> sq;
-  shm::Ring<shm::RecvWqe> rq;
   ibv_qp_cap cap;
   bool sq_sig_all;
+  std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
+  // Requester state, guarded by hdr->send_lock.
+  std::unique_ptr<Peer> peer;
+  std::shared_ptr<Window> last_window;
+
+  Cq* recv_cq;
+  Srq* srq = nullptr;
+  Mapping seg;
+  shm::Ring<shm::RecvWqe> rq;
 
   std::mutex attr_mu;  // guards attr
   ibv_qp_attr attr{};
 
-  // Requester state, guarded by hdr->send_lock.
-  std::unique_ptr<Peer> peer;
+  // More requester state, guarded by hdr->send_lock.
   std::map<uint32_t, std::unique_ptr<Peer>> ud_peers;  // UD destinations by QPN; XRC_SEND: by remote SRQ number
-  std::shared_ptr<Window> last_window;
   uint32_t rnr_left = 0;     // RNR retries left for the WQE at the head
   uint32_t retry_left = 0;   // transport retries left
   bool head_started = false;
   uint64_t next_try_ns = 0;
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
-  std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
   struct Qp* self = nullptr;
 
   // Extended QPs (qp_ex.cc): the IBV_QP_EX_WITH_* ops allowed, 0 for a QP
