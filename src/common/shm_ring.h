@@ -37,6 +37,8 @@ class Ring {
   Ring() = default;
   Ring(RingHeader* h, RingSlot<T>* slots) : h_(h), slots_(slots) {}
 
+  // capacity: a power of two, at least 2 (with one slot, a producer's
+  // "free" sequence equals the consumer's "full" one).
   static void init(RingHeader* h, RingSlot<T>* slots, uint32_t capacity) {
     h->tail.store(0, std::memory_order_relaxed);
     h->head.store(0, std::memory_order_relaxed);
