@@ -164,6 +164,20 @@ class Ring {
     }
   }
 
+  // As pop(), for a caller that excludes every other consumer (a CQ's
+  // pollers hold its poll lock): the head moves with a plain store, not a
+  // compare-and-swap. Producers never write the head, so this is safe
+  // beside any number of them.
+  bool pop_exclusive(T& out) {
+    uint64_t pos = h_->head.load(std::memory_order_relaxed);
+    RingSlot<T>& s = slots_[pos & h_->mask];
+    if (s.seq.load(std::memory_order_acquire) != pos + 1) return false;
+    std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
+    h_->head.store(pos + 1, std::memory_order_relaxed);
+    s.seq.store(pos + h_->mask + 1, std::memory_order_release);
+    return true;
+  }
+
   // Peeks at the oldest element without consuming it (single consumer only).
   const T* front() const {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);

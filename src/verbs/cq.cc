@@ -111,7 +111,7 @@ int CqView::poll(Cqe* out, int n) {
       return 0;
     s->hdr->poll_lock.lock(self_pid());
     int got = 0;
-    while (got < n && s->ring.pop(out[got])) ++got;
+    while (got < n && s->ring.pop_exclusive(out[got])) ++got;  // the poll lock excludes other consumers
     s->hdr->poll_lock.unlock();
     if (got || !s->hdr->moved.load(std::memory_order_acquire) || !follow(s)) return got;
   }
