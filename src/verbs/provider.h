@@ -222,6 +222,13 @@ struct QpState {
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;
   std::shared_ptr<Window> last_window;
+  // The last RDMA WRITE's key and (address -> pointer) offset: only a hint,
+  // to start fetching the next target line for writing before the checks
+  // that translate its address for real (requester.cc fast_post). Written
+  // under the send lock, read before it (relaxed: a stale hint costs only
+  // a useless prefetch).
+  std::atomic<uint32_t> hint_rkey{0};
+  std::atomic<uintptr_t> hint_delta{0};
 
   Cq* recv_cq;
   Srq* srq = nullptr;

@@ -892,6 +892,9 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
       if (!(p->entry->access.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_WRITE)) return false;
       dst = fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len);
       if (!dst) return false;
+      q.hint_rkey.store(wr->wr.rdma.rkey, std::memory_order_relaxed);
+      q.hint_delta.store(reinterpret_cast<uintptr_t>(dst) - uintptr_t(wr->wr.rdma.remote_addr),
+                         std::memory_order_relaxed);
     }
     shm::RecvWqe r;
     if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !pop_peer_recv(q, *p, r)) return false;
@@ -951,6 +954,18 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     return roce_post_send(q, wr, bad);
   int rc = 0;
   bool need_progress = false;
+  // An RDMA WRITE through the same key as the last one most likely lands
+  // where that translation says: start taking its last line for writing now,
+  // so that the transfer overlaps the lock and the checks. A prefetch never
+  // faults and changes nothing but timing; the checks below decide.
+  if (wr && wr->num_sge == 1 && (opcode_of(wr) == IBV_WR_RDMA_WRITE || opcode_of(wr) == IBV_WR_RDMA_WRITE_WITH_IMM)) {
+    uint32_t key = q.hint_rkey.load(std::memory_order_relaxed);
+    if (key && wr->wr.rdma.rkey == key && wr->sg_list[0].length) {
+      uintptr_t last = uintptr_t(wr->wr.rdma.remote_addr) + wr->sg_list[0].length - 1 +
+                       q.hint_delta.load(std::memory_order_relaxed);
+      asm volatile("prefetchw %0" ::"m"(*reinterpret_cast<const char*>(last)));
+    }
+  }
   q.hdr->send_lock.lock(self_pid());
   if (q.hdr->torn_qpn.load(std::memory_order_relaxed)) complete_torn_receive(q);
   if (all_or_nothing) {
