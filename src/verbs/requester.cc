@@ -798,7 +798,7 @@ namespace {
 
 // ---- The fast path ----------------------------------------------------------
 //
-// Most work requests are an RDMA WRITE or a SEND of at most one SGE on a
+// Most work requests are an RDMA WRITE, READ or SEND of at most one SGE on a
 // connected QP whose peer is attached already, with nothing queued before
 // them. fast_post() carries those out straight from the ibv_send_wr, with
 // every check of the general path (validate(), resolve_peer(), gather(),
@@ -840,7 +840,10 @@ inline Peer* attached_peer(QpState& q) {
 
 // The local source of a request of at most one SGE (gather() + local_segment():
 // L_Key, PD, bounds, IBTA 10.6.7.1), for this process's own registered memory.
-inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, uint64_t& len) {
+// With `local_write` (RDMA READ: the SGE is the destination) the MR must allow
+// local write, and inline data is not allowed.
+inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, uint64_t& len,
+                        bool local_write = false) {
   if (wr->num_sge == 0) {
     src = nullptr;
     len = 0;
@@ -849,21 +852,24 @@ inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, 
   const ibv_sge& sge = wr->sg_list[0];
   len = sge.length;
   src = reinterpret_cast<const uint8_t*>(sge.addr);
-  if (wr->send_flags & IBV_SEND_INLINE) return len <= q.cap.max_inline_data;  // the L_Key is not used
+  if (wr->send_flags & IBV_SEND_INLINE) return !local_write && len <= q.cap.max_inline_data;  // the L_Key is not used
   if (len == 0) return true;
   if (len > kMaxMessage) return false;
   const ContextState& cs = *q.ctx->st;
   const MrEntry* e = cs.mr(sge.lkey);
   if (!e || e->pd != q.pd->handle || e->kind != shm::kKindMr) return false;
+  if (local_write && !(e->access & IBV_ACCESS_LOCAL_WRITE)) return false;
   if (sge.addr < e->iova || sge.addr - e->iova > e->length || e->length - (sge.addr - e->iova) < len) return false;
   if (e->backing != cs.backing) return false;  // a named region or another process's memory
   src = reinterpret_cast<const uint8_t*>(e->file_offset + (sge.addr - e->iova));  // file offset == address
   return true;
 }
 
-// The target of an RDMA WRITE through the QP's last window (peer_address()).
-inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len) {
-  const MrEntry* e = peer_key(*q.ctx->st, p, key, addr, len, IBV_ACCESS_REMOTE_WRITE);
+// The target of an RDMA WRITE (or source of a READ) through the QP's last
+// window (peer_address()).
+inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
+                            uint32_t need = IBV_ACCESS_REMOTE_WRITE) {
+  const MrEntry* e = peer_key(*q.ctx->st, p, key, addr, len, need);
   if (!e) return nullptr;
   Window* w = q.last_window.get();
   if (!w || w->key != key) return nullptr;
@@ -877,16 +883,26 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
   const uint32_t opcode = opcode_of(wr);
   const bool send = opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM;
   const bool write = opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-  if (!send && !write) return false;
+  const bool read = opcode == IBV_WR_RDMA_READ && q.type == IBV_QPT_RC;  // IBTA 9.8: no READ on UC
+  if (!send && !write && !read) return false;
   if (uint32_t(wr->num_sge) > 1 || uint32_t(wr->num_sge) > q.cap.max_send_sge) return false;
   if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR || !q.sq.empty()) return false;
   Peer* p = attached_peer(q);
   if (!p) return false;
   const uint8_t* src;
   uint64_t len;
-  if (!fast_source(q, wr, src, len)) return false;
+  if (!fast_source(q, wr, src, len, read)) return false;
 
-  if (write) {
+  if (read) {
+    // As execute(): the local SGE is the destination, the peer's memory the source.
+    if (len) {
+      if (!(p->entry->access.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_READ)) return false;
+      const uint8_t* from =
+          fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len, IBV_ACCESS_REMOTE_READ);
+      if (!from) return false;
+      copy_tail_last(const_cast<uint8_t*>(src), from, len);
+    }
+  } else if (write) {
     uint8_t* dst = nullptr;
     if (len) {
       if (!(p->entry->access.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_WRITE)) return false;
@@ -929,7 +945,8 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
                          wr->imm_data, 0);
   }
   if (q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED))
-    push_send_completion(q, wr->wr_id, send ? IBV_WC_SEND : IBV_WC_RDMA_WRITE, IBV_WC_SUCCESS, uint32_t(len));
+    push_send_completion(q, wr->wr_id, send ? IBV_WC_SEND : read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,
+                         IBV_WC_SUCCESS, uint32_t(len));
   return true;
 }
 

@@ -342,6 +342,21 @@ TEST_F(WarmPath, UnsignaledWritesStaySilentAndSignaledOnesComplete) {
   }
 }
 
+TEST_F(WarmPath, ReadsCarryThePeersBytesAndABadRkeyIsStillARemoteAccessError) {
+  peer.fill(9);
+  for (int i = 0; i < 3; ++i) {
+    std::memset(me.buf + 2048, 0, 256);
+    ASSERT_EQ(0, post(IBV_WR_RDMA_READ, 2048, 256, 512 + 64 * uint64_t(i), info.rkey));
+    ibv_wc wc = one_completion();
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status);
+    EXPECT_EQ(IBV_WC_RDMA_READ, wc.opcode);
+    EXPECT_EQ(256u, wc.byte_len);
+    EXPECT_EQ(peer.checksum(512 + 64 * uint64_t(i), 256), local_sum(2048, 256));
+  }
+  ASSERT_EQ(0, post(IBV_WR_RDMA_READ, 2048, 8, info.len - 4, info.rkey));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+}
+
 TEST_F(WarmPath, SendLargerThanTheReceiveIsStillALengthError) {
   ASSERT_EQ(0, peer.post_recv(2, 0, 16));
   fill_local(6, 0, 16);
