@@ -28,7 +28,7 @@ namespace sv::shm {
 constexpr uint32_t kDeviceMagic = 0x53564456;  // "SVDV"
 constexpr uint32_t kQpMagic = 0x53565150;      // "SVQP"
 constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;  // 2: CQ header lines split (producers / pollers), torn record on the send lock line
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -160,16 +160,17 @@ struct QpSegmentHeader {
   uint32_t sq_capacity;
   uint32_t rq_capacity;
   alignas(64) ShmLock send_lock;  // serialises posters (threads or processes)
-  alignas(64) ShmLock recv_lock;
-  alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
   // A receive this QP's requester took from a peer's queue and has not
   // completed yet (written under send_lock). Non-zero only while a message
   // is being delivered, or if its poster was killed in between: then the
   // daemon (the QP died with its context) completes that receive, so the
-  // responder does not lose it.
-  alignas(64) std::atomic<uint32_t> torn_qpn;  // the responder QP, 0 = none
+  // responder does not lose it. On the lock's line: every post reads it
+  // right after taking the lock.
+  std::atomic<uint32_t> torn_qpn;  // the responder QP, 0 = none
   uint32_t reserved2;
   uint64_t torn_wr_id;
+  alignas(64) ShmLock recv_lock;
+  alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
 };
 
 struct QpLayout {
@@ -224,12 +225,15 @@ struct CqSegmentHeader {
   uint64_t ring_offset;
   uint32_t capacity;
   uint32_t channel;                   // daemon channel handle, 0 = none
+  // Written by producers (every push reads-modifies-writes `armed`).
   alignas(64) std::atomic<uint32_t> armed;     // kArm*
   std::atomic<uint32_t> notified;     // set when an event was raised, cleared by get_cq_event
   std::atomic<uint32_t> overrun;      // a completion was lost because the ring was full
-  std::atomic<uint32_t> moved;        // set by the daemon once a resize moved the CQ to a new segment
   std::atomic<uint32_t> ignore_overrun;  // IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: no CQ error on overrun
+  // Pollers' line: an idle poller reads `moved` on every empty poll, so it
+  // must not share a line with what producers write on every push.
   alignas(64) ShmLock poll_lock;      // serialises pollers
+  std::atomic<uint32_t> moved;        // set by the daemon once a resize moved the CQ to a new segment
 };
 
 struct CqLayout {

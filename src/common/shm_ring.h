@@ -37,6 +37,8 @@ class Ring {
   Ring() = default;
   Ring(RingHeader* h, RingSlot<T>* slots) : h_(h), slots_(slots) {}
 
+  // capacity: a power of two, at least 2 (with one slot, a producer's
+  // "free" sequence equals the consumer's "full" one).
   static void init(RingHeader* h, RingSlot<T>* slots, uint32_t capacity) {
     h->tail.store(0, std::memory_order_relaxed);
     h->head.store(0, std::memory_order_relaxed);
@@ -104,6 +106,76 @@ class Ring {
         pos = h_->head.load(std::memory_order_relaxed);
       }
     }
+  }
+
+  // True when the oldest position holds an element, without claiming it:
+  // two loads, and no write to a line the producers use. An idle poller
+  // calls this in a loop, so it must not take locks or pull lines away
+  // from the producers more than the slot itself.
+  bool ready() const {
+    uint64_t pos = h_->head.load(std::memory_order_relaxed);
+    return slots_[pos & h_->mask].seq.load(std::memory_order_acquire) == pos + 1;
+  }
+
+  // As push(), but copies only the first `bytes` of `v` into the slot (the
+  // rest of the slot keeps older contents): for elements whose used length
+  // is known, such as a work request with few SGEs. bytes <= sizeof(T).
+  bool push_prefix(const T& v, size_t bytes) {
+    uint64_t pos = h_->tail.load(std::memory_order_relaxed);
+    for (;;) {
+      if (pos & kClosed) return false;
+      RingSlot<T>& s = slots_[pos & h_->mask];
+      uint64_t seq = s.seq.load(std::memory_order_acquire);
+      int64_t diff = int64_t(seq - pos);
+      if (diff == 0) {
+        if (h_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          std::memcpy(static_cast<void*>(&s.value), &v, bytes);
+          s.seq.store(pos + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = h_->tail.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  // As pop(), but copies the element out with `copy(out, slot_value)`, which
+  // may read only the part of the slot that is in use.
+  template <class Copy>
+  bool pop_with(T& out, Copy copy) {
+    uint64_t pos = h_->head.load(std::memory_order_relaxed);
+    for (;;) {
+      RingSlot<T>& s = slots_[pos & h_->mask];
+      uint64_t seq = s.seq.load(std::memory_order_acquire);
+      int64_t diff = int64_t(seq - (pos + 1));
+      if (diff == 0) {
+        if (h_->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          copy(out, s.value);
+          s.seq.store(pos + h_->mask + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = h_->head.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  // As pop(), for a caller that excludes every other consumer (a CQ's
+  // pollers hold its poll lock): the head moves with a plain store, not a
+  // compare-and-swap. Producers never write the head, so this is safe
+  // beside any number of them.
+  bool pop_exclusive(T& out) {
+    uint64_t pos = h_->head.load(std::memory_order_relaxed);
+    RingSlot<T>& s = slots_[pos & h_->mask];
+    if (s.seq.load(std::memory_order_acquire) != pos + 1) return false;
+    std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
+    h_->head.store(pos + 1, std::memory_order_relaxed);
+    s.seq.store(pos + h_->mask + 1, std::memory_order_release);
+    return true;
   }
 
   // Peeks at the oldest element without consuming it (single consumer only).

@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -54,6 +56,72 @@ TEST(ShmRing, CloseRefusesProducersAndKeepsTheTail) {
   EXPECT_TRUE(m.ring.empty());
 }
 
+// ready() answers "would pop() succeed" without claiming anything, through
+// wrap-arounds; it is what an idle ibv_poll_cq reads.
+TEST(ShmRing, ReadyTellsWhetherTheHeadHoldsAnElementWithoutTakingIt) {
+  RingMem m(2);
+  Item it;
+  EXPECT_FALSE(m.ring.ready());
+  for (uint64_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(m.ring.push({i}));
+    EXPECT_TRUE(m.ring.ready());
+    EXPECT_TRUE(m.ring.ready());  // still there: ready() took nothing
+    EXPECT_EQ(1u, m.ring.size());
+    ASSERT_TRUE(m.ring.pop(it));
+    EXPECT_EQ(i, it.v);
+    EXPECT_FALSE(m.ring.ready());
+  }
+  ASSERT_TRUE(m.ring.push({7}));
+  ASSERT_TRUE(m.ring.push({8}));
+  m.ring.close();  // a closed ring still offers what it holds
+  EXPECT_TRUE(m.ring.ready());
+}
+
+struct Wide {
+  uint64_t n;
+  uint64_t w[7];
+};
+
+// push_prefix copies only the bytes in use and pop_with copies out what the
+// element says is in use: a reused slot keeps older bytes beyond the prefix,
+// which a reader that honours the length never sees.
+TEST(ShmRing, PrefixPushAndPartialPopCarryOnlyTheUsedPart) {
+  size_t len = sizeof(RingHeader) + 2 * sizeof(RingSlot<Wide>);  // two slots: the smallest ring
+  void* mem = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(MAP_FAILED, mem);
+  auto* h = static_cast<RingHeader*>(mem);
+  auto* slots = reinterpret_cast<RingSlot<Wide>*>(h + 1);
+  Ring<Wide>::init(h, slots, 2);
+  Ring<Wide> r(h, slots);
+  auto bytes = [](uint64_t n) { return sizeof(uint64_t) * (1 + n); };
+  auto copy = [&](Wide& out, const Wide& slot) {
+    out.n = slot.n;
+    std::memcpy(out.w, slot.w, bytes(std::min<uint64_t>(out.n, 7)) - sizeof(uint64_t));
+  };
+  Wide full{7, {1, 2, 3, 4, 5, 6, 7}};
+  ASSERT_TRUE(r.push_prefix(full, bytes(7)));
+  Wide out{};
+  ASSERT_TRUE(r.pop_with(out, copy));
+  EXPECT_EQ(7u, out.n);
+  EXPECT_EQ(7u, out.w[6]);
+  ASSERT_TRUE(r.push_prefix(full, bytes(7)));  // slot 1
+  ASSERT_TRUE(r.pop_with(out, copy));
+  Wide one{1, {42, 0, 0, 0, 0, 0, 0}};
+  ASSERT_TRUE(r.push_prefix(one, bytes(1)));  // slot 0 again
+  EXPECT_EQ(2u, slots[0].value.w[1]);          // older bytes left in place
+  ASSERT_TRUE(r.push_prefix(one, bytes(1)));
+  EXPECT_FALSE(r.push_prefix(one, bytes(1)));  // full
+  Wide got;
+  std::memset(&got, 0xee, sizeof got);
+  ASSERT_TRUE(r.pop_with(got, copy));
+  EXPECT_EQ(1u, got.n);
+  EXPECT_EQ(42u, got.w[0]);
+  EXPECT_EQ(0xeeeeeeeeeeeeeeeeull, got.w[1]);  // not copied
+  ASSERT_TRUE(r.pop_with(got, copy));
+  EXPECT_FALSE(r.pop_with(got, copy));
+  ::munmap(mem, len);
+}
+
 TEST(ShmRing, FifoAndFull) {
   RingMem m(4);
   for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(m.ring.push({i}));
@@ -93,6 +161,37 @@ TEST(ShmRing, ManyThreadsLoseAndDuplicateNothing) {
   uint64_t n = uint64_t(kProducers) * kPer;
   EXPECT_EQ(n, count.load());
   EXPECT_EQ(n * (n + 1) / 2, sum.load());
+}
+
+// pop_exclusive (one consumer at a time, as a CQ's pollers under its poll
+// lock) beside many producers: each producer's elements arrive in its own
+// order, none lost or duplicated, through many wrap-arounds of a small ring.
+TEST(ShmRing, ExclusiveConsumerBesideManyProducersKeepsEachProducersOrder) {
+  RingMem m(8);
+  constexpr int kProducers = 3, kPer = 20000;
+  std::vector<std::thread> ts;
+  for (int p = 0; p < kProducers; ++p)
+    ts.emplace_back([&, p] {
+      for (int i = 0; i < kPer; ++i)
+        while (!m.ring.push({uint64_t(p) << 32 | uint64_t(i)})) std::this_thread::yield();
+    });
+  std::vector<uint64_t> next(kProducers, 0);
+  uint64_t got = 0;
+  Item it;
+  while (got < uint64_t(kProducers) * kPer) {
+    if (!m.ring.pop_exclusive(it)) {
+      std::this_thread::yield();
+      continue;
+    }
+    uint64_t p = it.v >> 32;
+    ASSERT_LT(p, uint64_t(kProducers));
+    ASSERT_EQ(next[p], it.v & 0xffffffffu);
+    ++next[p];
+    ++got;
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_FALSE(m.ring.pop_exclusive(it));
+  EXPECT_TRUE(m.ring.empty());
 }
 
 TEST(ShmRing, WorksAcrossProcesses) {

@@ -187,14 +187,15 @@ int eventfd_drain(int fd, uint64_t* value) {
   return 0;
 }
 
-namespace {
+namespace detail {
 std::atomic<uint32_t> g_pid{0};
+}  // namespace detail
+using detail::g_pid;
+namespace {
 void refresh_pid() { g_pid.store(uint32_t(::getpid()), std::memory_order_relaxed); }
 }  // namespace
 
-uint32_t self_pid() {
-  uint32_t p = g_pid.load(std::memory_order_relaxed);
-  if (p) return p;
+uint32_t self_pid_slow() {
   static const int once = [] { return ::pthread_atfork(nullptr, nullptr, refresh_pid); }();
   (void)once;
   refresh_pid();

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -113,7 +114,14 @@ int eventfd_drain(int fd, uint64_t* value);
 uint64_t monotonic_ns();
 
 // This process's pid, cached (getpid(2) is a real system call); refreshed
-// in a fork child.
-uint32_t self_pid();
+// in a fork child. Inline: every post and poll takes a lock stamped with it.
+namespace detail {
+extern std::atomic<uint32_t> g_pid;
+}
+uint32_t self_pid_slow();
+inline uint32_t self_pid() {
+  uint32_t p = detail::g_pid.load(std::memory_order_relaxed);
+  return p ? p : self_pid_slow();
+}
 
 }  // namespace sv

@@ -96,12 +96,23 @@ bool CqView::push(const ibv_wc& wc, bool solicited) {
 // Pollers hold the segment's poll lock, which a resize holds while it moves
 // the completions, so no poller takes a newer completion from the old ring
 // while an older one is in transit to the new.
+//
+// An empty ring is reported without taking the lock: ready() reads the head
+// and the head slot, then the pollers' line (lock and `moved`), so a
+// busy-polling application costs the producers nothing but the slot line
+// they publish in. If the head slot was empty and the lock free afterwards,
+// no resize was moving completions at the moment the slot was read (the
+// resizer holds the lock from before it takes the first one until after
+// `moved` is set), so "empty" is what a locked poll would have answered.
 int CqView::poll(Cqe* out, int n) {
   for (int round = 0; round < 2; ++round) {
     CqSegment* s = cur.load(std::memory_order_acquire);
+    if (!s->ring.ready() && s->hdr->poll_lock.owner.load(std::memory_order_acquire) == 0 &&
+        !s->hdr->moved.load(std::memory_order_acquire))
+      return 0;
     s->hdr->poll_lock.lock(self_pid());
     int got = 0;
-    while (got < n && s->ring.pop(out[got])) ++got;
+    while (got < n && s->ring.pop_exclusive(out[got])) ++got;  // the poll lock excludes other consumers
     s->hdr->poll_lock.unlock();
     if (got || !s->hdr->moved.load(std::memory_order_acquire) || !follow(s)) return got;
   }

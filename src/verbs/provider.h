@@ -13,8 +13,11 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -165,8 +168,13 @@ struct Cq {
 
 // A connected peer QP on this host, as the requester sees it.
 struct Peer {
+  // What every post reads comes first.
   uint32_t qpn;
+  uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
   const QpEntry* entry;
+  // The peer belongs to another user: nothing of it is mapped here, and each
+  // operation goes through the daemon (requester.cc execute_mediated).
+  bool mediated = false;
   Mapping seg;
   shm::QpSegmentHeader* hdr;
   shm::Ring<shm::RecvWqe> rq;
@@ -176,10 +184,6 @@ struct Peer {
   shm::SrqSegmentHeader* srq_hdr = nullptr;
   shm::Ring<shm::RecvWqe> srq;
   uint32_t srq_handle = 0;
-  uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
-  // The peer belongs to another user: nothing of it is mapped here, and each
-  // operation goes through the daemon (requester.cc execute_mediated).
-  bool mediated = false;
 };
 
 struct SrqState {
@@ -206,34 +210,44 @@ struct Window {
 };
 
 struct QpState {
+  // What every post reads comes first, on two cache lines.
   Context* ctx;
   uint32_t qpn;
   ibv_qp_type type;
   Pd* pd;
   Cq* send_cq;
-  Cq* recv_cq;
-  Srq* srq = nullptr;
   const QpEntry* entry;
-  Mapping seg;
   shm::QpSegmentHeader* hdr;
   shm::Ring<shm::SendWqe> sq;
-  shm::Ring<shm::RecvWqe> rq;
   ibv_qp_cap cap;
   bool sq_sig_all;
+  std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
+  // Requester state, guarded by hdr->send_lock.
+  std::unique_ptr<Peer> peer;
+  std::shared_ptr<Window> last_window;
+  // The last RDMA WRITE's key and (address -> pointer) offset: only a hint,
+  // to start fetching the next target line for writing before the checks
+  // that translate its address for real (requester.cc fast_post). Written
+  // under the send lock, read before it (relaxed: a stale hint costs only
+  // a useless prefetch).
+  std::atomic<uint32_t> hint_rkey{0};
+  std::atomic<uintptr_t> hint_delta{0};
+
+  Cq* recv_cq;
+  Srq* srq = nullptr;
+  Mapping seg;
+  shm::Ring<shm::RecvWqe> rq;
 
   std::mutex attr_mu;  // guards attr
   ibv_qp_attr attr{};
 
-  // Requester state, guarded by hdr->send_lock.
-  std::unique_ptr<Peer> peer;
+  // More requester state, guarded by hdr->send_lock.
   std::map<uint32_t, std::unique_ptr<Peer>> ud_peers;  // UD destinations by QPN; XRC_SEND: by remote SRQ number
-  std::shared_ptr<Window> last_window;
   uint32_t rnr_left = 0;     // RNR retries left for the WQE at the head
   uint32_t retry_left = 0;   // transport retries left
   bool head_started = false;
   uint64_t next_try_ns = 0;
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
-  std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
   struct Qp* self = nullptr;
 
   // Extended QPs (qp_ex.cc): the IBV_QP_EX_WITH_* ops allowed, 0 for a QP
@@ -392,13 +406,25 @@ ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capa
 // unset: the caller says what, if anything, dereg must release.
 Mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length, uint32_t handle, uint32_t key);
 
-// A receive work request as it sits in a receive queue ring.
-inline shm::RecvWqe to_recv_wqe(const ibv_recv_wr& wr) {
-  shm::RecvWqe w{};
+// A receive work request as it sits in a receive queue ring. Only the
+// header and the num_sge SGEs in use are filled in, and only those travel
+// through the ring (recv_wqe_bytes): a one-SGE receive is one cache line
+// for the sender to read, not the five of a full RecvWqe.
+inline size_t recv_wqe_bytes(uint32_t num_sge) {
+  return offsetof(shm::RecvWqe, sge) + size_t(std::min(num_sge, shm::kMaxSge)) * sizeof(shm::Sge);
+}
+inline void to_recv_wqe(const ibv_recv_wr& wr, shm::RecvWqe& w) {
   w.wr_id = wr.wr_id;
   w.num_sge = uint32_t(wr.num_sge);
+  w.reserved = 0;
   for (int i = 0; i < wr.num_sge; ++i) w.sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
-  return w;
+}
+// Copies a receive WQE out of a ring slot, its used part only. num_sge is
+// read once: the slot is in memory the poster's peers can write, and the
+// copy must not depend on a value that changes under it.
+inline void copy_recv_wqe(shm::RecvWqe& out, const shm::RecvWqe& slot) {
+  std::memcpy(&out, &slot, offsetof(shm::RecvWqe, sge));
+  std::memcpy(out.sge, slot.sge, recv_wqe_bytes(out.num_sge) - offsetof(shm::RecvWqe, sge));
 }
 
 // Sharing (sharing.cc, qp.cc)

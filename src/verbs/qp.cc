@@ -243,8 +243,9 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       *bad = wr;
       return EINVAL;
     }
-    shm::RecvWqe w = to_recv_wqe(*wr);
-    if (!q.rq.push(w)) {
+    shm::RecvWqe w;
+    to_recv_wqe(*wr, w);
+    if (!q.rq.push_prefix(w, recv_wqe_bytes(w.num_sge))) {
       *bad = wr;
       return ENOMEM;
     }

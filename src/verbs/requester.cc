@@ -103,8 +103,8 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
 
 // Resolves an address in a peer's memory through its key (IBTA 10.6.7.2:
 // R_Key or L_Key, PD of the responder's QP, bounds, access rights).
-uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
-  ContextState& cs = *q.ctx->st;
+inline const MrEntry* peer_key(const ContextState& cs, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
+                               uint32_t need) {
   const MrEntry* e = cs.mr(key);
   if (!e || e->pd != (p.pd ? p.pd : p.entry->pd)) return nullptr;
   if ((e->access & need) != need) return nullptr;
@@ -113,6 +113,13 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
   // Receive buffers are named by L_Key, which windows never are.
   if (need == IBV_ACCESS_LOCAL_WRITE && e->kind != shm::kKindMr) return nullptr;
   if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return nullptr;
+  return e;
+}
+
+uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
+  ContextState& cs = *q.ctx->st;
+  const MrEntry* e = peer_key(cs, p, key, addr, len, need);
+  if (!e) return nullptr;
   // The hot path uses the QP's last window without touching its reference
   // count; only a different key goes to the context's window cache.
   Window* w = q.last_window.get();
@@ -203,26 +210,31 @@ ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t 
   return len > room ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
 }
 
-void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
-                          uint32_t len, const shm::SendWqe& w) {
+void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, ibv_wc_opcode op,
+                          uint32_t len, uint32_t opcode, uint32_t send_flags, uint32_t imm_data,
+                          uint32_t invalidate_rkey) {
   ibv_wc wc{};
-  wc.wr_id = r.wr_id;
+  wc.wr_id = recv_wr_id;
   wc.status = status;
   wc.opcode = op;
   wc.byte_len = len;
   wc.qp_num = p.qpn;
   wc.src_qp = q.qpn;
-  if (status == IBV_WC_SUCCESS &&
-      (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) {
+  if (status == IBV_WC_SUCCESS && (opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) {
     wc.wc_flags = IBV_WC_WITH_IMM;
-    wc.imm_data = w.imm_data;
+    wc.imm_data = imm_data;
   }
-  if (status == IBV_WC_SUCCESS && w.opcode == IBV_WR_SEND_WITH_INV) {
+  if (status == IBV_WC_SUCCESS && opcode == IBV_WR_SEND_WITH_INV) {
     wc.wc_flags = IBV_WC_WITH_INV;
-    wc.invalidated_rkey = w.invalidate_rkey;
+    wc.invalidated_rkey = invalidate_rkey;
   }
-  p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS);
+  p.recv_cq.push(wc, (send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS);
   q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
+}
+
+void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
+                          uint32_t len, const shm::SendWqe& w) {
+  push_recv_completion(q, p, r.wr_id, status, op, len, w.opcode, w.send_flags, w.imm_data, w.invalidate_rkey);
 }
 
 // Binds and local invalidations act on this side only (no peer needed).
@@ -418,16 +430,20 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
   }
 }
 
-void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len) {
-  bool signaled = q.sq_sig_all || (w.send_flags & IBV_SEND_SIGNALED);
-  if (status == IBV_WC_SUCCESS && !signaled) return;
+void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len) {
   ibv_wc wc{};
-  wc.wr_id = w.wr_id;
+  wc.wr_id = wr_id;
   wc.status = status;
-  wc.opcode = send_wc_opcode(w.opcode);
+  wc.opcode = op;
   wc.byte_len = len;
   wc.qp_num = q.qpn;
   q.send_cq->st->view.push(wc, true);
+}
+
+void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len) {
+  bool signaled = q.sq_sig_all || (w.send_flags & IBV_SEND_SIGNALED);
+  if (status == IBV_WC_SUCCESS && !signaled) return;
+  push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), status, len);
 }
 
 void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
@@ -780,6 +796,160 @@ bool progress_qp(QpState& q) {
 
 namespace {
 
+// ---- The fast path ----------------------------------------------------------
+//
+// Most work requests are an RDMA WRITE, READ or SEND of at most one SGE on a
+// connected QP whose peer is attached already, with nothing queued before
+// them. fast_post() carries those out straight from the ibv_send_wr, with
+// every check of the general path (validate(), resolve_peer(), gather(),
+// peer_address(), IBTA 10.6.7 key checks) but without building a SendWqe,
+// without a call per step, and with a single store for small payloads.
+// Anything else -- an error to report, a key whose window is not the QP's
+// last one, a peer to (re)connect, an empty receive queue -- makes it return
+// false *before it changed anything*, and the general path handles the
+// request from scratch, so the outcome is the same either way.
+
+// Copies a small or large payload with the last 8 bytes (or the last byte)
+// stored last, as copy_segments() does (a poller of the final byte sees the
+// whole message).
+inline void copy_tail_last(uint8_t* d, const uint8_t* s, uint64_t n) {
+  if (n >= 8) {
+    if (n > 8) std::memcpy(d, s, n - 8);
+    uint64_t tail;
+    std::memcpy(&tail, s + n - 8, 8);
+    asm volatile("" ::: "memory");
+    std::memcpy(d + n - 8, &tail, 8);  // one (possibly unaligned) store
+  } else if (n) {
+    if (n > 1) std::memcpy(d, s, n - 1);
+    asm volatile("" ::: "memory");
+    d[n - 1] = s[n - 1];
+  }
+}
+
+// The peer as resolve_peer() accepts it, without (re)connecting.
+inline Peer* attached_peer(QpState& q) {
+  Peer* p = q.peer.get();
+  if (!p || p->mediated) return nullptr;
+  uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
+  if (p->qpn != dest || p->entry->qpn.load(std::memory_order_acquire) != dest) return nullptr;
+  auto st = p->entry->state.load(std::memory_order_acquire);
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return nullptr;
+  if (p->entry->dest_qpn.load(std::memory_order_relaxed) != q.qpn) return nullptr;
+  return p;
+}
+
+// The local source of a request of at most one SGE (gather() + local_segment():
+// L_Key, PD, bounds, IBTA 10.6.7.1), for this process's own registered memory.
+// With `local_write` (RDMA READ: the SGE is the destination) the MR must allow
+// local write, and inline data is not allowed.
+inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, uint64_t& len,
+                        bool local_write = false) {
+  if (wr->num_sge == 0) {
+    src = nullptr;
+    len = 0;
+    return true;
+  }
+  const ibv_sge& sge = wr->sg_list[0];
+  len = sge.length;
+  src = reinterpret_cast<const uint8_t*>(sge.addr);
+  if (wr->send_flags & IBV_SEND_INLINE) return !local_write && len <= q.cap.max_inline_data;  // the L_Key is not used
+  if (len == 0) return true;
+  if (len > kMaxMessage) return false;
+  const ContextState& cs = *q.ctx->st;
+  const MrEntry* e = cs.mr(sge.lkey);
+  if (!e || e->pd != q.pd->handle || e->kind != shm::kKindMr) return false;
+  if (local_write && !(e->access & IBV_ACCESS_LOCAL_WRITE)) return false;
+  if (sge.addr < e->iova || sge.addr - e->iova > e->length || e->length - (sge.addr - e->iova) < len) return false;
+  if (e->backing != cs.backing) return false;  // a named region or another process's memory
+  src = reinterpret_cast<const uint8_t*>(e->file_offset + (sge.addr - e->iova));  // file offset == address
+  return true;
+}
+
+// The target of an RDMA WRITE (or source of a READ) through the QP's last
+// window (peer_address()).
+inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
+                            uint32_t need = IBV_ACCESS_REMOTE_WRITE) {
+  const MrEntry* e = peer_key(*q.ctx->st, p, key, addr, len, need);
+  if (!e) return nullptr;
+  Window* w = q.last_window.get();
+  if (!w || w->key != key) return nullptr;
+  return w->at(e->file_offset + (addr - e->iova));
+}
+
+// Called with the send lock held. True when the request was carried out
+// (and completed); false when the general path must take it, nothing done.
+bool fast_post(QpState& q, const ibv_send_wr* wr) {
+  if (q.type != IBV_QPT_RC && q.type != IBV_QPT_UC) return false;
+  const uint32_t opcode = opcode_of(wr);
+  const bool send = opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM;
+  const bool write = opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  const bool read = opcode == IBV_WR_RDMA_READ && q.type == IBV_QPT_RC;  // IBTA 9.8: no READ on UC
+  if (!send && !write && !read) return false;
+  if (uint32_t(wr->num_sge) > 1 || uint32_t(wr->num_sge) > q.cap.max_send_sge) return false;
+  if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR || !q.sq.empty()) return false;
+  Peer* p = attached_peer(q);
+  if (!p) return false;
+  const uint8_t* src;
+  uint64_t len;
+  if (!fast_source(q, wr, src, len, read)) return false;
+
+  if (read) {
+    // As execute(): the local SGE is the destination, the peer's memory the source.
+    if (len) {
+      if (!(p->entry->access.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_READ)) return false;
+      const uint8_t* from =
+          fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len, IBV_ACCESS_REMOTE_READ);
+      if (!from) return false;
+      copy_tail_last(const_cast<uint8_t*>(src), from, len);
+    }
+  } else if (write) {
+    uint8_t* dst = nullptr;
+    if (len) {
+      if (!(p->entry->access.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_WRITE)) return false;
+      dst = fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len);
+      if (!dst) return false;
+      q.hint_rkey.store(wr->wr.rdma.rkey, std::memory_order_relaxed);
+      q.hint_delta.store(reinterpret_cast<uintptr_t>(dst) - uintptr_t(wr->wr.rdma.remote_addr),
+                         std::memory_order_relaxed);
+    }
+    shm::RecvWqe r;
+    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !pop_peer_recv(q, *p, r)) return false;
+    copy_tail_last(dst, src, len);
+    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+      push_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(len), opcode,
+                           wr->send_flags, wr->imm_data, 0);
+  } else {
+    shm::RecvWqe r;
+    if (!pop_peer_recv(q, *p, r)) return false;  // RNR (or a UC drop): the general path decides
+    Seg remote[shm::kMaxSge];
+    uint32_t nr = 0;
+    if (ibv_wc_status rs = resolve_recv(q, *p, r, len, remote, nr)) {
+      // As execute() (IBTA 9.7.5.2), and execute_uc() for UC: the receive
+      // completes in error at the responder; the requester fails on RC only.
+      push_recv_completion(q, *p, r.wr_id, rs, IBV_WC_RECV, 0, opcode, wr->send_flags, wr->imm_data, 0);
+      shm::SendWqe w;
+      to_wqe(q, wr, w);
+      if (q.type == IBV_QPT_UC)
+        complete(q, w, IBV_WC_SUCCESS, 0);
+      else
+        fail(q, w, {Step::kError, rs == IBV_WC_LOC_PROT_ERR ? IBV_WC_REM_OP_ERR : IBV_WC_REM_INV_REQ_ERR, true});
+      return true;
+    }
+    if (nr == 1) {
+      copy_tail_last(remote[0].p, src, len);
+    } else {
+      Seg local{const_cast<uint8_t*>(src), len};
+      copy_segments(remote, int(nr), &local, 1, len);
+    }
+    push_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(len), opcode, wr->send_flags,
+                         wr->imm_data, 0);
+  }
+  if (q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED))
+    push_send_completion(q, wr->wr_id, send ? IBV_WC_SEND : read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,
+                         IBV_WC_SUCCESS, uint32_t(len));
+  return true;
+}
+
 int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   QpState& q = *to_qp(ibqp)->st;
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
@@ -796,13 +966,25 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     return EIO;
   }
   // The peer is on another host: the RoCEv2 engine carries it (roce_link.h).
-  if (roce_attached(q) && wr &&
+  if (q.on_wire.load(std::memory_order_acquire) && wr &&  // roce_attached(), without the call
       (q.type != IBV_QPT_UD || (wr->wr.ud.ah && wr->wr.ud.ah->context == ibqp->context && roce_ud_remote(q, wr))))
     return roce_post_send(q, wr, bad);
   int rc = 0;
   bool need_progress = false;
+  // An RDMA WRITE through the same key as the last one most likely lands
+  // where that translation says: start taking its last line for writing now,
+  // so that the transfer overlaps the lock and the checks. A prefetch never
+  // faults and changes nothing but timing; the checks below decide.
+  if (wr && wr->num_sge == 1 && (opcode_of(wr) == IBV_WR_RDMA_WRITE || opcode_of(wr) == IBV_WR_RDMA_WRITE_WITH_IMM)) {
+    uint32_t key = q.hint_rkey.load(std::memory_order_relaxed);
+    if (key && wr->wr.rdma.rkey == key && wr->sg_list[0].length) {
+      uintptr_t last = uintptr_t(wr->wr.rdma.remote_addr) + wr->sg_list[0].length - 1 +
+                       q.hint_delta.load(std::memory_order_relaxed);
+      asm volatile("prefetchw %0" ::"m"(*reinterpret_cast<const char*>(last)));
+    }
+  }
   q.hdr->send_lock.lock(self_pid());
-  complete_torn_receive(q);
+  if (q.hdr->torn_qpn.load(std::memory_order_relaxed)) complete_torn_receive(q);
   if (all_or_nothing) {
     // ibv_wr_complete(3): the whole batch is posted or none of it. Every WR
     // might have to wait in the send queue, so all of them must fit there.
@@ -821,6 +1003,7 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     }
   }
   for (; wr; wr = wr->next) {
+    if (fast_post(q, wr)) continue;
     if (int e = validate(q, wr)) {
       *bad = wr;
       rc = e;

@@ -63,7 +63,7 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
 // poster killed in between leaves the record for the daemon (issue
 // "Robustness": a dead requester must not make the responder lose a receive).
 bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
-  if (!(p.srq_hdr ? p.srq.pop(out) : p.rq.pop(out))) return false;
+  if (!(p.srq_hdr ? p.srq.pop_with(out, copy_recv_wqe) : p.rq.pop_with(out, copy_recv_wqe))) return false;
   q.hdr->torn_wr_id = out.wr_id;
   q.hdr->torn_qpn.store(p.qpn, std::memory_order_release);
   if (!p.srq_hdr) return true;
@@ -242,8 +242,9 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       *bad = wr;
       return EINVAL;
     }
-    shm::RecvWqe w = to_recv_wqe(*wr);
-    if (!st.ring.push(w)) {
+    shm::RecvWqe w;
+    to_recv_wqe(*wr, w);
+    if (!st.ring.push_prefix(w, recv_wqe_bytes(w.num_sge))) {
       *bad = wr;
       return ENOMEM;
     }

@@ -270,6 +270,136 @@ TEST_F(DataPath, ErrorStateFlushesPostedReceives) {
   ASSERT_EQ(1u, peer.poll(1).size());
 }
 
+// The requester's fast path (fast_post in requester.cc) carries a request
+// out once the QP's peer is attached and its last window cached, that is from
+// the second request on. Each check must still hold there: these tests warm
+// the path with a good request, then send the bad one.
+class WarmPath : public DataPath {
+ protected:
+  void warm_write() {
+    fill_local(5, 0, 64);
+    ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 64, 0, info.rkey));
+    ASSERT_EQ(IBV_WC_SUCCESS, one_completion().status);
+    ASSERT_EQ(local_sum(0, 64), peer.checksum(0, 64));
+  }
+};
+
+TEST_F(WarmPath, BadRkeyIsStillARemoteAccessError) {
+  warm_write();
+  peer.fill(2);
+  uint64_t before = peer.checksum(0, info.len);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey ^ 0x100));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+  EXPECT_EQ(before, peer.checksum(0, info.len));
+}
+
+TEST_F(WarmPath, WriteBeyondTheRemoteMrIsStillARemoteAccessError) {
+  warm_write();
+  peer.fill(3);
+  uint64_t before = peer.checksum(0, info.len);
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 16, info.len - 8, info.rkey));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+  EXPECT_EQ(before, peer.checksum(0, info.len));
+}
+
+TEST_F(WarmPath, BadLkeyAndLocalBoundsAreStillLocalProtectionErrors) {
+  warm_write();
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey, IBV_SEND_SIGNALED, me.mr->lkey + 1));
+  ibv_wc wc = one_completion();
+  EXPECT_EQ(IBV_WC_LOC_PROT_ERR, wc.status);
+  EXPECT_EQ(77u, wc.wr_id);
+}
+
+TEST_F(WarmPath, LocalSgeOutsideTheMrIsStillALocalProtectionError) {
+  warm_write();
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, me.len - 4, 8, 0, info.rkey));
+  EXPECT_EQ(IBV_WC_LOC_PROT_ERR, one_completion().status);
+}
+
+TEST_F(WarmPath, InlineLongerThanMaxInlineIsStillRefused) {
+  warm_write();
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(0, ibv_query_qp(me.qp, &attr, IBV_QP_CAP, &init));
+  EXPECT_EQ(EINVAL, post(IBV_WR_RDMA_WRITE, 0, init.cap.max_inline_data + 1, 0, info.rkey,
+                         IBV_SEND_SIGNALED | IBV_SEND_INLINE));
+  EXPECT_TRUE(poll(me.cq, 1, 50).empty());
+}
+
+TEST_F(WarmPath, UnsignaledWritesStaySilentAndSignaledOnesComplete) {
+  warm_write();
+  for (int i = 0; i < 20; ++i) {
+    fill_local(uint8_t(i), 0, 8);
+    ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, uint64_t(i) * 8, info.rkey, i % 5 == 4 ? IBV_SEND_SIGNALED : 0));
+    EXPECT_EQ(local_sum(0, 8), peer.checksum(uint64_t(i) * 8, 8));
+  }
+  auto wc = poll(me.cq, 5, 2000);
+  ASSERT_EQ(4u, wc.size());
+  for (auto& w : wc) {
+    EXPECT_EQ(IBV_WC_SUCCESS, w.status);
+    EXPECT_EQ(IBV_WC_RDMA_WRITE, w.opcode);
+    EXPECT_EQ(8u, w.byte_len);
+  }
+}
+
+TEST_F(WarmPath, ReadsCarryThePeersBytesAndABadRkeyIsStillARemoteAccessError) {
+  peer.fill(9);
+  for (int i = 0; i < 3; ++i) {
+    std::memset(me.buf + 2048, 0, 256);
+    ASSERT_EQ(0, post(IBV_WR_RDMA_READ, 2048, 256, 512 + 64 * uint64_t(i), info.rkey));
+    ibv_wc wc = one_completion();
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status);
+    EXPECT_EQ(IBV_WC_RDMA_READ, wc.opcode);
+    EXPECT_EQ(256u, wc.byte_len);
+    EXPECT_EQ(peer.checksum(512 + 64 * uint64_t(i), 256), local_sum(2048, 256));
+  }
+  ASSERT_EQ(0, post(IBV_WR_RDMA_READ, 2048, 8, info.len - 4, info.rkey));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, one_completion().status);
+}
+
+TEST_F(WarmPath, SendLargerThanTheReceiveIsStillALengthError) {
+  ASSERT_EQ(0, peer.post_recv(2, 0, 16));
+  fill_local(6, 0, 16);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 16, 0, 0));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 17, 0, 0));
+  EXPECT_EQ(IBV_WC_REM_INV_REQ_ERR, one_completion().status);
+  auto theirs = peer.poll(2);
+  ASSERT_EQ(2u, theirs.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, theirs[0].status);
+  EXPECT_EQ(16u, theirs[0].byte_len);
+  EXPECT_EQ(IBV_WC_LOC_LEN_ERR, theirs[1].status);
+  // IBTA 9.7.5.2: the requester's QP is in ERR now; the next request is flushed.
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, info.rkey));
+  EXPECT_EQ(IBV_WC_WR_FLUSH_ERR, one_completion().status);
+}
+
+TEST_F(WarmPath, SendWithImmediateAndWriteWithImmediateCarryIt) {
+  ASSERT_EQ(0, peer.post_recv(4, 0, 64));  // receive k covers [64k, 64k+64)
+  uint64_t k = 0;
+  for (ibv_wr_opcode op : {IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_RDMA_WRITE_WITH_IMM}) {
+    fill_local(uint8_t(op), 0, 32);
+    ASSERT_EQ(0, post(op, 0, 32, 1024, info.rkey));
+    ibv_wc wc = one_completion();
+    EXPECT_EQ(IBV_WC_SUCCESS, wc.status);
+    EXPECT_EQ(op == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RDMA_WRITE : IBV_WC_SEND, wc.opcode);
+    auto theirs = peer.poll(1);
+    ASSERT_EQ(1u, theirs.size());
+    EXPECT_EQ(IBV_WC_SUCCESS, theirs[0].status);
+    EXPECT_EQ(32u, theirs[0].byte_len);
+    if (op == IBV_WR_SEND) {
+      EXPECT_EQ(IBV_WC_RECV, theirs[0].opcode);
+      EXPECT_EQ(0u, theirs[0].wc_flags & IBV_WC_WITH_IMM);
+    } else {
+      EXPECT_EQ(op == IBV_WR_SEND_WITH_IMM ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM, theirs[0].opcode);
+      EXPECT_TRUE(theirs[0].wc_flags & IBV_WC_WITH_IMM);
+      EXPECT_EQ(htonl(0xabcd1234), theirs[0].imm_data);
+    }
+    EXPECT_EQ(local_sum(0, 32), peer.checksum(op == IBV_WR_RDMA_WRITE_WITH_IMM ? 1024 : 64 * k, 32));
+    ++k;
+  }
+}
+
 class DataPathAccess : public DataPath {
  protected:
   void SetUp() override {}
@@ -334,6 +464,92 @@ TEST_F(DataPathAccess, UcDropsWhatTheResponderCannotTakeAndCarriesOn) {
   EXPECT_EQ(local_sum(0, 64), peer.checksum(128, 64));
   // No READ or atomics on UC.
   EXPECT_EQ(EINVAL, post(IBV_WR_RDMA_READ, 0, 8, 0, info.rkey));
+}
+
+// Receive WQEs travel through the ring by their used length only (the SGEs
+// in use): a slot that held a 4-SGE receive and now holds a 1-SGE one must
+// offer the room of one SGE, not four.
+TEST_F(DataPathAccess, ReusedReceiveSlotsOfferOnlyTheirOwnSges) {
+  Side::Options small;
+  small.max_wr = 4;  // receive ring of 4 slots
+  connect(small, {});
+  auto post_recv = [&](int nsge) {
+    ibv_sge sges[4];
+    for (int i = 0; i < nsge; ++i) sges[i] = {reinterpret_cast<uint64_t>(me.buf) + 4096 + 16 * uint64_t(i), 16, me.mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = uint64_t(nsge);
+    wr.sg_list = sges;
+    wr.num_sge = nsge;
+    ibv_recv_wr* bad;
+    return ibv_post_recv(me.qp, &wr, &bad);
+  };
+  for (int i = 0; i < 8; ++i) {  // every slot, twice, with 4 SGEs of 16 bytes
+    ASSERT_EQ(0, post_recv(4));
+    peer.fill(uint8_t(i));
+    ibv_wc wc = peer.post(IBV_WR_SEND, 0, 64, 0, 0);
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status);
+    ibv_wc mine = one_completion();
+    ASSERT_EQ(IBV_WC_SUCCESS, mine.status);
+    ASSERT_EQ(4u, mine.wr_id);
+    ASSERT_EQ(peer.checksum(0, 64), local_sum(4096, 64));
+  }
+  ASSERT_EQ(0, post_recv(1));
+  ibv_wc wc = peer.post(IBV_WR_SEND, 0, 64, 0, 0);
+  EXPECT_EQ(IBV_WC_REM_INV_REQ_ERR, wc.status);
+  ibv_wc mine = one_completion();
+  EXPECT_EQ(IBV_WC_LOC_LEN_ERR, mine.status);
+  EXPECT_EQ(1u, mine.wr_id);
+}
+
+// A queue asked for one entry must neither take a second one over the
+// first nor lose it (a one-slot ring cannot tell full from empty: the
+// daemon makes every queue at least two deep).
+TEST_F(DataPathAccess, OneDeepReceiveQueueLosesNothing) {
+  Side::Options one;
+  one.max_wr = 1;
+  connect(one, {});
+  auto post_recv = [&](uint64_t id, uint64_t off) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(me.buf) + off, 64, me.mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad;
+    return ibv_post_recv(me.qp, &wr, &bad);
+  };
+  ASSERT_EQ(0, post_recv(1, 0));
+  int second = post_recv(2, 64);
+  ASSERT_TRUE(second == 0 || second == ENOMEM) << second;
+  int want = second == 0 ? 2 : 1;
+  for (int i = 0; i < want; ++i) ASSERT_EQ(IBV_WC_SUCCESS, peer.post(IBV_WR_SEND, 0, 8, 0, 0).status);
+  auto wc = poll(me.cq, want);
+  ASSERT_EQ(size_t(want), wc.size());
+  for (int i = 0; i < want; ++i) {
+    EXPECT_EQ(IBV_WC_SUCCESS, wc[i].status);
+    EXPECT_EQ(uint64_t(i + 1), wc[i].wr_id);
+  }
+}
+
+// UC on the warm path: a receive too small fails at the responder, and the
+// requester (no acknowledgements, IBTA 9.8) completes successfully.
+TEST_F(DataPathAccess, UcWarmSendIntoATooSmallReceiveFailsOnlyAtTheResponder) {
+  Side::Options uc;
+  uc.type = IBV_QPT_UC;
+  connect(uc, uc);
+  ASSERT_EQ(0, peer.post_recv(2, 0, 16));
+  fill_local(7, 0, 32);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 16, 0, 0));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  ASSERT_EQ(0, post(IBV_WR_SEND, 0, 17, 0, 0));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  auto theirs = peer.poll(2);
+  ASSERT_EQ(2u, theirs.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, theirs[0].status);
+  EXPECT_EQ(IBV_WC_LOC_LEN_ERR, theirs[1].status);
+  // The requester carries on.
+  ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 32, 256, info.rkey));
+  EXPECT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  EXPECT_EQ(local_sum(0, 32), peer.checksum(256, 32));
 }
 
 // IBTA 9.8.2: UD sends go to the QP the work request names, if the Q_Key
