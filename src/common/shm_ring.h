@@ -35,7 +35,12 @@ template <class T>
 class Ring {
  public:
   Ring() = default;
-  Ring(RingHeader* h, RingSlot<T>* slots) : h_(h), slots_(slots) {}
+  // The capacity is read from the header once, here: for a process that
+  // trusts whoever initialised the ring.
+  Ring(RingHeader* h, RingSlot<T>* slots) : h_(h), slots_(slots), mask_(h->mask) {}
+  // With the capacity the caller knows: the daemon, which must not take an
+  // index bound from memory that every process mapping the ring can write.
+  Ring(RingHeader* h, RingSlot<T>* slots, uint32_t capacity) : h_(h), slots_(slots), mask_(capacity - 1) {}
 
   // capacity: a power of two, at least 2 (with one slot, a producer's
   // "free" sequence equals the consumer's "full" one).
@@ -61,14 +66,14 @@ class Ring {
   void reopen() { h_->tail.fetch_and(~kClosed, std::memory_order_acq_rel); }
   bool closed() const { return h_->tail.load(std::memory_order_acquire) & kClosed; }
   uint64_t head() const { return h_->head.load(std::memory_order_acquire); }
-  uint32_t capacity() const { return h_->capacity; }
+  uint32_t capacity() const { return mask_ + 1; }
 
   // Returns false when the ring is full.
   bool push(const T& v) {
     uint64_t pos = h_->tail.load(std::memory_order_relaxed);
     for (;;) {
       if (pos & kClosed) return false;  // closed: as full
-      RingSlot<T>& s = slots_[pos & h_->mask];
+      RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       // The difference of positions, computed unsigned (wrapping is defined)
       // and read as signed: they never drift 2^63 apart.
@@ -81,8 +86,8 @@ class Ring {
         }
       } else if (diff < 0) {
         return false;
-      } else {
-        pos = h_->tail.load(std::memory_order_relaxed);
+      } else if (!advanced(h_->tail, pos)) {
+        return false;  // a sequence ahead of a tail that did not move: corrupted
       }
     }
   }
@@ -91,19 +96,19 @@ class Ring {
   bool pop(T& out) {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
     for (;;) {
-      RingSlot<T>& s = slots_[pos & h_->mask];
+      RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       int64_t diff = int64_t(seq - (pos + 1));
       if (diff == 0) {
         if (h_->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
           std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
-          s.seq.store(pos + h_->mask + 1, std::memory_order_release);
+          s.seq.store(pos + mask_ + 1, std::memory_order_release);
           return true;
         }
       } else if (diff < 0) {
         return false;
-      } else {
-        pos = h_->head.load(std::memory_order_relaxed);
+      } else if (!advanced(h_->head, pos)) {
+        return false;  // a sequence ahead of a head that did not move: corrupted
       }
     }
   }
@@ -114,7 +119,7 @@ class Ring {
   // from the producers more than the slot itself.
   bool ready() const {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
-    return slots_[pos & h_->mask].seq.load(std::memory_order_acquire) == pos + 1;
+    return slots_[pos & mask_].seq.load(std::memory_order_acquire) == pos + 1;
   }
 
   // As push(), but copies only the first `bytes` of `v` into the slot (the
@@ -124,7 +129,7 @@ class Ring {
     uint64_t pos = h_->tail.load(std::memory_order_relaxed);
     for (;;) {
       if (pos & kClosed) return false;
-      RingSlot<T>& s = slots_[pos & h_->mask];
+      RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       int64_t diff = int64_t(seq - pos);
       if (diff == 0) {
@@ -135,8 +140,8 @@ class Ring {
         }
       } else if (diff < 0) {
         return false;
-      } else {
-        pos = h_->tail.load(std::memory_order_relaxed);
+      } else if (!advanced(h_->tail, pos)) {
+        return false;  // a sequence ahead of a tail that did not move: corrupted
       }
     }
   }
@@ -147,19 +152,19 @@ class Ring {
   bool pop_with(T& out, Copy copy) {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
     for (;;) {
-      RingSlot<T>& s = slots_[pos & h_->mask];
+      RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       int64_t diff = int64_t(seq - (pos + 1));
       if (diff == 0) {
         if (h_->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
           copy(out, s.value);
-          s.seq.store(pos + h_->mask + 1, std::memory_order_release);
+          s.seq.store(pos + mask_ + 1, std::memory_order_release);
           return true;
         }
       } else if (diff < 0) {
         return false;
-      } else {
-        pos = h_->head.load(std::memory_order_relaxed);
+      } else if (!advanced(h_->head, pos)) {
+        return false;  // a sequence ahead of a head that did not move: corrupted
       }
     }
   }
@@ -170,18 +175,18 @@ class Ring {
   // beside any number of them.
   bool pop_exclusive(T& out) {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
-    RingSlot<T>& s = slots_[pos & h_->mask];
+    RingSlot<T>& s = slots_[pos & mask_];
     if (s.seq.load(std::memory_order_acquire) != pos + 1) return false;
     std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
     h_->head.store(pos + 1, std::memory_order_relaxed);
-    s.seq.store(pos + h_->mask + 1, std::memory_order_release);
+    s.seq.store(pos + mask_ + 1, std::memory_order_release);
     return true;
   }
 
   // Peeks at the oldest element without consuming it (single consumer only).
   const T* front() const {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
-    const RingSlot<T>& s = slots_[pos & h_->mask];
+    const RingSlot<T>& s = slots_[pos & mask_];
     if (s.seq.load(std::memory_order_acquire) != pos + 1) return nullptr;
     return &s.value;
   }
@@ -196,8 +201,21 @@ class Ring {
   }
 
  private:
+  // A slot whose sequence is ahead of `pos` was taken by another producer
+  // (consumer), which moved the tail (head) before it published the slot
+  // (release), so reloading sees a new position. If it did not move, the
+  // sequence was written by someone who does not follow the protocol: give
+  // up rather than spin for ever (the daemon must not hang on a client).
+  static bool advanced(const std::atomic<uint64_t>& index, uint64_t& pos) {
+    uint64_t now = index.load(std::memory_order_relaxed);
+    if (now == pos) return false;
+    pos = now;
+    return true;
+  }
+
   RingHeader* h_ = nullptr;
   RingSlot<T>* slots_ = nullptr;
+  uint32_t mask_ = 0;
 };
 
 // A spin lock in shared memory. It records its holder's pid so that the

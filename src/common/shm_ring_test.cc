@@ -33,6 +33,31 @@ struct RingMem {
   Ring<Item> ring;
 };
 
+// What a hostile process that maps a ring can write must not make the
+// daemon spin or index outside the slots: a sequence number ahead of an
+// index that does not move ends push/pop (false), and a ring built with the
+// capacity its maker knows ignores a rewritten header mask.
+TEST(ShmRing, CorruptedSequencesAndMaskNeitherHangNorEscape) {
+  RingMem m(4);
+  auto* h = static_cast<RingHeader*>(m.mem);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(h + 1);
+  Ring<Item> trusted(h, slots, 4);
+  slots[0].seq.store(1000, std::memory_order_relaxed);  // "consumed long ago" at head 0
+  Item out{};
+  EXPECT_FALSE(trusted.pop(out));
+  EXPECT_FALSE(trusted.push({1}));  // seq 1000 is ahead of tail 0 as well
+  h->mask = 0xffffffffu;            // would index 2^32 slots
+  slots[0].seq.store(0, std::memory_order_relaxed);
+  h->tail.store(5, std::memory_order_relaxed);  // position 5 -> slot 1 with the real mask
+  slots[1].seq.store(5, std::memory_order_relaxed);
+  EXPECT_TRUE(trusted.push({7}));
+  EXPECT_EQ(slots[1].value.v, 7u);
+  h->head.store(5, std::memory_order_relaxed);
+  EXPECT_TRUE(trusted.pop(out));
+  EXPECT_EQ(out.v, 7u);
+  EXPECT_EQ(trusted.capacity(), 4u);
+}
+
 // Closing (a CQ being moved by ibv_resize_cq) refuses producers but lets
 // consumers take everything pushed before; reopening resumes at the tail.
 TEST(ShmRing, CloseRefusesProducersAndKeepsTheTail) {

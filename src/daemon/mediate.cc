@@ -69,17 +69,19 @@ bool Registry::resolve_key(uint32_t key, uint32_t pd, uint64_t addr, uint64_t le
 }
 
 bool Registry::pop_recv(Qp& peer, uint32_t, RecvWqe& out) {
+  // The rings are located by the capacities recorded when they were made,
+  // not by the segment header's offsets, which the peer's process can write.
   if (peer.srq) {
     auto s = srqs_.find(peer.srq);
     if (s == srqs_.end()) return false;
-    auto* h = s->second.map.as<SrqSegmentHeader>();
-    auto* rh = reinterpret_cast<RingHeader*>(s->second.map.as<char>() + h->ring_offset);
-    Ring<RecvWqe> ring(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1));
+    const uint32_t cap = s->second.capacity;
+    auto* rh = reinterpret_cast<RingHeader*>(s->second.map.as<char>() + SrqLayout{cap}.ring_offset());
+    Ring<RecvWqe> ring(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), cap);
     return ring.pop(out);
   }
-  auto* qh = peer.map.as<QpSegmentHeader>();
-  auto* rqh = reinterpret_cast<RingHeader*>(peer.map.as<char>() + qh->rq_offset);
-  Ring<RecvWqe> rq(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1));
+  const QpLayout layout{peer.sq_capacity, peer.rq_capacity};
+  auto* rqh = reinterpret_cast<RingHeader*>(peer.map.as<char>() + layout.rq_offset());
+  Ring<RecvWqe> rq(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1), layout.rq_capacity);
   return rq.pop(out);
 }
 

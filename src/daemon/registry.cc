@@ -188,7 +188,7 @@ int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& 
   bool granted = false;
   for (auto [g, end] = cq_grants_.equal_range(client); g != end; ++g) granted |= g->second == handle;
   if (it->second.owner != ctx(client) && !granted) return EINVAL;
-  rep.capacity = it->second.map.as<CqSegmentHeader>()->capacity;
+  rep.capacity = it->second.capacity;
   // A granted CQ comes without its channel (an eventfd of the owner's context).
   rep.channel = granted && it->second.owner != ctx(client) ? 0 : it->second.channel;
   rep.segment_size = it->second.map.size();
@@ -485,6 +485,7 @@ int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto:
   if (req.srq_limit >= layout.capacity) return EINVAL;
   Srq srq{ctx(client), req.pd, Fd(), Mapping(), 0};
   srq.type = req.srq_type;
+  srq.capacity = layout.capacity;
   if (xrcd) {
     srq.xrcd = xrcd;
     srq.cq = req.cq;
@@ -721,11 +722,13 @@ void Registry::push_cq(uint32_t handle, const ibv_wc& wc, bool solicited) {
   if (cq == cqs_.end()) return;
   int channel_fd = -1;
   if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
-  for (Mapping* m : {&cq->second.map, &cq->second.next_map}) {
+  const std::pair<Mapping*, uint32_t> segments[] = {{&cq->second.map, cq->second.capacity},
+                                                     {&cq->second.next_map, cq->second.next_capacity}};
+  for (auto [m, capacity] : segments) {
     if (!m->get()) continue;
     auto* ch = m->as<CqSegmentHeader>();
-    auto* crh = reinterpret_cast<RingHeader*>(m->as<char>() + ch->ring_offset);
-    Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1));
+    auto* crh = reinterpret_cast<RingHeader*>(m->as<char>() + CqLayout{capacity}.ring_offset());
+    Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1), capacity);
     if (push_completion(ch, ring, wc, solicited, channel_fd) || !ring.closed()) return;
   }
 }
@@ -946,19 +949,21 @@ int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::C
   }
   Cq cq{ctx(client), req.channel, Fd(), Mapping(), 0, Fd(), Mapping(), false};
   uint32_t handle = next_handle_;
-  if (int e = make_cq_segment(handle, req.cqe, req.channel, cq.fd, cq.map)) return e;
+  if (int e = make_cq_segment(handle, req.cqe, req.channel, cq.fd, cq.map, cq.capacity)) return e;
   next_handle_++;
   if (req.channel) channels_[req.channel].refs++;
   rep.handle = handle;
-  rep.capacity = cq.map.as<CqSegmentHeader>()->capacity;
+  rep.capacity = cq.capacity;
   rep.segment_size = cq.map.size();
   out_fds.push_back(cq.fd.get());
   cqs_[handle] = std::move(cq);
   return 0;
 }
 
-int Registry::make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map) {
+int Registry::make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map,
+                              uint32_t& capacity) {
   CqLayout layout{round_up_pow2(cqe + 1)};
+  capacity = layout.capacity;
   if (int e = make_memfd("softverbs-cq", layout.size(), fd)) return e == EINVAL ? ENOMEM : e;
   if (int e = map_shared(fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, map)) return e;
   auto* h = map.as<CqSegmentHeader>();
@@ -984,13 +989,13 @@ int Registry::resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::C
   if (req.cqe == 0 || req.cqe > kMaxCqe - 1) return EINVAL;
   Cq& cq = it->second;
   if (cq.next_fd.valid()) return EBUSY;  // another holder is resizing it
-  if (int e = make_cq_segment(req.handle, req.cqe, cq.channel, cq.next_fd, cq.next_map)) {
+  if (int e = make_cq_segment(req.handle, req.cqe, cq.channel, cq.next_fd, cq.next_map, cq.next_capacity)) {
     cq.next_fd = Fd();
     cq.next_map = Mapping();
     return e;
   }
   rep.handle = req.handle;
-  rep.capacity = cq.next_map.as<CqSegmentHeader>()->capacity;
+  rep.capacity = cq.next_capacity;
   rep.segment_size = cq.next_map.size();
   out_fds.push_back(cq.next_fd.get());
   return 0;
@@ -1006,6 +1011,7 @@ int Registry::resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req)
     Mapping old = std::move(cq.map);
     cq.fd = std::move(cq.next_fd);
     cq.map = std::move(cq.next_map);
+    cq.capacity = cq.next_capacity;
     // Producers and pollers follow now (GetCq answers with the new segment).
     old.as<CqSegmentHeader>()->moved.store(1, std::memory_order_release);
   }
@@ -1040,7 +1046,7 @@ bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
 int Registry::get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
   if (!may_complete_into(client, handle)) return EINVAL;
   Cq& cq = cqs_.at(handle);
-  rep.capacity = cq.map.as<CqSegmentHeader>()->capacity;
+  rep.capacity = cq.capacity;
   rep.segment_size = cq.map.size();
   out_fds.push_back(cq.fd.get());
   return 0;

@@ -232,8 +232,12 @@ class Registry {
     Fd next_fd;         // a resize in progress: the segment it moves to
     Mapping next_map;
     bool failed = false;  // CQ error reported (once)
+    // Ring capacities as made here: never read back from a segment's header,
+    // which every process that maps the segment can write.
+    uint32_t capacity = 0;
+    uint32_t next_capacity = 0;
   };
-  int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map);
+  int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map, uint32_t& capacity);
   bool may_complete_into(uint32_t client, uint32_t cq);
   void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
   struct Srq {
@@ -245,6 +249,7 @@ class Registry {
     uint32_t type = IBV_SRQT_BASIC;
     uint32_t xrcd = 0;  // XRC: the domain (an id in xrcds_)
     uint32_t cq = 0;    // XRC: the CQ its receives complete into
+    uint32_t capacity = 0;  // its ring's, as made here (not the header's)
   };
   // An XRC domain: shared by every context that opened the same file
   // (by device and inode), or private (ino 0). Lives while opened or used.

@@ -629,6 +629,8 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
   if (next == IBV_QPS_ERR) {
     if (r && r->engine) {
       r->error_reported = true;  // the application's own modify
+      r->engine->flush_ack();    // what completed here is acknowledged first
+      r->ep->flush_tx();
       r->engine->set_error();
     }
     return 0;
@@ -710,8 +712,12 @@ void roce_detach(QpState& q) {
                    (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
                    (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends);
     }
-    // Datagrams the fault hook holds back were sent, as far as the peer
-    // knows: they must not vanish with the QP.
+    // An ACK held for the next request (docs/ROCE.md) acknowledges messages
+    // this side has completed: it must leave before the QP goes, or the
+    // peer retries into a QP that no longer exists (ibv_rc_pingpong's last
+    // SEND, then the client exits). Datagrams the fault hook holds back
+    // were sent, as far as the peer knows: they must not vanish either.
+    if (r.engine) r.engine->flush_ack();
     if (r.ep) {
       r.ep->flush_delayed(true);
       r.ep->flush_tx();

@@ -296,6 +296,13 @@ case $case in
     # implementation, check_capture.py) and DF; tshark decodes the MADs as the
     # IB CM's (a dissector written from the spec, as Linux's CM reads them).
     require rping tshark
+    # rping's RC data leaves in UDP GSO sends: with tx-udp-segmentation off
+    # the kernel cuts them before the veth, so the capture holds the
+    # datagrams as a wire carries them (see wire_test.sh's capture case).
+    for h in h0 h1; do
+      "$tb" exec $h /usr/bin/python3 "$src/scripts/netdev_feature.py" eth0 tx-udp-segmentation off ||
+        fail "capture: cannot turn tx-udp-segmentation off"
+    done
     start_daemons h0 h1
     "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp port 4791" -w "$work/cm.pcap" 2>"$work/tshark.log" &
     cap=$!
