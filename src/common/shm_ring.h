@@ -69,48 +69,11 @@ class Ring {
   uint32_t capacity() const { return mask_ + 1; }
 
   // Returns false when the ring is full.
-  bool push(const T& v) {
-    uint64_t pos = h_->tail.load(std::memory_order_relaxed);
-    for (;;) {
-      if (pos & kClosed) return false;  // closed: as full
-      RingSlot<T>& s = slots_[pos & mask_];
-      uint64_t seq = s.seq.load(std::memory_order_acquire);
-      // The difference of positions, computed unsigned (wrapping is defined)
-      // and read as signed: they never drift 2^63 apart.
-      int64_t diff = int64_t(seq - pos);
-      if (diff == 0) {
-        if (h_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-          std::memcpy(static_cast<void*>(&s.value), &v, sizeof(T));
-          s.seq.store(pos + 1, std::memory_order_release);
-          return true;
-        }
-      } else if (diff < 0) {
-        return false;
-      } else if (!advanced(h_->tail, pos)) {
-        return false;  // a sequence ahead of a tail that did not move: corrupted
-      }
-    }
-  }
+  bool push(const T& v) { return push_prefix(v, sizeof(T)); }
 
   // Returns false when the ring is empty.
   bool pop(T& out) {
-    uint64_t pos = h_->head.load(std::memory_order_relaxed);
-    for (;;) {
-      RingSlot<T>& s = slots_[pos & mask_];
-      uint64_t seq = s.seq.load(std::memory_order_acquire);
-      int64_t diff = int64_t(seq - (pos + 1));
-      if (diff == 0) {
-        if (h_->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-          std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
-          s.seq.store(pos + mask_ + 1, std::memory_order_release);
-          return true;
-        }
-      } else if (diff < 0) {
-        return false;
-      } else if (!advanced(h_->head, pos)) {
-        return false;  // a sequence ahead of a head that did not move: corrupted
-      }
-    }
+    return pop_with(out, [](T& o, const T& in) { std::memcpy(&o, static_cast<const void*>(&in), sizeof(T)); });
   }
 
   // True when the oldest position holds an element, without claiming it:

@@ -119,27 +119,13 @@ bool icrc_ok(const sockaddr_storage& from, const sockaddr_storage& local, const 
   const uint32_t icrc0 = roce::icrc_load(fr + total - roce::kIcrcLen);
   if (got == icrc0) return true;
   if (hdr != roce::kIpv4UdpLen) return false;
-  uint32_t basis[32] = {};
+  uint32_t deltas[16];
   for (int b = 0; b < 16; b++) {
     fr[4] = uint8_t((1u << b) >> 8);
     fr[5] = uint8_t(1u << b);
-    uint32_t v = roce::icrc_compute(std::span<const uint8_t>(fr, total - roce::kIcrcLen)).value_or(icrc0) ^ icrc0;
-    for (int bit = 31; bit >= 0 && v; bit--) {
-      if (!(v >> bit & 1)) continue;
-      if (!basis[bit]) {
-        basis[bit] = v;
-        break;
-      }
-      v ^= basis[bit];
-    }
+    deltas[b] = roce::icrc_compute(std::span<const uint8_t>(fr, total - roce::kIcrcLen)).value_or(icrc0) ^ icrc0;
   }
-  uint32_t diff = got ^ icrc0;
-  for (int bit = 31; bit >= 0 && diff; bit--) {
-    if (!(diff >> bit & 1)) continue;
-    if (!basis[bit]) return false;
-    diff ^= basis[bit];
-  }
-  return diff == 0;
+  return roce::in_xor_span(deltas, got ^ icrc0);
 }
 
 uint32_t random_id() {

@@ -259,4 +259,24 @@ size_t frame_ipv6(const Ipv6Udp& h, std::span<const uint8_t> transport, std::spa
   return total;
 }
 
+bool in_xor_span(std::span<const uint32_t> deltas, uint32_t diff) {
+  uint32_t basis[32] = {};
+  for (uint32_t v : deltas) {
+    for (int bit = 31; bit >= 0 && v; bit--) {
+      if (!(v >> bit & 1)) continue;
+      if (!basis[bit]) {
+        basis[bit] = v;
+        break;
+      }
+      v ^= basis[bit];
+    }
+  }
+  for (int bit = 31; bit >= 0 && diff; bit--) {
+    if (!(diff >> bit & 1)) continue;
+    if (!basis[bit]) return false;
+    diff ^= basis[bit];
+  }
+  return diff == 0;
+}
+
 }  // namespace sv::roce

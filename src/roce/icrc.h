@@ -70,4 +70,10 @@ size_t header_ipv6(const Ipv6Udp& h, size_t transport_len, uint8_t* out);
 size_t frame_ipv4(const Ipv4Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out);
 size_t frame_ipv6(const Ipv6Udp& h, std::span<const uint8_t> transport, std::span<uint8_t> out);
 
+// Is `diff` a XOR of some of `deltas`? (Gaussian elimination over GF(2):
+// a basis by leading bit, then reduce.) With deltas the ICRC differences of
+// the 16 single-bit IPv4 IDs, this says whether an ICRC received matches
+// the one computed with ID 0 for some ID: CRC-32 is affine in its input.
+bool in_xor_span(std::span<const uint32_t> deltas, uint32_t diff);
+
 }  // namespace sv::roce

@@ -353,24 +353,7 @@ uint32_t UdpEndpoint::id_delta(size_t total, uint16_t id) {
 // must be a combination of the 16 per-bit differences: Gaussian
 // elimination (a basis by leading bit, then reduce the difference).
 bool UdpEndpoint::icrc_matches_some_ipv4_id(size_t total, uint32_t icrc0, uint32_t got) {
-  uint32_t basis[32] = {};
-  for (uint32_t v : id_deltas(total)) {
-    for (int bit = 31; bit >= 0 && v; bit--) {
-      if (!(v >> bit & 1)) continue;
-      if (!basis[bit]) {
-        basis[bit] = v;
-        break;
-      }
-      v ^= basis[bit];
-    }
-  }
-  uint32_t diff = got ^ icrc0;
-  for (int bit = 31; bit >= 0 && diff; bit--) {
-    if (!(diff >> bit & 1)) continue;
-    if (!basis[bit]) return false;
-    diff ^= basis[bit];
-  }
-  return diff == 0;
+  return in_xor_span(id_deltas(total), got ^ icrc0);
 }
 
 void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uint8_t* data, size_t n,
