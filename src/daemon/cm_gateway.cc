@@ -332,7 +332,18 @@ void CmGateway::lib_closed(uint64_t key) {
 }
 
 void CmGateway::on_timer() {
+  // Parked requests: relayed if their listener came, rejected when their
+  // grace is over, else parked again.
   auto now = Clock::now();
+  std::vector<Parked> parked;
+  parked.swap(parked_);
+  for (const Parked& p : parked) {
+    cm::Msg m;
+    if (p.recheck > now)
+      parked_.push_back(p);
+    else if (cm::decode(p.mad, cm::kMadSize, m))
+      new_request(p.local, p.remote, p.mad, m, p.until);
+  }
   std::vector<uint64_t> dead;
   for (auto& [key, cp] : conns_) {
     Conn& c = *cp;
@@ -373,6 +384,7 @@ void CmGateway::on_timer() {
 
 void CmGateway::arm() {
   Clock::time_point next = Clock::time_point::max();
+  for (const Parked& p : parked_) next = std::min(next, p.recheck);
   for (auto& [key, cp] : conns_) {
     if (cp->awaiting) next = std::min(next, cp->due);
     if (cp->fd < 0 && !cp->awaiting) next = std::min(next, cp->linger_until);
@@ -498,7 +510,15 @@ void CmGateway::deliver(int sock, const sockaddr* from_sa, socklen_t from_len, c
         if (!cp->active && cp->sidr == ud && cp->remote_id == rid && same_ip(cp->remote, remote)) c = cp.get();
       }
       if (!c) {
-        new_request(local, remote, mad, m);
+        for (const Parked& p : parked_) {
+          cm::Msg pm;
+          if (!same_ip(p.remote, remote) || !cm::decode(p.mad, cm::kMadSize, pm) || pm.attr != m.attr) continue;
+          if ((ud ? pm.sidr_req.request_id : pm.req.local_comm_id) == rid) {
+            stats_.duplicates++;  // still waiting for its listener
+            return;
+          }
+        }
+        new_request(local, remote, mad, m, Clock::now() + kNoListenerGrace);
         return;
       }
       break;
@@ -627,40 +647,60 @@ void CmGateway::from_wire(Conn& c, const uint8_t* mad, const cm::Msg& m) {
   }
 }
 
-// A new REQ / SIDR_REQ: relayed to the listener of its service ID (Annex
-// A11: 0x0000000001 | port space | port) and the address it was sent to,
-// as the library's own try_connect would find it.
-void CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
-                            const cm::Msg& m) {
+// The listener of a REQ / SIDR_REQ's service ID (Annex A11: 0x0000000001 |
+// port space | port) and the address it was sent to, as the library's own
+// try_connect finds it: a connected socket, -1 when nobody listens there,
+// -2 when the request is to be dropped (a full backlog: the active side
+// retransmits).
+int CmGateway::listener_fd(const cm::Msg& m) {
+  const bool ud = m.attr == cm::Attr::kSidrReq;
+  const uint64_t sid = ud ? m.sidr_req.service_id : m.req.service_id;
+  cm::IpHeader ip;
+  if ((sid >> 32) != 0 || !cm::decode_ip_header(ud ? m.sidr_req.private_data : m.req.private_data, ip)) return -1;
+  const int ps = int((sid >> 16) & 0xffff);
+  const uint16_t port = uint16_t(sid);
+  sockaddr_storage dst = plain(ip.dst);
+  std::string cands[3] = {ip_text(dst), dst.ss_family == AF_INET ? "0.0.0.0" : "::",
+                          dst.ss_family == AF_INET ? "::" : ""};
+  for (const std::string& cand : cands) {
+    if (cand.empty()) continue;
+    std::string path = dir_ + "/cm/" + std::to_string(ps) + "-" + std::to_string(port) + "-" + cand;
+    sockaddr_un sun{};
+    if (path.size() >= sizeof sun.sun_path) continue;
+    sun.sun_family = AF_UNIX;
+    std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
+    int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0) return -2;
+    if (::connect(s, reinterpret_cast<sockaddr*>(&sun), sizeof sun) == 0) return s;
+    int e = errno;
+    ::close(s);
+    if (e == EAGAIN) return -2;
+  }
+  return -1;
+}
+
+// A new REQ / SIDR_REQ: relayed to its listener. If nobody listens yet it
+// is parked until `until` (kNoListenerGrace after it came: programs such as
+// perftest call rdma_listen only after a handshake their client leaves
+// first, and the CM may answer a REQ any time within its response timeout,
+// IBTA 12.6.5), then rejected.
+bool CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
+                            const cm::Msg& m, Clock::time_point until) {
   const bool ud = m.attr == cm::Attr::kSidrReq;
   const uint64_t sid = ud ? m.sidr_req.service_id : m.req.service_id;
   const uint32_t rid = ud ? m.sidr_req.request_id : m.req.local_comm_id;
-  cm::IpHeader ip;
-  bool ok = (sid >> 32) == 0 && cm::decode_ip_header(ud ? m.sidr_req.private_data : m.req.private_data, ip);
-  int fd = -1;
-  if (ok) {
-    const int ps = int((sid >> 16) & 0xffff);
-    const uint16_t port = uint16_t(sid);
-    sockaddr_storage dst = plain(ip.dst);
-    std::string cands[3] = {ip_text(dst), dst.ss_family == AF_INET ? "0.0.0.0" : "::",
-                            dst.ss_family == AF_INET ? "::" : ""};
-    for (const std::string& cand : cands) {
-      if (cand.empty()) continue;
-      std::string path = dir_ + "/cm/" + std::to_string(ps) + "-" + std::to_string(port) + "-" + cand;
-      sockaddr_un sun{};
-      if (path.size() >= sizeof sun.sun_path) continue;
-      sun.sun_family = AF_UNIX;
-      std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
-      int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      if (s < 0) return;
-      if (::connect(s, reinterpret_cast<sockaddr*>(&sun), sizeof sun) == 0) {
-        fd = s;
-        break;
-      }
-      int e = errno;
-      ::close(s);
-      if (e == EAGAIN) return;  // the listener's backlog is full: the active side will retransmit
-    }
+  const int fd = listener_fd(m);
+  if (fd == -2) return true;
+  if (fd < 0 && Clock::now() < until && parked_.size() < kMaxParked) {
+    Parked p;
+    p.local = local;
+    p.remote = remote;
+    std::memcpy(p.mad, mad, cm::kMadSize);
+    p.until = until;
+    p.recheck = std::min(until, Clock::now() + kNoListenerRecheck);
+    parked_.push_back(p);
+    arm();
+    return false;
   }
   if (fd < 0) {
     stats_.rejected_no_listener++;
@@ -682,7 +722,7 @@ void CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storag
     }
     send_raw(local, remote, out);
     stats_.sent++;
-    return;
+    return true;
   }
   auto c = std::make_unique<Conn>();
   c->fd = fd;
@@ -699,6 +739,7 @@ void CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storag
   by_fd_[fd] = key;
   ::send(fd, mad, cm::kMadSize, MSG_NOSIGNAL | MSG_DONTWAIT);
   conns_[key] = std::move(c);
+  return true;
 }
 
 }  // namespace sv::daemon

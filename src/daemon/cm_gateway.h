@@ -10,8 +10,9 @@
 // (REQ, REP, DREQ, SIDR_REQ) and answers duplicates. MADs arriving on QP1
 // (RocePort hands them over) are matched to a connection by comm ID; a new
 // REQ / SIDR_REQ is relayed to the local listener's rendezvous socket
-// ($DIR/cm/<ps>-<port>-<addr>) as a local rdma_connect would be, or
-// rejected (IBTA 12.6.7.2 reason 8, "invalid service ID") if nobody listens.
+// ($DIR/cm/<ps>-<port>-<addr>) as a local rdma_connect would be, or, if
+// nobody listens there within kNoListenerGrace, rejected (IBTA 12.6.7.2
+// reason 8, "invalid service ID").
 //
 // Contract: single-threaded (the daemon's loop). fd() is one epoll fd (its
 // own sockets and timer inside) for the daemon's loop; run() handles what is
@@ -27,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/sys.h"
 #include "rdmacm/cm_msg.h"
@@ -78,8 +80,21 @@ class CmGateway {
   void send_wire(Conn& c, const uint8_t* mad, bool remember);
   void send_raw(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad);
   void await(Conn& c, uint16_t attr);
-  void new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
-                   const cm::Msg& m);
+  // A REQ / SIDR_REQ for which no listener exists yet waits for one (see
+  // kNoListenerGrace); a duplicate of it meanwhile is dropped.
+  struct Parked {
+    sockaddr_storage local{}, remote{};
+    uint8_t mad[cm::kMadSize] = {};
+    Clock::time_point until{};    // rejected then
+    Clock::time_point recheck{};  // looked for its listener again then
+  };
+  static constexpr auto kNoListenerGrace = std::chrono::milliseconds(50);
+  static constexpr auto kNoListenerRecheck = std::chrono::milliseconds(5);
+  static constexpr size_t kMaxParked = 256;  // beyond: rejected at once (a flood of REQs)
+  // Relays the request to its listener or parks it; false: parked.
+  bool new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
+                   const cm::Msg& m, Clock::time_point until);
+  int listener_fd(const cm::Msg& m);
   void from_wire(Conn& c, const uint8_t* mad, const cm::Msg& m);
   int udp_socket_for(const sockaddr_storage& local, uint16_t* port);
   void close_lib(Conn& c);
@@ -89,6 +104,7 @@ class CmGateway {
   std::string dir_;
   Fd ep_, listen_, timer_;
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
+  std::vector<Parked> parked_;
   std::map<int, uint64_t> by_fd_;  // library fds -> key
   uint64_t next_key_ = 1;
   std::map<std::string, std::pair<Fd, uint16_t>> udp_;  // local address -> socket, its port

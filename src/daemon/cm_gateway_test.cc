@@ -315,7 +315,10 @@ TEST_F(CmGatewayTest, NoListenerIsRejected) {
   uint8_t mad[cm::kMadSize];
   req(mad, 0xabcd);
   send_mad(lib.get(), mad);
-  EXPECT_EQ(round(), (std::vector<uint16_t>{kReq, kRej}));
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(round(), (std::vector<uint16_t>{kReq}));  // waits for a listener first
+  EXPECT_EQ(until([&] { return b.gw.stats().rejected_no_listener > 0; }), (std::vector<uint16_t>{kRej}));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50));
   cm::Msg m;
   ASSERT_TRUE(recv_msg(lib.get(), m));
   ASSERT_EQ(m.attr, cm::Attr::kRej);
@@ -323,6 +326,32 @@ TEST_F(CmGatewayTest, NoListenerIsRejected) {
   EXPECT_EQ(m.rej.remote_comm_id, 0xabcdu);
   EXPECT_EQ(b.gw.stats().rejected_no_listener, 1u);
   EXPECT_TRUE(rounds(250).empty());  // a REJ ends it: no retransmission
+}
+
+// A REQ that comes just before its listener (perftest's server listens
+// only after a handshake its client leaves first) reaches the listener;
+// a duplicate meanwhile does not make a second CONNECT_REQUEST.
+TEST_F(CmGatewayTest, ListenerJustLateGetsTheRequest) {
+  Fd lib = lib_connect();
+  uint8_t mad[cm::kMadSize];
+  req(mad);
+  send_mad(lib.get(), mad);
+  settle(a);
+  auto reqs = b.arrivals();
+  ASSERT_EQ(reqs.size(), 1u);
+  b.deliver(reqs[0]);
+  b.deliver(reqs[0]);  // a retransmission while parked
+  EXPECT_EQ(b.gw.stats().duplicates, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  Fd l = listen_b();
+  Fd child = accept_b(l.get());
+  ASSERT_TRUE(child.valid());
+  cm::Msg m;
+  ASSERT_TRUE(recv_msg(child.get(), m));
+  EXPECT_EQ(m.attr, cm::Attr::kReq);
+  EXPECT_TRUE(nothing(child.get()));
+  EXPECT_EQ(b.gw.stats().rejected_no_listener, 0u);
+  EXPECT_TRUE(nothing(lib.get()));  // no REJ went back
 }
 
 // IBTA 12.9: a lost REP is sent again; a duplicate REQ before the

@@ -50,6 +50,13 @@ using Clock = std::chrono::steady_clock;
 // How long an active side waits for a REP / SIDR_REP (the kernel's CM
 // retries a REQ for about a minute before UNREACHABLE).
 constexpr auto kRepTimeout = std::chrono::seconds(60);
+// A REQ that finds nobody listening waits this long for a listener before
+// it is rejected (reason 8). Programs race their own listen: perftest's
+// server calls rdma_listen only after an out-of-band handshake that the
+// client leaves first and connects at once. The CM may answer a REQ any
+// time within the REQ's response timeout (IBTA 12.6.5), so waiting is
+// within the rules; the daemon's CM gateway does the same for the wire.
+constexpr auto kNoListenerGrace = std::chrono::milliseconds(50);
 // From DISCONNECTED to TIMEWAIT_EXIT (IBTA 12.9.8.6: the QPN may not be
 // reused for a while; applications wait for this event to reuse the QP).
 constexpr auto kTimewait = std::chrono::milliseconds(500);
@@ -121,6 +128,7 @@ struct Id {
   // (a full listen backlog is retried).
   uint8_t pending_req[cm::kMadSize] = {};
   Clock::time_point connect_deadline{};
+  Clock::time_point no_listener_until{};  // kNoListenerGrace after rdma_connect
 };
 
 struct Timer {
@@ -1014,7 +1022,7 @@ bool try_connect(Id* d) {
     ::close(fd);
     if (last == EAGAIN) break;  // that listener exists, its backlog is full
   }
-  if (last == EAGAIN && Clock::now() < d->connect_deadline) {
+  if ((last == EAGAIN && Clock::now() < d->connect_deadline) || (last != EAGAIN && Clock::now() < d->no_listener_until)) {
     add_timer(d, TimerKind::kRetryConnect, Clock::now() + std::chrono::milliseconds(5));
     return true;
   }
@@ -1459,6 +1467,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
     }
     d->st = St::kConnect;
     d->connect_deadline = Clock::now() + kRepTimeout;
+    d->no_listener_until = Clock::now() + kNoListenerGrace;
     try_connect(d);
   }
   return complete(d);
