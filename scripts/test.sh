@@ -19,7 +19,7 @@ BUILD_DIR=build scripts/build.sh
 if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
   for san in address thread; do
     echo "== build and test with SANITIZE=$san (gtest suites) =="
-    BUILD_DIR=build-$san scripts/build.sh -DSANITIZE=$san
+    BUILD_DIR=build-$san scripts/build.sh -DSANITIZE=$san -DSOFTVERBS_BENCH=OFF
     # The tests fork after the library started threads (as applications may):
     # TSan must not refuse to go on in the child. librdmacm keeps its device
     # contexts (and their watchdog threads) for the life of the process, as
@@ -28,13 +28,13 @@ if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
        ctest -j2 -LE compat --output-on-failure --timeout 300 --repeat until-pass:2) || status=1
   done
 fi
-if [ "${SOFTVERBS_FUZZ_SECONDS:-30}" != 0 ] && command -v clang++ >/dev/null; then
-  echo "== fuzz: control messages (${SOFTVERBS_FUZZ_SECONDS:-30} s, libFuzzer + ASan/UBSan) =="
+if [ "${SOFTVERBS_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; then
+  echo "== fuzz: control messages (${SOFTVERBS_FUZZ_SECONDS:-20} s, libFuzzer + ASan/UBSan) =="
   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON >/dev/null
   cmake --build build-fuzz --target control_fuzz -j"$(nproc)" >/dev/null
   work=$(mktemp -d)
   cp fuzz/corpus/control/* "$work/"
-  if build-fuzz/fuzz/control_fuzz -max_total_time="${SOFTVERBS_FUZZ_SECONDS:-30}" -rss_limit_mb=4096 \
+  if build-fuzz/fuzz/control_fuzz -max_total_time="${SOFTVERBS_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 \
        -print_final_stats=1 "$work" fuzz/corpus/control > build-fuzz/fuzz.log 2>&1; then
     grep -E "^stat::number_of_executed_units|^Done" build-fuzz/fuzz.log || true
     echo "fuzz: no crash"
@@ -46,13 +46,13 @@ if [ "${SOFTVERBS_FUZZ_SECONDS:-30}" != 0 ] && command -v clang++ >/dev/null; th
   rm -rf "$work"
 fi
 # Work requests and SGEs (fuzz/wr_fuzz.cc): its own time box, after the control fuzzer.
-if [ "${SOFTVERBS_WR_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; then
-  echo "== fuzz: work requests and SGEs (${SOFTVERBS_WR_FUZZ_SECONDS:-20} s, libFuzzer + ASan/UBSan) =="
+if [ "${SOFTVERBS_WR_FUZZ_SECONDS:-15}" != 0 ] && command -v clang++ >/dev/null; then
+  echo "== fuzz: work requests and SGEs (${SOFTVERBS_WR_FUZZ_SECONDS:-15} s, libFuzzer + ASan/UBSan) =="
   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON >/dev/null
   cmake --build build-fuzz --target wr_fuzz softverbsd -j"$(nproc)" >/dev/null
   work=$(mktemp -d)
   cp fuzz/corpus/wr/* "$work/"
-  if (cd build-fuzz && fuzz/wr_fuzz -max_total_time="${SOFTVERBS_WR_FUZZ_SECONDS:-20}" -max_len=1024 \
+  if (cd build-fuzz && fuzz/wr_fuzz -max_total_time="${SOFTVERBS_WR_FUZZ_SECONDS:-15}" -max_len=1024 \
         -rss_limit_mb=4096 -print_final_stats=1 "$work" ../fuzz/corpus/wr > wr_fuzz.log 2>&1); then
     grep -E "^stat::number_of_executed_units|^Done" build-fuzz/wr_fuzz.log || true
     echo "wr fuzz: no crash"
@@ -64,11 +64,11 @@ if [ "${SOFTVERBS_WR_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null;
   rm -rf "$work"
 fi
 # The CM gateway's MADs from the wire (fuzz/cm_fuzz.cc): its own time box.
-if [ "${SOFTVERBS_CM_FUZZ_SECONDS:-15}" != 0 ] && command -v clang++ >/dev/null; then
-  echo "== fuzz: CM MADs from the wire (${SOFTVERBS_CM_FUZZ_SECONDS:-15} s, libFuzzer + ASan/UBSan) =="
+if [ "${SOFTVERBS_CM_FUZZ_SECONDS:-10}" != 0 ] && command -v clang++ >/dev/null; then
+  echo "== fuzz: CM MADs from the wire (${SOFTVERBS_CM_FUZZ_SECONDS:-10} s, libFuzzer + ASan/UBSan) =="
   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON >/dev/null
   cmake --build build-fuzz --target cm_fuzz -j"$(nproc)" >/dev/null
-  if build-fuzz/fuzz/cm_fuzz -max_total_time="${SOFTVERBS_CM_FUZZ_SECONDS:-15}" -max_len=1025 -rss_limit_mb=4096 \
+  if build-fuzz/fuzz/cm_fuzz -max_total_time="${SOFTVERBS_CM_FUZZ_SECONDS:-10}" -max_len=1025 -rss_limit_mb=4096 \
        -print_final_stats=1 > build-fuzz/cm_fuzz.log 2>&1; then
     grep -E "^stat::number_of_executed_units|^Done" build-fuzz/cm_fuzz.log || true
     echo "cm fuzz: no crash"
