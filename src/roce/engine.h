@@ -36,7 +36,11 @@ namespace sv::roce {
 
 enum class QpType : uint8_t { kRC, kUC, kUD };
 
-enum class WrOpcode : uint8_t { kSend, kSendImm, kSendInv, kWrite, kWriteImm, kRead, kCompareSwap, kFetchAdd };
+// kLocalInv and kBindMw (a type 2 window) act on this side only, through
+// Memory::execute_local, in send-queue order.
+enum class WrOpcode : uint8_t {
+  kSend, kSendImm, kSendInv, kWrite, kWriteImm, kRead, kCompareSwap, kFetchAdd, kLocalInv, kBindMw
+};
 
 // The ibv_wc_status values the transport produces (same meaning and names).
 enum class WcStatus : uint8_t {
@@ -50,10 +54,11 @@ enum class WcStatus : uint8_t {
   kRemOpErr,         // IBV_WC_REM_OP_ERR
   kRetryExcErr,      // IBV_WC_RETRY_EXC_ERR
   kRnrRetryExcErr,   // IBV_WC_RNR_RETRY_EXC_ERR
+  kMwBindErr,        // IBV_WC_MW_BIND_ERR
 };
 const char* wc_status_name(WcStatus s);
 
-enum class WcOpcode : uint8_t { kSend, kWrite, kRead, kCompareSwap, kFetchAdd, kRecv, kRecvWriteImm };
+enum class WcOpcode : uint8_t { kSend, kWrite, kRead, kCompareSwap, kFetchAdd, kRecv, kRecvWriteImm, kLocalInv, kBindMw };
 
 // Access bits, the values of ibv_access_flags.
 enum : uint32_t { kLocalWrite = 1, kRemoteWrite = 2, kRemoteRead = 4, kRemoteAtomic = 8 };
@@ -72,7 +77,11 @@ struct SendWr {
   bool solicited = false;
   bool fence = false;            // wait for earlier READs and atomics (IBV_SEND_FENCE)
   uint32_t imm = 0;              // kSendImm, kWriteImm (network order value as ibv_send_wr holds it)
-  uint32_t invalidate_rkey = 0;  // kSendInv
+  uint32_t invalidate_rkey = 0;  // kSendInv, kLocalInv
+  struct MwBind {                // kBindMw: what ibv_mw_bind_info says, opaque to the engine
+    uint32_t mw_handle = 0, rkey = 0, mr_lkey = 0, access = 0;
+    uint64_t addr = 0, length = 0;
+  } bind;
   uint64_t remote_addr = 0;      // write, read, atomics
   uint32_t rkey = 0;
   uint64_t compare_add = 0;      // compare (CmpSwap) or add (FetchAdd)
@@ -141,6 +150,9 @@ class Memory {
                              uint64_t* orig) = 0;
   // SEND with Invalidate (IBTA 10.6.7): false if the key cannot be invalidated.
   virtual bool invalidate(uint32_t rkey) { (void)rkey; return false; }
+  // A LOCAL_INV or BIND_MW work request, carried out when the send queue
+  // reaches it: kSuccess, or the status its completion gets.
+  virtual WcStatus execute_local(const SendWr& wr) { (void)wr; return WcStatus::kLocQpOpErr; }
 };
 
 // Where receive WQEs come from when the Qp's own receive queue is empty:
@@ -241,6 +253,10 @@ class Qp {
   bool gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out);
   uint32_t packets_of(const SendWqe& w) const;
   bool is_read_or_atomic(const SendWqe& w) const;
+  static bool is_local(const SendWqe& w) {
+    return w.wr.opcode == WrOpcode::kLocalInv || w.wr.opcode == WrOpcode::kBindMw;
+  }
+  ReqStep local_step(SendWqe& w);
 
   // ---- responder (responder.cc)
   enum class RespMsg : uint8_t { kNone, kSend, kWrite };  // the multi-packet message in progress

@@ -553,6 +553,72 @@ TEST(RcEngineOps, FenceWaitsForEarlierReads) {
   }
 }
 
+// LOCAL_INV and BIND_MW act only once every earlier WQE has completed
+// (so no retransmission of those can read what they invalidate), complete
+// in order with their own opcodes, and hold back what follows them.
+TEST(RcEngineOps, LocalOperationsWaitForEarlierWorkAndCompleteInOrder) {
+  Pair p(QpType::kRC, FaultConfig{.drop = 0.2});
+  p.start();
+  uint32_t mine = p.sim.nodes[0].mem.add(0x700000, 64, kRemoteWrite);
+  p.qb().post_recv(rwr(9, p.b, kB, 100));
+  SendWr w = wr(1, WrOpcode::kWrite, p.a, kA, 20000);
+  w.remote_addr = kB + 4096;
+  w.rkey = p.b;
+  ASSERT_EQ(0, p.qa().post_send(w));
+  SendWr inv;
+  inv.wr_id = 2;
+  inv.opcode = WrOpcode::kLocalInv;
+  inv.invalidate_rkey = mine;
+  ASSERT_EQ(0, p.qa().post_send(inv));
+  SendWr bind;
+  bind.wr_id = 3;
+  bind.opcode = WrOpcode::kBindMw;
+  bind.bind = {.mw_handle = 1, .rkey = 0x4242, .mr_lkey = p.a, .access = kRemoteRead, .addr = 0x800000, .length = 32};
+  ASSERT_EQ(0, p.qa().post_send(bind));
+  ASSERT_EQ(0, p.qa().post_send(wr(4, WrOpcode::kSend, p.a, kA, 10)));
+  // Nothing local happens while the WRITE is unacknowledged.
+  for (auto& n : p.sim.nodes) n.qp->progress();
+  EXPECT_TRUE(p.sim.nodes[0].mem.local_ops.empty());
+  EXPECT_TRUE(p.sim.nodes[0].mem.remote_check(mine, 0x700000, 8, kRemoteWrite));
+  p.settle();
+  ASSERT_EQ(p.ca().size(), 4u);
+  const WcOpcode want[] = {WcOpcode::kWrite, WcOpcode::kLocalInv, WcOpcode::kBindMw, WcOpcode::kSend};
+  for (size_t i = 0; i < 4; i++) {
+    EXPECT_EQ(p.ca()[i].wr_id, i + 1);
+    EXPECT_EQ(p.ca()[i].status, WcStatus::kSuccess) << i;
+    EXPECT_EQ(p.ca()[i].opcode, want[i]) << i;
+  }
+  EXPECT_EQ(p.sim.nodes[0].mem.local_ops, (std::vector<uint64_t>{2, 3}));
+  EXPECT_FALSE(p.sim.nodes[0].mem.remote_check(mine, 0x700000, 8, kRemoteWrite));
+  EXPECT_TRUE(p.sim.nodes[0].mem.remote_check(0x4242, 0x800000, 32, kRemoteRead));
+  ASSERT_EQ(p.cb().size(), 1u);
+  EXPECT_EQ(0, memcmp(p.sim.nodes[1].mem.bytes(p.b).data() + 4096, p.sim.nodes[0].mem.bytes(p.a).data(), 20000));
+}
+
+// A local operation that fails is a local error: the QP enters the error
+// state, that WQE completes with MW_BIND_ERR and the rest are flushed. UD
+// QPs take neither.
+TEST(RcEngineOps, FailedLocalOperationEndsTheQp) {
+  Pair p;
+  p.start();
+  SendWr inv;
+  inv.wr_id = 1;
+  inv.opcode = WrOpcode::kLocalInv;
+  inv.invalidate_rkey = 0xdead;  // no such key
+  ASSERT_EQ(0, p.qa().post_send(inv));
+  ASSERT_EQ(0, p.qa().post_send(wr(2, WrOpcode::kSend, p.a, kA, 10)));
+  p.settle();
+  ASSERT_EQ(p.ca().size(), 2u);
+  EXPECT_EQ(p.ca()[0].status, WcStatus::kMwBindErr);
+  EXPECT_EQ(p.ca()[0].opcode, WcOpcode::kLocalInv);
+  EXPECT_EQ(p.ca()[1].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(p.qa().state(), QpState::kError);
+
+  Pair u(QpType::kUD);
+  u.start();
+  EXPECT_EQ(EINVAL, u.qa().post_send(inv));
+}
+
 TEST(Engine, MalformedAndMisaddressedPacketsAreDropped) {
   Pair p;
   p.start();

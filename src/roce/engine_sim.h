@@ -83,7 +83,17 @@ class TestMemory : public Memory {
     return true;
   }
   bool invalidate(uint32_t rkey) override { return regions_.erase(rkey) == 1; }
+  // LOCAL_INV removes the region; BIND_MW adds a region of bind.length bytes
+  // at bind.addr under key bind.rkey, with bind.access.
+  WcStatus execute_local(const SendWr& w) override {
+    local_ops.push_back(w.wr_id);
+    if (w.opcode == WrOpcode::kLocalInv) return invalidate(w.invalidate_rkey) ? WcStatus::kSuccess : WcStatus::kMwBindErr;
+    if (w.opcode != WrOpcode::kBindMw || regions_.count(w.bind.rkey)) return WcStatus::kMwBindErr;
+    regions_[w.bind.rkey] = Region{w.bind.addr, std::vector<uint8_t>(w.bind.length), w.bind.access};
+    return WcStatus::kSuccess;
+  }
   uint64_t writes = 0, atomics = 0;
+  std::vector<uint64_t> local_ops;  // wr_ids of the local operations, in the order carried out
 
  private:
   std::map<uint32_t, Region> regions_;

@@ -18,6 +18,7 @@ const char* wc_status_name(WcStatus s) {
     case WcStatus::kRemOpErr: return "remote operation error";
     case WcStatus::kRetryExcErr: return "transport retry counter exceeded";
     case WcStatus::kRnrRetryExcErr: return "RNR retry counter exceeded";
+    case WcStatus::kMwBindErr: return "memory window bind error";
   }
   return "?";
 }
@@ -64,6 +65,12 @@ int Qp::post_send(SendWr wr) {
     // Table 38: READ, atomics and SEND with Invalidate exist for RC only.
     case WrOpcode::kSendInv: case WrOpcode::kRead: case WrOpcode::kCompareSwap: case WrOpcode::kFetchAdd:
       if (!rc) return EINVAL;
+      break;
+    // Binding a type 2 window and local invalidation: connected QPs (UD
+    // QPs cannot use type 2 windows, IBTA 10.6.7.2.5).
+    case WrOpcode::kLocalInv: case WrOpcode::kBindMw:
+      if (ud) return EINVAL;
+      wr.sg.clear();
       break;
   }
   SendWqe w;
@@ -172,6 +179,8 @@ void Qp::complete_send(const SendWqe& w, WcStatus st) {
     case WrOpcode::kRead: c.opcode = WcOpcode::kRead; break;
     case WrOpcode::kCompareSwap: c.opcode = WcOpcode::kCompareSwap; c.byte_len = 8; break;
     case WrOpcode::kFetchAdd: c.opcode = WcOpcode::kFetchAdd; c.byte_len = 8; break;
+    case WrOpcode::kLocalInv: c.opcode = WcOpcode::kLocalInv; c.byte_len = 0; break;
+    case WrOpcode::kBindMw: c.opcode = WcOpcode::kBindMw; c.byte_len = 0; break;
   }
   cq_.complete(c);
 }

@@ -30,10 +30,27 @@ Qp::ReqStep Qp::requester_step() {
   if (state_ != QpState::kReady || sq_next_ >= sq_.size()) return ReqStep::kIdle;
   if (rnr_until_ != 0) return ReqStep::kBlocked;  // waiting out an RNR NAK's timer
   SendWqe& w = sq_[sq_next_];
+  if (is_local(w)) return local_step(w);
   if (cfg_.type == QpType::kRC && psn_diff(next_psn_, una_) >= int32_t(cfg_.max_window)) return ReqStep::kBlocked;
   if (!w.started && !start_wqe(w)) return state_ == QpState::kReady ? ReqStep::kBlocked : ReqStep::kIdle;
   send_request_packet(w);
   return state_ == QpState::kReady ? ReqStep::kSent : ReqStep::kIdle;
+}
+
+// LOCAL_INV and BIND_MW (IBTA 10.6.7.2): no packet. They wait until every
+// earlier WQE has completed (stricter than a fence, and what keeps a
+// retransmission from reading memory they just invalidated), then act and
+// complete in order; a failure is a local error that ends the QP.
+Qp::ReqStep Qp::local_step(SendWqe& w) {
+  if (sq_next_ != 0) return ReqStep::kBlocked;  // retire() moves the queue on
+  const WcStatus st = mem_.execute_local(w.wr);
+  if (st != WcStatus::kSuccess) {
+    enter_error(0, st);
+    return ReqStep::kIdle;
+  }
+  complete_send(w, WcStatus::kSuccess);
+  sq_.pop_front();
+  return ReqStep::kSent;
 }
 
 bool Qp::start_wqe(SendWqe& w) {

@@ -125,7 +125,31 @@ class OwnMemory : public Memory {
     });
   }
 
+  // SEND with Invalidate from the wire: the window must be a type 2 window
+  // bound to this QP (IBTA 10.6.7.2.6; the daemon checks, as for LOCAL_INV).
+  bool invalidate(uint32_t rkey) override { return invalidate_key(rkey) == 0; }
+
+  WcStatus execute_local(const SendWr& wr) override {
+    if (wr.opcode == WrOpcode::kLocalInv) return invalidate_key(wr.invalidate_rkey) ? WcStatus::kMwBindErr : WcStatus::kSuccess;
+    ibv_mw_bind_info b{};
+    b.addr = wr.bind.addr;
+    b.length = wr.bind.length;
+    b.mw_access_flags = uint32_t(wr.bind.access);
+    ibv_mr mr{};
+    mr.lkey = wr.bind.mr_lkey;
+    b.mr = wr.bind.mr_lkey ? &mr : nullptr;
+    return daemon_bind(q_, wr.bind.mw_handle, wr.bind.rkey, b, nullptr) ? WcStatus::kMwBindErr : WcStatus::kSuccess;
+  }
+
  private:
+  int invalidate_key(uint32_t key) {
+    proto::InvalidateReq req{};
+    req.key = key;
+    req.qpn = q_.qpn;
+    proto::Empty rep{};
+    return q_.ctx->st->conn.call(proto::Op::InvalidateKey, req, rep);
+  }
+
   QpState& q_;
 };
 
@@ -141,6 +165,7 @@ ibv_wc_status to_status(WcStatus s) {
     case WcStatus::kRemOpErr: return IBV_WC_REM_OP_ERR;
     case WcStatus::kRetryExcErr: return IBV_WC_RETRY_EXC_ERR;
     case WcStatus::kRnrRetryExcErr: return IBV_WC_RNR_RETRY_EXC_ERR;
+    case WcStatus::kMwBindErr: return IBV_WC_MW_BIND_ERR;
   }
   return IBV_WC_GENERAL_ERR;
 }
@@ -154,6 +179,8 @@ ibv_wc_opcode to_wc_opcode(WcOpcode o) {
     case WcOpcode::kFetchAdd: return IBV_WC_FETCH_ADD;
     case WcOpcode::kRecv: return IBV_WC_RECV;
     case WcOpcode::kRecvWriteImm: return IBV_WC_RECV_RDMA_WITH_IMM;
+    case WcOpcode::kLocalInv: return IBV_WC_LOCAL_INV;
+    case WcOpcode::kBindMw: return IBV_WC_BIND_MW;
   }
   return IBV_WC_SEND;
 }
@@ -755,9 +782,18 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
       case IBV_WR_RDMA_READ: s.opcode = WrOpcode::kRead; break;
       case IBV_WR_ATOMIC_CMP_AND_SWP: s.opcode = WrOpcode::kCompareSwap; break;
       case IBV_WR_ATOMIC_FETCH_AND_ADD: s.opcode = WrOpcode::kFetchAdd; break;
-      default: rc = EINVAL; break;  // memory windows and LOCAL_INV: not on the wire yet
+      case IBV_WR_LOCAL_INV: s.opcode = WrOpcode::kLocalInv; break;
+      case IBV_WR_BIND_MW:
+        // Type 1 windows are bound with ibv_bind_mw(3), not through the send queue.
+        s.opcode = WrOpcode::kBindMw;
+        if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2 ||
+            wr->bind_mw.mw->context != q.self->qpx.qp_base.context)
+          rc = EINVAL;
+        break;
+      default: rc = EINVAL; break;
     }
-    if (rc == 0 && (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge)) rc = EINVAL;
+    const bool local_op = op == IBV_WR_LOCAL_INV || op == IBV_WR_BIND_MW;
+    if (rc == 0 && !local_op && (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge)) rc = EINVAL;
     if (rc == 0 && r.engine->send_queue_depth() >= q.cap.max_send_wr) rc = ENOMEM;
     if (rc) {
       *bad = wr;
@@ -769,7 +805,17 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
     s.fence = wr->send_flags & IBV_SEND_FENCE;
     s.imm = wr->imm_data;
     s.invalidate_rkey = wr->invalidate_rkey;
-    if ((wr->send_flags & IBV_SEND_INLINE) && op != IBV_WR_RDMA_READ) {
+    if (local_op) {
+      if (op == IBV_WR_BIND_MW) {
+        const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
+        s.bind.mw_handle = wr->bind_mw.mw->handle;
+        s.bind.rkey = wr->bind_mw.rkey;
+        s.bind.mr_lkey = b.mr ? b.mr->lkey : 0;
+        s.bind.access = b.mw_access_flags;
+        s.bind.addr = b.addr;
+        s.bind.length = b.length;
+      }
+    } else if ((wr->send_flags & IBV_SEND_INLINE) && op != IBV_WR_RDMA_READ) {
       // Copied now (ibv_post_send(3): the buffer may be reused at once) into
       // a staging slot, which lives until the WR has surely retired: the
       // engine holds at most max_send_wr WRs and there are one more slots.

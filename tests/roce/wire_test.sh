@@ -10,7 +10,7 @@
 #
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | srq | write_bw_faults |
-#         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture
+#         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -177,6 +177,28 @@ case $case in
   rc)
     start_daemons ""
     pingpong rc ibv_rc_pingpong 1 "$a1" 4096 200
+    ;;
+  mw)
+    # A type 2 window bound with IBV_WR_BIND_MW, written and read through
+    # from the other host, invalidated by its SEND with Invalidate; bound
+    # again and invalidated with IBV_WR_LOCAL_INV, after which the other
+    # host's WRITE gets a remote access error (tests/roce/mw_wire_peer.cc).
+    start_daemons ""
+    mkdir -m 777 "$work/mw"
+    on h1 "$bin/mw_wire_peer" server "$work/mw" >"$work/mw.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    on h0 "$bin/mw_wire_peer" client "$work/mw" >"$work/mw.client" 2>&1
+    crc=$?
+    wait $spid
+    src=$?
+    if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+      fail "mw: server exit $src, client exit $crc"
+      show mw
+    fi
+    for side in server client; do
+      grep -q "^softverbs roce: qp" "$work/mw.$side" || fail "mw $side: the QP was not on the wire"
+    done
     ;;
   rc_faults)
     start_daemons "$faults"
