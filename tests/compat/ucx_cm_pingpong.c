@@ -182,10 +182,9 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 static void on_conn_request(ucp_conn_request_h req, void *arg)
 {
-    (void)arg;
     if (conn_request != NULL) {
         fprintf(stderr, "%s: a second connection request, rejected\n", role);
-        ucp_listener_reject(NULL, req);
+        ucp_listener_reject(*(ucp_listener_h *)arg, req);
         return;
     }
     conn_request = req;
@@ -281,7 +280,7 @@ static void run_server(const char *port, const char *addr)
     lp.sockaddr.addr = (const struct sockaddr *)&ss;
     lp.sockaddr.addrlen = sslen;
     lp.conn_handler.cb = on_conn_request;
-    lp.conn_handler.arg = NULL;
+    lp.conn_handler.arg = &listener;
     st = ucp_listener_create(worker, &lp, &listener);
     if (st != UCS_OK)
         die("ucp_listener_create on port %s: %s", port, ucs_status_string(st));
@@ -495,7 +494,7 @@ static void run_reject(const char *port, const char *addr)
     lp.sockaddr.addr = (const struct sockaddr *)&ss;
     lp.sockaddr.addrlen = sslen;
     lp.conn_handler.cb = on_conn_request;
-    lp.conn_handler.arg = NULL;
+    lp.conn_handler.arg = &listener;
     st = ucp_listener_create(worker, &lp, &listener);
     if (st != UCS_OK)
         die("ucp_listener_create on port %s: %s", port, ucs_status_string(st));
