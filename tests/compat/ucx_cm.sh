@@ -9,7 +9,9 @@
 # for data, UD for keepalive) | ipv6 (rc_verbs; the server on ::, the client
 # dials ::1) | reject (ucp_listener_reject: the client's endpoint fails with
 # UCS_ERR_REJECTED, from UCX's header in the REJ's private data) |
-# no_listener (the CM's REJ "invalid service ID": UCS_ERR_CONNECTION_RESET).
+# no_listener (the CM's REJ "invalid service ID": UCS_ERR_CONNECTION_RESET) |
+# peer_dies (the server is killed once connected: the client's endpoint
+# fails, after our librdmacm's DISCONNECTED, instead of waiting forever).
 # PORT is an rdma_cm port, in this test's own SOFTVERBS_DIR.
 #
 # UCX is held to what is under test: UCX_SOCKADDR_TLS_PRIORITY=rdmacm (no
@@ -41,7 +43,7 @@ rc) tls=rc_verbs; lanes=(rc_verbs) ;;
 ud) tls=ud_verbs; lanes=(ud_verbs) ;;
 rc_ud) tls=rc_verbs,ud_verbs; lanes=(rc_verbs ud_verbs) ;;
 ipv6) tls=rc_verbs; lanes=(rc_verbs); saddr=(::); caddr=::1 ;;
-reject | no_listener) tls=rc_verbs ;;
+reject | no_listener | peer_dies) tls=rc_verbs ;;
 *) log "unknown row $row"; exit 2 ;;
 esac
 
@@ -80,6 +82,37 @@ if [ "$row" = no_listener ]; then
   expect "$c" 'softverbs-cm.* event RDMA_CM_EVENT_REJECTED status 8$' 1
   expect "$c" '^refused: the endpoint failed with "Connection reset by remote peer"' 1
   [ "$_compat_failures" -eq 0 ] || show client "$c"
+  finish
+fi
+
+if [ "$row" = peer_dies ]; then
+  s=$COMPAT_DIR/ucx_cm.server
+  c=$COMPAT_DIR/ucx_cm.client
+  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$DEVNS" "$prog" hold "$port" >"$s" 2>&1 &
+  spid=$!
+  _compat_pids+=("$spid")
+  cm_wait 262 "$port" "$spid" || fail "the server never listened on rdma_cm port $port"
+  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$DEVNS" "$prog" orphan 127.0.0.1 "$port" >"$c" 2>&1 &
+  cpid=$!
+  _compat_pids+=("$cpid")
+  victim=
+  for _ in $(seq $((COMPAT_TIMEOUT * 10))); do
+    victim=$(sed -n 's/^pid \([0-9]*\)$/\1/p' "$s")
+    [ -n "$victim" ] && grep -q '^orphan: connected$' "$c" && break
+    kill -0 "$cpid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -n "$victim" ] && grep -q '^orphan: connected$' "$c"; then
+    kill -KILL "$victim"
+    wait "$spid" 2>/dev/null  # (killed)
+    wait "$cpid" || fail "client exit $?"
+    expect "$c" '^PASS orphan$' 1
+    expect "$c" 'softverbs-cm.* event RDMA_CM_EVENT_DISCONNECTED status 0$' 1
+    expect "$c" '^orphan: the endpoint failed after [0-9.]+ s: ' 1
+  else
+    fail "not connected"
+  fi
+  [ "$_compat_failures" -eq 0 ] || { show server "$s"; show client "$c"; }
   finish
 fi
 

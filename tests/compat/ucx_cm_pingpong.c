@@ -9,6 +9,8 @@
  *   ucx_cm_pingpong client ADDRESS PORT
  *   ucx_cm_pingpong reject PORT [ADDRESS]
  *   ucx_cm_pingpong refused ADDRESS PORT STATUS
+ *   ucx_cm_pingpong hold PORT [ADDRESS]
+ *   ucx_cm_pingpong orphan ADDRESS PORT
  *
  * What happens, in order:
  *   1. the server listens; the client connects; the server accepts the
@@ -30,6 +32,11 @@
  * "reset": nobody listens, the CM's own REJ), the send to fail too, and no
  * message ever to complete.
  *
+ * "hold" accepts one connection, sends one message, prints "pid N" and
+ * waits to be killed; "orphan" connects, receives that message, prints
+ * "orphan: connected" and waits for its endpoint to fail when the server
+ * dies (the CM's DISCONNECTED).
+ *
  * Prints "PASS <role>" and exits 0 when every byte matched; any error or
  * mismatch is reported on stderr and the exit code is 1. Every wait has a
  * deadline (CM_PINGPONG_TIMEOUT seconds, default 30).
@@ -43,6 +50,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 
 enum { ROUNDS = 3, RMA_SIZE = 1 << 20 };
@@ -562,6 +570,95 @@ static void run_refused(const char *addr, const char *port, ucs_status_t want)
     close_ep(ep, 1);
 }
 
+/* Accepts one connection and sends one message; then waits to be killed. */
+static void run_hold(const char *port, const char *addr)
+{
+    ucp_listener_params_t lp;
+    ucp_listener_h listener;
+    ucp_ep_params_t ep_params;
+    ucp_ep_h ep;
+    ucs_status_t st;
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    static uint8_t msg[64];
+
+    resolve(addr, port, &ss, &sslen);
+    memset(&lp, 0, sizeof(lp));
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = (const struct sockaddr *)&ss;
+    lp.sockaddr.addrlen = sslen;
+    lp.conn_handler.cb = on_conn_request;
+    lp.conn_handler.arg = &listener;
+    st = ucp_listener_create(worker, &lp, &listener);
+    if (st != UCS_OK)
+        die("ucp_listener_create on port %s: %s", port, ucs_status_string(st));
+    while (conn_request == NULL) {
+        ucp_worker_progress(worker);
+        check_deadline("a connection request");
+    }
+    memset(&ep_params, 0, sizeof(ep_params));
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+    ep_params.conn_request = conn_request;
+    set_err_handler(&ep_params);
+    st = ucp_ep_create(worker, &ep_params, &ep);
+    if (st != UCS_OK)
+        die("ucp_ep_create (accept): %s", ucs_status_string(st));
+    fill(msg, sizeof(msg), 0, 1);
+    send_tag(ep, TAG_TO_CLIENT, msg, sizeof(msg), "the message");
+    printf("pid %ld\n", (long)getpid());
+    for (;;) {
+        ucp_worker_progress(worker);
+        check_deadline("being killed");
+    }
+}
+
+/* Connects, receives one message, then waits for the server to die. */
+static void run_orphan(const char *addr, const char *port)
+{
+    ucp_ep_params_t ep_params;
+    ucp_request_param_t p;
+    ucs_status_ptr_t req;
+    ucs_status_t st;
+    ucp_ep_h ep;
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    static uint8_t msg[64];
+    double t0;
+
+    resolve(addr, port, &ss, &sslen);
+    memset(&ep_params, 0, sizeof(ep_params));
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+    ep_params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep_params.sockaddr.addr = (const struct sockaddr *)&ss;
+    ep_params.sockaddr.addrlen = sslen;
+    set_err_handler(&ep_params);
+    st = ucp_ep_create(worker, &ep_params, &ep);
+    if (st != UCS_OK)
+        die("ucp_ep_create (connect to %s:%s): %s", addr, port, ucs_status_string(st));
+    verify(msg, recv_tag(TAG_TO_CLIENT, msg, sizeof(msg), "the server's message"), sizeof(msg), 0, 1,
+           "the server's message");
+    printf("orphan: connected\n");
+    /* A receive nothing will match: it stays pending while the peer dies. */
+    memset(&p, 0, sizeof(p));
+    req = ucp_tag_recv_nbx(worker, msg, sizeof(msg), TAG_BYE, (ucp_tag_t)-1, &p);
+    if (req == NULL || UCS_PTR_IS_ERR(req))
+        die("ucp_tag_recv_nbx did not stay pending");
+    closing = 1; /* the failure is expected */
+    t0 = now();
+    while (!ep_failed) {
+        ucp_worker_progress(worker);
+        check_deadline("the endpoint to fail after the server's death");
+    }
+    printf("orphan: the endpoint failed after %.1f s: %s\n", now() - t0, ucs_status_string(ep_status));
+    ucp_request_cancel(worker, req);
+    while (ucp_request_check_status(req) == UCS_INPROGRESS) {
+        ucp_worker_progress(worker);
+        check_deadline("the receive to be cancelled");
+    }
+    ucp_request_free(req);
+    close_ep(ep, 1);
+}
+
 int main(int argc, char **argv)
 {
     const char *t = getenv("CM_PINGPONG_TIMEOUT");
@@ -585,10 +682,18 @@ int main(int argc, char **argv)
         init_ucp();
         run_refused(argv[2], argv[3],
                     strcmp(argv[4], "rejected") == 0 ? UCS_ERR_REJECTED : UCS_ERR_CONNECTION_RESET);
+    } else if (argc >= 3 && strcmp(argv[1], "hold") == 0) {
+        role = "hold";
+        init_ucp();
+        run_hold(argv[2], argc >= 4 ? argv[3] : NULL);
+    } else if (argc >= 4 && strcmp(argv[1], "orphan") == 0) {
+        role = "orphan";
+        init_ucp();
+        run_orphan(argv[2], argv[3]);
     } else {
         fprintf(stderr,
                 "usage: %s server PORT [ADDRESS] | client ADDRESS PORT | reject PORT [ADDRESS] |\n"
-                "       refused ADDRESS PORT rejected|reset\n",
+                "       refused ADDRESS PORT rejected|reset | hold PORT [ADDRESS] | orphan ADDRESS PORT\n",
                 argv[0]);
         return 2;
     }
