@@ -4,7 +4,7 @@
 set -euo pipefail
 what=${1:-test}
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev ibverbs-utils perftest
-      librdmacm-dev rdmacm-utils libfabric-bin ucx-utils
+      librdmacm-dev rdmacm-utils libfabric-bin ucx-utils libucx-dev
       python3 iproute2 procps psmisc clang libclang-rt-14-dev tshark python3-scapy)
 if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
 missing=()

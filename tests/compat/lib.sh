@@ -224,6 +224,63 @@ run_pair() {
   return 0
 }
 
+# cm_wait PS PORT PID: wait until a listener has bound (PS, PORT): its
+# rendezvous socket appears in $COMPAT_DIR/cm (see docs/RDMACM.md); for the
+# librdmacm tests (rdmacm.sh, ucx_cm.sh).
+cm_wait() {
+  local ps=$1 p=$2 pid=$3
+  for _ in $(seq 400); do
+    compgen -G "$COMPAT_DIR/cm/$ps-$p-*" >/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# cm_pair NAME PS PORT SERVER... -- CLIENT...: like run_pair, but
+# the server is ready when it listens on the rdma_cm port.
+cm_pair() {
+  local name=$1 ps=$2 p=$3
+  shift 3
+  local -a server=() client=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do server+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  client=("$@")
+  SERVER_OUT="$COMPAT_DIR/$name.server"
+  CLIENT_OUT="$COMPAT_DIR/$name.client"
+  local backstop=$((COMPAT_TIMEOUT + 10))
+  "$SV" run -- timeout -k 5 "$backstop" stdbuf -oL "${server[@]}" >"$SERVER_OUT" 2>&1 &
+  local spid=$!
+  _compat_pids+=("$spid")
+  cm_wait "$ps" "$p" "$spid" || log "$name: server never listened on rdma_cm port $p"
+  "$SV" run -- timeout -k 5 "$backstop" stdbuf -oL "${client[@]}" >"$CLIENT_OUT" 2>&1 &
+  local cpid=$!
+  _compat_pids+=("$cpid")
+  local deadline=$((SECONDS + COMPAT_TIMEOUT)) hung=0
+  while kill -0 "$spid" 2>/dev/null || kill -0 "$cpid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      hung=1
+      log "$name: still running after ${COMPAT_TIMEOUT}s"
+      dump_state "$name server" "$spid"
+      dump_state "$name client" "$cpid"
+      kill "$spid" "$cpid" 2>/dev/null
+      break
+    fi
+    sleep 0.1
+  done
+  wait "$cpid"
+  CLIENT_RC=$?
+  wait "$spid"
+  SERVER_RC=$?
+  if [ $hung -eq 1 ] || [ "$SERVER_RC" -ne 0 ] || [ "$CLIENT_RC" -ne 0 ]; then
+    fail "$name: server exit $SERVER_RC, client exit $CLIENT_RC"
+    show "$name server" "$SERVER_OUT"
+    show "$name client" "$CLIENT_OUT"
+    return 1
+  fi
+  return 0
+}
+
 # finish: exit with the test's verdict.
 finish() {
   if [ -n "${COMPAT_VERBOSE:-}" ]; then

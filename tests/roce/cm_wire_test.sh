@@ -9,7 +9,7 @@
 #
 #   cm_wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rping | rping6 | rping_q | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat | read_bw |
-#         reject | no_listener | unreachable | peer_dies | capture | rtt | fi_pingpong
+#         reject | no_listener | unreachable | peer_dies | capture | rtt | fi_pingpong | ucx
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -381,6 +381,39 @@ case $case in
       expect fi_pingpong client '^1m +100 +=100 ' 1
       expect fi_pingpong server '^1m +100 +=100 ' 1
       on_wire fi_pingpong
+    fi
+    ;;
+  ucx)
+    # UCX's rdmacm connection manager (tests/compat/ucx_cm_pingpong.c, built
+    # where libucx-dev is): UCP's client/server API, tagged messages of 8 B ..
+    # 1 MiB both ways, one GET and one PUT of a packed rkey, then a
+    # disconnect; UCX held to the rdmacm CM and rc_verbs on sv0 (as in
+    # tests/compat/ucx_cm.sh), under scripts/devns.sh for the device node.
+    prog=$bin/ucx_cm_pingpong
+    [ -x "$prog" ] || { log "SKIP: $prog not built (no UCX headers)"; exit $SKIP; }
+    require unshare
+    devns=$src/scripts/devns.sh
+    export UCX_TLS=rc_verbs UCX_NET_DEVICES=sv0:1 UCX_SOCKADDR_TLS_PRIORITY=rdmacm
+    export SOFTVERBS_CM_TRACE=1 CM_PINGPONG_TIMEOUT=$((TIMEOUT - 10))
+    start_daemons h0 h1
+    if pair ucx $TCP 7605 "$devns" "$prog" server 7605 "$a1" -- "$devns" "$prog" client "$a1" 7605; then
+      for side in server client; do
+        expect ucx $side "^PASS $side\$" 1
+        expect ucx $side '^ *# +lane\[[0-9]+\]:' 2
+        expect ucx $side '^ *# +lane\[0\]: cm rdmacm$' 1
+        expect ucx $side '^ *# +lane\[1\]: +0:rc_verbs/sv0:1\.0 ' 1
+        grep -Eq 'UCX +(ERROR|WARN)' "$work/ucx.$side" && fail "ucx $side: UCX reported an error or warning"
+      done
+      expect ucx server "^server: connection request from $("$tb" addr h0)\$" 1
+      expect ucx server '^server: the client.s GET and PUT of 1048576 bytes verified$' 1
+      expect ucx client '^client: GET of 1048576 bytes verified$' 1
+      expect ucx server 'softverbs-cm.* event RDMA_CM_EVENT_ESTABLISHED status 0$' 1
+      expect ucx server 'softverbs-cm.* event RDMA_CM_EVENT_DISCONNECTED status 0$' 1
+      expect ucx client 'softverbs-cm.* event RDMA_CM_EVENT_CONNECT_RESPONSE status 0$' 1
+      expect ucx client 'softverbs-cm.* event RDMA_CM_EVENT_DISCONNECTED status 0$' 1
+      on_wire ucx
+      # The DREQ of the client's close crossed the wire too.
+      grep -q "cm gateway: attr 0x15 from" "$work/h1.dlog" || fail "ucx: no DREQ reached h1"
     fi
     ;;
   *)
