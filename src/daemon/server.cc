@@ -2,11 +2,13 @@
 
 #include "common/trace.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -70,6 +72,17 @@ int Server::start() {
   ev.events = EPOLLIN;
   ev.data.fd = listen_fd_.get();
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev) != 0) return errno;
+  // The system daemon's rdma_cm rendezvous (docs/RDMACM.md, "Users"): one
+  // directory for every user's listeners, as the port space is host-wide on
+  // Linux; sticky, so a user removes only its own sockets.
+  if (system_) {
+    const std::string cm = dir_ + "/cm";
+    if (::mkdir(cm.c_str(), 01777) != 0 && errno != EEXIST) return errno;
+    struct stat st;
+    if (::lstat(cm.c_str(), &st) != 0) return errno;
+    if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) return EPERM;
+    if (::chmod(cm.c_str(), 01777) != 0) return errno;
+  }
   // RoCEv2 (docs/ROCE.md): the port is taken only when asked for.
   const char* roce = std::getenv("SOFTVERBS_ROCE");
   if ((roce && std::strcmp(roce, "1") == 0) || system_) {
@@ -91,6 +104,7 @@ int Server::start() {
         cev.events = EPOLLIN;
         cev.data.fd = cm_.fd();
         if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, cm_.fd(), &cev) != 0) return errno;
+        if (system_ && ::chmod((dir_ + "/cm-gateway").c_str(), 0666) != 0) return errno;
         roce_.on_qp1 = [this](int fd, const sockaddr* from, socklen_t fl, const uint8_t* d, size_t n) {
           cm_.deliver(fd, from, fl, d, n);
         };
@@ -167,6 +181,33 @@ void Server::drop(int fd) {
   roce_.remove_client(it->second.client);
   conns_.erase(it);
   send_events();
+  if (system_) remove_stale_rendezvous();
+}
+
+// A process that died left its rdma_cm sockets in the shared rendezvous
+// directory, which other users cannot remove (sticky): the port would stay
+// taken. A socket that refuses connections and is older than a second
+// (bind and listen are a moment apart) is stale.
+void Server::remove_stale_rendezvous() {
+  const std::string cm = dir_ + "/cm";
+  DIR* d = ::opendir(cm.c_str());
+  if (!d) return;
+  const time_t now = ::time(nullptr);
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string path = cm + "/" + e->d_name;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || now - st.st_ctime < 2) continue;
+    sockaddr_un sun{};
+    if (path.size() >= sizeof sun.sun_path) continue;
+    sun.sun_family = AF_UNIX;
+    std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
+    Fd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!probe.valid()) break;
+    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0 && errno == ECONNREFUSED)
+      ::unlink(path.c_str());
+  }
+  ::closedir(d);
 }
 
 // Async events go out as unsolicited messages (seq 0) on the client's

@@ -36,6 +36,7 @@ class Server {
   void accept_clients();
   void serve(int fd);
   void drop(int fd);
+  void remove_stale_rendezvous();
   void send_events();
 
   std::string dir_;

@@ -261,7 +261,13 @@ bool send_mad(Id* d, const uint8_t* mad) {
 
 // --- the rendezvous directory -------------------------------------------------
 
+// With the system daemon (SOFTVERBS_SYSTEM=1) every user's ids meet in its
+// directory, which the daemon made sticky and writable by all: the port
+// space is the host's, as on Linux. Otherwise the user's own directory.
+std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::runtime_dir(); }
+
 std::string cm_dir() {
+  if (sv::use_system_daemon()) return sv::system_dir() + "/cm";
   std::string dir = sv::runtime_dir();
   sv::ensure_runtime_dir(dir);
   dir += "/cm";
@@ -290,6 +296,13 @@ int bind_path(const std::string& path) {
     int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -errno;
     if (::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun)) == 0) {
+      // Shared with other users (system daemon): they connect to it.
+      if (sv::use_system_daemon() && ::chmod(path.c_str(), 0666) != 0) {
+        int e = errno;
+        ::unlink(path.c_str());
+        ::close(fd);
+        return -e;
+      }
       if (::listen(fd, SOMAXCONN) == 0) return fd;
       int e = errno;
       ::close(fd);
@@ -320,6 +333,9 @@ int do_bind(Id* d, const sockaddr* addr) {
   int ps = d->id.ps;
   uint16_t port = addr_port(sa);
   int fd = -1;
+  // Among users, a port below 1024 is privileged, as Linux's rdma_cm has it
+  // (CAP_NET_BIND_SERVICE).
+  if (port && port < 1024 && sv::use_system_daemon() && ::geteuid() != 0) return EACCES;
   if (port) {
     // A wildcard and a specific bind of one port conflict, as in TCP.
     if (!addr_is_any(sa) && (path_exists(rendezvous_path(ps, port, "0.0.0.0")) ||
@@ -973,7 +989,7 @@ bool try_connect(Id* d) {
     // Another host: the daemon's CM gateway carries the MADs on the wire.
     sockaddr_un sun;
     int fd = -1;
-    if (fill_sun(sun, sv::runtime_dir() + "/cm-gateway")) {
+    if (fill_sun(sun, daemon_dir() + "/cm-gateway")) {
       fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
       if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun)) != 0) {
         CM_TRACE("id %llu gateway %s: %s", (unsigned long long)d->serial, sun.sun_path, std::strerror(errno));

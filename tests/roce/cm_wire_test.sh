@@ -9,7 +9,7 @@
 #
 #   cm_wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rping | rping6 | rping_q | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat | read_bw |
-#         reject | no_listener | unreachable | peer_dies | capture | rtt | fi_pingpong | ucx
+#         reject | no_listener | unreachable | peer_dies | capture | rtt | fi_pingpong | ucx | users
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -181,6 +181,51 @@ check_rping() {
 }
 
 case $case in
+  users)
+    # Each host runs the system daemon (--system), which serves every user:
+    # a listener of nobody (uid 65534) in h1 gets the REQ of root's client in
+    # h0 through h1's CM gateway, and the two users' QPs talk over RoCEv2.
+    require rping
+    require setpriv
+    setpriv --reuid=65534 --regid=65534 --clear-groups test -r "$bin/../lib/libibverbs.so.1" ||
+      { log "SKIP: the build directory is not readable by nobody"; exit $SKIP; }
+    for h in h0 h1; do
+      rm -rf "${work:?}/$h"
+      mkdir -m 755 "$work/$h"
+      SOFTVERBS_TRACE=1 "$tb" exec "$h" "$bin/softverbsd" --system --foreground --dir "$work/$h/sys" \
+        2>"$work/$h.dlog" &
+      daemons+=($!)
+    done
+    for h in h0 h1; do
+      for _ in $(seq 100); do [ -S "$work/$h/sys/cm-gateway" ] && break; sleep 0.05; done
+      [ -S "$work/$h/sys/cm-gateway" ] || { log "the system daemon's CM gateway did not come up in $h"; exit 1; }
+    done
+    sys_on() {
+      local h=$1
+      shift
+      SOFTVERBS_SYSTEM=1 SOFTVERBS_SYSTEM_DIR=$work/$h/sys SOFTVERBS_NO_SPAWN=1 SOFTVERBS_ROCE_STATS=1 \
+        "$tb" exec "$h" "$@"
+    }
+    sys_on h1 setpriv --reuid=65534 --regid=65534 --clear-groups "$bin/softverbs" run -- \
+      timeout -k 5 "$TIMEOUT" stdbuf -oL rping -s -a "$a1" -v -C 20 -p 7000 >"$work/users.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    for _ in $(seq 200); do compgen -G "$work/h1/sys/cm/262-7000-*" >/dev/null && break; sleep 0.05; done
+    [ "$(stat -c %u "$work/h1/sys/cm/262-7000-$a1" 2>/dev/null)" = 65534 ] || fail "users: no rendezvous socket of nobody"
+    sys_on h0 "$bin/softverbs" run -- timeout -k 5 "$TIMEOUT" stdbuf -oL rping -c -a "$a1" -v -C 20 -p 7000 \
+      >"$work/users.client" 2>&1
+    crc=$?
+    wait $spid
+    src=$?
+    if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+      fail "users: server exit $src, client exit $crc"
+      show users
+    else
+      check_rping users 20
+      on_wire users
+      no_errors users
+    fi
+    ;;
   rping | rping6 | rping_q)
     # rping_q: the application creates and moves its QP (CONNECT_RESPONSE,
     # rdma_init_qp_attr, rdma_establish sends the RTU later).
