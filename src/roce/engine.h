@@ -219,6 +219,10 @@ class Qp {
   // then call progress() or flush_ack() in time.
   void progress(bool flush_ack = true);
   bool ack_pending() const { return ack_pending_; }
+  // A pending ACK that should not be held: a stream has brought a quarter
+  // of the requester's window (as this side's own window, max_window) since
+  // the last ACK, and the requester may be about to stall on its window.
+  bool ack_urgent() const { return ack_pending_ && rx_since_ack_ >= cfg_.max_window / 4; }
   void flush_ack() {
     if (state_ == QpState::kReady) flush_pending_ack();
   }
@@ -345,6 +349,7 @@ class Qp {
   uint32_t write_total_ = 0;
   bool nak_sent_ = false;      // one sequence NAK per gap (IBTA 9.7.5)
   bool ack_pending_ = false;
+  uint32_t rx_since_ack_ = 0;  // request packets accepted since the last ACK went
   bool uc_resync_ = false;     // UC: dropping until the next First/Only
   std::deque<Resource> resources_;
 };

@@ -120,6 +120,7 @@ void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const
     return;
   }
   if (p.info().request) {
+    rx_since_ack_++;
     responder_receive(p, from, grh);
   } else if (cfg_.type == QpType::kRC) {
     completer_receive(p);

@@ -10,6 +10,7 @@
 namespace sv::roce {
 
 void Qp::send_ack(uint8_t syndrome, uint32_t psn) {
+  rx_since_ack_ = 0;
   Packet p;
   p.bth.opcode = op::kAck;
   p.bth.pkey = cfg_.pkey;

@@ -404,6 +404,21 @@ struct Hub {
     auto it = qps.find(dqpn);
     if (it == qps.end() || !it->second->engine) return;
     it->second->ep->deliver(from, fl, dg, len, ipv4_id);
+    if (it->second->engine->ack_urgent()) urgent.push_back(it->second.get());
+  }
+
+  // A stream's ACK goes as soon as a quarter window has come (see
+  // Qp::ack_urgent), not after the batch and the hold: the requester would
+  // otherwise sit on a full window while we drain it.
+  std::vector<RoceQp*> urgent;
+  void send_urgent_acks() {
+    for (RoceQp* r : urgent) {
+      if (!r->engine->ack_urgent()) continue;
+      r->engine->flush_ack();
+      r->ack_due = 0;
+      r->ep->flush_tx();
+    }
+    urgent.clear();
   }
 
   // Delivers what waits on arrival socket `fd`; returns how many datagrams.
@@ -419,6 +434,7 @@ struct Hub {
       sockaddr_storage from{};
       std::memcpy(&from, a.from, a.from_len);
       deliver_one(reinterpret_cast<sockaddr*>(&from), a.from_len, buf.data() + sizeof a, size_t(n) - sizeof a);
+      if (!urgent.empty()) send_urgent_acks();
       ++got;
     }
     return got;
@@ -459,6 +475,7 @@ struct Hub {
         for (size_t off = 0; off < rxmsg[i].msg_len; off += seg, ++k)
           deliver_one(reinterpret_cast<sockaddr*>(&rxfrom[i]), m.msg_namelen, p + off,
                       std::min(seg, size_t(rxmsg[i].msg_len) - off), k);
+        if (!urgent.empty()) send_urgent_acks();
       }
       got += n;
       if (n < kBatch) break;
@@ -693,6 +710,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
     c.min_rnr_timer = attr.min_rnr_timer;
     c.max_dest_rd_atomic = attr.max_dest_rd_atomic ? attr.max_dest_rd_atomic : 1;
     c.qkey = attr.qkey;
+    if (const char* w = std::getenv("SOFTVERBS_ROCE_WINDOW")) c.max_window = std::clamp<uint32_t>(uint32_t(std::atoi(w)), 16, 1u << 20);
     if (q.type != IBV_QPT_UD) {
       c.dest_qpn = attr.dest_qp_num;
       c.dest_ah = nr->ep->add_peer(gid_to_ip(attr.ah_attr.grh.dgid.raw), kRoceV2Port);
