@@ -655,6 +655,42 @@ struct PacketCapture : PacketSink {
 // progress(false) keeps the coalesced ACK pending (the owner holds it so
 // that it leaves after the application's next request); flush_ack() or a
 // plain progress() sends it; a request sent meanwhile goes before it.
+// A held ACK stops being held once a quarter of the window has come since
+// the last ACK: the requester would otherwise stall on its window while the
+// responder drains a long batch (the owner sends urgent ACKs at once).
+TEST(RcEngineOps, StreamMakesTheAckUrgentAfterAQuarterWindow) {
+  testsim::SimClock clock;
+  testsim::TestMemory ma, mb;
+  testsim::Cq ca, cb;
+  PacketCapture na, nb;
+  QpConfig a, b;
+  a.qpn = 0x11, a.dest_qpn = 0x12, b.qpn = 0x12, b.dest_qpn = 0x11;
+  a.access = b.access = kRemoteWrite;
+  a.pmtu = b.pmtu = 256;
+  a.max_window = b.max_window = 256;
+  const uint32_t ka = ma.add(kA, 65536, kLocalWrite), kb = mb.add(kB, 65536, kLocalWrite | kRemoteWrite);
+  Qp qa(a, na, ca, ma, clock), qb(b, nb, cb, mb, clock);
+  SendWr w = testsim::wr(1, WrOpcode::kWrite, ka, kA, 100 * 256);
+  w.remote_addr = kB;
+  w.rkey = kb;
+  ASSERT_EQ(0, qa.post_send(w));
+  qa.progress();
+  ASSERT_EQ(na.out.size(), 100u);
+  for (size_t i = 0; i < 100; i++) {
+    qb.receive(na.out[i]);
+    // AckReq every 16 packets makes an ACK pending; it becomes urgent at 64.
+    EXPECT_EQ(qb.ack_urgent(), i + 1 == 64) << i;
+    if (qb.ack_urgent()) qb.flush_ack();  // what the owner does
+  }
+  ASSERT_EQ(nb.out.size(), 1u);  // the urgent ACK, sent after packet 64
+  EXPECT_EQ(nb.out[0][0], op::kRC | op::kAck);
+  qb.progress();  // the rest as before: one coalesced ACK for the batch
+  EXPECT_EQ(nb.out.size(), 2u);
+  for (auto& p : nb.out) qa.receive(p);
+  ASSERT_EQ(ca.all.size(), 1u);
+  EXPECT_EQ(ca.all[0].status, WcStatus::kSuccess);
+}
+
 TEST(RcEngineOps, AckHeldUntilFlushed) {
   testsim::SimClock clock;
   testsim::TestMemory ma, mb;
