@@ -252,6 +252,9 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   }
   // Receives posted to a QP in ERR complete at once with a flush error.
   if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) flush_rq(q);
+  // The slot of the next receive was last written by the sender that took
+  // it (its sequence): fetch it now rather than in the next post's path.
+  q.rq.prefetch_next_push();
   return 0;
 }
 

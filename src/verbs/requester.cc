@@ -947,6 +947,10 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
   if (q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED))
     push_send_completion(q, wr->wr_id, send ? IBV_WC_SEND : read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,
                          IBV_WC_SUCCESS, uint32_t(len));
+  // The receive the next SEND takes was written by the responder's process:
+  // fetch it now, while the responder handles this message, not on the next
+  // post's critical path.
+  if (send) (p->srq_hdr ? p->srq : p->rq).prefetch_next_pop();
   return true;
 }
 
