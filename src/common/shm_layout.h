@@ -167,7 +167,10 @@ struct QpSegmentHeader {
   // responder does not lose it. On the lock's line: every post reads it
   // right after taking the lock.
   std::atomic<uint32_t> torn_qpn;  // the responder QP, 0 = none
-  uint32_t reserved2;
+  // Non-zero: the QP was created in a thread domain (ibv_alloc_td): its
+  // creator posts without send_lock, so no other process or context may
+  // import it. Set by the creator before ibv_create_qp returns.
+  std::atomic<uint32_t> exclusive;
   uint64_t torn_wr_id;
   alignas(64) ShmLock recv_lock;
   alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
