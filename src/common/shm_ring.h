@@ -162,6 +162,22 @@ class Ring {
   void prefetch_next_pop() const { prefetch_for_write(&slots_[h_->head.load(std::memory_order_relaxed) & mask_]); }
   void prefetch_next_push() const { prefetch_for_write(&slots_[h_->tail.load(std::memory_order_relaxed) & mask_]); }
 
+  // As pop_exclusive(), but the slot stays taken: its sequence, which gives
+  // it back to the producers, is written later by release(pos). The head
+  // moves at once, so the next take sees the next element. For a consumer
+  // that wants that write (to a line the producer wrote, hence a transfer
+  // between CPUs) out of its critical path.
+  bool take_exclusive(T& out, uint64_t& pos) {
+    pos = h_->head.load(std::memory_order_relaxed);
+    RingSlot<T>& s = slots_[pos & mask_];
+    if (s.seq.load(std::memory_order_acquire) != pos + 1) return false;
+    std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
+    h_->head.store(pos + 1, std::memory_order_relaxed);
+    return true;
+  }
+  // Gives slot `pos` (taken with take_exclusive) back to the producers.
+  void release(uint64_t pos) { slots_[pos & mask_].seq.store(pos + mask_ + 1, std::memory_order_release); }
+
   // Peeks at the oldest element without consuming it (single consumer only).
   const T* front() const {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
