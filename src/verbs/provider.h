@@ -103,6 +103,8 @@ struct CqView {
   // Takes up to n of the oldest completions (one: pop); follows a resize.
   int poll(Cqe* out, int n);
   bool pop(Cqe& out);
+  // A hint: start taking the slot the next push fills (see Ring::prefetch_next_push).
+  void prefetch_push() const { cur.load(std::memory_order_acquire)->ring.prefetch_next_push(); }
   // After a resize committed (hdr()->moved): maps the CQ's current segment.
   bool follow(CqSegment* from);
 

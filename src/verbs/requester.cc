@@ -910,7 +910,10 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
       if (!dst) return false;
     }
     shm::RecvWqe r;
-    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !pop_peer_recv(q, *p, r)) return false;
+    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+      p->recv_cq.prefetch_push();  // as for a SEND (below): the completion is what the responder waits for
+      if (!pop_peer_recv(q, *p, r)) return false;
+    }
     copy_tail_last(dst, src, len);
     // Bookkeeping after the data store, which is what the responder waits for.
     if (len) {
@@ -922,6 +925,10 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
       push_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(len), opcode,
                            wr->send_flags, wr->imm_data, 0);
   } else {
+    // The receive completion ends this SEND and the responder is polling
+    // for it: start taking its CQ slot now, so that the transfer overlaps
+    // taking the receive, the checks and the copy.
+    p->recv_cq.prefetch_push();
     shm::RecvWqe r;
     if (!pop_peer_recv(q, *p, r)) return false;  // RNR (or a UC drop): the general path decides
     Seg remote[shm::kMaxSge];
