@@ -3,6 +3,12 @@
 //  lat: two processes (fork) share one MAP_SHARED anonymous page and bounce
 //       one cache line by busy polling; the value written is an incrementing
 //       counter.  Reports one-way latency (RTT/2) over many round trips.
+//  lat2: the same with two lines: each process busy-polls a line of its own
+//       and writes the other's, the pattern of an RDMA WRITE ping-pong (each
+//       side polls its own buffer, the peer writes into it).  A line with one
+//       writer and one spinning reader costs the writer an invalidation and
+//       the reader a fetch per message, where one line passed back and forth
+//       travels once: on most x86 machines this limit is well above `lat`.
 //  bw:  single-thread memcpy of N bytes between hot buffers (destination in a
 //       MAP_SHARED mapping), repeated; reports GB/s (1e9 bytes/s).
 //
@@ -28,6 +34,7 @@ namespace {
 
 struct Options {
   bool do_lat = true;
+  bool do_lat2 = false;
   bool do_bw = true;
   uint64_t iters = 200000;
   uint64_t warmup = 10000;
@@ -40,10 +47,11 @@ struct Options {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: shm_pingpong [--test lat,bw] [--iters N] [--warmup N]\n"
+               "usage: shm_pingpong [--test lat,lat2,bw] [--iters N] [--warmup N]\n"
                "                    [--sizes 8-4M|8,64,1M] [--time SEC] [--trials N]\n"
                "                    [--pin] [--timeout SEC]\n"
                "  lat: cache-line ping-pong between two processes (8 B), one-way ns\n"
+               "  lat2: the same with one line per direction (each side polls its own)\n"
                "  bw:  single-thread memcpy bandwidth per size, GB/s\n");
 }
 
@@ -66,15 +74,21 @@ struct alignas(64) SharedLine {
   char pad[64 - sizeof(std::atomic<uint64_t>)];
 };
 
-int run_lat(const Options &o) {
+// two_lines: the parent polls one line and writes another, the child the
+// reverse (lat2); else both use line[0] (lat).
+int run_lat(const Options &o, bool two_lines) {
   static_assert(std::atomic<uint64_t>::is_always_lock_free);
   void *page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (page == MAP_FAILED) {
     std::perror("mmap");
     return 1;
   }
-  auto *line = new (page) SharedLine;
-  line->value.store(0, std::memory_order_relaxed);
+  // Two lines 2 KiB apart: not a pair the adjacent-line prefetcher fetches together.
+  auto *lines = new (page) SharedLine[64];
+  lines[0].value.store(0, std::memory_order_relaxed);
+  lines[32].value.store(0, std::memory_order_relaxed);
+  SharedLine *parent_polls = &lines[0];
+  SharedLine *child_polls = two_lines ? &lines[32] : &lines[0];
   const uint64_t total = o.iters + o.warmup;
   bench::ticks_per_ns();  // calibrate before forking timing-critical code
 
@@ -90,8 +104,8 @@ int run_lat(const Options &o) {
     for (uint64_t i = 0; i < total; ++i) {
       const uint64_t want = 2 * i + 1;
       bench::Spinner sp;
-      while (line->value.load(std::memory_order_acquire) != want) sp.spin();
-      line->value.store(want + 1, std::memory_order_release);
+      while (child_polls->value.load(std::memory_order_acquire) != want) sp.spin();
+      parent_polls->value.store(want + 1, std::memory_order_release);
     }
     _exit(0);
   }
@@ -100,10 +114,10 @@ int run_lat(const Options &o) {
   std::vector<uint64_t> stamps(total + 1);
   for (uint64_t i = 0; i < total; ++i) {
     stamps[i] = bench::ticks();
-    line->value.store(2 * i + 1, std::memory_order_release);
+    child_polls->value.store(2 * i + 1, std::memory_order_release);
     const uint64_t want = 2 * i + 2;
     bench::Spinner sp;
-    while (line->value.load(std::memory_order_acquire) != want) sp.spin();
+    while (parent_polls->value.load(std::memory_order_acquire) != want) sp.spin();
   }
   stamps[total] = bench::ticks();
 
@@ -117,7 +131,7 @@ int run_lat(const Options &o) {
   bench::LatStats s = bench::one_way_stats(stamps, o.warmup);
   bench::JsonLine()
       .str("bench", "shm_pingpong")
-      .str("test", "lat")
+      .str("test", two_lines ? "lat2" : "lat")
       .num("size", uint64_t{8})
       .num("iters", o.iters)
       .real("median_ns", s.median_ns)
@@ -209,10 +223,17 @@ int main(int argc, char **argv) {
       usage();
       return 0;
     } else if (a.take("--test", v)) {
-      o.do_lat = v.find("lat") != std::string::npos || v == "all";
-      o.do_bw = v.find("bw") != std::string::npos || v == "all";
-      if (!o.do_lat && !o.do_bw) {
-        std::fprintf(stderr, "unknown --test '%s' (lat, bw, all)\n", v.c_str());
+      o.do_lat = o.do_lat2 = o.do_bw = false;
+      for (size_t pos = 0; pos <= v.size();) {
+        size_t c = std::min(v.find(',', pos), v.size());
+        std::string t = v.substr(pos, c - pos);
+        o.do_lat |= t == "lat" || t == "all";
+        o.do_lat2 |= t == "lat2" || t == "all";
+        o.do_bw |= t == "bw" || t == "all";
+        pos = c + 1;
+      }
+      if (!o.do_lat && !o.do_lat2 && !o.do_bw) {
+        std::fprintf(stderr, "unknown --test '%s' (lat, lat2, bw, all)\n", v.c_str());
         return 2;
       }
     } else if (a.take("--iters", v)) {
@@ -246,7 +267,8 @@ int main(int argc, char **argv) {
   if (o.timeout) alarm(o.timeout);
 
   int rc = 0;
-  if (o.do_lat) rc |= run_lat(o);
+  if (o.do_lat) rc |= run_lat(o, false);
+  if (o.do_lat2) rc |= run_lat(o, true);
   if (o.do_bw) rc |= run_bw(o);
   return rc;
 }

@@ -82,6 +82,7 @@ struct Options {
   int gid_idx = 0;
   int mtu = 0;  // bytes; 0 = port's active MTU
   bool pin = false;
+  bool td = false;  // QP in a parent domain with a thread domain (ibv_alloc_td)
   unsigned timeout = 300;
 };
 
@@ -196,6 +197,8 @@ struct PeerInfo {
 struct Rdma {
   ibv_context *ctx = nullptr;
   ibv_pd *pd = nullptr;
+  ibv_td *td = nullptr;
+  ibv_pd *qp_pd = nullptr;  // the parent domain with --td, else pd
   ibv_mr *mr = nullptr;
   ibv_cq *scq = nullptr;
   ibv_cq *rcq = nullptr;
@@ -263,6 +266,19 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
 
   r.pd = ibv_alloc_pd(r.ctx);
   if (!r.pd) die("ibv_alloc_pd failed: %s", std::strerror(errno));
+  r.qp_pd = r.pd;
+  if (o.td) {
+    // One thread posts to the QP: tell the provider, which may then skip
+    // the send queue's lock (rdma-core's mlx5 does; so does softverbs).
+    ibv_td_init_attr ta{};
+    r.td = ibv_alloc_td(r.ctx, &ta);
+    if (!r.td) die("ibv_alloc_td failed: %s", std::strerror(errno));
+    ibv_parent_domain_init_attr pa{};
+    pa.pd = r.pd;
+    pa.td = r.td;
+    r.qp_pd = ibv_alloc_parent_domain(r.ctx, &pa);
+    if (!r.qp_pd) die("ibv_alloc_parent_domain failed: %s", std::strerror(errno));
+  }
 
   r.region = (std::max<uint64_t>(max_size, 64) + 4095) & ~uint64_t{4095};
   void *mem = nullptr;
@@ -296,7 +312,7 @@ void setup(Rdma &r, const Options &o, uint64_t max_size) {
     qa.cap.max_inline_data = inl;
     qa.qp_type = IBV_QPT_RC;
     qa.sq_sig_all = 0;
-    r.qp = ibv_create_qp(r.pd, &qa);
+    r.qp = ibv_create_qp(r.qp_pd, &qa);
     if (r.qp) {
       r.max_inline = qa.cap.max_inline_data;  // provider reports what it granted
       r.sq_depth = std::min(r.sq_depth, qa.cap.max_send_wr);
@@ -382,6 +398,10 @@ void teardown(Rdma &r) {
   if (r.scq && ibv_destroy_cq(r.scq)) die("ibv_destroy_cq failed");
   if (r.rcq && ibv_destroy_cq(r.rcq)) die("ibv_destroy_cq failed");
   if (r.mr && ibv_dereg_mr(r.mr)) die("ibv_dereg_mr failed");
+  if (r.td) {
+    if (ibv_dealloc_pd(r.qp_pd)) die("ibv_dealloc_pd(parent domain) failed");
+    if (ibv_dealloc_td(r.td)) die("ibv_dealloc_td failed");
+  }
   if (r.pd && ibv_dealloc_pd(r.pd)) die("ibv_dealloc_pd failed");
   if (r.ctx && ibv_close_device(r.ctx)) die("ibv_close_device failed");
   std::free(r.buf);
@@ -472,6 +492,7 @@ void emit_lat(Rdma &r, Test t, uint64_t size, LatIters n, bool inl, std::vector<
       .num("size", size)
       .num("iters", n.iters)
       .num("inline", inl ? 1 : 0)
+      .num("td", r.td ? 1 : 0)
       .real("median_ns", s.median_ns)
       .real("median_iter_ns", s.median_iter_ns)
       .real("p99_ns", s.p99_ns)
@@ -974,6 +995,8 @@ void usage() {
                "  --inline N        requested max_inline_data (default 64)\n"
                "  --dev NAME --ib-port N --gid-idx N --mtu BYTES\n"
                "  --pin             pin client to CPU 0, server to CPU 1\n"
+               "  --td              create the QP in a parent domain with a thread domain\n"
+               "                    (ibv_alloc_td: one thread per QP, the provider may skip locks)\n"
                "  --timeout SEC     watchdog (default 300)\n"
                "  -v, --verbose     log setup and test progress to stderr\n");
 }
@@ -1074,6 +1097,8 @@ int main(int argc, char **argv) {
       o.timeout = static_cast<unsigned>(bench::to_u64(v, "--timeout"));
     } else if (a.flag("--pin")) {
       o.pin = true;
+    } else if (a.flag("--td")) {
+      o.td = true;
     } else if (a.flag("-v") || a.flag("--verbose")) {
       g_verbose = true;
     } else {

@@ -17,6 +17,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -167,7 +168,10 @@ struct QpSegmentHeader {
   // responder does not lose it. On the lock's line: every post reads it
   // right after taking the lock.
   std::atomic<uint32_t> torn_qpn;  // the responder QP, 0 = none
-  uint32_t reserved2;
+  // Non-zero: the QP was created in a thread domain (ibv_alloc_td): its
+  // creator posts without send_lock, so no other process or context may
+  // import it. Set by the creator before ibv_create_qp returns.
+  std::atomic<uint32_t> exclusive;
   uint64_t torn_wr_id;
   alignas(64) ShmLock recv_lock;
   alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
@@ -234,6 +238,10 @@ struct CqSegmentHeader {
   // must not share a line with what producers write on every push.
   alignas(64) ShmLock poll_lock;      // serialises pollers
   std::atomic<uint32_t> moved;        // set by the daemon once a resize moved the CQ to a new segment
+  // Position + 1 of the slot the last poll took and did not give back to
+  // the producers yet (0: none); the next poll gives it back, an idle one
+  // first (verbs/cq.cc). Written under poll_lock.
+  std::atomic<uint64_t> taken;
 };
 
 struct CqLayout {
@@ -249,6 +257,19 @@ inline uint32_t round_up_pow2(uint32_t v) {
   uint32_t p = 1;
   while (p < v) p <<= 1;
   return p;
+}
+
+// Slots of a receive queue (or SRQ) ring for `wr` requested receives: a
+// power of two with room beyond the request (an eighth, at least two). An
+// application typically keeps as many receives posted as it asked for; in a
+// ring with no room beyond that, each repost fills the very slot the sender
+// has just taken (and written), so every receive repost waits for that line
+// to come back from the sender's CPU, on the critical path of a SEND/RECV
+// ping-pong. With room, the slot a repost fills was taken long before.
+// At least two slots (a one-slot ring cannot tell "free" from "full").
+inline uint32_t recv_ring_capacity(uint32_t wr) {
+  if (wr == 0) return 2;
+  return round_up_pow2(wr + std::max<uint32_t>(2, wr / 8));
 }
 
 }  // namespace sv::shm

@@ -147,6 +147,30 @@ TEST(ShmRing, PrefixPushAndPartialPopCarryOnlyTheUsedPart) {
   ::munmap(mem, len);
 }
 
+// A taken slot is the consumer's until released: the head moves on at once,
+// producers wrap around onto it only after release().
+TEST(ShmRing, TakenSlotReturnsToProducersOnlyWhenReleased) {
+  RingMem m(4);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(m.ring.push({i}));
+  Item out{};
+  uint64_t pos = 99;
+  ASSERT_TRUE(m.ring.take_exclusive(out, pos));
+  EXPECT_EQ(0u, out.v);
+  EXPECT_EQ(0u, pos);
+  EXPECT_EQ(1u, m.ring.head());
+  EXPECT_FALSE(m.ring.push({4}));  // slot 0 is still taken: full
+  m.ring.release(pos);
+  EXPECT_TRUE(m.ring.push({4}));
+  for (uint64_t want = 1; want <= 4; ++want) {
+    ASSERT_TRUE(m.ring.take_exclusive(out, pos));
+    EXPECT_EQ(want, out.v);
+    EXPECT_EQ(want, pos);
+    m.ring.release(pos);
+  }
+  EXPECT_FALSE(m.ring.take_exclusive(out, pos));
+  EXPECT_TRUE(m.ring.empty());
+}
+
 TEST(ShmRing, FifoAndFull) {
   RingMem m(4);
   for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(m.ring.push({i}));

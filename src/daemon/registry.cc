@@ -480,7 +480,7 @@ int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto:
   } else if (req.xrcd || req.cq) {
     return EINVAL;
   }
-  SrqLayout layout{round_up_pow2(std::max(req.max_wr, 2u))};  // two slots at least, as QPs
+  SrqLayout layout{recv_ring_capacity(req.max_wr)};  // room beyond max_wr, as QPs
   // ibv_create_srq(3): the limit must be below the queue's size.
   if (req.srq_limit >= layout.capacity) return EINVAL;
   Srq srq{ctx(client), req.pd, Fd(), Mapping(), 0};
@@ -1160,8 +1160,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
 
   // At least two slots: a one-slot ring (Vyukov's sequence scheme) takes a
   // second element over the first and then spins in pop().
-  QpLayout layout{round_up_pow2(std::max(req.max_send_wr, 2u)),
-                  round_up_pow2(std::max(req.max_recv_wr, 2u))};
+  QpLayout layout{round_up_pow2(std::max(req.max_send_wr, 2u)), recv_ring_capacity(req.max_recv_wr)};
   Qp qp{ctx(client), req.pd, req.send_cq, req.recv_cq, ibv_qp_type(req.qp_type), Fd(), Mapping(), slot};
   if (int e = make_memfd("softverbs-qp", layout.size(), qp.fd)) return e;
   if (int e = map_shared(qp.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, qp.map))

@@ -247,6 +247,9 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
   v.create_srq_ex = create_srq_ex;
   v.get_srq_num = get_srq_num;
   v.open_qp = open_qp;
+  v.alloc_td = alloc_td;
+  v.dealloc_td = dealloc_td;
+  v.alloc_parent_domain = alloc_parent_domain;
   ibv_context& c = v.context;
   c.device = &the_device()->dev;
   c.ops.poll_cq = poll_cq;

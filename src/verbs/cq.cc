@@ -93,6 +93,21 @@ bool CqView::push(const ibv_wc& wc, bool solicited) {
   }
 }
 
+namespace {
+
+// Gives the slot the last poll took back to the producers (see CqView::poll);
+// the caller holds the poll lock.
+void release_taken(CqSegment* s) {
+  uint64_t t = s->hdr->taken.load(std::memory_order_relaxed);
+  if (!t) return;
+  // Only the slot just behind the head can be pending; anything else was
+  // written by someone who does not follow the protocol: ignore it.
+  if (t == s->ring.head()) s->ring.release(t - 1);
+  s->hdr->taken.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 // Pollers hold the segment's poll lock, which a resize holds while it moves
 // the completions, so no poller takes a newer completion from the old ring
 // while an older one is in transit to the new.
@@ -104,15 +119,38 @@ bool CqView::push(const ibv_wc& wc, bool solicited) {
 // no resize was moving completions at the moment the slot was read (the
 // resizer holds the lock from before it takes the first one until after
 // `moved` is set), so "empty" is what a locked poll would have answered.
+//
+// Giving a slot back to the producers writes its sequence, on the line the
+// producer wrote and the poller just read from the other CPU: a transfer,
+// which the poller's next locked instruction waits for. In a ping-pong that
+// is the application's next post (its receive repost, or send lock), right
+// on the critical path. So a poll gives back every slot it took but the
+// last, and the last only at the next poll, an idle one first (a busy
+// poller finds an empty ring between messages). At most one slot is held
+// back, the one behind the head: a producer meets it only when the ring
+// holds `capacity - 1` = ibv_cq.cqe completions, so the CQ still holds cqe.
 int CqView::poll(Cqe* out, int n) {
   for (int round = 0; round < 2; ++round) {
     CqSegment* s = cur.load(std::memory_order_acquire);
     if (!s->ring.ready() && s->hdr->poll_lock.owner.load(std::memory_order_acquire) == 0 &&
-        !s->hdr->moved.load(std::memory_order_acquire))
+        !s->hdr->moved.load(std::memory_order_acquire)) {
+      if (s->hdr->taken.load(std::memory_order_relaxed)) {  // idle: give the last slot back now
+        s->hdr->poll_lock.lock(self_pid());
+        release_taken(s);
+        s->hdr->poll_lock.unlock();
+      }
       return 0;
+    }
     s->hdr->poll_lock.lock(self_pid());
+    release_taken(s);
     int got = 0;
-    while (got < n && s->ring.pop_exclusive(out[got])) ++got;  // the poll lock excludes other consumers
+    uint64_t pos = 0, last = 0;
+    while (got < n && s->ring.take_exclusive(out[got], pos)) {  // the poll lock excludes other consumers
+      if (got) s->ring.release(last);
+      last = pos;
+      ++got;
+    }
+    if (got) s->hdr->taken.store(last + 1, std::memory_order_relaxed);
     s->hdr->poll_lock.unlock();
     if (got || !s->hdr->moved.load(std::memory_order_acquire) || !follow(s)) return got;
   }
@@ -151,6 +189,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
     return EAGAIN;
   }
   old->hdr->poll_lock.lock(self_pid());
+  release_taken(old);
   uint64_t tail = old->ring.close();
   // ibv_resize_cq(3): cqe must hold every completion not yet polled.
   if (tail - old->ring.head() > uint64_t(cqe)) {

@@ -112,6 +112,58 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int acces
 }
 
 }  // namespace
+
+// ibv_alloc_td(3): no attributes are defined yet.
+ibv_td* alloc_td(ibv_context* c, ibv_td_init_attr* attr) {
+  if (!attr || attr->comp_mask) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* td = static_cast<Td*>(std::calloc(1, sizeof(Td)));
+  if (!td) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  td->td.context = c;
+  return &td->td;
+}
+
+int dealloc_td(ibv_td* ibtd) {
+  Td* td = to_td(ibtd);
+  if (td->users.load(std::memory_order_relaxed)) return EBUSY;  // a parent domain still holds it
+  std::free(td);
+  return 0;
+}
+
+// ibv_alloc_parent_domain(3): a PD of this process that stands for attr->pd
+// with a thread domain. Custom allocators are refused: softverbs' queues
+// live in segments the daemon creates, not in application memory.
+ibv_pd* alloc_parent_domain(ibv_context* c, ibv_parent_domain_init_attr* attr) {
+  if (!attr || !attr->pd || attr->pd->context != c || (attr->td && attr->td->context != c) ||
+      to_pd(attr->pd)->protection) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (attr->comp_mask & ~uint32_t(IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  auto* pd = static_cast<Pd*>(std::calloc(1, sizeof(Pd)));
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Pd* prot = to_pd(attr->pd);
+  pd->pd.context = c;
+  pd->pd.handle = prot->handle;
+  pd->handle = prot->handle;
+  pd->protection = prot;
+  pd->td = attr->td ? to_td(attr->td) : nullptr;
+  prot->parents.fetch_add(1, std::memory_order_relaxed);
+  if (pd->td) pd->td->users.fetch_add(1, std::memory_order_relaxed);
+  return &pd->pd;
+}
+
 }  // namespace sv::verbs
 
 using namespace sv;
@@ -131,6 +183,14 @@ ibv_pd* ibv_alloc_pd(ibv_context* c) {
 }
 
 int ibv_dealloc_pd(ibv_pd* ibpd) {
+  Pd* pd = to_pd(ibpd);
+  if (pd->protection) {  // a parent domain: this process's object only
+    pd->protection->parents.fetch_sub(1, std::memory_order_relaxed);
+    if (pd->td) pd->td->users.fetch_sub(1, std::memory_order_relaxed);
+    std::free(pd);
+    return 0;
+  }
+  if (pd->parents.load(std::memory_order_relaxed)) return EBUSY;
   ContextState& st = ctx_state(ibpd->context);
   proto::HandleReq req{};
   req.handle = to_pd(ibpd)->handle;

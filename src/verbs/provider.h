@@ -103,6 +103,8 @@ struct CqView {
   // Takes up to n of the oldest completions (one: pop); follows a resize.
   int poll(Cqe* out, int n);
   bool pop(Cqe& out);
+  // A hint: start taking the slot the next push fills (see Ring::prefetch_next_push).
+  void prefetch_push() const { cur.load(std::memory_order_acquire)->ring.prefetch_next_push(); }
   // After a resize committed (hdr()->moved): maps the CQ's current segment.
   bool follow(CqSegment* from);
 
@@ -117,9 +119,23 @@ struct CqView {
 struct Context;
 struct Cq;
 
+// A thread domain (ibv_alloc_td(3)): objects created in a parent domain
+// that has one are used by one thread at a time, the application promises,
+// so they may skip their locks.
+struct Td {
+  ibv_td td;
+  std::atomic<uint32_t> users;  // parent domains holding it
+};
+
 struct Pd {
   ibv_pd pd;
   uint32_t handle;
+  // A parent domain (ibv_alloc_parent_domain(3)) stands for the protection
+  // domain `protection` (and carries its daemon handle) with thread domain
+  // `td` (or none); it exists in this process only.
+  Pd* protection;
+  Td* td;
+  std::atomic<uint32_t> parents;  // parent domains over this PD
 };
 
 struct Mr {
@@ -221,6 +237,9 @@ struct QpState {
   shm::Ring<shm::SendWqe> sq;
   ibv_qp_cap cap;
   bool sq_sig_all;
+  // Created in a thread domain: posts skip the send lock unless the progress
+  // thread has the QP (in_progress_list). Such a QP cannot be imported.
+  bool lockless = false;
   std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;
@@ -320,6 +339,7 @@ inline Context* to_ctx(ibv_context* c) {
 }
 inline ContextState& ctx_state(ibv_context* c) { return *to_ctx(c)->st; }
 inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+inline Td* to_td(ibv_td* t) { return reinterpret_cast<Td*>(t); }
 inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
@@ -331,6 +351,11 @@ inline Channel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<Channe
 inline int destroy_result(const ContextState& st, int e) { return (e && st.dead.load()) ? 0 : e; }
 
 // ---- Internal entry points shared between files ----------------------------
+
+// Thread and parent domains (mr.cc)
+ibv_td* alloc_td(ibv_context* c, ibv_td_init_attr* attr);
+int dealloc_td(ibv_td* td);
+ibv_pd* alloc_parent_domain(ibv_context* c, ibv_parent_domain_init_attr* attr);
 
 // Context (context.cc)
 ibv_context* open_context(ibv_device* dev);

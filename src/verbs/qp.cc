@@ -177,7 +177,11 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   st->ctx = to_ctx(c);
   st->qpn = rep.qpn;
   st->type = a->qp_type;
-  st->pd = tgt ? nullptr : to_pd(a->pd);
+  // A parent domain stands for its protection domain, whose lifetime the
+  // daemon ties to the QP's; a thread domain in it makes the QP lockless.
+  Pd* qp_pd = tgt ? nullptr : to_pd(a->pd);
+  st->pd = qp_pd && qp_pd->protection ? qp_pd->protection : qp_pd;
+  st->lockless = qp_pd && qp_pd->td;
   st->send_cq = tgt ? nullptr : to_cq(a->send_cq);
   st->recv_cq = tgt ? nullptr : to_cq(a->recv_cq);
   st->srq = a->srq ? reinterpret_cast<Srq*>(a->srq) : nullptr;
@@ -194,6 +198,8 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   cap.max_inline_data = shm::kMaxInline;
   st->cap = cap;
   st->sq_sig_all = a->sq_sig_all != 0;
+  // Before anyone learns the QP number: importers refuse such a QP.
+  if (st->lockless) st->hdr->exclusive.store(1, std::memory_order_release);
   st->attr.qp_state = IBV_QPS_RESET;
   st->attr.cap = cap;
 
@@ -252,6 +258,9 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   }
   // Receives posted to a QP in ERR complete at once with a flush error.
   if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) flush_rq(q);
+  // The slot of the next receive was last written by the sender that took
+  // it (its sequence): fetch it now rather than in the next post's path.
+  q.rq.prefetch_next_push();
   return 0;
 }
 

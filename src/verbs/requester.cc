@@ -908,17 +908,27 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
       if (!(p->entry->access.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_WRITE)) return false;
       dst = fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len);
       if (!dst) return false;
+    }
+    shm::RecvWqe r;
+    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+      p->recv_cq.prefetch_push();  // as for a SEND (below): the completion is what the responder waits for
+      if (!pop_peer_recv(q, *p, r)) return false;
+    }
+    copy_tail_last(dst, src, len);
+    // Bookkeeping after the data store, which is what the responder waits for.
+    if (len) {
       q.hint_rkey.store(wr->wr.rdma.rkey, std::memory_order_relaxed);
       q.hint_delta.store(reinterpret_cast<uintptr_t>(dst) - uintptr_t(wr->wr.rdma.remote_addr),
                          std::memory_order_relaxed);
     }
-    shm::RecvWqe r;
-    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !pop_peer_recv(q, *p, r)) return false;
-    copy_tail_last(dst, src, len);
     if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
       push_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(len), opcode,
                            wr->send_flags, wr->imm_data, 0);
   } else {
+    // The receive completion ends this SEND and the responder is polling
+    // for it: start taking its CQ slot now, so that the transfer overlaps
+    // taking the receive, the checks and the copy.
+    p->recv_cq.prefetch_push();
     shm::RecvWqe r;
     if (!pop_peer_recv(q, *p, r)) return false;  // RNR (or a UC drop): the general path decides
     Seg remote[shm::kMaxSge];
@@ -947,11 +957,28 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
   if (q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED))
     push_send_completion(q, wr->wr_id, send ? IBV_WC_SEND : read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,
                          IBV_WC_SUCCESS, uint32_t(len));
+  // The receive the next SEND takes was written by the responder's process:
+  // fetch it now, while the responder handles this message, not on the next
+  // post's critical path.
+  if (send) (p->srq_hdr ? p->srq : p->rq).prefetch_next_pop();
   return true;
 }
 
 int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   QpState& q = *to_qp(ibqp)->st;
+  // An RDMA WRITE through the same key as the last one most likely lands
+  // where that translation says: start taking its last line for writing now,
+  // so that the transfer overlaps the checks and the lock (first thing: the
+  // transfer is the longest part of a WRITE). A prefetch never
+  // faults and changes nothing but timing; the checks below decide.
+  if (wr && wr->num_sge == 1 && (opcode_of(wr) == IBV_WR_RDMA_WRITE || opcode_of(wr) == IBV_WR_RDMA_WRITE_WITH_IMM)) {
+    uint32_t key = q.hint_rkey.load(std::memory_order_relaxed);
+    if (key && wr->wr.rdma.rkey == key && wr->sg_list[0].length) {
+      uintptr_t last = uintptr_t(wr->wr.rdma.remote_addr) + wr->sg_list[0].length - 1 +
+                       q.hint_delta.load(std::memory_order_relaxed);
+      asm volatile("prefetchw %0" ::"m"(*reinterpret_cast<const char*>(last)));
+    }
+  }
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
   // (and in ERR, where they are flushed); earlier states refuse them.
@@ -971,19 +998,13 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     return roce_post_send(q, wr, bad);
   int rc = 0;
   bool need_progress = false;
-  // An RDMA WRITE through the same key as the last one most likely lands
-  // where that translation says: start taking its last line for writing now,
-  // so that the transfer overlaps the lock and the checks. A prefetch never
-  // faults and changes nothing but timing; the checks below decide.
-  if (wr && wr->num_sge == 1 && (opcode_of(wr) == IBV_WR_RDMA_WRITE || opcode_of(wr) == IBV_WR_RDMA_WRITE_WITH_IMM)) {
-    uint32_t key = q.hint_rkey.load(std::memory_order_relaxed);
-    if (key && wr->wr.rdma.rkey == key && wr->sg_list[0].length) {
-      uintptr_t last = uintptr_t(wr->wr.rdma.remote_addr) + wr->sg_list[0].length - 1 +
-                       q.hint_delta.load(std::memory_order_relaxed);
-      asm volatile("prefetchw %0" ::"m"(*reinterpret_cast<const char*>(last)));
-    }
-  }
-  q.hdr->send_lock.lock(self_pid());
+  // A QP of a thread domain is posted to by one thread at a time (the
+  // application's promise, ibv_alloc_td(3)), and by no other process (it
+  // cannot be imported): no lock, unless the progress thread has the QP.
+  // That thread leaves the QP (in_progress_list false) only after its last
+  // access to it, and only a poster puts the QP back on its list.
+  const bool locked = !q.lockless || q.in_progress_list.load(std::memory_order_acquire);
+  if (locked) q.hdr->send_lock.lock(self_pid());
   if (q.hdr->torn_qpn.load(std::memory_order_relaxed)) complete_torn_receive(q);
   if (all_or_nothing) {
     // ibv_wr_complete(3): the whole batch is posted or none of it. Every WR
@@ -991,13 +1012,13 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     uint64_t n = 0;
     for (ibv_send_wr* w = wr; w; w = w->next, ++n) {
       if (int e = validate(q, w)) {
-        q.hdr->send_lock.unlock();
+        if (locked) q.hdr->send_lock.unlock();
         *bad = w;
         return e;
       }
     }
     if (q.sq.size() + n > q.cap.max_send_wr) {
-      q.hdr->send_lock.unlock();
+      if (locked) q.hdr->send_lock.unlock();
       *bad = wr;
       return ENOMEM;
     }
@@ -1040,7 +1061,7 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     }
     need_progress = true;
   }
-  q.hdr->send_lock.unlock();
+  if (locked) q.hdr->send_lock.unlock();
   if (need_progress && !q.in_progress_list) progress_register(&q);
   return rc;
 }

@@ -96,6 +96,12 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
     errno = e;
     return nullptr;
   }
+  // Created in a thread domain: its creator posts without the send lock, so
+  // a second handle would post concurrently with it.
+  if (st->hdr->exclusive.load(std::memory_order_acquire)) {
+    errno = EPERM;
+    return nullptr;
+  }
   st->cap = {rep.max_send_wr, rep.max_recv_wr, shm::kMaxSge, shm::kMaxSge, shm::kMaxInline};
   st->sq_sig_all = rep.sq_sig_all != 0;
   st->attr.qp_state = ibv_qp_state(st->entry->state.load());

@@ -249,6 +249,7 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       return ENOMEM;
     }
   }
+  st.ring.prefetch_next_push();  // as post_recv (qp.cc)
   return 0;
 }
 

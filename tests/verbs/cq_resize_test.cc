@@ -237,6 +237,29 @@ TEST_F(CqResize, OverrunIsACqErrorEvent) {
   for (int i = 0; i < cap; ++i) EXPECT_EQ(uint64_t(i), wc[i].wr_id);
 }
 
+// A poll gives its last slot back to the producers only at the next poll
+// (cq.cc): the CQ must still hold cqe completions meanwhile, also across a
+// resize, and each held-back slot comes back.
+TEST_F(CqResize, APollHoldsBackNoCapacity) {
+  connect(4);
+  const int cqe = me.cq->cqe;
+  uint64_t id = 0;
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(0, write(id));
+    expect_in_order(id++, 1);  // one slot held back now
+    for (int i = 0; i < cqe; ++i) ASSERT_EQ(0, write(id + uint64_t(i)));
+    expect_in_order(id, size_t(cqe));
+    id += uint64_t(cqe);
+  }
+  ASSERT_EQ(0, write(id));
+  expect_in_order(id++, 1);
+  ASSERT_EQ(0, ibv_resize_cq(me.cq, 2 * cqe));
+  for (int i = 0; i < me.cq->cqe; ++i) ASSERT_EQ(0, write(id + uint64_t(i)));
+  expect_in_order(id, size_t(me.cq->cqe));
+  pollfd p{me.ctx->async_fd, POLLIN, 0};
+  EXPECT_EQ(0, ::poll(&p, 1, 50));  // no CQ error (overrun) was raised
+}
+
 TEST_F(CqResize, IgnoreOverrunCqRaisesNoError) {
   Side::Options o;
   ASSERT_EQ(0, connect_pair(me, peer, info, o, {}));
