@@ -36,9 +36,13 @@ struct Progress {
         q->hdr->send_lock.lock(self_pid());
         bool pending = progress_qp(*q);
         uint64_t when = q->next_try_ns;
+        // Leave the QP under its send lock: a poster that queues a request
+        // after our look then sees in_progress_list false once it unlocks,
+        // and registers the QP again (cleared after the unlock, a request
+        // queued in between waited for the next post).
+        if (!pending) q->in_progress_list = false;
         q->hdr->send_lock.unlock();
         if (!pending) {
-          q->in_progress_list = false;
           it = qps.erase(it);
         } else {
           next = std::min(next, std::max(when, now + 5'000));
