@@ -184,6 +184,7 @@ struct QpConfig {
   uint16_t pkey = kDefaultPkey;
   uint32_t max_window = 256;   // unacknowledged PSNs the requester allows itself (< 2^23)
   uint32_t ack_req_every = 16; // AckReq at least every this many packets of a long message
+  uint32_t ack_urgent_after = 0;  // packets after which a pending ACK is not held (0: max_window / 4)
 };
 
 enum class QpState : uint8_t { kReady, kError };
@@ -222,7 +223,9 @@ class Qp {
   // A pending ACK that should not be held: a stream has brought a quarter
   // of the requester's window (as this side's own window, max_window) since
   // the last ACK, and the requester may be about to stall on its window.
-  bool ack_urgent() const { return ack_pending_ && rx_since_ack_ >= cfg_.max_window / 4; }
+  bool ack_urgent() const {
+    return ack_pending_ && rx_since_ack_ >= (cfg_.ack_urgent_after ? cfg_.ack_urgent_after : cfg_.max_window / 4);
+  }
   void flush_ack() {
     if (state_ == QpState::kReady) flush_pending_ack();
   }

@@ -70,6 +70,13 @@ uint32_t crc32_slice16(uint32_t crc, const uint8_t* p, size_t n) {
     p += 16;
     n -= 16;
   }
+  if (n >= 8) {  // the tail after folding is often 8 bytes (the 40-byte IPv4 headers)
+    const uint32_t a = crc ^ load_le32(p), b = load_le32(p + 4);
+    crc = kSlice[7][a & 0xff] ^ kSlice[6][(a >> 8) & 0xff] ^ kSlice[5][(a >> 16) & 0xff] ^ kSlice[4][a >> 24] ^
+          kSlice[3][b & 0xff] ^ kSlice[2][(b >> 8) & 0xff] ^ kSlice[1][(b >> 16) & 0xff] ^ kSlice[0][b >> 24];
+    p += 8;
+    n -= 8;
+  }
   while (n--) crc = crc_step(crc, *p++);
   return crc;
 }
@@ -80,8 +87,8 @@ uint32_t crc32_slice16(uint32_t crc, const uint8_t* p, size_t n) {
 // 128-bit lanes are folded forward over the data 64 bytes at a time, then
 // into one lane, 16 bytes at a time. A lane folded this way has the same
 // residue modulo the polynomial as the bytes it replaces, so the CRC state
-// after them is the table CRC of the lane from state 0; the tail is table
-// CRC too. The constants are x^n mod P, bit-reflected and shifted left by
+// after them is the CRC of the last lane from state 0 (reduce128, no
+// tables); the tail is table CRC. The constants are x^n mod P, bit-reflected and shifted left by
 // one, for n = 544, 480 (a 512-bit fold) and 160, 96 (a 128-bit fold).
 // Checked against the table code for every length and alignment
 // (roce.Icrc.FoldedCrcMatchesTables).
@@ -92,32 +99,54 @@ __attribute__((target("pclmul,sse2"))) inline __m128i load(const uint8_t* q) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
 }
 
+// The CRC state after the 16 bytes of lane `x` from state 0, without
+// tables (the same white paper): fold 128 bits to 64 with x^96 mod P, 64 to
+// 32 with x^64 mod P, then a Barrett reduction with mu = x^64 / P and P
+// itself (all bit-reflected, shifted left by one as above).
+__attribute__((target("pclmul,sse2"))) inline uint32_t reduce128(__m128i x) {
+  const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
+  const __m128i k96 = _mm_set_epi64x(0x0ccaa009ell, 0);  // high qword: x^96 mod P
+  x = _mm_xor_si128(_mm_srli_si128(x, 8), _mm_clmulepi64_si128(x, k96, 0x10));
+  const __m128i k64 = _mm_set_epi64x(0, 0x163cd6124ll);
+  x = _mm_xor_si128(_mm_srli_si128(x, 4), _mm_clmulepi64_si128(_mm_and_si128(x, mask32), k64, 0x00));
+  const __m128i mu_p = _mm_set_epi64x(0x1f7011641ll, 0x1db710641ll);
+  __m128i t = _mm_clmulepi64_si128(_mm_and_si128(x, mask32), mu_p, 0x10);
+  t = _mm_clmulepi64_si128(_mm_and_si128(t, mask32), mu_p, 0x00);
+  return uint32_t(_mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t), 4)));
+}
+
+// n >= 16. Four lanes from 64 bytes on; shorter data (the 40-byte masked
+// headers of every packet) starts with one.
 __attribute__((target("pclmul,sse2"))) uint32_t crc32_folded(uint32_t crc, const uint8_t* p, size_t n) {
-  __m128i x0 = _mm_xor_si128(load(p), _mm_cvtsi32_si128(int(crc)));
-  __m128i x1 = load(p + 16), x2 = load(p + 32), x3 = load(p + 48);
-  p += 64;
-  n -= 64;
-  const __m128i k512 = _mm_set_epi64x(0x1c6e41596ll, 0x154442bd4ll);
-  while (n >= 64) {
-    x0 = fold(x0, k512, load(p));
-    x1 = fold(x1, k512, load(p + 16));
-    x2 = fold(x2, k512, load(p + 32));
-    x3 = fold(x3, k512, load(p + 48));
+  const __m128i k128 = _mm_set_epi64x(0x0ccaa009ell, 0x1751997d0ll);
+  __m128i x3 = _mm_xor_si128(load(p), _mm_cvtsi32_si128(int(crc)));
+  if (n >= 64) {
+    __m128i x0 = x3, x1 = load(p + 16), x2 = load(p + 32);
+    x3 = load(p + 48);
     p += 64;
     n -= 64;
+    const __m128i k512 = _mm_set_epi64x(0x1c6e41596ll, 0x154442bd4ll);
+    while (n >= 64) {
+      x0 = fold(x0, k512, load(p));
+      x1 = fold(x1, k512, load(p + 16));
+      x2 = fold(x2, k512, load(p + 32));
+      x3 = fold(x3, k512, load(p + 48));
+      p += 64;
+      n -= 64;
+    }
+    x1 = fold(x0, k128, x1);
+    x2 = fold(x1, k128, x2);
+    x3 = fold(x2, k128, x3);
+  } else {
+    p += 16;
+    n -= 16;
   }
-  const __m128i k128 = _mm_set_epi64x(0x0ccaa009ell, 0x1751997d0ll);
-  x1 = fold(x0, k128, x1);
-  x2 = fold(x1, k128, x2);
-  x3 = fold(x2, k128, x3);
   while (n >= 16) {
     x3 = fold(x3, k128, load(p));
     p += 16;
     n -= 16;
   }
-  alignas(16) uint8_t lane[16];
-  _mm_store_si128(reinterpret_cast<__m128i*>(lane), x3);
-  return crc32_slice16(crc32_slice16(0, lane, 16), p, n);
+  return crc32_slice16(reduce128(x3), p, n);
 }
 
 bool have_pclmul() {
@@ -130,7 +159,7 @@ bool have_pclmul() {
 
 uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> data) {
 #if defined(__x86_64__)
-  if (data.size() >= 64 && have_pclmul()) return crc32_folded(crc, data.data(), data.size());
+  if (data.size() >= 16 && have_pclmul()) return crc32_folded(crc, data.data(), data.size());
 #endif
   return crc32_slice16(crc, data.data(), data.size());
 }

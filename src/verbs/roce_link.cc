@@ -711,6 +711,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
     c.max_dest_rd_atomic = attr.max_dest_rd_atomic ? attr.max_dest_rd_atomic : 1;
     c.qkey = attr.qkey;
     if (const char* w = std::getenv("SOFTVERBS_ROCE_WINDOW")) c.max_window = std::clamp<uint32_t>(uint32_t(std::atoi(w)), 16, 1u << 20);
+    if (const char* w = std::getenv("SOFTVERBS_ROCE_ACK_AFTER")) c.ack_urgent_after = uint32_t(std::max(std::atoi(w), 0));
     if (q.type != IBV_QPT_UD) {
       c.dest_qpn = attr.dest_qp_num;
       c.dest_ah = nr->ep->add_peer(gid_to_ip(attr.ah_attr.grh.dgid.raw), kRoceV2Port);
