@@ -80,28 +80,29 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
     errno = e ? e : EPROTO;
     return nullptr;
   }
-  Pd* pd = local_pd(cs, c, rep.pd);
-  Cq* scq = import_cq_handle(c, rep.send_cq);
-  Cq* rcq = import_cq_handle(c, rep.recv_cq);
-  if (!pd || !scq || !rcq) return nullptr;
   auto st = std::make_unique<QpState>();
   st->ctx = to_ctx(c);
   st->qpn = qpn;
   st->type = ibv_qp_type(rep.qp_type);
-  st->pd = pd;
-  st->send_cq = scq;
-  st->recv_cq = rcq;
   st->entry = cs.qp_slot(qpn);
   if (int e = attach_qp_segment(*st, fds[0].get(), rep.segment_size)) {
     errno = e;
     return nullptr;
   }
   // Created in a thread domain: its creator posts without the send lock, so
-  // a second handle would post concurrently with it.
+  // a second handle would post concurrently with it. Refused before its PD
+  // and CQs are imported, which nobody would release.
   if (st->hdr->exclusive.load(std::memory_order_acquire)) {
     errno = EPERM;
     return nullptr;
   }
+  Pd* pd = local_pd(cs, c, rep.pd);
+  Cq* scq = import_cq_handle(c, rep.send_cq);
+  Cq* rcq = import_cq_handle(c, rep.recv_cq);
+  if (!pd || !scq || !rcq) return nullptr;
+  st->pd = pd;
+  st->send_cq = scq;
+  st->recv_cq = rcq;
   st->cap = {rep.max_send_wr, rep.max_recv_wr, shm::kMaxSge, shm::kMaxSge, shm::kMaxInline};
   st->sq_sig_all = rep.sq_sig_all != 0;
   st->attr.qp_state = ibv_qp_state(st->entry->state.load());

@@ -207,7 +207,13 @@ TEST(ThreadDomain, LocklessQpCannotBeImported) {
   EXPECT_EQ(EPERM, errno);
   ibv_qp* imported = svx_import_qp(c, plain->qp_num);
   ASSERT_NE(nullptr, imported);
+  // Its PD and CQ came with it (svx_import_qp(3)); the importer lets go of them.
+  ibv_pd* pd = imported->pd;
+  ibv_cq* cq = imported->send_cq;
+  ASSERT_EQ(cq, imported->recv_cq);
   svx_unimport_qp(imported);
+  svx_unimport_cq(cq);
+  ibv_unimport_pd(pd);
   // The creator's own context hands back its own handle.
   EXPECT_EQ(lockless, svx_resolve_qp(d.ctx, lockless->qp_num));
   ibv_close_device(c);
