@@ -913,7 +913,9 @@ int MemBacking::Impl::convert(const std::vector<Range>& gap_list, std::vector<Pi
   for (const Range& g : gap_list) {
     for_each_segment(vmas, g.b, g.e, [&](uintptr_t sb, uintptr_t se, const Vma* v) {
       if (err) return;
-      if (v == nullptr) {
+      // Not mapped, or mapped without access (PROT_NONE: a guard or a
+      // reservation): the kernel could not pin it either (ibv_reg_mr(3)).
+      if (v == nullptr || (v->prot & (PROT_READ | PROT_WRITE)) == 0) {
         err = EFAULT;
         return;
       }
