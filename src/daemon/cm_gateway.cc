@@ -338,11 +338,10 @@ void CmGateway::on_timer() {
   std::vector<Parked> parked;
   parked.swap(parked_);
   for (const Parked& p : parked) {
-    cm::Msg m;
     if (p.recheck > now)
       parked_.push_back(p);
-    else if (cm::decode(p.mad, cm::kMadSize, m))
-      new_request(p.local, p.remote, p.mad, m, p.until);
+    else
+      new_request(p.local, p.remote, p.mad, p.msg, p.until);
   }
   std::vector<uint64_t> dead;
   for (auto& [key, cp] : conns_) {
@@ -511,9 +510,7 @@ void CmGateway::deliver(int sock, const sockaddr* from_sa, socklen_t from_len, c
       }
       if (!c) {
         for (const Parked& p : parked_) {
-          cm::Msg pm;
-          if (!same_ip(p.remote, remote) || !cm::decode(p.mad, cm::kMadSize, pm) || pm.attr != m.attr) continue;
-          if ((ud ? pm.sidr_req.request_id : pm.req.local_comm_id) == rid) {
+          if (p.msg.attr == m.attr && p.request_id == rid && same_ip(p.remote, remote)) {
             stats_.duplicates++;  // still waiting for its listener
             return;
           }
@@ -684,23 +681,25 @@ int CmGateway::listener_fd(const cm::Msg& m) {
 // perftest call rdma_listen only after a handshake their client leaves
 // first, and the CM may answer a REQ any time within its response timeout,
 // IBTA 12.6.5), then rejected.
-bool CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
+void CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
                             const cm::Msg& m, Clock::time_point until) {
   const bool ud = m.attr == cm::Attr::kSidrReq;
   const uint64_t sid = ud ? m.sidr_req.service_id : m.req.service_id;
   const uint32_t rid = ud ? m.sidr_req.request_id : m.req.local_comm_id;
   const int fd = listener_fd(m);
-  if (fd == -2) return true;
+  if (fd == -2) return;
   if (fd < 0 && Clock::now() < until && parked_.size() < kMaxParked) {
     Parked p;
     p.local = local;
     p.remote = remote;
     std::memcpy(p.mad, mad, cm::kMadSize);
+    p.msg = m;
+    p.request_id = rid;
     p.until = until;
     p.recheck = std::min(until, Clock::now() + kNoListenerRecheck);
     parked_.push_back(p);
     arm();
-    return false;
+    return;
   }
   if (fd < 0) {
     stats_.rejected_no_listener++;
@@ -722,7 +721,7 @@ bool CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storag
     }
     send_raw(local, remote, out);
     stats_.sent++;
-    return true;
+    return;
   }
   auto c = std::make_unique<Conn>();
   c->fd = fd;
@@ -739,7 +738,6 @@ bool CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storag
   by_fd_[fd] = key;
   ::send(fd, mad, cm::kMadSize, MSG_NOSIGNAL | MSG_DONTWAIT);
   conns_[key] = std::move(c);
-  return true;
 }
 
 }  // namespace sv::daemon

@@ -85,14 +85,16 @@ class CmGateway {
   struct Parked {
     sockaddr_storage local{}, remote{};
     uint8_t mad[cm::kMadSize] = {};
+    cm::Msg msg;                  // mad, decoded
+    uint32_t request_id = 0;      // the REQ's local comm ID, the SIDR_REQ's request ID
     Clock::time_point until{};    // rejected then
     Clock::time_point recheck{};  // looked for its listener again then
   };
   static constexpr auto kNoListenerGrace = std::chrono::milliseconds(50);
   static constexpr auto kNoListenerRecheck = std::chrono::milliseconds(5);
   static constexpr size_t kMaxParked = 256;  // beyond: rejected at once (a flood of REQs)
-  // Relays the request to its listener or parks it; false: parked.
-  bool new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
+  // Relays the request to its listener, parks it, or rejects it.
+  void new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
                    const cm::Msg& m, Clock::time_point until);
   int listener_fd(const cm::Msg& m);
   void from_wire(Conn& c, const uint8_t* mad, const cm::Msg& m);

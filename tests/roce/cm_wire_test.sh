@@ -56,18 +56,29 @@ a1_6=$("$tb" addr h1 6)
 
 # start_daemons HOST...: a fresh softverbsd in each HOST (trace on: the
 # gateway's steps go to HOST.dlog).
+# start_daemons [--system] HOST...: a per-user daemon in $work/HOST, or with
+# --system the system daemon (every user's) in $work/HOST/sys.
 start_daemons() {
-  local h
+  local h d sys=""
+  [ "$1" = --system ] && { sys=1; shift; }
   for h in "$@"; do
     rm -rf "${work:?}/$h"
-    mkdir -m 700 "$work/$h"
-    SOFTVERBS_ROCE=1 SOFTVERBS_TRACE=1 "$tb" exec "$h" "$bin/softverbsd" --foreground --idle 0 \
-      --dir "$work/$h" 2>"$work/$h.dlog" &
+    if [ -n "$sys" ]; then
+      mkdir -m 755 "$work/$h"
+      d=$work/$h/sys
+      "$tb" exec "$h" env SOFTVERBS_TRACE=1 "$bin/softverbsd" --system --foreground --dir "$d" 2>"$work/$h.dlog" &
+    else
+      mkdir -m 700 "$work/$h"
+      d=$work/$h
+      SOFTVERBS_ROCE=1 SOFTVERBS_TRACE=1 "$tb" exec "$h" "$bin/softverbsd" --foreground --idle 0 \
+        --dir "$d" 2>"$work/$h.dlog" &
+    fi
     daemons+=($!)
   done
   for h in "$@"; do
-    for _ in $(seq 100); do [ -S "$work/$h/cm-gateway" ] && break; sleep 0.05; done
-    [ -S "$work/$h/cm-gateway" ] || { log "softverbsd's CM gateway did not come up in $h"; exit 1; }
+    d=$work/$h${sys:+/sys}
+    for _ in $(seq 100); do [ -S "$d/cm-gateway" ] && break; sleep 0.05; done
+    [ -S "$d/cm-gateway" ] || { log "softverbsd's CM gateway did not come up in $h"; exit 1; }
   done
 }
 
@@ -189,17 +200,7 @@ case $case in
     require setpriv
     setpriv --reuid=65534 --regid=65534 --clear-groups test -r "$bin/../lib/libibverbs.so.1" ||
       { log "SKIP: the build directory is not readable by nobody"; exit $SKIP; }
-    for h in h0 h1; do
-      rm -rf "${work:?}/$h"
-      mkdir -m 755 "$work/$h"
-      SOFTVERBS_TRACE=1 "$tb" exec "$h" "$bin/softverbsd" --system --foreground --dir "$work/$h/sys" \
-        2>"$work/$h.dlog" &
-      daemons+=($!)
-    done
-    for h in h0 h1; do
-      for _ in $(seq 100); do [ -S "$work/$h/sys/cm-gateway" ] && break; sleep 0.05; done
-      [ -S "$work/$h/sys/cm-gateway" ] || { log "the system daemon's CM gateway did not come up in $h"; exit 1; }
-    done
+    start_daemons --system h0 h1
     sys_on() {
       local h=$1
       shift
