@@ -23,6 +23,7 @@
 // unsignaled send completes silently unless it fails.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -112,11 +113,26 @@ struct Completion {
   uint32_t qp_num = 0;
 };
 
+// Zero-copy sends (PacketSink::send_gather): a packet's payload in at most
+// this many pieces; payloads shorter than kGatherMin bytes are copied, which
+// costs less than a piece.
+constexpr size_t kMaxPayloadPieces = 4;
+constexpr uint32_t kGatherMin = 256;
+
 class PacketSink {
  public:
   virtual ~PacketSink() = default;
   // Send one transport packet (BTH .. pad; the I/O adds IP/UDP and ICRC).
   virtual void send(uint64_t ah, std::span<const uint8_t> packet) = 0;
+  // The same packet with its payload in pieces, gathered where it lies
+  // (Memory::local_view / remote_view): `headers` is BTH (pad count set)
+  // and the extension headers, copied during the call; `payload` the
+  // pieces in order, followed on the wire by the pad's zero bytes. The
+  // pieces are registered memory: a sink may keep pointing at them until
+  // the owner's next flush, which comes before the call into the engine
+  // returns. The default copies them into one packet and calls send().
+  virtual void send_gather(uint64_t ah, std::span<const uint8_t> headers,
+                           std::span<const std::span<const uint8_t>> payload);
 };
 
 class CompletionSink {
@@ -143,6 +159,19 @@ class Memory {
   virtual bool remote_check(uint32_t rkey, uint64_t va, uint64_t len, uint32_t access) = 0;
   virtual bool remote_write(uint32_t rkey, uint64_t va, std::span<const uint8_t> in) = 0;
   virtual bool remote_read(uint32_t rkey, uint64_t va, std::span<uint8_t> out) = 0;
+  // Zero-copy sends: where [addr, addr + len) lies in this process, if the
+  // key grants reading it (local_view: an L_Key, as local_read; remote_view:
+  // an R_Key with remote read, as remote_read) and the bytes stay mapped as
+  // long as the registration does; nullptr otherwise, and the engine copies
+  // with local_read / remote_read, which decide about violations.
+  virtual const uint8_t* local_view(uint32_t lkey, uint64_t addr, size_t len) {
+    (void)lkey, (void)addr, (void)len;
+    return nullptr;
+  }
+  virtual const uint8_t* remote_view(uint32_t rkey, uint64_t va, size_t len) {
+    (void)rkey, (void)va, (void)len;
+    return nullptr;
+  }
   // 8 bytes at va, naturally aligned (checked by the responder): compare and
   // swap when `cas`, else fetch and add. Atomic with respect to every other
   // access to that memory (other QPs, local CPUs).
@@ -258,6 +287,11 @@ class Qp {
   void send_request_packet(SendWqe& w);
   void requester_run();
   bool gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out);
+  // The pieces of [off, off + len) of `w`'s data where they lie in memory,
+  // or 0 if some piece cannot be viewed (then gather copies); at most
+  // kMaxPayloadPieces pieces.
+  size_t gather_views(const SendWqe& w, uint32_t off, uint32_t len,
+                      std::array<std::span<const uint8_t>, kMaxPayloadPieces>& out);
   uint32_t packets_of(const SendWqe& w) const;
   bool is_read_or_atomic(const SendWqe& w) const;
   static bool is_local(const SendWqe& w) {
@@ -309,6 +343,8 @@ class Qp {
   SendWqe* oldest_pending_read_or_atomic();
   void complete_send(const SendWqe& w, WcStatus st);
   void emit_packet(uint64_t ah, const Packet& p);
+  // p's headers, then `pieces` as its payload (p.payload unused).
+  void emit_packet_gather(uint64_t ah, const Packet& p, std::span<const std::span<const uint8_t>> pieces);
 
   QpConfig cfg_;
   PacketSink& net_;

@@ -61,6 +61,20 @@ class TestMemory : public Memory {
     writes++;
     return p;
   }
+  // Zero-copy sends read the regions where they lie (off: every payload is
+  // copied, as for memory the process cannot reach directly).
+  const uint8_t* local_view(uint32_t lkey, uint64_t addr, size_t len) override {
+    if (!views) return nullptr;
+    views_given++;
+    return at(lkey, addr, len, 0);
+  }
+  const uint8_t* remote_view(uint32_t rkey, uint64_t va, size_t len) override {
+    if (!views) return nullptr;
+    views_given++;
+    return at(rkey, va, len, kRemoteRead);
+  }
+  bool views = true;
+  uint64_t views_given = 0;
   bool remote_read(uint32_t rkey, uint64_t va, std::span<uint8_t> out) override {
     uint8_t* p = at(rkey, va, out.size(), kRemoteRead);
     if (p) std::memcpy(out.data(), p, out.size());

@@ -109,16 +109,14 @@ size_t packet_size(const Packet& p) {
   return info.hdr_len + ((p.payload.size() + 3) & ~size_t(3));
 }
 
-size_t build_packet(const Packet& pk, std::span<uint8_t> out) {
+size_t build_headers(const Packet& pk, size_t payload_len, std::span<uint8_t> out) {
   const OpcodeInfo& info = pk.info();
   if (!info.valid) return 0;
-  if (!info.payload && !pk.payload.empty()) return 0;
-  size_t total = packet_size(pk);
-  if (out.size() < total) return 0;
+  if (!info.payload && payload_len != 0) return 0;
+  if (out.size() < info.hdr_len) return 0;
   uint8_t* p = out.data();
   Bth b = pk.bth;
-  b.pad = uint8_t((4 - (pk.payload.size() & 3)) & 3);  // IBTA 9.2: pad to a multiple of 4 bytes
-  if (!info.payload) b.pad = 0;
+  b.pad = info.payload ? uint8_t((4 - (payload_len & 3)) & 3) : 0;  // IBTA 9.2: pad to a multiple of 4 bytes
   b.encode(p);
   size_t off = kBthLen;
   if (info.has(kHasDeth)) { pk.deth.encode(p + off); off += kDethLen; }
@@ -128,6 +126,15 @@ size_t build_packet(const Packet& pk, std::span<uint8_t> out) {
   if (info.has(kHasAtomicAckEth)) { pk.atomic_ack.encode(p + off); off += kAtomicAckEthLen; }
   if (info.has(kHasImmDt)) { put_be32(p + off, pk.imm); off += kImmDtLen; }
   if (info.has(kHasIeth)) { put_be32(p + off, pk.ieth_rkey); off += kIethLen; }
+  return off;
+}
+
+size_t build_packet(const Packet& pk, std::span<uint8_t> out) {
+  const size_t total = packet_size(pk);
+  if (!pk.info().valid || out.size() < total) return 0;
+  size_t off = build_headers(pk, pk.payload.size(), out);
+  if (off == 0) return 0;
+  uint8_t* p = out.data();
   if (!pk.payload.empty()) std::memcpy(p + off, pk.payload.data(), pk.payload.size());
   off += pk.payload.size();
   while (off < total) p[off++] = 0;

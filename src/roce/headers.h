@@ -233,5 +233,11 @@ size_t packet_size(const Packet& p);
 // zero pad. Returns the bytes written, 0 if `out` is too small or the opcode
 // is invalid.
 size_t build_packet(const Packet& p, std::span<uint8_t> out);
+// Only the headers of a packet whose payload (`payload_len` bytes, not in
+// p.payload) the caller sends from elsewhere: BTH with the pad count for
+// that length, then the opcode's headers. Returns the bytes written, 0 if
+// `out` is too small, the opcode is invalid or carries no payload but
+// payload_len is not 0.
+size_t build_headers(const Packet& p, size_t payload_len, std::span<uint8_t> out);
 
 }  // namespace sv::roce

@@ -1,5 +1,6 @@
 #include "roce/icrc.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -70,15 +71,17 @@ uint32_t crc32_slice16(uint32_t crc, const uint8_t* p, size_t n) {
     p += 16;
     n -= 16;
   }
-  if (n >= 8) {  // the tail after folding is often 8 bytes (the 40-byte IPv4 headers)
-    const uint32_t a = crc ^ load_le32(p), b = load_le32(p + 4);
-    crc = kSlice[7][a & 0xff] ^ kSlice[6][(a >> 8) & 0xff] ^ kSlice[5][(a >> 16) & 0xff] ^ kSlice[4][a >> 24] ^
-          kSlice[3][b & 0xff] ^ kSlice[2][(b >> 8) & 0xff] ^ kSlice[1][(b >> 16) & 0xff] ^ kSlice[0][b >> 24];
-    p += 8;
-    n -= 8;
+  if (n == 0) return crc;
+  // The last 1..15 bytes in one step, as slicing by n: byte i (xored with
+  // the state's byte i while there is one) through the table of i's byte
+  // followed by n-1-i zero bytes; the state's bytes beyond n shift down.
+  // (A folded CRC often ends here: a packet's 12-byte BTH, its tail.)
+  uint32_t out = n >= 4 ? 0 : crc >> (8 * n);
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t x = uint8_t(p[i] ^ (i < 4 ? crc >> (8 * i) : 0));
+    out ^= kSlice[n - 1 - i][x];
   }
-  while (n--) crc = crc_step(crc, *p++);
-  return crc;
+  return out;
 }
 
 #if defined(__x86_64__)
@@ -115,16 +118,17 @@ __attribute__((target("pclmul,sse2"))) inline uint32_t reduce128(__m128i x) {
   return uint32_t(_mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t), 4)));
 }
 
-// n >= 16. Four lanes from 64 bytes on; shorter data (the 40-byte masked
-// headers of every packet) starts with one.
-__attribute__((target("pclmul,sse2"))) uint32_t crc32_folded(uint32_t crc, const uint8_t* p, size_t n) {
+// `first`: the first 16 bytes, the state already xored into them; then the
+// n bytes at p. Four lanes from 64 bytes on; shorter data (the masked
+// headers of every packet) keeps to one.
+__attribute__((target("pclmul,sse2"))) uint32_t crc32_folded_lane(__m128i first, const uint8_t* p, size_t n) {
   const __m128i k128 = _mm_set_epi64x(0x0ccaa009ell, 0x1751997d0ll);
-  __m128i x3 = _mm_xor_si128(load(p), _mm_cvtsi32_si128(int(crc)));
-  if (n >= 64) {
-    __m128i x0 = x3, x1 = load(p + 16), x2 = load(p + 32);
-    x3 = load(p + 48);
-    p += 64;
-    n -= 64;
+  __m128i x3 = first;
+  if (n >= 48) {
+    __m128i x0 = x3, x1 = load(p), x2 = load(p + 16);
+    x3 = load(p + 32);
+    p += 48;
+    n -= 48;
     const __m128i k512 = _mm_set_epi64x(0x1c6e41596ll, 0x154442bd4ll);
     while (n >= 64) {
       x0 = fold(x0, k512, load(p));
@@ -137,9 +141,6 @@ __attribute__((target("pclmul,sse2"))) uint32_t crc32_folded(uint32_t crc, const
     x1 = fold(x0, k128, x1);
     x2 = fold(x1, k128, x2);
     x3 = fold(x2, k128, x3);
-  } else {
-    p += 16;
-    n -= 16;
   }
   while (n >= 16) {
     x3 = fold(x3, k128, load(p));
@@ -147,6 +148,16 @@ __attribute__((target("pclmul,sse2"))) uint32_t crc32_folded(uint32_t crc, const
     n -= 16;
   }
   return crc32_slice16(reduce128(x3), p, n);
+}
+
+// n >= 16.
+__attribute__((target("pclmul,sse2"))) uint32_t crc32_folded(uint32_t crc, const uint8_t* p, size_t n) {
+  return crc32_folded_lane(_mm_xor_si128(load(p), _mm_cvtsi32_si128(int(crc))), p + 16, n - 16);
+}
+// The 16 bytes at head, then the n at p (two places, one fold).
+__attribute__((target("pclmul,sse2"))) uint32_t crc32_folded2(uint32_t crc, const uint8_t* head, const uint8_t* p,
+                                                               size_t n) {
+  return crc32_folded_lane(_mm_xor_si128(load(head), _mm_cvtsi32_si128(int(crc))), p, n);
 }
 
 bool have_pclmul() {
@@ -169,10 +180,10 @@ uint32_t crc32_update_tables(uint32_t crc, std::span<const uint8_t> data) {
 }
 
 
-std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip_udp, std::span<const uint8_t> transport) {
-  if (ip_udp.empty() || transport.size() < kBthLen) return std::nullopt;
-  // The masked copy of IP + UDP + BTH; the rest is hashed in place.
-  uint8_t hdr[60 + 8 + kBthLen];
+std::optional<uint32_t> icrc_prefix(std::span<const uint8_t> ip_udp) {
+  if (ip_udp.empty()) return std::nullopt;
+  // The masked copy of IP + UDP.
+  uint8_t hdr[60 + 8];
   size_t iplen;
   const int version = ip_udp[0] >> 4;
   if (version == 4) {
@@ -193,13 +204,51 @@ std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip_udp, std::span<
   } else {
     return std::nullopt;
   }
-  std::memcpy(hdr + iplen + 8, transport.data(), kBthLen);
   uint8_t* udp = hdr + iplen;
   udp[6] = udp[7] = 0xff;           // UDP checksum
-  udp[8 + 4] = 0xff;                // BTH resv8a (FECN, BECN, reserved)
-  uint32_t crc = crc32_update(lrh_seed(), std::span<const uint8_t>(hdr, iplen + 8 + kBthLen));
-  crc = crc32_update(crc, transport.subspan(kBthLen));
+  return crc32_update(lrh_seed(), std::span<const uint8_t>(hdr, iplen + 8));
+}
+
+std::optional<uint32_t> icrc_finish(uint32_t prefix, std::span<const std::span<const uint8_t>> transport) {
+  // The first 16 bytes (BTH masked, then what follows it, whichever pieces
+  // hold them) go through one buffer, so that no piece is too short to fold.
+  uint8_t head[16];
+  size_t have = 0, piece = 0, at = 0;
+  while (have < sizeof head && piece < transport.size()) {
+    const size_t n = std::min(sizeof head - have, transport[piece].size() - at);
+    std::memcpy(head + have, transport[piece].data() + at, n);
+    have += n;
+    at += n;
+    if (at == transport[piece].size()) {
+      piece++;
+      at = 0;
+    }
+  }
+  if (have < kBthLen) return std::nullopt;
+  head[4] = 0xff;                   // BTH resv8a (FECN, BECN, reserved)
+  uint32_t crc;
+#if defined(__x86_64__)
+  if (have == sizeof head && have_pclmul()) {
+    // The head is the first lane of the fold over the rest of its piece:
+    // one reduction for both.
+    const std::span<const uint8_t> rest =
+        piece < transport.size() ? transport[piece].subspan(at) : std::span<const uint8_t>();
+    crc = crc32_folded2(prefix, head, rest.data(), rest.size());
+    if (piece < transport.size()) piece++;
+    at = 0;
+  } else
+#endif
+  {
+    crc = crc32_update(prefix, std::span<const uint8_t>(head, have));
+  }
+  for (; piece < transport.size(); piece++, at = 0) crc = crc32_update(crc, transport[piece].subspan(at));
   return ~crc;
+}
+
+std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip_udp, std::span<const uint8_t> transport) {
+  auto prefix = icrc_prefix(ip_udp);
+  if (!prefix) return std::nullopt;
+  return icrc_finish(*prefix, std::span<const std::span<const uint8_t>>(&transport, 1));
 }
 
 std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip) {

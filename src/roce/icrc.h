@@ -34,6 +34,14 @@ std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip);
 // as icrc_compute reads them) and the transport packet (BTH .. pad): no
 // copy of the payload. nullopt if malformed.
 std::optional<uint32_t> icrc_compute(std::span<const uint8_t> ip_udp, std::span<const uint8_t> transport);
+// The same in two steps, for a sender or receiver that sees many datagrams
+// with the same IP and UDP headers: icrc_prefix is the CRC state after the
+// masked IP and UDP headers (it depends on the addresses, ports and
+// lengths only: cache it per peer and length); icrc_finish goes on from it
+// over the transport packet (BTH .. pad) given in pieces, and returns the
+// ICRC. nullopt if malformed (the pieces hold fewer bytes than a BTH).
+std::optional<uint32_t> icrc_prefix(std::span<const uint8_t> ip_udp);
+std::optional<uint32_t> icrc_finish(uint32_t prefix, std::span<const std::span<const uint8_t>> transport);
 // True if `ip` (ending with the ICRC) carries a correct ICRC.
 bool icrc_check(std::span<const uint8_t> ip);
 // The ICRC as it appears on the wire (least-significant byte first).

@@ -101,6 +101,50 @@ TEST(Icrc, SplitHeadersGiveTheSameIcrc) {
   }
 }
 
+// The ICRC from a cached header prefix over the transport packet in pieces
+// (the zero-copy send: headers, payload pieces where they lie, pad) is the
+// ICRC over the whole datagram, however the pieces cut it, and the check
+// against scapy's datagram holds that way too.
+TEST(Icrc, PrefixAndPiecesGiveTheSameIcrc) {
+  const size_t ipl = kIpv4UdpLen;
+  const std::span<const uint8_t> scapy(kScapyWriteOnly);
+  auto prefix = icrc_prefix(scapy.first(ipl));
+  ASSERT_TRUE(prefix);
+  const std::span<const uint8_t> t = scapy.subspan(ipl, scapy.size() - ipl - kIcrcLen);
+  EXPECT_EQ(icrc_finish(*prefix, std::span<const std::span<const uint8_t>>(&t, 1)),
+            icrc_load(scapy.data() + scapy.size() - kIcrcLen));
+
+  std::vector<uint8_t> tr(12 + 1024 + 3);
+  uint64_t x = 0x243f6a8885a308d3ull;
+  for (auto& b : tr) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = uint8_t(x);
+  }
+  Ipv4Udp h4;
+  h4.src = {10, 0, 0, 1};
+  h4.dst = {10, 0, 0, 2};
+  for (size_t len : {12, 15, 16, 17, 28, 40, 63, 64, 65, 100, 1036, 1039}) {
+    const std::span<const uint8_t> whole(tr.data(), len);
+    uint8_t hdr[kIpv6UdpLen];
+    ASSERT_EQ(header_ipv4(h4, len, hdr), ipl);
+    const auto want = icrc_compute(std::span<const uint8_t>(hdr, ipl), whole);
+    ASSERT_TRUE(want);
+    auto pre = icrc_prefix(std::span<const uint8_t>(hdr, ipl));
+    ASSERT_TRUE(pre);
+    // Every cut into two pieces, and three pieces with an empty one among them.
+    for (size_t a = 0; a <= len; a += (len > 100 ? 13 : 1)) {
+      const std::span<const uint8_t> two[2] = {whole.first(a), whole.subspan(a)};
+      ASSERT_EQ(icrc_finish(*pre, two), want) << "len " << len << " cut " << a;
+      const size_t b = a + (len - a) / 2;
+      const std::span<const uint8_t> three[4] = {whole.first(a), {}, whole.subspan(a, b - a), whole.subspan(b)};
+      ASSERT_EQ(icrc_finish(*pre, three), want) << "len " << len << " cuts " << a << " " << b;
+    }
+  }
+  // Fewer bytes than a BTH is malformed.
+  const std::span<const uint8_t> short_one(tr.data(), 11);
+  EXPECT_FALSE(icrc_finish(*prefix, std::span<const std::span<const uint8_t>>(&short_one, 1)));
+}
+
 TEST(Icrc, MatchesScapyByteForByte) {
   EXPECT_TRUE(icrc_check(kScapyWriteOnly));
   Ipv4Udp h;

@@ -207,6 +207,27 @@ void Qp::complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Pa
   cq_.complete(c);
 }
 
+void PacketSink::send_gather(uint64_t ah, std::span<const uint8_t> headers,
+                             std::span<const std::span<const uint8_t>> payload) {
+  std::vector<uint8_t> packet(headers.begin(), headers.end());
+  size_t n = 0;
+  for (auto piece : payload) {
+    packet.insert(packet.end(), piece.begin(), piece.end());
+    n += piece.size();
+  }
+  packet.resize(packet.size() + ((4 - (n & 3)) & 3), 0);
+  send(ah, packet);
+}
+
+void Qp::emit_packet_gather(uint64_t ah, const Packet& p, std::span<const std::span<const uint8_t>> pieces) {
+  size_t len = 0;
+  for (auto piece : pieces) len += piece.size();
+  const size_t n = build_headers(p, len, tx_);
+  if (n == 0) return;  // cannot happen: tx_ holds the longest headers
+  stats_.packets_sent++;
+  net_.send_gather(ah, std::span<const uint8_t>(tx_.data(), n), pieces);
+}
+
 void Qp::emit_packet(uint64_t ah, const Packet& p) {
   size_t n = build_packet(p, tx_);
   if (n == 0) return;  // cannot happen: tx_ holds pmtu + the longest headers

@@ -89,6 +89,23 @@ bool Qp::gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out) {
   return done == out.size();
 }
 
+size_t Qp::gather_views(const SendWqe& w, uint32_t off, uint32_t len,
+                        std::array<std::span<const uint8_t>, kMaxPayloadPieces>& out) {
+  size_t n = 0, done = 0;
+  for (const Sge& s : w.wr.sg) {
+    if (done == len) break;
+    if (off >= s.length) { off -= s.length; continue; }
+    const size_t k = std::min<size_t>(s.length - off, len - done);
+    if (n == kMaxPayloadPieces) return 0;
+    const uint8_t* p = mem_.local_view(s.lkey, s.addr + off, k);
+    if (!p) return 0;
+    out[n++] = std::span<const uint8_t>(p, k);
+    done += k;
+    off = 0;
+  }
+  return done == len ? n : 0;
+}
+
 void Qp::send_request_packet(SendWqe& w) {
   const QpType t = cfg_.type;
   Packet p;
@@ -100,6 +117,8 @@ void Qp::send_request_packet(SendWqe& w) {
   const uint32_t off = sq_next_off_;
   bool finished = false;  // the WQE's last packet has gone out
   uint32_t npsn = 1;
+  std::array<std::span<const uint8_t>, kMaxPayloadPieces> views;
+  size_t nviews = 0;
   switch (w.wr.opcode) {
     case WrOpcode::kRead: {
       // After a retransmission point inside a READ the request asks only for
@@ -124,12 +143,19 @@ void Qp::send_request_packet(SendWqe& w) {
     default: {
       const uint32_t chunk = std::min(cfg_.pmtu, w.len - off);
       const bool first = off == 0, last = off + chunk >= w.len;
-      std::span<uint8_t> data(payload_.data(), chunk);
-      if (!gather(w, off, data)) {
-        enter_error(sq_next_, WcStatus::kLocProtErr);
-        return;
+      // RC payloads of some size go from where they lie (no copy): an RC
+      // WQE completes only after its ACK, long after the sink's flush. UC
+      // and UD complete as they are sent, and their buffers could be
+      // reused before the flush: those are copied, as are short payloads.
+      if (t == QpType::kRC && chunk >= kGatherMin) nviews = gather_views(w, off, chunk, views);
+      if (nviews == 0) {
+        std::span<uint8_t> data(payload_.data(), chunk);
+        if (!gather(w, off, data)) {
+          enter_error(sq_next_, WcStatus::kLocProtErr);
+          return;
+        }
+        p.payload = data;
       }
-      p.payload = data;
       const bool write = w.wr.opcode == WrOpcode::kWrite || w.wr.opcode == WrOpcode::kWriteImm;
       const bool imm = w.wr.opcode == WrOpcode::kSendImm || w.wr.opcode == WrOpcode::kWriteImm;
       const bool inv = w.wr.opcode == WrOpcode::kSendInv;
@@ -167,7 +193,11 @@ void Qp::send_request_packet(SendWqe& w) {
       break;
     }
   }
-  emit_packet(ah, p);
+  if (nviews) {
+    emit_packet_gather(ah, p, std::span<const std::span<const uint8_t>>(views.data(), nviews));
+  } else {
+    emit_packet(ah, p);
+  }
   next_psn_ = psn_add(next_psn_, npsn);
   if (psn_diff(next_psn_, sent_end_) > 0) sent_end_ = next_psn_;
   if (t == QpType::kRC && retransmit_at_ == UINT64_MAX && timeout_ns() != UINT64_MAX) {

@@ -45,9 +45,11 @@ void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
   for (uint32_t k = 0; k < n; k++) {
     const uint32_t off = k * cfg_.pmtu;
     const uint32_t chunk = std::min(cfg_.pmtu, reth.dma_len - off);
-    std::span<uint8_t> data(payload_.data(), chunk);
     // Read at send time: a replayed READ returns memory as it is now (9.7.5).
-    if (chunk && !mem_.remote_read(reth.rkey, reth.va + off, data)) return;
+    // Larger chunks go from where they lie (no copy).
+    const uint8_t* view = chunk >= kGatherMin ? mem_.remote_view(reth.rkey, reth.va + off, chunk) : nullptr;
+    std::span<uint8_t> data(payload_.data(), view ? 0 : chunk);
+    if (!view && chunk && !mem_.remote_read(reth.rkey, reth.va + off, data)) return;
     Packet p;
     p.bth.opcode = n == 1 ? op::kReadRespOnly : k == 0 ? op::kReadRespFirst
                    : k == n - 1 ? op::kReadRespLast : op::kReadRespMiddle;
@@ -55,8 +57,13 @@ void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
     p.bth.dest_qp = cfg_.dest_qpn;
     p.bth.psn = psn_add(first_psn, k);
     p.aeth = Aeth{syndrome_ack(), msn_ & kPsnMask};
-    p.payload = data;
-    emit_packet(cfg_.dest_ah, p);
+    if (view) {
+      const std::span<const uint8_t> piece(view, chunk);
+      emit_packet_gather(cfg_.dest_ah, p, std::span<const std::span<const uint8_t>>(&piece, 1));
+    } else {
+      p.payload = data;
+      emit_packet(cfg_.dest_ah, p);
+    }
   }
 }
 

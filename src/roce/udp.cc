@@ -75,6 +75,7 @@ int UdpEndpoint::bind(const std::string& addr, uint16_t port) {
   if (::bind(fd_, local_.sa(), local_.len()) != 0) return errno;
   socklen_t len = sizeof local_.ss;
   getsockname(fd_, reinterpret_cast<sockaddr*>(&local_.ss), &len);
+  clear_prefixes();
   port_ = ntohs(local_.v6() ? reinterpret_cast<sockaddr_in6&>(local_.ss).sin6_port
                             : reinterpret_cast<sockaddr_in&>(local_.ss).sin_port);
   return 0;
@@ -87,6 +88,7 @@ int UdpEndpoint::adopt(int fd) {
   if (local_.ss.ss_family != AF_INET && local_.ss.ss_family != AF_INET6) return EAFNOSUPPORT;
   if (fd_ >= 0) close(fd_);
   fd_ = fd;
+  clear_prefixes();
   port_ = ntohs(local_.v6() ? reinterpret_cast<sockaddr_in6&>(local_.ss).sin6_port
                             : reinterpret_cast<sockaddr_in&>(local_.ss).sin_port);
   return 0;
@@ -159,13 +161,39 @@ size_t UdpEndpoint::header(const Addr& src, const Addr& dst, size_t transport_le
   return header_ipv4(h, transport_len, out);
 }
 
+void UdpEndpoint::clear_prefixes() {
+  tx_prefix_.fill(TxPrefix{});
+  rx_prefix_.fill(RxPrefix{});
+}
+
+std::optional<uint32_t> UdpEndpoint::tx_prefix(uint64_t ah, size_t transport_len) {
+  TxPrefix& e = tx_prefix_[(transport_len * 31 + ah) % tx_prefix_.size()];
+  if (e.ah == ah && e.len == transport_len) return e.crc;
+  uint8_t hdr[kIpv6UdpLen];
+  const size_t hl = header(local_, peers_[ah], transport_len, hdr);
+  auto crc = hl ? icrc_prefix(std::span<const uint8_t>(hdr, hl)) : std::nullopt;
+  if (crc) e = TxPrefix{ah, transport_len, *crc};
+  return crc;
+}
+
+const UdpEndpoint::RxPrefix* UdpEndpoint::rx_prefix(const Addr& from, size_t transport_len) {
+  const uint16_t port = from.v6() ? reinterpret_cast<const sockaddr_in6&>(from.ss).sin6_port
+                                  : reinterpret_cast<const sockaddr_in&>(from.ss).sin_port;
+  RxPrefix& e = rx_prefix_[(transport_len * 31 + port) % rx_prefix_.size()];
+  if (e.len == transport_len && e.from == from) return &e;
+  uint8_t hdr[kIpv6UdpLen];
+  const size_t hl = header(from, local_, transport_len, hdr);
+  auto crc = hl ? icrc_prefix(std::span<const uint8_t>(hdr, hl)) : std::nullopt;
+  if (!crc) return nullptr;
+  e = RxPrefix{from, transport_len, *crc, peer_for(from)};
+  return &e;
+}
+
 void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   if (ah >= peers_.size() || fd_ < 0) return;
-  // The ICRC over the headers the kernel will build and the packet, in place.
-  uint8_t hdr[kIpv6UdpLen];
-  const size_t hl = header(local_, peers_[ah], packet.size(), hdr);
-  if (hl == 0) return;
-  auto crc = icrc_compute(std::span<const uint8_t>(hdr, hl), packet);
+  // The ICRC over the headers the kernel will build and the packet.
+  auto prefix = tx_prefix(ah, packet.size());
+  auto crc = prefix ? icrc_finish(*prefix, std::span<const std::span<const uint8_t>>(&packet, 1)) : std::nullopt;
   if (!crc) return;
   uint8_t icrc[kIcrcLen];
   icrc_store(icrc, *crc);
@@ -185,20 +213,64 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   }
 }
 
+void UdpEndpoint::ensure_batch() {
+  if (!txbuf_.empty()) return;
+  txbuf_.resize(kTxBatch * kTxSlot);
+  txmsg_.resize(kTxBatch);
+  txd_.resize(kTxBatch);
+  txiov_.resize(kTxBatch * kIovPerDatagram);
+  txcmsg_.resize(kTxBatch);
+}
+
+void UdpEndpoint::send_gather(uint64_t ah, std::span<const uint8_t> headers,
+                              std::span<const std::span<const uint8_t>> payload) {
+  // The fault hook keeps copies of what it delays: the copying path.
+  if (faulty_ || !batching_ || payload.size() > kMaxPayloadPieces || headers.size() + 3 + kIcrcLen > kTxSlot)
+    return PacketSink::send_gather(ah, headers, payload);
+  if (ah >= peers_.size() || fd_ < 0 || headers.size() < kBthLen) return;
+  static constexpr uint8_t kZeros[4] = {};
+  size_t plen = 0;
+  std::array<std::span<const uint8_t>, 2 + kMaxPayloadPieces> pieces;
+  size_t np = 0;
+  pieces[np++] = headers;
+  for (auto piece : payload) {
+    plen += piece.size();
+    if (!piece.empty()) pieces[np++] = piece;
+  }
+  const size_t pad = (4 - (plen & 3)) & 3;
+  if (pad) pieces[np++] = std::span<const uint8_t>(kZeros, pad);
+  const size_t transport_len = headers.size() + plen + pad;
+  auto prefix = tx_prefix(ah, transport_len);
+  auto crc = prefix ? icrc_finish(*prefix, std::span<const std::span<const uint8_t>>(pieces.data(), np)) : std::nullopt;
+  if (!crc) return;
+  ensure_batch();
+  // The slot holds the headers, then the pad and the ICRC; the payload's
+  // iovecs point at its pieces in between.
+  uint8_t* slot = txbuf_.data() + size_t(tx_n_) * kTxSlot;
+  std::memcpy(slot, headers.data(), headers.size());
+  uint8_t* tail = slot + headers.size();
+  std::memset(tail, 0, pad);
+  icrc_store(tail + pad, *crc);
+  TxDatagram& d = txd_[size_t(tx_n_)];
+  d = TxDatagram{ah, tx_iov_n_, 0, uint32_t(transport_len + kIcrcLen), get_be24(headers.data() + 5), tail + pad};
+  txiov_[tx_iov_n_++] = {slot, headers.size()};
+  for (auto piece : payload) {
+    if (!piece.empty()) txiov_[tx_iov_n_++] = {const_cast<uint8_t*>(piece.data()), piece.size()};
+  }
+  txiov_[tx_iov_n_++] = {tail, pad + kIcrcLen};
+  d.iov_count = tx_iov_n_ - d.iov_first;
+  if (++tx_n_ == kTxBatch) flush_tx();
+}
+
 void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b) {
-  if (batching_ && a.size() + b.size() <= kTxSlot) {
-    if (txbuf_.empty()) {
-      txbuf_.resize(kTxBatch * kTxSlot);
-      txmsg_.resize(kTxBatch);
-      txiov_.resize(kTxBatch);
-      tx_ah_.resize(kTxBatch);
-      txcmsg_.resize(kTxBatch);
-    }
+  if (batching_ && a.size() + b.size() <= kTxSlot && a.size() + b.size() >= kBthLen) {
+    ensure_batch();
     uint8_t* p = txbuf_.data() + size_t(tx_n_) * kTxSlot;
     std::memcpy(p, a.data(), a.size());
     if (!b.empty()) std::memcpy(p + a.size(), b.data(), b.size());
-    txiov_[tx_n_] = {p, a.size() + b.size()};
-    tx_ah_[tx_n_] = ah;  // resolved at flush: peers_ may grow meanwhile
+    const size_t len = a.size() + b.size();
+    txd_[size_t(tx_n_)] = TxDatagram{ah, tx_iov_n_, 1, uint32_t(len), get_be24(p + 5), p + len - kIcrcLen};
+    txiov_[tx_iov_n_++] = {p, len};
     if (++tx_n_ == kTxBatch) flush_tx();
     return;
   }
@@ -222,17 +294,17 @@ void UdpEndpoint::flush_tx() {
   int nm = 0;
   std::array<int, kTxBatch> segs_of{}, firsts{};  // per message: datagrams, index of the first
   for (int i = 0; i < tx_n_;) {
-    const size_t seg = txiov_[i].iov_len;
-    const uint8_t* first = static_cast<const uint8_t*>(txiov_[i].iov_base);
+    const TxDatagram& d0 = txd_[size_t(i)];
+    const size_t seg = d0.len;
     size_t total = seg;
     int j = i + 1;
-    while (gso_ && j < tx_n_ && j - i < kMaxGsoSegments && tx_ah_[j] == tx_ah_[i] && txiov_[j].iov_len <= seg &&
-           total + txiov_[j].iov_len <= kMaxGsoBytes &&
-           std::memcmp(static_cast<const uint8_t*>(txiov_[j].iov_base) + 5, first + 5, 3) == 0) {
-      total += txiov_[j].iov_len;
-      if (txiov_[j++].iov_len < seg) break;  // a shorter one ends the group
+    while (gso_ && j < tx_n_ && j - i < kMaxGsoSegments && txd_[size_t(j)].ah == d0.ah &&
+           txd_[size_t(j)].len <= seg && total + txd_[size_t(j)].len <= kMaxGsoBytes &&
+           txd_[size_t(j)].dqpn == d0.dqpn) {
+      total += txd_[size_t(j)].len;
+      if (txd_[size_t(j++)].len < seg) break;  // a shorter one ends the group
     }
-    const Addr& dst = peers_[tx_ah_[i]];
+    const Addr& dst = peers_[d0.ah];
     if (!dst.v6()) {
       // The kernel cuts a GSO send into datagrams whose IPv4 IDs count up
       // from the ID of the whole, 0 with DF on an unconnected socket
@@ -240,19 +312,19 @@ void UdpEndpoint::flush_tx() {
       // that checks the real header (rxe) computes it. Verified on the
       // wire by roce.wire.capture_gso.
       for (int k = 1; k < j - i; ++k) {
-        auto* p = static_cast<uint8_t*>(txiov_[i + k].iov_base);
-        const size_t len = txiov_[i + k].iov_len;
-        icrc_store(p + len - kIcrcLen, icrc_load(p + len - kIcrcLen) ^ id_delta(kIpv4UdpLen + len, uint16_t(k)));
+        TxDatagram& d = txd_[size_t(i + k)];
+        icrc_store(d.icrc, icrc_load(d.icrc) ^ id_delta(kIpv4UdpLen + d.len, uint16_t(k)));
       }
     }
-    msghdr& m = txmsg_[nm].msg_hdr;
+    const TxDatagram& last = txd_[size_t(j - 1)];
+    msghdr& m = txmsg_[size_t(nm)].msg_hdr;
     m = msghdr{};
     m.msg_name = const_cast<sockaddr*>(dst.sa());
     m.msg_namelen = dst.len();
-    m.msg_iov = &txiov_[i];
-    m.msg_iovlen = size_t(j - i);
+    m.msg_iov = &txiov_[d0.iov_first];
+    m.msg_iovlen = last.iov_first + last.iov_count - d0.iov_first;
     if (j - i > 1) {
-      auto& cb = txcmsg_[nm];
+      auto& cb = txcmsg_[size_t(nm)];
       m.msg_control = cb.buf;
       m.msg_controllen = sizeof cb.buf;
       cmsghdr* c = CMSG_FIRSTHDR(&m);
@@ -272,30 +344,29 @@ void UdpEndpoint::flush_tx() {
     int n = sendmmsg(fd_, txmsg_.data() + done, unsigned(nm - done), 0);
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && segs_of[size_t(done)] > 1 && errno != EAGAIN && errno != ENOBUFS) {
+      if (n < 0 && segs_of[size_t(done)] > 1 && errno != EAGAIN && errno != ENOBUFS && errno != EFAULT) {
         // No GSO on this path (a device without checksum offload, an old
         // kernel): from now on one datagram per send; these go one by one
         // with the ICRC of ID 0 again.
         gso_ = false;
-        const Addr& dst = peers_[tx_ah_[size_t(firsts[size_t(done)])]];
+        const Addr& dst = peers_[txd_[size_t(firsts[size_t(done)])].ah];
         for (int k = 0; k < segs_of[size_t(done)]; ++k) {
-          iovec& v = txiov_[size_t(firsts[size_t(done)] + k)];
-          auto* p = static_cast<uint8_t*>(v.iov_base);
+          TxDatagram& d = txd_[size_t(firsts[size_t(done)] + k)];
           if (!dst.v6() && k > 0)
-            icrc_store(p + v.iov_len - kIcrcLen,
-                       icrc_load(p + v.iov_len - kIcrcLen) ^ id_delta(kIpv4UdpLen + v.iov_len, uint16_t(k)));
+            icrc_store(d.icrc, icrc_load(d.icrc) ^ id_delta(kIpv4UdpLen + d.len, uint16_t(k)));
           msghdr one{};
           one.msg_name = const_cast<sockaddr*>(dst.sa());
           one.msg_namelen = dst.len();
-          one.msg_iov = &v;
-          one.msg_iovlen = 1;
+          one.msg_iov = &txiov_[d.iov_first];
+          one.msg_iovlen = d.iov_count;
           if (sendmsg(fd_, &one, 0) >= 0) stats_.sent++;
         }
         done++;
         continue;
       }
       // A full socket buffer (EAGAIN) loses these datagrams, as a congested
-      // link would; the rest may still go.
+      // link would; so does memory that went away under a gathered payload
+      // (EFAULT: a buffer freed after its WQE failed); the rest may go.
       done++;
       continue;
     }
@@ -306,6 +377,7 @@ void UdpEndpoint::flush_tx() {
     done += n;
   }
   tx_n_ = 0;
+  tx_iov_n_ = 0;
 }
 
 void UdpEndpoint::flush_delayed(bool all) {
@@ -359,30 +431,37 @@ bool UdpEndpoint::icrc_matches_some_ipv4_id(size_t total, uint32_t icrc0, uint32
 void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uint8_t* data, size_t n,
                           uint16_t ipv4_id) {
   Addr from;
-  if (from_len > sizeof from.ss) return;
-  std::memcpy(&from.ss, from_sa, from_len);
+  // Copies of a known size (this runs for every datagram).
+  if (from_sa->sa_family == AF_INET && from_len >= sizeof(sockaddr_in)) {
+    std::memcpy(&from.ss, from_sa, sizeof(sockaddr_in));
+  } else if (from_sa->sa_family == AF_INET6 && from_len >= sizeof(sockaddr_in6)) {
+    std::memcpy(&from.ss, from_sa, sizeof(sockaddr_in6));
+  } else {
+    return;
+  }
   stats_.received++;
   if (n < kBthLen + kIcrcLen) {
     stats_.too_short++;
     return;
   }
-  // Rebuild the IP and UDP headers the datagram arrived with (IPv4 ID
-  // assumed 0) and check the ICRC over them (IBTA Annex A17.4).
+  // The IP and UDP headers the datagram arrived with (IPv4 ID assumed 0):
+  // the ICRC over them (IBTA Annex A17.4), their part of it cached.
   std::span<const uint8_t> transport(data, n - kIcrcLen);
-  const size_t hdr = header(from, local_, transport.size(), hdr_);
-  auto crc = hdr ? icrc_compute(std::span<const uint8_t>(hdr_, hdr), transport) : std::nullopt;
+  const RxPrefix* pre = rx_prefix(from, transport.size());
+  auto crc = pre ? icrc_finish(pre->crc, std::span<const std::span<const uint8_t>>(&transport, 1)) : std::nullopt;
   if (!crc) {
     stats_.bad_icrc++;
     return;
   }
+  const bool v4 = !from.v6();
   const uint32_t got = icrc_load(data + n - kIcrcLen);
   if (*crc != got) {
-    const size_t total = hdr + n;
+    const size_t total = (v4 ? kIpv4UdpLen : kIpv6UdpLen) + n;
     // The k-th datagram of a UDP GRO train was sent with IP ID k (see
     // flush_tx): an exact check. Else, if allowed, any ID (rxe).
-    const bool exact = hdr == kIpv4UdpLen && ipv4_id != 0 && (*crc ^ id_delta(total, ipv4_id)) == got;
+    const bool exact = v4 && ipv4_id != 0 && (*crc ^ id_delta(total, ipv4_id)) == got;
     if (!exact) {
-      if (!any_ipv4_id_ || hdr != kIpv4UdpLen || !icrc_matches_some_ipv4_id(total, *crc, got)) {
+      if (!any_ipv4_id_ || !v4 || !icrc_matches_some_ipv4_id(total, *crc, got)) {
         stats_.bad_icrc++;
         return;
       }
@@ -395,15 +474,18 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
     stats_.no_qp++;
     return;
   }
+  const uint64_t peer = pre->peer;
+  if (it->second->config().type != QpType::kUD) return it->second->receive(transport, peer);
   // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
   // or 20 bytes of zero then the IPv4 header).
   uint8_t grh[40] = {};
-  if (hdr == kIpv6UdpLen) {
+  header(from, local_, transport.size(), hdr_);
+  if (!v4) {
     std::memcpy(grh, hdr_, 40);
   } else {
     std::memcpy(grh + 20, hdr_, 20);
   }
-  it->second->receive(transport, peer_for(from), grh);
+  it->second->receive(transport, peer, grh);
 }
 
 void UdpEndpoint::poll(int timeout_ms) {

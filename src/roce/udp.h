@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <queue>
 #include <string>
 #include <vector>
@@ -69,6 +70,11 @@ class UdpEndpoint : public PacketSink {
 
   // PacketSink: frames a transport packet (appends the ICRC) and sends it.
   void send(uint64_t ah, std::span<const uint8_t> packet) override;
+  // With batching and no faults the payload pieces are not copied: the
+  // batch's iovecs point at them until flush_tx(), which the owner calls
+  // before its call into the engine returns (engine.h).
+  void send_gather(uint64_t ah, std::span<const uint8_t> headers,
+                   std::span<const std::span<const uint8_t>> payload) override;
 
   // Receives what is there (waiting at most timeout_ms), delivers it, then
   // runs progress() on every attached Qp.
@@ -125,6 +131,14 @@ class UdpEndpoint : public PacketSink {
   size_t header(const Addr& src, const Addr& dst, size_t transport_len, uint8_t* out);
   // Sends (or batches) the UDP payload a + b.
   void transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b = {});
+  // The ICRC's state after the masked IP and UDP headers of a datagram to
+  // peer `ah` (sending) or from `from` (receiving) carrying `transport_len`
+  // bytes before the ICRC: cached, since a stream repeats them.
+  std::optional<uint32_t> tx_prefix(uint64_t ah, size_t transport_len);
+  struct RxPrefix;
+  const RxPrefix* rx_prefix(const Addr& from, size_t transport_len);
+  void clear_prefixes();
+  void ensure_batch();  // the batch's buffers, on first use
   const std::array<uint32_t, 16>& id_deltas(size_t total);
   // ICRC(ID id) ^ ICRC(ID 0) for an IPv4 datagram of `total` bytes.
   uint32_t id_delta(size_t total, uint16_t id);
@@ -147,8 +161,33 @@ class UdpEndpoint : public PacketSink {
   static constexpr size_t kTxSlot = 4096 + 256;  // a 4096-MTU packet, headers, ICRC
   std::vector<uint8_t> txbuf_;
   std::vector<mmsghdr> txmsg_;
+  // A batched datagram: its iovecs (txiov_[iov_first ..]: the slot's copy,
+  // or the headers in the slot, the payload's pieces, pad and ICRC in the
+  // slot), where its ICRC lies, its size and destination.
+  struct TxDatagram {
+    uint64_t ah;  // resolved at flush: peers_ may grow meanwhile
+    uint32_t iov_first, iov_count;
+    uint32_t len;   // UDP payload bytes
+    uint32_t dqpn;  // BTH's destination QP
+    uint8_t* icrc;
+  };
+  static constexpr size_t kIovPerDatagram = 2 + kMaxPayloadPieces;
+  std::vector<TxDatagram> txd_;
   std::vector<iovec> txiov_;
-  std::vector<uint64_t> tx_ah_;
+  uint32_t tx_iov_n_ = 0;
+  struct TxPrefix {
+    uint64_t ah = UINT64_MAX;
+    size_t len = 0;
+    uint32_t crc = 0;
+  };
+  std::array<TxPrefix, 16> tx_prefix_{};
+  struct RxPrefix {
+    Addr from;
+    size_t len = SIZE_MAX;
+    uint32_t crc = 0;
+    uint64_t peer = 0;
+  };
+  std::array<RxPrefix, 16> rx_prefix_{};
   struct CmsgBuf {
     alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(uint16_t))];
   };

@@ -37,6 +37,37 @@ class OwnMemory : public Memory {
  public:
   explicit OwnMemory(QpState& q) : q_(q) {}
 
+  // The MR table's entry for `key` if it grants `need` over [addr, addr+len).
+  const MrEntry* granted(uint32_t key, uint64_t addr, uint64_t len, uint32_t need, bool remote) {
+    ContextState& cs = *q_.ctx->st;
+    const MrEntry* e = cs.mr(key);
+    if (!e || e->pd != q_.pd->handle) return nullptr;
+    if (!remote) {
+      // L_Keys name memory regions only (IBTA 10.6.3).
+      if (e->kind != shm::kKindMr) return nullptr;
+    } else if (e->kind == shm::kKindMw2 && e->bound_qpn != q_.qpn) {
+      return nullptr;  // a type 2 window serves only the QP it is bound to (IBTA 10.6.7.2.5)
+    }
+    if ((e->access & need) != need) return nullptr;
+    if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return nullptr;
+    return e;
+  }
+
+  // Where `addr` of `e` lies if it is mapped in this process for as long as
+  // the registration lasts (our own memory, or a view of a local backing);
+  // nullptr if it has to be reached through a window.
+  uint8_t* direct(const MrEntry& e, uint64_t addr) {
+    ContextState& cs = *q_.ctx->st;
+    const uint64_t off = e.file_offset + (addr - e.iova);
+    if (e.backing == cs.backing) return reinterpret_cast<uint8_t*>(off);  // our own memory: file offset == address
+    if (e.owner_pid == self_pid()) {
+      std::lock_guard<std::mutex> g(cs.mu);
+      if (auto v = cs.local_views.find(e.backing); v != cs.local_views.end())
+        return v->second.first + (off - v->second.second);
+    }
+    return nullptr;
+  }
+
   // `fn` gets the bytes [addr, addr+len) if `key` grants `need` over them.
   bool access(uint32_t key, uint64_t addr, uint64_t len, uint32_t need, bool remote,
               const std::function<void(uint8_t*)>& fn) {
@@ -45,33 +76,27 @@ class OwnMemory : public Memory {
       fn(nullptr);
       return true;
     }
-    ContextState& cs = *q_.ctx->st;
-    const MrEntry* e = cs.mr(key);
-    if (!e || e->pd != q_.pd->handle) return false;
-    if (!remote) {
-      // L_Keys name memory regions only (IBTA 10.6.3).
-      if (e->kind != shm::kKindMr) return false;
-    } else if (e->kind == shm::kKindMw2 && e->bound_qpn != q_.qpn) {
-      return false;  // a type 2 window serves only the QP it is bound to (IBTA 10.6.7.2.5)
-    }
-    if ((e->access & need) != need) return false;
-    if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return false;
-    const uint64_t off = e->file_offset + (addr - e->iova);
-    if (e->backing == cs.backing) {
-      fn(reinterpret_cast<uint8_t*>(off));  // our own memory: file offset == address
+    const MrEntry* e = granted(key, addr, len, need, remote);
+    if (!e) return false;
+    if (uint8_t* p = direct(*e, addr)) {
+      fn(p);
       return true;
     }
-    if (e->owner_pid == self_pid()) {
-      std::lock_guard<std::mutex> g(cs.mu);
-      if (auto v = cs.local_views.find(e->backing); v != cs.local_views.end()) {
-        fn(v->second.first + (off - v->second.second));
-        return true;
-      }
-    }
-    std::shared_ptr<Window> w = window_for(cs, *e, key);
+    std::shared_ptr<Window> w = window_for(*q_.ctx->st, *e, key);
     if (!w) return false;
-    fn(w->at(off));
+    fn(w->at(e->file_offset + (addr - e->iova)));
     return true;
+  }
+
+  const uint8_t* local_view(uint32_t lkey, uint64_t addr, size_t len) override {
+    if (lkey == 0 || len == 0) return nullptr;  // inline data is copied from its slot
+    const MrEntry* e = granted(lkey, addr, len, 0, false);
+    return e ? direct(*e, addr) : nullptr;
+  }
+  const uint8_t* remote_view(uint32_t rkey, uint64_t va, size_t len) override {
+    if (len == 0) return nullptr;
+    const MrEntry* e = granted(rkey, va, len, IBV_ACCESS_REMOTE_READ, true);
+    return e ? direct(*e, va) : nullptr;
   }
 
   // Inline sends (IBV_SEND_INLINE) have no key: their bytes are copied at
