@@ -216,7 +216,7 @@ std::optional<uint32_t> icrc_finish(uint32_t prefix, std::span<const std::span<c
   size_t have = 0, piece = 0, at = 0;
   while (have < sizeof head && piece < transport.size()) {
     const size_t n = std::min(sizeof head - have, transport[piece].size() - at);
-    std::memcpy(head + have, transport[piece].data() + at, n);
+    if (n) std::memcpy(head + have, transport[piece].data() + at, n);  // an empty piece may have no data()
     have += n;
     at += n;
     if (at == transport[piece].size()) {
