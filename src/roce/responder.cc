@@ -48,7 +48,7 @@ void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
     // Read at send time: a replayed READ returns memory as it is now (9.7.5).
     // Larger chunks go from where they lie (no copy).
     const uint8_t* view = chunk >= kGatherMin ? mem_.remote_view(reth.rkey, reth.va + off, chunk) : nullptr;
-    std::span<uint8_t> data(payload_.data(), view ? 0 : chunk);
+    std::span<uint8_t> data(payload_.data(), chunk);
     if (!view && chunk && !mem_.remote_read(reth.rkey, reth.va + off, data)) return;
     Packet p;
     p.bth.opcode = n == 1 ? op::kReadRespOnly : k == 0 ? op::kReadRespFirst
