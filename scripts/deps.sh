@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages softverbs needs to build, test and demo.
-# Usage: scripts/deps.sh [build|test|bench]   (default: test)
+# Usage: scripts/deps.sh [build|test|bench|rxe]   (default: test)
+# rxe: also qemu and debootstrap, for the Linux rxe peer (scripts/rxe-peer.sh).
 set -euo pipefail
 what=${1:-test}
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev ibverbs-utils perftest
       librdmacm-dev rdmacm-utils libfabric-bin ucx-utils libucx-dev
       python3 iproute2 procps psmisc clang libclang-rt-14-dev tshark python3-scapy)
 if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
+if [ "$what" = rxe ]; then pkgs+=(qemu-system-x86 debootstrap e2fsprogs); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

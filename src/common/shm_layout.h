@@ -38,7 +38,7 @@ constexpr uint32_t kMaxQpWr = 16384;
 constexpr uint32_t kMaxCqe = 1u << 20;
 constexpr uint32_t kMaxSge = 16;
 constexpr uint32_t kMaxInline = 256;
-constexpr uint32_t kMaxRdAtomic = 16;
+constexpr uint32_t kMaxRdAtomic = 128;  // as rxe: perftest sets max_rd_atomic to the peer's out_reads
 constexpr uint64_t kMaxMrSize = 1ull << 40;
 
 // ---- Device segment ----------------------------------------------------

@@ -23,6 +23,7 @@
 #include "common/trace.h"
 #include "roce/headers.h"
 #include "roce/icrc.h"
+#include "roce/udp.h"
 
 namespace sv::daemon {
 
@@ -408,15 +409,7 @@ int CmGateway::udp_socket_for(const sockaddr_storage& local, uint16_t* port) {
   }
   Fd s(::socket(local.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!s.valid()) return -1;
-  // As every RoCEv2 datagram: DF set, so that the IPv4 ID is 0 (the ICRC covers it).
-  if (local.ss_family == AF_INET) {
-    int pmtu = IP_PMTUDISC_DO;
-    ::setsockopt(s.get(), IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  } else {
-    int pmtu = IPV6_PMTUDISC_DO, one = 1;
-    ::setsockopt(s.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    ::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-  }
+  roce::set_roce_socket_options(s.get(), local.ss_family);
   sockaddr_storage a = local;
   set_port(a, 0);
   if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), len_of(a)) != 0) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/trace.h"
+#include "roce/udp.h"
 
 namespace sv::daemon {
 
@@ -54,13 +55,8 @@ Fd open_udp(const sockaddr_storage& ss, socklen_t len, bool reuseport) {
   const int fam = ss.ss_family;
   Fd fd(::socket(fam, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return fd;
-  // RoCEv2 is never IP-fragmented: DF set (and, on IPv4, IP ID 0, which
-  // the ICRC covers; see docs/ROCE.md).
-  int pmtu = fam == AF_INET ? IP_PMTUDISC_DO : IPV6_PMTUDISC_DO;
-  if (fam == AF_INET) ::setsockopt(fd.get(), IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  else ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  roce::set_roce_socket_options(fd.get(), fam);
   int one = 1;
-  if (fam == AF_INET6) ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
   if (reuseport) ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   // A window of 256 packets in flight must fit in the receive buffer, or
   // the kernel drops and the sender waits out a retransmission timeout:

@@ -59,19 +59,24 @@ bool UdpEndpoint::parse(const std::string& s, uint16_t port, Addr* out) {
   return false;
 }
 
+void set_roce_socket_options(int fd, int family) {
+  int one = 1;
+  if (family == AF_INET6) {
+    int pmtu = IPV6_PMTUDISC_DO;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    setsockopt(fd, IPPROTO_UDP, UDP_NO_CHECK6_RX, &one, sizeof one);
+  } else {
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  }
+}
+
 int UdpEndpoint::bind(const std::string& addr, uint16_t port) {
   if (!parse(addr, port, &local_)) return EINVAL;
   fd_ = socket(local_.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd_ < 0) return errno;
-  // Never IP-fragment: DF on every IPv4 datagram (and IP ID 0, which the
-  // ICRC covers); no fragmentation on IPv6 either.
-  if (local_.v6()) {
-    int pmtu = IPV6_PMTUDISC_DO;
-    setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  } else {
-    int pmtu = IP_PMTUDISC_DO;
-    setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  }
+  set_roce_socket_options(fd_, local_.ss.ss_family);
   if (::bind(fd_, local_.sa(), local_.len()) != 0) return errno;
   socklen_t len = sizeof local_.ss;
   getsockname(fd_, reinterpret_cast<sockaddr*>(&local_.ss), &len);

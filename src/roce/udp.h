@@ -42,6 +42,15 @@ struct UdpEndpointStats {
            fault_duplicated = 0, nonzero_ipv4_id = 0, gso_sends = 0;
 };
 
+// Socket options every RoCEv2 UDP socket of `family` (AF_INET, AF_INET6)
+// takes, set once here for the daemon's port, the CM gateway and the
+// endpoint: never IP-fragmented (DF; on IPv4 that also keeps the IP ID 0,
+// which the ICRC covers); IPv6 only on an IPv6 socket; and on IPv6, accept
+// datagrams whose UDP checksum is zero. Linux rxe sends its IPv6 datagrams
+// so (RFC 6935/6936 allow it for tunnels; the ICRC covers the payload), and
+// the kernel drops them on a socket without UDP_NO_CHECK6_RX.
+void set_roce_socket_options(int fd, int family);
+
 class UdpEndpoint : public PacketSink {
  public:
   explicit UdpEndpoint(Clock& clock, FaultConfig faults = {});

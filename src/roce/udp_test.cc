@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -322,6 +323,61 @@ TEST(UdpEndpoint, Ipv4IcrcOverANonZeroIpId) {
     EXPECT_EQ(mem.writes, any ? 2u : 1u);
     EXPECT_EQ(mem.bytes(key)[0], 8);
   }
+}
+
+// Linux rxe sends its IPv6 datagrams with a UDP checksum of zero; the kernel
+// drops those on a socket without UDP_NO_CHECK6_RX (set_roce_socket_options).
+// A sender with UDP_NO_CHECK6_TX sends them so on loopback.
+TEST(UdpEndpoint, Ipv6DatagramsWithAZeroUdpChecksumArrive) {
+  SteadyClock clock;
+  UdpEndpoint ep(clock);
+  if (ep.bind("::1", 0) != 0) GTEST_SKIP() << "no IPv6 loopback";
+  TestMemory mem;
+  Cq cq;
+  QpConfig c;
+  c.qpn = 0x66;
+  c.access = kRemoteWrite;
+  uint32_t key = mem.add(0x6000, 64, kRemoteWrite);
+  Qp qp(c, ep, cq, mem, clock);
+  ep.attach(&qp);
+
+  int s = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(s, 0);
+  int one = 1;
+  ASSERT_EQ(setsockopt(s, IPPROTO_UDP, UDP_NO_CHECK6_TX, &one, sizeof one), 0);
+  sockaddr_in6 me{};
+  me.sin6_family = AF_INET6;
+  me.sin6_addr = in6addr_loopback;
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&me), sizeof me), 0);
+  socklen_t ml = sizeof me;
+  getsockname(s, reinterpret_cast<sockaddr*>(&me), &ml);
+
+  Packet p;
+  p.bth.opcode = op::kWriteOnly;
+  p.bth.dest_qp = 0x66;
+  p.reth = Reth{0x6000, key, 4};
+  const uint8_t data[4] = {5, 6, 7, 8};
+  p.payload = data;
+  std::vector<uint8_t> t(packet_size(p));
+  build_packet(p, t);
+  Ipv6Udp h;
+  std::memcpy(h.src.data(), &in6addr_loopback, 16);
+  std::memcpy(h.dst.data(), &in6addr_loopback, 16);
+  h.sport = ntohs(me.sin6_port);
+  h.dport = ep.port();
+  std::vector<uint8_t> ip(kIpv6UdpLen + t.size() + 4);
+  ASSERT_GT(frame_ipv6(h, t, ip), 0u);
+  sockaddr_in6 to = me;
+  to.sin6_port = htons(ep.port());
+  ASSERT_EQ(sendto(s, ip.data() + kIpv6UdpLen, ip.size() - kIpv6UdpLen, 0, reinterpret_cast<sockaddr*>(&to),
+                   sizeof to),
+            ssize_t(ip.size() - kIpv6UdpLen));
+  for (int i = 0; i < 50 && mem.writes == 0; i++) ep.poll(10);
+  close(s);
+  EXPECT_EQ(ep.stats().received, 1u);
+  EXPECT_EQ(ep.stats().bad_icrc, 0u);
+  ASSERT_EQ(mem.writes, 1u);
+  EXPECT_EQ(mem.bytes(key)[3], 8);
 }
 
 }  // namespace

@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# roce.rxe: softverbs against Linux rxe over RoCEv2 (docs/ROCE.md,
+# "Interoperating with Linux rxe"). The rxe side is a Debian 12 guest under
+# qemu (scripts/rxe-peer.sh) with its own kernel's rdma_rxe on its eth0; the
+# softverbs side is a daemon owning UDP 4791 in the namespace at the other
+# end of the guest's tap. Debian's unmodified ibv_*_pingpong and perftest
+# programs run in both: Debian's libibverbs + rxe in the guest, ours here.
+#
+# Each case is a server on one side and a client on the other; the two
+# sides run their halves of the cases in the same order (a client retries
+# until its server listens), so one boot of the guest runs them all. One
+# case is captured on the tap and every frame, rxe's and ours, has its ICRC
+# checked by independent code and is decoded by tshark.
+#
+#   rxe_test.sh SOURCE_DIR BIN_DIR
+# RXE_CASES="NAME..." runs only those cases (and mw), RXE_CAPTURE=NAME
+# captures that one instead of rc, RXE_KEEP=1 keeps the logs.
+# Exit 0 pass, 1 fail, 77 skip: not root, no qemu, or no guest built
+# (scripts/rxe-peer.sh image: it needs Debian's mirror and a few minutes,
+# so the suite does not build it itself).
+set -u
+src=$1 bin=$2
+peer=$src/scripts/rxe-peer.sh
+SKIP=77
+log() { printf '%s\n' "$*" >&2; }
+[ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
+command -v qemu-system-x86_64 >/dev/null || { log "SKIP: no qemu-system-x86_64 (scripts/deps.sh rxe)"; exit $SKIP; }
+"$peer" ready || { log "SKIP: no rxe guest built (scripts/rxe-peer.sh image)"; exit $SKIP; }
+for p in softverbs softverbsd mw_wire_peer; do [ -x "$bin/$p" ] || { log "missing $bin/$p"; exit 1; }; done
+export SOFTVERBS_TESTBED=svx$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
+N=$SOFTVERBS_TESTBED_NET
+HOST4=10.77.$N.1 GUEST4=10.77.$N.2
+work=$(mktemp -d "${TMPDIR:-/tmp}/svrxe.XXXXXX") || exit 1
+chmod 711 "$work"
+share=$work/share
+mkdir -m 777 "$share"
+pids=()
+failures=0
+fail() { log "FAIL: $*"; failures=$((failures + 1)); }
+
+cleanup() {
+  local rc=$? p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  [ -s "$share/qemu.pid" ] && kill "$(cat "$share/qemu.pid")" 2>/dev/null
+  sleep 0.2
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne $SKIP ]; then
+    for p in "$work/daemon.log" "$share/guest.log"; do [ -s "$p" ] && { log "--- $p"; tail -40 "$p" >&2; }; done
+  fi
+  "$peer" down 2>/dev/null
+  if [ -n "${RXE_KEEP:-}" ]; then log "kept $work"; else rm -rf "$work"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+
+"$peer" up || { log "SKIP: the namespace and tap cannot be created"; exit $SKIP; }
+command -v tshark >/dev/null && capture=1 || capture=0
+# Captured frames as the wire carries them: our UDP GSO sends cut by the
+# kernel before the tap (as wire_test.sh's capture case does on its veths).
+"$peer" exec /usr/bin/python3 "$src/scripts/netdev_feature.py" tap0 tx-udp-segmentation off 2>/dev/null || true
+mkdir -m 700 "$work/sv"
+SOFTVERBS_ROCE=1 "$peer" exec "$bin/softverbsd" --foreground --idle 0 --dir "$work/sv" 2>"$work/daemon.log" &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$work/sv/control" ] && break; sleep 0.05; done
+[ -S "$work/sv/control" ] || { log "softverbsd did not come up"; exit 1; }
+
+# The cases: NAME SERVER(host|guest) PORT COMMAND. @G4@/@G6@ become the side's
+# own GID index of its IPv4/IPv6 address, @DEV@ the guest's "-d rxe0"; the
+# client adds the server's address. --chk: the pingpongs compare every
+# byte received; perftest's programs count completions.
+cases=(
+  "rc host 18601 ibv_rc_pingpong @DEV@ -p 18601 -g @G4@ -n 200 -s 4096 --chk"
+  "rc_rxe_serves guest 18602 ibv_rc_pingpong @DEV@ -p 18602 -g @G4@ -n 200 -s 8192 --chk"
+  "rc6 host 18603 ibv_rc_pingpong @DEV@ -p 18603 -g @G6@ -n 100 -s 4096 --chk"
+  "uc guest 18604 ibv_uc_pingpong @DEV@ -p 18604 -g @G4@ -n 200 -s 1024 --chk"
+  "ud host 18605 ibv_ud_pingpong @DEV@ -p 18605 -g @G4@ -n 200 -s 512 --chk"
+  "srq guest 18606 ibv_srq_pingpong @DEV@ -p 18606 -g @G4@ -n 100 -q 4 -s 2048 --chk"
+  "write_bw host 18607 ib_write_bw @DEV@ -p 18607 -x @G4@ -F -s 65536 -n 200"
+  "read_bw guest 18608 ib_read_bw @DEV@ -p 18608 -x @G4@ -F -s 65536 -n 200"
+  "send_bw host 18609 ib_send_bw @DEV@ -p 18609 -x @G4@ -F -s 65536 -n 200"
+  "atomic_fadd guest 18610 ib_atomic_bw @DEV@ -p 18610 -x @G4@ -F -A FETCH_AND_ADD -n 500"
+  "atomic_cas host 18611 ib_atomic_bw @DEV@ -p 18611 -x @G4@ -F -A CMP_AND_SWAP -n 500"
+  "write_lat guest 18612 ib_write_lat @DEV@ -p 18612 -x @G4@ -F -s 8 -n 500"
+  "read_lat host 18613 ib_read_lat @DEV@ -p 18613 -x @G4@ -F -s 8 -n 500"
+  "send_lat guest 18614 ib_send_lat @DEV@ -p 18614 -x @G4@ -F -s 8 -n 500"
+  "write_bw_uc host 18615 ib_write_bw @DEV@ -p 18615 -x @G4@ -F -c UC -s 65536 -n 200"
+  "send_bw_ud guest 18616 ib_send_bw @DEV@ -p 18616 -x @G4@ -F -c UD -s 1024 -n 500"
+  "write_bw6 guest 18617 ib_write_bw @DEV@ -p 18617 -x @G6@ -F -s 65536 -n 200"
+)
+CAPTURED=${RXE_CAPTURE:-rc}
+# RXE_CASES="rc rc6 ...": run only these (while debugging one).
+if [ -n "${RXE_CASES:-}" ]; then
+  keep=()
+  for c in "${cases[@]}"; do [[ " $RXE_CASES " == *" ${c%% *} "* ]] && keep+=("$c"); done
+  cases=("${keep[@]}")
+fi
+
+# The shell functions both sides run (the guest's is /bin/sh: POSIX only).
+# run_side NAME ROLE SERVER_ADDR CMD: CMD as server, or as client (retried
+# while it "Couldn't connect"), its output in $OUT/NAME.log, exit code in .rc.
+side_lib() {
+  cat <<'EOF'
+run_side() {
+  name=$1 role=$2 addr=$3
+  shift 3
+  i=0
+  while :; do
+    if [ "$role" = client ]; then
+      $WRAP timeout -k 5 ${RXE_TIMEOUT:-120} "$@" "$addr" >"$OUT/$name.log" 2>&1
+    else
+      $WRAP timeout -k 5 ${RXE_TIMEOUT:-120} "$@" >"$OUT/$name.log" 2>&1
+    fi
+    rc=$?
+    [ "$role" = client ] && [ $rc -ne 0 ] && grep -q "Couldn't connect" "$OUT/$name.log" &&
+      [ $i -lt 240 ] || break
+    i=$((i + 1))
+    sleep 0.5
+  done
+  echo $rc >"$OUT/$name.rc"
+}
+EOF
+}
+
+# subst SIDE CMD: the side's GID indices and device in CMD.
+subst() {
+  local c=$2
+  if [ "$1" = guest ]; then
+    c=${c//@DEV@/-d rxe0}
+    c=${c//@G4@/\$G4}
+    c=${c//@G6@/\$G6}
+  else
+    c=${c//@DEV@ /}
+    c=${c//@G4@/$HG4}
+    c=${c//@G6@/$HG6}
+  fi
+  echo "$c"
+}
+
+# Our GID indices: from ibv_devinfo on softverbs, as a user would find them.
+on_sv() {
+  SOFTVERBS_DIR=$work/sv SOFTVERBS_NO_SPAWN=1 SOFTVERBS_ROCE_STATS=1 "$peer" exec "$bin/softverbs" run -- "$@"
+}
+gid_of() { on_sv ibv_devinfo -v | grep -F "$1, RoCE v2" | sed -n 's/.*GID\[ *\([0-9]*\)\].*/\1/p' | head -1; }
+HG4=$(gid_of "::ffff:$HOST4")
+HG6=$(gid_of "fd77:0:0:$N::1")
+[ -n "$HG4" ] && [ -n "$HG6" ] || { log "no RoCE v2 GID for $HOST4 / fd77:0:0:$N::1 in ibv_devinfo"; on_sv ibv_devinfo -v >&2; exit 1; }
+
+# The guest's script: its GID indices (from ibv_devinfo, as ours), then its halves.
+{
+  echo "OUT=/share WRAP="
+  side_lib
+  cat <<EOF
+gid() { ibv_devinfo -v -d rxe0 | grep -F "\$1, RoCE v2" | sed -n 's/.*GID\\[ *\\([0-9]*\\)\\].*/\\1/p' | head -1; }
+G4=\$(gid ::ffff:$GUEST4)
+G6=\$(gid fd77:0:0:$N::2)
+echo "rxe0 GID indices: IPv4 \$G4, IPv6 \$G6"
+ibv_devinfo -v -d rxe0 | grep -E 'GID|active_mtu'
+EOF
+  for c in "${cases[@]}"; do
+    read -r name server port cmd <<<"$c"
+    role=client
+    [ "$server" = guest ] && role=server
+    echo "echo '== $name'; run_side $name $role $HOST4 $(subst guest "$cmd")"
+  done
+  # The memory-window peer (tests/roce/mw_wire_peer.cc) on Debian's
+  # libibverbs: a type 2 window of rxe's, written, read and invalidated by us.
+  echo "echo '== mw'; cp /share/mw_wire_peer /tmp/"
+  echo 'timeout -k 5 120 /tmp/mw_wire_peer server /share/mwdir >/share/mw.log 2>&1; echo $? >/share/mw.rc'
+} >"$share/guest.sh"
+cp "$bin/mw_wire_peer" "$share/"
+mkdir -m 777 "$share/mwdir"
+
+log "booting the rxe guest (qemu, ${SOFTVERBS_RXE_ACCEL:-tcg}) ..."
+"$peer" boot "$share" &
+guest=$!
+pids+=($guest)
+
+eval "$(side_lib)"
+OUT=$work WRAP=on_sv
+for c in "${cases[@]}"; do
+  read -r name server port cmd <<<"$c"
+  role=server
+  [ "$server" = guest ] && role=client
+  if [ "$name" = "$CAPTURED" ] && [ $capture -eq 1 ]; then
+    "$peer" exec tshark -q -i tap0 -F pcap -f "udp port 4791" -w "$work/rxe.pcap" 2>"$work/tshark.log" &
+    cap=$!
+    pids+=($cap)
+    for _ in $(seq 100); do grep -q "Capturing on" "$work/tshark.log" 2>/dev/null && break; sleep 0.1; done
+  fi
+  # shellcheck disable=SC2046
+  run_side "$name" "$role" "$GUEST4" $(subst host "$cmd")
+  log "$name: softverbs $role exit $(cat "$work/$name.rc")"
+  if [ "$name" = "$CAPTURED" ] && [ $capture -eq 1 ]; then
+    sleep 0.5
+    kill $cap 2>/dev/null
+    wait $cap 2>/dev/null
+  fi
+done
+# mw: the guest serves; our client meets it through the shared folder,
+# once the guest has reached it (mw_wire_peer waits 30 s for a file).
+for _ in $(seq 400); do [ -s "$share/mwdir/server.qp" ] && break; kill -0 $guest 2>/dev/null || break; sleep 0.5; done
+on_sv timeout -k 5 150 "$bin/mw_wire_peer" client "$share/mwdir" >"$work/mw.log" 2>&1
+echo $? >"$work/mw.rc"
+log "mw: softverbs client exit $(cat "$work/mw.rc")"
+
+wait $guest || fail "the guest did not finish its script"
+pids=("${pids[@]/$guest/}")
+cat "$share/guest.log" >&2
+
+# check NAME [SERVER]: both halves exited 0, said what the program says on
+# success (perftest's READ latency test reports on its client only),
+# reported no error, and our QP went over the wire with a clean ICRC.
+check() {
+  local name=$1 server=${2:-} side f
+  for side in host guest; do
+    f=$work/$name.log
+    [ $side = guest ] && f=$share/$name.log
+    if [ "$(cat "${f%.log}.rc" 2>/dev/null)" != 0 ]; then
+      fail "$name: $side side exit $(cat "${f%.log}.rc" 2>/dev/null)"
+      log "----- $name on the $side:"
+      cat "$f" >&2 2>/dev/null
+      continue
+    fi
+    case $name in
+      mw) ;;
+      rc* | uc | ud | srq)
+        grep -Eq "^[0-9]+ iters in [0-9.]+ seconds = [0-9.]+ usec/iter$" "$f" || fail "$name $side: no 'iters in' line"
+        grep -qi 'invalid\|fail\|error\|couldn' "$f" && fail "$name $side: reported an error" ;;
+      read_lat)
+        [ $side = "$server" ] || grep -Eq '^ *[0-9]+ +[0-9]+ +[0-9.]+' "$f" || fail "$name $side: no result line"
+        grep -qi 'error\|fail\|couldn' "$f" && fail "$name $side: reported an error" ;;
+      *)
+        grep -Eq '^ *[0-9]+ +[0-9]+ +[0-9.]+' "$f" || fail "$name $side: no result line"
+        grep -qi 'error\|fail\|couldn' "$f" && fail "$name $side: reported an error" ;;
+    esac
+    if [ $side = host ]; then
+      grep -q "softverbs roce: qp" "$f" || fail "$name: our QP was not on the wire"
+      grep -o "bad_icrc [0-9]*" "$f" | grep -qv "bad_icrc 0$" && fail "$name: datagrams from rxe with a bad ICRC"
+    fi
+  done
+}
+for c in "${cases[@]}"; do
+  read -r name server _ <<<"$c"
+  check "$name" "$server"
+done
+check mw
+# rxe's IPv4 packets carry a non-zero IP ID (docs/ROCE.md): seen and accepted.
+if [ -f "$work/rc.log" ]; then
+  ids=$(grep -ho "nonzero_ipv4_id [0-9]*" "$work"/rc.log | awk '{s += $2} END {print s + 0}')
+  log "rc: $ids datagrams from rxe with a non-zero IPv4 ID accepted"
+  [ "$ids" -gt 0 ] || fail "rc: no datagram with a non-zero IPv4 ID: was rxe really the peer?"
+fi
+
+if [ $capture -eq 1 ] && [ -f "$work/rxe.pcap" ]; then
+  # SEND First/Middle/Last, ACK; rxe's frames and ours.
+  /usr/bin/python3 "$src/tests/roce/check_capture.py" --verify-pcap "$work/rxe.pcap" 0x00,0x01,0x02,0x11 ||
+    fail "capture: check_capture.py"
+  srcs=$(tshark -r "$work/rxe.pcap" -T fields -e ip.src 2>/dev/null | sort -u | tr '\n' ' ')
+  log "capture: frames from $srcs"
+  [[ "$srcs" == *"$HOST4"* && "$srcs" == *"$GUEST4"* ]] || fail "capture: not both sides' frames"
+fi
+if [ $failures -ne 0 ]; then
+  log "$failures check(s) failed"
+  exit 1
+fi
+log "all ${#cases[@]} cases and mw passed against rxe"
+exit 0
