@@ -65,28 +65,28 @@ pids+=($!)
 for _ in $(seq 100); do [ -S "$work/sv/control" ] && break; sleep 0.05; done
 [ -S "$work/sv/control" ] || { log "softverbsd did not come up"; exit 1; }
 
-# The cases: NAME SERVER(host|guest) PORT COMMAND. @G4@/@G6@ become the side's
+# The cases: NAME SERVER(host|guest) COMMAND (each on its own -p port). @G4@/@G6@ become the side's
 # own GID index of its IPv4/IPv6 address, @DEV@ the guest's "-d rxe0"; the
 # client adds the server's address. --chk: the pingpongs compare every
 # byte received; perftest's programs count completions.
 cases=(
-  "rc host 18601 ibv_rc_pingpong @DEV@ -p 18601 -g @G4@ -n 200 -s 4096 --chk"
-  "rc_rxe_serves guest 18602 ibv_rc_pingpong @DEV@ -p 18602 -g @G4@ -n 200 -s 8192 --chk"
-  "rc6 host 18603 ibv_rc_pingpong @DEV@ -p 18603 -g @G6@ -n 100 -s 4096 --chk"
-  "uc guest 18604 ibv_uc_pingpong @DEV@ -p 18604 -g @G4@ -n 200 -s 1024 --chk"
-  "ud host 18605 ibv_ud_pingpong @DEV@ -p 18605 -g @G4@ -n 200 -s 512 --chk"
-  "srq guest 18606 ibv_srq_pingpong @DEV@ -p 18606 -g @G4@ -n 100 -q 4 -s 2048 --chk"
-  "write_bw host 18607 ib_write_bw @DEV@ -p 18607 -x @G4@ -F -s 65536 -n 200"
-  "read_bw guest 18608 ib_read_bw @DEV@ -p 18608 -x @G4@ -F -s 65536 -n 200"
-  "send_bw host 18609 ib_send_bw @DEV@ -p 18609 -x @G4@ -F -s 65536 -n 200"
-  "atomic_fadd guest 18610 ib_atomic_bw @DEV@ -p 18610 -x @G4@ -F -A FETCH_AND_ADD -n 500"
-  "atomic_cas host 18611 ib_atomic_bw @DEV@ -p 18611 -x @G4@ -F -A CMP_AND_SWAP -n 500"
-  "write_lat guest 18612 ib_write_lat @DEV@ -p 18612 -x @G4@ -F -s 8 -n 500"
-  "read_lat host 18613 ib_read_lat @DEV@ -p 18613 -x @G4@ -F -s 8 -n 500"
-  "send_lat guest 18614 ib_send_lat @DEV@ -p 18614 -x @G4@ -F -s 8 -n 500"
-  "write_bw_uc host 18615 ib_write_bw @DEV@ -p 18615 -x @G4@ -F -c UC -s 65536 -n 200"
-  "send_bw_ud guest 18616 ib_send_bw @DEV@ -p 18616 -x @G4@ -F -c UD -s 1024 -n 500"
-  "write_bw6 guest 18617 ib_write_bw @DEV@ -p 18617 -x @G6@ -F -s 65536 -n 200"
+  "rc host ibv_rc_pingpong @DEV@ -p 18601 -g @G4@ -n 200 -s 4096 --chk"
+  "rc_rxe_serves guest ibv_rc_pingpong @DEV@ -p 18602 -g @G4@ -n 200 -s 8192 --chk"
+  "rc6 host ibv_rc_pingpong @DEV@ -p 18603 -g @G6@ -n 100 -s 4096 --chk"
+  "uc guest ibv_uc_pingpong @DEV@ -p 18604 -g @G4@ -n 200 -s 1024 --chk"
+  "ud host ibv_ud_pingpong @DEV@ -p 18605 -g @G4@ -n 200 -s 512 --chk"
+  "srq guest ibv_srq_pingpong @DEV@ -p 18606 -g @G4@ -n 100 -q 4 -s 2048 --chk"
+  "write_bw host ib_write_bw @DEV@ -p 18607 -x @G4@ -F -s 65536 -n 200"
+  "read_bw guest ib_read_bw @DEV@ -p 18608 -x @G4@ -F -s 65536 -n 200"
+  "send_bw host ib_send_bw @DEV@ -p 18609 -x @G4@ -F -s 65536 -n 200"
+  "atomic_fadd guest ib_atomic_bw @DEV@ -p 18610 -x @G4@ -F -A FETCH_AND_ADD -n 500"
+  "atomic_cas host ib_atomic_bw @DEV@ -p 18611 -x @G4@ -F -A CMP_AND_SWAP -n 500"
+  "write_lat guest ib_write_lat @DEV@ -p 18612 -x @G4@ -F -s 8 -n 500"
+  "read_lat host ib_read_lat @DEV@ -p 18613 -x @G4@ -F -s 8 -n 500"
+  "send_lat guest ib_send_lat @DEV@ -p 18614 -x @G4@ -F -s 8 -n 500"
+  "write_bw_uc host ib_write_bw @DEV@ -p 18615 -x @G4@ -F -c UC -s 65536 -n 200"
+  "send_bw_ud guest ib_send_bw @DEV@ -p 18616 -x @G4@ -F -c UD -s 1024 -n 500"
+  "write_bw6 guest ib_write_bw @DEV@ -p 18617 -x @G6@ -F -s 65536 -n 200"
 )
 CAPTURED=${RXE_CAPTURE:-rc}
 # RXE_CASES="rc rc6 ...": run only these (while debugging one).
@@ -158,7 +158,7 @@ echo "rxe0 GID indices: IPv4 \$G4, IPv6 \$G6"
 ibv_devinfo -v -d rxe0 | grep -E 'GID|active_mtu'
 EOF
   for c in "${cases[@]}"; do
-    read -r name server port cmd <<<"$c"
+    read -r name server cmd <<<"$c"
     role=client
     [ "$server" = guest ] && role=server
     echo "echo '== $name'; run_side $name $role $HOST4 $(subst guest "$cmd")"
@@ -179,7 +179,7 @@ pids+=($guest)
 eval "$(side_lib)"
 OUT=$work WRAP=on_sv
 for c in "${cases[@]}"; do
-  read -r name server port cmd <<<"$c"
+  read -r name server cmd <<<"$c"
   role=server
   [ "$server" = guest ] && role=client
   if [ "$name" = "$CAPTURED" ] && [ $capture -eq 1 ]; then
