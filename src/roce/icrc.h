@@ -25,6 +25,12 @@ namespace sv::roce {
 uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> data);
 // The same with tables only (no carry-less multiplication): for tests.
 uint32_t crc32_update_tables(uint32_t crc, std::span<const uint8_t> data);
+// The same with one kernel of the CPU's, for tests and benchmarks:
+// crc32_update picks, by the CPU and the length, carry-less multiplication
+// on 512-bit registers (AVX-512 VPCLMULQDQ, from 256 bytes on), on 128-bit
+// ones (PCLMULQDQ), or tables. nullopt if this CPU has not got `kernel`.
+enum class CrcKernel { kTables, kClmul128, kClmul512 };
+std::optional<uint32_t> crc32_update_with(CrcKernel kernel, uint32_t crc, std::span<const uint8_t> data);
 
 // The ICRC of an IP datagram (IPv4 or IPv6, by its version nibble) carrying
 // UDP then a transport packet, `ip` ending just before the ICRC. nullopt if
