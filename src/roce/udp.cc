@@ -399,8 +399,14 @@ void UdpEndpoint::flush_delayed(bool all) {
 // whatever the rest of the datagram holds. The 16 per-bit differences are
 // computed once per length, on a datagram of zeros.
 const std::array<uint32_t, 16>& UdpEndpoint::id_deltas(size_t total) {
+  // A GSO send or GRO train repeats one length: the last one found first.
+  if (total == last_id_total_) return *last_id_deltas_;
   auto it = id_deltas_.find(total);
-  if (it != id_deltas_.end()) return it->second;
+  if (it != id_deltas_.end()) {
+    last_id_total_ = total;
+    last_id_deltas_ = &it->second;
+    return it->second;
+  }
   std::vector<uint8_t> f(total, 0);
   std::array<uint32_t, 16> d{};
   if (total >= kIpv4UdpLen + kBthLen + kIcrcLen) {
@@ -414,15 +420,15 @@ const std::array<uint32_t, 16>& UdpEndpoint::id_deltas(size_t total) {
     }
   }
   if (id_deltas_.size() > 4096) id_deltas_.clear();
-  return id_deltas_.emplace(total, d).first->second;
+  last_id_total_ = total;
+  last_id_deltas_ = &id_deltas_.emplace(total, d).first->second;
+  return *last_id_deltas_;
 }
 
 uint32_t UdpEndpoint::id_delta(size_t total, uint16_t id) {
   const auto& d = id_deltas(total);
   uint32_t x = 0;
-  for (int b = 0; b < 16; b++) {
-    if (id >> b & 1) x ^= d[b];
-  }
+  for (unsigned bits = id; bits; bits &= bits - 1) x ^= d[size_t(__builtin_ctz(bits))];
   return x;
 }
 

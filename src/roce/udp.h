@@ -209,6 +209,8 @@ class UdpEndpoint : public PacketSink {
   bool any_ipv4_id_ = false;
   // Per IPv4 datagram length: how each bit of the IP ID changes the ICRC.
   std::map<size_t, std::array<uint32_t, 16>> id_deltas_;
+  size_t last_id_total_ = 0;  // 0: none (no datagram is that short)
+  const std::array<uint32_t, 16>* last_id_deltas_ = nullptr;
 };
 
 }  // namespace sv::roce
