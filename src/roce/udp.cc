@@ -219,8 +219,8 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
 }
 
 void UdpEndpoint::ensure_batch() {
-  if (!txbuf_.empty()) return;
-  txbuf_.resize(kTxBatch * kTxSlot);
+  if (txbuf_) return;
+  txbuf_.reset(new uint8_t[kTxBatch * kTxSlot]);
   txmsg_.resize(kTxBatch);
   txd_.resize(kTxBatch);
   txiov_.resize(kTxBatch * kIovPerDatagram);
@@ -251,7 +251,7 @@ void UdpEndpoint::send_gather(uint64_t ah, std::span<const uint8_t> headers,
   ensure_batch();
   // The slot holds the headers, then the pad and the ICRC; the payload's
   // iovecs point at its pieces in between.
-  uint8_t* slot = txbuf_.data() + size_t(tx_n_) * kTxSlot;
+  uint8_t* slot = txbuf_.get() + size_t(tx_n_) * kTxSlot;
   std::memcpy(slot, headers.data(), headers.size());
   uint8_t* tail = slot + headers.size();
   std::memset(tail, 0, pad);
@@ -270,7 +270,7 @@ void UdpEndpoint::send_gather(uint64_t ah, std::span<const uint8_t> headers,
 void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b) {
   if (batching_ && a.size() + b.size() <= kTxSlot && a.size() + b.size() >= kBthLen) {
     ensure_batch();
-    uint8_t* p = txbuf_.data() + size_t(tx_n_) * kTxSlot;
+    uint8_t* p = txbuf_.get() + size_t(tx_n_) * kTxSlot;
     std::memcpy(p, a.data(), a.size());
     if (!b.empty()) std::memcpy(p + a.size(), b.data(), b.size());
     const size_t len = a.size() + b.size();
