@@ -138,22 +138,44 @@ __attribute__((target("pclmul,sse2"))) inline uint32_t reduce128(__m128i x) {
   return uint32_t(_mm_cvtsi128_si32(_mm_srli_si128(_mm_xor_si128(x, t), 4)));
 }
 
-// One lane folded over the n < 64 bytes left, then reduced; the tail by table.
-__attribute__((target("pclmul,sse2"))) inline uint32_t finish_lane(__m128i x, const uint8_t* p, size_t n) {
+// pshufb masks for byte shifts by r (0..15): 16 + r gives "down by r"
+// (byte j <- j + r, zero beyond), r gives "up by 16 - r" (byte j <- j - 16 +
+// r, zero below); 0x80 makes pshufb write a zero and selects in blendv.
+alignas(16) constexpr uint8_t kShiftMasks[48] = {
+    0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+    0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80};
+
+// One lane folded over the n < 64 bytes left, then reduced. A tail of
+// r = 1..15 bytes, when the 16 bytes ending with it may be read (`look_back`:
+// they lie in the same buffer), is folded too (the white paper's partial
+// block): lane x then the tail are, as a stream, the 16 - r zero bytes that
+// lead every lane, x, the tail; its last 32 bytes are W1 = x moved up by
+// 16 - r bytes and W2 = x's last 16 - r bytes then the tail, and W1 folds
+// onto W2. Otherwise the tail goes through the tables.
+__attribute__((target("pclmul,sse4.1,ssse3,sse2"))) inline uint32_t finish_lane(__m128i x, const uint8_t* p, size_t n,
+                                                                               bool look_back) {
   const __m128i k128 = _mm_set_epi64x(SV_FOLD_PAIR(128));
   while (n >= 16) {
     x = fold(x, k128, load(p));
     p += 16;
     n -= 16;
   }
-  return crc32_slice16(reduce128(x), p, n);
+  if (n == 0) return reduce128(x);
+  if (!look_back) return crc32_slice16(reduce128(x), p, n);
+  const __m128i down = load(kShiftMasks + 16 + n), up = load(kShiftMasks + n);
+  const __m128i w1 = _mm_shuffle_epi8(x, up);
+  const __m128i w2 = _mm_blendv_epi8(load(p + n - 16), _mm_shuffle_epi8(x, down), up);
+  return reduce128(fold(w1, k128, w2));
 }
 
 // `first`: the first 16 bytes, the state already xored into them; then the
 // n bytes at p. Four lanes from 64 bytes on; shorter data (the masked
 // headers of every packet) keeps to one.
-__attribute__((target("pclmul,sse2"))) uint32_t crc32_folded_lane_sse(__m128i first, const uint8_t* p, size_t n) {
+__attribute__((target("pclmul,sse4.1,ssse3,sse2"))) uint32_t crc32_folded_lane_sse(__m128i first, const uint8_t* p,
+                                                                                  size_t n) {
   const __m128i k128 = _mm_set_epi64x(SV_FOLD_PAIR(128));
+  const size_t all = n;
   __m128i x3 = first;
   if (n >= 48) {
     __m128i x0 = x3, x1 = load(p), x2 = load(p + 16);
@@ -173,14 +195,14 @@ __attribute__((target("pclmul,sse2"))) uint32_t crc32_folded_lane_sse(__m128i fi
     x2 = fold(x1, k128, x2);
     x3 = fold(x2, k128, x3);
   }
-  return finish_lane(x3, p, n);
+  return finish_lane(x3, p, n, all >= 16);
 }
 
 // The same with VPCLMULQDQ on 512-bit registers (Ice Lake and later): four
 // registers of four lanes fold 256 bytes per step, a quarter of the steps of
 // the 128-bit loop, whose latency chain bounds it. n >= 240 (256 bytes with
 // `first`).
-#define SV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,vpclmulqdq,pclmul,sse2")))
+#define SV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,vpclmulqdq,pclmul,sse4.1,ssse3,sse2")))
 SV_AVX512 inline __m512i fold512(__m512i x, __m512i k, __m512i next) {
   // 0x96: a ^ b ^ c in one instruction.
   return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11), next,
@@ -231,11 +253,12 @@ SV_AVX512 uint32_t crc32_folded_lane_avx512(__m128i first, const uint8_t* p, siz
   // on a tail call, and SSE instructions after dirty 512-bit state cost
   // about 300 ns per packet here.
   _mm256_zeroupper();
-  return finish_lane(one, p, n);
+  return finish_lane(one, p, n, true);  // 240 bytes or more lie behind
 }
 
 bool have_pclmul() {
-  static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse2");
+  static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1") &&
+                          __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("sse2");
   return yes;
 }
 bool have_vpclmul512() {
