@@ -264,7 +264,8 @@ void UdpEndpoint::send_gather(uint64_t ah, std::span<const uint8_t> headers,
   }
   txiov_[tx_iov_n_++] = {tail, pad + kIcrcLen};
   d.iov_count = tx_iov_n_ - d.iov_first;
-  if (++tx_n_ == kTxBatch) flush_tx();
+  tx_bytes_ += d.len;
+  if (++tx_n_ == kTxBatch || tx_bytes_ >= kTxBatchBytes) flush_tx();
 }
 
 void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b) {
@@ -276,7 +277,8 @@ void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> a, std::span<co
     const size_t len = a.size() + b.size();
     txd_[size_t(tx_n_)] = TxDatagram{ah, tx_iov_n_, 1, uint32_t(len), get_be24(p + 5), p + len - kIcrcLen};
     txiov_[tx_iov_n_++] = {p, len};
-    if (++tx_n_ == kTxBatch) flush_tx();
+    tx_bytes_ += len;
+    if (++tx_n_ == kTxBatch || tx_bytes_ >= kTxBatchBytes) flush_tx();
     return;
   }
   flush_tx();  // keep the order
@@ -383,6 +385,7 @@ void UdpEndpoint::flush_tx() {
   }
   tx_n_ = 0;
   tx_iov_n_ = 0;
+  tx_bytes_ = 0;
 }
 
 void UdpEndpoint::flush_delayed(bool all) {

@@ -116,6 +116,12 @@ class UdpEndpoint : public PacketSink {
   // datagrams of 1040 bytes, 31 per send on average: the kernel's cost per
   // send made that 25-30 % dearer than 62 per send).
   static constexpr int kTxBatch = 256;
+  // And at most about 256 KiB a batch (64 datagrams at path MTU 4096): one
+  // sendmmsg must fit in the socket's send buffer, which is net.core.wmem_max
+  // (about 416 KiB as the kernel counts it) for a daemon without
+  // CAP_NET_ADMIN; behind a NIC whose ring is full, the rest of a larger
+  // batch would be lost (EAGAIN) and wait out a retransmission timeout.
+  static constexpr size_t kTxBatchBytes = 256 * 1024;
 
   // IPv4 peers that send a non-zero IP ID with DF (Linux rxe: every packet)
   // compute their ICRC over that ID, which a UDP socket cannot see. When
@@ -213,6 +219,7 @@ class UdpEndpoint : public PacketSink {
   static constexpr int kMaxGsoSegments = 64;
   static constexpr size_t kMaxGsoBytes = 65000;  // UDP payload of one IPv4 datagram, with room
   int tx_n_ = 0;
+  size_t tx_bytes_ = 0;  // UDP payload bytes in the batch
   UdpEndpointStats stats_;
   bool any_ipv4_id_ = false;
   // Per IPv4 datagram length: how each bit of the IP ID changes the ICRC.
