@@ -153,6 +153,7 @@ for ax, (title, pairs, unit) in zip(axes, [("bandwidth", [(0, "RoCEv2 64 KiB"), 
         ax.plot(list(x), [v if v is not None else float("nan") for v in cols[c]], marker="o", label=name)
     ax.set_title(f"{title}, MTU {mtu}")
     ax.set_xlabel("round")
+    ax.set_xticks(list(x))
     ax.set_ylabel(unit)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
