@@ -113,20 +113,27 @@ static_assert(fold_constant(160) == 0x1751997d0ull && fold_constant(96) == 0x0cc
 static_assert(fold_constant(544) == 0x154442bd4ull && fold_constant(480) == 0x1c6e41596ull);
 
 // A fold constant pair for distance d (low qword, high qword).
+// The 128-bit kernels' instruction sets (have_pclmul checks the same).
+#define SV_CLMUL128 __attribute__((target("pclmul,sse4.1,ssse3,sse2")))
+
 #define SV_FOLD_PAIR(d) static_cast<long long>(fold_constant((d) - 32)), static_cast<long long>(fold_constant((d) + 32))
 
-__attribute__((target("pclmul,sse2"))) inline __m128i fold(__m128i x, __m128i k, __m128i next) {
+SV_CLMUL128 inline __m128i fold(__m128i x, __m128i k, __m128i next) {
   return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next);
 }
-__attribute__((target("pclmul,sse2"))) inline __m128i load(const uint8_t* q) {
+SV_CLMUL128 inline __m128i load(const uint8_t* q) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+}
+// The 16 bytes at p with the CRC state xored in: the first lane of a fold.
+SV_CLMUL128 inline __m128i first_lane(const uint8_t* p, uint32_t crc) {
+  return _mm_xor_si128(load(p), _mm_cvtsi32_si128(int(crc)));
 }
 
 // The CRC state after the 16 bytes of lane `x` from state 0, without
 // tables (the same white paper): fold 128 bits to 64 with x^96 mod P, 64 to
 // 32 with x^64 mod P, then a Barrett reduction with mu = x^64 / P and P
 // itself (all bit-reflected, shifted left by one as above).
-__attribute__((target("pclmul,sse2"))) inline uint32_t reduce128(__m128i x) {
+SV_CLMUL128 inline uint32_t reduce128(__m128i x) {
   const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
   const __m128i k96 = _mm_set_epi64x(static_cast<long long>(fold_constant(96)), 0);  // high qword
   x = _mm_xor_si128(_mm_srli_si128(x, 8), _mm_clmulepi64_si128(x, k96, 0x10));
@@ -153,7 +160,7 @@ alignas(16) constexpr uint8_t kShiftMasks[48] = {
 // lead every lane, x, the tail; its last 32 bytes are W1 = x moved up by
 // 16 - r bytes and W2 = x's last 16 - r bytes then the tail, and W1 folds
 // onto W2. Otherwise the tail goes through the tables.
-__attribute__((target("pclmul,sse4.1,ssse3,sse2"))) inline uint32_t finish_lane(__m128i x, const uint8_t* p, size_t n,
+SV_CLMUL128 inline uint32_t finish_lane(__m128i x, const uint8_t* p, size_t n,
                                                                                bool look_back) {
   const __m128i k128 = _mm_set_epi64x(SV_FOLD_PAIR(128));
   while (n >= 16) {
@@ -172,7 +179,7 @@ __attribute__((target("pclmul,sse4.1,ssse3,sse2"))) inline uint32_t finish_lane(
 // `first`: the first 16 bytes, the state already xored into them; then the
 // n bytes at p. Four lanes from 64 bytes on; shorter data (the masked
 // headers of every packet) keeps to one.
-__attribute__((target("pclmul,sse4.1,ssse3,sse2"))) uint32_t crc32_folded_lane_sse(__m128i first, const uint8_t* p,
+SV_CLMUL128 uint32_t crc32_folded_lane_sse(__m128i first, const uint8_t* p,
                                                                                   size_t n) {
   const __m128i k128 = _mm_set_epi64x(SV_FOLD_PAIR(128));
   const size_t all = n;
@@ -273,13 +280,13 @@ uint32_t crc32_folded_lane(__m128i first, const uint8_t* p, size_t n) {
 }
 
 // n >= 16.
-__attribute__((target("pclmul,sse2"))) uint32_t crc32_folded(uint32_t crc, const uint8_t* p, size_t n) {
-  return crc32_folded_lane(_mm_xor_si128(load(p), _mm_cvtsi32_si128(int(crc))), p + 16, n - 16);
+SV_CLMUL128 uint32_t crc32_folded(uint32_t crc, const uint8_t* p, size_t n) {
+  return crc32_folded_lane(first_lane(p, crc), p + 16, n - 16);
 }
 // The 16 bytes at head, then the n at p (two places, one fold).
-__attribute__((target("pclmul,sse2"))) uint32_t crc32_folded2(uint32_t crc, const uint8_t* head, const uint8_t* p,
+SV_CLMUL128 uint32_t crc32_folded2(uint32_t crc, const uint8_t* head, const uint8_t* p,
                                                                size_t n) {
-  return crc32_folded_lane(_mm_xor_si128(load(head), _mm_cvtsi32_si128(int(crc))), p, n);
+  return crc32_folded_lane(first_lane(head, crc), p, n);
 }
 #endif
 
@@ -304,13 +311,11 @@ std::optional<uint32_t> crc32_update_with(CrcKernel kernel, uint32_t crc, std::s
     case CrcKernel::kClmul128:
       if (!have_pclmul()) return std::nullopt;
       if (data.size() < 16) return crc32_slice16(crc, data.data(), data.size());
-      return crc32_folded_lane_sse(_mm_xor_si128(load(data.data()), _mm_cvtsi32_si128(int(crc))), data.data() + 16,
-                                   data.size() - 16);
+      return crc32_folded_lane_sse(first_lane(data.data(), crc), data.data() + 16, data.size() - 16);
     case CrcKernel::kClmul512:
       if (!have_vpclmul512()) return std::nullopt;
       if (data.size() < 256) return crc32_update(crc, data);
-      return crc32_folded_lane_avx512(_mm_xor_si128(load(data.data()), _mm_cvtsi32_si128(int(crc))), data.data() + 16,
-                                      data.size() - 16);
+      return crc32_folded_lane_avx512(first_lane(data.data(), crc), data.data() + 16, data.size() - 16);
 #else
     default:
       return std::nullopt;

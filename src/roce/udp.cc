@@ -299,7 +299,9 @@ void UdpEndpoint::flush_tx() {
   // the stack for up to 64 KiB; the kernel (or the NIC) cuts it into the
   // same datagrams. A RDMA message's Middle and Last packets qualify.
   int nm = 0;
-  std::array<int, kTxBatch> segs_of{}, firsts{};  // per message: datagrams, index of the first
+  // Per message: datagrams, index of the first (written before read: not
+  // zeroed, this runs after every call into the engine).
+  std::array<int, kTxBatch> segs_of, firsts;
   for (int i = 0; i < tx_n_;) {
     const TxDatagram& d0 = txd_[size_t(i)];
     const size_t seg = d0.len;

@@ -621,9 +621,8 @@ struct Hub {
       }
       // A poller still at it receives and sends itself (roce_poll): unless a
       // timer or a held ACK is due, keep off. Taking the work over after
-      // each nap made two threads of one process run it in turns, one of
-      // them yielding to the other, and a third runnable thread on 2 vCPUs
-      // took CPU from the peer's receiver (MTU 9000 streams at 0.5-1 GB/s).
+      // each nap made two threads of one process run it in turns (the
+      // poller yielding on the lock): a third runnable thread on 2 vCPUs.
       if (poller && clock.now_ns() - last_app_poll.load(std::memory_order_relaxed) < kPollerGone &&
           next_deadline() > clock.now_ns())
         continue;
