@@ -76,6 +76,9 @@ struct Event {
 struct Channel {
   rdma_event_channel ch{};  // first: the application holds &ch
   std::deque<Event*> q;
+  // Destroyed by the application while ids still used it (rdma_destroy_event_channel):
+  // no fd, events dropped, freed with the last of those ids.
+  bool dead = false;
 };
 
 enum class St {
@@ -108,6 +111,12 @@ struct Id {
   uint64_t listener = 0;  // passive child: its listener's serial
   int backlog = 0;
   uint32_t local_comm_id = 0, remote_comm_id = 0;
+  // The Starting PSN of a REQ and of a REP (IBTA 12.6.5, 12.6.8) is the
+  // first PSN the sender's receive queue expects, i.e. where the other
+  // side's send queue starts: Linux's CM reads it so (cm.c: the active side
+  // takes the REP's as its sq_psn, the passive side the REQ's), and so every
+  // Linux peer (rxe, RoCE NICs) does. my_psn is what ours expects and we
+  // send; peer_psn what the other side sent, where our send queue starts.
   uint32_t my_psn = 0, peer_psn = 0, peer_qpn = 0, peer_qkey = 0;
   ibv_gid peer_gid{};
   int sgid_index = 0;
@@ -200,6 +209,10 @@ Event* new_event(Id* d, rdma_cm_event_type type, int status) {
 
 void post(Id* d, Event* e) {
   auto* c = chan_of(d->id.channel);
+  if (c->dead) {
+    delete e;
+    return;
+  }
   c->q.push_back(e);
   uint64_t one = 1;
   (void)!::write(c->ch.fd, &one, sizeof(one));
@@ -421,7 +434,7 @@ int init_qp_attr(Id* d, ibv_qp_attr* a, int* mask) {
       // IBTA 12.7.23: the REQ's path MTU (that of the path between the hosts).
       if (d->path_mtu && d->path_mtu < a->path_mtu) a->path_mtu = ibv_mtu(d->path_mtu);
       a->dest_qp_num = d->peer_qpn;
-      a->rq_psn = d->peer_psn;
+      a->rq_psn = d->my_psn;
       a->ah_attr.is_global = 1;
       a->ah_attr.grh.dgid = d->peer_gid;
       a->ah_attr.grh.sgid_index = uint8_t(d->sgid_index);
@@ -440,7 +453,7 @@ int init_qp_attr(Id* d, ibv_qp_attr* a, int* mask) {
       return 0;
     case IBV_QPS_RTS:
       *mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-      a->sq_psn = d->my_psn;
+      a->sq_psn = ud ? d->my_psn : d->peer_psn;  // UD: any, its receiver checks none
       if (ud) return 0;
       if (!connected) return EINVAL;
       a->timeout = d->ack_timeout;
@@ -548,8 +561,20 @@ void drop_events_of(Channel* c, uint64_t serial, bool also_listen) {
 
 void free_channel(Channel* c) {
   for (Event* e : c->q) delete e;
-  ::close(c->ch.fd);
+  if (c->ch.fd >= 0) ::close(c->ch.fd);
   delete c;
+}
+
+bool channel_in_use(const Channel* c) {
+  for (const auto& [serial, d] : g.ids)
+    if (d->id.channel == &c->ch) return true;
+  return false;
+}
+
+// A channel the application destroyed while ids used it, once none does.
+void free_if_dead(rdma_event_channel* ch) {
+  Channel* c = chan_of(ch);
+  if (c && c->dead && !channel_in_use(c)) free_channel(c);
 }
 
 void destroy_locked(Id* d) {
@@ -578,8 +603,10 @@ void destroy_locked(Id* d) {
   }
   std::free(d->id.route.path_rec);
   delete d->ep_qp_attr;
+  rdma_event_channel* ch = d->own_channel ? nullptr : d->id.channel;
   if (d->own_channel) free_channel(d->own_channel);
   delete d;
+  free_if_dead(ch);
 }
 
 // --- the passive side ---------------------------------------------------------
@@ -1118,7 +1145,20 @@ rdma_event_channel* rdma_create_event_channel() {
 void rdma_destroy_event_channel(rdma_event_channel* channel) {
   if (!channel) return;
   std::lock_guard<std::mutex> lk(g.mu);
-  free_channel(chan_of(channel));
+  Channel* c = chan_of(channel);
+  if (!channel_in_use(c)) {
+    free_channel(c);
+    return;
+  }
+  // Its ids must be destroyed first (rdma_destroy_event_channel(3)), but
+  // programs get that wrong on error paths (perftest's, when a connection is
+  // rejected) and then destroy the ids: their later events are dropped and
+  // the memory stays until the last of them goes, instead of a use after free.
+  for (Event* e : c->q) delete e;
+  c->q.clear();
+  ::close(c->ch.fd);
+  c->ch.fd = -1;
+  c->dead = true;
 }
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
@@ -1780,6 +1820,7 @@ int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
     d->sync = false;
   }
   if (old_own) free_channel(old_own);
+  else if (old) free_if_dead(&old->ch);
   return 0;
 }
 
