@@ -77,7 +77,7 @@ struct SendWr {
   bool signaled = true;
   bool solicited = false;
   bool fence = false;            // wait for earlier READs and atomics (IBV_SEND_FENCE)
-  uint32_t imm = 0;              // kSendImm, kWriteImm (network order value as ibv_send_wr holds it)
+  uint32_t imm = 0;              // kSendImm, kWriteImm: ImmDt's 4 bytes read big-endian (ntohl of imm_data)
   uint32_t invalidate_rkey = 0;  // kSendInv, kLocalInv
   struct MwBind {                // kBindMw: what ibv_mw_bind_info says, opaque to the engine
     uint32_t mw_handle = 0, rkey = 0, mr_lkey = 0, access = 0;

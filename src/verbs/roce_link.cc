@@ -222,7 +222,7 @@ class CqSink : public CompletionSink {
     wc.byte_len = c.byte_len;
     if (c.has_imm) {
       wc.wc_flags |= IBV_WC_WITH_IMM;
-      wc.imm_data = c.imm;
+      wc.imm_data = htonl(c.imm);  // back to the wire's bytes, as ibv_wc has them
     }
     if (c.has_inv) {
       wc.wc_flags |= IBV_WC_WITH_INV;
@@ -872,7 +872,9 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
     s.signaled = q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
     s.solicited = wr->send_flags & IBV_SEND_SOLICITED;
     s.fence = wr->send_flags & IBV_SEND_FENCE;
-    s.imm = wr->imm_data;
+    // imm_data is the wire's 4 bytes as they lie in memory (__be32); the
+    // engine holds ImmDt as those bytes read big-endian (headers.h).
+    s.imm = ntohl(wr->imm_data);
     s.invalidate_rkey = wr->invalidate_rkey;
     if (local_op) {
       if (op == IBV_WR_BIND_MW) {

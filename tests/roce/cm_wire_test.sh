@@ -259,6 +259,17 @@ case $case in
   udaddy)
     require udaddy
     start_daemons h0 h1
+    # Captured when tshark is there: udaddy sends its QPN as the immediate
+    # data (htobe32), and its server replies to the QPN it reads there, so
+    # the wire's ImmDt must be the sender's QPN in network order, whatever
+    # the two softverbs ends make of it (rxe read it byte-swapped once).
+    cap=
+    if command -v tshark >/dev/null; then
+      "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp port 4791" -w "$work/ud.pcap" 2>"$work/tshark.log" &
+      cap=$!
+      pids+=($cap)
+      for _ in $(seq 100); do grep -q "Capturing on" "$work/tshark.log" 2>/dev/null && break; sleep 0.1; done
+    fi
     # udaddy has no port option: 7174.
     if pair udaddy $UDP 7174 udaddy -- udaddy -s "$a1"; then
       expect udaddy server '^sending replies$' 1
@@ -267,6 +278,20 @@ case $case in
       expect udaddy client '^return status 0$' 1
       grep -q "cm gateway: SIDR_REQ" "$work/h0.dlog" || fail "udaddy: no SIDR_REQ through h0's gateway"
       no_errors udaddy
+    fi
+    if [ -n "$cap" ]; then
+      sleep 0.3
+      kill $cap 2>/dev/null
+      wait $cap 2>/dev/null
+      # Each SEND with immediate: its DETH source QP, then its ImmDt bytes.
+      tshark -r "$work/ud.pcap" -Y infiniband.immdt -T fields -e infiniband.deth.srcqp -e infiniband.immdt \
+        >"$work/ud.imm" 2>/dev/null
+      n=$(wc -l <"$work/ud.imm")
+      [ "$n" -ge 2 ] || fail "udaddy: $n SENDs with immediate data captured"
+      while read -r srcqp immdt; do
+        immdt=${immdt%%,*}  # (Wireshark 3.6 lists the field twice)
+        [ $((srcqp)) -eq $((16#${immdt//:/})) ] || fail "udaddy: ImmDt $immdt is not the sender's QPN $srcqp"
+      done <"$work/ud.imm"
     fi
     ;;
   rdma_server)

@@ -14,7 +14,12 @@
 #
 #   rxe_test.sh SOURCE_DIR BIN_DIR
 # RXE_CASES="NAME..." runs only those cases (and mw), RXE_CAPTURE=NAME
-# captures that one instead of rc, RXE_KEEP=1 keeps the logs.
+# captures that one instead of rc (RXE_CAPTURE_FILTER: its capture filter,
+# "udp port 4791"), RXE_KEEP=1 keeps the logs.
+# SOFTVERBS_RXE_MTU=9000 (ctest roce.rxe.jumbo): jumbo frames on the tap and
+# in the guest, so that both sides' path MTU is 4096; the pingpongs then run
+# with -m 4096, perftest must report 4096, and the capture must hold
+# 4096-byte payloads from both sides.
 # Exit 0 pass, 1 fail, 77 skip: not root, no qemu, or no guest built
 # (scripts/rxe-peer.sh image: it needs Debian's mirror and a few minutes,
 # so the suite does not build it itself).
@@ -70,12 +75,12 @@ for _ in $(seq 100); do [ -S "$work/sv/control" ] && break; sleep 0.05; done
 # client adds the server's address. --chk: the pingpongs compare every
 # byte received; perftest's programs count completions.
 cases=(
-  "rc host ibv_rc_pingpong @DEV@ -p 18601 -g @G4@ -n 200 -s 4096 --chk"
-  "rc_rxe_serves guest ibv_rc_pingpong @DEV@ -p 18602 -g @G4@ -n 200 -s 8192 --chk"
-  "rc6 host ibv_rc_pingpong @DEV@ -p 18603 -g @G6@ -n 100 -s 4096 --chk"
-  "uc guest ibv_uc_pingpong @DEV@ -p 18604 -g @G4@ -n 200 -s 1024 --chk"
+  "rc host ibv_rc_pingpong @DEV@ @MTU@ -p 18601 -g @G4@ -n 200 -s 4096 --chk"
+  "rc_rxe_serves guest ibv_rc_pingpong @DEV@ @MTU@ -p 18602 -g @G4@ -n 200 -s 8192 --chk"
+  "rc6 host ibv_rc_pingpong @DEV@ @MTU@ -p 18603 -g @G6@ -n 100 -s 4096 --chk"
+  "uc guest ibv_uc_pingpong @DEV@ @MTU@ -p 18604 -g @G4@ -n 200 -s 1024 --chk"
   "ud host ibv_ud_pingpong @DEV@ -p 18605 -g @G4@ -n 200 -s 512 --chk"
-  "srq guest ibv_srq_pingpong @DEV@ -p 18606 -g @G4@ -n 100 -q 4 -s 2048 --chk"
+  "srq guest ibv_srq_pingpong @DEV@ @MTU@ -p 18606 -g @G4@ -n 100 -q 4 -s 2048 --chk"
   "write_bw host ib_write_bw @DEV@ -p 18607 -x @G4@ -F -s 65536 -n 200"
   "read_bw guest ib_read_bw @DEV@ -p 18608 -x @G4@ -F -s 65536 -n 200"
   "send_bw host ib_send_bw @DEV@ -p 18609 -x @G4@ -F -s 65536 -n 200"
@@ -87,7 +92,20 @@ cases=(
   "write_bw_uc host ib_write_bw @DEV@ -p 18615 -x @G4@ -F -c UC -s 65536 -n 200"
   "send_bw_ud guest ib_send_bw @DEV@ -p 18616 -x @G4@ -F -c UD -s 1024 -n 500"
   "write_bw6 guest ib_write_bw @DEV@ -p 18617 -x @G6@ -F -s 65536 -n 200"
+  # The connection manager: the kernel's rdma_cm and CM in the guest, ours
+  # here (docs/RDMACM.md, "Between hosts"). perftest -R only with rxe as
+  # the client: its client connects a second time right after a handshake
+  # that its server leaves only then to listen, and Linux's CM rejects a REQ
+  # that comes first, which, against a guest under emulation, ours always does.
+  "write_bw_cm host ib_write_bw @DEV@ -p 18618 -R -F -s 65536 -n 200"
+  "send_bw_ud_cm host ib_send_bw @DEV@ -p 18619 -R -F -c UD -s 1024 -n 500"
+  "rping host rping -s -a @SELF4@ -v -C 20 -p 18620 -- rping -c -v -C 20 -p 18620 -a"
+  "rping_rxe_serves guest rping -s -a @SELF4@ -v -C 20 -p 18621 -- rping -c -v -C 20 -p 18621 -a"
+  "ucmatose_rxe_serves guest ucmatose -p 18622 -c 4 -C 20 -- ucmatose -p 18622 -c 4 -C 20 -s"
+  "udaddy_rxe_serves guest udaddy -- udaddy -s"
 )
+JUMBO=0
+[ "${SOFTVERBS_RXE_MTU:-1500}" -ge 4200 ] && JUMBO=1
 CAPTURED=${RXE_CAPTURE:-rc}
 # RXE_CASES="rc rc6 ...": run only these (while debugging one).
 if [ -n "${RXE_CASES:-}" ]; then
@@ -97,8 +115,10 @@ if [ -n "${RXE_CASES:-}" ]; then
 fi
 
 # The shell functions both sides run (the guest's is /bin/sh: POSIX only).
-# run_side NAME ROLE SERVER_ADDR CMD: CMD as server, or as client (retried
-# while it "Couldn't connect"), its output in $OUT/NAME.log, exit code in .rc.
+# run_side NAME ROLE SERVER_ADDR CMD: CMD as server, or as client with the
+# server's address last (retried while it "Couldn't connect", or with rdma_cm
+# while its REQ is rejected or unanswered, as before the server listens), its
+# output in $OUT/NAME.log, exit code in .rc.
 side_lib() {
   cat <<'EOF'
 run_side() {
@@ -112,7 +132,7 @@ run_side() {
       $WRAP timeout -k 5 ${RXE_TIMEOUT:-120} "$@" >"$OUT/$name.log" 2>&1
     fi
     rc=$?
-    [ "$role" = client ] && [ $rc -ne 0 ] && grep -q "Couldn't connect" "$OUT/$name.log" &&
+    [ "$role" = client ] && [ $rc -ne 0 ] && grep -Eq "Couldn't connect|Unexpected CM event bl blka 8|RDMA_CM_EVENT_(REJECTED|UNREACHABLE)" "$OUT/$name.log" &&
       [ $i -lt 240 ] || break
     i=$((i + 1))
     sleep 0.5
@@ -122,14 +142,22 @@ run_side() {
 EOF
 }
 
-# subst SIDE CMD: the side's GID indices and device in CMD.
+# subst SIDE ROLE CMD: the ROLE's half of CMD ("SERVER -- CLIENT", or one
+# command for both) with the side's GID indices, device, own IPv4 address
+# and, in jumbo mode, the pingpongs' MTU.
 subst() {
-  local c=$2
+  local c=$3
+  if [[ "$c" == *" -- "* ]]; then
+    if [ "$2" = server ]; then c=${c%% -- *}; else c=${c#* -- }; fi
+  fi
+  if [ $JUMBO -eq 1 ]; then c=${c//@MTU@/-m 4096}; else c=${c//@MTU@ /}; fi
   if [ "$1" = guest ]; then
+    c=${c//@SELF4@/$GUEST4}
     c=${c//@DEV@/-d rxe0}
     c=${c//@G4@/\$G4}
     c=${c//@G6@/\$G6}
   else
+    c=${c//@SELF4@/$HOST4}
     c=${c//@DEV@ /}
     c=${c//@G4@/$HG4}
     c=${c//@G6@/$HG6}
@@ -161,7 +189,7 @@ EOF
     read -r name server cmd <<<"$c"
     role=client
     [ "$server" = guest ] && role=server
-    echo "echo '== $name'; run_side $name $role $HOST4 $(subst guest "$cmd")"
+    echo "echo '== $name'; run_side $name $role $HOST4 $(subst guest $role "$cmd")"
   done
   # The memory-window peer (tests/roce/mw_wire_peer.cc) on Debian's
   # libibverbs: a type 2 window of rxe's, written, read and invalidated by us.
@@ -183,13 +211,13 @@ for c in "${cases[@]}"; do
   role=server
   [ "$server" = guest ] && role=client
   if [ "$name" = "$CAPTURED" ] && [ $capture -eq 1 ]; then
-    "$peer" exec tshark -q -i tap0 -F pcap -f "udp port 4791" -w "$work/rxe.pcap" 2>"$work/tshark.log" &
+    "$peer" exec tshark -q -i tap0 -F pcap -f "${RXE_CAPTURE_FILTER:-udp port 4791}" -w "$work/rxe.pcap" 2>"$work/tshark.log" &
     cap=$!
     pids+=($cap)
     for _ in $(seq 100); do grep -q "Capturing on" "$work/tshark.log" 2>/dev/null && break; sleep 0.1; done
   fi
   # shellcheck disable=SC2046
-  run_side "$name" "$role" "$GUEST4" $(subst host "$cmd")
+  run_side "$name" "$role" "$GUEST4" $(subst host $role "$cmd")
   log "$name: softverbs $role exit $(cat "$work/$name.rc")"
   if [ "$name" = "$CAPTURED" ] && [ $capture -eq 1 ]; then
     sleep 0.5
@@ -208,14 +236,30 @@ wait $guest || fail "the guest did not finish its script"
 pids=("${pids[@]/$guest/}")
 cat "$share/guest.log" >&2
 
+# rping -v's lines: "rdma-ping-<n>: " then 64 - 1 bytes' worth of the
+# characters from 'A' + n on (of the 58 from 'A'), as many as fit.
+rping_lines() {
+  local i k line
+  for i in $(seq 0 $(($1 - 1))); do
+    line="rdma-ping-$i: "
+    for k in $(seq 0 $((50 - ${#i}))); do line+=$(printf "\\$(printf '%03o' $((65 + (i + k) % 58)))"); done
+    echo "$line"
+  done
+}
+# has FILE COUNT REGEX: exactly COUNT lines of FILE match.
+has() { [ "$(grep -Ec -- "$3" "$1")" -eq "$2" ] || fail "$(basename "$1" .log) ($1): not $2 lines matching '$3'"; }
+
 # check NAME [SERVER]: both halves exited 0, said what the program says on
-# success (perftest's READ latency test reports on its client only),
-# reported no error, and our QP went over the wire with a clean ICRC.
+# success (perftest's READ latency test reports on its client only; rping
+# each of its 20 lines, checked by byte), reported no error, and our QP
+# went over the wire with a clean ICRC.
 check() {
-  local name=$1 server=${2:-} side f
+  local name=$1 server=${2:-} side f role
   for side in host guest; do
     f=$work/$name.log
     [ $side = guest ] && f=$share/$name.log
+    role=client
+    [ "$side" = "$server" ] && role=server
     if [ "$(cat "${f%.log}.rc" 2>/dev/null)" != 0 ]; then
       fail "$name: $side side exit $(cat "${f%.log}.rc" 2>/dev/null)"
       log "----- $name on the $side:"
@@ -224,6 +268,20 @@ check() {
     fi
     case $name in
       mw) ;;
+      rping*)
+        local prefix="ping data: "
+        [ $role = server ] && prefix="server ping data: "
+        rping_lines 20 | sed "s/^/$prefix/" | grep -Fxvf "$f" >"$work/$name.$side.missing"
+        [ -s "$work/$name.$side.missing" ] && fail "$name $side: rping lines missing or wrong, the first: $(head -1 "$work/$name.$side.missing")"
+        has "$f" 20 "^${prefix}"
+        grep -qi 'error\|fail' "$f" && fail "$name $side: reported an error" ;;
+      ucmatose*)
+        has "$f" 1 '^data transfers complete$'
+        has "$f" 1 '^return status 0$' ;;
+      udaddy*)
+        [ $role = server ] && has "$f" 1 '^sending replies$'
+        [ $role = client ] && has "$f" 1 '^data transfers complete$'
+        has "$f" 1 '^return status 0$' ;;
       rc* | uc | ud | srq)
         grep -Eq "^[0-9]+ iters in [0-9.]+ seconds = [0-9.]+ usec/iter$" "$f" || fail "$name $side: no 'iters in' line"
         grep -qi 'invalid\|fail\|error\|couldn' "$f" && fail "$name $side: reported an error" ;;
@@ -232,7 +290,10 @@ check() {
         grep -qi 'error\|fail\|couldn' "$f" && fail "$name $side: reported an error" ;;
       *)
         grep -Eq '^ *[0-9]+ +[0-9]+ +[0-9.]+' "$f" || fail "$name $side: no result line"
-        grep -qi 'error\|fail\|couldn' "$f" && fail "$name $side: reported an error" ;;
+        grep -qi 'error\|fail\|couldn' "$f" && fail "$name $side: reported an error"
+        # perftest's MTU is the port's active_mtu: the same on both sides.
+        [ $JUMBO -eq 1 ] && ! grep -Eq '^ *Mtu *: 4096\[B\]' "$f" && fail "$name $side: perftest's MTU is not 4096"
+        [[ $name == *_cm ]] && ! grep -q 'rdma_cm' "$f" && fail "$name $side: perftest did not say it used rdma_cm" ;;
     esac
     if [ $side = host ]; then
       grep -q "softverbs roce: qp" "$f" || fail "$name: our QP was not on the wire"
@@ -253,9 +314,18 @@ if [ -f "$work/rc.log" ]; then
 fi
 
 if [ $capture -eq 1 ] && [ -f "$work/rxe.pcap" ]; then
-  # SEND First/Middle/Last, ACK; rxe's frames and ours.
-  /usr/bin/python3 "$src/tests/roce/check_capture.py" --verify-pcap "$work/rxe.pcap" 0x00,0x01,0x02,0x11 ||
+  # SEND First/Middle/Last, ACK; rxe's frames and ours. In jumbo mode the
+  # 4096-byte messages are SEND Only, and both sides' carry 4096 bytes:
+  # UDP length 8 + BTH 12 + 4096 + ICRC 4.
+  need=0x00,0x01,0x02,0x11
+  [ $JUMBO -eq 1 ] && need=0x04,0x11
+  /usr/bin/python3 "$src/tests/roce/check_capture.py" --verify-pcap "$work/rxe.pcap" $need ||
     fail "capture: check_capture.py"
+  if [ $JUMBO -eq 1 ]; then
+    big=$(tshark -r "$work/rxe.pcap" -Y "udp.length == 4120" -T fields -e ip.src 2>/dev/null | sort | uniq -c | tr '\n' ' ')
+    log "capture: 4096-byte payloads (count, from): $big"
+    [[ "$big" == *" $HOST4 "* && "$big" == *" $GUEST4 "* ]] || fail "capture: not both sides sent 4096-byte payloads"
+  fi
   srcs=$(tshark -r "$work/rxe.pcap" -T fields -e ip.src 2>/dev/null | sort -u | tr '\n' ' ')
   log "capture: frames from $srcs"
   [[ "$srcs" == *"$HOST4"* && "$srcs" == *"$GUEST4"* ]] || fail "capture: not both sides' frames"
