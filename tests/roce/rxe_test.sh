@@ -34,7 +34,7 @@ command -v qemu-system-x86_64 >/dev/null || { log "SKIP: no qemu-system-x86_64 (
 for p in softverbs softverbsd mw_wire_peer; do [ -x "$bin/$p" ] || { log "missing $bin/$p"; exit 1; }; done
 export SOFTVERBS_TESTBED=svx$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
 N=$SOFTVERBS_TESTBED_NET
-HOST4=10.77.$N.1 GUEST4=10.77.$N.2
+HOST4=10.77.$N.1 GUEST4=10.77.$N.2 HOST6=fd77:0:0:$N::1 GUEST6=fd77:0:0:$N::2
 work=$(mktemp -d "${TMPDIR:-/tmp}/svrxe.XXXXXX") || exit 1
 chmod 711 "$work"
 share=$work/share
@@ -101,8 +101,13 @@ cases=(
   "send_bw_ud_cm host ib_send_bw @DEV@ -p 18619 -R -F -c UD -s 1024 -n 500"
   "rping host rping -s -a @SELF4@ -v -C 20 -p 18620 -- rping -c -v -C 20 -p 18620 -a"
   "rping_rxe_serves guest rping -s -a @SELF4@ -v -C 20 -p 18621 -- rping -c -v -C 20 -p 18621 -a"
-  "ucmatose_rxe_serves guest ucmatose -p 18622 -c 4 -C 20 -- ucmatose -p 18622 -c 4 -C 20 -s"
+  "rping6_rxe_serves guest rping -s -a @SELF6@ -v -C 20 -p 18622 -- rping -c -v -C 20 -p 18622 -a @PEER6@"
+  "ucmatose host ucmatose -p 18623 -c 4 -C 20 -- ucmatose -p 18623 -c 4 -C 20 -s"
+  "ucmatose_rxe_serves guest ucmatose -p 18624 -c 4 -C 20 -- ucmatose -p 18624 -c 4 -C 20 -s"
+  "udaddy host udaddy -- udaddy -s"
   "udaddy_rxe_serves guest udaddy -- udaddy -s"
+  "rdma_server host rdma_server -p 18625 -- rdma_client -p 18625 -s"
+  "rdma_server_rxe_serves guest rdma_server -p 18626 -- rdma_client -p 18626 -s"
 )
 JUMBO=0
 [ "${SOFTVERBS_RXE_MTU:-1500}" -ge 4200 ] && JUMBO=1
@@ -116,7 +121,7 @@ fi
 
 # The shell functions both sides run (the guest's is /bin/sh: POSIX only).
 # run_side NAME ROLE SERVER_ADDR CMD: CMD as server, or as client with the
-# server's address last (retried while it "Couldn't connect", or with rdma_cm
+# server's address last unless SERVER_ADDR is "-" (retried while it "Couldn't connect", or with rdma_cm
 # while its REQ is rejected or unanswered, as before the server listens), its
 # output in $OUT/NAME.log, exit code in .rc.
 side_lib() {
@@ -127,12 +132,16 @@ run_side() {
   i=0
   while :; do
     if [ "$role" = client ]; then
-      $WRAP timeout -k 5 ${RXE_TIMEOUT:-120} "$@" "$addr" >"$OUT/$name.log" 2>&1
+      if [ "$addr" = - ]; then
+        $WRAP timeout -k 5 ${RXE_TIMEOUT:-120} "$@" >"$OUT/$name.log" 2>&1
+      else
+        $WRAP timeout -k 5 ${RXE_TIMEOUT:-120} "$@" "$addr" >"$OUT/$name.log" 2>&1
+      fi
     else
       $WRAP timeout -k 5 ${RXE_TIMEOUT:-120} "$@" >"$OUT/$name.log" 2>&1
     fi
     rc=$?
-    [ "$role" = client ] && [ $rc -ne 0 ] && grep -Eq "Couldn't connect|Unexpected CM event bl blka 8|RDMA_CM_EVENT_(REJECTED|UNREACHABLE)" "$OUT/$name.log" &&
+    [ "$role" = client ] && [ $rc -ne 0 ] && grep -Eq "Couldn't connect|Unexpected CM event bl blka 8|RDMA_CM_EVENT_(REJECTED|UNREACHABLE)|rdma_connect: Connection refused" "$OUT/$name.log" &&
       [ $i -lt 240 ] || break
     i=$((i + 1))
     sleep 0.5
@@ -143,8 +152,9 @@ EOF
 }
 
 # subst SIDE ROLE CMD: the ROLE's half of CMD ("SERVER -- CLIENT", or one
-# command for both) with the side's GID indices, device, own IPv4 address
-# and, in jumbo mode, the pingpongs' MTU.
+# command for both) with the side's GID indices, device, own addresses
+# (@SELF4@, @SELF6@), the other's IPv6 address (@PEER6@: then run_side is
+# given "-" for the address) and, in jumbo mode, the pingpongs' MTU.
 subst() {
   local c=$3
   if [[ "$c" == *" -- "* ]]; then
@@ -153,11 +163,15 @@ subst() {
   if [ $JUMBO -eq 1 ]; then c=${c//@MTU@/-m 4096}; else c=${c//@MTU@ /}; fi
   if [ "$1" = guest ]; then
     c=${c//@SELF4@/$GUEST4}
+    c=${c//@SELF6@/$GUEST6}
+    c=${c//@PEER6@/$HOST6}
     c=${c//@DEV@/-d rxe0}
     c=${c//@G4@/\$G4}
     c=${c//@G6@/\$G6}
   else
     c=${c//@SELF4@/$HOST4}
+    c=${c//@SELF6@/$HOST6}
+    c=${c//@PEER6@/$GUEST6}
     c=${c//@DEV@ /}
     c=${c//@G4@/$HG4}
     c=${c//@G6@/$HG6}
@@ -189,7 +203,9 @@ EOF
     read -r name server cmd <<<"$c"
     role=client
     [ "$server" = guest ] && role=server
-    echo "echo '== $name'; run_side $name $role $HOST4 $(subst guest $role "$cmd")"
+    addr=$HOST4
+    [ $role = client ] && [[ "$cmd" == *@PEER6@* ]] && addr=-
+    echo "echo '== $name'; run_side $name $role $addr $(subst guest $role "$cmd")"
   done
   # The memory-window peer (tests/roce/mw_wire_peer.cc) on Debian's
   # libibverbs: a type 2 window of rxe's, written, read and invalidated by us.
@@ -217,7 +233,9 @@ for c in "${cases[@]}"; do
     for _ in $(seq 100); do grep -q "Capturing on" "$work/tshark.log" 2>/dev/null && break; sleep 0.1; done
   fi
   # shellcheck disable=SC2046
-  run_side "$name" "$role" "$GUEST4" $(subst host $role "$cmd")
+  addr=$GUEST4
+  [ $role = client ] && [[ "$cmd" == *@PEER6@* ]] && addr=-
+  run_side "$name" "$role" "$addr" $(subst host $role "$cmd")
   log "$name: softverbs $role exit $(cat "$work/$name.rc")"
   if [ "$name" = "$CAPTURED" ] && [ $capture -eq 1 ]; then
     sleep 0.5
@@ -278,6 +296,8 @@ check() {
       ucmatose*)
         has "$f" 1 '^data transfers complete$'
         has "$f" 1 '^return status 0$' ;;
+      rdma_server*)
+        has "$f" 1 "^$([ $role = server ] && echo rdma_server || echo rdma_client): end 0\$" ;;
       udaddy*)
         [ $role = server ] && has "$f" 1 '^sending replies$'
         [ $role = client ] && has "$f" 1 '^data transfers complete$'
