@@ -31,7 +31,7 @@ log() { printf '%s\n' "$*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
 command -v qemu-system-x86_64 >/dev/null || { log "SKIP: no qemu-system-x86_64 (scripts/deps.sh rxe)"; exit $SKIP; }
 "$peer" ready || { log "SKIP: no rxe guest built (scripts/rxe-peer.sh image)"; exit $SKIP; }
-for p in softverbs softverbsd mw_wire_peer; do [ -x "$bin/$p" ] || { log "missing $bin/$p"; exit 1; }; done
+for p in softverbs softverbsd mw_wire_peer cm_wire_peer; do [ -x "$bin/$p" ] || { log "missing $bin/$p"; exit 1; }; done
 export SOFTVERBS_TESTBED=svx$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
 N=$SOFTVERBS_TESTBED_NET
 HOST4=10.77.$N.1 GUEST4=10.77.$N.2 HOST6=fd77:0:0:$N::1 GUEST6=fd77:0:0:$N::2
@@ -108,6 +108,10 @@ cases=(
   "udaddy_rxe_serves guest udaddy -- udaddy -s"
   "rdma_server host rdma_server -p 18625 -- rdma_client -p 18625 -s"
   "rdma_server_rxe_serves guest rdma_server -p 18626 -- rdma_client -p 18626 -s"
+  # tests/roce/cm_wire_peer (built here; in the guest on Debian's librdmacm):
+  # private data both ways, in a REQ and in the REJ (consumer reason 28).
+  "cm_reject host @BIN@cm_wire_peer reject 18627 -- @BIN@cm_wire_peer connect @PEER4@ 18627"
+  "cm_reject_rxe_serves guest @BIN@cm_wire_peer reject 18628 -- @BIN@cm_wire_peer connect @PEER4@ 18628"
 )
 JUMBO=0
 [ "${SOFTVERBS_RXE_MTU:-1500}" -ge 4200 ] && JUMBO=1
@@ -141,7 +145,9 @@ run_side() {
       $WRAP timeout -k 5 ${RXE_TIMEOUT:-120} "$@" >"$OUT/$name.log" 2>&1
     fi
     rc=$?
-    [ "$role" = client ] && [ $rc -ne 0 ] && grep -Eq "Couldn't connect|Unexpected CM event bl blka 8|RDMA_CM_EVENT_(REJECTED|UNREACHABLE)|rdma_connect: Connection refused" "$OUT/$name.log" &&
+    # (cm_wire_peer exits 0 with any answer: "status 8" is "nobody listens")
+    { [ "$role" = client ] && [ $rc -ne 0 ] && grep -Eq "Couldn't connect|Unexpected CM event bl blka 8|RDMA_CM_EVENT_(REJECTED|UNREACHABLE)|rdma_connect: Connection refused" "$OUT/$name.log" ||
+      grep -q "^event RDMA_CM_EVENT_REJECTED status 8 " "$OUT/$name.log"; } &&
       [ $i -lt 240 ] || break
     i=$((i + 1))
     sleep 0.5
@@ -153,8 +159,9 @@ EOF
 
 # subst SIDE ROLE CMD: the ROLE's half of CMD ("SERVER -- CLIENT", or one
 # command for both) with the side's GID indices, device, own addresses
-# (@SELF4@, @SELF6@), the other's IPv6 address (@PEER6@: then run_side is
-# given "-" for the address) and, in jumbo mode, the pingpongs' MTU.
+# (@SELF4@, @SELF6@), the other's (@PEER4@, @PEER6@: then run_side is given
+# "-" for the address), where cm_wire_peer is (@BIN@) and, in jumbo mode,
+# the pingpongs' MTU.
 subst() {
   local c=$3
   if [[ "$c" == *" -- "* ]]; then
@@ -164,14 +171,18 @@ subst() {
   if [ "$1" = guest ]; then
     c=${c//@SELF4@/$GUEST4}
     c=${c//@SELF6@/$GUEST6}
+    c=${c//@PEER4@/$HOST4}
     c=${c//@PEER6@/$HOST6}
+    c=${c//@BIN@//tmp/}
     c=${c//@DEV@/-d rxe0}
     c=${c//@G4@/\$G4}
     c=${c//@G6@/\$G6}
   else
     c=${c//@SELF4@/$HOST4}
     c=${c//@SELF6@/$HOST6}
+    c=${c//@PEER4@/$GUEST4}
     c=${c//@PEER6@/$GUEST6}
+    c=${c//@BIN@/$bin/}
     c=${c//@DEV@ /}
     c=${c//@G4@/$HG4}
     c=${c//@G6@/$HG6}
@@ -191,6 +202,7 @@ HG6=$(gid_of "fd77:0:0:$N::1")
 # The guest's script: its GID indices (from ibv_devinfo, as ours), then its halves.
 {
   echo "OUT=/share WRAP="
+  echo "cp /share/cm_wire_peer /tmp/"
   side_lib
   cat <<EOF
 gid() { ibv_devinfo -v -d rxe0 | grep -F "\$1, RoCE v2" | sed -n 's/.*GID\\[ *\\([0-9]*\\)\\].*/\\1/p' | head -1; }
@@ -204,7 +216,7 @@ EOF
     role=client
     [ "$server" = guest ] && role=server
     addr=$HOST4
-    [ $role = client ] && [[ "$cmd" == *@PEER6@* ]] && addr=-
+    [ $role = client ] && [[ "$cmd" == *@PEER[46]@* ]] && addr=-
     echo "echo '== $name'; run_side $name $role $addr $(subst guest $role "$cmd")"
   done
   # The memory-window peer (tests/roce/mw_wire_peer.cc) on Debian's
@@ -212,7 +224,7 @@ EOF
   echo "echo '== mw'; cp /share/mw_wire_peer /tmp/"
   echo 'timeout -k 5 120 /tmp/mw_wire_peer server /share/mwdir >/share/mw.log 2>&1; echo $? >/share/mw.rc'
 } >"$share/guest.sh"
-cp "$bin/mw_wire_peer" "$share/"
+cp "$bin/mw_wire_peer" "$bin/cm_wire_peer" "$share/"
 mkdir -m 777 "$share/mwdir"
 
 log "booting the rxe guest (qemu, ${SOFTVERBS_RXE_ACCEL:-tcg}) ..."
@@ -234,7 +246,7 @@ for c in "${cases[@]}"; do
   fi
   # shellcheck disable=SC2046
   addr=$GUEST4
-  [ $role = client ] && [[ "$cmd" == *@PEER6@* ]] && addr=-
+  [ $role = client ] && [[ "$cmd" == *@PEER[46]@* ]] && addr=-
   run_side "$name" "$role" "$addr" $(subst host $role "$cmd")
   log "$name: softverbs $role exit $(cat "$work/$name.rc")"
   if [ "$name" = "$CAPTURED" ] && [ $capture -eq 1 ]; then
@@ -296,6 +308,13 @@ check() {
       ucmatose*)
         has "$f" 1 '^data transfers complete$'
         has "$f" 1 '^return status 0$' ;;
+      cm_reject*)
+        if [ $role = server ]; then
+          has "$f" 1 '^request data hello$'
+          has "$f" 1 '^rejected$'
+        else
+          has "$f" 1 '^event RDMA_CM_EVENT_REJECTED status 28 data no-thanks-from-h1$'
+        fi ;;
       rdma_server*)
         has "$f" 1 "^$([ $role = server ] && echo rdma_server || echo rdma_client): end 0\$" ;;
       udaddy*)
@@ -315,7 +334,7 @@ check() {
         [ $JUMBO -eq 1 ] && ! grep -Eq '^ *Mtu *: 4096\[B\]' "$f" && fail "$name $side: perftest's MTU is not 4096"
         [[ $name == *_cm ]] && ! grep -q 'rdma_cm' "$f" && fail "$name $side: perftest did not say it used rdma_cm" ;;
     esac
-    if [ $side = host ]; then
+    if [ $side = host ] && [[ $name != cm_reject* ]]; then  # (no QP reaches RTR there)
       grep -q "softverbs roce: qp" "$f" || fail "$name: our QP was not on the wire"
       grep -o "bad_icrc [0-9]*" "$f" | grep -qv "bad_icrc 0$" && fail "$name: datagrams from rxe with a bad ICRC"
     fi
