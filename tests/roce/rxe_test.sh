@@ -92,6 +92,8 @@ cases=(
   "write_bw_uc host ib_write_bw @DEV@ -p 18615 -x @G4@ -F -c UC -s 65536 -n 200"
   "send_bw_ud guest ib_send_bw @DEV@ -p 18616 -x @G4@ -F -c UD -s 1024 -n 500"
   "write_bw6 guest ib_write_bw @DEV@ -p 18617 -x @G6@ -F -s 65536 -n 200"
+  "write_bw_q4 host ib_write_bw @DEV@ -p 18630 -x @G4@ -F -q 4 -s 65536 -n 200"
+  "send_bw_bidir guest ib_send_bw @DEV@ -p 18631 -x @G4@ -F -b -s 65536 -n 200"
   # The connection manager: the kernel's rdma_cm and CM in the guest, ours
   # here (docs/RDMACM.md, "Between hosts"). perftest -R only with rxe as
   # the client: its client connects a second time right after a handshake
