@@ -644,8 +644,9 @@ void on_request(int fd, uint64_t serial, const cm::Msg& m) {
   const uint8_t* pdata = ud ? m.sidr_req.private_data : m.req.private_data;
   uint64_t sid = ud ? m.sidr_req.service_id : m.req.service_id;
   cm::IpHeader ip;
-  bool ok = l && l->st == St::kListen && cm::decode_ip_header(pdata, ip) &&
-            sid == cm::service_id(l->id.ps, addr_port(&l->id.route.addr.src_addr));
+  // (a listener whose channel the application destroyed hears nothing: as none)
+  bool ok = l && l->st == St::kListen && !(l->id.channel && chan_of(l->id.channel)->dead) &&
+            cm::decode_ip_header(pdata, ip) && sid == cm::service_id(l->id.ps, addr_port(&l->id.route.addr.src_addr));
   if (ok) {
     int pending = 0;
     for (auto& [s, c] : g.ids)
