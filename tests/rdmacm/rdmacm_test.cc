@@ -375,12 +375,16 @@ TEST(RdmaCm, BindPortZeroPicksDistinctFreePorts) {
   rdma_destroy_id(id);
 }
 
-TEST(RdmaCm, NobodyListeningIsRejected) {
+// A port that was listened on and is no more: a connection to it is rejected.
+uint16_t unheard_port() {
   Listener l;
-  ASSERT_TRUE(l.open());
-  uint16_t port = l.port;
-  rdma_destroy_id(l.id);
-  l.id = nullptr;
+  if (!l.open()) return 0;
+  return l.port;  // the destructor stops listening
+}
+
+TEST(RdmaCm, NobodyListeningIsRejected) {
+  const uint16_t port = unheard_port();
+  ASSERT_NE(port, 0);
   Active c;
   ASSERT_TRUE(c.start(port, "x"));
   int status = 0;
@@ -394,11 +398,8 @@ TEST(RdmaCm, NobodyListeningIsRejected) {
 // likely to have reused; destroying the id afterwards frees the rest (the
 // sanitizer builds see a use after free or a leak).
 TEST(RdmaCm, ChannelDestroyedBeforeItsId) {
-  Listener l;
-  ASSERT_TRUE(l.open());
-  uint16_t port = l.port;
-  rdma_destroy_id(l.id);
-  l.id = nullptr;
+  const uint16_t port = unheard_port();
+  ASSERT_NE(port, 0);
   Active c;
   ASSERT_TRUE(c.start(port, "x"));
   rdma_destroy_event_channel(c.ch);
