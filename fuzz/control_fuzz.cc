@@ -4,8 +4,16 @@
 // becomes a regression test in tests/verbs/daemon_test.cc.
 //
 // The first input byte chooses how many descriptors (0-2) accompany the
-// message, so that the descriptor checks are exercised too.
+// message (bits 0-1), of which kind (bits 2-3: an eventfd, a memfd sealed as
+// the library seals its backing, an unsealed memfd that its sender could
+// truncate, a socket), and which of two clients sends it (bit 4): one of
+// this process's user and one of another user (nobody), each in its own
+// context, so that the checks keeping users apart are fed forged handles,
+// keys and names of the other user's objects too.
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -16,31 +24,59 @@
 
 namespace {
 
+constexpr uid_t kOtherUser = 65534;
+
 struct Harness {
   sv::daemon::Server server{"/tmp/softverbs-fuzz-unused", 0};
-  uint32_t client = 0;
+  uint32_t client[2] = {0, 0};
   Harness() {
     server.registry().init();
-    client = server.registry().add_client(::getpid(), ::getuid());
+    connect();
+  }
+  void connect() {
+    client[0] = server.registry().add_client(::getpid(), ::getuid());
+    client[1] = server.registry().add_client(::getpid(), kOtherUser);
+  }
+  void reconnect() {
+    for (uint32_t c : client) server.registry().remove_client(c);
+    connect();
   }
 };
+
+int make_fd(unsigned kind) {
+  switch (kind) {
+    case 1:
+    case 2: {
+      int fd = ::memfd_create("control-fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (fd >= 0 && ::ftruncate(fd, 1 << 20) != 0) {
+      }
+      if (fd >= 0 && kind == 1) ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL);
+      return fd;
+    }
+    case 3: {
+      int sv[2];
+      if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return -1;
+      ::close(sv[1]);
+      return sv[0];
+    }
+    default: return ::eventfd(0, EFD_CLOEXEC);
+  }
+}
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Harness h;
   if (size == 0) return 0;
+  const unsigned count = (data[0] & 3) % 3, kind = (data[0] >> 2) & 3, who = (data[0] >> 4) & 1;
   std::vector<sv::Fd> fds;
-  for (int i = 0; i < (data[0] % 3); ++i) fds.emplace_back(::eventfd(0, EFD_CLOEXEC));
+  for (unsigned i = 0; i < count; ++i) fds.emplace_back(make_fd(kind));
   uint8_t out[sv::proto::kMaxMessage];
   std::vector<int> out_fds;
-  size_t n = h.server.handle(h.client, data + 1, size - 1, fds, out, out_fds);
+  size_t n = h.server.handle(h.client[who], data + 1, size - 1, fds, out, out_fds);
   if (n > sizeof(out)) __builtin_trap();
-  // Start each input from a clean client so that objects do not pile up.
+  // Start from clean clients now and then so that objects do not pile up.
   static unsigned runs = 0;
-  if (++runs % 256 == 0) {
-    h.server.registry().remove_client(h.client);
-    h.client = h.server.registry().add_client(::getpid(), ::getuid());
-  }
+  if (++runs % 256 == 0) h.reconnect();
   return 0;
 }
