@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -175,6 +176,190 @@ TEST(DeviceSegment, AnotherUserSeesNoneOfRootsKeys) {
   ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
   ibv_close_device(c);
+}
+
+// The attack as it was made: nobody forges an MR entry in the device
+// segment that names root's backing and root's buffer (root's MR grants no
+// remote access), then asks the daemon to carry out an RDMA READ between two
+// of its own QPs with the forged key (Op::Mediate, raw). Root's secret must
+// not come back: the segment cannot be written, and the daemon reads only
+// entries it wrote itself.
+struct RawRc {
+  RawConn& c;
+  uint32_t pd = 0, cq = 0, qp[2] = {0, 0}, lkey = 0;
+  Fd mem;  // nobody's own registered page (the READ's destination)
+  explicit RawRc(RawConn& conn) : c(conn) {}
+  bool modify(uint32_t qpn, uint32_t dest) {
+    proto::ModifyQpReq m{};
+    m.qpn = qpn;
+    m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    m.qp_state = IBV_QPS_INIT;
+    m.port_num = 1;
+    m.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    if (c.call(proto::Op::ModifyQp, m) != 0) return false;
+    m = {};
+    m.qpn = qpn;
+    m.attr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    m.qp_state = IBV_QPS_RTR;
+    m.path_mtu = IBV_MTU_1024;
+    m.dest_qp_num = dest;
+    m.max_dest_rd_atomic = 1;
+    m.ah_port_num = 1;
+    if (c.call(proto::Op::ModifyQp, m) != 0) return false;
+    m = {};
+    m.qpn = qpn;
+    m.attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                  IBV_QP_MAX_QP_RD_ATOMIC;
+    m.qp_state = IBV_QPS_RTS;
+    m.max_rd_atomic = 1;
+    return c.call(proto::Op::ModifyQp, m) == 0;
+  }
+  int setup() {
+    proto::Empty e{};
+    proto::HandleReply h{};
+    if (c.call(proto::Op::AllocPd, e, h) != 0) return 1;
+    pd = h.handle;
+    int fd = memfd_create("nobody", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, 4096) != 0) return 2;
+    mem.reset(fd);
+    int fds[1] = {fd};
+    if (c.call(proto::Op::RegBacking, e, h, std::span<const int>(fds)) != 0) return 3;
+    proto::RegMrReq r{};
+    r.pd = pd;
+    r.backing = h.handle;
+    r.addr = 0;
+    r.length = 4096;
+    r.iova = 0;
+    r.access = IBV_ACCESS_LOCAL_WRITE;
+    proto::RegMrReply rr{};
+    if (c.call(proto::Op::RegMr, r, rr) != 0) return 4;
+    lkey = rr.key;
+    proto::CreateCqReq cr{};
+    cr.cqe = 16;
+    proto::CreateCqReply crr{};
+    std::vector<Fd> got;
+    if (c.call(proto::Op::CreateCq, cr, crr, {}, &got) != 0) return 5;
+    cq = crr.handle;
+    for (uint32_t& q : qp) {
+      proto::CreateQpReq qr{};
+      qr.pd = pd;
+      qr.send_cq = cq;
+      qr.recv_cq = cq;
+      qr.qp_type = IBV_QPT_RC;
+      qr.max_send_wr = 4;
+      qr.max_recv_wr = 4;
+      qr.max_send_sge = 1;
+      qr.max_recv_sge = 1;
+      proto::CreateQpReply qrr{};
+      got.clear();
+      if (c.call(proto::Op::CreateQp, qr, qrr, {}, &got) != 0) return 6;
+      q = qrr.qpn;
+    }
+    return connect() ? 0 : 7;
+  }
+  // Both QPs through RESET to RTS, connected to each other (a failed READ
+  // moves the responder to ERR, IBTA 9.9.3.1.2).
+  bool connect() {
+    for (uint32_t q : qp) {
+      proto::ModifyQpReq m{};
+      m.qpn = q;
+      m.attr_mask = IBV_QP_STATE;
+      m.qp_state = IBV_QPS_RESET;
+      if (c.call(proto::Op::ModifyQp, m) != 0) return false;
+    }
+    return modify(qp[0], qp[1]) && modify(qp[1], qp[0]);
+  }
+  // RDMA READ of `len` bytes at `addr` under `rkey` into nobody's page.
+  int last_status = 0, last_outcome = 0, last_wc = 0;
+  bool read(uint64_t addr, uint32_t rkey, uint32_t len) {
+    proto::MediateReq m{};
+    m.qpn = qp[0];
+    m.opcode = IBV_WR_RDMA_READ;
+    m.remote_addr = addr;
+    m.rkey = rkey;
+    m.num_sge = 1;
+    m.sge[0] = {0, len, lkey};
+    proto::MediateReply mr{};
+    last_status = c.call(proto::Op::Mediate, m, mr);
+    last_outcome = int(mr.outcome);
+    last_wc = int(mr.wc_status);
+    return last_status == 0 && mr.outcome == proto::kMediateDone;
+  }
+};
+
+TEST(DeviceSegment, ForgedMrEntryReadsNothingOfRoots) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  const std::string sock = sysd.socket();
+  static const char kSecret[] = "root's secret: 0123456789abcdef";
+  Child nobody(true, [sock](int s) {
+    uint64_t addr = 0;
+    if (!recv_val(s, addr)) return 100;
+    RawConn c(sock);
+    proto::Empty hello{};
+    proto::HelloReply hr{};
+    std::vector<Fd> seg;
+    if (c.call(proto::Op::Hello, hello, hr, {}, &seg) != 0 || seg.size() != 1) return 101;
+    RawRc rc(c);
+    if (int e = rc.setup()) return 110 + e;
+    const size_t size = shm::DeviceLayout::size();
+    void* w = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, seg[0].get(), 0);
+    auto* mr = w == MAP_FAILED ? nullptr
+                               : reinterpret_cast<shm::MrEntry*>(static_cast<char*>(w) + shm::DeviceLayout::mr_offset());
+    const uint32_t slot = shm::kMrTableSize - 7;  // a free slot, far from the allocator
+    const uint32_t key = (slot << 8) | 0x5a;
+    int leaked = 0, done = 0;
+    for (uint32_t backing = 1; backing < 64 && !leaked; ++backing) {
+      if (mr) {  // forge: root's backing and buffer, nobody's PD, remote read
+        shm::MrEntry& e = mr[slot];
+        e.key.store(0);
+        e.access = IBV_ACCESS_REMOTE_READ;
+        e.pd = rc.pd;
+        e.backing = backing;
+        e.iova = addr;
+        e.length = sizeof(kSecret);
+        e.file_offset = addr;
+        e.kind = shm::kKindMr;
+        e.bound_qpn = 0;
+        e.key.store(key);
+      }
+      if (!rc.read(addr, key, sizeof(kSecret))) {
+        if (!rc.connect()) return 120;
+        continue;
+      }
+      ++done;
+      char got[sizeof(kSecret)] = {};
+      if (pread(rc.mem.get(), got, sizeof(got), 0) == ssize_t(sizeof(got)) && std::memcmp(got, kSecret, sizeof(got)) == 0)
+        leaked = 1;
+    }
+    if (w != MAP_FAILED) munmap(w, size);
+    int res[6] = {leaked, done, mr != nullptr, rc.last_status, rc.last_outcome, rc.last_wc};
+    send_bytes(s, res, sizeof(res));
+    return 0;
+  });
+  ASSERT_TRUE(sysd.alive());
+  nobody.start();
+  ibv_context* c = open_dev();
+  ASSERT_NE(nullptr, c);
+  ibv_pd* pd = ibv_alloc_pd(c);
+  ASSERT_NE(nullptr, pd);
+  static char secret[4096];
+  std::memcpy(secret, kSecret, sizeof(kSecret));
+  ibv_mr* mr = ibv_reg_mr(pd, secret, sizeof(secret), IBV_ACCESS_LOCAL_WRITE);  // no remote access
+  ASSERT_NE(nullptr, mr);
+  ASSERT_TRUE(send_val(nobody.sock(), uint64_t(reinterpret_cast<uintptr_t>(secret))));
+  int res[6] = {-1, -1, -1, -1, -1, -1};  // leaked, READs done, writable, last READ: status, outcome, wc status
+  ASSERT_TRUE(recv_bytes(nobody.sock(), res, sizeof(res)));
+  EXPECT_EQ(0, res[0]) << "nobody read root's secret through a forged MR entry";
+  EXPECT_EQ(0, res[1]) << "a READ under a forged key was carried out";
+  EXPECT_EQ(0, res[2]) << "the segment mapped writable";
+  EXPECT_EQ(0, nobody.wait());
+  EXPECT_EQ(0, std::memcmp(secret, kSecret, sizeof(kSecret)));
+  ibv_dereg_mr(mr);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(c);
+  EXPECT_TRUE(sysd.alive());
 }
 
 // Multicast membership is visible to every user (a UD sender reads it to
