@@ -212,7 +212,7 @@ struct ConnectPeerReply {
   // keys' bounds to the peer's memory itself.
   uint32_t mediated;
   uint32_t pd;  // ConnectXrc: the XRC SRQ's PD (receive buffers are checked against it); else 0
-  uint32_t reserved;
+  uint32_t min_rnr_timer;  // mediated: the peer's (its QP entry is not in the requester's device segment)
 };
 
 struct ResizeCqReq {  // reply: CreateCqReply

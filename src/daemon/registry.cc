@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -69,23 +70,38 @@ Registry::Registry() : mr_key_byte_(kMrTableSize, 0), qp_gen_(kQpTableSize, 0) {
 int Registry::init() {
   std::random_device rd;
   boot_id_ = (uint64_t(rd()) << 32) | rd();
-  if (int e = make_memfd("softverbs-device", DeviceLayout::size(), device_fd_)) return e;
-  if (int e = map_shared(device_fd_.get(), 0, DeviceLayout::size(), PROT_READ | PROT_WRITE, false,
-                         device_map_))
-    return e;
-  auto* h = device_map_.as<DeviceHeader>();
-  h->magic = kDeviceMagic;
-  h->version = kLayoutVersion;
-  h->size = DeviceLayout::size();
-  h->mr_table_offset = DeviceLayout::mr_offset();
-  h->qp_table_offset = DeviceLayout::qp_offset();
-  h->mr_capacity = kMrTableSize;
-  h->qp_capacity = kQpTableSize;
-  h->boot_id = boot_id_;
-  mr_table_ = reinterpret_cast<MrEntry*>(device_map_.as<char>() + DeviceLayout::mr_offset());
-  qp_table_ = reinterpret_cast<QpEntry*>(device_map_.as<char>() + DeviceLayout::qp_offset());
-  mcg_table_ = reinterpret_cast<McgEntry*>(device_map_.as<char>() + DeviceLayout::mcg_offset());
+  tables_.set_boot_id(boot_id_);
+  // The device of the socket file system, which every socket's inode is on
+  // (import_context tells a real socket from a socket file by it).
+  int sp[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) return errno;
+  struct stat st {};
+  int r = ::fstat(sp[0], &st);
+  ::close(sp[0]);
+  ::close(sp[1]);
+  if (r != 0) return EIO;
+  sockfs_dev_ = uint64_t(st.st_dev);
   return 0;
+}
+
+// The device segment of the client's user (device_tables.h): the MR and QP
+// entries of that user's objects, and the multicast groups.
+int Registry::device_fd(uint32_t client, int& fd) {
+  auto c = clients_.find(client);
+  if (c == clients_.end()) return EINVAL;
+  int err = 0;
+  fd = tables_.segment_fd(c->second.uid, err);
+  return fd < 0 ? err : 0;
+}
+
+uid_t Registry::ctx_uid(uint32_t context) const {
+  auto it = contexts_.find(context);
+  return it == contexts_.end() ? uid_t(-1) : it->second.uid;
+}
+
+bool Registry::same_tables(uint32_t client, uint32_t owner) const {
+  auto c = clients_.find(client);
+  return c != clients_.end() && ctx_uid(owner) == c->second.uid && ctx_uid(c->second.ctx) == c->second.uid;
 }
 
 uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid) {
@@ -144,12 +160,26 @@ int Registry::claim_socket(uint32_t client, uint64_t inode) {
 }
 
 int Registry::import_context(uint32_t client, Fd fd) {
-  struct stat st {};
-  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) return EINVAL;
   auto me = clients_.find(client);
   if (me == clients_.end()) return EINVAL;
+  // The descriptor must be a socket in fact, of the socket file system: an
+  // O_PATH descriptor of a socket *file* (S_ISSOCK too, any inode number)
+  // fails getsockopt, and its st_dev is its file system's, not sockfs'.
+  struct stat st {};
+  int type = 0;
+  socklen_t tl = sizeof(type);
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) return EINVAL;
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || uint64_t(st.st_dev) != sockfs_dev_)
+    return EINVAL;
   for (auto& [id, other] : clients_) {
+    // Identity: (sockfs device, inode) of a socket the owner's process was
+    // seen to hold when it claimed it (claim_socket).
     if (id == client || other.socket_inode != uint64_t(st.st_ino)) continue;
+    // Credentials are checked at every import: only the context's own user
+    // joins it (strictly the same uid; root is not special). A socket that
+    // reached another user (passed, inherited) is not a grant.
+    auto oc = contexts_.find(other.ctx);
+    if (oc == contexts_.end() || oc->second.uid != me->second.uid || other.uid != me->second.uid) return EPERM;
     // ibv_import_device(3): this connection now shares that context. It must
     // not hold objects of its own yet.
     uint32_t mine = me->second.ctx;
@@ -173,7 +203,7 @@ int Registry::query_pd(uint32_t client, uint32_t pd) {
 int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep) {
   auto it = mrs_.find(handle);
   if (it == mrs_.end() || it->second.owner != ctx(client)) return EINVAL;
-  const MrEntry& e = mr_table_[handle];
+  const MrEntry& e = tables_.mr_at(handle);
   rep.pd = it->second.pd;
   rep.key = it->second.key;
   rep.addr = e.file_offset;  // the registrant's address
@@ -290,7 +320,7 @@ void Registry::release_context(uint32_t owner) {
     if (w.owner == owner) ids.push_back(h);
   for (uint32_t id : ids) {
     unbind_mw(id, mws_[id]);
-    mr_table_[id].key.store(0, std::memory_order_release);
+    tables_.mr_at(id).key.store(0, std::memory_order_release);
     mws_.erase(id);
   }
   ids.clear();
@@ -332,8 +362,9 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
+  if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
   uint32_t key = (slot << 8) | ++mr_key_byte_[slot];
-  MrEntry& e = mr_table_[slot];
+  MrEntry& e = tables_.mr_at(slot);
   e.access = 0;
   e.pd = req.pd;
   e.backing = 0;
@@ -354,7 +385,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
 }
 
 void Registry::unbind_mw(uint32_t slot, Mw& mw) {
-  MrEntry& e = mr_table_[slot];
+  MrEntry& e = tables_.mr_at(slot);
   if (mw.type == IBV_MW_TYPE_2) e.key.store(0, std::memory_order_release);  // invalid
   e.length = 0;
   e.access = 0;
@@ -369,7 +400,7 @@ int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
   auto it = mws_.find(handle);
   if (it == mws_.end() || it->second.owner != ctx(client)) return EINVAL;
   unbind_mw(handle, it->second);
-  mr_table_[handle].key.store(0, std::memory_order_release);
+  tables_.mr_at(handle).key.store(0, std::memory_order_release);
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
   mws_.erase(it);
   return 0;
@@ -398,7 +429,7 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   } else {
     new_key = (r.mw << 8) | ++mr_key_byte_[r.mw];
   }
-  MrEntry& e = mr_table_[r.mw];
+  MrEntry& e = tables_.mr_at(r.mw);
   if (r.length == 0) {  // type 1 unbind
     e.key.store(0, std::memory_order_release);
     unbind_mw(r.mw, mw);
@@ -447,8 +478,8 @@ int Registry::invalidate(uint32_t client, const proto::InvalidateReq& r) {
   if (r.remote) {
     uint32_t peer = qp_slot(r.qpn).dest_qpn.load();
     auto pq = qps_.find(peer);
-    if (pq == qps_.end() || mr_table_[slot].bound_qpn != peer) return EACCES;
-  } else if (it->second.owner != ctx(client) || mr_table_[slot].bound_qpn != r.qpn) {
+    if (pq == qps_.end() || tables_.mr_at(slot).bound_qpn != peer) return EACCES;
+  } else if (it->second.owner != ctx(client) || tables_.mr_at(slot).bound_qpn != r.qpn) {
     return EACCES;
   }
   unbind_mw(slot, it->second);
@@ -615,7 +646,9 @@ int Registry::connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, prot
   const QpEntry& te = qp_slot(dest);
   auto st = ibv_qp_state(te.state.load());
   if (tgt->second.type != IBV_QPT_XRC_RECV || te.dest_qpn.load() != req.qpn) return EAGAIN;
-  if (!same_user(client, tgt->second.owner)) return EACCES;  // XRC is not mediated between users
+  // XRC is not mediated between users; the requester reads the target's
+  // entry in its own user's device segment.
+  if (!same_user(client, tgt->second.owner) || !same_tables(client, tgt->second.owner)) return EACCES;
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return EAGAIN;
   auto srq = srqs_.find(req.srqn);
   if (srq == srqs_.end() || srq->second.type != IBV_SRQT_XRC || srq->second.xrcd != tgt->second.xrcd) return ENOENT;
@@ -791,6 +824,8 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
 
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
+  // The entry goes to the registrant's user's device segment.
+  if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
   // Charge the pages the registration covers to the registrant (IBTA leaves
   // the resource manager to the OS; we follow the kernel's RLIMIT_MEMLOCK rule).
   pid_t pid = clients_[client].pid;
@@ -810,7 +845,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   uint32_t key = (slot << 8) | kb;
   if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
 
-  MrEntry& e = mr_table_[slot];
+  MrEntry& e = tables_.mr_at(slot);
   e.access = req.access;
   e.pd = req.pd;
   e.backing = req.backing;
@@ -835,7 +870,7 @@ uint32_t Registry::alloc_key_slot() {
   for (uint32_t n = 0; n < kMrTableSize - 1; ++n) {
     uint32_t s = next_mr_slot_;
     next_mr_slot_ = next_mr_slot_ + 1 >= kMrTableSize ? 1 : next_mr_slot_ + 1;
-    if (mr_table_[s].key.load(std::memory_order_relaxed) == 0 && !mrs_.count(s) && !mws_.count(s)) return s;
+    if (tables_.mr_at(s).key.load(std::memory_order_relaxed) == 0 && !mrs_.count(s) && !mws_.count(s)) return s;
   }
   return 0;
 }
@@ -843,7 +878,7 @@ uint32_t Registry::alloc_key_slot() {
 void Registry::release_mr(uint32_t handle) {
   auto it = mrs_.find(handle);
   if (it == mrs_.end()) return;
-  mr_table_[handle].key.store(0, std::memory_order_release);  // revoke first
+  tables_.mr_at(handle).key.store(0, std::memory_order_release);  // revoke first
   if (auto a = accounts_.find(it->second.charged_pid); a != accounts_.end()) {
     a->second.locked_bytes -= it->second.charged_bytes;
     if (a->second.locked_bytes == 0) accounts_.erase(a);
@@ -1089,7 +1124,7 @@ int Registry::destroy_cq(uint32_t client, uint32_t handle) {
 
 // ---- QPs -----------------------------------------------------------------
 
-QpEntry& Registry::qp_slot(uint32_t qpn) const { return qp_table_[qpn & (kQpTableSize - 1)]; }
+QpEntry& Registry::qp_slot(uint32_t qpn) const { return const_cast<DeviceTables&>(tables_).qp_at(qpn); }
 
 const QpEntry* Registry::qp_entry(uint32_t qpn) const {
   const QpEntry& e = qp_slot(qpn);
@@ -1099,7 +1134,7 @@ const QpEntry* Registry::qp_entry(uint32_t qpn) const {
 const MrEntry* Registry::mr_entry(uint32_t key) const {
   uint32_t slot = key >> 8;
   if (slot == 0 || slot >= kMrTableSize) return nullptr;
-  const MrEntry& e = mr_table_[slot];
+  const MrEntry& e = tables_.mr_at(slot);
   return e.key.load() == key ? &e : nullptr;
 }
 
@@ -1150,12 +1185,13 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   for (uint32_t n = 0; n < kQpTableSize; ++n) {
     uint32_t s = next_qp_slot_;
     next_qp_slot_ = next_qp_slot_ + 1 >= kQpTableSize ? 2 : next_qp_slot_ + 1;
-    if (qp_table_[s].qpn.load(std::memory_order_relaxed) == 0) {
+    if (tables_.qp_at(s).qpn.load(std::memory_order_relaxed) == 0) {
       slot = s;
       break;
     }
   }
   if (!slot) return ENOMEM;
+  if (int err = tables_.claim_qp(slot, ctx_uid(ctx(client)))) return err;
   uint32_t qpn = ((uint32_t(++qp_gen_[slot]) << 16) | slot) & 0xffffff;
 
   // At least two slots: a one-slot ring (Vyukov's sequence scheme) takes a
@@ -1178,7 +1214,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   auto* rqh = reinterpret_cast<RingHeader*>(qp.map.as<char>() + layout.rq_offset());
   Ring<RecvWqe>::init(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1), layout.rq_capacity);
 
-  QpEntry& e = qp_table_[slot];
+  QpEntry& e = tables_.qp_at(slot);
   e.state.store(IBV_QPS_RESET, std::memory_order_relaxed);
   e.qp_type = req.qp_type;
   e.pd = req.pd;
@@ -1282,30 +1318,10 @@ void Registry::release_qp(uint32_t qpn) {
   qps_.erase(it);
   if (xrcd) xrcd_unuse(xrcd);
   // A destroyed QP leaves its multicast groups (as the kernel detaches them).
-  for (uint32_t i = 0; i < kMcgTableSize; ++i) mcg_remove(mcg_table_[i], qpn);
+  tables_.mcg_remove_qp(qpn);
 }
 
 // ---- Multicast (UD) ---------------------------------------------------------
-
-McgEntry* Registry::find_mcg(const uint8_t* gid) {
-  for (uint32_t i = 0; i < kMcgTableSize; ++i)
-    if (mcg_table_[i].count && std::memcmp(mcg_table_[i].gid, gid, 16) == 0) return &mcg_table_[i];
-  return nullptr;
-}
-
-// Entries change under their sequence lock: odd while being written, so a
-// sender that read a torn entry reads it again.
-void Registry::mcg_remove(McgEntry& g, uint32_t qpn) {
-  if (!g.count) return;
-  uint32_t i = 0;
-  while (i < g.count && g.qpns[i] != qpn) ++i;
-  if (i == g.count) return;
-  g.seq.fetch_add(1, std::memory_order_acq_rel);
-  g.qpns[i] = g.qpns[g.count - 1];
-  g.count--;
-  if (!g.count) std::memset(g.gid, 0, 16);
-  g.seq.fetch_add(1, std::memory_order_release);
-}
 
 // Attach QP to multicast group (IBTA verbs chapter 11; ibv_attach_mcast(3)): UD QPs only, and the
 // GID must be a multicast GID (first byte 0xFF). The link layer is Ethernet,
@@ -1313,36 +1329,15 @@ void Registry::mcg_remove(McgEntry& g, uint32_t qpn) {
 int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
   Qp* qp = find_qp(client, req.qpn);
   if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
-  McgEntry* g = find_mcg(req.gid);
-  if (!g) {
-    for (uint32_t i = 0; i < kMcgTableSize && !g; ++i)
-      if (!mcg_table_[i].count) g = &mcg_table_[i];
-    if (!g) return ENOMEM;  // max_mcast_grp
-  }
-  for (uint32_t i = 0; i < g->count; ++i)
-    if (g->qpns[i] == req.qpn) return 0;  // attached already
-  if (g->count == kMcgMaxQps) return ENOMEM;  // max_mcast_qp_attach
-  g->seq.fetch_add(1, std::memory_order_acq_rel);
-  if (!g->count) {
-    std::memcpy(g->gid, req.gid, 16);
-    g->lid = req.lid;
-  }
-  g->qpns[g->count] = req.qpn;
-  g->count++;
-  g->seq.fetch_add(1, std::memory_order_release);
-  return 0;
+  // The groups are daemon-private (device_tables.h): ENOMEM past
+  // max_mcast_grp groups or max_mcast_qp_attach QPs in one group.
+  return tables_.mcg_attach(req.gid, req.lid, req.qpn);
 }
 
 int Registry::detach_mcast(uint32_t client, const proto::McastReq& req) {
   Qp* qp = find_qp(client, req.qpn);
   if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
-  McgEntry* g = find_mcg(req.gid);
-  if (!g) return EINVAL;
-  uint32_t i = 0;
-  while (i < g->count && g->qpns[i] != req.qpn) ++i;
-  if (i == g->count) return EINVAL;  // not attached
-  mcg_remove(*g, req.qpn);
-  return 0;
+  return tables_.mcg_detach(req.gid, req.qpn);
 }
 
 int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
@@ -1367,11 +1362,15 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
   // The peer's queues and, through its keys, its memory are mapped by the
   // requester: not across users (see same_user). Between users the daemon
   // carries out each operation itself (Op::Mediate, mediate.cc); UD is not
-  // mediated yet.
-  if (!same_user(client, peer->second.owner)) {
+  // mediated yet. The peer's QP entry is in its own user's device segment
+  // (device_tables.h), which the requester does not map: a mediated
+  // requester learns what it needs from this reply and the daemon checks
+  // the peer's state at each operation.
+  if (!same_user(client, peer->second.owner) || !same_tables(client, peer->second.owner)) {
     if (peer->second.type == IBV_QPT_UD) return EACCES;
     rep.peer_qpn = dest;
     rep.mediated = 1;
+    rep.min_rnr_timer = qp_slot(dest).min_rnr_timer;
     return 0;
   }
   auto rcq = cqs_.find(peer->second.recv_cq);

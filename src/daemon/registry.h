@@ -4,8 +4,9 @@
 // point takes the id of the calling client and a request whose fields have
 // not been trusted yet; it validates each handle (it must exist and be held
 // by that client), length, key and attribute, and answers with a positive
-// errno on any violation. The registry writes the device segment (MR and QP
-// tables) that clients map read-only. Objects are released when their
+// errno on any violation. The registry writes the device segments (MR, QP
+// and multicast tables, one per user: device_tables.h) that clients map
+// read-only; they are sealed, so what it reads back from them is its own. Objects are released when their
 // holder destroys them or when the holder's connection closes.
 #pragma once
 
@@ -21,6 +22,7 @@
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
+#include "daemon/device_tables.h"
 #include "daemon/name_space.h"
 
 namespace sv::daemon {
@@ -32,8 +34,10 @@ struct Counts {
 class Registry {
  public:
   Registry();
-  int init();  // creates the device segment
-  int device_fd() const { return device_fd_.get(); }
+  int init();
+  // The read-only device segment for the client's user (device_tables.h),
+  // made on first use; the descriptor stays the registry's.
+  int device_fd(uint32_t client, int& fd);
   uint64_t boot_id() const { return boot_id_; }
 
   uint32_t add_client(pid_t pid, uid_t uid, gid_t gid = 0);
@@ -45,7 +49,9 @@ class Registry {
   // Verified against /proc/PID/fd.
   int claim_socket(uint32_t client, uint64_t inode);
   // ibv_import_device(3): attach the client to the context of the
-  // connection whose client end `fd` is.
+  // connection whose client end `fd` is: a real socket (sockfs device and
+  // inode) claimed by a client of the same user as the context (EPERM for
+  // any other user, root included).
   int import_context(uint32_t client, Fd fd);
   int query_pd(uint32_t client, uint32_t pd);
   int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
@@ -303,19 +309,21 @@ class Registry {
   void flush_rq(Qp& q, uint32_t qpn);
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
-  shm::McgEntry* find_mcg(const uint8_t* gid);
-  void mcg_remove(shm::McgEntry& g, uint32_t qpn);
   Qp* find_qp(uint32_t client, uint32_t qpn);
   void release_mr(uint32_t handle);
   void release_qp(uint32_t qpn);
   void release_cq(uint32_t handle);
 
   uint64_t boot_id_ = 0;
-  Fd device_fd_;
-  Mapping device_map_;
-  shm::MrEntry* mr_table_ = nullptr;
-  shm::QpEntry* qp_table_ = nullptr;
-  shm::McgEntry* mcg_table_ = nullptr;
+  uint64_t sockfs_dev_ = 0;  // st_dev of every socket (sockfs)
+  // The device segments, one per user; every MR/QP entry and multicast
+  // group the daemon publishes goes through it.
+  DeviceTables tables_;
+  // The user of a context (uid_t(-1) if none).
+  uid_t ctx_uid(uint32_t context) const;
+  // Are the client's user and the context's user the same, so that their
+  // objects' entries are in one device segment? (Strictly equal uids.)
+  bool same_tables(uint32_t client, uint32_t owner) const;
 
   uint32_t next_client_ = 1;
   uint32_t next_handle_ = 1;

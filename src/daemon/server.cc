@@ -296,7 +296,9 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       proto::HelloReply rep{};
       rep.client_id = client;
       rep.boot_id = registry_.boot_id();
-      out_fds.push_back(registry_.device_fd());
+      int dev = -1;
+      if (int e = registry_.device_fd(client, dev)) return encode(h, rep, e, out);
+      out_fds.push_back(dev);
       return encode(h, rep, 0, out);
     }
     case Op::AllocPd: {

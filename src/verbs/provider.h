@@ -190,7 +190,10 @@ struct Peer {
   const QpEntry* entry;
   // The peer belongs to another user: nothing of it is mapped here, and each
   // operation goes through the daemon (requester.cc execute_mediated).
+  // Its QP entry is in its own user's device segment, not ours: `entry` is
+  // null, and min_rnr_timer comes from the daemon's ConnectPeer reply.
   bool mediated = false;
+  uint8_t min_rnr_timer = 0;
   Mapping seg;
   shm::QpSegmentHeader* hdr;
   shm::Ring<shm::RecvWqe> rq;

@@ -135,7 +135,9 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
 Peer* resolve_peer(QpState& q) {
   uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
   Peer* p = q.peer.get();
-  if (!p || p->qpn != dest || p->entry->qpn.load(std::memory_order_acquire) != dest) {
+  // A mediated peer (another user's QP) has no entry in this user's device
+  // segment: the daemon checks its state at each operation (Op::Mediate).
+  if (!p || p->qpn != dest || (!p->mediated && p->entry->qpn.load(std::memory_order_acquire) != dest)) {
     q.peer.reset();
     q.last_window.reset();
     ContextState& cs = *q.ctx->st;
@@ -147,14 +149,16 @@ Peer* resolve_peer(QpState& q) {
     auto np = std::make_unique<Peer>();
     if (rep.mediated) {
       np->qpn = rep.peer_qpn;
-      np->entry = cs.qp_slot(rep.peer_qpn);
+      np->entry = nullptr;  // not in our device segment: never read
       np->mediated = true;
+      np->min_rnr_timer = uint8_t(rep.min_rnr_timer);
     } else if (attach_peer(cs, *np, rep, fds)) {
       return nullptr;
     }
     q.peer = std::move(np);
     p = q.peer.get();
   }
+  if (p->mediated) return p;
   auto st = p->entry->state.load(std::memory_order_acquire);
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return nullptr;
   if (p->entry->dest_qpn.load(std::memory_order_relaxed) != q.qpn) return nullptr;
@@ -462,7 +466,7 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
 
 uint64_t retry_delay_ns(QpState& q, Step s) {
   if (s == Step::kRnr) {
-    uint32_t code = q.peer ? q.peer->entry->min_rnr_timer : 0;
+    uint32_t code = !q.peer ? 0 : q.peer->mediated ? q.peer->min_rnr_timer : q.peer->entry->min_rnr_timer;
     return uint64_t(kRnrTimer10us[code & 31]) * 10'000;
   }
   uint32_t t = q.entry->timeout;
