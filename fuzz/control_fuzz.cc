@@ -4,8 +4,11 @@
 // becomes a regression test in tests/verbs/daemon_test.cc.
 //
 // The first input byte chooses how many descriptors (0-2) accompany the
-// message, so that the descriptor checks are exercised too.
+// message, so that the descriptor checks are exercised too, and of which
+// kind: an eventfd, a memfd sealed as a backing must be, or an unsealed one.
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -25,13 +28,21 @@ struct Harness {
   }
 };
 
+int make_fd(int kind) {
+  if (kind == 0) return ::eventfd(0, EFD_CLOEXEC);
+  int fd = ::memfd_create("fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd >= 0 && ::ftruncate(fd, 1 << 16) == 0 && kind == 1) ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL);
+  return fd;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Harness h;
   if (size == 0) return 0;
   std::vector<sv::Fd> fds;
-  for (int i = 0; i < (data[0] % 3); ++i) fds.emplace_back(::eventfd(0, EFD_CLOEXEC));
+  // Descriptors of three kinds (RegBacking accepts only the sealed memfd).
+  for (int i = 0; i < (data[0] % 3); ++i) fds.emplace_back(make_fd((data[0] / 3 + i) % 3));
   uint8_t out[sv::proto::kMaxMessage];
   std::vector<int> out_fds;
   size_t n = h.server.handle(h.client, data + 1, size - 1, fds, out, out_fds);
