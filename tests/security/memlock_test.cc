@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,26 +53,49 @@ bool has_cap_ipc_lock(pid_t pid) {
   return !l.empty() && (std::strtoull(l.c_str() + 7, nullptr, 16) & (1ull << 14));
 }
 
-// A raw connection's PD and a backing (a sealed sparse memfd of 1 TiB) to
+// Requests on a control connection given by its descriptor (a RawConn's,
+// or one received from another process).
+struct Conn {
+  int fd;
+  uint32_t seq = 0x40000000;
+  template <class Req, class Rep>
+  int call(Op op, Req& r, Rep& rep, std::span<const int> fds = {}) {
+    sv::proto::init_header(r, op, ++seq);
+    if (sv::send_message(fd, &r, sizeof(r), fds) != 0) return -1;
+    uint8_t buf[sv::proto::kMaxMessage];
+    for (;;) {
+      size_t n = 0;
+      std::vector<sv::Fd> got;
+      if (sv::recv_message(fd, buf, sizeof(buf), &n, got) != 0 || n < sizeof(sv::proto::Header)) return -1;
+      sv::proto::Header h;
+      std::memcpy(&h, buf, sizeof(h));
+      if (h.seq != seq) continue;  // an async event
+      std::memcpy(&rep, buf, std::min(n, sizeof(rep)));
+      return h.status;
+    }
+  }
+};
+
+// A connection's PD and a backing (a sealed sparse memfd of 1 TiB) to
 // register over.
 struct RegTarget {
   uint32_t pd = 0, backing = 0;
 };
 
-int setup(RawConn& raw, RegTarget& s) {
+int setup(Conn& c, RegTarget& s) {
   sv::proto::Empty hello{};
   sv::proto::HelloReply hr{};
-  if (!raw.ok() || raw.call(Op::Hello, hello, hr) != 0) return 2;
+  if (c.fd < 0 || c.call(Op::Hello, hello, hr) != 0) return 2;
   sv::proto::Empty apd{};
   sv::proto::HandleReply pd{};
-  if (raw.call(Op::AllocPd, apd, pd) != 0) return 3;
+  if (c.call(Op::AllocPd, apd, pd) != 0) return 3;
   int fd = memfd_create("memlock", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0 || ftruncate(fd, off_t(kTiB)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0)
     return 4;
   sv::proto::Empty breq{};
   sv::proto::HandleReply brep{};
   int fds[1] = {fd};
-  if (raw.call(Op::RegBacking, breq, brep, fds) != 0) return 5;
+  if (c.call(Op::RegBacking, breq, brep, fds) != 0) return 5;
   close(fd);
   s.pd = pd.handle;
   s.backing = brep.handle;
@@ -86,6 +110,12 @@ sv::proto::RegMrReq reg_req(const RegTarget& s, uint64_t len) {
   m.length = len;
   m.access = IBV_ACCESS_LOCAL_WRITE;
   return m;
+}
+
+int reg(Conn& c, const RegTarget& s, uint64_t len) {
+  auto m = reg_req(s, len);
+  sv::proto::RegMrReply rep{};
+  return c.call(Op::RegMr, m, rep);
 }
 
 // nobody with RLIMIT_MEMLOCK 64 KiB enters a user namespace of its own
@@ -111,14 +141,12 @@ TEST(MemlockNs, CapIpcLockInAUserNamespaceDoesNotLiftTheLimit) {
       return 12;
     if (!has_cap_ipc_lock(getpid())) return 13;  // the namespace grants it
     RawConn raw(path);
+    Conn c{raw.fd()};
     RegTarget s;
-    if (int e = setup(raw, s)) return e;
+    if (int e = setup(c, s)) return e;
     Result r{};
-    sv::proto::RegMrReply rep{};
-    auto small = reg_req(s, 16 * 1024);
-    r.small = raw.call(Op::RegMr, small, rep);
-    auto huge = reg_req(s, kTiB);
-    r.huge = raw.call(Op::RegMr, huge, rep);
+    r.small = reg(c, s, 16 * 1024);
+    r.huge = reg(c, s, kTiB);
     return send_val(sock, r) ? 0 : 14;
   });
   ASSERT_TRUE(sysd.alive());
@@ -178,11 +206,10 @@ TEST(MemlockNs, ASetuidExecAfterConnectingDoesNotLiftTheLimit) {
     rlimit rl{kLimit, kLimit};
     if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 10;
     RawConn raw(path);
+    Conn c{raw.fd()};
     Before b{};
-    if (int e = setup(raw, b.s)) return e;
-    sv::proto::RegMrReply rep{};
-    auto huge = reg_req(b.s, kTiB);
-    b.huge = raw.call(Op::RegMr, huge, rep);
+    if (int e = setup(c, b.s)) return e;
+    b.huge = reg(c, b.s, kTiB);
     int fds[1] = {raw.fd()};
     if (!send_val(sock, b, fds)) return 11;
     // Our end of the socketpair is close-on-exec: the parent sees the exec.
@@ -203,26 +230,53 @@ TEST(MemlockNs, ASetuidExecAfterConnectingDoesNotLiftTheLimit) {
   ASSERT_NE(std::string::npos, status_line(nobody.pid(), "Uid:").find("\t0\t")) << "not running setuid root";
   // The connection, used by another process: the daemon's registrant is the
   // process that connected (now root, with CAP_IPC_LOCK).
-  struct Conn {
-    int fd;
-    uint32_t seq = 0x40000000;
-    int reg(const RegTarget& s, uint64_t len) {
-      auto m = reg_req(s, len);
-      sv::proto::init_header(m, Op::RegMr, ++seq);
-      if (sv::send_message(fd, &m, sizeof(m), {}) != 0) return -1;
-      uint8_t buf[sv::proto::kMaxMessage];
-      for (;;) {
-        size_t n = 0;
-        std::vector<sv::Fd> got;
-        if (sv::recv_message(fd, buf, sizeof(buf), &n, got) != 0 || n < sizeof(sv::proto::Header)) return -1;
-        sv::proto::Header h;
-        std::memcpy(&h, buf, sizeof(h));
-        if (h.seq == seq) return h.status;
-      }
-    }
-  } conn{fds[0].get()};
-  EXPECT_EQ(ENOMEM, conn.reg(b.s, kTiB)) << "1 TiB accepted after the setuid exec";
-  EXPECT_EQ(0, conn.reg(b.s, 16 * 1024)) << "16 KiB within the limit";
+  Conn conn{fds[0].get()};
+  EXPECT_EQ(ENOMEM, reg(conn, b.s, kTiB)) << "1 TiB accepted after the setuid exec";
+  EXPECT_EQ(0, reg(conn, b.s, 16 * 1024)) << "16 KiB within the limit";
+  EXPECT_TRUE(sysd.alive());
+}
+
+// The same exec, made before the daemon accepted the connection (the daemon
+// is stopped meanwhile): the process it finds behind the socket already
+// runs setuid root, but the socket recorded nobody at connect(2).
+TEST(MemlockNs, ASetuidExecBeforeTheDaemonAcceptsDoesNotLiftTheLimit) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a setuid binary and run a child as another user";
+  SetuidSleep bin;
+  if (bin.path.empty()) GTEST_SKIP() << "cannot make a setuid binary here";
+  SystemDaemon sysd;
+  const std::string path = sysd.socket();
+  const std::string exe = bin.path;
+  Child nobody(true, [path, exe](int sock) {
+    rlimit rl{kLimit, kLimit};
+    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 10;
+    RawConn raw(path);  // connected; the stopped daemon has not accepted it
+    if (!raw.ok()) return 11;
+    int fds[1] = {raw.fd()};
+    int ok = 1;
+    if (!send_val(sock, ok, fds)) return 12;
+    execl(exe.c_str(), "sleep", "600", static_cast<char*>(nullptr));
+    return 13;
+  });
+  ASSERT_TRUE(sysd.alive());
+  ASSERT_EQ(0, kill(sysd.pid, SIGSTOP));
+  struct Resume {
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{sysd.pid};
+  nobody.start();
+  int ok = 0;
+  std::vector<sv::Fd> fds;
+  ASSERT_TRUE(recv_val(nobody.sock(), ok, &fds)) << "the child failed: exit " << nobody.wait();
+  ASSERT_EQ(1u, fds.size());
+  char c;
+  ASSERT_EQ(0, read(nobody.sock(), &c, 1));  // exec'd
+  if (!has_cap_ipc_lock(nobody.pid())) GTEST_SKIP() << "the setuid exec did not raise capabilities here";
+  ASSERT_EQ(0, kill(sysd.pid, SIGCONT));
+  Conn conn{fds[0].get()};
+  RegTarget t;
+  ASSERT_EQ(0, setup(conn, t));
+  EXPECT_EQ(ENOMEM, reg(conn, t, kTiB)) << "1 TiB accepted for a process that connected as nobody";
+  EXPECT_EQ(0, reg(conn, t, 16 * 1024)) << "16 KiB within the limit";
   EXPECT_TRUE(sysd.alive());
 }
 
