@@ -4,6 +4,8 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace sv {
@@ -32,11 +35,15 @@ size_t page_size() {
   return ps;
 }
 
-int make_memfd(const char* name, size_t size, Fd& out) {
+static_assert(kFixedSizeSeals == (F_SEAL_SHRINK | F_SEAL_GROW) && kFinalSeals == (kFixedSizeSeals | F_SEAL_SEAL));
+
+int make_memfd(const char* name, size_t size, Fd& out, unsigned seals) {
   int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return errno;
   Fd f(fd);
+  if (::fchmod(fd, 0600) != 0) return errno;
   if (size && ::ftruncate(fd, off_t(size)) != 0) return errno;
+  if (seals && ::fcntl(fd, F_ADD_SEALS, int(seals)) != 0) return errno;
   out = std::move(f);
   return 0;
 }
@@ -131,6 +138,58 @@ int peer_credentials(int sock, PeerCred& out) {
   socklen_t l = sizeof(c);
   if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &c, &l) != 0) return errno;
   out = {c.pid, c.uid, c.gid};
+  return 0;
+}
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+int pidfd_open(pid_t pid, Fd& out) {
+  long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) return errno;
+  out.reset(int(fd));
+  return 0;
+}
+
+bool pidfd_alive(int pidfd) {
+  if (pidfd < 0) return false;
+  // EPERM: alive, only not ours to signal.
+  return ::syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) == 0 || errno == EPERM;
+}
+
+uint64_t boottime_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+int peer_pidfd(int sock, const PeerCred& cred, uint64_t accepted_ns, Fd& out) {
+  int fd = -1;
+  socklen_t l = sizeof(fd);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &l) == 0 && fd >= 0) {
+    out.reset(fd);
+    return 0;
+  }
+  if (cred.pid <= 0) return ESRCH;
+  Fd p;
+  if (int e = pidfd_open(cred.pid, p)) return e;
+  // The process now behind cred.pid must have started before the accept:
+  // field 22 of /proc/PID/stat, in clock ticks since boot.
+  char path[64], buf[1024];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", int(cred.pid));
+  Fd st(::open(path, O_RDONLY | O_CLOEXEC));
+  ssize_t n = st.valid() ? ::read(st.get(), buf, sizeof(buf) - 1) : -1;
+  if (n <= 0) return ESRCH;
+  buf[n] = 0;
+  const char* q = std::strrchr(buf, ')');  // the command name may hold anything but ends at the last ')'
+  unsigned long long start = 0;
+  if (!q || std::sscanf(q + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                        &start) != 1)
+    return ESRCH;
+  const uint64_t hz = uint64_t(::sysconf(_SC_CLK_TCK));
+  if (start * (1000000000ull / hz) > accepted_ns || !pidfd_alive(p.get())) return ESRCH;
+  out = std::move(p);
   return 0;
 }
 

@@ -81,7 +81,15 @@ size_t page_size();
 inline uint64_t page_down(uint64_t v) { return v & ~(uint64_t(page_size()) - 1); }
 inline uint64_t page_up(uint64_t v) { return page_down(v + page_size() - 1); }
 
-int make_memfd(const char* name, size_t size, Fd& out);
+// A memfd of `size` bytes, mode 0600 (another user cannot reopen it through
+// /proc/PID/fd), sealed with `seals` once sized. The default fixes its size
+// for good: every process that maps it may touch all of it without SIGBUS,
+// whoever else holds it (memfd_create(2), fcntl(2) F_ADD_SEALS). A caller
+// that must add seals later (after mapping it writable itself) leaves out
+// F_SEAL_SEAL.
+constexpr unsigned kFixedSizeSeals = 0x0002 | 0x0004;  // F_SEAL_SHRINK | F_SEAL_GROW
+constexpr unsigned kFinalSeals = kFixedSizeSeals | 0x0001;  // ... | F_SEAL_SEAL
+int make_memfd(const char* name, size_t size, Fd& out, unsigned seals = kFinalSeals);
 int make_eventfd(Fd& out);
 // Maps [offset, offset+len) of fd shared. prot: PROT_READ or PROT_READ|PROT_WRITE.
 int map_shared(int fd, uint64_t offset, size_t len, int prot, bool populate, Mapping& out);
@@ -102,6 +110,18 @@ struct PeerCred {
   gid_t gid;
 };
 int peer_credentials(int sock, PeerCred& out);
+// A pidfd for the process at the other end of a connected Unix socket, as
+// it was when it connected: SO_PEERPIDFD (Linux 6.5), else pidfd_open(2) of
+// cred.pid, accepted only if that process started before `accepted_ns`
+// (CLOCK_BOOTTIME, taken once accept(2) returned), so that a pid reused
+// since then is not taken for the peer.
+int peer_pidfd(int sock, const PeerCred& cred, uint64_t accepted_ns, Fd& out);
+// Whether the process a pidfd refers to is still alive (pidfd_send_signal(2)
+// with signal 0; a zombie still counts).
+bool pidfd_alive(int pidfd);
+// pidfd_open(2).
+int pidfd_open(pid_t pid, Fd& out);
+uint64_t boottime_ns();
 
 int listen_seqpacket(const std::string& path, Fd& out);
 int connect_seqpacket(const std::string& path, Fd& out);

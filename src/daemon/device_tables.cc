@@ -34,7 +34,8 @@ int DeviceTables::make_segment(uid_t uid, std::unique_ptr<Segment>& out) {
   Fd rw;
   char name[48];
   std::snprintf(name, sizeof(name), "softverbs-device-%u", unsigned(uid));
-  if (int e = make_memfd(name, DeviceLayout::size(), rw)) return e;
+  // Fixed size now; the final seals come once the daemon has mapped it.
+  if (int e = make_memfd(name, DeviceLayout::size(), rw, kFixedSizeSeals)) return e;
   if (int e = map_shared(rw.get(), 0, DeviceLayout::size(), PROT_READ | PROT_WRITE, false, s->map)) return e;
   auto* h = s->map.as<DeviceHeader>();
   h->magic = kDeviceMagic;

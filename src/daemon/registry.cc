@@ -7,6 +7,8 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <linux/magic.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +19,10 @@
 
 #include "common/completion.h"
 #include "common/qp_state.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010  // Linux 5.1
+#endif
 
 namespace sv::daemon {
 
@@ -29,38 +35,97 @@ constexpr uint32_t kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRI
                                   IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED;
 constexpr uint32_t kQpAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
-// The locked-memory limit of `pid` in bytes: RLIMIT_MEMLOCK, or unlimited
-// with CAP_IPC_LOCK (as ib_umem_get charges pinned pages in the kernel).
-uint64_t memlock_limit(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
-  if (FILE* f = std::fopen(path, "r")) {
-    char line[256];
-    unsigned long long capeff = 0;
-    while (std::fgets(line, sizeof(line), f))
-      if (std::sscanf(line, "CapEff: %llx", &capeff) == 1) break;
-    std::fclose(f);
-    if (capeff & (1ull << 14)) return UINT64_MAX;  // CAP_IPC_LOCK
-  }
+// RLIMIT_MEMLOCK (soft) of `pid` in bytes, as read now.
+bool read_rlimit_memlock(pid_t pid, uint64_t& out) {
   rlimit rl{};
-  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) == 0)
-    return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+  if (::prlimit(pid, RLIMIT_MEMLOCK, nullptr, &rl) == 0) {
+    out = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+    return true;
+  }
   // prlimit(2) on another user's process needs CAP_SYS_RESOURCE, which a
   // system daemon in a container may lack: /proc/PID/limits says the same.
-  if (FILE* f = std::fopen((std::string("/proc/") + std::to_string(pid) + "/limits").c_str(), "r")) {
-    char line[256];
-    uint64_t limit = 0;
-    while (std::fgets(line, sizeof(line), f)) {
-      if (std::strncmp(line, "Max locked memory", 17) != 0) continue;
-      char soft[64] = {0};
-      if (std::sscanf(line + 17, "%63s", soft) == 1)
-        limit = std::strcmp(soft, "unlimited") == 0 ? UINT64_MAX : std::strtoull(soft, nullptr, 10);
-      break;
+  FILE* f = std::fopen((std::string("/proc/") + std::to_string(pid) + "/limits").c_str(), "r");
+  if (!f) return false;
+  char line[256];
+  bool found = false;
+  while (std::fgets(line, sizeof(line), f)) {
+    if (std::strncmp(line, "Max locked memory", 17) != 0) continue;
+    char soft[64] = {0};
+    if (std::sscanf(line + 17, "%63s", soft) == 1) {
+      out = std::strcmp(soft, "unlimited") == 0 ? UINT64_MAX : std::strtoull(soft, nullptr, 10);
+      found = true;
     }
-    std::fclose(f);
-    return limit;
+    break;
   }
-  return 0;
+  std::fclose(f);
+  return found;
+}
+
+// Whether `pid` lives in the initial user namespace, where the kernel's
+// capable() looks for CAP_IPC_LOCK (capabilities(7), user_namespaces(7)):
+// a process that holds every capability in a namespace of its own (unshare
+// -Ur) holds none there. The initial namespace is pid 1's as this daemon
+// sees it, or the daemon's own where pid 1's is not readable (a per-user
+// daemon). Unreadable counts as another namespace.
+bool in_initial_userns(pid_t pid) {
+  static const std::pair<dev_t, ino_t> initial = [] {
+    struct stat st {};
+    if (::stat("/proc/1/ns/user", &st) != 0 && ::stat("/proc/self/ns/user", &st) != 0) return std::pair<dev_t, ino_t>{0, 0};
+    return std::pair{st.st_dev, st.st_ino};
+  }();
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/ns/user", int(pid));
+  struct stat st {};
+  return initial.second != 0 && ::stat(path, &st) == 0 && st.st_dev == initial.first && st.st_ino == initial.second;
+}
+
+// What decides `pid`'s locked-memory limit now, read through /proc. True
+// only if the process behind `pidfd` was alive until everything was read,
+// so that the pid was not reused by another process meanwhile.
+bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out) {
+  if (!pidfd_alive(pidfd)) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char line[256];
+  unsigned long long capeff = 0;
+  int fields = 0;
+  while (std::fgets(line, sizeof(line), f)) {
+    unsigned a, b, c, d;
+    if (std::sscanf(line, "CapEff: %llx", &capeff) == 1) {
+      fields |= 1;
+    } else if (std::sscanf(line, "Uid: %u %u %u %u", &a, &b, &c, &d) == 4) {
+      out.uids[0] = a, out.uids[1] = b, out.uids[2] = c, out.uids[3] = d;
+      fields |= 2;
+    } else if (std::sscanf(line, "Gid: %u %u %u %u", &a, &b, &c, &d) == 4) {
+      out.gids[0] = a, out.gids[1] = b, out.gids[2] = c, out.gids[3] = d;
+      fields |= 4;
+    }
+  }
+  std::fclose(f);
+  if (fields != 7 || !read_rlimit_memlock(pid, out.memlock)) return false;
+  out.ipc_lock = (capeff & (1ull << 14)) && in_initial_userns(pid);  // CAP_IPC_LOCK
+  if (!pidfd_alive(pidfd)) return false;
+  out.known = true;
+  return true;
+}
+
+// The locked-memory limit of a client in bytes: RLIMIT_MEMLOCK, or
+// unlimited with CAP_IPC_LOCK (as ib_umem_get charges pinned pages in the
+// kernel), decided for the process that connected: the capability must
+// have been held at connect time and still be held, and once the process
+// is gone or its credentials changed (the exec of a setuid binary), the
+// limit is no larger than it was at connect time.
+uint64_t memlock_limit(pid_t pid, int pidfd, const ConnectIdentity& at_connect) {
+  if (!at_connect.known) return 0;
+  ConnectIdentity now;
+  const bool live = read_identity(pid, pidfd, now);
+  if (at_connect.ipc_lock && (!live || now.ipc_lock)) return UINT64_MAX;
+  if (!live) return at_connect.memlock;
+  const bool same = std::equal(now.uids, now.uids + 4, at_connect.uids) &&
+                    std::equal(now.gids, now.gids + 4, at_connect.gids);
+  return same ? now.memlock : std::min(now.memlock, at_connect.memlock);
 }
 
 }  // namespace
@@ -104,10 +169,18 @@ bool Registry::same_tables(uint32_t client, uint32_t owner) const {
   return c != clients_.end() && ctx_uid(owner) == c->second.uid && ctx_uid(c->second.ctx) == c->second.uid;
 }
 
-uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid) {
+uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid, Fd pidfd) {
   uint32_t id = next_client_++;
   uint32_t context = next_handle_++;
-  clients_[id] = Client{pid, uid, gid, context, 0};
+  Client c{pid, uid, gid, context, 0};
+  if (!pidfd.valid()) pidfd_open(pid, pidfd);
+  // Credentials that differ from those the socket recorded at connect()
+  // (SO_PEERCRED: the effective ids) changed since: the process exec'd a
+  // setuid binary before we got here. Its capabilities are not its own.
+  if (read_identity(pid, pidfd.get(), c.at_connect) && (c.at_connect.uids[1] != uid || c.at_connect.gids[1] != gid))
+    c.at_connect.ipc_lock = false;
+  c.pidfd = std::move(pidfd);
+  clients_[id] = std::move(c);
   contexts_[context] = Context{1, uid};
   return id;
 }
@@ -800,8 +873,24 @@ int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
 
 // ---- Memory --------------------------------------------------------------
 
+// A backing is mapped by the registrant's peers (same user) and, a page at
+// a time, by the daemon (mediated atomics): a file its holder could shrink
+// would turn their next access into SIGBUS. Accepted: a memfd (tmpfs,
+// not hugetlbfs, whose faults can SIGBUS when the pool runs dry) sealed
+// against shrinking for good (F_SEAL_SHRINK | F_SEAL_SEAL, fcntl(2)), open
+// for writing and not write-sealed (the daemon writes mediated data into it
+// and peers map it writable). Its size is checked at each registration.
 int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
   if (!fd.valid()) return EINVAL;
+  struct stat st {};
+  struct statfs sfs {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || ::fstatfs(fd.get(), &sfs) != 0 ||
+      sfs.f_type != TMPFS_MAGIC)
+    return EINVAL;
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL)) return EINVAL;
+  const int fl = ::fcntl(fd.get(), F_GETFL);
+  if (fl < 0 || (fl & O_ACCMODE) != O_RDWR || (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE))) return EPERM;
   id = next_handle_++;
   backings_[id] = Backing{ctx(client), std::move(fd), 0, {}, 0};
   return 0;
@@ -821,6 +910,10 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
   if (req.iova + req.length < req.iova) return EINVAL;
   if (!b->second.region.empty() && req.addr + req.length > b->second.limit) return EINVAL;
+  // The file must hold the whole range now; sealed, it cannot shrink later
+  // (reg_backing), so no holder of a mapping of it meets SIGBUS.
+  struct stat st {};
+  if (::fstat(b->second.fd.get(), &st) != 0 || uint64_t(st.st_size) < req.addr + req.length) return EINVAL;
 
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
@@ -832,7 +925,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   uint64_t bytes = page_up(req.addr + req.length) - page_down(req.addr);
   Account& acct = accounts_[pid];
   acct.uid = clients_[client].uid;
-  acct.limit_bytes = memlock_limit(pid);
+  acct.limit_bytes = memlock_limit(pid, clients_[client].pidfd.get(), clients_[client].at_connect);
   if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes + bytes > acct.limit_bytes) {
     SV_TRACE("daemon: pid %d: RLIMIT_MEMLOCK %llu, locked %llu, asks %llu: ENOMEM", int(pid),
              (unsigned long long)acct.limit_bytes, (unsigned long long)acct.locked_bytes, (unsigned long long)bytes);

@@ -27,6 +27,16 @@
 
 namespace sv::daemon {
 
+// What decides a client's locked-memory limit, read when its process
+// connected and confirmed through its pidfd (memlock_limit in registry.cc).
+struct ConnectIdentity {
+  bool known = false;     // read, and the process was alive throughout
+  bool ipc_lock = false;  // CAP_IPC_LOCK in the initial user namespace
+  uint64_t memlock = 0;   // RLIMIT_MEMLOCK (soft) in bytes
+  uid_t uids[4]{};        // real, effective, saved, filesystem
+  gid_t gids[4]{};
+};
+
 struct Counts {
   uint32_t clients, pds, mrs, cqs, qps, channels, backings;
 };
@@ -40,7 +50,10 @@ class Registry {
   int device_fd(uint32_t client, int& fd);
   uint64_t boot_id() const { return boot_id_; }
 
-  uint32_t add_client(pid_t pid, uid_t uid, gid_t gid = 0);
+  // `pidfd` refers to the process that connected (peer_pidfd); without one
+  // the registry opens one for `pid`. The process's credentials, capability
+  // and limit are read now: RLIMIT_MEMLOCK is charged to it as it was.
+  uint32_t add_client(pid_t pid, uid_t uid, gid_t gid = 0, Fd pidfd = Fd());
   // Detaches the client from its context; the last one out releases the
   // context's objects, whichever process created them.
   void remove_client(uint32_t client);
@@ -157,6 +170,8 @@ class Registry {
     uint32_t ctx;           // the context this connection works in
     uint64_t socket_inode;  // claimed and verified client end of the connection
     int async_fd = -1;      // the client's async eventfd (owned by async_fds_)
+    Fd pidfd{};             // the process that connected (not one that reused its pid)
+    ConnectIdentity at_connect{};
   };
   std::map<uint32_t, Fd> async_fds_;  // by client
   void fail_peers_of(const std::vector<uint32_t>& dead_qpns);

@@ -168,7 +168,11 @@ void Server::accept_clients() {
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
-    uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid);
+    // The process that connected, by a pidfd: its locked-memory limit is
+    // decided for it, not for whatever process reuses its pid.
+    Fd pidfd;
+    peer_pidfd(fd, cred, boottime_ns(), pidfd);
+    uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid, std::move(pidfd));
     conns_[fd] = Conn{id, std::move(sock)};
   }
 }
