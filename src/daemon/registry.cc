@@ -69,7 +69,7 @@ bool read_rlimit_memlock(pid_t pid, uint64_t& out) {
 bool in_initial_userns(pid_t pid) {
   static const std::pair<dev_t, ino_t> initial = [] {
     struct stat st {};
-    if (::stat("/proc/1/ns/user", &st) != 0 && ::stat("/proc/self/ns/user", &st) != 0) return std::pair<dev_t, ino_t>{0, 0};
+    if (::stat("/proc/1/ns/user", &st) != 0 && ::stat("/proc/self/ns/user", &st) != 0) st = {};
     return std::pair{st.st_dev, st.st_ino};
   }();
   char path[64];
