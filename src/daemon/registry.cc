@@ -70,7 +70,7 @@ bool read_rlimit_memlock(pid_t pid, uint64_t& out) {
 bool in_initial_userns(pid_t pid) {
   static const std::pair<dev_t, ino_t> initial = [] {
     struct stat st {};
-    if (::stat("/proc/1/ns/user", &st) != 0 && ::stat("/proc/self/ns/user", &st) != 0) return std::pair<dev_t, ino_t>{0, 0};
+    if (::stat("/proc/1/ns/user", &st) != 0 && ::stat("/proc/self/ns/user", &st) != 0) st = {};
     return std::pair{st.st_dev, st.st_ino};
   }();
   char path[64];
@@ -879,7 +879,10 @@ int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
 // not hugetlbfs, whose faults can SIGBUS when the pool runs dry) sealed
 // against shrinking for good (F_SEAL_SHRINK | F_SEAL_SEAL, fcntl(2)), open
 // for writing and not write-sealed (the daemon writes mediated data into it
-// and peers map it writable). Its size is checked at each registration.
+// and peers map it writable), and created by the registering user: not a
+// segment of the daemon's (the device, a CQ granted by another user), which
+// the daemon would then write as that user's memory. Its size is checked at
+// each registration.
 int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
   if (!fd.valid()) return EINVAL;
   struct stat st {};
@@ -887,6 +890,7 @@ int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || ::fstatfs(fd.get(), &sfs) != 0 ||
       sfs.f_type != TMPFS_MAGIC)
     return EINVAL;
+  if (st.st_uid != client_uid(client)) return EPERM;
   const int seals = ::fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL)) return EINVAL;
   const int fl = ::fcntl(fd.get(), F_GETFL);

@@ -48,6 +48,7 @@ SystemDaemon::SystemDaemon() {
   std::string bin = build_bin("softverbsd");
   pid = fork();
   if (pid == 0) {
+    unsetenv("SOFTVERBSD_IDLE");  // set by the test main; it would override --idle 0
     execl(bin.c_str(), "softverbsd", "--system", "--foreground", "--dir", dir.c_str(), "--idle", "0",
           static_cast<char*>(nullptr));
     _exit(127);

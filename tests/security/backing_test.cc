@@ -156,7 +156,7 @@ constexpr uint32_t kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV
 TEST(Backing, RegBackingRefusesFilesAPeerCouldShrink) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
   SystemDaemon sysd;
-  enum { kUnsealed, kNoSealing, kShrinkNotFinal, kRegular, kPipe, kReadOnly, kWriteSealed, kGood,
+  enum { kUnsealed, kNoSealing, kShrinkNotFinal, kRegular, kPipe, kReadOnly, kWriteSealed, kDaemonSegment, kGood,
          kMrInside, kMrPastEnd, kMrBeyond, kN };
   struct Result {
     int st[kN];
@@ -194,6 +194,14 @@ TEST(Backing, RegBackingRefusesFilesAPeerCouldShrink) {
     std::snprintf(self, sizeof(self), "/proc/self/fd/%d", good);
     r.st[kReadOnly] = offer(open(self, O_RDONLY | O_CLOEXEC));
     r.st[kWriteSealed] = offer(sealed_memfd(1 << 16, F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL));
+    // A segment of the daemon's (its own CQ's): the daemon would write it as
+    // this user's memory.
+    sv::proto::CreateCqReq cq{};
+    cq.cqe = 16;
+    sv::proto::CreateCqReply cqr{};
+    std::vector<sv::Fd> cqfd;
+    r.st[kDaemonSegment] =
+        raw.call(Op::CreateCq, cq, cqr, {}, &cqfd) == 0 && cqfd.size() == 1 ? offer(cqfd[0].get()) : -2;
     sv::proto::Empty breq{};
     sv::proto::HandleReply brep{};
     int fds[1] = {good};
@@ -219,9 +227,10 @@ TEST(Backing, RegBackingRefusesFilesAPeerCouldShrink) {
   Result r{};
   ASSERT_TRUE(recv_val(nobody.sock(), r)) << "the child failed: exit " << nobody.wait();
   const char* names[kN] = {"unsealed memfd", "memfd without sealing", "F_SEAL_SHRINK without F_SEAL_SEAL",
-                           "regular file", "pipe", "read-only memfd", "write-sealed memfd", "sealed memfd",
+                           "regular file", "pipe", "read-only memfd", "write-sealed memfd", "the daemon's CQ segment",
+                           "sealed memfd",
                            "MR inside", "MR past the end", "MR beyond the end"};
-  for (int i : {kUnsealed, kNoSealing, kShrinkNotFinal, kRegular, kPipe, kReadOnly, kWriteSealed})
+  for (int i : {kUnsealed, kNoSealing, kShrinkNotFinal, kRegular, kPipe, kReadOnly, kWriteSealed, kDaemonSegment})
     EXPECT_TRUE(r.st[i] == EINVAL || r.st[i] == EPERM) << names[i] << ": status " << r.st[i];
   EXPECT_EQ(0, r.st[kGood]) << names[kGood];
   EXPECT_EQ(0, r.st[kMrInside]) << names[kMrInside];

@@ -82,21 +82,29 @@ struct RegTarget {
   uint32_t pd = 0, backing = 0;
 };
 
-int setup(Conn& c, RegTarget& s) {
+int sealed_tib() {
+  int fd = memfd_create("memlock", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ftruncate(fd, off_t(kTiB)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0)
+    return -1;
+  return fd;
+}
+
+// `backing`: a memfd of the connection's user (the daemon takes no other),
+// or -1 for one made here.
+int setup(Conn& c, RegTarget& s, int backing = -1) {
   sv::proto::Empty hello{};
   sv::proto::HelloReply hr{};
   if (c.fd < 0 || c.call(Op::Hello, hello, hr) != 0) return 2;
   sv::proto::Empty apd{};
   sv::proto::HandleReply pd{};
   if (c.call(Op::AllocPd, apd, pd) != 0) return 3;
-  int fd = memfd_create("memlock", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0 || ftruncate(fd, off_t(kTiB)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0)
-    return 4;
+  int fd = backing >= 0 ? backing : sealed_tib();
+  if (fd < 0) return 4;
   sv::proto::Empty breq{};
   sv::proto::HandleReply brep{};
   int fds[1] = {fd};
   if (c.call(Op::RegBacking, breq, brep, fds) != 0) return 5;
-  close(fd);
+  if (fd != backing) close(fd);
   s.pd = pd.handle;
   s.backing = brep.handle;
   return 0;
@@ -250,8 +258,9 @@ TEST(MemlockNs, ASetuidExecBeforeTheDaemonAcceptsDoesNotLiftTheLimit) {
     rlimit rl{kLimit, kLimit};
     if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 10;
     RawConn raw(path);  // connected; the stopped daemon has not accepted it
-    if (!raw.ok()) return 11;
-    int fds[1] = {raw.fd()};
+    int backing = sealed_tib();
+    if (!raw.ok() || backing < 0) return 11;
+    int fds[2] = {raw.fd(), backing};
     int ok = 1;
     if (!send_val(sock, ok, fds)) return 12;
     execl(exe.c_str(), "sleep", "600", static_cast<char*>(nullptr));
@@ -267,14 +276,14 @@ TEST(MemlockNs, ASetuidExecBeforeTheDaemonAcceptsDoesNotLiftTheLimit) {
   int ok = 0;
   std::vector<sv::Fd> fds;
   ASSERT_TRUE(recv_val(nobody.sock(), ok, &fds)) << "the child failed: exit " << nobody.wait();
-  ASSERT_EQ(1u, fds.size());
+  ASSERT_EQ(2u, fds.size());
   char c;
   ASSERT_EQ(0, read(nobody.sock(), &c, 1));  // exec'd
   if (!has_cap_ipc_lock(nobody.pid())) GTEST_SKIP() << "the setuid exec did not raise capabilities here";
   ASSERT_EQ(0, kill(sysd.pid, SIGCONT));
   Conn conn{fds[0].get()};
   RegTarget t;
-  ASSERT_EQ(0, setup(conn, t));
+  ASSERT_EQ(0, setup(conn, t, fds[1].get()));
   EXPECT_EQ(ENOMEM, reg(conn, t, kTiB)) << "1 TiB accepted for a process that connected as nobody";
   EXPECT_EQ(0, reg(conn, t, 16 * 1024)) << "16 KiB within the limit";
   EXPECT_TRUE(sysd.alive());
