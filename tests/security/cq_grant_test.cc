@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "attack.h"
@@ -252,6 +253,112 @@ TEST(CqGrant, AGrantedCqIsReadNotWritten) {
   ASSERT_TRUE(send_val(owner.sock(), go));
   EXPECT_EQ(0, owner.wait()) << "root's own poll failed or hung (142: SIGALRM)";
   EXPECT_TRUE(sysd.alive());
+}
+
+// The daemon polls a granted CQ with a try-lock: an owner that holds its
+// CQ's poll lock (here for good, "by" pid 1) costs the grantee "no
+// completion now", and stalls neither the daemon nor anyone else. Once the
+// lock is free the grantee polls the completion.
+TEST(CqGrant, AnOwnerHoldingItsPollLockStallsNoOneElse) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  Child nobody(true, [](int sock) {
+    alarm(30);
+    uint32_t handle = 0;
+    if (!recv_val(sock, handle)) return 2;
+    svx_object o{};
+    ibv_context* c = svx_open(kName, SVX_OPEN_READ, &o);
+    if (!c || o.type != SVX_OBJ_CQ) return 3;
+    char go = 1;
+    if (!send_val(sock, go) || !recv_val(sock, go)) return 4;  // root posted one and holds its lock
+    ibv_wc wc{};
+    for (int i = 0; i < 100; ++i)
+      if (ibv_poll_cq(o.cq, 1, &wc) != 0) return 5;  // locked: nothing now, and no wait
+    // The daemon still serves everyone.
+    ibv_context* other = open_dev();
+    ibv_pd* pd = other ? ibv_alloc_pd(other) : nullptr;
+    if (!pd) return 6;
+    ibv_dealloc_pd(pd);
+    ibv_close_device(other);
+    if (!send_val(sock, go) || !recv_val(sock, go)) return 7;  // root let go of the lock
+    if (poll_n(o.cq, &wc, 1) != 1 || wc.wr_id != 7 || wc.status != IBV_WC_SUCCESS) return 8;
+    svx_unimport_cq(o.cq);
+    ibv_close_device(c);
+    return 0;
+  });
+  nobody.start();
+  ibv_context* c = open_dev();
+  ASSERT_NE(nullptr, c);
+  ibv_pd* pd = ibv_alloc_pd(c);
+  static uint8_t buf[8192] __attribute__((aligned(4096)));
+  ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_cq* cq = ibv_create_cq(c, 16, nullptr, nullptr, 0);
+  ibv_cq* cq2 = ibv_create_cq(c, 16, nullptr, nullptr, 0);
+  ASSERT_TRUE(mr && cq && cq2);
+  ibv_qp_init_attr ia{};
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ia.send_cq = ia.recv_cq = cq;
+  ibv_qp* a = ibv_create_qp(pd, &ia);
+  ia.send_cq = ia.recv_cq = cq2;
+  ibv_qp* b = ibv_create_qp(pd, &ia);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(0, to_init(a));
+  ASSERT_EQ(0, to_init(b));
+  ASSERT_EQ(0, to_rts(c, a, b->qp_num));
+  ASSERT_EQ(0, to_rts(c, b, a->qp_num));
+  svx_object o{SVX_OBJ_CQ, {}};
+  o.cq = cq;
+  ASSERT_EQ(0, svx_publish(c, kName, &o, 0644, -1));
+  // This process maps its own CQ's segment: find it.
+  sv::shm::CqSegmentHeader* seg = nullptr;
+  if (FILE* f = fopen("/proc/self/maps", "r")) {
+    char line[512];
+    while (!seg && fgets(line, sizeof(line), f)) {
+      unsigned long lo = 0, hi = 0;
+      if (!strstr(line, "softverbs-cq") || sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
+      auto* h = reinterpret_cast<sv::shm::CqSegmentHeader*>(lo);
+      if (h->magic == sv::shm::kCqMagic && h->handle == cq->handle) seg = h;
+    }
+    fclose(f);
+  }
+  ASSERT_NE(nullptr, seg);
+  uint32_t handle = cq->handle;
+  ASSERT_TRUE(send_val(nobody.sock(), handle));
+  char go = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), go));
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf), 8, mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = 7;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf + 4096);
+  wr.wr.rdma.rkey = mr->rkey;
+  // The lock first (a holder that never lets go), then the completion.
+  uint32_t free_ = 0;
+  ASSERT_TRUE(seg->poll_lock.owner.compare_exchange_strong(free_, 1));
+  ASSERT_EQ(0, ibv_post_send(a, &wr, &bad));
+  // The completion is in the ring before nobody polls (so its empty polls
+  // come from the lock, not from an empty CQ).
+  auto* rh = reinterpret_cast<sv::shm::RingHeader*>(reinterpret_cast<char*>(seg) + seg->ring_offset);
+  for (uint64_t end = now_ms() + 10000; rh->tail.load() == rh->head.load() && now_ms() < end;) usleep(100);
+  ASSERT_NE(rh->tail.load(), rh->head.load());
+  ASSERT_TRUE(send_val(nobody.sock(), go));
+  ASSERT_TRUE(recv_val(nobody.sock(), go));  // nobody polled nothing and was served
+  seg->poll_lock.owner.store(0);
+  ASSERT_TRUE(send_val(nobody.sock(), go));
+  EXPECT_EQ(0, nobody.wait());
+  EXPECT_TRUE(sysd.alive());
+  ibv_destroy_qp(a);
+  ibv_destroy_qp(b);
+  ibv_destroy_cq(cq);
+  ibv_destroy_cq(cq2);
+  ibv_dereg_mr(mr);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(c);
 }
 
 }  // namespace
