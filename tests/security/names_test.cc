@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "attack.h"
 #include "softverbs/softverbs.h"
@@ -209,6 +211,153 @@ TEST(Names, OpeningASquattedNameJoinsNoOtherUsersContext) {
   ASSERT_NE(nullptr, mine);
   EXPECT_EQ(SVX_OBJ_PD, o.type);
   ibv_close_device(mine);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(c);
+}
+
+int to_init(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+int to_rts(ibv_context* c, ibv_qp* qp, uint32_t dest) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = dest;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.hop_limit = 1;
+  ibv_query_gid(c, 1, 0, &a.ah_attr.grh.dgid);
+  a.ah_attr.port_num = 1;
+  if (int e = ibv_modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return e;
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RTS;
+  r.timeout = 14;
+  r.retry_cnt = 7;
+  r.rnr_retry = 7;
+  r.max_rd_atomic = 1;
+  return ibv_modify_qp(qp, &r,
+                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+// Finding 4 (a): root is not "the same user" as anyone else. A root QP
+// connected to nobody's QP is mediated like any other pair of users: root's
+// context is handed neither nobody's QP and CQ segments (rings nobody writes)
+// nor, for nobody's key, nobody's backing (which nobody can truncate under
+// root, or fill with what it likes).
+TEST(Names, RootIsNotTheSameUserAsAnyone) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  struct Info {
+    uint32_t qpn, rkey;
+    uint64_t addr;
+  };
+  Child nobody(true, [](int sock) {
+    alarm(30);
+    ibv_context* c = open_dev();
+    ibv_pd* pd = c ? ibv_alloc_pd(c) : nullptr;
+    static uint8_t buf[4096] __attribute__((aligned(4096)));
+    ibv_mr* mr = pd ? ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                                          IBV_ACCESS_REMOTE_READ)
+                    : nullptr;
+    ibv_cq* cq = c ? ibv_create_cq(c, 16, nullptr, nullptr, 0) : nullptr;
+    if (!mr || !cq) return 2;
+    ibv_qp_init_attr ia{};
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    ia.send_cq = ia.recv_cq = cq;
+    ibv_qp* qp = ibv_create_qp(pd, &ia);
+    if (!qp || to_init(qp)) return 3;
+    Info info{qp->qp_num, mr->rkey, reinterpret_cast<uintptr_t>(buf)};
+    if (!send_val(sock, info)) return 4;
+    uint32_t root_qpn = 0;
+    if (!recv_val(sock, root_qpn) || to_rts(c, qp, root_qpn)) return 5;
+    char go = 1;
+    if (!send_val(sock, go) || !recv_val(sock, go)) return 6;
+    return buf[0] == 0x3c ? 0 : 7;  // root's WRITE arrived
+  });
+  nobody.start();
+  Info info{};
+  ASSERT_TRUE(recv_val(nobody.sock(), info));
+  ibv_context* c = open_dev();
+  ASSERT_NE(nullptr, c);
+  ibv_pd* pd = ibv_alloc_pd(c);
+  static uint8_t buf[4096] __attribute__((aligned(4096)));
+  std::memset(buf, 0x3c, sizeof(buf));
+  ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+  ibv_cq* cq = ibv_create_cq(c, 16, nullptr, nullptr, 0);
+  ASSERT_TRUE(mr && cq);
+  ibv_qp_init_attr ia{};
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ia.send_cq = ia.recv_cq = cq;
+  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  ASSERT_NE(nullptr, qp);
+  ASSERT_EQ(0, to_init(qp));
+  ASSERT_TRUE(send_val(nobody.sock(), qp->qp_num));
+  char go = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), go));
+  ASSERT_EQ(0, to_rts(c, qp, info.qpn));
+  // The connection works (through the daemon).
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf), 64, mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = 1;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = info.addr;
+  wr.wr.rdma.rkey = info.rkey;
+  ASSERT_EQ(0, ibv_post_send(qp, &wr, &bad));
+  ibv_wc wc{};
+  int got = 0;
+  for (int i = 0; i < 20000 && got == 0; ++i) {
+    got = ibv_poll_cq(cq, 1, &wc);
+    if (!got) usleep(500);
+  }
+  ASSERT_EQ(1, got);
+  EXPECT_EQ(IBV_WC_SUCCESS, wc.status);
+
+  // What root's context is handed for that connection: ask the daemon
+  // directly, from a second connection of root's context.
+  RawConn raw(sysd.socket());
+  ASSERT_TRUE(raw.ok());
+  sv::proto::Empty hello{};
+  sv::proto::HelloReply hrep{};
+  std::vector<sv::Fd> fds;
+  ASSERT_EQ(0, raw.call(sv::proto::Op::Hello, hello, hrep, {}, &fds));
+  sv::proto::Empty imp{};
+  int cmd_fd = c->cmd_fd;
+  ASSERT_EQ(0, raw.call(sv::proto::Op::ImportContext, imp, std::span<const int>(&cmd_fd, 1)));
+  sv::proto::HandleReq creq{};
+  creq.handle = qp->qp_num;
+  sv::proto::ConnectPeerReply crep{};
+  fds.clear();
+  EXPECT_EQ(0, raw.call(sv::proto::Op::ConnectPeer, creq, crep, {}, &fds));
+  EXPECT_EQ(1u, crep.mediated) << "root's connection to nobody is not mediated";
+  EXPECT_EQ(0u, fds.size()) << "root was handed nobody's QP/CQ segments";
+  sv::proto::GetMrBackingReq breq{};
+  breq.key = info.rkey;
+  sv::proto::GetMrBackingReply brep{};
+  fds.clear();
+  EXPECT_EQ(EACCES, raw.call(sv::proto::Op::GetMrBacking, breq, brep, {}, &fds));
+  EXPECT_EQ(0u, fds.size()) << "root was handed nobody's backing";
+  ASSERT_TRUE(send_val(nobody.sock(), go));
+  EXPECT_EQ(0, nobody.wait());
+  ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  ibv_dereg_mr(mr);
   ibv_dealloc_pd(pd);
   ibv_close_device(c);
 }
