@@ -23,7 +23,11 @@ os.makedirs(OUT, exist_ok=True)
 ops = ["Hello", "AllocPd", "DeallocPd", "RegBacking", "RegMr", "DeregMr", "CreateChannel",
        "DestroyChannel", "CreateCq", "DestroyCq", "CreateQp", "ModifyQp", "DestroyQp",
        "ConnectPeer", "GetMrBacking", "PeerError", "Status", "Accounts", "AllocMw", "DeallocMw",
-       "BindMw", "InvalidateKey"]
+       "BindMw", "InvalidateKey", "ClaimSocket", "ImportContext", "QueryPd", "QueryMr", "ImportCq",
+       "ImportQp", "RegShmid", "RegShared", "ConnectUd", "RegAsync", "AsyncEvent", "CreateSrq",
+       "DestroySrq", "SrqLimit", "NsPublish", "NsUnpublish", "NsOpen", "NsList", "ImportSrq",
+       "ImportChannel", "Mediate", "ResizeCq", "ResizeCqDone", "GetCq", "CqError", "AttachMcast",
+       "DetachMcast", "OpenXrcd", "CloseXrcd", "ConnectXrc", "OpenQp", "RoceAttach", "PollCq"]
 code = {name: i + 1 for i, name in enumerate(ops)}
 write("hello", 0, header(code["Hello"]))
 write("alloc_pd", 0, header(code["AllocPd"]))
@@ -37,6 +41,12 @@ write("modify_qp", 0, header(code["ModifyQp"]) + struct.pack("<10IHBBBBBBBBBB16s
       0x10002, 0x1 | 0x10 | 0x20 | 0x8, 1, 0, 0, 0, 0, 0, 0, 6, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, b"\0" * 16, 0, 0, 0))
 write("status", 0, header(code["Status"]))
 write("alloc_mw", 0, header(code["AllocMw"]) + struct.pack("<II", 1, 2))
+# Names and grants (issue 18): a region id, an open that expects its own
+# object, a grantee's poll.
+write("reg_shmid", 0, header(code["RegShmid"]) + struct.pack("<IIQQI64sI", 1, 1, 4096, 0, 1, b"x", 0))
+write("ns_open_own", 0, header(code["NsOpen"]) + struct.pack("<II128s", 4, 1, b"/squat"))
+write("import_cq", 0, header(code["ImportCq"]) + struct.pack("<II", 1, 0))
+write("poll_cq", 0, header(code["PollCq"]) + struct.pack("<II", 1, 16))
 write("bad_magic", 0, struct.pack("<IHHIi", 0xdeadbeef, 1, 2, 1, 0))
 
 

@@ -93,8 +93,9 @@ int svx_unpack(int sock, struct ibv_context **context, struct svx_object *object
 
 #define SVX_SHMID_MAX 64
 
-/* Seed 000: register a named shared memory region. The first caller (any
- * process of the user, in any context) creates a zero-filled region of
+/* Seed 000: register a named shared memory region. Ids are per user: each
+ * user has its own id space, and no user attaches another's region. The
+ * first caller (any process of the user, in any context) creates a zero-filled region of
  * `length` bytes under the byte-array `id` (1 to SVX_SHMID_MAX bytes); later
  * callers attach to it, in any order, with `length` no larger than the
  * region (0: all of it). The library maps the region in the caller and
@@ -118,11 +119,15 @@ struct ibv_mr *svx_reg_shared(struct ibv_mr *mr, struct ibv_pd *pd, void *addr, 
  * caller's group; otherwise one the caller belongs to, unless root) and
  * permission bits `mode` (0..0777; r = may open for reading, w = for
  * writing). The name goes away with the object or with svx_unpublish.
+ * Publishing never replaces or opens an existing name.
  * Returns 0 or an errno value: EEXIST (the name is taken), EINVAL (bad name,
  * mode, or an object that is not this context's), EPERM (group). */
 #define SVX_NAME_MAX 128
 #define SVX_OPEN_READ 4
 #define SVX_OPEN_WRITE 2
+/* svx_open: the caller expects an object of its own user; a name another
+ * user published fails with EPERM (and grants nothing). */
+#define SVX_OPEN_OWN 0x100
 int svx_publish(struct ibv_context *context, const char *name, const struct svx_object *object,
                 unsigned int mode, int group);
 
@@ -138,8 +143,11 @@ int svx_unpublish(struct ibv_context *context, const char *name);
  * such name), EACCES (the mode denies it), EPERM (the mode allows it but
  * the object belongs to another user: sharing memory between users needs a
  * path the daemon carries out, which is not built yet; see docs/SHARING.md),
- * EINVAL (bad name or access). Between users only a CQ is granted this way
- * (in a context of the caller's own: the CQ's completions, no memory);
+ * EINVAL (bad name or access). Root is not special: it never joins another
+ * user's context. With SVX_OPEN_OWN in `access`, a name another user
+ * published fails with EPERM (no grant). Between users only a CQ is granted
+ * this way, for reading (in a context of the caller's own, nothing mapped:
+ * ibv_poll_cq goes through the daemon, ibv_req_notify_cq is EOPNOTSUPP);
  * another user's memory is reached through its keys over a connection. */
 struct ibv_context *svx_open(const char *name, int access, struct svx_object *object);
 

@@ -76,6 +76,7 @@ enum class Op : uint16_t {
   ConnectXrc,      // XRC: reach SRQ `srqn` through my XRC_SEND QP's target; reply fds as ConnectPeer
   OpenQp,          // ibv_open_qp: an XRC target QP of my XRC domain; reply fd: QP segment
   RoceAttach,      // RoCEv2 (docs/ROCE.md): reply fds: the UDP socket on the GID's address, the arrival socket
+  PollCq,          // a CQ another user granted me by name: the daemon pops up to `max` completions for me
   kCount
 };
 
@@ -510,10 +511,14 @@ struct NsPublishReq {
   char name[kMaxNsName];  // NUL-terminated
 };
 
+// NsOpen flags: the caller expects an object of its own user (SVX_OPEN_OWN);
+// a name another user published is refused with EPERM.
+constexpr uint32_t kNsOwn = 1;
+
 struct NsNameReq {  // NsUnpublish, NsOpen
   Header h;
   uint32_t access;  // NsOpen: kNsRead | kNsWrite
-  uint32_t reserved;
+  uint32_t flags;   // NsOpen: kNsOwn; 0 otherwise
   char name[kMaxNsName];
 };
 
@@ -542,6 +547,25 @@ struct NsListReply {
   NsListEntry entries[kNsListPage];
 };
 static_assert(sizeof(NsListReply) <= kMaxMessage);
+
+// PollCq: a grantee (a process of another user that opened a CQ by name)
+// never maps the CQ; the daemon polls it on its behalf, under the CQ's poll
+// lock taken with a try-lock (a busy lock answers "nothing now").
+constexpr uint32_t kPollCqMax = 16;
+
+struct PollCqReq {
+  Header h;
+  uint32_t handle;
+  uint32_t max;  // 1..kPollCqMax
+};
+
+struct PollCqReply {
+  Header h;
+  uint32_t count;
+  uint32_t reserved;
+  ibv_wc wc[kPollCqMax];
+};
+static_assert(sizeof(PollCqReply) <= kMaxMessage);
 
 template <class T>
 inline void init_header(T& m, Op op, uint32_t seq = 0) {

@@ -194,7 +194,12 @@ bool Registry::same_user(uint32_t client, uint32_t owner) const {
   auto c = clients_.find(client);
   auto o = contexts_.find(owner);
   if (c == clients_.end() || o == contexts_.end()) return false;
-  return c->second.uid == 0 || c->second.uid == o->second.uid;
+  // Strictly the same user: root is not special here. Descriptors of a
+  // context map its holder's memory and queues; a root process that got a
+  // descriptor of another user's context (or gave one of its own) would mix
+  // the two users' memory, which is what a hostile user wants root to do
+  // (issue 18, finding 4). Between users, work goes through the daemon.
+  return c->second.uid == o->second.uid;
 }
 
 uint32_t Registry::ctx(uint32_t client) const {
@@ -285,17 +290,58 @@ int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& re
   return 0;
 }
 
+bool Registry::cq_granted(uint32_t client, uint32_t handle) const {
+  for (auto [g, end] = cq_grants_.equal_range(client); g != end; ++g)
+    if (g->second == handle) return true;
+  return false;
+}
+
 int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
   auto it = cqs_.find(handle);
   if (it == cqs_.end()) return EINVAL;
-  bool granted = false;
-  for (auto [g, end] = cq_grants_.equal_range(client); g != end; ++g) granted |= g->second == handle;
-  if (it->second.owner != ctx(client) && !granted) return EINVAL;
   rep.capacity = it->second.capacity;
-  // A granted CQ comes without its channel (an eventfd of the owner's context).
-  rep.channel = granted && it->second.owner != ctx(client) ? 0 : it->second.channel;
+  if (it->second.owner != ctx(client)) {
+    if (!cq_granted(client, handle)) return EINVAL;
+    // Granted (another user opened it by name): no descriptor at all. Any
+    // mapping of the segment, even a read-only one reopened through
+    // /proc/self/fd, would let the grantee forge completions or hold the
+    // owner's poll lock; polling consumes, so the daemon polls for it.
+    // Nor its channel (an eventfd of the owner's context).
+    rep.channel = 0;
+    rep.segment_size = 0;
+    return 0;
+  }
+  rep.channel = it->second.channel;
   rep.segment_size = it->second.map.size();
   out_fds.push_back(it->second.fd.get());
+  return 0;
+}
+
+int Registry::poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep) {
+  rep.count = 0;
+  if (req.max == 0 || req.max > proto::kPollCqMax) return EINVAL;
+  auto it = cqs_.find(req.handle);
+  if (it == cqs_.end() || !cq_granted(client, req.handle)) return EINVAL;
+  Cq& cq = it->second;
+  // The current segment as the daemon made it (a committed resize moved
+  // cq.map); its geometry is the daemon's, never the header's.
+  auto* h = cq.map.as<CqSegmentHeader>();
+  auto* rh = reinterpret_cast<RingHeader*>(cq.map.as<char>() + CqLayout{cq.capacity}.ring_offset());
+  Ring<Cqe> ring(rh, reinterpret_cast<RingSlot<Cqe>*>(rh + 1), cq.capacity);
+  // Try-lock: a poller (or a resize) of the owner holds it, or a hostile
+  // owner keeps it: "nothing now", the grantee polls again.
+  uint32_t free_ = 0;
+  static const uint32_t self = uint32_t(::getpid());
+  if (!h->poll_lock.owner.compare_exchange_strong(free_, self, std::memory_order_acquire)) return 0;
+  // The owner's last poll may hold back one slot (verbs/cq.cc release_taken):
+  // give it back first, as any poller does.
+  if (uint64_t t = h->taken.load(std::memory_order_relaxed)) {
+    if (t == ring.head()) ring.release(t - 1);
+    h->taken.store(0, std::memory_order_relaxed);
+  }
+  Cqe e;
+  while (rep.count < req.max && ring.pop_exclusive(e)) rep.wc[rep.count++] = e.wc;
+  h->poll_lock.unlock();
   return 0;
 }
 
@@ -993,7 +1039,7 @@ void Registry::drop_backing(uint32_t id) {
   auto b = backings_.find(id);
   if (b == backings_.end()) return;
   if (!b->second.region.empty()) {
-    auto r = regions_.find(b->second.region);
+    auto r = regions_.find(RegionKey{b->second.region_uid, b->second.region});
     if (r != regions_.end() && --r->second.backings == 0) regions_.erase(r);
   }
   backings_.erase(b);
@@ -1001,19 +1047,25 @@ void Registry::drop_backing(uint32_t id) {
 
 // Seed 000: register memory under a byte-array id. The first caller creates
 // the region, later callers attach, in any order; no caller is the master.
+// An id names a region of the caller's user only: the same id asked by
+// another user is another region (no attach across users, no squatting).
 int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep,
                         std::vector<int>& out_fds) {
   auto pd = pds_.find(req.pd);
   if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   if (req.id_len == 0 || req.id_len > proto::kMaxShmidLen) return EINVAL;
+  auto owner = contexts_.find(ctx(client));
+  if (owner == contexts_.end()) return EINVAL;
+  uid_t uid = owner->second.uid;  // the context's user: its memory is that user's
   std::string id(reinterpret_cast<const char*>(req.id), req.id_len);
-  auto r = regions_.find(id);
+  RegionKey key{uid, id};
+  auto r = regions_.find(key);
   rep.created = 0;
   if (r == regions_.end()) {
     if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
     Region region{Fd(), page_up(req.length), 0};
     if (int e = make_memfd("softverbs-region", region.length, region.fd)) return e;
-    r = regions_.emplace(id, std::move(region)).first;
+    r = regions_.emplace(key, std::move(region)).first;
     rep.created = 1;
   } else if (req.length > r->second.length) {
     return EINVAL;  // attaching callers may not ask for more than the region holds
@@ -1024,7 +1076,7 @@ int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::R
     return e;
   }
   uint32_t handle = next_handle_++;
-  backings_[handle] = Backing{ctx(client), std::move(dup), 0, id, r->second.length};
+  backings_[handle] = Backing{ctx(client), std::move(dup), 0, id, r->second.length, uid};
   r->second.backings++;
   rep.backing = handle;
   rep.length = r->second.length;
@@ -1661,14 +1713,29 @@ int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpe
   auto me = clients_.find(client);
   if (me == clients_.end()) return EINVAL;
   if (req.access == 0 || (req.access & ~(proto::kNsRead | proto::kNsWrite))) return EINVAL;
+  if (req.flags & ~proto::kNsOwn) return EINVAL;
   ns_collect();
+  std::string name = field_name(req.name);
+  if (req.flags & proto::kNsOwn) {
+    // The caller names an object it expects to be its own user's: a name
+    // another user published (squatting it first) is refused before the
+    // mode is looked at, and grants nothing.
+    auto it = ns_.entries().find(name);
+    if (it != ns_.entries().end()) {
+      auto owner = contexts_.find(it->second.ctx);
+      if (it->second.owner != me->second.uid || owner == contexts_.end() || owner->second.uid != me->second.uid)
+        return EPERM;
+    }
+  }
   NsEntry e{};
-  if (int err = ns_.lookup(field_name(req.name), credentials(client), req.access, e)) return err;
+  if (int err = ns_.lookup(name, credentials(client), req.access, e)) return err;
   // The mode allowed it. Between users the daemon never joins the caller to
   // the owner's context: its descriptors would map more than the named
-  // object (its holder's whole backing memory). A CQ is granted by itself
-  // (its segment holds completions only); PDs, MRs, QPs and SRQs of another
-  // user are reached through keys over a connection instead (mediate.cc).
+  // object (its holder's whole backing memory), and a joined root process
+  // would register its own memory in the other user's context. Root is no
+  // exception (same_user). A CQ is granted by itself, for polling through
+  // the daemon (poll_granted_cq); PDs, MRs, QPs and SRQs of another user
+  // are reached through keys over a connection instead (mediate.cc).
   if (!same_user(client, e.ctx)) {
     if (e.kind != proto::kNsCq) return EPERM;
     cq_grants_.emplace(client, e.handle);

@@ -68,7 +68,15 @@ class Registry {
   int import_context(uint32_t client, Fd fd);
   int query_pd(uint32_t client, uint32_t pd);
   int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
+  // A CQ of the client's context comes with its segment; a CQ granted by
+  // name to another user comes without any descriptor (segment_size 0): the
+  // grantee polls it with poll_granted_cq and can neither write entries nor
+  // hold the owner's poll lock.
   int import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
+  // Pops up to req.max completions of a CQ granted to the client, under the
+  // CQ's poll lock taken with a try-lock: the daemon never waits on a lock a
+  // client can hold (a busy lock answers 0 completions).
+  int poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep);
   int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
   int import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds);
   int import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds);
@@ -191,6 +199,7 @@ class Registry {
   // CQs another user opened by name (client -> CQ handles): a CQ segment
   // holds completions only, so mapping it grants exactly the named object.
   std::multimap<uint32_t, uint32_t> cq_grants_;
+  bool cq_granted(uint32_t client, uint32_t handle) const;
   void ns_collect();
   NameSpace ns_;
   uint32_t ctx(uint32_t client) const;
@@ -206,9 +215,14 @@ class Registry {
     uint32_t refs = 0;
     std::string region;     // named region (seed 000) this backing attaches, or empty
     uint64_t limit = 0;     // region backings: the region's size
+    uid_t region_uid = 0;   // region backings: the user whose id space names it
   };
   // A named shared memory region: tied to no context; alive while some
   // context holds a backing of it (from attach until its last MR is gone).
+  // Ids have an owner: each user has its own id space (regions_ is keyed by
+  // (uid, id)), so another user neither attaches a user's region nor
+  // pre-creates one that user will ask for.
+  using RegionKey = std::pair<uid_t, std::string>;
   struct Region {
     Fd fd;
     uint64_t length;
@@ -352,7 +366,7 @@ class Registry {
   std::map<uint32_t, Qp> qps_;  // by qpn
   std::map<pid_t, Account> accounts_;
   std::map<uint32_t, Mw> mws_;  // by slot in the MR table
-  std::map<std::string, Region> regions_;
+  std::map<RegionKey, Region> regions_;
   std::vector<PendingEvent> events_;
 
   std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used

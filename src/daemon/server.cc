@@ -637,6 +637,12 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       if (st) out_fds.clear();
       return encode(h, rep, st, out);
     }
+    case Op::PollCq: {
+      proto::PollCqReq req;
+      if (!decode(msg, len, req)) return bad();
+      proto::PollCqReply rep{};
+      return encode(h, rep, registry_.poll_granted_cq(client, req, rep), out);
+    }
     case Op::Accounts: {
       proto::Empty req;
       if (!decode(msg, len, req)) return bad();

@@ -185,6 +185,7 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
   if (ns) {
     proto::NsNameReq req{};
     req.access = ns->access;
+    req.flags = ns->flags;
     std::strncpy(req.name, ns->name, sizeof(req.name) - 1);
     if (int e = st->conn.call(proto::Op::NsOpen, req, ns->rep)) {
       errno = e;

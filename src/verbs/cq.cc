@@ -228,9 +228,29 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
   return 0;
 }
 
+// A CQ another user granted by name: the daemon pops the completions for
+// this process (it holds no mapping of the CQ, so it can neither write
+// entries nor hold the owner's poll lock).
+static int poll_granted(CqState* st, int n, ibv_wc* wc) {
+  int got = 0;
+  while (got < n) {
+    proto::PollCqReq req{};
+    req.handle = st->handle;
+    req.max = uint32_t(std::min(n - got, int(proto::kPollCqMax)));
+    proto::PollCqReply rep{};
+    if (int e = st->view.cs->conn.call(proto::Op::PollCq, req, rep)) return got ? got : -e;
+    uint32_t k = std::min(rep.count, req.max);
+    std::memcpy(wc + got, rep.wc, k * sizeof(ibv_wc));
+    got += int(k);
+    if (k < req.max) break;
+  }
+  return got;
+}
+
 int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   if (n < 0) return -EINVAL;
   CqState* st = to_cq(ibcq)->st;
+  if (st->granted) [[unlikely]] return poll_granted(st, n, wc);
   Cqe e[16];
   int got = 0;
   while (got < n) {
@@ -252,6 +272,7 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
   CqState* st = to_cq(ibcq)->st;
+  if (st->granted) return EOPNOTSUPP;  // a granted CQ comes without its channel
   uint32_t want = solicited_only ? shm::kArmSolicited : shm::kArmAny;
   // Arming for any completion overrides an earlier solicited-only arming.
   shm::CqSegmentHeader* h = st->view.hdr();

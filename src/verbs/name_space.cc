@@ -41,12 +41,13 @@ int svx_unpublish(ibv_context* c, const char* name) {
 }
 
 ibv_context* svx_open(const char* name, int access, svx_object* obj) {
-  if (!name || !obj || std::strlen(name) >= SVX_NAME_MAX || access == 0 ||
-      (access & ~(SVX_OPEN_READ | SVX_OPEN_WRITE))) {
+  if (!name || !obj || std::strlen(name) >= SVX_NAME_MAX || (access & (SVX_OPEN_READ | SVX_OPEN_WRITE)) == 0 ||
+      (access & ~(SVX_OPEN_READ | SVX_OPEN_WRITE | SVX_OPEN_OWN))) {
     errno = EINVAL;
     return nullptr;
   }
-  NsAttach ns{name, uint32_t(access), {}};
+  NsAttach ns{name, uint32_t(access & (SVX_OPEN_READ | SVX_OPEN_WRITE)), {}};
+  ns.flags = (access & SVX_OPEN_OWN) ? proto::kNsOwn : 0;
   ibv_context* c = make_context(-1, &ns);
   if (!c) return nullptr;
   if (int e = import_object(c, ns.rep.kind, ns.rep.handle, *obj)) {

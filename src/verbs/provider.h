@@ -175,6 +175,9 @@ struct CqState {
   // A QP on the wire completes into this CQ: polling it also receives and
   // progresses the wire QPs (roce_poll, docs/ROCE.md).
   std::atomic<bool> wire{false};
+  // Another user's CQ granted by name (svx_open): nothing of it is mapped
+  // here (`view` is empty); the daemon polls it for this process (PollCq).
+  bool granted = false;
 };
 
 struct Cq {
@@ -369,6 +372,7 @@ struct NsAttach {
   const char* name;
   uint32_t access;
   proto::NsOpenReply rep;
+  uint32_t flags = 0;  // proto::kNsOwn
 };
 ibv_context* make_context(int import_fd, NsAttach* ns = nullptr);
 // Imports one object of a shared context into this process (sharing.cc).

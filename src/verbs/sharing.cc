@@ -40,13 +40,23 @@ Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
   req.handle = handle;
   proto::ImportCqReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::ImportCq, req, rep, {}, &fds); e || fds.size() != 1) {
+  if (int e = cs.conn.call(proto::Op::ImportCq, req, rep, {}, &fds);
+      e || fds.size() > 1 || (fds.empty() && rep.segment_size != 0) || rep.capacity < 2) {
     errno = e ? e : EPROTO;
     return nullptr;
   }
   auto st = std::make_unique<CqState>();
   st->ctx = to_ctx(c);
   st->handle = handle;
+  if (fds.empty()) {
+    // Another user's CQ, granted by name: polled through the daemon, with
+    // no segment (and no channel) here.
+    st->granted = true;
+    st->view.cs = &cs;
+    st->view.handle = handle;
+    ibv_cq* q = new_cq_handle(c, std::move(st), rep.capacity, nullptr, nullptr);
+    return q ? to_cq(q) : nullptr;
+  }
   // The CQ's completion channel, if this process has imported it already
   // (svx_import_comp_channel); otherwise the CQ is imported without one.
   Channel* ch = nullptr;

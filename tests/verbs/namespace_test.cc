@@ -492,8 +492,9 @@ TEST(Namespace, AnotherUsersQpReachesOnlyWhatItsKeysGrant) {
   ibv_dereg_mr(local_only);
 }
 
-// What the mode grants another user: a CQ, mapped by itself (its segment
-// holds completions only). The other user polls the owner's completions.
+// What the mode grants another user: a CQ, for reading (nothing of it is
+// mapped by the grantee; the daemon polls it on its behalf). The other user
+// polls the owner's completions.
 TEST(Namespace, AnotherUserPollsACqTheModeGrants) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
   SystemDaemon sysd;
