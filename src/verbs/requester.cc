@@ -1062,7 +1062,11 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     need_progress = true;
   }
   if (locked) q.hdr->send_lock.unlock();
-  if (need_progress && !q.in_progress_list) progress_register(&q);
+  // A full send queue is drained by someone's progress thread: ours too. The
+  // holder that queued those requests may have been killed since (issue 18,
+  // finding 11: every sharer got ENOMEM for good once the queue had filled
+  // behind a dead one's progress thread).
+  if ((need_progress || rc == ENOMEM) && !q.in_progress_list) progress_register(&q);
   return rc;
 }
 
