@@ -149,6 +149,15 @@ class Ring {
   // rest of the slot keeps older contents): for elements whose used length
   // is known, such as a work request with few SGEs. bytes <= sizeof(T).
   bool push_prefix(const T& v, size_t bytes) {
+    return push_prefix_then(v, bytes, [] {});
+  }
+
+  // As push_prefix(), and calls `before_publish()` once the element is
+  // written but not yet visible: for a record that must be gone by the time
+  // the element can be taken (see torn_qpn in shm_layout.h). Not called when
+  // the push fails.
+  template <class F>
+  bool push_prefix_then(const T& v, size_t bytes, F before_publish) {
     const uint32_t me = self_pid();
     uint64_t pos = h_->tail.load(std::memory_order_relaxed);
     prefetch_for_write(&slots_[pos & mask_]);  // read, then written: one transfer, not two
@@ -168,6 +177,7 @@ class Ring {
           return false;
         }
         std::memcpy(static_cast<void*>(&s.value), &v, bytes);
+        before_publish();
         s.seq.store(pos + 1, std::memory_order_release);
         return true;
       }
@@ -286,6 +296,18 @@ class Ring {
   }
   // Gives slot `pos` (taken with take_exclusive) back to the producers.
   void release(uint64_t pos) { slots_[pos & mask_].seq.store(pos + mask_ + 1, std::memory_order_release); }
+
+  // Gives slot `pos` back if it is behind the head and still holds the
+  // element of `pos` (taken, not given back); anything else is left alone.
+  // For a consumer whose last take may have been followed by voided slots
+  // (the head then moved on past it).
+  void release_if_taken(uint64_t pos) {
+    uint64_t hd = h_->head.load(std::memory_order_relaxed);
+    if (pos >= hd || hd - pos > mask_) return;
+    uint64_t seq = pos + 1;
+    slots_[pos & mask_].seq.compare_exchange_strong(seq, pos + mask_ + 1, std::memory_order_release,
+                                                    std::memory_order_relaxed);
+  }
 
   // For an exclusive consumer that took its lock over from a dead one
   // (ShmLock::lock returned true): the dead one may have moved the head

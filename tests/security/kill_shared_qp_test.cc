@@ -25,6 +25,7 @@
 //    the receive ring full while fewer receives than its depth are posted;
 //  * the shared QP stays in RTS (a QP in ERR would be the other acceptable
 //    outcome of the issue; this implementation keeps the QP, so ERR fails).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <signal.h>
@@ -200,7 +201,7 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
   uint64_t next_recv = 0, done_recv = 0;
   int recv_full = 0;  // post_recv refused with fewer than `depth` posted
   auto post_recvs = [&] {
-    while (next_recv - done_recv < depth) {
+    while (next_recv < done_recv + depth) {  // done_recv > next_recv: a receive completed twice (checked below)
       ibv_sge sge{reinterpret_cast<uint64_t>(&rbuf[next_recv % depth]), sizeof(Msg), rmr->lkey};
       ibv_recv_wr wr{};
       wr.wr_id = next_recv;
@@ -218,10 +219,26 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
 
   std::vector<std::vector<uint8_t>> delivered(kMaxGens), errored(kMaxGens);
   std::vector<uint32_t> beyond(kMaxGens, 0);
+  std::vector<uint32_t> killed;
   uint64_t aborted_recvs = 0, dup = 0, send_ok = 0, send_err = 0, recv_ok = 0;
   auto note = [&](std::vector<std::vector<uint8_t>>& v, uint32_t gen, uint32_t seq) -> uint8_t& {
     if (v[gen].size() <= seq) v[gen].resize(size_t(seq) + 1024, 0);
     return v[gen][seq];
+  };
+  // Async events of both contexts (none is expected: reported when seen).
+  for (ibv_context* c : {sctx, rctx}) fcntl(c->async_fd, F_SETFL, fcntl(c->async_fd, F_GETFL) | O_NONBLOCK);
+  int async_events = 0;
+  auto drain_async = [&] {
+    for (ibv_context* c : {sctx, rctx}) {
+      ibv_async_event ev;
+      while (ibv_get_async_event(c, &ev) == 0) {
+        std::printf("async event %s on the %s context (after %zu kills)\n", ibv_event_type_str(ev.event_type),
+                    c == sctx ? "shared" : "receiver", killed.size());
+        ++async_events;
+        ibv_ack_async_event(&ev);
+        if (getenv("HOLD")) { std::printf("HOLD parent %d rcq %p scq %p\n", getpid(), (void*)rcq, (void*)scq); fflush(stdout); sleep(300); }
+      }
+    }
   };
   // Takes what arrived: receives (and reposts them) and send completions.
   auto drain = [&] {
@@ -231,6 +248,9 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
       for (int i = 0; i < n; ++i) {
         done_recv++;
         if (wc[i].status != IBV_WC_SUCCESS) {
+          if (wc[i].status != IBV_WC_REM_ABORT_ERR || aborted_recvs < 8)
+            std::printf("receive %llu: %s (after %zu kills)\n", (unsigned long long)wc[i].wr_id,
+                        ibv_wc_status_str(wc[i].status), killed.size());
           ++aborted_recvs;
           continue;
         }
@@ -251,7 +271,9 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
         if (wc[i].status == IBV_WC_SUCCESS) {
           ++send_ok;
         } else {
-          ++send_err;
+          if (!send_err++)
+            std::printf("first error completion: writer %u seq %u status %s (after %zu kills)\n", gen, seq,
+                        ibv_wc_status_str(wc[i].status), killed.size());
           note(errored, gen, seq) = 1;
         }
       }
@@ -292,19 +314,19 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
     start_writer(w);
     if (HasFatalFailure()) return;
   }
-  std::vector<uint32_t> killed;
   const uint64_t t0 = now_ms();
   for (int k = 0; k < kills; ++k) {
     Writer& v = ws[rng() % kWriters];
     // Let the victim get going (a wedged QP shows here: it never posts).
     uint64_t deadline = now_ms() + 5000;
     while (b->posted[v.gen].load() < 4 && now_ms() < deadline) drain();
-    if (b->posted[v.gen].load() < 4 && getenv("HOLD")) { std::printf("HOLD writer pid %d\n", v.pid); fflush(stdout); sleep(120); }
+    if (b->posted[v.gen].load() < 4 && getenv("HOLD")) { std::printf("HOLD writer pid %d parent %d sqp %p rqp %p scq %p rcq %p\n", v.pid, getpid(), (void*)sqp, (void*)rqp, (void*)scq, (void*)rcq); fflush(stdout); sleep(120); }
     ASSERT_GE(b->posted[v.gen].load(), 4u) << "kill " << k << ": writer " << v.gen
                                            << " cannot post (enomem " << b->enomem[v.gen].load()
                                            << "): the shared QP is wedged";
     // A random moment: 0-2000 polls of the receiver later.
     for (uint32_t i = rng() % 2000; i; --i) drain();
+    drain_async();
     kill(v.pid, SIGKILL);
     int st;
     waitpid(v.pid, &st, 0);
@@ -332,6 +354,7 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
   };
   while (!all_in() && now_ms() < deadline) drain();
   drain();
+  drain_async();
   std::printf("KillSharedQp: %d kills in %llu ms; received %llu, aborted receives %llu, send completions %llu ok "
               "%llu in error, post_recv refused %d\n",
               kills, (unsigned long long)(now_ms() - t0), (unsigned long long)recv_ok,
@@ -363,6 +386,8 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
   EXPECT_EQ(0u, dup) << "messages delivered twice";
   EXPECT_EQ(0u, lost) << "posted messages neither delivered nor completed in error (" << lost_survivor
                       << " of survivors); first: " << first;
+  EXPECT_LE(done_recv, next_recv) << "more receive completions than receives posted";
+  EXPECT_EQ(0, async_events);
   EXPECT_EQ(0, recv_full) << "ibv_post_recv found the receive ring full with fewer than " << depth << " posted";
   ibv_qp_attr qa{};
   ibv_qp_init_attr qi{};
