@@ -69,7 +69,10 @@ struct ShmLock {
         relax_long();
         // A holder that died with the lock (kill -9 mid-post) never frees
         // it: take it over, and say so (the caller repairs what it guarded).
-        if ((spins & 1023) == 0 && expected != 0 && expected != pid && !alive(expected) &&
+        // Looked at every 16 yields (a kill(2) probe): with every CPU busy
+        // a yield can cost a whole time slice, and 1024 of them took
+        // seconds (issue 18, finding 11).
+        if ((spins & 15) == 0 && expected != 0 && expected != pid && !alive(expected) &&
             owner.compare_exchange_strong(expected, pid, std::memory_order_acquire))
           return true;
       } else {
