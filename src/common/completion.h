@@ -17,12 +17,18 @@ namespace sv::shm {
 
 // Returns false on overrun: the ring was full and the completion is lost
 // (IBTA 11.4.2.1 CQ overrun; recorded in hdr->overrun).
+// `clear`, if given, is zeroed once the completion is written and before it
+// can be polled (a torn-receive record: see torn_qpn in shm_layout.h), so
+// that a producer killed at any point leaves either the record or the
+// completion, never both. Not touched when the push fails.
 inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc& wc, bool solicited,
-                            int channel_fd) {
+                            int channel_fd, std::atomic<uint32_t>* clear = nullptr) {
   Cqe e{};
   e.wc = wc;
   e.solicited = solicited;
-  if (!ring.push(e)) {
+  if (!ring.push_prefix_then(e, sizeof(e), [clear] {
+        if (clear) clear->store(0, std::memory_order_relaxed);
+      })) {
     // A closed ring is being moved (resize), not full: the caller follows it.
     if (!ring.closed()) hdr->overrun.store(1, std::memory_order_relaxed);
     return false;

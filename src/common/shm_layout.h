@@ -29,7 +29,9 @@ namespace sv::shm {
 constexpr uint32_t kDeviceMagic = 0x53564456;  // "SVDV"
 constexpr uint32_t kQpMagic = 0x53565150;      // "SVQP"
 constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
-constexpr uint32_t kLayoutVersion = 2;  // 2: CQ header lines split (producers / pollers), torn record on the send lock line
+// 2: CQ header lines split (producers / pollers), torn record on the send lock line
+// 3: ring slots claimed with the claimer's pid (shm_ring.h), sq_running
+constexpr uint32_t kLayoutVersion = 3;
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -173,6 +175,12 @@ struct QpSegmentHeader {
   // import it. Set by the creator before ibv_create_qp returns.
   std::atomic<uint32_t> exclusive;
   uint64_t torn_wr_id;
+  // Position + 1 of the queued request (send queue head) a holder of
+  // send_lock is carrying out, 0 = none (written under send_lock). Found
+  // non-zero by the next holder, the previous one died in the middle: that
+  // request may or may not have reached the responder, so it is completed
+  // in error (IBV_WC_GENERAL_ERR) rather than carried out a second time.
+  std::atomic<uint64_t> sq_running;
   alignas(64) ShmLock recv_lock;
   alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
 };

@@ -8,11 +8,31 @@
 // written only by the producer that reserved it and read only by the
 // consumer that claimed it. A hostile process that maps the ring can corrupt
 // its contents but not other memory: consumers validate every payload.
+//
+// Death at any instruction (issue 18, finding 11): a process may be killed
+// (kill -9) anywhere inside push() or pop(). A slot is therefore claimed by
+// writing the claimer's pid into its sequence (a compare-and-swap from the
+// free (full) sequence to a "busy" mark: producer or consumer, pid, low bits
+// of the position) *before* the tail (head) moves; whoever meets the tail
+// (head) behind a claimed slot moves it on for the claimer. A mark whose
+// process no longer exists is repaired by whoever meets it: a slot a dead
+// producer claimed is voided by the consumers (taken and given back empty:
+// its element was never published, its push never returned); a slot a dead
+// consumer claimed is given back to the producers (its element died with the
+// consumer, as with a thread that crashed after pop returned). So no dead
+// process leaves a slot that stops the ring. What the element meant (a
+// receive taken, a completion owed) is the caller's to record: see torn_qpn
+// and sq_running in shm_layout.h. Consumers that exclude each other with a
+// lock (take_exclusive, release) leave at most the slot behind the head
+// unreleased; the next holder of their lock, which takes it over from the
+// dead one, gives it back (recover_exclusive).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+
+#include "common/sys.h"
 
 namespace sv::shm {
 
@@ -31,6 +51,38 @@ struct RingHeader {
   uint32_t mask;
   uint32_t slot_size;                      // bytes per slot incl. sequence
   uint32_t reserved;
+};
+
+// A spin lock in shared memory. It records its holder's pid so that the
+// daemon can recover it from a dead holder.
+struct ShmLock {
+  std::atomic<uint32_t> owner;  // 0 = free, else holder pid
+  uint32_t reserved;
+
+  // True when the lock was taken over from a dead holder: what it guarded
+  // may be half-updated, and the caller repairs it (see its users).
+  bool lock(uint32_t pid) {
+    for (unsigned spins = 0;; ++spins) {
+      uint32_t expected = 0;
+      if (owner.compare_exchange_weak(expected, pid, std::memory_order_acquire)) return false;
+      if (spins > 64) {
+        relax_long();
+        // A holder that died with the lock (kill -9 mid-post) never frees
+        // it: take it over, and say so (the caller repairs what it guarded).
+        // Looked at every 16 yields (a kill(2) probe): with every CPU busy
+        // a yield can cost a whole time slice, and 1024 of them took
+        // seconds (issue 18, finding 11).
+        if ((spins & 15) == 0 && expected != 0 && expected != pid && !alive(expected) &&
+            owner.compare_exchange_strong(expected, pid, std::memory_order_acquire))
+          return true;
+      } else {
+        __builtin_ia32_pause();
+      }
+    }
+  }
+  void unlock() { owner.store(0, std::memory_order_release); }
+  static void relax_long();
+  static bool alive(uint32_t pid);
 };
 
 template <class T>
@@ -88,29 +140,70 @@ class Ring {
   // two loads, and no write to a line the producers use. An idle poller
   // calls this in a loop, so it must not take locks or pull lines away
   // from the producers more than the slot itself.
+  // Also true when the oldest slot was claimed by a producer that died
+  // before publishing it (a pop voids it).
   bool ready() const {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
-    return slots_[pos & mask_].seq.load(std::memory_order_acquire) == pos + 1;
+    uint64_t seq = slots_[pos & mask_].seq.load(std::memory_order_acquire);
+    return seq == pos + 1 || dead_mark_at(seq, pos);
   }
 
   // As push(), but copies only the first `bytes` of `v` into the slot (the
   // rest of the slot keeps older contents): for elements whose used length
   // is known, such as a work request with few SGEs. bytes <= sizeof(T).
   bool push_prefix(const T& v, size_t bytes) {
+    return push_prefix_then(v, bytes, [] {});
+  }
+
+  // As push_prefix(), and calls `before_publish()` once the element is
+  // written but not yet visible: for a record that must be gone by the time
+  // the element can be taken (see torn_qpn in shm_layout.h). Not called when
+  // the push fails.
+  template <class F>
+  bool push_prefix_then(const T& v, size_t bytes, F before_publish) {
+    const uint32_t me = self_pid();
     uint64_t pos = h_->tail.load(std::memory_order_relaxed);
     prefetch_for_write(&slots_[pos & mask_]);  // read, then written: one transfer, not two
     for (;;) {
       if (pos & kClosed) return false;
       RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
-      int64_t diff = int64_t(seq - pos);
-      if (diff == 0) {
-        if (h_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-          std::memcpy(static_cast<void*>(&s.value), &v, bytes);
-          s.seq.store(pos + 1, std::memory_order_release);
-          return true;
+      if (seq == pos) {
+        // Claim the slot with our pid in it, then count it in the tail (or
+        // find that another producer counted it for us).
+        if (!s.seq.compare_exchange_weak(seq, mark(false, me, pos), std::memory_order_acquire,
+                                         std::memory_order_relaxed))
+          continue;
+        uint64_t t = pos;
+        if (!h_->tail.compare_exchange_strong(t, pos + 1, std::memory_order_relaxed) && t == (pos | kClosed)) {
+          s.seq.store(pos, std::memory_order_release);  // closed before it counted ours: not pushed
+          return false;
         }
-      } else if (diff < 0) {
+        std::memcpy(static_cast<void*>(&s.value), &v, bytes);
+        before_publish();
+        s.seq.store(pos + 1, std::memory_order_release);
+        return true;
+      }
+      if (seq & kBusy) {
+        if (!(seq & kTaker) && uint32_t(seq) == uint32_t(pos)) {
+          // Another producer claimed `pos`: count it for it (it may be dead).
+          uint64_t t = pos;
+          h_->tail.compare_exchange_strong(t, pos + 1, std::memory_order_relaxed);
+          pos = h_->tail.load(std::memory_order_relaxed);
+          continue;
+        }
+        if ((seq & kTaker) && uint32_t(seq) == uint32_t(pos - mask_ - 1)) {
+          // The consumer of the previous lap is still copying out: full,
+          // unless it died there; then its element died with it.
+          if (ShmLock::alive(mark_pid(seq))) return false;
+          s.seq.compare_exchange_strong(seq, pos, std::memory_order_acq_rel, std::memory_order_relaxed);
+          continue;
+        }
+        if (!advanced(h_->tail, pos)) return false;  // a mark of another lap: full (consumers repair it)
+        continue;
+      }
+      int64_t diff = int64_t(seq - pos);
+      if (diff < 0) {
         return false;
       } else if (!advanced(h_->tail, pos)) {
         return false;  // a sequence ahead of a tail that did not move: corrupted
@@ -122,19 +215,40 @@ class Ring {
   // may read only the part of the slot that is in use.
   template <class Copy>
   bool pop_with(T& out, Copy copy) {
+    const uint32_t me = self_pid();
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
     prefetch_for_write(&slots_[pos & mask_]);  // its sequence is written back: one transfer, not two
     for (;;) {
       RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
-      int64_t diff = int64_t(seq - (pos + 1));
-      if (diff == 0) {
-        if (h_->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-          copy(out, s.value);
-          s.seq.store(pos + mask_ + 1, std::memory_order_release);
-          return true;
+      if (seq == pos + 1) {
+        if (!s.seq.compare_exchange_weak(seq, mark(true, me, pos), std::memory_order_acquire,
+                                         std::memory_order_relaxed))
+          continue;
+        uint64_t hd = pos;
+        h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
+        copy(out, s.value);
+        s.seq.store(pos + mask_ + 1, std::memory_order_release);
+        return true;
+      }
+      if ((seq & kBusy) && uint32_t(seq) == uint32_t(pos)) {
+        if (seq & kTaker) {
+          // Another consumer claimed `pos`: count it for it and go on. If it
+          // died there, its element died with it: give the slot back.
+          if (!ShmLock::alive(mark_pid(seq)))
+            s.seq.compare_exchange_strong(seq, pos + mask_ + 1, std::memory_order_acq_rel,
+                                          std::memory_order_relaxed);
+          uint64_t hd = pos;
+          h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
+          pos = h_->head.load(std::memory_order_relaxed);
+          continue;
         }
-      } else if (diff < 0) {
+        if (!void_dead_producer(s, seq, pos, me, false)) return false;  // being written: empty
+        pos = h_->head.load(std::memory_order_relaxed);
+        continue;
+      }
+      int64_t diff = int64_t(seq - (pos + 1));
+      if (diff < 0 && !(seq & kBusy)) {
         return false;
       } else if (!advanced(h_->head, pos)) {
         return false;  // a sequence ahead of a head that did not move: corrupted
@@ -148,11 +262,15 @@ class Ring {
   // beside any number of them.
   bool pop_exclusive(T& out) {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
-    RingSlot<T>& s = slots_[pos & mask_];
-    if (s.seq.load(std::memory_order_acquire) != pos + 1) return false;
-    std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
+    RingSlot<T>* s = &slots_[pos & mask_];
+    for (uint64_t seq; (seq = s->seq.load(std::memory_order_acquire)) != pos + 1;) {
+      if (!void_dead_producer(*s, seq, pos, self_pid(), true)) return false;
+      pos = h_->head.load(std::memory_order_relaxed);
+      s = &slots_[pos & mask_];
+    }
+    std::memcpy(&out, static_cast<const void*>(&s->value), sizeof(T));
     h_->head.store(pos + 1, std::memory_order_relaxed);
-    s.seq.store(pos + mask_ + 1, std::memory_order_release);
+    s->seq.store(pos + mask_ + 1, std::memory_order_release);
     return true;
   }
 
@@ -169,25 +287,63 @@ class Ring {
   // between CPUs) out of its critical path.
   bool take_exclusive(T& out, uint64_t& pos) {
     pos = h_->head.load(std::memory_order_relaxed);
-    RingSlot<T>& s = slots_[pos & mask_];
-    if (s.seq.load(std::memory_order_acquire) != pos + 1) return false;
-    std::memcpy(&out, static_cast<const void*>(&s.value), sizeof(T));
+    RingSlot<T>* s = &slots_[pos & mask_];
+    for (uint64_t seq; (seq = s->seq.load(std::memory_order_acquire)) != pos + 1;) {
+      if (!void_dead_producer(*s, seq, pos, self_pid(), true)) return false;
+      pos = h_->head.load(std::memory_order_relaxed);
+      s = &slots_[pos & mask_];
+    }
+    std::memcpy(&out, static_cast<const void*>(&s->value), sizeof(T));
     h_->head.store(pos + 1, std::memory_order_relaxed);
     return true;
   }
   // Gives slot `pos` (taken with take_exclusive) back to the producers.
   void release(uint64_t pos) { slots_[pos & mask_].seq.store(pos + mask_ + 1, std::memory_order_release); }
 
-  // Peeks at the oldest element without consuming it (single consumer only).
-  const T* front() const {
+  // Gives slot `pos` back if it is behind the head and still holds the
+  // element of `pos` (taken, not given back); anything else is left alone.
+  // For a consumer whose last take may have been followed by voided slots
+  // (the head then moved on past it).
+  void release_if_taken(uint64_t pos) {
+    uint64_t hd = h_->head.load(std::memory_order_relaxed);
+    if (pos >= hd || hd - pos > mask_) return;
+    uint64_t seq = pos + 1;
+    slots_[pos & mask_].seq.compare_exchange_strong(seq, pos + mask_ + 1, std::memory_order_release,
+                                                    std::memory_order_relaxed);
+  }
+
+  // For an exclusive consumer that took its lock over from a dead one
+  // (ShmLock::lock returned true): the dead one may have moved the head
+  // past a slot (take_exclusive, pop_exclusive) without giving it back, or
+  // died holding a slot it claimed to void. Gives such a slot back.
+  void recover_exclusive() {
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
-    const RingSlot<T>& s = slots_[pos & mask_];
-    if (s.seq.load(std::memory_order_acquire) != pos + 1) return nullptr;
-    return &s.value;
+    RingSlot<T>& prev = slots_[(pos - 1) & mask_];
+    uint64_t seq = prev.seq.load(std::memory_order_acquire);
+    if (pos != 0 && seq == pos) prev.seq.store(pos - 1 + mask_ + 1, std::memory_order_release);
+    RingSlot<T>& cur = slots_[pos & mask_];
+    seq = cur.seq.load(std::memory_order_acquire);
+    if ((seq & kBusy) && (seq & kTaker) && uint32_t(seq) == uint32_t(pos) && !ShmLock::alive(mark_pid(seq))) {
+      h_->head.store(pos + 1, std::memory_order_relaxed);
+      cur.seq.store(pos + mask_ + 1, std::memory_order_release);
+    }
+  }
+
+  // Peeks at the oldest element without consuming it (single consumer only).
+  // A slot a dead producer claimed is voided on the way.
+  const T* front() {
+    for (;;) {
+      uint64_t pos = h_->head.load(std::memory_order_relaxed);
+      RingSlot<T>& s = slots_[pos & mask_];
+      uint64_t seq = s.seq.load(std::memory_order_acquire);
+      if (seq == pos + 1) return &s.value;
+      if (!void_dead_producer(s, seq, pos, self_pid(), false)) return nullptr;
+    }
   }
 
   bool empty() const {
-    return h_->head.load(std::memory_order_acquire) == (h_->tail.load(std::memory_order_acquire) & ~kClosed);
+    // The head may pass a tail that a dead producer did not move (voided slot).
+    return h_->head.load(std::memory_order_acquire) >= (h_->tail.load(std::memory_order_acquire) & ~kClosed);
   }
   uint64_t size() const {
     uint64_t t = h_->tail.load(std::memory_order_acquire) & ~kClosed;
@@ -196,6 +352,41 @@ class Ring {
   }
 
  private:
+  // Sequence marks of a claimed slot (see the top of this file): bit 63,
+  // bit 62 for a consumer, the claimer's pid in bits 32-61, the low 32 bits
+  // of the position. Positions never reach bit 62.
+  static constexpr uint64_t kBusy = 1ull << 63;
+  static constexpr uint64_t kTaker = 1ull << 62;
+  static uint64_t mark(bool taker, uint32_t pid, uint64_t pos) {
+    return kBusy | (taker ? kTaker : 0) | (uint64_t(pid & 0x3fffffffu) << 32) | uint32_t(pos);
+  }
+  static uint32_t mark_pid(uint64_t seq) { return uint32_t(seq >> 32) & 0x3fffffffu; }
+  // A slot at `pos` claimed by a producer that no longer exists.
+  static bool dead_mark_at(uint64_t seq, uint64_t pos) {
+    return (seq & kBusy) && !(seq & kTaker) && uint32_t(seq) == uint32_t(pos) && !ShmLock::alive(mark_pid(seq));
+  }
+  // The slot at the head (`pos`) holds `seq`. If a dead producer claimed it,
+  // take it (our consumer mark), count it in the tail and the head, give it
+  // back empty and return true; otherwise (being written, or not ours to
+  // judge) false. `exclusive`: the caller excludes other consumers (the
+  // head moves with a store).
+  bool void_dead_producer(RingSlot<T>& s, uint64_t seq, uint64_t pos, uint32_t me, bool exclusive) {
+    if (!dead_mark_at(seq, pos)) return false;
+    if (!s.seq.compare_exchange_strong(seq, mark(true, me, pos), std::memory_order_acquire,
+                                       std::memory_order_relaxed))
+      return true;  // someone else got there: look again
+    uint64_t t = pos;
+    h_->tail.compare_exchange_strong(t, pos + 1, std::memory_order_relaxed);  // it may have died before counting it
+    if (exclusive) {
+      h_->head.store(pos + 1, std::memory_order_relaxed);
+    } else {
+      uint64_t hd = pos;
+      h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
+    }
+    s.seq.store(pos + mask_ + 1, std::memory_order_release);
+    return true;
+  }
+
   // A slot whose sequence is ahead of `pos` was taken by another producer
   // (consumer), which moved the tail (head) before it published the slot
   // (release), so reloading sees a new position. If it did not move, the
@@ -211,33 +402,6 @@ class Ring {
   RingHeader* h_ = nullptr;
   RingSlot<T>* slots_ = nullptr;
   uint32_t mask_ = 0;
-};
-
-// A spin lock in shared memory. It records its holder's pid so that the
-// daemon can recover it from a dead holder.
-struct ShmLock {
-  std::atomic<uint32_t> owner;  // 0 = free, else holder pid
-  uint32_t reserved;
-
-  void lock(uint32_t pid) {
-    for (unsigned spins = 0;; ++spins) {
-      uint32_t expected = 0;
-      if (owner.compare_exchange_weak(expected, pid, std::memory_order_acquire)) return;
-      if (spins > 64) {
-        relax_long();
-        // A holder that died with the lock (kill -9 mid-post) never frees
-        // it: take it over. What it was doing is lost, as with a crashed
-        // thread; the queues stay consistent (every ring step is atomic).
-        if ((spins & 1023) == 0 && expected != 0 && expected != pid && !alive(expected))
-          owner.compare_exchange_strong(expected, 0, std::memory_order_relaxed);
-      } else {
-        __builtin_ia32_pause();
-      }
-    }
-  }
-  void unlock() { owner.store(0, std::memory_order_release); }
-  static void relax_long();
-  static bool alive(uint32_t pid);
 };
 
 }  // namespace sv::shm

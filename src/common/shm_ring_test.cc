@@ -270,6 +270,90 @@ TEST(ShmRing, WorksAcrossProcesses) {
 namespace sv::shm {
 namespace {
 
+// A pid that no longer exists: a child that exited and was reaped.
+uint32_t dead_pid() {
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int st;
+  ::waitpid(pid, &st, 0);
+  return uint32_t(pid);
+}
+
+// The busy mark of docs/SHARED_MEMORY.md ("Rings"), as a claimer killed
+// right after its compare-and-swap leaves it.
+uint64_t busy_mark(bool consumer, uint32_t pid, uint64_t pos) {
+  return (1ull << 63) | (consumer ? 1ull << 62 : 0) | (uint64_t(pid & 0x3fffffffu) << 32) | uint32_t(pos);
+}
+
+// Issue 18, finding 11: a producer killed between claiming a slot and
+// publishing it (here even before it moved the tail) must not stop the
+// ring: other producers move the tail on, the consumer voids the slot.
+TEST(ShmRing, ADeadProducersClaimIsVoidedAndTheRingGoesOn) {
+  RingMem m(4);
+  auto* h = static_cast<RingHeader*>(m.mem);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(h + 1);
+  ASSERT_TRUE(m.ring.push(Item{1}));
+  slots[1].seq.store(busy_mark(false, dead_pid(), 1));  // claimed, tail still 1
+  ASSERT_TRUE(m.ring.push(Item{2}));                     // counts the dead claim, takes position 2
+  EXPECT_EQ(3u, h->tail.load());
+  Item out{};
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(1u, out.v);
+  EXPECT_TRUE(m.ring.ready()) << "a dead claim at the head must make a poller look";
+  ASSERT_TRUE(m.ring.pop(out));  // voids position 1
+  EXPECT_EQ(2u, out.v);
+  for (uint64_t i = 10; i < 14; ++i) ASSERT_TRUE(m.ring.push(Item{i}));  // the whole ring is usable again
+  EXPECT_FALSE(m.ring.push(Item{99}));
+  for (uint64_t i = 10; i < 14; ++i) {
+    ASSERT_TRUE(m.ring.pop(out));
+    EXPECT_EQ(i, out.v);
+  }
+  EXPECT_TRUE(m.ring.empty());
+}
+
+// The same for an exclusive consumer (a CQ's poller), whose head moves with
+// a store: a dead claim at the head is voided, and the slot the last take
+// kept (take_exclusive) is given back by recover_exclusive, as after a
+// poller killed with the poll lock.
+TEST(ShmRing, ExclusiveConsumerVoidsDeadClaimsAndRecoversATakenSlot) {
+  RingMem m(4);
+  auto* h = static_cast<RingHeader*>(m.mem);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(h + 1);
+  uint32_t dead = dead_pid();
+  slots[0].seq.store(busy_mark(false, dead, 0));
+  h->tail.store(1);
+  ASSERT_TRUE(m.ring.push(Item{5}));
+  Item out{};
+  uint64_t pos = 0;
+  ASSERT_TRUE(m.ring.take_exclusive(out, pos));
+  EXPECT_EQ(5u, out.v);
+  EXPECT_EQ(1u, pos);
+  // Killed before release(pos): the next holder of the lock gives it back.
+  m.ring.recover_exclusive();
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(m.ring.push(Item{i})) << i;
+  EXPECT_FALSE(m.ring.push(Item{99}));
+}
+
+// A consumer killed between claiming a slot and giving it back: its element
+// is gone with it, and the producers get the slot back when they reach it.
+TEST(ShmRing, ADeadConsumersClaimIsGivenBackToTheProducers) {
+  RingMem m(2);
+  auto* h = static_cast<RingHeader*>(m.mem);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(h + 1);
+  ASSERT_TRUE(m.ring.push(Item{1}));
+  ASSERT_TRUE(m.ring.push(Item{2}));
+  slots[0].seq.store(busy_mark(true, dead_pid(), 0));  // claimed position 0, head still 0
+  Item out{};
+  ASSERT_TRUE(m.ring.pop(out));  // moves the head past the dead claim
+  EXPECT_EQ(2u, out.v);
+  ASSERT_TRUE(m.ring.push(Item{3}));
+  ASSERT_TRUE(m.ring.push(Item{4}));
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(3u, out.v);
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(4u, out.v);
+}
+
 TEST(ShmLock, ALockHeldByADeadProcessIsTakenOver) {
   auto* lock = static_cast<ShmLock*>(
       ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
@@ -282,7 +366,7 @@ TEST(ShmLock, ALockHeldByADeadProcessIsTakenOver) {
   int st;
   ::waitpid(pid, &st, 0);
   EXPECT_EQ(uint32_t(pid), lock->owner.load());
-  lock->lock(uint32_t(::getpid()));  // must not hang
+  EXPECT_TRUE(lock->lock(uint32_t(::getpid()))) << "must not hang, and must say it took over";
   EXPECT_EQ(uint32_t(::getpid()), lock->owner.load());
   lock->unlock();
   ::munmap(lock, 4096);

@@ -64,11 +64,11 @@ bool CqView::follow(CqSegment* from) {
   return true;
 }
 
-bool CqView::push(const ibv_wc& wc, bool solicited) {
+bool CqView::push(const ibv_wc& wc, bool solicited, std::atomic<uint32_t>* clear) {
   uint64_t deadline = 0;
   for (;;) {
     CqSegment* s = cur.load(std::memory_order_acquire);
-    if (shm::push_completion(s->hdr, s->ring, wc, solicited, channel_fd)) return true;
+    if (shm::push_completion(s->hdr, s->ring, wc, solicited, channel_fd, clear)) return true;
     if (s->hdr->moved.load(std::memory_order_acquire)) {
       if (!follow(s)) return false;
       continue;
@@ -100,9 +100,10 @@ namespace {
 void release_taken(CqSegment* s) {
   uint64_t t = s->hdr->taken.load(std::memory_order_relaxed);
   if (!t) return;
-  // Only the slot just behind the head can be pending; anything else was
-  // written by someone who does not follow the protocol: ignore it.
-  if (t == s->ring.head()) s->ring.release(t - 1);
+  // The slot of position t - 1, if it still holds what we took (the head
+  // may have moved past further slots that dead producers left: voided).
+  // Anything else was written by someone who does not follow the protocol.
+  s->ring.release_if_taken(t - 1);
   s->hdr->taken.store(0, std::memory_order_relaxed);
 }
 
@@ -135,13 +136,15 @@ int CqView::poll(Cqe* out, int n) {
     if (!s->ring.ready() && s->hdr->poll_lock.owner.load(std::memory_order_acquire) == 0 &&
         !s->hdr->moved.load(std::memory_order_acquire)) {
       if (s->hdr->taken.load(std::memory_order_relaxed)) {  // idle: give the last slot back now
-        s->hdr->poll_lock.lock(self_pid());
+        if (s->hdr->poll_lock.lock(self_pid())) s->ring.recover_exclusive();
         release_taken(s);
         s->hdr->poll_lock.unlock();
       }
       return 0;
     }
-    s->hdr->poll_lock.lock(self_pid());
+    // A poller killed with the lock may have left the slot behind the head
+    // taken but not given back: give it back (issue 18, finding 11).
+    if (s->hdr->poll_lock.lock(self_pid())) s->ring.recover_exclusive();
     release_taken(s);
     int got = 0;
     uint64_t pos = 0, last = 0;
@@ -188,7 +191,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
     done(0);
     return EAGAIN;
   }
-  old->hdr->poll_lock.lock(self_pid());
+  if (old->hdr->poll_lock.lock(self_pid())) old->ring.recover_exclusive();
   release_taken(old);
   uint64_t tail = old->ring.close();
   // ibv_resize_cq(3): cqe must hold every completion not yet polled.

@@ -99,7 +99,8 @@ struct CqView {
   // Appends a completion and raises the CQ's event if it is armed; follows
   // a resize. Returns false on overrun (the ring is full; IBTA 11.4.2.1 CQ
   // overrun), after reporting the CQ error to the daemon.
-  bool push(const ibv_wc& wc, bool solicited);
+  // `clear`: see shm::push_completion.
+  bool push(const ibv_wc& wc, bool solicited, std::atomic<uint32_t>* clear = nullptr);
   // Takes up to n of the oldest completions (one: pop); follows a resize.
   int poll(Cqe* out, int n);
   bool pop(Cqe& out);

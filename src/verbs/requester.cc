@@ -232,8 +232,11 @@ void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_statu
     wc.wc_flags = IBV_WC_WITH_INV;
     wc.invalidated_rkey = invalidate_rkey;
   }
-  p.recv_cq.push(wc, (send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS);
-  q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
+  // The torn record goes when the completion is written, before it can be
+  // polled: a kill at any point leaves one of them, never both (a duplicate)
+  // nor neither (a receive lost).
+  if (!p.recv_cq.push(wc, (send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS, &q.hdr->torn_qpn))
+    q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
 }
 
 void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
@@ -698,8 +701,8 @@ bool deliver_ud(QpState& q, Peer& p, const shm::SendWqe& w, const Seg* local, in
     wc.wc_flags |= IBV_WC_WITH_IMM;
     wc.imm_data = w.imm_data;
   }
-  p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0);
-  q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
+  if (!p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0, &q.hdr->torn_qpn))  // as push_recv_completion
+    q.hdr->torn_qpn.store(0, std::memory_order_release);
   return true;
 }
 
@@ -761,14 +764,33 @@ void complete_torn_receive(QpState& q) {
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = qpn;
     wc.src_qp = q.qpn;
-    p->recv_cq.push(wc, true);
+    if (p->recv_cq.push(wc, true, &q.hdr->torn_qpn)) return;  // as push_recv_completion
   }
   q.hdr->torn_qpn.store(0, std::memory_order_release);
+}
+
+// Called with the send lock held: a queued request whose execution the
+// previous holder of the lock did not finish (it was killed: sq_running) is
+// completed in error, not carried out twice (issue 18, finding 11).
+void complete_dead_run(QpState& q) {
+  uint64_t r = q.hdr->sq_running.load(std::memory_order_relaxed);
+  if (!r) return;
+  const shm::SendWqe* head = q.sq.front();
+  if (head && q.sq.head() + 1 == r) {
+    shm::SendWqe w = *head;
+    shm::SendWqe gone;
+    q.sq.pop(gone);
+    q.head_started = false;
+    q.next_try_ns = 0;
+    push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), IBV_WC_GENERAL_ERR, 0);
+  }
+  q.hdr->sq_running.store(0, std::memory_order_relaxed);
 }
 
 // Runs queued requests in order; the caller holds the send lock.
 bool progress_qp(QpState& q) {
   complete_torn_receive(q);
+  complete_dead_run(q);
   for (;;) {
     const shm::SendWqe* head = q.sq.front();
     if (!head) return false;
@@ -778,8 +800,11 @@ bool progress_qp(QpState& q) {
     }
     if (monotonic_ns() < q.next_try_ns) return true;
     shm::SendWqe w = *head;
+    q.hdr->sq_running.store(q.sq.head() + 1, std::memory_order_relaxed);
     Outcome o = run(q, w);
     if (o.step == Step::kRnr || o.step == Step::kRetry) {
+      // Nothing reached the responder: the request stays at the head.
+      q.hdr->sq_running.store(0, std::memory_order_relaxed);
       if (stall(q, o.step)) return true;
       shm::SendWqe gone;
       q.sq.pop(gone);
@@ -788,6 +813,7 @@ bool progress_qp(QpState& q) {
     }
     shm::SendWqe gone;
     q.sq.pop(gone);
+    q.hdr->sq_running.store(0, std::memory_order_relaxed);
     q.head_started = false;
     q.next_try_ns = 0;
     if (o.step == Step::kError) {
@@ -1066,7 +1092,11 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     need_progress = true;
   }
   if (locked) q.hdr->send_lock.unlock();
-  if (need_progress && !q.in_progress_list) progress_register(&q);
+  // A full send queue is drained by someone's progress thread: ours too. The
+  // holder that queued those requests may have been killed since (issue 18,
+  // finding 11: every sharer got ENOMEM for good once the queue had filled
+  // behind a dead one's progress thread).
+  if ((need_progress || rc == ENOMEM) && !q.in_progress_list) progress_register(&q);
   return rc;
 }
 

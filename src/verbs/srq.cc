@@ -62,10 +62,15 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
 // Takes a receive and records it as torn until push_recv_completion: a
 // poster killed in between leaves the record for the daemon (issue
 // "Robustness": a dead requester must not make the responder lose a receive).
+// The record is written while the slot is still claimed (before it goes
+// back to the responder's producers), so that a kill after the copy leaves it.
 bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
-  if (!(p.srq_hdr ? p.srq.pop_with(out, copy_recv_wqe) : p.rq.pop_with(out, copy_recv_wqe))) return false;
-  q.hdr->torn_wr_id = out.wr_id;
-  q.hdr->torn_qpn.store(p.qpn, std::memory_order_release);
+  auto take = [&q, qpn = p.qpn](shm::RecvWqe& o, const shm::RecvWqe& in) {
+    copy_recv_wqe(o, in);
+    q.hdr->torn_wr_id = o.wr_id;
+    q.hdr->torn_qpn.store(qpn, std::memory_order_release);
+  };
+  if (!(p.srq_hdr ? p.srq.pop_with(out, take) : p.rq.pop_with(out, take))) return false;
   if (!p.srq_hdr) return true;
   uint32_t limit = p.srq_hdr->limit.load(std::memory_order_relaxed);
   if (limit && p.srq.size() < limit && p.srq_hdr->limit.exchange(0) != 0) {
