@@ -335,8 +335,10 @@ int Registry::poll_granted_cq(uint32_t client, const proto::PollCqReq& req, prot
   if (!h->poll_lock.owner.compare_exchange_strong(free_, self, std::memory_order_acquire)) return 0;
   // The owner's last poll may hold back one slot (verbs/cq.cc release_taken):
   // give it back first, as any poller does.
+  // release_if_taken gives it back only if the slot still holds what was
+  // taken (the owner's rings skip slots of dead producers, shm_ring.h).
   if (uint64_t t = h->taken.load(std::memory_order_relaxed)) {
-    if (t == ring.head()) ring.release(t - 1);
+    ring.release_if_taken(t - 1);
     h->taken.store(0, std::memory_order_relaxed);
   }
   Cqe e;
