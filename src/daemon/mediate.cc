@@ -77,7 +77,16 @@ bool Registry::pop_recv(Qp& peer, uint32_t, RecvWqe& out) {
     const uint32_t cap = s->second.capacity;
     auto* rh = reinterpret_cast<RingHeader*>(s->second.map.as<char>() + SrqLayout{cap}.ring_offset());
     Ring<RecvWqe> ring(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), cap);
-    return ring.pop(out);
+    if (!ring.pop(out)) return false;
+    // The SRQ fell below its armed limit: the event, once per arm (IBTA
+    // 10.2.9.4, 11.5.2.4), as the library raises it on one user's path.
+    auto* sh = s->second.map.as<SrqSegmentHeader>();
+    const uint32_t limit = sh->limit.load(std::memory_order_relaxed);
+    if (limit && ring.size() < limit && sh->limit.exchange(0) != 0) {
+      for (auto& [id, c] : clients_)
+        if (c.ctx == s->second.owner) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, peer.srq});
+    }
+    return true;
   }
   const QpLayout layout{peer.sq_capacity, peer.rq_capacity};
   auto* rqh = reinterpret_cast<RingHeader*>(peer.map.as<char>() + layout.rq_offset());

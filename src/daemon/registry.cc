@@ -656,17 +656,23 @@ int Registry::open_qp(uint32_t client, const proto::OpenQpReq& req, proto::Impor
 }
 
 // IBTA 11.5.2.4: the SRQ limit event goes to the SRQ's holders. A sender
-// that saw the queue fall below the armed limit (and disarmed it) asks for it;
-// only one connected to a QP of that SRQ may.
+// that saw the queue fall below the armed limit (and disarmed it: the event
+// is one-shot per arm, IBTA 10.2.9.4) asks for it. Only a sender that can
+// see the SRQ may: one mapping it (a process of its owner's user) whose QP
+// is connected to a QP of that SRQ both ways - pointing a QP at another's
+// QP is no connection. Between users the daemon itself takes the receives
+// (mediate.cc) and raises the event there. Repeats of a pending event are
+// coalesced by the server.
 int Registry::srq_limit(uint32_t client, uint32_t handle) {
   auto it = srqs_.find(handle);
   if (it == srqs_.end()) return EINVAL;
   bool allowed = it->second.owner == ctx(client) || xrc_reaches_srq(ctx(client), it->second);
   for (auto& [qpn, q] : qps_) {
-    if (allowed) break;
+    if (allowed || !same_user(client, it->second.owner)) break;
     if (q.owner != ctx(client)) continue;
-    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
-    if (peer != qps_.end() && peer->second.srq == handle) allowed = true;
+    const uint32_t dest = qp_slot(qpn).dest_qpn.load();
+    auto peer = qps_.find(dest);
+    if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) allowed = true;
   }
   if (!allowed) return EACCES;
   for (auto& [id, c] : clients_)

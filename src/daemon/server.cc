@@ -24,6 +24,17 @@ namespace sv::daemon {
 namespace {
 
 volatile sig_atomic_t g_stop = 0;
+
+// Fairness (docs/PROTOCOL.md, "Flow control"): each turn of the loop serves
+// at most this many requests of one connection, so that one client's
+// pipeline does not hold up the others; a client with this many replies
+// waiting for its socket is not read until it reads them (it is slowed,
+// not dropped); and at most this many distinct async events wait for one
+// client (identical ones are coalesced, so this is only reached by a
+// client holding more objects than that, whose further events are lost).
+constexpr int kRequestsPerTurn = 4;
+constexpr size_t kMaxQueuedReplies = 64;
+constexpr size_t kMaxQueuedEvents = 1 << 16;
 void on_signal(int) { g_stop = 1; }
 
 // Number of fds each op must carry in.
@@ -139,8 +150,10 @@ int Server::run() {
       if (fd == listen_fd_.get()) accept_clients();
       else if (roce_.owns(fd)) roce_.readable(fd);
       else if (fd == cm_.fd()) cm_.run();
-      else if (evs[i].events & EPOLLIN) serve(fd);
-      else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+      else if (evs[i].events & (EPOLLIN | EPOLLOUT)) {
+        if (evs[i].events & EPOLLOUT) flush(fd);
+        if (evs[i].events & EPOLLIN) serve(fd);
+      } else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
         SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, evs[i].events);
         drop(fd);
       }
@@ -169,7 +182,11 @@ void Server::accept_clients() {
     ev.data.fd = fd;
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
     uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid);
-    conns_[fd] = Conn{id, std::move(sock)};
+    Conn c{};
+    c.client = id;
+    c.sock = std::move(sock);
+    c.interest = ev.events;
+    conns_[fd] = std::move(c);
   }
 }
 
@@ -211,8 +228,10 @@ void Server::remove_stale_rendezvous() {
 }
 
 // Async events go out as unsolicited messages (seq 0) on the client's
-// socket, and its async eventfd is raised so that a poller wakes up. A
-// client that does not read its socket loses events rather than stall us.
+// socket, and its async eventfd is raised so that a poller wakes up. An
+// event that does not fit waits in the client's queue; an identical event
+// already waiting there is not queued again (the client learns of it once,
+// as a kernel's async event queue would coalesce a repeated event).
 void Server::send_events() {
   for (const auto& ev : registry_.take_events()) {
     for (auto& [fd, conn] : conns_) {
@@ -221,7 +240,10 @@ void Server::send_events() {
       proto::init_header(m, proto::Op::AsyncEvent, 0);
       m.event_type = ev.type;
       m.element = ev.element;
-      if (send_message(fd, &m, sizeof(m), {}) == 0) {
+      const uint64_t key = ((uint64_t(ev.type) << 32) | ev.element) + 1;
+      if (conn.events_queued.count(key)) continue;
+      if (conn.events_queued.size() >= kMaxQueuedEvents) continue;
+      if (enqueue(fd, conn, &m, sizeof(m), {}, key)) {
         int afd = registry_.async_fd_of(conn.client);
         if (afd >= 0) eventfd_signal(afd);
       }
@@ -229,12 +251,72 @@ void Server::send_events() {
   }
 }
 
+bool Server::enqueue(int fd, Conn& c, const void* msg, size_t len, std::span<const int> fds, uint64_t event_key) {
+  if (c.out.empty()) {
+    int e = send_message(fd, msg, len, fds);
+    if (e == 0) return true;
+    if (e != EAGAIN && e != EWOULDBLOCK && e != ENOBUFS) {
+      SV_TRACE("daemon: fd %d: not sent: %s", fd, std::strerror(e));
+      return false;  // the client is gone; its hang-up drops it
+    }
+  }
+  Out o;
+  o.bytes.assign(static_cast<const uint8_t*>(msg), static_cast<const uint8_t*>(msg) + len);
+  for (int f : fds) {
+    Fd d(::fcntl(f, F_DUPFD_CLOEXEC, 0));
+    if (!d.valid()) return false;
+    o.fds.push_back(std::move(d));
+  }
+  o.event_key = event_key;
+  if (event_key) c.events_queued.insert(event_key);
+  else ++c.replies_queued;
+  c.out.push_back(std::move(o));
+  update_interest(fd, c);
+  return true;
+}
+
+// The client's socket has room: send what waits, in order.
+void Server::flush(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  while (!c.out.empty()) {
+    Out& o = c.out.front();
+    std::vector<int> raw;
+    for (const Fd& f : o.fds) raw.push_back(f.get());
+    int e = send_message(fd, o.bytes.data(), o.bytes.size(), raw);
+    if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) break;
+    if (e != 0) {
+      SV_TRACE("daemon: fd %d: queued message not sent: %s", fd, std::strerror(e));
+      drop(fd);
+      return;
+    }
+    if (o.event_key) c.events_queued.erase(o.event_key);
+    else --c.replies_queued;
+    c.out.pop_front();
+  }
+  update_interest(fd, c);
+}
+
+// Reading while few replies wait; writability while any message waits.
+void Server::update_interest(int fd, Conn& c) {
+  uint32_t want = EPOLLRDHUP;
+  if (c.replies_queued < kMaxQueuedReplies) want |= EPOLLIN;
+  if (!c.out.empty()) want |= EPOLLOUT;
+  if (want == c.interest) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.fd = fd;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, fd, &ev) == 0) c.interest = want;
+}
+
 void Server::serve(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   uint8_t in[proto::kMaxMessage];
   uint8_t out[proto::kMaxMessage];
-  for (;;) {
+  for (int served = 0; served < kRequestsPerTurn; ++served) {
+    if (it->second.replies_queued >= kMaxQueuedReplies) return;  // it reads its replies first
     size_t len = 0;
     std::vector<Fd> fds;
     int e = recv_message(fd, in, sizeof(in), &len, fds);
@@ -259,12 +341,13 @@ void Server::serve(int fd) {
       rlen = sizeof(rep);
       out_fds.clear();
     }
-    if (int se = send_message(fd, out, rlen, out_fds)) {
-      SV_TRACE("daemon: fd %d: reply not sent: %s", fd, std::strerror(se));
+    if (!enqueue(fd, it->second, out, rlen, out_fds, 0)) {
       drop(fd);
       return;
     }
     send_events();
+    it = conns_.find(fd);  // an event's failed send may not drop, but stay safe
+    if (it == conns_.end()) return;
   }
 }
 

@@ -8,8 +8,13 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <span>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "daemon/cm_gateway.h"
 #include "daemon/registry.h"
@@ -33,11 +38,19 @@ class Server {
   Registry& registry() { return registry_; }
 
  private:
+  struct Conn;
   void accept_clients();
   void serve(int fd);
   void drop(int fd);
   void remove_stale_rendezvous();
   void send_events();
+  // Output (docs/PROTOCOL.md, "Flow control"): a reply or event that does
+  // not fit the client's socket waits in its queue, sent when the socket
+  // is writable (EPOLLOUT); a client is never dropped for a full socket.
+  // Returns false if the client is gone (the send failed otherwise).
+  bool enqueue(int fd, Conn& c, const void* msg, size_t len, std::span<const int> fds, uint64_t event_key);
+  void flush(int fd);
+  void update_interest(int fd, Conn& c);
 
   std::string dir_;
   int idle_seconds_;
@@ -48,9 +61,18 @@ class Server {
   Fd lock_fd_;
   Fd listen_fd_;
   Fd epoll_fd_;
+  struct Out {
+    std::vector<uint8_t> bytes;
+    std::vector<Fd> fds;  // duplicates: the registry's may be closed before this is sent
+    uint64_t event_key;   // (type << 32 | element) + 1 for an async event, 0 for a reply
+  };
   struct Conn {
     uint32_t client;
     Fd sock;
+    std::deque<Out> out;
+    size_t replies_queued = 0;
+    std::set<uint64_t> events_queued;  // coalescing: an event already waiting is not queued twice
+    uint32_t interest = 0;             // the epoll events asked for now
   };
   std::map<int, Conn> conns_;
 };

@@ -1,0 +1,228 @@
+// A fair daemon (issue 18, findings 7 and 8): one user's flood of requests
+// or events neither drops nor stalls another user's process.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "attack.h"
+
+namespace svsec {
+namespace {
+
+using sv::proto::Op;
+
+// A raw RC QP of this connection, in RTR towards `dest` (what a hostile
+// client can make without the library). Returns its QPN, 0 on failure.
+uint32_t raw_rc_qp_towards(RawConn& raw, uint32_t dest) {
+  sv::proto::Empty hello{};
+  sv::proto::HelloReply hrep{};
+  std::vector<sv::Fd> fds;
+  if (raw.call(Op::Hello, hello, hrep, {}, &fds) != 0) return 0;
+  sv::proto::Empty e{};
+  sv::proto::HandleReply pd{};
+  if (raw.call(Op::AllocPd, e, pd) != 0) return 0;
+  sv::proto::CreateCqReq cq{};
+  cq.cqe = 16;
+  sv::proto::CreateCqReply cqrep{};
+  if (raw.call(Op::CreateCq, cq, cqrep, {}, &fds) != 0) return 0;
+  sv::proto::CreateQpReq q{};
+  q.pd = pd.handle;
+  q.send_cq = q.recv_cq = cqrep.handle;
+  q.qp_type = IBV_QPT_RC;
+  q.max_send_wr = q.max_recv_wr = 16;
+  q.max_send_sge = q.max_recv_sge = 1;
+  sv::proto::CreateQpReply qrep{};
+  if (raw.call(Op::CreateQp, q, qrep, {}, &fds) != 0) return 0;
+  sv::proto::ModifyQpReq m{};
+  m.qpn = qrep.qpn;
+  m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  m.qp_state = IBV_QPS_INIT;
+  m.port_num = 1;
+  m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (raw.call(Op::ModifyQp, m) != 0) return 0;
+  sv::proto::ModifyQpReq r{};
+  r.qpn = qrep.qpn;
+  r.attr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  r.qp_state = IBV_QPS_RTR;
+  r.path_mtu = IBV_MTU_1024;
+  r.dest_qp_num = dest;
+  r.ah_port_num = 1;
+  if (raw.call(Op::ModifyQp, r) != 0) return 0;
+  return qrep.qpn;
+}
+
+// Sends `n` copies of `req` (op `op`) pipelined, `window` at a time, and
+// reads their replies (and any events); false if the daemon hung up.
+int last_status = 0;
+template <class Req>
+bool flood(RawConn& raw, Op op, Req req, int n, int window = 64) {
+  sv::proto::init_header(req, op, 1);
+  uint8_t buf[sv::proto::kMaxMessage];
+  for (int sent = 0; sent < n;) {
+    int batch = std::min(window, n - sent);
+    for (int i = 0; i < batch; ++i)
+      if (sv::send_message(raw.fd(), &req, sizeof(req), {}) != 0) return false;
+    for (int got = 0; got < batch;) {
+      size_t len = 0;
+      std::vector<sv::Fd> fds;
+      if (sv::recv_message(raw.fd(), buf, sizeof(buf), &len, fds) != 0 || len < sizeof(sv::proto::Header))
+        return false;
+      sv::proto::Header h;
+      std::memcpy(&h, buf, sizeof(h));
+      if (h.seq != 0) {
+        ++got;
+        if (h.status != 0) last_status = h.status;
+      }
+    }
+    sent += batch;
+  }
+  return true;
+}
+
+// Finding 7: nobody points a QP at root's QP (root's never points back) and
+// asks for root's SRQ limit event 20,000 times while root is not reading
+// its socket; root then asks something, and reads only afterwards. Root
+// must not be dropped: its reply comes, its objects and its QP's state
+// survive, and its next request works. (Root is a raw connection so that
+// its request surely meets a full socket; the library would race to drain.)
+TEST(Fairness, EventFloodDoesNotDropTheVictim) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  Child nobody(true, [&sysd](int sock) {
+    uint32_t ids[2];
+    if (!recv_val(sock, ids)) return 2;
+    RawConn raw(sysd.socket());
+    if (!raw.ok()) return 3;
+    if (!raw_rc_qp_towards(raw, ids[0])) return 4;
+    sv::proto::HandleReq req{};
+    req.handle = ids[1];
+    if (!flood(raw, Op::SrqLimit, req, 20000)) return 5;
+    int done = 1;
+    return send_val(sock, done) ? 0 : 6;
+  });
+  ASSERT_TRUE(sysd.alive());
+  RawConn root(sysd.socket());
+  ASSERT_TRUE(root.ok());
+  sv::proto::Empty hello{};
+  sv::proto::HelloReply hrep{};
+  std::vector<sv::Fd> fds;
+  ASSERT_EQ(0, root.call(Op::Hello, hello, hrep, {}, &fds));
+  sv::proto::Empty e{};
+  sv::proto::HandleReply pd{};
+  ASSERT_EQ(0, root.call(Op::AllocPd, e, pd));
+  sv::proto::CreateCqReq cq{};
+  cq.cqe = 16;
+  sv::proto::CreateCqReply cqrep{};
+  ASSERT_EQ(0, root.call(Op::CreateCq, cq, cqrep, {}, &fds));
+  sv::proto::CreateSrqReq sr{};
+  sr.pd = pd.handle;
+  sr.max_wr = 16;
+  sr.max_sge = 1;
+  sr.srq_limit = 4;
+  sr.srq_type = IBV_SRQT_BASIC;
+  sv::proto::CreateSrqReply srep{};
+  ASSERT_EQ(0, root.call(Op::CreateSrq, sr, srep, {}, &fds));
+  sv::proto::CreateQpReq q{};
+  q.pd = pd.handle;
+  q.send_cq = q.recv_cq = cqrep.handle;
+  q.srq = srep.handle;
+  q.qp_type = IBV_QPT_RC;
+  q.max_send_wr = 16;
+  q.max_send_sge = q.max_recv_sge = 1;
+  sv::proto::CreateQpReply qrep{};
+  ASSERT_EQ(0, root.call(Op::CreateQp, q, qrep, {}, &fds));
+
+  nobody.start();
+  uint32_t ids[2] = {qrep.qpn, srep.handle};
+  ASSERT_TRUE(send_val(nobody.sock(), ids));
+  int done = 0;
+  EXPECT_TRUE(recv_val(nobody.sock(), done));
+  EXPECT_EQ(0, nobody.wait());
+  // Root's socket holds whatever the flood put there; root asks now, and
+  // reads only once the daemon has surely answered: a few round trips of
+  // another connection are a few turns of its loop, which serves every
+  // readable connection each turn.
+  sv::proto::Empty pd2{};
+  sv::proto::init_header(pd2, Op::AllocPd, 1000);
+  ASSERT_EQ(0, sv::send_message(root.fd(), &pd2, sizeof(pd2), {}));
+  RawConn other(sysd.socket());
+  ASSERT_TRUE(other.ok());
+  sv::proto::Empty st{};
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(0, other.call(Op::Status, st));
+  uint8_t buf[sv::proto::kMaxMessage];
+  sv::proto::Header h{};
+  int events = 0;
+  for (;;) {
+    size_t len = 0;
+    std::vector<sv::Fd> f;
+    ASSERT_EQ(0, sv::recv_message(root.fd(), buf, sizeof(buf), &len, f));
+    ASSERT_GE(len, sizeof(h)) << "dropped by the daemon after " << events << " events";
+    std::memcpy(&h, buf, sizeof(h));
+    if (h.seq == 0) {
+      ++events;
+      continue;
+    }
+    break;
+  }
+  EXPECT_EQ(1000u, h.seq);
+  EXPECT_EQ(0, h.status);
+  sv::proto::HandleReq qd{};
+  qd.handle = qrep.qpn;
+  EXPECT_EQ(0, root.call(Op::DestroyQp, qd));  // still root's: the connection survived
+  EXPECT_TRUE(sysd.alive());
+}
+
+// A client that pipelines requests without reading its replies is slowed
+// down (the daemon stops reading it), never dropped: every reply arrives.
+TEST(Fairness, UnreadRepliesDoNotDropTheClient) {
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  RawConn raw(sysd.socket());
+  ASSERT_TRUE(raw.ok());
+  sv::proto::Empty hello{};
+  sv::proto::HelloReply hrep{};
+  std::vector<sv::Fd> fds;
+  ASSERT_EQ(0, raw.call(Op::Hello, hello, hrep, {}, &fds));
+  // 20,000 Status requests written before any reply is read: far more
+  // replies than a socket buffer holds. A writer thread, as the socket
+  // blocks us too once the daemon stops reading.
+  constexpr int kN = 20000;
+  std::thread writer([&] {
+    sv::proto::Empty st{};
+    for (int i = 0; i < kN; ++i) {
+      sv::proto::init_header(st, Op::Status, uint32_t(i + 1));
+      if (sv::send_message(raw.fd(), &st, sizeof(st), {}) != 0) return;
+    }
+  });
+  // Let the daemon fill our receive buffer before we read anything.
+  sv::proto::Empty probe{};
+  RawConn other(sysd.socket());
+  ASSERT_TRUE(other.ok());
+  for (int i = 0; i < 200; ++i) ASSERT_EQ(0, other.call(Op::Status, probe));
+  int got = 0;
+  uint8_t buf[sv::proto::kMaxMessage];
+  while (got < kN) {
+    size_t len = 0;
+    std::vector<sv::Fd> f;
+    if (sv::recv_message(raw.fd(), buf, sizeof(buf), &len, f) != 0 || len == 0) break;
+    sv::proto::Header h;
+    std::memcpy(&h, buf, sizeof(h));
+    if (h.seq == 0) continue;
+    EXPECT_EQ(uint32_t(got + 1), h.seq);
+    EXPECT_EQ(0, h.status);
+    ++got;
+  }
+  writer.join();
+  EXPECT_EQ(kN, got);
+  EXPECT_TRUE(sysd.alive());
+}
+
+}  // namespace
+}  // namespace svsec
