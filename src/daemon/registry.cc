@@ -274,6 +274,7 @@ void Registry::release_context(uint32_t owner) {
     if (q.owner == owner) ids.push_back(h);
   for (uint32_t h : ids) {
     release_srq_refs(srqs_[h]);
+    quotas_.release(Quotas::kSrq, h);
     srqs_.erase(h);
   }
   ids.clear();
@@ -281,6 +282,7 @@ void Registry::release_context(uint32_t owner) {
     if (x.owner == owner) ids.push_back(h);
   for (uint32_t h : ids) {
     uint32_t id = xrcd_handles_[h].xrcd;
+    quotas_.release(Quotas::kXrcd, h);
     xrcd_handles_.erase(h);
     if (auto x = xrcds_.find(id); x != xrcds_.end()) x->second.opens--;
     xrcd_drop_if_unused(id);
@@ -291,6 +293,7 @@ void Registry::release_context(uint32_t owner) {
   for (uint32_t id : ids) {
     unbind_mw(id, mws_[id]);
     mr_table_[id].key.store(0, std::memory_order_release);
+    quotas_.release(Quotas::kMw, id);
     mws_.erase(id);
   }
   ids.clear();
@@ -304,12 +307,20 @@ void Registry::release_context(uint32_t owner) {
   for (auto& [h, cq] : cqs_)
     if (cq.owner == owner) ids.push_back(h);
   for (uint32_t id : ids) release_cq(id);
-  std::erase_if(channels_, [&](auto& kv) { return kv.second.owner == owner; });
+  std::erase_if(channels_, [&](auto& kv) {
+    if (kv.second.owner != owner) return false;
+    quotas_.release(Quotas::kChannel, kv.first);
+    return true;
+  });
   ids.clear();
   for (auto& [h, b] : backings_)
     if (b.owner == owner) ids.push_back(h);
   for (uint32_t id : ids) drop_backing(id);
-  std::erase_if(pds_, [&](auto& kv) { return kv.second.owner == owner; });
+  std::erase_if(pds_, [&](auto& kv) {
+    if (kv.second.owner != owner) return false;
+    quotas_.release(Quotas::kPd, kv.first);
+    return true;
+  });
 }
 
 void Registry::accounts(proto::AccountsReply& rep) const {
@@ -330,6 +341,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   auto pd = pds_.find(req.pd);
   if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kMw, client_uid(client))) return e;
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
   uint32_t key = (slot << 8) | ++mr_key_byte_[slot];
@@ -346,6 +358,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   // A type 1 window's key is valid (unbound, zero length) from the start; a
   // type 2 window is invalid until its first bind.
   if (req.type == IBV_MW_TYPE_1) e.key.store(key, std::memory_order_release);
+  quotas_.charge(Quotas::kMw, slot, client_uid(client));
   mws_[slot] = Mw{ctx(client), req.pd, req.type, key, 0};
   pd->second.refs++;
   rep.handle = slot;
@@ -371,6 +384,7 @@ int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
   unbind_mw(handle, it->second);
   mr_table_[handle].key.store(0, std::memory_order_release);
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
+  quotas_.release(Quotas::kMw, handle);
   mws_.erase(it);
   return 0;
 }
@@ -465,6 +479,7 @@ Counts Registry::counts() const {
 
 int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
                          std::vector<int>& out_fds) {
+  if (int e = quotas_.admit(Quotas::kSrq, client_uid(client))) return e;
   auto pd = pds_.find(req.pd);
   if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   if (req.max_wr == 0 || req.max_wr > kMaxQpWr || req.max_sge == 0 || req.max_sge > kMaxSge) return EINVAL;
@@ -510,6 +525,7 @@ int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto:
   rep.capacity = layout.capacity;
   rep.segment_size = layout.size();
   out_fds.push_back(srq.fd.get());
+  quotas_.charge(Quotas::kSrq, handle, client_uid(client));
   srqs_[handle] = std::move(srq);
   return 0;
 }
@@ -519,6 +535,7 @@ int Registry::destroy_srq(uint32_t client, uint32_t handle) {
   if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // QPs still use it
   release_srq_refs(it->second);
+  quotas_.release(Quotas::kSrq, handle);
   srqs_.erase(it);
   return 0;
 }
@@ -553,6 +570,7 @@ void Registry::xrcd_unuse(uint32_t id) {
 // O_EXCL it must not. No file (fd -1): a new private domain.
 int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle) {
   if (req.has_fd > 1 || bool(req.has_fd) != fd.valid()) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kXrcd, client_uid(client))) return e;
   uint32_t id = 0;
   if (fd.valid()) {
     struct stat st;
@@ -574,6 +592,7 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
   }
   xrcds_[id].opens++;
   handle = next_handle_++;
+  quotas_.charge(Quotas::kXrcd, handle, client_uid(client));
   xrcd_handles_[handle] = XrcdHandle{ctx(client), id};
   return 0;
 }
@@ -585,6 +604,7 @@ int Registry::close_xrcd(uint32_t client, uint32_t handle) {
   // The last handle of a domain that SRQs or target QPs still use.
   if (x.opens == 1 && x.users) return EBUSY;
   x.opens--;
+  quotas_.release(Quotas::kXrcd, handle);
   xrcd_handles_.erase(handle);
   xrcd_drop_if_unused(id);
   return 0;
@@ -758,7 +778,9 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
 // ---- PD ------------------------------------------------------------------
 
 int Registry::alloc_pd(uint32_t client, uint32_t& pd) {
+  if (int e = quotas_.admit(Quotas::kPd, client_uid(client))) return e;
   pd = next_handle_++;
+  quotas_.charge(Quotas::kPd, pd, client_uid(client));
   pds_[pd] = Pd{ctx(client), 0};
   return 0;
 }
@@ -767,6 +789,7 @@ int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
   auto it = pds_.find(pd);
   if (it == pds_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // ibv_dealloc_pd(3): still in use
+  quotas_.release(Quotas::kPd, pd);
   pds_.erase(it);
   return 0;
 }
@@ -775,7 +798,9 @@ int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
 
 int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
   if (!fd.valid()) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kBacking, client_uid(client))) return e;
   id = next_handle_++;
+  quotas_.charge(Quotas::kBacking, id, client_uid(client));
   backings_[id] = Backing{ctx(client), std::move(fd), 0, {}, 0};
   return 0;
 }
@@ -794,6 +819,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
   if (req.iova + req.length < req.iova) return EINVAL;
   if (!b->second.region.empty() && req.addr + req.length > b->second.limit) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kMr, client_uid(client))) return e;
 
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
@@ -828,6 +854,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   e.bound_qpn = 0;
   e.key.store(key, std::memory_order_release);  // publish last
 
+  quotas_.charge(Quotas::kMr, slot, client_uid(client));
   mrs_[slot] = Mr{ctx(client), key, req.pd, req.backing, pid, bytes};
   pd->second.refs++;
   b->second.refs++;
@@ -856,6 +883,7 @@ void Registry::release_mr(uint32_t handle) {
   }
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
   uint32_t backing = it->second.backing;
+  quotas_.release(Quotas::kMr, handle);
   mrs_.erase(it);
   if (auto b = backings_.find(backing); b != backings_.end()) {
     // A region is freed with its last registration (seed 000).
@@ -870,6 +898,7 @@ void Registry::drop_backing(uint32_t id) {
     auto r = regions_.find(b->second.region);
     if (r != regions_.end() && --r->second.backings == 0) regions_.erase(r);
   }
+  quotas_.release(Quotas::kBacking, id);
   backings_.erase(b);
 }
 
@@ -880,6 +909,7 @@ int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::R
   auto pd = pds_.find(req.pd);
   if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   if (req.id_len == 0 || req.id_len > proto::kMaxShmidLen) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kBacking, client_uid(client))) return e;  // a region comes with a backing
   std::string id(reinterpret_cast<const char*>(req.id), req.id_len);
   auto r = regions_.find(id);
   rep.created = 0;
@@ -898,6 +928,7 @@ int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::R
     return e;
   }
   uint32_t handle = next_handle_++;
+  quotas_.charge(Quotas::kBacking, handle, client_uid(client));
   backings_[handle] = Backing{ctx(client), std::move(dup), 0, id, r->second.length};
   r->second.backings++;
   rep.backing = handle;
@@ -933,7 +964,9 @@ int Registry::dereg_mr(uint32_t client, uint32_t handle) {
 
 int Registry::create_channel(uint32_t client, Fd eventfd, uint32_t& handle) {
   if (!eventfd.valid()) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kChannel, client_uid(client))) return e;
   handle = next_handle_++;
+  quotas_.charge(Quotas::kChannel, handle, client_uid(client));
   channels_[handle] = Channel{ctx(client), std::move(eventfd), 0};
   return 0;
 }
@@ -942,6 +975,7 @@ int Registry::destroy_channel(uint32_t client, uint32_t handle) {
   auto it = channels_.find(handle);
   if (it == channels_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
+  quotas_.release(Quotas::kChannel, handle);
   channels_.erase(it);
   return 0;
 }
@@ -949,6 +983,7 @@ int Registry::destroy_channel(uint32_t client, uint32_t handle) {
 int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                         std::vector<int>& out_fds) {
   if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kCq, client_uid(client))) return e;
   if (req.channel) {
     auto ch = channels_.find(req.channel);
     if (ch == channels_.end() || ch->second.owner != ctx(client)) return EINVAL;
@@ -962,6 +997,7 @@ int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::C
   rep.capacity = cq.capacity;
   rep.segment_size = cq.map.size();
   out_fds.push_back(cq.fd.get());
+  quotas_.charge(Quotas::kCq, handle, client_uid(client));
   cqs_[handle] = std::move(cq);
   return 0;
 }
@@ -1082,6 +1118,7 @@ void Registry::release_cq(uint32_t handle) {
   if (it->second.channel) {
     if (auto ch = channels_.find(it->second.channel); ch != channels_.end()) ch->second.refs--;
   }
+  quotas_.release(Quotas::kCq, handle);
   cqs_.erase(it);
 }
 
@@ -1123,6 +1160,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   // An XRC target QP has no PD, CQs or queues: it belongs to its XRC
   // domain, and receives go to the XRC SRQ each message names.
   const bool tgt = req.qp_type == IBV_QPT_XRC_RECV;
+  if (int e = quotas_.admit(Quotas::kQp, client_uid(client))) return e;
   uint32_t xrcd = 0;
   if (tgt) {
     xrcd = xrcd_of(client, req.xrcd);
@@ -1221,6 +1259,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   rep.rq_capacity = layout.rq_capacity;
   rep.segment_size = layout.size();
   out_fds.push_back(qp.fd.get());
+  quotas_.charge(Quotas::kQp, qpn, client_uid(client));
   qps_[qpn] = std::move(qp);
   return 0;
 }
@@ -1285,6 +1324,7 @@ void Registry::release_qp(uint32_t qpn) {
   if (auto c = cqs_.find(it->second.send_cq); c != cqs_.end()) c->second.refs--;
   if (auto c = cqs_.find(it->second.recv_cq); c != cqs_.end()) c->second.refs--;
   uint32_t xrcd = it->second.xrcd;
+  quotas_.release(Quotas::kQp, qpn);
   qps_.erase(it);
   if (xrcd) xrcd_unuse(xrcd);
   // A destroyed QP leaves its multicast groups (as the kernel detaches them).

@@ -22,6 +22,7 @@
 #include "common/shm_layout.h"
 #include "common/sys.h"
 #include "daemon/name_space.h"
+#include "daemon/quota.h"
 
 namespace sv::daemon {
 
@@ -64,6 +65,8 @@ class Registry {
   void ns_list(uint32_t start, proto::NsListReply& rep);
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
+  // Per-user limits (quota.h); the server charges connections here too.
+  Quotas& quotas() { return quotas_; }
 
   // One call per protocol op. `in_fds` are the descriptors that came with the
   // request (already checked to be the number the op expects); `out_fds`
@@ -331,6 +334,7 @@ class Registry {
   std::map<uint32_t, Mw> mws_;  // by slot in the MR table
   std::map<std::string, Region> regions_;
   std::vector<PendingEvent> events_;
+  Quotas quotas_;
 
   std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
   std::vector<uint8_t> qp_gen_;       // per QP slot: generation

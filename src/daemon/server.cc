@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -75,6 +76,16 @@ int Server::start() {
   if (!lock_fd_.valid()) return errno;
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK ? EALREADY : errno;
   if (int e = registry_.init()) return e;
+  // Descriptors (issue 18, finding 9): as many as we may have, each user
+  // capped to a share of them (quota.h), and one in reserve to refuse a
+  // connection with when they are all taken.
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  registry_.quotas().configure(system_, nofile.rlim_cur == RLIM_INFINITY ? (1u << 20) : uint64_t(nofile.rlim_cur));
+  reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (int e = listen_seqpacket(socket_path(dir_), listen_fd_)) return e;
   if (system_ && ::chmod(socket_path(dir_).c_str(), 0666) != 0) return errno;
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -171,17 +182,36 @@ int Server::run() {
 void Server::accept_clients() {
   for (;;) {
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if ((errno == EMFILE || errno == ENFILE) && reserve_fd_.valid()) {
+        // Out of descriptors: take the waiting connection with the reserve
+        // and close it (the client sees its connection closed), rather than
+        // leave it pending, which epoll would report again at once: a
+        // busy loop.
+        reserve_fd_.reset();
+        int f = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (f >= 0) ::close(f);
+        reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        if (f >= 0) continue;
+      }
+      return;
+    }
     Fd sock(fd);
     PeerCred cred{};
     // A per-user daemon refuses every other user's process; the system
-    // daemon serves all users (the registry keeps them apart).
+    // daemon serves all users (the registry keeps them apart), each up to
+    // its quota of connections.
     if (peer_credentials(fd, cred) != 0 || (!system_ && cred.uid != ::getuid())) continue;
+    if (registry_.quotas().admit(Quotas::kConnection, cred.uid) != 0) {
+      SV_TRACE("daemon: uid %u: connection quota reached", unsigned(cred.uid));
+      continue;
+    }
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
     uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid);
+    registry_.quotas().charge(Quotas::kConnection, id, cred.uid);
     Conn c{};
     c.client = id;
     c.sock = std::move(sock);
@@ -195,6 +225,7 @@ void Server::drop(int fd) {
   if (it == conns_.end()) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   registry_.remove_client(it->second.client);
+  registry_.quotas().release(Quotas::kConnection, it->second.client);
   roce_.remove_client(it->second.client);
   conns_.erase(it);
   send_events();

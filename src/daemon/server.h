@@ -61,6 +61,7 @@ class Server {
   Fd lock_fd_;
   Fd listen_fd_;
   Fd epoll_fd_;
+  Fd reserve_fd_;  // given up to accept-and-close a connection at the descriptor limit
   struct Out {
     std::vector<uint8_t> bytes;
     std::vector<Fd> fds;  // duplicates: the registry's may be closed before this is sent
