@@ -36,6 +36,9 @@ volatile sig_atomic_t g_stop = 0;
 constexpr int kRequestsPerTurn = 4;
 constexpr size_t kMaxQueuedReplies = 64;
 constexpr size_t kMaxQueuedEvents = 1 << 16;
+// The copy worker moves this much of one user's copy, then turns to the
+// next user with a copy waiting.
+constexpr uint64_t kCopyPiece = 1 << 20;
 void on_signal(int) { g_stop = 1; }
 
 // Number of fds each op must carry in.
@@ -141,7 +144,87 @@ int Server::start() {
   return 0;
 }
 
+Server::~Server() { stop_copier(); }
+
+void Server::start_copier() {
+  if (copier_.joinable()) return;
+  if (make_eventfd(copy_done_fd_) != 0) return;  // no worker: copies stay on the loop
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = copy_done_fd_.get();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, copy_done_fd_.get(), &ev) != 0) return;
+  copy_stop_ = false;
+  copier_ = std::thread([this] { copier_main(); });
+  defer_copies_ = true;
+}
+
+void Server::stop_copier() {
+  if (!copier_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> g(copy_mu_);
+    copy_stop_ = true;
+  }
+  copy_cv_.notify_all();
+  copier_.join();
+  defer_copies_ = false;
+}
+
+// Round robin between users: a piece of the oldest copy of the user after
+// the one served last. Only MediationJob::step runs here; the registry is
+// the loop's alone.
+void Server::copier_main() {
+  std::unique_lock<std::mutex> lk(copy_mu_);
+  for (;;) {
+    copy_cv_.wait(lk, [this] { return copy_stop_ || !copy_queues_.empty(); });
+    if (copy_stop_) return;
+    auto it = copy_queues_.upper_bound(copy_last_uid_);
+    if (it == copy_queues_.end()) it = copy_queues_.begin();
+    copy_last_uid_ = it->first;
+    MediationJob* job = it->second.front().job.get();
+    lk.unlock();
+    bool more = job->step(kCopyPiece);
+    lk.lock();
+    it = copy_queues_.find(copy_last_uid_);  // the queues only grow meanwhile
+    if (!more) {
+      copies_done_.push_back(std::move(it->second.front()));
+      it->second.pop_front();
+      if (it->second.empty()) copy_queues_.erase(it);
+      eventfd_signal(copy_done_fd_.get());
+    }
+  }
+}
+
+// On the loop: complete the finished copies and send their replies.
+void Server::copies_done() {
+  uint64_t n = 0;
+  eventfd_drain(copy_done_fd_.get(), &n);
+  std::deque<Copy> done;
+  {
+    std::lock_guard<std::mutex> g(copy_mu_);
+    done.swap(copies_done_);
+  }
+  for (Copy& c : done) {
+    proto::MediateReply rep{};
+    int st = registry_.finish_mediation(*c.job, rep);
+    for (auto& [fd, conn] : conns_) {
+      if (conn.client != c.client) continue;
+      conn.copying = false;
+      uint8_t out[sizeof rep];
+      rep.h = c.h;
+      rep.h.status = st;
+      std::memcpy(out, &rep, sizeof rep);
+      if (!enqueue(fd, conn, out, sizeof rep, {}, 0)) {
+        // its hang-up drops it
+      }
+      update_interest(fd, conn);
+      break;
+    }
+  }
+  send_events();
+}
+
 int Server::run() {
+  start_copier();
   uint64_t idle_since = monotonic_ns();
   uint64_t last_request = 0;
   while (!g_stop) {
@@ -161,6 +244,7 @@ int Server::run() {
       if (fd == listen_fd_.get()) accept_clients();
       else if (roce_.owns(fd)) roce_.readable(fd);
       else if (fd == cm_.fd()) cm_.run();
+      else if (copy_done_fd_.valid() && fd == copy_done_fd_.get()) copies_done();
       else if (evs[i].events & (EPOLLIN | EPOLLOUT)) {
         if (evs[i].events & EPOLLOUT) flush(fd);
         if (evs[i].events & EPOLLIN) serve(fd);
@@ -175,6 +259,7 @@ int Server::run() {
       break;
     }
   }
+  stop_copier();
   ::unlink(socket_path(dir_).c_str());
   return 0;
 }
@@ -332,7 +417,7 @@ void Server::flush(int fd) {
 // Reading while few replies wait; writability while any message waits.
 void Server::update_interest(int fd, Conn& c) {
   uint32_t want = EPOLLRDHUP;
-  if (c.replies_queued < kMaxQueuedReplies) want |= EPOLLIN;
+  if (c.replies_queued < kMaxQueuedReplies && !c.copying) want |= EPOLLIN;
   if (!c.out.empty()) want |= EPOLLOUT;
   if (want == c.interest) return;
   epoll_event ev{};
@@ -348,6 +433,7 @@ void Server::serve(int fd) {
   uint8_t out[proto::kMaxMessage];
   for (int served = 0; served < kRequestsPerTurn; ++served) {
     if (it->second.replies_queued >= kMaxQueuedReplies) return;  // it reads its replies first
+    if (it->second.copying) return;  // one request at a time: its Mediate is being carried out
     size_t len = 0;
     std::vector<Fd> fds;
     int e = recv_message(fd, in, sizeof(in), &len, fds);
@@ -362,6 +448,21 @@ void Server::serve(int fd) {
     }
     std::vector<int> out_fds;
     size_t rlen = e == EMSGSIZE ? 0 : handle(it->second.client, in, len, fds, out, out_fds);
+    if (deferred_) {
+      // The copy goes to the worker; the reply waits for it.
+      Copy c{it->second.client, {}, std::move(deferred_)};
+      std::memcpy(&c.h, in, sizeof c.h);
+      const uid_t uid = c.job->uid;
+      {
+        std::lock_guard<std::mutex> g(copy_mu_);
+        copy_queues_[uid].push_back(std::move(c));
+      }
+      copy_cv_.notify_one();
+      it->second.copying = true;
+      update_interest(fd, it->second);
+      send_events();
+      return;
+    }
     if (rlen == 0) {
       // Malformed beyond answering (bad magic or version, truncated header): say so.
       proto::Empty rep{};
@@ -579,7 +680,7 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       proto::MediateReq req;
       if (!decode(msg, len, req)) return bad();
       proto::MediateReply rep{};
-      int st = registry_.mediate(client, req, rep);
+      int st = registry_.mediate(client, req, rep, defer_copies_ ? &deferred_ : nullptr);
       return encode(h, rep, st, out);
     }
     case Op::ImportChannel: {

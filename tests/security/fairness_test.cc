@@ -4,8 +4,10 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -221,6 +223,161 @@ TEST(Fairness, UnreadRepliesDoNotDropTheClient) {
   }
   writer.join();
   EXPECT_EQ(kN, got);
+  EXPECT_TRUE(sysd.alive());
+}
+
+// Two RC QPs of one raw connection pointed at each other, and one MR of
+// `len` bytes on a memfd that both use: what a hostile client needs to make
+// the daemon copy with a Mediate request (it carries out any connected
+// pair's operations). Fills `req` with an RDMA WRITE of the whole MR.
+bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req) {
+  sv::proto::Empty hello{};
+  sv::proto::HelloReply hrep{};
+  std::vector<sv::Fd> fds;
+  if (raw.call(Op::Hello, hello, hrep, {}, &fds) != 0) return false;
+  int mfd = memfd_create("flood", MFD_CLOEXEC);
+  if (mfd < 0 || ftruncate(mfd, off_t(len)) != 0) return false;
+  sv::proto::Empty rb{};
+  sv::proto::HandleReply backing{};
+  const int bfd[1] = {mfd};
+  int st = raw.call(Op::RegBacking, rb, backing, bfd);
+  close(mfd);
+  if (st != 0) return false;
+  sv::proto::Empty e{};
+  sv::proto::HandleReply pd{};
+  if (raw.call(Op::AllocPd, e, pd) != 0) return false;
+  sv::proto::RegMrReq mr{};
+  mr.pd = pd.handle;
+  mr.backing = backing.handle;
+  mr.length = len;
+  mr.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  sv::proto::RegMrReply mrep{};
+  if (raw.call(Op::RegMr, mr, mrep) != 0) return false;
+  sv::proto::CreateCqReq cq{};
+  cq.cqe = 16;
+  sv::proto::CreateCqReply cqrep{};
+  if (raw.call(Op::CreateCq, cq, cqrep, {}, &fds) != 0) return false;
+  uint32_t qpn[2];
+  for (uint32_t& n : qpn) {
+    sv::proto::CreateQpReq q{};
+    q.pd = pd.handle;
+    q.send_cq = q.recv_cq = cqrep.handle;
+    q.qp_type = IBV_QPT_RC;
+    q.max_send_wr = q.max_recv_wr = 16;
+    q.max_send_sge = q.max_recv_sge = 1;
+    sv::proto::CreateQpReply qrep{};
+    if (raw.call(Op::CreateQp, q, qrep, {}, &fds) != 0) return false;
+    n = qrep.qpn;
+  }
+  for (int i = 0; i < 2; ++i) {
+    sv::proto::ModifyQpReq m{};
+    m.qpn = qpn[i];
+    m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    m.qp_state = IBV_QPS_INIT;
+    m.port_num = 1;
+    m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    if (raw.call(Op::ModifyQp, m) != 0) return false;
+    sv::proto::ModifyQpReq r{};
+    r.qpn = qpn[i];
+    r.attr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    r.qp_state = IBV_QPS_RTR;
+    r.path_mtu = IBV_MTU_1024;
+    r.dest_qp_num = qpn[1 - i];
+    r.ah_port_num = 1;
+    if (raw.call(Op::ModifyQp, r) != 0) return false;
+  }
+  req = {};
+  req.qpn = qpn[0];
+  req.opcode = IBV_WR_RDMA_WRITE;
+  req.num_sge = 1;
+  req.sge[0].addr = 0;
+  req.sge[0].length = uint32_t(len);
+  req.sge[0].lkey = mrep.key;
+  req.remote_addr = 0;
+  req.rkey = mrep.key;
+  return true;
+}
+
+// Finding 8: nobody floods the daemon with mediated 4 MiB writes between
+// its own QPs, on two connections, each written without pause by one
+// thread while another reads the replies. Meanwhile root's process opens
+// the device, registers memory and allocates a PD: it must get through (an
+// alarm makes a starved root a failure, not a hang; no time is asserted).
+TEST(Fairness, MediatedFloodDoesNotStallAnotherUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  Child nobody(true, [&sysd](int sock) {
+    constexpr int kConns = 2;
+    constexpr uint64_t kLen = 4 << 20;  // two of them: nobody's 8 MiB of locked memory
+    std::vector<std::unique_ptr<RawConn>> conns;
+    sv::proto::MediateReq req[kConns];
+    for (int i = 0; i < kConns; ++i) {
+      conns.push_back(std::make_unique<RawConn>(sysd.socket()));
+      if (!conns.back()->ok() || !raw_mediated_pair(*conns.back(), kLen, req[i])) return 2;
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<long> replies{0};
+    std::atomic<int> bad{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kConns; ++i) {
+      threads.emplace_back([&, i] {  // writer
+        sv::proto::MediateReq r = req[i];
+        for (uint32_t seq = 1; !stop.load(); ++seq) {
+          sv::proto::init_header(r, Op::Mediate, seq);
+          if (sv::send_message(conns[i]->fd(), &r, sizeof r, {}) != 0) return;
+        }
+      });
+      threads.emplace_back([&, i] {  // reader
+        uint8_t buf[sv::proto::kMaxMessage];
+        for (;;) {
+          size_t len = 0;
+          std::vector<sv::Fd> f;
+          if (sv::recv_message(conns[i]->fd(), buf, sizeof buf, &len, f) != 0 || len == 0) return;
+          sv::proto::MediateReply rep{};
+          std::memcpy(&rep, buf, std::min(len, sizeof rep));
+          if (rep.h.seq == 0) continue;
+          if (rep.h.status != 0 || rep.outcome != sv::proto::kMediateDone) bad.fetch_add(1);
+          replies.fetch_add(1);
+        }
+      });
+    }
+    while (replies.load() < 4) usleep(1000);  // the flood is under way
+    int flooding = 1;
+    send_val(sock, flooding);
+    int done = 0;
+    recv_val(sock, done);
+    stop.store(true);
+    for (auto& c : conns) shutdown(c->fd(), SHUT_RDWR);
+    for (auto& t : threads) t.join();
+    return bad.load() == 0 ? 0 : 3;
+  });
+  Child root(false, [](int) {
+    alarm(20);
+    ibv_context* c = open_dev();
+    if (!c) return 2;
+    static char buf[4096];
+    ibv_pd* pd = ibv_alloc_pd(c);
+    if (!pd) return 3;
+    ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+    if (!mr) return 4;
+    ibv_pd* pd2 = ibv_alloc_pd(c);
+    if (!pd2) return 5;
+    ibv_dealloc_pd(pd2);
+    ibv_dereg_mr(mr);
+    ibv_dealloc_pd(pd);
+    ibv_close_device(c);
+    return 0;
+  });
+  ASSERT_TRUE(sysd.alive());
+  nobody.start();
+  int flooding = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), flooding));
+  root.start();
+  EXPECT_EQ(0, root.wait());
+  int done = 1;
+  send_val(nobody.sock(), done);
+  EXPECT_EQ(0, nobody.wait());
   EXPECT_TRUE(sysd.alive());
 }
 
