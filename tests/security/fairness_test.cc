@@ -230,7 +230,7 @@ TEST(Fairness, UnreadRepliesDoNotDropTheClient) {
 // `len` bytes on a memfd that both use: what a hostile client needs to make
 // the daemon copy with a Mediate request (it carries out any connected
 // pair's operations). Fills `req` with an RDMA WRITE of the whole MR.
-bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req) {
+bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, sv::Fd* memfd = nullptr) {
   sv::proto::Empty hello{};
   sv::proto::HelloReply hrep{};
   std::vector<sv::Fd> fds;
@@ -241,6 +241,7 @@ bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req) {
   sv::proto::HandleReply backing{};
   const int bfd[1] = {mfd};
   int st = raw.call(Op::RegBacking, rb, backing, bfd);
+  if (memfd) memfd->reset(dup(mfd));
   close(mfd);
   if (st != 0) return false;
   sv::proto::Empty e{};
@@ -250,7 +251,7 @@ bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req) {
   mr.pd = pd.handle;
   mr.backing = backing.handle;
   mr.length = len;
-  mr.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  mr.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   sv::proto::RegMrReply mrep{};
   if (raw.call(Op::RegMr, mr, mrep) != 0) return false;
   sv::proto::CreateCqReq cq{};
@@ -275,7 +276,7 @@ bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req) {
     m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
     m.qp_state = IBV_QPS_INIT;
     m.port_num = 1;
-    m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     if (raw.call(Op::ModifyQp, m) != 0) return false;
     sv::proto::ModifyQpReq r{};
     r.qpn = qpn[i];
@@ -378,6 +379,54 @@ TEST(Fairness, MediatedFloodDoesNotStallAnotherUser) {
   int done = 1;
   send_val(nobody.sock(), done);
   EXPECT_EQ(0, nobody.wait());
+  EXPECT_TRUE(sysd.alive());
+}
+
+// The copy worker moves the bytes a large mediated WRITE or READ names,
+// and only those: 3 MiB + 1 byte (pieces and a remainder) each way within
+// one MR, checked byte for byte (and the byte after, untouched); one byte past the MR is still refused
+// before any copy.
+TEST(Fairness, LargeMediatedCopiesAreExact) {
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  RawConn raw(sysd.socket());
+  ASSERT_TRUE(raw.ok());
+  constexpr uint64_t kHalf = (3 << 20) + 1, kLen = 2 * kHalf + 7;
+  sv::proto::MediateReq req{};
+  sv::Fd mfd;
+  ASSERT_TRUE(raw_mediated_pair(raw, kLen, req, &mfd));
+  std::vector<uint8_t> a(kHalf), got(kHalf);
+  for (uint64_t i = 0; i < kHalf; ++i) a[i] = uint8_t(i * 7 + (i >> 12));
+  ASSERT_EQ(ssize_t(kHalf), pwrite(mfd.get(), a.data(), kHalf, 0));
+  // WRITE: [0, kHalf) -> [kHalf, 2 kHalf).
+  req.sge[0].addr = 0;
+  req.sge[0].length = uint32_t(kHalf);
+  req.remote_addr = kHalf;
+  sv::proto::MediateReply rep{};
+  ASSERT_EQ(0, raw.call(Op::Mediate, req, rep));
+  EXPECT_EQ(sv::proto::kMediateDone, rep.outcome);
+  EXPECT_EQ(uint32_t(kHalf), rep.byte_len);
+  ASSERT_EQ(ssize_t(kHalf), pread(mfd.get(), got.data(), kHalf, kHalf));
+  EXPECT_TRUE(got == a);
+  // READ back: [kHalf, 2 kHalf) -> [0, kHalf) after clearing it.
+  std::vector<uint8_t> zero(kHalf, 0);
+  ASSERT_EQ(ssize_t(kHalf), pwrite(mfd.get(), zero.data(), kHalf, 0));
+  req.opcode = IBV_WR_RDMA_READ;
+  req.remote_addr = kHalf;
+  ASSERT_EQ(0, raw.call(Op::Mediate, req, rep));
+  EXPECT_EQ(sv::proto::kMediateDone, rep.outcome);
+  ASSERT_EQ(ssize_t(kHalf), pread(mfd.get(), got.data(), kHalf, 0));
+  EXPECT_TRUE(got == a);
+  uint8_t tail = 1;
+  ASSERT_EQ(1, pread(mfd.get(), &tail, 1, 2 * kHalf));  // past both halves: untouched
+  EXPECT_EQ(0, tail);
+  // One byte past the end: refused at once, nothing copied.
+  req.opcode = IBV_WR_RDMA_WRITE;
+  req.sge[0].addr = 0;
+  req.remote_addr = kLen - kHalf + 1;
+  ASSERT_EQ(0, raw.call(Op::Mediate, req, rep));
+  EXPECT_EQ(sv::proto::kMediateError, rep.outcome);
+  EXPECT_EQ(uint32_t(IBV_WC_REM_ACCESS_ERR), rep.wc_status);
   EXPECT_TRUE(sysd.alive());
 }
 
