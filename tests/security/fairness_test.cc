@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -428,6 +430,95 @@ TEST(Fairness, LargeMediatedCopiesAreExact) {
   EXPECT_EQ(sv::proto::kMediateError, rep.outcome);
   EXPECT_EQ(uint32_t(IBV_WC_REM_ACCESS_ERR), rep.wc_status);
   EXPECT_TRUE(sysd.alive());
+}
+
+// A benchmark, not a test (run with --gtest_also_run_disabled_tests): root's
+// ibv_open_device + ibv_alloc_pd + ibv_reg_mr + ibv_close_device, 20 times,
+// idle and then during nobody's mediated 4 MiB flood (as above); prints
+// the median of each and their ratio (the goal: within 2x).
+TEST(FairnessBench, DISABLED_OpenRegDuringFloodVsIdle) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  auto measure = [] {
+    Child root(false, [](int sock) {
+      alarm(60);
+      std::vector<uint64_t> ns;
+      static char buf[4096];
+      for (int i = 0; i < 20; ++i) {
+        uint64_t t0 = sv::monotonic_ns();
+        ibv_context* c = open_dev();
+        ibv_pd* pd = c ? ibv_alloc_pd(c) : nullptr;
+        ibv_mr* mr = pd ? ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+        if (!mr) return 2;
+        ibv_dereg_mr(mr);
+        ibv_dealloc_pd(pd);
+        ibv_close_device(c);
+        ns.push_back(sv::monotonic_ns() - t0);
+      }
+      std::sort(ns.begin(), ns.end());
+      return send_val(sock, ns[ns.size() / 2]) ? 0 : 3;
+    });
+    root.start();
+    uint64_t median = 0;
+    recv_val(root.sock(), median);
+    EXPECT_EQ(0, root.wait());
+    return median;
+  };
+  Child nobody(true, [&sysd](int sock) {
+    constexpr int kConns = 2;
+    std::vector<std::unique_ptr<RawConn>> conns;
+    sv::proto::MediateReq req[kConns];
+    for (int i = 0; i < kConns; ++i) {
+      conns.push_back(std::make_unique<RawConn>(sysd.socket()));
+      if (!conns.back()->ok() || !raw_mediated_pair(*conns.back(), 4 << 20, req[i])) return 2;
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<long> replies{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kConns; ++i) {
+      threads.emplace_back([&, i] {
+        sv::proto::MediateReq r = req[i];
+        for (uint32_t seq = 1; !stop.load(); ++seq) {
+          sv::proto::init_header(r, Op::Mediate, seq);
+          if (sv::send_message(conns[i]->fd(), &r, sizeof r, {}) != 0) return;
+        }
+      });
+      threads.emplace_back([&, i] {
+        uint8_t buf[sv::proto::kMaxMessage];
+        for (;;) {
+          size_t len = 0;
+          std::vector<sv::Fd> f;
+          if (sv::recv_message(conns[i]->fd(), buf, sizeof buf, &len, f) != 0 || len == 0) return;
+          replies.fetch_add(1);
+        }
+      });
+    }
+    while (replies.load() < 4) usleep(1000);
+    long flooding = replies.load();
+    send_val(sock, flooding);
+    int done = 0;
+    recv_val(sock, done);
+    long copies = replies.load() - flooding;
+    send_val(sock, copies);
+    stop.store(true);
+    for (auto& c : conns) shutdown(c->fd(), SHUT_RDWR);
+    for (auto& t : threads) t.join();
+    return 0;
+  });
+  ASSERT_TRUE(sysd.alive());
+  uint64_t idle = measure();
+  nobody.start();
+  long flooding = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), flooding));
+  uint64_t flood = measure();
+  int done = 1;
+  send_val(nobody.sock(), done);
+  long copies = 0;
+  recv_val(nobody.sock(), copies);
+  EXPECT_EQ(0, nobody.wait());
+  std::printf("mediated 4 MiB copies of nobody during the flood measurement: %ld\n", copies);
+  std::printf("open+alloc_pd+reg_mr+close, median of 20: idle %.1f us, during a mediated flood %.1f us, ratio %.2f\n",
+              idle / 1e3, flood / 1e3, idle ? double(flood) / double(idle) : 0.0);
 }
 
 }  // namespace
