@@ -21,6 +21,8 @@ namespace {
 
 using sv::proto::Op;
 
+bool raw_to_rtr(RawConn& raw, uint32_t qpn, uint32_t dest);
+
 // A raw RC QP of this connection, in RTR towards `dest` (what a hostile
 // client can make without the library). Returns its QPN, 0 on failure.
 uint32_t raw_rc_qp_towards(RawConn& raw, uint32_t dest) {
@@ -43,23 +45,27 @@ uint32_t raw_rc_qp_towards(RawConn& raw, uint32_t dest) {
   q.max_send_sge = q.max_recv_sge = 1;
   sv::proto::CreateQpReply qrep{};
   if (raw.call(Op::CreateQp, q, qrep, {}, &fds) != 0) return 0;
+  return raw_to_rtr(raw, qrep.qpn, dest) ? qrep.qpn : 0;
+}
+
+// Moves a raw RC QP from RESET through INIT to RTR towards `dest`.
+bool raw_to_rtr(RawConn& raw, uint32_t qpn, uint32_t dest) {
   sv::proto::ModifyQpReq m{};
-  m.qpn = qrep.qpn;
+  m.qpn = qpn;
   m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
   m.qp_state = IBV_QPS_INIT;
   m.port_num = 1;
   m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (raw.call(Op::ModifyQp, m) != 0) return 0;
+  if (raw.call(Op::ModifyQp, m) != 0) return false;
   sv::proto::ModifyQpReq r{};
-  r.qpn = qrep.qpn;
+  r.qpn = qpn;
   r.attr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
   r.qp_state = IBV_QPS_RTR;
   r.path_mtu = IBV_MTU_1024;
   r.dest_qp_num = dest;
   r.ah_port_num = 1;
-  if (raw.call(Op::ModifyQp, r) != 0) return 0;
-  return qrep.qpn;
+  return raw.call(Op::ModifyQp, r) == 0;
 }
 
 // Sends `n` copies of `req` (op `op`) pipelined, `window` at a time, and
@@ -180,6 +186,82 @@ TEST(Fairness, EventFloodDoesNotDropTheVictim) {
   sv::proto::HandleReq qd{};
   qd.handle = qrep.qpn;
   EXPECT_EQ(0, root.call(Op::DestroyQp, qd));  // still root's: the connection survived
+  EXPECT_TRUE(sysd.alive());
+}
+
+// The same flood from a sender that may ask for the event (root's own other
+// connection, its QP and root's SRQ QP pointing at each other): the events
+// pile up for a client that does not read, and are coalesced - one (type,
+// element) waits once - instead of dropping it or growing without bound.
+TEST(Fairness, RepeatedEventsAreCoalescedNotDropped) {
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  RawConn victim(sysd.socket());
+  ASSERT_TRUE(victim.ok());
+  sv::proto::Empty hello{};
+  sv::proto::HelloReply hrep{};
+  std::vector<sv::Fd> fds;
+  ASSERT_EQ(0, victim.call(Op::Hello, hello, hrep, {}, &fds));
+  sv::proto::Empty e{};
+  sv::proto::HandleReply pd{};
+  ASSERT_EQ(0, victim.call(Op::AllocPd, e, pd));
+  sv::proto::CreateCqReq cq{};
+  cq.cqe = 16;
+  sv::proto::CreateCqReply cqrep{};
+  ASSERT_EQ(0, victim.call(Op::CreateCq, cq, cqrep, {}, &fds));
+  sv::proto::CreateSrqReq sr{};
+  sr.pd = pd.handle;
+  sr.max_wr = 16;
+  sr.max_sge = 1;
+  sr.srq_type = IBV_SRQT_BASIC;
+  sv::proto::CreateSrqReply srep{};
+  ASSERT_EQ(0, victim.call(Op::CreateSrq, sr, srep, {}, &fds));
+  sv::proto::CreateQpReq q{};
+  q.pd = pd.handle;
+  q.send_cq = q.recv_cq = cqrep.handle;
+  q.srq = srep.handle;
+  q.qp_type = IBV_QPT_RC;
+  q.max_send_wr = 16;
+  q.max_send_sge = q.max_recv_sge = 1;
+  sv::proto::CreateQpReply qrep{};
+  ASSERT_EQ(0, victim.call(Op::CreateQp, q, qrep, {}, &fds));
+  RawConn sender(sysd.socket());
+  ASSERT_TRUE(sender.ok());
+  uint32_t sq = raw_rc_qp_towards(sender, qrep.qpn);
+  ASSERT_NE(0u, sq);
+  ASSERT_TRUE(raw_to_rtr(victim, qrep.qpn, sq));
+  sv::proto::HandleReq req{};
+  req.handle = srep.handle;
+  last_status = 0;
+  ASSERT_TRUE(flood(sender, Op::SrqLimit, req, 20000));
+  EXPECT_EQ(0, last_status);  // allowed: the event is the sender's to ask for
+  // The victim asks, then reads once its reply surely went out (as in
+  // EventFloodDoesNotDropTheVictim).
+  sv::proto::Empty pd2{};
+  sv::proto::init_header(pd2, Op::AllocPd, 1000);
+  ASSERT_EQ(0, sv::send_message(victim.fd(), &pd2, sizeof(pd2), {}));
+  sv::proto::Empty st{};
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(0, sender.call(Op::Status, st));
+  uint8_t buf[sv::proto::kMaxMessage];
+  sv::proto::Header h{};
+  int events = 0;
+  for (;;) {
+    size_t len = 0;
+    std::vector<sv::Fd> f;
+    ASSERT_EQ(0, sv::recv_message(victim.fd(), buf, sizeof(buf), &len, f));
+    ASSERT_GE(len, sizeof(h)) << "dropped by the daemon after " << events << " events";
+    std::memcpy(&h, buf, sizeof(h));
+    if (h.seq == 0) {
+      ++events;
+      continue;
+    }
+    break;
+  }
+  EXPECT_EQ(1000u, h.seq);
+  EXPECT_EQ(0, h.status);
+  // What the socket held, plus one queued behind it: far fewer than asked.
+  EXPECT_GE(events, 1);
+  EXPECT_LT(events, 2000);
   EXPECT_TRUE(sysd.alive());
 }
 
