@@ -9,6 +9,7 @@
 // (IBTA 10.6.7.2), the QP's remote access flags, 8-byte alignment of
 // atomics (IBTA 9.4.5). Slower (a round trip per operation), but no process
 // ever holds a descriptor of another user's memory.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -28,6 +29,9 @@ namespace {
 
 constexpr uint32_t kKindBitMr = 1u << kKindMr, kKindBitMw1 = 1u << kKindMw1, kKindBitMw2 = 1u << kKindMw2;
 constexpr uint64_t kMaxMediated = 1ull << 31;
+// Copies from this size on leave the control loop (a copy of less costs
+// about as much as the hand-over).
+constexpr uint64_t kOffloadBytes = 64 << 10;
 
 bool pread_all(int fd, uint8_t* p, uint64_t len, uint64_t off) {
   while (len) {
@@ -55,6 +59,44 @@ bool pwrite_all(int fd, const uint8_t* p, uint64_t len, uint64_t off) {
 
 }  // namespace
 
+// ---- Copies off the control loop (issue 18, finding 8) -------------------
+// A large mediated copy runs on the server's copy worker, a piece at a time;
+// this is that job's state. Its spans hold duplicates of the backings'
+// descriptors, so a deregistration meanwhile cannot pull the file away.
+bool MediationJob::step(uint64_t max_bytes) {
+  if (failed || left == 0) return false;
+  uint64_t budget = max_bytes;
+  if (!inline_data.empty()) {
+    // The inline payload (at most kMaxInline bytes): at once.
+    uint64_t off = 0;
+    for (const OwnedSpan& d : dst) {
+      uint64_t n = std::min(d.len, total - off);
+      if (n && !pwrite_all(d.fd.get(), inline_data.data() + off, n, d.off)) {
+        failed = true;
+        return false;
+      }
+      off += n;
+    }
+    left = 0;
+    return false;
+  }
+  buf.resize(std::min<uint64_t>(total, 1 << 16));
+  while (left && budget) {
+    const OwnedSpan& d = dst[di];
+    const OwnedSpan& sr = src[si];
+    uint64_t n = std::min({left, budget, uint64_t(buf.size()), d.len - doff, sr.len - soff});
+    if (!pread_all(sr.fd.get(), buf.data(), n, sr.off + soff) || !pwrite_all(d.fd.get(), buf.data(), n, d.off + doff)) {
+      failed = true;
+      return false;
+    }
+    left -= n;
+    budget -= n;
+    if ((doff += n) == d.len) ++di, doff = 0;
+    if ((soff += n) == sr.len) ++si, soff = 0;
+  }
+  return left != 0;
+}
+
 bool Registry::resolve_key(uint32_t key, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need, uint32_t kinds,
                            uint32_t bound_qpn, Span& out) const {
   const MrEntry* e = mr_entry(key);
@@ -77,7 +119,16 @@ bool Registry::pop_recv(Qp& peer, uint32_t, RecvWqe& out) {
     const uint32_t cap = s->second.capacity;
     auto* rh = reinterpret_cast<RingHeader*>(s->second.map.as<char>() + SrqLayout{cap}.ring_offset());
     Ring<RecvWqe> ring(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), cap);
-    return ring.pop(out);
+    if (!ring.pop(out)) return false;
+    // The SRQ fell below its armed limit: the event, once per arm (IBTA
+    // 10.2.9.4, 11.5.2.4), as the library raises it on one user's path.
+    auto* sh = s->second.map.as<SrqSegmentHeader>();
+    const uint32_t limit = sh->limit.load(std::memory_order_relaxed);
+    if (limit && ring.size() < limit && sh->limit.exchange(0) != 0) {
+      for (auto& [id, c] : clients_)
+        if (c.ctx == s->second.owner) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, peer.srq});
+    }
+    return true;
   }
   const QpLayout layout{peer.sq_capacity, peer.rq_capacity};
   auto* rqh = reinterpret_cast<RingHeader*>(peer.map.as<char>() + layout.rq_offset());
@@ -103,7 +154,8 @@ void Registry::flush_rq(Qp& q, uint32_t qpn) {
   }
 }
 
-int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep) {
+int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
+                      std::unique_ptr<MediationJob>* defer) {
   Qp* me = find_qp(client, req.qpn);
   if (!me || (me->type != IBV_QPT_RC && me->type != IBV_QPT_UC)) return EINVAL;
   if (req.num_sge > kMaxSge || req.inline_len > kMaxInline) return EINVAL;
@@ -182,6 +234,37 @@ int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::Medi
     }
     return true;
   };
+  // A copy large enough to hold up the control loop goes to the copy
+  // worker, when the server has one: the job, whose finish() completes the
+  // operation on the loop once the bytes have moved.
+  auto deferred = [&](const std::vector<Span>& dst, const std::vector<Span>& src) -> bool {
+    if (!defer || total < kOffloadBytes) return false;
+    auto job = std::make_unique<MediationJob>();
+    auto own = [](const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>& out) {
+      for (const Span& sp : v) {
+        Fd d(::fcntl(sp.fd, F_DUPFD_CLOEXEC, 0));
+        if (!d.valid()) return false;
+        out.push_back({std::move(d), sp.off, sp.len});
+      }
+      return true;
+    };
+    if (!own(dst, job->dst)) return false;
+    if (is_inline && &src == &local) {
+      job->inline_data.assign(req.inline_data, req.inline_data + total);
+    } else if (!own(src, job->src)) {
+      return false;
+    }
+    job->total = job->left = total;
+    job->uid = client_uid(client);
+    job->requester_qpn = req.qpn;
+    job->dest = dest;
+    job->opcode = req.opcode;
+    job->imm_data = req.imm_data;
+    job->solicited = (req.send_flags & IBV_SEND_SOLICITED) != 0;
+    job->type = me->type;
+    *defer = std::move(job);
+    return true;
+  };
   // A receive WQE of the responder as a list in its memory (its L_Keys, its PD).
   auto recv_spans = [&](const RecvWqe& r, std::vector<Span>& out, ibv_wc_status& st) {
     uint64_t room = 0;
@@ -235,6 +318,11 @@ int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::Medi
         recv_wc(r, rs, IBV_WC_RECV, 0);
         return responder_error(rs == IBV_WC_LOC_PROT_ERR ? IBV_WC_REM_OP_ERR : IBV_WC_REM_INV_REQ_ERR);
       }
+      if (deferred(dst, local)) {
+        (*defer)->has_recv = true;
+        (*defer)->recv = r;
+        return 0;
+      }
       if (total && !copy_to(dst)) {
         recv_wc(r, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
         return responder_error(IBV_WC_REM_OP_ERR);
@@ -256,6 +344,11 @@ int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::Medi
       RecvWqe r{};
       const bool imm = req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
       if (imm && !pop_recv(peer, dest, r)) return done(proto::kMediateRnr);
+      if (deferred(dst, local)) {
+        (*defer)->has_recv = imm;
+        (*defer)->recv = r;
+        return 0;
+      }
       if (total && !copy_to(dst)) return responder_error(IBV_WC_REM_OP_ERR);
       if (imm) recv_wc(r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, total);
       return done(proto::kMediateDone, IBV_WC_SUCCESS, false, total);
@@ -268,7 +361,9 @@ int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::Medi
             !resolve_key(req.rkey, peer.pd, req.remote_addr, total, IBV_ACCESS_REMOTE_READ,
                          kKindBitMr | kKindBitMw1 | kKindBitMw2, dest, sp))
           return responder_error(IBV_WC_REM_ACCESS_ERR);
-        if (!copy(local, {sp})) return responder_error(IBV_WC_REM_OP_ERR);
+        const std::vector<Span> remote{sp};
+        if (deferred(local, remote)) return 0;
+        if (!copy(local, remote)) return responder_error(IBV_WC_REM_OP_ERR);
       }
       return done(proto::kMediateDone, IBV_WC_SUCCESS, false, total);
     }
@@ -304,6 +399,62 @@ int Registry::mediate(uint32_t client, const proto::MediateReq& req, proto::Medi
     default:
       // SEND_WITH_INV, windows and the rest are not carried between users yet.
       return done(proto::kMediateError, IBV_WC_LOC_QP_OP_ERR);
+  }
+}
+
+// The end of a deferred mediated operation, on the loop: what mediate()
+// would have done after its copy. The responder QP is looked up again (it
+// may be gone; then nobody is left to complete to).
+int Registry::finish_mediation(MediationJob& job, proto::MediateReply& rep) {
+  const bool ok = !job.failed && job.left == 0;
+  auto peer = qps_.find(job.dest);
+  auto done = [&](proto::MediateOutcome o, ibv_wc_status st = IBV_WC_SUCCESS, bool peer_err = false,
+                  uint64_t len = 0) {
+    rep.outcome = o;
+    rep.wc_status = st;
+    rep.peer_error = peer_err;
+    rep.byte_len = uint32_t(len);
+    return 0;
+  };
+  auto recv_wc = [&](ibv_wc_status st, ibv_wc_opcode op, uint64_t len) {
+    if (!job.has_recv || peer == qps_.end()) return;
+    ibv_wc wc{};
+    wc.wr_id = job.recv.wr_id;
+    wc.status = st;
+    wc.opcode = op;
+    wc.byte_len = uint32_t(len);
+    wc.qp_num = job.dest;
+    wc.src_qp = job.requester_qpn;
+    if (job.opcode == IBV_WR_SEND_WITH_IMM || job.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+      wc.wc_flags = IBV_WC_WITH_IMM;
+      wc.imm_data = job.imm_data;
+    }
+    push_recv(peer->second, job.dest, wc, job.solicited);
+  };
+  auto responder_error = [&](ibv_wc_status requester_status) {
+    if (job.type == IBV_QPT_RC && peer != qps_.end()) {
+      qp_slot(job.dest).state.store(IBV_QPS_ERR, std::memory_order_release);
+      flush_rq(peer->second, job.dest);
+    }
+    return done(proto::kMediateError, requester_status, true);
+  };
+  switch (job.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      if (!ok) {
+        recv_wc(IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+        return responder_error(IBV_WC_REM_OP_ERR);
+      }
+      recv_wc(IBV_WC_SUCCESS, IBV_WC_RECV, job.total);
+      return done(proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      if (!ok) return responder_error(IBV_WC_REM_OP_ERR);
+      recv_wc(IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, job.total);
+      return done(proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
+    default:  // IBV_WR_RDMA_READ
+      if (!ok) return responder_error(IBV_WC_REM_OP_ERR);
+      return done(proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
   }
 }
 

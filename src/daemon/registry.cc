@@ -425,6 +425,7 @@ void Registry::release_context(uint32_t owner) {
     if (q.owner == owner) ids.push_back(h);
   for (uint32_t h : ids) {
     release_srq_refs(srqs_[h]);
+    quotas_.release(Quotas::kSrq, h);
     srqs_.erase(h);
   }
   ids.clear();
@@ -432,6 +433,7 @@ void Registry::release_context(uint32_t owner) {
     if (x.owner == owner) ids.push_back(h);
   for (uint32_t h : ids) {
     uint32_t id = xrcd_handles_[h].xrcd;
+    quotas_.release(Quotas::kXrcd, h);
     xrcd_handles_.erase(h);
     if (auto x = xrcds_.find(id); x != xrcds_.end()) x->second.opens--;
     xrcd_drop_if_unused(id);
@@ -442,6 +444,7 @@ void Registry::release_context(uint32_t owner) {
   for (uint32_t id : ids) {
     unbind_mw(id, mws_[id]);
     tables_.mr_at(id).key.store(0, std::memory_order_release);
+    quotas_.release(Quotas::kMw, id);
     mws_.erase(id);
   }
   ids.clear();
@@ -455,12 +458,20 @@ void Registry::release_context(uint32_t owner) {
   for (auto& [h, cq] : cqs_)
     if (cq.owner == owner) ids.push_back(h);
   for (uint32_t id : ids) release_cq(id);
-  std::erase_if(channels_, [&](auto& kv) { return kv.second.owner == owner; });
+  std::erase_if(channels_, [&](auto& kv) {
+    if (kv.second.owner != owner) return false;
+    quotas_.release(Quotas::kChannel, kv.first);
+    return true;
+  });
   ids.clear();
   for (auto& [h, b] : backings_)
     if (b.owner == owner) ids.push_back(h);
   for (uint32_t id : ids) drop_backing(id);
-  std::erase_if(pds_, [&](auto& kv) { return kv.second.owner == owner; });
+  std::erase_if(pds_, [&](auto& kv) {
+    if (kv.second.owner != owner) return false;
+    quotas_.release(Quotas::kPd, kv.first);
+    return true;
+  });
 }
 
 void Registry::accounts(proto::AccountsReply& rep) const {
@@ -481,6 +492,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   auto pd = pds_.find(req.pd);
   if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kMw, client_uid(client))) return e;
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
   if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
@@ -498,6 +510,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   // A type 1 window's key is valid (unbound, zero length) from the start; a
   // type 2 window is invalid until its first bind.
   if (req.type == IBV_MW_TYPE_1) e.key.store(key, std::memory_order_release);
+  quotas_.charge(Quotas::kMw, slot, client_uid(client));
   mws_[slot] = Mw{ctx(client), req.pd, req.type, key, 0};
   pd->second.refs++;
   rep.handle = slot;
@@ -523,6 +536,7 @@ int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
   unbind_mw(handle, it->second);
   tables_.mr_at(handle).key.store(0, std::memory_order_release);
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
+  quotas_.release(Quotas::kMw, handle);
   mws_.erase(it);
   return 0;
 }
@@ -617,6 +631,7 @@ Counts Registry::counts() const {
 
 int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
                          std::vector<int>& out_fds) {
+  if (int e = quotas_.admit(Quotas::kSrq, client_uid(client))) return e;
   auto pd = pds_.find(req.pd);
   if (pd == pds_.end() || pd->second.owner != ctx(client)) return EINVAL;
   if (req.max_wr == 0 || req.max_wr > kMaxQpWr || req.max_sge == 0 || req.max_sge > kMaxSge) return EINVAL;
@@ -662,6 +677,7 @@ int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto:
   rep.capacity = layout.capacity;
   rep.segment_size = layout.size();
   out_fds.push_back(srq.fd.get());
+  quotas_.charge(Quotas::kSrq, handle, client_uid(client));
   srqs_[handle] = std::move(srq);
   return 0;
 }
@@ -671,6 +687,7 @@ int Registry::destroy_srq(uint32_t client, uint32_t handle) {
   if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // QPs still use it
   release_srq_refs(it->second);
+  quotas_.release(Quotas::kSrq, handle);
   srqs_.erase(it);
   return 0;
 }
@@ -705,6 +722,7 @@ void Registry::xrcd_unuse(uint32_t id) {
 // O_EXCL it must not. No file (fd -1): a new private domain.
 int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle) {
   if (req.has_fd > 1 || bool(req.has_fd) != fd.valid()) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kXrcd, client_uid(client))) return e;
   uint32_t id = 0;
   if (fd.valid()) {
     struct stat st;
@@ -726,6 +744,7 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
   }
   xrcds_[id].opens++;
   handle = next_handle_++;
+  quotas_.charge(Quotas::kXrcd, handle, client_uid(client));
   xrcd_handles_[handle] = XrcdHandle{ctx(client), id};
   return 0;
 }
@@ -737,6 +756,7 @@ int Registry::close_xrcd(uint32_t client, uint32_t handle) {
   // The last handle of a domain that SRQs or target QPs still use.
   if (x.opens == 1 && x.users) return EBUSY;
   x.opens--;
+  quotas_.release(Quotas::kXrcd, handle);
   xrcd_handles_.erase(handle);
   xrcd_drop_if_unused(id);
   return 0;
@@ -810,17 +830,23 @@ int Registry::open_qp(uint32_t client, const proto::OpenQpReq& req, proto::Impor
 }
 
 // IBTA 11.5.2.4: the SRQ limit event goes to the SRQ's holders. A sender
-// that saw the queue fall below the armed limit (and disarmed it) asks for it;
-// only one connected to a QP of that SRQ may.
+// that saw the queue fall below the armed limit (and disarmed it: the event
+// is one-shot per arm, IBTA 10.2.9.4) asks for it. Only a sender that can
+// see the SRQ may: one mapping it (a process of its owner's user) whose QP
+// is connected to a QP of that SRQ both ways - pointing a QP at another's
+// QP is no connection. Between users the daemon itself takes the receives
+// (mediate.cc) and raises the event there. Repeats of a pending event are
+// coalesced by the server.
 int Registry::srq_limit(uint32_t client, uint32_t handle) {
   auto it = srqs_.find(handle);
   if (it == srqs_.end()) return EINVAL;
   bool allowed = it->second.owner == ctx(client) || xrc_reaches_srq(ctx(client), it->second);
   for (auto& [qpn, q] : qps_) {
-    if (allowed) break;
+    if (allowed || !same_user(client, it->second.owner)) break;
     if (q.owner != ctx(client)) continue;
-    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
-    if (peer != qps_.end() && peer->second.srq == handle) allowed = true;
+    const uint32_t dest = qp_slot(qpn).dest_qpn.load();
+    auto peer = qps_.find(dest);
+    if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) allowed = true;
   }
   if (!allowed) return EACCES;
   for (auto& [id, c] : clients_)
@@ -906,7 +932,9 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
 // ---- PD ------------------------------------------------------------------
 
 int Registry::alloc_pd(uint32_t client, uint32_t& pd) {
+  if (int e = quotas_.admit(Quotas::kPd, client_uid(client))) return e;
   pd = next_handle_++;
+  quotas_.charge(Quotas::kPd, pd, client_uid(client));
   pds_[pd] = Pd{ctx(client), 0};
   return 0;
 }
@@ -915,6 +943,7 @@ int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
   auto it = pds_.find(pd);
   if (it == pds_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // ibv_dealloc_pd(3): still in use
+  quotas_.release(Quotas::kPd, pd);
   pds_.erase(it);
   return 0;
 }
@@ -943,7 +972,9 @@ int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
   if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL)) return EINVAL;
   const int fl = ::fcntl(fd.get(), F_GETFL);
   if (fl < 0 || (fl & O_ACCMODE) != O_RDWR || (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE))) return EPERM;
+  if (int e = quotas_.admit(Quotas::kBacking, client_uid(client))) return e;
   id = next_handle_++;
+  quotas_.charge(Quotas::kBacking, id, client_uid(client));
   backings_[id] = Backing{ctx(client), std::move(fd), 0, {}, 0};
   return 0;
 }
@@ -966,6 +997,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   // (reg_backing), so no holder of a mapping of it meets SIGBUS.
   struct stat st {};
   if (::fstat(b->second.fd.get(), &st) != 0 || uint64_t(st.st_size) < req.addr + req.length) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kMr, client_uid(client))) return e;
 
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
@@ -1002,6 +1034,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   e.bound_qpn = 0;
   e.key.store(key, std::memory_order_release);  // publish last
 
+  quotas_.charge(Quotas::kMr, slot, client_uid(client));
   mrs_[slot] = Mr{ctx(client), key, req.pd, req.backing, pid, bytes};
   pd->second.refs++;
   b->second.refs++;
@@ -1030,6 +1063,7 @@ void Registry::release_mr(uint32_t handle) {
   }
   if (auto p = pds_.find(it->second.pd); p != pds_.end()) p->second.refs--;
   uint32_t backing = it->second.backing;
+  quotas_.release(Quotas::kMr, handle);
   mrs_.erase(it);
   if (auto b = backings_.find(backing); b != backings_.end()) {
     // A region is freed with its last registration (seed 000).
@@ -1044,6 +1078,7 @@ void Registry::drop_backing(uint32_t id) {
     auto r = regions_.find(RegionKey{b->second.region_uid, b->second.region});
     if (r != regions_.end() && --r->second.backings == 0) regions_.erase(r);
   }
+  quotas_.release(Quotas::kBacking, id);
   backings_.erase(b);
 }
 
@@ -1059,6 +1094,7 @@ int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::R
   auto owner = contexts_.find(ctx(client));
   if (owner == contexts_.end()) return EINVAL;
   uid_t uid = owner->second.uid;  // the context's user: its memory is that user's
+  if (int e = quotas_.admit(Quotas::kBacking, client_uid(client))) return e;  // a region comes with a backing
   std::string id(reinterpret_cast<const char*>(req.id), req.id_len);
   RegionKey key{uid, id};
   auto r = regions_.find(key);
@@ -1079,6 +1115,7 @@ int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::R
   }
   uint32_t handle = next_handle_++;
   backings_[handle] = Backing{ctx(client), std::move(dup), 0, id, r->second.length, uid};
+  quotas_.charge(Quotas::kBacking, handle, client_uid(client));
   r->second.backings++;
   rep.backing = handle;
   rep.length = r->second.length;
@@ -1113,7 +1150,9 @@ int Registry::dereg_mr(uint32_t client, uint32_t handle) {
 
 int Registry::create_channel(uint32_t client, Fd eventfd, uint32_t& handle) {
   if (!eventfd.valid()) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kChannel, client_uid(client))) return e;
   handle = next_handle_++;
+  quotas_.charge(Quotas::kChannel, handle, client_uid(client));
   channels_[handle] = Channel{ctx(client), std::move(eventfd), 0};
   return 0;
 }
@@ -1122,6 +1161,7 @@ int Registry::destroy_channel(uint32_t client, uint32_t handle) {
   auto it = channels_.find(handle);
   if (it == channels_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
+  quotas_.release(Quotas::kChannel, handle);
   channels_.erase(it);
   return 0;
 }
@@ -1129,6 +1169,7 @@ int Registry::destroy_channel(uint32_t client, uint32_t handle) {
 int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                         std::vector<int>& out_fds) {
   if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kCq, client_uid(client))) return e;
   if (req.channel) {
     auto ch = channels_.find(req.channel);
     if (ch == channels_.end() || ch->second.owner != ctx(client)) return EINVAL;
@@ -1142,6 +1183,7 @@ int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::C
   rep.capacity = cq.capacity;
   rep.segment_size = cq.map.size();
   out_fds.push_back(cq.fd.get());
+  quotas_.charge(Quotas::kCq, handle, client_uid(client));
   cqs_[handle] = std::move(cq);
   return 0;
 }
@@ -1262,6 +1304,7 @@ void Registry::release_cq(uint32_t handle) {
   if (it->second.channel) {
     if (auto ch = channels_.find(it->second.channel); ch != channels_.end()) ch->second.refs--;
   }
+  quotas_.release(Quotas::kCq, handle);
   cqs_.erase(it);
 }
 
@@ -1303,6 +1346,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   // An XRC target QP has no PD, CQs or queues: it belongs to its XRC
   // domain, and receives go to the XRC SRQ each message names.
   const bool tgt = req.qp_type == IBV_QPT_XRC_RECV;
+  if (int e = quotas_.admit(Quotas::kQp, client_uid(client))) return e;
   uint32_t xrcd = 0;
   if (tgt) {
     xrcd = xrcd_of(client, req.xrcd);
@@ -1402,6 +1446,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   rep.rq_capacity = layout.rq_capacity;
   rep.segment_size = layout.size();
   out_fds.push_back(qp.fd.get());
+  quotas_.charge(Quotas::kQp, qpn, client_uid(client));
   qps_[qpn] = std::move(qp);
   return 0;
 }
@@ -1466,6 +1511,7 @@ void Registry::release_qp(uint32_t qpn) {
   if (auto c = cqs_.find(it->second.send_cq); c != cqs_.end()) c->second.refs--;
   if (auto c = cqs_.find(it->second.recv_cq); c != cqs_.end()) c->second.refs--;
   uint32_t xrcd = it->second.xrcd;
+  quotas_.release(Quotas::kQp, qpn);
   qps_.erase(it);
   if (xrcd) xrcd_unuse(xrcd);
   // A destroyed QP leaves its multicast groups (as the kernel detaches them).

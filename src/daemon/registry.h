@@ -24,6 +24,7 @@
 #include "common/sys.h"
 #include "daemon/device_tables.h"
 #include "daemon/name_space.h"
+#include "daemon/quota.h"
 
 namespace sv::daemon {
 
@@ -35,6 +36,32 @@ struct ConnectIdentity {
   uint64_t memlock = 0;   // RLIMIT_MEMLOCK (soft) in bytes
   uid_t uids[4]{};        // real, effective, saved, filesystem
   gid_t gids[4]{};
+};
+
+// One mediated copy handed to the server's copy worker (mediate.cc): the
+// spans (with their own descriptors), how far it got, and what completes
+// it on the loop. step() is the only part that runs off the loop.
+struct MediationJob {
+  struct OwnedSpan {
+    Fd fd;
+    uint64_t off;
+    uint64_t len;
+  };
+  std::vector<OwnedSpan> dst, src;
+  std::vector<uint8_t> inline_data;  // the source when the payload was inline
+  uint64_t total = 0, left = 0;
+  size_t di = 0, si = 0;
+  uint64_t doff = 0, soff = 0;
+  bool failed = false;
+  std::vector<uint8_t> buf;
+  uid_t uid = 0;  // whose copy (fairness between users)
+  uint32_t requester_qpn = 0, dest = 0, opcode = 0, imm_data = 0;
+  bool solicited = false;
+  ibv_qp_type type = IBV_QPT_RC;
+  bool has_recv = false;
+  shm::RecvWqe recv{};
+  // Copies up to max_bytes more; true while bytes remain (false when done or failed).
+  bool step(uint64_t max_bytes);
 };
 
 struct Counts {
@@ -91,6 +118,8 @@ class Registry {
   void ns_list(uint32_t start, proto::NsListReply& rep);
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
+  // Per-user limits (quota.h); the server charges connections here too.
+  Quotas& quotas() { return quotas_; }
 
   // One call per protocol op. `in_fds` are the descriptors that came with the
   // request (already checked to be the number the op expects); `out_fds`
@@ -134,7 +163,12 @@ class Registry {
   // Carries out one operation of `client`'s QP towards a peer of another
   // user (mediate.cc): the daemon checks the keys and copies between the
   // backings, so neither side maps the other's memory.
-  int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep);
+  // With `defer`, a large copy is not made here: *defer receives the job
+  // (rep is then unset), to be run by the caller and then completed with
+  // finish_mediation on the loop.
+  int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
+              std::unique_ptr<MediationJob>* defer = nullptr);
+  int finish_mediation(MediationJob& job, proto::MediateReply& rep);
   int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
   int dealloc_mw(uint32_t client, uint32_t handle);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
@@ -368,6 +402,7 @@ class Registry {
   std::map<uint32_t, Mw> mws_;  // by slot in the MR table
   std::map<RegionKey, Region> regions_;
   std::vector<PendingEvent> events_;
+  Quotas quotas_;
 
   std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
   std::vector<uint8_t> qp_gen_;       // per QP slot: generation

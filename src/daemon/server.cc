@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -24,6 +25,20 @@ namespace sv::daemon {
 namespace {
 
 volatile sig_atomic_t g_stop = 0;
+
+// Fairness (docs/PROTOCOL.md, "Flow control"): each turn of the loop serves
+// at most this many requests of one connection, so that one client's
+// pipeline does not hold up the others; a client with this many replies
+// waiting for its socket is not read until it reads them (it is slowed,
+// not dropped); and at most this many distinct async events wait for one
+// client (identical ones are coalesced, so this is only reached by a
+// client holding more objects than that, whose further events are lost).
+constexpr int kRequestsPerTurn = 4;
+constexpr size_t kMaxQueuedReplies = 64;
+constexpr size_t kMaxQueuedEvents = 1 << 16;
+// The copy worker moves this much of one user's copy, then turns to the
+// next user with a copy waiting.
+constexpr uint64_t kCopyPiece = 1 << 20;
 void on_signal(int) { g_stop = 1; }
 
 // Number of fds each op must carry in.
@@ -64,6 +79,16 @@ int Server::start() {
   if (!lock_fd_.valid()) return errno;
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK ? EALREADY : errno;
   if (int e = registry_.init()) return e;
+  // Descriptors (issue 18, finding 9): as many as we may have, each user
+  // capped to a share of them (quota.h), and one in reserve to refuse a
+  // connection with when they are all taken.
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  registry_.quotas().configure(system_, nofile.rlim_cur == RLIM_INFINITY ? (1u << 20) : uint64_t(nofile.rlim_cur));
+  reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (int e = listen_seqpacket(socket_path(dir_), listen_fd_)) return e;
   if (system_ && ::chmod(socket_path(dir_).c_str(), 0666) != 0) return errno;
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -119,7 +144,87 @@ int Server::start() {
   return 0;
 }
 
+Server::~Server() { stop_copier(); }
+
+void Server::start_copier() {
+  if (copier_.joinable()) return;
+  if (make_eventfd(copy_done_fd_) != 0) return;  // no worker: copies stay on the loop
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = copy_done_fd_.get();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, copy_done_fd_.get(), &ev) != 0) return;
+  copy_stop_ = false;
+  copier_ = std::thread([this] { copier_main(); });
+  defer_copies_ = true;
+}
+
+void Server::stop_copier() {
+  if (!copier_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> g(copy_mu_);
+    copy_stop_ = true;
+  }
+  copy_cv_.notify_all();
+  copier_.join();
+  defer_copies_ = false;
+}
+
+// Round robin between users: a piece of the oldest copy of the user after
+// the one served last. Only MediationJob::step runs here; the registry is
+// the loop's alone.
+void Server::copier_main() {
+  std::unique_lock<std::mutex> lk(copy_mu_);
+  for (;;) {
+    copy_cv_.wait(lk, [this] { return copy_stop_ || !copy_queues_.empty(); });
+    if (copy_stop_) return;
+    auto it = copy_queues_.upper_bound(copy_last_uid_);
+    if (it == copy_queues_.end()) it = copy_queues_.begin();
+    copy_last_uid_ = it->first;
+    MediationJob* job = it->second.front().job.get();
+    lk.unlock();
+    bool more = job->step(kCopyPiece);
+    lk.lock();
+    it = copy_queues_.find(copy_last_uid_);  // the queues only grow meanwhile
+    if (!more) {
+      copies_done_.push_back(std::move(it->second.front()));
+      it->second.pop_front();
+      if (it->second.empty()) copy_queues_.erase(it);
+      eventfd_signal(copy_done_fd_.get());
+    }
+  }
+}
+
+// On the loop: complete the finished copies and send their replies.
+void Server::copies_done() {
+  uint64_t n = 0;
+  eventfd_drain(copy_done_fd_.get(), &n);
+  std::deque<Copy> done;
+  {
+    std::lock_guard<std::mutex> g(copy_mu_);
+    done.swap(copies_done_);
+  }
+  for (Copy& c : done) {
+    proto::MediateReply rep{};
+    int st = registry_.finish_mediation(*c.job, rep);
+    for (auto& [fd, conn] : conns_) {
+      if (conn.client != c.client) continue;
+      conn.copying = false;
+      uint8_t out[sizeof rep];
+      rep.h = c.h;
+      rep.h.status = st;
+      std::memcpy(out, &rep, sizeof rep);
+      if (!enqueue(fd, conn, out, sizeof rep, {}, 0)) {
+        // its hang-up drops it
+      }
+      update_interest(fd, conn);
+      break;
+    }
+  }
+  send_events();
+}
+
 int Server::run() {
+  start_copier();
   uint64_t idle_since = monotonic_ns();
   uint64_t last_request = 0;
   while (!g_stop) {
@@ -139,8 +244,11 @@ int Server::run() {
       if (fd == listen_fd_.get()) accept_clients();
       else if (roce_.owns(fd)) roce_.readable(fd);
       else if (fd == cm_.fd()) cm_.run();
-      else if (evs[i].events & EPOLLIN) serve(fd);
-      else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+      else if (copy_done_fd_.valid() && fd == copy_done_fd_.get()) copies_done();
+      else if (evs[i].events & (EPOLLIN | EPOLLOUT)) {
+        if (evs[i].events & EPOLLOUT) flush(fd);
+        if (evs[i].events & EPOLLIN) serve(fd);
+      } else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
         SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, evs[i].events);
         drop(fd);
       }
@@ -151,6 +259,7 @@ int Server::run() {
       break;
     }
   }
+  stop_copier();
   ::unlink(socket_path(dir_).c_str());
   return 0;
 }
@@ -158,12 +267,30 @@ int Server::run() {
 void Server::accept_clients() {
   for (;;) {
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if ((errno == EMFILE || errno == ENFILE) && reserve_fd_.valid()) {
+        // Out of descriptors: take the waiting connection with the reserve
+        // and close it (the client sees its connection closed), rather than
+        // leave it pending, which epoll would report again at once: a
+        // busy loop.
+        reserve_fd_.reset();
+        int f = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (f >= 0) ::close(f);
+        reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        if (f >= 0) continue;
+      }
+      return;
+    }
     Fd sock(fd);
     PeerCred cred{};
     // A per-user daemon refuses every other user's process; the system
-    // daemon serves all users (the registry keeps them apart).
+    // daemon serves all users (the registry keeps them apart), each up to
+    // its quota of connections.
     if (peer_credentials(fd, cred) != 0 || (!system_ && cred.uid != ::getuid())) continue;
+    if (registry_.quotas().admit(Quotas::kConnection, cred.uid) != 0) {
+      SV_TRACE("daemon: uid %u: connection quota reached", unsigned(cred.uid));
+      continue;
+    }
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
@@ -173,7 +300,12 @@ void Server::accept_clients() {
     Fd pidfd;
     peer_pidfd(fd, cred, boottime_ns(), pidfd);
     uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid, std::move(pidfd));
-    conns_[fd] = Conn{id, std::move(sock)};
+    registry_.quotas().charge(Quotas::kConnection, id, cred.uid);
+    Conn c{};
+    c.client = id;
+    c.sock = std::move(sock);
+    c.interest = ev.events;
+    conns_[fd] = std::move(c);
   }
 }
 
@@ -182,6 +314,7 @@ void Server::drop(int fd) {
   if (it == conns_.end()) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   registry_.remove_client(it->second.client);
+  registry_.quotas().release(Quotas::kConnection, it->second.client);
   roce_.remove_client(it->second.client);
   conns_.erase(it);
   send_events();
@@ -215,8 +348,10 @@ void Server::remove_stale_rendezvous() {
 }
 
 // Async events go out as unsolicited messages (seq 0) on the client's
-// socket, and its async eventfd is raised so that a poller wakes up. A
-// client that does not read its socket loses events rather than stall us.
+// socket, and its async eventfd is raised so that a poller wakes up. An
+// event that does not fit waits in the client's queue; an identical event
+// already waiting there is not queued again (the client learns of it once,
+// as a kernel's async event queue would coalesce a repeated event).
 void Server::send_events() {
   for (const auto& ev : registry_.take_events()) {
     for (auto& [fd, conn] : conns_) {
@@ -225,7 +360,10 @@ void Server::send_events() {
       proto::init_header(m, proto::Op::AsyncEvent, 0);
       m.event_type = ev.type;
       m.element = ev.element;
-      if (send_message(fd, &m, sizeof(m), {}) == 0) {
+      const uint64_t key = ((uint64_t(ev.type) << 32) | ev.element) + 1;
+      if (conn.events_queued.count(key)) continue;
+      if (conn.events_queued.size() >= kMaxQueuedEvents) continue;
+      if (enqueue(fd, conn, &m, sizeof(m), {}, key)) {
         int afd = registry_.async_fd_of(conn.client);
         if (afd >= 0) eventfd_signal(afd);
       }
@@ -233,12 +371,73 @@ void Server::send_events() {
   }
 }
 
+bool Server::enqueue(int fd, Conn& c, const void* msg, size_t len, std::span<const int> fds, uint64_t event_key) {
+  if (c.out.empty()) {
+    int e = send_message(fd, msg, len, fds);
+    if (e == 0) return true;
+    if (e != EAGAIN && e != EWOULDBLOCK && e != ENOBUFS) {
+      SV_TRACE("daemon: fd %d: not sent: %s", fd, std::strerror(e));
+      return false;  // the client is gone; its hang-up drops it
+    }
+  }
+  Out o;
+  o.bytes.assign(static_cast<const uint8_t*>(msg), static_cast<const uint8_t*>(msg) + len);
+  for (int f : fds) {
+    Fd d(::fcntl(f, F_DUPFD_CLOEXEC, 0));
+    if (!d.valid()) return false;
+    o.fds.push_back(std::move(d));
+  }
+  o.event_key = event_key;
+  if (event_key) c.events_queued.insert(event_key);
+  else ++c.replies_queued;
+  c.out.push_back(std::move(o));
+  update_interest(fd, c);
+  return true;
+}
+
+// The client's socket has room: send what waits, in order.
+void Server::flush(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  while (!c.out.empty()) {
+    Out& o = c.out.front();
+    std::vector<int> raw;
+    for (const Fd& f : o.fds) raw.push_back(f.get());
+    int e = send_message(fd, o.bytes.data(), o.bytes.size(), raw);
+    if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) break;
+    if (e != 0) {
+      SV_TRACE("daemon: fd %d: queued message not sent: %s", fd, std::strerror(e));
+      drop(fd);
+      return;
+    }
+    if (o.event_key) c.events_queued.erase(o.event_key);
+    else --c.replies_queued;
+    c.out.pop_front();
+  }
+  update_interest(fd, c);
+}
+
+// Reading while few replies wait; writability while any message waits.
+void Server::update_interest(int fd, Conn& c) {
+  uint32_t want = EPOLLRDHUP;
+  if (c.replies_queued < kMaxQueuedReplies && !c.copying) want |= EPOLLIN;
+  if (!c.out.empty()) want |= EPOLLOUT;
+  if (want == c.interest) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.fd = fd;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, fd, &ev) == 0) c.interest = want;
+}
+
 void Server::serve(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   uint8_t in[proto::kMaxMessage];
   uint8_t out[proto::kMaxMessage];
-  for (;;) {
+  for (int served = 0; served < kRequestsPerTurn; ++served) {
+    if (it->second.replies_queued >= kMaxQueuedReplies) return;  // it reads its replies first
+    if (it->second.copying) return;  // one request at a time: its Mediate is being carried out
     size_t len = 0;
     std::vector<Fd> fds;
     int e = recv_message(fd, in, sizeof(in), &len, fds);
@@ -253,6 +452,21 @@ void Server::serve(int fd) {
     }
     std::vector<int> out_fds;
     size_t rlen = e == EMSGSIZE ? 0 : handle(it->second.client, in, len, fds, out, out_fds);
+    if (deferred_) {
+      // The copy goes to the worker; the reply waits for it.
+      Copy c{it->second.client, {}, std::move(deferred_)};
+      std::memcpy(&c.h, in, sizeof c.h);
+      const uid_t uid = c.job->uid;
+      {
+        std::lock_guard<std::mutex> g(copy_mu_);
+        copy_queues_[uid].push_back(std::move(c));
+      }
+      copy_cv_.notify_one();
+      it->second.copying = true;
+      update_interest(fd, it->second);
+      send_events();
+      return;
+    }
     if (rlen == 0) {
       // Malformed beyond answering (bad magic or version, truncated header): say so.
       proto::Empty rep{};
@@ -263,12 +477,13 @@ void Server::serve(int fd) {
       rlen = sizeof(rep);
       out_fds.clear();
     }
-    if (int se = send_message(fd, out, rlen, out_fds)) {
-      SV_TRACE("daemon: fd %d: reply not sent: %s", fd, std::strerror(se));
+    if (!enqueue(fd, it->second, out, rlen, out_fds, 0)) {
       drop(fd);
       return;
     }
     send_events();
+    it = conns_.find(fd);  // an event's failed send may not drop, but stay safe
+    if (it == conns_.end()) return;
   }
 }
 
@@ -471,7 +686,7 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
       proto::MediateReq req;
       if (!decode(msg, len, req)) return bad();
       proto::MediateReply rep{};
-      int st = registry_.mediate(client, req, rep);
+      int st = registry_.mediate(client, req, rep, defer_copies_ ? &deferred_ : nullptr);
       return encode(h, rep, st, out);
     }
     case Op::ImportChannel: {

@@ -7,9 +7,18 @@
 // clients) or on SIGTERM/SIGINT.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <span>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "daemon/cm_gateway.h"
 #include "daemon/registry.h"
@@ -23,6 +32,7 @@ class Server {
   // directory is world-searchable and its socket world-writable.
   explicit Server(std::string dir, int idle_seconds, bool system = false)
       : dir_(std::move(dir)), idle_seconds_(idle_seconds), system_(system) {}
+  ~Server();
   int start();  // takes the lock, binds the socket; EALREADY if another daemon runs
   int run();
 
@@ -33,11 +43,43 @@ class Server {
   Registry& registry() { return registry_; }
 
  private:
+  struct Conn;
   void accept_clients();
   void serve(int fd);
   void drop(int fd);
   void remove_stale_rendezvous();
   void send_events();
+  // Output (docs/PROTOCOL.md, "Flow control"): a reply or event that does
+  // not fit the client's socket waits in its queue, sent when the socket
+  // is writable (EPOLLOUT); a client is never dropped for a full socket.
+  // Returns false if the client is gone (the send failed otherwise).
+  bool enqueue(int fd, Conn& c, const void* msg, size_t len, std::span<const int> fds, uint64_t event_key);
+  void flush(int fd);
+  void update_interest(int fd, Conn& c);
+
+  // The copy worker (issue 18, finding 8): large mediated copies run off
+  // the loop, a piece (kCopyPiece) at a time, round robin between users;
+  // the requester's connection is not read meanwhile (its reply, sent when
+  // the copy is done, is what it waits for), everyone else is served.
+  struct Copy {
+    uint32_t client;
+    proto::Header h;  // the request's, for the reply
+    std::unique_ptr<MediationJob> job;
+  };
+  void start_copier();
+  void stop_copier();
+  void copier_main();
+  void copies_done();
+  std::unique_ptr<MediationJob> deferred_;  // set by handle() when a Mediate was deferred
+  bool defer_copies_ = false;
+  std::thread copier_;
+  std::mutex copy_mu_;
+  std::condition_variable copy_cv_;
+  std::map<uid_t, std::deque<Copy>> copy_queues_;  // by user
+  uid_t copy_last_uid_ = 0;
+  std::deque<Copy> copies_done_;
+  bool copy_stop_ = false;
+  Fd copy_done_fd_;  // eventfd: the worker finished copies (polled by the loop)
 
   std::string dir_;
   int idle_seconds_;
@@ -48,9 +90,20 @@ class Server {
   Fd lock_fd_;
   Fd listen_fd_;
   Fd epoll_fd_;
+  Fd reserve_fd_;  // given up to accept-and-close a connection at the descriptor limit
+  struct Out {
+    std::vector<uint8_t> bytes;
+    std::vector<Fd> fds;  // duplicates: the registry's may be closed before this is sent
+    uint64_t event_key;   // (type << 32 | element) + 1 for an async event, 0 for a reply
+  };
   struct Conn {
     uint32_t client;
     Fd sock;
+    std::deque<Out> out;
+    size_t replies_queued = 0;
+    std::set<uint64_t> events_queued;  // coalescing: an event already waiting is not queued twice
+    uint32_t interest = 0;             // the epoll events asked for now
+    bool copying = false;              // a deferred Mediate of this client is on the copy worker
   };
   std::map<int, Conn> conns_;
 };

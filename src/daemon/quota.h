@@ -1,0 +1,57 @@
+// quota.h: per-user limits on the daemon's objects (issue 18, finding 9),
+// as the rdma cgroup limits a cgroup's HCA handles and objects: one user
+// cannot take the tables, descriptors or memory that every user shares.
+//
+// Every object the daemon creates for a user is charged to that user (by
+// the uid of the context it belongs to) under its kind, and released when
+// the object is freed, whatever frees it. Some kinds charge a second kind
+// too: MRs and memory windows both take an MR-table key slot, and objects
+// the daemon keeps a descriptor for (channels, CQs, QPs, SRQs, backings,
+// connections) take a descriptor. Over a quota is ENOMEM, or EMFILE for
+// descriptors, channels and connections (docs/PROTOCOL.md, "Quotas").
+//
+// Defaults (the system daemon; a per-user daemon serves one user and has
+// none unless set): a quarter of each shared table (MR-table key slots,
+// QP slots), a quarter of the daemon's descriptor limit, and 65,536 of
+// each other kind. Root is not exempt: its limits are its own, like any
+// user's. SOFTVERBSD_QUOTA_<KIND>=N in the daemon's environment overrides a
+// default (KIND: PD, MR, MW, KEYSLOT, CQ, QP, SRQ, CHANNEL, BACKING, XRCD,
+// CONNECTION, FD); 0 means no limit.
+//
+// Contract: single-threaded (the daemon's loop).
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+namespace sv::daemon {
+
+class Quotas {
+ public:
+  enum Kind : uint32_t { kPd, kMr, kMw, kKeySlot, kCq, kQp, kSrq, kChannel, kBacking, kXrcd, kConnection, kFd, kKinds };
+  static const char* name(Kind k);
+
+  // `system`: the defaults above (else none); `fd_limit`: the daemon's
+  // RLIMIT_NOFILE. Then the environment's overrides.
+  void configure(bool system, uint64_t fd_limit);
+  // May `uid` have one more object of kind `k` (and of the kind it
+  // implies)? 0, or ENOMEM/EMFILE.
+  int admit(Kind k, uid_t uid) const;
+  // Charges object `id` of kind `k` (admitted just before) to `uid`.
+  void charge(Kind k, uint32_t id, uid_t uid);
+  // Releases object `id`'s charge (nothing if it was never charged).
+  void release(Kind k, uint32_t id);
+  uint32_t limit(Kind k) const { return limit_[k]; }
+  uint32_t used(uid_t uid, Kind k) const;
+
+ private:
+  std::array<uint32_t, kKinds> limit_{};  // 0 = none
+  std::unordered_map<uid_t, std::array<uint32_t, kKinds>> used_;
+  std::unordered_map<uint64_t, uid_t> charged_;  // (kind << 32 | id) -> the user charged
+};
+
+}  // namespace sv::daemon
