@@ -1,8 +1,10 @@
 #include "attack.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -39,6 +41,16 @@ ibv_context* open_dev() {
 
 bool become_nobody() {
   return setgroups(0, nullptr) == 0 && setgid(kNobody) == 0 && setuid(kNobody) == 0;
+}
+
+int sealed_backing(size_t len) {
+  int fd = memfd_create("softverbs-test-backing", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, off_t(len)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 SystemDaemon::SystemDaemon() {

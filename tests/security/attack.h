@@ -34,6 +34,11 @@ ibv_context* open_dev();
 // Drops this process to nobody:nogroup; false on failure.
 bool become_nobody();
 
+// A memfd of `len` bytes sealed as the daemon requires of a backing
+// (F_SEAL_SHRINK | F_SEAL_SEAL: nobody can pull it from under a mapping), for
+// raw clients that register memory without the library; -1 on failure.
+int sealed_backing(size_t len);
+
 // A private system daemon for the life of the object; the environment points
 // this process and the children forked after it at that daemon.
 struct SystemDaemon {

@@ -220,9 +220,8 @@ struct RawRc {
     proto::HandleReply h{};
     if (c.call(proto::Op::AllocPd, e, h) != 0) return 1;
     pd = h.handle;
-    // A backing as the daemon accepts one (sealed against shrinking for good).
-    int fd = memfd_create("nobody", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0 || ftruncate(fd, 4096) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) return 2;
+    int fd = sealed_backing(4096);
+    if (fd < 0) return 2;
     mem.reset(fd);
     int fds[1] = {fd};
     if (c.call(proto::Op::RegBacking, e, h, std::span<const int>(fds)) != 0) return 3;

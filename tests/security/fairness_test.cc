@@ -319,8 +319,8 @@ bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, s
   sv::proto::HelloReply hrep{};
   std::vector<sv::Fd> fds;
   if (raw.call(Op::Hello, hello, hrep, {}, &fds) != 0) return false;
-  int mfd = memfd_create("flood", MFD_CLOEXEC);
-  if (mfd < 0 || ftruncate(mfd, off_t(len)) != 0) return false;
+  int mfd = sealed_backing(len);
+  if (mfd < 0) return false;
   sv::proto::Empty rb{};
   sv::proto::HandleReply backing{};
   const int bfd[1] = {mfd};
