@@ -1,5 +1,7 @@
 #include "attack.h"
 
+#include <infiniband/verbs.h>
+
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
@@ -152,6 +154,87 @@ int RawConn::send_raw(const void* msg, size_t len, std::span<const int> fds, std
     if (reply) std::memcpy(reply, buf, std::min(n, reply_len));
     return h.status;
   }
+}
+
+
+// Two RC QPs of one raw connection pointed at each other, and one MR of
+// `len` bytes on a memfd that both use: what a hostile client needs to make
+// the daemon copy with a Mediate request (it carries out any connected
+// pair's operations). The MR covers [mr_offset, mr_offset + len) of a backing
+// that has `tail` more bytes after it. Fills `req` with an RDMA WRITE of the
+// whole MR onto itself (the backing's descriptor in *memfd if asked).
+bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, sv::Fd* memfd, uint64_t mr_offset,
+                       uint64_t tail) {
+  using sv::proto::Op;
+  sv::proto::Empty hello{};
+  sv::proto::HelloReply hrep{};
+  std::vector<sv::Fd> fds;
+  if (raw.call(Op::Hello, hello, hrep, {}, &fds) != 0) return false;
+  int mfd = sealed_backing(mr_offset + len + tail);
+  if (mfd < 0) return false;
+  sv::proto::Empty rb{};
+  sv::proto::HandleReply backing{};
+  const int bfd[1] = {mfd};
+  int st = raw.call(Op::RegBacking, rb, backing, bfd);
+  if (memfd) memfd->reset(dup(mfd));
+  close(mfd);
+  if (st != 0) return false;
+  sv::proto::Empty e{};
+  sv::proto::HandleReply pd{};
+  if (raw.call(Op::AllocPd, e, pd) != 0) return false;
+  sv::proto::RegMrReq mr{};
+  mr.pd = pd.handle;
+  mr.backing = backing.handle;
+  mr.addr = mr_offset;
+  mr.iova = mr_offset;
+  mr.length = len;
+  mr.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  sv::proto::RegMrReply mrep{};
+  if (raw.call(Op::RegMr, mr, mrep) != 0) return false;
+  sv::proto::CreateCqReq cq{};
+  cq.cqe = 16;
+  sv::proto::CreateCqReply cqrep{};
+  if (raw.call(Op::CreateCq, cq, cqrep, {}, &fds) != 0) return false;
+  uint32_t qpn[2];
+  for (uint32_t& n : qpn) {
+    sv::proto::CreateQpReq q{};
+    q.pd = pd.handle;
+    q.send_cq = q.recv_cq = cqrep.handle;
+    q.qp_type = IBV_QPT_RC;
+    q.max_send_wr = q.max_recv_wr = 16;
+    q.max_send_sge = q.max_recv_sge = 1;
+    sv::proto::CreateQpReply qrep{};
+    if (raw.call(Op::CreateQp, q, qrep, {}, &fds) != 0) return false;
+    n = qrep.qpn;
+  }
+  for (int i = 0; i < 2; ++i) {
+    sv::proto::ModifyQpReq m{};
+    m.qpn = qpn[i];
+    m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    m.qp_state = IBV_QPS_INIT;
+    m.port_num = 1;
+    m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    if (raw.call(Op::ModifyQp, m) != 0) return false;
+    sv::proto::ModifyQpReq r{};
+    r.qpn = qpn[i];
+    r.attr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    r.qp_state = IBV_QPS_RTR;
+    r.path_mtu = IBV_MTU_1024;
+    r.dest_qp_num = qpn[1 - i];
+    r.ah_port_num = 1;
+    if (raw.call(Op::ModifyQp, r) != 0) return false;
+  }
+  req = {};
+  req.qpn = qpn[0];
+  req.opcode = IBV_WR_RDMA_WRITE;
+  req.num_sge = 1;
+  req.sge[0].addr = mr_offset;
+  req.sge[0].length = uint32_t(len);
+  req.sge[0].lkey = mrep.key;
+  req.remote_addr = mr_offset;
+  req.rkey = mrep.key;
+  return true;
 }
 
 }  // namespace svsec

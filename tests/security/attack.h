@@ -39,6 +39,15 @@ bool become_nobody();
 // raw clients that register memory without the library; -1 on failure.
 int sealed_backing(size_t len);
 
+class RawConn;
+// Two RC QPs of one raw connection pointed at each other (RTR) and one MR of
+// `len` bytes at `mr_offset` of a sealed backing with `tail` more bytes after
+// it: what a hostile client needs to make the daemon copy with Mediate (it
+// carries out any connected pair's operations). Fills `req` with an RDMA
+// WRITE of the whole MR onto itself; the backing's descriptor in *memfd.
+bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, sv::Fd* memfd = nullptr,
+                       uint64_t mr_offset = 0, uint64_t tail = 0);
+
 // A private system daemon for the life of the object; the environment points
 // this process and the children forked after it at that daemon.
 struct SystemDaemon {
