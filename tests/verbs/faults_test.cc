@@ -45,7 +45,7 @@ TEST(Faults, PeerDeathTakesConnectedQpToErrorWithFlushesAndAnEvent) {
   }
   peer.kill9();
   ibv_async_event ev{};
-  ASSERT_TRUE(wait_async(me.ctx, &ev, 5000));
+  ASSERT_TRUE(wait_async(me.ctx, &ev, 30000));
   EXPECT_EQ(IBV_EVENT_QP_FATAL, ev.event_type);
   EXPECT_EQ(me.qp, ev.element.qp);
   ibv_ack_async_event(&ev);
@@ -96,7 +96,7 @@ TEST(Faults, DaemonDeathIsDeviceFatalAndANewDaemonStartsCleanly) {
     int st;
     waitpid(d, &st, 0);
     ibv_async_event ev{};
-    ASSERT_TRUE(wait_async(me.ctx, &ev, 5000));
+    ASSERT_TRUE(wait_async(me.ctx, &ev, 30000));
     EXPECT_EQ(IBV_EVENT_DEVICE_FATAL, ev.event_type);
     ibv_ack_async_event(&ev);
     // A thread asleep in ibv_get_cq_event would wake up with an error; so do we.
