@@ -210,6 +210,7 @@ TEST(Names, OpeningASquattedNameJoinsNoOtherUsersContext) {
   ibv_context* mine = svx_open("/mine", SVX_OPEN_READ | SVX_OPEN_OWN, &o);
   ASSERT_NE(nullptr, mine);
   EXPECT_EQ(SVX_OBJ_PD, o.type);
+  if (o.type == SVX_OBJ_PD) ibv_unimport_pd(o.pd);  // svx_open imported it for us
   ibv_close_device(mine);
   ibv_dealloc_pd(pd);
   ibv_close_device(c);
