@@ -67,7 +67,13 @@ SystemDaemon::SystemDaemon() {
           static_cast<char*>(nullptr));
     _exit(127);
   }
-  for (int i = 0; i < 500 && access(socket().c_str(), F_OK) != 0; ++i) usleep(10000);
+  // Ready when it accepts a connection (its socket file appears at bind,
+  // before listen): up to 30 s, for a loaded sanitizer run.
+  for (int i = 0; i < 3000; ++i) {
+    sv::Fd probe;
+    if (sv::connect_seqpacket(socket(), probe) == 0) break;
+    usleep(10000);
+  }
   setenv("SOFTVERBS_SYSTEM", "1", 1);
   setenv("SOFTVERBS_SYSTEM_DIR", dir.c_str(), 1);
 }

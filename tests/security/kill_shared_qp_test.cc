@@ -157,6 +157,13 @@ struct Writer {
 };
 
 TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
+#if defined(__SANITIZE_THREAD__)
+  // Replacement writers are forked while this process runs the library's
+  // threads; TSan's runtime cannot follow such a fork ("dup thread with used
+  // id": a forked writer dies before it posts). The plain and ASan builds run
+  // it; making writers fork+exec this binary would let TSan run it too.
+  GTEST_SKIP() << "TSan cannot follow a fork taken while threads run";
+#endif
   const int kills = env_int("SOFTVERBS_KILLS", 50);
   const unsigned seed = unsigned(env_int("SOFTVERBS_KILL_SEED", int(time(nullptr) & 0x7fffffff)));
   std::mt19937 rng(seed);
@@ -317,11 +324,12 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
   const uint64_t t0 = now_ms();
   for (int k = 0; k < kills; ++k) {
     Writer& v = ws[rng() % kWriters];
-    // Let the victim get going (a wedged QP shows here: it never posts).
-    uint64_t deadline = now_ms() + 5000;
+    // Let the victim get going (a wedged QP shows here: it never posts; the
+    // bound is for a loaded sanitizer run, where a writer takes seconds to start).
+    uint64_t deadline = now_ms() + 30000;
     while (b->posted[v.gen].load() < 4 && now_ms() < deadline) drain();
     ASSERT_GE(b->posted[v.gen].load(), 4u) << "kill " << k << ": writer " << v.gen
-                                           << " cannot post (enomem " << b->enomem[v.gen].load()
+                                           << " cannot post (enomem " << b->enomem[v.gen].load() << ", error " << b->error[v.gen].load()
                                            << "): the shared QP is wedged";
     // A random moment: 0-2000 polls of the receiver later.
     for (uint32_t i = rng() % 2000; i; --i) drain();
