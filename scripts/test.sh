@@ -12,10 +12,8 @@ scripts/deps.sh test
 status=0
 echo "== build and test (RelWithDebInfo) =="
 BUILD_DIR=build scripts/build.sh
-# --repeat until-pass:2: a test that fails is run once more, and both runs
-# are printed. This covers a rare hang under load (seen once in the SRQ test
-# under ASan) that is not understood yet; see the robustness issue.
-(cd build && ctest -j2 --output-on-failure --timeout 120 --repeat until-pass:2) || status=1
+# No rerun of a failed test: a flaky test is a bug to find (issue 18).
+(cd build && ctest -j2 --output-on-failure --timeout 120) || status=1
 if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
   for san in address thread; do
     echo "== build and test with SANITIZE=$san (gtest suites) =="
@@ -25,7 +23,7 @@ if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
     # contexts (and their watchdog threads) for the life of the process, as
     # rdma-core's does: threads still running at exit are not leaks here.
     (cd build-$san && TSAN_OPTIONS="die_after_fork=0 report_thread_leaks=0 ${TSAN_OPTIONS:-}" \
-       ctest -j2 -LE compat --output-on-failure --timeout 300 --repeat until-pass:2) || status=1
+       ctest -j2 -LE compat --output-on-failure --timeout 300) || status=1
   done
 fi
 if [ "${SOFTVERBS_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; then
