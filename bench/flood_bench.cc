@@ -40,32 +40,8 @@ uint64_t median(std::vector<uint64_t> v) {
 }
 
 int connect_rc(ibv_context* ctx, ibv_qp* qp, uint32_t dest) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-  if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return e;
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = dest;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 1;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.hop_limit = 1;
-  ibv_query_gid(ctx, 1, 0, &a.ah_attr.grh.dgid);
-  a.ah_attr.port_num = 1;
-  if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    return e;
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                   IBV_QP_MAX_QP_RD_ATOMIC);
+  if (int e = qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE)) return e;
+  return qp_to_rts(ctx, qp, dest);
 }
 
 // One-way latency (ns) of 8 B RDMA WRITEs bounced between two threads' QPs:

@@ -143,6 +143,40 @@ bool recv_bytes(int sock, void* p, size_t n, std::vector<sv::Fd>* fds) {
   return true;
 }
 
+int qp_to_init(ibv_qp* qp, int access) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = access;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+int qp_to_rts(ibv_context* c, ibv_qp* qp, uint32_t dest) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = dest;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.hop_limit = 1;
+  ibv_query_gid(c, 1, 0, &a.ah_attr.grh.dgid);
+  a.ah_attr.port_num = 1;
+  if (int e = ibv_modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return e;
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RTS;
+  r.timeout = 14;
+  r.retry_cnt = 7;
+  r.rnr_retry = 7;
+  r.max_rd_atomic = 1;
+  return ibv_modify_qp(qp, &r,
+                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
 RawConn::RawConn(const std::string& socket_path) { sv::connect_seqpacket(socket_path, sock_); }
 
 int RawConn::send_raw(const void* msg, size_t len, std::span<const int> fds, std::vector<sv::Fd>* got, void* reply,

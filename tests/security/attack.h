@@ -39,6 +39,12 @@ bool become_nobody();
 // raw clients that register memory without the library; -1 on failure.
 int sealed_backing(size_t len);
 
+// A connected RC QP of the library, as the tests' programs set one up:
+// RESET -> INIT with these remote access flags; INIT -> RTR -> RTS towards
+// `dest` on sv0 port 1, GID 0. 0 or the errno of ibv_modify_qp.
+int qp_to_init(ibv_qp* qp, int access);
+int qp_to_rts(ibv_context* c, ibv_qp* qp, uint32_t dest);
+
 class RawConn;
 // Two RC QPs of one raw connection pointed at each other (RTR) and one MR of
 // `len` bytes at `mr_offset` of a sealed backing with `tail` more bytes after

@@ -44,40 +44,6 @@ int poll_n(ibv_cq* cq, ibv_wc* wc, int want) {
   return got;
 }
 
-int to_init(ibv_qp* qp) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-}
-
-int to_rts(ibv_context* c, ibv_qp* qp, uint32_t dest) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = dest;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 1;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.hop_limit = 1;
-  ibv_query_gid(c, 1, 0, &a.ah_attr.grh.dgid);
-  a.ah_attr.port_num = 1;
-  if (int e = ibv_modify_qp(qp, &a,
-                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    return e;
-  ibv_qp_attr r{};
-  r.qp_state = IBV_QPS_RTS;
-  r.timeout = 14;
-  r.retry_cnt = 7;
-  r.rnr_retry = 7;
-  r.max_rd_atomic = 1;
-  return ibv_modify_qp(qp, &r,
-                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                           IBV_QP_MAX_QP_RD_ATOMIC);
-}
-
 // What nobody managed against the granted CQ.
 struct Attack {
   uint32_t fds = 0;        // descriptors the daemon handed out with the grant
@@ -112,7 +78,7 @@ TEST(CqGrant, AGrantedCqIsReadNotWritten) {
     ibv_qp* a = ibv_create_qp(pd, &ia);
     ia.send_cq = ia.recv_cq = cq2;
     ibv_qp* b = ibv_create_qp(pd, &ia);
-    if (!a || !b || to_init(a) || to_init(b) || to_rts(c, a, b->qp_num) || to_rts(c, b, a->qp_num)) return 4;
+    if (!a || !b || qp_to_init(a, IBV_ACCESS_REMOTE_WRITE) || qp_to_init(b, IBV_ACCESS_REMOTE_WRITE) || qp_to_rts(c, a, b->qp_num) || qp_to_rts(c, b, a->qp_num)) return 4;
     svx_object o{SVX_OBJ_CQ, {}};
     o.cq = cq;
     if (svx_publish(c, kName, &o, 0644, -1)) return 5;
@@ -304,10 +270,10 @@ TEST(CqGrant, AnOwnerHoldingItsPollLockStallsNoOneElse) {
   ia.send_cq = ia.recv_cq = cq2;
   ibv_qp* b = ibv_create_qp(pd, &ia);
   ASSERT_TRUE(a && b);
-  ASSERT_EQ(0, to_init(a));
-  ASSERT_EQ(0, to_init(b));
-  ASSERT_EQ(0, to_rts(c, a, b->qp_num));
-  ASSERT_EQ(0, to_rts(c, b, a->qp_num));
+  ASSERT_EQ(0, qp_to_init(a, IBV_ACCESS_REMOTE_WRITE));
+  ASSERT_EQ(0, qp_to_init(b, IBV_ACCESS_REMOTE_WRITE));
+  ASSERT_EQ(0, qp_to_rts(c, a, b->qp_num));
+  ASSERT_EQ(0, qp_to_rts(c, b, a->qp_num));
   svx_object o{SVX_OBJ_CQ, {}};
   o.cq = cq;
   ASSERT_EQ(0, svx_publish(c, kName, &o, 0644, -1));

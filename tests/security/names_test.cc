@@ -216,40 +216,6 @@ TEST(Names, OpeningASquattedNameJoinsNoOtherUsersContext) {
   ibv_close_device(c);
 }
 
-int to_init(ibv_qp* qp) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-}
-
-int to_rts(ibv_context* c, ibv_qp* qp, uint32_t dest) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = dest;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 1;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.hop_limit = 1;
-  ibv_query_gid(c, 1, 0, &a.ah_attr.grh.dgid);
-  a.ah_attr.port_num = 1;
-  if (int e = ibv_modify_qp(qp, &a,
-                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    return e;
-  ibv_qp_attr r{};
-  r.qp_state = IBV_QPS_RTS;
-  r.timeout = 14;
-  r.retry_cnt = 7;
-  r.rnr_retry = 7;
-  r.max_rd_atomic = 1;
-  return ibv_modify_qp(qp, &r,
-                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                           IBV_QP_MAX_QP_RD_ATOMIC);
-}
-
 // Finding 4 (a): root is not "the same user" as anyone else. A root QP
 // connected to nobody's QP is mediated like any other pair of users: root's
 // context is handed neither nobody's QP and CQ segments (rings nobody writes)
@@ -278,11 +244,11 @@ TEST(Names, RootIsNotTheSameUserAsAnyone) {
     ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
     ia.send_cq = ia.recv_cq = cq;
     ibv_qp* qp = ibv_create_qp(pd, &ia);
-    if (!qp || to_init(qp)) return 3;
+    if (!qp || qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)) return 3;
     Info info{qp->qp_num, mr->rkey, reinterpret_cast<uintptr_t>(buf)};
     if (!send_val(sock, info)) return 4;
     uint32_t root_qpn = 0;
-    if (!recv_val(sock, root_qpn) || to_rts(c, qp, root_qpn)) return 5;
+    if (!recv_val(sock, root_qpn) || qp_to_rts(c, qp, root_qpn)) return 5;
     char go = 1;
     if (!send_val(sock, go) || !recv_val(sock, go)) return 6;
     return buf[0] == 0x3c ? 0 : 7;  // root's WRITE arrived
@@ -305,11 +271,11 @@ TEST(Names, RootIsNotTheSameUserAsAnyone) {
   ia.send_cq = ia.recv_cq = cq;
   ibv_qp* qp = ibv_create_qp(pd, &ia);
   ASSERT_NE(nullptr, qp);
-  ASSERT_EQ(0, to_init(qp));
+  ASSERT_EQ(0, qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
   ASSERT_TRUE(send_val(nobody.sock(), qp->qp_num));
   char go = 0;
   ASSERT_TRUE(recv_val(nobody.sock(), go));
-  ASSERT_EQ(0, to_rts(c, qp, info.qpn));
+  ASSERT_EQ(0, qp_to_rts(c, qp, info.qpn));
   // The connection works (through the daemon).
   ibv_sge sge{reinterpret_cast<uintptr_t>(buf), 64, mr->lkey};
   ibv_send_wr wr{}, *bad = nullptr;
