@@ -106,6 +106,29 @@ size_t Qp::gather_views(const SendWqe& w, uint32_t off, uint32_t len,
   return done == len ? n : 0;
 }
 
+namespace {
+
+// The opcode (low five bits, IBTA 9.2 table 38) of a SEND or WRITE packet:
+// where it lies in its message (first, middle, last, only) and what the
+// message carries (immediate data, an R_Key to invalidate).
+uint8_t payload_opcode(WrOpcode wr, bool first, bool last) {
+  const bool write = wr == WrOpcode::kWrite || wr == WrOpcode::kWriteImm;
+  const bool imm = wr == WrOpcode::kSendImm || wr == WrOpcode::kWriteImm;
+  const bool inv = wr == WrOpcode::kSendInv;
+  if (write) {
+    if (first && last) return imm ? op::kWriteOnlyImm : op::kWriteOnly;
+    if (first) return op::kWriteFirst;
+    if (last) return imm ? op::kWriteLastImm : op::kWriteLast;
+    return op::kWriteMiddle;
+  }
+  if (first && last) return imm ? op::kSendOnlyImm : inv ? op::kSendOnlyInv : op::kSendOnly;
+  if (first) return op::kSendFirst;
+  if (last) return imm ? op::kSendLastImm : inv ? op::kSendLastInv : op::kSendLast;
+  return op::kSendMiddle;
+}
+
+}  // namespace
+
 void Qp::send_request_packet(SendWqe& w) {
   const QpType t = cfg_.type;
   Packet p;
@@ -157,22 +180,8 @@ void Qp::send_request_packet(SendWqe& w) {
         p.payload = data;
       }
       const bool write = w.wr.opcode == WrOpcode::kWrite || w.wr.opcode == WrOpcode::kWriteImm;
-      const bool imm = w.wr.opcode == WrOpcode::kSendImm || w.wr.opcode == WrOpcode::kWriteImm;
-      const bool inv = w.wr.opcode == WrOpcode::kSendInv;
-      uint8_t o;
-      if (write) {
-        if (first && last) o = imm ? op::kWriteOnlyImm : op::kWriteOnly;
-        else if (first) o = op::kWriteFirst;
-        else if (last) o = imm ? op::kWriteLastImm : op::kWriteLast;
-        else o = op::kWriteMiddle;
-        if (first) p.reth = Reth{w.wr.remote_addr, w.wr.rkey, w.len};
-      } else {
-        if (first && last) o = imm ? op::kSendOnlyImm : inv ? op::kSendOnlyInv : op::kSendOnly;
-        else if (first) o = op::kSendFirst;
-        else if (last) o = imm ? op::kSendLastImm : inv ? op::kSendLastInv : op::kSendLast;
-        else o = op::kSendMiddle;
-      }
-      p.bth.opcode = uint8_t(base | o);
+      if (write && first) p.reth = Reth{w.wr.remote_addr, w.wr.rkey, w.len};
+      p.bth.opcode = uint8_t(base | payload_opcode(w.wr.opcode, first, last));
       p.imm = w.wr.imm;
       p.ieth_rkey = w.wr.invalidate_rkey;
       if (t == QpType::kUD) {

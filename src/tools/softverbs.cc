@@ -43,7 +43,7 @@ int run(int argc, char** argv) {
   std::string lib = self_dir() + "/../lib";
   if (const char* l = std::getenv("SOFTVERBS_LIB")) lib = l;
   std::string path = lib;
-  if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path += ":" + std::string(old);
+  if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path.append(":").append(old);
   ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
   if (!std::getenv("SOFTVERBSD")) ::setenv("SOFTVERBSD", (self_dir() + "/softverbsd").c_str(), 1);
   ::execvp(argv[0], argv);

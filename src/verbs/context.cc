@@ -156,87 +156,71 @@ ibv_context* open_context(ibv_device* device) {
   return make_context(-1);
 }
 
-// Opens a context on a new daemon connection. With import_fd >= 0, the
-// connection joins the context whose command socket that is
-// (ibv_import_device(3)) instead of starting a new one.
-ibv_context* make_context(int import_fd, NsAttach* ns) {
-  auto st = std::make_unique<ContextState>();
-  if (int e = st->conn.open()) {
-    errno = e;
-    return nullptr;
-  }
+namespace {
+
+// Binds a fresh connection to its context: claims the socket as ours, then
+// joins the context of another process's socket (ibv_import_device(3)) or
+// of a published object (svx_open), if asked. 0 or an errno.
+int attach_connection(ContextState& st, int import_fd, NsAttach* ns) {
   struct stat sst {};
-  if (::fstat(st->conn.fd(), &sst) != 0) return nullptr;
+  if (::fstat(st.conn.fd(), &sst) != 0) return errno;
   proto::ClaimSocketReq claim{};
   claim.inode = sst.st_ino;
   proto::Empty none{};
-  if (int e = st->conn.call(proto::Op::ClaimSocket, claim, none)) {
-    errno = e;
-    return nullptr;
-  }
+  if (int e = st.conn.call(proto::Op::ClaimSocket, claim, none)) return e;
   if (import_fd >= 0) {
     proto::Empty req{};
     int fds1[1] = {import_fd};
-    if (int e = st->conn.call(proto::Op::ImportContext, req, none, fds1)) {
-      errno = e == ENOENT ? EINVAL : e;
-      return nullptr;
-    }
+    if (int e = st.conn.call(proto::Op::ImportContext, req, none, fds1)) return e == ENOENT ? EINVAL : e;
   }
   if (ns) {
     proto::NsNameReq req{};
     req.access = ns->access;
     req.flags = ns->flags;
     std::strncpy(req.name, ns->name, sizeof(req.name) - 1);
-    if (int e = st->conn.call(proto::Op::NsOpen, req, ns->rep)) {
-      errno = e;
-      return nullptr;
-    }
+    if (int e = st.conn.call(proto::Op::NsOpen, req, ns->rep)) return e;
   }
+  return 0;
+}
+
+// Hello: the daemon's boot id and this user's device segment (the MR, QP
+// and multicast tables, read-only: docs/SHARED_MEMORY.md), mapped and
+// checked. 0 or an errno.
+int map_device(ContextState& st) {
   proto::Empty hello{};
   proto::HelloReply rep{};
   std::vector<Fd> fds;
-  if (int e = st->conn.call(proto::Op::Hello, hello, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
-    return nullptr;
-  }
-  st->boot_id = rep.boot_id;
-  if (int e = map_shared(fds[0].get(), 0, shm::DeviceLayout::size(), PROT_READ, false, st->device_map)) {
-    errno = e;
-    return nullptr;
-  }
-  auto* dh = st->device_map.as<shm::DeviceHeader>();
-  if (dh->magic != shm::kDeviceMagic || dh->version != shm::kLayoutVersion) {
-    errno = EPROTO;
-    return nullptr;
-  }
-  st->mr_table = reinterpret_cast<const MrEntry*>(st->device_map.as<char>() + dh->mr_table_offset);
-  st->qp_table = reinterpret_cast<const QpEntry*>(st->device_map.as<char>() + dh->qp_table_offset);
-  st->mcg_table = reinterpret_cast<const shm::McgEntry*>(st->device_map.as<char>() + shm::DeviceLayout::mcg_offset());
-  if (int e = make_eventfd(st->async_fd)) {
-    errno = e;
-    return nullptr;
-  }
-  // Async events from the daemon: it raises our eventfd and sends the event.
-  {
-    proto::Empty req{};
-    proto::Empty rep{};
-    int fds1[1] = {st->async_fd.get()};
-    if (int e = st->conn.call(proto::Op::RegAsync, req, rep, fds1)) {
-      errno = e;
-      return nullptr;
-    }
-    ContextState* raw = st.get();
-    st->conn.on_event = [raw](const proto::AsyncEventMsg& m) {
-      std::lock_guard<std::mutex> g(raw->async.mu);
-      raw->async.raw.push_back(m);
-    };
-  }
+  if (int e = st.conn.call(proto::Op::Hello, hello, rep, {}, &fds); e || fds.size() != 1) return e ? e : EPROTO;
+  st.boot_id = rep.boot_id;
+  if (int e = map_shared(fds[0].get(), 0, shm::DeviceLayout::size(), PROT_READ, false, st.device_map)) return e;
+  auto* dh = st.device_map.as<shm::DeviceHeader>();
+  if (dh->magic != shm::kDeviceMagic || dh->version != shm::kLayoutVersion) return EPROTO;
+  st.mr_table = reinterpret_cast<const MrEntry*>(st.device_map.as<char>() + dh->mr_table_offset);
+  st.qp_table = reinterpret_cast<const QpEntry*>(st.device_map.as<char>() + dh->qp_table_offset);
+  st.mcg_table = reinterpret_cast<const shm::McgEntry*>(st.device_map.as<char>() + shm::DeviceLayout::mcg_offset());
+  return 0;
+}
 
+// Async events from the daemon: it raises our eventfd and sends the event.
+int register_async(ContextState& st) {
+  if (int e = make_eventfd(st.async_fd)) return e;
+  proto::Empty req{};
+  proto::Empty rep{};
+  int fds1[1] = {st.async_fd.get()};
+  if (int e = st.conn.call(proto::Op::RegAsync, req, rep, fds1)) return e;
+  ContextState* raw = &st;
+  st.conn.on_event = [raw](const proto::AsyncEventMsg& m) {
+    std::lock_guard<std::mutex> g(raw->async.mu);
+    raw->async.raw.push_back(m);
+  };
+  return 0;
+}
+
+// The context as libibverbs sees it: the provider's ops (rdma-core's
+// verbs_context_ops, set once here) and the fds it polls.
+Context* new_verbs_context(ContextState& st) {
   auto* ctx = static_cast<Context*>(std::calloc(1, sizeof(Context)));
-  if (!ctx) {
-    errno = ENOMEM;
-    return nullptr;
-  }
+  if (!ctx) return nullptr;
   verbs_context& v = ctx->v;
   v.sz = sizeof(verbs_context);
   v.query_port = query_port;
@@ -261,14 +245,37 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
   c.ops.alloc_mw = alloc_mw;
   c.ops.bind_mw = bind_mw;
   c.ops.dealloc_mw = dealloc_mw;
-  c.cmd_fd = st->conn.fd();
-  c.async_fd = st->async_fd.get();
+  c.cmd_fd = st.conn.fd();
+  c.async_fd = st.async_fd.get();
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
   c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  return ctx;
+}
+
+}  // namespace
+
+// Opens a context on a new daemon connection. With import_fd >= 0, the
+// connection joins the context whose command socket that is
+// (ibv_import_device(3)) instead of starting a new one.
+ibv_context* make_context(int import_fd, NsAttach* ns) {
+  auto st = std::make_unique<ContextState>();
+  int e = st->conn.open();
+  if (!e) e = attach_connection(*st, import_fd, ns);
+  if (!e) e = map_device(*st);
+  if (!e) e = register_async(*st);
+  if (e) {
+    errno = e;
+    return nullptr;
+  }
+  Context* ctx = new_verbs_context(*st);
+  if (!ctx) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   start_watchdog(*st);
   ctx->st = st.release();
-  return &c;
+  return &ctx->v.context;
 }
 
 int close_context(ibv_context* c) {
