@@ -99,6 +99,8 @@ class MediationTables {
 class Mediation {
  public:
   explicit Mediation(MediationTables& tables) : t_(tables) {}
+  Mediation(const Mediation&) = delete;  // bound to its registry's tables
+  Mediation& operator=(const Mediation&) = delete;
 
   // Carries out one operation of `client`'s QP towards a peer of another
   // user. An errno for a request that is not one (no such QP, not RC/UC,
