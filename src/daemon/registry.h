@@ -23,6 +23,7 @@
 #include "common/shm_layout.h"
 #include "common/sys.h"
 #include "daemon/device_tables.h"
+#include "daemon/mediation.h"
 #include "daemon/name_space.h"
 #include "daemon/quota.h"
 
@@ -38,37 +39,11 @@ struct ConnectIdentity {
   gid_t gids[4]{};
 };
 
-// One mediated copy handed to the server's copy worker (mediate.cc): the
-// spans (with their own descriptors), how far it got, and what completes
-// it on the loop. step() is the only part that runs off the loop.
-struct MediationJob {
-  struct OwnedSpan {
-    Fd fd;
-    uint64_t off;
-    uint64_t len;
-  };
-  std::vector<OwnedSpan> dst, src;
-  std::vector<uint8_t> inline_data;  // the source when the payload was inline
-  uint64_t total = 0, left = 0;
-  size_t di = 0, si = 0;
-  uint64_t doff = 0, soff = 0;
-  bool failed = false;
-  std::vector<uint8_t> buf;
-  uid_t uid = 0;  // whose copy (fairness between users)
-  uint32_t requester_qpn = 0, dest = 0, opcode = 0, imm_data = 0;
-  bool solicited = false;
-  ibv_qp_type type = IBV_QPT_RC;
-  bool has_recv = false;
-  shm::RecvWqe recv{};
-  // Copies up to max_bytes more; true while bytes remain (false when done or failed).
-  bool step(uint64_t max_bytes);
-};
-
 struct Counts {
   uint32_t clients, pds, mrs, cqs, qps, channels, backings;
 };
 
-class Registry {
+class Registry : private MediationTables {
  public:
   Registry();
   int init();
@@ -160,15 +135,13 @@ class Registry {
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
   int peer_error(uint32_t client, uint32_t qpn);
-  // Carries out one operation of `client`'s QP towards a peer of another
-  // user (mediate.cc): the daemon checks the keys and copies between the
-  // backings, so neither side maps the other's memory.
-  // With `defer`, a large copy is not made here: *defer receives the job
-  // (rep is then unset), to be run by the caller and then completed with
-  // finish_mediation on the loop.
+  // Operations towards a peer of another user: the registry's Mediation
+  // (mediation.h) carries them out on its tables.
   int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
-              std::unique_ptr<MediationJob>* defer = nullptr);
-  int finish_mediation(MediationJob& job, proto::MediateReply& rep);
+              std::unique_ptr<MediationJob>* defer = nullptr) {
+    return mediation_.mediate(client, req, rep, defer);
+  }
+  int finish_mediation(MediationJob& job, proto::MediateReply& rep) { return mediation_.finish(job, rep); }
   int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
   int dealloc_mw(uint32_t client, uint32_t handle);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
@@ -359,16 +332,19 @@ class Registry {
     std::vector<uint32_t> holders = {};  // XRC target: the context of each handle of it (ibv_open_qp)
   };
 
-  // mediate.cc
-  struct Span {
-    int fd;
-    uint64_t off;
-    uint64_t len;
-  };
-  bool resolve_key(uint32_t key, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need, uint32_t kinds,
-                   uint32_t bound_qpn, Span& out) const;
-  bool pop_recv(Qp& peer, uint32_t peer_qpn, shm::RecvWqe& out);
-  void push_recv(Qp& peer, uint32_t peer_qpn, const ibv_wc& wc, bool solicited);
+  // The tables as mediation sees them (MediationTables, registry_mediation.cc).
+  bool requester_qp(uint32_t client, uint32_t qpn, QpView& out) override;
+  bool responder_qp(uint32_t qpn, QpView& out) override;
+  shm::QpEntry& qp_entry(uint32_t qpn) override { return qp_slot(qpn); }
+  const shm::MrEntry& mr_slot(uint32_t slot) const override { return tables_.mr_at(slot); }
+  int backing_fd(uint32_t backing) const override;
+  bool receive_queue(uint32_t qpn, RecvQueue& out) override;
+  void srq_limit_reached(uint32_t srq) override;
+  void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) override { push_cq(cq, wc, solicited); }
+  void flush_receives(uint32_t qpn) override;
+  uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
+  int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
+  Mediation mediation_{*this};
   void flush_rq(Qp& q, uint32_t qpn);
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;

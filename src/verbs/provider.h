@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/access.h"
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
@@ -328,10 +329,7 @@ struct ContextState {
   std::map<uint32_t, std::pair<uint8_t*, uint64_t>> local_views;
 
   const MrEntry* mr(uint32_t key) const {
-    uint32_t slot = key >> 8;
-    if (slot == 0 || slot >= shm::kMrTableSize) return nullptr;
-    const MrEntry* e = &mr_table[slot];
-    return e->key.load(std::memory_order_acquire) == key ? e : nullptr;
+    return access::lookup(key, [this](uint32_t slot) -> const MrEntry& { return mr_table[slot]; });
   }
   const QpEntry* qp_slot(uint32_t qpn) const { return &qp_table[qpn & (shm::kQpTableSize - 1)]; }
 };

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/access.h"
 #include "common/trace.h"
 #include "verbs/provider.h"
 #include "verbs/roce_link.h"
@@ -78,11 +79,10 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
     return true;
   }
   const MrEntry* e = cs.mr(sge.lkey);
-  if (!e || e->pd != q.pd->handle || e->kind != shm::kKindMr) return false;
-  if (sge.addr < e->iova || sge.addr - e->iova > e->length || e->length - (sge.addr - e->iova) < sge.length)
+  if (!access::permits(e, access::Use::kLocal, {q.pd->handle, q.qpn, 0}, write ? IBV_ACCESS_LOCAL_WRITE : 0, sge.addr,
+                       sge.length))
     return false;
-  if (write && !(e->access & IBV_ACCESS_LOCAL_WRITE)) return false;
-  uint64_t off = e->file_offset + (sge.addr - e->iova);
+  uint64_t off = access::file_offset(*e, sge.addr);
   if (e->backing == cs.backing) {
     out = {reinterpret_cast<uint8_t*>(off), sge.length};  // our own memory: file offset == address
     return true;
@@ -102,18 +102,15 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
 }
 
 // Resolves an address in a peer's memory through its key (IBTA 10.6.7.2:
-// R_Key or L_Key, PD of the responder's QP, bounds, access rights).
+// R_Key or L_Key, PD of the responder's QP, bounds, access rights, and for
+// an R_Key the responder QP's remote access flags; common/access.h).
 inline const MrEntry* peer_key(const ContextState& cs, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
                                uint32_t need) {
+  // Receive buffers (local write) are named by L_Key, the rest by R_Key.
+  const access::Use use = need == IBV_ACCESS_LOCAL_WRITE ? access::Use::kLocal : access::Use::kRemote;
+  const access::User who{p.pd ? p.pd : p.entry->pd, p.qpn, p.entry->access.load(std::memory_order_relaxed)};
   const MrEntry* e = cs.mr(key);
-  if (!e || e->pd != (p.pd ? p.pd : p.entry->pd)) return nullptr;
-  if ((e->access & need) != need) return nullptr;
-  // A type 2 window serves only the QP it is bound to (IBTA 10.6.7.2.5).
-  if (e->kind == shm::kKindMw2 && e->bound_qpn != p.qpn) return nullptr;
-  // Receive buffers are named by L_Key, which windows never are.
-  if (need == IBV_ACCESS_LOCAL_WRITE && e->kind != shm::kKindMr) return nullptr;
-  if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return nullptr;
-  return e;
+  return access::permits(e, use, who, need, addr, len) ? e : nullptr;
 }
 
 uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
@@ -129,7 +126,7 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
     q.last_window = std::move(sp);
     w = q.last_window.get();
   }
-  return w->at(e->file_offset + (addr - e->iova));
+  return w->at(access::file_offset(*e, addr));
 }
 
 Peer* resolve_peer(QpState& q) {
@@ -346,7 +343,6 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
   int nl = 0;
   uint64_t total = 0;
   ibv_wc_status err = IBV_WC_SUCCESS;
-  uint32_t qp_access = p->entry->access.load(std::memory_order_relaxed);
 
   switch (w.opcode) {
     case IBV_WR_SEND:
@@ -362,7 +358,7 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
         // our remote operational error) or too small (its local length error:
         // our invalid request), IBTA 9.7.5.2.
         push_recv_completion(q, *p, r, rs, IBV_WC_RECV, 0, w);
-        return {Step::kError, rs == IBV_WC_LOC_PROT_ERR ? IBV_WC_REM_OP_ERR : IBV_WC_REM_INV_REQ_ERR, true};
+        return {Step::kError, access::status(access::receive_fault(rs)), true};
       }
       copy_segments(remote, int(nr), local, nl, total);
       if (w.opcode == IBV_WR_SEND_WITH_INV) {
@@ -385,7 +381,6 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
       if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
       uint8_t* d = nullptr;
       if (total) {
-        if (!(qp_access & IBV_ACCESS_REMOTE_WRITE)) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
         d = peer_address(q, *p, w.rkey, w.remote_addr, total, IBV_ACCESS_REMOTE_WRITE);
         if (!d) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
       }
@@ -404,7 +399,6 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
       }
       if (total > kMaxMessage) return {Step::kError, IBV_WC_LOC_LEN_ERR};
       if (total) {
-        if (!(qp_access & IBV_ACCESS_REMOTE_READ)) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
         uint8_t* s = peer_address(q, *p, w.rkey, w.remote_addr, total, IBV_ACCESS_REMOTE_READ);
         if (!s) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
         Seg src{s, total};
@@ -417,8 +411,8 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
       Seg res;
       if (!local_segment(q, w.sge[0], true, res)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
       // IBTA 9.4.5: atomics act on an 8-byte aligned remote quadword.
-      if (w.remote_addr & 7) return {Step::kError, IBV_WC_REM_INV_REQ_ERR, true};
-      if (!(qp_access & IBV_ACCESS_REMOTE_ATOMIC)) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+      if (access::Fault f = access::check_atomic(w.opcode, res.len, w.remote_addr); f != access::Fault::kNone)
+        return {Step::kError, access::status(f), access::responder_detected(f)};
       uint8_t* t = peer_address(q, *p, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC);
       if (!t) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
       auto* word = reinterpret_cast<uint64_t*>(t);
@@ -887,11 +881,11 @@ inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, 
   if (len > kMaxMessage) return false;
   const ContextState& cs = *q.ctx->st;
   const MrEntry* e = cs.mr(sge.lkey);
-  if (!e || e->pd != q.pd->handle || e->kind != shm::kKindMr) return false;
-  if (local_write && !(e->access & IBV_ACCESS_LOCAL_WRITE)) return false;
-  if (sge.addr < e->iova || sge.addr - e->iova > e->length || e->length - (sge.addr - e->iova) < len) return false;
+  if (!access::permits(e, access::Use::kLocal, {q.pd->handle, q.qpn, 0}, local_write ? IBV_ACCESS_LOCAL_WRITE : 0,
+                       sge.addr, len))
+    return false;
   if (e->backing != cs.backing) return false;  // a named region or another process's memory
-  src = reinterpret_cast<const uint8_t*>(e->file_offset + (sge.addr - e->iova));  // file offset == address
+  src = reinterpret_cast<const uint8_t*>(access::file_offset(*e, sge.addr));  // file offset == address
   return true;
 }
 
@@ -903,7 +897,7 @@ inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t ad
   if (!e) return nullptr;
   Window* w = q.last_window.get();
   if (!w || w->key != key) return nullptr;
-  return w->at(e->file_offset + (addr - e->iova));
+  return w->at(access::file_offset(*e, addr));
 }
 
 // Called with the send lock held. True when the request was carried out
@@ -926,7 +920,6 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
   if (read) {
     // As execute(): the local SGE is the destination, the peer's memory the source.
     if (len) {
-      if (!(p->entry->access.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_READ)) return false;
       const uint8_t* from =
           fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len, IBV_ACCESS_REMOTE_READ);
       if (!from) return false;
@@ -935,7 +928,6 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
   } else if (write) {
     uint8_t* dst = nullptr;
     if (len) {
-      if (!(p->entry->access.load(std::memory_order_relaxed) & IBV_ACCESS_REMOTE_WRITE)) return false;
       dst = fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len);
       if (!dst) return false;
     }
@@ -972,7 +964,7 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
       if (q.type == IBV_QPT_UC)
         complete(q, w, IBV_WC_SUCCESS, 0);
       else
-        fail(q, w, {Step::kError, rs == IBV_WC_LOC_PROT_ERR ? IBV_WC_REM_OP_ERR : IBV_WC_REM_INV_REQ_ERR, true});
+        fail(q, w, {Step::kError, access::status(access::receive_fault(rs)), true});
       return true;
     }
     if (nr == 1) {

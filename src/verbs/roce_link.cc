@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 
+#include "common/access.h"
 #include "common/trace.h"
 #include "roce/engine.h"
 #include "roce/udp.h"
@@ -37,20 +38,12 @@ class OwnMemory : public Memory {
  public:
   explicit OwnMemory(QpState& q) : q_(q) {}
 
-  // The MR table's entry for `key` if it grants `need` over [addr, addr+len).
+  // The MR table's entry for `key` if it grants `need` over [addr, addr+len)
+  // (common/access.h). The engine checked the QP's remote access flags.
   const MrEntry* granted(uint32_t key, uint64_t addr, uint64_t len, uint32_t need, bool remote) {
-    ContextState& cs = *q_.ctx->st;
-    const MrEntry* e = cs.mr(key);
-    if (!e || e->pd != q_.pd->handle) return nullptr;
-    if (!remote) {
-      // L_Keys name memory regions only (IBTA 10.6.3).
-      if (e->kind != shm::kKindMr) return nullptr;
-    } else if (e->kind == shm::kKindMw2 && e->bound_qpn != q_.qpn) {
-      return nullptr;  // a type 2 window serves only the QP it is bound to (IBTA 10.6.7.2.5)
-    }
-    if ((e->access & need) != need) return nullptr;
-    if (addr < e->iova || addr - e->iova > e->length || e->length - (addr - e->iova) < len) return nullptr;
-    return e;
+    const MrEntry* e = q_.ctx->st->mr(key);
+    const access::User who{q_.pd->handle, q_.qpn, access::kQpAccessChecked};
+    return access::permits(e, remote ? access::Use::kRemote : access::Use::kLocal, who, need, addr, len) ? e : nullptr;
   }
 
   // Where `addr` of `e` lies if it is mapped in this process for as long as
@@ -58,7 +51,7 @@ class OwnMemory : public Memory {
   // nullptr if it has to be reached through a window.
   uint8_t* direct(const MrEntry& e, uint64_t addr) {
     ContextState& cs = *q_.ctx->st;
-    const uint64_t off = e.file_offset + (addr - e.iova);
+    const uint64_t off = access::file_offset(e, addr);
     if (e.backing == cs.backing) return reinterpret_cast<uint8_t*>(off);  // our own memory: file offset == address
     if (e.owner_pid == self_pid()) {
       std::lock_guard<std::mutex> g(cs.mu);
@@ -84,7 +77,7 @@ class OwnMemory : public Memory {
     }
     std::shared_ptr<Window> w = window_for(*q_.ctx->st, *e, key);
     if (!w) return false;
-    fn(w->at(e->file_offset + (addr - e->iova)));
+    fn(w->at(access::file_offset(*e, addr)));
     return true;
   }
 

@@ -492,6 +492,94 @@ TEST(Namespace, AnotherUsersQpReachesOnlyWhatItsKeysGrant) {
   ibv_dereg_mr(local_only);
 }
 
+// Between users, SEND with Invalidate (carried by the daemon,
+// daemon/mediation.cc): the responder's type 2 window bound to its QP is
+// invalidated and its receive says which key (IBTA 9.4.1.2.1, 10.6.7.2.6);
+// the key then fails as on a fabric.
+TEST(Namespace, AnotherUsersSendWithInvalidateInvalidatesTheBoundWindow) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  struct Info {
+    uint32_t qpn;
+    uint64_t addr;
+  };
+  Child<Info> child([](int s, const Info& info) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) return 60;
+    Side b;
+    if (b.open({})) return 61;
+    uint32_t mine = b.qp->qp_num;
+    if (write(s, &mine, 4) != 4) return 62;
+    if (b.connect(info.qpn, {})) return 63;
+    uint32_t key = 0;
+    if (read(s, &key, 4) != 4) return 64;  // the root side is connected and bound its window
+    auto post = [&](ibv_wr_opcode op, uint32_t len, uint32_t rkey) {
+      ibv_sge sge{reinterpret_cast<uintptr_t>(b.buf), len, b.mr->lkey};
+      ibv_send_wr wr{}, *bad = nullptr;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = op;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      if (op == IBV_WR_SEND_WITH_INV) {
+        wr.invalidate_rkey = rkey;
+      } else {
+        wr.wr.rdma.remote_addr = info.addr;
+        wr.wr.rdma.rkey = rkey;
+      }
+      ibv_wc wc{};
+      wc.status = IBV_WC_GENERAL_ERR;
+      if (ibv_post_send(b.qp, &wr, &bad)) return wc;
+      auto got = svtest::poll(b.cq, 1);
+      return got.empty() ? wc : got[0];
+    };
+    if (post(IBV_WR_RDMA_WRITE, 64, key).status != IBV_WC_SUCCESS) return 65;  // the window works
+    std::memset(b.buf, 0x77, 32);
+    if (post(IBV_WR_SEND_WITH_INV, 32, key).status != IBV_WC_SUCCESS) return 66;
+    if (post(IBV_WR_RDMA_WRITE, 64, key).status != IBV_WC_REM_ACCESS_ERR) return 67;  // invalidated
+    return 0;
+  });
+  Side a;
+  Side::Options o;
+  o.mr_access |= IBV_ACCESS_MW_BIND;
+  ASSERT_EQ(0, a.open(o));
+  ibv_sge rsge{reinterpret_cast<uintptr_t>(a.buf + 8192), 256, a.mr->lkey};
+  ibv_recv_wr rwr{}, *rbad = nullptr;
+  rwr.wr_id = 7;
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+  ASSERT_EQ(0, ibv_post_recv(a.qp, &rwr, &rbad));
+  const uint64_t window = reinterpret_cast<uintptr_t>(a.buf + 4096);
+  child.start({a.qp->qp_num, window});
+  uint32_t bqpn = 0;
+  if (read(child.sock(), &bqpn, 4) != 4) FAIL() << "the child failed early: exit " << child.wait();
+  ASSERT_EQ(0, a.connect(bqpn, o));
+  ibv_mw* mw = ibv_alloc_mw(a.pd, IBV_MW_TYPE_2);
+  ASSERT_NE(nullptr, mw);
+  ibv_send_wr bind{}, *bad = nullptr;
+  bind.wr_id = 3;
+  bind.opcode = IBV_WR_BIND_MW;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_mw.mw = mw;
+  bind.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+  bind.bind_mw.bind_info = {a.mr, window, 256, IBV_ACCESS_REMOTE_WRITE};
+  ASSERT_EQ(0, ibv_post_send(a.qp, &bind, &bad));
+  auto bound = poll(a.cq, 1);
+  ASSERT_EQ(1u, bound.size());
+  ASSERT_EQ(IBV_WC_SUCCESS, bound[0].status);
+  const uint32_t key = bind.bind_mw.rkey;
+  ASSERT_EQ(4, write(child.sock(), &key, 4));
+  EXPECT_EQ(0, child.wait());
+  auto wcs = poll(a.cq, 1);
+  ASSERT_EQ(1u, wcs.size());
+  EXPECT_EQ(7u, wcs[0].wr_id);
+  EXPECT_EQ(IBV_WC_SUCCESS, wcs[0].status);
+  EXPECT_EQ(IBV_WC_RECV, wcs[0].opcode);
+  EXPECT_EQ(32u, wcs[0].byte_len);
+  EXPECT_TRUE(wcs[0].wc_flags & IBV_WC_WITH_INV);
+  EXPECT_EQ(key, wcs[0].invalidated_rkey);
+  for (int i = 0; i < 32; ++i) ASSERT_EQ(0x77, a.buf[8192 + i]) << i;
+  ibv_dealloc_mw(mw);
+}
+
 // What the mode grants another user: a CQ, for reading (nothing of it is
 // mapped by the grantee; the daemon polls it on its behalf). The other user
 // polls the owner's completions.

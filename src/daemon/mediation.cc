@@ -1,0 +1,501 @@
+// Operations between users (mediation.h). One operation is a chain of
+// checks -- the requester's QP, the responder's QP and its state, the
+// opcode on this QP type, the requester's L_Keys (IBTA 10.6.7.1) -- and an
+// execute step per operation, which checks the R_Key or the responder's
+// receive WQE (IBTA 10.6.7.2, common/access.h) and moves the bytes.
+//
+// What it carries: SEND, SEND with immediate, SEND with Invalidate, RDMA
+// WRITE (with immediate), RDMA READ and the two atomics, on RC (READ,
+// atomics, SEND with Invalidate) and UC (SEND, WRITE), as the shared-memory
+// requester does. What it refuses, with a local QP operation error: LOCAL_INV
+// and BIND_MW (they act on the requester's side only; the library carries
+// them out and never sends them here), and any other opcode (ATOMIC_WRITE,
+// masked atomics, TSO, flush: not operations of this device).
+#include "daemon/mediation.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace sv::daemon {
+
+using namespace shm;
+using access::Fault;
+
+namespace {
+
+constexpr uint64_t kMaxMediated = 1ull << 31;
+// Copies from this size on leave the control loop (a copy of less costs
+// about as much as the hand-over).
+constexpr uint64_t kOffloadBytes = 64 << 10;
+
+bool pread_all(int fd, uint8_t* p, uint64_t len, uint64_t off) {
+  while (len) {
+    ssize_t n = ::pread(fd, p, len, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    len -= uint64_t(n);
+    off += uint64_t(n);
+  }
+  return true;
+}
+
+bool pwrite_all(int fd, const uint8_t* p, uint64_t len, uint64_t off) {
+  while (len) {
+    ssize_t n = ::pwrite(fd, p, len, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    len -= uint64_t(n);
+    off += uint64_t(n);
+  }
+  return true;
+}
+
+using Span = Mediation::Span;
+
+// Copies `total` bytes from one list to the other through a bounce buffer.
+bool copy_spans(const std::vector<Span>& dst, const std::vector<Span>& src, uint64_t total) {
+  std::vector<uint8_t> buf(std::min<uint64_t>(total, 1 << 16));
+  size_t di = 0, si = 0;
+  uint64_t doff = 0, soff = 0, left = total;
+  while (left) {
+    uint64_t n = std::min({left, uint64_t(buf.size()), dst[di].len - doff, src[si].len - soff});
+    if (!pread_all(src[si].fd, buf.data(), n, src[si].off + soff)) return false;
+    if (!pwrite_all(dst[di].fd, buf.data(), n, dst[di].off + doff)) return false;
+    left -= n;
+    if ((doff += n) == dst[di].len) ++di, doff = 0;
+    if ((soff += n) == src[si].len) ++si, soff = 0;
+  }
+  return true;
+}
+
+// The spans with descriptors of their own, for a job that outlives the
+// registrations (a deregistration meanwhile cannot pull the file away).
+bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>& out) {
+  for (const Span& sp : v) {
+    Fd d(::fcntl(sp.fd, F_DUPFD_CLOEXEC, 0));
+    if (!d.valid()) return false;
+    out.push_back({std::move(d), sp.off, sp.len});
+  }
+  return true;
+}
+
+// An atomic on the responder's quadword, atomic with respect to its owner's
+// own CPU atomics on the same page: on a mapping of the page, not with
+// pread/pwrite. `old` receives the original value.
+bool atomic_on_page(const Span& sp, const proto::MediateReq& req, uint64_t& old) {
+  const uint64_t page = sp.off & ~uint64_t(4095);
+  void* m = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, sp.fd, off_t(page));
+  if (m == MAP_FAILED) return false;
+  auto* word = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(m) + (sp.off - page));
+  if (req.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    old = req.compare_add;
+    __atomic_compare_exchange_n(word, &old, req.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  } else {
+    old = __atomic_fetch_add(word, req.compare_add, __ATOMIC_SEQ_CST);
+  }
+  ::munmap(m, 4096);
+  return true;
+}
+
+int reply(proto::MediateReply& rep, proto::MediateOutcome o, ibv_wc_status st = IBV_WC_SUCCESS, bool peer_err = false,
+          uint64_t len = 0) {
+  rep.outcome = o;
+  rep.wc_status = st;
+  rep.peer_error = peer_err;
+  rep.byte_len = uint32_t(len);
+  return 0;
+}
+
+}  // namespace
+
+// What a message does at the responder once its bytes have moved, the same
+// whether the copy ran on the loop or on the copy worker.
+struct Mediation::Delivery {
+  uint32_t client;
+  uint32_t requester_qpn;
+  uint32_t dest;
+  uint32_t opcode;
+  uint32_t imm_data;  // SEND with Invalidate: the key (ibv_send_wr's union)
+  bool solicited;
+  ibv_qp_type type;
+};
+
+// One operation on its way through the checks.
+struct Mediation::Op {
+  const proto::MediateReq& req;
+  proto::MediateReply& rep;
+  std::unique_ptr<MediationJob>* defer;
+  Delivery d;
+  MediationTables::QpView me{}, peer{};
+  uint32_t qp_access = 0;  // the responder QP's remote access flags
+  bool is_inline = false;
+  std::vector<Span> local;  // the requester's SGEs (none for inline data)
+  uint64_t total = 0;
+  access::User responder() const { return {peer.pd, d.dest, qp_access}; }
+};
+
+// ---- Copies off the control loop (issue 18, finding 8) -------------------
+// A large mediated copy runs on the server's copy worker, a piece at a time.
+bool MediationJob::step(uint64_t max_bytes) {
+  if (failed || left == 0) return false;
+  uint64_t budget = max_bytes;
+  if (!inline_data.empty()) {
+    // The inline payload (at most kMaxInline bytes): at once.
+    uint64_t off = 0;
+    for (const OwnedSpan& d : dst) {
+      uint64_t n = std::min(d.len, total - off);
+      if (n && !pwrite_all(d.fd.get(), inline_data.data() + off, n, d.off)) {
+        failed = true;
+        return false;
+      }
+      off += n;
+    }
+    left = 0;
+    return false;
+  }
+  buf.resize(std::min<uint64_t>(total, 1 << 16));
+  while (left && budget) {
+    const OwnedSpan& d = dst[di];
+    const OwnedSpan& sr = src[si];
+    uint64_t n = std::min({left, budget, uint64_t(buf.size()), d.len - doff, sr.len - soff});
+    if (!pread_all(sr.fd.get(), buf.data(), n, sr.off + soff) || !pwrite_all(d.fd.get(), buf.data(), n, d.off + doff)) {
+      failed = true;
+      return false;
+    }
+    left -= n;
+    budget -= n;
+    if ((doff += n) == d.len) ++di, doff = 0;
+    if ((soff += n) == sr.len) ++si, soff = 0;
+  }
+  return left != 0;
+}
+
+// ---- Tables --------------------------------------------------------------
+
+bool Mediation::resolve_key(uint32_t key, access::Use use, const access::User& who, uint32_t need, uint64_t addr,
+                            uint64_t len, Span& out) const {
+  const MrEntry* e =
+      access::check([this](uint32_t slot) -> const MrEntry& { return t_.mr_slot(slot); }, key, use, who, need, addr, len);
+  if (!e) return false;
+  const int fd = t_.backing_fd(e->backing);
+  if (fd < 0) return false;
+  out = Span{fd, access::file_offset(*e, addr), len};
+  return true;
+}
+
+bool Mediation::pop_recv(uint32_t qpn, RecvWqe& out) {
+  MediationTables::RecvQueue q;
+  if (!t_.receive_queue(qpn, q) || !q.ring.pop(out)) return false;
+  if (q.srq_header) {
+    // The SRQ fell below its armed limit: the event, once per arm (IBTA
+    // 10.2.9.4, 11.5.2.4), as the library raises it on one user's path.
+    const uint32_t limit = q.srq_header->limit.load(std::memory_order_relaxed);
+    if (limit && q.ring.size() < limit && q.srq_header->limit.exchange(0) != 0) t_.srq_limit_reached(q.srq);
+  }
+  return true;
+}
+
+void Mediation::push_recv(uint32_t qpn, const ibv_wc& wc, bool solicited) {
+  MediationTables::QpView v;
+  if (t_.responder_qp(qpn, v)) t_.push_cq_entry(v.recv_cq, wc, solicited);  // follows a CQ that a resize moved
+}
+
+void Mediation::recv_completion(const Delivery& d, const RecvWqe& r, ibv_wc_status st, ibv_wc_opcode op,
+                                uint64_t len) {
+  ibv_wc wc{};
+  wc.wr_id = r.wr_id;
+  wc.status = st;
+  wc.opcode = op;
+  wc.byte_len = uint32_t(len);
+  wc.qp_num = d.dest;
+  wc.src_qp = d.requester_qpn;
+  if (d.opcode == IBV_WR_SEND_WITH_IMM || d.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    wc.wc_flags = IBV_WC_WITH_IMM;
+    wc.imm_data = d.imm_data;
+  } else if (d.opcode == IBV_WR_SEND_WITH_INV && st == IBV_WC_SUCCESS) {
+    wc.wc_flags = IBV_WC_WITH_INV;
+    wc.invalidated_rkey = d.imm_data;
+  }
+  push_recv(d.dest, wc, d.solicited);
+}
+
+// ---- Outcomes --------------------------------------------------------------
+
+// An error the responder found goes with its QP to ERR on RC (IBTA
+// 9.9.3.1.2), its posted receives flushed; the requester's own errors do not.
+int Mediation::fail(const Delivery& d, Fault f, proto::MediateReply& rep) {
+  if (!access::responder_detected(f)) return reply(rep, proto::kMediateError, access::status(f));
+  MediationTables::QpView v;
+  if (d.type == IBV_QPT_RC && t_.responder_qp(d.dest, v)) {
+    t_.qp_entry(d.dest).state.store(IBV_QPS_ERR, std::memory_order_release);
+    t_.flush_receives(d.dest);
+  }
+  return reply(rep, proto::kMediateError, access::status(f), true);
+}
+
+int Mediation::fail(Op& op, Fault f) { return fail(op.d, f, op.rep); }
+
+int Mediation::complete(Op& op, uint64_t len) { return reply(op.rep, proto::kMediateDone, IBV_WC_SUCCESS, false, len); }
+
+// A SEND's bytes are in the receive buffer: SEND with Invalidate invalidates
+// the responder's type 2 window first (IBTA 9.4.1.2.1, 10.6.7.2.6; a key it
+// may not invalidate fails the receive), then the receive completes.
+int Mediation::deliver_send(const Delivery& d, const RecvWqe& r, uint64_t len, proto::MediateReply& rep) {
+  if (d.opcode == IBV_WR_SEND_WITH_INV && t_.invalidate_remote(d.client, d.requester_qpn, d.imm_data) != 0) {
+    recv_completion(d, r, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
+    return fail(d, Fault::kRemoteOperation, rep);
+  }
+  recv_completion(d, r, IBV_WC_SUCCESS, IBV_WC_RECV, len);
+  return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, len);
+}
+
+// ---- The checks ------------------------------------------------------------
+
+// The responder: the QP the requester's is connected to, connected back,
+// of the same type, able to receive. Anything else is transient (a peer
+// between modify calls): the library retries.
+bool Mediation::check_responder(Op& op) {
+  op.d.dest = t_.qp_entry(op.req.qpn).dest_qpn.load();
+  if (!t_.responder_qp(op.d.dest, op.peer)) return false;
+  const QpEntry& pe = t_.qp_entry(op.d.dest);
+  const auto st = ibv_qp_state(pe.state.load());
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return false;
+  if (pe.dest_qpn.load() != op.req.qpn || op.peer.type != op.me.type) return false;
+  op.qp_access = pe.access.load(std::memory_order_relaxed);
+  return true;
+}
+
+// The opcode on this QP type (IBTA 9.8: UC has no READ, atomics nor SEND
+// with Invalidate). See the top of the file for what is refused.
+Fault Mediation::check_opcode(const Op& op) const {
+  switch (op.req.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return Fault::kNone;
+    case IBV_WR_SEND_WITH_INV:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return op.me.type == IBV_QPT_RC ? Fault::kNone : Fault::kLocalOperation;
+    default: return Fault::kLocalOperation;
+  }
+}
+
+// The requester's side: its own MRs through its L_Keys in its PD (local
+// write where the operation writes them), or the inline payload.
+Fault Mediation::resolve_local(Op& op) {
+  const proto::MediateReq& req = op.req;
+  const bool writes = access::writes_local(req.opcode);
+  op.is_inline = (req.send_flags & IBV_SEND_INLINE) && !writes;
+  if (op.is_inline) {
+    op.total = req.inline_len;
+    return Fault::kNone;
+  }
+  const access::User me{op.me.pd, req.qpn, 0};
+  for (uint32_t i = 0; i < req.num_sge; ++i) {
+    const Sge& s = req.sge[i];
+    if (s.length == 0) continue;
+    Span sp{};
+    if (!resolve_key(s.lkey, access::Use::kLocal, me, writes ? IBV_ACCESS_LOCAL_WRITE : 0, s.addr, s.length, sp))
+      return Fault::kLocalProtection;
+    op.local.push_back(sp);
+    op.total += s.length;
+  }
+  return op.total > kMaxMediated ? Fault::kLocalLength : Fault::kNone;
+}
+
+// The R_Key of a WRITE, READ or atomic over `len` bytes at the responder.
+Fault Mediation::resolve_remote(const Op& op, uint64_t len, Span& out) const {
+  const uint32_t need = access::remote_need(op.req.opcode);
+  if (!resolve_key(op.req.rkey, access::Use::kRemote, op.responder(), need, op.req.remote_addr, len, out))
+    return access::fault_of(access::Use::kRemote);
+  return Fault::kNone;
+}
+
+// A receive WQE of the responder as a list in its memory (its L_Keys, its
+// PD, local write), trimmed to the message: IBV_WC_SUCCESS, or the
+// responder's local protection or length error.
+ibv_wc_status Mediation::recv_spans(const Op& op, const RecvWqe& r, std::vector<Span>& out) const {
+  const access::User owner{op.peer.pd, op.d.dest, 0};
+  uint64_t room = 0;
+  for (uint32_t i = 0; i < r.num_sge && i < kMaxSge; ++i) {
+    const Sge& s = r.sge[i];
+    if (s.length == 0) continue;
+    Span sp{};
+    if (!resolve_key(s.lkey, access::Use::kLocal, owner, IBV_ACCESS_LOCAL_WRITE, s.addr, s.length, sp))
+      return IBV_WC_LOC_PROT_ERR;
+    out.push_back(sp);
+    room += s.length;
+  }
+  if (room < op.total) return IBV_WC_LOC_LEN_ERR;
+  uint64_t left = op.total;
+  for (auto& sp : out) sp.len = std::min(sp.len, left), left -= sp.len;
+  std::erase_if(out, [](const Span& sp) { return sp.len == 0; });
+  return IBV_WC_SUCCESS;
+}
+
+// ---- Moving the bytes --------------------------------------------------------
+
+// The message into `dst`: from the requester's spans, or its inline payload.
+bool Mediation::copy_to(const Op& op, const std::vector<Span>& dst) const {
+  if (!op.is_inline) return copy_spans(dst, op.local, op.total);
+  uint64_t off = 0;
+  for (const Span& d : dst) {
+    uint64_t n = std::min(d.len, op.total - off);
+    if (n && !pwrite_all(d.fd, op.req.inline_data + off, n, d.off)) return false;
+    off += n;
+  }
+  return true;
+}
+
+// A copy large enough to hold up the control loop goes to the copy worker,
+// when the server has one: the job, whose finish() completes the operation
+// on the loop once the bytes have moved.
+bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
+  if (!op.defer || op.total < kOffloadBytes) return false;
+  auto job = std::make_unique<MediationJob>();
+  if (!own_spans(dst, job->dst)) return false;
+  if (op.is_inline && &src == &op.local) {
+    job->inline_data.assign(op.req.inline_data, op.req.inline_data + op.total);
+  } else if (!own_spans(src, job->src)) {
+    return false;
+  }
+  job->total = job->left = op.total;
+  job->uid = t_.uid_of_client(op.d.client);
+  job->client = op.d.client;
+  job->requester_qpn = op.d.requester_qpn;
+  job->dest = op.d.dest;
+  job->opcode = op.d.opcode;
+  job->imm_data = op.d.imm_data;
+  job->solicited = op.d.solicited;
+  job->type = op.d.type;
+  *op.defer = std::move(job);
+  return true;
+}
+
+// ---- Execute -----------------------------------------------------------------
+
+int Mediation::execute_send(Op& op) {
+  RecvWqe r{};
+  if (!pop_recv(op.d.dest, r)) return reply(op.rep, proto::kMediateRnr);
+  std::vector<Span> dst;
+  if (ibv_wc_status rs = recv_spans(op, r, dst)) {
+    // IBTA 9.7.5.2: the responder's protection error is our remote
+    // operational error, its length error our invalid request.
+    recv_completion(op.d, r, rs, IBV_WC_RECV, 0);
+    return fail(op, access::receive_fault(rs));
+  }
+  if (defer_copy(op, dst, op.local)) {
+    (*op.defer)->has_recv = true;
+    (*op.defer)->recv = r;
+    return 0;
+  }
+  if (op.total && !copy_to(op, dst)) {
+    recv_completion(op.d, r, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+    return fail(op, Fault::kRemoteOperation);
+  }
+  return deliver_send(op.d, r, op.total, op.rep);
+}
+
+int Mediation::execute_write(Op& op) {
+  std::vector<Span> dst;
+  if (op.total) {  // a zero-length WRITE needs no key (IBTA 9.7.4.1.5)
+    Span sp{};
+    if (Fault f = resolve_remote(op, op.total, sp); f != Fault::kNone) return fail(op, f);
+    dst.push_back(sp);
+  }
+  RecvWqe r{};
+  const bool imm = op.req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  if (imm && !pop_recv(op.d.dest, r)) return reply(op.rep, proto::kMediateRnr);
+  if (defer_copy(op, dst, op.local)) {
+    (*op.defer)->has_recv = imm;
+    (*op.defer)->recv = r;
+    return 0;
+  }
+  if (op.total && !copy_to(op, dst)) return fail(op, Fault::kRemoteOperation);
+  if (imm) recv_completion(op.d, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, op.total);
+  return complete(op, op.total);
+}
+
+int Mediation::execute_read(Op& op) {
+  if (op.total) {  // a zero-length READ needs no key (IBTA 9.7.4.1.5)
+    Span sp{};
+    if (Fault f = resolve_remote(op, op.total, sp); f != Fault::kNone) return fail(op, f);
+    const std::vector<Span> remote{sp};
+    if (defer_copy(op, op.local, remote)) return 0;
+    if (!copy_spans(op.local, remote, op.total)) return fail(op, Fault::kRemoteOperation);
+  }
+  return complete(op, op.total);
+}
+
+int Mediation::execute_atomic(Op& op) {
+  const uint64_t result_len = op.local.empty() ? 0 : op.local[0].len;
+  if (Fault f = access::check_atomic(op.req.opcode, result_len, op.req.remote_addr); f != Fault::kNone)
+    return fail(op, f);
+  Span sp{};
+  if (Fault f = resolve_remote(op, access::kAtomicBytes, sp); f != Fault::kNone) return fail(op, f);
+  uint64_t old = 0;
+  if (!atomic_on_page(sp, op.req, old)) return fail(op, Fault::kRemoteOperation);
+  uint8_t bytes[8];
+  std::memcpy(bytes, &old, 8);
+  if (!pwrite_all(op.local[0].fd, bytes, 8, op.local[0].off)) return fail(op, Fault::kLocalProtection);
+  return complete(op, access::kAtomicBytes);
+}
+
+// ---- Entry points ------------------------------------------------------------
+
+int Mediation::mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
+                       std::unique_ptr<MediationJob>* defer) {
+  const Delivery d{client, req.qpn, 0, req.opcode, req.imm_data, (req.send_flags & IBV_SEND_SOLICITED) != 0, IBV_QPT_RC};
+  Op op{req, rep, defer, d, {}, {}, 0, false, {}, 0};
+  if (!t_.requester_qp(client, req.qpn, op.me) || (op.me.type != IBV_QPT_RC && op.me.type != IBV_QPT_UC))
+    return EINVAL;
+  if (req.num_sge > kMaxSge || req.inline_len > kMaxInline) return EINVAL;
+  op.d.type = op.me.type;
+  if (!check_responder(op)) return reply(rep, proto::kMediateRetry);
+  if (Fault f = check_opcode(op); f != Fault::kNone) return fail(op, f);
+  if (Fault f = resolve_local(op); f != Fault::kNone) return fail(op, f);
+  switch (req.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_SEND_WITH_INV: return execute_send(op);
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return execute_write(op);
+    case IBV_WR_RDMA_READ: return execute_read(op);
+    default: return execute_atomic(op);  // check_opcode let only the two atomics through
+  }
+}
+
+// The end of a deferred operation, on the loop. The responder QP is looked
+// up again (it may be gone; then nobody is left to complete to).
+int Mediation::finish(MediationJob& job, proto::MediateReply& rep) {
+  const Delivery d{job.client, job.requester_qpn, job.dest, job.opcode, job.imm_data, job.solicited, job.type};
+  const bool ok = !job.failed && job.left == 0;
+  switch (job.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_SEND_WITH_INV:
+      if (!ok) {
+        recv_completion(d, job.recv, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+        return fail(d, Fault::kRemoteOperation, rep);
+      }
+      return deliver_send(d, job.recv, job.total, rep);
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      if (!ok) return fail(d, Fault::kRemoteOperation, rep);
+      if (job.has_recv) recv_completion(d, job.recv, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, job.total);
+      return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
+    default:  // IBV_WR_RDMA_READ
+      if (!ok) return fail(d, Fault::kRemoteOperation, rep);
+      return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
+  }
+}
+
+}  // namespace sv::daemon

@@ -1,0 +1,158 @@
+// mediation.h: operations between users, carried out by the daemon.
+//
+// A requester may not map a peer's memory when the peer belongs to another
+// user (a backing memfd maps its holder's whole address space, more than any
+// key grants). For such a connection the library sends each work request
+// here (Op::Mediate) and the daemon carries it out between the two backings
+// with pread/pwrite (and an atomic on a one-page mapping for atomics), after
+// the checks of common/access.h, the same the library makes on one user's
+// path. A third responder beside the library's shared-memory one
+// (verbs/requester.cc) and the RoCE engine's (roce/responder.cc), written as
+// a chain of checks and an execute step per operation, as rxe's responder.
+//
+// Mediation owns no objects: it reads and acts on the registry's tables
+// through MediationTables, which the registry implements.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/access.h"
+#include "common/protocol.h"
+#include "common/shm_layout.h"
+#include "common/shm_ring.h"
+#include "common/sys.h"
+
+namespace sv::daemon {
+
+// One mediated copy handed to the server's copy worker: the spans (with
+// their own descriptors), how far it got, and what completes it on the loop
+// (Mediation::finish). step() is the only part that runs off the loop.
+struct MediationJob {
+  struct OwnedSpan {
+    Fd fd;
+    uint64_t off;
+    uint64_t len;
+  };
+  std::vector<OwnedSpan> dst, src;
+  std::vector<uint8_t> inline_data;  // the source when the payload was inline
+  uint64_t total = 0, left = 0;
+  size_t di = 0, si = 0;
+  uint64_t doff = 0, soff = 0;
+  bool failed = false;
+  std::vector<uint8_t> buf;
+  uid_t uid = 0;  // whose copy (fairness between users)
+  uint32_t client = 0;  // the requester's connection
+  uint32_t requester_qpn = 0, dest = 0, opcode = 0, imm_data = 0;
+  bool solicited = false;
+  ibv_qp_type type = IBV_QPT_RC;
+  bool has_recv = false;
+  shm::RecvWqe recv{};
+  // Copies up to max_bytes more; true while bytes remain (false when done or failed).
+  bool step(uint64_t max_bytes);
+};
+
+// What mediation needs of the registry, and nothing more.
+class MediationTables {
+ public:
+  struct QpView {
+    ibv_qp_type type = IBV_QPT_RC;
+    uint32_t pd = 0;
+    uint32_t recv_cq = 0;  // where its receives complete (an SRQ's too)
+  };
+  // A QP's receive queue (its SRQ's, if it has one), located by the
+  // capacity recorded when the ring was made, never by a segment header
+  // the peer's process can write.
+  struct RecvQueue {
+    shm::Ring<shm::RecvWqe> ring;
+    uint32_t srq = 0;                          // the SRQ's handle, 0 for the QP's own queue
+    shm::SrqSegmentHeader* srq_header = nullptr;  // its armed limit
+  };
+
+  // A QP the client holds.
+  virtual bool requester_qp(uint32_t client, uint32_t qpn, QpView& out) = 0;
+  // Any QP.
+  virtual bool responder_qp(uint32_t qpn, QpView& out) = 0;
+  virtual shm::QpEntry& qp_entry(uint32_t qpn) = 0;
+  // The MR table's entry of a slot (access::lookup).
+  virtual const shm::MrEntry& mr_slot(uint32_t slot) const = 0;
+  // The descriptor of a backing file, -1 if there is none.
+  virtual int backing_fd(uint32_t backing) const = 0;
+  virtual bool receive_queue(uint32_t qpn, RecvQueue& out) = 0;
+  // An SRQ fell below its armed limit: the event to its context.
+  virtual void srq_limit_reached(uint32_t srq) = 0;
+  virtual void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) = 0;
+  // The QP's posted receives complete with flush errors (IBTA 10.3.1).
+  virtual void flush_receives(uint32_t qpn) = 0;
+  // SEND with Invalidate: the key, a type 2 window bound to the QP the
+  // client's QP `qpn` is connected to, is invalidated (0, or an errno).
+  virtual int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) = 0;
+  virtual uid_t uid_of_client(uint32_t client) const = 0;
+
+ protected:
+  ~MediationTables() = default;
+};
+
+class Mediation {
+ public:
+  explicit Mediation(MediationTables& tables) : t_(tables) {}
+  Mediation(const Mediation&) = delete;  // bound to its registry's tables
+  Mediation& operator=(const Mediation&) = delete;
+
+  // Carries out one operation of `client`'s QP towards a peer of another
+  // user. An errno for a request that is not one (no such QP, not RC/UC,
+  // sizes); otherwise 0 with rep saying the outcome. With `defer`, a large
+  // copy is not made here: *defer receives the job (rep is then unset), to
+  // be run by the caller and completed with finish() on the loop.
+  int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
+              std::unique_ptr<MediationJob>* defer = nullptr);
+  // The end of a deferred operation, on the loop: what mediate() would have
+  // done after its copy.
+  int finish(MediationJob& job, proto::MediateReply& rep);
+
+  // Takes the next receive of QP `qpn` (its SRQ's, raising the SRQ's limit
+  // event as the library does on one user's path).
+  bool pop_recv(uint32_t qpn, shm::RecvWqe& out);
+
+  // A byte range in a backing file.
+  struct Span {
+    int fd;
+    uint64_t off;
+    uint64_t len;
+  };
+  // The key check (common/access.h) and where the bytes are: the span, or
+  // false. `who` is the QP the key is used through.
+  bool resolve_key(uint32_t key, access::Use use, const access::User& who, uint32_t need, uint64_t addr, uint64_t len,
+                   Span& out) const;
+
+ private:
+  struct Delivery;
+  struct Op;
+  // The chain of checks (each an errno, a retry, or an access::Fault).
+  bool check_responder(Op& op);
+  access::Fault check_opcode(const Op& op) const;
+  access::Fault resolve_local(Op& op);
+  // The execute step per operation.
+  int execute_send(Op& op);
+  int execute_write(Op& op);
+  int execute_read(Op& op);
+  int execute_atomic(Op& op);
+  // What the executes share.
+  access::Fault resolve_remote(const Op& op, uint64_t len, Span& out) const;
+  ibv_wc_status recv_spans(const Op& op, const shm::RecvWqe& r, std::vector<Span>& out) const;
+  bool copy_to(const Op& op, const std::vector<Span>& dst) const;
+  bool defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src);
+  void push_recv(uint32_t qpn, const ibv_wc& wc, bool solicited);
+  void recv_completion(const Delivery& d, const shm::RecvWqe& r, ibv_wc_status st, ibv_wc_opcode op, uint64_t len);
+  int deliver_send(const Delivery& d, const shm::RecvWqe& r, uint64_t len, proto::MediateReply& rep);
+  int fail(const Delivery& d, access::Fault f, proto::MediateReply& rep);
+  int fail(Op& op, access::Fault f);
+  int complete(Op& op, uint64_t len);
+
+  MediationTables& t_;
+};
+
+}  // namespace sv::daemon
