@@ -30,9 +30,9 @@ int Registry::create_channel(uint32_t client, Fd eventfd, uint32_t& handle) {
 }
 
 int Registry::destroy_channel(uint32_t client, uint32_t handle) {
-  auto it = channels_.find(handle);
-  if (it == channels_.end() || it->second.owner != ctx(client)) return EINVAL;
-  if (it->second.refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
+  Channel* ch = channels_.owned(handle, ctx(client));
+  if (!ch) return EINVAL;
+  if (ch->refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
   release_channel(handle);
   return 0;
 }
@@ -43,9 +43,9 @@ void Registry::release_channel(uint32_t handle) {
 }
 
 int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
-  auto it = channels_.find(handle);
-  if (it == channels_.end() || it->second.owner != ctx(client)) return EINVAL;
-  out_fds.push_back(it->second.eventfd.get());
+  Channel* ch = channels_.owned(handle, ctx(client));
+  if (!ch) return EINVAL;
+  out_fds.push_back(ch->eventfd.get());
   return 0;
 }
 
@@ -191,9 +191,9 @@ void Registry::release_cq(uint32_t handle) {
 }
 
 int Registry::destroy_cq(uint32_t client, uint32_t handle) {
-  auto it = cqs_.find(handle);
-  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
-  if (it->second.refs) return EBUSY;  // ibv_destroy_cq(3): QPs still attached
+  Cq* cq = cqs_.owned(handle, ctx(client));
+  if (!cq) return EINVAL;
+  if (cq->refs) return EBUSY;  // ibv_destroy_cq(3): QPs still attached
   release_cq(handle);
   return 0;
 }

@@ -138,11 +138,11 @@ int Registry::dereg_mr(uint32_t client, uint32_t handle) {
 }
 
 int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep) {
-  auto it = mrs_.find(handle);
-  if (it == mrs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  Mr* mr = mrs_.owned(handle, ctx(client));
+  if (!mr) return EINVAL;
   const MrEntry& e = tables_.mr_at(handle);
-  rep.pd = it->second.pd;
-  rep.key = it->second.key;
+  rep.pd = mr->pd;
+  rep.key = mr->key;
   rep.addr = e.file_offset;  // the registrant's address
   rep.length = e.length;
   rep.access = e.access;
@@ -252,8 +252,7 @@ void Registry::release_mw(uint32_t slot) {
 }
 
 int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
-  auto it = mws_.find(handle);
-  if (it == mws_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (!mws_.owned(handle, ctx(client))) return EINVAL;
   release_mw(handle);
   return 0;
 }

@@ -81,12 +81,12 @@ void Registry::release_srq(uint32_t handle) {
 }
 
 int Registry::import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds) {
-  auto it = srqs_.find(handle);
-  if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
-  rep.pd = it->second.pd;
-  rep.max_sge = it->second.map.as<SrqSegmentHeader>()->max_sge;
-  rep.segment_size = it->second.map.size();
-  out_fds.push_back(it->second.fd.get());
+  Srq* srq = srqs_.owned(handle, ctx(client));
+  if (!srq) return EINVAL;
+  rep.pd = srq->pd;
+  rep.max_sge = srq->map.as<SrqSegmentHeader>()->max_sge;
+  rep.segment_size = srq->map.size();
+  out_fds.push_back(srq->fd.get());
   return 0;
 }
 

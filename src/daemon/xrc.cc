@@ -16,9 +16,9 @@ namespace sv::daemon {
 using namespace sv::shm;
 
 uint32_t Registry::xrcd_of(uint32_t client, uint32_t handle) {
-  auto it = xrcd_handles_.find(handle);
-  if (it == xrcd_handles_.end() || it->second.owner != ctx(client)) return 0;
-  return it->second.xrcd;
+  XrcdHandle* h = xrcd_handles_.owned(handle, ctx(client));
+  if (!h) return 0;
+  return h->xrcd;
 }
 
 void Registry::xrcd_drop_if_unused(uint32_t id) {
