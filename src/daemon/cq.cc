@@ -33,13 +33,8 @@ int Registry::destroy_channel(uint32_t client, uint32_t handle) {
   Channel* ch = channels_.owned(handle, ctx(client));
   if (!ch) return EINVAL;
   if (ch->refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
-  release_channel(handle);
+  forget(ObjKind::kChannel, handle);
   return 0;
-}
-
-void Registry::release_channel(uint32_t handle) {
-  quotas_.release(Quotas::kChannel, handle);
-  channels_.erase(handle);
 }
 
 int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
@@ -181,20 +176,11 @@ int Registry::cq_error(uint32_t client, uint32_t handle) {
   return 0;
 }
 
-void Registry::release_cq(uint32_t handle) {
-  auto it = cqs_.find(handle);
-  if (it == cqs_.end()) return;
-  const Held held = it->second.held();
-  quotas_.release(Quotas::kCq, handle);
-  cqs_.erase(it);
-  drop(held);
-}
-
 int Registry::destroy_cq(uint32_t client, uint32_t handle) {
   Cq* cq = cqs_.owned(handle, ctx(client));
   if (!cq) return EINVAL;
   if (cq->refs) return EBUSY;  // ibv_destroy_cq(3): QPs still attached
-  release_cq(handle);
+  forget(ObjKind::kCq, handle);  // drops its channel
   return 0;
 }
 

@@ -108,10 +108,7 @@ void Registry::release_mr(uint32_t handle) {
     a->second.locked_bytes -= it->second.charged_bytes;
     if (a->second.locked_bytes == 0) accounts_.erase(a);
   }
-  const Held held = it->second.held();
-  quotas_.release(Quotas::kMr, handle);
-  mrs_.erase(it);
-  drop(held);  // a region's backing goes with its last registration (seed 000)
+  forget(ObjKind::kMr, handle);  // a region's backing goes with its last registration (seed 000)
 }
 
 // Seed 000's reg_shared: a new registration of an existing MR's pages.
@@ -245,10 +242,7 @@ void Registry::release_mw(uint32_t slot) {
   if (it == mws_.end()) return;
   unbind_mw(slot, it->second);
   tables_.mr_at(slot).key.store(0, std::memory_order_release);
-  const Held held = it->second.held();
-  quotas_.release(Quotas::kMw, slot);
-  mws_.erase(it);
-  drop(held);
+  forget(ObjKind::kMw, slot);
 }
 
 int Registry::dealloc_mw(uint32_t client, uint32_t handle) {

@@ -73,6 +73,7 @@ constexpr bool kinds_in_destroy_order() {
   return std::size(kDestroyOrder) == size_t(ObjKind::kXrcd);
 }
 static_assert(kinds_in_destroy_order());
+constexpr const TypeInfo& type_info(ObjKind kind) { return kDestroyOrder[size_t(kind)]; }
 
 // A reference one object holds on another (handle 0: none).
 struct Ref {
@@ -205,6 +206,10 @@ class AnyTable {
   virtual int64_t unref(uint32_t h) = 0;
   // The handles of context `ctx`'s objects, in handle order.
   virtual std::vector<uint32_t> of(uint32_t ctx) const = 0;
+  // The references object `h` holds (none if there is no such object).
+  virtual Held held_by(uint32_t h) const = 0;
+  // Erases object `h` (nothing if there is none).
+  virtual void remove(uint32_t h) = 0;
   virtual size_t size() const = 0;
 };
 
@@ -259,6 +264,11 @@ class ObjectTable final : public AnyTable {
     if (o->refs) o->refs--;
     return o->refs;
   }
+  Held held_by(uint32_t h) const override {
+    auto it = m_.find(h);
+    return it == m_.end() ? Held{} : it->second.held();
+  }
+  void remove(uint32_t h) override { m_.erase(h); }
   std::vector<uint32_t> of(uint32_t ctx) const override {
     std::vector<uint32_t> ids;
     for (auto& [h, o] : m_)

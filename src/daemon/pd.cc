@@ -35,13 +35,8 @@ int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
   Pd* p = pds_.owned(pd, ctx(client));
   if (!p) return EINVAL;
   if (p->refs) return EBUSY;  // ibv_dealloc_pd(3): still in use
-  release_pd(pd);
+  forget(ObjKind::kPd, pd);
   return 0;
-}
-
-void Registry::release_pd(uint32_t pd) {
-  quotas_.release(Quotas::kPd, pd);
-  pds_.erase(pd);
 }
 
 int Registry::query_pd(uint32_t client, uint32_t pd) { return pds_.owned(pd, ctx(client)) ? 0 : EINVAL; }
@@ -85,8 +80,7 @@ void Registry::drop_backing(uint32_t id) {
     auto r = regions_.find(RegionKey{b->second.region_uid, b->second.region});
     if (r != regions_.end() && --r->second.backings == 0) regions_.erase(r);
   }
-  quotas_.release(Quotas::kBacking, id);
-  backings_.erase(b);
+  forget(ObjKind::kBacking, id);
 }
 
 }  // namespace sv::daemon

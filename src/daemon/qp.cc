@@ -214,10 +214,7 @@ void Registry::release_qp(uint32_t qpn) {
   QpEntry& e = qp_slot(qpn);
   e.state.store(IBV_QPS_ERR, std::memory_order_release);
   e.qpn.store(0, std::memory_order_release);
-  const Held held = it->second.held();
-  quotas_.release(Quotas::kQp, qpn);
-  qps_.erase(it);
-  drop(held);
+  forget(ObjKind::kQp, qpn);
   // A destroyed QP leaves its multicast groups (as the kernel detaches them).
   tables_.mcg_remove_qp(qpn);
 }

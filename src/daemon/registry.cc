@@ -122,18 +122,18 @@ void Registry::remove_client(uint32_t client) {
 
 // Each type's part in a context's release, indexed by kind (objects.h:
 // the context-owned kinds are numbered in destroy order). A null `collect`
-// means the objects the context owns.
+// means the objects the context owns; a null `cleanup`, forget() alone.
 const Registry::TypeOps Registry::kTypeOps[] = {
     {ObjKind::kQp, &Registry::qps_to_release, &Registry::before_release_qps, &Registry::release_qp,
      &Registry::fail_peers_of},
-    {ObjKind::kSrq, nullptr, nullptr, &Registry::release_srq, nullptr},
+    {ObjKind::kSrq, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kXrcdHandle, nullptr, nullptr, &Registry::release_xrcd_handle, nullptr},
     {ObjKind::kMw, nullptr, nullptr, &Registry::release_mw, nullptr},
     {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, &Registry::release_mr, nullptr},
-    {ObjKind::kCq, nullptr, nullptr, &Registry::release_cq, nullptr},
-    {ObjKind::kChannel, nullptr, nullptr, &Registry::release_channel, nullptr},
+    {ObjKind::kCq, nullptr, nullptr, nullptr, nullptr},
+    {ObjKind::kChannel, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kBacking, nullptr, nullptr, &Registry::drop_backing, nullptr},
-    {ObjKind::kPd, nullptr, nullptr, &Registry::release_pd, nullptr},
+    {ObjKind::kPd, nullptr, nullptr, nullptr, nullptr},
 };
 
 AnyTable& Registry::table(ObjKind kind) {
@@ -175,6 +175,14 @@ void Registry::drop(const Held& refs) {
   for (Ref r : refs) drop(r);
 }
 
+void Registry::forget(ObjKind kind, uint32_t handle) {
+  AnyTable& t = table(kind);
+  const Held held = t.held_by(handle);
+  quotas_.release(type_info(kind).quota, handle);
+  t.remove(handle);
+  drop(held);
+}
+
 // Frees every object of a context no process holds any more, type by type
 // in destroy order (referrers first: QPs, SRQs, XRC domain handles,
 // windows, MRs, CQs, channels, backings, PDs), so that each object's
@@ -184,7 +192,13 @@ void Registry::release_context(uint32_t owner) {
     const TypeOps& t = kTypeOps[size_t(type.kind)];
     std::vector<uint32_t> ids = t.collect ? (this->*t.collect)(owner) : table(t.kind).of(owner);
     if (t.before) (this->*t.before)(owner, ids);
-    for (uint32_t id : ids) (this->*t.cleanup)(id);
+    for (uint32_t id : ids) {
+      if (t.cleanup) {
+        (this->*t.cleanup)(id);
+      } else {
+        forget(t.kind, id);
+      }
+    }
     if (t.after) (this->*t.after)(ids);
   }
 }

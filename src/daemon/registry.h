@@ -8,6 +8,14 @@
 // and multicast tables, one per user: device_tables.h) that clients map
 // read-only; they are sealed, so what it reads back from them is its own. Objects are released when their
 // holder destroys them or when the holder's connection closes.
+//
+// The objects are kept in typed tables (objects.h: handle, owning context,
+// references, destroy order); this class keeps the clients, the contexts
+// and the tables. Its functions are defined by object type: registry.cc
+// (clients, contexts, references, a context's release), pd.cc (PDs,
+// backings), mr.cc (MRs, windows, keys), cq.cc (CQs, channels), qp.cc,
+// srq.cc, xrc.cc, sharing.cc (import, named regions, the namespace),
+// mediate.cc (operations between users).
 #pragma once
 
 #include <sys/types.h>
@@ -255,8 +263,8 @@ class Registry {
   // ---- The object tables (objects.h) ----
   // What a context's release does with one type, in kDestroyOrder: which
   // of its objects go (`collect`, default: those it owns), what happens
-  // before and after, and each object's cleanup (revoke, drop its
-  // references, release its quota, erase).
+  // before and after, and each object's cleanup (revoke what it published,
+  // then forget it; default: forget it).
   struct TypeOps {
     ObjKind kind;
     std::vector<uint32_t> (Registry::*collect)(uint32_t ctx);
@@ -275,9 +283,12 @@ class Registry {
   void hold(Ref r);
   void drop(const Held& refs);
   void drop(Ref r);
+  // The end of every object of a context-owned kind, once its type's own
+  // cleanup revoked what it published: its quota charge released, its
+  // entry erased, then the references it held dropped.
+  void forget(ObjKind kind, uint32_t handle);
 
   // ---- PD and backings (pd.cc) ----
-  void release_pd(uint32_t pd);
   void drop_backing(uint32_t id);
 
   // ---- MRs, windows and keys (mr.cc) ----
@@ -298,8 +309,6 @@ class Registry {
   int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map, uint32_t& capacity);
   bool may_complete_into(uint32_t client, uint32_t cq);
   void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
-  void release_cq(uint32_t handle);
-  void release_channel(uint32_t handle);
   bool cq_granted(uint32_t client, uint32_t handle) const;
 
   // ---- QPs (qp.cc) ----
@@ -313,9 +322,6 @@ class Registry {
   // last handle it held (a target QP another context still holds moves to it).
   std::vector<uint32_t> qps_to_release(uint32_t ctx);
   void before_release_qps(uint32_t ctx, const std::vector<uint32_t>& qpns);
-
-  // ---- SRQs (srq.cc) ----
-  void release_srq(uint32_t handle);
 
   // ---- XRC (xrc.cc) ----
   uint32_t xrcd_of(uint32_t client, uint32_t handle);  // 0 if not the client's

@@ -157,6 +157,16 @@ class RegistryObjects : public ::testing::Test {
   uint32_t a = 0;
 };
 
+// One suite per object type (ctest names them so).
+using RegistryPd = RegistryObjects;
+using RegistryMr = RegistryObjects;
+using RegistryCq = RegistryObjects;
+using RegistryQp = RegistryObjects;
+using RegistrySrq = RegistryObjects;
+using RegistryXrc = RegistryObjects;
+using RegistrySharing = RegistryObjects;
+using RegistryContext = RegistryObjects;
+
 // ---- The descriptors ----------------------------------------------------------
 
 // Every reference a type declares points at a type destroyed after it, so
@@ -210,7 +220,7 @@ TEST(ObjectTypes, TableCountsReferencesAndOwners) {
 
 // ---- PD and backings ----------------------------------------------------------
 
-TEST_F(RegistryObjects, PdBelongsToItsContext) {
+TEST_F(RegistryPd, PdBelongsToItsContext) {
   uint32_t p = pd(a);
   uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
   EXPECT_EQ(reg.query_pd(a, p), 0);
@@ -223,7 +233,7 @@ TEST_F(RegistryObjects, PdBelongsToItsContext) {
   EXPECT_EQ(used(Quotas::kPd), 0u);
 }
 
-TEST_F(RegistryObjects, BackingMustBeASealedMemfd) {
+TEST_F(RegistryPd, BackingMustBeASealedMemfd) {
   uint32_t id = 0;
   int fd = ::memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_EQ(::ftruncate(fd, kPage), 0);
@@ -234,7 +244,7 @@ TEST_F(RegistryObjects, BackingMustBeASealedMemfd) {
 
 // ---- MRs, windows and keys ----------------------------------------------------
 
-TEST_F(RegistryObjects, MrHoldsItsPdAndItsKeyIsRevoked) {
+TEST_F(RegistryMr, MrHoldsItsPdAndItsKeyIsRevoked) {
   uint32_t p = pd(a), b = backing(a);
   proto::RegMrReply m = mr(a, p, b);
   ASSERT_NE(reg.mr_entry(m.key), nullptr);
@@ -246,7 +256,7 @@ TEST_F(RegistryObjects, MrHoldsItsPdAndItsKeyIsRevoked) {
   EXPECT_EQ(used(Quotas::kMr), 0u);
 }
 
-TEST_F(RegistryObjects, BoundWindowHoldsItsMr) {
+TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   uint32_t p = pd(a), b = backing(a), c = cq(a);
   proto::RegMrReply m = mr(a, p, b);
   uint32_t q = qp(a, p, c, c, 0, IBV_QPT_UD);
@@ -280,7 +290,7 @@ TEST_F(RegistryObjects, BoundWindowHoldsItsMr) {
 
 // ---- CQs and channels ---------------------------------------------------------
 
-TEST_F(RegistryObjects, CqHoldsItsChannel) {
+TEST_F(RegistryCq, CqHoldsItsChannel) {
   uint32_t ch = channel(a);
   uint32_t c = cq(a, ch);
   EXPECT_EQ(reg.destroy_channel(a, ch), EBUSY);
@@ -305,7 +315,7 @@ TEST_F(RegistryObjects, CqHoldsItsChannel) {
 
 // ---- QPs ----------------------------------------------------------------------
 
-TEST_F(RegistryObjects, QpHoldsItsPdCqsAndSrq) {
+TEST_F(RegistryQp, QpHoldsItsPdCqsAndSrq) {
   uint32_t p = pd(a), scq = cq(a), rcq = cq(a), s = srq(a, p);
   uint32_t q = qp(a, p, scq, rcq, s);
   ASSERT_NE(reg.qp_entry(q), nullptr);
@@ -323,7 +333,7 @@ TEST_F(RegistryObjects, QpHoldsItsPdCqsAndSrq) {
   EXPECT_EQ(used(Quotas::kQp), 0u);
 }
 
-TEST_F(RegistryObjects, QpWithOneCqTwiceTakesTwoReferences) {
+TEST_F(RegistryQp, QpWithOneCqTwiceTakesTwoReferences) {
   uint32_t p = pd(a), c = cq(a);
   uint32_t q1 = qp(a, p, c, c), q2 = qp(a, p, c, c);
   EXPECT_EQ(reg.destroy_qp(a, q1), 0);
@@ -332,7 +342,7 @@ TEST_F(RegistryObjects, QpWithOneCqTwiceTakesTwoReferences) {
   EXPECT_EQ(reg.destroy_cq(a, c), 0);
 }
 
-TEST_F(RegistryObjects, QpRefusesAnotherContextsObjects) {
+TEST_F(RegistryQp, QpRefusesAnotherContextsObjects) {
   uint32_t p = pd(a), c = cq(a);
   uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
   uint32_t pb = pd(b), cb = cq(b), qpn = 0;
@@ -347,7 +357,7 @@ TEST_F(RegistryObjects, QpRefusesAnotherContextsObjects) {
 
 // ---- SRQs and XRC -------------------------------------------------------------
 
-TEST_F(RegistryObjects, XrcSrqHoldsItsCqAndDomain) {
+TEST_F(RegistrySrq, XrcSrqHoldsItsCqAndDomain) {
   uint32_t p = pd(a), c = cq(a), x = open_xrcd(a);
   uint32_t s = srq(a, p, x, c);
   EXPECT_EQ(reg.destroy_cq(a, c), EBUSY);
@@ -362,7 +372,7 @@ TEST_F(RegistryObjects, XrcSrqHoldsItsCqAndDomain) {
 // An XRC target QP lives while some context holds a handle of it
 // (ibv_open_qp(3)): the release of its creator's context leaves it to the
 // other holder, whose release frees it.
-TEST_F(RegistryObjects, XrcTargetQpOutlivesItsCreator) {
+TEST_F(RegistryXrc, XrcTargetQpOutlivesItsCreator) {
   char path[] = "/tmp/registry-test-xrcd-XXXXXX";
   int file = ::mkstemp(path);
   ASSERT_GE(file, 0);
@@ -394,7 +404,7 @@ TEST_F(RegistryObjects, XrcTargetQpOutlivesItsCreator) {
 // A context holding one object of every kind, with references between
 // them, is freed whole when its last process goes: nothing left in the
 // tables, the quotas or the device segment.
-TEST_F(RegistryObjects, ReleasingAContextFreesEverything) {
+TEST_F(RegistryContext, ReleasingAContextFreesEverything) {
   uint32_t p = pd(a), b = backing(a), ch = channel(a);
   uint32_t scq = cq(a, ch), rcq = cq(a), x = open_xrcd(a);
   proto::RegMrReply m = mr(a, p, b);
@@ -437,7 +447,7 @@ TEST_F(RegistryObjects, ReleasingAContextFreesEverything) {
 }
 
 // A context's release leaves other contexts' objects alone.
-TEST_F(RegistryObjects, ReleaseTouchesOnlyItsContext) {
+TEST_F(RegistryContext, ReleaseTouchesOnlyItsContext) {
   uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
   uint32_t pa = pd(a), ca = cq(a);
   uint32_t pb = pd(b), cb = cq(b);
@@ -455,7 +465,7 @@ TEST_F(RegistryObjects, ReleaseTouchesOnlyItsContext) {
 
 // A named region lives while a backing of it is registered: it goes with
 // the last MR of its last backing.
-TEST_F(RegistryObjects, RegionGoesWithItsLastMr) {
+TEST_F(RegistrySharing, RegionGoesWithItsLastMr) {
   uint32_t p = pd(a);
   proto::RegShmidReq req{};
   req.pd = p;

@@ -67,17 +67,8 @@ int Registry::destroy_srq(uint32_t client, uint32_t handle) {
   auto it = srqs_.find(handle);
   if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (it->second.refs) return EBUSY;  // QPs still use it
-  release_srq(handle);
+  forget(ObjKind::kSrq, handle);  // drops its PD, and an XRC SRQ's CQ and domain
   return 0;
-}
-
-void Registry::release_srq(uint32_t handle) {
-  auto it = srqs_.find(handle);
-  if (it == srqs_.end()) return;
-  const Held held = it->second.held();
-  quotas_.release(Quotas::kSrq, handle);
-  srqs_.erase(it);
-  drop(held);
 }
 
 int Registry::import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds) {

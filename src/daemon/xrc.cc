@@ -78,8 +78,7 @@ void Registry::release_xrcd_handle(uint32_t handle) {
   auto it = xrcd_handles_.find(handle);
   if (it == xrcd_handles_.end()) return;
   const uint32_t id = it->second.xrcd;
-  quotas_.release(Quotas::kXrcd, handle);
-  xrcd_handles_.erase(it);
+  forget(ObjKind::kXrcdHandle, handle);
   if (Xrcd* x = xrcds_.get(id)) x->opens--;
   xrcd_drop_if_unused(id);
 }
