@@ -195,28 +195,12 @@ struct Qp : Object {
   }
 };
 
-// The part of a table the generic code uses: references and the handles
-// of a context.
-class AnyTable {
- public:
-  virtual ~AnyTable() = default;
-  // Takes a reference on object `h` (nothing if there is none).
-  virtual void ref(uint32_t h) = 0;
-  // Drops one; the references left, or -1 if there is no such object.
-  virtual int64_t unref(uint32_t h) = 0;
-  // The handles of context `ctx`'s objects, in handle order.
-  virtual std::vector<uint32_t> of(uint32_t ctx) const = 0;
-  // The references object `h` holds (none if there is no such object).
-  virtual Held held_by(uint32_t h) const = 0;
-  // Erases object `h` (nothing if there is none).
-  virtual void remove(uint32_t h) = 0;
-  virtual size_t size() const = 0;
-};
-
 // The objects of one type by handle. It reads as the std::map it wraps
 // (find, end, iteration), plus lookups by owner and counted references.
+// (No virtual functions: the registry picks a table by kind with a switch,
+// Registry::with_table.)
 template <class T>
-class ObjectTable final : public AnyTable {
+class ObjectTable {
  public:
   using Map = std::map<uint32_t, T>;
   using iterator = typename Map::iterator;
@@ -229,7 +213,7 @@ class ObjectTable final : public AnyTable {
   iterator find(uint32_t h) { return m_.find(h); }
   const_iterator find(uint32_t h) const { return m_.find(h); }
   size_t count(uint32_t h) const { return m_.count(h); }
-  size_t size() const override { return m_.size(); }
+  size_t size() const { return m_.size(); }
   T& operator[](uint32_t h) { return m_[h]; }
   T& at(uint32_t h) { return m_.at(h); }
   iterator erase(iterator it) { return m_.erase(it); }
@@ -255,21 +239,25 @@ class ObjectTable final : public AnyTable {
     return false;
   }
 
-  void ref(uint32_t h) override {
+  // Takes a reference on object `h` (nothing if there is none).
+  void ref(uint32_t h) {
     if (T* o = get(h)) o->refs++;
   }
-  int64_t unref(uint32_t h) override {
+  // Drops one; the references left, or -1 if there is no such object.
+  int64_t unref(uint32_t h) {
     T* o = get(h);
     if (!o) return -1;
     if (o->refs) o->refs--;
     return o->refs;
   }
-  Held held_by(uint32_t h) const override {
+  // The references object `h` holds (none if there is no such object).
+  Held held_by(uint32_t h) const {
     auto it = m_.find(h);
     return it == m_.end() ? Held{} : it->second.held();
   }
-  void remove(uint32_t h) override { m_.erase(h); }
-  std::vector<uint32_t> of(uint32_t ctx) const override {
+  void remove(uint32_t h) { m_.erase(h); }
+  // The handles of context `ctx`'s objects, in handle order.
+  std::vector<uint32_t> of(uint32_t ctx) const {
     std::vector<uint32_t> ids;
     for (auto& [h, o] : m_)
       if (o.owner == ctx) ids.push_back(h);

@@ -136,25 +136,26 @@ const Registry::TypeOps Registry::kTypeOps[] = {
     {ObjKind::kPd, nullptr, nullptr, nullptr, nullptr},
 };
 
-AnyTable& Registry::table(ObjKind kind) {
+template <class F>
+decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
   switch (kind) {
-    case ObjKind::kQp: return qps_;
-    case ObjKind::kSrq: return srqs_;
-    case ObjKind::kXrcdHandle: return xrcd_handles_;
-    case ObjKind::kMw: return mws_;
-    case ObjKind::kMr: return mrs_;
-    case ObjKind::kCq: return cqs_;
-    case ObjKind::kChannel: return channels_;
-    case ObjKind::kBacking: return backings_;
-    case ObjKind::kPd: return pds_;
+    case ObjKind::kQp: return f(qps_);
+    case ObjKind::kSrq: return f(srqs_);
+    case ObjKind::kXrcdHandle: return f(xrcd_handles_);
+    case ObjKind::kMw: return f(mws_);
+    case ObjKind::kMr: return f(mrs_);
+    case ObjKind::kCq: return f(cqs_);
+    case ObjKind::kChannel: return f(channels_);
+    case ObjKind::kBacking: return f(backings_);
+    case ObjKind::kPd: return f(pds_);
     case ObjKind::kXrcd:
     case ObjKind::kCount: break;
   }
-  return xrcds_;
+  return f(xrcds_);
 }
 
 void Registry::hold(Ref r) {
-  if (r.handle) table(r.kind).ref(r.handle);
+  if (r.handle) with_table(r.kind, [&](auto& t) { t.ref(r.handle); });
 }
 
 void Registry::hold(const Held& refs) {
@@ -166,7 +167,7 @@ void Registry::hold(const Held& refs) {
 // domain nobody opened or uses any more.
 void Registry::drop(Ref r) {
   if (!r.handle) return;
-  const int64_t left = table(r.kind).unref(r.handle);
+  const int64_t left = with_table(r.kind, [&](auto& t) { return t.unref(r.handle); });
   if (r.kind == ObjKind::kBacking && left == 0 && !backings_.at(r.handle).region.empty()) drop_backing(r.handle);
   if (r.kind == ObjKind::kXrcd) xrcd_drop_if_unused(r.handle);
 }
@@ -176,10 +177,12 @@ void Registry::drop(const Held& refs) {
 }
 
 void Registry::forget(ObjKind kind, uint32_t handle) {
-  AnyTable& t = table(kind);
-  const Held held = t.held_by(handle);
+  const Held held = with_table(kind, [&](auto& t) {
+    const Held h = t.held_by(handle);
+    t.remove(handle);
+    return h;
+  });
   quotas_.release(type_info(kind).quota, handle);
-  t.remove(handle);
   drop(held);
 }
 
@@ -190,7 +193,8 @@ void Registry::forget(ObjKind kind, uint32_t handle) {
 void Registry::release_context(uint32_t owner) {
   for (const TypeInfo& type : kDestroyOrder) {
     const TypeOps& t = kTypeOps[size_t(type.kind)];
-    std::vector<uint32_t> ids = t.collect ? (this->*t.collect)(owner) : table(t.kind).of(owner);
+    std::vector<uint32_t> ids =
+        t.collect ? (this->*t.collect)(owner) : with_table(t.kind, [&](auto& table) { return table.of(owner); });
     if (t.before) (this->*t.before)(owner, ids);
     for (uint32_t id : ids) {
       if (t.cleanup) {

@@ -273,7 +273,9 @@ class Registry {
     void (Registry::*after)(const std::vector<uint32_t>& ids);
   };
   static const TypeOps kTypeOps[];
-  AnyTable& table(ObjKind kind);
+  // Calls f(table) with the table of `kind` (registry.cc only).
+  template <class F>
+  decltype(auto) with_table(ObjKind kind, F&& f);
   // Frees every object of a context no process holds any more: one loop
   // over the types in destroy order.
   void release_context(uint32_t ctx);
