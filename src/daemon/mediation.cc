@@ -234,7 +234,7 @@ int Mediation::fail(const Delivery& d, Fault f, proto::MediateReply& rep) {
   if (!access::responder_detected(f)) return reply(rep, proto::kMediateError, access::status(f));
   MediationTables::QpView v;
   if (d.type == IBV_QPT_RC && t_.responder_qp(d.dest, v)) {
-    t_.qp_entry(d.dest).state.store(IBV_QPS_ERR, std::memory_order_release);
+    t_.qp_state_entry(d.dest).state.store(IBV_QPS_ERR, std::memory_order_release);
     t_.flush_receives(d.dest);
   }
   return reply(rep, proto::kMediateError, access::status(f), true);
@@ -262,9 +262,9 @@ int Mediation::deliver_send(const Delivery& d, const RecvWqe& r, uint64_t len, p
 // of the same type, able to receive. Anything else is transient (a peer
 // between modify calls): the library retries.
 bool Mediation::check_responder(Op& op) {
-  op.d.dest = t_.qp_entry(op.req.qpn).dest_qpn.load();
+  op.d.dest = t_.qp_state_entry(op.req.qpn).dest_qpn.load();
   if (!t_.responder_qp(op.d.dest, op.peer)) return false;
-  const QpEntry& pe = t_.qp_entry(op.d.dest);
+  const QpEntry& pe = t_.qp_state_entry(op.d.dest);
   const auto st = ibv_qp_state(pe.state.load());
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return false;
   if (pe.dest_qpn.load() != op.req.qpn || op.peer.type != op.me.type) return false;

@@ -76,7 +76,7 @@ class MediationTables {
   virtual bool requester_qp(uint32_t client, uint32_t qpn, QpView& out) = 0;
   // Any QP.
   virtual bool responder_qp(uint32_t qpn, QpView& out) = 0;
-  virtual shm::QpEntry& qp_entry(uint32_t qpn) = 0;
+  virtual shm::QpEntry& qp_state_entry(uint32_t qpn) = 0;  // the QP's entry in its user's device table
   // The MR table's entry of a slot (access::lookup).
   virtual const shm::MrEntry& mr_slot(uint32_t slot) const = 0;
   // The descriptor of a backing file, -1 if there is none.

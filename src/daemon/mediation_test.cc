@@ -74,7 +74,7 @@ class FakeTables : public MediationTables {
     out = it->second;
     return true;
   }
-  shm::QpEntry& qp_entry(uint32_t qpn) override { return entries_[qpn]; }
+  shm::QpEntry& qp_state_entry(uint32_t qpn) override { return entries_[qpn]; }
   const MrEntry& mr_slot(uint32_t slot) const override { return slot < mrs_.size() ? mrs_[slot] : blank_; }
   int backing_fd(uint32_t b) const override {
     auto it = fds_.find(b);
@@ -293,7 +293,7 @@ TEST_P(MediationRefuses, WithTheClassOfTheError) {
   r.remote_addr = kRespBase + c.remote_off;
   expect(run(r), proto::kMediateError, c.status, c.peer);
   EXPECT_EQ(t.flushes, c.peer ? 1 : 0) << "an RC responder that found the error goes to ERR";
-  EXPECT_EQ(t.qp_entry(kRespQp).state.load() == IBV_QPS_ERR, c.peer);
+  EXPECT_EQ(t.qp_state_entry(kRespQp).state.load() == IBV_QPS_ERR, c.peer);
   EXPECT_EQ(std::memcmp(t.read(kRespBacking, 0, 8).data(), "untouch!", 8), 0);
 }
 
@@ -311,7 +311,7 @@ TEST_F(MediationTest, ReceiveErrorsAreTheRequestersRemoteErrors) {
   EXPECT_EQ(t.completions[0].status, IBV_WC_LOC_LEN_ERR);
   // A receive through a key not of the responder's PD: its protection
   // error, our remote operational error. (The responder back from ERR.)
-  t.qp_entry(kRespQp).state.store(IBV_QPS_RTS);
+  t.qp_state_entry(kRespQp).state.store(IBV_QPS_RTS);
   t.post_recv(2, kReqBase, 8, kReqMr);
   expect(run(req(IBV_WR_SEND, 0, 8)), proto::kMediateError, IBV_WC_REM_OP_ERR, true);
   EXPECT_EQ(t.completions.back().status, IBV_WC_LOC_PROT_ERR);
@@ -331,12 +331,12 @@ TEST_F(MediationTest, NotARequestOrNotConnected) {
   r = req(IBV_WR_RDMA_WRITE, 0, 8);
   r.num_sge = shm::kMaxSge + 1;
   run(r, EINVAL);
-  t.qp_entry(kRespQp).state.store(IBV_QPS_INIT);
+  t.qp_state_entry(kRespQp).state.store(IBV_QPS_INIT);
   expect(run(req(IBV_WR_RDMA_WRITE, 0, 8)), proto::kMediateRetry);
 }
 
 TEST_F(MediationTest, QpWithoutRemoteWriteRefusesWrites) {
-  t.qp_entry(kRespQp).access.store(IBV_ACCESS_REMOTE_READ);
+  t.qp_state_entry(kRespQp).access.store(IBV_ACCESS_REMOTE_READ);
   expect(run(req(IBV_WR_RDMA_WRITE, 0, 8)), proto::kMediateError, IBV_WC_REM_ACCESS_ERR, true);
 }
 

@@ -8,6 +8,14 @@
 // and multicast tables, one per user: device_tables.h) that clients map
 // read-only; they are sealed, so what it reads back from them is its own. Objects are released when their
 // holder destroys them or when the holder's connection closes.
+//
+// The objects are kept in typed tables (objects.h: handle, owning context,
+// references, destroy order); this class keeps the clients, the contexts
+// and the tables. Its functions are defined by object type: registry.cc
+// (clients, contexts, references, a context's release), pd.cc (PDs,
+// backings), mr.cc (MRs, windows, keys), cq.cc (CQs, channels), qp.cc,
+// srq.cc, xrc.cc, sharing.cc (import, named regions, the namespace),
+// mediate.cc (operations between users).
 #pragma once
 
 #include <sys/types.h>
@@ -25,6 +33,7 @@
 #include "daemon/device_tables.h"
 #include "daemon/mediation.h"
 #include "daemon/name_space.h"
+#include "daemon/objects.h"
 #include "daemon/quota.h"
 
 namespace sv::daemon {
@@ -178,6 +187,21 @@ class Registry : private MediationTables {
   const shm::MrEntry* mr_entry(uint32_t key) const;
 
  private:
+  // The object types (objects.h), by the names the registry's files use.
+  using Pd = daemon::Pd;
+  using Backing = daemon::Backing;
+  using Region = daemon::Region;
+  using RegionKey = daemon::RegionKey;
+  using Mr = daemon::Mr;
+  using Mw = daemon::Mw;
+  using Channel = daemon::Channel;
+  using Cq = daemon::Cq;
+  using Srq = daemon::Srq;
+  using Xrcd = daemon::Xrcd;
+  using XrcdHandle = daemon::XrcdHandle;
+  using Qp = daemon::Qp;
+
+  // ---- Clients and contexts (registry.cc) ----
   struct Client {
     pid_t pid;
     uid_t uid;
@@ -188,9 +212,6 @@ class Registry : private MediationTables {
     Fd pidfd{};             // the process that connected (not one that reused its pid)
     ConnectIdentity at_connect{};
   };
-  std::map<uint32_t, Fd> async_fds_;  // by client
-  void fail_peers_of(const std::vector<uint32_t>& dead_qpns);
-  void complete_torn_receive(uint32_t dead_qpn);
   // A device context: objects belong to it; processes attach to it (by
   // opening a device, or by importing another's context). All are equal.
   struct Context {
@@ -201,141 +222,97 @@ class Registry : private MediationTables {
   // context `owner`? Only a process of the same user (or root): a backing
   // memfd maps a process's whole address space, more than any key grants.
   bool same_user(uint32_t client, uint32_t owner) const;
-  Credentials credentials(uint32_t client) const;
-  bool ns_alive(const NsEntry& e) const;
-  // CQs another user opened by name (client -> CQ handles): a CQ segment
-  // holds completions only, so mapping it grants exactly the named object.
-  std::multimap<uint32_t, uint32_t> cq_grants_;
-  bool cq_granted(uint32_t client, uint32_t handle) const;
-  void ns_collect();
-  NameSpace ns_;
   uint32_t ctx(uint32_t client) const;
-  void release_context(uint32_t ctx);
+  // The user of a context (uid_t(-1) if none).
+  uid_t ctx_uid(uint32_t context) const;
+  // Are the client's user and the context's user the same, so that their
+  // objects' entries are in one device segment? (Strictly equal uids.)
+  bool same_tables(uint32_t client, uint32_t owner) const;
   void remove_context_if_unused(uint32_t ctx);
-  struct Pd {
-    uint32_t owner;
-    uint32_t refs = 0;  // MRs and QPs using it
+  // Moves the client into context `target` (ibv_import_device, or opening a
+  // name): EBUSY if its own context already holds objects.
+  int join_context(Client& me, uint32_t target);
+
+  // ---- The object tables (objects.h) ----
+  // What a context's release does with one type, in kDestroyOrder: which
+  // of its objects go (`collect`, default: those it owns), what happens
+  // before and after, and each object's cleanup (revoke what it published,
+  // then forget it; default: forget it).
+  struct TypeOps {
+    ObjKind kind;
+    std::vector<uint32_t> (Registry::*collect)(uint32_t ctx);
+    void (Registry::*before)(uint32_t ctx, const std::vector<uint32_t>& ids);
+    void (Registry::*cleanup)(uint32_t handle);
+    void (Registry::*after)(const std::vector<uint32_t>& ids);
   };
-  struct Backing {
-    uint32_t owner;
-    Fd fd;
-    uint32_t refs = 0;
-    std::string region;     // named region (seed 000) this backing attaches, or empty
-    uint64_t limit = 0;     // region backings: the region's size
-    uid_t region_uid = 0;   // region backings: the user whose id space names it
-  };
-  // A named shared memory region: tied to no context; alive while some
-  // context holds a backing of it (from attach until its last MR is gone).
-  // Ids have an owner: each user has its own id space (regions_ is keyed by
-  // (uid, id)), so another user neither attaches a user's region nor
-  // pre-creates one that user will ask for.
-  using RegionKey = std::pair<uid_t, std::string>;
-  struct Region {
-    Fd fd;
-    uint64_t length;
-    uint32_t backings = 0;
-  };
+  static const TypeOps kTypeOps[];
+  // Calls f(table) with the table of `kind` (registry.cc only).
+  template <class F>
+  decltype(auto) with_table(ObjKind kind, F&& f);
+  // Frees every object of a context no process holds any more: one loop
+  // over the types in destroy order.
+  void release_context(uint32_t ctx);
+  // References move only through here: the ones an object declares
+  // (held()) are taken when it is made and dropped when it goes.
+  void hold(const Held& refs);
+  void hold(Ref r);
+  void drop(const Held& refs);
+  void drop(Ref r);
+  // The end of every object of a context-owned kind, once its type's own
+  // cleanup revoked what it published: its quota charge released, its
+  // entry erased, then the references it held dropped.
+  void forget(ObjKind kind, uint32_t handle);
+
+  // ---- PD and backings (pd.cc) ----
   void drop_backing(uint32_t id);
-  struct Mr {
-    uint32_t owner;
-    uint32_t key;
-    uint32_t pd;
-    uint32_t backing;
-    pid_t charged_pid;     // the registrant; the charge stays with it until the MR is freed
-    uint64_t charged_bytes;
-    uint32_t windows = 0;  // memory windows bound to it
-  };
-  struct Mw {
-    uint32_t owner;
-    uint32_t pd;
-    uint32_t type;
-    uint32_t key;        // current key (type 2: also while invalid)
-    uint32_t bound_mr = 0;  // MR slot, 0 = not bound / invalid
-  };
+
+  // ---- MRs, windows and keys (mr.cc) ----
   uint32_t alloc_key_slot();
-  int peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
   void unbind_mw(uint32_t slot, Mw& mw);
+  void release_mr(uint32_t handle);
+  void release_mw(uint32_t slot);
+  // Windows of other contexts bound to the MRs about to go die with them.
+  void unbind_windows_of(uint32_t ctx, const std::vector<uint32_t>& mrs);
   struct Account {
     uid_t uid;
     uint64_t locked_bytes = 0;
     uint64_t limit_bytes = 0;
   };
-  struct Channel {
-    uint32_t owner;
-    Fd eventfd;
-    uint32_t refs = 0;
-  };
-  struct Cq {
-    uint32_t owner;
-    uint32_t channel;
-    Fd fd;
-    Mapping map;
-    uint32_t refs = 0;  // QPs using it
-    Fd next_fd;         // a resize in progress: the segment it moves to
-    Mapping next_map;
-    bool failed = false;  // CQ error reported (once)
-    // Ring capacities as made here: never read back from a segment's header,
-    // which every process that maps the segment can write.
-    uint32_t capacity = 0;
-    uint32_t next_capacity = 0;
-  };
+  int charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t& bytes);
+
+  // ---- CQs and channels (cq.cc) ----
   int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map, uint32_t& capacity);
   bool may_complete_into(uint32_t client, uint32_t cq);
   void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
-  struct Srq {
-    uint32_t owner;
-    uint32_t pd;
-    Fd fd;
-    Mapping map;
-    uint32_t refs = 0;  // QPs using it
-    uint32_t type = IBV_SRQT_BASIC;
-    uint32_t xrcd = 0;  // XRC: the domain (an id in xrcds_)
-    uint32_t cq = 0;    // XRC: the CQ its receives complete into
-    uint32_t capacity = 0;  // its ring's, as made here (not the header's)
-  };
-  // An XRC domain: shared by every context that opened the same file
-  // (by device and inode), or private (ino 0). Lives while opened or used.
-  struct Xrcd {
-    uint64_t dev = 0;
-    uint64_t ino = 0;  // 0: private
-    uint32_t uid = 0;  // the user of its openers: a file names one domain per user (system daemon)
-    uint32_t opens = 0;  // handles
-    uint32_t users = 0;  // XRC SRQs and target QPs
-  };
-  struct XrcdHandle {
-    uint32_t owner;
-    uint32_t xrcd;
-  };
-  std::map<uint32_t, Xrcd> xrcds_;
-  std::map<uint32_t, XrcdHandle> xrcd_handles_;
-  uint32_t next_xrcd_ = 1;
+  bool cq_granted(uint32_t client, uint32_t handle) const;
+
+  // ---- QPs (qp.cc) ----
+  int check_create_qp(uint32_t client, const proto::CreateQpReq& req, uint32_t& xrcd);
+  uint32_t alloc_qp_slot();
+  void init_qp_entry(uint32_t client, uint32_t slot, uint32_t qpn, const proto::CreateQpReq& req);
+  int peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
+  void fail_peers_of(const std::vector<uint32_t>& dead_qpns);
+  void complete_torn_receive(uint32_t dead_qpn);
+  // The QPs a context's release frees: its own, and XRC target QPs whose
+  // last handle it held (a target QP another context still holds moves to it).
+  std::vector<uint32_t> qps_to_release(uint32_t ctx);
+  void before_release_qps(uint32_t ctx, const std::vector<uint32_t>& qpns);
+
+  // ---- XRC (xrc.cc) ----
   uint32_t xrcd_of(uint32_t client, uint32_t handle);  // 0 if not the client's
-  void xrcd_unuse(uint32_t id);
   void xrcd_drop_if_unused(uint32_t id);
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
-  void release_srq_refs(const Srq& srq);
-  std::map<uint32_t, Srq> srqs_;
-  struct Qp {
-    uint32_t owner;
-    uint32_t pd;
-    uint32_t send_cq;
-    uint32_t recv_cq;
-    ibv_qp_type type;
-    Fd fd;
-    Mapping map;
-    uint32_t slot;
-    uint32_t sq_capacity = 0;
-    uint32_t rq_capacity = 0;
-    uint32_t sq_sig_all = 0;
-    uint32_t srq = 0;
-    uint32_t xrcd = 0;               // XRC target: its domain
-    std::vector<uint32_t> holders = {};  // XRC target: the context of each handle of it (ibv_open_qp)
-  };
+  void release_xrcd_handle(uint32_t handle);
+
+  // ---- Sharing: namespace, regions (sharing.cc) ----
+  Credentials credentials(uint32_t client) const;
+  bool ns_alive(const NsEntry& e) const;
+  void ns_collect();
 
   // The tables as mediation sees them (MediationTables, registry_mediation.cc).
   bool requester_qp(uint32_t client, uint32_t qpn, QpView& out) override;
   bool responder_qp(uint32_t qpn, QpView& out) override;
-  shm::QpEntry& qp_entry(uint32_t qpn) override { return qp_slot(qpn); }
+  shm::QpEntry& qp_state_entry(uint32_t qpn) override { return qp_slot(qpn); }
   const shm::MrEntry& mr_slot(uint32_t slot) const override { return tables_.mr_at(slot); }
   int backing_fd(uint32_t backing) const override;
   bool receive_queue(uint32_t qpn, RecvQueue& out) override;
@@ -349,34 +326,36 @@ class Registry : private MediationTables {
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
   Qp* find_qp(uint32_t client, uint32_t qpn);
-  void release_mr(uint32_t handle);
   void release_qp(uint32_t qpn);
-  void release_cq(uint32_t handle);
 
   uint64_t boot_id_ = 0;
   uint64_t sockfs_dev_ = 0;  // st_dev of every socket (sockfs)
   // The device segments, one per user; every MR/QP entry and multicast
   // group the daemon publishes goes through it.
   DeviceTables tables_;
-  // The user of a context (uid_t(-1) if none).
-  uid_t ctx_uid(uint32_t context) const;
-  // Are the client's user and the context's user the same, so that their
-  // objects' entries are in one device segment? (Strictly equal uids.)
-  bool same_tables(uint32_t client, uint32_t owner) const;
 
   uint32_t next_client_ = 1;
   uint32_t next_handle_ = 1;
   std::map<uint32_t, Client> clients_;
+  std::map<uint32_t, Fd> async_fds_;  // by client
   std::map<uint32_t, Context> contexts_;
-  std::map<uint32_t, Pd> pds_;
-  std::map<uint32_t, Backing> backings_;
-  std::map<uint32_t, Mr> mrs_;
-  std::map<uint32_t, Channel> channels_;
-  std::map<uint32_t, Cq> cqs_;
-  std::map<uint32_t, Qp> qps_;  // by qpn
-  std::map<pid_t, Account> accounts_;
-  std::map<uint32_t, Mw> mws_;  // by slot in the MR table
+  ObjectTable<Pd> pds_;
+  ObjectTable<Backing> backings_;
+  ObjectTable<Mr> mrs_;        // by slot in the MR table
+  ObjectTable<Mw> mws_;        // by slot in the MR table
+  ObjectTable<Channel> channels_;
+  ObjectTable<Cq> cqs_;
+  ObjectTable<Srq> srqs_;
+  ObjectTable<Xrcd> xrcds_;    // by domain id (owned by no context)
+  ObjectTable<XrcdHandle> xrcd_handles_;
+  ObjectTable<Qp> qps_;        // by qpn
+  uint32_t next_xrcd_ = 1;
   std::map<RegionKey, Region> regions_;
+  // CQs another user opened by name (client -> CQ handles): a CQ segment
+  // holds completions only, so mapping it grants exactly the named object.
+  std::multimap<uint32_t, uint32_t> cq_grants_;
+  NameSpace ns_;
+  std::map<pid_t, Account> accounts_;
   std::vector<PendingEvent> events_;
   Quotas quotas_;
 

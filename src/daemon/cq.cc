@@ -1,0 +1,263 @@
+// cq.cc: completion queues and completion channels (ibv_create_cq(3),
+// ibv_resize_cq(3), ibv_create_comp_channel(3)); the daemon's own
+// completions; CQs granted to another user by name.
+#include "daemon/registry.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/completion.h"
+#include "common/trace.h"
+
+namespace sv::daemon {
+
+using namespace sv::shm;
+
+int Registry::create_channel(uint32_t client, Fd eventfd, uint32_t& handle) {
+  if (!eventfd.valid()) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kChannel, client_uid(client))) return e;
+  handle = next_handle_++;
+  quotas_.charge(Quotas::kChannel, handle, client_uid(client));
+  Channel ch;
+  ch.owner = ctx(client);
+  ch.eventfd = std::move(eventfd);
+  channels_.insert(handle, std::move(ch));
+  return 0;
+}
+
+int Registry::destroy_channel(uint32_t client, uint32_t handle) {
+  Channel* ch = channels_.owned(handle, ctx(client));
+  if (!ch) return EINVAL;
+  if (ch->refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
+  forget(ObjKind::kChannel, handle);
+  return 0;
+}
+
+int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
+  Channel* ch = channels_.owned(handle, ctx(client));
+  if (!ch) return EINVAL;
+  out_fds.push_back(ch->eventfd.get());
+  return 0;
+}
+
+int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
+                        std::vector<int>& out_fds) {
+  if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kCq, client_uid(client))) return e;
+  if (req.channel) {
+    if (!channels_.owned(req.channel, ctx(client))) return EINVAL;
+  }
+  Cq cq;
+  cq.owner = ctx(client);
+  cq.channel = req.channel;
+  uint32_t handle = next_handle_;
+  if (int e = make_cq_segment(handle, req.cqe, req.channel, cq.fd, cq.map, cq.capacity)) return e;
+  next_handle_++;
+  rep.handle = handle;
+  rep.capacity = cq.capacity;
+  rep.segment_size = cq.map.size();
+  out_fds.push_back(cq.fd.get());
+  quotas_.charge(Quotas::kCq, handle, client_uid(client));
+  hold(cqs_.insert(handle, std::move(cq)).held());
+  return 0;
+}
+
+int Registry::make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map,
+                              uint32_t& capacity) {
+  CqLayout layout{round_up_pow2(cqe + 1)};
+  capacity = layout.capacity;
+  if (int e = make_memfd("softverbs-cq", layout.size(), fd)) return e == EINVAL ? ENOMEM : e;
+  if (int e = map_shared(fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, map)) return e;
+  auto* h = map.as<CqSegmentHeader>();
+  h->magic = kCqMagic;
+  h->handle = handle;
+  h->size = layout.size();
+  h->ring_offset = layout.ring_offset();
+  h->capacity = layout.capacity;
+  h->channel = channel;
+  auto* rh = reinterpret_cast<RingHeader*>(map.as<char>() + layout.ring_offset());
+  Ring<Cqe>::init(rh, reinterpret_cast<RingSlot<Cqe>*>(rh + 1), layout.capacity);
+  return 0;
+}
+
+// ibv_resize_cq moves a CQ to a new segment. The daemon makes the segment;
+// the resizing process closes the old ring to producers, moves the waiting
+// completions over in order and commits. Producers that meet the closed
+// ring wait for `moved` and fetch the new segment with GetCq.
+int Registry::resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
+                        std::vector<int>& out_fds) {
+  auto it = cqs_.find(req.handle);
+  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (req.cqe == 0 || req.cqe > kMaxCqe - 1) return EINVAL;
+  Cq& cq = it->second;
+  if (cq.next_fd.valid()) return EBUSY;  // another holder is resizing it
+  if (int e = make_cq_segment(req.handle, req.cqe, cq.channel, cq.next_fd, cq.next_map, cq.next_capacity)) {
+    cq.next_fd = Fd();
+    cq.next_map = Mapping();
+    return e;
+  }
+  rep.handle = req.handle;
+  rep.capacity = cq.next_capacity;
+  rep.segment_size = cq.next_map.size();
+  out_fds.push_back(cq.next_fd.get());
+  return 0;
+}
+
+int Registry::resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req) {
+  auto it = cqs_.find(req.handle);
+  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (req.commit > 1) return EINVAL;
+  Cq& cq = it->second;
+  if (!cq.next_fd.valid()) return EINVAL;
+  if (req.commit) {
+    Mapping old = std::move(cq.map);
+    cq.fd = std::move(cq.next_fd);
+    cq.map = std::move(cq.next_map);
+    cq.capacity = cq.next_capacity;
+    // Producers and pollers follow now (GetCq answers with the new segment).
+    old.as<CqSegmentHeader>()->moved.store(1, std::memory_order_release);
+  }
+  cq.next_fd = Fd();
+  cq.next_map = Mapping();
+  return 0;
+}
+
+bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
+  auto it = cqs_.find(handle);
+  if (it == cqs_.end()) return false;
+  uint32_t c = ctx(client);
+  if (it->second.owner == c) return true;
+  if (!same_user(client, it->second.owner)) return false;  // another user's peers are mediated
+  // A requester pushes receive completions into the CQ of the QP it reaches:
+  // its connected peer, or (UD) any UD QP.
+  bool has_ud = false;
+  for (auto& [qpn, q] : qps_) {
+    if (q.owner != c) continue;
+    has_ud |= q.type == IBV_QPT_UD;
+    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
+    if (peer != qps_.end() && peer->second.recv_cq == handle) return true;
+  }
+  if (has_ud)
+    for (auto& [qpn, q] : qps_)
+      if (q.type == IBV_QPT_UD && q.recv_cq == handle) return true;
+  for (auto& [h, srq] : srqs_)
+    if (srq.cq == handle && xrc_reaches_srq(c, srq)) return true;
+  return false;
+}
+
+int Registry::get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
+  if (!may_complete_into(client, handle)) return EINVAL;
+  Cq& cq = cqs_.at(handle);
+  rep.capacity = cq.capacity;
+  rep.segment_size = cq.map.size();
+  out_fds.push_back(cq.fd.get());
+  return 0;
+}
+
+// IBTA 11.4.2.1 and 10.10.2.3: a CQ overrun is a CQ error. The CQ's holders
+// get IBV_EVENT_CQ_ERR and every QP completing into it goes to ERR.
+int Registry::cq_error(uint32_t client, uint32_t handle) {
+  if (!may_complete_into(client, handle)) return EINVAL;
+  Cq& cq = cqs_.at(handle);
+  if (cq.failed) return 0;
+  cq.failed = true;
+  for (auto& [id, c] : clients_)
+    if (c.ctx == cq.owner) events_.push_back({id, IBV_EVENT_CQ_ERR, handle});
+  for (auto& [qpn, q] : qps_) {
+    if (q.send_cq != handle && q.recv_cq != handle) continue;
+    QpEntry& e = qp_slot(qpn);
+    if (ibv_qp_state(e.state.load()) == IBV_QPS_RESET) continue;
+    e.state.store(IBV_QPS_ERR, std::memory_order_release);
+  }
+  return 0;
+}
+
+int Registry::destroy_cq(uint32_t client, uint32_t handle) {
+  Cq* cq = cqs_.owned(handle, ctx(client));
+  if (!cq) return EINVAL;
+  if (cq->refs) return EBUSY;  // ibv_destroy_cq(3): QPs still attached
+  forget(ObjKind::kCq, handle);  // drops its channel
+  return 0;
+}
+
+// The daemon's own completions (flushes, torn receives, mediated
+// operations). While a resize is moving the CQ (its ring closed) they go to
+// the segment it moves to, so none is lost.
+void Registry::push_cq(uint32_t handle, const ibv_wc& wc, bool solicited) {
+  auto cq = cqs_.find(handle);
+  if (cq == cqs_.end()) return;
+  int channel_fd = -1;
+  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
+  const std::pair<Mapping*, uint32_t> segments[] = {{&cq->second.map, cq->second.capacity},
+                                                     {&cq->second.next_map, cq->second.next_capacity}};
+  for (auto [m, capacity] : segments) {
+    if (!m->get()) continue;
+    auto* ch = m->as<CqSegmentHeader>();
+    auto* crh = reinterpret_cast<RingHeader*>(m->as<char>() + CqLayout{capacity}.ring_offset());
+    Ring<Cqe> ring(crh, reinterpret_cast<RingSlot<Cqe>*>(crh + 1), capacity);
+    if (push_completion(ch, ring, wc, solicited, channel_fd) || !ring.closed()) return;
+  }
+}
+
+bool Registry::cq_granted(uint32_t client, uint32_t handle) const {
+  for (auto [g, end] = cq_grants_.equal_range(client); g != end; ++g)
+    if (g->second == handle) return true;
+  return false;
+}
+
+int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
+  auto it = cqs_.find(handle);
+  if (it == cqs_.end()) return EINVAL;
+  rep.capacity = it->second.capacity;
+  if (it->second.owner != ctx(client)) {
+    if (!cq_granted(client, handle)) return EINVAL;
+    // Granted (another user opened it by name): no descriptor at all. Any
+    // mapping of the segment, even a read-only one reopened through
+    // /proc/self/fd, would let the grantee forge completions or hold the
+    // owner's poll lock; polling consumes, so the daemon polls for it.
+    // Nor its channel (an eventfd of the owner's context).
+    rep.channel = 0;
+    rep.segment_size = 0;
+    return 0;
+  }
+  rep.channel = it->second.channel;
+  rep.segment_size = it->second.map.size();
+  out_fds.push_back(it->second.fd.get());
+  return 0;
+}
+
+int Registry::poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep) {
+  rep.count = 0;
+  if (req.max == 0 || req.max > proto::kPollCqMax) return EINVAL;
+  auto it = cqs_.find(req.handle);
+  if (it == cqs_.end() || !cq_granted(client, req.handle)) return EINVAL;
+  Cq& cq = it->second;
+  // The current segment as the daemon made it (a committed resize moved
+  // cq.map); its geometry is the daemon's, never the header's.
+  auto* h = cq.map.as<CqSegmentHeader>();
+  auto* rh = reinterpret_cast<RingHeader*>(cq.map.as<char>() + CqLayout{cq.capacity}.ring_offset());
+  Ring<Cqe> ring(rh, reinterpret_cast<RingSlot<Cqe>*>(rh + 1), cq.capacity);
+  // Try-lock: a poller (or a resize) of the owner holds it, or a hostile
+  // owner keeps it: "nothing now", the grantee polls again.
+  uint32_t free_ = 0;
+  static const uint32_t self = uint32_t(::getpid());
+  if (!h->poll_lock.owner.compare_exchange_strong(free_, self, std::memory_order_acquire)) return 0;
+  // The owner's last poll may hold back one slot (verbs/cq.cc release_taken):
+  // give it back first, as any poller does.
+  // release_if_taken gives it back only if the slot still holds what was
+  // taken (the owner's rings skip slots of dead producers, shm_ring.h).
+  if (uint64_t t = h->taken.load(std::memory_order_relaxed)) {
+    ring.release_if_taken(t - 1);
+    h->taken.store(0, std::memory_order_relaxed);
+  }
+  Cqe e;
+  while (rep.count < req.max && ring.pop_exclusive(e)) rep.wc[rep.count++] = e.wc;
+  h->poll_lock.unlock();
+  return 0;
+}
+
+}  // namespace sv::daemon

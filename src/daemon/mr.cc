@@ -1,0 +1,334 @@
+// mr.cc: memory regions, memory windows and their keys (IBTA 10.6;
+// ibv_reg_mr(3), ibv_alloc_mw(3), ibv_bind_mw(3)), and who may map an MR's
+// backing.
+#include "daemon/registry.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/trace.h"
+#include "daemon/identity.h"
+
+namespace sv::daemon {
+
+using namespace sv::shm;
+
+int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+  const Backing* b = backings_.owned(req.backing, ctx(client));
+  if (!pds_.owned(req.pd, ctx(client)) || !b) return EINVAL;
+  if (req.access & ~kKnownAccess) return EINVAL;
+  // ibv_reg_mr(3): remote write or remote atomic access needs local write.
+  if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(req.access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
+  if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
+  if (req.iova + req.length < req.iova) return EINVAL;
+  if (!b->region.empty() && req.addr + req.length > b->limit) return EINVAL;
+  // The file must hold the whole range now; sealed, it cannot shrink later
+  // (reg_backing), so no holder of a mapping of it meets SIGBUS.
+  struct stat st {};
+  if (::fstat(b->fd.get(), &st) != 0 || uint64_t(st.st_size) < req.addr + req.length) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kMr, client_uid(client))) return e;
+
+  uint32_t slot = alloc_key_slot();
+  if (!slot) return ENOMEM;
+  // The entry goes to the registrant's user's device segment.
+  if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
+  uint64_t bytes = 0;
+  if (int err = charge_memlock(client, req.addr, req.length, bytes)) return err;
+
+  uint8_t kb = ++mr_key_byte_[slot];
+  uint32_t key = (slot << 8) | kb;
+  if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
+
+  MrEntry& e = tables_.mr_at(slot);
+  e.access = req.access;
+  e.pd = req.pd;
+  e.backing = req.backing;
+  e.iova = req.iova;
+  e.length = req.length;
+  e.file_offset = req.addr;
+  e.owner_pid = uint32_t(clients_[client].pid);
+  e.kind = kKindMr;
+  e.bound_qpn = 0;
+  e.key.store(key, std::memory_order_release);  // publish last
+
+  quotas_.charge(Quotas::kMr, slot, client_uid(client));
+  Mr mr;
+  mr.owner = ctx(client);
+  mr.key = key;
+  mr.pd = req.pd;
+  mr.backing = req.backing;
+  mr.charged_pid = clients_[client].pid;
+  mr.charged_bytes = bytes;
+  hold(mrs_.insert(slot, std::move(mr)).held());
+  rep.handle = slot;
+  rep.key = key;
+  return 0;
+}
+
+// Charges the pages a registration covers to the registrant (IBTA leaves
+// the resource manager to the OS; we follow the kernel's RLIMIT_MEMLOCK rule).
+int Registry::charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t& bytes) {
+  const Client& c = clients_[client];
+  pid_t pid = c.pid;
+  bytes = page_up(addr + length) - page_down(addr);
+  Account& acct = accounts_[pid];
+  acct.uid = c.uid;
+  acct.limit_bytes = memlock_limit(pid, c.pidfd.get(), c.at_connect);
+  if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes + bytes > acct.limit_bytes) {
+    SV_TRACE("daemon: pid %d: RLIMIT_MEMLOCK %llu, locked %llu, asks %llu: ENOMEM", int(pid),
+             (unsigned long long)acct.limit_bytes, (unsigned long long)acct.locked_bytes, (unsigned long long)bytes);
+    if (acct.locked_bytes == 0) accounts_.erase(pid);
+    return ENOMEM;
+  }
+  acct.locked_bytes += bytes;
+  return 0;
+}
+
+// A free MR-table slot, round robin so that a freed key is not reused at once.
+uint32_t Registry::alloc_key_slot() {
+  for (uint32_t n = 0; n < kMrTableSize - 1; ++n) {
+    uint32_t s = next_mr_slot_;
+    next_mr_slot_ = next_mr_slot_ + 1 >= kMrTableSize ? 1 : next_mr_slot_ + 1;
+    if (tables_.mr_at(s).key.load(std::memory_order_relaxed) == 0 && !mrs_.count(s) && !mws_.count(s)) return s;
+  }
+  return 0;
+}
+
+void Registry::release_mr(uint32_t handle) {
+  auto it = mrs_.find(handle);
+  if (it == mrs_.end()) return;
+  tables_.mr_at(handle).key.store(0, std::memory_order_release);  // revoke first
+  if (auto a = accounts_.find(it->second.charged_pid); a != accounts_.end()) {
+    a->second.locked_bytes -= it->second.charged_bytes;
+    if (a->second.locked_bytes == 0) accounts_.erase(a);
+  }
+  forget(ObjKind::kMr, handle);  // a region's backing goes with its last registration (seed 000)
+}
+
+// Seed 000's reg_shared: a new registration of an existing MR's pages.
+int Registry::reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep) {
+  const MrEntry* e = mr_entry(req.key);
+  auto mr = mrs_.find(req.key >> 8);
+  if (!e || mr == mrs_.end() || e->kind != kKindMr || mr->second.owner != ctx(client)) return EINVAL;
+  proto::RegMrReq r{};
+  r.pd = req.pd;
+  r.backing = mr->second.backing;
+  r.addr = e->file_offset;
+  r.length = e->length;
+  r.iova = req.iova;
+  r.access = req.access;
+  return reg_mr(client, r, rep);
+}
+
+int Registry::dereg_mr(uint32_t client, uint32_t handle) {
+  auto it = mrs_.find(handle);
+  if (it == mrs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (it->second.refs) return EBUSY;  // memory windows are still bound to it
+  release_mr(handle);
+  return 0;
+}
+
+int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep) {
+  Mr* mr = mrs_.owned(handle, ctx(client));
+  if (!mr) return EINVAL;
+  const MrEntry& e = tables_.mr_at(handle);
+  rep.pd = mr->pd;
+  rep.key = mr->key;
+  rep.addr = e.file_offset;  // the registrant's address
+  rep.length = e.length;
+  rep.access = e.access;
+  return 0;
+}
+
+const MrEntry* Registry::mr_entry(uint32_t key) const {
+  uint32_t slot = key >> 8;
+  if (slot == 0 || slot >= kMrTableSize) return nullptr;
+  const MrEntry& e = tables_.mr_at(slot);
+  return e.key.load() == key ? &e : nullptr;
+}
+
+int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
+                             std::vector<int>& out_fds) {
+  const MrEntry* e = mr_entry(key);
+  if (!e) return EINVAL;
+  uint32_t mr_slot = key >> 8;
+  if (auto w = mws_.find(mr_slot); w != mws_.end()) mr_slot = w->second.bound_mr;  // a window: its MR
+  auto mr = mrs_.find(mr_slot);
+  if (mr == mrs_.end()) return EINVAL;
+  if (!same_user(client, mr->second.owner)) return EACCES;
+  // A key grants access only to a process that owns the MR's PD, or that
+  // holds a QP connected to a QP of that PD.
+  bool allowed = false;
+  if (pds_.owned(mr->second.pd, ctx(client))) allowed = true;
+  bool has_ud = false;
+  for (auto it = qps_.begin(); !allowed && it != qps_.end(); ++it) {
+    if (it->second.owner != ctx(client)) continue;
+    has_ud |= it->second.type == IBV_QPT_UD;
+    auto peer = qps_.find(qp_slot(it->first).dest_qpn.load());
+    if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
+  }
+  // A UD sender scatters into receive buffers of any UD QP of that PD.
+  for (auto it = qps_.begin(); !allowed && has_ud && it != qps_.end(); ++it)
+    if (it->second.type == IBV_QPT_UD && it->second.pd == mr->second.pd) allowed = true;
+  // An XRC sender, into buffers posted to an XRC SRQ of that PD it reaches.
+  for (auto it = srqs_.begin(); !allowed && it != srqs_.end(); ++it)
+    if (it->second.pd == mr->second.pd && xrc_reaches_srq(ctx(client), it->second)) allowed = true;
+  if (!allowed) return EACCES;
+  auto b = backings_.find(mr->second.backing);
+  if (b == backings_.end()) return EINVAL;
+  rep.backing = mr->second.backing;
+  out_fds.push_back(b->second.fd.get());
+  return 0;
+}
+
+int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep) {
+  if (!pds_.owned(req.pd, ctx(client))) return EINVAL;
+  if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
+  if (int e = quotas_.admit(Quotas::kMw, client_uid(client))) return e;
+  uint32_t slot = alloc_key_slot();
+  if (!slot) return ENOMEM;
+  if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
+  uint32_t key = (slot << 8) | ++mr_key_byte_[slot];
+  MrEntry& e = tables_.mr_at(slot);
+  e.access = 0;
+  e.pd = req.pd;
+  e.backing = 0;
+  e.iova = 0;
+  e.length = 0;
+  e.file_offset = 0;
+  e.owner_pid = uint32_t(clients_[client].pid);
+  e.kind = req.type == IBV_MW_TYPE_1 ? kKindMw1 : kKindMw2;
+  e.bound_qpn = 0;
+  // A type 1 window's key is valid (unbound, zero length) from the start; a
+  // type 2 window is invalid until its first bind.
+  if (req.type == IBV_MW_TYPE_1) e.key.store(key, std::memory_order_release);
+  quotas_.charge(Quotas::kMw, slot, client_uid(client));
+  Mw mw;
+  mw.owner = ctx(client);
+  mw.pd = req.pd;
+  mw.type = req.type;
+  mw.key = key;
+  hold(mws_.insert(slot, std::move(mw)).held());
+  rep.handle = slot;
+  rep.key = key;
+  return 0;
+}
+
+void Registry::unbind_mw(uint32_t slot, Mw& mw) {
+  MrEntry& e = tables_.mr_at(slot);
+  if (mw.type == IBV_MW_TYPE_2) e.key.store(0, std::memory_order_release);  // invalid
+  e.length = 0;
+  e.access = 0;
+  e.backing = 0;
+  drop(Ref{ObjKind::kMr, mw.bound_mr});
+  mw.bound_mr = 0;
+}
+
+// Windows of other contexts bound to the MRs of a context that goes die
+// with them (their own context's windows went just before).
+void Registry::unbind_windows_of(uint32_t, const std::vector<uint32_t>& mrs) {
+  for (auto& [h, w] : mws_)
+    if (w.bound_mr && std::find(mrs.begin(), mrs.end(), w.bound_mr) != mrs.end()) unbind_mw(h, w);
+}
+
+void Registry::release_mw(uint32_t slot) {
+  auto it = mws_.find(slot);
+  if (it == mws_.end()) return;
+  unbind_mw(slot, it->second);
+  tables_.mr_at(slot).key.store(0, std::memory_order_release);
+  forget(ObjKind::kMw, slot);
+}
+
+int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
+  if (!mws_.owned(handle, ctx(client))) return EINVAL;
+  release_mw(handle);
+  return 0;
+}
+
+int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyReply& rep) {
+  auto it = mws_.find(r.mw);
+  if (it == mws_.end() || it->second.owner != ctx(client)) return EINVAL;
+  Mw& mw = it->second;
+  Qp* qp = find_qp(client, r.qpn);
+  if (!qp) return EINVAL;
+  if (ibv_qp_state(qp_slot(r.qpn).state.load()) != IBV_QPS_RTS) return EINVAL;
+  constexpr uint32_t kWindowAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                     IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
+  if (r.access & ~kWindowAccess) return EINVAL;
+  uint32_t new_key;
+  if (mw.type == IBV_MW_TYPE_2) {
+    // IBTA 10.6.7.2.5: a type 2 window is bound through a QP of its PD, only
+    // while invalid, with a key of the same index whose key byte changed.
+    if (mw.bound_mr) return EINVAL;
+    if (qp->pd != mw.pd) return EPERM;
+    if ((r.new_key >> 8) != r.mw || r.new_key == mw.key) return EINVAL;
+    if (r.length == 0) return EINVAL;
+    new_key = r.new_key;
+    mr_key_byte_[r.mw] = uint8_t(new_key);
+  } else {
+    new_key = (r.mw << 8) | ++mr_key_byte_[r.mw];
+  }
+  MrEntry& e = tables_.mr_at(r.mw);
+  if (r.length == 0) {  // type 1 unbind
+    e.key.store(0, std::memory_order_release);
+    unbind_mw(r.mw, mw);
+    mw.key = new_key;
+    e.key.store(new_key, std::memory_order_release);
+    rep.handle = r.mw;
+    rep.key = new_key;
+    return 0;
+  }
+  const MrEntry* me = mr_entry(r.mr_key);
+  auto mr = mrs_.find(r.mr_key >> 8);
+  if (!me || mr == mrs_.end() || me->kind != kKindMr) return EINVAL;
+  if (mr->second.pd != mw.pd) return EPERM;
+  if (!(me->access & IBV_ACCESS_MW_BIND)) return EACCES;
+  // A window may not grant writes or atomics its MR does not allow locally.
+  if ((r.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(me->access & IBV_ACCESS_LOCAL_WRITE))
+    return EACCES;
+  if (r.addr < me->iova || r.addr - me->iova > me->length || me->length - (r.addr - me->iova) < r.length)
+    return EINVAL;
+  // Revoke the old binding first, then publish the new one.
+  e.key.store(0, std::memory_order_release);
+  unbind_mw(r.mw, mw);
+  e.access = r.access & ~uint32_t(IBV_ACCESS_ZERO_BASED);
+  e.backing = me->backing;
+  e.iova = (r.access & IBV_ACCESS_ZERO_BASED) ? 0 : r.addr;
+  e.length = r.length;
+  e.file_offset = me->file_offset + (r.addr - me->iova);
+  e.bound_qpn = mw.type == IBV_MW_TYPE_2 ? r.qpn : 0;
+  mw.bound_mr = r.mr_key >> 8;
+  mw.key = new_key;
+  hold(Ref{ObjKind::kMr, mw.bound_mr});
+  e.key.store(new_key, std::memory_order_release);
+  rep.handle = r.mw;
+  rep.key = new_key;
+  return 0;
+}
+
+int Registry::invalidate(uint32_t client, const proto::InvalidateReq& r) {
+  Qp* qp = find_qp(client, r.qpn);
+  if (!qp) return EINVAL;
+  uint32_t slot = r.key >> 8;
+  auto it = mws_.find(slot);
+  // Only type 2 windows are invalidated by work requests (IBTA 10.6.7.2.6).
+  if (it == mws_.end() || it->second.type != IBV_MW_TYPE_2 || it->second.key != r.key || !it->second.bound_mr)
+    return EINVAL;
+  if (r.remote) {
+    uint32_t peer = qp_slot(r.qpn).dest_qpn.load();
+    auto pq = qps_.find(peer);
+    if (pq == qps_.end() || tables_.mr_at(slot).bound_qpn != peer) return EACCES;
+  } else if (it->second.owner != ctx(client) || tables_.mr_at(slot).bound_qpn != r.qpn) {
+    return EACCES;
+  }
+  unbind_mw(slot, it->second);
+  return 0;
+}
+
+}  // namespace sv::daemon

@@ -1,0 +1,425 @@
+// qp.cc: queue pairs (ibv_create_qp(3), ibv_modify_qp(3), IBTA 11.2.4),
+// their connections to peers on this host, multicast (UD), and what
+// becomes of the peers of QPs that die.
+#include "daemon/registry.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/completion.h"
+#include "common/qp_state.h"
+#include "common/trace.h"
+
+namespace sv::daemon {
+
+using namespace sv::shm;
+
+QpEntry& Registry::qp_slot(uint32_t qpn) const { return const_cast<DeviceTables&>(tables_).qp_at(qpn); }
+
+const QpEntry* Registry::qp_entry(uint32_t qpn) const {
+  const QpEntry& e = qp_slot(qpn);
+  return e.qpn.load() == qpn ? &e : nullptr;
+}
+
+Registry::Qp* Registry::find_qp(uint32_t client, uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  if (it == qps_.end()) return nullptr;
+  uint32_t c = ctx(client);
+  const auto& h = it->second.holders;
+  if (it->second.owner != c && std::find(h.begin(), h.end(), c) == h.end()) return nullptr;
+  return &it->second;
+}
+
+// The checks of ibv_create_qp(3) on the request: its PD, CQs and SRQ must
+// be the client's, its sizes within the device's. An XRC target QP has no
+// PD, CQs or queues: it belongs to its XRC domain (*xrcd), and receives go
+// to the XRC SRQ each message names (IBTA annex A14).
+int Registry::check_create_qp(uint32_t client, const proto::CreateQpReq& req, uint32_t& xrcd) {
+  const bool tgt = req.qp_type == IBV_QPT_XRC_RECV;
+  const uint32_t c = ctx(client);
+  xrcd = 0;
+  if (tgt) {
+    xrcd = xrcd_of(client, req.xrcd);
+    if (!xrcd || req.pd || req.send_cq || req.recv_cq || req.srq) return EINVAL;
+  } else if (req.xrcd) {
+    return EINVAL;
+  }
+  if (!tgt && (!pds_.owned(req.pd, c) || !cqs_.owned(req.send_cq, c) || !cqs_.owned(req.recv_cq, c))) return EINVAL;
+  if (req.srq) {
+    const Srq* srq = srqs_.owned(req.srq, c);
+    if (!srq || req.qp_type == IBV_QPT_UD || req.qp_type == IBV_QPT_XRC_SEND || srq->type != IBV_SRQT_BASIC)
+      return EINVAL;
+  }
+  if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC && req.qp_type != IBV_QPT_UD &&
+      req.qp_type != IBV_QPT_XRC_SEND && !tgt)
+    return EOPNOTSUPP;  // raw packet: not on this device
+  if (req.max_send_wr > kMaxQpWr || req.max_recv_wr > kMaxQpWr) return EINVAL;
+  if (req.max_send_sge > kMaxSge || req.max_recv_sge > kMaxSge) return EINVAL;
+  if (req.max_inline_data > kMaxInline) return EINVAL;
+  return 0;
+}
+
+// A free QP-table slot (0 if none), round robin from 2: QPN 0 and 1 are the
+// special QPs.
+uint32_t Registry::alloc_qp_slot() {
+  for (uint32_t n = 0; n < kQpTableSize; ++n) {
+    uint32_t s = next_qp_slot_;
+    next_qp_slot_ = next_qp_slot_ + 1 >= kQpTableSize ? 2 : next_qp_slot_ + 1;
+    if (tables_.qp_at(s).qpn.load(std::memory_order_relaxed) == 0) return s;
+  }
+  return 0;
+}
+
+// The QP's entry in its user's device segment, in RESET; the QPN is
+// published last.
+void Registry::init_qp_entry(uint32_t client, uint32_t slot, uint32_t qpn, const proto::CreateQpReq& req) {
+  QpEntry& e = tables_.qp_at(slot);
+  e.state.store(IBV_QPS_RESET, std::memory_order_relaxed);
+  e.qp_type = req.qp_type;
+  e.pd = req.pd;
+  e.dest_qpn.store(0, std::memory_order_relaxed);
+  e.access.store(0, std::memory_order_relaxed);
+  e.send_cq = req.send_cq;
+  e.recv_cq = req.recv_cq;
+  e.min_rnr_timer = 0;
+  e.timeout = 0;
+  e.retry_cnt = 0;
+  e.rnr_retry = 0;
+  e.owner_pid = uint32_t(clients_[client].pid);
+  e.qkey.store(0, std::memory_order_relaxed);
+  e.qpn.store(qpn, std::memory_order_release);
+}
+
+namespace {
+
+// A QP's segment: its header and its two rings.
+int make_qp_segment(uint32_t qpn, const QpLayout& layout, Fd& fd, Mapping& map) {
+  if (int e = make_memfd("softverbs-qp", layout.size(), fd)) return e;
+  if (int e = map_shared(fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, map)) return e;
+  auto* h = map.as<QpSegmentHeader>();
+  h->magic = kQpMagic;
+  h->qpn = qpn;
+  h->size = layout.size();
+  h->sq_offset = layout.sq_offset();
+  h->rq_offset = layout.rq_offset();
+  h->sq_capacity = layout.sq_capacity;
+  h->rq_capacity = layout.rq_capacity;
+  auto* sqh = reinterpret_cast<RingHeader*>(map.as<char>() + layout.sq_offset());
+  Ring<SendWqe>::init(sqh, reinterpret_cast<RingSlot<SendWqe>*>(sqh + 1), layout.sq_capacity);
+  auto* rqh = reinterpret_cast<RingHeader*>(map.as<char>() + layout.rq_offset());
+  Ring<RecvWqe>::init(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1), layout.rq_capacity);
+  return 0;
+}
+
+}  // namespace
+
+int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
+                        std::vector<int>& out_fds) {
+  if (int e = quotas_.admit(Quotas::kQp, client_uid(client))) return e;
+  uint32_t xrcd = 0;
+  if (int e = check_create_qp(client, req, xrcd)) return e;
+  uint32_t slot = alloc_qp_slot();
+  if (!slot) return ENOMEM;
+  if (int err = tables_.claim_qp(slot, ctx_uid(ctx(client)))) return err;
+  uint32_t qpn = ((uint32_t(++qp_gen_[slot]) << 16) | slot) & 0xffffff;
+
+  // At least two slots: a one-slot ring (Vyukov's sequence scheme) takes a
+  // second element over the first and then spins in pop().
+  QpLayout layout{round_up_pow2(std::max(req.max_send_wr, 2u)), recv_ring_capacity(req.max_recv_wr)};
+  Qp qp;
+  qp.owner = ctx(client);
+  qp.type = ibv_qp_type(req.qp_type);
+  qp.slot = slot;
+  if (int e = make_qp_segment(qpn, layout, qp.fd, qp.map)) return e;
+  init_qp_entry(client, slot, qpn, req);
+
+  if (xrcd) {
+    qp.xrcd = xrcd;
+    qp.holders.push_back(ctx(client));
+  } else {
+    qp.pd = req.pd;
+    qp.send_cq = req.send_cq;
+    qp.recv_cq = req.recv_cq;
+  }
+  qp.sq_capacity = layout.sq_capacity;
+  qp.rq_capacity = layout.rq_capacity;
+  qp.srq = req.srq;
+  qp.sq_sig_all = req.sq_sig_all;
+  rep.qpn = qpn;
+  rep.sq_capacity = layout.sq_capacity;
+  rep.rq_capacity = layout.rq_capacity;
+  rep.segment_size = layout.size();
+  out_fds.push_back(qp.fd.get());
+  quotas_.charge(Quotas::kQp, qpn, client_uid(client));
+  // Its PD, CQs and SRQ, or a target QP's domain.
+  hold(qps_.insert(qpn, std::move(qp)).held());
+  return 0;
+}
+
+int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
+  Qp* qp = find_qp(client, r.qpn);
+  if (!qp) return EINVAL;
+  QpEntry& e = qp_slot(r.qpn);
+  auto cur = ibv_qp_state(e.state.load());
+  uint32_t mask = r.attr_mask;
+  if (mask & IBV_QP_CUR_STATE) {
+    // IBTA 11.2.4.2: the current state, if given, must be the QP's state.
+    if (r.cur_qp_state != cur) return EINVAL;
+  }
+  auto next = (mask & IBV_QP_STATE) ? ibv_qp_state(r.qp_state) : cur;
+  if (int(next) < IBV_QPS_RESET || int(next) > IBV_QPS_ERR) return EINVAL;
+  if (int err = check_qp_transition(qp->type, cur, next, mask)) return err;
+
+  // Attribute ranges (ibv_modify_qp(3), IBTA 11.2.4.2).
+  if ((mask & IBV_QP_PORT) && r.port_num != 1) return EINVAL;
+  if ((mask & IBV_QP_PKEY_INDEX) && r.pkey_index != 0) return EINVAL;
+  // Local write (and MW bind) in qp_access_flags are accepted and mean
+  // nothing for a QP, as with rdma-core's kernel drivers; unknown bits are refused.
+  if ((mask & IBV_QP_ACCESS_FLAGS) && (r.qp_access_flags & ~kKnownAccess)) return EINVAL;
+  if ((mask & IBV_QP_PATH_MTU) && (r.path_mtu < IBV_MTU_256 || r.path_mtu > IBV_MTU_4096)) return EINVAL;
+  if ((mask & IBV_QP_DEST_QPN) && r.dest_qp_num > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_RQ_PSN) && r.rq_psn > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_SQ_PSN) && r.sq_psn > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && r.min_rnr_timer > 31) return EINVAL;
+  if ((mask & IBV_QP_TIMEOUT) && r.timeout > 31) return EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && r.retry_cnt > 7) return EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && r.rnr_retry > 7) return EINVAL;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && r.max_rd_atomic > kMaxRdAtomic) return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && r.max_dest_rd_atomic > kMaxRdAtomic) return EINVAL;
+  if (mask & IBV_QP_AV) {
+    if (r.ah_port_num != 1 && r.ah_port_num != 0) return EINVAL;
+  }
+
+  if (mask & IBV_QP_ACCESS_FLAGS) e.access.store(r.qp_access_flags & kQpAccess, std::memory_order_relaxed);
+  if (mask & IBV_QP_DEST_QPN) e.dest_qpn.store(r.dest_qp_num, std::memory_order_relaxed);
+  if (mask & IBV_QP_MIN_RNR_TIMER) e.min_rnr_timer = r.min_rnr_timer;
+  if (mask & IBV_QP_TIMEOUT) e.timeout = r.timeout;
+  if (mask & IBV_QP_RETRY_CNT) e.retry_cnt = r.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) e.rnr_retry = r.rnr_retry;
+  if (mask & IBV_QP_QKEY) e.qkey.store(r.qkey, std::memory_order_relaxed);
+  if (next == IBV_QPS_RESET) {
+    e.dest_qpn.store(0, std::memory_order_relaxed);
+    e.access.store(0, std::memory_order_relaxed);
+  }
+  e.state.store(next, std::memory_order_release);
+  return 0;
+}
+
+void Registry::release_qp(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  if (it == qps_.end()) return;
+  QpEntry& e = qp_slot(qpn);
+  e.state.store(IBV_QPS_ERR, std::memory_order_release);
+  e.qpn.store(0, std::memory_order_release);
+  forget(ObjKind::kQp, qpn);
+  // A destroyed QP leaves its multicast groups (as the kernel detaches them).
+  tables_.mcg_remove_qp(qpn);
+}
+
+// A context's release frees its QPs and the XRC target QPs whose last
+// handle it held; a target QP another context still holds moves to it.
+std::vector<uint32_t> Registry::qps_to_release(uint32_t owner) {
+  std::vector<uint32_t> ids;
+  for (auto& [qpn, q] : qps_) {
+    if (q.type == IBV_QPT_XRC_RECV) {
+      std::erase(q.holders, owner);
+      if (!q.holders.empty()) {
+        q.owner = q.holders.front();  // another context still holds the target QP
+        continue;
+      }
+      ids.push_back(qpn);
+    } else if (q.owner == owner) {
+      ids.push_back(qpn);
+    }
+  }
+  return ids;
+}
+
+// Before they go: receives their processes were delivering when they died
+// complete (complete_torn_receive); after, their peers fail (fail_peers_of).
+void Registry::before_release_qps(uint32_t, const std::vector<uint32_t>& qpns) {
+  for (uint32_t id : qpns) complete_torn_receive(id);
+}
+
+int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
+  Qp* qp = find_qp(client, qpn);
+  if (!qp) return EINVAL;
+  if (qp->type == IBV_QPT_XRC_RECV) {
+    // A target QP lives while some handle of it exists (ibv_open_qp(3)).
+    if (auto h = std::find(qp->holders.begin(), qp->holders.end(), ctx(client)); h != qp->holders.end())
+      qp->holders.erase(h);
+    if (!qp->holders.empty()) {
+      qp->owner = qp->holders.front();
+      return 0;
+    }
+  }
+  release_qp(qpn);
+  return 0;
+}
+
+int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds) {
+  Qp* qp = find_qp(client, qpn);
+  if (!qp) return EINVAL;
+  rep.pd = qp->pd;
+  rep.send_cq = qp->send_cq;
+  rep.recv_cq = qp->recv_cq;
+  rep.qp_type = qp->type;
+  rep.max_send_wr = qp->sq_capacity;
+  rep.max_recv_wr = qp->rq_capacity;
+  rep.sq_sig_all = qp->sq_sig_all;
+  rep.segment_size = qp->map.size();
+  out_fds.push_back(qp->fd.get());
+  return 0;
+}
+
+// Attach QP to multicast group (IBTA verbs chapter 11; ibv_attach_mcast(3)): UD QPs only, and the
+// GID must be a multicast GID (first byte 0xFF). The link layer is Ethernet,
+// so the LID is not checked, as the kernel does for RoCE.
+int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
+  Qp* qp = find_qp(client, req.qpn);
+  if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
+  // The groups are daemon-private (device_tables.h): ENOMEM past
+  // max_mcast_grp groups or max_mcast_qp_attach QPs in one group.
+  return tables_.mcg_attach(req.gid, req.lid, req.qpn);
+}
+
+int Registry::detach_mcast(uint32_t client, const proto::McastReq& req) {
+  Qp* qp = find_qp(client, req.qpn);
+  if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
+  return tables_.mcg_detach(req.gid, req.qpn);
+}
+
+int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds) {
+  auto peer = qps_.find(dest);
+  if (peer == qps_.end()) return ENOENT;
+  // The peer's queues and, through its keys, its memory are mapped by the
+  // requester: not across users (see same_user). Between users the daemon
+  // carries out each operation itself (Op::Mediate, mediate.cc); UD is not
+  // mediated yet. The peer's QP entry is in its own user's device segment
+  // (device_tables.h), which the requester does not map: a mediated
+  // requester learns what it needs from this reply and the daemon checks
+  // the peer's state at each operation.
+  if (!same_user(client, peer->second.owner) || !same_tables(client, peer->second.owner)) {
+    if (peer->second.type == IBV_QPT_UD) return EACCES;
+    rep.peer_qpn = dest;
+    rep.mediated = 1;
+    rep.min_rnr_timer = qp_slot(dest).min_rnr_timer;
+    return 0;
+  }
+  auto rcq = cqs_.find(peer->second.recv_cq);
+  if (rcq == cqs_.end()) return ENOENT;
+  rep.peer_qpn = dest;
+  rep.peer_recv_cq = peer->second.recv_cq;
+  rep.qp_segment_size = peer->second.map.size();
+  rep.cq_segment_size = rcq->second.map.size();
+  out_fds.push_back(peer->second.fd.get());
+  out_fds.push_back(rcq->second.fd.get());
+  rep.has_srq = 0;
+  if (auto q = srqs_.find(peer->second.srq); q != srqs_.end()) {
+    out_fds.push_back(q->second.fd.get());
+    rep.has_srq = 1;
+    rep.srq_segment_size = q->second.map.size();
+    rep.srq_handle = q->first;
+  }
+  rep.has_channel = 0;
+  if (rcq->second.channel) {
+    if (auto ch = channels_.find(rcq->second.channel); ch != channels_.end()) {
+      out_fds.push_back(ch->second.eventfd.get());
+      rep.has_channel = 1;
+    }
+  }
+  return 0;
+}
+
+int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
+                           std::vector<int>& out_fds) {
+  Qp* qp = find_qp(client, qpn);
+  if (!qp) return EINVAL;
+  const QpEntry& mine = qp_slot(qpn);
+  uint32_t dest = mine.dest_qpn.load();
+  auto peer = qps_.find(dest);
+  if (peer == qps_.end()) return ENOENT;  // nobody listens at that QPN on this host
+  const QpEntry& pe = qp_slot(dest);
+  auto st = ibv_qp_state(pe.state.load());
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE)
+    return EAGAIN;  // not ready to receive: the requester retries
+  if (peer->second.type != qp->type) return EAGAIN;  // an RC QP does not talk to a UC one
+  if (pe.dest_qpn.load() != qpn) return EAGAIN;
+  return peer_reply(client, dest, rep, out_fds);
+}
+
+// UD has no connection: any UD QP may send to any UD QP whose Q_Key it
+// knows (checked per message by the sender against the QP table).
+int Registry::connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::ConnectPeerReply& rep,
+                         std::vector<int>& out_fds) {
+  Qp* qp = find_qp(client, qpn);
+  if (!qp || qp->type != IBV_QPT_UD) return EINVAL;
+  auto peer = qps_.find(dest);
+  if (peer == qps_.end() || peer->second.type != IBV_QPT_UD) return ENOENT;
+  return peer_reply(client, dest, rep, out_fds);
+}
+
+int Registry::peer_error(uint32_t client, uint32_t qpn) {
+  if (!find_qp(client, qpn)) return EINVAL;
+  uint32_t dest = qp_slot(qpn).dest_qpn.load();
+  auto peer = qps_.find(dest);
+  if (peer == qps_.end()) return 0;
+  QpEntry& pe = qp_slot(dest);
+  if (pe.dest_qpn.load() != qpn) return EINVAL;
+  SV_TRACE("daemon: QP 0x%x reports a responder error: peer QP 0x%x to ERR", qpn, dest);
+  pe.state.store(IBV_QPS_ERR, std::memory_order_release);
+  return 0;
+}
+
+// The peers of QPs that just died (their last holder exited): connected
+// QPs go to ERR at once, their posted receives complete with flush errors,
+// and every process holding them gets IBV_EVENT_QP_FATAL. (On a wire the
+// peers would find out by their retries running out; on one host the
+// daemon knows.) Their send queues are flushed by their holders, which see
+// the ERR state on their next post or retry.
+// A process killed while its QP was delivering a message (pop_peer_recv in
+// the library) leaves the responder's receive taken but not completed.
+// Complete it now, before fail_peers_of flushes the rest of that queue, so
+// the responder sees every receive once and in order: flushed, as a receive
+// whose message never fully arrived is (IBTA 10.3.1, the QP goes to ERR).
+void Registry::complete_torn_receive(uint32_t dead_qpn) {
+  auto dq = qps_.find(dead_qpn);
+  if (dq == qps_.end()) return;
+  auto* dh = dq->second.map.as<QpSegmentHeader>();
+  uint32_t qpn = dh->torn_qpn.exchange(0, std::memory_order_acquire);
+  if (qpn == 0) return;
+  auto q = qps_.find(qpn);
+  if (q == qps_.end()) return;
+  // Only a QP this one could have delivered to (a client can write anything here).
+  if (q->second.type != dq->second.type) return;
+  if (q->second.type != IBV_QPT_UD && qp_slot(dead_qpn).dest_qpn.load() != qpn) return;
+  ibv_wc wc{};
+  wc.wr_id = dh->torn_wr_id;
+  // A UD responder stays usable: its receive was aborted, not flushed.
+  wc.status = q->second.type == IBV_QPT_UD ? IBV_WC_REM_ABORT_ERR : IBV_WC_WR_FLUSH_ERR;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = qpn;
+  wc.src_qp = dead_qpn;
+  push_cq(q->second.recv_cq, wc, true);
+}
+
+void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
+  if (dead.empty()) return;
+  for (auto& [qpn, q] : qps_) {
+    QpEntry& e = qp_slot(qpn);
+    uint32_t dest = e.dest_qpn.load();
+    if (q.type == IBV_QPT_UD || std::find(dead.begin(), dead.end(), dest) == dead.end()) continue;
+    auto st = ibv_qp_state(e.state.load());
+    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_ERR) continue;
+    SV_TRACE("daemon: QP 0x%x to ERR: its peer QP 0x%x is gone", qpn, dest);
+    e.state.store(IBV_QPS_ERR, std::memory_order_release);
+    if (cqs_.count(q.recv_cq)) flush_rq(q, qpn);
+    for (auto& [id, c] : clients_)
+      if (c.ctx == q.owner) events_.push_back({id, IBV_EVENT_QP_FATAL, qpn});
+  }
+}
+
+}  // namespace sv::daemon

@@ -1,0 +1,487 @@
+// Unit tests of the registry's object types (objects.h, pd.cc, mr.cc, cq.cc,
+// qp.cc, srq.cc, xrc.cc, sharing.cc) without the daemon's socket: a Registry
+// with clients added directly, objects created, destroyed and released with
+// their context, and the counts, quotas and device-table entries checked.
+#include "daemon/registry.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace sv::daemon {
+namespace {
+
+constexpr uint32_t kPage = 4096;
+
+class RegistryObjects : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(reg.init(), 0);
+    a = reg.add_client(::getpid(), ::getuid(), ::getgid());
+  }
+
+  uint32_t used(Quotas::Kind k) { return reg.quotas().used(::getuid(), k); }
+  Counts counts() { return reg.counts(); }
+
+  uint32_t pd(uint32_t c) {
+    uint32_t h = 0;
+    EXPECT_EQ(reg.alloc_pd(c, h), 0);
+    return h;
+  }
+  // A sealed memfd of the test's user, as the library registers one.
+  uint32_t backing(uint32_t c, size_t len = 4 * kPage) {
+    int fd = ::memfd_create("registry-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::ftruncate(fd, off_t(len)), 0);
+    EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL), 0);
+    uint32_t id = 0;
+    EXPECT_EQ(reg.reg_backing(c, Fd(fd), id), 0);
+    return id;
+  }
+  proto::RegMrReply mr(uint32_t c, uint32_t p, uint32_t b,
+                       uint32_t access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND) {
+    proto::RegMrReq req{};
+    req.pd = p;
+    req.backing = b;
+    req.addr = 0;
+    req.length = kPage;
+    req.iova = 0x10000;
+    req.access = access;
+    proto::RegMrReply rep{};
+    EXPECT_EQ(reg.reg_mr(c, req, rep), 0);
+    return rep;
+  }
+  uint32_t channel(uint32_t c) {
+    uint32_t h = 0;
+    EXPECT_EQ(reg.create_channel(c, Fd(::eventfd(0, EFD_CLOEXEC)), h), 0);
+    return h;
+  }
+  uint32_t cq(uint32_t c, uint32_t ch = 0) {
+    proto::CreateCqReq req{};
+    req.cqe = 16;
+    req.channel = ch;
+    proto::CreateCqReply rep{};
+    std::vector<int> fds;
+    EXPECT_EQ(reg.create_cq(c, req, rep, fds), 0);
+    EXPECT_EQ(fds.size(), 1u);
+    return rep.handle;
+  }
+  uint32_t srq(uint32_t c, uint32_t p, uint32_t xrcd = 0, uint32_t xcq = 0) {
+    proto::CreateSrqReq req{};
+    req.pd = p;
+    req.max_wr = 16;
+    req.max_sge = 1;
+    req.srq_type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+    req.xrcd = xrcd;
+    req.cq = xcq;
+    proto::CreateSrqReply rep{};
+    std::vector<int> fds;
+    EXPECT_EQ(reg.create_srq(c, req, rep, fds), 0);
+    return rep.handle;
+  }
+  int create_qp(uint32_t c, uint32_t p, uint32_t scq, uint32_t rcq, uint32_t s, ibv_qp_type type,
+                uint32_t& qpn, uint32_t xrcd = 0) {
+    proto::CreateQpReq req{};
+    req.pd = p;
+    req.send_cq = scq;
+    req.recv_cq = rcq;
+    req.srq = s;
+    req.qp_type = type;
+    req.max_send_wr = 8;
+    req.max_recv_wr = s || type == IBV_QPT_XRC_RECV ? 0 : 8;
+    req.max_send_sge = 1;
+    req.max_recv_sge = 1;
+    req.xrcd = xrcd;
+    proto::CreateQpReply rep{};
+    std::vector<int> fds;
+    int err = reg.create_qp(c, req, rep, fds);
+    qpn = rep.qpn;
+    return err;
+  }
+  uint32_t qp(uint32_t c, uint32_t p, uint32_t scq, uint32_t rcq, uint32_t s = 0, ibv_qp_type type = IBV_QPT_RC) {
+    uint32_t qpn = 0;
+    EXPECT_EQ(create_qp(c, p, scq, rcq, s, type, qpn), 0);
+    return qpn;
+  }
+  // A UD QP to RTS (the fewest attributes): a window is bound through it.
+  void ud_to_rts(uint32_t c, uint32_t qpn) {
+    proto::ModifyQpReq m{};
+    m.qpn = qpn;
+    m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+    m.qp_state = IBV_QPS_INIT;
+    m.port_num = 1;
+    m.qkey = 0x11;
+    ASSERT_EQ(reg.modify_qp(c, m), 0);
+    m.attr_mask = IBV_QP_STATE;
+    m.qp_state = IBV_QPS_RTR;
+    ASSERT_EQ(reg.modify_qp(c, m), 0);
+    m.attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+    m.qp_state = IBV_QPS_RTS;
+    ASSERT_EQ(reg.modify_qp(c, m), 0);
+  }
+  uint32_t open_xrcd(uint32_t c, int file = -1) {
+    proto::OpenXrcdReq req{};
+    req.oflags = O_CREAT;
+    req.has_fd = file >= 0;
+    uint32_t h = 0;
+    EXPECT_EQ(reg.open_xrcd(c, req, file >= 0 ? Fd(::dup(file)) : Fd(), h), 0);
+    return h;
+  }
+  // A second client joined to `c`'s context through the namespace (as a
+  // second process of the same user opening a published PD).
+  uint32_t join(uint32_t p, const char* name) {
+    proto::NsPublishReq pub{};
+    pub.kind = proto::kNsPd;
+    pub.handle = p;
+    pub.mode = 0600;
+    pub.group = -1;
+    std::strncpy(pub.name, name, sizeof(pub.name) - 1);
+    EXPECT_EQ(reg.ns_publish(a, pub), 0);
+    uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
+    proto::NsNameReq open{};
+    open.access = proto::kNsRead | proto::kNsWrite;
+    std::strncpy(open.name, name, sizeof(open.name) - 1);
+    proto::NsOpenReply rep{};
+    EXPECT_EQ(reg.ns_open(b, open, rep), 0);
+    return b;
+  }
+
+  Registry reg;
+  uint32_t a = 0;
+};
+
+// One suite per object type (ctest names them so).
+using RegistryPd = RegistryObjects;
+using RegistryMr = RegistryObjects;
+using RegistryCq = RegistryObjects;
+using RegistryQp = RegistryObjects;
+using RegistrySrq = RegistryObjects;
+using RegistryXrc = RegistryObjects;
+using RegistrySharing = RegistryObjects;
+using RegistryContext = RegistryObjects;
+
+// ---- The descriptors ----------------------------------------------------------
+
+// Every reference a type declares points at a type destroyed after it, so
+// that releasing a context type by type only ever drops references to
+// objects still there.
+TEST(ObjectTypes, ReferencesPointLaterInDestroyOrder) {
+  auto pos = [](ObjKind k) {
+    for (size_t i = 0; i < std::size(kDestroyOrder); ++i)
+      if (kDestroyOrder[i].kind == k) return i;
+    return std::size(kDestroyOrder);  // the XRC domain: owned by no context, never collected
+  };
+  auto check = [&](ObjKind self, const Held& held) {
+    for (Ref r : held)
+      if (r.handle) {
+        EXPECT_GT(pos(r.kind), pos(self)) << kDestroyOrder[pos(self)].name;
+      }
+  };
+  Qp q;
+  q.pd = q.send_cq = q.recv_cq = q.srq = q.xrcd = 1;
+  check(ObjKind::kQp, q.held());
+  Srq s;
+  s.pd = s.cq = s.xrcd = 1;
+  check(ObjKind::kSrq, s.held());
+  Mw w;
+  w.pd = w.bound_mr = 1;
+  check(ObjKind::kMw, w.held());
+  Mr m;
+  m.pd = m.backing = 1;
+  check(ObjKind::kMr, m.held());
+  Cq c;
+  c.channel = 1;
+  check(ObjKind::kCq, c.held());
+}
+
+TEST(ObjectTypes, TableCountsReferencesAndOwners) {
+  ObjectTable<Pd> t;
+  Pd p;
+  p.owner = 7;
+  t.insert(3, std::move(p));
+  EXPECT_NE(t.owned(3, 7), nullptr);
+  EXPECT_EQ(t.owned(3, 8), nullptr);
+  EXPECT_TRUE(t.any_of(7));
+  EXPECT_EQ(t.of(7), std::vector<uint32_t>{3});
+  t.ref(3);
+  t.ref(3);
+  EXPECT_EQ(t.unref(3), 1);
+  EXPECT_EQ(t.unref(3), 0);
+  EXPECT_EQ(t.unref(3), 0);  // never below zero
+  EXPECT_EQ(t.unref(4), -1);
+}
+
+// ---- PD and backings ----------------------------------------------------------
+
+TEST_F(RegistryPd, PdBelongsToItsContext) {
+  uint32_t p = pd(a);
+  uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
+  EXPECT_EQ(reg.query_pd(a, p), 0);
+  EXPECT_EQ(reg.query_pd(b, p), EINVAL);
+  EXPECT_EQ(reg.dealloc_pd(b, p), EINVAL);
+  EXPECT_EQ(used(Quotas::kPd), 1u);
+  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(reg.dealloc_pd(a, p), EINVAL);
+  EXPECT_EQ(counts().pds, 0u);
+  EXPECT_EQ(used(Quotas::kPd), 0u);
+}
+
+TEST_F(RegistryPd, BackingMustBeASealedMemfd) {
+  uint32_t id = 0;
+  int fd = ::memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_EQ(::ftruncate(fd, kPage), 0);
+  EXPECT_EQ(reg.reg_backing(a, Fd(fd), id), EINVAL);
+  backing(a);
+  EXPECT_EQ(counts().backings, 1u);
+}
+
+// ---- MRs, windows and keys ----------------------------------------------------
+
+TEST_F(RegistryMr, MrHoldsItsPdAndItsKeyIsRevoked) {
+  uint32_t p = pd(a), b = backing(a);
+  proto::RegMrReply m = mr(a, p, b);
+  ASSERT_NE(reg.mr_entry(m.key), nullptr);
+  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);  // ibv_dealloc_pd(3): still in use
+  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
+  EXPECT_EQ(reg.mr_entry(m.key), nullptr);
+  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(counts().mrs, 0u);
+  EXPECT_EQ(used(Quotas::kMr), 0u);
+}
+
+TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
+  uint32_t p = pd(a), b = backing(a), c = cq(a);
+  proto::RegMrReply m = mr(a, p, b);
+  uint32_t q = qp(a, p, c, c, 0, IBV_QPT_UD);
+  ud_to_rts(a, q);
+  proto::AllocMwReq alloc{};
+  alloc.pd = p;
+  alloc.type = IBV_MW_TYPE_1;
+  proto::KeyReply w{};
+  ASSERT_EQ(reg.alloc_mw(a, alloc, w), 0);
+  proto::BindMwReq bind{};
+  bind.mw = w.handle;
+  bind.qpn = q;
+  bind.mr_key = m.key;
+  bind.addr = 0x10000;
+  bind.length = 64;
+  bind.access = IBV_ACCESS_REMOTE_WRITE;
+  proto::KeyReply bound{};
+  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
+  EXPECT_NE(reg.mr_entry(bound.key), nullptr);
+  EXPECT_EQ(reg.dereg_mr(a, m.handle), EBUSY);  // a window is bound to it
+  bind.mr_key = 0;
+  bind.length = 0;  // type 1 unbind
+  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
+  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
+  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);  // the window and the QP
+  EXPECT_EQ(reg.dealloc_mw(a, w.handle), 0);
+  EXPECT_EQ(used(Quotas::kMw), 0u);
+  EXPECT_EQ(reg.destroy_qp(a, q), 0);
+  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+}
+
+// ---- CQs and channels ---------------------------------------------------------
+
+TEST_F(RegistryCq, CqHoldsItsChannel) {
+  uint32_t ch = channel(a);
+  uint32_t c = cq(a, ch);
+  EXPECT_EQ(reg.destroy_channel(a, ch), EBUSY);
+  proto::ResizeCqReq rs{};
+  rs.handle = c;
+  rs.cqe = 64;
+  proto::CreateCqReply rep{};
+  std::vector<int> fds;
+  ASSERT_EQ(reg.resize_cq(a, rs, rep, fds), 0);
+  EXPECT_EQ(reg.resize_cq(a, rs, rep, fds), EBUSY);
+  proto::ResizeCqDoneReq done{};
+  done.handle = c;
+  done.commit = 1;
+  EXPECT_EQ(reg.resize_cq_done(a, done), 0);
+  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(reg.destroy_channel(a, ch), 0);
+  EXPECT_EQ(counts().cqs, 0u);
+  EXPECT_EQ(counts().channels, 0u);
+  EXPECT_EQ(used(Quotas::kCq), 0u);
+  EXPECT_EQ(used(Quotas::kChannel), 0u);
+}
+
+// ---- QPs ----------------------------------------------------------------------
+
+TEST_F(RegistryQp, QpHoldsItsPdCqsAndSrq) {
+  uint32_t p = pd(a), scq = cq(a), rcq = cq(a), s = srq(a, p);
+  uint32_t q = qp(a, p, scq, rcq, s);
+  ASSERT_NE(reg.qp_entry(q), nullptr);
+  EXPECT_TRUE(reg.holds_qp(a, q));
+  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);
+  EXPECT_EQ(reg.destroy_cq(a, scq), EBUSY);
+  EXPECT_EQ(reg.destroy_cq(a, rcq), EBUSY);
+  EXPECT_EQ(reg.destroy_srq(a, s), EBUSY);
+  EXPECT_EQ(reg.destroy_qp(a, q), 0);
+  EXPECT_EQ(reg.qp_entry(q), nullptr);
+  EXPECT_EQ(reg.destroy_srq(a, s), 0);
+  EXPECT_EQ(reg.destroy_cq(a, scq), 0);
+  EXPECT_EQ(reg.destroy_cq(a, rcq), 0);
+  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(used(Quotas::kQp), 0u);
+}
+
+TEST_F(RegistryQp, QpWithOneCqTwiceTakesTwoReferences) {
+  uint32_t p = pd(a), c = cq(a);
+  uint32_t q1 = qp(a, p, c, c), q2 = qp(a, p, c, c);
+  EXPECT_EQ(reg.destroy_qp(a, q1), 0);
+  EXPECT_EQ(reg.destroy_cq(a, c), EBUSY);
+  EXPECT_EQ(reg.destroy_qp(a, q2), 0);
+  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+}
+
+TEST_F(RegistryQp, QpRefusesAnotherContextsObjects) {
+  uint32_t p = pd(a), c = cq(a);
+  uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
+  uint32_t pb = pd(b), cb = cq(b), qpn = 0;
+  EXPECT_EQ(create_qp(b, p, cb, cb, 0, IBV_QPT_RC, qpn), EINVAL);
+  EXPECT_EQ(create_qp(b, pb, c, cb, 0, IBV_QPT_RC, qpn), EINVAL);
+  EXPECT_EQ(create_qp(b, pb, cb, c, 0, IBV_QPT_RC, qpn), EINVAL);
+  // A failed create takes no reference.
+  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(used(Quotas::kQp), 0u);
+}
+
+// ---- SRQs and XRC -------------------------------------------------------------
+
+TEST_F(RegistrySrq, XrcSrqHoldsItsCqAndDomain) {
+  uint32_t p = pd(a), c = cq(a), x = open_xrcd(a);
+  uint32_t s = srq(a, p, x, c);
+  EXPECT_EQ(reg.destroy_cq(a, c), EBUSY);
+  EXPECT_EQ(reg.close_xrcd(a, x), EBUSY);  // its last handle, still used
+  EXPECT_EQ(reg.destroy_srq(a, s), 0);
+  EXPECT_EQ(reg.close_xrcd(a, x), 0);
+  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(used(Quotas::kSrq), 0u);
+  EXPECT_EQ(used(Quotas::kXrcd), 0u);
+}
+
+// An XRC target QP lives while some context holds a handle of it
+// (ibv_open_qp(3)): the release of its creator's context leaves it to the
+// other holder, whose release frees it.
+TEST_F(RegistryXrc, XrcTargetQpOutlivesItsCreator) {
+  char path[] = "/tmp/registry-test-xrcd-XXXXXX";
+  int file = ::mkstemp(path);
+  ASSERT_GE(file, 0);
+  ::unlink(path);
+  uint32_t x = open_xrcd(a, file);
+  uint32_t tgt = 0;
+  ASSERT_EQ(create_qp(a, 0, 0, 0, 0, IBV_QPT_XRC_RECV, tgt, x), 0);
+  uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
+  uint32_t xb = open_xrcd(b, file);
+  ::close(file);
+  proto::OpenQpReq oq{};
+  oq.qpn = tgt;
+  oq.xrcd = xb;
+  proto::ImportQpReply rep{};
+  std::vector<int> fds;
+  ASSERT_EQ(reg.open_qp(b, oq, rep, fds), 0);
+  reg.remove_client(a);
+  ASSERT_NE(reg.qp_entry(tgt), nullptr);
+  EXPECT_TRUE(reg.holds_qp(b, tgt));
+  EXPECT_EQ(reg.close_xrcd(b, xb), EBUSY);  // the target QP uses the domain
+  reg.remove_client(b);
+  EXPECT_EQ(reg.qp_entry(tgt), nullptr);
+  EXPECT_EQ(counts().qps, 0u);
+  EXPECT_EQ(used(Quotas::kXrcd), 0u);
+}
+
+// ---- Contexts: release in one loop ---------------------------------------------
+
+// A context holding one object of every kind, with references between
+// them, is freed whole when its last process goes: nothing left in the
+// tables, the quotas or the device segment.
+TEST_F(RegistryContext, ReleasingAContextFreesEverything) {
+  uint32_t p = pd(a), b = backing(a), ch = channel(a);
+  uint32_t scq = cq(a, ch), rcq = cq(a), x = open_xrcd(a);
+  proto::RegMrReply m = mr(a, p, b);
+  uint32_t s = srq(a, p), xs = srq(a, p, x, rcq);
+  uint32_t q = qp(a, p, scq, rcq, s);
+  uint32_t ud = qp(a, p, scq, rcq, 0, IBV_QPT_UD);
+  ud_to_rts(a, ud);
+  proto::AllocMwReq alloc{};
+  alloc.pd = p;
+  alloc.type = IBV_MW_TYPE_1;
+  proto::KeyReply w{};
+  ASSERT_EQ(reg.alloc_mw(a, alloc, w), 0);
+  proto::BindMwReq bind{};
+  bind.mw = w.handle;
+  bind.qpn = ud;
+  bind.mr_key = m.key;
+  bind.addr = 0x10000;
+  bind.length = 64;
+  bind.access = IBV_ACCESS_REMOTE_WRITE;
+  proto::KeyReply bound{};
+  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
+  (void)xs;
+
+  // A second process of the context: its leaving frees nothing.
+  uint32_t other = join(p, "/registry-test-pd");
+  reg.remove_client(a);
+  EXPECT_NE(reg.qp_entry(q), nullptr);
+  EXPECT_EQ(counts().mrs, 1u);
+  reg.remove_client(other);
+
+  Counts n = counts();
+  EXPECT_EQ(n.clients, 0u);
+  EXPECT_EQ(n.pds + n.mrs + n.cqs + n.qps + n.channels + n.backings, 0u);
+  EXPECT_EQ(reg.qp_entry(q), nullptr);
+  EXPECT_EQ(reg.qp_entry(ud), nullptr);
+  EXPECT_EQ(reg.mr_entry(m.key), nullptr);
+  EXPECT_EQ(reg.mr_entry(bound.key), nullptr);
+  for (uint32_t k = 0; k < Quotas::kConnection; ++k)
+    EXPECT_EQ(used(Quotas::Kind(k)), 0u) << Quotas::name(Quotas::Kind(k));
+}
+
+// A context's release leaves other contexts' objects alone.
+TEST_F(RegistryContext, ReleaseTouchesOnlyItsContext) {
+  uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
+  uint32_t pa = pd(a), ca = cq(a);
+  uint32_t pb = pd(b), cb = cq(b);
+  uint32_t qa = qp(a, pa, ca, ca), qb = qp(b, pb, cb, cb);
+  reg.remove_client(a);
+  EXPECT_EQ(reg.qp_entry(qa), nullptr);
+  ASSERT_NE(reg.qp_entry(qb), nullptr);
+  EXPECT_EQ(reg.dealloc_pd(b, pb), EBUSY);
+  EXPECT_EQ(reg.destroy_qp(b, qb), 0);
+  EXPECT_EQ(reg.destroy_cq(b, cb), 0);
+  EXPECT_EQ(reg.dealloc_pd(b, pb), 0);
+}
+
+// ---- Sharing: regions -----------------------------------------------------------
+
+// A named region lives while a backing of it is registered: it goes with
+// the last MR of its last backing.
+TEST_F(RegistrySharing, RegionGoesWithItsLastMr) {
+  uint32_t p = pd(a);
+  proto::RegShmidReq req{};
+  req.pd = p;
+  req.id_len = 3;
+  std::memcpy(req.id, "abc", 3);
+  req.length = kPage;
+  proto::RegShmidReply rep{};
+  std::vector<int> fds;
+  ASSERT_EQ(reg.reg_shmid(a, req, rep, fds), 0);
+  EXPECT_EQ(rep.created, 1u);
+  EXPECT_EQ(reg.region_count(), 1u);
+  proto::RegMrReply m = mr(a, p, rep.backing);
+  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
+  EXPECT_EQ(reg.region_count(), 0u);
+  EXPECT_EQ(counts().backings, 0u);
+}
+
+}  // namespace
+}  // namespace sv::daemon

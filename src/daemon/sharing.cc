@@ -1,0 +1,265 @@
+// sharing.cc: what crosses contexts: importing a context
+// (ibv_import_device(3)), named shared memory regions (seed 000) and the
+// namespace (publish/open by name).
+#include "daemon/registry.h"
+
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/trace.h"
+
+namespace sv::daemon {
+
+using namespace sv::shm;
+
+namespace {
+// A name field from a client: NUL-terminated within its array, else empty
+// (which no valid name is).
+std::string field_name(const char (&name)[proto::kMaxNsName]) {
+  size_t n = ::strnlen(name, proto::kMaxNsName);
+  return n == proto::kMaxNsName ? std::string() : std::string(name, n);
+}
+}  // namespace
+
+int Registry::claim_socket(uint32_t client, uint64_t inode) {
+  auto c = clients_.find(client);
+  if (c == clients_.end() || inode == 0) return EINVAL;
+  // The claim must be true: the client process holds that socket.
+  char dir[64];
+  std::snprintf(dir, sizeof(dir), "/proc/%d/fd", int(c->second.pid));
+  bool found = false;
+  if (DIR* d = ::opendir(dir)) {
+    char want[64];
+    std::snprintf(want, sizeof(want), "socket:[%llu]", (unsigned long long)inode);
+    while (dirent* e = ::readdir(d)) {
+      char path[320], target[64];
+      std::snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+      ssize_t n = ::readlink(path, target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      target[n] = 0;
+      if (std::strcmp(target, want) == 0) {
+        found = true;
+        break;
+      }
+    }
+    ::closedir(d);
+  }
+  if (!found) return EPERM;
+  for (auto& [id, other] : clients_)
+    if (id != client && other.socket_inode == inode) return EEXIST;
+  c->second.socket_inode = inode;
+  return 0;
+}
+
+int Registry::import_context(uint32_t client, Fd fd) {
+  auto me = clients_.find(client);
+  if (me == clients_.end()) return EINVAL;
+  // The descriptor must be a socket in fact, of the socket file system: an
+  // O_PATH descriptor of a socket *file* (S_ISSOCK too, any inode number)
+  // fails getsockopt, and its st_dev is its file system's, not sockfs'.
+  struct stat st {};
+  int type = 0;
+  socklen_t tl = sizeof(type);
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) return EINVAL;
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || uint64_t(st.st_dev) != sockfs_dev_)
+    return EINVAL;
+  for (auto& [id, other] : clients_) {
+    // Identity: (sockfs device, inode) of a socket the owner's process was
+    // seen to hold when it claimed it (claim_socket).
+    if (id == client || other.socket_inode != uint64_t(st.st_ino)) continue;
+    // Credentials are checked at every import: only the context's own user
+    // joins it (strictly the same uid; root is not special). A socket that
+    // reached another user (passed, inherited) is not a grant.
+    auto oc = contexts_.find(other.ctx);
+    if (oc == contexts_.end() || oc->second.uid != me->second.uid || other.uid != me->second.uid) return EPERM;
+    // ibv_import_device(3): this connection now shares that context.
+    return join_context(me->second, other.ctx);
+  }
+  return ENOENT;
+}
+
+// Moves a connection into another context (ibv_import_device, or a name
+// opened): it must not hold objects of its own yet (every object hangs off
+// a PD or a backing), and leaves its own context.
+int Registry::join_context(Client& me, uint32_t target) {
+  const uint32_t mine = me.ctx;
+  if (pds_.any_of(mine) || backings_.any_of(mine)) return EBUSY;
+  remove_context_if_unused(mine);
+  me.ctx = target;
+  contexts_[target].attached++;
+  return 0;
+}
+
+// Seed 000: register memory under a byte-array id. The first caller creates
+// the region, later callers attach, in any order; no caller is the master.
+// An id names a region of the caller's user only: the same id asked by
+// another user is another region (no attach across users, no squatting).
+int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep,
+                        std::vector<int>& out_fds) {
+  if (!pds_.owned(req.pd, ctx(client))) return EINVAL;
+  if (req.id_len == 0 || req.id_len > proto::kMaxShmidLen) return EINVAL;
+  auto owner = contexts_.find(ctx(client));
+  if (owner == contexts_.end()) return EINVAL;
+  uid_t uid = owner->second.uid;  // the context's user: its memory is that user's
+  if (int e = quotas_.admit(Quotas::kBacking, client_uid(client))) return e;  // a region comes with a backing
+  std::string id(reinterpret_cast<const char*>(req.id), req.id_len);
+  RegionKey key{uid, id};
+  auto r = regions_.find(key);
+  rep.created = 0;
+  if (r == regions_.end()) {
+    if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
+    Region region{Fd(), page_up(req.length), 0};
+    if (int e = make_memfd("softverbs-region", region.length, region.fd)) return e;
+    r = regions_.emplace(key, std::move(region)).first;
+    rep.created = 1;
+  } else if (req.length > r->second.length) {
+    return EINVAL;  // attaching callers may not ask for more than the region holds
+  }
+  Fd dup;
+  if (int e = dup_fd(r->second.fd.get(), dup)) {
+    if (rep.created) regions_.erase(r);
+    return e;
+  }
+  uint32_t handle = next_handle_++;
+  Backing b;
+  b.owner = ctx(client);
+  b.fd = std::move(dup);
+  b.region = id;
+  b.limit = r->second.length;
+  b.region_uid = uid;
+  backings_.insert(handle, std::move(b));
+  quotas_.charge(Quotas::kBacking, handle, client_uid(client));
+  r->second.backings++;
+  rep.backing = handle;
+  rep.length = r->second.length;
+  out_fds.push_back(r->second.fd.get());
+  return 0;
+}
+
+Credentials Registry::credentials(uint32_t client) const {
+  auto c = clients_.find(client);
+  if (c == clients_.end()) return Credentials{uid_t(-1), gid_t(-1), {}};
+  return Credentials{c->second.uid, c->second.gid, supplementary_groups(c->second.pid)};
+}
+
+// An entry names an object only while that object exists in that context;
+// names of destroyed objects disappear (lazily, before each namespace op).
+bool Registry::ns_alive(const NsEntry& e) const {
+  switch (e.kind) {
+    case proto::kNsPd: return pds_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsMr: return mrs_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsCq: return cqs_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsQp: return qps_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsSrq: return srqs_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsChannel: return channels_.owned(e.handle, e.ctx) != nullptr;
+    default: return false;
+  }
+}
+
+void Registry::ns_collect() {
+  std::vector<std::string> gone;
+  for (const auto& [name, e] : ns_.entries())
+    if (!ns_alive(e)) gone.push_back(name);
+  Credentials root{0, 0, {}};
+  for (const auto& n : gone) ns_.unpublish(n, root);
+}
+
+int Registry::ns_publish(uint32_t client, const proto::NsPublishReq& req) {
+  auto c = clients_.find(client);
+  if (c == clients_.end()) return EINVAL;
+  std::string name = field_name(req.name);
+  if (!NameSpace::valid_name(name) || (req.mode & ~0777u)) return EINVAL;
+  NsEntry e{req.kind, req.handle, c->second.ctx, c->second.uid, c->second.gid, req.mode};
+  if (!ns_alive(e)) return EINVAL;  // not an object of the caller's context
+  if (req.group != -1) {
+    // As chgrp(1): only to a group the caller is in, unless root.
+    Credentials who = credentials(client);
+    gid_t g = gid_t(req.group);
+    if (req.group < 0) return EINVAL;
+    if (who.uid != 0 && g != who.gid && std::find(who.groups.begin(), who.groups.end(), g) == who.groups.end())
+      return EPERM;
+    e.group = g;
+  }
+  ns_collect();
+  return ns_.publish(name, e);
+}
+
+int Registry::ns_unpublish(uint32_t client, const proto::NsNameReq& req) {
+  std::string name = field_name(req.name);
+  if (!NameSpace::valid_name(name)) return EINVAL;
+  ns_collect();
+  return ns_.unpublish(name, credentials(client));
+}
+
+int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep) {
+  auto me = clients_.find(client);
+  if (me == clients_.end()) return EINVAL;
+  if (req.access == 0 || (req.access & ~(proto::kNsRead | proto::kNsWrite))) return EINVAL;
+  if (req.flags & ~proto::kNsOwn) return EINVAL;
+  ns_collect();
+  std::string name = field_name(req.name);
+  if (req.flags & proto::kNsOwn) {
+    // The caller names an object it expects to be its own user's: a name
+    // another user published (squatting it first) is refused before the
+    // mode is looked at, and grants nothing.
+    auto it = ns_.entries().find(name);
+    if (it != ns_.entries().end()) {
+      auto owner = contexts_.find(it->second.ctx);
+      if (it->second.owner != me->second.uid || owner == contexts_.end() || owner->second.uid != me->second.uid)
+        return EPERM;
+    }
+  }
+  NsEntry e{};
+  if (int err = ns_.lookup(name, credentials(client), req.access, e)) return err;
+  // The mode allowed it. Between users the daemon never joins the caller to
+  // the owner's context: its descriptors would map more than the named
+  // object (its holder's whole backing memory), and a joined root process
+  // would register its own memory in the other user's context. Root is no
+  // exception (same_user). A CQ is granted by itself, for polling through
+  // the daemon (poll_granted_cq); PDs, MRs, QPs and SRQs of another user
+  // are reached through keys over a connection instead (mediate.cc).
+  if (!same_user(client, e.ctx)) {
+    if (e.kind != proto::kNsCq) return EPERM;
+    // Once per client and CQ: opening the same name again adds nothing (a
+    // client repeating NsOpen must not grow the daemon's table).
+    if (!cq_granted(client, e.handle)) cq_grants_.emplace(client, e.handle);
+    rep.kind = e.kind;
+    rep.handle = e.handle;
+    return 0;
+  }
+  if (me->second.ctx != e.ctx) {
+    // As ibv_import_device: this connection must not hold objects of its own.
+    if (int err = join_context(me->second, e.ctx)) return err;
+  }
+  rep.kind = e.kind;
+  rep.handle = e.handle;
+  return 0;
+}
+
+void Registry::ns_list(uint32_t start, proto::NsListReply& rep) {
+  ns_collect();
+  const auto& all = ns_.entries();
+  rep.total = uint32_t(all.size());
+  rep.count = 0;
+  uint32_t i = 0;
+  for (const auto& [name, e] : all) {
+    if (i++ < start) continue;
+    if (rep.count == proto::kNsListPage) break;
+    proto::NsListEntry& out = rep.entries[rep.count++];
+    std::memset(&out, 0, sizeof(out));
+    std::memcpy(out.name, name.data(), std::min(name.size(), proto::kMaxNsName - 1));
+    out.kind = e.kind;
+    out.handle = e.handle;
+    out.uid = uint32_t(e.owner);
+    out.gid = uint32_t(e.group);
+    out.mode = e.mode;
+  }
+}
+
+}  // namespace sv::daemon

@@ -1,0 +1,109 @@
+// srq.cc: shared receive queues (ibv_create_srq(3)) and their limit event.
+#include "daemon/registry.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/trace.h"
+
+namespace sv::daemon {
+
+using namespace sv::shm;
+
+int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
+                         std::vector<int>& out_fds) {
+  if (int e = quotas_.admit(Quotas::kSrq, client_uid(client))) return e;
+  if (!pds_.owned(req.pd, ctx(client))) return EINVAL;
+  if (req.max_wr == 0 || req.max_wr > kMaxQpWr || req.max_sge == 0 || req.max_sge > kMaxSge) return EINVAL;
+  if (req.reserved) return EINVAL;
+  uint32_t xrcd = 0;
+  if (req.srq_type == IBV_SRQT_XRC) {
+    // An XRC SRQ belongs to an XRC domain and has its own CQ.
+    xrcd = xrcd_of(client, req.xrcd);
+    if (!xrcd || !cqs_.owned(req.cq, ctx(client))) return EINVAL;
+  } else if (req.srq_type != IBV_SRQT_BASIC) {
+    return req.srq_type == IBV_SRQT_TM ? EOPNOTSUPP : EINVAL;
+  } else if (req.xrcd || req.cq) {
+    return EINVAL;
+  }
+  SrqLayout layout{recv_ring_capacity(req.max_wr)};  // room beyond max_wr, as QPs
+  // ibv_create_srq(3): the limit must be below the queue's size.
+  if (req.srq_limit >= layout.capacity) return EINVAL;
+  Srq srq;
+  srq.owner = ctx(client);
+  srq.pd = req.pd;
+  srq.type = req.srq_type;
+  srq.capacity = layout.capacity;
+  if (xrcd) {
+    srq.xrcd = xrcd;
+    srq.cq = req.cq;
+  }
+  if (int e = make_memfd("softverbs-srq", layout.size(), srq.fd)) return e;
+  if (int e = map_shared(srq.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, srq.map)) return e;
+  uint32_t handle = next_handle_++;
+  auto* h = srq.map.as<SrqSegmentHeader>();
+  h->magic = kSrqMagic;
+  h->handle = handle;
+  h->size = layout.size();
+  h->ring_offset = layout.ring_offset();
+  h->capacity = layout.capacity;
+  h->max_sge = req.max_sge;
+  h->limit.store(req.srq_limit, std::memory_order_relaxed);
+  auto* rh = reinterpret_cast<RingHeader*>(srq.map.as<char>() + layout.ring_offset());
+  Ring<RecvWqe>::init(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), layout.capacity);
+  rep.handle = handle;
+  rep.capacity = layout.capacity;
+  rep.segment_size = layout.size();
+  out_fds.push_back(srq.fd.get());
+  quotas_.charge(Quotas::kSrq, handle, client_uid(client));
+  hold(srqs_.insert(handle, std::move(srq)).held());  // its PD, and an XRC SRQ's CQ and domain
+  return 0;
+}
+
+int Registry::destroy_srq(uint32_t client, uint32_t handle) {
+  auto it = srqs_.find(handle);
+  if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+  if (it->second.refs) return EBUSY;  // QPs still use it
+  forget(ObjKind::kSrq, handle);  // drops its PD, and an XRC SRQ's CQ and domain
+  return 0;
+}
+
+int Registry::import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds) {
+  Srq* srq = srqs_.owned(handle, ctx(client));
+  if (!srq) return EINVAL;
+  rep.pd = srq->pd;
+  rep.max_sge = srq->map.as<SrqSegmentHeader>()->max_sge;
+  rep.segment_size = srq->map.size();
+  out_fds.push_back(srq->fd.get());
+  return 0;
+}
+
+// IBTA 11.5.2.4: the SRQ limit event goes to the SRQ's holders. A sender
+// that saw the queue fall below the armed limit (and disarmed it: the event
+// is one-shot per arm, IBTA 10.2.9.4) asks for it. Only a sender that can
+// see the SRQ may: one mapping it (a process of its owner's user) whose QP
+// is connected to a QP of that SRQ both ways - pointing a QP at another's
+// QP is no connection. Between users the daemon itself takes the receives
+// (mediate.cc) and raises the event there. Repeats of a pending event are
+// coalesced by the server.
+int Registry::srq_limit(uint32_t client, uint32_t handle) {
+  auto it = srqs_.find(handle);
+  if (it == srqs_.end()) return EINVAL;
+  bool allowed = it->second.owner == ctx(client) || xrc_reaches_srq(ctx(client), it->second);
+  for (auto& [qpn, q] : qps_) {
+    if (allowed || !same_user(client, it->second.owner)) break;
+    if (q.owner != ctx(client)) continue;
+    const uint32_t dest = qp_slot(qpn).dest_qpn.load();
+    auto peer = qps_.find(dest);
+    if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) allowed = true;
+  }
+  if (!allowed) return EACCES;
+  for (auto& [id, c] : clients_)
+    if (c.ctx == it->second.owner) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, handle});
+  return 0;
+}
+
+}  // namespace sv::daemon
