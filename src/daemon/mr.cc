@@ -260,7 +260,10 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   if (ibv_qp_state(qp_slot(r.qpn).state.load()) != IBV_QPS_RTS) return EINVAL;
   constexpr uint32_t kWindowAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
-  if (r.access & ~kWindowAccess) return EINVAL;
+  // A window grants remote access only (IBTA 10.6.7.2.2): local rights in the
+  // bind (rdma-core's own tests pass IBV_ACCESS_LOCAL_WRITE, which rxe takes)
+  // are ignored, not refused; anything else is invalid.
+  if (r.access & ~(kWindowAccess | IBV_ACCESS_LOCAL_WRITE)) return EINVAL;
   uint32_t new_key;
   if (mw.type == IBV_MW_TYPE_2) {
     // IBTA 10.6.7.2.5: a type 2 window is bound through a QP of its PD, only
@@ -297,7 +300,7 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   // Revoke the old binding first, then publish the new one.
   e.key.store(0, std::memory_order_release);
   unbind_mw(r.mw, mw);
-  e.access = r.access & ~uint32_t(IBV_ACCESS_ZERO_BASED);
+  e.access = r.access & ~uint32_t(IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE);
   e.backing = me->backing;
   e.iova = (r.access & IBV_ACCESS_ZERO_BASED) ? 0 : r.addr;
   e.length = r.length;

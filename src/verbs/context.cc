@@ -297,6 +297,9 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
     attr->completion_timestamp_mask = ~uint64_t(0);
     attr->hca_core_clock = 1000000;  // kHz
   }
+  // One port, in the field for devices with more than 255 too (ibv_query_device_ex(3)).
+  if (attr_size >= offsetof(ibv_device_attr_ex, phys_port_cnt_ex) + sizeof(attr->phys_port_cnt_ex))
+    attr->phys_port_cnt_ex = 1;
   return 0;
 }
 

@@ -144,8 +144,11 @@ int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
 
 // Address handles record their attributes; a UD send reads the destination
 // GID from them (ibv_create_ah(3)).
+// The port is a RoCE port (link layer Ethernet): an address is a GID, so an
+// AH without a GRH is refused, as rdma-core's RoCE devices and the kernel do
+// (IBTA A17.4.5.1: RoCEv2 packets always carry the GRH's addresses).
 ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
-  if (!pd || !attr || attr->port_num != 1 || (attr->is_global && attr->grh.sgid_index >= kGidTableLen)) {
+  if (!pd || !attr || attr->port_num != 1 || !attr->is_global || attr->grh.sgid_index >= kGidTableLen) {
     errno = EINVAL;
     return nullptr;
   }

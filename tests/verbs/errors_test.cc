@@ -475,9 +475,13 @@ TEST_F(Errors, CreateAhNeedsAGidAndAPortThatExist) {
   ibv_ah* ah = ibv_create_ah(s.pd, &a);
   ASSERT_NE(nullptr, ah);
   EXPECT_EQ(0, ibv_destroy_ah(ah));
-  // (An AH without a GRH is accepted: the kernel refuses it on RoCE ports,
-  // but softverbs addresses multicast groups by DLID too, see mcast_test.)
+  // Without a GRH: refused, the port is RoCE (as the kernel's RoCE devices).
   ibv_ah_attr b = a;
+  b.is_global = 0;
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_create_ah(s.pd, &b));
+  EXPECT_EQ(EINVAL, errno);
+  b = a;
   b.grh.sgid_index = uint8_t(pa.gid_tbl_len);
   errno = 0;
   EXPECT_EQ(nullptr, ibv_create_ah(s.pd, &b));
