@@ -170,14 +170,14 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
   proto::ClaimSocketReq claim{};
   claim.inode = sst.st_ino;
   proto::Empty none{};
-  if (int e = st->conn.call(proto::Op::ClaimSocket, claim, none)) {
+  if (int e = st->conn.call<proto::Op::ClaimSocket>(claim, none)) {
     errno = e;
     return nullptr;
   }
   if (import_fd >= 0) {
     proto::Empty req{};
     int fds1[1] = {import_fd};
-    if (int e = st->conn.call(proto::Op::ImportContext, req, none, fds1)) {
+    if (int e = st->conn.call<proto::Op::ImportContext>(req, none, fds1)) {
       errno = e == ENOENT ? EINVAL : e;
       return nullptr;
     }
@@ -187,7 +187,7 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
     req.access = ns->access;
     req.flags = ns->flags;
     std::strncpy(req.name, ns->name, sizeof(req.name) - 1);
-    if (int e = st->conn.call(proto::Op::NsOpen, req, ns->rep)) {
+    if (int e = st->conn.call<proto::Op::NsOpen>(req, ns->rep)) {
       errno = e;
       return nullptr;
     }
@@ -195,8 +195,8 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
   proto::Empty hello{};
   proto::HelloReply rep{};
   std::vector<Fd> fds;
-  if (int e = st->conn.call(proto::Op::Hello, hello, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = st->conn.call<proto::Op::Hello>(hello, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   st->boot_id = rep.boot_id;
@@ -221,7 +221,7 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
     proto::Empty req{};
     proto::Empty rep{};
     int fds1[1] = {st->async_fd.get()};
-    if (int e = st->conn.call(proto::Op::RegAsync, req, rep, fds1)) {
+    if (int e = st->conn.call<proto::Op::RegAsync>(req, rep, fds1)) {
       errno = e;
       return nullptr;
     }
