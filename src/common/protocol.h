@@ -601,6 +601,7 @@ enum Obj : uint16_t {
   kObjXrcd = 1 << 9,
   kObjName = 1 << 10,  // a name in the namespace
 };
+constexpr uint16_t kObjPublishable = kObjPd | kObjMr | kObjCq | kObjQp | kObjSrq | kObjChannel;  // NsKind
 constexpr const char* kObjNames[] = {"context", "pd", "backing", "mr", "mw", "channel",
                                      "cq",      "qp", "srq",     "xrcd", "name"};
 
@@ -686,7 +687,7 @@ SV_OP_DECL(AsyncEvent, AsyncEventMsg, Empty,             fds(0),    fds(0),    t
 SV_OP(CreateSrq,     CreateSrqReq,   CreateSrqReply,     fds(0),    fds(1),    {kObjPd | kObjXrcd | kObjCq, kObjSrq})
 SV_OP(DestroySrq,    HandleReq,      Empty,              fds(0),    fds(0),    {0, 0, kObjSrq})
 SV_OP(SrqLimit,      HandleReq,      Empty,              fds(0),    fds(0),    {kObjSrq})
-SV_OP(NsPublish,     NsPublishReq,   Empty,              fds(0),    fds(0),    {kObjPd | kObjMr | kObjCq | kObjQp | kObjSrq | kObjChannel, kObjName})
+SV_OP(NsPublish,     NsPublishReq,   Empty,              fds(0),    fds(0),    {kObjPublishable, kObjName})
 SV_OP(NsUnpublish,   NsNameReq,      Empty,              fds(0),    fds(0),    {0, 0, kObjName})
 SV_OP(NsOpen,        NsNameReq,      NsOpenReply,        fds(0),    fds(0),    {kObjName})
 SV_OP(NsList,        NsListReq,      NsListReply,        fds(0),    fds(0),    {})

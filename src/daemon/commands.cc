@@ -26,8 +26,8 @@ using Rep = typename proto::Command<op>::Rep;
 template <Op op>
 int handler(CommandEnv& env, const Req<op>& req, Rep<op>& rep);
 
-#define SV_HANDLER(op_)         \
-  template <>                   \
+#define SV_HANDLER(op_)                                                                          \
+  template <>                                                                                    \
   int handler<Op::op_>([[maybe_unused]] CommandEnv & env, [[maybe_unused]] const Req<Op::op_>& req, \
                        [[maybe_unused]] Rep<Op::op_>& rep)
 
