@@ -25,7 +25,7 @@ constexpr uint16_t kVersion = 1;
 constexpr size_t kMaxMessage = 1024;
 
 enum class Op : uint16_t {
-  Hello = 1,
+  Hello = 1,       // reply fd: the user's device segment
   AllocPd,
   DeallocPd,
   RegBacking,      // fd: the process's backing memfd
