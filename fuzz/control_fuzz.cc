@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "daemon/server.h"
@@ -75,6 +76,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<int> out_fds;
   size_t n = h.server.handle(h.client[who], data + 1, size - 1, fds, out, out_fds);
   if (n > sizeof(out)) __builtin_trap();
+  // The reply is as the op table declares (common/protocol.h): a failure
+  // carries no descriptor; a success is the op's reply struct with the
+  // descriptors it declares.
+  if (n != 0) {
+    sv::proto::Header rh;
+    std::memcpy(&rh, out, sizeof rh);
+    const sv::proto::OpInfo* op = sv::proto::op_info(rh.op);
+    if (rh.status != 0 && !out_fds.empty()) __builtin_trap();
+    if (rh.status == 0 && (!op || n != op->rep_size || !op->out.allows(out_fds.size()))) __builtin_trap();
+  }
   // Start from clean clients now and then so that objects do not pile up.
   static unsigned runs = 0;
   if (++runs % 256 == 0) h.reconnect();

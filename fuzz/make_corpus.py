@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Writes the seed corpus for control_fuzz: one valid message per op (as the
 library would send it), prefixed by the descriptor-count byte. Rerun when
-the protocol changes: python3 fuzz/make_corpus.py"""
+the protocol changes: python3 fuzz/make_corpus.py (CORPUS_OUT=DIR: write there)"""
 import os
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "corpus", "control")
+OUT = os.environ.get("CORPUS_OUT") or os.path.join(HERE, "corpus", "control")
 MAGIC, VERSION = 0x53565250, 1
 
 
@@ -54,38 +54,26 @@ write("bad_magic", 0, struct.pack("<IHHIi", 0xdeadbeef, 1, 2, 1, 0))
 # the header), as the first client and as the other user's client (bit 4 of
 # the first byte, see control_fuzz.cc), without and with one descriptor (an
 # eventfd; a sealed memfd for ops whose descriptor is a backing). The ops and
-# their request types are read from the daemon's dispatch (server.cc), the
-# sizes from the compiler, so a new op gets its seeds by rerunning this.
+# their request sizes are read from the op table (src/common/protocol.h,
+# proto::kOps) by the compiler, so a new op gets its seeds by rerunning this.
 import re
 import subprocess
 import tempfile
 
 ROOT = os.path.dirname(HERE)
-src = open(os.path.join(ROOT, "src", "daemon", "server.cc")).read()
-enum = open(os.path.join(ROOT, "src", "common", "protocol.h")).read()
-body = re.search(r"enum class Op : uint16_t \{(.*?)\};", enum, re.S).group(1)
-names = re.findall(r"^\s*(\w+)(?:\s*=\s*1)?,", body, re.M)
-opcode = {n: i + 1 for i, n in enumerate(n for n in names if n != "kCount")}
-req_of = {}
-for m in re.finditer(r"((?:case Op::\w+:\s*)+)\{?(.*?)(?=case Op::|default:)", src, re.S):
-    t = re.search(r"proto::(\w+) req\b", m.group(2))
-    if not t:
-        continue
-    for op in re.findall(r"case Op::(\w+):", m.group(1)):
-        req_of[op] = t.group(1)
 with tempfile.TemporaryDirectory() as tmp:
     cc = os.path.join(tmp, "sizes.cc")
     with open(cc, "w") as f:
-        f.write('#include <cstdio>\n#include "common/protocol.h"\nint main() {\n')
-        for op, t in sorted(req_of.items()):
-            f.write(f'  std::printf("%s %zu\\n", "{op}", sizeof(sv::proto::{t}));\n')
-        f.write("}\n")
+        f.write('#include <cstdio>\n#include "common/protocol.h"\nint main() {\n'
+                '  for (const auto& i : sv::proto::kOps)\n'
+                '    if (!i.event) std::printf("%s %u %u\\n", i.name, unsigned(i.op), unsigned(i.req_size));\n'
+                '}\n')
     exe = os.path.join(tmp, "sizes")
     subprocess.run(["g++", "-std=c++20", "-I", os.path.join(ROOT, "src"), cc, "-o", exe], check=True)
-    sizes = dict((l.split()[0], int(l.split()[1])) for l in subprocess.check_output([exe], text=True).splitlines())
+    rows = [l.split() for l in subprocess.check_output([exe], text=True).splitlines()]
+opcode = {r[0]: int(r[1]) for r in rows}
+sizes = {r[0]: int(r[2]) for r in rows}
 for op, size in sorted(sizes.items()):
-    if op not in opcode:
-        continue
     msg = header(opcode[op]) + b"\0" * (size - 16)
     base = "op_" + re.sub(r"(?<!^)([A-Z])", r"_\1", op).lower()
     for who in (0, 1):

@@ -1,6 +1,6 @@
 // server.h: softverbsd's event loop: accepts clients on the control socket,
-// checks their credentials, decodes and validates each request, calls the
-// registry and sends the reply. A client whose connection closes is removed
+// checks their credentials, hands each request to its op's handler through
+// the op table's checks (commands.h) and sends the reply. A client whose connection closes is removed
 // and everything it held is released.
 //
 // Contract: single-threaded; run() returns when idle for idle_seconds (no
@@ -36,8 +36,10 @@ class Server {
   int start();  // takes the lock, binds the socket; EALREADY if another daemon runs
   int run();
 
-  // Handles one raw request from `client` (exposed for tests and fuzzing).
-  // Returns the reply length written to `out` and fills `out_fds`.
+  // Handles one raw request from `client` (exposed for tests and fuzzing):
+  // checks its header, then run_command (commands.h). Returns the reply
+  // length written to `out` (0: not answerable, bad magic or version or
+  // shorter than a header) and fills `out_fds`.
   size_t handle(uint32_t client, const uint8_t* msg, size_t len, std::vector<Fd>& in_fds,
                 uint8_t* out, std::vector<int>& out_fds);
   Registry& registry() { return registry_; }

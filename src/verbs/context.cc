@@ -167,18 +167,18 @@ int attach_connection(ContextState& st, int import_fd, NsAttach* ns) {
   proto::ClaimSocketReq claim{};
   claim.inode = sst.st_ino;
   proto::Empty none{};
-  if (int e = st.conn.call(proto::Op::ClaimSocket, claim, none)) return e;
+  if (int e = st.conn.call<proto::Op::ClaimSocket>(claim, none)) return e;
   if (import_fd >= 0) {
     proto::Empty req{};
     int fds1[1] = {import_fd};
-    if (int e = st.conn.call(proto::Op::ImportContext, req, none, fds1)) return e == ENOENT ? EINVAL : e;
+    if (int e = st.conn.call<proto::Op::ImportContext>(req, none, fds1)) return e == ENOENT ? EINVAL : e;
   }
   if (ns) {
     proto::NsNameReq req{};
     req.access = ns->access;
     req.flags = ns->flags;
     std::strncpy(req.name, ns->name, sizeof(req.name) - 1);
-    if (int e = st.conn.call(proto::Op::NsOpen, req, ns->rep)) return e;
+    if (int e = st.conn.call<proto::Op::NsOpen>(req, ns->rep)) return e;
   }
   return 0;
 }
@@ -190,7 +190,7 @@ int map_device(ContextState& st) {
   proto::Empty hello{};
   proto::HelloReply rep{};
   std::vector<Fd> fds;
-  if (int e = st.conn.call(proto::Op::Hello, hello, rep, {}, &fds); e || fds.size() != 1) return e ? e : EPROTO;
+  if (int e = st.conn.call<proto::Op::Hello>(hello, rep, {}, &fds)) return e;
   st.boot_id = rep.boot_id;
   if (int e = map_shared(fds[0].get(), 0, shm::DeviceLayout::size(), PROT_READ, false, st.device_map)) return e;
   auto* dh = st.device_map.as<shm::DeviceHeader>();
@@ -207,7 +207,7 @@ int register_async(ContextState& st) {
   proto::Empty req{};
   proto::Empty rep{};
   int fds1[1] = {st.async_fd.get()};
-  if (int e = st.conn.call(proto::Op::RegAsync, req, rep, fds1)) return e;
+  if (int e = st.conn.call<proto::Op::RegAsync>(req, rep, fds1)) return e;
   ContextState* raw = &st;
   st.conn.on_event = [raw](const proto::AsyncEventMsg& m) {
     std::lock_guard<std::mutex> g(raw->async.mu);

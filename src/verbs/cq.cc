@@ -56,7 +56,7 @@ bool CqView::follow(CqSegment* from) {
   req.handle = handle;
   proto::ImportCqReply rep{};
   std::vector<Fd> fds;
-  if (cs->conn.call(proto::Op::GetCq, req, rep, {}, &fds) || fds.size() != 1) return false;
+  if (cs->conn.call<proto::Op::GetCq>(req, rep, {}, &fds)) return false;
   auto s = std::make_unique<CqSegment>();
   if (map_cq_segment(fds[0].get(), rep.segment_size, *s)) return false;
   cur.store(s.get(), std::memory_order_release);
@@ -80,7 +80,7 @@ bool CqView::push(const ibv_wc& wc, bool solicited, std::atomic<uint32_t>* clear
         proto::HandleReq req{};
         req.handle = handle;
         proto::Empty rep{};
-        cs->conn.call(proto::Op::CqError, req, rep);
+        cs->conn.call<proto::Op::CqError>(req, rep);
       }
       return false;
     }
@@ -171,13 +171,13 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
   req.cqe = uint32_t(cqe);
   proto::CreateCqReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::ResizeCq, req, rep, {}, &fds); e || fds.size() != 1) return e ? e : EPROTO;
+  if (int e = cs.conn.call<proto::Op::ResizeCq>(req, rep, {}, &fds)) return e;
   auto done = [&](uint32_t commit) {
     proto::ResizeCqDoneReq d{};
     d.handle = st->handle;
     d.commit = commit;
     proto::Empty r{};
-    return cs.conn.call(proto::Op::ResizeCqDone, d, r);
+    return cs.conn.call<proto::Op::ResizeCqDone>(d, r);
   };
   auto ns = std::make_unique<CqSegment>();
   if (int e = map_cq_segment(fds[0].get(), rep.segment_size, *ns)) {
@@ -241,7 +241,7 @@ static int poll_granted(CqState* st, int n, ibv_wc* wc) {
     req.handle = st->handle;
     req.max = uint32_t(std::min(n - got, int(proto::kPollCqMax)));
     proto::PollCqReply rep{};
-    if (int e = st->view.cs->conn.call(proto::Op::PollCq, req, rep)) return got ? got : -e;
+    if (int e = st->view.cs->conn.call<proto::Op::PollCq>(req, rep)) return got ? got : -e;
     uint32_t k = std::min(rep.count, req.max);
     std::memcpy(wc + got, rep.wc, k * sizeof(ibv_wc));
     got += int(k);
@@ -305,8 +305,8 @@ ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* c
   req.channel = channel ? to_channel(channel)->handle : 0;
   proto::CreateCqReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::CreateCq, req, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = cs.conn.call<proto::Op::CreateCq>(req, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   auto st = std::make_unique<CqState>();
@@ -452,7 +452,7 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
   proto::Empty req{};
   proto::HandleReply rep{};
   int fds[1] = {efd.get()};
-  if (int e = cs.conn.call(proto::Op::CreateChannel, req, rep, fds)) {
+  if (int e = cs.conn.call<proto::Op::CreateChannel>(req, rep, fds)) {
     errno = e;
     return nullptr;
   }
@@ -483,7 +483,7 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   proto::HandleReq req{};
   req.handle = ch->handle;
   proto::Empty rep{};
-  if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroyChannel, req, rep))) {
+  if (int e = destroy_result(cs, cs.conn.call<proto::Op::DestroyChannel>(req, rep))) {
     errno = e;
     return e;
   }
@@ -511,8 +511,8 @@ ibv_comp_channel* svx_import_comp_channel(ibv_context* c, uint32_t handle) {
   req.handle = handle;
   proto::Empty rep{};
   std::vector<sv::Fd> fds;
-  if (int e = cs.conn.call(proto::Op::ImportChannel, req, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = cs.conn.call<proto::Op::ImportChannel>(req, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   auto* ch = static_cast<Channel*>(std::calloc(1, sizeof(Channel)));
@@ -556,7 +556,7 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
   proto::HandleReq req{};
   req.handle = cq->st->handle;
   proto::Empty rep{};
-  if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroyCq, req, rep))) return e;
+  if (int e = destroy_result(cs, cs.conn.call<proto::Op::DestroyCq>(req, rep))) return e;
   {
     std::lock_guard<std::mutex> g(cs.mu);
     std::erase(cs.cqs, cq->st);

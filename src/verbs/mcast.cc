@@ -51,7 +51,9 @@ int mcast_call(proto::Op op, ibv_qp* qp, const ibv_gid* gid, uint16_t lid) {
   req.lid = lid;
   std::memcpy(req.gid, gid->raw, 16);
   proto::Empty rep{};
-  return q.ctx->st->conn.call(op, req, rep);
+  DaemonConn& c = q.ctx->st->conn;
+  return op == proto::Op::AttachMcast ? c.call<proto::Op::AttachMcast>(req, rep)
+                                       : c.call<proto::Op::DetachMcast>(req, rep);
 }
 
 }  // namespace

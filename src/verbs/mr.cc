@@ -52,7 +52,7 @@ int get_backing(ContextState& st) {
   proto::Empty req{};
   proto::HandleReply rep{};
   int fds[1] = {fd};
-  if (int e = st.conn.call(proto::Op::RegBacking, req, rep, fds)) return e;
+  if (int e = st.conn.call<proto::Op::RegBacking>(req, rep, fds)) return e;
   st.backing = rep.handle;
   return 0;
 }
@@ -102,7 +102,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int acces
   req.iova = iova;
   req.access = uint32_t(access);
   proto::RegMrReply rep{};
-  if (int e = st.conn.call(proto::Op::RegMr, req, rep)) return fail(e);
+  if (int e = st.conn.call<proto::Op::RegMr>(req, rep)) return fail(e);
 
   Mr* mr = new_mr_handle(ibpd, addr, length, rep.handle, rep.key);
   if (!mr) return fail(ENOMEM);
@@ -175,7 +175,7 @@ ibv_pd* ibv_alloc_pd(ibv_context* c) {
   ContextState& st = ctx_state(c);
   proto::Empty req{};
   proto::HandleReply rep{};
-  if (int e = st.conn.call(proto::Op::AllocPd, req, rep)) {
+  if (int e = st.conn.call<proto::Op::AllocPd>(req, rep)) {
     errno = e;
     return nullptr;
   }
@@ -195,7 +195,7 @@ int ibv_dealloc_pd(ibv_pd* ibpd) {
   proto::HandleReq req{};
   req.handle = to_pd(ibpd)->handle;
   proto::Empty rep{};
-  if (int e = destroy_result(st, st.conn.call(proto::Op::DeallocPd, req, rep))) return e;
+  if (int e = destroy_result(st, st.conn.call<proto::Op::DeallocPd>(req, rep))) return e;
   {
     std::lock_guard<std::mutex> g(st.mu);
     st.pds.erase(to_pd(ibpd)->handle);
@@ -222,7 +222,7 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
   proto::HandleReq req{};
   req.handle = mr->handle;
   proto::Empty rep{};
-  if (int e = destroy_result(st, st.conn.call(proto::Op::DeregMr, req, rep))) {
+  if (int e = destroy_result(st, st.conn.call<proto::Op::DeregMr>(req, rep))) {
     // Already deregistered by another holder (all holders are equal): our
     // pages need not stay shared any more; the handle stays until
     // ibv_unimport_mr().
@@ -269,7 +269,7 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
   proto::HandleReq req{};
   req.handle = mr->handle;
   proto::Empty rep{};
-  if (int e = st.conn.call(proto::Op::DeregMr, req, rep)) {
+  if (int e = st.conn.call<proto::Op::DeregMr>(req, rep)) {
     ibv_dereg_mr(fresh);
     errno = e;
     return IBV_REREG_MR_ERR_INPUT;

@@ -14,7 +14,7 @@ ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type) {
   req.pd = to_pd(pd)->handle;
   req.type = type;
   proto::KeyReply rep{};
-  if (int e = st.conn.call(proto::Op::AllocMw, req, rep)) {
+  if (int e = st.conn.call<proto::Op::AllocMw>(req, rep)) {
     errno = e;
     return nullptr;
   }
@@ -36,7 +36,7 @@ int dealloc_mw(ibv_mw* mw) {
   proto::HandleReq req{};
   req.handle = mw->handle;
   proto::Empty rep{};
-  if (int e = destroy_result(st, st.conn.call(proto::Op::DeallocMw, req, rep))) return e;
+  if (int e = destroy_result(st, st.conn.call<proto::Op::DeallocMw>(req, rep))) return e;
   std::free(mw);
   return 0;
 }
@@ -51,7 +51,7 @@ int daemon_bind(QpState& q, uint32_t mw_handle, uint32_t new_key, const ibv_mw_b
   req.length = b.length;
   req.access = b.mw_access_flags;
   proto::KeyReply rep{};
-  int e = q.ctx->st->conn.call(proto::Op::BindMw, req, rep);
+  int e = q.ctx->st->conn.call<proto::Op::BindMw>(req, rep);
   if (!e && key_out) *key_out = rep.key;
   return e;
 }

@@ -29,7 +29,7 @@ int svx_publish(ibv_context* c, const char* name, const svx_object* obj, unsigne
   req.group = group;
   std::memcpy(req.name, name, std::strlen(name));
   proto::Empty rep{};
-  return ctx_state(c).conn.call(proto::Op::NsPublish, req, rep);
+  return ctx_state(c).conn.call<proto::Op::NsPublish>(req, rep);
 }
 
 int svx_unpublish(ibv_context* c, const char* name) {
@@ -37,7 +37,7 @@ int svx_unpublish(ibv_context* c, const char* name) {
   proto::NsNameReq req{};
   std::memcpy(req.name, name, std::strlen(name));
   proto::Empty rep{};
-  return ctx_state(c).conn.call(proto::Op::NsUnpublish, req, rep);
+  return ctx_state(c).conn.call<proto::Op::NsUnpublish>(req, rep);
 }
 
 ibv_context* svx_open(const char* name, int access, svx_object* obj) {

@@ -21,7 +21,7 @@ std::shared_ptr<Window> window_for(ContextState& st, const MrEntry& e, uint32_t 
     req.key = key;
     proto::GetMrBackingReply rep{};
     std::vector<Fd> fds;
-    if (st.conn.call(proto::Op::GetMrBacking, req, rep, {}, &fds) != 0 || fds.size() != 1) return nullptr;
+    if (st.conn.call<proto::Op::GetMrBacking>(req, rep, {}, &fds) != 0) return nullptr;
     if (rep.backing != backing) return nullptr;  // the key was reused meanwhile
     b = st.foreign_backings.emplace(backing, std::move(fds[0])).first;
   }

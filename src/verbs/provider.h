@@ -58,13 +58,23 @@ class DaemonConn {
   // Called (under the connection's lock) for each async event the daemon sends.
   std::function<void(const proto::AsyncEventMsg&)> on_event;
 
-  // Sends `req` (its header is filled in here) and waits for the reply.
-  // Returns the transport error, else the reply's status.
-  template <class Req, class Rep>
-  int call(proto::Op op, Req& req, Rep& rep, std::span<const int> send_fds = {},
-           std::vector<Fd>* recv_fds = nullptr) {
+  // Sends `req` (its header is filled in here) and waits for the reply, both
+  // typed by the op's declaration (proto::Command<op>, common/protocol.h),
+  // which also says how many descriptors go each way. Returns the transport
+  // error, else the reply's status; EBADF (nothing sent) for descriptors the
+  // op does not take; EPROTO for a reply whose descriptors are not as
+  // declared. The reply's descriptors go to `recv_fds` (closed if null).
+  template <proto::Op op>
+  int call(typename proto::Command<op>::Req& req, typename proto::Command<op>::Rep& rep,
+           std::span<const int> send_fds = {}, std::vector<Fd>* recv_fds = nullptr) {
+    using C = proto::Command<op>;
+    if (!C::info.in.allows(send_fds.size())) return EBADF;
     proto::init_header(req, op);
-    return raw_call(&req, sizeof(req), &rep, sizeof(rep), send_fds, recv_fds);
+    std::vector<Fd> fds;
+    if (int e = raw_call(&req, sizeof(req), &rep, sizeof(rep), send_fds, &fds)) return e;
+    if (!proto::reply_matches<C>(rep, fds.size())) return EPROTO;
+    if (recv_fds) *recv_fds = std::move(fds);
+    return 0;
   }
 
  private:

@@ -91,7 +91,7 @@ void move_to_error(QpState& q) {
   req.attr_mask = IBV_QP_STATE;
   req.qp_state = IBV_QPS_ERR;
   proto::Empty rep{};
-  cs.conn.call(proto::Op::ModifyQp, req, rep);
+  cs.conn.call<proto::Op::ModifyQp>(req, rep);
   {
     std::lock_guard<std::mutex> g(q.attr_mu);
     q.attr.qp_state = IBV_QPS_ERR;
@@ -169,8 +169,8 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   req.sq_sig_all = a->sq_sig_all;
   proto::CreateQpReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::CreateQp, req, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = cs.conn.call<proto::Op::CreateQp>(req, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   auto st = std::make_unique<QpState>();
@@ -327,7 +327,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   }
   if ((mask & IBV_QP_CAP) != 0) return EINVAL;  // resizing a QP's queues is not supported
   proto::Empty rep{};
-  if (int e = cs.conn.call(proto::Op::ModifyQp, req, rep)) return e;
+  if (int e = cs.conn.call<proto::Op::ModifyQp>(req, rep)) return e;
 
   ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : ibqp->state;
   {
@@ -408,7 +408,7 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
   proto::HandleReq req{};
   req.handle = q.qpn;
   proto::Empty rep{};
-  if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroyQp, req, rep))) return e;
+  if (int e = destroy_result(cs, cs.conn.call<proto::Op::DestroyQp>(req, rep))) return e;
   {
     std::lock_guard<std::mutex> g(cs.mu);
     cs.qp_handles.erase(q.qpn);

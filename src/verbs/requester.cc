@@ -142,7 +142,7 @@ Peer* resolve_peer(QpState& q) {
     req.handle = q.qpn;
     proto::ConnectPeerReply rep{};
     std::vector<Fd> fds;
-    if (cs.conn.call(proto::Op::ConnectPeer, req, rep, {}, &fds) != 0) return nullptr;
+    if (cs.conn.call<proto::Op::ConnectPeer>(req, rep, {}, &fds) != 0) return nullptr;
     auto np = std::make_unique<Peer>();
     if (rep.mediated) {
       np->qpn = rep.peer_qpn;
@@ -260,7 +260,7 @@ Outcome execute_local(QpState& q, const shm::SendWqe& w) {
   req.key = w.invalidate_rkey;
   req.qpn = q.qpn;
   proto::Empty rep{};
-  if (cs.conn.call(proto::Op::InvalidateKey, req, rep)) return {Step::kError, IBV_WC_MW_BIND_ERR};
+  if (cs.conn.call<proto::Op::InvalidateKey>(req, rep)) return {Step::kError, IBV_WC_MW_BIND_ERR};
   return {Step::kDone};
 }
 
@@ -280,7 +280,7 @@ Peer* xrc_peer(QpState& q, uint32_t srqn, bool& invalid) {
     req.srqn = srqn;
     proto::ConnectPeerReply rep{};
     std::vector<Fd> fds;
-    int e = cs.conn.call(proto::Op::ConnectXrc, req, rep, {}, &fds);
+    int e = cs.conn.call<proto::Op::ConnectXrc>(req, rep, {}, &fds);
     if (e == ENOENT) invalid = true;
     if (e) return nullptr;
     auto np = std::make_unique<Peer>();
@@ -323,7 +323,7 @@ Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
     }
   }
   proto::MediateReply rep{};
-  if (q.ctx->st->conn.call(proto::Op::Mediate, req, rep)) return {Step::kRetry};
+  if (q.ctx->st->conn.call<proto::Op::Mediate>(req, rep)) return {Step::kRetry};
   switch (rep.outcome) {
     case proto::kMediateDone: return {Step::kDone, IBV_WC_SUCCESS, false, rep.byte_len};
     case proto::kMediateRnr: return {Step::kRnr};
@@ -368,7 +368,7 @@ Outcome execute(QpState& q, const shm::SendWqe& w) {
         req.qpn = q.qpn;
         req.remote = 1;
         proto::Empty rep{};
-        if (q.ctx->st->conn.call(proto::Op::InvalidateKey, req, rep)) {
+        if (q.ctx->st->conn.call<proto::Op::InvalidateKey>(req, rep)) {
           push_recv_completion(q, *p, r, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, w);
           return {Step::kError, IBV_WC_REM_OP_ERR, true};
         }
@@ -455,7 +455,7 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
     proto::HandleReq req{};
     req.handle = q.qpn;
     proto::Empty rep{};
-    cs.conn.call(proto::Op::PeerError, req, rep);
+    cs.conn.call<proto::Op::PeerError>(req, rep);
     if (!q.peer->mediated) flush_peer_rq(*q.peer);  // else the daemon flushed it
   }
   move_to_error(q);
@@ -645,7 +645,7 @@ Peer* ud_peer(QpState& q, uint32_t dest) {
   req.dest = dest;
   proto::ConnectPeerReply rep{};
   std::vector<Fd> fds;
-  if (cs.conn.call(proto::Op::ConnectUd, req, rep, {}, &fds) != 0) return nullptr;
+  if (cs.conn.call<proto::Op::ConnectUd>(req, rep, {}, &fds) != 0) return nullptr;
   auto np = std::make_unique<Peer>();
   if (attach_peer(cs, *np, rep, fds)) return nullptr;
   Peer* p = np.get();

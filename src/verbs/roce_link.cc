@@ -165,7 +165,7 @@ class OwnMemory : public Memory {
     req.key = key;
     req.qpn = q_.qpn;
     proto::Empty rep{};
-    return q_.ctx->st->conn.call(proto::Op::InvalidateKey, req, rep);
+    return q_.ctx->st->conn.call<proto::Op::InvalidateKey>(req, rep);
   }
 
   QpState& q_;
@@ -249,7 +249,7 @@ class RingRecvSource : public RecvSource {
         proto::HandleReq req{};
         req.handle = s.handle;
         proto::Empty rep{};
-        q_.ctx->st->conn.call(proto::Op::SrqLimit, req, rep);
+        q_.ctx->st->conn.call<proto::Op::SrqLimit>(req, rep);
       }
     } else if (!q_.rq.pop(w)) {
       return false;
@@ -337,7 +337,7 @@ void report_error(RoceQp& r) {
   req.attr_mask = IBV_QP_STATE;
   req.qp_state = IBV_QPS_ERR;
   proto::Empty rep{};
-  q.ctx->st->conn.call(proto::Op::ModifyQp, req, rep);
+  q.ctx->st->conn.call<proto::Op::ModifyQp>(req, rep);
   {
     std::lock_guard<std::mutex> g(q.attr_mu);
     q.attr.qp_state = IBV_QPS_ERR;
@@ -639,8 +639,7 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   std::memcpy(req.sgid, sgid, 16);
   proto::RoceAttachReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::RoceAttach, req, rep, {}, &fds)) return e;
-  if (fds.size() != 2) return EPROTO;
+  if (int e = cs.conn.call<proto::Op::RoceAttach>(req, rep, {}, &fds)) return e;
   FaultConfig f;
   f.drop = rep.drop_ppm / 1e6;
   f.duplicate = rep.dup_ppm / 1e6;

@@ -40,8 +40,7 @@ Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
   req.handle = handle;
   proto::ImportCqReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::ImportCq, req, rep, {}, &fds);
-      e || fds.size() > 1 || (fds.empty() && rep.segment_size != 0) || rep.capacity < 2) {
+  if (int e = cs.conn.call<proto::Op::ImportCq>(req, rep, {}, &fds); e || rep.capacity < 2) {
     errno = e ? e : EPROTO;
     return nullptr;
   }
@@ -86,8 +85,8 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
   req.handle = qpn;
   proto::ImportQpReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::ImportQp, req, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = cs.conn.call<proto::Op::ImportQp>(req, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   auto st = std::make_unique<QpState>();
@@ -163,7 +162,7 @@ int import_object(ibv_context* c, uint32_t type, uint32_t handle, svx_object& ob
       proto::HandleReq req{};
       req.handle = handle;
       proto::QueryMrReply rep{};
-      if (int e = st.conn.call(proto::Op::QueryMr, req, rep)) return e;
+      if (int e = st.conn.call<proto::Op::QueryMr>(req, rep)) return e;
       if (Pd* pd = local_pd(st, c, rep.pd)) obj.mr = ibv_import_mr(&pd->pd, handle);
       break;
     }
@@ -185,7 +184,7 @@ ibv_pd* ibv_import_pd(ibv_context* c, uint32_t pd_handle) {
   proto::HandleReq req{};
   req.handle = pd_handle;
   proto::Empty rep{};
-  if (int e = st.conn.call(proto::Op::QueryPd, req, rep)) {
+  if (int e = st.conn.call<proto::Op::QueryPd>(req, rep)) {
     errno = e;
     return nullptr;
   }
@@ -206,7 +205,7 @@ ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
   proto::HandleReq req{};
   req.handle = mr_handle;
   proto::QueryMrReply rep{};
-  if (int e = st.conn.call(proto::Op::QueryMr, req, rep)) {
+  if (int e = st.conn.call<proto::Op::QueryMr>(req, rep)) {
     errno = e;
     return nullptr;
   }

@@ -59,8 +59,8 @@ ibv_mr* svx_reg_shmid(ibv_pd* pd, const void* id, size_t id_len, size_t length, 
   std::memcpy(req.id, id, id_len);
   proto::RegShmidReply rep{};
   std::vector<Fd> fds;
-  if (int e = st.conn.call(proto::Op::RegShmid, req, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = st.conn.call<proto::Op::RegShmid>(req, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   size_t len = length ? length : rep.length;
@@ -77,7 +77,7 @@ ibv_mr* svx_reg_shmid(ibv_pd* pd, const void* id, size_t id_len, size_t length, 
   r.iova = reinterpret_cast<uint64_t>(map.get());
   r.access = access & ~uint32_t(IBV_ACCESS_OPTIONAL_RANGE);
   proto::RegMrReply mr_rep{};
-  if (int e = st.conn.call(proto::Op::RegMr, r, mr_rep)) {
+  if (int e = st.conn.call<proto::Op::RegMr>(r, mr_rep)) {
     errno = e;
     return nullptr;
   }
@@ -114,8 +114,8 @@ ibv_mr* svx_reg_shared(ibv_mr* old, ibv_pd* pd, void* addr, unsigned int access)
   greq.key = old->lkey;
   proto::GetMrBackingReply grep{};
   std::vector<Fd> fds;
-  if (int err = st.conn.call(proto::Op::GetMrBacking, greq, grep, {}, &fds); err || fds.size() != 1) {
-    errno = err ? err : EPROTO;
+  if (int err = st.conn.call<proto::Op::GetMrBacking>(greq, grep, {}, &fds)) {
+    errno = err;
     return nullptr;
   }
   void* map_addr = nullptr;
@@ -140,7 +140,7 @@ ibv_mr* svx_reg_shared(ibv_mr* old, ibv_pd* pd, void* addr, unsigned int access)
   req.iova = reinterpret_cast<uint64_t>(addr);
   req.access = access & ~uint32_t(IBV_ACCESS_OPTIONAL_RANGE);
   proto::RegMrReply rep{};
-  if (int err = st.conn.call(proto::Op::RegShared, req, rep)) {
+  if (int err = st.conn.call<proto::Op::RegShared>(req, rep)) {
     if (map_addr) ::munmap(map_addr, map_len);
     errno = err;
     return nullptr;

@@ -30,8 +30,7 @@ int attach_srq_segment(Mapping& seg, shm::SrqSegmentHeader*& hdr, shm::Ring<shm:
 }  // namespace
 
 int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, std::vector<Fd>& fds) {
-  size_t want = 2 + (rep.has_srq ? 1 : 0) + (rep.has_channel ? 1 : 0);
-  if (fds.size() != want) return EPROTO;
+  // fds: as many as the reply says (checked by DaemonConn::call, proto::reply_fds).
   p.qpn = rep.peer_qpn;
   p.entry = cs.qp_slot(rep.peer_qpn);
   if (int e = map_shared(fds[0].get(), 0, rep.qp_segment_size, PROT_READ | PROT_WRITE, false, p.seg)) return e;
@@ -79,7 +78,7 @@ bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
     proto::HandleReq req{};
     req.handle = p.srq_handle;
     proto::Empty rep{};
-    q.ctx->st->conn.call(proto::Op::SrqLimit, req, rep);
+    q.ctx->st->conn.call<proto::Op::SrqLimit>(req, rep);
   }
   return true;
 }
@@ -150,8 +149,8 @@ ibv_srq* sv::verbs::create_srq(ibv_context* c, ibv_pd* pd, ibv_srq_attr& attr, v
   req.cq = cq ? to_cq(cq)->st->handle : 0;
   proto::CreateSrqReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::CreateSrq, req, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = cs.conn.call<proto::Op::CreateSrq>(req, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   ibv_srq* srq = new_srq_handle(pd, rep.handle, attr.max_sge, srq_context, fds[0].get(), rep.segment_size);
@@ -172,8 +171,8 @@ ibv_srq* svx_import_srq(ibv_context* c, uint32_t handle) {
   req.handle = handle;
   proto::ImportSrqReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::ImportSrq, req, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = cs.conn.call<proto::Op::ImportSrq>(req, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   ibv_pd* pd = import_pd_handle(c, rep.pd);
@@ -220,7 +219,7 @@ int ibv_destroy_srq(ibv_srq* ibsrq) {
   proto::HandleReq req{};
   req.handle = srq->st->handle;
   proto::Empty rep{};
-  if (int e = destroy_result(cs, cs.conn.call(proto::Op::DestroySrq, req, rep))) return e;
+  if (int e = destroy_result(cs, cs.conn.call<proto::Op::DestroySrq>(req, rep))) return e;
   {
     std::lock_guard<std::mutex> g(cs.mu);
     cs.srq_handles.erase(srq->st->handle);

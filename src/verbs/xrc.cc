@@ -44,7 +44,7 @@ ibv_xrcd* open_xrcd(ibv_context* c, ibv_xrcd_init_attr* attr) {
   proto::HandleReply rep{};
   int fds[1] = {attr->fd};
   std::span<const int> send = req.has_fd ? std::span<const int>(fds, 1) : std::span<const int>();
-  if (int e = cs.conn.call(proto::Op::OpenXrcd, req, rep, send)) {
+  if (int e = cs.conn.call<proto::Op::OpenXrcd>(req, rep, send)) {
     errno = e;
     return nullptr;
   }
@@ -64,7 +64,7 @@ int close_xrcd(ibv_xrcd* xrcd) {
   proto::HandleReq req{};
   req.handle = x->handle;
   proto::Empty rep{};
-  if (int e = destroy_result(cs, cs.conn.call(proto::Op::CloseXrcd, req, rep))) return e;
+  if (int e = destroy_result(cs, cs.conn.call<proto::Op::CloseXrcd>(req, rep))) return e;
   std::free(x);
   return 0;
 }
@@ -122,8 +122,8 @@ ibv_qp* open_qp(ibv_context* c, ibv_qp_open_attr* a) {
   req.xrcd = xrcd_handle(a->xrcd);
   proto::ImportQpReply rep{};
   std::vector<Fd> fds;
-  if (int e = cs.conn.call(proto::Op::OpenQp, req, rep, {}, &fds); e || fds.size() != 1) {
-    errno = e ? e : EPROTO;
+  if (int e = cs.conn.call<proto::Op::OpenQp>(req, rep, {}, &fds)) {
+    errno = e;
     return nullptr;
   }
   auto st = std::make_unique<QpState>();

@@ -1,0 +1,149 @@
+// The daemon's generic command checks (commands.cc), through Server::handle
+// as a client's message would reach it, without a socket: unknown ops,
+// descriptors in, request lengths, and the descriptors a reply carries.
+#include "daemon/commands.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "daemon/server.h"
+
+namespace sv::daemon {
+namespace {
+
+struct Reply {
+  size_t len = 0;
+  proto::Header h{};
+  uint8_t bytes[proto::kMaxMessage];
+  std::vector<int> fds;
+};
+
+class Commands : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(0, server.registry().init());
+    client = server.registry().add_client(::getpid(), ::getuid(), ::getgid());
+  }
+
+  // Sends `n` raw bytes of a message with op `op` (a header, then zeros),
+  // with `nfds` eventfds.
+  Reply send(uint16_t op, size_t n, size_t nfds = 0, uint32_t seq = 7) {
+    uint8_t msg[proto::kMaxMessage + 8] = {};
+    proto::Header h{proto::kMagic, proto::kVersion, op, seq, 0};
+    std::memcpy(msg, &h, sizeof h);
+    return send_raw(msg, n, nfds);
+  }
+  template <class Req>
+  Reply send(proto::Op op, Req& req, size_t nfds = 0) {
+    proto::init_header(req, op, 9);
+    return send_raw(reinterpret_cast<const uint8_t*>(&req), sizeof req, nfds);
+  }
+  Reply send_raw(const uint8_t* msg, size_t n, size_t nfds) {
+    std::vector<Fd> in;
+    for (size_t i = 0; i < nfds; ++i) in.emplace_back(::eventfd(0, EFD_CLOEXEC));
+    Reply r;
+    r.len = server.handle(client, msg, n, in, r.bytes, r.fds);
+    if (r.len >= sizeof r.h) std::memcpy(&r.h, r.bytes, sizeof r.h);
+    return r;
+  }
+
+  Server server{"/tmp/softverbs-commands-test-unused", 0};
+  uint32_t client = 0;
+};
+
+TEST_F(Commands, MalformedHeaderIsNotAnswered) {
+  uint8_t msg[sizeof(proto::Header)] = {};
+  std::vector<Fd> in;
+  std::vector<int> out_fds;
+  uint8_t out[proto::kMaxMessage];
+  EXPECT_EQ(0u, server.handle(client, msg, sizeof msg, in, out, out_fds));  // bad magic
+  EXPECT_EQ(0u, server.handle(client, msg, 3, in, out, out_fds));           // shorter than a header
+}
+
+TEST_F(Commands, UnknownOpsAndEventsAreRefused) {
+  for (uint16_t op : {uint16_t(0), uint16_t(proto::Op::kCount), uint16_t(0xffff), uint16_t(proto::Op::AsyncEvent)}) {
+    Reply r = send(op, sizeof(proto::AsyncEventMsg));
+    ASSERT_EQ(sizeof(proto::Empty), r.len) << op;
+    EXPECT_EQ(EOPNOTSUPP, r.h.status) << op;
+    EXPECT_EQ(op, r.h.op);
+    EXPECT_EQ(7u, r.h.seq);
+    EXPECT_TRUE(r.fds.empty());
+  }
+}
+
+// Every op: descriptors beyond its declaration are EBADF (before the length
+// is looked at), fewer than it takes too; a length other than its
+// request's is EINVAL. Nothing is created and no descriptor goes out.
+TEST_F(Commands, EveryOpChecksDescriptorsThenLength) {
+  for (const proto::OpInfo& i : proto::kOps) {
+    if (i.event) continue;
+    Reply r = send(uint16_t(i.op), i.req_size + 1, i.in.max + 1);
+    EXPECT_EQ(EBADF, r.h.status) << i.name;
+    if (i.in.min > 0) {
+      EXPECT_EQ(EBADF, send(uint16_t(i.op), i.req_size, i.in.min - 1).h.status) << i.name;
+    }
+    for (size_t len : {i.req_size - 1, i.req_size + 1}) {
+      if (len < sizeof(proto::Header)) continue;  // not answered (above)
+      r = send(uint16_t(i.op), len, i.in.min);
+      EXPECT_EQ(sizeof(proto::Empty), r.len) << i.name;
+      EXPECT_EQ(EINVAL, r.h.status) << i.name;
+      EXPECT_TRUE(r.fds.empty()) << i.name;
+    }
+  }
+  EXPECT_EQ(0u, server.registry().counts().pds);
+}
+
+TEST_F(Commands, RepliesAreTheDeclaredStructs) {
+  proto::Empty hello{};
+  Reply r = send(proto::Op::Hello, hello);
+  ASSERT_EQ(0, r.h.status);
+  EXPECT_EQ(sizeof(proto::HelloReply), r.len);
+  EXPECT_EQ(1u, r.fds.size());  // the device segment
+  EXPECT_EQ(9u, r.h.seq);
+
+  proto::Empty alloc{};
+  r = send(proto::Op::AllocPd, alloc);
+  ASSERT_EQ(0, r.h.status);
+  ASSERT_EQ(sizeof(proto::HandleReply), r.len);
+  proto::HandleReply pd;
+  std::memcpy(&pd, r.bytes, sizeof pd);
+  EXPECT_EQ(1u, server.registry().counts().pds);
+
+  proto::HandleReq dealloc{};
+  dealloc.handle = pd.handle;
+  r = send(proto::Op::DeallocPd, dealloc);
+  EXPECT_EQ(0, r.h.status);
+  EXPECT_EQ(sizeof(proto::Empty), r.len);
+  EXPECT_EQ(0u, server.registry().counts().pds);
+}
+
+// A failed op sends no descriptor, whatever its declaration says.
+TEST_F(Commands, FailedOpsCarryNoDescriptors) {
+  proto::HandleReq req{};
+  req.handle = 12345;
+  for (proto::Op op : {proto::Op::ImportQp, proto::Op::ImportCq, proto::Op::GetCq, proto::Op::ConnectPeer}) {
+    Reply r = send(op, req);
+    EXPECT_NE(0, r.h.status) << unsigned(op);
+    EXPECT_EQ(proto::op_info(uint16_t(op))->rep_size, r.len);
+    EXPECT_TRUE(r.fds.empty());
+  }
+}
+
+TEST_F(Commands, OptionalDescriptorOpenXrcd) {
+  proto::OpenXrcdReq req{};
+  req.oflags = O_CREAT;
+  Reply r = send(proto::Op::OpenXrcd, req, 0);  // a private domain
+  EXPECT_EQ(0, r.h.status);
+  EXPECT_EQ(sizeof(proto::HandleReply), r.len);
+  EXPECT_EQ(EBADF, send(proto::Op::OpenXrcd, req, 2).h.status);
+}
+
+}  // namespace
+}  // namespace sv::daemon
