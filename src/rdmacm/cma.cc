@@ -38,6 +38,7 @@
 
 #include "common/paths.h"
 #include "rdmacm/cm_msg.h"
+#include "rdmacm/cm_trace.h"
 #include "rdmacm/cma.h"
 
 using namespace sv::rdmacm;
@@ -171,23 +172,6 @@ Id* find(uint64_t serial) {
   auto it = g.ids.find(serial);
   return it == g.ids.end() ? nullptr : it->second;
 }
-
-// SOFTVERBS_CM_TRACE=1: one line on stderr per CM step (debugging aid).
-bool tracing() {
-  static const bool on = [] {
-    const char* v = std::getenv("SOFTVERBS_CM_TRACE");
-    return v && *v && *v != '0';
-  }();
-  return on;
-}
-#define CM_TRACE(...)                                        \
-  do {                                                       \
-    if (tracing()) {                                         \
-      std::fprintf(stderr, "softverbs-cm[%d]: ", ::getpid()); \
-      std::fprintf(stderr, __VA_ARGS__);                     \
-      std::fputc('\n', stderr);                              \
-    }                                                        \
-  } while (0)
 
 uint32_t random32() {
   uint32_t v = 0;
