@@ -162,19 +162,10 @@ void fill_path_rec(Id* d) {
 void reject_child(Id* child, uint16_t reason) {
   if (child->conn_fd >= 0 && child->st == St::kReqRcvd) {
     uint8_t mad[cm::kMadSize];
-    if (child->id.qp_type == IBV_QPT_UD) {
-      cm::SidrRep r;
-      r.request_id = child->remote_comm_id;
-      r.status = cm::kSidrRejected;
-      cm::encode(r, 0, mad);
-    } else {
-      cm::Rej r;
-      r.local_comm_id = child->local_comm_id;
-      r.remote_comm_id = child->remote_comm_id;
-      r.message_rejected = cm::kRejectedReq;
-      r.reason = reason;
-      cm::encode(r, 0, mad);
-    }
+    if (child->id.qp_type == IBV_QPT_UD)
+      cm::encode_sidr_status(child->remote_comm_id, cm::kSidrRejected, 0, 0, mad);
+    else
+      cm::encode_rej(child->local_comm_id, child->remote_comm_id, cm::kRejectedReq, reason, 0, mad);
     send_mad(child, mad);
   }
 }
@@ -225,11 +216,8 @@ void destroy_locked(Id* d) {
     uint8_t mad[cm::kMadSize];
     if (d->st == St::kEstablished || d->st == St::kRepSent || d->st == St::kRepRcvd) {
       if (d->id.qp_type != IBV_QPT_UD) {
-        cm::Dreq r;  // IBTA 12.9.8.4: destroying a connection sends a DREQ
-        r.local_comm_id = d->local_comm_id;
-        r.remote_comm_id = d->remote_comm_id;
-        r.remote_qpn = d->peer_qpn;
-        cm::encode(r, 0, mad);
+        // IBTA 12.9.8.4: destroying a connection sends a DREQ
+        cm::encode_dreq(d->local_comm_id, d->remote_comm_id, d->peer_qpn, 0, mad);
         send_mad(d, mad);
       }
     } else if (d->st == St::kReqRcvd) {
@@ -264,12 +252,12 @@ Id* new_id(Channel* c, void* context, rdma_port_space ps, ibv_qp_type qpt) {
 void on_request(int fd, uint64_t serial, const cm::Msg& m) {
   Id* l = find(serial);
   bool ud = m.attr == cm::Attr::kSidrReq;
-  const uint8_t* pdata = ud ? m.sidr_req.private_data : m.req.private_data;
-  uint64_t sid = ud ? m.sidr_req.service_id : m.req.service_id;
+  const uint8_t* pdata = cm::request_private_data(m);
   cm::IpHeader ip;
   // (a listener whose channel the application destroyed hears nothing: as none)
   bool ok = l && l->st == St::kListen && !(l->id.channel && chan_of(l->id.channel)->dead) &&
-            cm::decode_ip_header(pdata, ip) && sid == cm::service_id(l->id.ps, addr_port(&l->id.route.addr.src_addr));
+            cm::request_ip_header(m, ip) &&
+            cm::request_service_id(m) == cm::service_id(l->id.ps, addr_port(&l->id.route.addr.src_addr));
   if (ok) {
     int pending = 0;
     for (auto& [s, c] : g.ids)
@@ -278,20 +266,7 @@ void on_request(int fd, uint64_t serial, const cm::Msg& m) {
   }
   if (!ok) {
     uint8_t mad[cm::kMadSize];
-    if (ud) {
-      cm::SidrRep r;
-      r.request_id = m.sidr_req.request_id;
-      r.status = cm::kSidrNoService;
-      r.service_id = sid;
-      cm::encode(r, m.tid, mad);
-    } else {
-      cm::Rej r;
-      r.remote_comm_id = m.req.local_comm_id;
-      r.local_comm_id = random32();
-      r.message_rejected = cm::kRejectedReq;
-      r.reason = cm::kRejInvalidServiceId;
-      cm::encode(r, m.tid, mad);
-    }
+    cm::encode_no_listener(m, random32(), mad);
     reply_and_close(fd, mad);
     return;
   }
@@ -402,13 +377,8 @@ void on_rep(Id* d, const cm::Rep& r) {
   d->st = St::kEstablished;
   if (int err = connect_qp(d)) {
     qp_to_err(d);
-    cm::Rej j;
-    j.local_comm_id = d->local_comm_id;
-    j.remote_comm_id = d->remote_comm_id;
-    j.message_rejected = cm::kRejectedRep;
-    j.reason = cm::kRejConsumer;
     uint8_t mad[cm::kMadSize];
-    cm::encode(j, 0, mad);
+    cm::encode_rej(d->local_comm_id, d->remote_comm_id, cm::kRejectedRep, cm::kRejConsumer, 0, mad);
     send_mad(d, mad);
     d->st = St::kRejected;
     e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
@@ -446,11 +416,8 @@ void on_message(Id* d, const cm::Msg& m) {
       }
       break;
     case cm::Attr::kDreq: {
-      cm::Drep r;
-      r.local_comm_id = d->local_comm_id;
-      r.remote_comm_id = d->remote_comm_id;
       uint8_t mad[cm::kMadSize];
-      cm::encode(r, m.tid, mad);
+      cm::encode_drep(d->local_comm_id, d->remote_comm_id, m.tid, mad);
       send_mad(d, mad);
       if (d->st == St::kEstablished || d->st == St::kDreqSent || d->st == St::kRepSent ||
           d->st == St::kRepRcvd)

@@ -613,12 +613,8 @@ int rdma_disconnect(rdma_cm_id* id) {
         disconnected(d);
         return 0;
       }
-      cm::Dreq r;
-      r.local_comm_id = d->local_comm_id;
-      r.remote_comm_id = d->remote_comm_id;
-      r.remote_qpn = d->peer_qpn;
       uint8_t mad[cm::kMadSize];
-      cm::encode(r, 0, mad);
+      cm::encode_dreq(d->local_comm_id, d->remote_comm_id, d->peer_qpn, 0, mad);
       d->st = St::kDreqSent;
       if (!send_mad(d, mad)) disconnected(d);
       return 0;
