@@ -24,6 +24,7 @@
 #include "roce/headers.h"
 #include "roce/icrc.h"
 #include "roce/udp.h"
+#include "rdmacm/rendezvous.h"
 
 namespace sv::daemon {
 
@@ -614,11 +615,8 @@ int CmGateway::listener_fd(const cm::Msg& m) {
   const int ps = int((sid >> 16) & 0xffff);
   const uint16_t port = uint16_t(sid);
   sockaddr_storage dst = plain(ip.dst);
-  std::string cands[3] = {ip_text(dst), dst.ss_family == AF_INET ? "0.0.0.0" : "::",
-                          dst.ss_family == AF_INET ? "::" : ""};
-  for (const std::string& cand : cands) {
-    if (cand.empty()) continue;
-    std::string path = dir_ + "/cm/" + std::to_string(ps) + "-" + std::to_string(port) + "-" + cand;
+  for (const std::string& name : rdmacm::listener_names(ps, port, ip_text(dst))) {
+    std::string path = dir_ + "/cm/" + name;
     sockaddr_un sun{};
     if (path.size() >= sizeof sun.sun_path) continue;
     sun.sun_family = AF_UNIX;

@@ -26,6 +26,7 @@
 #include "rdmacm/cm_state.h"
 #include "rdmacm/cm_trace.h"
 #include "rdmacm/cma.h"
+#include "rdmacm/rendezvous.h"
 
 using namespace sv::rdmacm;
 
@@ -48,7 +49,7 @@ std::string cm_dir() {
 }
 
 std::string rendezvous_path(int ps, uint16_t port, const std::string& addr) {
-  return cm_dir() + "/" + std::to_string(ps) + "-" + std::to_string(port) + "-" + addr;
+  return cm_dir() + "/" + rendezvous_name(ps, port, addr);
 }
 
 bool fill_sun(sockaddr_un& sun, const std::string& path) {
@@ -201,18 +202,11 @@ bool try_connect(Id* d) {
   }
   const sockaddr* dst = &d->id.route.addr.dst_addr;
   uint16_t port = addr_port(dst);
-  std::string cands[3] = {addr_text(dst), "", ""};
-  if (dst->sa_family == AF_INET || addr_text(dst).find(':') == std::string::npos) {
-    cands[1] = "0.0.0.0";
-    cands[2] = "::";
-  } else {
-    cands[1] = "::";
-  }
   int last = ENOENT;
-  for (const std::string& c : cands) {
-    if (c.empty()) continue;
+  const std::string dir = cm_dir();
+  for (const std::string& name : listener_names(d->id.ps, port, addr_text(dst))) {
     sockaddr_un sun;
-    if (!fill_sun(sun, rendezvous_path(d->id.ps, port, c))) continue;
+    if (!fill_sun(sun, dir + "/" + name)) continue;
     int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return false;
     int cr = ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun));
