@@ -32,7 +32,9 @@ namespace sv::rdmacm::detail {
 
 Global& g = *new Global;
 
+namespace {
 void engine_loop();
+}  // namespace
 
 // --- events -----------------------------------------------------------------
 
@@ -109,6 +111,8 @@ bool send_mad(Id* d, const uint8_t* mad) {
   if (d->conn_fd < 0) return false;
   return ::send(d->conn_fd, mad, cm::kMadSize, MSG_NOSIGNAL | MSG_DONTWAIT) == ssize_t(cm::kMadSize);
 }
+
+namespace {
 
 // IBV_EVENT_DEVICE_FATAL (softverbsd died): every id on the device gets
 // DEVICE_REMOVAL, once, as rdma_cm reports a removed device.
@@ -217,5 +221,7 @@ void engine_loop() {
   }
 }
 
+
+}  // namespace
 
 }  // namespace sv::rdmacm::detail

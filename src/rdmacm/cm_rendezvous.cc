@@ -39,6 +39,8 @@ namespace sv::rdmacm::detail {
 // space is the host's, as on Linux. Otherwise the user's own directory.
 std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::runtime_dir(); }
 
+namespace {
+
 std::string cm_dir() {
   if (sv::use_system_daemon()) return sv::system_dir() + "/cm";
   std::string dir = sv::runtime_dir();
@@ -48,9 +50,13 @@ std::string cm_dir() {
   return dir;
 }
 
+}  // namespace
+
 std::string rendezvous_path(int ps, uint16_t port, const std::string& addr) {
   return cm_dir() + "/" + rendezvous_name(ps, port, addr);
 }
+
+namespace {
 
 bool fill_sun(sockaddr_un& sun, const std::string& path) {
   if (path.size() >= sizeof(sun.sun_path)) return false;
@@ -93,6 +99,8 @@ int bind_path(const std::string& path) {
   }
   return -EADDRINUSE;
 }
+
+}  // namespace
 
 bool path_exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 

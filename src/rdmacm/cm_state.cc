@@ -351,6 +351,8 @@ void disconnected(Id* d) {
   add_timer(d, TimerKind::kTimewait, Clock::now() + kTimewait);
 }
 
+namespace {
+
 void on_rep(Id* d, const cm::Rep& r) {
   if (d->st != St::kConnect || r.remote_comm_id != d->local_comm_id) return;
   cancel_timers(d);
@@ -389,6 +391,8 @@ void on_rep(Id* d, const cm::Rep& r) {
   send_rtu(d);
   post(d, e);
 }
+
+}  // namespace
 
 void on_message(Id* d, const cm::Msg& m) {
   CM_TRACE("id %llu got attr 0x%x in state %d", (unsigned long long)d->serial, unsigned(m.attr), int(d->st));
