@@ -24,6 +24,7 @@
 #include "roce/headers.h"
 #include "roce/icrc.h"
 #include "roce/udp.h"
+#include "rdmacm/rendezvous.h"
 
 namespace sv::daemon {
 
@@ -34,8 +35,6 @@ constexpr uint16_t kRocePort = 4791;       // IBTA Annex A17.2.1
 constexpr uint8_t kUdSendOnly = 0x64;      // IBTA 9.2 table 38
 constexpr auto kLinger = std::chrono::seconds(5);
 constexpr uint16_t A(cm::Attr a) { return uint16_t(a); }
-
-uint16_t attr_of(const uint8_t* mad) { return uint16_t(mad[16] << 8 | mad[17]); }
 
 bool same_ip(const sockaddr_storage& a, const sockaddr_storage& b) {
   if (a.ss_family != b.ss_family) return false;
@@ -244,12 +243,8 @@ void CmGateway::from_lib(uint64_t key) {
       // of an id whose destination is on another host. Its IP header names
       // both ends (Annex A11).
       const bool ud = m.attr == cm::Attr::kSidrReq;
-      if (m.attr != cm::Attr::kReq && !ud) {
-        erase(key);
-        return;
-      }
       cm::IpHeader ip;
-      if (!cm::decode_ip_header(ud ? m.sidr_req.private_data : m.req.private_data, ip)) {
+      if (!cm::is_request(m) || !cm::request_ip_header(m, ip)) {
         erase(key);
         return;
       }
@@ -259,7 +254,7 @@ void CmGateway::from_lib(uint64_t key) {
       set_port(c.local, 0);
       c.remote = plain(ip.dst);
       set_port(c.remote, kRocePort);
-      c.local_id = ud ? m.sidr_req.request_id : m.req.local_comm_id;
+      c.local_id = cm::request_id(m);
       SV_TRACE("cm gateway: %s %s -> %s id %u", ud ? "SIDR_REQ" : "REQ", ip_text(c.local).c_str(),
                ip_text(c.remote).c_str(), c.local_id);
       send_wire(c, mad, true);
@@ -312,21 +307,16 @@ void CmGateway::lib_closed(uint64_t key) {
   if (c.ended || c.sidr || c.awaiting == A(cm::Attr::kDreq)) return;
   uint8_t mad[cm::kMadSize];
   if (c.established) {
-    cm::Dreq r;  // IBTA 12.9.8.4
-    r.local_comm_id = c.local_id;
-    r.remote_comm_id = c.remote_id;
-    cm::encode(r, 0, mad);
+    cm::encode_dreq(c.local_id, c.remote_id, 0, 0, mad);  // IBTA 12.9.8.4
     send_wire(c, mad, true);
     await(c, A(cm::Attr::kDreq));
     return;
   }
   if (!c.remote_id && !c.active) return;
-  cm::Rej r;  // a connection being established: rejected (IBTA 12.9.5)
-  r.local_comm_id = c.local_id;
-  r.remote_comm_id = c.remote_id;
-  r.message_rejected = c.active ? (c.remote_id ? cm::kRejectedRep : cm::kRejectedOther) : cm::kRejectedReq;
-  r.reason = c.active && !c.remote_id ? cm::kRejTimeout : cm::kRejConsumer;
-  cm::encode(r, 0, mad);
+  // A connection being established: rejected (IBTA 12.9.5).
+  cm::encode_rej(c.local_id, c.remote_id,
+                 c.active ? (c.remote_id ? cm::kRejectedRep : cm::kRejectedOther) : cm::kRejectedReq,
+                 c.active && !c.remote_id ? cm::kRejTimeout : cm::kRejConsumer, 0, mad);
   c.awaiting = 0;
   c.ended = true;
   send_wire(c, mad, true);
@@ -363,13 +353,10 @@ void CmGateway::on_timer() {
         if (c.awaiting == A(cm::Attr::kReq) || c.awaiting == A(cm::Attr::kRep)) {
           // IBTA 12.9.5: a REQ or REP that timed out is rejected ("timeout"),
           // so that the other side, if it is there after all, lets go too.
-          cm::Rej r;
-          r.local_comm_id = c.local_id;
-          r.remote_comm_id = c.remote_id;
-          r.message_rejected = c.awaiting == A(cm::Attr::kReq) ? cm::kRejectedOther : cm::kRejectedRep;
-          r.reason = cm::kRejTimeout;
           uint8_t mad[cm::kMadSize];
-          cm::encode(r, 0, mad);
+          cm::encode_rej(c.local_id, c.remote_id,
+                         c.awaiting == A(cm::Attr::kReq) ? cm::kRejectedOther : cm::kRejectedRep, cm::kRejTimeout,
+                         0, mad);
           send_wire(c, mad, true);
         }
         c.awaiting = 0;
@@ -429,7 +416,7 @@ int CmGateway::udp_socket_for(const sockaddr_storage& local, uint16_t* port) {
 void CmGateway::send_raw(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad) {
   // Test hook: lose every Nth MAD, as an unreliable datagram may be lost.
   if (drop_every_ > 0 && ++sent_count_ % uint64_t(drop_every_) == 0) {
-    SV_TRACE("cm gateway: dropped attr 0x%x (SOFTVERBS_CM_DROP_EVERY)", attr_of(mad));
+    SV_TRACE("cm gateway: dropped attr 0x%x (SOFTVERBS_CM_DROP_EVERY)", cm::attr_of(mad));
     return;
   }
   uint16_t sport = 0;
@@ -497,7 +484,7 @@ void CmGateway::deliver(int sock, const sockaddr* from_sa, socklen_t from_len, c
     case cm::Attr::kReq:
     case cm::Attr::kSidrReq: {
       const bool ud = m.attr == cm::Attr::kSidrReq;
-      const uint32_t rid = ud ? m.sidr_req.request_id : m.req.local_comm_id;
+      const uint32_t rid = cm::request_id(m);
       for (auto& [key, cp] : conns_) {
         if (!cp->active && cp->sidr == ud && cp->remote_id == rid && same_ip(cp->remote, remote)) c = cp.get();
       }
@@ -513,39 +500,21 @@ void CmGateway::deliver(int sock, const sockaddr* from_sa, socklen_t from_len, c
       }
       break;
     }
-    case cm::Attr::kRep:
-      c = find_by_local_id(m.rep.remote_comm_id, remote);
-      break;
-    case cm::Attr::kRej:
-      c = find_by_local_id(m.rej.remote_comm_id, remote);
-      break;
-    case cm::Attr::kRtu:
-      c = find_by_local_id(m.rtu.remote_comm_id, remote);
-      break;
-    case cm::Attr::kDreq:
-      c = find_by_local_id(m.dreq.remote_comm_id, remote);
-      if (!c) {
-        // IBTA 12.9.8.3.1: a DREQ for a connection not known (any more) is
-        // answered with a DREP all the same.
-        cm::Drep r;
-        r.local_comm_id = m.dreq.remote_comm_id;
-        r.remote_comm_id = m.dreq.local_comm_id;
-        uint8_t out[cm::kMadSize];
-        cm::encode(r, m.tid, out);
-        send_raw(local, remote, out);
-        return;
-      }
-      break;
-    case cm::Attr::kDrep:
-      c = find_by_local_id(m.drep.remote_comm_id, remote);
-      break;
-    case cm::Attr::kMra:
-      c = find_by_local_id(m.mra.remote_comm_id, remote);
-      break;
     case cm::Attr::kSidrRep:
       for (auto& [key, cp] : conns_) {
         if (cp->active && cp->sidr && cp->local_id == m.sidr_rep.request_id && same_ip(cp->remote, remote))
           c = cp.get();
+      }
+      break;
+    default:  // REP, REJ, RTU, DREQ, DREP, MRA: the comm ID they address
+      c = find_by_local_id(cm::receiver_id(m), remote);
+      if (!c && m.attr == cm::Attr::kDreq) {
+        // IBTA 12.9.8.3.1: a DREQ for a connection not known (any more) is
+        // answered with a DREP all the same.
+        uint8_t out[cm::kMadSize];
+        cm::encode_drep(m.dreq.remote_comm_id, m.dreq.local_comm_id, m.tid, out);
+        send_raw(local, remote, out);
+        return;
       }
       break;
   }
@@ -563,7 +532,7 @@ void CmGateway::from_wire(Conn& c, const uint8_t* mad, const cm::Msg& m) {
     // A retransmission: our answer was lost, or is not ready.
     stats_.duplicates++;
     if (!repeatable) return;
-    const uint16_t out = c.has_out ? attr_of(c.last_out) : 0;
+    const uint16_t out = c.has_out ? cm::attr_of(c.last_out) : 0;
     const bool answer = (m.attr == cm::Attr::kReq && (out == A(cm::Attr::kRep) || out == A(cm::Attr::kRej) ||
                                                        out == A(cm::Attr::kMra))) ||
                         (m.attr == cm::Attr::kRep && (out == A(cm::Attr::kRtu) || out == A(cm::Attr::kRej))) ||
@@ -627,11 +596,8 @@ void CmGateway::from_wire(Conn& c, const uint8_t* mad, const cm::Msg& m) {
   }
   // The library's end is gone: answer for it.
   if (m.attr == cm::Attr::kDreq) {
-    cm::Drep r;
-    r.local_comm_id = c.local_id;
-    r.remote_comm_id = c.remote_id;
     uint8_t out[cm::kMadSize];
-    cm::encode(r, m.tid, out);
+    cm::encode_drep(c.local_id, c.remote_id, m.tid, out);
     send_wire(c, out, true);
     c.ended = true;
   }
@@ -643,18 +609,14 @@ void CmGateway::from_wire(Conn& c, const uint8_t* mad, const cm::Msg& m) {
 // -2 when the request is to be dropped (a full backlog: the active side
 // retransmits).
 int CmGateway::listener_fd(const cm::Msg& m) {
-  const bool ud = m.attr == cm::Attr::kSidrReq;
-  const uint64_t sid = ud ? m.sidr_req.service_id : m.req.service_id;
+  const uint64_t sid = cm::request_service_id(m);
   cm::IpHeader ip;
-  if ((sid >> 32) != 0 || !cm::decode_ip_header(ud ? m.sidr_req.private_data : m.req.private_data, ip)) return -1;
+  if ((sid >> 32) != 0 || !cm::request_ip_header(m, ip)) return -1;
   const int ps = int((sid >> 16) & 0xffff);
   const uint16_t port = uint16_t(sid);
   sockaddr_storage dst = plain(ip.dst);
-  std::string cands[3] = {ip_text(dst), dst.ss_family == AF_INET ? "0.0.0.0" : "::",
-                          dst.ss_family == AF_INET ? "::" : ""};
-  for (const std::string& cand : cands) {
-    if (cand.empty()) continue;
-    std::string path = dir_ + "/cm/" + std::to_string(ps) + "-" + std::to_string(port) + "-" + cand;
+  for (const std::string& name : rdmacm::listener_names(ps, port, ip_text(dst))) {
+    std::string path = dir_ + "/cm/" + name;
     sockaddr_un sun{};
     if (path.size() >= sizeof sun.sun_path) continue;
     sun.sun_family = AF_UNIX;
@@ -677,8 +639,8 @@ int CmGateway::listener_fd(const cm::Msg& m) {
 void CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storage& remote, const uint8_t* mad,
                             const cm::Msg& m, Clock::time_point until) {
   const bool ud = m.attr == cm::Attr::kSidrReq;
-  const uint64_t sid = ud ? m.sidr_req.service_id : m.req.service_id;
-  const uint32_t rid = ud ? m.sidr_req.request_id : m.req.local_comm_id;
+  const uint64_t sid = cm::request_service_id(m);
+  const uint32_t rid = cm::request_id(m);
   const int fd = listener_fd(m);
   if (fd == -2) return;
   if (fd < 0 && Clock::now() < until && parked_.size() < kMaxParked) {
@@ -698,20 +660,7 @@ void CmGateway::new_request(const sockaddr_storage& local, const sockaddr_storag
     stats_.rejected_no_listener++;
     SV_TRACE("cm gateway: no listener for service 0x%llx", (unsigned long long)sid);
     uint8_t out[cm::kMadSize];
-    if (ud) {
-      cm::SidrRep r;
-      r.request_id = rid;
-      r.status = cm::kSidrNoService;
-      r.service_id = sid;
-      cm::encode(r, m.tid, out);
-    } else {
-      cm::Rej r;
-      r.local_comm_id = random_id();
-      r.remote_comm_id = rid;
-      r.message_rejected = cm::kRejectedReq;
-      r.reason = cm::kRejInvalidServiceId;
-      cm::encode(r, m.tid, out);
-    }
+    cm::encode_no_listener(m, random_id(), out);
     send_raw(local, remote, out);
     stats_.sent++;
     return;

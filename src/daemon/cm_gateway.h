@@ -2,7 +2,7 @@
 // RoCEv2 wire (docs/RDMACM.md, "Between hosts"), as the kernel is on Linux.
 //
 // The drop-in librdmacm connects ids of one host to each other over unix
-// sockets carrying the CM's MADs (src/rdmacm/cma.cc). For a destination on
+// sockets carrying the CM's MADs (src/rdmacm/cm_rendezvous.cc). For a destination on
 // another host it connects instead to this gateway ($DIR/cm-gateway) and
 // sends the same MADs; the gateway sends them as RoCEv2 UD datagrams to the
 // remote host's QP1 (GSI, IBTA 13.5: BTH to QP 1, DETH Q_Key 0x80010000 from

@@ -161,6 +161,88 @@ void encode(const Mra& m, uint64_t tid, uint8_t* d) {
   put8(d, 9, uint8_t((m.service_timeout & 0x1f) << 3));
 }
 
+namespace {
+
+// IBTA 12.6.5 table 99.
+void decode_req(const uint8_t* d, Req& r) {
+  r.local_comm_id = get32(d, 0);
+  r.service_id = get64(d, 8);
+  r.local_ca_guid = get64(d, 16);
+  r.local_qkey = get32(d, 28);
+  r.local_qpn = get32(d, 32) >> 8;
+  r.responder_resources = get8(d, 35);
+  r.initiator_depth = get8(d, 39);
+  uint8_t b = get8(d, 43);
+  r.remote_cm_response_timeout = b >> 3;
+  r.transport_type = (b >> 1) & 3;
+  r.flow_control = b & 1;
+  r.starting_psn = get32(d, 44) >> 8;
+  b = get8(d, 47);
+  r.local_cm_response_timeout = b >> 3;
+  r.retry_count = b & 7;
+  r.pkey = get16(d, 48);
+  b = get8(d, 50);
+  r.path_mtu = b >> 4;
+  r.rnr_retry_count = b & 7;
+  b = get8(d, 51);
+  r.max_cm_retries = b >> 4;
+  r.srq = b & 8;
+  getn(d, 56, r.local_gid, 16);
+  getn(d, 72, r.remote_gid, 16);
+  uint32_t w = get32(d, 88);
+  r.flow_label = w >> 12;
+  r.packet_rate = w & 0x3f;
+  r.traffic_class = get8(d, 92);
+  r.hop_limit = get8(d, 93);
+  r.sl = get8(d, 94) >> 4;
+  r.local_ack_timeout = get8(d, 95) >> 3;
+  getn(d, 140, r.private_data, kReqPrivate);
+}
+
+// IBTA 12.6.8 table 103.
+void decode_rep(const uint8_t* d, Rep& r) {
+  r.local_comm_id = get32(d, 0);
+  r.remote_comm_id = get32(d, 4);
+  r.local_qkey = get32(d, 8);
+  r.local_qpn = get32(d, 12) >> 8;
+  r.starting_psn = get32(d, 20) >> 8;
+  r.responder_resources = get8(d, 24);
+  r.initiator_depth = get8(d, 25);
+  uint8_t b = get8(d, 26);
+  r.target_ack_delay = b >> 3;
+  r.failover_accepted = (b >> 1) & 3;
+  r.flow_control = b & 1;
+  b = get8(d, 27);
+  r.rnr_retry_count = b >> 5;
+  r.srq = b & 0x10;
+  r.local_ca_guid = get64(d, 28);
+  getn(d, 36, r.private_data, kRepPrivate);
+}
+
+// IBTA 12.6.7 table 106.
+void decode_rej(const uint8_t* d, Rej& r) {
+  r.local_comm_id = get32(d, 0);
+  r.remote_comm_id = get32(d, 4);
+  r.message_rejected = get8(d, 8) >> 6;
+  r.reject_info_length = get8(d, 9) >> 1;
+  r.reason = get16(d, 10);
+  getn(d, 12, r.ari, sizeof(r.ari));
+  getn(d, 84, r.private_data, kRejPrivate);
+}
+
+// IBTA 12.11.3 table 119.
+void decode_sidr_rep(const uint8_t* d, SidrRep& r) {
+  r.request_id = get32(d, 0);
+  r.status = get8(d, 4);
+  r.additional_info_length = get8(d, 5);
+  r.qpn = get32(d, 8) >> 8;
+  r.service_id = get64(d, 12);
+  r.qkey = get32(d, 20);
+  getn(d, 96, r.private_data, kSidrRepPrivate);
+}
+
+}  // namespace
+
 bool decode(const uint8_t* d, size_t n, Msg& m) {
   if (n != kMadSize || d[0] != 1 || d[1] != kMgmtClassCm || d[2] != kCmClassVersion || d[3] != kMethodSend)
     return false;
@@ -168,105 +250,41 @@ bool decode(const uint8_t* d, size_t n, Msg& m) {
   for (int i = 0; i < 8; ++i) m.tid = m.tid << 8 | d[8 + i];
   m.attr = Attr(uint16_t(d[16] << 8 | d[17]));
   switch (m.attr) {
-    case Attr::kReq: {
-      Req& r = m.req;
-      r.local_comm_id = get32(d, 0);
-      r.service_id = get64(d, 8);
-      r.local_ca_guid = get64(d, 16);
-      r.local_qkey = get32(d, 28);
-      r.local_qpn = get32(d, 32) >> 8;
-      r.responder_resources = get8(d, 35);
-      r.initiator_depth = get8(d, 39);
-      uint8_t b = get8(d, 43);
-      r.remote_cm_response_timeout = b >> 3;
-      r.transport_type = (b >> 1) & 3;
-      r.flow_control = b & 1;
-      r.starting_psn = get32(d, 44) >> 8;
-      b = get8(d, 47);
-      r.local_cm_response_timeout = b >> 3;
-      r.retry_count = b & 7;
-      r.pkey = get16(d, 48);
-      b = get8(d, 50);
-      r.path_mtu = b >> 4;
-      r.rnr_retry_count = b & 7;
-      b = get8(d, 51);
-      r.max_cm_retries = b >> 4;
-      r.srq = b & 8;
-      getn(d, 56, r.local_gid, 16);
-      getn(d, 72, r.remote_gid, 16);
-      uint32_t w = get32(d, 88);
-      r.flow_label = w >> 12;
-      r.packet_rate = w & 0x3f;
-      r.traffic_class = get8(d, 92);
-      r.hop_limit = get8(d, 93);
-      r.sl = get8(d, 94) >> 4;
-      r.local_ack_timeout = get8(d, 95) >> 3;
-      getn(d, 140, r.private_data, kReqPrivate);
+    case Attr::kReq:
+      decode_req(d, m.req);
       return true;
-    }
-    case Attr::kRep: {
-      Rep& r = m.rep;
-      r.local_comm_id = get32(d, 0);
-      r.remote_comm_id = get32(d, 4);
-      r.local_qkey = get32(d, 8);
-      r.local_qpn = get32(d, 12) >> 8;
-      r.starting_psn = get32(d, 20) >> 8;
-      r.responder_resources = get8(d, 24);
-      r.initiator_depth = get8(d, 25);
-      uint8_t b = get8(d, 26);
-      r.target_ack_delay = b >> 3;
-      r.failover_accepted = (b >> 1) & 3;
-      r.flow_control = b & 1;
-      b = get8(d, 27);
-      r.rnr_retry_count = b >> 5;
-      r.srq = b & 0x10;
-      r.local_ca_guid = get64(d, 28);
-      getn(d, 36, r.private_data, kRepPrivate);
+    case Attr::kRep:
+      decode_rep(d, m.rep);
       return true;
-    }
-    case Attr::kRej: {
-      Rej& r = m.rej;
-      r.local_comm_id = get32(d, 0);
-      r.remote_comm_id = get32(d, 4);
-      r.message_rejected = get8(d, 8) >> 6;
-      r.reject_info_length = get8(d, 9) >> 1;
-      r.reason = get16(d, 10);
-      getn(d, 12, r.ari, sizeof(r.ari));
-      getn(d, 84, r.private_data, kRejPrivate);
+    case Attr::kRej:
+      decode_rej(d, m.rej);
       return true;
-    }
-    case Attr::kRtu:
+    case Attr::kRtu:  // IBTA 12.6.9 table 108
       m.rtu.local_comm_id = get32(d, 0);
       m.rtu.remote_comm_id = get32(d, 4);
       getn(d, 8, m.rtu.private_data, kRtuPrivate);
       return true;
-    case Attr::kDreq:
+    case Attr::kDreq:  // IBTA 12.6.10 table 109
       m.dreq.local_comm_id = get32(d, 0);
       m.dreq.remote_comm_id = get32(d, 4);
       m.dreq.remote_qpn = get32(d, 8) >> 8;
       getn(d, 12, m.dreq.private_data, kDreqPrivate);
       return true;
-    case Attr::kDrep:
+    case Attr::kDrep:  // IBTA 12.6.11 table 110
       m.drep.local_comm_id = get32(d, 0);
       m.drep.remote_comm_id = get32(d, 4);
       getn(d, 8, m.drep.private_data, kDrepPrivate);
       return true;
-    case Attr::kSidrReq:
+    case Attr::kSidrReq:  // IBTA 12.11.2 table 118
       m.sidr_req.request_id = get32(d, 0);
       m.sidr_req.pkey = get16(d, 4);
       m.sidr_req.service_id = get64(d, 8);
       getn(d, 16, m.sidr_req.private_data, kSidrReqPrivate);
       return true;
     case Attr::kSidrRep:
-      m.sidr_rep.request_id = get32(d, 0);
-      m.sidr_rep.status = get8(d, 4);
-      m.sidr_rep.additional_info_length = get8(d, 5);
-      m.sidr_rep.qpn = get32(d, 8) >> 8;
-      m.sidr_rep.service_id = get64(d, 12);
-      m.sidr_rep.qkey = get32(d, 20);
-      getn(d, 96, m.sidr_rep.private_data, kSidrRepPrivate);
+      decode_sidr_rep(d, m.sidr_rep);
       return true;
-    case Attr::kMra:
+    case Attr::kMra:  // IBTA 12.6.6 table 101
       m.mra.local_comm_id = get32(d, 0);
       m.mra.remote_comm_id = get32(d, 4);
       m.mra.message_mraed = get8(d, 8) >> 6;
@@ -274,6 +292,97 @@ bool decode(const uint8_t* d, size_t n, Msg& m) {
       return true;
   }
   return false;
+}
+
+uint16_t attr_of(const uint8_t* mad) { return uint16_t(mad[16] << 8 | mad[17]); }
+
+bool is_request(const Msg& m) { return m.attr == Attr::kReq || m.attr == Attr::kSidrReq; }
+
+uint32_t request_id(const Msg& m) {
+  if (m.attr == Attr::kReq) return m.req.local_comm_id;
+  if (m.attr == Attr::kSidrReq) return m.sidr_req.request_id;
+  return 0;
+}
+
+uint64_t request_service_id(const Msg& m) {
+  if (m.attr == Attr::kReq) return m.req.service_id;
+  if (m.attr == Attr::kSidrReq) return m.sidr_req.service_id;
+  return 0;
+}
+
+const uint8_t* request_private_data(const Msg& m) {
+  if (m.attr == Attr::kReq) return m.req.private_data;
+  if (m.attr == Attr::kSidrReq) return m.sidr_req.private_data;
+  return nullptr;
+}
+
+bool request_ip_header(const Msg& m, IpHeader& h) {
+  const uint8_t* p = request_private_data(m);
+  return p && decode_ip_header(p, h);
+}
+
+uint32_t receiver_id(const Msg& m) {
+  switch (m.attr) {
+    case Attr::kRep:
+      return m.rep.remote_comm_id;
+    case Attr::kRej:
+      return m.rej.remote_comm_id;
+    case Attr::kRtu:
+      return m.rtu.remote_comm_id;
+    case Attr::kDreq:
+      return m.dreq.remote_comm_id;
+    case Attr::kDrep:
+      return m.drep.remote_comm_id;
+    case Attr::kMra:
+      return m.mra.remote_comm_id;
+    case Attr::kSidrRep:
+      return m.sidr_rep.request_id;
+    case Attr::kReq:
+    case Attr::kSidrReq:
+      break;
+  }
+  return 0;
+}
+
+void encode_rej(uint32_t local_id, uint32_t remote_id, RejMsg which, uint16_t reason, uint64_t tid,
+                uint8_t out[kMadSize]) {
+  Rej r;
+  r.local_comm_id = local_id;
+  r.remote_comm_id = remote_id;
+  r.message_rejected = which;
+  r.reason = reason;
+  encode(r, tid, out);
+}
+
+void encode_dreq(uint32_t local_id, uint32_t remote_id, uint32_t remote_qpn, uint64_t tid, uint8_t out[kMadSize]) {
+  Dreq r;
+  r.local_comm_id = local_id;
+  r.remote_comm_id = remote_id;
+  r.remote_qpn = remote_qpn;
+  encode(r, tid, out);
+}
+
+void encode_drep(uint32_t local_id, uint32_t remote_id, uint64_t tid, uint8_t out[kMadSize]) {
+  Drep r;
+  r.local_comm_id = local_id;
+  r.remote_comm_id = remote_id;
+  encode(r, tid, out);
+}
+
+void encode_sidr_status(uint32_t request_id, SidrStatus status, uint64_t service_id, uint64_t tid,
+                        uint8_t out[kMadSize]) {
+  SidrRep r;
+  r.request_id = request_id;
+  r.status = status;
+  r.service_id = service_id;
+  encode(r, tid, out);
+}
+
+void encode_no_listener(const Msg& req, uint32_t local_id, uint8_t out[kMadSize]) {
+  if (req.attr == Attr::kSidrReq)
+    encode_sidr_status(req.sidr_req.request_id, kSidrNoService, req.sidr_req.service_id, req.tid, out);
+  else
+    encode_rej(local_id, request_id(req), kRejectedReq, kRejInvalidServiceId, req.tid, out);
 }
 
 // Annex A11: byte 0 CM version, byte 1 IP version in bits 7:4, bytes 2-3 the

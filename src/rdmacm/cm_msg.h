@@ -211,4 +211,37 @@ void encode_ip_header(const IpHeader& h, uint8_t out[kIpHeader]);
 // false for an unknown version or IP version; dst's port is left 0.
 bool decode_ip_header(const uint8_t in[kIpHeader], IpHeader& h);
 
+// --- reading and answering messages: shared by the library's state machine
+// (src/rdmacm/cm_state.cc) and the daemon's gateway (src/daemon/cm_gateway.cc).
+
+// The attribute ID of a MAD's header (IBTA 13.4.3), without decoding it.
+uint16_t attr_of(const uint8_t* mad);
+// A REQ or SIDR_REQ: the first message of a connection (or of a SIDR query).
+bool is_request(const Msg& m);
+// A REQ's local comm ID or a SIDR_REQ's request ID; 0 for other messages.
+uint32_t request_id(const Msg& m);
+// A REQ's or SIDR_REQ's service ID (Annex A11.2); 0 for other messages.
+uint64_t request_service_id(const Msg& m);
+// A REQ's or SIDR_REQ's private data (which starts with the IP header);
+// nullptr for other messages.
+const uint8_t* request_private_data(const Msg& m);
+// The IP header of a REQ / SIDR_REQ; false for another message or a bad header.
+bool request_ip_header(const Msg& m, IpHeader& h);
+// The comm ID an answer names as its receiver's own: the RemoteCommID of a
+// REP, REJ, RTU, DREQ, DREP or MRA, the request ID of a SIDR_REP; 0 for a
+// request.
+uint32_t receiver_id(const Msg& m);
+
+// The CM's own messages, encoded into `out` (private data zero).
+void encode_rej(uint32_t local_id, uint32_t remote_id, RejMsg which, uint16_t reason, uint64_t tid,
+                uint8_t out[kMadSize]);
+void encode_dreq(uint32_t local_id, uint32_t remote_id, uint32_t remote_qpn, uint64_t tid, uint8_t out[kMadSize]);
+void encode_drep(uint32_t local_id, uint32_t remote_id, uint64_t tid, uint8_t out[kMadSize]);
+void encode_sidr_status(uint32_t request_id, SidrStatus status, uint64_t service_id, uint64_t tid,
+                        uint8_t out[kMadSize]);
+// The answer to a request nobody listens for: a REJ "invalid service ID"
+// (IBTA 12.6.7.2, reason 8) from comm ID `local_id`, or a SIDR_REP "service
+// ID not supported" (12.11.3), with the request's transaction ID.
+void encode_no_listener(const Msg& req, uint32_t local_id, uint8_t out[kMadSize]);
+
 }  // namespace sv::cm

@@ -11,6 +11,7 @@
 #include <rdma/rsocket.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -187,6 +188,11 @@ int device_removal_child() {
 int child_main(const std::string& mode, uint16_t port) {
   if (mode == "device-removal") return device_removal_child();
   Active c;
+  if (mode == "nobody-listens") {  // TraceLinesLeaveWhole's child
+    int status = 0;
+    if (!c.start(port, "x")) return 2;
+    return expect_event(c.ch, RDMA_CM_EVENT_REJECTED, &status) && status == 8 ? 0 : 3;
+  }
   if (mode == "reject") {
     if (!c.start(port, "knock knock")) return 2;
     int status = 0;
@@ -215,9 +221,14 @@ int child_main(const std::string& mode, uint16_t port) {
   return 0;  // ~Active releases the MR, QP, id and channel
 }
 
-pid_t spawn(const std::string& mode, uint16_t port) {
+// err_fd >= 0: the child's stderr, with SOFTVERBS_CM_TRACE=1.
+pid_t spawn(const std::string& mode, uint16_t port, int err_fd = -1) {
   pid_t pid = ::fork();
   if (pid == 0) {
+    if (err_fd >= 0) {
+      ::dup2(err_fd, 2);
+      ::setenv("SOFTVERBS_CM_TRACE", "1", 1);
+    }
     std::string p = std::to_string(port);
     ::execl(g_self.c_str(), g_self.c_str(), "--child", mode.c_str(), p.c_str(), nullptr);
     ::_exit(127);
@@ -532,6 +543,38 @@ void disconnect_test(const std::string& mode) {
   std::free(msg);
   rdma_destroy_qp(id);
   rdma_destroy_id(id);
+}
+
+// SOFTVERBS_CM_TRACE's lines each leave in one write(2). The engine thread
+// traces while the application prints into the same file; a line written in
+// pieces had the application's output spliced into it, and the UCX tests
+// grepping the trace for "event RDMA_CM_EVENT_DISCONNECTED status 0$" failed
+// about one run in three (compat.ucx.rdmacm.rc, roce.wire.cm.ucx). A
+// SOCK_SEQPACKET stderr keeps each write(2) a record of its own: every
+// record must be one whole line.
+TEST(RdmaCm, TraceLinesLeaveWhole) {
+  const uint16_t port = unheard_port();
+  ASSERT_NE(port, 0);
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  int child_end = ::fcntl(sv[1], F_DUPFD, 3);  // without CLOEXEC: the child's stderr
+  ASSERT_GE(child_end, 0);
+  pid_t pid = spawn("nobody-listens", port, child_end);
+  ::close(child_end);
+  ::close(sv[1]);
+  EXPECT_EQ(reap(pid), 0);
+  std::vector<std::string> records;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(sv[0], buf, sizeof(buf), MSG_DONTWAIT)) > 0) records.emplace_back(buf, size_t(n));
+  ::close(sv[0]);
+  bool rejected = false;
+  for (const std::string& r : records) {
+    EXPECT_EQ(r.rfind("softverbs-cm[", 0), 0u) << r;
+    EXPECT_EQ(r.find('\n'), r.size() - 1) << r;
+    if (r.find(" event RDMA_CM_EVENT_REJECTED status 8\n") != std::string::npos) rejected = true;
+  }
+  EXPECT_TRUE(rejected) << records.size() << " records";
 }
 
 TEST(RdmaCm, DisconnectFromActiveSide) { disconnect_test("active-disconnects"); }

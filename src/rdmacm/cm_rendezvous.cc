@@ -1,0 +1,248 @@
+// cm_rendezvous.cc: where ids of one host meet (unix SOCK_SEQPACKET
+// sockets at $RUNTIME/cm/<port space>-<port>-<address>), port reservation,
+// and the active side's connect (to a listener, or to the daemon's CM
+// gateway for another host). See cm_state.h.
+#include <fcntl.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/paths.h"
+#include "rdmacm/cm_msg.h"
+#include "rdmacm/cm_state.h"
+#include "rdmacm/cm_trace.h"
+#include "rdmacm/cma.h"
+#include "rdmacm/rendezvous.h"
+
+using namespace sv::rdmacm;
+
+namespace sv::rdmacm::detail {
+
+// --- the rendezvous directory -------------------------------------------------
+
+// With the system daemon (SOFTVERBS_SYSTEM=1) every user's ids meet in its
+// directory, which the daemon made sticky and writable by all: the port
+// space is the host's, as on Linux. Otherwise the user's own directory.
+std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::runtime_dir(); }
+
+namespace {
+
+std::string cm_dir() {
+  if (sv::use_system_daemon()) return sv::system_dir() + "/cm";
+  std::string dir = sv::runtime_dir();
+  sv::ensure_runtime_dir(dir);
+  dir += "/cm";
+  ::mkdir(dir.c_str(), 0700);
+  return dir;
+}
+
+}  // namespace
+
+std::string rendezvous_path(int ps, uint16_t port, const std::string& addr) {
+  return cm_dir() + "/" + rendezvous_name(ps, port, addr);
+}
+
+namespace {
+
+bool fill_sun(sockaddr_un& sun, const std::string& path) {
+  if (path.size() >= sizeof(sun.sun_path)) return false;
+  sun = {};
+  sun.sun_family = AF_UNIX;
+  std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
+  return true;
+}
+
+// Binds a listening socket at `path`. A socket file left by a dead process
+// refuses connections and is replaced. Returns the fd or -errno.
+int bind_path(const std::string& path) {
+  sockaddr_un sun;
+  if (!fill_sun(sun, path)) return -ENAMETOOLONG;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -errno;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun)) == 0) {
+      // Shared with other users (system daemon): they connect to it.
+      if (sv::use_system_daemon() && ::chmod(path.c_str(), 0666) != 0) {
+        int e = errno;
+        ::unlink(path.c_str());
+        ::close(fd);
+        return -e;
+      }
+      if (::listen(fd, SOMAXCONN) == 0) return fd;
+      int e = errno;
+      ::close(fd);
+      return -e;
+    }
+    int e = errno;
+    ::close(fd);
+    if (e != EADDRINUSE) return -e;
+    int probe = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int r = ::connect(probe, reinterpret_cast<sockaddr*>(&sun), sizeof(sun));
+    int pe = errno;
+    ::close(probe);
+    if (r == 0 || pe != ECONNREFUSED) return -EADDRINUSE;
+    ::unlink(path.c_str());  // stale
+  }
+  return -EADDRINUSE;
+}
+
+}  // namespace
+
+bool path_exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+
+// rdma_bind_addr for an id: reserve (ps, port, address); port 0 picks a free
+// ephemeral port (the same range as Linux's ip_local_port_range default).
+int do_bind(Id* d, const sockaddr* addr) {
+  sockaddr_storage a{};
+  std::memcpy(&a, addr, addr_len(addr));
+  auto* sa = reinterpret_cast<sockaddr*>(&a);
+  std::string text = addr_is_any(sa) ? (sa->sa_family == AF_INET ? "0.0.0.0" : "::") : addr_text(sa);
+  int ps = d->id.ps;
+  uint16_t port = addr_port(sa);
+  int fd = -1;
+  // Among users, a port below 1024 is privileged, as Linux's rdma_cm has it
+  // (CAP_NET_BIND_SERVICE).
+  if (port && port < 1024 && sv::use_system_daemon() && ::geteuid() != 0) return EACCES;
+  if (port) {
+    // A wildcard and a specific bind of one port conflict, as in TCP.
+    if (!addr_is_any(sa) && (path_exists(rendezvous_path(ps, port, "0.0.0.0")) ||
+                             path_exists(rendezvous_path(ps, port, "::")))) {
+      int probe = bind_path(rendezvous_path(ps, port, sa->sa_family == AF_INET ? "0.0.0.0" : "::"));
+      if (probe < 0) return EADDRINUSE;
+      ::close(probe);
+      ::unlink(rendezvous_path(ps, port, sa->sa_family == AF_INET ? "0.0.0.0" : "::").c_str());
+    }
+    fd = bind_path(rendezvous_path(ps, port, text));
+    if (fd < 0) return -fd;
+  } else {
+    for (int i = 0; i < 1000 && fd < 0; ++i) {
+      port = uint16_t(32768 + random32() % (60999 - 32768));
+      if (path_exists(rendezvous_path(ps, port, "0.0.0.0")) || path_exists(rendezvous_path(ps, port, "::")) ||
+          path_exists(rendezvous_path(ps, port, text)))
+        continue;
+      fd = bind_path(rendezvous_path(ps, port, text));
+      if (fd == -ENAMETOOLONG) return ENAMETOOLONG;
+    }
+    if (fd < 0) return EADDRINUSE;
+    set_port(sa, port);
+  }
+  d->bind_fd = fd;
+  d->bind_path = rendezvous_path(ps, port, text);
+  CM_TRACE("id %llu bound at %s", (unsigned long long)d->serial, d->bind_path.c_str());
+  watch(fd, FdKind::kBind, d->serial);
+  std::memcpy(&d->id.route.addr.src_storage, &a, sizeof(a));
+  // A loopback address is no device's (as in Linux, where no RoCE GID holds
+  // it): the id gets its device when it connects or is connected to.
+  // libfabric's verbs provider relies on this to find the device's own
+  // addresses when it binds "localhost" (vrb_get_rai_id).
+  if (!addr_is_any(sa) && !addr_is_loopback(sa)) {
+    ibv_gid gid{};
+    int idx = gid_index_of(sa, &gid);
+    if (idx >= 0) {
+      d->sgid_index = idx;
+      d->id.route.addr.addr.ibaddr.sgid = gid;
+      d->id.verbs = device();
+      d->id.pd = default_pd();
+      d->id.port_num = 1;
+    }
+  }
+  d->id.route.addr.addr.ibaddr.pkey = htobe16(0xffff);
+  return 0;
+}
+
+// --- the passive side ---------------------------------------------------------
+
+void on_accepted(Id* listener) {
+  for (;;) {
+    int fd = ::accept4(listener->bind_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    watch(fd, FdKind::kPending, listener->serial);
+  }
+}
+
+void reply_and_close(int fd, const uint8_t* mad) {
+  (void)!::send(fd, mad, cm::kMadSize, MSG_NOSIGNAL | MSG_DONTWAIT);
+  unwatch_close(fd);
+}
+
+// --- the active side ----------------------------------------------------------
+
+// Connects d->conn_fd to the listener of the destination and sends the
+// prepared REQ. A full backlog is retried every 5 ms until the deadline.
+bool try_connect(Id* d) {
+  if (d->wire) {
+    // Another host: the daemon's CM gateway carries the MADs on the wire.
+    sockaddr_un sun;
+    int fd = -1;
+    if (fill_sun(sun, daemon_dir() + "/cm-gateway")) {
+      fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun)) != 0) {
+        CM_TRACE("id %llu gateway %s: %s", (unsigned long long)d->serial, sun.sun_path, std::strerror(errno));
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    if (fd < 0) {
+      // No gateway: the daemon does not own the RoCEv2 port (SOFTVERBS_ROCE).
+      d->st = St::kRejected;
+      post(d, RDMA_CM_EVENT_UNREACHABLE, -ENETUNREACH);
+      return false;
+    }
+    d->conn_fd = fd;
+    watch(fd, FdKind::kConn, d->serial);
+    send_mad(d, d->pending_req);
+    add_timer(d, TimerKind::kRepTimeout, Clock::now() + kRepTimeout);
+    return true;
+  }
+  const sockaddr* dst = &d->id.route.addr.dst_addr;
+  uint16_t port = addr_port(dst);
+  int last = ENOENT;
+  const std::string dir = cm_dir();
+  for (const std::string& name : listener_names(d->id.ps, port, addr_text(dst))) {
+    sockaddr_un sun;
+    if (!fill_sun(sun, dir + "/" + name)) continue;
+    int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return false;
+    int cr = ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun));
+    CM_TRACE("id %llu connect %s: %s", (unsigned long long)d->serial, sun.sun_path, cr ? std::strerror(errno) : "ok");
+    if (cr == 0) {
+      d->conn_fd = fd;
+      watch(fd, FdKind::kConn, d->serial);
+      send_mad(d, d->pending_req);
+      add_timer(d, TimerKind::kRepTimeout, Clock::now() + kRepTimeout);
+      return true;
+    }
+    last = errno;
+    ::close(fd);
+    if (last == EAGAIN) break;  // that listener exists, its backlog is full
+  }
+  if ((last == EAGAIN && Clock::now() < d->connect_deadline) || (last != EAGAIN && Clock::now() < d->no_listener_until)) {
+    add_timer(d, TimerKind::kRetryConnect, Clock::now() + std::chrono::milliseconds(5));
+    return true;
+  }
+  // Nobody listens on that port: the remote CM rejects the REQ (IBTA
+  // 12.6.7.2: invalid service ID), which Linux reports as REJECTED.
+  d->st = St::kRejected;
+  if (d->id.qp_type == IBV_QPT_UD)
+    post(d, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED);
+  else
+    post(d, RDMA_CM_EVENT_REJECTED, cm::kRejInvalidServiceId);
+  return false;
+}
+
+
+}  // namespace sv::rdmacm::detail

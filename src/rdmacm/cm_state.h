@@ -1,0 +1,214 @@
+// cm_state.h: the drop-in librdmacm's internals, shared by its parts:
+//   cm_state.cc      the CM state machine of an id (IBTA 12.9): requests,
+//                    replies, disconnection, QP transitions, teardown, sync ids;
+//   cm_engine.cc     the engine thread (epoll on the sockets, timers) and the
+//                    event queues of the channels;
+//   cm_rendezvous.cc the unix-socket rendezvous between processes of one host
+//                    (and the daemon's CM gateway for other hosts);
+//   cma.cc           the public API (rdma_* functions).
+//
+// Rendezvous: every bound id owns a listening unix SOCK_SEQPACKET socket at
+// $RUNTIME/cm/<port space>-<port>-<address>; an active id connects to the
+// socket of (its destination, port) or of the wildcard address, and the
+// connection then carries the IB CM's MADs (cm_msg.h): REQ/REP/RTU/REJ/
+// DREQ/DREP for connected ids, SIDR_REQ/SIDR_REP for UD ids. The socket's
+// end is the peer's death: a connected id sees DISCONNECTED.
+//
+// Threads: one engine thread per process (epoll on the sockets, timers)
+// turns messages into events. All state is under one mutex `g.mu`; every
+// function declared here expects it held (start_engine aside). The engine
+// never calls back into the application. rdma_get_cm_event blocks in
+// read(2) on the channel's eventfd (a semaphore: one count per queued
+// event), never under the mutex.
+#pragma once
+
+#include <rdma/rdma_cma.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "rdmacm/cm_msg.h"
+
+namespace sv::rdmacm::detail {
+
+namespace cm = sv::cm;
+
+using Clock = std::chrono::steady_clock;
+
+// How long an active side waits for a REP / SIDR_REP (the kernel's CM
+// retries a REQ for about a minute before UNREACHABLE).
+constexpr auto kRepTimeout = std::chrono::seconds(60);
+// A REQ that finds nobody listening waits this long for a listener before
+// it is rejected (reason 8). Programs race their own listen: perftest's
+// server calls rdma_listen only after an out-of-band handshake that the
+// client leaves first and connects at once. The CM may answer a REQ any
+// time within the REQ's response timeout (IBTA 12.6.5), so waiting is
+// within the rules; the daemon's CM gateway does the same for the wire.
+constexpr auto kNoListenerGrace = std::chrono::milliseconds(50);
+// From DISCONNECTED to TIMEWAIT_EXIT (IBTA 12.9.8.6: the QPN may not be
+// reused for a while; applications wait for this event to reuse the QP).
+constexpr auto kTimewait = std::chrono::milliseconds(500);
+// Default local ACK timeout (4.096 us * 2^14 = 67 ms), as Linux computes it
+// for RoCE from the path's packet life time.
+constexpr uint8_t kDefaultAckTimeout = 14;
+constexpr uint8_t kCmResponseTimeout = 20;  // IBTA 12.6.5: 4.096 us * 2^20 = 4.3 s
+constexpr uint8_t kMaxCmRetries = 15;
+
+struct Event {
+  rdma_cm_event ev{};
+  uint64_t owner = 0;         // serial of ev.id
+  uint64_t listen_owner = 0;  // serial of ev.listen_id
+  uint8_t pdata[cm::kMadSize] = {};
+};
+
+struct Channel {
+  rdma_event_channel ch{};  // first: the application holds &ch
+  std::deque<Event*> q;
+  // Destroyed by the application while ids still used it (rdma_destroy_event_channel):
+  // no fd, events dropped, freed with the last of those ids.
+  bool dead = false;
+};
+
+enum class St {
+  kIdle,
+  kAddrQuery,
+  kAddrResolved,
+  kRouteResolved,
+  kListen,
+  kConnect,      // REQ / SIDR_REQ sent
+  kRepRcvd,      // active without a QP: CONNECT_RESPONSE given, waiting for rdma_establish
+  kReqRcvd,      // passive: CONNECT_REQUEST given, waiting for accept / reject
+  kRepSent,      // passive: REP sent, waiting for RTU
+  kEstablished,
+  kDreqSent,
+  kDisconnected,
+  kRejected,
+};
+
+enum class TimerKind { kAddrError, kRepTimeout, kTimewait, kRetryConnect };
+
+struct Id {
+  rdma_cm_id id{};  // first: the application holds &id
+  uint64_t serial = 0;
+  St st = St::kIdle;
+  bool sync = false;  // created without a channel: calls wait for their events
+  Channel* own_channel = nullptr;  // the private channel of a sync id
+  int bind_fd = -1;
+  std::string bind_path;
+  int conn_fd = -1;
+  uint64_t listener = 0;  // passive child: its listener's serial
+  int backlog = 0;
+  uint32_t local_comm_id = 0, remote_comm_id = 0;
+  // The Starting PSN of a REQ and of a REP (IBTA 12.6.5, 12.6.8) is the
+  // first PSN the sender's receive queue expects, i.e. where the other
+  // side's send queue starts: Linux's CM reads it so (cm.c: the active side
+  // takes the REP's as its sq_psn, the passive side the REQ's), and so every
+  // Linux peer (rxe, RoCE NICs) does. my_psn is what ours expects and we
+  // send; peer_psn what the other side sent, where our send queue starts.
+  uint32_t my_psn = 0, peer_psn = 0, peer_qpn = 0, peer_qkey = 0;
+  ibv_gid peer_gid{};
+  int sgid_index = 0;
+  uint8_t responder_resources = 0, initiator_depth = 0;
+  uint8_t retry_count = 7, rnr_retry_count = 7;
+  uint8_t tos = 0, ack_timeout = kDefaultAckTimeout;
+  bool ack_timeout_set = false, afonly = false, reuseaddr = false;
+  bool peer_gone = false;
+  bool had_qp = false;
+  // The peer is on another host: the CM's messages go through the daemon's
+  // gateway (src/daemon/cm_gateway.cc) as MADs on QP1 over RoCEv2.
+  bool wire = false;
+  uint8_t path_mtu = 0;  // enum ibv_mtu of the path (the REQ's), 0: the port's
+  uint64_t timer_gen = 0;
+  ibv_qp_init_attr* ep_qp_attr = nullptr;  // rdma_create_ep on a passive id
+  bool created_cqs = false;
+  // rdma_connect's REQ is built at once but sent when the connect succeeds
+  // (a full listen backlog is retried).
+  uint8_t pending_req[cm::kMadSize] = {};
+  Clock::time_point connect_deadline{};
+  Clock::time_point no_listener_until{};  // kNoListenerGrace after rdma_connect
+};
+
+struct Timer {
+  uint64_t serial;
+  uint64_t gen;
+  TimerKind kind;
+};
+
+enum class FdKind { kBind, kPending, kConn, kWake, kAsync };
+struct FdRef {
+  FdKind kind;
+  uint64_t serial;
+};
+
+struct Global {
+  std::mutex mu;
+  std::unordered_map<uint64_t, Id*> ids;
+  std::unordered_map<int, FdRef> fds;
+  std::multimap<Clock::time_point, Timer> timers;
+  uint64_t next_serial = 1;
+  int ep = -1, wake = -1;
+  std::once_flag started;
+  ibv_context* watch_ctx = nullptr;  // its async fd tells of the daemon's death
+  bool device_removed = false;
+};
+extern Global& g;  // never destroyed: the engine thread outlives static destructors
+
+inline Id* id_of(rdma_cm_id* id) { return reinterpret_cast<Id*>(id); }
+inline Channel* chan_of(rdma_event_channel* c) { return reinterpret_cast<Channel*>(c); }
+inline Id* find(uint64_t serial) {
+  auto it = g.ids.find(serial);
+  return it == g.ids.end() ? nullptr : it->second;
+}
+uint32_t random32();
+
+// --- events and the engine (cm_engine.cc) ------------------------------------
+Event* new_event(Id* d, rdma_cm_event_type type, int status);
+void post(Id* d, Event* e);
+void post(Id* d, rdma_cm_event_type type, int status);
+void set_conn_pdata(Event* e, const void* p, size_t n);
+void start_engine();  // once per process; takes g.mu itself
+void watch(int fd, FdKind kind, uint64_t serial);
+void unwatch_close(int& fd);
+void add_timer(Id* d, TimerKind kind, Clock::time_point when);
+void cancel_timers(Id* d);
+bool send_mad(Id* d, const uint8_t* mad);
+
+// --- the rendezvous (cm_rendezvous.cc) ---------------------------------------
+std::string daemon_dir();
+std::string rendezvous_path(int ps, uint16_t port, const std::string& addr);
+bool path_exists(const std::string& p);
+int do_bind(Id* d, const sockaddr* addr);
+void on_accepted(Id* listener);
+void reply_and_close(int fd, const uint8_t* mad);
+bool try_connect(Id* d);
+
+// --- the state machine (cm_state.cc) -----------------------------------------
+int init_qp_attr(Id* d, ibv_qp_attr* a, int* mask);
+int modify_to(Id* d, ibv_qp_state s);
+int connect_qp(Id* d);
+void qp_to_err(Id* d);
+void fill_path_rec(Id* d);
+void reject_child(Id* child, uint16_t reason);
+void drop_events_of(Channel* c, uint64_t serial, bool also_listen);
+void free_channel(Channel* c);
+bool channel_in_use(const Channel* c);
+void free_if_dead(rdma_event_channel* ch);
+void destroy_locked(Id* d);
+Id* new_id(Channel* c, void* context, rdma_port_space ps, ibv_qp_type qpt);
+void on_request(int fd, uint64_t serial, const cm::Msg& m);
+void send_rtu(Id* d);
+void disconnected(Id* d);
+void on_message(Id* d, const cm::Msg& m);
+void on_peer_gone(Id* d);
+Channel* new_channel();
+void move_events(Id* d, Channel* from, Channel* to);
+void make_sync(Id* d);
+int complete(Id* d);
+inline bool has_local_device(Id* d) { return d->id.verbs != nullptr; }
+
+}  // namespace sv::rdmacm::detail
