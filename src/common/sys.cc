@@ -246,6 +246,14 @@ int eventfd_drain(int fd, uint64_t* value) {
   return 0;
 }
 
+int eventfd_wait_once(int fd, uint64_t* value) {
+  uint64_t v = 0;
+  ssize_t n = ::read(fd, &v, sizeof(v));
+  if (n != sizeof(v)) return n < 0 ? errno : EIO;
+  if (value) *value = v;
+  return 0;
+}
+
 namespace detail {
 std::atomic<uint32_t> g_pid{0};
 }  // namespace detail

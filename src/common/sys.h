@@ -127,9 +127,14 @@ int listen_seqpacket(const std::string& path, Fd& out);
 int connect_seqpacket(const std::string& path, Fd& out);
 
 // Eventfd helpers: signal adds 1; drain reads the counter (EAGAIN if zero and
-// the fd is non-blocking).
+// the fd is non-blocking). drain retries a read a signal interrupted;
+// wait_once does not (EINTR): for the verbs that block for the application
+// (ibv_get_cq_event, ibv_get_async_event), which, as rdma-core's, return
+// -1/EINTR when a signal arrives, so that a program whose SIGALRM handler
+// ends its loop (qperf's timed tests) is not left waiting.
 int eventfd_signal(int fd);
 int eventfd_drain(int fd, uint64_t* value);
+int eventfd_wait_once(int fd, uint64_t* value);
 
 uint64_t monotonic_ns();
 

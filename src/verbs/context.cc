@@ -503,7 +503,7 @@ int ibv_get_async_event(ibv_context* c, ibv_async_event* ev) {
   ContextState& st = ctx_state(c);
   for (;;) {
     uint64_t v;
-    int e = sv::eventfd_drain(st.async_fd.get(), &v);
+    int e = sv::eventfd_wait_once(st.async_fd.get(), &v);  // EINTR ends the wait
     if (e && e != EAGAIN) {
       errno = e;
       return -1;

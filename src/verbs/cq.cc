@@ -635,7 +635,7 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_conte
   spin_for_event(cs, ch);
   for (;;) {
     uint64_t v;
-    int e = sv::eventfd_drain(channel->fd, &v);
+    int e = sv::eventfd_wait_once(channel->fd, &v);  // EINTR ends the wait
     if (e && e != EAGAIN) {
       errno = e;
       return -1;

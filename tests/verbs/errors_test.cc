@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <fcntl.h>
 
 #include <vector>
@@ -173,6 +175,40 @@ TEST_F(Errors, GetCqEventWithNothingPendingIsEagainWhenNonBlocking) {
   EXPECT_EQ(EAGAIN, errno);
   // A channel with a CQ on it cannot go first.
   EXPECT_EQ(EBUSY, ibv_destroy_comp_channel(ch));
+  EXPECT_EQ(0, ibv_destroy_cq(cq));
+  EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
+}
+
+// A signal whose handler does not ask for restarts (no SA_RESTART) ends a
+// blocking wait for a completion event with -1/EINTR, as rdma-core's
+// ibv_get_cq_event(3) does (a plain read(2) of the channel's fd). qperf's
+// timed tests end their loop from a SIGALRM handler this way; a wait that
+// retried the read hung them (issue 20).
+TEST_F(Errors, GetCqEventInterruptedBySignalIsEintr) {
+  ibv_comp_channel* ch = ibv_create_comp_channel(s.ctx);
+  ASSERT_NE(nullptr, ch);
+  ibv_cq* cq = ibv_create_cq(s.ctx, 4, nullptr, ch, 0);
+  ASSERT_NE(nullptr, cq);
+  ASSERT_EQ(0, ibv_req_notify_cq(cq, 0));
+  struct sigaction sa {}, old {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART
+  ASSERT_EQ(0, sigaction(SIGALRM, &sa, &old));
+  // Repeating, so that one lands while the wait is blocked in the kernel
+  // whatever the spin before it takes.
+  itimerval it{{0, 20000}, {0, 20000}};
+  ASSERT_EQ(0, setitimer(ITIMER_REAL, &it, nullptr));
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  errno = 0;
+  int r = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
+  int e = errno;
+  itimerval off{};
+  setitimer(ITIMER_REAL, &off, nullptr);
+  sigaction(SIGALRM, &old, nullptr);
+  EXPECT_EQ(-1, r);
+  EXPECT_EQ(EINTR, e);
   EXPECT_EQ(0, ibv_destroy_cq(cq));
   EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
 }
