@@ -232,6 +232,8 @@ struct Window {
   uint8_t* at(uint64_t file_offset) const { return map.as<uint8_t>() + (file_offset - file_base); }
 };
 
+struct QpOps;  // transport.h
+
 struct QpState {
   // What every post reads comes first, on two cache lines.
   Context* ctx;
@@ -248,6 +250,9 @@ struct QpState {
   // thread has the QP (in_progress_list). Such a QP cannot be imported.
   bool lockless = false;
   std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
+  // The path its send work requests take, chosen at create, modify (RTR,
+  // RESET) and peer connection (transport.h choose_transport).
+  std::atomic<const QpOps*> ops{nullptr};
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;
   std::shared_ptr<Window> last_window;

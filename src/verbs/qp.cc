@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "verbs/provider.h"
+#include "verbs/transport.h"
 #include "verbs/roce_link.h"
 
 namespace sv::verbs {
@@ -41,19 +42,6 @@ void flush_rq_into(shm::Ring<shm::RecvWqe>& rq, CqView& cq, uint32_t qpn) {
 }
 
 }  // namespace
-
-ibv_wc_opcode send_wc_opcode(uint32_t op) {
-  switch (op) {
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
-    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
-    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
-    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
-    default: return IBV_WC_SEND;
-  }
-}
 
 void flush_sq_locked(QpState& q) {
   if (!q.send_cq) return;  // an XRC target: no send queue
@@ -222,6 +210,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
   st->self = qp;
+  choose_transport(*st);
   qp->st = st.release();
   if (extended) init_qp_ex(qp, a->send_ops_flags);
   std::lock_guard<std::mutex> g(cs.mu);
@@ -360,7 +349,13 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     }
     if (int e = roce_on_modify(q, now, mask, next)) return e;
   }
-  if (next == IBV_QPS_ERR) {
+  if (next == IBV_QPS_RTR) {
+    // The path is chosen here: on the wire or not (roce_on_modify above).
+    // RTR comes from INIT, after RESET: no peer is connected yet.
+    q.hdr->send_lock.lock(self_pid());
+    choose_transport(q);
+    q.hdr->send_lock.unlock();
+  } else if (next == IBV_QPS_ERR) {
     flush_qp(q);
   } else if (next == IBV_QPS_RESET) {
     // RESET discards both queues without completions (IBTA 10.3.1).
@@ -371,6 +366,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     q.head_started = false;
     q.peer.reset();
     q.last_window.reset();
+    choose_transport(q);  // off the wire, no peer
     q.hdr->send_lock.unlock();
     shm::RecvWqe rw;
     while (q.rq.pop(rw)) {

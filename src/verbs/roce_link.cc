@@ -24,6 +24,7 @@
 #include "roce/engine.h"
 #include "roce/udp.h"
 #include "verbs/provider.h"
+#include "verbs/wr_rules.h"
 
 namespace sv::verbs {
 namespace {
@@ -839,35 +840,17 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   RoceQp& r = *it->second;
   int rc = 0;
   for (; wr; wr = wr->next) {
-    uint32_t op;
-    std::memcpy(&op, &wr->opcode, sizeof op);
-    SendWr s;
-    switch (op) {
-      case IBV_WR_SEND: s.opcode = WrOpcode::kSend; break;
-      case IBV_WR_SEND_WITH_IMM: s.opcode = WrOpcode::kSendImm; break;
-      case IBV_WR_SEND_WITH_INV: s.opcode = WrOpcode::kSendInv; break;
-      case IBV_WR_RDMA_WRITE: s.opcode = WrOpcode::kWrite; break;
-      case IBV_WR_RDMA_WRITE_WITH_IMM: s.opcode = WrOpcode::kWriteImm; break;
-      case IBV_WR_RDMA_READ: s.opcode = WrOpcode::kRead; break;
-      case IBV_WR_ATOMIC_CMP_AND_SWP: s.opcode = WrOpcode::kCompareSwap; break;
-      case IBV_WR_ATOMIC_FETCH_AND_ADD: s.opcode = WrOpcode::kFetchAdd; break;
-      case IBV_WR_LOCAL_INV: s.opcode = WrOpcode::kLocalInv; break;
-      case IBV_WR_BIND_MW:
-        // Type 1 windows are bound with ibv_bind_mw(3), not through the send queue.
-        s.opcode = WrOpcode::kBindMw;
-        if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2 ||
-            wr->bind_mw.mw->context != q.self->qpx.qp_base.context)
-          rc = EINVAL;
-        break;
-      default: rc = EINVAL; break;
-    }
-    const bool local_op = op == IBV_WR_LOCAL_INV || op == IBV_WR_BIND_MW;
-    if (rc == 0 && !local_op && (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge)) rc = EINVAL;
+    // One check for every path: the opcode rules of wr_rules.h.
+    const uint32_t op = opcode_of(wr);
+    rc = validate_wr(q, wr);
     if (rc == 0 && r.engine->send_queue_depth() >= q.cap.max_send_wr) rc = ENOMEM;
     if (rc) {
       *bad = wr;
       break;
     }
+    SendWr s;
+    s.opcode = wr_rule(op).wire;
+    const bool local_op = wr_rule(op).kind == WrKind::kLocal;
     s.wr_id = wr->wr_id;
     s.signaled = q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
     s.solicited = wr->send_flags & IBV_SEND_SOLICITED;
