@@ -89,56 +89,47 @@ void move_to_error(QpState& q) {
   flush_rq(q);
 }
 
-ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
-  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
+namespace {
+
+// 0, or the errno for which ibv_create_qp_ex(3) refuses these attributes.
+// An XRC initiator without a receive CQ gets its send CQ as one.
+int check_qp_init_attr(ibv_context* c, ibv_qp_init_attr_ex* a) {
+  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+    return EOPNOTSUPP;
   if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD &&
-      a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
+      a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV) return EOPNOTSUPP;
   // An XRC target QP (IBTA A14) has an XRC domain instead of a PD, CQs and
   // queues; an XRC initiator has no receive side (its receive CQ is optional).
   const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
   if (tgt) {
-    if (!(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd || a->xrcd->context != c || a->srq) {
-      errno = EINVAL;
-      return nullptr;
-    }
+    if (!(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd || a->xrcd->context != c || a->srq) return EINVAL;
   } else {
     if (a->qp_type == IBV_QPT_XRC_SEND && !a->recv_cq) a->recv_cq = a->send_cq;
-    if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq) {
-      errno = EINVAL;
-      return nullptr;
-    }
-    if (a->qp_type == IBV_QPT_XRC_SEND && a->srq) {
-      errno = EINVAL;
-      return nullptr;
-    }
+    if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq) return EINVAL;
+    if (a->qp_type == IBV_QPT_XRC_SEND && a->srq) return EINVAL;
   }
   // ibv_create_qp_ex(3): an op the device cannot do on this QP type fails
   // the create (EOPNOTSUPP, as rdma-core's providers answer).
   const bool extended = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  if (extended && (a->send_ops_flags & ~supported_send_ops(a->qp_type))) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
-  if (a->srq && (a->srq->context != c || a->qp_type == IBV_QPT_UD)) {
-    errno = EINVAL;
-    return nullptr;
-  }
+  if (extended && (a->send_ops_flags & ~supported_send_ops(a->qp_type))) return EOPNOTSUPP;
+  if (a->srq && (a->srq->context != c || a->qp_type == IBV_QPT_UD)) return EINVAL;
   ibv_qp_cap& cap = a->cap;
   if (cap.max_send_wr > shm::kMaxQpWr || cap.max_recv_wr > shm::kMaxQpWr || cap.max_send_sge > shm::kMaxSge ||
-      cap.max_recv_sge > shm::kMaxSge || cap.max_inline_data > shm::kMaxInline) {
-    errno = EINVAL;
+      cap.max_recv_sge > shm::kMaxSge || cap.max_inline_data > shm::kMaxInline) return EINVAL;
+  if (!tgt && (a->pd->context != c || a->send_cq->context != c || a->recv_cq->context != c)) return EINVAL;
+  return 0;
+}
+
+}  // namespace
+
+ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
+  if (int e = check_qp_init_attr(c, a)) {
+    errno = e;
     return nullptr;
   }
-  if (!tgt && (a->pd->context != c || a->send_cq->context != c || a->recv_cq->context != c)) {
-    errno = EINVAL;
-    return nullptr;
-  }
+  const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
+  const bool extended = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ibv_qp_cap& cap = a->cap;
   if (a->qp_type == IBV_QPT_XRC_SEND || tgt) cap.max_recv_wr = cap.max_recv_sge = 0;
   if (tgt) cap.max_send_wr = cap.max_send_sge = cap.max_inline_data = 0;
   ContextState& cs = ctx_state(c);

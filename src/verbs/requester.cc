@@ -666,7 +666,7 @@ inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t ad
 // Called with the send lock held. True when the request was carried out
 // (and completed); false when the general path must take it, nothing done.
 // Only the shared-memory ops of RC and UC QPs take it (post_shm<true>).
-bool fast_post(QpState& q, const ibv_send_wr* wr) {
+[[gnu::always_inline]] inline bool fast_post(QpState& q, const ibv_send_wr* wr) {
   const uint32_t opcode = opcode_of(wr);
   const WrRule& rule = wr_rule(opcode);
   // The opcode rules (wr_rules.h) say whether the QP type has it: READ
@@ -843,7 +843,7 @@ int post_one(QpState& q, const ibv_send_wr* wr, bool& queued) {
 // The shared-memory (and mediated) post: under the send lock, each request
 // through the fast path if kFast and it qualifies, else the general path.
 template <bool kFast>
-int post_queue(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+[[gnu::always_inline]] inline int post_queue(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   int rc = 0;
   bool need_progress = false;
   // A QP of a thread domain is posted to by one thread at a time (the
