@@ -193,7 +193,7 @@ struct Peer {
   uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
   const QpEntry* entry;
   // The peer belongs to another user: nothing of it is mapped here, and each
-  // operation goes through the daemon (requester.cc execute_mediated).
+  // operation goes through the daemon (requester_daemon.cc execute_mediated).
   // Its QP entry is in its own user's device segment, not ours: `entry` is
   // null, and min_rnr_timer comes from the daemon's ConnectPeer reply.
   bool mediated = false;

@@ -5,6 +5,11 @@
 // after it, until the progress thread retries it (IBTA 9.7.5.2.8 RNR, 9.7.6.1.3
 // timeouts). Responder-side checks follow IBTA 9.7.4.1 (validation of
 // incoming requests) and 10.6.7 (memory access rights).
+//
+// Also here: the per-QP operations of every path (transport.h: the ops
+// tables and choose_transport, at the end). UD is in requester_ud.cc; what
+// the daemon carries out (binds, local invalidation, mediated peers) in
+// requester_daemon.cc; the work-request rules in wr_rules.h.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -588,7 +593,7 @@ namespace {
 // Most work requests are an RDMA WRITE, READ or SEND of at most one SGE on a
 // connected QP whose peer is attached already, with nothing queued before
 // them. fast_post() carries those out straight from the ibv_send_wr, with
-// every check of the general path (validate(), resolve_peer(), gather(),
+// every check of the general path (validate_wr(), resolve_peer(), gather(),
 // peer_address(), IBTA 10.6.7 key checks) but without building a SendWqe,
 // without a call per step, and with a single store for small payloads.
 // Anything else -- an error to report, a key whose window is not the QP's
