@@ -250,9 +250,6 @@ struct QpState {
   // thread has the QP (in_progress_list). Such a QP cannot be imported.
   bool lockless = false;
   std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
-  // The path its send work requests take, chosen at create, modify (RTR,
-  // RESET) and peer connection (transport.h choose_transport).
-  std::atomic<const QpOps*> ops{nullptr};
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;
   std::shared_ptr<Window> last_window;
@@ -263,6 +260,10 @@ struct QpState {
   // a useless prefetch).
   std::atomic<uint32_t> hint_rkey{0};
   std::atomic<uintptr_t> hint_delta{0};
+  // The path its send work requests take, chosen at create, modify (RTR,
+  // RESET) and peer connection (transport.h choose_transport). Read by
+  // every post, next to the hints (which a WRITE reads too).
+  std::atomic<const QpOps*> ops{nullptr};
 
   Cq* recv_cq;
   Srq* srq = nullptr;

@@ -24,10 +24,15 @@ constexpr uint32_t kInlineCaptured = 1u << 31;
 // QP types as bits of WrRule::qp_types.
 enum : uint8_t { kRcBit = 1, kUcBit = 2, kUdBit = 4, kXrcBit = 8 };
 
+// One nibble per ibv_qp_type value below 16: no branch on the post path.
+constexpr uint64_t kQpTypeBits = uint64_t(kRcBit) << (4 * IBV_QPT_RC) | uint64_t(kUcBit) << (4 * IBV_QPT_UC) |
+                                 uint64_t(kUdBit) << (4 * IBV_QPT_UD) | uint64_t(kXrcBit) << (4 * IBV_QPT_XRC_SEND);
 constexpr uint8_t qp_type_bit(ibv_qp_type t) {
-  return t == IBV_QPT_RC ? kRcBit : t == IBV_QPT_UC ? kUcBit : t == IBV_QPT_UD ? kUdBit
-                                                                : t == IBV_QPT_XRC_SEND ? kXrcBit : 0;
+  return uint32_t(t) < 16 ? uint8_t((kQpTypeBits >> (4 * uint32_t(t))) & 0xf) : 0;
 }
+static_assert(qp_type_bit(IBV_QPT_RC) == kRcBit && qp_type_bit(IBV_QPT_UC) == kUcBit &&
+              qp_type_bit(IBV_QPT_UD) == kUdBit && qp_type_bit(IBV_QPT_XRC_SEND) == kXrcBit &&
+              qp_type_bit(IBV_QPT_XRC_RECV) == 0 && qp_type_bit(IBV_QPT_RAW_PACKET) == 0);
 
 // What a request of an opcode does, as the requester carries it out.
 enum class WrKind : uint8_t { kSend, kWrite, kRead, kAtomic, kLocal, kNone };
