@@ -674,13 +674,13 @@ inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t ad
 [[gnu::always_inline]] inline bool fast_post(QpState& q, const ibv_send_wr* wr) {
   const uint32_t opcode = opcode_of(wr);
   const WrRule& rule = wr_rule(opcode);
-  // The opcode rules (wr_rules.h) say whether the QP type has it: READ
-  // is not on UC (IBTA 9.8). SEND with Invalidate takes the general path.
-  if (!(rule.qp_types & qp_type_bit(q.type)) || opcode == IBV_WR_SEND_WITH_INV) return false;
+  // The opcode rules (wr_rules.h) say whether this path takes it (SEND,
+  // RDMA WRITE, READ; with immediate or not) and whether the QP type has
+  // it: READ is not on UC (IBTA 9.8).
+  if (!(rule.flags & kWrFast) || !(rule.qp_types & qp_type_bit(q.type))) return false;
   const bool send = rule.kind == WrKind::kSend;
-  const bool write = rule.kind == WrKind::kWrite;
   const bool read = rule.kind == WrKind::kRead;
-  if (!send && !write && !read) return false;
+  const bool write = !send && !read;
   if (uint32_t(wr->num_sge) > 1 || uint32_t(wr->num_sge) > q.cap.max_send_sge) return false;
   if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR || !q.sq.empty()) return false;
   Peer* p = attached_peer(q);

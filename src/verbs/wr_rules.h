@@ -41,6 +41,7 @@ enum WrFlag : uint8_t {
   kWrImm = 1,       // carries immediate data
   kWrRecv = 2,      // consumes a receive WQE at the responder
   kWrNoInline = 4,  // IBV_SEND_INLINE refused: the SGE is a destination (READ, atomics)
+  kWrFast = 8,      // the shared-memory fast path may carry it (requester.cc fast_post)
 };
 
 struct WrRule {
@@ -62,17 +63,19 @@ constexpr uint8_t kConnected = kRcBit | kUcBit | kXrcBit;
 constexpr uint8_t kReliable = kRcBit | kXrcBit;
 constexpr WrRule kWrRules[] = {
     /* IBV_WR_RDMA_WRITE */
-    {true, WrKind::kWrite, kConnected, 0, IBV_WC_RDMA_WRITE, IBV_QP_EX_WITH_RDMA_WRITE, roce::WrOpcode::kWrite},
+    {true, WrKind::kWrite, kConnected, kWrFast, IBV_WC_RDMA_WRITE, IBV_QP_EX_WITH_RDMA_WRITE, roce::WrOpcode::kWrite},
     /* IBV_WR_RDMA_WRITE_WITH_IMM */
-    {true, WrKind::kWrite, kConnected, kWrImm | kWrRecv, IBV_WC_RDMA_WRITE, IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
-     roce::WrOpcode::kWriteImm},
+    {true, WrKind::kWrite, kConnected, kWrImm | kWrRecv | kWrFast, IBV_WC_RDMA_WRITE,
+     IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM, roce::WrOpcode::kWriteImm},
     /* IBV_WR_SEND */
-    {true, WrKind::kSend, kConnected | kUdBit, kWrRecv, IBV_WC_SEND, IBV_QP_EX_WITH_SEND, roce::WrOpcode::kSend},
+    {true, WrKind::kSend, kConnected | kUdBit, kWrRecv | kWrFast, IBV_WC_SEND, IBV_QP_EX_WITH_SEND,
+     roce::WrOpcode::kSend},
     /* IBV_WR_SEND_WITH_IMM */
-    {true, WrKind::kSend, kConnected | kUdBit, kWrImm | kWrRecv, IBV_WC_SEND, IBV_QP_EX_WITH_SEND_WITH_IMM,
+    {true, WrKind::kSend, kConnected | kUdBit, kWrImm | kWrRecv | kWrFast, IBV_WC_SEND, IBV_QP_EX_WITH_SEND_WITH_IMM,
      roce::WrOpcode::kSendImm},
     /* IBV_WR_RDMA_READ */
-    {true, WrKind::kRead, kReliable, kWrNoInline, IBV_WC_RDMA_READ, IBV_QP_EX_WITH_RDMA_READ, roce::WrOpcode::kRead},
+    {true, WrKind::kRead, kReliable, kWrNoInline | kWrFast, IBV_WC_RDMA_READ, IBV_QP_EX_WITH_RDMA_READ,
+     roce::WrOpcode::kRead},
     /* IBV_WR_ATOMIC_CMP_AND_SWP */
     {true, WrKind::kAtomic, kReliable, kWrNoInline, IBV_WC_COMP_SWAP, IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
      roce::WrOpcode::kCompareSwap},
