@@ -204,7 +204,7 @@ struct Peer {
   uint32_t pd = 0;  // XRC: the PD receive buffers are checked against (the SRQ's); 0: the QP's
   const QpEntry* entry;
   // The peer belongs to another user: nothing of it is mapped here, and each
-  // operation goes through the daemon (requester.cc execute_mediated).
+  // operation goes through the daemon (requester_daemon.cc execute_mediated).
   // Its QP entry is in its own user's device segment, not ours: `entry` is
   // null, and min_rnr_timer comes from the daemon's ConnectPeer reply.
   bool mediated = false;
@@ -243,6 +243,8 @@ struct Window {
   uint8_t* at(uint64_t file_offset) const { return map.as<uint8_t>() + (file_offset - file_base); }
 };
 
+struct QpOps;  // transport.h
+
 struct QpState {
   // What every post reads comes first, on two cache lines.
   Context* ctx;
@@ -269,6 +271,10 @@ struct QpState {
   // a useless prefetch).
   std::atomic<uint32_t> hint_rkey{0};
   std::atomic<uintptr_t> hint_delta{0};
+  // The path its send work requests take, chosen at create, modify (RTR,
+  // RESET) and peer connection (transport.h choose_transport). Read by
+  // every post, next to the hints (which a WRITE reads too).
+  std::atomic<const QpOps*> ops{nullptr};
 
   Cq* recv_cq;
   Srq* srq = nullptr;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "verbs/provider.h"
+#include "verbs/transport.h"
 #include "verbs/roce_link.h"
 
 namespace sv::verbs {
@@ -41,19 +42,6 @@ void flush_rq_into(shm::Ring<shm::RecvWqe>& rq, CqView& cq, uint32_t qpn) {
 }
 
 }  // namespace
-
-ibv_wc_opcode send_wc_opcode(uint32_t op) {
-  switch (op) {
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
-    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
-    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
-    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
-    default: return IBV_WC_SEND;
-  }
-}
 
 void flush_sq_locked(QpState& q) {
   if (!q.send_cq) return;  // an XRC target: no send queue
@@ -101,56 +89,47 @@ void move_to_error(QpState& q) {
   flush_rq(q);
 }
 
-ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
-  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
+namespace {
+
+// 0, or the errno for which ibv_create_qp_ex(3) refuses these attributes.
+// An XRC initiator without a receive CQ gets its send CQ as one.
+int check_qp_init_attr(ibv_context* c, ibv_qp_init_attr_ex* a) {
+  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+    return EOPNOTSUPP;
   if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD &&
-      a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
+      a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV) return EOPNOTSUPP;
   // An XRC target QP (IBTA A14) has an XRC domain instead of a PD, CQs and
   // queues; an XRC initiator has no receive side (its receive CQ is optional).
   const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
   if (tgt) {
-    if (!(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd || a->xrcd->context != c || a->srq) {
-      errno = EINVAL;
-      return nullptr;
-    }
+    if (!(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd || a->xrcd->context != c || a->srq) return EINVAL;
   } else {
     if (a->qp_type == IBV_QPT_XRC_SEND && !a->recv_cq) a->recv_cq = a->send_cq;
-    if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq) {
-      errno = EINVAL;
-      return nullptr;
-    }
-    if (a->qp_type == IBV_QPT_XRC_SEND && a->srq) {
-      errno = EINVAL;
-      return nullptr;
-    }
+    if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq) return EINVAL;
+    if (a->qp_type == IBV_QPT_XRC_SEND && a->srq) return EINVAL;
   }
   // ibv_create_qp_ex(3): an op the device cannot do on this QP type fails
   // the create (EOPNOTSUPP, as rdma-core's providers answer).
   const bool extended = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  if (extended && (a->send_ops_flags & ~supported_send_ops(a->qp_type))) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
-  if (a->srq && (a->srq->context != c || a->qp_type == IBV_QPT_UD)) {
-    errno = EINVAL;
-    return nullptr;
-  }
+  if (extended && (a->send_ops_flags & ~supported_send_ops(a->qp_type))) return EOPNOTSUPP;
+  if (a->srq && (a->srq->context != c || a->qp_type == IBV_QPT_UD)) return EINVAL;
   ibv_qp_cap& cap = a->cap;
   if (cap.max_send_wr > shm::kMaxQpWr || cap.max_recv_wr > shm::kMaxQpWr || cap.max_send_sge > shm::kMaxSge ||
-      cap.max_recv_sge > shm::kMaxSge || cap.max_inline_data > shm::kMaxInline) {
-    errno = EINVAL;
+      cap.max_recv_sge > shm::kMaxSge || cap.max_inline_data > shm::kMaxInline) return EINVAL;
+  if (!tgt && (a->pd->context != c || a->send_cq->context != c || a->recv_cq->context != c)) return EINVAL;
+  return 0;
+}
+
+}  // namespace
+
+ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
+  if (int e = check_qp_init_attr(c, a)) {
+    errno = e;
     return nullptr;
   }
-  if (!tgt && (a->pd->context != c || a->send_cq->context != c || a->recv_cq->context != c)) {
-    errno = EINVAL;
-    return nullptr;
-  }
+  const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
+  const bool extended = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ibv_qp_cap& cap = a->cap;
   if (a->qp_type == IBV_QPT_XRC_SEND || tgt) cap.max_recv_wr = cap.max_recv_sge = 0;
   if (tgt) cap.max_send_wr = cap.max_send_sge = cap.max_inline_data = 0;
   ContextState& cs = ctx_state(c);
@@ -222,6 +201,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
   st->self = qp;
+  choose_transport(*st);
   qp->st = st.release();
   if (extended) init_qp_ex(qp, a->send_ops_flags);
   std::lock_guard<std::mutex> g(cs.mu);
@@ -360,7 +340,13 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     }
     if (int e = roce_on_modify(q, now, mask, next)) return e;
   }
-  if (next == IBV_QPS_ERR) {
+  if (next == IBV_QPS_RTR) {
+    // The path is chosen here: on the wire or not (roce_on_modify above).
+    // RTR comes from INIT, after RESET: no peer is connected yet.
+    q.hdr->send_lock.lock(self_pid());
+    choose_transport(q);
+    q.hdr->send_lock.unlock();
+  } else if (next == IBV_QPS_ERR) {
     flush_qp(q);
   } else if (next == IBV_QPS_RESET) {
     // RESET discards both queues without completions (IBTA 10.3.1).
@@ -371,6 +357,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     q.head_started = false;
     q.peer.reset();
     q.last_window.reset();
+    choose_transport(q);  // off the wire, no peer
     q.hdr->send_lock.unlock();
     shm::RecvWqe rw;
     while (q.rq.pop(rw)) {

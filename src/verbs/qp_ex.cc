@@ -34,15 +34,6 @@ struct WrBatch {
 
 namespace {
 
-constexpr uint64_t kRcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
-                            IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-                            IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
-                            IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV;
-// IBTA 9.8: UC has sends and RDMA writes only; 9.8.2: UD has sends only.
-constexpr uint64_t kUcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
-                            IBV_QP_EX_WITH_SEND_WITH_IMM;
-constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
-
 QpState& state(ibv_qp_ex* qx) { return *reinterpret_cast<Qp*>(qx)->st; }
 
 void set_error(WrBatch& b, int e) {
@@ -230,16 +221,6 @@ void wr_set_inline_data(ibv_qp_ex* qx, void* addr, size_t length) {
 }
 
 }  // namespace
-
-uint64_t supported_send_ops(ibv_qp_type type) {
-  switch (type) {
-    case IBV_QPT_RC:
-    case IBV_QPT_XRC_SEND: return kRcOps;
-    case IBV_QPT_UC: return kUcOps;
-    case IBV_QPT_UD: return kUdOps;
-    default: return 0;
-  }
-}
 
 void init_qp_ex(Qp* qp, uint64_t send_ops) {
   QpState& q = *qp->st;

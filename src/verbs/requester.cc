@@ -5,6 +5,11 @@
 // after it, until the progress thread retries it (IBTA 9.7.5.2.8 RNR, 9.7.6.1.3
 // timeouts). Responder-side checks follow IBTA 9.7.4.1 (validation of
 // incoming requests) and 10.6.7 (memory access rights).
+//
+// Also here: the per-QP operations of every path (transport.h: the ops
+// tables and choose_transport, at the end). UD is in requester_ud.cc; what
+// the daemon carries out (binds, local invalidation, mediated peers) in
+// requester_daemon.cc; the work-request rules in wr_rules.h.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -14,12 +19,14 @@
 #include "common/access.h"
 #include "common/trace.h"
 #include "verbs/provider.h"
+#include "verbs/requester_internal.h"
 #include "verbs/roce_link.h"
+#include "verbs/transport.h"
+#include "verbs/wr_rules.h"
 
 namespace sv::verbs {
 namespace {
 
-constexpr uint32_t kInlineCaptured = 1u << 31;  // internal send flag: inline_data holds the payload
 constexpr uint64_t kMaxMessage = 1ull << 31;
 
 // IBTA 9.7.5.2.8 table 45: RNR NAK timer field (min_rnr_timer) in microseconds x 100.
@@ -27,19 +34,7 @@ constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,    8, 
                                         48,    64,   96,   128,  192,  256,  384,   512,   768,  1024, 1536,
                                         2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
 
-enum class Step { kDone, kRnr, kRetry, kError };
-
-struct Outcome {
-  Step step;
-  ibv_wc_status status = IBV_WC_SUCCESS;
-  bool peer_error = false;  // the responder detected the error: it goes to ERR too
-  uint32_t byte_len = 0;
-};
-
-struct Seg {
-  uint8_t* p;
-  uint64_t len;
-};
+}  // namespace
 
 // Copies between two scatter lists in order. The last bytes land last, after
 // a compiler barrier, so a poller watching the final byte of the target (as
@@ -70,6 +65,8 @@ void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t tota
     done += n;
   }
 }
+
+namespace {
 
 // Resolves a local SGE (IBTA 10.6.7.1: L_Key, PD, bounds, local write).
 bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
@@ -154,6 +151,7 @@ Peer* resolve_peer(QpState& q) {
     }
     q.peer = std::move(np);
     p = q.peer.get();
+    choose_transport(q);  // shared memory, or through the daemon for another user's QP
   }
   if (p->mediated) return p;
   auto st = p->entry->state.load(std::memory_order_acquire);
@@ -161,6 +159,8 @@ Peer* resolve_peer(QpState& q) {
   if (p->entry->dest_qpn.load(std::memory_order_relaxed) != q.qpn) return nullptr;
   return p;
 }
+
+}  // namespace
 
 // Gathers the local source of a send, write or atomic.
 bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& total, ibv_wc_status& err) {
@@ -241,28 +241,7 @@ void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_sta
   push_recv_completion(q, p, r.wr_id, status, op, len, w.opcode, w.send_flags, w.imm_data, w.invalidate_rkey);
 }
 
-// Binds and local invalidations act on this side only (no peer needed).
-Outcome execute_local(QpState& q, const shm::SendWqe& w) {
-  ContextState& cs = *q.ctx->st;
-  if (w.opcode == IBV_WR_BIND_MW) {
-    const MrEntry* me = cs.mr(w.mr_key);
-    ibv_mw_bind_info b{};
-    b.addr = w.remote_addr;
-    b.length = w.compare_add;
-    b.mw_access_flags = w.mw_access;
-    ibv_mr fake{};
-    fake.lkey = w.mr_key;
-    b.mr = me ? &fake : nullptr;
-    if (daemon_bind(q, w.mw_handle, w.rkey, b, nullptr)) return {Step::kError, IBV_WC_MW_BIND_ERR};
-    return {Step::kDone};
-  }
-  proto::InvalidateReq req{};
-  req.key = w.invalidate_rkey;
-  req.qpn = q.qpn;
-  proto::Empty rep{};
-  if (cs.conn.call<proto::Op::InvalidateKey>(req, rep)) return {Step::kError, IBV_WC_MW_BIND_ERR};
-  return {Step::kDone};
-}
+namespace {
 
 // XRC (IBTA annex A14): the message goes through the target QP to the XRC SRQ
 // it names, whose CQ takes the receive completion. One Peer per SRQ number.
@@ -294,141 +273,143 @@ Peer* xrc_peer(QpState& q, uint32_t srqn, bool& invalid) {
   return p;
 }
 
-// A peer of another user (system daemon): the daemon carries the operation
-// out between the two processes' memory with every key checked
-// (daemon/mediate.cc); one round trip per work request.
-Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
-  proto::MediateReq req{};
-  req.qpn = q.qpn;
-  req.opcode = w.opcode;
-  req.send_flags = w.send_flags & ~kInlineCaptured;
-  req.imm_data = w.imm_data;
-  req.remote_addr = w.remote_addr;
-  req.rkey = w.rkey;
-  req.compare_add = w.compare_add;
-  req.swap = w.swap;
-  req.num_sge = w.num_sge;
-  std::memcpy(req.sge, w.sge, sizeof(req.sge));
-  if (w.send_flags & IBV_SEND_INLINE) {
-    // The payload travels in the request: it need not be registered.
-    if (w.send_flags & kInlineCaptured) {
-      req.inline_len = w.inline_len;
-      std::memcpy(req.inline_data, w.inline_data, w.inline_len);
-    } else {
-      for (uint32_t i = 0; i < w.num_sge; ++i) {
-        if (req.inline_len + w.sge[i].length > shm::kMaxInline) return {Step::kError, IBV_WC_LOC_LEN_ERR};
-        std::memcpy(req.inline_data + req.inline_len, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
-        req.inline_len += w.sge[i].length;
-      }
-    }
-  }
-  proto::MediateReply rep{};
-  if (q.ctx->st->conn.call<proto::Op::Mediate>(req, rep)) return {Step::kRetry};
-  switch (rep.outcome) {
-    case proto::kMediateDone: return {Step::kDone, IBV_WC_SUCCESS, false, rep.byte_len};
-    case proto::kMediateRnr: return {Step::kRnr};
-    case proto::kMediateRetry: return {Step::kRetry};
-    default: return {Step::kError, ibv_wc_status(rep.wc_status), rep.peer_error != 0};
-  }
-}
-
-Outcome execute(QpState& q, const shm::SendWqe& w) {
-  if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) return execute_local(q, w);
-  bool invalid = false;
-  Peer* p = q.type == IBV_QPT_XRC_SEND ? xrc_peer(q, w.xrc_srqn, invalid) : resolve_peer(q);
-  if (invalid) return {Step::kError, IBV_WC_REM_INV_REQ_ERR};
-  if (!p) return {Step::kRetry};
-  if (p->mediated) return execute_mediated(q, w);
+// The request of a SEND to a shared-memory peer: the responder's receive
+// takes the message (IBTA 9.7.5.2 for its errors).
+Outcome send_to(QpState& q, Peer& p, const shm::SendWqe& w) {
   Seg local[shm::kMaxSge];
   int nl = 0;
   uint64_t total = 0;
   ibv_wc_status err = IBV_WC_SUCCESS;
-
-  switch (w.opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_SEND_WITH_INV: {
-      if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
-      shm::RecvWqe r;
-      if (!pop_peer_recv(q, *p, r)) return {Step::kRnr};
-      Seg remote[shm::kMaxSge];
-      uint32_t nr = 0;
-      if (ibv_wc_status rs = resolve_recv(q, *p, r, total, remote, nr)) {
-        // The responder's receive buffer is bad (its local protection error:
-        // our remote operational error) or too small (its local length error:
-        // our invalid request), IBTA 9.7.5.2.
-        push_recv_completion(q, *p, r, rs, IBV_WC_RECV, 0, w);
-        return {Step::kError, access::status(access::receive_fault(rs)), true};
-      }
-      copy_segments(remote, int(nr), local, nl, total);
-      if (w.opcode == IBV_WR_SEND_WITH_INV) {
-        // Remote invalidation of the responder's type 2 window (IBTA 9.4.1.2.1).
-        proto::InvalidateReq req{};
-        req.key = w.invalidate_rkey;
-        req.qpn = q.qpn;
-        req.remote = 1;
-        proto::Empty rep{};
-        if (q.ctx->st->conn.call<proto::Op::InvalidateKey>(req, rep)) {
-          push_recv_completion(q, *p, r, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, w);
-          return {Step::kError, IBV_WC_REM_OP_ERR, true};
-        }
-      }
-      push_recv_completion(q, *p, r, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(total), w);
-      return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
-    }
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: {
-      if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
-      uint8_t* d = nullptr;
-      if (total) {
-        d = peer_address(q, *p, w.rkey, w.remote_addr, total, IBV_ACCESS_REMOTE_WRITE);
-        if (!d) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
-      }
-      shm::RecvWqe r;
-      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !pop_peer_recv(q, *p, r)) return {Step::kRnr};
-      Seg dst{d, total};
-      if (total) copy_segments(&dst, 1, local, nl, total);
-      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-        push_recv_completion(q, *p, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(total), w);
-      return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
-    }
-    case IBV_WR_RDMA_READ: {
-      for (uint32_t i = 0; i < w.num_sge; ++i) {
-        if (!local_segment(q, w.sge[i], true, local[nl])) return {Step::kError, IBV_WC_LOC_PROT_ERR};
-        total += local[nl++].len;
-      }
-      if (total > kMaxMessage) return {Step::kError, IBV_WC_LOC_LEN_ERR};
-      if (total) {
-        uint8_t* s = peer_address(q, *p, w.rkey, w.remote_addr, total, IBV_ACCESS_REMOTE_READ);
-        if (!s) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
-        Seg src{s, total};
-        copy_segments(local, nl, &src, 1, total);
-      }
-      return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
-    }
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-      Seg res;
-      if (!local_segment(q, w.sge[0], true, res)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
-      // IBTA 9.4.5: atomics act on an 8-byte aligned remote quadword.
-      if (access::Fault f = access::check_atomic(w.opcode, res.len, w.remote_addr); f != access::Fault::kNone)
-        return {Step::kError, access::status(f), access::responder_detected(f)};
-      uint8_t* t = peer_address(q, *p, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC);
-      if (!t) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
-      auto* word = reinterpret_cast<uint64_t*>(t);
-      uint64_t old;
-      if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-        old = w.compare_add;
-        __atomic_compare_exchange_n(word, &old, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-      } else {
-        old = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
-      }
-      std::memcpy(res.p, &old, 8);
-      return {Step::kDone, IBV_WC_SUCCESS, false, 8};
-    }
-    default:
-      return {Step::kError, IBV_WC_LOC_QP_OP_ERR};
+  if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
+  shm::RecvWqe r;
+  if (!pop_peer_recv(q, p, r)) return {Step::kRnr};
+  Seg remote[shm::kMaxSge];
+  uint32_t nr = 0;
+  if (ibv_wc_status rs = resolve_recv(q, p, r, total, remote, nr)) {
+    // The responder's receive buffer is bad (its local protection error:
+    // our remote operational error) or too small (its local length error:
+    // our invalid request), IBTA 9.7.5.2.
+    push_recv_completion(q, p, r, rs, IBV_WC_RECV, 0, w);
+    return {Step::kError, access::status(access::receive_fault(rs)), true};
   }
+  copy_segments(remote, int(nr), local, nl, total);
+  if (w.opcode == IBV_WR_SEND_WITH_INV) {
+    // Remote invalidation of the responder's type 2 window (IBTA 9.4.1.2.1).
+    proto::InvalidateReq req{};
+    req.key = w.invalidate_rkey;
+    req.qpn = q.qpn;
+    req.remote = 1;
+    proto::Empty rep{};
+    if (q.ctx->st->conn.call<proto::Op::InvalidateKey>(req, rep)) {
+      push_recv_completion(q, p, r, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, w);
+      return {Step::kError, IBV_WC_REM_OP_ERR, true};
+    }
+  }
+  push_recv_completion(q, p, r, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(total), w);
+  return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+}
+
+// RDMA WRITE (with immediate: it takes a receive too), IBTA 9.4.3.
+Outcome write_to(QpState& q, Peer& p, const shm::SendWqe& w) {
+  Seg local[shm::kMaxSge];
+  int nl = 0;
+  uint64_t total = 0;
+  ibv_wc_status err = IBV_WC_SUCCESS;
+  if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
+  uint8_t* d = nullptr;
+  if (total) {
+    d = peer_address(q, p, w.rkey, w.remote_addr, total, IBV_ACCESS_REMOTE_WRITE);
+    if (!d) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  }
+  shm::RecvWqe r;
+  if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !pop_peer_recv(q, p, r)) return {Step::kRnr};
+  Seg dst{d, total};
+  if (total) copy_segments(&dst, 1, local, nl, total);
+  if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+    push_recv_completion(q, p, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(total), w);
+  return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+}
+
+// RDMA READ, IBTA 9.4.4: the local SGEs are the destination.
+Outcome read_from(QpState& q, Peer& p, const shm::SendWqe& w) {
+  Seg local[shm::kMaxSge];
+  int nl = 0;
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    if (!local_segment(q, w.sge[i], true, local[nl])) return {Step::kError, IBV_WC_LOC_PROT_ERR};
+    total += local[nl++].len;
+  }
+  if (total > kMaxMessage) return {Step::kError, IBV_WC_LOC_LEN_ERR};
+  if (total) {
+    uint8_t* s = peer_address(q, p, w.rkey, w.remote_addr, total, IBV_ACCESS_REMOTE_READ);
+    if (!s) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+    Seg src{s, total};
+    copy_segments(local, nl, &src, 1, total);
+  }
+  return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+}
+
+// Compare-and-swap and fetch-and-add on the responder's quadword, IBTA 9.4.5.
+Outcome atomic_at(QpState& q, Peer& p, const shm::SendWqe& w) {
+  Seg res;
+  if (!local_segment(q, w.sge[0], true, res)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
+  // IBTA 9.4.5: atomics act on an 8-byte aligned remote quadword.
+  if (access::Fault f = access::check_atomic(w.opcode, res.len, w.remote_addr); f != access::Fault::kNone)
+    return {Step::kError, access::status(f), access::responder_detected(f)};
+  uint8_t* t = peer_address(q, p, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC);
+  if (!t) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  auto* word = reinterpret_cast<uint64_t*>(t);
+  uint64_t old;
+  if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    old = w.compare_add;
+    __atomic_compare_exchange_n(word, &old, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  } else {
+    old = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
+  }
+  std::memcpy(res.p, &old, 8);
+  return {Step::kDone, IBV_WC_SUCCESS, false, 8};
+}
+
+// A request to a peer in shared memory, by the kind its opcode rule names
+// (wr_rules.h; validate_wr() accepted it for this QP type).
+Outcome execute_at(QpState& q, Peer& p, const shm::SendWqe& w) {
+  switch (wr_rule(w.opcode).kind) {
+    case WrKind::kSend: return send_to(q, p, w);
+    case WrKind::kWrite: return write_to(q, p, w);
+    case WrKind::kRead: return read_from(q, p, w);
+    case WrKind::kAtomic: return atomic_at(q, p, w);
+    default: return {Step::kError, IBV_WC_LOC_QP_OP_ERR};
+  }
+}
+
+// The execute operation of RC (and, through execute_uc, UC) QPs. A local
+// operation needs no peer. resolve_peer() (re)connects the QP when its
+// destination changed and chooses its ops again (choose_transport): when a
+// reconnection changed the path, the request takes the new one.
+Outcome execute_rc(QpState& q, const shm::SendWqe& w) {
+  if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
+  Peer* p = resolve_peer(q);
+  if (!p) return {Step::kRetry};
+  if (p->mediated) return execute_mediated(q, w);
+  return execute_at(q, *p, w);
+}
+
+Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w) {
+  if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
+  Peer* p = resolve_peer(q);
+  if (!p) return {Step::kRetry};
+  if (!p->mediated) return execute_at(q, *p, w);
+  return execute_mediated(q, w);
+}
+
+// XRC initiators reach the target's SRQ the request names.
+Outcome execute_xrc(QpState& q, const shm::SendWqe& w) {
+  if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
+  bool invalid = false;
+  Peer* p = xrc_peer(q, w.xrc_srqn, invalid);
+  if (invalid) return {Step::kError, IBV_WC_REM_INV_REQ_ERR};
+  if (!p) return {Step::kRetry};
+  return execute_at(q, *p, w);
 }
 
 void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len) {
@@ -505,243 +486,22 @@ void capture_inline(shm::SendWqe& w) {
   w.send_flags |= kInlineCaptured;
 }
 
-// The opcode as the integer a C caller may have put there: an out-of-range
-// value must be refused, and loading it as the enum would be undefined.
-uint32_t opcode_of(const ibv_send_wr* wr) {
-  uint32_t op;
-  static_assert(sizeof(wr->opcode) == sizeof(op));
-  std::memcpy(&op, &wr->opcode, sizeof(op));
-  return op;
-}
-
-int validate(QpState& q, const ibv_send_wr* wr) {
-  const uint32_t opcode = opcode_of(wr);
-  if (q.type == IBV_QPT_UD) {
-    // IBTA 9.8.2: UD carries sends only, to the address in the work request.
-    if (opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) return EINVAL;
-    if (!wr->wr.ud.ah || wr->wr.ud.ah->context != q.self->qpx.qp_base.context) return EINVAL;
-  }
-  // IBTA 9.8 (UC): no RDMA READ and no atomics on an unreliable connection.
-  if (q.type == IBV_QPT_UC && opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM &&
-      opcode != IBV_WR_RDMA_WRITE && opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
-    return EINVAL;
-  switch (opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_RDMA_READ:
-      break;
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      if (wr->num_sge != 1 || wr->sg_list[0].length < 8) return EINVAL;
-      if (wr->send_flags & IBV_SEND_INLINE) return EINVAL;
-      break;
-    case IBV_WR_SEND_WITH_INV:
-      break;
-    case IBV_WR_LOCAL_INV:
-      return 0;
-    case IBV_WR_BIND_MW:
-      // Type 1 windows are bound with ibv_bind_mw(3), not through the send queue.
-      if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2) return EINVAL;
-      if (wr->bind_mw.mw->context != q.self->qpx.qp_base.context) return EINVAL;
-      return 0;
-    default:
-      return EINVAL;
-  }
-  if (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge) return EINVAL;
-  if (wr->send_flags & IBV_SEND_INLINE) {
-    if (opcode == IBV_WR_RDMA_READ) return EINVAL;
-    uint64_t len = 0;
-    for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
-    if (len > q.cap.max_inline_data) return EINVAL;
-  }
-  return 0;
-}
-
-void to_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
-  const uint32_t opcode = opcode_of(wr);
-  w.wr_id = wr->wr_id;
-  w.opcode = opcode;
-  w.send_flags = wr->send_flags & ~kInlineCaptured;
-  w.imm_data = wr->imm_data;
-  w.num_sge = 0;
-  w.inline_len = 0;
-  w.invalidate_rkey = wr->invalidate_rkey;
-  w.xrc_srqn = q.type == IBV_QPT_XRC_SEND ? wr->qp_type.xrc.remote_srqn : 0;
-  if (opcode == IBV_WR_BIND_MW) {
-    const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
-    w.num_sge = 0;
-    w.mw_handle = wr->bind_mw.mw->handle;
-    w.rkey = wr->bind_mw.rkey;
-    w.mr_key = b.mr ? b.mr->lkey : 0;
-    w.remote_addr = b.addr;
-    w.compare_add = b.length;
-    w.mw_access = b.mw_access_flags;
-    return;
-  }
-  if (opcode == IBV_WR_LOCAL_INV) return;
-  // Only requests that carry data have a scatter list; validate() bounded
-  // num_sge for them. (Found by fuzz/wr_fuzz.cc: LOCAL_INV with a large
-  // num_sge overflowed w.sge.)
-  w.num_sge = uint32_t(wr->num_sge);
-  for (int i = 0; i < wr->num_sge; ++i) w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-  if (q.type == IBV_QPT_UD) {  // UD work requests carry an address, not an rkey
-    const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
-    w.ud_qpn = wr->wr.ud.remote_qpn & 0xffffff;
-    w.ud_qkey = wr->wr.ud.remote_qkey;
-    w.ud_grh = ah->attr.is_global;
-    w.ud_dlid = ah->attr.dlid;
-    std::memcpy(w.ud_dgid, ah->attr.grh.dgid.raw, 16);
-    w.remote_addr = 0;
-    w.rkey = 0;
-    return;
-  }
-  if (opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-    w.remote_addr = wr->wr.atomic.remote_addr;
-    w.rkey = wr->wr.atomic.rkey;
-    w.compare_add = wr->wr.atomic.compare_add;
-    w.swap = wr->wr.atomic.swap;
-  } else {
-    w.remote_addr = wr->wr.rdma.remote_addr;
-    w.rkey = wr->wr.rdma.rkey;
-  }
-}
-
 }  // namespace
 
 // IBTA 9.8: an unreliable connection has no acknowledgements. A message the
 // responder cannot take (no receive posted, peer not ready, bad key or
 // length) is dropped there, and the requester completes it successfully;
 // a receive that was consumed completes with its error at the responder.
-Outcome execute_uc(QpState& q, const shm::SendWqe& w) {
-  Outcome o = execute(q, w);
+Outcome uc_outcome(const Outcome& o) {
   if (o.step == Step::kRnr || o.step == Step::kRetry) return {Step::kDone};
   if (o.step == Step::kError && o.peer_error) return {Step::kDone};
   return o;
 }
 
-bool gid_is_local(const uint8_t* gid) {
-  for (uint32_t i = 0; i < kGidTableLen; ++i) {
-    ibv_gid g{};
-    if (ibv_query_gid(nullptr, 1, int(i), &g) != 0) break;
-    bool zero = true;
-    for (int k = 0; k < 16; ++k) zero &= g.raw[k] == 0;
-    if (zero) break;
-    if (std::memcmp(g.raw, gid, 16) == 0) return true;
-  }
-  return false;
-}
+Outcome execute_uc(QpState& q, const shm::SendWqe& w) { return uc_outcome(execute_rc(q, w)); }
+Outcome execute_uc_mediated(QpState& q, const shm::SendWqe& w) { return uc_outcome(execute_rc_mediated(q, w)); }
 
-Peer* ud_peer(QpState& q, uint32_t dest) {
-  auto it = q.ud_peers.find(dest);
-  if (it != q.ud_peers.end()) {
-    if (it->second->entry->qpn.load(std::memory_order_acquire) == dest) return it->second.get();
-    q.ud_peers.erase(it);
-  }
-  ContextState& cs = *q.ctx->st;
-  proto::ConnectUdReq req{};
-  req.qpn = q.qpn;
-  req.dest = dest;
-  proto::ConnectPeerReply rep{};
-  std::vector<Fd> fds;
-  if (cs.conn.call<proto::Op::ConnectUd>(req, rep, {}, &fds) != 0) return nullptr;
-  auto np = std::make_unique<Peer>();
-  if (attach_peer(cs, *np, rep, fds)) return nullptr;
-  Peer* p = np.get();
-  q.ud_peers[dest] = std::move(np);
-  return p;
-}
-
-// Delivers one UD message to the QP `p` if its Q_Key matches and a receive
-// is posted; the receive buffer starts with 40 bytes for the GRH. Returns
-// false when it was dropped.
-bool deliver_ud(QpState& q, Peer& p, const shm::SendWqe& w, const Seg* local, int nl, uint64_t total) {
-  auto st = p.entry->state.load(std::memory_order_acquire);
-  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) return false;
-  uint32_t qkey = (w.ud_qkey & 0x80000000u) ? q.entry->qkey.load() : w.ud_qkey;
-  if (qkey != p.entry->qkey.load(std::memory_order_relaxed)) return false;  // Q_Key violation: dropped
-  shm::RecvWqe r;
-  if (!pop_peer_recv(q, p, r)) return false;  // no receive posted: dropped (no RNR on UD)
-  // The GRH (an IPv6-style header carrying the GIDs) precedes the payload.
-  uint8_t grh[40] = {};
-  grh[0] = 0x60;
-  grh[4] = uint8_t(total >> 8);
-  grh[5] = uint8_t(total);
-  grh[6] = 0x1b;  // next header: IBA transport
-  grh[7] = 64;
-  const uint8_t loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
-  std::memcpy(grh + 8, loopback, 16);
-  std::memcpy(grh + 24, w.ud_grh ? w.ud_dgid : loopback, 16);
-  Seg src[shm::kMaxSge + 1];
-  src[0] = {grh, 40};
-  for (int i = 0; i < nl; ++i) src[i + 1] = local[i];
-  Seg remote[shm::kMaxSge];
-  uint32_t nr = 0;
-  if (ibv_wc_status rs = resolve_recv(q, p, r, total + 40, remote, nr)) {
-    push_recv_completion(q, p, r, rs, IBV_WC_RECV, 0, w);  // the responder's error; the sender never knows
-    return false;
-  }
-  copy_segments(remote, int(nr), src, nl + 1, total + 40);
-  ibv_wc wc{};
-  wc.wr_id = r.wr_id;
-  wc.status = IBV_WC_SUCCESS;
-  wc.opcode = IBV_WC_RECV;
-  wc.byte_len = uint32_t(total + 40);
-  wc.qp_num = p.qpn;
-  wc.src_qp = q.qpn;
-  wc.wc_flags = w.ud_grh ? IBV_WC_GRH : 0;
-  if (w.opcode == IBV_WR_SEND_WITH_IMM) {
-    wc.wc_flags |= IBV_WC_WITH_IMM;
-    wc.imm_data = w.imm_data;
-  }
-  if (!p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0, &q.hdr->torn_qpn))  // as push_recv_completion
-    q.hdr->torn_qpn.store(0, std::memory_order_release);
-  return true;
-}
-
-// IBTA multicast (UD only, 9.8.2): a multicast destination is a GRH with a multicast
-// DGID (first byte 0xFF) or, without a GRH, a DLID in the multicast range
-// (0xC000..0xFFFE); the destination QP is then 0xFFFFFF.
-constexpr uint32_t kMulticastQpn = 0xffffff;
-bool is_multicast(const shm::SendWqe& w) {
-  return w.ud_grh ? w.ud_dgid[0] == 0xff : (w.ud_dlid >= 0xc000 && w.ud_dlid < 0xffff);
-}
-
-// IBTA 9.8.2 and 11.4.1.1: a UD message goes to the QP named in the work
-// request (or to every QP attached to the multicast group it names, on this
-// host) if its Q_Key matches. Whatever cannot be delivered is dropped
-// without an error at the sender.
-Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
-  Seg local[shm::kMaxSge];
-  int nl = 0;
-  uint64_t total = 0;
-  ibv_wc_status err = IBV_WC_SUCCESS;
-  if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
-  if (total > 4096) return {Step::kError, IBV_WC_LOC_LEN_ERR};  // larger than the path MTU
-  if (is_multicast(w)) {
-    std::vector<uint32_t> members;
-    if (w.ud_qpn != kMulticastQpn || !mcast_members(*q.ctx->st, w.ud_grh ? w.ud_dgid : nullptr,
-                                                    uint16_t(w.ud_dlid), members))
-      return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};  // nobody listens: dropped
-    for (uint32_t m : members)
-      if (Peer* p = ud_peer(q, m)) deliver_ud(q, *p, w, local, nl, total);
-    return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
-  }
-  if (w.ud_grh && !gid_is_local(w.ud_dgid)) return {Step::kDone};  // another host: not on this wire yet
-  Peer* p = ud_peer(q, w.ud_qpn);
-  if (!p) return {Step::kDone};
-  if (!deliver_ud(q, *p, w, local, nl, total)) return {Step::kDone};
-  return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
-}
-
-Outcome run(QpState& q, const shm::SendWqe& w) {
-  switch (q.type) {
-    case IBV_QPT_UC: return execute_uc(q, w);
-    case IBV_QPT_UD: return execute_ud(q, w);
-    default: return execute(q, w);
-  }
-}
+Outcome run(QpState& q, const shm::SendWqe& w) { return q.ops.load(std::memory_order_relaxed)->execute(q, w); }
 
 // Called with the send lock held. A torn receive (see pop_peer_recv) under
 // a lock we hold means its previous holder, another process sharing this QP,
@@ -825,7 +585,7 @@ namespace {
 // Most work requests are an RDMA WRITE, READ or SEND of at most one SGE on a
 // connected QP whose peer is attached already, with nothing queued before
 // them. fast_post() carries those out straight from the ibv_send_wr, with
-// every check of the general path (validate(), resolve_peer(), gather(),
+// every check of the general path (validate_wr(), resolve_peer(), gather(),
 // peer_address(), IBTA 10.6.7 key checks) but without building a SendWqe,
 // without a call per step, and with a single store for small payloads.
 // Anything else -- an error to report, a key whose window is not the QP's
@@ -902,13 +662,17 @@ inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t ad
 
 // Called with the send lock held. True when the request was carried out
 // (and completed); false when the general path must take it, nothing done.
-bool fast_post(QpState& q, const ibv_send_wr* wr) {
-  if (q.type != IBV_QPT_RC && q.type != IBV_QPT_UC) return false;
+// Only the shared-memory ops of RC and UC QPs take it (post_shm<true>).
+[[gnu::always_inline]] inline bool fast_post(QpState& q, const ibv_send_wr* wr) {
   const uint32_t opcode = opcode_of(wr);
-  const bool send = opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM;
-  const bool write = opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-  const bool read = opcode == IBV_WR_RDMA_READ && q.type == IBV_QPT_RC;  // IBTA 9.8: no READ on UC
-  if (!send && !write && !read) return false;
+  const WrRule& rule = wr_rule(opcode);
+  // The opcode rules (wr_rules.h) say whether this path takes it (SEND,
+  // RDMA WRITE, READ; with immediate or not) and whether the QP type has
+  // it: READ is not on UC (IBTA 9.8).
+  if (!(rule.flags & kWrFast) || !(rule.qp_types & qp_type_bit(q.type))) return false;
+  const bool send = rule.kind == WrKind::kSend;
+  const bool read = rule.kind == WrKind::kRead;
+  const bool write = !send && !read;
   if (uint32_t(wr->num_sge) > 1 || uint32_t(wr->num_sge) > q.cap.max_send_sge) return false;
   if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR || !q.sq.empty()) return false;
   Peer* p = attached_peer(q);
@@ -960,7 +724,7 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
       // completes in error at the responder; the requester fails on RC only.
       push_recv_completion(q, *p, r.wr_id, rs, IBV_WC_RECV, 0, opcode, wr->send_flags, wr->imm_data, 0);
       shm::SendWqe w;
-      to_wqe(q, wr, w);
+      to_send_wqe(q, wr, w);
       if (q.type == IBV_QPT_UC)
         complete(q, w, IBV_WC_SUCCESS, 0);
       else
@@ -986,13 +750,14 @@ bool fast_post(QpState& q, const ibv_send_wr* wr) {
   return true;
 }
 
-int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
-  QpState& q = *to_qp(ibqp)->st;
-  // An RDMA WRITE through the same key as the last one most likely lands
-  // where that translation says: start taking its last line for writing now,
-  // so that the transfer overlaps the checks and the lock (first thing: the
-  // transfer is the longest part of a WRITE). A prefetch never
-  // faults and changes nothing but timing; the checks below decide.
+// ---- The post operations of each path (transport.h) --------------------------
+
+// An RDMA WRITE through the same key as the last one most likely lands
+// where that translation says: start taking its last line for writing now,
+// so that the transfer overlaps the checks and the lock (first thing: the
+// transfer is the longest part of a WRITE). A prefetch never faults and
+// changes nothing but timing; the checks decide.
+inline void prefetch_write_target(QpState& q, const ibv_send_wr* wr) {
   if (wr && wr->num_sge == 1 && (opcode_of(wr) == IBV_WR_RDMA_WRITE || opcode_of(wr) == IBV_WR_RDMA_WRITE_WITH_IMM)) {
     uint32_t key = q.hint_rkey.load(std::memory_order_relaxed);
     if (key && wr->wr.rdma.rkey == key && wr->sg_list[0].length) {
@@ -1001,11 +766,14 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
       asm volatile("prefetchw %0" ::"m"(*reinterpret_cast<const char*>(last)));
     }
   }
+}
+
+// 0, or the errno of a send queue that takes no request now (with *bad set).
+inline int refuse_post(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
   // (and in ERR, where they are flushed); earlier states refuse them.
-  // An XRC target QP has no send queue.
-  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR || q.type == IBV_QPT_XRC_RECV ||
+  if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
       q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {  // or destroyed by another sharer
     *bad = wr;
     return EINVAL;
@@ -1014,10 +782,63 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
     *bad = wr;
     return EIO;
   }
-  // The peer is on another host: the RoCEv2 engine carries it (roce_link.h).
-  if (q.on_wire.load(std::memory_order_acquire) && wr &&  // roce_attached(), without the call
-      (q.type != IBV_QPT_UD || (wr->wr.ud.ah && wr->wr.ud.ah->context == ibqp->context && roce_ud_remote(q, wr))))
-    return roce_post_send(q, wr, bad);
+  return 0;
+}
+
+// ibv_wr_complete(3): the whole batch is posted or none of it. Every WR
+// might have to wait in the send queue, so all of them must fit there.
+int check_batch(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
+  uint64_t n = 0;
+  for (ibv_send_wr* w = wr; w; w = w->next, ++n) {
+    if (int e = validate_wr(q, w)) {
+      *bad = w;
+      return e;
+    }
+  }
+  if (q.sq.size() + n > q.cap.max_send_wr) {
+    *bad = wr;
+    return ENOMEM;
+  }
+  return 0;
+}
+
+// One request on the general path, with the send lock held: carried out
+// now if nothing waits before it, else queued for the progress thread
+// (`queued`). 0, or the errno for which it was refused.
+int post_one(QpState& q, const ibv_send_wr* wr, bool& queued) {
+  if (int e = validate_wr(q, wr)) return e;
+  shm::SendWqe w;
+  to_send_wqe(q, wr, w);
+  if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
+    complete(q, w, IBV_WC_WR_FLUSH_ERR, 0);
+    return 0;
+  }
+  if (q.sq.empty()) {
+    Outcome o = run(q, w);
+    if (o.step == Step::kDone) {
+      complete(q, w, IBV_WC_SUCCESS, o.byte_len);
+      return 0;
+    }
+    if (o.step == Step::kError) {
+      fail(q, w, o);
+      return 0;
+    }
+    q.head_started = false;
+    if (!stall(q, o.step)) {
+      fail(q, w, {Step::kError, o.step == Step::kRnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR});
+      return 0;
+    }
+  }
+  capture_inline(w);
+  if (!q.sq.push(w)) return ENOMEM;
+  queued = true;
+  return 0;
+}
+
+// The shared-memory (and mediated) post: under the send lock, each request
+// through the fast path if kFast and it qualifies, else the general path.
+template <bool kFast>
+[[gnu::always_inline]] inline int post_queue(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   int rc = 0;
   bool need_progress = false;
   // A QP of a thread domain is posted to by one thread at a time (the
@@ -1029,59 +850,17 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
   if (locked) q.hdr->send_lock.lock(self_pid());
   if (q.hdr->torn_qpn.load(std::memory_order_relaxed)) complete_torn_receive(q);
   if (all_or_nothing) {
-    // ibv_wr_complete(3): the whole batch is posted or none of it. Every WR
-    // might have to wait in the send queue, so all of them must fit there.
-    uint64_t n = 0;
-    for (ibv_send_wr* w = wr; w; w = w->next, ++n) {
-      if (int e = validate(q, w)) {
-        if (locked) q.hdr->send_lock.unlock();
-        *bad = w;
-        return e;
-      }
-    }
-    if (q.sq.size() + n > q.cap.max_send_wr) {
+    if (int e = check_batch(q, wr, bad)) {
       if (locked) q.hdr->send_lock.unlock();
-      *bad = wr;
-      return ENOMEM;
+      return e;
     }
   }
   for (; wr; wr = wr->next) {
-    if (fast_post(q, wr)) continue;
-    if (int e = validate(q, wr)) {
+    if (kFast && fast_post(q, wr)) continue;
+    if ((rc = post_one(q, wr, need_progress))) {
       *bad = wr;
-      rc = e;
       break;
     }
-    shm::SendWqe w;
-    to_wqe(q, wr, w);
-    state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
-    if (state == IBV_QPS_ERR) {
-      complete(q, w, IBV_WC_WR_FLUSH_ERR, 0);
-      continue;
-    }
-    if (q.sq.empty()) {
-      Outcome o = run(q, w);
-      if (o.step == Step::kDone) {
-        complete(q, w, IBV_WC_SUCCESS, o.byte_len);
-        continue;
-      }
-      if (o.step == Step::kError) {
-        fail(q, w, o);
-        continue;
-      }
-      q.head_started = false;
-      if (!stall(q, o.step)) {
-        fail(q, w, {Step::kError, o.step == Step::kRnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR});
-        continue;
-      }
-    }
-    capture_inline(w);
-    if (!q.sq.push(w)) {
-      *bad = wr;
-      rc = ENOMEM;
-      break;
-    }
-    need_progress = true;
   }
   if (locked) q.hdr->send_lock.unlock();
   // A full send queue is drained by someone's progress thread: ours too. The
@@ -1092,13 +871,81 @@ int post_send_impl(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or
   return rc;
 }
 
+template <bool kFast>
+int post_shm(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+  // First thing on the QP's path (in post_send, before the ops, it cost
+  // READs 25 % in post_cost_bench).
+  if (kFast) prefetch_write_target(q, wr);
+  if (int e = refuse_post(q, wr, bad)) return e;
+  return post_queue<kFast>(q, wr, bad, all_or_nothing);
+}
+
+// The peer is on another host: the RoCEv2 engine carries the requests
+// (roce_link.h), which validates each with validate_wr().
+int post_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+  if (int e = refuse_post(q, wr, bad)) return e;
+  if (!wr) return post_queue<false>(q, wr, bad, all_or_nothing);
+  return roce_post_send(q, wr, bad);
+}
+
+// A UD QP on the wire still reaches this host's QPs through shared memory:
+// the first request's destination decides for the list.
+int post_wire_ud(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+  if (int e = refuse_post(q, wr, bad)) return e;
+  if (wr && wr->wr.ud.ah && wr->wr.ud.ah->context == q.self->qpx.qp_base.context && roce_ud_remote(q, wr))
+    return roce_post_send(q, wr, bad);
+  return post_queue<false>(q, wr, bad, all_or_nothing);
+}
+
+// An XRC target QP has no send queue.
+int post_none(QpState&, ibv_send_wr* wr, ibv_send_wr** bad, bool) {
+  *bad = wr;
+  return EINVAL;
+}
+
+Outcome execute_none(QpState&, const shm::SendWqe&) { return {Step::kError, IBV_WC_LOC_QP_OP_ERR}; }
+
+// The paths, per QP type. A QP on the wire queues nothing in shared memory
+// (its send queue is the engine's), but its execute is its type's, for
+// what might wait there from before it went on the wire.
+constexpr QpOps kShmRc{"shared memory", post_shm<true>, execute_rc};
+constexpr QpOps kShmUc{"shared memory", post_shm<true>, execute_uc};
+constexpr QpOps kShmUd{"shared memory", post_shm<false>, execute_ud};
+constexpr QpOps kShmXrc{"shared memory", post_shm<false>, execute_xrc};
+constexpr QpOps kMediatedRc{"mediated", post_shm<false>, execute_rc_mediated};
+constexpr QpOps kMediatedUc{"mediated", post_shm<false>, execute_uc_mediated};
+constexpr QpOps kWireRc{"wire", post_wire, execute_rc};
+constexpr QpOps kWireUc{"wire", post_wire, execute_uc};
+constexpr QpOps kWireUd{"wire", post_wire_ud, execute_ud};
+constexpr QpOps kNoSend{"none", post_none, execute_none};
+
 }  // namespace
 
-int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) { return post_send_impl(ibqp, wr, bad, false); }
+void choose_transport(QpState& q) {
+  const bool wire = roce_attached(q);
+  const bool mediated = q.peer && q.peer->mediated;
+  const QpOps* ops = &kNoSend;
+  switch (q.type) {
+    case IBV_QPT_RC: ops = wire ? &kWireRc : mediated ? &kMediatedRc : &kShmRc; break;
+    case IBV_QPT_UC: ops = wire ? &kWireUc : mediated ? &kMediatedUc : &kShmUc; break;
+    case IBV_QPT_UD: ops = wire ? &kWireUd : &kShmUd; break;
+    case IBV_QPT_XRC_SEND: ops = &kShmXrc; break;
+    default: break;
+  }
+  if (q.ops.load(std::memory_order_relaxed) != ops)
+    SV_TRACE("QP 0x%x: %s path", q.qpn, ops->path);
+  q.ops.store(ops, std::memory_order_release);
+}
+
+int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  QpState& q = *to_qp(ibqp)->st;
+  return q.ops.load(std::memory_order_acquire)->post_send(q, wr, bad, false);
+}
 
 int post_send_all(ibv_qp* ibqp, ibv_send_wr* wr) {
+  QpState& q = *to_qp(ibqp)->st;
   ibv_send_wr* bad = nullptr;
-  return post_send_impl(ibqp, wr, &bad, true);
+  return q.ops.load(std::memory_order_acquire)->post_send(q, wr, &bad, true);
 }
 
 }  // namespace sv::verbs

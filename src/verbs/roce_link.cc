@@ -25,6 +25,7 @@
 #include "roce/engine.h"
 #include "roce/udp.h"
 #include "verbs/provider.h"
+#include "verbs/wr_rules.h"
 
 namespace sv::verbs {
 namespace {
@@ -695,6 +696,72 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   return 0;
 }
 
+// The engine's form of a work request validate_wr() accepted: inline data
+// copied into a staging slot, a UD destination as an endpoint peer. 0 or
+// EINVAL (an address the endpoint cannot reach).
+int to_engine_wr(QpState& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
+  const uint32_t op = opcode_of(wr);
+  s.opcode = wr_rule(op).wire;
+  const bool local_op = wr_rule(op).kind == WrKind::kLocal;
+  s.wr_id = wr->wr_id;
+  s.signaled = q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+  s.solicited = wr->send_flags & IBV_SEND_SOLICITED;
+  s.fence = wr->send_flags & IBV_SEND_FENCE;
+  // imm_data is the wire's 4 bytes as they lie in memory (__be32); the
+  // engine holds ImmDt as those bytes read big-endian (headers.h).
+  s.imm = ntohl(wr->imm_data);
+  s.invalidate_rkey = wr->invalidate_rkey;
+  if (local_op) {
+    if (op == IBV_WR_BIND_MW) {
+      const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
+      s.bind.mw_handle = wr->bind_mw.mw->handle;
+      s.bind.rkey = wr->bind_mw.rkey;
+      s.bind.mr_lkey = b.mr ? b.mr->lkey : 0;
+      s.bind.access = b.mw_access_flags;
+      s.bind.addr = b.addr;
+      s.bind.length = b.length;
+    }
+  } else if ((wr->send_flags & IBV_SEND_INLINE) && op != IBV_WR_RDMA_READ) {
+    // Copied now (ibv_post_send(3): the buffer may be reused at once) into
+    // a staging slot, which lives until the WR has surely retired: the
+    // engine holds at most max_send_wr WRs and there are one more slots.
+    uint64_t total = 0;
+    for (int i = 0; i < wr->num_sge; ++i) total += wr->sg_list[i].length;
+    const size_t slot = std::max<uint32_t>(q.cap.max_inline_data, 1);
+    if (total > slot) return EINVAL;
+    uint8_t* p = r.mem.inline_slab.data() + (r.inline_next++ % (q.cap.max_send_wr + 1)) * slot;
+    uint64_t off = 0;
+    for (int i = 0; i < wr->num_sge; ++i) {
+      std::memcpy(p + off, reinterpret_cast<const void*>(wr->sg_list[i].addr), wr->sg_list[i].length);
+      off += wr->sg_list[i].length;
+    }
+    if (total) s.sg.push_back({uint64_t(reinterpret_cast<uintptr_t>(p)), uint32_t(total), 0});
+  } else {
+    for (int i = 0; i < wr->num_sge; ++i)
+      s.sg.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
+  }
+  if (q.type == IBV_QPT_UD) {
+    const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
+    Gid dg;
+    std::memcpy(dg.data(), ah->attr.grh.dgid.raw, 16);
+    auto a = r.ahs.find(dg);
+    if (a == r.ahs.end()) a = r.ahs.emplace(dg, r.ep->add_peer(gid_to_ip(dg.data()), kRoceV2Port)).first;
+    if (a->second == UINT64_MAX) return EINVAL;  // IPv4 source, IPv6 destination or the reverse
+    s.ah = a->second;
+    s.remote_qpn = wr->wr.ud.remote_qpn & 0xffffff;
+    s.remote_qkey = wr->wr.ud.remote_qkey;
+  } else if (wr_rule(op).kind == WrKind::kAtomic) {
+    s.remote_addr = wr->wr.atomic.remote_addr;
+    s.rkey = wr->wr.atomic.rkey;
+    s.compare_add = wr->wr.atomic.compare_add;
+    s.swap = wr->wr.atomic.swap;
+  } else {
+    s.remote_addr = wr->wr.rdma.remote_addr;
+    s.rkey = wr->wr.rdma.rkey;
+  }
+  return 0;
+}
+
 QpType engine_type(ibv_qp_type t) {
   return t == IBV_QPT_UC ? QpType::kUC : t == IBV_QPT_UD ? QpType::kUD : QpType::kRC;
 }
@@ -831,98 +898,17 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   RoceQp& r = *it->second;
   int rc = 0;
   for (; wr; wr = wr->next) {
-    uint32_t op;
-    std::memcpy(&op, &wr->opcode, sizeof op);
-    SendWr s;
-    switch (op) {
-      case IBV_WR_SEND: s.opcode = WrOpcode::kSend; break;
-      case IBV_WR_SEND_WITH_IMM: s.opcode = WrOpcode::kSendImm; break;
-      case IBV_WR_SEND_WITH_INV: s.opcode = WrOpcode::kSendInv; break;
-      case IBV_WR_RDMA_WRITE: s.opcode = WrOpcode::kWrite; break;
-      case IBV_WR_RDMA_WRITE_WITH_IMM: s.opcode = WrOpcode::kWriteImm; break;
-      case IBV_WR_RDMA_READ: s.opcode = WrOpcode::kRead; break;
-      case IBV_WR_ATOMIC_CMP_AND_SWP: s.opcode = WrOpcode::kCompareSwap; break;
-      case IBV_WR_ATOMIC_FETCH_AND_ADD: s.opcode = WrOpcode::kFetchAdd; break;
-      case IBV_WR_LOCAL_INV: s.opcode = WrOpcode::kLocalInv; break;
-      case IBV_WR_BIND_MW:
-        // Type 1 windows are bound with ibv_bind_mw(3), not through the send queue.
-        s.opcode = WrOpcode::kBindMw;
-        if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2 ||
-            wr->bind_mw.mw->context != q.self->qpx.qp_base.context)
-          rc = EINVAL;
-        break;
-      default: rc = EINVAL; break;
-    }
-    const bool local_op = op == IBV_WR_LOCAL_INV || op == IBV_WR_BIND_MW;
-    if (rc == 0 && !local_op && (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge)) rc = EINVAL;
+    // One check for every path: the opcode rules of wr_rules.h.
+    rc = validate_wr(q, wr);
     if (rc == 0 && r.engine->send_queue_depth() >= q.cap.max_send_wr) rc = ENOMEM;
     if (rc) {
       *bad = wr;
       break;
     }
-    s.wr_id = wr->wr_id;
-    s.signaled = q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
-    s.solicited = wr->send_flags & IBV_SEND_SOLICITED;
-    s.fence = wr->send_flags & IBV_SEND_FENCE;
-    // imm_data is the wire's 4 bytes as they lie in memory (__be32); the
-    // engine holds ImmDt as those bytes read big-endian (headers.h).
-    s.imm = ntohl(wr->imm_data);
-    s.invalidate_rkey = wr->invalidate_rkey;
-    if (local_op) {
-      if (op == IBV_WR_BIND_MW) {
-        const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
-        s.bind.mw_handle = wr->bind_mw.mw->handle;
-        s.bind.rkey = wr->bind_mw.rkey;
-        s.bind.mr_lkey = b.mr ? b.mr->lkey : 0;
-        s.bind.access = b.mw_access_flags;
-        s.bind.addr = b.addr;
-        s.bind.length = b.length;
-      }
-    } else if ((wr->send_flags & IBV_SEND_INLINE) && op != IBV_WR_RDMA_READ) {
-      // Copied now (ibv_post_send(3): the buffer may be reused at once) into
-      // a staging slot, which lives until the WR has surely retired: the
-      // engine holds at most max_send_wr WRs and there are one more slots.
-      uint64_t total = 0;
-      for (int i = 0; i < wr->num_sge; ++i) total += wr->sg_list[i].length;
-      const size_t slot = std::max<uint32_t>(q.cap.max_inline_data, 1);
-      if (total > slot) {
-        *bad = wr;
-        rc = EINVAL;
-        break;
-      }
-      uint8_t* p = r.mem.inline_slab.data() + (r.inline_next++ % (q.cap.max_send_wr + 1)) * slot;
-      uint64_t off = 0;
-      for (int i = 0; i < wr->num_sge; ++i) {
-        std::memcpy(p + off, reinterpret_cast<const void*>(wr->sg_list[i].addr), wr->sg_list[i].length);
-        off += wr->sg_list[i].length;
-      }
-      if (total) s.sg.push_back({uint64_t(reinterpret_cast<uintptr_t>(p)), uint32_t(total), 0});
-    } else {
-      for (int i = 0; i < wr->num_sge; ++i)
-        s.sg.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
-    }
-    if (q.type == IBV_QPT_UD) {
-      const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
-      Gid dg;
-      std::memcpy(dg.data(), ah->attr.grh.dgid.raw, 16);
-      auto a = r.ahs.find(dg);
-      if (a == r.ahs.end()) a = r.ahs.emplace(dg, r.ep->add_peer(gid_to_ip(dg.data()), kRoceV2Port)).first;
-      if (a->second == UINT64_MAX) {
-        *bad = wr;
-        rc = EINVAL;
-        break;
-      }
-      s.ah = a->second;
-      s.remote_qpn = wr->wr.ud.remote_qpn & 0xffffff;
-      s.remote_qkey = wr->wr.ud.remote_qkey;
-    } else if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-      s.remote_addr = wr->wr.atomic.remote_addr;
-      s.rkey = wr->wr.atomic.rkey;
-      s.compare_add = wr->wr.atomic.compare_add;
-      s.swap = wr->wr.atomic.swap;
-    } else {
-      s.remote_addr = wr->wr.rdma.remote_addr;
-      s.rkey = wr->wr.rdma.rkey;
+    SendWr s;
+    if ((rc = to_engine_wr(q, r, wr, s))) {
+      *bad = wr;
+      break;
     }
     if (int e = r.engine->post_send(std::move(s))) {
       *bad = wr;

@@ -11,6 +11,7 @@
 
 #include "softverbs/softverbs.h"
 #include "verbs/provider.h"
+#include "verbs/transport.h"
 
 namespace sv::verbs {
 namespace {
@@ -117,6 +118,7 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
   st->attr.qp_state = ibv_qp_state(st->entry->state.load());
   st->attr.cap = st->cap;
   st->attr.dest_qp_num = st->entry->dest_qpn.load();
+  choose_transport(*st);
   auto* qp = static_cast<Qp*>(std::calloc(1, sizeof(Qp)));
   if (!qp) {
     errno = ENOMEM;

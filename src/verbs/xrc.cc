@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "verbs/provider.h"
+#include "verbs/transport.h"
 
 namespace sv::verbs {
 
@@ -141,6 +142,7 @@ ibv_qp* open_qp(ibv_context* c, ibv_qp_open_attr* a) {
   st->sq_sig_all = false;
   st->attr.qp_state = ibv_qp_state(st->entry->state.load());
   st->attr.dest_qp_num = st->entry->dest_qpn.load();
+  choose_transport(*st);
   auto* qp = static_cast<Qp*>(std::calloc(1, sizeof(Qp)));
   if (!qp) {
     errno = ENOMEM;

@@ -1,0 +1,32 @@
+// requester_internal.h: the pieces of the shared-memory requester
+// (requester.cc) that its UD part (requester_ud.cc) uses too. Not an API.
+#pragma once
+#include <cstdint>
+
+#include "verbs/provider.h"
+#include "verbs/transport.h"
+
+namespace sv::verbs {
+
+// A run of bytes in this process's view of some memory.
+struct Seg {
+  uint8_t* p;
+  uint64_t len;
+};
+
+// Copies between two scatter lists in order, the last bytes last.
+void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t total);
+// Gathers the local source of a send, write or atomic (IBTA 10.6.7.1).
+bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& total, ibv_wc_status& err);
+// Resolves a receive WQE's scatter list in the responder's memory.
+ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr);
+// Completes the responder's receive `r` for the request `w`.
+void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
+                          uint32_t len, const shm::SendWqe& w);
+
+// UD (requester_ud.cc): the peer QP `dest` of a datagram, attached on first
+// use; the execute operation of UD QPs.
+Peer* ud_peer(QpState& q, uint32_t dest);
+Outcome execute_ud(QpState& q, const shm::SendWqe& w);
+
+}  // namespace sv::verbs
