@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/access.h"
 #include "common/trace.h"
 #include "daemon/identity.h"
 
@@ -147,10 +148,7 @@ int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& re
 }
 
 const MrEntry* Registry::mr_entry(uint32_t key) const {
-  uint32_t slot = key >> 8;
-  if (slot == 0 || slot >= kMrTableSize) return nullptr;
-  const MrEntry& e = tables_.mr_at(slot);
-  return e.key.load() == key ? &e : nullptr;
+  return access::lookup(key, [this](uint32_t slot) -> const MrEntry& { return tables_.mr_at(slot); });
 }
 
 int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
@@ -295,8 +293,7 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   // A window may not grant writes or atomics its MR does not allow locally.
   if ((r.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(me->access & IBV_ACCESS_LOCAL_WRITE))
     return EACCES;
-  if (r.addr < me->iova || r.addr - me->iova > me->length || me->length - (r.addr - me->iova) < r.length)
-    return EINVAL;
+  if (!access::in_bounds(*me, r.addr, r.length)) return EINVAL;  // the window lies within its MR
   // Revoke the old binding first, then publish the new one.
   e.key.store(0, std::memory_order_release);
   unbind_mw(r.mw, mw);
@@ -304,7 +301,7 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   e.backing = me->backing;
   e.iova = (r.access & IBV_ACCESS_ZERO_BASED) ? 0 : r.addr;
   e.length = r.length;
-  e.file_offset = me->file_offset + (r.addr - me->iova);
+  e.file_offset = access::file_offset(*me, r.addr);
   e.bound_qpn = mw.type == IBV_MW_TYPE_2 ? r.qpn : 0;
   mw.bound_mr = r.mr_key >> 8;
   mw.key = new_key;
