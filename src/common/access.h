@@ -92,7 +92,7 @@ constexpr uint32_t slot_of(uint32_t key) {
 // The entry `key` names, or nullptr. `at(slot)` gives the table's entry of
 // a slot (a mapped array in the library, the daemon's device tables).
 template <class At>
-inline const shm::MrEntry* lookup(uint32_t key, const At& at) {
+[[gnu::always_inline]] inline const shm::MrEntry* lookup(uint32_t key, const At& at) {
   const uint32_t slot = slot_of(key);
   if (slot == 0) return nullptr;
   const shm::MrEntry& e = at(slot);
@@ -132,7 +132,7 @@ constexpr uint64_t file_offset(const shm::MrEntry& e, uint64_t addr) { return e.
 // Does the entry (the key's, from lookup; may be null) grant `need`
 // (IBV_ACCESS_*) over [addr, addr + len) to `who` using it as `use`?
 // Zero-length accesses are the callers' (they need no key, 9.7.4.1.5).
-inline bool permits(const shm::MrEntry* e, Use use, const User& who, uint32_t need, uint64_t addr, uint64_t len) {
+[[gnu::always_inline]] inline bool permits(const shm::MrEntry* e, Use use, const User& who, uint32_t need, uint64_t addr, uint64_t len) {
   if (!e || e->pd != who.pd) return false;
   if (use == Use::kLocal) {
     if (e->kind != shm::kKindMr) return false;  // L_Keys name regions only (10.6.3.1)

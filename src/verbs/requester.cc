@@ -101,7 +101,7 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
 // Resolves an address in a peer's memory through its key (IBTA 10.6.7.2:
 // R_Key or L_Key, PD of the responder's QP, bounds, access rights, and for
 // an R_Key the responder QP's remote access flags; common/access.h).
-inline const MrEntry* peer_key(const ContextState& cs, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
+[[gnu::always_inline]] inline const MrEntry* peer_key(const ContextState& cs, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
                                uint32_t need) {
   // Receive buffers (local write) are named by L_Key, the rest by R_Key.
   const access::Use use = need == IBV_ACCESS_LOCAL_WRITE ? access::Use::kLocal : access::Use::kRemote;
@@ -626,7 +626,7 @@ inline Peer* attached_peer(QpState& q) {
 // L_Key, PD, bounds, IBTA 10.6.7.1), for this process's own registered memory.
 // With `local_write` (RDMA READ: the SGE is the destination) the MR must allow
 // local write, and inline data is not allowed.
-inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, uint64_t& len,
+[[gnu::always_inline]] inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, uint64_t& len,
                         bool local_write = false) {
   if (wr->num_sge == 0) {
     src = nullptr;
@@ -651,7 +651,7 @@ inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, 
 
 // The target of an RDMA WRITE (or source of a READ) through the QP's last
 // window (peer_address()).
-inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
+[[gnu::always_inline]] inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
                             uint32_t need = IBV_ACCESS_REMOTE_WRITE) {
   const MrEntry* e = peer_key(*q.ctx->st, p, key, addr, len, need);
   if (!e) return nullptr;
