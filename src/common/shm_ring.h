@@ -304,12 +304,17 @@ class Ring {
   // element of `pos` (taken, not given back); anything else is left alone.
   // For a consumer whose last take may have been followed by voided slots
   // (the head then moved on past it).
+  // Exclusive consumers only (the caller holds the consumers' lock): a slot
+  // that holds the element of `pos` behind the head is written by nobody
+  // but its taker (producers wait for the next lap's sequence, voiding
+  // touches only producer marks at the head), so a load and a plain store
+  // do what a compare-and-swap would, without a locked instruction on the
+  // poll path.
   void release_if_taken(uint64_t pos) {
     uint64_t hd = h_->head.load(std::memory_order_relaxed);
     if (pos >= hd || hd - pos > mask_) return;
-    uint64_t seq = pos + 1;
-    slots_[pos & mask_].seq.compare_exchange_strong(seq, pos + mask_ + 1, std::memory_order_release,
-                                                    std::memory_order_relaxed);
+    RingSlot<T>& s = slots_[pos & mask_];
+    if (s.seq.load(std::memory_order_relaxed) == pos + 1) s.seq.store(pos + mask_ + 1, std::memory_order_release);
   }
 
   // For an exclusive consumer that took its lock over from a dead one
