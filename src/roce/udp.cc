@@ -470,20 +470,24 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   // the ICRC over them (IBTA Annex A17.4), their part of it cached.
   std::span<const uint8_t> transport(data, n - kIcrcLen);
   const RxPrefix* pre = rx_prefix(from, transport.size());
-  auto crc = pre ? icrc_finish(pre->crc, std::span<const std::span<const uint8_t>>(&transport, 1)) : std::nullopt;
-  if (!crc) {
+  const std::optional<uint32_t> computed =
+      pre ? icrc_finish(pre->crc, std::span<const std::span<const uint8_t>>(&transport, 1)) : std::nullopt;
+  if (!computed) {
     stats_.bad_icrc++;
     return;
   }
+  // value_or, not *: GCC 12 at -Os warns (a false maybe-uninitialized) on
+  // the optional's storage after the check above.
+  const uint32_t crc = computed.value_or(0);
   const bool v4 = !from.v6();
   const uint32_t got = icrc_load(data + n - kIcrcLen);
-  if (*crc != got) {
+  if (crc != got) {
     const size_t total = (v4 ? kIpv4UdpLen : kIpv6UdpLen) + n;
     // The k-th datagram of a UDP GRO train was sent with IP ID k (see
     // flush_tx): an exact check. Else, if allowed, any ID (rxe).
-    const bool exact = v4 && ipv4_id != 0 && (*crc ^ id_delta(total, ipv4_id)) == got;
+    const bool exact = v4 && ipv4_id != 0 && (crc ^ id_delta(total, ipv4_id)) == got;
     if (!exact) {
-      if (!any_ipv4_id_ || !v4 || !icrc_matches_some_ipv4_id(total, *crc, got)) {
+      if (!any_ipv4_id_ || !v4 || !icrc_matches_some_ipv4_id(total, crc, got)) {
         stats_.bad_icrc++;
         return;
       }
