@@ -33,9 +33,12 @@ constexpr uint64_t kMaxMediated = 1ull << 31;
 // about as much as the hand-over).
 constexpr uint64_t kOffloadBytes = 64 << 10;
 
-bool pread_all(int fd, uint8_t* p, uint64_t len, uint64_t off) {
+// Moves all of [off, off + len) of a backing file with pread(2)/pwrite(2):
+// `io` is one of them, `P` its buffer pointer type.
+template <class P, class Io>
+bool transfer_all(Io io, int fd, P p, uint64_t len, uint64_t off) {
   while (len) {
-    ssize_t n = ::pread(fd, p, len, off);
+    ssize_t n = io(fd, p, len, off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     p += n;
@@ -45,17 +48,8 @@ bool pread_all(int fd, uint8_t* p, uint64_t len, uint64_t off) {
   return true;
 }
 
-bool pwrite_all(int fd, const uint8_t* p, uint64_t len, uint64_t off) {
-  while (len) {
-    ssize_t n = ::pwrite(fd, p, len, off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    len -= uint64_t(n);
-    off += uint64_t(n);
-  }
-  return true;
-}
+bool pread_all(int fd, uint8_t* p, uint64_t len, uint64_t off) { return transfer_all(::pread, fd, p, len, off); }
+bool pwrite_all(int fd, const uint8_t* p, uint64_t len, uint64_t off) { return transfer_all(::pwrite, fd, p, len, off); }
 
 using Span = Mediation::Span;
 
