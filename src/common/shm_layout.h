@@ -31,7 +31,8 @@ constexpr uint32_t kQpMagic = 0x53565150;      // "SVQP"
 constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
 // 2: CQ header lines split (producers / pollers), torn record on the send lock line
 // 3: ring slots claimed with the claimer's pid (shm_ring.h), sq_running
-constexpr uint32_t kLayoutVersion = 3;
+// 4: the torn record is written before the claim (torn_pos, torn_pid, torn_taken)
+constexpr uint32_t kLayoutVersion = 4;
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -163,12 +164,16 @@ struct QpSegmentHeader {
   uint32_t sq_capacity;
   uint32_t rq_capacity;
   alignas(64) ShmLock send_lock;  // serialises posters (threads or processes)
-  // A receive this QP's requester took from a peer's queue and has not
-  // completed yet (written under send_lock). Non-zero only while a message
-  // is being delivered, or if its poster was killed in between: then the
-  // daemon (the QP died with its context) completes that receive, so the
-  // responder does not lose it. On the lock's line: every post reads it
-  // right after taking the lock.
+  // A receive this QP's requester takes from a peer's queue and has not
+  // completed yet (written under send_lock, see pop_peer_recv). Non-zero
+  // only while a message is being delivered, or if its poster was killed in
+  // between: then whoever recovers (the next holder of send_lock, or the
+  // daemon when the QP died with its context) completes that receive, so
+  // the responder does not lose it. Written before the slot is claimed: a
+  // kill right after the claim leaves the record, and the element is still
+  // in the slot (torn_taken 0: Ring::reclaim_dead_take at torn_pos for
+  // torn_pid) or was copied out (torn_taken 1: torn_wr_id). On the lock's
+  // line: every post reads it right after taking the lock.
   std::atomic<uint32_t> torn_qpn;  // the responder QP, 0 = none
   // Non-zero: the QP was created in a thread domain (ibv_alloc_td): its
   // creator posts without send_lock, so no other process or context may
@@ -181,6 +186,9 @@ struct QpSegmentHeader {
   // request may or may not have reached the responder, so it is completed
   // in error (IBV_WC_GENERAL_ERR) rather than carried out a second time.
   std::atomic<uint64_t> sq_running;
+  uint64_t torn_pos;                   // the position claimed (or about to be) in the peer's RQ or SRQ
+  uint32_t torn_pid;                   // who claims it
+  std::atomic<uint32_t> torn_taken;    // 1: copied out, torn_wr_id holds its wr_id
   alignas(64) ShmLock recv_lock;
   alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
 };

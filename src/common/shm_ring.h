@@ -15,14 +15,15 @@
 // free (full) sequence to a "busy" mark: producer or consumer, pid, low bits
 // of the position) *before* the tail (head) moves; whoever meets the tail
 // (head) behind a claimed slot moves it on for the claimer. A mark whose
-// process no longer exists is repaired by whoever meets it: a slot a dead
-// producer claimed is voided by the consumers (taken and given back empty:
-// its element was never published, its push never returned); a slot a dead
-// consumer claimed is given back to the producers (its element died with the
-// consumer, as with a thread that crashed after pop returned). So no dead
-// process leaves a slot that stops the ring. What the element meant (a
-// receive taken, a completion owed) is the caller's to record: see torn_qpn
-// and sq_running in shm_layout.h. Consumers that exclude each other with a
+// process no longer exists is repaired: a slot a dead producer claimed is
+// voided by the consumers (taken and given back empty: its element was never
+// published, its push never returned); a slot a dead consumer claimed is
+// passed over by the other consumers and left as it is, so that whoever
+// recovers for the dead one can still read the element it took
+// (reclaim_dead_take), and the producers take it back when they reach it on
+// the next lap. So no dead process leaves a slot that stops the ring. What
+// the element meant (a receive taken, a completion owed) is the caller's to
+// record: see torn_qpn and sq_running in shm_layout.h. Consumers that exclude each other with a
 // lock (take_exclusive, release) leave at most the slot behind the head
 // unreleased; the next holder of their lock, which takes it over from the
 // dead one, gives it back (recover_exclusive).
@@ -215,6 +216,16 @@ class Ring {
   // may read only the part of the slot that is in use.
   template <class Copy>
   bool pop_with(T& out, Copy copy) {
+    return pop_recorded(out, [](uint64_t) {}, copy);
+  }
+
+  // As pop_with(), and calls `before_claim(pos)` before each attempt to
+  // claim position `pos`: for a consumer that must be able to say, if it is
+  // killed at any instruction after, which element it may have taken (see
+  // torn_pos in shm_layout.h and reclaim_dead_take). The claim is ordered
+  // after whatever before_claim() stored.
+  template <class Before, class Copy>
+  bool pop_recorded(T& out, Before before_claim, Copy copy) {
     const uint32_t me = self_pid();
     uint64_t pos = h_->head.load(std::memory_order_relaxed);
     prefetch_for_write(&slots_[pos & mask_]);  // its sequence is written back: one transfer, not two
@@ -222,7 +233,8 @@ class Ring {
       RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       if (seq == pos + 1) {
-        if (!s.seq.compare_exchange_weak(seq, mark(true, me, pos), std::memory_order_acquire,
+        before_claim(pos);
+        if (!s.seq.compare_exchange_weak(seq, mark(true, me, pos), std::memory_order_acq_rel,
                                          std::memory_order_relaxed))
           continue;
         uint64_t hd = pos;
@@ -234,10 +246,9 @@ class Ring {
       if ((seq & kBusy) && uint32_t(seq) == uint32_t(pos)) {
         if (seq & kTaker) {
           // Another consumer claimed `pos`: count it for it and go on. If it
-          // died there, its element died with it: give the slot back.
-          if (!ShmLock::alive(mark_pid(seq)))
-            s.seq.compare_exchange_strong(seq, pos + mask_ + 1, std::memory_order_acq_rel,
-                                          std::memory_order_relaxed);
+          // died there, the slot stays as it left it: its element may still
+          // be owed to someone (reclaim_dead_take), and the producers take
+          // the slot back when they reach it on the next lap.
           uint64_t hd = pos;
           h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
           pos = h_->head.load(std::memory_order_relaxed);
@@ -332,6 +343,26 @@ class Ring {
       h_->head.store(pos + 1, std::memory_order_relaxed);
       cur.seq.store(pos + mask_ + 1, std::memory_order_release);
     }
+  }
+
+  // For whoever recovers after consumer `pid` died (it is not alive): if
+  // that consumer claimed position `pos` and never gave the slot back, the
+  // element is still in it. Copies it to `out`, gives the slot back to the
+  // producers and returns true; otherwise (never claimed, given back, or
+  // already taken back by a producer) false and nothing changes. The copy
+  // counts only if the slot still carried the claim after it: a producer
+  // must replace the claim before it writes the slot.
+  bool reclaim_dead_take(uint64_t pos, uint32_t pid, T& out) { return !ShmLock::alive(pid) && reclaim_take(pos, pid, out); }
+  // As reclaim_dead_take, for a caller that knows by other means that `pid`
+  // will take nothing more (the daemon, once every process holding the QP
+  // that recorded the claim has gone: one that is still a zombie is alive
+  // to kill(2)).
+  bool reclaim_take(uint64_t pos, uint32_t pid, T& out) {
+    RingSlot<T>& s = slots_[pos & mask_];
+    uint64_t claim = mark(true, pid, pos);
+    if (s.seq.load(std::memory_order_acquire) != claim) return false;
+    std::memcpy(static_cast<void*>(&out), static_cast<const void*>(&s.value), sizeof(T));
+    return s.seq.compare_exchange_strong(claim, pos + mask_ + 1, std::memory_order_acq_rel, std::memory_order_relaxed);
   }
 
   // Peeks at the oldest element without consuming it (single consumer only).

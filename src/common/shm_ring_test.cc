@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -352,6 +353,60 @@ TEST(ShmRing, ADeadConsumersClaimIsGivenBackToTheProducers) {
   EXPECT_EQ(3u, out.v);
   ASSERT_TRUE(m.ring.pop(out));
   EXPECT_EQ(4u, out.v);
+}
+
+// Issue 18 (CI, kill loop): a consumer killed between claiming a slot and
+// copying its element out. It named the position before the claim
+// (pop_recorded), and the element is still in the slot: its recoverer gets
+// it back (reclaim_dead_take) even after another consumer passed over the
+// claim, and exactly once. A real process is killed there, not a forged mark.
+TEST(ShmRing, AConsumerKilledRightAfterItsClaimLeavesTheElementToItsRecoverer) {
+  RingMem m(4);
+  auto* rec = static_cast<std::atomic<uint64_t>*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(MAP_FAILED, static_cast<void*>(rec));
+  rec->store(~0ull);
+  ASSERT_TRUE(m.ring.push(Item{41}));
+  ASSERT_TRUE(m.ring.push(Item{42}));
+  pid_t child = ::fork();
+  if (child == 0) {
+    Item out{};
+    m.ring.pop_recorded(out, [rec](uint64_t pos) { rec->store(pos); }, [](Item&, const Item&) { ::raise(SIGKILL); });
+    ::_exit(0);
+  }
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  ASSERT_TRUE(WIFSIGNALED(st));
+  ASSERT_EQ(0u, rec->load());
+  Item out{};
+  ASSERT_TRUE(m.ring.pop(out));  // passes over the dead claim, leaves it
+  EXPECT_EQ(42u, out.v);
+  EXPECT_FALSE(m.ring.reclaim_dead_take(0, uint32_t(::getpid()), out)) << "not a dead consumer's claim";
+  ASSERT_TRUE(m.ring.reclaim_dead_take(0, uint32_t(child), out));
+  EXPECT_EQ(41u, out.v);
+  EXPECT_FALSE(m.ring.reclaim_dead_take(0, uint32_t(child), out)) << "reclaimed twice";
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(m.ring.push(Item{i})) << "the slot went back: " << i;
+  EXPECT_FALSE(m.ring.push(Item{99}));
+  ::munmap(rec, 4096);
+}
+
+// A producer that reaches a dead consumer's claim on its next lap takes the
+// slot back; the recoverer, later, finds nothing to reclaim (and so never
+// reports an element that was overwritten).
+TEST(ShmRing, AProducerTakesBackADeadClaimAndTheRecovererFindsNothing) {
+  RingMem m(2);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(static_cast<RingHeader*>(m.mem) + 1);
+  ASSERT_TRUE(m.ring.push(Item{1}));
+  ASSERT_TRUE(m.ring.push(Item{2}));
+  uint32_t dead = dead_pid();
+  slots[0].seq.store(busy_mark(true, dead, 0));
+  Item out{};
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(2u, out.v);
+  ASSERT_TRUE(m.ring.push(Item{3}));  // position 2: slot 0 again
+  EXPECT_FALSE(m.ring.reclaim_dead_take(0, dead, out));
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(3u, out.v);
 }
 
 TEST(ShmLock, ALockHeldByADeadProcessIsTakenOver) {

@@ -396,8 +396,20 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   // Only a QP this one could have delivered to (a client can write anything here).
   if (q->second.type != dq->second.type) return;
   if (q->second.type != IBV_QPT_UD && qp_slot(dead_qpn).dest_qpn.load() != qpn) return;
+  uint64_t wr_id = dh->torn_wr_id;
+  if (!dh->torn_taken.load(std::memory_order_acquire)) {
+    // Killed between the record and the copy: the receive is still in the
+    // slot if the claim was made. The position indexes the ring with the
+    // capacity the daemon recorded (receive_queue), so any value is safe.
+    RecvQueue rq;
+    RecvWqe w{};
+    // Every process that held the dead QP has gone from here (some may
+    // not be reaped yet): the claimer takes nothing more.
+    if (!receive_queue(qpn, rq) || !rq.ring.reclaim_take(dh->torn_pos, dh->torn_pid, w)) return;
+    wr_id = w.wr_id;
+  }
   ibv_wc wc{};
-  wc.wr_id = dh->torn_wr_id;
+  wc.wr_id = wr_id;
   // A UD responder stays usable: its receive was aborted, not flushed.
   wc.status = q->second.type == IBV_QPT_UD ? IBV_WC_REM_ABORT_ERR : IBV_WC_WR_FLUSH_ERR;
   wc.opcode = IBV_WC_RECV;

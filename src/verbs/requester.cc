@@ -512,8 +512,21 @@ void complete_torn_receive(QpState& q) {
   if (qpn == 0) return;
   Peer* p = q.type == IBV_QPT_UD ? ud_peer(q, qpn) : resolve_peer(q);
   if (p && !p->mediated && p->qpn == qpn) {
+    uint64_t wr_id = q.hdr->torn_wr_id;
+    if (!q.hdr->torn_taken.load(std::memory_order_acquire)) {
+      // Killed between the record and the copy: the receive is still in
+      // the slot if the claim was made (else nothing was taken).
+      shm::RecvWqe r;
+      uint64_t pos = q.hdr->torn_pos;
+      uint32_t pid = q.hdr->torn_pid;
+      if (!(p->srq_hdr ? p->srq.reclaim_dead_take(pos, pid, r) : p->rq.reclaim_dead_take(pos, pid, r))) {
+        q.hdr->torn_qpn.store(0, std::memory_order_release);
+        return;
+      }
+      wr_id = r.wr_id;
+    }
     ibv_wc wc{};
-    wc.wr_id = q.hdr->torn_wr_id;
+    wc.wr_id = wr_id;
     wc.status = IBV_WC_REM_ABORT_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = qpn;

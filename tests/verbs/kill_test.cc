@@ -726,5 +726,149 @@ TEST(Kill, DeathInsideTheSharedQpSendLockIsTakenOver) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "the lock took long to recover";
 }
 
+
+// ---- death at the worst instruction, made certain ---------------------------
+// The kill loop above once (CI, TSan) killed a requester between claiming our
+// receive in its ring and recording it: the receive vanished (63 of 64). The
+// record is now written before the claim. Here a fresh process (this binary,
+// --child) runs with SOFTVERBS_TEST_DIE, which makes the library kill it
+// right after the claim (recv-claimed) or right after the copy (recv-copied),
+// in a SEND to our QP: every receive must still complete exactly once, in
+// order. "private": its own QP, which dies with it (the daemon recovers);
+// "shared": our shared QP it imported, whose send lock we then take over
+// (our next post recovers).
+
+pid_t spawn_dier(const char* die_at, const char* role, int fd) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("SOFTVERBS_TEST_DIE", die_at, 1);
+    std::string f = std::to_string(fd);
+    execl("/proc/self/exe", "kill_child", "--child", role, f.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+void post_recvs(Side& s, int n) {
+  for (int i = 0; i < n; ++i) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(s.buf) + 256 * uint64_t(i), 256, s.mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = uint64_t(i);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad;
+    ASSERT_EQ(0, ibv_post_recv(s.qp, &wr, &bad));
+  }
+}
+
+int post_one_send(ibv_qp* qp, ibv_mr* mr, uint64_t wr_id) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), 8, mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+void expect_killed(pid_t pid) {
+  int st = 0;
+  ASSERT_EQ(pid, waitpid(pid, &st, 0));
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
+      << "the child was to die inside its SEND; exit status " << (WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
+TEST(Kill, RequesterDiesRightAfterClaimingOrCopyingAReceive) {
+  for (const char* die_at : {"recv-claimed", "recv-copied"}) {
+    SCOPED_TRACE(die_at);
+    Side me;
+    Side::Options o;
+    ASSERT_EQ(0, me.open(o));
+    post_recvs(me, 3);
+    int sv[2];
+    ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+    pid_t v = spawn_dier(die_at, "private", sv[1]);
+    close(sv[1]);
+    uint32_t vqpn = 0;
+    ASSERT_TRUE(get(sv[0], vqpn, 20000)) << "the child did not start";
+    ASSERT_EQ(0, me.connect(vqpn, o));
+    ASSERT_TRUE(put(sv[0], me.qp->qp_num));
+    expect_killed(v);
+    close(sv[0]);
+    ibv_async_event ev{};
+    ASSERT_TRUE(next_event(me.ctx, ev, 30000));
+    EXPECT_EQ(IBV_EVENT_QP_FATAL, ev.event_type);
+    ibv_ack_async_event(&ev);
+    auto got = poll(me.cq, 4, 300);
+    ASSERT_EQ(3u, got.size()) << "a receive was lost or completed twice";
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(uint64_t(i), got[i].wr_id) << "out of order";
+      EXPECT_EQ(IBV_WC_WR_FLUSH_ERR, got[i].status) << ibv_wc_status_str(got[i].status);
+    }
+  }
+}
+
+TEST(Kill, SharerDiesRightAfterClaimingOrCopyingAReceive) {
+  for (const char* die_at : {"recv-claimed", "recv-copied"}) {
+    SCOPED_TRACE(die_at);
+    Side sh, tgt;
+    Side::Options o;
+    ASSERT_EQ(0, sh.open(o));
+    ASSERT_EQ(0, tgt.open(o));
+    ASSERT_EQ(0, sh.connect(tgt.qp->qp_num, o));
+    ASSERT_EQ(0, tgt.connect(sh.qp->qp_num, o));
+    post_recvs(tgt, 3);
+    int sv[2];
+    ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+    pid_t v = spawn_dier(die_at, "shared", sv[1]);
+    close(sv[1]);
+    svx_object objs[2];
+    objs[0].type = SVX_OBJ_QP;
+    objs[0].qp = sh.qp;
+    objs[1].type = SVX_OBJ_MR;
+    objs[1].mr = sh.mr;
+    ASSERT_EQ(0, svx_pack(sv[0], sh.ctx, objs, 2));
+    expect_killed(v);
+    close(sv[0]);
+    ASSERT_EQ(0, post_one_send(sh.qp, sh.mr, 9));  // takes the send lock over
+    auto mine = poll(sh.cq, 1, 30000);
+    ASSERT_EQ(1u, mine.size());
+    EXPECT_EQ(IBV_WC_SUCCESS, mine[0].status);
+    auto got = poll(tgt.cq, 3, 300);
+    ASSERT_EQ(2u, got.size()) << "a receive was lost or completed twice";
+    EXPECT_EQ(0u, got[0].wr_id);
+    EXPECT_EQ(IBV_WC_REM_ABORT_ERR, got[0].status) << ibv_wc_status_str(got[0].status);
+    EXPECT_EQ(1u, got[1].wr_id);
+    EXPECT_EQ(IBV_WC_SUCCESS, got[1].status) << ibv_wc_status_str(got[1].status);
+  }
+}
+
 }  // namespace
 }  // namespace svtest
+
+// The child of Kill.*DiesRightAfter*: argv = role, socket fd. It must not
+// return from its SEND (the library kills it); exit codes say where it stopped.
+extern "C" int svtest_child_main(int argc, char** argv) {
+  using namespace svtest;
+  if (argc < 2) return 10;
+  std::string role = argv[0];
+  int fd = atoi(argv[1]);
+  if (role == "private") {
+    Side s;
+    Side::Options o;
+    if (s.open(o)) return 11;
+    uint32_t dest = 0;
+    if (!put(fd, s.qp->qp_num) || !get(fd, dest) || s.connect(dest, o)) return 12;
+    if (post_one_send(s.qp, s.mr, 1)) return 13;
+  } else {
+    ibv_context* c = nullptr;
+    svx_object objs[2];
+    int n = 0;
+    if (svx_unpack(fd, &c, objs, 2, &n) || n != 2) return 14;
+    if (post_one_send(objs[0].qp, objs[1].mr, 1)) return 15;
+  }
+  sleep(5);
+  return 16;  // still alive: the hook did not fire
+}

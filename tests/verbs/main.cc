@@ -5,7 +5,13 @@
 
 #include <string>
 
+// A test file may define this: `binary --child ARGS` then runs it instead of
+// the tests (a peer that must start as a fresh process, e.g. with its own
+// environment read by the library at load).
+extern "C" int svtest_child_main(int argc, char** argv) __attribute__((weak));
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--child" && svtest_child_main) return svtest_child_main(argc - 2, argv + 2);
   char tmpl[] = "/tmp/softverbs-test-XXXXXX";
   if (!getenv("SOFTVERBS_DIR")) {
     const char* dir = mkdtemp(tmpl);
