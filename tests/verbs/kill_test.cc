@@ -802,7 +802,9 @@ TEST(Kill, RequesterDiesRightAfterClaimingOrCopyingAReceive) {
     EXPECT_EQ(IBV_EVENT_QP_FATAL, ev.event_type);
     ibv_ack_async_event(&ev);
     auto got = poll(me.cq, 4, 300);
-    ASSERT_EQ(3u, got.size()) << "a receive was lost or completed twice";
+    std::string seen;
+    for (auto& w : got) seen += " " + std::to_string(w.wr_id) + ":" + ibv_wc_status_str(w.status);
+    ASSERT_EQ(3u, got.size()) << "a receive was lost or completed twice:" << seen;
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_EQ(uint64_t(i), got[i].wr_id) << "out of order";
       EXPECT_EQ(IBV_WC_WR_FLUSH_ERR, got[i].status) << ibv_wc_status_str(got[i].status);
