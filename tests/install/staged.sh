@@ -12,12 +12,13 @@
 # The source and build trees are hidden (a tmpfs mounted over each in a
 # private mount namespace) while the staged files are used, and the
 # environment is empty but for PATH: any use of the build tree fails.
-#   staged.sh BUILD_DIR SOURCE_DIR C_COMPILER VERSION
+#   staged.sh BUILD_DIR SOURCE_DIR C_COMPILER VERSION [CMAKE]
 set -u
 build=$(cd "${1:?usage: $0 BUILD_DIR SOURCE_DIR C_COMPILER VERSION}" && pwd)
 src=$(cd "${2:?}" && pwd)
 cc=${3:?}
 version=${4:?}
+cmake=${5:-cmake}
 here=$(cd "$(dirname "$0")" && pwd)
 
 stage=$(mktemp -d /tmp/softverbs-stage.XXXXXX)
@@ -33,7 +34,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # would use (not the configured one: the paths are worked out at install time
 # or relative to each binary).
 for c in runtime dev; do
-  DESTDIR=$stage/root cmake --install "$build" --prefix /usr --component $c >"$stage/install-$c.log" 2>&1 ||
+  DESTDIR=$stage/root "$cmake" --install "$build" --prefix /usr --component $c >"$stage/install-$c.log" 2>&1 ||
     { cat "$stage/install-$c.log" >&2; fail "cmake --install --component $c"; }
 done
 root=$stage/root
@@ -74,9 +75,9 @@ case "\$flags" in *"-I$root"*"-L$root"*) ;; *) echo "pkg-config flags do not poi
 "$sv" run ./svx_hello
 "$sv" run ibv_devinfo
 # find_package(softverbs): the imported target softverbs::softverbs.
-cmake -S find_package -B find_package/build -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$prefix" \
+"$cmake" -S find_package -B find_package/build -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$prefix" \
   -DSVX_HELLO_SOURCE="$stage/work/svx_hello.c" >cmake.log 2>&1 || { cat cmake.log >&2; exit 1; }
-cmake --build find_package/build >>cmake.log 2>&1 || { cat cmake.log >&2; exit 1; }
+"$cmake" --build find_package/build >>cmake.log 2>&1 || { cat cmake.log >&2; exit 1; }
 "$sv" run ./find_package/build/svx_hello_cmake
 "$sv" status
 INNER
@@ -105,6 +106,7 @@ check() {  # check DESCRIPTION EXTENDED-REGEX
 }
 check "the pkg-config build of svx_hello ran" '^svx_hello: sv0: published and opened /install-test/cq$'
 [ "$(grep -c '^svx_hello: sv0: published and opened' "$out")" -eq 2 ] || fail "the find_package build of svx_hello did not run"
+grep -q 'softverbs run: warning' "$out" && { cat "$out" >&2; fail "softverbs run did not find the staged libraries"; }
 check "ibv_devinfo lists sv0" '^hca_id:[[:space:]]+sv0$'
 check "ibv_devinfo: port active" 'state:[[:space:]]+PORT_ACTIVE'
 check "status names the staged daemon directory" "^softverbsd \(pid [0-9]+\) at $stage/daemon\$"
