@@ -147,7 +147,10 @@ int status() {
   }
   sv::proto::Empty req{};
   sv::proto::init_header(req, sv::proto::Op::Status, 1);
-  if (sv::send_message(s.get(), &req, sizeof(req), {}) != 0) return 1;
+  if (int e = sv::send_message(s.get(), &req, sizeof(req), {})) {
+    std::printf("softverbsd: status not sent: %s; see %s/daemon.log\n", std::strerror(e), dir.c_str());
+    return 1;
+  }
   sv::proto::StatusReply rep{};
   std::vector<sv::Fd> fds;
   size_t len = 0;
