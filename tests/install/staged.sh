@@ -22,9 +22,10 @@ cmake=${5:-cmake}
 here=$(cd "$(dirname "$0")" && pwd)
 
 stage=$(mktemp -d /tmp/softverbs-stage.XXXXXX)
-daemon_pid=""
+daemon_pids=()
 cleanup() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null
+  local p
+  for p in "${daemon_pids[@]}"; do kill "$p" 2>/dev/null; done
   rm -rf "$stage"
 }
 trap cleanup EXIT
@@ -91,14 +92,25 @@ if ! unshare "${userns[@]}" --mount true 2>/dev/null; then
   echo "SKIP: no private mount namespace here (unshare), so the build tree cannot be hidden" >&2
   exit 77
 fi
+# run_hidden OUT VAR=VALUE... SCRIPT: runs SCRIPT with only PATH and the
+# given variables in its environment, in a private mount namespace where
+# the source and build trees are hidden; its output in OUT. Records the pid
+# of the daemon that `softverbs status` printed, to kill it at the end.
+run_hidden() {
+  local out=$1 rc pid
+  shift
+  env -i PATH=/usr/bin:/bin HOME="$stage" "${@:1:$#-1}" \
+    unshare "${userns[@]}" --mount --propagation private \
+    sh -c "$hide && [ ! -e '$build/bin/softverbs' ] && exec '${*: -1}'" >"$out" 2>&1
+  rc=$?
+  pid=$(sed -n 's/^softverbsd (pid \([0-9]*\)).*/\1/p' "$out")
+  [ -n "$pid" ] && daemon_pids+=("$pid")
+  [ $rc -eq 0 ] || { cat "$out" >&2; fail "$(basename "${*: -1}") failed (exit $rc)"; }
+}
 out=$stage/use.out
-env -i PATH=/usr/bin:/bin HOME="$stage" SOFTVERBS_DIR="$stage/daemon" \
-  PKG_CONFIG_SYSROOT_DIR="$root" PKG_CONFIG_LIBDIR="$(dirname "$pc")" \
-  unshare "${userns[@]}" --mount --propagation private \
-  sh -c "$hide && [ ! -e '$build/bin/softverbs' ] && exec '$stage/use.sh'" >"$out" 2>&1
-rc=$?
-daemon_pid=$(sed -n 's/^softverbsd (pid \([0-9]*\)).*/\1/p' "$out")
-[ $rc -eq 0 ] || { cat "$out" >&2; fail "using the staged files failed (exit $rc)"; }
+run_hidden "$out" SOFTVERBS_DIR="$stage/daemon" PKG_CONFIG_SYSROOT_DIR="$root" PKG_CONFIG_LIBDIR="$(dirname "$pc")" \
+  "$stage/use.sh"
+daemon_pid=${daemon_pids[0]:-0}
 
 # 3. What they printed.
 check() {  # check DESCRIPTION EXTENDED-REGEX
@@ -112,4 +124,31 @@ check "ibv_devinfo: port active" 'state:[[:space:]]+PORT_ACTIVE'
 check "status names the staged daemon directory" "^softverbsd \(pid [0-9]+\) at $stage/daemon\$"
 exe=$(readlink "/proc/$daemon_pid/exe")
 [ "$exe" = "$prefix/bin/softverbsd" ] || fail "the daemon that served is $exe, not the staged $prefix/bin/softverbsd"
+# 4. Installed for real (no DESTDIR) under another prefix: a program built
+# with pkg-config runs on softverbs with no wrapper, through the rpath, and
+# the library starts the daemon installed beside it (found relative to the
+# library: no SOFTVERBSD, no PATH).
+direct=$stage/direct
+for c in runtime dev; do
+  "$cmake" --install "$build" --prefix "$direct" --component $c >"$stage/direct-$c.log" 2>&1 ||
+    { cat "$stage/direct-$c.log" >&2; fail "cmake --install --prefix $direct --component $c"; }
+done
+mkdir -m 0700 "$stage/daemon2"
+cat >"$stage/direct.sh" <<INNER
+#!/bin/bash
+set -eu
+cd "$stage/work"
+"$cc" -std=c11 -Wall -Werror svx_hello.c \$(pkg-config --cflags --libs softverbs) -o svx_direct
+./svx_direct
+"$direct/bin/softverbs" status
+INNER
+chmod +x "$stage/direct.sh"
+out2=$stage/direct.out
+run_hidden "$out2" SOFTVERBS_DIR="$stage/daemon2" PKG_CONFIG_LIBDIR="$(dirname "$(find "$direct" -name softverbs.pc)")" \
+  "$stage/direct.sh"
+grep -q '^svx_hello: sv0: published and opened /install-test/cq$' "$out2" ||
+  { cat "$out2" >&2; fail "the program linked through softverbs.pc did not run on softverbs without a wrapper"; }
+exe=$(readlink "/proc/${daemon_pids[1]:-0}/exe")
+[ "$exe" = "$direct/bin/softverbsd" ] || fail "the library started $exe, not $direct/bin/softverbsd"
+
 echo "install.staged: passed (prefix ${prefix#"$root"}, private libraries ${privlib#"$root"})"
