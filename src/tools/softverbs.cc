@@ -77,7 +77,7 @@ int run(int argc, char** argv) {
   ::execvp(argv[0], argv);
   int e = errno;
   std::fprintf(stderr, "softverbs run: %s: %s%s\n", argv[0], std::strerror(e),
-               e == ENOENT ? "; check the name and PATH" : "");
+               e == ENOENT ? "; check the name and PATH" : e == EACCES ? "; check that it is an executable file" : "");
   return e == ENOENT ? 127 : 126;
 }
 

@@ -52,6 +52,9 @@ expect 2 '' "^softverbs run: no command to run; try 'softverbs run -- " "$sv" ru
 expect 2 '' "^softverbs run: no command to run; try " "$sv" run --
 expect 127 '' "^softverbs run: no-such-program-here: No such file or directory; check the name and PATH\$" \
   "$sv" run -- no-such-program-here
+touch "$tmp/not-executable"
+expect 126 '' "^softverbs run: $tmp/not-executable: Permission denied; check that it is an executable file\$" \
+  "$sv" run "$tmp/not-executable"
 expect 0 '^usage: softverbs status$' '' "$sv" status -h
 expect 0 '^usage: softverbs ls$' '' "$sv" ls --help
 expect 2 '' "^softverbs status: unexpected argument 'x'; try 'softverbs status' alone\$" "$sv" status x
