@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,32 +15,70 @@
 #include "common/paths.h"
 #include "daemon/server.h"
 
-static void usage() {
-  std::fprintf(stderr,
-               "usage: softverbsd [--foreground] [--idle SECONDS] [--dir DIR] [--system]\n"
-               "  --idle: exit after SECONDS with no clients (default 30, 0 = never)\n"
-               "  --system: the host-wide daemon serving every user (run it as root; its\n"
-               "            directory is $SOFTVERBS_SYSTEM_DIR or /run/softverbs, and it\n"
-               "            does not exit when idle unless --idle is given)\n");
-}
+constexpr const char* kUsage =
+    "usage: softverbsd [--foreground] [--idle SECONDS] [--dir DIR] [--system]\n"
+    "  the softverbs device daemon; programs start the per-user one on demand\n"
+    "  --foreground: stay attached to the terminal, errors on stderr\n"
+    "  --idle: exit after SECONDS with no clients (default 30, 0 = never)\n"
+    "  --dir: serve in DIR (default $SOFTVERBS_DIR, $XDG_RUNTIME_DIR/softverbs\n"
+    "         or /tmp/softverbs-UID)\n"
+    "  --system: the host-wide daemon serving every user (run it as root; its\n"
+    "            directory is $SOFTVERBS_SYSTEM_DIR or /run/softverbs, and it\n"
+    "            does not exit when idle unless --idle is given)\n"
+    "  -h, --help: this help; --version: softverbs' version. See softverbsd(8).\n";
 
-int main(int argc, char** argv) {
+struct Options {
   bool foreground = false;
   bool system = false;
   int idle = 30;
   bool idle_given = false;
   std::string dir;
+};
+
+// Parses argv into *o; returns -1 to go on, else the exit code (0 after
+// --help or --version, 2 after a usage error, which names what to do next).
+static int parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--foreground") foreground = true;
-    else if (a == "--idle" && i + 1 < argc) idle = std::atoi(argv[++i]), idle_given = true;
-    else if (a == "--system") system = true;
-    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
-    else {
-      usage();
+    bool has_value = i + 1 < argc;
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--version") {
+      std::printf("softverbsd %s\n", SOFTVERBS_VERSION);
+      return 0;
+    } else if (a == "--foreground") {
+      o->foreground = true;
+    } else if (a == "--system") {
+      o->system = true;
+    } else if ((a == "--idle" || a == "--dir") && !has_value) {
+      std::fprintf(stderr, "softverbsd: %s needs a value; try 'softverbsd --help'\n", a.c_str());
+      return 2;
+    } else if (a == "--idle") {
+      char* end = nullptr;
+      long v = std::strtol(argv[++i], &end, 10);
+      if (*argv[i] == 0 || *end != 0 || v < 0 || v > INT32_MAX) {
+        std::fprintf(stderr, "softverbsd: --idle '%s': want a number of seconds (0 = never)\n", argv[i]);
+        return 2;
+      }
+      o->idle = int(v), o->idle_given = true;
+    } else if (a == "--dir") {
+      o->dir = argv[++i];
+    } else {
+      std::fprintf(stderr, "softverbsd: unknown %s '%s'; try 'softverbsd --help'\n",
+                   a[0] == '-' ? "option" : "argument", a.c_str());
       return 2;
     }
   }
+  return -1;
+}
+
+int main(int argc, char** argv) {
+  Options o;
+  if (int rc = parse(argc, argv, &o); rc >= 0) return rc;
+  bool foreground = o.foreground, system = o.system, idle_given = o.idle_given;
+  int idle = o.idle;
+  std::string dir = o.dir;
   if (const char* e = std::getenv("SOFTVERBSD_IDLE")) idle = std::atoi(e), idle_given = true;
   if (dir.empty()) dir = system ? sv::system_dir() : sv::runtime_dir();
   if (system && !idle_given) idle = 0;
@@ -56,7 +95,10 @@ int main(int argc, char** argv) {
   int e = server.start();
   if (e == EALREADY) return 0;  // another daemon serves this user
   if (e) {
-    std::fprintf(stderr, "softverbsd: cannot start in %s: %s\n", dir.c_str(), std::strerror(e));
+    std::fprintf(stderr, "softverbsd: cannot start in %s: %s; %s\n", dir.c_str(), std::strerror(e),
+                 e == EPERM || e == ENOTDIR
+                     ? "it must be a directory of yours, mode 0700 (root's, 0755, for --system); choose another with --dir"
+                     : "choose another directory with --dir, or see softverbsd(8)");
     return 1;
   }
   if (!foreground) {

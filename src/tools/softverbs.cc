@@ -3,8 +3,10 @@
 //   softverbs run [--] CMD [ARGS...]   run CMD with softverbs' libibverbs.so.1 first
 //   softverbs status                   objects the daemon holds
 //   softverbs ls                       names published in the daemon's namespace
+//   softverbs -h|--help, --version
 // With SOFTVERBS_SYSTEM=1, status and ls ask the host-wide daemon.
-//   softverbs stop                     ask the daemon to exit (SIGTERM)
+// Usage errors exit 2 with one line that says what to do next (as the man
+// page softverbs(1) describes).
 #include <signal.h>
 #include <unistd.h>
 
@@ -31,25 +33,59 @@ std::string self_dir() {
   return p.substr(0, p.rfind('/'));
 }
 
+bool has_library(const std::string& dir) { return ::access((dir + "/libibverbs.so.1").c_str(), R_OK) == 0; }
+
+// Where softverbs' libibverbs.so.1 and librdmacm.so.1 are: $SOFTVERBS_LIB,
+// else the installed private directory relative to this binary
+// (SOFTVERBS_BIN_TO_LIB, from the install layout: DESTDIR and moved
+// prefixes keep working), else the build tree's bin/../lib.
+std::string library_dir() {
+  if (const char* l = std::getenv("SOFTVERBS_LIB"); l && *l) return l;
+  std::string self = self_dir();
+#ifdef SOFTVERBS_BIN_TO_LIB
+  if (std::string installed = self + "/" SOFTVERBS_BIN_TO_LIB; has_library(installed)) return installed;
+#endif
+  return self + "/../lib";
+}
+
+constexpr const char* kRunUsage =
+    "usage: softverbs run [--] CMD [ARGS...]\n"
+    "  runs CMD with softverbs' libibverbs.so.1 and librdmacm.so.1 first on LD_LIBRARY_PATH;\n"
+    "  the daemon softverbsd starts on demand (SOFTVERBS_DIR: its directory)\n";
+
 int run(int argc, char** argv) {
+  if (argc > 0 && (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0)) {
+    std::fputs(kRunUsage, stdout);
+    return 0;
+  }
   if (argc > 0 && std::strcmp(argv[0], "--") == 0) {
     argv++;
     argc--;
   }
   if (argc == 0) {
-    std::fprintf(stderr, "softverbs run: no command\n");
+    std::fprintf(stderr, "softverbs run: no command to run; try 'softverbs run -- ibv_devinfo'\n");
     return 2;
   }
-  std::string lib = self_dir() + "/../lib";
-  if (const char* l = std::getenv("SOFTVERBS_LIB")) lib = l;
+  std::string lib = library_dir();
+  if (!has_library(lib))
+    std::fprintf(stderr, "softverbs run: warning: no libibverbs.so.1 in %s; set SOFTVERBS_LIB to its directory\n",
+                 lib.c_str());
   std::string path = lib;
   if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path.append(":").append(old);
   ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
   if (!std::getenv("SOFTVERBSD")) ::setenv("SOFTVERBSD", (self_dir() + "/softverbsd").c_str(), 1);
   ::execvp(argv[0], argv);
-  std::fprintf(stderr, "softverbs run: %s: %s\n", argv[0], std::strerror(errno));
-  return 127;
+  int e = errno;
+  std::fprintf(stderr, "softverbs run: %s: %s%s\n", argv[0], std::strerror(e),
+               e == ENOENT ? "; check the name and PATH" : e == EACCES ? "; check that it is an executable file" : "");
+  return e == ENOENT ? 127 : 126;
 }
+
+// Said when no daemon answers: the per-user one starts with the first
+// program that opens the device; the system one is an administrator's.
+const char* const kNoDaemonHint =
+    "it starts with the first program run under 'softverbs run' (or, with SOFTVERBS_SYSTEM=1, "
+    "as root: softverbsd --system)";
 
 std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::runtime_dir(); }
 
@@ -70,7 +106,8 @@ int list_names() {
   std::string dir = daemon_dir();
   sv::Fd s;
   if (int e = sv::connect_seqpacket(sv::socket_path(dir), s)) {
-    std::fprintf(stderr, "softverbs ls: no daemon at %s: %s\n", sv::socket_path(dir).c_str(), std::strerror(e));
+    std::fprintf(stderr, "softverbs ls: no daemon at %s: %s; %s\n", sv::socket_path(dir).c_str(), std::strerror(e),
+                 kNoDaemonHint);
     return 1;
   }
   uint32_t start = 0;
@@ -84,7 +121,7 @@ int list_names() {
     if (sv::send_message(s.get(), &req, sizeof(req), {}) != 0 ||
         sv::recv_message(s.get(), &rep, sizeof(rep), &len, fds) != 0 || len != sizeof(rep) || rep.h.status ||
         rep.count > sv::proto::kNsListPage) {
-      std::fprintf(stderr, "softverbs ls: bad reply from the daemon\n");
+      std::fprintf(stderr, "softverbs ls: bad reply from the daemon; see %s/daemon.log\n", dir.c_str());
       return 1;
     }
     for (uint32_t i = 0; i < rep.count; ++i) {
@@ -104,17 +141,21 @@ int status() {
   std::string dir = daemon_dir();
   sv::Fd s;
   if (int e = sv::connect_seqpacket(sv::socket_path(dir), s)) {
-    std::printf("softverbsd: not running (%s: %s)\n", sv::socket_path(dir).c_str(), std::strerror(e));
+    std::printf("softverbsd: not running (%s: %s); %s\n", sv::socket_path(dir).c_str(), std::strerror(e),
+                kNoDaemonHint);
     return 1;
   }
   sv::proto::Empty req{};
   sv::proto::init_header(req, sv::proto::Op::Status, 1);
-  if (sv::send_message(s.get(), &req, sizeof(req), {}) != 0) return 1;
+  if (int e = sv::send_message(s.get(), &req, sizeof(req), {})) {
+    std::printf("softverbsd: status not sent: %s; see %s/daemon.log\n", std::strerror(e), dir.c_str());
+    return 1;
+  }
   sv::proto::StatusReply rep{};
   std::vector<sv::Fd> fds;
   size_t len = 0;
   if (sv::recv_message(s.get(), &rep, sizeof(rep), &len, fds) != 0 || len != sizeof(rep) || rep.h.status) {
-    std::printf("softverbsd: bad status reply\n");
+    std::printf("softverbsd: bad status reply; see %s/daemon.log\n", dir.c_str());
     return 1;
   }
   sv::proto::Empty areq{};
@@ -144,17 +185,47 @@ int status() {
   return 0;
 }
 
+constexpr const char* kUsage =
+    "usage: softverbs COMMAND [ARGS...]\n"
+    "  run [--] CMD [ARGS...]  run CMD, unmodified, on the softverbs device\n"
+    "  status                  what the daemon holds (objects, locked memory)\n"
+    "  ls                      names published in the daemon's namespace\n"
+    "  -h, --help              this help\n"
+    "  --version               softverbs' version\n"
+    "Environment: SOFTVERBS_DIR (the per-user daemon's directory), SOFTVERBS_SYSTEM=1\n"
+    "(the host-wide daemon), SOFTVERBS_LIB, SOFTVERBSD. See softverbs(1).\n";
+
+// status and ls take no arguments but help.
+int no_args(const char* cmd, int argc, char** argv, int (*fn)()) {
+  if (argc == 0) return fn();
+  if (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0) {
+    std::printf("usage: softverbs %s\n", cmd);
+    return 0;
+  }
+  std::fprintf(stderr, "softverbs %s: unexpected argument '%s'; try 'softverbs %s' alone\n", cmd, argv[0], cmd);
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: softverbs run [--] CMD [ARGS...] | softverbs status | softverbs ls\n");
+    std::fprintf(stderr, "softverbs: no command; try 'softverbs --help'\n");
     return 2;
   }
   std::string cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::printf("softverbs %s\n", SOFTVERBS_VERSION);
+    return 0;
+  }
   if (cmd == "run") return run(argc - 2, argv + 2);
-  if (cmd == "status") return status();
-  if (cmd == "ls") return list_names();
-  std::fprintf(stderr, "softverbs: unknown command '%s'\n", cmd.c_str());
+  if (cmd == "status") return no_args("status", argc - 2, argv + 2, status);
+  if (cmd == "ls") return no_args("ls", argc - 2, argv + 2, list_names);
+  std::fprintf(stderr, "softverbs: unknown %s '%s'; try 'softverbs --help'\n", cmd[0] == '-' ? "option" : "command",
+               cmd.c_str());
   return 2;
 }

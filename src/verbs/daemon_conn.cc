@@ -31,9 +31,16 @@ std::string library_dir() {
   return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 
+// $SOFTVERBSD, else the daemon beside this library: where `cmake --install`
+// puts it relative to the private library directory (SOFTVERBS_LIB_TO_DAEMON,
+// from the install layout, so DESTDIR and moved prefixes work), the build
+// tree's bin/, or PATH.
 std::string find_daemon() {
   if (const char* e = std::getenv("SOFTVERBSD"); e && *e) return e;
   std::string dir = library_dir();
+#ifdef SOFTVERBS_LIB_TO_DAEMON
+  if (std::string c = dir + "/" SOFTVERBS_LIB_TO_DAEMON; ::access(c.c_str(), X_OK) == 0) return c;
+#endif
   for (const char* rel : {"/../bin/softverbsd", "/softverbsd", "/../libexec/softverbs/softverbsd",
                           "/../../bin/softverbsd"}) {
     std::string c = dir + rel;
