@@ -6,6 +6,8 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -121,5 +123,18 @@ int connect_pair(Side& me, Peer& peer, PeerInfo& info, const Side::Options& mine
 // Deterministic byte pattern.
 inline uint8_t pattern(uint8_t seed, uint64_t i) { return uint8_t(seed * 131 + i * 7 + (i >> 8)); }
 uint64_t checksum(const uint8_t* p, uint64_t len);
+
+// Bounded exchange of one fixed-size value on a control socketpair between
+// a test and its peer process.
+template <class T>
+bool put(int fd, const T& v) {
+  return ::send(fd, &v, sizeof(T), MSG_NOSIGNAL) == ssize_t(sizeof(T));
+}
+template <class T>
+bool get(int fd, T& v, int ms = 30000) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, ms) != 1) return false;
+  return ::recv(fd, &v, sizeof(T), 0) == ssize_t(sizeof(T));
+}
 
 }  // namespace svtest

@@ -114,18 +114,6 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_cq* cq, uint32_t depth) {
   return ibv_create_qp(pd, &ia);
 }
 
-// Bounded message exchange on the control socketpair.
-template <class T>
-bool put(int fd, const T& v) {
-  return ::send(fd, &v, sizeof(T), MSG_NOSIGNAL) == ssize_t(sizeof(T));
-}
-template <class T>
-bool get(int fd, T& v, int ms = 30000) {
-  pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, ms) != 1) return false;
-  return ::recv(fd, &v, sizeof(T), 0) == ssize_t(sizeof(T));
-}
-
 struct Target {  // where the victim may write and read, in our memory
   uint64_t addr;
   uint32_t rkey;

@@ -57,17 +57,6 @@ struct Shared {
   std::atomic<uint64_t> work[kRoles];  // progress counters, to kill during traffic
 };
 
-template <class T>
-bool put(int fd, const T& v) {
-  return ::send(fd, &v, sizeof(T), MSG_NOSIGNAL) == ssize_t(sizeof(T));
-}
-template <class T>
-bool get(int fd, T& v, int ms = 10000) {
-  pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, ms) != 1) return false;
-  return ::recv(fd, &v, sizeof(T), 0) == ssize_t(sizeof(T));
-}
-
 bool fatal_arrived(ibv_context* c, int ms) {
   int flags = fcntl(c->async_fd, F_GETFL);
   fcntl(c->async_fd, F_SETFL, flags | O_NONBLOCK);

@@ -36,11 +36,11 @@ struct Pair {
 };
 
 template <class T>
-void put(int fd, const T& v) {
+void send_val(int fd, const T& v) {
   ASSERT_EQ(ssize_t(sizeof(T)), write(fd, &v, sizeof(T)));
 }
 template <class T>
-T get(int fd) {
+T recv_val(int fd) {
   T v{};
   if (read(fd, &v, sizeof(T)) != ssize_t(sizeof(T))) std::memset(&v, 0xff, sizeof(T));
   return v;
@@ -81,7 +81,7 @@ TEST(Sharing, RdmaCoreImportApiAllHoldersEqual) {
     // All holders are equal: the importer destroys the MR for everyone.
     if (ibv_dereg_mr(mr)) _exit(7);
     put<uint32_t>(p.b, 1);
-    get<uint32_t>(p.b);  // hold the context until the parent checked
+    recv_val<uint32_t>(p.b);  // hold the context until the parent checked
     ibv_unimport_pd(pd);
     ibv_close_device(c);
     _exit(0);
@@ -93,7 +93,7 @@ TEST(Sharing, RdmaCoreImportApiAllHoldersEqual) {
   uint32_t h[3] = {me.pd->handle, me.mr->handle, me.mr->lkey};
   int fds[1] = {me.ctx->cmd_fd};
   ASSERT_EQ(0, sv::send_message(p.a, h, sizeof(h), fds));
-  ASSERT_EQ(1u, get<uint32_t>(p.a));
+  ASSERT_EQ(1u, recv_val<uint32_t>(p.a));
   // Our handle now refers to a destroyed MR: errors, not crashes.
   ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
   ibv_send_wr wr{};
@@ -132,7 +132,7 @@ TEST(Sharing, FourWorkersSharePdMrCqEachWithAPrivateQp) {
       ibv_qp* qp = make_qp(pd, cq);
       if (!qp) _exit(3);
       put<uint32_t>(sock, qp->qp_num);
-      uint32_t dest = get<uint32_t>(sock);
+      uint32_t dest = recv_val<uint32_t>(sock);
       if (connect_qp(qp, dest)) _exit(4);
       // Copy chunk i of the shared MR to chunk kWorkers+i, through the QPs.
       uint64_t base = reinterpret_cast<uint64_t>(mr->addr);
@@ -148,7 +148,7 @@ TEST(Sharing, FourWorkersSharePdMrCqEachWithAPrivateQp) {
       ibv_send_wr* bad;
       if (ibv_post_send(qp, &wr, &bad)) _exit(5);
       put<uint32_t>(sock, 1);
-      get<uint32_t>(sock);  // the server polls the shared CQ, then lets us go
+      recv_val<uint32_t>(sock);  // the server polls the shared CQ, then lets us go
       _exit(0);
     }
     pids.push_back(pid);
@@ -172,7 +172,7 @@ TEST(Sharing, FourWorkersSharePdMrCqEachWithAPrivateQp) {
     objs[2].type = SVX_OBJ_CQ;
     objs[2].cq = srv.cq;
     ASSERT_EQ(0, svx_pack(pairs[i]->a, srv.ctx, objs, 3));
-    uint32_t wq = get<uint32_t>(pairs[i]->a);
+    uint32_t wq = recv_val<uint32_t>(pairs[i]->a);
     worker_qpns.insert(wq);
     ibv_qp* q = make_qp(srv.pd, local_cq);
     ASSERT_NE(nullptr, q);
@@ -180,7 +180,7 @@ TEST(Sharing, FourWorkersSharePdMrCqEachWithAPrivateQp) {
     put<uint32_t>(pairs[i]->a, q->qp_num);
     mine.push_back(q);
   }
-  for (int i = 0; i < kWorkers; ++i) ASSERT_EQ(1u, get<uint32_t>(pairs[i]->a));
+  for (int i = 0; i < kWorkers; ++i) ASSERT_EQ(1u, recv_val<uint32_t>(pairs[i]->a));
   // Completions of QPs that other processes created, on the shared CQ.
   auto wcs = poll(srv.cq, kWorkers);
   ASSERT_EQ(size_t(kWorkers), wcs.size());
@@ -219,7 +219,7 @@ TEST(Sharing, TwoProcessesPostToOneSharedQp) {
     ibv_qp* qp = objs[0].qp;
     ibv_mr* mr = objs[1].mr;
     uint64_t base = reinterpret_cast<uint64_t>(mr->addr) + id * kMsg;
-    get<uint32_t>(sock);  // go
+    recv_val<uint32_t>(sock);  // go
     for (int i = 0; i < kPerSender; ++i) {
       // Our own slot of the shared send buffer (it is the creator's memory;
       // we fill it through an RDMA WRITE-free path: the message carries seq).
@@ -237,7 +237,7 @@ TEST(Sharing, TwoProcessesPostToOneSharedQp) {
       if (e) _exit(3);
     }
     put<uint32_t>(sock, 1);
-    get<uint32_t>(sock);
+    recv_val<uint32_t>(sock);
     _exit(0);
   };
   pid_t a = fork();
@@ -290,8 +290,8 @@ TEST(Sharing, TwoProcessesPostToOneSharedQp) {
   }
   EXPECT_EQ(kPerSender, next[1]);
   EXPECT_EQ(kPerSender, next[2]);
-  EXPECT_EQ(1u, get<uint32_t>(p1.a));
-  EXPECT_EQ(1u, get<uint32_t>(p2.a));
+  EXPECT_EQ(1u, recv_val<uint32_t>(p1.a));
+  EXPECT_EQ(1u, recv_val<uint32_t>(p2.a));
   put<uint32_t>(p1.a, 1);
   put<uint32_t>(p2.a, 1);
   EXPECT_EQ(0, wait_child(a));
@@ -347,7 +347,7 @@ TEST(Sharing, ThreePollersSeeEveryCompletionOnce) {
     obj[0].type = SVX_OBJ_CQ;
     obj[0].cq = me.cq;
     ASSERT_EQ(0, svx_pack(pairs[i]->a, me.ctx, obj, 1));
-    ASSERT_EQ(1u, get<uint32_t>(pairs[i]->a));
+    ASSERT_EQ(1u, recv_val<uint32_t>(pairs[i]->a));
   }
   for (int i = 0; i < kTotal; ++i) {
     ibv_sge sge{reinterpret_cast<uint64_t>(me.buf), 8, me.mr->lkey};
@@ -367,10 +367,10 @@ TEST(Sharing, ThreePollersSeeEveryCompletionOnce) {
   std::vector<int> count(kTotal, 0);
   for (int i = 0; i < kPollers; ++i) {
     put<uint32_t>(pairs[i]->a, 1);
-    uint32_t n = get<uint32_t>(pairs[i]->a);
+    uint32_t n = recv_val<uint32_t>(pairs[i]->a);
     ASSERT_LE(n, uint32_t(kTotal));
     for (uint32_t k = 0; k < n; ++k) {
-      uint32_t v = get<uint32_t>(pairs[i]->a);
+      uint32_t v = recv_val<uint32_t>(pairs[i]->a);
       ASSERT_LT(v, uint32_t(kTotal));
       count[v]++;
     }
@@ -418,7 +418,7 @@ TEST(Sharing, ChargeFollowsAnMrWhoseRegistrantExited) {
   int fds[1] = {me.ctx->cmd_fd};
   uint32_t h = me.pd->handle;
   ASSERT_EQ(0, sv::send_message(p.a, &h, sizeof(h), fds));
-  uint32_t mr_handle = get<uint32_t>(p.a);
+  uint32_t mr_handle = recv_val<uint32_t>(p.a);
   EXPECT_EQ(0, wait_child(child));
   EXPECT_EQ(65536u, locked_bytes_of(child));
   ibv_mr* mr = ibv_import_mr(me.pd, mr_handle);
@@ -522,8 +522,8 @@ TEST(SharingCpp, UnpackOwnsAndReleasesImportedHandles) {
   objs[1].type = SVX_OBJ_CQ;
   objs[1].cq = me.cq;
   ASSERT_EQ(0, svx_pack(p.a, me.ctx, objs, 2));
-  EXPECT_EQ(me.qp->qp_num, get<uint32_t>(p.a));
-  EXPECT_EQ(1u, get<uint32_t>(p.a));
+  EXPECT_EQ(me.qp->qp_num, recv_val<uint32_t>(p.a));
+  EXPECT_EQ(1u, recv_val<uint32_t>(p.a));
   EXPECT_EQ(0, wait_child(child));
   // Still ours and alive.
   ibv_qp_attr a{};
@@ -555,7 +555,7 @@ TEST(SharingRace, ReceivesPostedByAnotherSharerServeEarlySends) {
     svx_object objs[2];
     int n = 0;
     if (svx_unpack(p.b, &c, objs, 2, &n) || n != 2) _exit(2);
-    get<uint32_t>(p.b);  // wait until the sends are already in flight
+    recv_val<uint32_t>(p.b);  // wait until the sends are already in flight
     ibv_mr* mr = objs[1].mr;
     for (int i = 0; i < 4; ++i) {
       ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr) + uint64_t(i) * 64, 64, mr->lkey};
@@ -567,7 +567,7 @@ TEST(SharingRace, ReceivesPostedByAnotherSharerServeEarlySends) {
       if (ibv_post_recv(objs[0].qp, &wr, &bad)) _exit(3);
     }
     put<uint32_t>(p.b, 1);
-    get<uint32_t>(p.b);
+    recv_val<uint32_t>(p.b);
     _exit(0);
   }
   Side server, client;
@@ -595,7 +595,7 @@ TEST(SharingRace, ReceivesPostedByAnotherSharerServeEarlySends) {
   }
   EXPECT_TRUE(poll(client.cq, 1, 30).empty());  // RNR: waiting for receives
   put<uint32_t>(p.a, 1);
-  ASSERT_EQ(1u, get<uint32_t>(p.a));
+  ASSERT_EQ(1u, recv_val<uint32_t>(p.a));
   auto sent = poll(client.cq, 4);
   ASSERT_EQ(4u, sent.size());
   for (auto& wc : sent) EXPECT_EQ(IBV_WC_SUCCESS, wc.status);
@@ -633,7 +633,7 @@ TEST(Sharing, CompletionChannelSharedWakesAnotherProcess) {
     if (got[0].type != SVX_OBJ_CHANNEL || got[1].type != SVX_OBJ_CQ) _exit(51);
     if (got[1].cq->channel != got[0].channel) _exit(52);
     if (ibv_req_notify_cq(got[1].cq, 0)) _exit(53);
-    put(p.b, uint8_t(1));
+    send_val(p.b, uint8_t(1));
     ibv_cq* ev_cq = nullptr;
     void* ev_ctx = nullptr;
     if (ibv_get_cq_event(got[0].channel, &ev_cq, &ev_ctx)) _exit(54);
@@ -674,7 +674,7 @@ TEST(Sharing, CompletionChannelSharedWakesAnotherProcess) {
   objs[1].type = SVX_OBJ_CQ;
   objs[1].cq = cq;
   ASSERT_EQ(0, svx_pack(p.a, ctx, objs, 2));
-  ASSERT_EQ(1, get<uint8_t>(p.a));
+  ASSERT_EQ(1, recv_val<uint8_t>(p.a));
   usleep(20000);  // let the child fall asleep in ibv_get_cq_event
   ibv_sge sge{reinterpret_cast<uintptr_t>(buf), 8, mr->lkey};
   ibv_send_wr wr{}, *bad = nullptr;
