@@ -29,8 +29,8 @@ NET=${SOFTVERBS_TESTBED_NET:-9}
 NS=$P-rxehost
 DIR=${SOFTVERBS_RXE_DIR:-/var/tmp/softverbs-rxe}
 # Bump when the guest's init or package list changes: `ready` then says no.
-VERSION=3  # 3: rdmacm-utils (rping, ucmatose, udaddy); 2: the init runs /share/.softverbs-init
-PACKAGES=linux-image-amd64,rdma-core,ibverbs-utils,ibverbs-providers,perftest,rdmacm-utils,iproute2,kmod,procps
+VERSION=4  # 4: python3-pyverbs (rdma-core's tests); 3: rdmacm-utils (rping, ucmatose, udaddy); 2: the init runs /share/.softverbs-init
+PACKAGES=linux-image-amd64,rdma-core,ibverbs-utils,ibverbs-providers,perftest,rdmacm-utils,iproute2,kmod,procps,python3-pyverbs
 
 # The guest's init (PID 1), built into the image: no systemd, so that boot
 # is quick; it mounts the shared folder and runs what `boot` put there
