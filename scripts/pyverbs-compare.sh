@@ -60,7 +60,8 @@ run_softverbs() {
     { echo "pyverbs-compare: build softverbs first (targets softverbs softverbsd ibverbs_dropin rdmacm_dropin)" >&2; exit 1; }
   cp -r "$src" "$tmp/tests"
   gunzip -rq "$tmp/tests"
-  mkdir "$tmp/dir"
+  # The daemon's directory must be the user's, mode 0700 (docs/SECURITY.md).
+  mkdir -m 0700 "$tmp/dir"
   echo "# rdma-core tests (python3-pyverbs $(dpkg-query -W -f='${Version}' python3-pyverbs 2>/dev/null))" \
     "on softverbs $(git -C "$here" describe --always --dirty 2>/dev/null)" >"$1"
   echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC'), host kernel: Linux $(uname -r)" >>"$1"
