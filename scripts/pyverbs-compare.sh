@@ -21,6 +21,7 @@
 #   --save FILE           also keep the softverbs log that was run here
 #   --not-passed          only the rows where either side did not pass, less the
 #                         vendor-specific ones (mlx5, EFA, CUDA) skipped on both
+#   --check               exit 1 if softverbs does worse than rxe in any row
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 rxe_log=$here/tests/compat/data/pyverbs-rxe.log
@@ -28,6 +29,7 @@ sv_log=""
 build=$here/build
 save=""
 only=0
+check=0
 pos=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --save) save=$2; shift 2 ;;
     --not-passed) only=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --check) check=1; shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     -*) echo "pyverbs-compare: unknown option $1" >&2; exit 2 ;;
     *) pos+=("$1"); shift ;;
   esac
@@ -75,7 +78,7 @@ if [ -z "$sv_log" ]; then
   [ -z "$save" ] || cp "$sv_log" "$save"
 fi
 
-exec python3 - "$sv_log" "$rxe_log" "$only" <<'EOF'
+python3 - "$sv_log" "$rxe_log" "$only" "$check" <<'EOF'
 import re, sys
 
 HEAD = re.compile(r'^(test\w*) \(([\w.]+)\)')
@@ -171,6 +174,7 @@ def counts(res):
 sv, sv_order = parse(sys.argv[1])
 rxe, rxe_order = parse(sys.argv[2])
 only = sys.argv[3] == '1'
+check = sys.argv[4] == '1'
 ids = sv_order + [t for t in rxe_order if t not in sv]
 worse = [t for t in ids if rank(sv.get(t)) > rank(rxe.get(t))]
 better = [t for t in ids if rank(sv.get(t)) < rank(rxe.get(t))]
@@ -195,4 +199,5 @@ if omitted:
     print()
 print('softverbs: %s; rxe: %s. softverbs worse than rxe in %d, better in %d.'
       % (counts(sv), counts(rxe), len(worse), len(better)))
+sys.exit(1 if check and worse else 0)
 EOF
