@@ -349,7 +349,8 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   } else if (next == IBV_QPS_ERR) {
     flush_qp(q);
   } else if (next == IBV_QPS_RESET) {
-    // RESET discards both queues without completions (IBTA 10.3.1).
+    // RESET discards both queues without completions (IBTA 10.3.1), and
+    // the completions of the QP that wait in its CQs.
     q.hdr->send_lock.lock(self_pid());
     shm::SendWqe sw;
     while (q.sq.pop(sw)) {
@@ -362,6 +363,9 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     shm::RecvWqe rw;
     while (q.rq.pop(rw)) {
     }
+    // Its completions still in its CQs go too (cq.cc clean_cq).
+    if (q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.send_cq->cq), q.qpn);
+    if (q.recv_cq && q.recv_cq != q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.recv_cq->cq), q.qpn);
   }
   return 0;
 }

@@ -117,7 +117,7 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
   // The hot path uses the QP's last window without touching its reference
   // count; only a different key goes to the context's window cache.
   Window* w = q.last_window.get();
-  if (!w || w->key != key) {
+  if (!w || w->key != key || !w->covers(*e)) {
     std::shared_ptr<Window> sp = window_for(cs, *e, key);
     if (!sp) return nullptr;
     q.last_window = std::move(sp);
