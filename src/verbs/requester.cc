@@ -669,7 +669,7 @@ inline Peer* attached_peer(QpState& q) {
   const MrEntry* e = peer_key(*q.ctx->st, p, key, addr, len, need);
   if (!e) return nullptr;
   Window* w = q.last_window.get();
-  if (!w || w->key != key) return nullptr;
+  if (!w || w->key != key || !w->covers(*e)) return nullptr;  // covers: the MR may have moved (ibv_rereg_mr)
   return w->at(access::file_offset(*e, addr));
 }
 
