@@ -248,12 +248,35 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
   return 0;
 }
 
-// ibv_rereg_mr(3): one daemon op (ReregMr) changes the MR's entry in place,
-// so its lkey and rkey stay and a peer holding the rkey goes on using it
-// (as a kernel provider's rereg keeps them). Input libibverbs itself
-// refuses is IBV_REREG_MR_ERR_INPUT; a refusal by the device (the daemon:
-// invalid attributes, windows bound, memlock) is IBV_REREG_MR_ERR_CMD with
-// errno set. On either, the MR is as it was and still usable.
+// ibv_rereg_mr(3) - re-register a memory region, in place.
+//
+//   int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
+//                    void *addr, size_t length, int access);
+//
+// Changes what `flags` names: IBV_REREG_MR_CHANGE_PD (to `pd`, of the MR's
+// context), IBV_REREG_MR_CHANGE_ACCESS (to `access`, checked as ibv_reg_mr
+// checks it), IBV_REREG_MR_CHANGE_TRANSLATION (to [addr, addr + length);
+// iova = addr, or 0 for a zero-based MR). One daemon op (ReregMr) rewrites
+// the MR's entry in the device's MR table: lkey and rkey stay, so a peer
+// holding the rkey goes on using it, as with the kernel's rereg. The change
+// holds for every request checked after the call returns: a receive posted
+// before it that names the MR by its old PD or range fails when a message
+// lands (the sender sees IBV_WC_REM_OP_ERR).
+//
+// RETURN VALUE: 0, or
+//   IBV_REREG_MR_ERR_INPUT  what libibverbs itself refuses: unknown flags,
+//                           a translation without addr or length, access
+//                           bits without CHANGE_ACCESS, a PD of another
+//                           context (errno EINVAL);
+//   IBV_REREG_MR_ERR_CMD    what the device refuses (errno): EINVAL (no
+//                           flag, bad access, range), EBUSY (memory windows
+//                           are bound to the MR), EFAULT (the new range is
+//                           not accessible memory), ENOMEM (RLIMIT_MEMLOCK;
+//                           the old range's charge counts as released),
+//                           EOPNOTSUPP (IBV_ACCESS_ON_DEMAND).
+// On either error the MR is exactly as it was, and usable (the man page
+// allows it to be unusable after ERR_CMD; softverbs keeps it). The MR must
+// still be deregistered with ibv_dereg_mr(3) in every case.
 int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
   auto input_error = [] {
     errno = EINVAL;
