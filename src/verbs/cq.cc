@@ -242,7 +242,10 @@ int resize_cq(ibv_cq* ibcq, int cqe) { return move_cq(ibcq, cqe, 0); }
 // A QP moved to RESET takes its completions that still wait in the CQ with
 // it, as mlx4's and mlx5's providers clean a reset QP's CQs: a QP restarted
 // from ERR (rdma-core's tests do, test_mr.py) does not poll its old flushed
-// work requests. Best effort: a CQ this process may not resize keeps them.
+// work requests. The completions move to a new segment, as for a resize
+// (which this process keeps mapped until the CQ goes), so the caller does
+// it only for a QP reset from an error state. Best effort: a CQ this
+// process may not resize keeps them.
 void clean_cq(ibv_cq* ibcq, uint32_t qpn) {
   CqState* st = to_cq(ibcq)->st;
   if (st->granted || !st->view.ring().ready()) return;  // nothing waits

@@ -286,7 +286,7 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
   if (!ibmr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
   const bool moves = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
   if ((moves && (!length || !addr)) || (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) return input_error();
-  if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != ibmr->context || to_pd(pd)->protection))
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != ibmr->context))
     return input_error();
   Mr* mr = to_mr(ibmr);
   ContextState& st = ctx_state(ibmr->context);

@@ -306,6 +306,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     }
   }
   if ((mask & IBV_QP_CAP) != 0) return EINVAL;  // resizing a QP's queues is not supported
+  const auto was = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   proto::Empty rep{};
   if (int e = cs.conn.call<proto::Op::ModifyQp>(req, rep)) return e;
 
@@ -349,8 +350,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   } else if (next == IBV_QPS_ERR) {
     flush_qp(q);
   } else if (next == IBV_QPS_RESET) {
-    // RESET discards both queues without completions (IBTA 10.3.1), and
-    // the completions of the QP that wait in its CQs.
+    // RESET discards both queues without completions (IBTA 10.3.1).
     q.hdr->send_lock.lock(self_pid());
     shm::SendWqe sw;
     while (q.sq.pop(sw)) {
@@ -363,9 +363,12 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     shm::RecvWqe rw;
     while (q.rq.pop(rw)) {
     }
-    // Its completions still in its CQs go too (cq.cc clean_cq).
-    if (q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.send_cq->cq), q.qpn);
-    if (q.recv_cq && q.recv_cq != q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.recv_cq->cq), q.qpn);
+    // Restarted from an error state: its completions still in its CQs
+    // (flushed work requests, mostly) go too (cq.cc clean_cq).
+    if (was == IBV_QPS_ERR || was == IBV_QPS_SQE) {
+      if (q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.send_cq->cq), q.qpn);
+      if (q.recv_cq && q.recv_cq != q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.recv_cq->cq), q.qpn);
+    }
   }
   return 0;
 }

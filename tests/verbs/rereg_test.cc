@@ -258,8 +258,9 @@ TEST_F(Rereg, ARefusalLeavesTheMrAsItWas) {
   EXPECT_EQ(IBV_WC_SUCCESS, peer.post(IBV_WR_RDMA_READ, 0, 8, base, rkey).status);
 }
 
-// A QP moved to RESET takes its completions still waiting in its CQ with it
-// (as mlx4's and mlx5's providers clean the CQs); another QP's stay.
+// A QP moved from ERR to RESET takes its completions still waiting in its
+// CQ with it (as mlx4's and mlx5's providers clean the CQs); another QP's
+// stay.
 TEST(ResetQp, TakesItsWaitingCompletionsOutOfItsCq) {
   Side me;
   ASSERT_EQ(0, me.open({}));
