@@ -50,6 +50,7 @@ void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t cl
   e.owner_pid = uint32_t(clients_[client].pid);
   e.kind = kKindMr;
   e.bound_qpn = 0;
+  e.generation++;
 }
 
 int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
@@ -270,6 +271,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   e.owner_pid = uint32_t(clients_[client].pid);
   e.kind = req.type == IBV_MW_TYPE_1 ? kKindMw1 : kKindMw2;
   e.bound_qpn = 0;
+  e.generation++;
   // A type 1 window's key is valid (unbound, zero length) from the start; a
   // type 2 window is invalid until its first bind.
   if (req.type == IBV_MW_TYPE_1) e.key.store(key, std::memory_order_release);
@@ -291,6 +293,7 @@ void Registry::unbind_mw(uint32_t slot, Mw& mw) {
   e.length = 0;
   e.access = 0;
   e.backing = 0;
+  e.generation++;
   drop(Ref{ObjKind::kMr, mw.bound_mr});
   mw.bound_mr = 0;
 }
@@ -370,6 +373,7 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   e.length = r.length;
   e.file_offset = access::file_offset(*me, r.addr);
   e.bound_qpn = mw.type == IBV_MW_TYPE_2 ? r.qpn : 0;
+  e.generation++;
   mw.bound_mr = r.mr_key >> 8;
   mw.key = new_key;
   hold(Ref{ObjKind::kMr, mw.bound_mr});

@@ -238,18 +238,14 @@ struct Srq {
 // A view of another process's registered memory, by key.
 struct Window {
   uint32_t key;
-  uint32_t backing;    // the backing file mapped
-  uint64_t file_base;  // file offset mapped at `map.get()`
-  uint64_t file_end;   // end of the mapping (file offset)
+  uint32_t generation;  // of the key's entry when it was mapped
+  uint64_t file_base;   // file offset mapped at `map.get()`
   Mapping map;
   uint8_t* at(uint64_t file_offset) const { return map.as<uint8_t>() + (file_offset - file_base); }
-  // Does the mapping hold the key's entry as it is now? An MR re-registered
-  // in place (ibv_rereg_mr keeps its keys) may have moved in its file, or
-  // to another one.
-  bool covers(const MrEntry& e) const {
-    return e.backing == backing && e.file_offset >= file_base && e.file_offset <= file_end &&
-           file_end - e.file_offset >= e.length;
-  }
+  // Is it a view of the key's entry as it is now? An MR re-registered in
+  // place (ibv_rereg_mr keeps its keys) may have moved in its file, or to
+  // another one; the daemon changes the generation on every write.
+  bool current(uint32_t k, const MrEntry& e) const { return key == k && generation == e.generation; }
 };
 
 struct QpOps;  // transport.h
