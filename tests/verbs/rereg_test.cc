@@ -130,6 +130,11 @@ TEST_F(Rereg, PdChangeFailsTheReceiveWithARemoteOperationalError) {
   ibv_wc r = one_completion();
   EXPECT_EQ(IBV_WC_LOC_PROT_ERR, r.status);
   EXPECT_EQ(44u, r.wr_id);
+  // The responder detected the error: its QP is in ERR (IBTA 9.9.3.1.2).
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(0, ibv_query_qp(me.qp, &qa, IBV_QP_STATE, &qi));
+  EXPECT_EQ(IBV_QPS_ERR, qa.qp_state);
 
   ASSERT_EQ(0, ibv_rereg_mr(me.mr, IBV_REREG_MR_CHANGE_PD, me.pd, nullptr, 0, 0));
   restart_both();
