@@ -89,9 +89,9 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
 // ibv_rereg_mr(3) as one change of the MR's entry: its lkey and rkey stay
 // (a peer holding the rkey goes on using it), what `flags` names changes,
 // and the result is checked as a new registration is. Refused (EBUSY, as
-// the kernel refuses an MR in use) while memory windows are bound to it,
-// since their entries were cut from its range and rights (IBTA 10.6.7.2.4).
-// Any refusal leaves the MR exactly as it was.
+// dereg_mr is) while memory windows are bound to it: their entries were
+// cut from its range and rights. Any refusal leaves the MR exactly as it
+// was.
 int Registry::rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep) {
   constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
   Mr* mr = mrs_.owned(req.handle, ctx(client));
