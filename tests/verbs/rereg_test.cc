@@ -229,6 +229,48 @@ TEST_F(Rereg, BoundWindowsMakeItBusy) {
   EXPECT_EQ(0, ibv_dealloc_mw(mw2));
 }
 
+// The peer's view of a key is tied to the entry's generation, not to the key
+// alone: a type 2 window bound again under a key it had before, elsewhere,
+// is reached where it is now (the peer's view of its first range would not
+// hold it).
+TEST_F(Rereg, AWindowKeyBoundAgainElsewhereIsReachedWhereItIsNow) {
+  ibv_mw* mw = ibv_alloc_mw(me.pd, IBV_MW_TYPE_2);
+  ASSERT_NE(nullptr, mw);
+  auto bind = [&](uint32_t key, uint64_t addr) {
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.bind_mw.mw = mw;
+    wr.bind_mw.rkey = key;
+    wr.bind_mw.bind_info = {me.mr, addr, 256, IBV_ACCESS_REMOTE_WRITE};
+    ibv_send_wr* bad;
+    ASSERT_EQ(0, ibv_post_send(me.qp, &wr, &bad));
+    ASSERT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  };
+  auto invalidate = [&](uint32_t key) {
+    ibv_send_wr inv{};
+    inv.opcode = IBV_WR_LOCAL_INV;
+    inv.send_flags = IBV_SEND_SIGNALED;
+    inv.invalidate_rkey = key;
+    ibv_send_wr* bad;
+    ASSERT_EQ(0, ibv_post_send(me.qp, &inv, &bad));
+    ASSERT_EQ(IBV_WC_SUCCESS, one_completion().status);
+  };
+  const uint32_t k1 = ibv_inc_rkey(mw->rkey), k2 = ibv_inc_rkey(k1);
+  bind(k1, base);
+  peer.fill(1);
+  ASSERT_EQ(IBV_WC_SUCCESS, peer.post(IBV_WR_RDMA_WRITE, 0, 256, base, k1).status);
+  invalidate(k1);
+  bind(k2, base + 4096);
+  invalidate(k2);
+  bind(k1, base + 40960);
+  peer.fill(2);
+  EXPECT_EQ(IBV_WC_SUCCESS, peer.post(IBV_WR_RDMA_WRITE, 0, 256, base + 40960, k1).status);
+  EXPECT_EQ(peer.checksum(0, 256), checksum(me.buf + 40960, 256));
+  invalidate(k1);
+  EXPECT_EQ(0, ibv_dealloc_mw(mw));
+}
+
 // Each refusal leaves the MR exactly as it was, and still usable.
 TEST_F(Rereg, ARefusalLeavesTheMrAsItWas) {
   ibv_pd* before_pd = me.mr->pd;
