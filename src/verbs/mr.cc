@@ -293,19 +293,16 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
   proto::ReregMrReq req{};
   req.handle = mr->handle;
   req.flags = uint32_t(flags);
-  if (flags & IBV_REREG_MR_CHANGE_PD) req.pd = to_pd(pd)->handle;
-  if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
-    access &= ~(kOptionalAccess | IBV_ACCESS_HUGETLB);  // as ibv_reg_mr
-    if (access & IBV_ACCESS_ON_DEMAND) {
-      errno = EOPNOTSUPP;
-      return IBV_REREG_MR_ERR_CMD;
-    }
-    req.access = uint32_t(access);
-  }
   auto cmd_error = [](int e) {
     errno = e;
     return int(IBV_REREG_MR_ERR_CMD);
   };
+  if (flags & IBV_REREG_MR_CHANGE_PD) req.pd = to_pd(pd)->handle;
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+    access &= ~(kOptionalAccess | IBV_ACCESS_HUGETLB);  // as ibv_reg_mr
+    if (access & IBV_ACCESS_ON_DEMAND) return cmd_error(EOPNOTSUPP);
+    req.access = uint32_t(access);
+  }
   if (moves) {
     if (length > shm::kMaxMrSize) return cmd_error(EINVAL);
     // The new pages are made shareable first; the old ones stay until the
