@@ -27,13 +27,16 @@ ops = ["Hello", "AllocPd", "DeallocPd", "RegBacking", "RegMr", "DeregMr", "Creat
        "ImportQp", "RegShmid", "RegShared", "ConnectUd", "RegAsync", "AsyncEvent", "CreateSrq",
        "DestroySrq", "SrqLimit", "NsPublish", "NsUnpublish", "NsOpen", "NsList", "ImportSrq",
        "ImportChannel", "Mediate", "ResizeCq", "ResizeCqDone", "GetCq", "CqError", "AttachMcast",
-       "DetachMcast", "OpenXrcd", "CloseXrcd", "ConnectXrc", "OpenQp", "RoceAttach", "PollCq"]
+       "DetachMcast", "OpenXrcd", "CloseXrcd", "ConnectXrc", "OpenQp", "RoceAttach", "PollCq",
+       "ReregMr"]
 code = {name: i + 1 for i, name in enumerate(ops)}
 write("hello", 0, header(code["Hello"]))
 write("alloc_pd", 0, header(code["AllocPd"]))
 write("dealloc_pd", 0, header(code["DeallocPd"]) + struct.pack("<II", 1, 0))
 write("reg_backing", 1, header(code["RegBacking"]))
 write("reg_mr", 0, header(code["RegMr"]) + struct.pack("<IIQQQII", 1, 2, 0x10000, 4096, 0x10000, 7, 0))
+# ibv_rereg_mr: MR 1 moved to PD 1, backing 2, [0x20000, +8192), access 7.
+write("rereg_mr", 0, header(code["ReregMr"]) + struct.pack("<IIIIQQQII", 1, 7, 1, 2, 0x20000, 8192, 0x20000, 7, 0))
 write("create_channel", 1, header(code["CreateChannel"]))
 write("create_cq", 0, header(code["CreateCq"]) + struct.pack("<II", 16, 0))
 write("create_qp", 0, header(code["CreateQp"]) + struct.pack("<12I", 1, 3, 3, 0, 2, 16, 16, 1, 1, 0, 0, 0))

@@ -80,6 +80,7 @@ enum class Op : uint16_t {
   OpenQp,          // ibv_open_qp: an XRC target QP of my XRC domain; reply fd: QP segment
   RoceAttach,      // RoCEv2 (docs/ROCE.md): reply fds: the UDP socket on the GID's address, the arrival socket
   PollCq,          // a CQ another user granted me by name: the daemon pops up to `max` completions for me
+  ReregMr,         // ibv_rereg_mr: change an MR's PD, access or translation in place; its keys stay
   kCount
 };
 
@@ -129,6 +130,23 @@ struct RegMrReply {
   Header h;
   uint32_t handle;
   uint32_t key;
+};
+
+// ibv_rereg_mr(3): the MR `handle` changes what `flags` (IBV_REREG_MR_CHANGE_*)
+// names, in place: pd (CHANGE_PD), access (CHANGE_ACCESS), backing, addr,
+// length and iova (CHANGE_TRANSLATION, as in RegMrReq). The reply is
+// RegMrReply with the same handle and key.
+struct ReregMrReq {
+  Header h;
+  uint32_t handle;
+  uint32_t flags;
+  uint32_t pd;
+  uint32_t backing;
+  uint64_t addr;
+  uint64_t length;
+  uint64_t iova;
+  uint32_t access;
+  uint32_t reserved;
 };
 
 struct CreateCqReq {
@@ -706,6 +724,7 @@ SV_OP(ConnectXrc,    ConnectXrcReq,  ConnectPeerReply,   fds(0),    fds(3, 4), {
 SV_OP(OpenQp,        OpenQpReq,      ImportQpReply,      fds(0),    fds(1),    {kObjXrcd, kObjQp})
 SV_OP(RoceAttach,    RoceAttachReq,  RoceAttachReply,    fds(0),    fds(2),    {kObjQp})
 SV_OP(PollCq,        PollCqReq,      PollCqReply,        fds(0),    fds(0),    {kObjCq})
+SV_OP(ReregMr,       ReregMrReq,     RegMrReply,         fds(0),    fds(0),    {kObjMr | kObjPd | kObjBacking})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -57,7 +57,11 @@ struct alignas(64) MrEntry {
   uint32_t owner_pid;
   uint32_t kind;       // kKindMr, kKindMw1, kKindMw2
   uint32_t bound_qpn;  // type 2 windows: the only QP through which the window may be used
-  uint32_t reserved[3];
+  // Changes with every write of the entry (registration, ibv_rereg_mr, bind,
+  // unbind): a view of the memory a process made for (key, generation)
+  // still holds what the entry says (ibv_rereg_mr keeps the key).
+  uint32_t generation;
+  uint32_t reserved[2];
 };
 static_assert(sizeof(MrEntry) == 64);
 enum : uint32_t { kKindMr = 0, kKindMw1 = 1, kKindMw2 = 2 };

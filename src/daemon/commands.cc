@@ -67,6 +67,7 @@ SV_HANDLER(DeallocPd) { return env.registry.dealloc_pd(env.client, req.handle); 
 SV_HANDLER(QueryPd) { return env.registry.query_pd(env.client, req.handle); }
 SV_HANDLER(RegBacking) { return env.registry.reg_backing(env.client, std::move(env.in_fds[0]), rep.handle); }
 SV_HANDLER(RegMr) { return env.registry.reg_mr(env.client, req, rep); }
+SV_HANDLER(ReregMr) { return env.registry.rereg_mr(env.client, req, rep); }
 SV_HANDLER(DeregMr) { return env.registry.dereg_mr(env.client, req.handle); }
 SV_HANDLER(QueryMr) { return env.registry.query_mr(env.client, req.handle, rep); }
 SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(env.client, req.key, rep, env.out_fds); }

@@ -17,7 +17,10 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+// Is `req` a registration this client may make (ibv_reg_mr(3))? The one
+// check for a new registration (RegMr, RegShared) and for what a
+// re-registration would make of an existing one (ReregMr).
+int Registry::check_mr(uint32_t client, const proto::RegMrReq& req) {
   const Backing* b = backings_.owned(req.backing, ctx(client));
   if (!pds_.owned(req.pd, ctx(client)) || !b) return EINVAL;
   if (req.access & ~kKnownAccess) return EINVAL;
@@ -33,20 +36,11 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   // (reg_backing), so no holder of a mapping of it meets SIGBUS.
   struct stat st {};
   if (::fstat(b->fd.get(), &st) != 0 || uint64_t(st.st_size) < req.addr + req.length) return EINVAL;
-  if (int e = quotas_.admit(Quotas::kMr, client_uid(client))) return e;
+  return 0;
+}
 
-  uint32_t slot = alloc_key_slot();
-  if (!slot) return ENOMEM;
-  // The entry goes to the registrant's user's device segment.
-  if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
-  uint64_t bytes = 0;
-  if (int err = charge_memlock(client, req.addr, req.length, bytes)) return err;
-
-  uint8_t kb = ++mr_key_byte_[slot];
-  uint32_t key = (slot << 8) | kb;
-  if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
-
-  MrEntry& e = tables_.mr_at(slot);
+// Writes an MR's entry from `req`; the caller publishes its key after.
+void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t client) {
   e.access = req.access;
   e.pd = req.pd;
   e.backing = req.backing;
@@ -56,6 +50,26 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   e.owner_pid = uint32_t(clients_[client].pid);
   e.kind = kKindMr;
   e.bound_qpn = 0;
+  e.generation++;
+}
+
+int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+  if (int e = check_mr(client, req)) return e;
+  if (int e = quotas_.admit(Quotas::kMr, client_uid(client))) return e;
+
+  uint32_t slot = alloc_key_slot();
+  if (!slot) return ENOMEM;
+  // The entry goes to the registrant's user's device segment.
+  if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
+  uint64_t bytes = 0;
+  if (int err = charge_memlock(client, req.addr, req.length, 0, bytes)) return err;
+
+  uint8_t kb = ++mr_key_byte_[slot];
+  uint32_t key = (slot << 8) | kb;
+  if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
+
+  MrEntry& e = tables_.mr_at(slot);
+  fill_mr_entry(e, req, client);
   e.key.store(key, std::memory_order_release);  // publish last
 
   quotas_.charge(Quotas::kMr, slot, client_uid(client));
@@ -72,16 +86,66 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   return 0;
 }
 
+// ibv_rereg_mr(3) as one change of the MR's entry: its lkey and rkey stay
+// (a peer holding the rkey goes on using it), what `flags` names changes,
+// and the result is checked as a new registration is. Refused (EBUSY, as
+// dereg_mr is) while memory windows are bound to it: their entries were
+// cut from its range and rights. Any refusal leaves the MR exactly as it
+// was.
+int Registry::rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep) {
+  constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+  Mr* mr = mrs_.owned(req.handle, ctx(client));
+  if (!mr || req.flags == 0 || (req.flags & ~kFlags)) return EINVAL;
+  if (mr->refs) return EBUSY;
+  MrEntry& e = tables_.mr_at(req.handle);
+  const bool moves = req.flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+  proto::RegMrReq n{};
+  n.pd = (req.flags & IBV_REREG_MR_CHANGE_PD) ? req.pd : mr->pd;
+  n.access = (req.flags & IBV_REREG_MR_CHANGE_ACCESS) ? req.access : e.access;
+  n.backing = moves ? req.backing : mr->backing;
+  n.addr = moves ? req.addr : e.file_offset;
+  n.length = moves ? req.length : e.length;
+  n.iova = moves ? req.iova : e.iova;
+  if (int err = check_mr(client, n)) return err;
+  // New pages are charged to the caller, the old charge counted as gone
+  // when the caller holds it; then the old charge is released.
+  uint64_t bytes = mr->charged_bytes;
+  if (moves) {
+    const uint64_t credit = mr->charged_pid == clients_[client].pid ? mr->charged_bytes : 0;
+    if (int err = charge_memlock(client, n.addr, n.length, credit, bytes)) return err;
+    uncharge_memlock(mr->charged_pid, mr->charged_bytes);
+    mr->charged_pid = clients_[client].pid;
+    mr->charged_bytes = bytes;
+  }
+  // Revoke the key, change the entry, publish the same key again.
+  const uint32_t key = mr->key;
+  e.key.store(0, std::memory_order_release);
+  const uint32_t owner_pid = e.owner_pid;
+  fill_mr_entry(e, n, client);
+  if (!moves) e.owner_pid = owner_pid;  // whose addresses the range names
+  const Held before = mr->held();
+  mr->pd = n.pd;
+  mr->backing = n.backing;
+  hold(mr->held());
+  drop(before);  // a region's backing may go with its last registration
+  e.key.store(key, std::memory_order_release);
+  rep.handle = req.handle;
+  rep.key = key;
+  return 0;
+}
+
 // Charges the pages a registration covers to the registrant (IBTA leaves
 // the resource manager to the OS; we follow the kernel's RLIMIT_MEMLOCK rule).
-int Registry::charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t& bytes) {
+// `credit`: bytes of the client's process's charge that are about to be
+// released (a re-registration's old range).
+int Registry::charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit, uint64_t& bytes) {
   const Client& c = clients_[client];
   pid_t pid = c.pid;
   bytes = page_up(addr + length) - page_down(addr);
   Account& acct = accounts_[pid];
   acct.uid = c.uid;
   acct.limit_bytes = memlock_limit(pid, c.pidfd.get(), c.at_connect);
-  if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes + bytes > acct.limit_bytes) {
+  if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes - std::min(credit, acct.locked_bytes) + bytes > acct.limit_bytes) {
     SV_TRACE("daemon: pid %d: RLIMIT_MEMLOCK %llu, locked %llu, asks %llu: ENOMEM", int(pid),
              (unsigned long long)acct.limit_bytes, (unsigned long long)acct.locked_bytes, (unsigned long long)bytes);
     if (acct.locked_bytes == 0) accounts_.erase(pid);
@@ -89,6 +153,13 @@ int Registry::charge_memlock(uint32_t client, uint64_t addr, uint64_t length, ui
   }
   acct.locked_bytes += bytes;
   return 0;
+}
+
+void Registry::uncharge_memlock(pid_t pid, uint64_t bytes) {
+  if (auto a = accounts_.find(pid); a != accounts_.end()) {
+    a->second.locked_bytes -= std::min(bytes, a->second.locked_bytes);
+    if (a->second.locked_bytes == 0) accounts_.erase(a);
+  }
 }
 
 // A free MR-table slot, round robin so that a freed key is not reused at once.
@@ -105,10 +176,7 @@ void Registry::release_mr(uint32_t handle) {
   auto it = mrs_.find(handle);
   if (it == mrs_.end()) return;
   tables_.mr_at(handle).key.store(0, std::memory_order_release);  // revoke first
-  if (auto a = accounts_.find(it->second.charged_pid); a != accounts_.end()) {
-    a->second.locked_bytes -= it->second.charged_bytes;
-    if (a->second.locked_bytes == 0) accounts_.erase(a);
-  }
+  uncharge_memlock(it->second.charged_pid, it->second.charged_bytes);
   forget(ObjKind::kMr, handle);  // a region's backing goes with its last registration (seed 000)
 }
 
@@ -203,6 +271,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   e.owner_pid = uint32_t(clients_[client].pid);
   e.kind = req.type == IBV_MW_TYPE_1 ? kKindMw1 : kKindMw2;
   e.bound_qpn = 0;
+  e.generation++;
   // A type 1 window's key is valid (unbound, zero length) from the start; a
   // type 2 window is invalid until its first bind.
   if (req.type == IBV_MW_TYPE_1) e.key.store(key, std::memory_order_release);
@@ -224,6 +293,7 @@ void Registry::unbind_mw(uint32_t slot, Mw& mw) {
   e.length = 0;
   e.access = 0;
   e.backing = 0;
+  e.generation++;
   drop(Ref{ObjKind::kMr, mw.bound_mr});
   mw.bound_mr = 0;
 }
@@ -303,6 +373,7 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   e.length = r.length;
   e.file_offset = access::file_offset(*me, r.addr);
   e.bound_qpn = mw.type == IBV_MW_TYPE_2 ? r.qpn : 0;
+  e.generation++;
   mw.bound_mr = r.mr_key >> 8;
   mw.key = new_key;
   hold(Ref{ObjKind::kMr, mw.bound_mr});

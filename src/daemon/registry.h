@@ -112,6 +112,7 @@ class Registry : private MediationTables {
   int dealloc_pd(uint32_t client, uint32_t pd);
   int reg_backing(uint32_t client, Fd fd, uint32_t& id);
   int reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
+  int rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep);
   int dereg_mr(uint32_t client, uint32_t handle);
   int create_channel(uint32_t client, Fd eventfd, uint32_t& handle);
   int destroy_channel(uint32_t client, uint32_t handle);
@@ -278,7 +279,10 @@ class Registry : private MediationTables {
     uint64_t locked_bytes = 0;
     uint64_t limit_bytes = 0;
   };
-  int charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t& bytes);
+  int charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit, uint64_t& bytes);
+  void uncharge_memlock(pid_t pid, uint64_t bytes);
+  int check_mr(uint32_t client, const proto::RegMrReq& req);
+  void fill_mr_entry(shm::MrEntry& e, const proto::RegMrReq& req, uint32_t client);
 
   // ---- CQs and channels (cq.cc) ----
   int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map, uint32_t& capacity);

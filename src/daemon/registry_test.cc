@@ -288,6 +288,67 @@ TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   EXPECT_EQ(reg.dealloc_pd(a, p), 0);
 }
 
+// ibv_rereg_mr: the entry changes in place under the same key, checked as a
+// new registration (another context's MR, PD or backing is refused), the
+// references move, and a refusal changes nothing.
+TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
+  uint32_t p = pd(a), p2 = pd(a), b = backing(a);
+  proto::RegMrReply m = mr(a, p, b);
+  proto::ReregMrReq r{};
+  r.handle = m.handle;
+  r.flags = IBV_REREG_MR_CHANGE_PD;
+  r.pd = p2;
+  proto::RegMrReply rep{};
+  ASSERT_EQ(reg.rereg_mr(a, r, rep), 0);
+  EXPECT_EQ(rep.key, m.key);
+  ASSERT_NE(reg.mr_entry(m.key), nullptr);
+  EXPECT_EQ(reg.mr_entry(m.key)->pd, p2);
+  EXPECT_EQ(reg.dealloc_pd(a, p), 0);       // the MR let go of it
+  EXPECT_EQ(reg.dealloc_pd(a, p2), EBUSY);  // and holds this one
+  const uint32_t gen = reg.mr_entry(m.key)->generation;
+  r.flags = IBV_REREG_MR_CHANGE_TRANSLATION;
+  r.backing = b;
+  r.addr = kPage;
+  r.length = 2 * kPage;
+  r.iova = 0x20000;
+  ASSERT_EQ(reg.rereg_mr(a, r, rep), 0);
+  const shm::MrEntry* e = reg.mr_entry(m.key);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->file_offset, kPage);
+  EXPECT_EQ(e->length, 2u * kPage);
+  EXPECT_EQ(e->iova, 0x20000u);
+  EXPECT_NE(e->generation, gen);  // views of the old range are stale
+  // Refused, the entry as it was: beyond the backing file, no flag, remote
+  // write without local write, and another context's MR, PD or backing.
+  const uint32_t gen2 = e->generation;
+  r.addr = 3 * kPage;
+  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  r.flags = 0;
+  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  r.flags = IBV_REREG_MR_CHANGE_ACCESS;
+  r.access = IBV_ACCESS_REMOTE_WRITE;
+  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  uint32_t other = reg.add_client(::getpid(), ::getuid(), ::getgid());
+  r.access = IBV_ACCESS_LOCAL_WRITE;
+  EXPECT_EQ(reg.rereg_mr(other, r, rep), EINVAL);
+  r.flags = IBV_REREG_MR_CHANGE_PD;
+  r.pd = pd(other);
+  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  r.flags = IBV_REREG_MR_CHANGE_TRANSLATION;
+  r.backing = backing(other);
+  r.addr = 0;
+  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  e = reg.mr_entry(m.key);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->generation, gen2);
+  EXPECT_EQ(e->pd, p2);
+  EXPECT_EQ(e->file_offset, kPage);
+  EXPECT_EQ(e->length, 2u * kPage);
+  EXPECT_EQ(used(Quotas::kMr), 1u);  // quotas unchanged
+  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
+  EXPECT_EQ(reg.dealloc_pd(a, p2), 0);
+}
+
 // ---- CQs and channels ---------------------------------------------------------
 
 TEST_F(RegistryCq, CqHoldsItsChannel) {

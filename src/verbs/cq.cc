@@ -162,7 +162,11 @@ int CqView::poll(Cqe* out, int n) {
 
 bool CqView::pop(Cqe& out) { return poll(&out, 1) == 1; }
 
-int resize_cq(ibv_cq* ibcq, int cqe) {
+namespace {
+
+// Moves the CQ to a new segment of `cqe` entries with the completions that
+// wait in it, in order, but those of QP `drop_qpn` (0: none).
+int move_cq(ibv_cq* ibcq, int cqe, uint32_t drop_qpn) {
   CqState* st = to_cq(ibcq)->st;
   ContextState& cs = ctx_state(ibcq->context);
   if (cqe <= 0 || uint32_t(cqe) > shm::kMaxCqe - 1) return EINVAL;
@@ -206,7 +210,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
   Cqe e;
   while (old->ring.head() < tail) {
     if (old->ring.pop(e)) {
-      ns->ring.push(e);
+      if (!drop_qpn || e.wc.qp_num != drop_qpn) ns->ring.push(e);
     } else {
       __builtin_ia32_pause();
     }
@@ -229,6 +233,23 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
   old->hdr->poll_lock.unlock();
   ibcq->cqe = int(rep.capacity - 1);
   return 0;
+}
+
+}  // namespace
+
+int resize_cq(ibv_cq* ibcq, int cqe) { return move_cq(ibcq, cqe, 0); }
+
+// A QP moved to RESET takes its completions that still wait in the CQ with
+// it, as mlx4's and mlx5's providers clean a reset QP's CQs: a QP restarted
+// from ERR (rdma-core's tests do, test_mr.py) does not poll its old flushed
+// work requests. The completions move to a new segment, as for a resize
+// (which this process keeps mapped until the CQ goes), so the caller does
+// it only for a QP reset from an error state. Best effort: a CQ this
+// process may not resize keeps them.
+void clean_cq(ibv_cq* ibcq, uint32_t qpn) {
+  CqState* st = to_cq(ibcq)->st;
+  if (st->granted || !st->view.ring().ready()) return;  // nothing waits
+  move_cq(ibcq, ibcq->cqe, qpn);
 }
 
 // A CQ another user granted by name: the daemon pops the completions for

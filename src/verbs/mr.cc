@@ -62,6 +62,12 @@ namespace {
 // Bits rdma-core lets a provider ignore (ibv_reg_mr(3): "optional" access).
 constexpr int kOptionalAccess = IBV_ACCESS_OPTIONAL_RANGE;
 
+// The access flags the MR's entry holds now (0 if its key is gone).
+int current_access(const ContextState& st, const ibv_mr& mr) {
+  const MrEntry* e = st.mr(mr.lkey);
+  return e ? int(e->access) : 0;
+}
+
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int access) {
   if (!ibpd) {
     errno = EINVAL;
@@ -242,54 +248,89 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
   return 0;
 }
 
-// ibv_rereg_mr(3): the new registration is made first, so that on failure
-// the old one is still valid (IBV_REREG_MR_ERR_INPUT); the MR keeps its
-// ibv_mr but gets new keys.
+// ibv_rereg_mr(3) - re-register a memory region, in place.
+//
+//   int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
+//                    void *addr, size_t length, int access);
+//
+// Changes what `flags` names: IBV_REREG_MR_CHANGE_PD (to `pd`, of the MR's
+// context), IBV_REREG_MR_CHANGE_ACCESS (to `access`, checked as ibv_reg_mr
+// checks it), IBV_REREG_MR_CHANGE_TRANSLATION (to [addr, addr + length);
+// iova = addr, or 0 for a zero-based MR). One daemon op (ReregMr) rewrites
+// the MR's entry in the device's MR table: lkey and rkey stay, so a peer
+// holding the rkey goes on using it, as with the kernel's rereg. The change
+// holds for every request checked after the call returns: a receive posted
+// before it that names the MR by its old PD or range fails when a message
+// lands (the sender sees IBV_WC_REM_OP_ERR).
+//
+// RETURN VALUE: 0, or
+//   IBV_REREG_MR_ERR_INPUT  what libibverbs itself refuses: unknown flags,
+//                           a translation without addr or length, access
+//                           bits without CHANGE_ACCESS, a PD of another
+//                           context (errno EINVAL);
+//   IBV_REREG_MR_ERR_CMD    what the device refuses (errno): EINVAL (no
+//                           flag, bad access, range), EBUSY (memory windows
+//                           are bound to the MR), EFAULT (the new range is
+//                           not accessible memory), ENOMEM (RLIMIT_MEMLOCK;
+//                           the old range's charge counts as released),
+//                           EOPNOTSUPP (IBV_ACCESS_ON_DEMAND).
+// On either error the MR is exactly as it was, and usable (the man page
+// allows it to be unusable after ERR_CMD; softverbs keeps it). The MR must
+// still be deregistered with ibv_dereg_mr(3) in every case.
 int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
-  if (!ibmr || flags == 0 || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) {
+  auto input_error = [] {
     errno = EINVAL;
-    return IBV_REREG_MR_ERR_INPUT;
-  }
+    return int(IBV_REREG_MR_ERR_INPUT);
+  };
+  // What rdma-core's libibverbs checks before calling a provider.
+  if (!ibmr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
+  const bool moves = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+  if ((moves && (!length || !addr)) || (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) return input_error();
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != ibmr->context))
+    return input_error();
   Mr* mr = to_mr(ibmr);
   ContextState& st = ctx_state(ibmr->context);
-  ibv_pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : ibmr->pd;
-  void* new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : ibmr->addr;
-  size_t new_len = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : ibmr->length;
-  int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : int(st.mr(ibmr->lkey) ? st.mr(ibmr->lkey)->access : 0);
-  if (!new_pd || new_pd->context != ibmr->context) {
-    errno = EINVAL;
-    return IBV_REREG_MR_ERR_INPUT;
-  }
-  uint64_t iova = reinterpret_cast<uint64_t>(new_addr);
-  if (!(flags & IBV_REREG_MR_CHANGE_TRANSLATION)) {
-    if (const MrEntry* e = st.mr(ibmr->lkey)) iova = e->iova;
-  }
-  ibv_mr* fresh = reg_mr(new_pd, new_addr, new_len, iova, new_access);
-  if (!fresh) return IBV_REREG_MR_ERR_INPUT;
-  proto::HandleReq req{};
+  proto::ReregMrReq req{};
   req.handle = mr->handle;
-  proto::Empty rep{};
-  if (int e = st.conn.call<proto::Op::DeregMr>(req, rep)) {
-    ibv_dereg_mr(fresh);
+  req.flags = uint32_t(flags);
+  auto cmd_error = [](int e) {
     errno = e;
-    return IBV_REREG_MR_ERR_INPUT;
+    return int(IBV_REREG_MR_ERR_CMD);
+  };
+  if (flags & IBV_REREG_MR_CHANGE_PD) req.pd = to_pd(pd)->handle;
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+    access &= ~(kOptionalAccess | IBV_ACCESS_HUGETLB);  // as ibv_reg_mr
+    if (access & IBV_ACCESS_ON_DEMAND) return cmd_error(EOPNOTSUPP);
+    req.access = uint32_t(access);
   }
-  {
-    std::lock_guard<std::mutex> g(st.mu);
-    st.windows.erase(ibmr->rkey);
+  if (moves) {
+    if (length > shm::kMaxMrSize) return cmd_error(EINVAL);
+    // The new pages are made shareable first; the old ones stay until the
+    // daemon has moved the MR.
+    if (int e = MemBacking::instance().acquire(addr, length)) return cmd_error(e);
+    if (int e = get_backing(st)) {
+      MemBacking::instance().release(addr, length);
+      return cmd_error(e);
+    }
+    const int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : current_access(st, *ibmr);
+    req.backing = st.backing;
+    req.addr = reinterpret_cast<uint64_t>(addr);
+    req.length = length;
+    req.iova = (new_access & IBV_ACCESS_ZERO_BASED) ? 0 : req.addr;
   }
-  MemBacking::instance().release(mr->reg_addr, mr->reg_len);
-  Mr* f = to_mr(fresh);
-  ibmr->pd = new_pd;
-  ibmr->addr = new_addr;
-  ibmr->length = new_len;
-  ibmr->handle = f->handle;
-  ibmr->lkey = fresh->lkey;
-  ibmr->rkey = fresh->rkey;
-  mr->handle = f->handle;
-  mr->reg_addr = f->reg_addr;
-  mr->reg_len = f->reg_len;
-  std::free(f);
+  proto::RegMrReply rep{};
+  if (int e = st.conn.call<proto::Op::ReregMr>(req, rep)) {
+    if (moves) MemBacking::instance().release(addr, length);
+    return cmd_error(e);
+  }
+  if (flags & IBV_REREG_MR_CHANGE_PD) ibmr->pd = pd;
+  if (moves) {
+    if (mr->reg_addr) MemBacking::instance().release(mr->reg_addr, mr->reg_len);
+    mr->reg_addr = addr;
+    mr->reg_len = length;
+    ibmr->addr = addr;
+    ibmr->length = length;
+  }
   return 0;
 }
 

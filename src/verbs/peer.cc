@@ -11,8 +11,9 @@ namespace sv::verbs {
 
 std::shared_ptr<Window> window_for(ContextState& st, const MrEntry& e, uint32_t key) {
   std::lock_guard<std::mutex> g(st.mu);
-  if (auto it = st.windows.find(key); it != st.windows.end()) return it->second;
+  if (auto it = st.windows.find(key); it != st.windows.end() && it->second->current(key, e)) return it->second;
   uint32_t backing = e.backing;
+  uint32_t generation = e.generation;
   uint64_t file_offset = e.file_offset;
   uint64_t length = e.length;
   auto b = st.foreign_backings.find(backing);
@@ -27,6 +28,7 @@ std::shared_ptr<Window> window_for(ContextState& st, const MrEntry& e, uint32_t 
   }
   auto w = std::make_shared<Window>();
   w->key = key;
+  w->generation = generation;
   w->file_base = page_down(file_offset);
   uint64_t end = page_up(file_offset + length);
   // Populate only modest windows up front; larger ones fault in as used.

@@ -238,9 +238,14 @@ struct Srq {
 // A view of another process's registered memory, by key.
 struct Window {
   uint32_t key;
-  uint64_t file_base;  // file offset mapped at `map.get()`
+  uint32_t generation;  // of the key's entry when it was mapped
+  uint64_t file_base;   // file offset mapped at `map.get()`
   Mapping map;
   uint8_t* at(uint64_t file_offset) const { return map.as<uint8_t>() + (file_offset - file_base); }
+  // Is it a view of the key's entry as it is now? An MR re-registered in
+  // place (ibv_rereg_mr keeps its keys) may have moved in its file, or to
+  // another one; the daemon changes the generation on every write.
+  bool current(uint32_t k, const MrEntry& e) const { return key == k && generation == e.generation; }
 };
 
 struct QpOps;  // transport.h
@@ -407,6 +412,7 @@ int req_notify_cq(ibv_cq* cq, int solicited_only);
 ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector);
 ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 int resize_cq(ibv_cq* cq, int cqe);
+void clean_cq(ibv_cq* cq, uint32_t qpn);  // a QP reset: its waiting completions go
 
 // QPs (qp.cc, requester.cc)
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);

@@ -310,6 +310,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     }
   }
   if ((mask & IBV_QP_CAP) != 0) return EINVAL;  // resizing a QP's queues is not supported
+  const auto was = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   proto::Empty rep{};
   if (int e = cs.conn.call<proto::Op::ModifyQp>(req, rep)) return e;
 
@@ -365,6 +366,12 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     q.hdr->send_lock.unlock();
     shm::RecvWqe rw;
     while (q.rq.pop(rw)) {
+    }
+    // Restarted from an error state: its completions still in its CQs
+    // (flushed work requests, mostly) go too (cq.cc clean_cq).
+    if (was == IBV_QPS_ERR || was == IBV_QPS_SQE) {
+      if (q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.send_cq->cq), q.qpn);
+      if (q.recv_cq && q.recv_cq != q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.recv_cq->cq), q.qpn);
     }
   }
   return 0;

@@ -117,7 +117,7 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
   // The hot path uses the QP's last window without touching its reference
   // count; only a different key goes to the context's window cache.
   Window* w = q.last_window.get();
-  if (!w || w->key != key) {
+  if (!w || !w->current(key, *e)) {
     std::shared_ptr<Window> sp = window_for(cs, *e, key);
     if (!sp) return nullptr;
     q.last_window = std::move(sp);
@@ -669,7 +669,7 @@ inline Peer* attached_peer(QpState& q) {
   const MrEntry* e = peer_key(*q.ctx->st, p, key, addr, len, need);
   if (!e) return nullptr;
   Window* w = q.last_window.get();
-  if (!w || w->key != key) return nullptr;
+  if (!w || !w->current(key, *e)) return nullptr;  // the MR may have moved (ibv_rereg_mr)
   return w->at(access::file_offset(*e, addr));
 }
 

@@ -147,6 +147,13 @@ int connect_qp(ibv_qp* qp, uint32_t dest) {
   return e;
 }
 
+int restart_qp(ibv_qp* qp, uint32_t dest) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RESET;
+  if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE)) return e;
+  return connect_qp(qp, dest);
+}
+
 int connect_pair(Side& me, Peer& peer, PeerInfo& info, const Side::Options& mine, const Side::Options& theirs) {
   if (int e = me.open(mine)) return e;
   info = peer.open(theirs);
@@ -318,6 +325,9 @@ bool write_all(int fd, const void* p, size_t n) {
         r.status = c.a ? ibv_attach_mcast(s.qp, &g, uint16_t(c.e)) : ibv_detach_mcast(s.qp, &g, uint16_t(c.e));
         break;
       }
+      case Peer::kRestart:
+        r.status = restart_qp(s.qp, c.a);
+        break;
       case Peer::kDereg:
         r.status = ibv_dereg_mr(s.mr);
         if (!r.status) s.mr = nullptr;
@@ -421,6 +431,13 @@ uint64_t Peer::checksum(uint64_t off, uint64_t len) {
   c.b = off;
   c.c = len;
   return call(c).value;
+}
+
+int Peer::restart(uint32_t dest_qpn) {
+  Cmd c{};
+  c.op = kRestart;
+  c.a = dest_qpn;
+  return call(c).status;
 }
 
 PeerInfo Peer::rereg(int flags, int access, uint64_t off, uint64_t len, int* status) {

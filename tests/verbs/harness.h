@@ -61,7 +61,7 @@ struct PeerInfo {
 // A second process holding its own Side.
 class Peer {
  public:
-  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop, kMcast };
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop, kMcast, kRestart };
   struct Cmd {
     uint32_t op;
     uint32_t a;
@@ -100,6 +100,8 @@ class Peer {
   ibv_wc post(ibv_wr_opcode op, uint64_t off, uint32_t len, uint64_t remote_addr, uint32_t rkey);
   // ibv_rereg_mr on the peer's MR; CHANGE_TRANSLATION moves it to [off, off+len) of its buffer.
   PeerInfo rereg(int flags, int access, uint64_t off, uint64_t len, int* status);
+  // The peer's QP to RESET and back up to RTS towards `dest_qpn`; 0 or errno.
+  int restart(uint32_t dest_qpn);
   // ibv_attach_mcast (attach) or ibv_detach_mcast on the peer's QP; its result.
   int mcast(bool attach, const ibv_gid& gid, uint16_t lid);
   pid_t pid() const { return pid_; }
@@ -114,6 +116,9 @@ class Peer {
 // Moves any RC QP through INIT/RTR/RTS towards `dest` (remote read and
 // write allowed). 0 or errno.
 int connect_qp(ibv_qp* qp, uint32_t dest);
+
+// Moves an RC QP to RESET, then up again as connect_qp does. 0 or errno.
+int restart_qp(ibv_qp* qp, uint32_t dest);
 
 // Opens `me` and `peer` and connects their QPs to each other; `info` gets
 // the peer's QP and buffer. 0 or the first error.

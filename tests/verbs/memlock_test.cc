@@ -74,6 +74,40 @@ TEST(Memlock, RegistrationBeyondTheLimitIsRefusedWithEnomem) {
   EXPECT_EQ(0, rc);
 }
 
+// ibv_rereg_mr with a new translation moves the MR's charge: the new pages
+// are charged, the old range's charge counts as released (the whole limit
+// is there for the move), and a move beyond the limit changes nothing.
+TEST(Memlock, ReregTranslationMovesTheCharge) {
+  int rc = in_child([] {
+    if (!drop_ipc_lock()) return 10;
+    rlimit rl{64 * 1024, 64 * 1024};
+    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
+    Side s;
+    Side::Options o;
+    o.len = 4096;  // 4 KiB charged by the Side
+    if (s.open(o)) return 12;
+    void* a = nullptr;
+    if (posix_memalign(&a, 4096, 256 * 1024)) return 13;
+    auto* b = static_cast<uint8_t*>(a);
+    ibv_mr* m = ibv_reg_mr(s.pd, b, 32 * 1024, IBV_ACCESS_LOCAL_WRITE);  // 36 KiB
+    if (!m) return 14;
+    // 4 + 48 = 52 KiB after the move (36 + 48 would not fit).
+    if (ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, b + 64 * 1024, 48 * 1024, 0)) return 15;
+    errno = 0;
+    if (ibv_reg_mr(s.pd, b + 128 * 1024, 16 * 1024, IBV_ACCESS_LOCAL_WRITE) || errno != ENOMEM) return 16;
+    if (!ibv_reg_mr(s.pd, b + 128 * 1024, 12 * 1024, IBV_ACCESS_LOCAL_WRITE)) return 17;  // 64 KiB
+    errno = 0;
+    if (ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, b, 52 * 1024, 0) != IBV_REREG_MR_ERR_CMD ||
+        errno != ENOMEM)
+      return 18;
+    if (m->addr != b + 64 * 1024 || m->length != 48 * 1024) return 19;
+    if (ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, b, 48 * 1024, 0)) return 20;  // 64 KiB again
+    return 0;
+  });
+  if (rc == 10 || rc == 11) GTEST_SKIP() << "cannot drop CAP_IPC_LOCK or set RLIMIT_MEMLOCK here";
+  EXPECT_EQ(0, rc);
+}
+
 TEST(Memlock, CapIpcLockLiftsTheLimit) {
   int rc = in_child([] {
     __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
