@@ -31,7 +31,8 @@ constexpr uint32_t kQpMagic = 0x53565150;      // "SVQP"
 constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
 // 2: CQ header lines split (producers / pollers), torn record on the send lock line
 // 3: ring slots claimed with the claimer's pid (shm_ring.h), sq_running
-// 4: the torn record is written before the claim (torn_pos, torn_pid, torn_taken)
+// 4: the torn record is written before the claim (torn_pos, torn_pid, torn_taken);
+//    MrEntry.generation (a peer's cached view of an MR is checked against it)
 constexpr uint32_t kLayoutVersion = 4;
 
 // Device capabilities, reported by ibv_query_device and enforced.
