@@ -21,7 +21,9 @@
 // address that is not multicast gives MULTICAST_ERROR -EINVAL (Linux's
 // librdmacm: the attach fails when the event is read).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <infiniband/ib.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -116,15 +118,31 @@ int join(rdma_cm_id* id, const sockaddr* addr, int flags, void* context) {
   return complete(d);
 }
 
+// Takes one count of the channel's eventfd (a semaphore) if it has one,
+// never blocking: a program that polls the channel then calls
+// rdma_get_cm_event must not find it readable for an event that is gone.
+void take_count(Channel* c) {
+  int fd = c->ch.fd;
+  if (fd < 0) return;
+  int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0) return;
+  if (!(fl & O_NONBLOCK)) ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  uint64_t v;
+  (void)!::read(fd, &v, sizeof(v));
+  if (!(fl & O_NONBLOCK)) ::fcntl(fd, F_SETFL, fl);
+}
+
 // Removes the events of group `serial` still queued for the id: after
-// rdma_leave_multicast, no event of the group is reported.
+// rdma_leave_multicast, no event of the group is reported (librdmacm
+// instead waits in the leave until they are acknowledged).
 void drop_mc_events(Id* d, uint64_t serial) {
   if (!d->id.channel) return;
   Channel* c = chan_of(d->id.channel);
   for (auto it = c->q.begin(); it != c->q.end();) {
     if ((*it)->owner == d->serial && (*it)->mc == serial) {
       delete *it;
-      it = c->q.erase(it);  // the eventfd count is left: rdma_get_cm_event skips the gap
+      it = c->q.erase(it);
+      take_count(c);
     } else {
       ++it;
     }

@@ -26,6 +26,8 @@
 
 #include "rdmacm/cm_msg.h"
 
+int multicast_child(const std::string& mode);  // multicast_test.cc
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -187,6 +189,7 @@ int device_removal_child() {
 // Exit codes: 0 as expected, 1 + step otherwise.
 int child_main(const std::string& mode, uint16_t port) {
   if (mode == "device-removal") return device_removal_child();
+  if (mode.rfind("mc-", 0) == 0) return multicast_child(mode);
   Active c;
   if (mode == "nobody-listens") {  // TraceLinesLeaveWhole's child
     int status = 0;
