@@ -94,7 +94,14 @@ namespace {
 // 0, or the errno for which ibv_create_qp_ex(3) refuses these attributes.
 // An XRC initiator without a receive CQ gets its send CQ as one.
 int check_qp_init_attr(ibv_context* c, ibv_qp_init_attr_ex* a) {
-  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                               IBV_QP_INIT_ATTR_CREATE_FLAGS))
+    return EOPNOTSUPP;
+  // The one create flag offered: a UD QP's multicast sends skip the QP
+  // itself (mckey -l; execute_ud).
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+      (a->create_flags & ~uint32_t(IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) ||
+       (a->create_flags && a->qp_type != IBV_QPT_UD)))
     return EOPNOTSUPP;
   if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD &&
       a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV) return EOPNOTSUPP;
@@ -177,6 +184,8 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   cap.max_inline_data = shm::kMaxInline;
   st->cap = cap;
   st->sq_sig_all = a->sq_sig_all != 0;
+  st->block_self_mcast =
+      (a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && (a->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB);
   // Before anyone learns the QP number: importers refuse such a QP.
   if (st->lockless) st->hdr->exclusive.store(1, std::memory_order_release);
   st->attr.qp_state = IBV_QPS_RESET;

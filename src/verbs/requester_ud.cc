@@ -118,8 +118,10 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
     if (w.ud_qpn != kMulticastQpn || !mcast_members(*q.ctx->st, w.ud_grh ? w.ud_dgid : nullptr,
                                                     uint16_t(w.ud_dlid), members))
       return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};  // nobody listens: dropped
-    for (uint32_t m : members)
+    for (uint32_t m : members) {
+      if (m == q.qpn && q.block_self_mcast) continue;  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
       if (Peer* p = ud_peer(q, m)) deliver_ud(q, *p, w, local, nl, total);
+    }
     return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
   }
   if (w.ud_grh && !gid_is_local(w.ud_dgid)) return {Step::kDone};  // another host: not on this wire yet

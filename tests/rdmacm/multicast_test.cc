@@ -78,7 +78,7 @@ struct Member {
   }
   sockaddr* gaddr() { return reinterpret_cast<sockaddr*>(&group); }
 
-  bool open(const char* group_text) {
+  bool open(const char* group_text, bool block_self = false) {
     if (!parse_group(group_text, &group)) return false;
     ch = rdma_create_event_channel();
     if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_UDP)) return false;
@@ -87,12 +87,15 @@ struct Member {
     bool ok = e && e->event == RDMA_CM_EVENT_ADDR_RESOLVED;
     if (e) rdma_ack_cm_event(e);
     if (!ok) return false;
-    ibv_qp_init_attr qa{};
+    ibv_qp_init_attr_ex qa{};
     qa.qp_type = IBV_QPT_UD;
     qa.cap.max_send_wr = qa.cap.max_recv_wr = 4 * kMsgs;
     qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
     qa.sq_sig_all = 1;
-    if (rdma_create_qp(id, nullptr, &qa)) return false;
+    qa.comp_mask = IBV_QP_INIT_ATTR_PD | (block_self ? IBV_QP_INIT_ATTR_CREATE_FLAGS : 0);
+    qa.pd = id->pd;
+    qa.create_flags = block_self ? IBV_QP_CREATE_BLOCK_SELF_MCAST_LB : 0;
+    if (rdma_create_qp_ex(id, &qa)) return false;
     mr = ibv_reg_mr(id->pd, buf, (4 * kMsgs + 1) * kSlot, IBV_ACCESS_LOCAL_WRITE);
     if (!mr) return false;
     for (int i = 0; i < 4 * kMsgs; ++i) {
@@ -248,6 +251,22 @@ TEST(RdmaCmMulticast, FullMembersIPv4) { send_to_child("239.1.2.3", RDMA_MC_JOIN
 TEST(RdmaCmMulticast, FullMembersIPv6) { send_to_child("ff0e::1:2:3", RDMA_MC_JOIN_FLAG_FULLMEMBER); }
 TEST(RdmaCmMulticast, SendOnlyMemberIPv4) { send_to_child("239.1.2.4", RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER); }
 TEST(RdmaCmMulticast, SendOnlyMemberIPv6) { send_to_child("ff0e::1:2:4", RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER); }
+
+// mckey -l: a QP created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB does not
+// receive its own multicast datagrams; another member of the process does.
+TEST(RdmaCmMulticast, BlockSelfLoopback) {
+  Member a, b;
+  ASSERT_TRUE(a.open("239.1.2.5", true));
+  ASSERT_TRUE(b.open("239.1.2.5"));
+  ASSERT_TRUE(a.join(RDMA_MC_JOIN_FLAG_FULLMEMBER, nullptr));
+  ASSERT_TRUE(b.join(RDMA_MC_JOIN_FLAG_FULLMEMBER, nullptr));
+  ASSERT_TRUE(a.send('a'));
+  EXPECT_EQ(b.received('a', kMsgs), kMsgs);
+  EXPECT_EQ(a.received('a', 0, 0), 0);
+  ASSERT_TRUE(b.send('b'));
+  EXPECT_EQ(a.received('b', kMsgs), kMsgs);
+  EXPECT_EQ(b.received('b', kMsgs), kMsgs);
+}
 
 // rdma_join_multicast(3)'s errors, as Linux's CM and librdmacm give them.
 TEST(RdmaCmMulticast, Errors) {

@@ -59,9 +59,9 @@ TEST(QpEx, CreateHonoursSendOpsFlags) {
     EXPECT_EQ(nullptr, create_ex(me, c.type, c.ops)) << c.type << " " << c.ops;
     EXPECT_EQ(EOPNOTSUPP, errno);
   }
-  // A comp_mask bit softverbs does not know.
+  // A comp_mask bit softverbs does not take (RSS needs a raw packet QP).
   errno = 0;
-  EXPECT_EQ(nullptr, create_ex(me, IBV_QPT_RC, IBV_QP_EX_WITH_SEND, IBV_QP_INIT_ATTR_CREATE_FLAGS));
+  EXPECT_EQ(nullptr, create_ex(me, IBV_QPT_RC, IBV_QP_EX_WITH_SEND, IBV_QP_INIT_ATTR_RX_HASH));
   EXPECT_EQ(EOPNOTSUPP, errno);
 
   ibv_qp* ud = create_ex(me, IBV_QPT_UD, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM);
