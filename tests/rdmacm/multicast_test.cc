@@ -186,12 +186,6 @@ char get(int fd, int ms = 20000) {
   return c;
 }
 
-std::string self_path() {
-  char b[4096];
-  ssize_t n = ::readlink("/proc/self/exe", b, sizeof(b) - 1);
-  return n > 0 ? std::string(b, size_t(n)) : std::string();
-}
-
 // The receiving process: joins, says 'j'; takes the first batch 'a';
 // leaves, says 'l'; after the sender's 'x' (its second batch sent), must
 // have received nothing more.
@@ -201,13 +195,18 @@ struct Child {
   bool start(const char* group) {
     int up[2], down[2];
     if (::pipe(up) || ::pipe(down)) return false;
-    std::string mode = std::string("mc-recv:") + group + ":" + std::to_string(up[1]) + ":" + std::to_string(down[0]);
-    std::string self = self_path();
+    // The child's arguments on the stack: a heap page may hold registered
+    // memory, which the child copies only in its atfork handler, after this
+    // process went on and maybe reused the page (docs/MEMORY.md, "fork()").
+    char self[4096] = {}, mode[256] = {};
+    ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return false;
+    std::snprintf(mode, sizeof(mode), "mc-recv:%s:%d:%d", group, up[1], down[0]);
     pid = ::fork();
     if (pid == 0) {
       ::close(up[0]);
       ::close(down[1]);
-      ::execl(self.c_str(), self.c_str(), "--child", mode.c_str(), "0", nullptr);
+      ::execl(self, self, "--child", mode, "0", nullptr);
       ::_exit(127);
     }
     ::close(up[1]);
