@@ -6,7 +6,8 @@
 #
 #   scripts/rxe-peer.sh image        build the guest in $SOFTVERBS_RXE_DIR (default
 #                                    /var/tmp/softverbs-rxe): debootstrap from Debian's
-#                                    mirror with rdma-core, ibverbs-utils and perftest
+#                                    mirror with rdma-core, ibverbs-utils, perftest and
+#                                    python3-pyverbs (rdma-core's tests: pyverbs-compare.sh)
 #                                    (a few minutes, ~1 GB; kept for later runs)
 #   scripts/rxe-peer.sh ready        exit 0 if the guest is built (and current)
 #   scripts/rxe-peer.sh up           the namespace, with tap0 10.77.NET.1/24 and fd77:0:0:NET::1/64
@@ -16,6 +17,9 @@
 #                                    powers off; the console goes to SHARE/console.log;
 #                                    killed after $SOFTVERBS_RXE_TIMEOUT s (default 1200)
 #   scripts/rxe-peer.sh exec CMD...  run CMD in the namespace
+#   scripts/rxe-peer.sh pyverbs OUT  up, boot, run rdma-core's tests (run_tests.py -v) on the
+#                                    guest's rxe0, their log to OUT, down (timeout default
+#                                    3600 s); compared by scripts/pyverbs-compare.sh
 #   scripts/rxe-peer.sh down         delete the namespace (and the tap)
 #
 # SOFTVERBS_TESTBED (default svtb) prefixes the namespace's name ($P-rxehost),
@@ -29,8 +33,8 @@ NET=${SOFTVERBS_TESTBED_NET:-9}
 NS=$P-rxehost
 DIR=${SOFTVERBS_RXE_DIR:-/var/tmp/softverbs-rxe}
 # Bump when the guest's init or package list changes: `ready` then says no.
-VERSION=3  # 3: rdmacm-utils (rping, ucmatose, udaddy); 2: the init runs /share/.softverbs-init
-PACKAGES=linux-image-amd64,rdma-core,ibverbs-utils,ibverbs-providers,perftest,rdmacm-utils,iproute2,kmod,procps
+VERSION=4  # 4: python3-pyverbs (rdma-core's tests); 3: rdmacm-utils (rping, ucmatose, udaddy); 2: the init runs /share/.softverbs-init
+PACKAGES=linux-image-amd64,rdma-core,ibverbs-utils,ibverbs-providers,perftest,rdmacm-utils,iproute2,kmod,procps,python3-pyverbs
 
 # The guest's init (PID 1), built into the image: no systemd, so that boot
 # is quick; it mounts the shared folder and runs what `boot` put there
@@ -128,12 +132,46 @@ boot() {
   [ -f "$share/guest.rc" ] || { echo "rxe-peer: the guest did not finish (see $share/console.log)" >&2; return 1; }
 }
 
+# What the guest runs for `pyverbs`: rdma-core's tests, as Debian's
+# python3-pyverbs ships them (some files gzipped), unpacked to /tmp and run
+# verbosely on rxe0; the log, headed by the date and the guest's kernel, in
+# /share/pyverbs-rxe.log.
+guest_pyverbs() {
+  cat <<'EOF'
+rdma link show
+ibv_devices
+mkdir -p /tmp/pyverbs
+cp -r /usr/share/doc/rdma-core/tests /tmp/pyverbs/
+gunzip -r /tmp/pyverbs/tests
+cd /tmp/pyverbs
+{
+  echo "# rdma-core tests (python3-pyverbs $(dpkg-query -W -f='${Version}' python3-pyverbs)) on Linux rxe"
+  echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC'), guest kernel: Linux $(uname -r), rxe0 on eth0 (qemu, scripts/rxe-peer.sh pyverbs)"
+  python3 tests/run_tests.py -v 2>&1
+  echo "# exit: $?"
+} > /share/pyverbs-rxe.log
+EOF
+}
+
+pyverbs() {
+  local out=$1 share rc=0
+  share=$(mktemp -d)
+  guest_pyverbs >"$share/guest.sh"
+  up
+  SOFTVERBS_RXE_TIMEOUT=${SOFTVERBS_RXE_TIMEOUT:-3600} boot "$share" || rc=$?
+  down
+  cp "$share/pyverbs-rxe.log" "$out" || rc=1
+  echo "rxe-peer: the guest's files in $share" >&2
+  return $rc
+}
+
 case "${1:-}" in
   image) image ;;
   ready) ready ;;
   up) up ;;
   down) down ;;
   boot) [ $# -eq 2 ] || { echo "usage: $0 boot SHARE" >&2; exit 2; }; boot "$2" ;;
+  pyverbs) [ $# -eq 2 ] || { echo "usage: $0 pyverbs OUT" >&2; exit 2; }; pyverbs "$2" ;;
   exec) shift; exec ip netns exec "$NS" "$@" ;;
-  *) sed -n '2,24p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,28p' "$0" >&2; exit 2 ;;
 esac
