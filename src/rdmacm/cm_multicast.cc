@@ -91,7 +91,7 @@ int check_joinable(Id* d, const sockaddr* a) {
   return 0;
 }
 
-int join(rdma_cm_id* id, const sockaddr* addr, int flags, void* context) {
+int join_group(rdma_cm_id* id, const sockaddr* addr, int flags, void* context) {
   Id* d = id_of(id);
   {
     std::lock_guard<std::mutex> lk(g.mu);
@@ -207,7 +207,7 @@ extern "C" {
 
 int rdma_join_multicast(rdma_cm_id* id, sockaddr* addr, void* context) {
   if (!id || !addr || !addr_len(addr)) return fail(EINVAL);
-  return join(id, addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context);
+  return join_group(id, addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context);
 }
 
 // librdmacm's checks: a known comp_mask, an address, join flags.
@@ -218,7 +218,7 @@ int rdma_join_multicast_ex(rdma_cm_id* id, rdma_cm_join_mc_attr_ex* attr, void* 
     return fail(EINVAL);
   if (!(attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) || attr->join_flags >= RDMA_MC_JOIN_FLAG_RESERVED)
     return fail(EINVAL);
-  return join(id, attr->addr, int(attr->join_flags), context);
+  return join_group(id, attr->addr, int(attr->join_flags), context);
 }
 
 // The QP leaves the group (if it was attached at the join), and the group's

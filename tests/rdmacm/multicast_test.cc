@@ -26,7 +26,7 @@ constexpr int kMsgs = 8;
 constexpr size_t kLen = 64;
 constexpr size_t kSlot = kLen + 40;  // a UD receive starts with the 40-byte GRH
 
-rdma_cm_event* next_event(rdma_event_channel* ch, int ms = 10000) {
+rdma_cm_event* mc_event(rdma_event_channel* ch, int ms = 10000) {
   pollfd p{ch->fd, POLLIN, 0};
   if (::poll(&p, 1, ms) <= 0) return nullptr;
   rdma_cm_event* e = nullptr;
@@ -83,7 +83,7 @@ struct Member {
     ch = rdma_create_event_channel();
     if (!ch || rdma_create_id(ch, &id, nullptr, RDMA_PS_UDP)) return false;
     if (rdma_resolve_addr(id, nullptr, gaddr(), 2000)) return false;
-    rdma_cm_event* e = next_event(ch);
+    rdma_cm_event* e = mc_event(ch);
     bool ok = e && e->event == RDMA_CM_EVENT_ADDR_RESOLVED;
     if (e) rdma_ack_cm_event(e);
     if (!ok) return false;
@@ -118,7 +118,7 @@ struct Member {
     a.addr = gaddr();
     a.join_flags = uint32_t(flags);
     if (rdma_join_multicast_ex(id, &a, context)) return false;
-    rdma_cm_event* e = next_event(ch);
+    rdma_cm_event* e = mc_event(ch);
     if (!e) return false;
     bool ok = e->event == RDMA_CM_EVENT_MULTICAST_JOIN && e->status == 0 && e->id == id;
     ud = e->param.ud;
@@ -178,8 +178,8 @@ struct Member {
   }
 };
 
-bool put(int fd, char c) { return ::write(fd, &c, 1) == 1; }
-char get(int fd, int ms = 20000) {
+bool pipe_put(int fd, char c) { return ::write(fd, &c, 1) == 1; }
+char pipe_get(int fd, int ms = 20000) {
   pollfd p{fd, POLLIN, 0};
   char c = 0;
   if (::poll(&p, 1, ms) != 1 || ::read(fd, &c, 1) != 1) return 0;
@@ -232,16 +232,16 @@ void send_to_child(const char* group, int flags) {
   ASSERT_TRUE(m.join(flags, &ctx));
   Child c;
   ASSERT_TRUE(c.start(group));
-  ASSERT_EQ(get(c.from), 'j') << "child exit " << c.wait();
+  ASSERT_EQ(pipe_get(c.from), 'j') << "child exit " << c.wait();
   ASSERT_TRUE(m.send('a'));
   // A full member receives its own datagrams (multicast loopback, as
   // mckey(1) describes it); a send-only member none.
   bool full = flags == RDMA_MC_JOIN_FLAG_FULLMEMBER;
   EXPECT_EQ(m.received('a', full ? kMsgs : 0, full ? 10000 : 0), full ? kMsgs : 0);
-  ASSERT_EQ(get(c.from), 'l');  // the child had all of batch 'a' and left
+  ASSERT_EQ(pipe_get(c.from), 'l');  // the child had all of batch 'a' and left
   ASSERT_TRUE(m.send('b'));
   EXPECT_EQ(m.received('b', full ? kMsgs : 0, full ? 10000 : 0), full ? kMsgs : 0);
-  ASSERT_TRUE(put(c.to, 'x'));
+  ASSERT_TRUE(pipe_put(c.to, 'x'));
   EXPECT_EQ(c.wait(), 0);
   EXPECT_EQ(rdma_leave_multicast(m.id, m.gaddr()), 0);
 }
@@ -283,7 +283,7 @@ TEST(RdmaCmMulticast, Errors) {
   EXPECT_EQ(rdma_join_multicast(id, g, nullptr), -1);
   EXPECT_EQ(errno, EINVAL);
   ASSERT_EQ(rdma_resolve_addr(id, nullptr, g, 2000), 0);
-  rdma_cm_event* e = next_event(ch);
+  rdma_cm_event* e = mc_event(ch);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->event, RDMA_CM_EVENT_ADDR_RESOLVED);
   rdma_ack_cm_event(e);
@@ -303,7 +303,7 @@ TEST(RdmaCmMulticast, Errors) {
   // Not a multicast address: the join's event is MULTICAST_ERROR, -EINVAL.
   int ctx = 0;
   ASSERT_EQ(rdma_join_multicast(id, u, &ctx), 0);
-  e = next_event(ch);
+  e = mc_event(ch);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->event, RDMA_CM_EVENT_MULTICAST_ERROR);
   EXPECT_EQ(e->status, -EINVAL);
@@ -314,7 +314,7 @@ TEST(RdmaCmMulticast, Errors) {
   ASSERT_EQ(rdma_join_multicast(id, g, nullptr), 0);
   EXPECT_EQ(rdma_join_multicast(id, g, nullptr), -1);
   EXPECT_EQ(errno, EADDRINUSE);
-  e = next_event(ch);
+  e = mc_event(ch);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->event, RDMA_CM_EVENT_MULTICAST_JOIN);
   rdma_ack_cm_event(e);
@@ -323,7 +323,7 @@ TEST(RdmaCmMulticast, Errors) {
   // A connected port space (RC) has no multicast.
   ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
   ASSERT_EQ(rdma_resolve_addr(id, nullptr, g, 2000), 0);
-  e = next_event(ch);
+  e = mc_event(ch);
   ASSERT_NE(e, nullptr);
   rdma_ack_cm_event(e);
   EXPECT_EQ(rdma_join_multicast(id, g, nullptr), -1);
@@ -353,12 +353,12 @@ TEST(RdmaCmMulticast, SyncIdAndLeaveDropsUnreadEvent) {
   rdma_event_channel* ch = rdma_create_event_channel();
   ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_UDP), 0);
   ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&grp), 2000), 0);
-  rdma_cm_event* e = next_event(ch);
+  rdma_cm_event* e = mc_event(ch);
   ASSERT_NE(e, nullptr);
   rdma_ack_cm_event(e);
   ASSERT_EQ(rdma_join_multicast(id, reinterpret_cast<sockaddr*>(&grp), nullptr), 0);
   EXPECT_EQ(rdma_leave_multicast(id, reinterpret_cast<sockaddr*>(&grp)), 0);
-  EXPECT_EQ(next_event(ch, 0), nullptr);
+  EXPECT_EQ(mc_event(ch, 0), nullptr);
   rdma_destroy_id(id);
   rdma_destroy_event_channel(ch);
 }
@@ -377,10 +377,10 @@ int multicast_child(const std::string& mode) {
   if (!m.open(group.c_str())) return 2;
   int ctx = 0;
   if (!m.join(RDMA_MC_JOIN_FLAG_FULLMEMBER, &ctx)) return 3;
-  if (!put(wfd, 'j')) return 4;
+  if (!pipe_put(wfd, 'j')) return 4;
   if (m.received('a', kMsgs) != kMsgs) return 5;
   if (rdma_leave_multicast(m.id, m.gaddr())) return 6;
-  if (!put(wfd, 'l')) return 7;
-  if (get(rfd) != 'x') return 8;
+  if (!pipe_put(wfd, 'l')) return 7;
+  if (pipe_get(rfd) != 'x') return 8;
   return m.received('b', 0, 0) == 0 ? 0 : 9;
 }
