@@ -267,6 +267,29 @@ TEST(RdmaCmMulticast, BlockSelfLoopback) {
   EXPECT_EQ(b.received('b', kMsgs), kMsgs);
 }
 
+// rdma_destroy_id leaves the id's groups: its QP (which outlives it here)
+// receives nothing more.
+TEST(RdmaCmMulticast, DestroyIdLeaves) {
+  Member a, b;
+  ASSERT_TRUE(a.open("239.1.2.6"));
+  ASSERT_TRUE(b.open("239.1.2.6"));
+  ASSERT_TRUE(a.join(RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, nullptr));
+  ASSERT_TRUE(b.join(RDMA_MC_JOIN_FLAG_FULLMEMBER, nullptr));
+  ASSERT_TRUE(a.send('a'));
+  EXPECT_EQ(b.received('a', kMsgs), kMsgs);
+  ibv_qp* qp = b.id->qp;
+  ibv_cq* cqs[2] = {b.id->send_cq, b.id->recv_cq};
+  ibv_comp_channel* chans[2] = {b.id->send_cq_channel, b.id->recv_cq_channel};
+  rdma_destroy_id(b.id);  // the id goes, its QP stays (rdma_destroy_id(3))
+  b.id = nullptr;
+  ASSERT_TRUE(a.send('b'));
+  ibv_wc wc{};
+  EXPECT_EQ(ibv_poll_cq(cqs[1], 1, &wc), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  for (ibv_cq* c : cqs) EXPECT_EQ(ibv_destroy_cq(c), 0);
+  for (ibv_comp_channel* c : chans) EXPECT_EQ(ibv_destroy_comp_channel(c), 0);
+}
+
 // rdma_join_multicast(3)'s errors, as Linux's CM and librdmacm give them.
 TEST(RdmaCmMulticast, Errors) {
   rdma_event_channel* ch = rdma_create_event_channel();
