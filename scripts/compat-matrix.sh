@@ -120,6 +120,18 @@ done
 for m in rping rping_q rping6 ucmatose ucmatose4 ucmatose_m udaddy rdma_server ib_send_bw ib_write_lat ib_read_bw; do
   row "rdmacm.$m" "$m" "rdma_cm ($m)" rdmacm.sh "$m" @PORT
 done
+# mckey: receivers, then a sender (-s) on one group (tests/compat/mckey.sh).
+declare -A mckey_variant=(
+  [ipv4]="-m 239.1.1.1 -b 127.0.0.1: 2 receivers, -s"
+  [sendonly]="-m 239.1.1.2 -b 127.0.0.1: 2 receivers, -s -o"
+  [ipv6]="-m ff0e::1:2 -b ::1: 2 receivers, -s"
+  [sizes]="-c 2 -C 100 -S 4096"
+  [noloop]="-l"
+  [error]="-m 127.0.0.2 (not multicast)"
+)
+for m in ipv4 sendonly ipv6 sizes noloop error; do
+  row "rdmacm.mckey.$m" mckey "${mckey_variant[$m]}" mckey.sh "$m"
+done
 
 # --- UCX 1.13: ucx_perftest over rc_verbs and ud_verbs --------------------------------
 for r in rc_verbs.put_lat rc_verbs.put_bw rc_verbs.get rc_verbs.am_lat rc_verbs.fadd rc_verbs.cswap \

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/completion.h"
+#include "common/mgid.h"
 #include "common/qp_state.h"
 #include "common/trace.h"
 
@@ -276,11 +277,12 @@ int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep
 }
 
 // Attach QP to multicast group (IBTA verbs chapter 11; ibv_attach_mcast(3)): UD QPs only, and the
-// GID must be a multicast GID (first byte 0xFF). The link layer is Ethernet,
+// GID must be a multicast GID (first byte 0xFF, or an IPv4 group's ::ffff:224.0.0.0/4 as
+// RoCEv2 has it: common/mgid.h). The link layer is Ethernet,
 // so the LID is not checked, as the kernel does for RoCE.
 int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
   Qp* qp = find_qp(client, req.qpn);
-  if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
+  if (!qp || qp->type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
   // The groups are daemon-private (device_tables.h): ENOMEM past
   // max_mcast_grp groups or max_mcast_qp_attach QPs in one group.
   return tables_.mcg_attach(req.gid, req.lid, req.qpn);
@@ -288,7 +290,7 @@ int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
 
 int Registry::detach_mcast(uint32_t client, const proto::McastReq& req) {
   Qp* qp = find_qp(client, req.qpn);
-  if (!qp || qp->type != IBV_QPT_UD || req.gid[0] != 0xff) return EINVAL;
+  if (!qp || qp->type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
   return tables_.mcg_detach(req.gid, req.qpn);
 }
 

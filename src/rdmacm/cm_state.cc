@@ -209,6 +209,7 @@ void free_if_dead(rdma_event_channel* ch) {
 }
 
 void destroy_locked(Id* d) {
+  leave_all_multicast(d);
   g.ids.erase(d->serial);
   cancel_timers(d);
   if (d->id.channel) drop_events_of(chan_of(d->id.channel), d->serial, true);

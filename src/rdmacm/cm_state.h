@@ -5,6 +5,7 @@
 //                    event queues of the channels;
 //   cm_rendezvous.cc the unix-socket rendezvous between processes of one host
 //                    (and the daemon's CM gateway for other hosts);
+//   cm_multicast.cc  multicast groups: joins, leaves, their events;
 //   cma.cc           the public API (rdma_* functions).
 //
 // Rendezvous: every bound id owns a listening unix SOCK_SEQPACKET socket at
@@ -31,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "rdmacm/cm_msg.h"
 
@@ -63,6 +65,7 @@ struct Event {
   rdma_cm_event ev{};
   uint64_t owner = 0;         // serial of ev.id
   uint64_t listen_owner = 0;  // serial of ev.listen_id
+  uint64_t mc = 0;            // the Mcast serial of a MULTICAST_JOIN / _ERROR
   uint8_t pdata[cm::kMadSize] = {};
 };
 
@@ -91,6 +94,16 @@ enum class St {
 };
 
 enum class TimerKind { kAddrError, kRepTimeout, kTimewait, kRetryConnect };
+
+// A multicast group joined by an id (cm_multicast.cc), until it leaves.
+struct Mcast {
+  uint64_t serial = 0;
+  sockaddr_storage addr{};
+  ibv_gid mgid{};
+  int join_flags = RDMA_MC_JOIN_FLAG_FULLMEMBER;
+  void* context = nullptr;
+  ibv_qp* attached = nullptr;  // the id's QP, attached to the group at the join
+};
 
 struct Id {
   rdma_cm_id id{};  // first: the application holds &id
@@ -131,6 +144,7 @@ struct Id {
   uint8_t pending_req[cm::kMadSize] = {};
   Clock::time_point connect_deadline{};
   Clock::time_point no_listener_until{};  // kNoListenerGrace after rdma_connect
+  std::vector<Mcast> mcs;  // joined groups (rdma_join_multicast), in join order
 };
 
 struct Timer {
@@ -186,6 +200,17 @@ int do_bind(Id* d, const sockaddr* addr);
 void on_accepted(Id* listener);
 void reply_and_close(int fd, const uint8_t* mad);
 bool try_connect(Id* d);
+
+// --- multicast (cm_multicast.cc) ------------------------------------------------
+bool addr_is_multicast(const sockaddr* a);
+// rdma_resolve_addr to a group: resolved on this host, with the group's MGID
+// as the destination GID (multicast between hosts is not carried yet).
+void resolve_multicast(Id* d, const sockaddr* group);
+// rdma_destroy_id: the id's QP leaves every group it is attached to.
+void leave_all_multicast(Id* d);
+// rdma_destroy_qp: the QP goes (and with it its attachments, in the
+// daemon); the id stays joined, without a QP.
+void multicast_qp_gone(Id* d);
 
 // --- the state machine (cm_state.cc) -----------------------------------------
 int init_qp_attr(Id* d, ibv_qp_attr* a, int* mask);

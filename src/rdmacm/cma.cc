@@ -2,7 +2,8 @@
 // rdma-core's cma.c): rdma_cm ids, event channels and the connection manager
 // between processes of one host and, through the daemon's gateway, between
 // hosts. The CM state machine is in cm_state.cc, the engine thread in
-// cm_engine.cc, the rendezvous in cm_rendezvous.cc (see cm_state.h).
+// cm_engine.cc, the rendezvous in cm_rendezvous.cc, multicast in
+// cm_multicast.cc (see cm_state.h).
 #include <fcntl.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
@@ -141,7 +142,9 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
       if (int e = do_bind(d, s)) return fail(e);
     }
     std::memcpy(&d->id.route.addr.dst_storage, dst_addr, addr_len(dst_addr));
-    if (addr_is_local(dst_addr)) {
+    if (addr_is_multicast(dst_addr)) {
+      resolve_multicast(d, dst_addr);  // a group: joined on this host (cm_multicast.cc)
+    } else if (addr_is_local(dst_addr)) {
       ibv_gid dgid{};
       gid_index_of(dst_addr, &dgid);
       d->peer_gid = dgid;
@@ -333,6 +336,7 @@ void rdma_destroy_qp(rdma_cm_id* id) {
     std::lock_guard<std::mutex> lk(g.mu);  // the engine moves id->qp on a REP
     qp = id->qp;
     id->qp = nullptr;
+    multicast_qp_gone(id_of(id));  // destroying the QP detaches it from its groups
   }
   ibv_destroy_qp(qp);
   Id* d = id_of(id);
@@ -803,11 +807,6 @@ void rdma_destroy_srq(rdma_cm_id* id) {
   ibv_destroy_srq(id->srq);
   id->srq = nullptr;
 }
-
-// Multicast needs the fabric's multicast groups, which softverbs has not yet.
-int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return fail(ENOSYS); }
-int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) { return fail(ENOSYS); }
-int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return fail(EADDRNOTAVAIL); }
 
 // Enhanced connection establishment (vendor options): not offered.
 int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/mgid.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
@@ -43,8 +44,8 @@ namespace {
 
 int mcast_call(proto::Op op, ibv_qp* qp, const ibv_gid* gid, uint16_t lid) {
   if (!qp || !gid) return EINVAL;
-  // ibv_attach_mcast(3): UD QPs only; a multicast GID starts with 0xFF.
-  if (qp->qp_type != IBV_QPT_UD || gid->raw[0] != 0xff) return EINVAL;
+  // ibv_attach_mcast(3): UD QPs only; a multicast GID (common/mgid.h).
+  if (qp->qp_type != IBV_QPT_UD || !gid_is_multicast(gid->raw)) return EINVAL;
   QpState& q = *to_qp(qp)->st;
   proto::McastReq req{};
   req.qpn = q.qpn;

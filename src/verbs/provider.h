@@ -266,6 +266,7 @@ struct QpState {
   // thread has the QP (in_progress_list). Such a QP cannot be imported.
   bool lockless = false;
   std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
+  bool block_self_mcast = false;     // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: no multicast to itself
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;
   std::shared_ptr<Window> last_window;

@@ -99,7 +99,12 @@ int check_qp_init_attr(ibv_context* c, ibv_qp_init_attr_ex* a) {
     return EOPNOTSUPP;
   // The mask bit with no flag set asks for nothing (rdma-core's tests set it
   // at random); a flag softverbs does not implement is refused, as rxe does.
-  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) return EOPNOTSUPP;
+  // The one flag offered: a UD QP's multicast sends skip the QP itself
+  // (IBV_QP_CREATE_BLOCK_SELF_MCAST_LB, mckey -l; execute_ud).
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+      (a->create_flags & ~uint32_t(IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) ||
+       (a->create_flags && a->qp_type != IBV_QPT_UD)))
+    return EOPNOTSUPP;
   if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD &&
       a->qp_type != IBV_QPT_XRC_SEND && a->qp_type != IBV_QPT_XRC_RECV) return EOPNOTSUPP;
   // An XRC target QP (IBTA A14) has an XRC domain instead of a PD, CQs and
@@ -181,6 +186,8 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   cap.max_inline_data = shm::kMaxInline;
   st->cap = cap;
   st->sq_sig_all = a->sq_sig_all != 0;
+  st->block_self_mcast =
+      (a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && (a->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB);
   // Before anyone learns the QP number: importers refuse such a QP.
   if (st->lockless) st->hdr->exclusive.store(1, std::memory_order_release);
   st->attr.qp_state = IBV_QPS_RESET;

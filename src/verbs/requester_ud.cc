@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/mgid.h"
 #include "verbs/requester_internal.h"
 #include "verbs/roce_link.h"
 
@@ -92,11 +93,11 @@ bool deliver_ud(QpState& q, Peer& p, const shm::SendWqe& w, const Seg* local, in
 }
 
 // IBTA multicast (UD only, 9.8.2): a multicast destination is a GRH with a multicast
-// DGID (first byte 0xFF) or, without a GRH, a DLID in the multicast range
+// DGID (first byte 0xFF, or RoCEv2's IPv4 group ::ffff:224.0.0.0/4: common/mgid.h) or, without a GRH, a DLID in the multicast range
 // (0xC000..0xFFFE); the destination QP is then 0xFFFFFF.
 constexpr uint32_t kMulticastQpn = 0xffffff;
 bool is_multicast(const shm::SendWqe& w) {
-  return w.ud_grh ? w.ud_dgid[0] == 0xff : (w.ud_dlid >= 0xc000 && w.ud_dlid < 0xffff);
+  return w.ud_grh ? gid_is_multicast(w.ud_dgid) : (w.ud_dlid >= 0xc000 && w.ud_dlid < 0xffff);
 }
 
 }  // namespace
@@ -117,8 +118,10 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
     if (w.ud_qpn != kMulticastQpn || !mcast_members(*q.ctx->st, w.ud_grh ? w.ud_dgid : nullptr,
                                                     uint16_t(w.ud_dlid), members))
       return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};  // nobody listens: dropped
-    for (uint32_t m : members)
+    for (uint32_t m : members) {
+      if (m == q.qpn && q.block_self_mcast) continue;  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
       if (Peer* p = ud_peer(q, m)) deliver_ud(q, *p, w, local, nl, total);
+    }
     return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
   }
   if (w.ud_grh && !gid_is_local(w.ud_dgid)) return {Step::kDone};  // another host: not on this wire yet

@@ -21,6 +21,7 @@
 #include <functional>
 
 #include "common/access.h"
+#include "common/mgid.h"
 #include "common/trace.h"
 #include "roce/engine.h"
 #include "roce/udp.h"
@@ -882,9 +883,12 @@ void roce_detach(QpState& q) {
   q.on_wire.store(false, std::memory_order_release);
 }
 
+// A multicast group's members are this host's QPs only (execute_ud): its
+// datagrams stay off the wire.
 bool roce_ud_remote(const QpState&, const ibv_send_wr* wr) {
   const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
-  return ah && ah->attr.is_global && !gid_is_local(ah->attr.grh.dgid.raw);
+  return ah && ah->attr.is_global && !gid_is_multicast(ah->attr.grh.dgid.raw) &&
+         !gid_is_local(ah->attr.grh.dgid.raw);
 }
 
 int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {

@@ -41,6 +41,16 @@ TEST(Mcast, AttachAndDetachCheckTheirArguments) {
   EXPECT_EQ(0, ibv_attach_mcast(me.qp, &g, 0xc001));  // again: still one membership
   EXPECT_EQ(0, ibv_detach_mcast(me.qp, &g, 0xc001));
   EXPECT_EQ(EINVAL, ibv_detach_mcast(me.qp, &g, 0xc001));
+  // RoCEv2: an IPv4 group's GID is ::ffff:a.b.c.d with a.b.c.d in 224.0.0.0/4
+  // (the MGID Linux's rdma_cm gives it); another IPv4-mapped GID is unicast.
+  ibv_gid v4{};
+  v4.raw[10] = v4.raw[11] = 0xff;
+  v4.raw[12] = 239;
+  v4.raw[15] = 7;
+  EXPECT_EQ(0, ibv_attach_mcast(me.qp, &v4, 0));
+  EXPECT_EQ(0, ibv_detach_mcast(me.qp, &v4, 0));
+  v4.raw[12] = 240;  // class E
+  EXPECT_EQ(EINVAL, ibv_attach_mcast(me.qp, &v4, 0));
 
   ibv_device_attr da{};
   ASSERT_EQ(0, ibv_query_device(me.ctx, &da));
