@@ -56,28 +56,51 @@ struct RingHeader {
 
 // A spin lock in shared memory. It records its holder's pid so that the
 // daemon can recover it from a dead holder.
+//
+// Not starved: posters that take the lock again as soon as they release it
+// (two processes posting in a loop on a shared QP) could keep a third from
+// ever winning the compare-and-swap; under load one waited more than 30 s
+// (KillSharedQp in CI). A waiter that has waited long asks for the next
+// turn (`next` = its pid); everyone else then leaves the lock to it until it
+// took it (or died: `next` is cleared when its pid is gone). A hint only:
+// who holds the lock is decided by `owner` alone.
 struct ShmLock {
   std::atomic<uint32_t> owner;  // 0 = free, else holder pid
-  uint32_t reserved;
+  std::atomic<uint32_t> next;   // 0, or the pid of a starved waiter the lock is left to
+
+  static constexpr unsigned kStarved = 256;  // spins (most of them yields) before asking for the next turn
 
   // True when the lock was taken over from a dead holder: what it guarded
   // may be half-updated, and the caller repairs it (see its users).
   bool lock(uint32_t pid) {
     for (unsigned spins = 0;; ++spins) {
+      uint32_t turn = next.load(std::memory_order_relaxed);
       uint32_t expected = 0;
-      if (owner.compare_exchange_weak(expected, pid, std::memory_order_acquire)) return false;
-      if (spins > 64) {
-        relax_long();
-        // A holder that died with the lock (kill -9 mid-post) never frees
-        // it: take it over, and say so (the caller repairs what it guarded).
-        // Looked at every 16 yields (a kill(2) probe): with every CPU busy
-        // a yield can cost a whole time slice, and 1024 of them took
-        // seconds (issue 18, finding 11).
-        if ((spins & 15) == 0 && expected != 0 && expected != pid && !alive(expected) &&
-            owner.compare_exchange_strong(expected, pid, std::memory_order_acquire))
-          return true;
-      } else {
+      if ((turn == 0 || turn == pid) && owner.compare_exchange_weak(expected, pid, std::memory_order_acquire)) {
+        if (turn == pid) next.compare_exchange_strong(turn, 0, std::memory_order_relaxed);
+        return false;
+      }
+      if (spins <= 64) {
         __builtin_ia32_pause();
+        continue;
+      }
+      relax_long();
+      // Looked at every 16 yields (a kill(2) probe): with every CPU busy a
+      // yield can cost a whole time slice, and 1024 of them took seconds
+      // (issue 18, finding 11).
+      if ((spins & 15) != 0) continue;
+      if (turn == 0 && spins >= kStarved) {
+        next.compare_exchange_strong(turn, pid, std::memory_order_relaxed);
+      } else if (turn != 0 && turn != pid && !alive(turn)) {
+        next.compare_exchange_strong(turn, 0, std::memory_order_relaxed);  // it died waiting
+      }
+      // A holder that died with the lock (kill -9 mid-post) never frees it:
+      // take it over, and say so (the caller repairs what it guarded).
+      uint32_t o = owner.load(std::memory_order_relaxed);
+      if (o != 0 && o != pid && !alive(o) && owner.compare_exchange_strong(o, pid, std::memory_order_acquire)) {
+        uint32_t mine = pid;
+        next.compare_exchange_strong(mine, 0, std::memory_order_relaxed);
+        return true;
       }
     }
   }

@@ -409,6 +409,38 @@ TEST(ShmRing, AProducerTakesBackADeadClaimAndTheRecovererFindsNothing) {
   EXPECT_EQ(3u, out.v);
 }
 
+// A waiter that waited long gets the next turn, even against a holder that
+// takes the lock again at once (KillSharedQp: a third poster starved for
+// 30 s by two that posted in a loop). Pids stand for processes here: the
+// waiter's is our parent's (alive).
+TEST(ShmLock, AStarvedWaiterGetsTheNextTurn) {
+  ShmLock lock{};
+  const uint32_t me = uint32_t(::getpid()), other = uint32_t(::getppid());
+  ASSERT_FALSE(lock.lock(me));
+  std::atomic<bool> waiter_got{false};
+  std::thread waiter([&] {
+    EXPECT_FALSE(lock.lock(other));
+    waiter_got = true;
+    lock.unlock();
+  });
+  while (lock.next.load() != other) std::this_thread::yield();  // it asked for the next turn
+  lock.unlock();
+  EXPECT_FALSE(lock.lock(me));  // only after the waiter's turn
+  EXPECT_TRUE(waiter_got.load()) << "the holder took the lock again before the starved waiter";
+  EXPECT_EQ(0u, lock.next.load());
+  lock.unlock();
+  waiter.join();
+}
+
+// A waiter that asked for the next turn and died does not keep it.
+TEST(ShmLock, ADeadWaitersTurnIsDropped) {
+  ShmLock lock{};
+  lock.next.store(dead_pid());
+  EXPECT_FALSE(lock.lock(uint32_t(::getpid())));
+  EXPECT_EQ(0u, lock.next.load());
+  lock.unlock();
+}
+
 TEST(ShmLock, ALockHeldByADeadProcessIsTakenOver) {
   auto* lock = static_cast<ShmLock*>(
       ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
