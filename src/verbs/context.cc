@@ -259,10 +259,18 @@ Context* new_verbs_context(ContextState& st) {
 // connection joins the context whose command socket that is
 // (ibv_import_device(3)) instead of starting a new one.
 ibv_context* make_context(int import_fd, NsAttach* ns) {
-  auto st = std::make_unique<ContextState>();
-  int e = st->conn.open();
-  if (!e) e = attach_connection(*st, import_fd, ns);
-  if (!e) e = map_device(*st);
+  std::unique_ptr<ContextState> st;
+  int e = 0;
+  // A daemon killed between accepting this connection and answering it (one
+  // being replaced: Restart.DaemonKilledDuringTraffic* met it in CI) resets
+  // the connection: start again, which finds or starts its successor.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    st = std::make_unique<ContextState>();
+    e = st->conn.open();
+    if (!e) e = attach_connection(*st, import_fd, ns);
+    if (!e) e = map_device(*st);
+    if (e != ECONNRESET) break;
+  }
   if (!e) e = register_async(*st);
   if (e) {
     errno = e;

@@ -81,6 +81,7 @@ int DaemonConn::open() {
   if (int e = system ? check_system_dir(dir) : ensure_runtime_dir(dir)) return e;
   std::string sock = socket_path(dir);
   bool spawned = system;
+  uint64_t last_spawn = 0;
   uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
   for (;;) {
     int e = connect_seqpacket(sock, sock_);
@@ -94,9 +95,14 @@ int DaemonConn::open() {
     // No system daemon runs (no socket, or a stale one for over a second;
     // a daemon that is starting has bound but may not listen yet).
     if (system && (e == ENOENT || monotonic_ns() > deadline - 9'000'000'000ull)) return ENODEV;
-    if (!spawned && !std::getenv("SOFTVERBS_NO_SPAWN")) {
+    // Started again every half second: a daemon started while the previous
+    // one is still on its way out (idle exit, or killed) finds its lock
+    // taken and exits at once.
+    if ((!spawned || monotonic_ns() > last_spawn + 500'000'000ull) && !system &&
+        !std::getenv("SOFTVERBS_NO_SPAWN")) {
       spawn_daemon();
       spawned = true;
+      last_spawn = monotonic_ns();
     }
     if (monotonic_ns() > deadline) return ENODEV;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
