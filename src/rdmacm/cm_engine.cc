@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/paths.h"
+#include "common/started_thread.h"
 #include "rdmacm/cm_msg.h"
 #include "rdmacm/cm_state.h"
 #include "rdmacm/cm_trace.h"
@@ -79,7 +80,7 @@ void start_engine() {
     ev.data.fd = g.wake;
     ::epoll_ctl(g.ep, EPOLL_CTL_ADD, g.wake, &ev);
     g.fds[g.wake] = {FdKind::kWake, 0};
-    std::thread(engine_loop).detach();
+    sv::started_thread(engine_loop).detach();
   });
 }
 

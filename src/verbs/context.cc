@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "common/started_thread.h"
 #include "verbs/provider.h"
 
 #undef ibv_query_port
@@ -341,7 +342,7 @@ ContextState::~ContextState() {
 // ibv_get_cq_event or ibv_get_async_event wake up with an error.
 void start_watchdog(ContextState& st) {
   if (make_eventfd(st.watchdog_stop)) return;
-  st.watchdog = std::thread([&st] {
+  st.watchdog = started_thread([&st] {
     pollfd p[2] = {{st.conn.fd(), POLLRDHUP, 0}, {st.watchdog_stop.get(), POLLIN, 0}};
     for (;;) {
       int n = ::poll(p, 2, -1);

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "common/started_thread.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
@@ -68,7 +69,7 @@ void progress_register(QpState* q) {
   p.qps.insert(q);
   if (!p.started) {
     p.started = true;
-    std::thread([&p] { p.run(); }).detach();
+    started_thread([&p] { p.run(); }).detach();
   }
   p.cv.notify_one();
 }

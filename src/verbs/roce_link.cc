@@ -22,6 +22,7 @@
 
 #include "common/access.h"
 #include "common/mgid.h"
+#include "common/started_thread.h"
 #include "common/trace.h"
 #include "roce/engine.h"
 #include "roce/udp.h"
@@ -691,7 +692,7 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   q.recv_cq->st->wire.store(true, std::memory_order_relaxed);
   if (!h.started) {
     h.started = true;
-    std::thread([&h] { h.run(); }).detach();
+    started_thread([&h] { h.run(); }).detach();
   }
   out = std::move(r);
   return 0;

@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <sched.h>
 
 #include <thread>
@@ -344,13 +346,36 @@ bool write_all(int fd, const void* p, size_t n) {
 
 }  // namespace
 
+}  // namespace svtest
+
+// `test-binary --peer FD` (main.cc): a Peer's process, serving on FD.
+extern "C" int svtest_peer_main(int fd) { svtest::serve(fd); }
+
+namespace svtest {
+
+// The peer is the test binary started again (`--peer FD`, see main.cc), not
+// a bare fork: after a fork, a process whose threads were running (the
+// library's watchdog, progress and wire threads) may only call
+// async-signal-safe functions until it execs (POSIX), and a forked peer that
+// opened a device hung so, rarely, on an allocator lock a parent thread held
+// at the fork (Srq.TwoQpsFromTwoProcessesShareOneSrqAndTheLimitFires under
+// ASan). A peer is a real second process, as an application's would be.
 Peer::Peer() {
   int sv[2];
   ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv);
+  char exe[4096];
+  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = 0;
+  char fdarg[16];
+  std::snprintf(fdarg, sizeof fdarg, "%d", sv[1]);
   pid_ = ::fork();
   if (pid_ == 0) {
-    ::close(sv[0]);
-    serve(sv[1]);
+    // Only async-signal-safe calls from here to the exec.
+    ::fcntl(sv[1], F_SETFD, 0);
+    char peer[] = "--peer";
+    char* argv[] = {exe, peer, fdarg, nullptr};
+    ::execv(exe, argv);
+    ::_exit(127);
   }
   ::close(sv[1]);
   sock_ = sv[0];

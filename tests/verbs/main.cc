@@ -9,9 +9,12 @@
 // the tests (a peer that must start as a fresh process, e.g. with its own
 // environment read by the library at load).
 extern "C" int svtest_child_main(int argc, char** argv) __attribute__((weak));
+// harness.cc's Peer: `binary --peer FD` serves the test over the socket FD.
+extern "C" int svtest_peer_main(int fd) __attribute__((weak));
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--child" && svtest_child_main) return svtest_child_main(argc - 2, argv + 2);
+  if (argc > 2 && std::string(argv[1]) == "--peer" && svtest_peer_main) return svtest_peer_main(atoi(argv[2]));
   char tmpl[] = "/tmp/softverbs-test-XXXXXX";
   if (!getenv("SOFTVERBS_DIR")) {
     const char* dir = mkdtemp(tmpl);
