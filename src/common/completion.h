@@ -15,20 +15,32 @@
 
 namespace sv::shm {
 
+// A record of a completion owed, zeroed once the completion is written and
+// before it can be polled, so that a producer killed at any point leaves
+// either the record or the completion, never both: a torn receive
+// (torn_qpn) or a request being carried out (sq_running), see shm_layout.h.
+struct OwedRecord {
+  OwedRecord() = default;
+  OwedRecord(std::atomic<uint32_t>* r) : u32(r) {}  // NOLINT: implicit on purpose
+  OwedRecord(std::atomic<uint64_t>* r) : u64(r) {}  // NOLINT
+  std::atomic<uint32_t>* u32 = nullptr;
+  std::atomic<uint64_t>* u64 = nullptr;
+  void clear() const {
+    if (u32) u32->store(0, std::memory_order_relaxed);
+    if (u64) u64->store(0, std::memory_order_relaxed);
+  }
+};
+
 // Returns false on overrun: the ring was full and the completion is lost
 // (IBTA 11.4.2.1 CQ overrun; recorded in hdr->overrun).
-// `clear`, if given, is zeroed once the completion is written and before it
-// can be polled (a torn-receive record: see torn_qpn in shm_layout.h), so
-// that a producer killed at any point leaves either the record or the
-// completion, never both. Not touched when the push fails.
+// `clear` is cleared as the completion is published (OwedRecord); not
+// touched when the push fails.
 inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc& wc, bool solicited,
-                            int channel_fd, std::atomic<uint32_t>* clear = nullptr) {
+                            int channel_fd, OwedRecord clear = {}) {
   Cqe e{};
   e.wc = wc;
   e.solicited = solicited;
-  if (!ring.push_prefix_then(e, sizeof(e), [clear] {
-        if (clear) clear->store(0, std::memory_order_relaxed);
-      })) {
+  if (!ring.push_prefix_then(e, sizeof(e), [clear] { clear.clear(); })) {
     // A closed ring is being moved (resize), not full: the caller follows it.
     if (!ring.closed()) hdr->overrun.store(1, std::memory_order_relaxed);
     return false;

@@ -380,25 +380,49 @@ class Ring {
   // will take nothing more (the daemon, once every process holding the QP
   // that recorded the claim has gone: one that is still a zombie is alive
   // to kill(2)).
+  // The head is moved past `pos` first, as any consumer meeting the claim
+  // would: the claimer may have died before it moved the head, and a slot
+  // given back behind a head that never passed it stopped the ring for good
+  // (the receive queue of KillSharedQp's receiver looked empty for ever, so
+  // every SEND waited on RNR and the shared send queue filled).
   bool reclaim_take(uint64_t pos, uint32_t pid, T& out) {
     RingSlot<T>& s = slots_[pos & mask_];
     uint64_t claim = mark(true, pid, pos);
     if (s.seq.load(std::memory_order_acquire) != claim) return false;
+    uint64_t hd = pos;
+    h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
     std::memcpy(static_cast<void*>(&out), static_cast<const void*>(&s.value), sizeof(T));
     return s.seq.compare_exchange_strong(claim, pos + mask_ + 1, std::memory_order_acq_rel, std::memory_order_relaxed);
   }
 
   // Peeks at the oldest element without consuming it (single consumer only).
-  // A slot a dead producer claimed is voided on the way.
+  // A slot a dead producer claimed is voided on the way, and one a dead
+  // consumer claimed (killed inside pop() before it moved the head) is
+  // passed over as pop() passes it: what that element was owed is the
+  // caller's record (sq_running), which finds it with at(). Before, such a
+  // claim made the ring look empty for good while it was full: a shared
+  // send queue whose poster was killed there refused every post with
+  // ENOMEM (KillSharedQp).
   const T* front() {
     for (;;) {
       uint64_t pos = h_->head.load(std::memory_order_relaxed);
       RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       if (seq == pos + 1) return &s.value;
+      if ((seq & kBusy) && (seq & kTaker) && uint32_t(seq) == uint32_t(pos) && !ShmLock::alive(mark_pid(seq))) {
+        uint64_t hd = pos;
+        h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
+        continue;
+      }
       if (!void_dead_producer(s, seq, pos, self_pid(), false)) return nullptr;
     }
   }
+
+  // The element last written at `pos`, whatever the slot's state: for a
+  // single consumer that knows (by its own record) that the slot holds what
+  // a dead consumer took and nobody has written it since (producers reach
+  // it again only on the next lap).
+  const T& at(uint64_t pos) const { return slots_[pos & mask_].value; }
 
   bool empty() const {
     // The head may pass a tail that a dead producer did not move (voided slot).

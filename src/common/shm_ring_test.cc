@@ -390,6 +390,48 @@ TEST(ShmRing, AConsumerKilledRightAfterItsClaimLeavesTheElementToItsRecoverer) {
   ::munmap(rec, 4096);
 }
 
+// The consumer died after its claim and before it moved the head, and the
+// recoverer takes the element back before any other consumer passed over
+// the claim: the head moves past it, and the ring goes on. (Before, the slot
+// went back behind a head that never passed it: every later pop found the
+// ring empty, a receive queue stopped for good; KillSharedQp wedged so.)
+TEST(ShmRing, ADeadClaimAtTheHeadTakenBackByItsRecovererLeavesTheRingGoing) {
+  RingMem m(4);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(static_cast<RingHeader*>(m.mem) + 1);
+  ASSERT_TRUE(m.ring.push(Item{41}));
+  ASSERT_TRUE(m.ring.push(Item{42}));
+  uint32_t dead = dead_pid();
+  slots[0].seq.store(busy_mark(true, dead, 0));  // claimed, head still 0
+  Item out{};
+  ASSERT_TRUE(m.ring.reclaim_dead_take(0, dead, out));
+  EXPECT_EQ(41u, out.v);
+  ASSERT_TRUE(m.ring.pop(out)) << "the ring stopped behind a slot given back";
+  EXPECT_EQ(42u, out.v);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(m.ring.push(Item{i})) << i;
+  EXPECT_FALSE(m.ring.push(Item{99}));
+}
+
+// A single consumer (a send queue under its lock) that peeks with front()
+// passes over a claim its dead predecessor left at the head, as pop() does;
+// at() still reads the element it took. (Before, front() found the queue
+// empty while it was full: every post got ENOMEM.)
+TEST(ShmRing, FrontPassesOverADeadConsumersClaimAtTheHead) {
+  RingMem m(4);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(static_cast<RingHeader*>(m.mem) + 1);
+  ASSERT_TRUE(m.ring.push(Item{1}));
+  ASSERT_TRUE(m.ring.push(Item{2}));
+  slots[0].seq.store(busy_mark(true, dead_pid(), 0));
+  const Item* f = m.ring.front();
+  ASSERT_NE(nullptr, f);
+  EXPECT_EQ(2u, f->v);
+  EXPECT_EQ(1u, m.ring.head());
+  EXPECT_EQ(1u, m.ring.at(0).v);
+  Item out{};
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(2u, out.v);
+  EXPECT_EQ(nullptr, m.ring.front());
+}
+
 // A producer that reaches a dead consumer's claim on its next lap takes the
 // slot back; the recoverer, later, finds nothing to reclaim (and so never
 // reports an element that was overwritten).

@@ -64,7 +64,7 @@ bool CqView::follow(CqSegment* from) {
   return true;
 }
 
-bool CqView::push(const ibv_wc& wc, bool solicited, std::atomic<uint32_t>* clear) {
+bool CqView::push(const ibv_wc& wc, bool solicited, shm::OwedRecord clear) {
   uint64_t deadline = 0;
   for (;;) {
     CqSegment* s = cur.load(std::memory_order_acquire);

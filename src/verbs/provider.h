@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/access.h"
+#include "common/completion.h"
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
@@ -111,7 +112,7 @@ struct CqView {
   // a resize. Returns false on overrun (the ring is full; IBTA 11.4.2.1 CQ
   // overrun), after reporting the CQ error to the daemon.
   // `clear`: see shm::push_completion.
-  bool push(const ibv_wc& wc, bool solicited, std::atomic<uint32_t>* clear = nullptr);
+  bool push(const ibv_wc& wc, bool solicited, shm::OwedRecord clear = {});
   // Takes up to n of the oldest completions (one: pop); follows a resize.
   int poll(Cqe* out, int n);
   bool pop(Cqe& out);
@@ -437,6 +438,11 @@ void progress_unregister(QpState* qp);
 inline Qp* to_qp_from_state(QpState& q) { return q.self; }
 ibv_wc_opcode send_wc_opcode(uint32_t op);
 void flush_sq_locked(QpState& q);
+// With the send lock held: completes in error a request whose previous
+// holder of the lock died carrying it out (sq_running, requester.cc).
+void complete_dead_run(QpState& q);
+// SOFTVERBS_TEST_DIE, read at load (srq.cc): 0, or where a test kills this process.
+extern const int g_die_at;
 void flush_rq(QpState& q);
 void flush_peer_rq(Peer& p);
 

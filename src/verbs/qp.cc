@@ -45,14 +45,22 @@ void flush_rq_into(shm::Ring<shm::RecvWqe>& rq, CqView& cq, uint32_t qpn) {
 
 void flush_sq_locked(QpState& q) {
   if (!q.send_cq) return;  // an XRC target: no send queue
-  shm::SendWqe w;
-  while (q.sq.pop(w)) {
+  // Each flushed request is recorded as the one being carried out
+  // (sq_running, cleared as its completion is published): a flusher killed
+  // after taking it off the queue leaves it to the next holder of the send
+  // lock, which completes it in error (complete_dead_run).
+  complete_dead_run(q);
+  for (const shm::SendWqe* head; (head = q.sq.front());) {
+    shm::SendWqe w = *head;
+    q.hdr->sq_running.store(q.sq.head() + 1, std::memory_order_relaxed);
+    shm::SendWqe gone;
+    q.sq.pop(gone);
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = send_wc_opcode(w.opcode);
     wc.qp_num = q.qpn;
-    q.send_cq->st->view.push(wc, true);
+    if (!q.send_cq->st->view.push(wc, true, &q.hdr->sq_running)) q.hdr->sq_running.store(0, std::memory_order_relaxed);
   }
   q.head_started = false;
 }
@@ -366,6 +374,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     shm::SendWqe sw;
     while (q.sq.pop(sw)) {
     }
+    q.hdr->sq_running.store(0, std::memory_order_relaxed);  // nothing is owed for a discarded request
     q.head_started = false;
     q.peer.reset();
     q.last_window.reset();

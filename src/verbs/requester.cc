@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 
 #include "common/access.h"
@@ -412,20 +413,32 @@ Outcome execute_xrc(QpState& q, const shm::SendWqe& w) {
   return execute_at(q, *p, w);
 }
 
-void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len) {
+// `owed`: a record of this completion (sq_running), cleared as it is
+// published, or at once when it cannot be.
+void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
+                          shm::OwedRecord owed = {}) {
   ibv_wc wc{};
   wc.wr_id = wr_id;
   wc.status = status;
   wc.opcode = op;
   wc.byte_len = len;
   wc.qp_num = q.qpn;
-  q.send_cq->st->view.push(wc, true);
+  if (!q.send_cq->st->view.push(wc, true, owed)) owed.clear();
 }
 
+// Completes a request. The record that the request at the head of the send
+// queue is being carried out (sq_running) is cleared as its completion is
+// published (no completion for an unsignaled success: at once), so that a
+// poster killed at any instruction leaves the next holder of the send lock
+// either the completion or the record (complete_dead_run), not neither.
+// Requests that never entered the queue have no record: sq_running is 0.
 void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len) {
   bool signaled = q.sq_sig_all || (w.send_flags & IBV_SEND_SIGNALED);
-  if (status == IBV_WC_SUCCESS && !signaled) return;
-  push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), status, len);
+  if (status == IBV_WC_SUCCESS && !signaled) {
+    q.hdr->sq_running.store(0, std::memory_order_relaxed);
+    return;
+  }
+  push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), status, len, &q.hdr->sq_running);
 }
 
 void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
@@ -539,19 +552,28 @@ void complete_torn_receive(QpState& q) {
 // Called with the send lock held: a queued request whose execution the
 // previous holder of the lock did not finish (it was killed: sq_running) is
 // completed in error, not carried out twice (issue 18, finding 11).
+// The holder may have died before it took the request off the queue (it is
+// still the head), or after (the head moved past it, or front() passes over
+// its claim now): the slot still holds the request either way, as no
+// producer reaches it before the next lap.
 void complete_dead_run(QpState& q) {
   uint64_t r = q.hdr->sq_running.load(std::memory_order_relaxed);
   if (!r) return;
   const shm::SendWqe* head = q.sq.front();
+  shm::SendWqe w;
   if (head && q.sq.head() + 1 == r) {
-    shm::SendWqe w = *head;
+    w = *head;
     shm::SendWqe gone;
     q.sq.pop(gone);
-    q.head_started = false;
-    q.next_try_ns = 0;
-    push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), IBV_WC_GENERAL_ERR, 0);
+  } else if (q.sq.head() == r) {
+    w = q.sq.at(r - 1);
+  } else {
+    q.hdr->sq_running.store(0, std::memory_order_relaxed);
+    return;
   }
-  q.hdr->sq_running.store(0, std::memory_order_relaxed);
+  q.head_started = false;
+  q.next_try_ns = 0;
+  push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), IBV_WC_GENERAL_ERR, 0, &q.hdr->sq_running);
 }
 
 // Runs queued requests in order; the caller holds the send lock.
@@ -580,9 +602,10 @@ bool progress_qp(QpState& q) {
     }
     shm::SendWqe gone;
     q.sq.pop(gone);
-    q.hdr->sq_running.store(0, std::memory_order_relaxed);
+    if (__builtin_expect(g_die_at == 3, 0)) ::raise(SIGKILL);  // test hook (srq.cc)
     q.head_started = false;
     q.next_try_ns = 0;
+    // sq_running is cleared as the completion is published (complete()).
     if (o.step == Step::kError) {
       fail(q, w, o);
       return false;
@@ -862,6 +885,9 @@ template <bool kFast>
   const bool locked = !q.lockless || q.in_progress_list.load(std::memory_order_acquire);
   if (locked) q.hdr->send_lock.lock(self_pid());
   if (q.hdr->torn_qpn.load(std::memory_order_relaxed)) complete_torn_receive(q);
+  // A request whose holder died carrying it out may look gone from the
+  // queue (taken off, not completed): settled before anything runs.
+  if (q.hdr->sq_running.load(std::memory_order_relaxed)) complete_dead_run(q);
   if (all_or_nothing) {
     if (int e = check_batch(q, wr, bad)) {
       if (locked) q.hdr->send_lock.unlock();

@@ -66,18 +66,20 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
 // record names the position before the slot is claimed, so that a kill at
 // any instruction after the claim leaves it: until the copy is done the
 // element is still in the slot (torn_taken 0), after it in torn_wr_id.
-namespace {
-// Test hook (tests/verbs/kill_test.cc, Kill.RequesterDiesAt*): with
+// Test hook (tests/verbs/kill_test.cc, Kill.*DiesRightAfter*): with
 // SOFTVERBS_TEST_DIE=recv-claimed (recv-copied) the process kills itself
-// right after it claimed a peer's receive (after it copied it out): the
-// windows issue 18's kill loop found by chance, made certain. Read once at
-// load; one predictable branch per receive taken otherwise.
+// right after it claimed a peer's receive (after it copied it out); with
+// sq-taken, right after it took a request it carried out off its send queue
+// (requester.cc progress_qp): the windows issue 18's kill loop found by
+// chance, made certain. Read once at load; one predictable branch per
+// receive (queued request) otherwise.
 const int g_die_at = [] {
   const char* e = std::getenv("SOFTVERBS_TEST_DIE");
   if (!e) return 0;
-  return std::strcmp(e, "recv-claimed") == 0 ? 1 : std::strcmp(e, "recv-copied") == 0 ? 2 : 0;
+  if (std::strcmp(e, "recv-claimed") == 0) return 1;
+  if (std::strcmp(e, "recv-copied") == 0) return 2;
+  return std::strcmp(e, "sq-taken") == 0 ? 3 : 0;
 }();
-}  // namespace
 
 bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
   auto* h = q.hdr;

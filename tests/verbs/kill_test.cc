@@ -835,6 +835,49 @@ TEST(Kill, SharerDiesRightAfterClaimingOrCopyingAReceive) {
   }
 }
 
+// A sharer carried out a request from the shared send queue (it had waited
+// there on an RNR) and was killed right after it took it off the queue,
+// before its completion: the next poster completes it in error, once, and
+// the queue goes on. Before, a claim left at the head made the queue look
+// empty while it was full, and every sharer got ENOMEM for good
+// (KillSharedQp under ASan).
+TEST(Kill, SharerDiesRightAfterTakingARequestOffTheSendQueue) {
+  Side sh, tgt;
+  Side::Options o;
+  ASSERT_EQ(0, sh.open(o));
+  ASSERT_EQ(0, tgt.open(o));
+  ASSERT_EQ(0, sh.connect(tgt.qp->qp_num, o));
+  ASSERT_EQ(0, tgt.connect(sh.qp->qp_num, o));
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
+  pid_t v = spawn_dier("sq-taken", "shared-queued", sv[1]);
+  close(sv[1]);
+  svx_object objs[2];
+  objs[0].type = SVX_OBJ_QP;
+  objs[0].qp = sh.qp;
+  objs[1].type = SVX_OBJ_MR;
+  objs[1].mr = sh.mr;
+  ASSERT_EQ(0, svx_pack(sv[0], sh.ctx, objs, 2));
+  uint32_t posted = 0;
+  ASSERT_TRUE(get(sv[0], posted, 20000)) << "the child did not post";
+  post_recvs(tgt, 2);  // its SEND, queued on RNR, now goes; it dies after taking it off the queue
+  expect_killed(v);
+  close(sv[0]);
+  ASSERT_EQ(0, post_one_send(sh.qp, sh.mr, 9));
+  auto mine = poll(sh.cq, 2, 30000);
+  for (auto& w : poll(sh.cq, 1, 100)) mine.push_back(w);
+  std::string seen;
+  for (auto& w : mine) seen += " " + std::to_string(w.wr_id) + ":" + ibv_wc_status_str(w.status);
+  ASSERT_EQ(2u, mine.size()) << "a send completion was lost or came twice:" << seen;
+  EXPECT_EQ(1u, mine[0].wr_id);
+  EXPECT_EQ(IBV_WC_GENERAL_ERR, mine[0].status) << seen;
+  EXPECT_EQ(9u, mine[1].wr_id);
+  EXPECT_EQ(IBV_WC_SUCCESS, mine[1].status) << seen;
+  auto got = poll(tgt.cq, 3, 300);
+  ASSERT_EQ(2u, got.size());
+  for (auto& w : got) EXPECT_EQ(IBV_WC_SUCCESS, w.status) << ibv_wc_status_str(w.status);
+}
+
 }  // namespace
 }  // namespace svtest
 
@@ -858,6 +901,8 @@ extern "C" int svtest_child_main(int argc, char** argv) {
     int n = 0;
     if (svx_unpack(fd, &c, objs, 2, &n) || n != 2) return 14;
     if (post_one_send(objs[0].qp, objs[1].mr, 1)) return 15;
+    // shared-queued: the SEND waits in the queue (no receive yet); say so.
+    if (role == "shared-queued" && !put(fd, uint32_t(1))) return 17;
   }
   sleep(5);
   return 16;  // still alive: the hook did not fire
