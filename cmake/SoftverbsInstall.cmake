@@ -77,3 +77,13 @@ configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/softverbsConfig.cmake.in
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/softverbsConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/softverbsConfig.cmake ${CMAKE_BINARY_DIR}/softverbsConfigVersion.cmake
         DESTINATION ${cmake_dir} COMPONENT dev)
+
+# systemd units (issue 22, item 4): the socket-activated system daemon and a
+# user unit for the per-user one. Under PREFIX/lib/systemd (systemd looks in
+# /usr/lib and /usr/local/lib); ExecStart names softverbsd without a path,
+# which systemd resolves in its fixed search path (/usr/local/bin, /usr/bin).
+install(FILES ${CMAKE_SOURCE_DIR}/packaging/systemd/softverbsd.socket ${CMAKE_SOURCE_DIR}/packaging/systemd/softverbsd.service
+        DESTINATION lib/systemd/system COMPONENT runtime)
+install(FILES ${CMAKE_SOURCE_DIR}/packaging/systemd/user/softverbsd.socket
+              ${CMAKE_SOURCE_DIR}/packaging/systemd/user/softverbsd.service
+        DESTINATION lib/systemd/user COMPONENT runtime)

@@ -400,8 +400,10 @@ struct StatusReply {
   uint32_t backings;
   uint32_t regions;  // named shared memory regions
   uint32_t daemon_pid;
-  uint32_t reserved;
+  uint32_t served_as;  // kServedAs* bits: which daemon answers (softverbs status)
 };
+constexpr uint32_t kServedAsSystem = 1;     // the system daemon (--system), else a user's
+constexpr uint32_t kServedAsActivated = 2;  // its socket came from systemd (socket activation)
 
 struct AllocMwReq {
   Header h;

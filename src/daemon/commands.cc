@@ -54,6 +54,7 @@ SV_HANDLER(Status) {
   rep.backings = c.backings;
   rep.regions = env.registry.region_count();
   rep.daemon_pid = uint32_t(::getpid());
+  rep.served_as = env.registry.served_as();
   return 0;
 }
 SV_HANDLER(Accounts) {

@@ -60,6 +60,9 @@ class Registry : private MediationTables {
   // made on first use; the descriptor stays the registry's.
   int device_fd(uint32_t client, int& fd);
   uint64_t boot_id() const { return boot_id_; }
+  // How this daemon was started (proto::kServedAs* bits, for Status).
+  void set_served_as(uint32_t how) { served_as_ = how; }
+  uint32_t served_as() const { return served_as_; }
 
   // `pidfd` refers to the process that connected (peer_pidfd); without one
   // the registry opens one for `pid`. The process's credentials, capability
@@ -333,6 +336,8 @@ class Registry : private MediationTables {
   void release_qp(uint32_t qpn);
 
   uint64_t boot_id_ = 0;
+
+  uint32_t served_as_ = 0;
   uint64_t sockfs_dev_ = 0;  // st_dev of every socket (sockfs)
   // The device segments, one per user; every MR/QP entry and multicast
   // group the daemon publishes goes through it.

@@ -42,6 +42,44 @@ constexpr size_t kMaxQueuedEvents = 1 << 16;
 constexpr uint64_t kCopyPiece = 1 << 20;
 void on_signal(int) { g_stop = 1; }
 
+// systemd's socket activation protocol (sd_listen_fds(3)): LISTEN_PID names
+// this process and LISTEN_FDS counts the sockets passed from descriptor 3
+// on. The first is taken when it is what we would have made ourselves: a
+// listening AF_UNIX SOCK_SEQPACKET socket bound to `path` (a unit naming
+// another path would leave the library knocking at a socket nobody serves:
+// said, and the daemon listens on its own). The variables are removed, so
+// that nothing the daemon starts takes them for its own.
+bool inherited_listener(const std::string& path, Fd& out) {
+  const char* pid = std::getenv("LISTEN_PID");
+  const char* fds = std::getenv("LISTEN_FDS");
+  const bool ours = pid && fds && std::strtoul(pid, nullptr, 10) == static_cast<unsigned long>(::getpid()) &&
+                    std::atoi(fds) >= 1;
+  ::unsetenv("LISTEN_PID");
+  ::unsetenv("LISTEN_FDS");
+  ::unsetenv("LISTEN_FDNAMES");
+  if (!ours) return false;
+  constexpr int kFirst = 3;  // SD_LISTEN_FDS_START
+  Fd fd(kFirst);
+  int type = 0, listening = 0;
+  socklen_t len = sizeof type;
+  sockaddr_un a{};
+  socklen_t alen = sizeof a;
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET ||
+      (len = sizeof listening, ::getsockopt(fd.get(), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len)) != 0 ||
+      !listening || ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &alen) != 0 || a.sun_family != AF_UNIX ||
+      path != std::string(a.sun_path, ::strnlen(a.sun_path, sizeof a.sun_path))) {
+    std::fprintf(stderr,
+                 "softverbsd: the socket systemd passed is not a listening SOCK_SEQPACKET socket at %s "
+                 "(ListenSequentialPacket= in softverbsd.socket must name it); listening on our own\n",
+                 path.c_str());
+    return false;  // closes it
+  }
+  ::fcntl(fd.get(), F_SETFD, FD_CLOEXEC);
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
+  out = std::move(fd);
+  return true;
+}
+
 }  // namespace
 
 int Server::start() {
@@ -60,8 +98,15 @@ int Server::start() {
   }
   registry_.quotas().configure(system_, nofile.rlim_cur == RLIM_INFINITY ? (1u << 20) : uint64_t(nofile.rlim_cur));
   reserve_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (int e = listen_seqpacket(socket_path(dir_), listen_fd_)) return e;
-  if (system_ && ::chmod(socket_path(dir_).c_str(), 0666) != 0) return errno;
+  // Socket activation (systemd's softverbsd.socket, packaging/systemd): the
+  // listening socket is inherited, already bound and with its mode set by
+  // the unit; else our own.
+  const bool activated = inherited_listener(socket_path(dir_), listen_fd_);
+  if (!activated) {
+    if (int e = listen_seqpacket(socket_path(dir_), listen_fd_)) return e;
+    if (system_ && ::chmod(socket_path(dir_).c_str(), 0666) != 0) return errno;
+  }
+  registry_.set_served_as((system_ ? proto::kServedAsSystem : 0) | (activated ? proto::kServedAsActivated : 0));
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_fd_.valid()) return errno;
   epoll_event ev{};

@@ -165,6 +165,15 @@ int status() {
                        sv::recv_message(s.get(), &arep, sizeof(arep), &len, fds) == 0 && len == sizeof(arep) &&
                        arep.h.status == 0;
   std::printf("softverbsd (pid %u) at %s\n", rep.daemon_pid, dir.c_str());
+  // Which daemon serves (issue 22, item 4): the system daemon or this user's,
+  // started by systemd's socket unit or otherwise (the library, by hand).
+  const bool sys = rep.served_as & sv::proto::kServedAsSystem;
+  std::printf("  served by the %s, %s\n", sys ? "system daemon (every user's)" : "per-user daemon",
+              (rep.served_as & sv::proto::kServedAsActivated)
+                  ? (sys ? "socket-activated by systemd (softverbsd.socket)"
+                         : "socket-activated by systemd --user (softverbsd.socket)")
+                  : (sys ? "started by hand or by a service without its socket unit"
+                         : "started on demand by the library or by hand"));
   std::printf("  clients %u (this query included)\n  pds %u\n  mrs %u\n  cqs %u\n  qps %u\n  channels %u\n  backings %u\n  regions %u\n",
               rep.clients, rep.pds, rep.mrs, rep.cqs, rep.qps, rep.channels, rep.backings, rep.regions);
   if (have_accounts) {

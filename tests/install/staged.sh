@@ -48,6 +48,10 @@ privlib=$(dirname "$(find "$root" -name libibverbs.so.1)")
 libdir=$(dirname "$privlib")
 [ -n "$(find "$libdir" -maxdepth 1 -name 'lib*verbs*' -o -maxdepth 1 -name 'librdmacm*')" ] &&
   fail "a drop-in library is directly in $libdir: it would shadow the machine's"
+for f in lib/systemd/system/softverbsd.socket lib/systemd/system/softverbsd.service \
+         lib/systemd/user/softverbsd.socket lib/systemd/user/softverbsd.service; do
+  [ -e "$prefix/$f" ] || fail "not installed: $f"
+done
 for f in bin/softverbsd share/man/man1/softverbs.1 share/man/man8/softverbsd.8 share/man/man3/svx_open.3 \
          include/softverbs/softverbs.h include/softverbs/softverbs.hpp; do
   [ -e "$prefix/$f" ] || fail "not installed: $f"
