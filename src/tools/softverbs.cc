@@ -3,11 +3,16 @@
 //   softverbs run [--] CMD [ARGS...]   run CMD with softverbs' libibverbs.so.1 first
 //   softverbs status                   objects the daemon holds
 //   softverbs ls                       names published in the daemon's namespace
+//   softverbs enable [--force]         every program on the machine gets softverbs (root)
+//   softverbs disable                  undoes enable (root)
 //   softverbs -h|--help, --version
 // With SOFTVERBS_SYSTEM=1, status and ls ask the host-wide daemon.
 // Usage errors exit 2 with one line that says what to do next (as the man
 // page softverbs(1) describes).
+#include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +22,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "common/paths.h"
 #include "common/protocol.h"
@@ -47,6 +53,9 @@ std::string library_dir() {
 #endif
   return self + "/../lib";
 }
+
+// The machine-wide mode's file (softverbs enable, below).
+constexpr const char* kLdConf = "/etc/ld.so.conf.d/00-softverbs.conf";
 
 constexpr const char* kRunUsage =
     "usage: softverbs run [--] CMD [ARGS...]\n"
@@ -165,6 +174,7 @@ int status() {
                        sv::recv_message(s.get(), &arep, sizeof(arep), &len, fds) == 0 && len == sizeof(arep) &&
                        arep.h.status == 0;
   std::printf("softverbsd (pid %u) at %s\n", rep.daemon_pid, dir.c_str());
+  std::printf("  machine-wide mode: %s\n", ::access(kLdConf, F_OK) == 0 ? "enabled (softverbs disable undoes it)" : "off");
   // Which daemon serves (issue 22, item 4): the system daemon or this user's,
   // started by systemd's socket unit or otherwise (the library, by hand).
   const bool sys = rep.served_as & sv::proto::kServedAsSystem;
@@ -194,11 +204,131 @@ int status() {
   return 0;
 }
 
+// ---- The machine-wide mode (issue 22, item 5) --------------------------------
+//
+// `softverbs enable` makes every program on the machine load softverbs'
+// libibverbs.so.1 and librdmacm.so.1 with no wrapper: a file in the dynamic
+// linker's configuration directory names the private library directory,
+// sorted before the system's own entries (00-), and ldconfig rebuilds the
+// cache, which then resolves the two sonames there first. `disable` removes
+// the file and rebuilds the cache. Nothing else changes: the machine's
+// rdma-core stays installed, and `softverbs run` works as before.
+
+int run_ldconfig() {
+  pid_t pid = ::fork();
+  if (pid < 0) return errno;
+  if (pid == 0) {
+    const char* ld = ::access("/sbin/ldconfig", X_OK) == 0 ? "/sbin/ldconfig" : "ldconfig";
+    ::execlp(ld, ld, static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : EIO;
+}
+
+// The machine's own RDMA devices (a kernel driver's, rxe's): enabling would
+// hide them from every program.
+std::vector<std::string> real_devices() {
+  std::vector<std::string> out;
+  DIR* d = ::opendir("/sys/class/infiniband");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') out.emplace_back(e->d_name);
+  ::closedir(d);
+  return out;
+}
+
+constexpr const char* kEnableUsage =
+    "usage: softverbs enable [--force]\n"
+    "  every program on this machine gets softverbs' libibverbs.so.1 and librdmacm.so.1,\n"
+    "  with no wrapper (writes /etc/ld.so.conf.d/00-softverbs.conf and runs ldconfig; root).\n"
+    "  Refused on a machine with RDMA devices of its own unless --force. Undo: softverbs disable\n";
+
+int enable(int argc, char** argv) {
+  bool force = false;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+      std::fputs(kEnableUsage, stdout);
+      return 0;
+    }
+    if (std::strcmp(argv[i], "--force") != 0) {
+      std::fprintf(stderr, "softverbs enable: unexpected argument '%s'; try 'softverbs enable --help'\n", argv[i]);
+      return 2;
+    }
+    force = true;
+  }
+  char real[PATH_MAX];
+  std::string lib = library_dir();
+  if (!has_library(lib) || !::realpath(lib.c_str(), real)) {
+    std::fprintf(stderr, "softverbs enable: no libibverbs.so.1 in %s; set SOFTVERBS_LIB to softverbs' library directory\n",
+                 lib.c_str());
+    return 1;
+  }
+  auto devs = real_devices();
+  if (!devs.empty() && !force) {
+    std::string names;
+    for (auto& d : devs) names += (names.empty() ? "" : ", ") + d;
+    std::fprintf(stderr,
+                 "softverbs enable: this machine has RDMA devices of its own (%s): every program would see softverbs' "
+                 "device instead of them. Use 'softverbs run CMD' per program, or 'softverbs enable --force'\n",
+                 names.c_str());
+    return 1;
+  }
+  if (::geteuid() != 0) {
+    std::fprintf(stderr, "softverbs enable: writes %s and runs ldconfig: run it as root (sudo softverbs enable)\n", kLdConf);
+    return 1;
+  }
+  std::string body = std::string("# Written by 'softverbs enable': every program loads softverbs' libibverbs.so.1\n"
+                                 "# and librdmacm.so.1 from here first. Undo with 'softverbs disable'.\n") +
+                     real + "\n";
+  std::string tmp = std::string(kLdConf) + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f || std::fputs(body.c_str(), f) < 0 || std::fclose(f) != 0 || ::chmod(tmp.c_str(), 0644) != 0 ||
+      ::rename(tmp.c_str(), kLdConf) != 0) {
+    std::fprintf(stderr, "softverbs enable: cannot write %s: %s\n", kLdConf, std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return 1;
+  }
+  if (int e = run_ldconfig()) {
+    std::fprintf(stderr, "softverbs enable: ldconfig failed (%s); undo with 'softverbs disable'\n", std::strerror(e));
+    return 1;
+  }
+  std::printf("softverbs: enabled machine-wide: programs load libibverbs.so.1 and librdmacm.so.1 from %s "
+              "(%s); undo with 'softverbs disable'\n", real, kLdConf);
+  return 0;
+}
+
+int disable() {
+  if (::access(kLdConf, F_OK) != 0) {
+    std::printf("softverbs: not enabled machine-wide (no %s)\n", kLdConf);
+    return 0;
+  }
+  if (::geteuid() != 0) {
+    std::fprintf(stderr, "softverbs disable: removes %s and runs ldconfig: run it as root (sudo softverbs disable)\n",
+                 kLdConf);
+    return 1;
+  }
+  if (::unlink(kLdConf) != 0) {
+    std::fprintf(stderr, "softverbs disable: cannot remove %s: %s\n", kLdConf, std::strerror(errno));
+    return 1;
+  }
+  if (int e = run_ldconfig()) {
+    std::fprintf(stderr, "softverbs disable: ldconfig failed (%s); run ldconfig by hand\n", std::strerror(e));
+    return 1;
+  }
+  std::printf("softverbs: disabled machine-wide: programs load the machine's own libibverbs again\n");
+  return 0;
+}
+
 constexpr const char* kUsage =
     "usage: softverbs COMMAND [ARGS...]\n"
     "  run [--] CMD [ARGS...]  run CMD, unmodified, on the softverbs device\n"
     "  status                  what the daemon holds (objects, locked memory)\n"
     "  ls                      names published in the daemon's namespace\n"
+    "  enable [--force]        every program on this machine gets softverbs, no wrapper (root)\n"
+    "  disable                 undo enable (root)\n"
     "  -h, --help              this help\n"
     "  --version               softverbs' version\n"
     "Environment: SOFTVERBS_DIR (the per-user daemon's directory), SOFTVERBS_SYSTEM=1\n"
@@ -234,6 +364,8 @@ int main(int argc, char** argv) {
   if (cmd == "run") return run(argc - 2, argv + 2);
   if (cmd == "status") return no_args("status", argc - 2, argv + 2, status);
   if (cmd == "ls") return no_args("ls", argc - 2, argv + 2, list_names);
+  if (cmd == "enable") return enable(argc - 2, argv + 2);
+  if (cmd == "disable") return no_args("disable", argc - 2, argv + 2, disable);
   std::fprintf(stderr, "softverbs: unknown %s '%s'; try 'softverbs --help'\n", cmd[0] == '-' ? "option" : "command",
                cmd.c_str());
   return 2;
