@@ -137,7 +137,7 @@ void fill_device_attr(ibv_device_attr& a) {
   a.max_qp_init_rd_atom = shm::kMaxRdAtomic;
   a.max_res_rd_atom = shm::kMaxRdAtomic * a.max_qp;
   a.atomic_cap = IBV_ATOMIC_HCA;
-  a.max_ah = 65536;
+  a.max_ah = int(kMaxAh);
   a.max_mcast_grp = shm::kMcgTableSize;
   a.max_mcast_qp_attach = shm::kMcgMaxQps;
   a.max_total_mcast_qp_attach = shm::kMcgTableSize * shm::kMcgMaxQps;

@@ -152,8 +152,17 @@ ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  // The device's max_ah (ibv_query_device) holds: one more is ENOMEM, as a
+  // kernel device's AH table would refuse it.
+  ContextState& cs = ctx_state(pd->context);
+  if (cs.ahs.fetch_add(1, std::memory_order_relaxed) >= kMaxAh) {
+    cs.ahs.fetch_sub(1, std::memory_order_relaxed);
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* ah = static_cast<Ah*>(std::calloc(1, sizeof(Ah)));
   if (!ah) {
+    cs.ahs.fetch_sub(1, std::memory_order_relaxed);
     errno = ENOMEM;
     return nullptr;
   }
@@ -164,6 +173,8 @@ ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
 }
 
 int ibv_destroy_ah(ibv_ah* ah) {
+  if (!ah) return EINVAL;
+  ctx_state(ah->context).ahs.fetch_sub(1, std::memory_order_relaxed);
   std::free(ah);
   return 0;
 }

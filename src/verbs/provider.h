@@ -46,6 +46,8 @@ constexpr const char* kDeviceName = "sv0";
 constexpr uint32_t kVendorId = 0x5356;  // 'SV': neither mlx5 nor EFA, see docs/ABI.md
 constexpr uint32_t kVendorPartId = 1;
 constexpr uint32_t kGidTableLen = 16;
+// Address handles one context may hold (ibv_device_attr.max_ah, enforced by ibv_create_ah).
+constexpr uint32_t kMaxAh = 65536;
 
 // ---- The daemon connection ----------------------------------------------
 
@@ -334,6 +336,7 @@ struct ContextState {
   const shm::McgEntry* mcg_table = nullptr;
   Fd async_fd;
   AsyncQueue async;
+  std::atomic<uint32_t> ahs{0};  // address handles held (at most kMaxAh)
 
   std::mutex mu;  // guards the maps below
   uint32_t backing = 0;  // this process's backing file as registered on this connection

@@ -529,6 +529,38 @@ TEST_F(Errors, CreateAhNeedsAGidAndAPortThatExist) {
   EXPECT_EQ(EINVAL, errno);
 }
 
+// ibv_query_device's max_ah is what a context may hold: one more is ENOMEM,
+// and a destroyed one makes room again.
+TEST_F(Errors, AddressHandlesBeyondMaxAhAreEnomem) {
+  ibv_device_attr da{};
+  ASSERT_EQ(0, ibv_query_device(s.ctx, &da));
+  ASSERT_GT(da.max_ah, 0);
+  ibv_ah_attr a{};
+  a.port_num = 1;
+  a.is_global = 1;
+  a.grh.hop_limit = 1;
+  a.grh.dgid.raw[10] = a.grh.dgid.raw[11] = 0xff;
+  a.grh.dgid.raw[12] = 127;
+  a.grh.dgid.raw[15] = 1;
+  std::vector<ibv_ah*> ahs;
+  for (int i = 0; i < da.max_ah; ++i) {
+    ibv_ah* ah = ibv_create_ah(s.pd, &a);
+    ASSERT_NE(nullptr, ah) << "AH " << i << " of max_ah " << da.max_ah << ": " << strerror(errno);
+    ahs.push_back(ah);
+  }
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_create_ah(s.pd, &a));
+  EXPECT_EQ(ENOMEM, errno);
+  EXPECT_EQ(0, ibv_destroy_ah(ahs.back()));
+  ahs.back() = ibv_create_ah(s.pd, &a);
+  EXPECT_NE(nullptr, ahs.back());
+  for (ibv_ah* ah : ahs) {
+    if (ah) {
+      EXPECT_EQ(0, ibv_destroy_ah(ah));
+    }
+  }
+}
+
 // --- posting send requests --------------------------------------------------------
 
 // ibv_post_send(3): a WR the QP cannot take is refused with EINVAL (ENOMEM
