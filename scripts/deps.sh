@@ -6,7 +6,8 @@ set -euo pipefail
 what=${1:-test}
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev ibverbs-utils perftest
       librdmacm-dev rdmacm-utils libfabric-bin ucx-utils libucx-dev
-      python3 python3-pyverbs iproute2 procps psmisc clang libclang-rt-14-dev tshark python3-scapy)
+      python3 python3-pyverbs iproute2 procps psmisc clang libclang-rt-14-dev tshark python3-scapy
+      systemd)
 if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
 if [ "$what" = rxe ]; then pkgs+=(qemu-system-x86 debootstrap e2fsprogs); fi
 missing=()

@@ -73,6 +73,21 @@ constexpr bool responder_detected(Fault f) {
   return f == Fault::kRemoteAccess || f == Fault::kRemoteInvalid || f == Fault::kRemoteOperation;
 }
 
+// The affiliated asynchronous error the responder's QP raises for an error
+// it detected (IBTA 11.6.3.1), from what the requester completes with: an
+// R_Key, bounds or access violation is a Local Access Violation Work Queue
+// Error (IBV_EVENT_QP_ACCESS_ERR), an invalid request (an opcode the QP does
+// not take, a message longer than the receive) an Invalid Request Local Work
+// Queue Error (IBV_EVENT_QP_REQ_ERR), anything else a Local Work Queue
+// Catastrophic Error (IBV_EVENT_QP_FATAL).
+constexpr ibv_event_type responder_event(ibv_wc_status requester_status) {
+  switch (requester_status) {
+    case IBV_WC_REM_ACCESS_ERR: return IBV_EVENT_QP_ACCESS_ERR;
+    case IBV_WC_REM_INV_REQ_ERR: return IBV_EVENT_QP_REQ_ERR;
+    default: return IBV_EVENT_QP_FATAL;
+  }
+}
+
 // A receive WQE that could not take a SEND completes at the responder with
 // `receive_status` (a local protection or length error there); the requester
 // sees that as a remote operational error or an invalid request (9.7.5.2).

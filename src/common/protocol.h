@@ -103,10 +103,16 @@ struct HelloReply {
   uint64_t boot_id;
 };
 
-struct HandleReq {  // DeallocPd, DeregMr, DestroyChannel, DestroyCq, DestroyQp, PeerError, ConnectPeer
+struct HandleReq {  // DeallocPd, DeregMr, DestroyChannel, DestroyCq, DestroyQp, ConnectPeer
   Header h;
   uint32_t handle;
   uint32_t reserved;
+};
+
+struct PeerErrorReq {  // the requester's QP, and the status its request completed with
+  Header h;
+  uint32_t handle;
+  uint32_t wc_status;  // ibv_wc_status: chooses the responder's async event (access::responder_event)
 };
 
 struct HandleReply {  // AllocPd, RegBacking, CreateChannel
@@ -686,7 +692,7 @@ SV_OP(ModifyQp,      ModifyQpReq,    Empty,              fds(0),    fds(0),    {
 SV_OP(DestroyQp,     HandleReq,      Empty,              fds(0),    fds(0),    {0, 0, kObjQp})
 SV_OP(ConnectPeer,   HandleReq,      ConnectPeerReply,   fds(0),    fds(0, 4), {kObjQp})
 SV_OP(GetMrBacking,  GetMrBackingReq, GetMrBackingReply, fds(0),   fds(1),    {kObjMr | kObjMw})
-SV_OP(PeerError,     HandleReq,      Empty,              fds(0),    fds(0),    {kObjQp})
+SV_OP(PeerError,     PeerErrorReq,   Empty,              fds(0),    fds(0),    {kObjQp})
 SV_OP(Status,        Empty,          StatusReply,        fds(0),    fds(0),    {})
 SV_OP(Accounts,      Empty,          AccountsReply,      fds(0),    fds(0),    {})
 SV_OP(AllocMw,       AllocMwReq,     KeyReply,           fds(0),    fds(0),    {kObjPd, kObjMw})

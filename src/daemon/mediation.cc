@@ -228,7 +228,8 @@ int Mediation::fail(const Delivery& d, Fault f, proto::MediateReply& rep) {
   if (!access::responder_detected(f)) return reply(rep, proto::kMediateError, access::status(f));
   MediationTables::QpView v;
   if (d.type == IBV_QPT_RC && t_.responder_qp(d.dest, v)) {
-    t_.qp_state_entry(d.dest).state.store(IBV_QPS_ERR, std::memory_order_release);
+    if (t_.qp_state_entry(d.dest).state.exchange(IBV_QPS_ERR, std::memory_order_acq_rel) != IBV_QPS_ERR)
+      t_.responder_error_event(d.dest, access::status(f));
     t_.flush_receives(d.dest);
   }
   return reply(rep, proto::kMediateError, access::status(f), true);

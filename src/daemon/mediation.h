@@ -87,6 +87,9 @@ class MediationTables {
   virtual void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) = 0;
   // The QP's posted receives complete with flush errors (IBTA 10.3.1).
   virtual void flush_receives(uint32_t qpn) = 0;
+  // The responder QP went to ERR for an error it detected: its holders get
+  // the affiliated async event (access::responder_event).
+  virtual void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) = 0;
   // SEND with Invalidate: the key, a type 2 window bound to the QP the
   // client's QP `qpn` is connected to, is invalidated (0, or an errno).
   virtual int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) = 0;

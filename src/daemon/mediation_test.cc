@@ -86,6 +86,7 @@ class FakeTables : public MediationTables {
     return true;
   }
   void srq_limit_reached(uint32_t) override {}
+  void responder_error_event(uint32_t, ibv_wc_status) override {}
   void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool) override {
     EXPECT_EQ(cq, kRecvCq);
     completions.push_back(wc);

@@ -364,7 +364,7 @@ int Registry::connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::Co
   return peer_reply(client, dest, rep, out_fds);
 }
 
-int Registry::peer_error(uint32_t client, uint32_t qpn) {
+int Registry::peer_error(uint32_t client, uint32_t qpn, uint32_t wc_status) {
   if (!find_qp(client, qpn)) return EINVAL;
   uint32_t dest = qp_slot(qpn).dest_qpn.load();
   auto peer = qps_.find(dest);
@@ -372,8 +372,19 @@ int Registry::peer_error(uint32_t client, uint32_t qpn) {
   QpEntry& pe = qp_slot(dest);
   if (pe.dest_qpn.load() != qpn) return EINVAL;
   SV_TRACE("daemon: QP 0x%x reports a responder error: peer QP 0x%x to ERR", qpn, dest);
-  pe.state.store(IBV_QPS_ERR, std::memory_order_release);
+  if (pe.state.exchange(IBV_QPS_ERR, std::memory_order_acq_rel) != IBV_QPS_ERR)
+    responder_error_event(dest, ibv_wc_status(wc_status));
   return 0;
+}
+
+// The responder QP's holders learn why it went to ERR (IBTA 11.6.3.1), once
+// per error: a QP already in ERR raises nothing more.
+void Registry::responder_error_event(uint32_t qpn, ibv_wc_status requester_status) {
+  auto q = qps_.find(qpn);
+  if (q == qps_.end()) return;
+  const ibv_event_type ev = access::responder_event(requester_status);
+  for (auto& [id, c] : clients_)
+    if (c.ctx == q->second.owner) events_.push_back({id, ev, qpn});
 }
 
 // The peers of QPs that just died (their last holder exited): connected

@@ -147,7 +147,7 @@ class Registry : private MediationTables {
                  std::vector<int>& out_fds);
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
-  int peer_error(uint32_t client, uint32_t qpn);
+  int peer_error(uint32_t client, uint32_t qpn, uint32_t wc_status);
   // Operations towards a peer of another user: the registry's Mediation
   // (mediation.h) carries them out on its tables.
   int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
@@ -326,6 +326,7 @@ class Registry : private MediationTables {
   void srq_limit_reached(uint32_t srq) override;
   void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) override { push_cq(cq, wc, solicited); }
   void flush_receives(uint32_t qpn) override;
+  void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
   int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
   Mediation mediation_{*this};

@@ -446,8 +446,9 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
   complete(q, w, o.status, 0);
   if (o.peer_error && q.peer) {
     ContextState& cs = *q.ctx->st;
-    proto::HandleReq req{};
+    proto::PeerErrorReq req{};
     req.handle = q.qpn;
+    req.wc_status = o.status;
     proto::Empty rep{};
     cs.conn.call<proto::Op::PeerError>(req, rep);
     if (!q.peer->mediated) flush_peer_rq(*q.peer);  // else the daemon flushed it

@@ -1,7 +1,9 @@
 // Data between separate processes, every opcode, patterns checked on
 // arrival; and every error completion the foundation defines.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <cstring>
 
@@ -605,6 +607,77 @@ TEST_F(DataPathAccess, UnreachablePeerExhaustsTransportRetries) {
   ASSERT_EQ(0, me.connect(0xfffff0, mine));  // no such QP
   ASSERT_EQ(0, post(IBV_WR_RDMA_WRITE, 0, 8, 0, 0x1234));
   EXPECT_EQ(IBV_WC_RETRY_EXC_ERR, one_completion().status);
+}
+
+}  // namespace
+}  // namespace svtest
+
+namespace svtest {
+namespace {
+
+// The responder's own side of an error it detected (IBTA 11.6.3.1): its QP
+// goes to ERR and its holders get the affiliated asynchronous error, an
+// access violation for a bad R_Key, an invalid request for a SEND longer than
+// the receive; a second error on a QP already in ERR raises nothing more.
+bool wait_async_event(ibv_context* c, ibv_async_event& ev, int ms) {
+  fcntl(c->async_fd, F_SETFL, fcntl(c->async_fd, F_GETFL) | O_NONBLOCK);
+  for (int waited = 0;; waited += 10) {
+    if (ibv_get_async_event(c, &ev) == 0) return true;
+    if (waited >= ms) return false;
+    pollfd p{c->async_fd, POLLIN, 0};
+    ::poll(&p, 1, 10);
+  }
+}
+
+TEST(ResponderErrors, TheResponderQpGetsItsAffiliatedAsyncEvent) {
+  struct Case {
+    const char* what;
+    ibv_wr_opcode op;
+    bool bad_rkey;
+    ibv_wc_status requester;
+    ibv_event_type responder;
+  };
+  for (const Case& k : {Case{"bad R_Key", IBV_WR_RDMA_WRITE, true, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
+                        Case{"SEND longer than the receive", IBV_WR_SEND, false, IBV_WC_REM_INV_REQ_ERR,
+                             IBV_EVENT_QP_REQ_ERR}}) {
+    SCOPED_TRACE(k.what);
+    Side req, resp;
+    Side::Options o;
+    ASSERT_EQ(0, req.open(o));
+    ASSERT_EQ(0, resp.open(o));
+    ASSERT_EQ(0, req.connect(resp.qp->qp_num, o));
+    ASSERT_EQ(0, resp.connect(req.qp->qp_num, o));
+    ibv_sge rs{reinterpret_cast<uint64_t>(resp.buf), 16, resp.mr->lkey};
+    ibv_recv_wr rw{};
+    rw.sg_list = &rs;
+    rw.num_sge = 1;
+    ibv_recv_wr* rbad;
+    ASSERT_EQ(0, ibv_post_recv(resp.qp, &rw, &rbad));
+    ibv_sge ss{reinterpret_cast<uint64_t>(req.buf), 32, req.mr->lkey};
+    ibv_send_wr sw{};
+    sw.sg_list = &ss;
+    sw.num_sge = 1;
+    sw.opcode = k.op;
+    sw.send_flags = IBV_SEND_SIGNALED;
+    sw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(resp.buf);
+    sw.wr.rdma.rkey = resp.mr->rkey ^ 0x100;
+    ibv_send_wr* sbad;
+    ASSERT_EQ(0, ibv_post_send(req.qp, &sw, &sbad));
+    auto mine = poll(req.cq, 1);
+    ASSERT_EQ(1u, mine.size());
+    EXPECT_EQ(k.requester, mine[0].status) << ibv_wc_status_str(mine[0].status);
+    ibv_async_event ev{};
+    ASSERT_TRUE(wait_async_event(resp.ctx, ev, 10000)) << "no async event at the responder";
+    EXPECT_EQ(k.responder, ev.event_type) << ibv_event_type_str(ev.event_type);
+    EXPECT_EQ(resp.qp, ev.element.qp);
+    ibv_ack_async_event(&ev);
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qi{};
+    ASSERT_EQ(0, ibv_query_qp(resp.qp, &qa, IBV_QP_STATE, &qi));
+    EXPECT_EQ(IBV_QPS_ERR, qa.qp_state);
+    EXPECT_FALSE(wait_async_event(resp.ctx, ev, 100)) << "a second event: " << ibv_event_type_str(ev.event_type);
+    EXPECT_FALSE(wait_async_event(req.ctx, ev, 0)) << "the requester got an event: " << ibv_event_type_str(ev.event_type);
+  }
 }
 
 }  // namespace
