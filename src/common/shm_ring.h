@@ -461,15 +461,23 @@ class Ring {
   static constexpr uint32_t kPatience = 256;
   static bool dead_mark_patient(uint64_t seq, uint64_t pos) {
     if (!(seq & kBusy) || (seq & kTaker) || uint32_t(seq) != uint32_t(pos)) return false;
+    // The verdict on a mark is kept until another is met: ready() and the
+    // take that follows it both ask, and a count reset by the first made
+    // the second wait again, for ever (a poller never voided a dead
+    // producer's slot: KillSharedQp's receiver stopped taking completions).
     thread_local uint64_t met = 0;
     thread_local uint32_t times = 0;
+    thread_local bool dead = false;
     if (seq != met) {
       met = seq;
       times = 0;
+      dead = false;
     }
+    if (dead) return true;
     if (++times < kPatience) return false;
     times = 0;
-    return !ShmLock::alive(mark_pid(seq));
+    dead = !ShmLock::alive(mark_pid(seq));
+    return dead;
   }
   // The slot at the head (`pos`) holds `seq`. If a dead producer claimed it,
   // take it (our consumer mark), count it in the tail and the head, give it

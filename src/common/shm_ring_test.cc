@@ -316,6 +316,26 @@ TEST(ShmRing, ADeadProducersClaimIsVoidedAndTheRingGoesOn) {
   EXPECT_TRUE(m.ring.empty());
 }
 
+// A CQ's poller asks ready() and then takes (CqView::poll): both judge the
+// dead producer's mark, and the second must not wait its patience again
+// (it did: the poller never voided the slot, and KillSharedQp's receiver
+// stopped taking completions for good).
+TEST(ShmRing, APollerThatAsksReadyFirstStillVoidsADeadProducersSlot) {
+  RingMem m(4);
+  auto* h = static_cast<RingHeader*>(m.mem);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(h + 1);
+  slots[0].seq.store(busy_mark(false, dead_pid(), 0));
+  h->tail.store(1);
+  ASSERT_TRUE(m.ring.push(Item{7}));
+  Item out{};
+  uint64_t pos = 0;
+  bool took = false;
+  for (int i = 0; i < 10000 && !took; ++i)
+    if (m.ring.ready()) took = m.ring.take_exclusive(out, pos);
+  ASSERT_TRUE(took) << "the poller never got past the dead producer's slot";
+  EXPECT_EQ(7u, out.v);
+}
+
 // The same for an exclusive consumer (a CQ's poller), whose head moves with
 // a store: a dead claim at the head is voided, and the slot the last take
 // kept (take_exclusive) is given back by recover_exclusive, as after a
