@@ -1,5 +1,8 @@
 #include "harness.h"
 
+#include "softverbs/softverbs.h"
+
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -117,6 +120,25 @@ void Side::close() {
   pd = nullptr;
   ctx = nullptr;
   buf = nullptr;
+}
+
+bool next_event(ibv_context* c, ibv_async_event& ev, int ms) {
+  fcntl(c->async_fd, F_SETFL, fcntl(c->async_fd, F_GETFL) | O_NONBLOCK);
+  pollfd p{c->async_fd, POLLIN, 0};
+  for (int waited = 0;; waited += 10) {
+    if (ibv_get_async_event(c, &ev) == 0) return true;
+    if (waited >= ms) return false;
+    ::poll(&p, 1, 10);
+  }
+}
+
+int pack_qp_and_mr(int sock, ibv_context* ctx, ibv_qp* qp, ibv_mr* mr) {
+  svx_object objs[2];
+  objs[0].type = SVX_OBJ_QP;
+  objs[0].qp = qp;
+  objs[1].type = SVX_OBJ_MR;
+  objs[1].mr = mr;
+  return svx_pack(sock, ctx, objs, 2) == 0 ? 0 : errno;
 }
 
 std::vector<ibv_wc> poll(ibv_cq* cq, int n, int ms) {

@@ -51,6 +51,12 @@ struct Side {
 // Polls `cq` until `n` completions arrived or `ms` passed.
 std::vector<ibv_wc> poll(ibv_cq* cq, int n, int ms = 5000);
 
+// The context's next async event within `ms` (its async fd made nonblocking).
+bool next_event(ibv_context* c, ibv_async_event& ev, int ms);
+
+// Packs the Side's QP and MR (in that order) over `sock` (svx_pack); 0 or errno.
+int pack_qp_and_mr(int sock, ibv_context* ctx, ibv_qp* qp, ibv_mr* mr);
+
 struct PeerInfo {
   uint32_t qpn;
   uint32_t rkey;

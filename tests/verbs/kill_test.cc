@@ -272,17 +272,6 @@ std::atomic<uint64_t>* victim_ops;
 
 // ---- the test -----------------------------------------------------------------
 
-bool next_event(ibv_context* c, ibv_async_event& ev, int ms) {
-  int flags = fcntl(c->async_fd, F_GETFL);
-  fcntl(c->async_fd, F_SETFL, flags | O_NONBLOCK);
-  pollfd p{c->async_fd, POLLIN, 0};
-  for (int waited = 0;; waited += 10) {
-    if (ibv_get_async_event(c, &ev) == 0) return true;
-    if (waited >= ms) return false;
-    ::poll(&p, 1, 10);
-  }
-}
-
 // A shared-QP operation of ours: must complete, even if the victim died
 // holding the QP's send lock. Completions of the victim's requests may still
 // be in the shared CQ; they are skipped.
@@ -607,12 +596,7 @@ TEST(Kill, SharerKilledMidSendLeavesNoReceiveBehind) {
       _exit(0);
     }
     close(sv[1]);
-    svx_object objs[2];
-    objs[0].type = SVX_OBJ_QP;
-    objs[0].qp = sh.qp;
-    objs[1].type = SVX_OBJ_MR;
-    objs[1].mr = sh.mr;
-    ASSERT_EQ(0, svx_pack(sv[0], sh.ctx, objs, 2));
+    ASSERT_EQ(0, pack_qp_and_mr(sv[0], sh.ctx, sh.qp, sh.mr));
     uint32_t posting = 0;
     ASSERT_TRUE(get(sv[0], posting, 20000));
     usleep(1000);
@@ -686,12 +670,7 @@ TEST(Kill, DeathInsideTheSharedQpSendLockIsTakenOver) {
     }
   }
   close(sv[1]);
-  svx_object objs[2];
-  objs[0].type = SVX_OBJ_QP;
-  objs[0].qp = sh.qp;
-  objs[1].type = SVX_OBJ_MR;
-  objs[1].mr = sh.mr;
-  ASSERT_EQ(0, svx_pack(sv[0], sh.ctx, objs, 2));
+  ASSERT_EQ(0, pack_qp_and_mr(sv[0], sh.ctx, sh.qp, sh.mr));
   uint32_t posting = 0;
   ASSERT_TRUE(get(sv[0], posting, 20000));
   ASSERT_TRUE(get(sv[0], posting, 20000));  // its second copy is under way
@@ -814,12 +793,7 @@ TEST(Kill, SharerDiesRightAfterClaimingOrCopyingAReceive) {
     ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
     pid_t v = spawn_dier(die_at, "shared", sv[1]);
     close(sv[1]);
-    svx_object objs[2];
-    objs[0].type = SVX_OBJ_QP;
-    objs[0].qp = sh.qp;
-    objs[1].type = SVX_OBJ_MR;
-    objs[1].mr = sh.mr;
-    ASSERT_EQ(0, svx_pack(sv[0], sh.ctx, objs, 2));
+    ASSERT_EQ(0, pack_qp_and_mr(sv[0], sh.ctx, sh.qp, sh.mr));
     expect_killed(v);
     close(sv[0]);
     ASSERT_EQ(0, post_one_send(sh.qp, sh.mr, 9));  // takes the send lock over
@@ -852,12 +826,7 @@ TEST(Kill, SharerDiesRightAfterTakingARequestOffTheSendQueue) {
   ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv));
   pid_t v = spawn_dier("sq-taken", "shared-queued", sv[1]);
   close(sv[1]);
-  svx_object objs[2];
-  objs[0].type = SVX_OBJ_QP;
-  objs[0].qp = sh.qp;
-  objs[1].type = SVX_OBJ_MR;
-  objs[1].mr = sh.mr;
-  ASSERT_EQ(0, svx_pack(sv[0], sh.ctx, objs, 2));
+  ASSERT_EQ(0, pack_qp_and_mr(sv[0], sh.ctx, sh.qp, sh.mr));
   uint32_t posted = 0;
   ASSERT_TRUE(get(sv[0], posted, 20000)) << "the child did not post";
   post_recvs(tgt, 2);  // its SEND, queued on RNR, now goes; it dies after taking it off the queue
