@@ -33,7 +33,9 @@ constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
 // 3: ring slots claimed with the claimer's pid (shm_ring.h), sq_running
 // 4: the torn record is written before the claim (torn_pos, torn_pid, torn_taken);
 //    MrEntry.generation (a peer's cached view of an MR is checked against it)
-constexpr uint32_t kLayoutVersion = 4;
+// 5: a ring's claim is the move of its index, which names the claimer
+//    (RingHeader.tail_by, head_by; shm_ring.h)
+constexpr uint32_t kLayoutVersion = 5;
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -250,7 +252,8 @@ struct CqSegmentHeader {
   uint64_t ring_offset;
   uint32_t capacity;
   uint32_t channel;                   // daemon channel handle, 0 = none
-  // Written by producers (every push reads-modifies-writes `armed`).
+  // Written by producers (every push to a CQ with a completion channel
+  // reads-modifies-writes `armed`; see push_completion).
   alignas(64) std::atomic<uint32_t> armed;     // kArm*
   std::atomic<uint32_t> notified;     // set when an event was raised, cleared by get_cq_event
   std::atomic<uint32_t> overrun;      // a completion was lost because the ring was full

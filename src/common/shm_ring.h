@@ -10,27 +10,39 @@
 // its contents but not other memory: consumers validate every payload.
 //
 // Death at any instruction (issue 18, finding 11): a process may be killed
-// (kill -9) anywhere inside push() or pop(). A slot is therefore claimed by
-// writing the claimer's pid into its sequence (a compare-and-swap from the
-// free (full) sequence to a "busy" mark: producer or consumer, pid, low bits
-// of the position) *before* the tail (head) moves; whoever meets the tail
-// (head) behind a claimed slot moves it on for the claimer. A mark whose
-// process no longer exists is repaired: a slot a dead producer claimed is
-// voided by the consumers (taken and given back empty: its element was never
-// published, its push never returned); a slot a dead consumer claimed is
-// passed over by the other consumers and left as it is, so that whoever
-// recovers for the dead one can still read the element it took
-// (reclaim_dead_take), and the producers take it back when they reach it on
-// the next lap. So no dead process leaves a slot that stops the ring. What
-// the element meant (a receive taken, a completion owed) is the caller's to
-// record: see torn_qpn and sq_running in shm_layout.h. Consumers that exclude each other with a
-// lock (take_exclusive, release) leave at most the slot behind the head
-// unreleased; the next holder of their lock, which takes it over from the
-// dead one, gives it back (recover_exclusive).
+// (kill -9) anywhere inside push() or pop(). Each index (`tail`, `head`) is
+// followed by the pid of whoever moved it last, and the two words move
+// together in one 16-byte compare-and-swap (claim_index): that is the claim,
+// and it names the claimer of the position just behind the index. Before
+// moving an index past position p, a claimer looks at slot p - 1: if its
+// claimer has not finished with it (a producer has not published it, a
+// consumer has not given it back), it writes a "busy mark" into the slot's
+// sequence (producer or consumer, the pid the index named, the low bits of
+// the position). So every claim is known at any instant: by the index, for
+// the position just behind it, or by a mark in the slot, for any older one.
+// One locked instruction per push and per pop, as in Vyukov's queue; a mark
+// costs a second one only when two claimers overlap (issue 18: a mark
+// written before every claim cost a locked instruction per completion, and
+// READ's 8 B round trip went from 56 to 71 ns).
+// A mark whose process no longer exists is repaired: a slot a dead producer
+// claimed is voided by the consumers once a later push has marked it (taken
+// and given back empty: its element was never published, its push never
+// returned; before that mark nothing published lies behind it); a slot a
+// dead consumer claimed is left as it is, so that whoever recovers for the
+// dead one can still read the element it took (reclaim_dead_take), and the
+// producers take it back when they reach it on the next lap. So no dead
+// process leaves a slot that stops the ring. What the element meant (a
+// receive taken, a completion owed) is the caller's to record: see torn_qpn
+// and sq_running in shm_layout.h. Consumers that exclude each other with a
+// lock (take_exclusive, release) move the head with a store and record no
+// claimer; they leave at most the slot behind the head unreleased, and the
+// next holder of their lock, which takes it over from the dead one, gives
+// it back (recover_exclusive).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 
 #include "common/sys.h"
@@ -45,9 +57,14 @@ namespace sv::shm {
 // overlaps other work.
 inline void prefetch_for_write(const void* p) { asm volatile("prefetchw %0" ::"m"(*static_cast<const char*>(p))); }
 
+// Each index is followed by the pid that moved it last (the claimer of the
+// position behind it; 0: none recorded), changed with it in one 16-byte
+// compare-and-swap: the pair is 16-byte aligned (cmpxchg16b requires it).
 struct RingHeader {
   alignas(64) std::atomic<uint64_t> tail;  // next position to produce
+  std::atomic<uint64_t> tail_by;           // who claimed tail - 1
   alignas(64) std::atomic<uint64_t> head;  // next position to consume
+  std::atomic<uint64_t> head_by;           // who claimed head - 1
   alignas(64) uint32_t capacity;           // power of two
   uint32_t mask;
   uint32_t slot_size;                      // bytes per slot incl. sequence
@@ -115,6 +132,24 @@ struct alignas(64) RingSlot {
   T value;
 };
 
+static_assert(offsetof(RingHeader, tail_by) == offsetof(RingHeader, tail) + 8 && offsetof(RingHeader, tail) % 16 == 0);
+static_assert(offsetof(RingHeader, head_by) == offsetof(RingHeader, head) + 8 && offsetof(RingHeader, head) % 16 == 0);
+
+// A position this process's view of a ring is done with (published by one
+// of its producers, given back by one of its consumers): a claimer that
+// finds the position behind its own claim here need not look at that slot,
+// which the other side's CPU last wrote (a transfer between CPUs per
+// message). Relaxed; copies as a value, so that a Ring stays copyable.
+struct DonePos {
+  std::atomic<uint64_t> v{~0ull};
+  DonePos() = default;
+  DonePos(const DonePos& o) : v(o.v.load(std::memory_order_relaxed)) {}
+  DonePos& operator=(const DonePos& o) {
+    v.store(o.v.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    return *this;
+  }
+};
+
 template <class T>
 class Ring {
  public:
@@ -130,7 +165,9 @@ class Ring {
   // "free" sequence equals the consumer's "full" one).
   static void init(RingHeader* h, RingSlot<T>* slots, uint32_t capacity) {
     h->tail.store(0, std::memory_order_relaxed);
+    h->tail_by.store(0, std::memory_order_relaxed);
     h->head.store(0, std::memory_order_relaxed);
+    h->head_by.store(0, std::memory_order_relaxed);
     h->capacity = capacity;
     h->mask = capacity - 1;
     h->slot_size = sizeof(RingSlot<T>);
@@ -164,7 +201,7 @@ class Ring {
   // two loads, and no write to a line the producers use. An idle poller
   // calls this in a loop, so it must not take locks or pull lines away
   // from the producers more than the slot itself.
-  // Also true when the oldest slot was claimed by a producer that died
+  // Also true when the oldest slot carries the mark of a producer that died
   // before publishing it (a pop voids it).
   // (A producer's mark is judged with patience: see dead_mark_patient.)
   bool ready() const {
@@ -186,35 +223,44 @@ class Ring {
   // the push fails.
   template <class F>
   bool push_prefix_then(const T& v, size_t bytes, F before_publish) {
+    // The common case inline: the slot at the tail is free and the claim
+    // wins at once. Anything else takes the loop below, out of line.
     const uint32_t me = self_pid();
-    uint64_t pos = h_->tail.load(std::memory_order_relaxed);
-    prefetch_for_write(&slots_[pos & mask_]);  // read, then written: one transfer, not two
+    uint64_t pos, by;
+    load_index(h_->tail, h_->tail_by, pos, by);
+    RingSlot<T>& s = slots_[pos & mask_];
+    prefetch_for_write(&s);  // read, then written: one transfer, not two
+    if (!(pos & kClosed) && s.seq.load(std::memory_order_acquire) == pos) {
+      record_claim(pos - 1, by, false, pushed_);
+      if (claim_index(h_->tail, pos, by, me)) {
+        publish(s, pos, v, bytes, before_publish);
+        return true;
+      }
+    }
+    return push_slow(v, bytes, before_publish, me, pos, by);
+  }
+
+  // As push_prefix_then, from the index pair (`pos`, `by`) last read.
+  template <class F>
+  __attribute__((noinline)) bool push_slow(const T& v, size_t bytes, F before_publish, uint32_t me, uint64_t pos,
+                                           uint64_t by) {
     for (;;) {
       if (pos & kClosed) return false;
       RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       if (seq == pos) {
-        // Claim the slot with our pid in it, then count it in the tail (or
-        // find that another producer counted it for us).
-        if (!s.seq.compare_exchange_weak(seq, mark(false, me, pos), std::memory_order_acquire,
-                                         std::memory_order_relaxed))
-          continue;
-        uint64_t t = pos;
-        if (!h_->tail.compare_exchange_strong(t, pos + 1, std::memory_order_relaxed) && t == (pos | kClosed)) {
-          s.seq.store(pos, std::memory_order_release);  // closed before it counted ours: not pushed
-          return false;
-        }
-        std::memcpy(static_cast<void*>(&s.value), &v, bytes);
-        before_publish();
-        s.seq.store(pos + 1, std::memory_order_release);
+        // Free: claim it by moving the tail (see the top of this file).
+        record_claim(pos - 1, by, false, pushed_);
+        if (!claim_index(h_->tail, pos, by, me)) continue;
+        publish(s, pos, v, bytes, before_publish);
         return true;
       }
       if (seq & kBusy) {
         if (!(seq & kTaker) && uint32_t(seq) == uint32_t(pos)) {
-          // Another producer claimed `pos`: count it for it (it may be dead).
-          uint64_t t = pos;
-          h_->tail.compare_exchange_strong(t, pos + 1, std::memory_order_relaxed);
-          pos = h_->tail.load(std::memory_order_relaxed);
+          // A producer's mark at the tail itself (left by a library that
+          // marked before it moved the tail, or forged): count it as the
+          // claim it names.
+          if (claim_index(h_->tail, pos, by, mark_pid(seq))) load_index(h_->tail, h_->tail_by, pos, by);
           continue;
         }
         if ((seq & kTaker) && uint32_t(seq) == uint32_t(pos - mask_ - 1)) {
@@ -224,15 +270,18 @@ class Ring {
           s.seq.compare_exchange_strong(seq, pos, std::memory_order_acq_rel, std::memory_order_relaxed);
           continue;
         }
-        if (!advanced(h_->tail, pos)) return false;  // a mark of another lap: full (consumers repair it)
+        if (!reload_index(h_->tail, h_->tail_by, pos, by)) return false;  // a mark of another lap: full
         continue;
       }
-      int64_t diff = int64_t(seq - pos);
-      if (diff < 0) {
-        return false;
-      } else if (!advanced(h_->tail, pos)) {
-        return false;  // a sequence ahead of a tail that did not move: corrupted
+      if (seq == pos - mask_) {
+        // The previous lap's element is still here: full, unless the
+        // consumer that claimed it (named by the head) died before giving
+        // it back.
+        if (!take_back_unrecorded(s, seq, pos)) return false;
+        continue;
       }
+      if (int64_t(seq - pos) < 0) return false;
+      if (!reload_index(h_->tail, h_->tail_by, pos, by)) return false;  // ahead of a tail that did not move: corrupted
     }
   }
 
@@ -250,42 +299,55 @@ class Ring {
   // after whatever before_claim() stored.
   template <class Before, class Copy>
   bool pop_recorded(T& out, Before before_claim, Copy copy) {
+    // The common case inline, as in push_prefix_then.
     const uint32_t me = self_pid();
-    uint64_t pos = h_->head.load(std::memory_order_relaxed);
-    prefetch_for_write(&slots_[pos & mask_]);  // its sequence is written back: one transfer, not two
+    uint64_t pos, by;
+    load_index(h_->head, h_->head_by, pos, by);
+    RingSlot<T>& s = slots_[pos & mask_];
+    prefetch_for_write(&s);  // its sequence is written back: one transfer, not two
+    if (s.seq.load(std::memory_order_acquire) == pos + 1) {
+      before_claim(pos);
+      record_claim(pos - 1, by, true, taken_);
+      if (claim_index(h_->head, pos, by, me)) {
+        give_back(s, pos, out, copy);
+        return true;
+      }
+    }
+    return pop_slow(out, before_claim, copy, me, pos, by);
+  }
+
+  template <class Before, class Copy>
+  __attribute__((noinline)) bool pop_slow(T& out, Before before_claim, Copy copy, uint32_t me, uint64_t pos,
+                                          uint64_t by) {
     for (;;) {
       RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       if (seq == pos + 1) {
         before_claim(pos);
-        if (!s.seq.compare_exchange_weak(seq, mark(true, me, pos), std::memory_order_acq_rel,
-                                         std::memory_order_relaxed))
-          continue;
-        uint64_t hd = pos;
-        h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
-        copy(out, s.value);
-        s.seq.store(pos + mask_ + 1, std::memory_order_release);
+        record_claim(pos - 1, by, true, taken_);
+        if (!claim_index(h_->head, pos, by, me)) continue;
+        give_back(s, pos, out, copy);
         return true;
       }
       if ((seq & kBusy) && uint32_t(seq) == uint32_t(pos)) {
         if (seq & kTaker) {
-          // Another consumer claimed `pos`: count it for it and go on. If it
-          // died there, the slot stays as it left it: its element may still
-          // be owed to someone (reclaim_dead_take), and the producers take
-          // the slot back when they reach it on the next lap.
-          uint64_t hd = pos;
-          h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
-          pos = h_->head.load(std::memory_order_relaxed);
+          // A consumer's mark at the head: one voiding a dead producer's
+          // slot (it moves the head after its mark), or left by a library
+          // that marked before it moved the head. Count it for it and go on;
+          // if it died there, the slot stays as it left it (its element may
+          // still be owed: reclaim_dead_take), and the producers take it
+          // back when they reach it on the next lap.
+          if (claim_index(h_->head, pos, by, mark_pid(seq))) load_index(h_->head, h_->head_by, pos, by);
           continue;
         }
         if (!void_dead_producer(s, seq, pos, me, false)) return false;  // being written: empty
-        pos = h_->head.load(std::memory_order_relaxed);
+        load_index(h_->head, h_->head_by, pos, by);
         continue;
       }
       int64_t diff = int64_t(seq - (pos + 1));
       if (diff < 0 && !(seq & kBusy)) {
         return false;
-      } else if (!advanced(h_->head, pos)) {
+      } else if (!reload_index(h_->head, h_->head_by, pos, by)) {
         return false;  // a sequence ahead of a head that did not move: corrupted
       }
     }
@@ -304,7 +366,7 @@ class Ring {
       s = &slots_[pos & mask_];
     }
     std::memcpy(&out, static_cast<const void*>(&s->value), sizeof(T));
-    h_->head.store(pos + 1, std::memory_order_relaxed);
+    store_head_exclusive(pos + 1);
     s->seq.store(pos + mask_ + 1, std::memory_order_release);
     return true;
   }
@@ -329,7 +391,7 @@ class Ring {
       s = &slots_[pos & mask_];
     }
     std::memcpy(&out, static_cast<const void*>(&s->value), sizeof(T));
-    h_->head.store(pos + 1, std::memory_order_relaxed);
+    store_head_exclusive(pos + 1);
     return true;
   }
   // Gives slot `pos` (taken with take_exclusive) back to the producers.
@@ -364,7 +426,7 @@ class Ring {
     RingSlot<T>& cur = slots_[pos & mask_];
     seq = cur.seq.load(std::memory_order_acquire);
     if ((seq & kBusy) && (seq & kTaker) && uint32_t(seq) == uint32_t(pos) && !ShmLock::alive(mark_pid(seq))) {
-      h_->head.store(pos + 1, std::memory_order_relaxed);
+      store_head_exclusive(pos + 1);
       cur.seq.store(pos + mask_ + 1, std::memory_order_release);
     }
   }
@@ -381,38 +443,55 @@ class Ring {
   // will take nothing more (the daemon, once every process holding the QP
   // that recorded the claim has gone: one that is still a zombie is alive
   // to kill(2)).
-  // The head is moved past `pos` first, as any consumer meeting the claim
-  // would: the claimer may have died before it moved the head, and a slot
-  // given back behind a head that never passed it stopped the ring for good
-  // (the receive queue of KillSharedQp's receiver looked empty for ever, so
-  // every SEND waited on RNR and the shared send queue filled).
+  // The claim is either a mark in the slot, or, while the head is just past
+  // `pos`, the head's claimer; a mark left at the head by a library that
+  // marked first moves the head past `pos` first, as any consumer meeting
+  // it would (a slot given back behind a head that never passed it stopped
+  // the ring for good: KillSharedQp's receive queue looked empty for ever).
   bool reclaim_take(uint64_t pos, uint32_t pid, T& out) {
     RingSlot<T>& s = slots_[pos & mask_];
-    uint64_t claim = mark(true, pid, pos);
-    if (s.seq.load(std::memory_order_acquire) != claim) return false;
-    uint64_t hd = pos;
-    h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
+    const uint64_t marked = mark(true, pid, pos);
+    uint64_t seq = s.seq.load(std::memory_order_acquire);
+    uint64_t hp, hb;
+    load_index(h_->head, h_->head_by, hp, hb);
+    if (seq == pos + 1) {
+      // Claimed by the head's claimer, unless the head moved on (a later
+      // consumer marked the slot before it moved it: look again).
+      if (hp != pos + 1 || uint32_t(hb) != pid) {
+        seq = s.seq.load(std::memory_order_acquire);
+        if (seq != marked) return false;
+      }
+    } else if (seq != marked) {
+      return false;
+    } else if (hp == pos) {
+      claim_index(h_->head, hp, hb, pid);
+    }
     std::memcpy(static_cast<void*>(&out), static_cast<const void*>(&s.value), sizeof(T));
-    return s.seq.compare_exchange_strong(claim, pos + mask_ + 1, std::memory_order_acq_rel, std::memory_order_relaxed);
+    for (;;) {
+      if (s.seq.compare_exchange_strong(seq, pos + mask_ + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+        return true;
+      if (seq != marked) return false;  // taken back by a producer, or by another recoverer
+      // else a later consumer marked the claim meanwhile: the same claim, the same element
+    }
   }
 
   // Peeks at the oldest element without consuming it (single consumer only).
-  // A slot a dead producer claimed is voided on the way, and one a dead
-  // consumer claimed (killed inside pop() before it moved the head) is
-  // passed over as pop() passes it: what that element was owed is the
-  // caller's record (sq_running), which finds it with at(). Before, such a
-  // claim made the ring look empty for good while it was full: a shared
-  // send queue whose poster was killed there refused every post with
-  // ENOMEM (KillSharedQp).
+  // A slot a dead producer claimed is voided on the way, and a dead
+  // consumer's mark at the head (left by a library that marked before it
+  // moved the head) is passed over as pop() passes it: what that element
+  // was owed is the caller's record (sq_running), which finds it with at().
+  // (Such a claim once made the ring look empty for good while it was full:
+  // a shared send queue whose poster was killed there refused every post
+  // with ENOMEM; KillSharedQp.)
   const T* front() {
     for (;;) {
-      uint64_t pos = h_->head.load(std::memory_order_relaxed);
+      uint64_t pos, by;
+      load_index(h_->head, h_->head_by, pos, by);
       RingSlot<T>& s = slots_[pos & mask_];
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       if (seq == pos + 1) return &s.value;
       if ((seq & kBusy) && (seq & kTaker) && uint32_t(seq) == uint32_t(pos) && !ShmLock::alive(mark_pid(seq))) {
-        uint64_t hd = pos;
-        h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
+        claim_index(h_->head, pos, by, mark_pid(seq));
         continue;
       }
       if (!void_dead_producer(s, seq, pos, self_pid(), false)) return nullptr;
@@ -445,7 +524,90 @@ class Ring {
     return kBusy | (taker ? kTaker : 0) | (uint64_t(pid & 0x3fffffffu) << 32) | uint32_t(pos);
   }
   static uint32_t mark_pid(uint64_t seq) { return uint32_t(seq >> 32) & 0x3fffffffu; }
-  // A slot at `pos` claimed by a producer that no longer exists.
+
+  // A claimed slot written and published (producer), copied out and given
+  // back (consumer); each remembered as done by this view (record_claim).
+  template <class F>
+  void publish(RingSlot<T>& s, uint64_t pos, const T& v, size_t bytes, F& before_publish) {
+    std::memcpy(static_cast<void*>(&s.value), &v, bytes);
+    before_publish();
+    s.seq.store(pos + 1, std::memory_order_release);
+    pushed_.v.store(pos, std::memory_order_relaxed);
+  }
+  template <class Copy>
+  void give_back(RingSlot<T>& s, uint64_t pos, T& out, Copy& copy) {
+    copy(out, s.value);
+    s.seq.store(pos + mask_ + 1, std::memory_order_release);
+    taken_.v.store(pos, std::memory_order_relaxed);
+  }
+
+  // Reads an index and its claimer as one pair: the two words change only
+  // together (claim_index), and the index only grows, so a pair read
+  // between two equal reads of the index is one the index held. (x86 keeps
+  // loads in program order.) Bounded: a process that rewrites the index in
+  // a loop gets a torn pair, which the compare-and-swap then refuses.
+  static void load_index(const std::atomic<uint64_t>& idx, const std::atomic<uint64_t>& by_word, uint64_t& pos,
+                         uint64_t& by) {
+    for (int i = 0; i < 64; ++i) {
+      pos = idx.load(std::memory_order_acquire);
+      by = by_word.load(std::memory_order_acquire);
+      if (idx.load(std::memory_order_acquire) == pos) return;
+    }
+  }
+  // The claim: moves the index from `pos` (with claimer `by`) to pos + 1
+  // with claimer `claimer`, in one locked instruction (x86 cmpxchg16b on the
+  // 16-byte aligned pair). On failure `pos` and `by` hold the pair as it is.
+  static bool claim_index(std::atomic<uint64_t>& idx, uint64_t& pos, uint64_t& by, uint64_t claimer) {
+    struct alignas(16) Pair {
+      uint64_t lo, hi;
+    };
+    uint64_t lo = pos, hi = by;
+    bool ok;
+    asm volatile("lock cmpxchg16b %1"
+                 : "=@ccz"(ok), "+m"(*reinterpret_cast<volatile Pair*>(&idx)), "+a"(lo), "+d"(hi)
+                 : "b"(pos + 1), "c"(claimer)
+                 : "memory");
+    if (!ok) {
+      pos = lo;
+      by = hi;
+    }
+    return ok;
+  }
+  // Before an index moves past `prev` + 1: if the claimer the index names
+  // for `prev` (`by`) has not finished with that slot (a producer's element
+  // unpublished, a consumer's not given back), record the claim in the
+  // slot, so that it is known once the index names someone else. Nothing
+  // to do when this view finished `prev` itself (`done`), or when the index
+  // names nobody (exclusive consumers, whose lock recovers instead).
+  void record_claim(uint64_t prev, uint64_t by, bool taker, const DonePos& done) {
+    if (by == 0 || prev == ~0ull || done.v.load(std::memory_order_relaxed) == prev) return;
+    RingSlot<T>& s = slots_[prev & mask_];
+    uint64_t unfinished = taker ? prev + 1 : prev;
+    uint64_t seq = s.seq.load(std::memory_order_relaxed);
+    if (seq == unfinished)
+      s.seq.compare_exchange_strong(seq, mark(taker, uint32_t(by), prev), std::memory_order_relaxed,
+                                    std::memory_order_relaxed);
+  }
+  // A producer at `pos` found the element of `pos - capacity` still in slot
+  // `s` (`seq`). If the head names the consumer that claimed it and that
+  // consumer is dead, take the slot back for this lap (its element died
+  // with it) and return true; otherwise the ring is full.
+  bool take_back_unrecorded(RingSlot<T>& s, uint64_t seq, uint64_t pos) {
+    uint64_t hp, hb;
+    load_index(h_->head, h_->head_by, hp, hb);
+    if (hp != seq || hb == 0 || ShmLock::alive(uint32_t(hb))) return false;
+    // Whether this or another's compare-and-swap (a recoverer's, a
+    // producer's) changed the slot, the caller looks at it again.
+    s.seq.compare_exchange_strong(seq, pos, std::memory_order_acq_rel, std::memory_order_relaxed);
+    return true;
+  }
+  // Exclusive consumers move the head with a store and name no claimer.
+  void store_head_exclusive(uint64_t pos) {
+    if (h_->head_by.load(std::memory_order_relaxed) != 0) h_->head_by.store(0, std::memory_order_relaxed);
+    h_->head.store(pos, std::memory_order_relaxed);
+  }
+
+  // A slot at `pos` marked by a producer that no longer exists.
   static bool dead_mark_at(uint64_t seq, uint64_t pos) {
     return (seq & kBusy) && !(seq & kTaker) && uint32_t(seq) == uint32_t(pos) && !ShmLock::alive(mark_pid(seq));
   }
@@ -479,23 +641,30 @@ class Ring {
     dead = !ShmLock::alive(mark_pid(seq));
     return dead;
   }
-  // The slot at the head (`pos`) holds `seq`. If a dead producer claimed it,
-  // take it (our consumer mark), count it in the tail and the head, give it
-  // back empty and return true; otherwise (being written, or not ours to
-  // judge) false. `exclusive`: the caller excludes other consumers (the
-  // head moves with a store) and polls in a loop (dead_mark_patient).
+  // The slot at the head (`pos`) holds `seq`. If a dead producer's mark is
+  // in it, take it (our consumer mark), count it in the tail and the head,
+  // give it back empty and return true; otherwise (being written, or not
+  // ours to judge) false. `exclusive`: the caller excludes other consumers
+  // (the head moves with a store) and polls in a loop (dead_mark_patient).
   bool void_dead_producer(RingSlot<T>& s, uint64_t seq, uint64_t pos, uint32_t me, bool exclusive) {
     if (!(exclusive ? dead_mark_patient(seq, pos) : dead_mark_at(seq, pos))) return false;
     if (!s.seq.compare_exchange_strong(seq, mark(true, me, pos), std::memory_order_acquire,
                                        std::memory_order_relaxed))
       return true;  // someone else got there: look again
-    uint64_t t = pos;
-    h_->tail.compare_exchange_strong(t, pos + 1, std::memory_order_relaxed);  // it may have died before counting it
+    // A mark at the tail itself (a library that marked before it moved the
+    // tail, or forged) was never counted: count it.
+    uint64_t tp, tb;
+    load_index(h_->tail, h_->tail_by, tp, tb);
+    if (tp == pos) claim_index(h_->tail, tp, tb, mark_pid(seq));
     if (exclusive) {
-      h_->head.store(pos + 1, std::memory_order_relaxed);
+      store_head_exclusive(pos + 1);
     } else {
-      uint64_t hd = pos;
-      h_->head.compare_exchange_strong(hd, pos + 1, std::memory_order_relaxed);
+      uint64_t hp, hb;
+      load_index(h_->head, h_->head_by, hp, hb);
+      for (int i = 0; i < 64 && hp == pos; ++i) {
+        record_claim(pos - 1, hb, true, taken_);
+        if (claim_index(h_->head, hp, hb, me)) break;
+      }
     }
     s.seq.store(pos + mask_ + 1, std::memory_order_release);
     return true;
@@ -506,16 +675,18 @@ class Ring {
   // (release), so reloading sees a new position. If it did not move, the
   // sequence was written by someone who does not follow the protocol: give
   // up rather than spin for ever (the daemon must not hang on a client).
-  static bool advanced(const std::atomic<uint64_t>& index, uint64_t& pos) {
-    uint64_t now = index.load(std::memory_order_relaxed);
-    if (now == pos) return false;
-    pos = now;
-    return true;
+  static bool reload_index(const std::atomic<uint64_t>& idx, const std::atomic<uint64_t>& by_word, uint64_t& pos,
+                           uint64_t& by) {
+    uint64_t was = pos;
+    load_index(idx, by_word, pos, by);
+    return pos != was;
   }
 
   RingHeader* h_ = nullptr;
   RingSlot<T>* slots_ = nullptr;
   uint32_t mask_ = 0;
+  DonePos pushed_;  // the last position a producer of this view published
+  DonePos taken_;   // the last position a consumer of this view gave back
 };
 
 }  // namespace sv::shm

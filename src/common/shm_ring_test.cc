@@ -477,6 +477,125 @@ TEST(ShmRing, AProducerTakesBackADeadClaimAndTheRecovererFindsNothing) {
   EXPECT_EQ(3u, out.v);
 }
 
+// The claim is the index's move, and the index names the claimer (version
+// 5): a process killed at any instruction after it leaves a claim that is
+// known. Each case below kills a real process there.
+
+// Runs `f` in a child process, which is killed by SIGKILL inside it;
+// returns the child's pid once it is dead and reaped.
+template <class F>
+uint32_t killed_child(F f) {
+  pid_t child = ::fork();
+  if (child == 0) {
+    f();
+    ::_exit(0);  // not reached: f kills the child
+  }
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  return uint32_t(child);
+}
+
+// A producer killed after its claim (the tail moved past its slot) and
+// before it published: nothing is published behind it, so pollers see an
+// empty ring; the next push records the dead claim in the slot, and the
+// pollers then void it and take what follows, once and in order.
+TEST(ShmRing, AProducerKilledAfterItsClaimIsVoidedOnceTheNextPushNamesIt) {
+  for (bool exclusive : {true, false}) {
+    RingMem m(4);
+    auto* h = static_cast<RingHeader*>(m.mem);
+    auto* slots = reinterpret_cast<RingSlot<Item>*>(h + 1);
+    ASSERT_TRUE(m.ring.push(Item{1}));
+    uint32_t dead = killed_child([&] { m.ring.push_prefix_then(Item{66}, sizeof(Item), [] { ::raise(SIGKILL); }); });
+    EXPECT_EQ(2u, h->tail.load());
+    EXPECT_EQ(dead, uint32_t(h->tail_by.load())) << "the tail names its last claimer";
+    EXPECT_EQ(1u, slots[1].seq.load()) << "claimed, not published, not yet marked";
+    Item out{};
+    uint64_t pos = 0;
+    ASSERT_TRUE(exclusive ? m.ring.take_exclusive(out, pos) : m.ring.pop(out));
+    EXPECT_EQ(1u, out.v);
+    if (exclusive) m.ring.release(pos);
+    EXPECT_FALSE(m.ring.ready()) << "nothing published: empty";
+    ASSERT_TRUE(m.ring.push(Item{2}));
+    EXPECT_EQ(busy_mark(false, dead, 1), slots[1].seq.load()) << "the next push recorded the dead claim";
+    bool took = false;
+    for (int i = 0; i < 10000 && !took; ++i) {
+      took = exclusive ? m.ring.take_exclusive(out, pos) : m.ring.pop(out);  // pollers are patient
+    }
+    ASSERT_TRUE(took) << "the dead producer's slot stopped the ring";
+    EXPECT_EQ(2u, out.v) << "the dead producer's element must never be seen";
+    if (exclusive) m.ring.release(pos);
+    for (uint64_t i = 10; i < 14; ++i) ASSERT_TRUE(m.ring.push(Item{i})) << "the whole ring is usable again";
+    EXPECT_FALSE(m.ring.push(Item{99}));
+    for (uint64_t i = 10; i < 14; ++i) {
+      ASSERT_TRUE(exclusive ? m.ring.take_exclusive(out, pos) : m.ring.pop(out));
+      EXPECT_EQ(i, out.v);
+      if (exclusive) m.ring.release(pos);
+    }
+  }
+}
+
+// A consumer killed after its claim, with nobody popping after it: the head
+// alone names it. Its recoverer gets the element back, once; the ring goes on.
+TEST(ShmRing, AConsumerKilledAfterItsClaimIsReclaimedWhileOnlyTheHeadNamesIt) {
+  RingMem m(4);
+  auto* h = static_cast<RingHeader*>(m.mem);
+  ASSERT_TRUE(m.ring.push(Item{41}));
+  ASSERT_TRUE(m.ring.push(Item{42}));
+  uint32_t dead = killed_child([&] {
+    Item out{};
+    m.ring.pop_with(out, [](Item&, const Item&) { ::raise(SIGKILL); });
+  });
+  EXPECT_EQ(1u, h->head.load());
+  EXPECT_EQ(dead, uint32_t(h->head_by.load()));
+  Item out{};
+  EXPECT_FALSE(m.ring.reclaim_dead_take(0, uint32_t(::getpid()), out)) << "not the claimer";
+  EXPECT_FALSE(m.ring.reclaim_dead_take(1, dead, out)) << "not its position";
+  ASSERT_TRUE(m.ring.reclaim_dead_take(0, dead, out));
+  EXPECT_EQ(41u, out.v);
+  EXPECT_FALSE(m.ring.reclaim_dead_take(0, dead, out)) << "reclaimed twice";
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(42u, out.v);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(m.ring.push(Item{i})) << "the slot went back: " << i;
+  EXPECT_FALSE(m.ring.push(Item{99}));
+}
+
+// The same claim, met by a producer on its next lap before any recoverer:
+// the producer takes the slot back (its element died with its consumer),
+// and the recoverer then finds nothing, rather than an overwritten element.
+TEST(ShmRing, AProducerTakesBackAClaimOnlyTheHeadNamesWhenItsConsumerDied) {
+  RingMem m(2);
+  ASSERT_TRUE(m.ring.push(Item{1}));
+  ASSERT_TRUE(m.ring.push(Item{2}));
+  uint32_t dead = killed_child([&] {
+    Item out{};
+    m.ring.pop_with(out, [](Item&, const Item&) { ::raise(SIGKILL); });
+  });
+  ASSERT_TRUE(m.ring.push(Item{9})) << "position 2 is slot 0 again: taken back from the dead consumer";
+  Item out{};
+  EXPECT_FALSE(m.ring.reclaim_dead_take(0, dead, out)) << "the producer took it back first";
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(2u, out.v);
+  ASSERT_TRUE(m.ring.pop(out));
+  EXPECT_EQ(9u, out.v);
+  EXPECT_FALSE(m.ring.pop(out));
+}
+
+// While a live consumer holds its claim (copying out), a producer that laps
+// onto the slot finds the ring full, and takes nothing from under it.
+TEST(ShmRing, ALiveConsumersClaimIsNeverTakenBack) {
+  RingMem m(2);
+  auto* h = static_cast<RingHeader*>(m.mem);
+  auto* slots = reinterpret_cast<RingSlot<Item>*>(h + 1);
+  ASSERT_TRUE(m.ring.push(Item{1}));
+  ASSERT_TRUE(m.ring.push(Item{2}));
+  // Our own claim of position 0, as pop() leaves it before it gives the slot back.
+  h->head.store(1);
+  h->head_by.store(uint32_t(::getpid()));
+  EXPECT_FALSE(m.ring.push(Item{3})) << "full: the claimer is alive";
+  EXPECT_EQ(1u, slots[0].seq.load());
+}
+
 // A waiter that waited long gets the next turn, even against a holder that
 // takes the lock again at once (KillSharedQp: a third poster starved for
 // 30 s by two that posted in a loop). Pids stand for processes here: the
