@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "common/paths.h"
 #include "verbs/provider.h"
@@ -160,7 +161,9 @@ int DaemonConn::reattach_after_fork() {
   proto::Empty rep{};
   int fds[1] = {sock_.get()};
   if (int e = fresh.call<proto::Op::ImportContext>(req, rep, fds)) return e;
-  sock_ = std::move(fresh.sock_);  // the parent's connection stays open in the parent
+  // The inherited socket stays open but unused here: ibv_context::cmd_fd
+  // still names it (another process may import the context through it).
+  inherited_ = std::exchange(sock_, std::move(fresh.sock_));
   owner_pid_ = fresh.owner_pid_;
   return 0;
 }

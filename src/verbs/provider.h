@@ -88,6 +88,7 @@ class DaemonConn {
   // same context (the inherited socket is its parent's).
   int reattach_after_fork();
   Fd sock_;
+  Fd inherited_;  // a forked child: its parent's socket, kept open (the context's cmd_fd names it)
   std::mutex mu_;
   uint32_t seq_ = 0;
   uint32_t owner_pid_ = 0;  // the process whose connection sock_ is
