@@ -81,6 +81,10 @@ enum class Op : uint16_t {
   RoceAttach,      // RoCEv2 (docs/ROCE.md): reply fds: the UDP socket on the GID's address, the arrival socket
   PollCq,          // a CQ another user granted me by name: the daemon pops up to `max` completions for me
   ReregMr,         // ibv_rereg_mr: change an MR's PD, access or translation in place; its keys stay
+  AllocDm,         // ibv_alloc_dm: device memory; reply fd: its memfd (sealed at its size)
+  FreeDm,
+  ImportDm,        // ibv_import_dm: a DM of my context by handle; reply fd: its memfd
+  RegDmMr,         // ibv_reg_dm_mr: a zero-based MR over part of a DM
   kCount
 };
 
@@ -411,6 +415,39 @@ struct StatusReply {
 constexpr uint32_t kServedAsSystem = 1;     // the system daemon (--system), else a user's
 constexpr uint32_t kServedAsActivated = 2;  // its socket came from systemd (socket activation)
 
+// Device memory (ibv_alloc_dm(3)): memory the daemon allocates and owns,
+// reached by the processes of its context through a mapping of its memfd and
+// by keys of MRs registered over it (RegDmMr). Each user may hold at most
+// kMaxDmSize bytes of it, every allocation counted in whole pages; that is
+// what ibv_query_device_ex reports as max_dm_size.
+constexpr uint64_t kMaxDmSize = 4ull << 20;
+constexpr uint32_t kMaxDmLogAlign = 12;  // a DM starts a page of its own
+
+struct AllocDmReq {
+  Header h;
+  uint64_t length;         // 1..kMaxDmSize
+  uint32_t log_align_req;  // at most kMaxDmLogAlign
+  uint32_t comp_mask;      // none defined: 0
+};
+
+struct DmReply {  // AllocDm, ImportDm
+  Header h;
+  uint32_t handle;
+  uint32_t backing;   // the DM's backing: MR-table entries of MRs over it name it
+  uint64_t length;    // the DM's length as allocated
+  uint64_t map_size;  // the memfd's size (length rounded up to pages)
+};
+
+struct RegDmMrReq {
+  Header h;
+  uint32_t pd;
+  uint32_t dm;
+  uint64_t offset;  // into the DM
+  uint64_t length;  // offset + length within the DM; 0 allowed (a key for no byte)
+  uint32_t access;  // must hold IBV_ACCESS_ZERO_BASED
+  uint32_t reserved;
+};
+
 struct AllocMwReq {
   Header h;
   uint32_t pd;
@@ -626,10 +663,11 @@ enum Obj : uint16_t {
   kObjSrq = 1 << 8,
   kObjXrcd = 1 << 9,
   kObjName = 1 << 10,  // a name in the namespace
+  kObjDm = 1 << 11,    // device memory
 };
 constexpr uint16_t kObjPublishable = kObjPd | kObjMr | kObjCq | kObjQp | kObjSrq | kObjChannel;  // NsKind
 constexpr const char* kObjNames[] = {"context", "pd", "backing", "mr", "mw", "channel",
-                                     "cq",      "qp", "srq",     "xrcd", "name"};
+                                     "cq",      "qp", "srq",     "xrcd", "name", "dm"};
 
 struct Handles {
   uint16_t reads = 0, creates = 0, destroys = 0;
@@ -733,6 +771,10 @@ SV_OP(OpenQp,        OpenQpReq,      ImportQpReply,      fds(0),    fds(1),    {
 SV_OP(RoceAttach,    RoceAttachReq,  RoceAttachReply,    fds(0),    fds(2),    {kObjQp})
 SV_OP(PollCq,        PollCqReq,      PollCqReply,        fds(0),    fds(0),    {kObjCq})
 SV_OP(ReregMr,       ReregMrReq,     RegMrReply,         fds(0),    fds(0),    {kObjMr | kObjPd | kObjBacking})
+SV_OP(AllocDm,       AllocDmReq,     DmReply,            fds(0),    fds(1),    {0, kObjDm})
+SV_OP(FreeDm,        HandleReq,      Empty,              fds(0),    fds(0),    {0, 0, kObjDm})
+SV_OP(ImportDm,      HandleReq,      DmReply,            fds(0),    fds(1),    {kObjDm})
+SV_OP(RegDmMr,       RegDmMrReq,     RegMrReply,         fds(0),    fds(0),    {kObjPd | kObjDm, kObjMr})
 #undef SV_OP
 #undef SV_OP_DECL
 

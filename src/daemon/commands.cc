@@ -78,6 +78,10 @@ SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, req, rep); }
 SV_HANDLER(DeallocMw) { return env.registry.dealloc_mw(env.client, req.handle); }
 SV_HANDLER(BindMw) { return env.registry.bind_mw(env.client, req, rep); }
 SV_HANDLER(InvalidateKey) { return env.registry.invalidate(env.client, req); }
+SV_HANDLER(AllocDm) { return env.registry.alloc_dm(env.client, req, rep, env.out_fds); }
+SV_HANDLER(FreeDm) { return env.registry.free_dm(env.client, req.handle); }
+SV_HANDLER(ImportDm) { return env.registry.import_dm(env.client, req.handle, rep, env.out_fds); }
+SV_HANDLER(RegDmMr) { return env.registry.reg_dm_mr(env.client, req, rep); }
 
 // ---- Channels and CQs -----------------------------------------------------
 SV_HANDLER(CreateChannel) { return env.registry.create_channel(env.client, std::move(env.in_fds[0]), rep.handle); }

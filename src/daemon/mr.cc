@@ -23,6 +23,7 @@ using namespace sv::shm;
 int Registry::check_mr(uint32_t client, const proto::RegMrReq& req) {
   const Backing* b = backings_.owned(req.backing, ctx(client));
   if (!pds_.owned(req.pd, ctx(client)) || !b) return EINVAL;
+  if (b->dm) return EINVAL;  // device memory is registered by RegDmMr alone (dm.cc)
   if (req.access & ~kKnownAccess) return EINVAL;
   // ibv_reg_mr(3): remote write or remote atomic access needs local write.
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
@@ -55,6 +56,13 @@ void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t cl
 
 int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
   if (int e = check_mr(client, req)) return e;
+  return install_mr(client, req, true, 0, rep);
+}
+
+// The MR's key slot, entry and object; `charge`: its pages count as the
+// registrant's locked memory; `dm`: the device memory it is registered over.
+int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm,
+                         proto::RegMrReply& rep) {
   if (int e = quotas_.admit(Quotas::kMr, client_uid(client))) return e;
 
   uint32_t slot = alloc_key_slot();
@@ -62,7 +70,9 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   // The entry goes to the registrant's user's device segment.
   if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
   uint64_t bytes = 0;
-  if (int err = charge_memlock(client, req.addr, req.length, 0, bytes)) return err;
+  if (charge) {
+    if (int err = charge_memlock(client, req.addr, req.length, 0, bytes)) return err;
+  }
 
   uint8_t kb = ++mr_key_byte_[slot];
   uint32_t key = (slot << 8) | kb;
@@ -80,6 +90,7 @@ int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrRe
   mr.backing = req.backing;
   mr.charged_pid = clients_[client].pid;
   mr.charged_bytes = bytes;
+  mr.dm = dm;
   hold(mrs_.insert(slot, std::move(mr)).held());
   rep.handle = slot;
   rep.key = key;
@@ -96,6 +107,7 @@ int Registry::rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::Reg
   constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
   Mr* mr = mrs_.owned(req.handle, ctx(client));
   if (!mr || req.flags == 0 || (req.flags & ~kFlags)) return EINVAL;
+  if (mr->dm) return EINVAL;  // an MR over device memory is not re-registered (as mlx5)
   if (mr->refs) return EBUSY;
   MrEntry& e = tables_.mr_at(req.handle);
   const bool moves = req.flags & IBV_REREG_MR_CHANGE_TRANSLATION;
@@ -185,6 +197,7 @@ int Registry::reg_shared(uint32_t client, const proto::RegSharedReq& req, proto:
   const MrEntry* e = mr_entry(req.key);
   auto mr = mrs_.find(req.key >> 8);
   if (!e || mr == mrs_.end() || e->kind != kKindMr || mr->second.owner != ctx(client)) return EINVAL;
+  if (mr->second.dm) return EINVAL;  // device memory: RegDmMr
   proto::RegMrReq r{};
   r.pd = req.pd;
   r.backing = mr->second.backing;

@@ -45,7 +45,7 @@ inline constexpr uint32_t kQpAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOT
 // The object types. The order of the context-owned ones is the order a
 // context's objects are destroyed in (kDestroyOrder); an XRC domain is
 // owned by no context (it lives while opened or used).
-enum class ObjKind : uint8_t { kQp, kSrq, kXrcdHandle, kMw, kMr, kCq, kChannel, kBacking, kPd, kXrcd, kCount };
+enum class ObjKind : uint8_t { kQp, kSrq, kXrcdHandle, kMw, kMr, kDm, kCq, kChannel, kBacking, kPd, kXrcd, kCount };
 
 // One type's descriptor (cf. rxe_type_info): its name (traces, tests) and
 // the quota its objects are charged to (quota.h).
@@ -57,11 +57,13 @@ struct TypeInfo {
 
 // Context-owned types in destroy order: QPs use SRQs, CQs and PDs; SRQs use
 // XRC domains, CQs and PDs; windows use MRs and PDs; MRs use PDs and
-// backings; CQs use channels.
+// backings and device memory; device memory uses its backing; CQs use
+// channels.
 inline constexpr TypeInfo kDestroyOrder[] = {
     {ObjKind::kQp, "QP", Quotas::kQp},          {ObjKind::kSrq, "SRQ", Quotas::kSrq},
     {ObjKind::kXrcdHandle, "XRCD", Quotas::kXrcd}, {ObjKind::kMw, "MW", Quotas::kMw},
-    {ObjKind::kMr, "MR", Quotas::kMr},          {ObjKind::kCq, "CQ", Quotas::kCq},
+    {ObjKind::kMr, "MR", Quotas::kMr},          {ObjKind::kDm, "DM", Quotas::kDm},
+    {ObjKind::kCq, "CQ", Quotas::kCq},
     {ObjKind::kChannel, "channel", Quotas::kChannel}, {ObjKind::kBacking, "backing", Quotas::kBacking},
     {ObjKind::kPd, "PD", Quotas::kPd},
 };
@@ -98,6 +100,7 @@ struct Backing : Object {  // refs: MRs of it
   std::string region;    // named region (seed 000) this backing attaches, or empty
   uint64_t limit = 0;    // region backings: the region's size
   uid_t region_uid = 0;  // region backings: the user whose id space names it
+  bool dm = false;       // device memory's own backing (made by the daemon): only RegDmMr registers it
   Held held() const { return {}; }
 };
 
@@ -119,7 +122,18 @@ struct Mr : Object {  // refs: memory windows bound to it
   uint32_t backing = 0;
   pid_t charged_pid = 0;  // the registrant; the charge stays with it until the MR is freed
   uint64_t charged_bytes = 0;
-  Held held() const { return {Ref{ObjKind::kPd, pd}, Ref{ObjKind::kBacking, backing}}; }
+  uint32_t dm = 0;  // registered over device memory (ibv_reg_dm_mr): that DM
+  Held held() const { return {Ref{ObjKind::kPd, pd}, Ref{ObjKind::kBacking, backing}, Ref{ObjKind::kDm, dm}}; }
+};
+
+// Device memory (ibv_alloc_dm(3)): a memfd the daemon made, kept as a
+// backing of the context that the DM holds; freed with its last handle.
+struct Dm : Object {  // refs: MRs registered over it
+  uint32_t backing = 0;
+  uint64_t length = 0;   // as allocated (registrations and copies stay within it)
+  uint64_t charged = 0;  // bytes counted against its user's device memory (whole pages)
+  uid_t uid = 0;         // that user
+  Held held() const { return {Ref{ObjKind::kBacking, backing}}; }
 };
 
 struct Mw : Object {

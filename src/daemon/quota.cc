@@ -36,7 +36,7 @@ int over(Quotas::Kind k) {
 
 const char* Quotas::name(Kind k) {
   static const char* const names[kKinds] = {"PD", "MR", "MW", "KEYSLOT", "CQ", "QP",
-                                            "SRQ", "CHANNEL", "BACKING", "XRCD", "CONNECTION", "FD"};
+                                            "SRQ", "CHANNEL", "BACKING", "XRCD", "CONNECTION", "FD", "DM"};
   return k < kKinds ? names[k] : "?";
 }
 

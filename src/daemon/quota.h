@@ -16,7 +16,8 @@
 // each other kind. Root is not exempt: its limits are its own, like any
 // user's. SOFTVERBSD_QUOTA_<KIND>=N in the daemon's environment overrides a
 // default (KIND: PD, MR, MW, KEYSLOT, CQ, QP, SRQ, CHANNEL, BACKING, XRCD,
-// CONNECTION, FD); 0 means no limit.
+// CONNECTION, FD, DM); 0 means no limit. Device memory is also limited in
+// bytes per user (proto::kMaxDmSize, registry), whichever daemon.
 //
 // Contract: single-threaded (the daemon's loop).
 #pragma once
@@ -32,7 +33,7 @@ namespace sv::daemon {
 
 class Quotas {
  public:
-  enum Kind : uint32_t { kPd, kMr, kMw, kKeySlot, kCq, kQp, kSrq, kChannel, kBacking, kXrcd, kConnection, kFd, kKinds };
+  enum Kind : uint32_t { kPd, kMr, kMw, kKeySlot, kCq, kQp, kSrq, kChannel, kBacking, kXrcd, kConnection, kFd, kDm, kKinds };
   static const char* name(Kind k);
 
   // `system`: the defaults above (else none); `fd_limit`: the daemon's

@@ -130,6 +130,7 @@ const Registry::TypeOps Registry::kTypeOps[] = {
     {ObjKind::kXrcdHandle, nullptr, nullptr, &Registry::release_xrcd_handle, nullptr},
     {ObjKind::kMw, nullptr, nullptr, &Registry::release_mw, nullptr},
     {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, &Registry::release_mr, nullptr},
+    {ObjKind::kDm, nullptr, nullptr, &Registry::release_dm, nullptr},
     {ObjKind::kCq, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kChannel, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kBacking, nullptr, nullptr, &Registry::drop_backing, nullptr},
@@ -144,6 +145,7 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
     case ObjKind::kXrcdHandle: return f(xrcd_handles_);
     case ObjKind::kMw: return f(mws_);
     case ObjKind::kMr: return f(mrs_);
+    case ObjKind::kDm: return f(dms_);
     case ObjKind::kCq: return f(cqs_);
     case ObjKind::kChannel: return f(channels_);
     case ObjKind::kBacking: return f(backings_);
@@ -163,12 +165,16 @@ void Registry::hold(const Held& refs) {
 }
 
 // Dropping the last reference frees the objects that live only while
-// referenced: a region's backing with its last MR (seed 000), an XRC
-// domain nobody opened or uses any more.
+// referenced: a region's backing with its last MR (seed 000), device
+// memory's backing with its DM, an XRC domain nobody opened or uses any
+// more.
 void Registry::drop(Ref r) {
   if (!r.handle) return;
   const int64_t left = with_table(r.kind, [&](auto& t) { return t.unref(r.handle); });
-  if (r.kind == ObjKind::kBacking && left == 0 && !backings_.at(r.handle).region.empty()) drop_backing(r.handle);
+  if (r.kind == ObjKind::kBacking && left == 0) {
+    const Backing& b = backings_.at(r.handle);
+    if (!b.region.empty() || b.dm) drop_backing(r.handle);
+  }
   if (r.kind == ObjKind::kXrcd) xrcd_drop_if_unused(r.handle);
 }
 
@@ -188,7 +194,7 @@ void Registry::forget(ObjKind kind, uint32_t handle) {
 
 // Frees every object of a context no process holds any more, type by type
 // in destroy order (referrers first: QPs, SRQs, XRC domain handles,
-// windows, MRs, CQs, channels, backings, PDs), so that each object's
+// windows, MRs, device memory, CQs, channels, backings, PDs), so that each object's
 // cleanup only drops references to objects still there.
 void Registry::release_context(uint32_t owner) {
   for (const TypeInfo& type : kDestroyOrder) {

@@ -159,6 +159,16 @@ class Registry : private MediationTables {
   int dealloc_mw(uint32_t client, uint32_t handle);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
   int invalidate(uint32_t client, const proto::InvalidateReq& req);
+  // Device memory (dm.cc; ibv_alloc_dm(3)).
+  int alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
+  int free_dm(uint32_t client, uint32_t handle);
+  int import_dm(uint32_t client, uint32_t handle, proto::DmReply& rep, std::vector<int>& out_fds);
+  int reg_dm_mr(uint32_t client, const proto::RegDmMrReq& req, proto::RegMrReply& rep);
+  // Bytes of device memory `uid` holds (whole pages).
+  uint64_t dm_bytes(uid_t uid) const {
+    auto it = dm_bytes_.find(uid);
+    return it == dm_bytes_.end() ? 0 : it->second;
+  }
 
   // Locked-memory accounts (pid -> charge), for `softverbs status`.
   void accounts(proto::AccountsReply& rep) const;
@@ -198,6 +208,7 @@ class Registry : private MediationTables {
   using RegionKey = daemon::RegionKey;
   using Mr = daemon::Mr;
   using Mw = daemon::Mw;
+  using Dm = daemon::Dm;
   using Channel = daemon::Channel;
   using Cq = daemon::Cq;
   using Srq = daemon::Srq;
@@ -285,6 +296,11 @@ class Registry : private MediationTables {
   int charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit, uint64_t& bytes);
   void uncharge_memlock(pid_t pid, uint64_t bytes);
   int check_mr(uint32_t client, const proto::RegMrReq& req);
+  // Makes the MR `req` describes (checked); `charge`: count its pages as
+  // the registrant's locked memory (not for device memory).
+  int install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm, proto::RegMrReply& rep);
+  // ---- Device memory (dm.cc) ----
+  void release_dm(uint32_t handle);
   void fill_mr_entry(shm::MrEntry& e, const proto::RegMrReq& req, uint32_t client);
 
   // ---- CQs and channels (cq.cc) ----
@@ -353,6 +369,8 @@ class Registry : private MediationTables {
   ObjectTable<Backing> backings_;
   ObjectTable<Mr> mrs_;        // by slot in the MR table
   ObjectTable<Mw> mws_;        // by slot in the MR table
+  ObjectTable<Dm> dms_;
+  std::map<uid_t, uint64_t> dm_bytes_;  // device memory per user (whole pages)
   ObjectTable<Channel> channels_;
   ObjectTable<Cq> cqs_;
   ObjectTable<Srq> srqs_;

@@ -194,8 +194,11 @@ TEST(ObjectTypes, ReferencesPointLaterInDestroyOrder) {
   w.pd = w.bound_mr = 1;
   check(ObjKind::kMw, w.held());
   Mr m;
-  m.pd = m.backing = 1;
+  m.pd = m.backing = m.dm = 1;
   check(ObjKind::kMr, m.held());
+  Dm d;
+  d.backing = 1;
+  check(ObjKind::kDm, d.held());
   Cq c;
   c.channel = 1;
   check(ObjKind::kCq, c.held());

@@ -236,6 +236,9 @@ Context* new_verbs_context(ContextState& st) {
   v.alloc_td = alloc_td;
   v.dealloc_td = dealloc_td;
   v.alloc_parent_domain = alloc_parent_domain;
+  v.alloc_dm = alloc_dm;  // device memory (dm.cc)
+  v.free_dm = free_dm;
+  v.reg_dm_mr = reg_dm_mr;
   ibv_context& c = v.context;
   c.device = &the_device()->dev;
   c.ops.poll_cq = poll_cq;
@@ -309,6 +312,9 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
   // One port, in the field for devices with more than 255 too (ibv_query_device_ex(3)).
   if (attr_size >= offsetof(ibv_device_attr_ex, phys_port_cnt_ex) + sizeof(attr->phys_port_cnt_ex))
     attr->phys_port_cnt_ex = 1;
+  // Device memory a user may hold in all (ibv_alloc_dm(3), src/daemon/dm.cc).
+  if (attr_size >= offsetof(ibv_device_attr_ex, max_dm_size) + sizeof(attr->max_dm_size))
+    attr->max_dm_size = proto::kMaxDmSize;
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "common/paths.h"
 #include "verbs/provider.h"
@@ -86,6 +87,7 @@ int DaemonConn::open() {
   for (;;) {
     int e = connect_seqpacket(sock, sock_);
     if (e == 0) {
+      owner_pid_ = self_pid();
       // A daemon that stops answering must not hang the application forever.
       timeval tv{30, 0};
       ::setsockopt(sock_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -113,6 +115,9 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
                          std::span<const int> send_fds, std::vector<Fd>* recv_fds) {
   std::lock_guard<std::mutex> g(mu_);
   if (!sock_.valid()) return ENODEV;
+  if (owner_pid_ != self_pid()) {
+    if (int e = reattach_after_fork()) return e;
+  }
   auto* h = static_cast<proto::Header*>(req);
   h->seq = ++seq_;
   if (int e = send_message(sock_.get(), req, req_len, send_fds)) return e == EPIPE ? ENODEV : e;
@@ -140,6 +145,26 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
   if (len != rep_len) return EPROTO;
   std::memcpy(rep, buf, rep_len);
   if (recv_fds) *recv_fds = std::move(fds);
+  return 0;
+}
+
+// A forked child inherits its parent's socket: a reply would go to whichever
+// of them reads first (several children allocating at once, as rdma-core's
+// test_multi_process_alloc_dm does, got each other's replies). The child
+// opens its own connection and joins the context through the inherited
+// socket, as ibv_import_device does (the parent claimed that socket), so it
+// works on the same objects as equals. Called with mu_ held.
+int DaemonConn::reattach_after_fork() {
+  DaemonConn fresh;
+  if (int e = fresh.open()) return e;
+  proto::Empty req{};
+  proto::Empty rep{};
+  int fds[1] = {sock_.get()};
+  if (int e = fresh.call<proto::Op::ImportContext>(req, rep, fds)) return e;
+  // The inherited socket stays open but unused here: ibv_context::cmd_fd
+  // still names it (another process may import the context through it).
+  inherited_ = std::exchange(sock_, std::move(fresh.sock_));
+  owner_pid_ = fresh.owner_pid_;
   return 0;
 }
 

@@ -46,7 +46,9 @@ ibv_pd* new_pd_handle(ibv_context* c, uint32_t handle) {
 
 int get_backing(ContextState& st) {
   std::lock_guard<std::mutex> g(st.mu);
-  if (st.backing) return 0;
+  // A forked child has a backing file of its own (mem_backing.h): the one
+  // registered by its parent holds the parent's pages, not the child's.
+  if (st.backing && st.backing_pid == self_pid()) return 0;
   int fd = MemBacking::instance().fd();
   if (fd < 0) return EINVAL;
   proto::Empty req{};
@@ -54,6 +56,7 @@ int get_backing(ContextState& st) {
   int fds[1] = {fd};
   if (int e = st.conn.call<proto::Op::RegBacking>(req, rep, fds)) return e;
   st.backing = rep.handle;
+  st.backing_pid = self_pid();
   return 0;
 }
 

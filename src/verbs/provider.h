@@ -84,9 +84,14 @@ class DaemonConn {
   int raw_call(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
                std::vector<Fd>* recv_fds);
   bool dispatch_event(const uint8_t* buf, size_t len);
+  // In a child forked after open(): a connection of its own, joined to the
+  // same context (the inherited socket is its parent's).
+  int reattach_after_fork();
   Fd sock_;
+  Fd inherited_;  // a forked child: its parent's socket, kept open (the context's cmd_fd names it)
   std::mutex mu_;
   uint32_t seq_ = 0;
+  uint32_t owner_pid_ = 0;  // the process whose connection sock_ is
 };
 
 // ---- A CQ ring as a producer sees it (local or a peer's) -------------------
@@ -340,6 +345,7 @@ struct ContextState {
 
   std::mutex mu;  // guards the maps below
   uint32_t backing = 0;  // this process's backing file as registered on this connection
+  uint32_t backing_pid = 0;  // the process that registered it (a forked child has its own)
   std::map<uint32_t, Fd> foreign_backings;                      // backing id -> fd
   std::unordered_map<uint32_t, std::shared_ptr<Window>> windows;  // key -> window
   std::vector<CqState*> cqs;
@@ -387,6 +393,11 @@ inline int destroy_result(const ContextState& st, int e) { return (e && st.dead.
 ibv_td* alloc_td(ibv_context* c, ibv_td_init_attr* attr);
 int dealloc_td(ibv_td* td);
 ibv_pd* alloc_parent_domain(ibv_context* c, ibv_parent_domain_init_attr* attr);
+
+// Device memory (dm.cc; ibv_alloc_dm(3))
+ibv_dm* alloc_dm(ibv_context* c, ibv_alloc_dm_attr* attr);
+int free_dm(ibv_dm* dm);
+ibv_mr* reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t offset, size_t length, unsigned int access);
 
 // Context (context.cc)
 ibv_context* open_context(ibv_device* dev);

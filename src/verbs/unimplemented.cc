@@ -37,14 +37,6 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd * /*pd*/, uint64_t /*offset*/,
   return nullptr;
 }
 
-struct ibv_dm *ibv_import_dm(struct ibv_context * /*context*/,
-                             uint32_t /*dm_handle*/) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
-
-void ibv_unimport_dm(struct ibv_dm * /*dm*/) {}
-
 // Declared in rdma-core's private driver.h, exported at IBVERBS_1.1 and used
 // by providers.  rdma-core itself returns 0 without doing anything unless
 // ibv_fork_init() ran; a software device has no DMA to protect from
