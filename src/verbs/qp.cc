@@ -269,6 +269,90 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 using namespace sv;
 using namespace sv::verbs;
 
+namespace {
+
+// The daemon's request for ibv_modify_qp: the attributes `mask` names.
+int modify_request(const QpState& q, const ibv_qp_attr& attr, int mask, proto::ModifyQpReq& req) {
+  req.qpn = q.qpn;
+  req.attr_mask = uint32_t(mask);
+  req.qp_state = attr.qp_state;
+  req.cur_qp_state = attr.cur_qp_state;
+  req.path_mtu = attr.path_mtu;
+  req.qkey = attr.qkey;
+  req.rq_psn = attr.rq_psn;
+  req.sq_psn = attr.sq_psn;
+  req.dest_qp_num = attr.dest_qp_num;
+  req.qp_access_flags = uint32_t(attr.qp_access_flags);
+  req.pkey_index = attr.pkey_index;
+  req.port_num = attr.port_num;
+  req.max_rd_atomic = attr.max_rd_atomic;
+  req.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+  req.min_rnr_timer = attr.min_rnr_timer;
+  req.timeout = attr.timeout;
+  req.retry_cnt = attr.retry_cnt;
+  req.rnr_retry = attr.rnr_retry;
+  if (mask & IBV_QP_AV) {
+    const ibv_ah_attr& ah = attr.ah_attr;
+    req.ah_port_num = ah.port_num;
+    req.ah_is_global = ah.is_global;
+    req.ah_dlid = ah.dlid;
+    if (ah.is_global) {
+      if (ah.grh.sgid_index >= kGidTableLen) return EINVAL;
+      req.ah_sgid_index = ah.grh.sgid_index;
+      std::memcpy(req.ah_dgid, ah.grh.dgid.raw, 16);
+    }
+  }
+  if ((mask & IBV_QP_CAP) != 0) return EINVAL;  // resizing a QP's queues is not supported
+  return 0;
+}
+
+// What ibv_query_qp answers, once the daemon accepted the change.
+void remember_attr(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next) {
+  std::lock_guard<std::mutex> g(q.attr_mu);
+  ibv_qp_attr& s = q.attr;
+  if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr.pkey_index;
+  if (mask & IBV_QP_PORT) s.port_num = attr.port_num;
+  if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = attr.qp_access_flags;
+  if (mask & IBV_QP_AV) s.ah_attr = attr.ah_attr;
+  if (mask & IBV_QP_PATH_MTU) s.path_mtu = attr.path_mtu;
+  if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = attr.dest_qp_num;
+  if (mask & IBV_QP_RQ_PSN) s.rq_psn = attr.rq_psn;
+  if (mask & IBV_QP_SQ_PSN) s.sq_psn = attr.sq_psn;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = attr.max_rd_atomic;
+  if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = attr.min_rnr_timer;
+  if (mask & IBV_QP_TIMEOUT) s.timeout = attr.timeout;
+  if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = attr.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = attr.rnr_retry;
+  if (mask & IBV_QP_QKEY) s.qkey = attr.qkey;
+  s.qp_state = next;
+}
+
+// RESET discards both queues without completions (IBTA 10.3.1).
+void reset_queues(QpState& q, ibv_qp_state was) {
+  q.hdr->send_lock.lock(self_pid());
+  shm::SendWqe sw;
+  while (q.sq.pop(sw)) {
+  }
+  q.hdr->sq_running.store(0, std::memory_order_relaxed);  // nothing is owed for a discarded request
+  q.head_started = false;
+  q.peer.reset();
+  q.last_window.reset();
+  choose_transport(q);  // off the wire, no peer
+  q.hdr->send_lock.unlock();
+  shm::RecvWqe rw;
+  while (q.rq.pop(rw)) {
+  }
+  // Restarted from an error state: its completions still in its CQs
+  // (flushed work requests, mostly) go too (cq.cc clean_cq).
+  if (was == IBV_QPS_ERR || was == IBV_QPS_SQE) {
+    if (q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.send_cq->cq), q.qpn);
+    if (q.recv_cq && q.recv_cq != q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.recv_cq->cq), q.qpn);
+  }
+}
+
+}  // namespace
+
 extern "C" {
 
 ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
@@ -293,63 +377,14 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 
 int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   QpState& q = *to_qp(ibqp)->st;
-  ContextState& cs = *q.ctx->st;
   proto::ModifyQpReq req{};
-  req.qpn = q.qpn;
-  req.attr_mask = uint32_t(mask);
-  req.qp_state = attr->qp_state;
-  req.cur_qp_state = attr->cur_qp_state;
-  req.path_mtu = attr->path_mtu;
-  req.qkey = attr->qkey;
-  req.rq_psn = attr->rq_psn;
-  req.sq_psn = attr->sq_psn;
-  req.dest_qp_num = attr->dest_qp_num;
-  req.qp_access_flags = uint32_t(attr->qp_access_flags);
-  req.pkey_index = attr->pkey_index;
-  req.port_num = attr->port_num;
-  req.max_rd_atomic = attr->max_rd_atomic;
-  req.max_dest_rd_atomic = attr->max_dest_rd_atomic;
-  req.min_rnr_timer = attr->min_rnr_timer;
-  req.timeout = attr->timeout;
-  req.retry_cnt = attr->retry_cnt;
-  req.rnr_retry = attr->rnr_retry;
-  if (mask & IBV_QP_AV) {
-    const ibv_ah_attr& ah = attr->ah_attr;
-    req.ah_port_num = ah.port_num;
-    req.ah_is_global = ah.is_global;
-    req.ah_dlid = ah.dlid;
-    if (ah.is_global) {
-      if (ah.grh.sgid_index >= kGidTableLen) return EINVAL;
-      req.ah_sgid_index = ah.grh.sgid_index;
-      std::memcpy(req.ah_dgid, ah.grh.dgid.raw, 16);
-    }
-  }
-  if ((mask & IBV_QP_CAP) != 0) return EINVAL;  // resizing a QP's queues is not supported
+  if (int e = modify_request(q, *attr, mask, req)) return e;
   const auto was = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   proto::Empty rep{};
-  if (int e = cs.conn.call<proto::Op::ModifyQp>(req, rep)) return e;
+  if (int e = q.ctx->st->conn.call<proto::Op::ModifyQp>(req, rep)) return e;
 
   ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : ibqp->state;
-  {
-    std::lock_guard<std::mutex> g(q.attr_mu);
-    ibv_qp_attr& s = q.attr;
-    if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr->pkey_index;
-    if (mask & IBV_QP_PORT) s.port_num = attr->port_num;
-    if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = attr->qp_access_flags;
-    if (mask & IBV_QP_AV) s.ah_attr = attr->ah_attr;
-    if (mask & IBV_QP_PATH_MTU) s.path_mtu = attr->path_mtu;
-    if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = attr->dest_qp_num;
-    if (mask & IBV_QP_RQ_PSN) s.rq_psn = attr->rq_psn;
-    if (mask & IBV_QP_SQ_PSN) s.sq_psn = attr->sq_psn;
-    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
-    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = attr->max_rd_atomic;
-    if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = attr->min_rnr_timer;
-    if (mask & IBV_QP_TIMEOUT) s.timeout = attr->timeout;
-    if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = attr->retry_cnt;
-    if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = attr->rnr_retry;
-    if (mask & IBV_QP_QKEY) s.qkey = attr->qkey;
-    s.qp_state = next;
-  }
+  remember_attr(q, *attr, mask, next);
   ibqp->state = next;
   if (mask & IBV_QP_STATE) {
     // A peer on another host: the QP goes on the wire at RTR (roce_link.h).
@@ -369,26 +404,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   } else if (next == IBV_QPS_ERR) {
     flush_qp(q);
   } else if (next == IBV_QPS_RESET) {
-    // RESET discards both queues without completions (IBTA 10.3.1).
-    q.hdr->send_lock.lock(self_pid());
-    shm::SendWqe sw;
-    while (q.sq.pop(sw)) {
-    }
-    q.hdr->sq_running.store(0, std::memory_order_relaxed);  // nothing is owed for a discarded request
-    q.head_started = false;
-    q.peer.reset();
-    q.last_window.reset();
-    choose_transport(q);  // off the wire, no peer
-    q.hdr->send_lock.unlock();
-    shm::RecvWqe rw;
-    while (q.rq.pop(rw)) {
-    }
-    // Restarted from an error state: its completions still in its CQs
-    // (flushed work requests, mostly) go too (cq.cc clean_cq).
-    if (was == IBV_QPS_ERR || was == IBV_QPS_SQE) {
-      if (q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.send_cq->cq), q.qpn);
-      if (q.recv_cq && q.recv_cq != q.send_cq) clean_cq(ibv_cq_ex_to_cq(&q.recv_cq->cq), q.qpn);
-    }
+    reset_queues(q, was);
   }
   return 0;
 }
