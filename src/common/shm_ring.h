@@ -232,7 +232,7 @@ class Ring {
     prefetch_for_write(&s);  // read, then written: one transfer, not two
     if (!(pos & kClosed) && s.seq.load(std::memory_order_acquire) == pos) {
       record_claim(pos - 1, by, false, pushed_);
-      if (claim_index(h_->tail, pos, by, me)) {
+      if (claim_index(h_->tail, h_->tail_by, pos, by, me)) {
         publish(s, pos, v, bytes, before_publish);
         return true;
       }
@@ -251,7 +251,7 @@ class Ring {
       if (seq == pos) {
         // Free: claim it by moving the tail (see the top of this file).
         record_claim(pos - 1, by, false, pushed_);
-        if (!claim_index(h_->tail, pos, by, me)) continue;
+        if (!claim_index(h_->tail, h_->tail_by, pos, by, me)) continue;
         publish(s, pos, v, bytes, before_publish);
         return true;
       }
@@ -260,7 +260,7 @@ class Ring {
           // A producer's mark at the tail itself (left by a library that
           // marked before it moved the tail, or forged): count it as the
           // claim it names.
-          if (claim_index(h_->tail, pos, by, mark_pid(seq))) load_index(h_->tail, h_->tail_by, pos, by);
+          if (claim_index(h_->tail, h_->tail_by, pos, by, mark_pid(seq))) load_index(h_->tail, h_->tail_by, pos, by);
           continue;
         }
         if ((seq & kTaker) && uint32_t(seq) == uint32_t(pos - mask_ - 1)) {
@@ -308,7 +308,7 @@ class Ring {
     if (s.seq.load(std::memory_order_acquire) == pos + 1) {
       before_claim(pos);
       record_claim(pos - 1, by, true, taken_);
-      if (claim_index(h_->head, pos, by, me)) {
+      if (claim_index(h_->head, h_->head_by, pos, by, me)) {
         give_back(s, pos, out, copy);
         return true;
       }
@@ -325,7 +325,7 @@ class Ring {
       if (seq == pos + 1) {
         before_claim(pos);
         record_claim(pos - 1, by, true, taken_);
-        if (!claim_index(h_->head, pos, by, me)) continue;
+        if (!claim_index(h_->head, h_->head_by, pos, by, me)) continue;
         give_back(s, pos, out, copy);
         return true;
       }
@@ -337,7 +337,7 @@ class Ring {
           // if it died there, the slot stays as it left it (its element may
           // still be owed: reclaim_dead_take), and the producers take it
           // back when they reach it on the next lap.
-          if (claim_index(h_->head, pos, by, mark_pid(seq))) load_index(h_->head, h_->head_by, pos, by);
+          if (claim_index(h_->head, h_->head_by, pos, by, mark_pid(seq))) load_index(h_->head, h_->head_by, pos, by);
           continue;
         }
         if (!void_dead_producer(s, seq, pos, me, false)) return false;  // being written: empty
@@ -464,7 +464,7 @@ class Ring {
     } else if (seq != marked) {
       return false;
     } else if (hp == pos) {
-      claim_index(h_->head, hp, hb, pid);
+      claim_index(h_->head, h_->head_by, hp, hb, pid);
     }
     std::memcpy(static_cast<void*>(&out), static_cast<const void*>(&s.value), sizeof(T));
     for (;;) {
@@ -491,7 +491,7 @@ class Ring {
       uint64_t seq = s.seq.load(std::memory_order_acquire);
       if (seq == pos + 1) return &s.value;
       if ((seq & kBusy) && (seq & kTaker) && uint32_t(seq) == uint32_t(pos) && !ShmLock::alive(mark_pid(seq))) {
-        claim_index(h_->head, pos, by, mark_pid(seq));
+        claim_index(h_->head, h_->head_by, pos, by, mark_pid(seq));
         continue;
       }
       if (!void_dead_producer(s, seq, pos, self_pid(), false)) return nullptr;
@@ -555,9 +555,24 @@ class Ring {
     }
   }
   // The claim: moves the index from `pos` (with claimer `by`) to pos + 1
-  // with claimer `claimer`, in one locked instruction (x86 cmpxchg16b on the
-  // 16-byte aligned pair). On failure `pos` and `by` hold the pair as it is.
-  static bool claim_index(std::atomic<uint64_t>& idx, uint64_t& pos, uint64_t& by, uint64_t claimer) {
+  // with claimer `claimer`, in one locked instruction. On failure `pos` and
+  // `by` hold the pair as it is.
+  // When the claimer stays the same (one process posting or polling in a
+  // row, the common case) only the index changes, and an 8-byte
+  // compare-and-swap of it does: every claim moves the index, so an index
+  // still at `pos` still names `by`. Otherwise both words change together
+  // in x86 `cmpxchg16b` on the 16-byte aligned pair, which costs about 1.3x
+  // the 8-byte one here (docs/PERFORMANCE.md, session 13).
+  static bool claim_index(std::atomic<uint64_t>& idx, std::atomic<uint64_t>& by_word, uint64_t& pos, uint64_t& by,
+                          uint64_t claimer) {
+    if (by == claimer) {
+      uint64_t p = pos;
+      // acq_rel: the slot is written only after the claim, and the record
+      // of the claim behind (record_claim) is in place before it.
+      if (idx.compare_exchange_strong(p, pos + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return true;
+      load_index(idx, by_word, pos, by);
+      return false;
+    }
     struct alignas(16) Pair {
       uint64_t lo, hi;
     };
@@ -655,7 +670,7 @@ class Ring {
     // tail, or forged) was never counted: count it.
     uint64_t tp, tb;
     load_index(h_->tail, h_->tail_by, tp, tb);
-    if (tp == pos) claim_index(h_->tail, tp, tb, mark_pid(seq));
+    if (tp == pos) claim_index(h_->tail, h_->tail_by, tp, tb, mark_pid(seq));
     if (exclusive) {
       store_head_exclusive(pos + 1);
     } else {
@@ -663,7 +678,7 @@ class Ring {
       load_index(h_->head, h_->head_by, hp, hb);
       for (int i = 0; i < 64 && hp == pos; ++i) {
         record_claim(pos - 1, hb, true, taken_);
-        if (claim_index(h_->head, hp, hb, me)) break;
+        if (claim_index(h_->head, h_->head_by, hp, hb, me)) break;
       }
     }
     s.seq.store(pos + mask_ + 1, std::memory_order_release);
