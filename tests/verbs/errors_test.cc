@@ -10,6 +10,9 @@
 #include <sys/time.h>
 #include <fcntl.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -209,6 +212,126 @@ TEST_F(Errors, GetCqEventInterruptedBySignalIsEintr) {
   sigaction(SIGALRM, &old, nullptr);
   EXPECT_EQ(-1, r);
   EXPECT_EQ(EINTR, e);
+  EXPECT_EQ(0, ibv_destroy_cq(cq));
+  EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
+}
+
+// One signal that arrives while ibv_get_cq_event still spins for the event,
+// before it sleeps, must end the wait as well, as it would have interrupted
+// rdma-core's read(2): it was taken during the spin, its handler ran there,
+// and the read after the spin slept on (a program bounding its wait with one
+// alarm(2) waited forever; qperf escapes only because its timer, once run
+// out, fires again every 10 ms). The spin is made long
+// (SOFTVERBS_SPIN_US, read once per process: ctest runs each test in its
+// own) so that the signal lands in it; a second signal 2 s later rescues a
+// wait that missed the first. `to_process`: sent to the process (kill(2)),
+// as SIGALRM is, which the kernel may hand to any thread that does not block
+// it: the library's own threads must (the context's watchdog is one).
+static void wait_through_a_signal_in_the_spin(ibv_context* ctx, bool to_process) {
+  setenv("SOFTVERBS_SPIN_US", "100000", 1);
+  ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+  ASSERT_NE(nullptr, ch);
+  ibv_cq* cq = ibv_create_cq(ctx, 4, nullptr, ch, 0);
+  ASSERT_NE(nullptr, cq);
+  ASSERT_EQ(0, ibv_req_notify_cq(cq, 0));
+  static std::atomic<int> handled{0};
+  handled = 0;
+  struct sigaction sa {}, old {};
+  sa.sa_handler = [](int) { handled.fetch_add(1); };
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a read(2) it interrupts fails with EINTR
+  ASSERT_EQ(0, sigaction(SIGUSR1, &sa, &old));
+  std::atomic<bool> done{false};
+  pthread_t waiter = pthread_self();
+  std::thread kicker([&] {
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &usr1, nullptr);  // never this thread's
+    auto kick = [&] { to_process ? kill(getpid(), SIGUSR1) : pthread_kill(waiter, SIGUSR1); };
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    kick();
+    for (int i = 0; i < 200 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!done) pthread_kill(waiter, SIGUSR1);  // the rescue
+  });
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  errno = 0;
+  int r = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
+  int e = errno;
+  int seen = handled.load();
+  done = true;
+  kicker.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  unsetenv("SOFTVERBS_SPIN_US");
+  EXPECT_EQ(-1, r);
+  EXPECT_EQ(EINTR, e);
+  EXPECT_EQ(1, seen) << "the wait outlived the signal that arrived during its spin";
+  EXPECT_EQ(0, ibv_destroy_cq(cq));
+  EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
+}
+
+TEST_F(Errors, GetCqEventEndsOnASignalThatArrivedDuringItsSpin) {
+  wait_through_a_signal_in_the_spin(s.ctx, false);
+}
+
+TEST_F(Errors, GetCqEventEndsOnAProcessSignalThatArrivedDuringItsSpin) {
+  wait_through_a_signal_in_the_spin(s.ctx, true);
+}
+
+// A signal whose handler was installed with SA_RESTART restarts a read(2)
+// (signal(7)): one that arrives during the spin does not end the wait, which
+// goes on and returns the event that comes after it.
+TEST_F(Errors, GetCqEventGoesOnAfterASaRestartSignalDuringItsSpin) {
+  setenv("SOFTVERBS_SPIN_US", "100000", 1);
+  ibv_comp_channel* ch = ibv_create_comp_channel(s.ctx);
+  ASSERT_NE(nullptr, ch);
+  ibv_cq* cq = ibv_create_cq(s.ctx, 4, nullptr, ch, 0);
+  ASSERT_NE(nullptr, cq);
+  ASSERT_EQ(0, ibv_req_notify_cq(cq, 0));
+  static std::atomic<int> handled{0};
+  handled = 0;
+  struct sigaction sa {}, old {};
+  sa.sa_handler = [](int) { handled.fetch_add(1); };
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ASSERT_EQ(0, sigaction(SIGUSR1, &sa, &old));
+  pthread_t waiter = pthread_self();
+  // The event: the completion of an RDMA WRITE by a QP connected to itself,
+  // posted after the signal, on the CQ.
+  ibv_qp_init_attr ia = qp_attr();
+  ia.send_cq = ia.recv_cq = cq;
+  ibv_qp* qp = ibv_create_qp(s.pd, &ia);
+  ASSERT_NE(nullptr, qp);
+  ASSERT_EQ(0, connect_qp(qp, qp->qp_num));
+  int posted = -1;
+  std::thread kicker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    pthread_kill(waiter, SIGUSR1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf), 64, s.mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(s.buf) + 4096;
+    wr.wr.rdma.rkey = s.mr->rkey;
+    posted = ibv_post_send(qp, &wr, &bad);
+  });
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  int r = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
+  kicker.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  unsetenv("SOFTVERBS_SPIN_US");
+  EXPECT_EQ(0, r);
+  EXPECT_EQ(cq, ev_cq);
+  EXPECT_EQ(0, posted);
+  EXPECT_EQ(1, handled.load());
+  if (r == 0) ibv_ack_cq_events(cq, 1);
+  EXPECT_EQ(1u, poll(cq, 1).size());
+  EXPECT_EQ(0, ibv_destroy_qp(qp));
   EXPECT_EQ(0, ibv_destroy_cq(cq));
   EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
 }
