@@ -153,6 +153,7 @@ void on_readable(int fd, FdRef ref) {
           (m.attr == cm::Attr::kReq || m.attr == cm::Attr::kSidrReq)) {
         on_request(fd, ref.serial, m);
       } else {
+        forget_held_request(ref.serial, fd);
         unwatch_close(fd);
       }
       return;
@@ -171,7 +172,9 @@ void on_readable(int fd, FdRef ref) {
 
 void on_timer(const Timer& t) {
   Id* d = find(t.serial);
-  if (!d || d->timer_gen != t.gen) return;
+  // (a held REQ's timer outlives other timers' cancelling: it refuses only
+  // what waited its whole grace)
+  if (!d || (d->timer_gen != t.gen && t.kind != TimerKind::kHeldReq)) return;
   switch (t.kind) {
     case TimerKind::kAddrError:
       if (d->st == St::kAddrQuery) {
@@ -191,6 +194,9 @@ void on_timer(const Timer& t) {
       break;
     case TimerKind::kRetryConnect:
       if (d->st == St::kConnect && d->conn_fd < 0) try_connect(d);
+      break;
+    case TimerKind::kHeldReq:
+      refuse_held_requests(d, false);
       break;
   }
 }

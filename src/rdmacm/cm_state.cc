@@ -209,6 +209,7 @@ void free_if_dead(rdma_event_channel* ch) {
 }
 
 void destroy_locked(Id* d) {
+  refuse_held_requests(d, true);
   leave_all_multicast(d);
   g.ids.erase(d->serial);
   cancel_timers(d);
@@ -250,8 +251,55 @@ Id* new_id(Channel* c, void* context, rdma_port_space ps, ibv_qp_type qpt) {
 }
 
 // A REQ or SIDR_REQ on a fresh connection to listener `serial`.
+// A REQ for an id that is bound and not yet listening. Programs send their
+// port out of band and then listen (Debian's qperf 0.4.11 does, a race
+// fixed upstream in 2018); a REQ in between was rejected at once and its
+// client saw REJECTED (compat.qperf.*.cm1 failed 1 run in 20 under load).
+// As the active side waits for a listener that does not exist yet
+// (kNoListenerGrace), the passive side holds the REQ as long: the CM may
+// answer within the REQ's response timeout (IBTA 12.6.5).
+bool hold_request(Id* l, int fd, const cm::Msg& m) {
+  if (!l || l->st != St::kIdle || l->bind_fd < 0 || l->held.size() >= 64) return false;
+  Clock::time_point until = Clock::now() + kNoListenerGrace;
+  l->held.push_back({fd, m, until});
+  add_timer(l, TimerKind::kHeldReq, until);
+  CM_TRACE("REQ for id %llu held: bound, not listening yet", (unsigned long long)l->serial);
+  return true;
+}
+
+void take_held_requests(Id* l) {
+  std::vector<Id::HeldReq> held;
+  held.swap(l->held);
+  for (auto& h : held) on_request(h.fd, l->serial, h.m);
+}
+
+void refuse_held_requests(Id* l, bool all) {
+  auto now = Clock::now();
+  for (auto it = l->held.begin(); it != l->held.end();) {
+    if (!all && it->until > now) {
+      ++it;
+      continue;
+    }
+    uint8_t mad[cm::kMadSize];
+    cm::encode_no_listener(it->m, random32(), mad);
+    reply_and_close(it->fd, mad);
+    it = l->held.erase(it);
+  }
+}
+
+void forget_held_request(uint64_t serial, int fd) {
+  Id* l = find(serial);
+  if (!l) return;
+  for (auto it = l->held.begin(); it != l->held.end(); ++it)
+    if (it->fd == fd) {
+      l->held.erase(it);
+      return;
+    }
+}
+
 void on_request(int fd, uint64_t serial, const cm::Msg& m) {
   Id* l = find(serial);
+  if (hold_request(l, fd, m)) return;
   bool ud = m.attr == cm::Attr::kSidrReq;
   const uint8_t* pdata = cm::request_private_data(m);
   cm::IpHeader ip;
@@ -266,6 +314,8 @@ void on_request(int fd, uint64_t serial, const cm::Msg& m) {
     ok = pending < l->backlog;
   }
   if (!ok) {
+    CM_TRACE("REQ for listener %llu refused (%s)", (unsigned long long)serial,
+             !l ? "no such id" : l->st != St::kListen ? "not listening" : "channel gone, bad header or service id, or backlog full");
     uint8_t mad[cm::kMadSize];
     cm::encode_no_listener(m, random32(), mad);
     reply_and_close(fd, mad);

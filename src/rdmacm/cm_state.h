@@ -93,7 +93,7 @@ enum class St {
   kRejected,
 };
 
-enum class TimerKind { kAddrError, kRepTimeout, kTimewait, kRetryConnect };
+enum class TimerKind { kAddrError, kRepTimeout, kTimewait, kRetryConnect, kHeldReq };
 
 // A multicast group joined by an id (cm_multicast.cc), until it leaves.
 struct Mcast {
@@ -144,6 +144,15 @@ struct Id {
   uint8_t pending_req[cm::kMadSize] = {};
   Clock::time_point connect_deadline{};
   Clock::time_point no_listener_until{};  // kNoListenerGrace after rdma_connect
+  // REQs that reached this id bound but not yet listening: held for
+  // kNoListenerGrace, for the rdma_listen that the program is about to
+  // call (see hold_request in cm_state.cc).
+  struct HeldReq {
+    int fd;
+    cm::Msg m;
+    Clock::time_point until;
+  };
+  std::vector<HeldReq> held;
   std::vector<Mcast> mcs;  // joined groups (rdma_join_multicast), in join order
 };
 
@@ -226,6 +235,13 @@ void free_if_dead(rdma_event_channel* ch);
 void destroy_locked(Id* d);
 Id* new_id(Channel* c, void* context, rdma_port_space ps, ibv_qp_type qpt);
 void on_request(int fd, uint64_t serial, const cm::Msg& m);
+// rdma_listen: the REQs held for `l` are taken now. The held REQs whose
+// grace ended (kHeldReq timer), or all of them (`all`: the id is going),
+// are rejected as for no listener.
+void take_held_requests(Id* l);
+void refuse_held_requests(Id* l, bool all);
+// A pending connection closed by its peer: no longer held.
+void forget_held_request(uint64_t serial, int fd);
 void send_rtu(Id* d);
 void disconnected(Id* d);
 void on_message(Id* d, const cm::Msg& m);

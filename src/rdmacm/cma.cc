@@ -448,6 +448,7 @@ int rdma_listen(rdma_cm_id* id, int backlog) {
   d->backlog = backlog > 0 ? backlog : 1024;
   ::listen(d->bind_fd, std::max(d->backlog, SOMAXCONN));
   d->st = St::kListen;
+  take_held_requests(d);
   return 0;
 }
 
