@@ -29,8 +29,8 @@ build=$(cd "${1:?usage: $0 BUILD_DIR SOURCE_DIR}" && pwd)
 src=$(cd "${2:?}" && pwd)
 mirror=${SOFTVERBS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 fail() { echo "FAIL: $*" >&2; exit 1; }
-t0=$SECONDS
-step() { echo "== [$((SECONDS - t0)) s] $*"; }
+export SOFTVERBS_DEB_T0=${SOFTVERBS_DEB_T0:-$(date +%s)}
+step() { echo "== [$(($(date +%s) - SOFTVERBS_DEB_T0)) s] $*"; }
 
 inner() {
   # Runs in the private mount namespace: mounts the root's file systems,
@@ -126,10 +126,21 @@ inner() {
   apt autoremove --purge
   c dpkg-query -W softverbs 2>/dev/null | grep -q . && fail "softverbs still known to dpkg"
   snapshot >"$work/after.txt"
-  if ! diff "$work/before.txt" "$work/after.txt" >"$work/left.txt"; then
-    cat "$work/left.txt"
-    fail "purge left the above behind (< only before installing, > only after purging)"
+  # New paths that no installed package owns (softverbs-dev's dependencies
+  # may stay: ibverbs-providers, which libibverbs1 recommends, is not
+  # autoremoved), and paths that were there before and are gone.
+  LC_ALL=C comm -13 "$work/before.txt" "$work/after.txt" >"$work/new.txt"
+  : >"$work/left.txt"
+  if [ -s "$work/new.txt" ]; then
+    xargs -a "$work/new.txt" chroot "$root" dpkg-query -S >/dev/null 2>"$work/unowned.txt"
+    sed -n 's/^dpkg-query: no path found matching pattern //p' "$work/unowned.txt" | sed 's/^/left: /' >"$work/left.txt"
   fi
+  LC_ALL=C comm -23 "$work/before.txt" "$work/after.txt" | sed 's/^/gone: /' >>"$work/left.txt"
+  if [ -s "$work/left.txt" ]; then
+    cat "$work/left.txt"
+    fail "purge left the above behind (left: not there before installing; gone: there before, not after)"
+  fi
+  echo "purged: nothing left ($(wc -l <"$work/new.txt") new paths, all of packages still installed)"
 
   step "CI recipe: scripts/ci-install.sh $deb, then no wrapper"
   mkdir -p "$root/tmp/ci/scripts"
@@ -205,8 +216,7 @@ if [ $inner_mode = 0 ]; then
   cp "$work"/pkgs/*.deb "$root/tmp/pkgs/"
   unshare --mount --propagation private "$0" --inner "$build" "$src" "$root" "$work"
   rc=$?
-  [ $rc -eq 0 ] && echo "install.deb: passed in $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] && echo "install.deb: passed in $(($(date +%s) - SOFTVERBS_DEB_T0)) s"
   exit $rc
 fi
-t0=$SECONDS
 inner "$3" "$4"
