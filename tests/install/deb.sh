@@ -170,6 +170,15 @@ if [ $inner_mode = 0 ]; then
     echo "SKIP: this machine has no network at all (no default route): debootstrap cannot fetch Debian" >&2
     exit 77
   fi
+  # debootstrap's and apt's downloads would wait minutes on a mirror that
+  # does not answer: ask it first, briefly, and say so.
+  command -v wget >/dev/null || fail "no wget (debootstrap needs it)"
+  err=$(wget -nv -T 15 -t 2 -O /dev/null "$mirror/dists/bookworm/InRelease" 2>&1)
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "$err" >&2
+    fail "this machine has a network but cannot reach the Debian mirror $mirror (wget exit $rc: 4 network, 8 server error); set SOFTVERBS_DEBIAN_MIRROR to one it can reach"
+  fi
   work=$(mktemp -d /tmp/softverbs-deb.XXXXXX)
   root=$work/root
   cleanup() {
@@ -185,6 +194,7 @@ if [ $inner_mode = 0 ]; then
     fi
   }
   trap cleanup EXIT
+  trap 'exit 143' TERM INT HUP
 
   step "packages: cpack -G DEB from $build"
   mkdir -p "$work/pkgs"
