@@ -8,7 +8,8 @@
 # scripts/package.sh into BUILD_DIR, default build-pkg). Installs it with
 # apt (its Depends from the distribution), then `softverbs enable`
 # (SOFTVERBS_FORCE=1: `enable --force`, for a machine with RDMA devices of
-# its own), then prints `softverbs status`. Root, or sudo.
+# its own), then checks that the loader now finds softverbs' libibverbs.so.1
+# first (and lists the devices if ibv_devinfo is installed). Root, or sudo.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 SUDO=()
@@ -29,4 +30,7 @@ install || { "${SUDO[@]}" apt-get update -qq && install; }
 force=()
 [ "${SOFTVERBS_FORCE:-0}" = 1 ] && force=(--force)
 "${SUDO[@]}" softverbs enable "${force[@]}"
-softverbs status || true
+# The loader takes the first entry of its cache for a name.
+/sbin/ldconfig -p | grep -m1 'libibverbs\.so\.1 ' | grep -q '/softverbs/libibverbs\.so\.1$' ||
+  { echo "softverbs ci-install: the loader does not find softverbs' libibverbs.so.1 first" >&2; exit 1; }
+if command -v ibv_devinfo >/dev/null; then ibv_devinfo -l; fi
