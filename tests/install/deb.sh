@@ -11,6 +11,7 @@
 #   4. `softverbs run -- ibv_devices` and an ibv_rc_pingpong server and client
 #      over 127.0.0.1, GID index 0 (scripts/demo.sh's commands);
 #   5. upgrade: the same version again, then a bumped one (0.1.0-1 -> -2);
+#      remove (not purge) and install again;
 #   6. purge: nothing of softverbs left in /usr, /etc, /run, /opt, /var/lib
 #      (the list of files before installing against the list after purging);
 #   7. the CI recipe: scripts/ci-install.sh (action.yml's script) with the
@@ -101,7 +102,10 @@ inner() {
   grep -Eq '^[[:space:]]+sv0[[:space:]]' "$work/devices.out" || fail "ibv_devices does not list sv0"
   pingpong "softverbs run" softverbs run --
   c softverbs status | tee "$work/status.out"
-  grep -q "/usr/bin/softverbsd\|softverbsd (pid" "$work/status.out" || fail "softverbs status names no daemon"
+  local pid exe
+  pid=$(sed -n 's/^softverbsd (pid \([0-9]*\)).*/\1/p' "$work/status.out")
+  exe=$(readlink "/proc/${pid:-0}/exe")
+  [ "$exe" = "$root/usr/bin/softverbsd" ] || fail "the daemon that served is ${exe:-none}, not the installed /usr/bin/softverbsd"
 
   step "upgrade: the same version again"
   apt install --reinstall "$deb" "$dev"
@@ -119,6 +123,16 @@ inner() {
   [ "$(c dpkg-query -W -f='${Version}' softverbs)" = "$v2" ] || fail "not upgraded to $v2"
   [ -L "$root/etc/systemd/system/sockets.target.wants/softverbsd.socket" ] || fail "the upgrade lost the socket's enablement"
   c softverbs run -- ibv_devices | grep -q sv0 || fail "ibv_devices after the upgrade"
+
+  step "remove (not purge), then install again"
+  apt remove softverbs-dev softverbs
+  [ "$(c dpkg-query -W -f='${db:Status-Abbrev}' softverbs)" = "rc " ] || fail "softverbs is not in state rc after remove"
+  [ -e "$root/usr/bin/softverbs" ] && fail "remove left /usr/bin/softverbs"
+  # As Debian does for a removed unit: masked, its enablement kept for a reinstallation.
+  [ "$(readlink "$root/etc/systemd/system/softverbsd.socket")" = /dev/null ] || fail "the removed unit is not masked"
+  apt install "/tmp/pkgs/softverbs_${v2}.deb" "/tmp/pkgs/softverbs-dev_${v2}.deb"
+  [ -L "$root/etc/systemd/system/softverbsd.socket" ] && fail "the reinstalled unit is still masked"
+  [ -L "$root/etc/systemd/system/sockets.target.wants/softverbsd.socket" ] || fail "the reinstallation lost the enablement"
 
   step "purge"
   sleep 3  # SOFTVERBSD_IDLE=2: the daemons exit
