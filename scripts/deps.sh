@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Installs the Debian packages softverbs needs to build, test and demo.
-# Usage: scripts/deps.sh [build|test|bench|rxe]   (default: test)
+# Usage: scripts/deps.sh [build|test|bench|rxe|package]   (default: test)
 # rxe: also qemu and debootstrap, for the Linux rxe peer (scripts/rxe-peer.sh).
+# test: also debootstrap, for the Debian package's clean-root test
+# (tests/install/deb.sh). package: only what building the Debian packages
+# needs (scripts/package.sh, scripts/ci-install.sh on a CI runner).
 set -euo pipefail
 what=${1:-test}
 pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev ibverbs-utils perftest
       librdmacm-dev rdmacm-utils libfabric-bin ucx-utils libucx-dev
       python3 python3-pyverbs iproute2 procps psmisc clang libclang-rt-14-dev tshark python3-scapy
-      systemd)
+      systemd dpkg-dev file)
+if [ "$what" = package ]; then
+  pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev librdmacm-dev dpkg-dev file)
+fi
+if [ "$what" = test ]; then pkgs+=(debootstrap); fi
 if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
 if [ "$what" = rxe ]; then pkgs+=(qemu-system-x86 debootstrap e2fsprogs); fi
 missing=()

@@ -15,7 +15,8 @@ status=0
 # most of that (an ASan build took 23 CPU-minutes file by file).
 unity=-DCMAKE_UNITY_BUILD=ON
 echo "== build and test (RelWithDebInfo) =="
-BUILD_DIR=build scripts/build.sh $unity
+# /usr: the Debian packages install.deb makes from this build get the multiarch LIBDIR.
+BUILD_DIR=build scripts/build.sh $unity -DCMAKE_INSTALL_PREFIX=/usr
 # No rerun of a failed test: a flaky test is a bug to find (issue 18).
 (cd build && ctest -j2 --output-on-failure --timeout 120) || status=1
 if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
