@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/paths.h"
+#include "common/trace.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
@@ -50,9 +51,9 @@ std::string find_daemon() {
   return "softverbsd";  // rely on PATH
 }
 
-// Starts the daemon as a grandchild so that it is never our child to reap,
-// with no descriptor of ours open.
-void spawn_daemon() {
+// Starts the daemon for `dir` as a grandchild so that it is never our child
+// to reap, with no descriptor of ours open.
+void spawn_daemon(const std::string& dir) {
   std::string path = find_daemon();
   pid_t child = ::fork();
   if (child < 0) return;
@@ -60,7 +61,8 @@ void spawn_daemon() {
     pid_t grandchild = ::fork();
     if (grandchild == 0) {
       ::syscall(SYS_close_range, 3u, ~0u, 0u);
-      char* argv[] = {const_cast<char*>("softverbsd"), nullptr};
+      char* argv[] = {const_cast<char*>("softverbsd"), const_cast<char*>("--dir"), const_cast<char*>(dir.c_str()),
+                      nullptr};
       if (path.find('/') != std::string::npos) ::execv(path.c_str(), argv);
       else ::execvp(path.c_str(), argv);
       ::_exit(127);
@@ -74,11 +76,48 @@ void spawn_daemon() {
 
 }  // namespace
 
+// The daemon of the directory the environment and the base directory's
+// record choose (common/paths.h). Unless the directory is explicit
+// (SOFTVERBS_DIR) or the system daemon's, the daemon must serve our network
+// namespace: one that answers EXDEV is another namespace's (it started in
+// BASE before we looked, or the record was stale), and we use our
+// namespace's own directory instead.
 int DaemonConn::open() {
+  const bool system = use_system_daemon();
+  const bool check = !system && !runtime_dir_explicit();
+  std::string dir = system ? system_dir() : runtime_dir();
+  int e = connect_dir(dir, system);
+  if (e == 0 && check) {
+    const NetnsId self = netns_self();
+    proto::NetnsMsg req{};
+    req.dev = self.dev;
+    req.ino = self.ino;
+    proto::NetnsMsg rep{};
+    int c = call<proto::Op::Netns>(req, rep);
+    if (c == EXDEV) {
+      sock_.reset();
+      const std::string mine = netns_dir(runtime_base_dir(), self);
+      if (dir == mine) return EXDEV;  // our own namespace's directory serves another: refuse it
+      SV_TRACE("verbs: the daemon in %s serves %s, not this process's %s: using %s", dir.c_str(),
+               netns_text({rep.dev, rep.ino}).c_str(), netns_text(self).c_str(), mine.c_str());
+      dir = mine;
+      e = connect_dir(dir, false);
+      if (e == 0 && (c = call<proto::Op::Netns>(req, rep)) == EXDEV) {
+        sock_.reset();
+        return EXDEV;
+      }
+    }
+    // Another error: a daemon older than the check (EOPNOTSUPP), or one
+    // gone (the next call says so).
+  }
+  if (e == 0) dir_ = dir;
+  return e;
+}
+
+// Connects to the daemon of `dir`, starting it there if none answers.
+int DaemonConn::connect_dir(const std::string& dir, bool system) {
   // SOFTVERBS_SYSTEM=1: the host-wide daemon, which an administrator runs;
   // it is never started from here.
-  bool system = use_system_daemon();
-  std::string dir = system ? system_dir() : runtime_dir();
   if (int e = system ? check_system_dir(dir) : ensure_runtime_dir(dir)) return e;
   std::string sock = socket_path(dir);
   bool spawned = system;
@@ -102,7 +141,7 @@ int DaemonConn::open() {
     // taken and exits at once.
     if ((!spawned || monotonic_ns() > last_spawn + 500'000'000ull) && !system &&
         !std::getenv("SOFTVERBS_NO_SPAWN")) {
-      spawn_daemon();
+      spawn_daemon(dir);
       spawned = true;
       last_spawn = monotonic_ns();
     }
