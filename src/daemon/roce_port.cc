@@ -146,9 +146,6 @@ int RocePort::bind_address(const Address& a) {
 int RocePort::retry_busy(const uint8_t* gid) {
   for (auto it = busy_.begin(); it != busy_.end(); ++it) {
     if (std::memcmp(it->gid, gid, 16) != 0) continue;
-    const uint64_t now = monotonic_ns();
-    if (now - it->last_try_ns < 1'000'000'000ull) return -EADDRINUSE;  // at most once a second
-    it->last_try_ns = now;
     if (int e = bind_address(*it)) return -e;
     busy_.erase(it);
     return int(socks_.size() - 1);

@@ -18,7 +18,7 @@
 // Opened by default when the port is free (issue 22, item 7: one per-user
 // daemon per network namespace, so normally one per "host"); never with
 // SOFTVERBS_ROCE=0. An address whose port another process or the kernel's
-// rxe holds is retried when a QP asks for it (at most once a second); till
+// rxe holds is retried each time a QP asks for it (a bind: cheap); till
 // then attach() answers EADDRINUSE, which the library explains
 // (src/verbs/port_holder.h). QPs between processes of this daemon never need
 // the port.
@@ -81,7 +81,6 @@ class RocePort {
     sockaddr_storage ss{};
     socklen_t len = 0;
     uint8_t gid[16] = {};
-    uint64_t last_try_ns = 0;
   };
   int bind_address(const Address& a);  // 0 or errno; appends to socks_
   int retry_busy(const uint8_t* gid);  // index in socks_, or -errno
