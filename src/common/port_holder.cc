@@ -144,13 +144,20 @@ void explain_no_wire(int e, const std::string& dir, const uint8_t* sgid) {
     const PortHolder h = find_udp_port_holder(4791);
     std::string who = describe(h);
     if (who.empty()) who = "another process or the kernel (no longer bound: try again)";
-    std::string share = h.softverbs_dir.empty() ? "that program's daemon directory" : h.softverbs_dir;
+    std::string todo;
+    if (!h.softverbs_dir.empty()) {
+      todo = "Either share its daemon (SOFTVERBS_DIR=" + h.softverbs_dir + " in this program's environment) or stop it";
+    } else if (h.bound && h.uid != ::getuid()) {
+      todo = "Either use the system daemon (SOFTVERBS_SYSTEM=1, softverbsd --system: one for every user) or have "
+             "the holder stopped (rdma_rxe: rdma link delete)";
+    } else {
+      todo = "Stop the holder";
+    }
     std::fprintf(stderr,
                  "softverbs: a QP whose peer is on another host needs UDP port 4791 (RoCEv2) on %s, "
-                 "which is held by %s, so the softverbs daemon of %s cannot take it. Either share the "
-                 "holder's daemon (SOFTVERBS_DIR=%s in this program's environment) or stop the holder "
+                 "which is held by %s, so the softverbs daemon of %s cannot take it. %s "
                  "(this daemon takes the port at the next such QP).\n",
-                 addr, who.c_str(), dir.c_str(), share.c_str());
+                 addr, who.c_str(), dir.c_str(), todo.c_str());
   } else if (e == EOPNOTSUPP) {
     if (said_off.exchange(true)) return;
     std::fprintf(stderr,
