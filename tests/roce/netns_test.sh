@@ -14,6 +14,8 @@
 #         isolation  a process of namespace B never reaches A's daemon: not
 #                    by the record (BASE/netns), nor when the record is gone
 #                    (the daemon refuses it: EXDEV, and it starts its own)
+#         rping      rdma_cm between the namespaces (the default daemons'
+#                    CM gateways carry its MADs)
 #         busy       UDP 4791 held by another daemon: same-host QPs work, a QP
 #                    to the other namespace fails at RTR saying who holds the
 #                    port and what to do; with the holder gone it works
@@ -25,7 +27,7 @@ SKIP=77
 log() { printf '%s\n' "$*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
 ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
-for p in ibv_rc_pingpong ibv_devinfo ss; do
+for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping); do
   command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
 done
 export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
@@ -174,6 +176,27 @@ isolation)
   [ -S "$run2/softverbs/net-${rec#* }-${rec% *}/control" ] ||
     fail "h1 did not get its own daemon after A's refused it: $(ls "$run2/softverbs")"
   check_gids h0 "$run2" "$a0" "$a1"  # A's daemon still serves h0
+  ;;
+rping)
+  on h1 "$run" rping -s -a "$a1" -C 10 -v >"$work/rping.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    # Listening: its rendezvous socket (docs/RDMACM.md) for rping's port 7174.
+    compgen -G "$base/cm/*-7174-*" >/dev/null && break
+    compgen -G "$base/net-*/cm/*-7174-*" >/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
+  on h0 "$run" rping -c -a "$a1" -C 10 -v >"$work/rping.client" 2>&1
+  CRC=$?
+  [ $CRC -eq 0 ] || kill $spid 2>/dev/null
+  wait $spid
+  SRC=$?
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "rping: server exit $SRC, client exit $CRC"
+  grep -q "^server ping data: rdma-ping-9: " "$work/rping.server" || fail "rping: the server did not see ping 9"
+  grep -q "^ping data: rdma-ping-9: " "$work/rping.client" || fail "rping: the client did not see ping 9"
+  [ $failures -eq 0 ] || show rping
   ;;
 busy)
   # Another daemon (a private directory) holds UDP 4791 in h0.
