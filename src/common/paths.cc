@@ -1,5 +1,8 @@
 #include "common/paths.h"
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +10,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
+
+#include "common/protocol.h"
+#include "common/sys.h"
 
 namespace sv {
 
@@ -84,6 +91,33 @@ std::string runtime_dir() {
   NetnsId recorded;
   const bool have = read_netns_record(base, &recorded);
   return choose_runtime_dir(base, have ? &recorded : nullptr, netns_self());
+}
+
+// The daemon of BASE serves namespace `out`? false if none answers.
+static bool base_daemon_netns(const std::string& base, NetnsId* out) {
+  Fd s;
+  if (connect_seqpacket(socket_path(base), s) != 0) return false;
+  timeval tv{5, 0};
+  ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  proto::NetnsMsg req{};
+  proto::init_header(req, proto::Op::Netns, 1);
+  req.flags = proto::kNetnsQuery;
+  proto::NetnsMsg rep{};
+  std::vector<Fd> fds;
+  size_t len = 0;
+  if (send_message(s.get(), &req, sizeof req, {}) != 0 || recv_message(s.get(), &rep, sizeof rep, &len, fds) != 0 ||
+      len != sizeof rep || rep.h.status != 0)
+    return false;
+  *out = {rep.dev, rep.ino};
+  return true;
+}
+
+std::string resolve_runtime_dir() {
+  if (runtime_dir_explicit()) return runtime_dir();
+  const std::string base = runtime_base_dir();
+  NetnsId served;
+  if (base_daemon_netns(base, &served)) return choose_runtime_dir(base, &served, netns_self());
+  return runtime_dir();
 }
 
 namespace {

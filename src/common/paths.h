@@ -52,6 +52,11 @@ std::string choose_runtime_dir(const std::string& base, const NetnsId* recorded,
 
 // $SOFTVERBS_DIR, else choose_runtime_dir(BASE, BASE's record, this namespace).
 std::string runtime_dir();
+// As the library finds its daemon (src/verbs/daemon_conn.cc), without
+// starting one: $SOFTVERBS_DIR; else BASE if its daemon answers and serves
+// this namespace, BASE/net-INODE-DEV if it serves another; else runtime_dir().
+// For the tools and librdmacm's rendezvous directory.
+std::string resolve_runtime_dir();
 int ensure_runtime_dir(const std::string& dir);  // 0 or errno
 
 // The host-wide (system) daemon, which serves every user: its directory is

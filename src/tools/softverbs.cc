@@ -96,7 +96,7 @@ const char* const kNoDaemonHint =
     "it starts with the first program run under 'softverbs run' (or, with SOFTVERBS_SYSTEM=1, "
     "as root: softverbsd --system)";
 
-std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::runtime_dir(); }
+std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::resolve_runtime_dir(); }
 
 const char* kind_name(uint32_t k) {
   switch (k) {

@@ -76,46 +76,51 @@ void spawn_daemon(const std::string& dir) {
 
 }  // namespace
 
-// The daemon of the directory the environment and the base directory's
-// record choose (common/paths.h). Unless the directory is explicit
-// (SOFTVERBS_DIR) or the system daemon's, the daemon must serve our network
-// namespace: one that answers EXDEV is another namespace's (it started in
-// BASE before we looked, or the record was stale), and we use our
-// namespace's own directory instead.
+// The daemon of this process (common/paths.h). SOFTVERBS_DIR or the system
+// daemon: that directory's, unchecked. Otherwise the daemon must serve our
+// network namespace (proto::Op::Netns; EXDEV: another's):
+//   1. a daemon that answers in BASE, if it serves ours (a socket-activated
+//      one too: the user unit listens there);
+//   2. else, with none answering in BASE, the directory BASE's record
+//      chooses (BASE if it names no other namespace), started if need be;
+//   3. a daemon of another namespace found on the way: our namespace's
+//      directory, BASE/net-INODE-DEV, instead.
 int DaemonConn::open() {
   const bool system = use_system_daemon();
-  const bool check = !system && !runtime_dir_explicit();
-  std::string dir = system ? system_dir() : runtime_dir();
-  int e = connect_dir(dir, system);
-  if (e == 0 && check) {
-    const NetnsId self = netns_self();
+  if (system || runtime_dir_explicit()) {
+    std::string dir = system ? system_dir() : runtime_dir();
+    int e = connect_dir(dir, system, true);
+    if (e == 0) dir_ = dir;
+    return e;
+  }
+  const NetnsId self = netns_self();
+  const std::string base = runtime_base_dir();
+  const std::string mine = netns_dir(base, self);
+  std::string dir = connect_dir(base, false, false) == 0 ? base : runtime_dir();
+  for (;;) {
+    if (!sock_.valid()) {
+      if (int e = connect_dir(dir, false, true)) return e;
+    }
     proto::NetnsMsg req{};
     req.dev = self.dev;
     req.ino = self.ino;
     proto::NetnsMsg rep{};
-    int c = call<proto::Op::Netns>(req, rep);
-    if (c == EXDEV) {
-      sock_.reset();
-      const std::string mine = netns_dir(runtime_base_dir(), self);
-      if (dir == mine) return EXDEV;  // our own namespace's directory serves another: refuse it
-      SV_TRACE("verbs: the daemon in %s serves %s, not this process's %s: using %s", dir.c_str(),
-               netns_text({rep.dev, rep.ino}).c_str(), netns_text(self).c_str(), mine.c_str());
-      dir = mine;
-      e = connect_dir(dir, false);
-      if (e == 0 && (c = call<proto::Op::Netns>(req, rep)) == EXDEV) {
-        sock_.reset();
-        return EXDEV;
-      }
-    }
-    // Another error: a daemon older than the check (EOPNOTSUPP), or one
-    // gone (the next call says so).
+    // Another error than EXDEV: a daemon older than the check (EOPNOTSUPP),
+    // or one gone (the next call says so).
+    if (call<proto::Op::Netns>(req, rep) != EXDEV) break;
+    sock_.reset();
+    if (dir == mine) return EXDEV;  // our own namespace's directory serves another: refuse it
+    SV_TRACE("verbs: the daemon in %s serves %s, not this process's %s: using %s", dir.c_str(),
+             netns_text({rep.dev, rep.ino}).c_str(), netns_text(self).c_str(), mine.c_str());
+    dir = mine;
   }
-  if (e == 0) dir_ = dir;
-  return e;
+  dir_ = dir;
+  return 0;
 }
 
-// Connects to the daemon of `dir`, starting it there if none answers.
-int DaemonConn::connect_dir(const std::string& dir, bool system) {
+// Connects to the daemon of `dir`, starting it there if none answers (and
+// `may_start`; else ENOENT or ECONNREFUSED at once).
+int DaemonConn::connect_dir(const std::string& dir, bool system, bool may_start) {
   // SOFTVERBS_SYSTEM=1: the host-wide daemon, which an administrator runs;
   // it is never started from here.
   if (int e = system ? check_system_dir(dir) : ensure_runtime_dir(dir)) return e;
@@ -133,6 +138,7 @@ int DaemonConn::connect_dir(const std::string& dir, bool system) {
       return 0;
     }
     if (e != ENOENT && e != ECONNREFUSED) return e;
+    if (!may_start) return e;
     // No system daemon runs (no socket, or a stale one for over a second;
     // a daemon that is starting has bound but may not listen yet).
     if (system && (e == ENOENT || monotonic_ns() > deadline - 9'000'000'000ull)) return ENODEV;

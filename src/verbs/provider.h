@@ -89,7 +89,7 @@ class DaemonConn {
   // In a child forked after open(): a connection of its own, joined to the
   // same context (the inherited socket is its parent's).
   int reattach_after_fork();
-  int connect_dir(const std::string& dir, bool system);
+  int connect_dir(const std::string& dir, bool system, bool may_start);
   std::string dir_;
   Fd sock_;
   Fd inherited_;  // a forked child: its parent's socket, kept open (the context's cmd_fd names it)
