@@ -4,12 +4,13 @@
 // is the addresses of the namespace it runs in, so a process must reach the
 // daemon of its own namespace. The base directory is $XDG_RUNTIME_DIR/softverbs,
 // else /tmp/softverbs-<uid>. Its daemon records the namespace it serves in
-// BASE/netns (netns_record()); a process of that namespace, or any process
-// when nothing is recorded yet, uses BASE; a process of another namespace
-// uses BASE/net-<inode>-<device> of its own namespace (netns_dir()). The
-// library checks on connecting that the daemon serves its namespace (the
-// daemon answers EXDEV otherwise, proto::Op::Netns) and moves to its own
-// namespace's directory when it does not (src/verbs/daemon_conn.cc).
+// BASE/netns (write_netns_record()). The library (src/verbs/daemon_conn.cc)
+// uses BASE's daemon when one answers there and serves its namespace
+// (proto::Op::Netns: the daemon answers EXDEV to a process of another);
+// when none answers, BASE if the record names no other namespace (the
+// daemon it starts there records ours), else BASE/net-<inode>-<device> of
+// its own namespace (netns_dir()); and that directory too whenever a daemon
+// of another namespace answered.
 //
 // $SOFTVERBS_DIR, when set, is the directory whatever the namespace: no
 // record is consulted and no check is made (sharing one daemon between
