@@ -28,9 +28,18 @@ fi
 if [ -z "${_SOFTVERBS_DEVNS:-}" ]; then
   if [ -z "${SOFTVERBS_DIR:-}" ]; then
     if [ -n "${XDG_RUNTIME_DIR:-}" ]; then
-      export SOFTVERBS_DIR="$XDG_RUNTIME_DIR/softverbs"
+      base="$XDG_RUNTIME_DIR/softverbs"
     else
-      export SOFTVERBS_DIR="/tmp/softverbs-$(id -u)"
+      base="/tmp/softverbs-$(id -u)"
+    fi
+    # The daemon of this network namespace (src/common/paths.h): BASE if
+    # BASE/netns names no other namespace, else BASE/net-INODE-DEV.
+    self=$(stat -L -c '%d %i' /proc/self/ns/net 2>/dev/null || true)
+    rec=$(cat "$base/netns" 2>/dev/null || true)
+    if [ -n "$rec" ] && [ -n "$self" ] && [ "$rec" != "$self" ]; then
+      export SOFTVERBS_DIR="$base/net-${self#* }-${self% *}"
+    else
+      export SOFTVERBS_DIR="$base"
     fi
   fi
   export _SOFTVERBS_DEVNS=1

@@ -85,6 +85,7 @@ enum class Op : uint16_t {
   FreeDm,
   ImportDm,        // ibv_import_dm: a DM of my context by handle; reply fd: its memfd
   RegDmMr,         // ibv_reg_dm_mr: a zero-based MR over part of a DM
+  Netns,           // the caller's network namespace: EXDEV if the daemon serves another (common/paths.h)
   kCount
 };
 
@@ -412,6 +413,19 @@ struct StatusReply {
   uint32_t daemon_pid;
   uint32_t served_as;  // kServedAs* bits: which daemon answers (softverbs status)
 };
+// Netns: a network namespace as stat(2) of /proc/self/ns/net names it
+// (sv::NetnsId). The request carries the caller's; the reply the daemon's,
+// with status EXDEV when they differ (the caller must find its own
+// namespace's daemon) unless the request's `flags` has kNetnsQuery (only
+// asking: softverbs status).
+struct NetnsMsg {
+  Header h;
+  uint64_t dev;
+  uint64_t ino;
+  uint32_t flags;
+  uint32_t reserved;
+};
+constexpr uint32_t kNetnsQuery = 1;
 constexpr uint32_t kServedAsSystem = 1;     // the system daemon (--system), else a user's
 constexpr uint32_t kServedAsActivated = 2;  // its socket came from systemd (socket activation)
 
@@ -775,6 +789,7 @@ SV_OP(AllocDm,       AllocDmReq,     DmReply,            fds(0),    fds(1),    {
 SV_OP(FreeDm,        HandleReq,      Empty,              fds(0),    fds(0),    {0, 0, kObjDm})
 SV_OP(ImportDm,      HandleReq,      DmReply,            fds(0),    fds(1),    {kObjDm})
 SV_OP(RegDmMr,       RegDmMrReq,     RegMrReply,         fds(0),    fds(0),    {kObjPd | kObjDm, kObjMr})
+SV_OP(Netns,         NetnsMsg,       NetnsMsg,           fds(0),    fds(0),    {})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/paths.h"
 #include "common/trace.h"
 
 namespace sv::daemon {
@@ -56,6 +57,15 @@ SV_HANDLER(Status) {
   rep.daemon_pid = uint32_t(::getpid());
   rep.served_as = env.registry.served_as();
   return 0;
+}
+// The network namespace this daemon serves (its GID table's addresses):
+// a process of another one must not use it (common/paths.h).
+SV_HANDLER(Netns) {
+  const NetnsId mine = netns_self();
+  rep.dev = mine.dev;
+  rep.ino = mine.ino;
+  if (req.flags & proto::kNetnsQuery) return 0;
+  return NetnsId{req.dev, req.ino} == mine ? 0 : EXDEV;
 }
 SV_HANDLER(Accounts) {
   env.registry.accounts(rep);
@@ -108,7 +118,7 @@ SV_HANDLER(Mediate) { return env.registry.mediate(env.client, req, rep, env.defe
 SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, req); }
 SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(env.client, req); }
 SV_HANDLER(RoceAttach) {
-  if (!env.roce.enabled()) return EOPNOTSUPP;
+  if (!env.roce.opened()) return EOPNOTSUPP;  // SOFTVERBS_ROCE=0
   if (!env.registry.holds_qp(env.client, req.qpn)) return EINVAL;
   return env.roce.attach(env.client, env.registry.client_uid(env.client), req, rep, env.out_fds);
 }

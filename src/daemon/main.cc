@@ -20,8 +20,9 @@ constexpr const char* kUsage =
     "  the softverbs device daemon; programs start the per-user one on demand\n"
     "  --foreground: stay attached to the terminal, errors on stderr\n"
     "  --idle: exit after SECONDS with no clients (default 30, 0 = never)\n"
-    "  --dir: serve in DIR (default $SOFTVERBS_DIR, $XDG_RUNTIME_DIR/softverbs\n"
-    "         or /tmp/softverbs-UID)\n"
+    "  --dir: serve in DIR (default $SOFTVERBS_DIR, else $XDG_RUNTIME_DIR/softverbs\n"
+    "         or /tmp/softverbs-UID, or its net-INODE-DEV for a network namespace\n"
+    "         other than the one recorded there)\n"
     "  --system: the host-wide daemon serving every user (run it as root; its\n"
     "            directory is $SOFTVERBS_SYSTEM_DIR or /run/softverbs, and it\n"
     "            does not exit when idle unless --idle is given)\n"
@@ -73,6 +74,17 @@ static int parse(int argc, char** argv, Options* o) {
   return -1;
 }
 
+// Without --dir: $SOFTVERBS_DIR, else this network namespace's directory
+// (common/paths.h), but the base directory when systemd passed us its
+// socket (the user unit listens on %t/softverbs/control: that daemon serves
+// the user manager's namespace, and records it there).
+static std::string default_dir() {
+  const char* pid = std::getenv("LISTEN_PID");
+  const bool activated = pid && std::strtoul(pid, nullptr, 10) == static_cast<unsigned long>(::getpid());
+  if (activated && !sv::runtime_dir_explicit()) return sv::runtime_base_dir();
+  return sv::runtime_dir();
+}
+
 int main(int argc, char** argv) {
   Options o;
   if (int rc = parse(argc, argv, &o); rc >= 0) return rc;
@@ -80,7 +92,7 @@ int main(int argc, char** argv) {
   int idle = o.idle;
   std::string dir = o.dir;
   if (const char* e = std::getenv("SOFTVERBSD_IDLE")) idle = std::atoi(e), idle_given = true;
-  if (dir.empty()) dir = system ? sv::system_dir() : sv::runtime_dir();
+  if (dir.empty()) dir = system ? sv::system_dir() : default_dir();
   if (system && !idle_given) idle = 0;
 
   // Every QP, CQ, channel and backing holds a descriptor here: use all the

@@ -80,6 +80,7 @@ constexpr size_t kMaxSlots = 256;     // client sockets per address; more client
 }  // namespace
 
 int RocePort::open() {
+  opened_ = true;
   parse_faults(std::getenv("SOFTVERBS_FAULTS"), faults_);
   ifaddrs* ifs = nullptr;
   if (::getifaddrs(&ifs) != 0) return errno;
@@ -87,49 +88,69 @@ int RocePort::open() {
     if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK)) continue;
     const int fam = i->ifa_addr->sa_family;
     if (fam != AF_INET && fam != AF_INET6) continue;
-    Sock s{};
-    sockaddr_storage ss{};
-    socklen_t len;
+    Address a{};
     if (fam == AF_INET) {
-      auto a = *reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-      a.sin_port = htons(kRoceV2Port);
-      std::memcpy(&ss, &a, sizeof a);
-      len = sizeof a;
-      s.gid[10] = s.gid[11] = 0xff;
-      std::memcpy(s.gid + 12, &a.sin_addr, 4);
+      auto in = *reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+      in.sin_port = htons(kRoceV2Port);
+      std::memcpy(&a.ss, &in, sizeof in);
+      a.len = sizeof in;
+      a.gid[10] = a.gid[11] = 0xff;
+      std::memcpy(a.gid + 12, &in.sin_addr, 4);
     } else {
-      auto a = *reinterpret_cast<sockaddr_in6*>(i->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&a.sin6_addr)) continue;  // needs a scope; not in our GID use
-      a.sin6_port = htons(kRoceV2Port);
-      std::memcpy(&ss, &a, sizeof a);
-      len = sizeof a;
-      std::memcpy(s.gid, &a.sin6_addr, 16);
+      auto in6 = *reinterpret_cast<sockaddr_in6*>(i->ifa_addr);
+      if (IN6_IS_ADDR_LINKLOCAL(&in6.sin6_addr)) continue;  // needs a scope; not in our GID use
+      in6.sin6_port = htons(kRoceV2Port);
+      std::memcpy(&a.ss, &in6, sizeof in6);
+      a.len = sizeof in6;
+      std::memcpy(a.gid, &in6.sin6_addr, 16);
     }
-    // The port must be ours alone: probe with a plain bind first (a second
-    // daemon, or rxe, holds it), then bind again as the first member of a
-    // reuseport group, whose other members will be our clients' sockets.
-    {
-      Fd probe = open_udp(ss, len, false);
-      if (!probe.valid()) {
-        SV_TRACE("daemon: RoCE: bind %s: %s", i->ifa_name, std::strerror(errno));
-        continue;
-      }
-    }
-    s.fd = open_udp(ss, len, true);
-    if (!s.fd.valid()) {
-      SV_TRACE("daemon: RoCE: bind %s: %s", i->ifa_name, std::strerror(errno));
-      continue;
-    }
-    s.addr = ss;
-    s.addr_len = len;
-    socks_.push_back(std::move(s));
-    // Before any client socket joins the group, a program that sends
-    // everything to index 0: without one the kernel would spread datagrams
-    // over the group by a hash of the addresses.
-    socks_.back().steering = steer(socks_.size() - 1);
+    if (int e = bind_address(a); e == EADDRINUSE) busy_.push_back(a);
   }
   ::freeifaddrs(ifs);
-  return socks_.empty() ? EADDRNOTAVAIL : 0;
+  return socks_.empty() ? (busy_.empty() ? EADDRNOTAVAIL : EADDRINUSE) : 0;
+}
+
+int RocePort::bind_address(const Address& a) {
+  // The port must be ours alone: probe with a plain bind first (a second
+  // daemon, or rxe, holds it), then bind again as the first member of a
+  // reuseport group, whose other members will be our clients' sockets.
+  {
+    Fd probe = open_udp(a.ss, a.len, false);
+    if (!probe.valid()) {
+      int e = errno;
+      SV_TRACE("daemon: RoCE: bind port %u: %s", kRoceV2Port, std::strerror(e));
+      return e;
+    }
+  }
+  Sock s{};
+  s.fd = open_udp(a.ss, a.len, true);
+  if (!s.fd.valid()) {
+    int e = errno;
+    SV_TRACE("daemon: RoCE: bind port %u: %s", kRoceV2Port, std::strerror(e));
+    return e;
+  }
+  std::memcpy(s.gid, a.gid, 16);
+  s.addr = a.ss;
+  s.addr_len = a.len;
+  socks_.push_back(std::move(s));
+  // Before any client socket joins the group, a program that sends
+  // everything to index 0: without one the kernel would spread datagrams
+  // over the group by a hash of the addresses.
+  socks_.back().steering = steer(socks_.size() - 1);
+  if (on_new_fd) on_new_fd(socks_.back().fd.get());
+  return 0;
+}
+
+// The address of `gid` was held by someone else at open(): try again (its
+// holder may have stopped since). Its index in socks_, or a negative errno.
+int RocePort::retry_busy(const uint8_t* gid) {
+  for (auto it = busy_.begin(); it != busy_.end(); ++it) {
+    if (std::memcmp(it->gid, gid, 16) != 0) continue;
+    if (int e = bind_address(*it)) return -e;
+    busy_.erase(it);
+    return int(socks_.size() - 1);
+  }
+  return -EADDRNOTAVAIL;
 }
 
 // The steering program (classic BPF, run by the kernel on each datagram for
@@ -241,7 +262,15 @@ int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req
   for (size_t i = 0; i < socks_.size(); ++i) {
     if (std::memcmp(socks_[i].gid, req.sgid, 16) == 0) si = i;
   }
-  if (si == socks_.size()) return EADDRNOTAVAIL;
+  if (si == socks_.size()) {
+    // Not bound: RoCE off (SOFTVERBS_ROCE=0), the address held by another
+    // process or the kernel (EADDRINUSE, which the library explains), or
+    // not an address of this namespace.
+    if (!opened_) return EOPNOTSUPP;
+    int r = retry_busy(req.sgid);
+    if (r < 0) return -r;
+    si = size_t(r);
+  }
   auto it = arrivals_.find(client);
   if (it == arrivals_.end()) {
     int sv[2];

@@ -15,8 +15,13 @@
 // trusted here beyond reading the QPN.
 //
 // Contract: single-threaded (the daemon's epoll loop); owns its sockets.
-// Enabled only when asked (SOFTVERBS_ROCE=1, or the system daemon), since a
-// per-user daemon must not take a host's RoCE port by surprise.
+// Opened by default when the port is free (issue 22, item 7: one per-user
+// daemon per network namespace, so normally one per "host"); never with
+// SOFTVERBS_ROCE=0. An address whose port another process or the kernel's
+// rxe holds is retried each time a QP asks for it (a bind: cheap); till
+// then attach() answers EADDRINUSE, which the library explains
+// (src/verbs/port_holder.h). QPs between processes of this daemon never need
+// the port.
 #pragma once
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -35,14 +40,19 @@ class RocePort {
  public:
   // Binds UDP 4791 on every non-loopback address (link-local IPv6 excluded)
   // and reads SOFTVERBS_FAULTS; returns 0 or an errno. Its fds go to epoll.
+  // EADDRINUSE when every address was held by someone else.
   int open();
   bool enabled() const { return !socks_.empty(); }
+  bool opened() const { return opened_; }
+  // A socket bound after open() (a held address freed since): to epoll.
+  std::function<void(int fd)> on_new_fd;
   std::vector<int> fds() const;
   bool owns(int fd) const;
   // Forwards what is waiting on `fd`.
   void readable(int fd);
   // RoceAttach: qpn must be the client's (checked by the caller); uid: the
-  // user of its process.
+  // user of its process. EOPNOTSUPP if never opened, EADDRINUSE if the
+  // address's port is someone else's, EADDRNOTAVAIL if not an address here.
   int attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
              std::vector<int>& out_fds);
   void remove_client(uint32_t client);
@@ -67,6 +77,15 @@ class RocePort {
     bool steering = false;    // a program is attached: slots may exist
     std::vector<Slot> slots;  // slots[i] is index i + 1 of the group (bind order)
   };
+  struct Address {
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    uint8_t gid[16] = {};
+  };
+  int bind_address(const Address& a);  // 0 or errno; appends to socks_
+  int retry_busy(const uint8_t* gid);  // index in socks_, or -errno
+  bool opened_ = false;
+  std::vector<Address> busy_;  // addresses whose port was held at open()
   // The client's slot on socks_[si] (a new or recycled one), or -1.
   int slot_for(size_t si, uint32_t client, uid_t uid);
   // Rewrites socks_[si]'s steering program from qpns_; false if the kernel refused it.

@@ -87,6 +87,11 @@ int Server::start() {
   lock_fd_.reset(::open(lock_path(dir_).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock_fd_.valid()) return errno;
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK ? EALREADY : errno;
+  // The network namespace served here (common/paths.h): processes of
+  // another one choose their own directory by it.
+  if (int e = write_netns_record(dir_, netns_self())) {
+    std::fprintf(stderr, "softverbsd: %s not written: %s\n", netns_record_path(dir_).c_str(), std::strerror(e));
+  }
   if (int e = registry_.init()) return e;
   // Descriptors (issue 18, finding 9): as many as we may have, each user
   // capped to a share of them (quota.h), and one in reserve to refuse a
@@ -124,40 +129,61 @@ int Server::start() {
     if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) return EPERM;
     if (::chmod(cm.c_str(), 01777) != 0) return errno;
   }
-  // RoCEv2 (docs/ROCE.md): the port is taken only when asked for.
-  const char* roce = std::getenv("SOFTVERBS_ROCE");
-  if ((roce && std::strcmp(roce, "1") == 0) || system_) {
-    if (int e = roce_.open()) {
-      std::fprintf(stderr, "softverbsd: RoCEv2 port not opened: %s\n", std::strerror(e));
-    }
-    for (int fd : roce_.fds()) {
-      epoll_event rev{};
-      rev.events = EPOLLIN;
-      rev.data.fd = fd;
-      if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &rev) != 0) return errno;
-    }
-    // The connection manager between hosts (docs/RDMACM.md): QP1's MADs.
-    if (roce_.enabled()) {
-      if (int e = cm_.open(dir_)) {
-        std::fprintf(stderr, "softverbsd: CM gateway not opened: %s\n", std::strerror(e));
-      } else {
-        epoll_event cev{};
-        cev.events = EPOLLIN;
-        cev.data.fd = cm_.fd();
-        if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, cm_.fd(), &cev) != 0) return errno;
-        if (system_ && ::chmod((dir_ + "/cm-gateway").c_str(), 0666) != 0) return errno;
-        roce_.on_qp1 = [this](int fd, const sockaddr* from, socklen_t fl, const uint8_t* d, size_t n) {
-          cm_.deliver(fd, from, fl, d, n);
-        };
-      }
-    }
-  }
+  if (int e = open_roce()) return e;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   return 0;
+}
+
+// RoCEv2 (docs/ROCE.md): UDP 4791 is taken by default where free (one
+// per-user daemon per network namespace, common/paths.h); SOFTVERBS_ROCE=0:
+// never; SOFTVERBS_ROCE=1 (or the system daemon): a port not taken is said
+// on stderr. A held address is retried when a QP needs it (RocePort).
+int Server::open_roce() {
+  const char* roce = std::getenv("SOFTVERBS_ROCE");
+  if (roce && std::strcmp(roce, "0") == 0) return 0;
+  const bool asked = (roce && std::strcmp(roce, "1") == 0) || system_;
+  if (int e = roce_.open()) {
+    if (asked) std::fprintf(stderr, "softverbsd: RoCEv2 port not opened: %s\n", std::strerror(e));
+    SV_TRACE("daemon: RoCEv2 port not opened: %s", std::strerror(e));
+  }
+  for (int fd : roce_.fds()) {
+    if (int e = watch_roce_fd(fd)) return e;
+  }
+  open_cm_gateway();
+  roce_.on_new_fd = [this](int fd) {
+    if (watch_roce_fd(fd) == 0) open_cm_gateway();
+  };
+  return 0;
+}
+
+int Server::watch_roce_fd(int fd) {
+  epoll_event rev{};
+  rev.events = EPOLLIN;
+  rev.data.fd = fd;
+  return ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &rev) != 0 ? errno : 0;
+}
+
+// The connection manager between hosts (docs/RDMACM.md): QP1's MADs, once
+// the port is ours.
+void Server::open_cm_gateway() {
+  if (!roce_.enabled() || cm_open_) return;
+  if (int e = cm_.open(dir_)) {
+    std::fprintf(stderr, "softverbsd: CM gateway not opened: %s\n", std::strerror(e));
+    return;
+  }
+  epoll_event cev{};
+  cev.events = EPOLLIN;
+  cev.data.fd = cm_.fd();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, cm_.fd(), &cev) != 0) return;
+  if (system_) ::chmod((dir_ + "/cm-gateway").c_str(), 0666);
+  roce_.on_qp1 = [this](int fd, const sockaddr* from, socklen_t fl, const uint8_t* d, size_t n) {
+    cm_.deliver(fd, from, fl, d, n);
+  };
+  cm_open_ = true;
 }
 
 Server::~Server() { stop_copier(); }

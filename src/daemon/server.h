@@ -68,6 +68,10 @@ class Server {
     proto::Header h;  // the request's, for the reply
     std::unique_ptr<MediationJob> job;
   };
+  int open_roce();
+  int watch_roce_fd(int fd);
+  void open_cm_gateway();
+  bool cm_open_ = false;
   void start_copier();
   void stop_copier();
   void copier_main();

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,16 +35,35 @@ namespace sv::rdmacm::detail {
 
 // --- the rendezvous directory -------------------------------------------------
 
+namespace {
+
+// The per-user daemon's directory, as the library finds it (one per network
+// namespace, common/paths.h); SOFTVERBS_DIR if set. Looked up till a daemon
+// has answered (a process does not change namespace under librdmacm), then
+// kept.
+std::string user_dir() {
+  if (sv::runtime_dir_explicit()) return sv::runtime_dir();
+  static std::mutex mu;
+  static std::string found;
+  std::lock_guard<std::mutex> g(mu);
+  if (!found.empty()) return found;
+  std::string dir = sv::resolve_runtime_dir();
+  if (::access(sv::socket_path(dir).c_str(), F_OK) == 0) found = dir;
+  return dir;
+}
+
+}  // namespace
+
 // With the system daemon (SOFTVERBS_SYSTEM=1) every user's ids meet in its
 // directory, which the daemon made sticky and writable by all: the port
 // space is the host's, as on Linux. Otherwise the user's own directory.
-std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::runtime_dir(); }
+std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : user_dir(); }
 
 namespace {
 
 std::string cm_dir() {
   if (sv::use_system_daemon()) return sv::system_dir() + "/cm";
-  std::string dir = sv::runtime_dir();
+  std::string dir = user_dir();
   sv::ensure_runtime_dir(dir);
   dir += "/cm";
   ::mkdir(dir.c_str(), 0700);

@@ -96,7 +96,7 @@ const char* const kNoDaemonHint =
     "it starts with the first program run under 'softverbs run' (or, with SOFTVERBS_SYSTEM=1, "
     "as root: softverbsd --system)";
 
-std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::runtime_dir(); }
+std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::resolve_runtime_dir(); }
 
 const char* kind_name(uint32_t k) {
   switch (k) {
@@ -184,6 +184,18 @@ int status() {
                          : "socket-activated by systemd --user (softverbsd.socket)")
                   : (sys ? "started by hand or by a service without its socket unit"
                          : "started on demand by the library or by hand"));
+  // The network namespace it serves (issue 22, item 7): its GIDs are that
+  // namespace's addresses.
+  sv::proto::NetnsMsg nreq{};
+  sv::proto::init_header(nreq, sv::proto::Op::Netns, 3);
+  nreq.flags = sv::proto::kNetnsQuery;
+  sv::proto::NetnsMsg nrep{};
+  if (sv::send_message(s.get(), &nreq, sizeof(nreq), {}) == 0 &&
+      sv::recv_message(s.get(), &nrep, sizeof(nrep), &len, fds) == 0 && len == sizeof(nrep) && nrep.h.status == 0) {
+    const sv::NetnsId served{nrep.dev, nrep.ino};
+    std::printf("  network namespace %s, %s\n", sv::netns_text(served).c_str(),
+                served == sv::netns_self() ? "this one" : "not this one (its GIDs are another namespace's)");
+  }
   std::printf("  clients %u (this query included)\n  pds %u\n  mrs %u\n  cqs %u\n  qps %u\n  channels %u\n  backings %u\n  regions %u\n",
               rep.clients, rep.pds, rep.mrs, rep.cqs, rep.qps, rep.channels, rep.backings, rep.regions);
   if (have_accounts) {

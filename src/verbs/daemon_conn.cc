@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/paths.h"
+#include "common/trace.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
@@ -50,9 +51,9 @@ std::string find_daemon() {
   return "softverbsd";  // rely on PATH
 }
 
-// Starts the daemon as a grandchild so that it is never our child to reap,
-// with no descriptor of ours open.
-void spawn_daemon() {
+// Starts the daemon for `dir` as a grandchild so that it is never our child
+// to reap, with no descriptor of ours open.
+void spawn_daemon(const std::string& dir) {
   std::string path = find_daemon();
   pid_t child = ::fork();
   if (child < 0) return;
@@ -60,7 +61,8 @@ void spawn_daemon() {
     pid_t grandchild = ::fork();
     if (grandchild == 0) {
       ::syscall(SYS_close_range, 3u, ~0u, 0u);
-      char* argv[] = {const_cast<char*>("softverbsd"), nullptr};
+      char* argv[] = {const_cast<char*>("softverbsd"), const_cast<char*>("--dir"), const_cast<char*>(dir.c_str()),
+                      nullptr};
       if (path.find('/') != std::string::npos) ::execv(path.c_str(), argv);
       else ::execvp(path.c_str(), argv);
       ::_exit(127);
@@ -74,11 +76,53 @@ void spawn_daemon() {
 
 }  // namespace
 
+// The daemon of this process (common/paths.h). SOFTVERBS_DIR or the system
+// daemon: that directory's, unchecked. Otherwise the daemon must serve our
+// network namespace (proto::Op::Netns; EXDEV: another's):
+//   1. a daemon that answers in BASE, if it serves ours (a socket-activated
+//      one too: the user unit listens there);
+//   2. else, with none answering in BASE, the directory BASE's record
+//      chooses (BASE if it names no other namespace), started if need be;
+//   3. a daemon of another namespace found on the way: our namespace's
+//      directory, BASE/net-INODE-DEV, instead.
 int DaemonConn::open() {
+  const bool system = use_system_daemon();
+  if (system || runtime_dir_explicit()) {
+    std::string dir = system ? system_dir() : runtime_dir();
+    int e = connect_dir(dir, system, true);
+    if (e == 0) dir_ = dir;
+    return e;
+  }
+  const NetnsId self = netns_self();
+  const std::string base = runtime_base_dir();
+  const std::string mine = netns_dir(base, self);
+  std::string dir = connect_dir(base, false, false) == 0 ? base : runtime_dir();
+  for (;;) {
+    if (!sock_.valid()) {
+      if (int e = connect_dir(dir, false, true)) return e;
+    }
+    proto::NetnsMsg req{};
+    req.dev = self.dev;
+    req.ino = self.ino;
+    proto::NetnsMsg rep{};
+    // Another error than EXDEV: a daemon older than the check (EOPNOTSUPP),
+    // or one gone (the next call says so).
+    if (call<proto::Op::Netns>(req, rep) != EXDEV) break;
+    sock_.reset();
+    if (dir == mine) return EXDEV;  // our own namespace's directory serves another: refuse it
+    SV_TRACE("verbs: the daemon in %s serves %s, not this process's %s: using %s", dir.c_str(),
+             netns_text({rep.dev, rep.ino}).c_str(), netns_text(self).c_str(), mine.c_str());
+    dir = mine;
+  }
+  dir_ = dir;
+  return 0;
+}
+
+// Connects to the daemon of `dir`, starting it there if none answers (and
+// `may_start`; else ENOENT or ECONNREFUSED at once).
+int DaemonConn::connect_dir(const std::string& dir, bool system, bool may_start) {
   // SOFTVERBS_SYSTEM=1: the host-wide daemon, which an administrator runs;
   // it is never started from here.
-  bool system = use_system_daemon();
-  std::string dir = system ? system_dir() : runtime_dir();
   if (int e = system ? check_system_dir(dir) : ensure_runtime_dir(dir)) return e;
   std::string sock = socket_path(dir);
   bool spawned = system;
@@ -94,6 +138,7 @@ int DaemonConn::open() {
       return 0;
     }
     if (e != ENOENT && e != ECONNREFUSED) return e;
+    if (!may_start) return e;
     // No system daemon runs (no socket, or a stale one for over a second;
     // a daemon that is starting has bound but may not listen yet).
     if (system && (e == ENOENT || monotonic_ns() > deadline - 9'000'000'000ull)) return ENODEV;
@@ -102,7 +147,7 @@ int DaemonConn::open() {
     // taken and exits at once.
     if ((!spawned || monotonic_ns() > last_spawn + 500'000'000ull) && !system &&
         !std::getenv("SOFTVERBS_NO_SPAWN")) {
-      spawn_daemon();
+      spawn_daemon(dir);
       spawned = true;
       last_spawn = monotonic_ns();
     }

@@ -53,9 +53,11 @@ constexpr uint32_t kMaxAh = 65536;
 
 class DaemonConn {
  public:
-  // Connects to the user's daemon, starting it if none answers.
+  // Connects to the user's daemon of this network namespace, starting it if
+  // none answers (common/paths.h); EXDEV if only another namespace's answers.
   int open();
   int fd() const { return sock_.get(); }
+  const std::string& dir() const { return dir_; }  // the daemon's directory
   // Receives the async events waiting on the socket without blocking.
   void drain_events();
   // Called (under the connection's lock) for each async event the daemon sends.
@@ -87,6 +89,8 @@ class DaemonConn {
   // In a child forked after open(): a connection of its own, joined to the
   // same context (the inherited socket is its parent's).
   int reattach_after_fork();
+  int connect_dir(const std::string& dir, bool system, bool may_start);
+  std::string dir_;
   Fd sock_;
   Fd inherited_;  // a forked child: its parent's socket, kept open (the context's cmd_fd names it)
   std::mutex mu_;

@@ -23,6 +23,7 @@
 #include "common/access.h"
 #include "common/mgid.h"
 #include "common/started_thread.h"
+#include "common/port_holder.h"
 #include "common/trace.h"
 #include "roce/engine.h"
 #include "roce/udp.h"
@@ -810,6 +811,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
       // UD without a RoCE port stays a local-only QP.
       if (q.type == IBV_QPT_UD) return 0;
       SV_TRACE("roce: QP %u: no RoCEv2 port: %s", q.qpn, std::strerror(e));
+      explain_no_wire(e, q.ctx->st->conn.dir(), sgid);
       return e;
     }
     roce::QpConfig& c = nr->cfg;

@@ -89,6 +89,9 @@ compat_setup() {
   export SOFTVERBS_NO_SPAWN=1
   export SOFTVERBSD="$SVD"
   export SOFTVERBS_TRACE=1  # the library reports RNR/retry stalls and failed WRs
+  # The private daemon leaves the host's UDP 4791 alone (a per-user daemon
+  # takes it by default; tests in parallel must not race for it).
+  export SOFTVERBS_ROCE=${SOFTVERBS_ROCE:-0}
   # Registrations are charged to RLIMIT_MEMLOCK as on real hardware; perftest
   # -a registers 8 MiB buffers. Raise the soft limit as far as we may.
   ulimit -l unlimited 2>/dev/null || ulimit -l "$(ulimit -H -l)" 2>/dev/null || true

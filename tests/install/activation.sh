@@ -8,7 +8,11 @@
 #     with the pid the activator started, and ibv_devinfo reaches it;
 #   - the per-user daemon, socket-activated, and started by the library;
 #   - a socket at another path than the daemon's is refused with a message
-#     and the daemon listens on its own.
+#     and the daemon listens on its own;
+#   - the user unit's command (no --dir) serves $XDG_RUNTIME_DIR/softverbs
+#     and records its network namespace there, even if the record named
+#     another (issue 22, item 7), and the library and `softverbs status`
+#     find it there.
 #   activation.sh BIN_DIR SOURCE_DIR
 set -u
 bin=${1:?usage: $0 BIN_DIR SOURCE_DIR}
@@ -95,4 +99,26 @@ grep -q "is not a listening SOCK_SEQPACKET socket at $odd/control" "$work/odd.lo
   fail "the daemon did not say why it refused the socket"
 out=$(SOFTVERBS_DIR="$odd" SOFTVERBS_NO_SPAWN=1 "$bin/softverbs" status 2>&1) || fail "status after a refused socket: $out"
 echo "$out" | grep -q "started on demand" || fail "a refused socket still counts as activation: $out"
+
+# 5. The user unit's command line: no --dir, no SOFTVERBS_DIR.
+xdg=$work/xdg
+mkdir -m 700 "$xdg" "$xdg/softverbs"
+printf '4 1\n' >"$xdg/softverbs/netns"  # a namespace that is not ours
+# (systemd-socket-activate passes only the -E variables on.)
+systemd-socket-activate --seqpacket -l "$xdg/softverbs/control" -E XDG_RUNTIME_DIR="$xdg" -E SOFTVERBS_ROCE=0 \
+  "$bin/softverbsd" --foreground --idle 0 2>"$work/unit.log" &
+pids+=($!)
+act=$!
+for _ in $(seq 100); do [ -S "$xdg/softverbs/control" ] && break; sleep 0.05; done
+out=$(env -u SOFTVERBS_DIR XDG_RUNTIME_DIR="$xdg" SOFTVERBS_NO_SPAWN=1 "$bin/softverbs" status 2>&1) ||
+  fail "status of the unit's daemon: $out"
+echo "$out" | grep -q "^softverbsd (pid $act) at $xdg/softverbs\$" || fail "not the unit's daemon in the base directory: $out"
+echo "$out" | grep -q "network namespace .*, this one" || fail "status does not say it serves this namespace: $out"
+[ "$(cat "$xdg/softverbs/netns")" = "$(stat -L -c '%d %i' /proc/self/ns/net)" ] ||
+  fail "the unit's daemon did not record its namespace: $(cat "$xdg/softverbs/netns")"
+if command -v ibv_devinfo >/dev/null; then
+  env -u SOFTVERBS_DIR XDG_RUNTIME_DIR="$xdg" SOFTVERBS_NO_SPAWN=1 "$bin/softverbs" run ibv_devinfo >"$work/unitdev.log" 2>&1 ||
+    fail "ibv_devinfo through the unit's daemon"
+  [ ! -e "$xdg/softverbs/net-"* ] || fail "a namespace directory was made beside the unit's daemon: $(ls "$xdg/softverbs")"
+fi
 echo "install.activation: ok"

@@ -21,6 +21,11 @@ int main(int argc, char** argv) {
     if (dir) setenv("SOFTVERBS_DIR", dir, 1);
   }
   setenv("SOFTVERBSD_IDLE", "3", 0);
+  // A private test daemon leaves the host's UDP 4791 alone (a per-user
+  // daemon takes it by default): which of the tests' daemons run in
+  // parallel got it must not change what a test sees. RoCE is tested
+  // between namespaces (tests/roce/).
+  setenv("SOFTVERBS_ROCE", "0", 0);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

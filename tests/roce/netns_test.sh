@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# roce.netns.*: one per-user daemon per network namespace (issue 22, item 7;
+# src/common/paths.h). Two fresh namespaces joined by a veth pair (the test
+# bed, scripts/testbed.sh), Debian's ibv_rc_pingpong and ibv_devinfo through
+# the build's library (`softverbs run`), with no SOFTVERBS_* variable set but
+# the one `softverbs run` sets (SOFTVERBSD: the build's daemon) and a
+# private XDG_RUNTIME_DIR: the daemons are the default ones, started by the
+# library, their UDP 4791 taken by default.
+#
+#   netns_test.sh SOURCE_DIR BIN_DIR CASE
+#   CASE: pingpong   RC between the namespaces over RoCEv2 (GID index 1, the
+#                    veth's IPv4 address); two daemons, one per namespace,
+#                    each with its namespace's GIDs
+#         isolation  a process of namespace B never reaches A's daemon: not
+#                    by the record (BASE/netns), nor when the record is gone
+#                    (the daemon refuses it: EXDEV, and it starts its own)
+#         rping      rdma_cm between the namespaces (the default daemons'
+#                    CM gateways carry its MADs)
+#         busy       UDP 4791 held by another daemon: same-host QPs work, a QP
+#                    to the other namespace fails at RTR saying who holds the
+#                    port and what to do; with the holder gone it works
+# Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
+set -u
+src=$1 bin=$2 case=$3
+tb=$src/scripts/testbed.sh
+SKIP=77
+log() { printf '%s\n' "$*" >&2; }
+[ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
+ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
+for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping); do
+  command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
+done
+export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
+TIMEOUT=${ROCE_NETNS_TIMEOUT:-60}
+work=$(mktemp -d "${TMPDIR:-/tmp}/svnetns.XXXXXX") || exit 1
+pids=()
+failures=0
+fail() { log "FAIL: $*"; failures=$((failures + 1)); }
+
+# The daemons the library started for this test: their command line names
+# a directory under $work (--dir). Killed by pid.
+our_daemons() {
+  local p
+  for p in /proc/[0-9]*; do
+    tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -q "^softverbsd --dir $work/" && echo "${p#/proc/}"
+  done
+}
+
+cleanup() {
+  local rc=$? p
+  for p in "${pids[@]}" $(our_daemons); do kill "$p" 2>/dev/null; done
+  sleep 0.2
+  for p in "${pids[@]}" $(our_daemons); do kill -9 "$p" 2>/dev/null; done
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne $SKIP ]; then
+    for p in $(find "$work" -name daemon.log -size +0); do log "--- $p"; cat "$p" >&2; done
+  fi
+  "$tb" down 2>/dev/null
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+
+for p in softverbs softverbsd; do [ -x "$bin/$p" ] || { log "missing $bin/$p"; exit 1; }; done
+"$tb" up 2 || { log "SKIP: the test bed cannot be created"; exit $SKIP; }
+a0=$("$tb" addr h0)
+a1=$("$tb" addr h1)
+ns() { echo "$SOFTVERBS_TESTBED-$1"; }
+# No SOFTVERBS_* variable reaches the programs (the test bed's are the script's).
+unset_sv=()
+for v in $(compgen -e | grep '^SOFTVERBS'); do unset_sv+=(-u "$v"); done
+
+# on HOST RUNDIR CMD...: CMD in HOST on softverbs, XDG_RUNTIME_DIR=RUNDIR.
+on() {
+  local h=$1 run=$2
+  shift 2
+  ip netns exec "$(ns "$h")" env "${unset_sv[@]}" XDG_RUNTIME_DIR="$run" \
+    "$bin/softverbs" run -- timeout -k 5 "$TIMEOUT" stdbuf -oL "$@"
+}
+
+# netns_of HOST: "DEV INO" of HOST's namespace, as the daemons record it.
+netns_of() { ip netns exec "$(ns "$1")" stat -L -c '%d %i' /proc/self/ns/net; }
+
+# pair NAME RUNDIR PORT: ibv_rc_pingpong -g 1, server in h1, client in h0;
+# outputs in $work/NAME.server and .client, exits in SRC and CRC.
+pair() {
+  local name=$1 run=$2 port=$3
+  on h1 "$run" ibv_rc_pingpong -g 1 -p "$port" >"$work/$name.server" 2>&1 &
+  local spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    ip netns exec "$(ns h1)" ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
+  on h0 "$run" ibv_rc_pingpong -g 1 -p "$port" "$a1" >"$work/$name.client" 2>&1
+  CRC=$?
+  if [ $CRC -ne 0 ]; then kill $spid 2>/dev/null; fi  # it waits for a peer that gave up
+  wait $spid
+  SRC=$?
+}
+
+show() {
+  local s
+  for s in server client; do
+    [ -f "$work/$1.$s" ] || continue
+    log "----- $1.$s:"
+    cat "$work/$1.$s" >&2
+  done
+}
+
+# check_pingpong NAME: both exited 0 and printed their summary (4096 bytes,
+# 1000 iterations, both ways: 8192000 bytes).
+check_pingpong() {
+  local side ok=1
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || { fail "$1: server exit $SRC, client exit $CRC"; ok=0; }
+  for side in server client; do
+    grep -Eq "^8192000 bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$" "$work/$1.$side" ||
+      { fail "$1 $side: no '8192000 bytes in ... seconds' line"; ok=0; }
+  done
+  [ $ok -eq 1 ] || show "$1"
+}
+
+# gids HOST RUNDIR: the GIDs ibv_devinfo -v lists in HOST.
+gids() { on "$1" "$2" ibv_devinfo -v 2>&1 | sed -n 's/.*GID\[ *[0-9]*\]:[[:space:]]*\([^,]*\),.*/\1/p' | tr '\n' ' '; }
+
+# check_gids HOST RUNDIR MINE OTHERS: HOST's device lists its own address and not the other's.
+check_gids() {
+  local g
+  g=$(gids "$1" "$2")
+  [[ " $g " == *" ::ffff:$3 "* ]] || fail "$1: its address $3 is not among its GIDs: $g"
+  [[ " $g " == *" ::ffff:$4 "* ]] && fail "$1: the other namespace's address $4 is among its GIDs: $g"
+}
+
+# daemon_dir_of NETNS_RECORD BASE: the directory whose daemon serves it.
+served_in() {
+  local rec=$1 base=$2 d
+  for d in "$base" "$base"/net-*; do
+    [ -S "$d/control" ] && [ "$(cat "$d/netns" 2>/dev/null)" = "$rec" ] && echo "$d"
+  done
+}
+
+run=$work/run
+mkdir -m 700 "$run"
+base=$run/softverbs
+case $case in
+pingpong)
+  pair pingpong "$run" 18515
+  check_pingpong pingpong
+  # One daemon per namespace: BASE serves one, BASE/net-INO-DEV the other.
+  for h in h0 h1; do
+    rec=$(netns_of $h)
+    d=$(served_in "$rec" "$base")
+    [ -n "$d" ] || fail "no daemon directory records $h's namespace ($rec)"
+    ino=${rec#* } dev=${rec% *}
+    [ "$d" = "$base" ] || [ "$d" = "$base/net-$ino-$dev" ] || fail "$h served in $d"
+  done
+  [ "$(ls -d "$base"/net-* 2>/dev/null | wc -l)" -eq 1 ] || fail "not one namespace directory: $(ls "$base")"
+  check_gids h0 "$run" "$a0" "$a1"
+  check_gids h1 "$run" "$a1" "$a0"
+  ;;
+isolation)
+  # By the record: A (h0) starts in BASE; B (h1) reads A in BASE/netns.
+  check_gids h0 "$run" "$a0" "$a1"
+  [ "$(cat "$base/netns")" = "$(netns_of h0)" ] || fail "BASE/netns does not record h0's namespace"
+  check_gids h1 "$run" "$a1" "$a0"
+  rec=$(netns_of h1)
+  [ -S "$base/net-${rec#* }-${rec% *}/control" ] || fail "h1's daemon is not in BASE/net-INO-DEV: $(ls "$base")"
+  # Without the record: B connects to A's daemon in BASE, which refuses it
+  # (EXDEV); B starts its own daemon in its namespace's directory.
+  run2=$work/run2
+  mkdir -m 700 "$run2"
+  check_gids h0 "$run2" "$a0" "$a1"
+  rm -f "$run2/softverbs/netns"
+  check_gids h1 "$run2" "$a1" "$a0"
+  [ -S "$run2/softverbs/net-${rec#* }-${rec% *}/control" ] ||
+    fail "h1 did not get its own daemon after A's refused it: $(ls "$run2/softverbs")"
+  check_gids h0 "$run2" "$a0" "$a1"  # A's daemon still serves h0
+  ;;
+rping)
+  on h1 "$run" rping -s -a "$a1" -C 10 -v >"$work/rping.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    # Listening: its rendezvous socket (docs/RDMACM.md) for rping's port 7174.
+    compgen -G "$base/cm/*-7174-*" >/dev/null && break
+    compgen -G "$base/net-*/cm/*-7174-*" >/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
+  on h0 "$run" rping -c -a "$a1" -C 10 -v >"$work/rping.client" 2>&1
+  CRC=$?
+  [ $CRC -eq 0 ] || kill $spid 2>/dev/null
+  wait $spid
+  SRC=$?
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "rping: server exit $SRC, client exit $CRC"
+  grep -q "^server ping data: rdma-ping-9: " "$work/rping.server" || fail "rping: the server did not see ping 9"
+  grep -q "^ping data: rdma-ping-9: " "$work/rping.client" || fail "rping: the client did not see ping 9"
+  [ $failures -eq 0 ] || show rping
+  ;;
+busy)
+  # Another daemon (a private directory) holds UDP 4791 in h0.
+  mkdir -m 700 "$work/holder"
+  ip netns exec "$(ns h0)" env "${unset_sv[@]}" "$bin/softverbsd" --foreground --idle 0 --dir "$work/holder" \
+    2>"$work/holder.log" &
+  holder=$!
+  pids+=($holder)
+  for _ in $(seq 100); do
+    ip netns exec "$(ns h0)" ss -Hlun "sport = :4791" 2>/dev/null | grep -q . && break
+    sleep 0.05
+  done
+  ip netns exec "$(ns h0)" ss -Hlun "sport = :4791" | grep -q . || fail "the holder did not take UDP 4791"
+  # Same-host QPs of h0's default daemon do not need the port.
+  on h0 "$run" ibv_rc_pingpong -g 1 -p 18516 >"$work/local.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    ip netns exec "$(ns h0)" ss -Hltn "sport = :18516" 2>/dev/null | grep -q . && break
+    sleep 0.05
+  done
+  on h0 "$run" ibv_rc_pingpong -g 1 -p 18516 "$a0" >"$work/local.client" 2>&1
+  CRC=$?
+  wait $spid
+  SRC=$?
+  check_pingpong local
+  # A QP to h1 fails at RTR, saying who holds the port and what to do.
+  pair held "$run" 18517
+  [ "$CRC" -ne 0 ] || fail "held: the client succeeded although UDP 4791 is held"
+  out=$work/held.client
+  grep -q "Failed to modify QP to RTR" "$out" || fail "held: no RTR failure"
+  grep -q "UDP port 4791 (RoCEv2) on $a0, which is held by softverbsd (pid $holder, user 0) serving $work/holder" "$out" ||
+    fail "held: the holder is not named"
+  grep -q "SOFTVERBS_DIR=$work/holder" "$out" || fail "held: no advice to share the holder's daemon"
+  [ "$(grep -c 'held by' "$out")" -eq 1 ] || fail "held: the message is not said once"
+  [ "$CRC" -ne 0 ] && grep -q "held by" "$out" || show held
+  # The holder stops: the next QP takes the port.
+  kill $holder
+  wait $holder 2>/dev/null
+  pair freed "$run" 18518
+  check_pingpong freed
+  ;;
+*) log "unknown case $case"; exit 2 ;;
+esac
+
+if [ $failures -ne 0 ]; then
+  log "$failures check(s) failed"
+  exit 1
+fi
+log "PASS"
