@@ -932,7 +932,12 @@ int post_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothin
 // the first request's destination decides for the list.
 int post_wire_ud(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   if (int e = refuse_post(q, wr, bad)) return e;
-  if (wr && wr->wr.ud.ah && wr->wr.ud.ah->context == q.self->qpx.qp_base.context && roce_ud_remote(q, wr))
+  // wr.ud shares its bytes with wr.rdma and wr.atomic: the AH is read only
+  // for an opcode a UD QP takes (IBTA 9.7.1 / ibv_post_send(3): SEND and
+  // SEND_WITH_IMM); any other is refused by post_queue's checks (the
+  // work-request fuzzer read a WRITE's remote address as an AH pointer).
+  const bool ud_send = wr && (opcode_of(wr) == IBV_WR_SEND || opcode_of(wr) == IBV_WR_SEND_WITH_IMM);
+  if (ud_send && wr->wr.ud.ah && wr->wr.ud.ah->context == q.self->qpx.qp_base.context && roce_ud_remote(q, wr))
     return roce_post_send(q, wr, bad);
   return post_queue<false>(q, wr, bad, all_or_nothing);
 }
