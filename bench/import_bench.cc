@@ -12,6 +12,12 @@
 //                   process, a socketpair), then ibv_close_device of the
 //                   unpacked context (timed apart as unpacked_close)
 //   open            svx_open of a published MR + ibv_close_device
+//   unix_rt         the baseline: one raw round trip of a 64-byte message
+//                   over an AF_UNIX SOCK_SEQPACKET socketpair (the daemon's
+//                   socket type) between two processes, blocking read and
+//                   write on both sides: what any control round trip costs
+//                   at least (issue 24: a daemon call at most 2x this;
+//                   ibv_import_pd is one daemon call, its unimport local)
 // and the owner times svx_publish and svx_unpublish of --iters names.
 // Every call goes to the daemon, so these numbers are daemon round trips.
 // Output: JSON lines on stdout.  Needs softverbs' libibverbs (the svx_ calls).
@@ -166,6 +172,33 @@ int importer(int sock, int iters) {
   return 0;
 }
 
+// The raw round trip baseline (unix_rt): a child echoes what it reads.
+void unix_round_trip(int iters) {
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp)) die("socketpair (seqpacket)");
+  pid_t echo = fork();
+  if (echo < 0) die("fork (echo)");
+  char msg[64]{};
+  if (echo == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(sp[0]);
+    for (ssize_t n; (n = read(sp[1], msg, sizeof msg)) > 0;)
+      if (write(sp[1], msg, static_cast<size_t>(n)) != n) _exit(1);
+    _exit(0);
+  }
+  close(sp[1]);
+  Timer t;
+  for (int i = 0; i < iters + iters / 10; ++i) {  // the first tenth warms up, untimed
+    if (i >= iters / 10) t.start();
+    xfer(sp[0], msg, sizeof msg, true);
+    xfer(sp[0], msg, sizeof msg, false);
+    if (i >= iters / 10) t.stop();
+  }
+  close(sp[0]);
+  waitpid(echo, nullptr, 0);
+  t.emit("unix_rt");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -175,6 +208,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   alarm(120);  // watchdog: the default action ends the process
+  unix_round_trip(iters);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) die("socketpair");
   std::fflush(stdout);

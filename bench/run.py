@@ -718,6 +718,7 @@ IMPORT_ROWS = [
     ("publish", "`svx_publish` (an MR)"),
     ("open", "`svx_open` + `ibv_close_device`"),
     ("unpublish", "`svx_unpublish`"),
+    ("unix_rt", "baseline: raw AF_UNIX SOCK_SEQPACKET round trip, 64 B, two processes"),
 ]
 
 
@@ -768,6 +769,11 @@ def extra_sections(R):
             L.append("| %s | %s | %s |" % (name, fmt_ns(R.agg("import", test, "median_ns")),
                                            fmt_ns(R.agg("import", test, "mean_ns"))))
         L.append("")
+        pd, rt = R.agg("import", "import_pd", "median_ns"), R.agg("import", "unix_rt", "median_ns")
+        if pd and rt:
+            L += ["One control round trip (`ibv_import_pd` is one daemon call; its unimport is local) "
+                  "= %s the raw unix-socket round trip of the same run (issue 24's target: at most 2x)."
+                  % fmt_ratio(pd / rt), ""]
     return L
 
 
