@@ -54,8 +54,17 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 namespace sv {
+
+// What the module reads of the address space, for its tests: the VMAs
+// overlapping [lo, hi), one line each ("start-end prot s|p offset
+// major:minor inode name"), as the kernel's PROCMAP_QUERY ioctl answers
+// (`query`) and as the text of /proc/self/maps says (`text`). Returns 0 or
+// an errno (ENOTTY: the kernel has no PROCMAP_QUERY).
+int describe_maps_for_test(uintptr_t lo, uintptr_t hi, bool query, std::string* out);
 
 class MemBacking {
  public:

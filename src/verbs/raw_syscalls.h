@@ -160,6 +160,10 @@ inline int read(int fd, char* buf, size_t n, size_t* got) {
 
 inline void close(int fd) { sc(SYS_close, fd); }
 
+inline int ioctl(int fd, unsigned long req, void* arg) {
+  return err(again([&] { return sc(SYS_ioctl, fd, static_cast<long>(req), reinterpret_cast<long>(arg)); }));
+}
+
 inline long gettid() { return sc(SYS_gettid); }
 
 inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
