@@ -2,10 +2,16 @@
 // through /proc and confirmed through its pidfd.
 #include "daemon/identity.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,6 +68,34 @@ bool in_initial_userns(pid_t pid) {
   return initial.second != 0 && ::stat(path, &st) == 0 && st.st_dev == initial.first && st.st_ino == initial.second;
 }
 
+// "\t1000\t1000\t1000\t1000" (proc(5), /proc/PID/status Uid: and Gid:):
+// the four ids, nothing else on the line.
+bool parse_ids(const char* p, unsigned ids[4]) {
+  for (int i = 0; i < 4; ++i) {
+    while (*p == ' ' || *p == '\t') ++p;
+    if (*p < '0' || *p > '9') return false;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long v = std::strtoul(p, &end, 10);
+    if (errno != 0 || v > UINT32_MAX) return false;
+    ids[i] = unsigned(v);
+    p = end;
+  }
+  while (*p == ' ' || *p == '\t') ++p;
+  return *p == '\0';
+}
+
+// "\t000001ffffffffff" (CapEff:): one hexadecimal number.
+bool parse_hex(const char* p, unsigned long long& out) {
+  while (*p == ' ' || *p == '\t') ++p;
+  if (!std::isxdigit(static_cast<unsigned char>(*p))) return false;
+  char* end = nullptr;
+  errno = 0;
+  out = std::strtoull(p, &end, 16);
+  while (*end == ' ' || *end == '\t') ++end;
+  return errno == 0 && *end == '\0';
+}
+
 }  // namespace
 
 // What decides `pid`'s locked-memory limit now, read through /proc. True
@@ -71,24 +105,40 @@ bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out) {
   if (!pidfd_alive(pidfd)) return false;
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
-  FILE* f = std::fopen(path, "r");
-  if (!f) return false;
-  char line[256];
-  unsigned long long capeff = 0;
-  int fields = 0;
-  while (std::fgets(line, sizeof(line), f)) {
-    unsigned a, b, c, d;
-    if (std::sscanf(line, "CapEff: %llx", &capeff) == 1) {
-      fields |= 1;
-    } else if (std::sscanf(line, "Uid: %u %u %u %u", &a, &b, &c, &d) == 4) {
-      out.uids[0] = a, out.uids[1] = b, out.uids[2] = c, out.uids[3] = d;
-      fields |= 2;
-    } else if (std::sscanf(line, "Gid: %u %u %u %u", &a, &b, &c, &d) == 4) {
-      out.gids[0] = a, out.gids[1] = b, out.gids[2] = c, out.gids[3] = d;
-      fields |= 4;
+  // One read of the whole file, then the three lines looked up by their
+  // prefix: this runs at every ibv_reg_mr (the kernel checks the limit at
+  // each registration too), and a stdio parse with three sscanf(3) per line
+  // was most of the daemon's time in a 4 KiB reg + dereg (issue 24). The
+  // whole file, whatever its length: a process in many groups has a long
+  // Groups: line before CapEff:.
+  std::string text;
+  {
+    Fd f(::open(path, O_RDONLY | O_CLOEXEC));
+    if (!f.valid()) return false;
+    char chunk[4096];
+    for (ssize_t n; (n = ::read(f.get(), chunk, sizeof(chunk))) != 0;) {
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return false;
+      }
+      text.append(chunk, size_t(n));
     }
   }
-  std::fclose(f);
+  char* buf = text.data();
+  unsigned long long capeff = 0;
+  int fields = 0;
+  for (char* line = buf; line && *line;) {
+    char* nl = std::strchr(line, '\n');
+    if (nl) *nl = '\0';
+    if (std::strncmp(line, "CapEff:", 7) == 0) {
+      fields |= parse_hex(line + 7, capeff) ? 1 : 0;
+    } else if (std::strncmp(line, "Uid:", 4) == 0) {
+      fields |= parse_ids(line + 4, out.uids) ? 2 : 0;
+    } else if (std::strncmp(line, "Gid:", 4) == 0) {
+      fields |= parse_ids(line + 4, out.gids) ? 4 : 0;
+    }
+    line = nl ? nl + 1 : nullptr;
+  }
   if (fields != 7 || !read_rlimit_memlock(pid, out.memlock)) return false;
   out.ipc_lock = (capeff & (1ull << 14)) && in_initial_userns(pid);  // CAP_IPC_LOCK
   if (!pidfd_alive(pidfd)) return false;
