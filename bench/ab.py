@@ -38,6 +38,19 @@ def run(build, tests, iters, sv_dir):
     return res
 
 
+def warn_unity(build):
+    """A unity build lays the data path's code out differently: SEND's 8 B
+    latency moved by 10-15 % with the layout alone (docs/PERFORMANCE.md,
+    session 15). Compare builds made alike; the bench's are not unity."""
+    try:
+        with open(os.path.join(build, "CMakeCache.txt")) as f:
+            if any(l.startswith("CMAKE_UNITY_BUILD:") and l.strip().endswith("=ON") for l in f):
+                sys.stderr.write("ab.py: warning: %s is a unity build (CMAKE_UNITY_BUILD=ON): "
+                                 "its code layout differs from a plain build's\n" % build)
+    except OSError:
+        pass
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("old")
@@ -46,6 +59,8 @@ def main():
     ap.add_argument("--iters", type=int, default=200000)
     ap.add_argument("--tests", default="write_lat,read_lat,send_lat")
     a = ap.parse_args()
+    for b in (a.old, a.new):
+        warn_unity(b)
     got = {"old": {}, "new": {}}
     with tempfile.TemporaryDirectory() as d_old, tempfile.TemporaryDirectory() as d_new:
         dirs = {"old": d_old, "new": d_new}

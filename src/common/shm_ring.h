@@ -222,7 +222,7 @@ class Ring {
   // the element can be taken (see torn_qpn in shm_layout.h). Not called when
   // the push fails.
   template <class F>
-  bool push_prefix_then(const T& v, size_t bytes, F before_publish) {
+  SV_HOT bool push_prefix_then(const T& v, size_t bytes, F before_publish) {
     // The common case inline: the slot at the tail is free and the claim
     // wins at once. Anything else takes the loop below, out of line.
     const uint32_t me = self_pid();
@@ -298,7 +298,7 @@ class Ring {
   // torn_pos in shm_layout.h and reclaim_dead_take). The claim is ordered
   // after whatever before_claim() stored.
   template <class Before, class Copy>
-  bool pop_recorded(T& out, Before before_claim, Copy copy) {
+  SV_HOT bool pop_recorded(T& out, Before before_claim, Copy copy) {
     // The common case inline, as in push_prefix_then.
     const uint32_t me = self_pid();
     uint64_t pos, by;

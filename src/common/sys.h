@@ -144,6 +144,11 @@ namespace detail {
 extern std::atomic<uint32_t> g_pid;
 }
 uint32_t self_pid_slow();
+// The data path's functions: in .text.hot, together and each at a cache-line
+// boundary, so that the post/poll path's code layout does not move with
+// unrelated edits or the build's grouping of files (docs/PERFORMANCE.md).
+#define SV_HOT [[gnu::hot, gnu::aligned(64)]]
+
 inline uint32_t self_pid() {
   uint32_t p = detail::g_pid.load(std::memory_order_relaxed);
   return p ? p : self_pid_slow();

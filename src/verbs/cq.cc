@@ -66,7 +66,7 @@ bool CqView::follow(CqSegment* from) {
   return true;
 }
 
-bool CqView::push(const ibv_wc& wc, bool solicited, shm::OwedRecord clear) {
+SV_HOT bool CqView::push(const ibv_wc& wc, bool solicited, shm::OwedRecord clear) {
   uint64_t deadline = 0;
   for (;;) {
     CqSegment* s = cur.load(std::memory_order_acquire);
@@ -132,7 +132,7 @@ void release_taken(CqSegment* s) {
 // poller finds an empty ring between messages). At most one slot is held
 // back, the one behind the head: a producer meets it only when the ring
 // holds `capacity - 1` = ibv_cq.cqe completions, so the CQ still holds cqe.
-int CqView::poll(Cqe* out, int n) {
+SV_HOT int CqView::poll(Cqe* out, int n) {
   for (int round = 0; round < 2; ++round) {
     CqSegment* s = cur.load(std::memory_order_acquire);
     if (!s->ring.ready() && s->hdr->poll_lock.owner.load(std::memory_order_acquire) == 0 &&
@@ -273,7 +273,7 @@ static int poll_granted(CqState* st, int n, ibv_wc* wc) {
   return got;
 }
 
-int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
+SV_HOT int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   if (n < 0) return -EINVAL;
   CqState* st = to_cq(ibcq)->st;
   if (st->granted) [[unlikely]] return poll_granted(st, n, wc);

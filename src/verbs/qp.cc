@@ -228,7 +228,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   return &q;
 }
 
-int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+SV_HOT int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   QpState& q = *to_qp(ibqp)->st;
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // Destroyed by another sharer: the handle is stale.

@@ -196,7 +196,7 @@ bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& tota
 // Resolves a receive WQE's scatter list in the responder's memory (its
 // L_Keys in its PD, with local write) for a message of `len` bytes: the
 // responder's error status, or IBV_WC_SUCCESS with `remote` filled.
-ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr) {
+SV_HOT ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr) {
   if (r.num_sge > shm::kMaxSge) return IBV_WC_LOC_LEN_ERR;  // a corrupt ring entry
   nr = r.num_sge;
   uint64_t room = 0;
@@ -212,7 +212,7 @@ ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t 
   return len > room ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
 }
 
-void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, ibv_wc_opcode op,
+SV_HOT void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, ibv_wc_opcode op,
                           uint32_t len, uint32_t opcode, uint32_t send_flags, uint32_t imm_data,
                           uint32_t invalidate_rkey) {
   ibv_wc wc{};
@@ -912,7 +912,7 @@ template <bool kFast>
 }
 
 template <bool kFast>
-int post_shm(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+SV_HOT int post_shm(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   // First thing on the QP's path (in post_send, before the ops, it cost
   // READs 25 % in post_cost_bench).
   if (kFast) prefetch_write_target(q, wr);
@@ -982,7 +982,7 @@ void choose_transport(QpState& q) {
   q.ops.store(ops, std::memory_order_release);
 }
 
-int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
+SV_HOT int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   QpState& q = *to_qp(ibqp)->st;
   return q.ops.load(std::memory_order_acquire)->post_send(q, wr, bad, false);
 }
