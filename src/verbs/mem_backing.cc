@@ -31,6 +31,7 @@
 // only if the same kind of access would now succeed; Linux >= 5.14).
 
 #include "mem_backing.h"
+#include "proc_maps.h"
 #include "raw_syscalls.h"
 
 #include <errno.h>
@@ -80,6 +81,10 @@ namespace {
 
 // The system calls, wrapped once: raw_syscalls.h.
 namespace sys = rawsys;
+using procmaps::for_each_vma;
+using procmaps::read_maps;
+using procmaps::Vma;
+using procmaps::VmaView;
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free,
               "futex word must be a plain lock-free 32-bit integer");
@@ -350,217 +355,7 @@ int make_private(int fd, uintptr_t b, uintptr_t e, int prot, bool concurrent, Pa
   return r;
 }
 
-// ---------------------------------------------------------------------------
-// /proc/self/maps.
-
-// One /proc/self/maps line. `name` points into the buffer being parsed.
-struct VmaView {
-  uintptr_t start = 0;
-  uintptr_t end = 0;
-  int prot = 0;
-  bool shared = false;
-  uint64_t offset = 0;
-  unsigned dev_major = 0;
-  unsigned dev_minor = 0;
-  uint64_t inode = 0;
-  const char* name = nullptr;
-  size_t name_len = 0;
-};
-
-struct Vma : VmaView {
-  std::string name_str;
-};
-
-bool parse_num(const char*& p, const char* end, int base, uint64_t* out) {
-  uint64_t v = 0;
-  const char* s = p;
-  for (; p < end; ++p) {
-    int d;
-    const char c = *p;
-    if (c >= '0' && c <= '9') {
-      d = c - '0';
-    } else if (base == 16 && c >= 'a' && c <= 'f') {
-      d = c - 'a' + 10;
-    } else if (base == 16 && c >= 'A' && c <= 'F') {
-      d = c - 'A' + 10;
-    } else {
-      break;
-    }
-    v = v * static_cast<uint64_t>(base) + static_cast<uint64_t>(d);
-  }
-  *out = v;
-  return p != s;
-}
-
-bool parse_char(const char*& p, const char* end, char c) {
-  if (p >= end || *p != c) return false;
-  ++p;
-  return true;
-}
-
-void skip_spaces(const char*& p, const char* end) {
-  while (p < end && *p == ' ') ++p;
-}
-
-// "start-end perms offset major:minor inode   name"
-bool parse_maps_line(const char* p, const char* end, VmaView* v) {
-  uint64_t x = 0;
-  if (!parse_num(p, end, 16, &x)) return false;
-  v->start = x;
-  if (!parse_char(p, end, '-') || !parse_num(p, end, 16, &x)) return false;
-  v->end = x;
-  skip_spaces(p, end);
-  if (end - p < 4) return false;
-  v->prot = (p[0] == 'r' ? PROT_READ : 0) | (p[1] == 'w' ? PROT_WRITE : 0) | (p[2] == 'x' ? PROT_EXEC : 0);
-  v->shared = p[3] == 's';
-  p += 4;
-  skip_spaces(p, end);
-  if (!parse_num(p, end, 16, &v->offset)) return false;
-  skip_spaces(p, end);
-  if (!parse_num(p, end, 16, &x)) return false;
-  v->dev_major = static_cast<unsigned>(x);
-  if (!parse_char(p, end, ':') || !parse_num(p, end, 16, &x)) return false;
-  v->dev_minor = static_cast<unsigned>(x);
-  skip_spaces(p, end);
-  if (!parse_num(p, end, 10, &v->inode)) return false;
-  skip_spaces(p, end);
-  v->name = p;
-  v->name_len = static_cast<size_t>(end - p);
-  return true;
-}
-
-// Calls f(const VmaView&) for every line of /proc/self/maps, in address
-// order. Reads the whole file first into memory from mmap, not from the heap
-// (usable in the fork child before its heap pages are private again).
-template <class F>
-int for_each_vma(F&& f) {
-  for (size_t cap = size_t{1} << 18;; cap *= 2) {
-    uintptr_t buf = 0;
-    if (int r = sys::mmap(0, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0, &buf)) return r;
-    int fd = -1;
-    int r = sys::open_ro("/proc/self/maps", &fd);
-    size_t used = 0;
-    if (r == 0) {
-      for (;;) {
-        size_t got = 0;
-        if ((r = sys::read(fd, reinterpret_cast<char*>(buf) + used, cap - used, &got)) || got == 0) break;
-        used += got;
-        if (used == cap) break;
-      }
-      sys::close(fd);
-    }
-    if (r == 0 && used < cap) {
-      const char* p = reinterpret_cast<const char*>(buf);
-      const char* end = p + used;
-      while (p < end) {
-        const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
-        const char* le = nl ? nl : end;
-        VmaView v;
-        if (parse_maps_line(p, le, &v)) f(v);
-        p = nl ? nl + 1 : end;
-      }
-    }
-    sys::munmap(buf, cap);
-    if (r != 0 || used < cap) return r;
-    // Buffer full: retry with a bigger one.
-  }
-}
-
-// PROCMAP_QUERY (Linux 6.11; include/uapi/linux/fs.h, fs/proc/task_mmu.c
-// do_procmap_query): an ioctl on /proc/self/maps that answers with the VMA
-// covering an address, or the next one, in binary. read_maps() asks it for
-// the VMAs of the range alone: formatting and parsing every line of the
-// text file was 41 % of the library's time in an ibv_reg_mr + ibv_dereg_mr
-// of 4 KiB (issue 24; docs/PERFORMANCE.md, session 14). The answer carries
-// what a text line does: a file's offset, device and inode (zero for
-// anonymous memory, as the text shows them), the protection, shared or
-// private, and the name the text would show ([heap], [anon:x], a path, a
-// deleted file's " (deleted)").
-struct ProcmapQuery {
-  uint64_t size;
-  uint64_t query_flags;
-  uint64_t query_addr;
-  uint64_t vma_start;
-  uint64_t vma_end;
-  uint64_t vma_flags;
-  uint64_t vma_page_size;
-  uint64_t vma_offset;
-  uint64_t inode;
-  uint32_t dev_major;
-  uint32_t dev_minor;
-  uint32_t vma_name_size;  // in: the buffer's size; out: the name's, with its NUL (0: no name)
-  uint32_t build_id_size;
-  uint64_t vma_name_addr;
-  uint64_t build_id_addr;
-};
-static_assert(sizeof(ProcmapQuery) == 104, "the kernel's struct procmap_query");
-constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
-enum : uint64_t {
-  kVmaReadable = 0x01,
-  kVmaWritable = 0x02,
-  kVmaExecutable = 0x04,
-  kVmaShared = 0x08,
-  kCoveringOrNext = 0x10,
-};
-
-// The VMAs overlapping [lo, hi) through PROCMAP_QUERY. An errno when the
-// kernel cannot answer (ENOTTY before 6.11, ENAMETOOLONG for a name longer
-// than PATH_MAX): the caller reads the text instead.
-int query_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out) {
-  int fd = -1;
-  if (int r = sys::open_ro("/proc/self/maps", &fd)) return r;
-  char name[PATH_MAX + 16];
-  int r = 0;
-  for (uintptr_t at = lo; at < hi;) {
-    ProcmapQuery q{};
-    q.size = sizeof q;
-    q.query_flags = kCoveringOrNext;
-    q.query_addr = at;
-    q.vma_name_addr = reinterpret_cast<uintptr_t>(name);
-    q.vma_name_size = sizeof name;
-    if ((r = sys::ioctl(fd, kProcmapQuery, &q)) != 0) {
-      if (r == ENOENT) r = 0;  // no VMA at or after `at`
-      break;
-    }
-    if (q.vma_start >= hi || q.vma_end <= at) break;
-    Vma m;
-    m.start = q.vma_start;
-    m.end = q.vma_end;
-    m.prot = ((q.vma_flags & kVmaReadable) ? PROT_READ : 0) | ((q.vma_flags & kVmaWritable) ? PROT_WRITE : 0) |
-             ((q.vma_flags & kVmaExecutable) ? PROT_EXEC : 0);
-    m.shared = (q.vma_flags & kVmaShared) != 0;
-    m.offset = q.vma_offset;
-    m.dev_major = q.dev_major;
-    m.dev_minor = q.dev_minor;
-    m.inode = q.inode;
-    if (q.vma_name_size > 1 && q.vma_name_size <= sizeof name) m.name_str.assign(name, q.vma_name_size - 1);
-    out->push_back(std::move(m));
-    at = q.vma_end;
-  }
-  sys::close(fd);
-  return r;
-}
-
-// The same from the text of /proc/self/maps, every line parsed.
-int read_maps_text(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out) {
-  out->clear();
-  return for_each_vma([&](const VmaView& v) {
-    if (v.end <= lo || v.start >= hi) return;
-    Vma m;
-    static_cast<VmaView&>(m) = v;
-    m.name_str.assign(v.name, v.name_len);
-    m.name = nullptr;
-    m.name_len = 0;
-    out->push_back(std::move(m));
-  });
-}
-
-// Reads the VMAs overlapping [lo, hi), sorted by address (allocates).
-int read_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out) {
-  out->clear();
-  if (query_maps(lo, hi, out) == 0) return 0;
-  return read_maps_text(lo, hi, out);
-}
+// /proc/self/maps: proc_maps.h.
 
 struct FileId {
   unsigned dev_major = 0;
@@ -1055,7 +850,7 @@ bool MemBacking::is_backed(const void* addr) const {
 
 int describe_maps_for_test(uintptr_t lo, uintptr_t hi, bool query, std::string* out) {
   std::vector<Vma> vmas;
-  const int r = query ? query_maps(lo, hi, &vmas) : read_maps_text(lo, hi, &vmas);
+  const int r = query ? procmaps::query_maps(lo, hi, &vmas) : procmaps::read_maps_text(lo, hi, &vmas);
   out->clear();
   char line[128];
   for (const Vma& v : vmas) {

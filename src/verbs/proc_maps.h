@@ -1,0 +1,85 @@
+// The process's own VMAs, from /proc/self/maps: the kernel's PROCMAP_QUERY
+// ioctl for a range (Linux 6.11), the text as the fallback and for a walk
+// of the whole address space. Used by mem_backing.cc (which ranges to
+// convert into its backing file, and which to revert); internal.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "raw_syscalls.h"
+
+namespace sv::procmaps {
+
+// One /proc/self/maps line. `name` points into the buffer being parsed.
+struct VmaView {
+  uintptr_t start = 0;
+  uintptr_t end = 0;
+  int prot = 0;
+  bool shared = false;
+  uint64_t offset = 0;
+  unsigned dev_major = 0;
+  unsigned dev_minor = 0;
+  uint64_t inode = 0;
+  const char* name = nullptr;
+  size_t name_len = 0;
+};
+
+struct Vma : VmaView {
+  std::string name_str;
+};
+
+// "start-end perms offset major:minor inode   name"; false for a line
+// that is not one.
+bool parse_maps_line(const char* p, const char* end, VmaView* v);
+
+// Calls f(const VmaView&) for every line of /proc/self/maps, in address
+// order. Reads the whole file first into memory from mmap, not from the heap
+// (usable in the fork child before its heap pages are private again).
+template <class F>
+int for_each_vma(F&& f) {
+  for (size_t cap = size_t{1} << 18;; cap *= 2) {
+    uintptr_t buf = 0;
+    if (int r = rawsys::mmap(0, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0, &buf)) return r;
+    int fd = -1;
+    int r = rawsys::open_ro("/proc/self/maps", &fd);
+    size_t used = 0;
+    if (r == 0) {
+      for (;;) {
+        size_t got = 0;
+        if ((r = rawsys::read(fd, reinterpret_cast<char*>(buf) + used, cap - used, &got)) || got == 0) break;
+        used += got;
+        if (used == cap) break;
+      }
+      rawsys::close(fd);
+    }
+    if (r == 0 && used < cap) {
+      const char* p = reinterpret_cast<const char*>(buf);
+      const char* end = p + used;
+      while (p < end) {
+        const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+        const char* le = nl ? nl : end;
+        VmaView v;
+        if (parse_maps_line(p, le, &v)) f(v);
+        p = nl ? nl + 1 : end;
+      }
+    }
+    rawsys::munmap(buf, cap);
+    if (r != 0 || used < cap) return r;
+    // Buffer full: retry with a bigger one.
+  }
+}
+
+// The VMAs overlapping [lo, hi), sorted by address (allocates): the
+// kernel's answer, or the text's where it has none.
+int read_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out);
+// Each source alone (tests compare them).
+int query_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out);
+int read_maps_text(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out);
+
+}  // namespace sv::procmaps
