@@ -26,6 +26,7 @@
 #include <infiniband/verbs.h>
 #include <sched.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -84,6 +85,7 @@ struct Options {
   bool pin = false;
   bool td = false;  // QP in a parent domain with a thread domain (ibv_alloc_td)
   unsigned timeout = 300;
+  long server_uid = -1;  // the server drops to this uid (and gid) after fork: another user
 };
 
 const char *g_role = "client";
@@ -997,6 +999,8 @@ void usage() {
                "  --pin             pin client to CPU 0, server to CPU 1\n"
                "  --td              create the QP in a parent domain with a thread domain\n"
                "                    (ibv_alloc_td: one thread per QP, the provider may skip locks)\n"
+               "  --server-uid UID  the server process runs as UID (gid UID, no groups): with a\n"
+               "                    system daemon (SOFTVERBS_SYSTEM=1), the path between users\n"
                "  --timeout SEC     watchdog (default 300)\n"
                "  -v, --verbose     log setup and test progress to stderr\n");
 }
@@ -1095,6 +1099,8 @@ int main(int argc, char **argv) {
       mtu_enum(o.mtu);
     } else if (a.take("--timeout", v)) {
       o.timeout = static_cast<unsigned>(bench::to_u64(v, "--timeout"));
+    } else if (a.take("--server-uid", v)) {
+      o.server_uid = static_cast<long>(bench::to_u64(v, "--server-uid"));
     } else if (a.flag("--pin")) {
       o.pin = true;
     } else if (a.flag("--td")) {
@@ -1128,6 +1134,13 @@ int main(int argc, char **argv) {
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     close(sv[0]);
+    if (o.server_uid >= 0) {
+      const gid_t g = static_cast<gid_t>(o.server_uid);
+      const uid_t u = static_cast<uid_t>(o.server_uid);
+      if (setgroups(0, nullptr) || setresgid(g, g, g) || setresuid(u, u, u))
+        die("--server-uid %ld: %s (run as root)", o.server_uid, std::strerror(errno));
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // cleared by the change of credentials
+    }
     if (o.timeout) alarm(o.timeout);
     run_role(o, false, sv[1]);
     std::fflush(stdout);
