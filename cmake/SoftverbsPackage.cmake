@@ -8,8 +8,9 @@
 #
 #   cpack --config BUILD/CPackConfig.cmake -G DEB -B OUT    (scripts/package.sh)
 #
-# Depends come from dpkg-shlibdeps (libc6, libstdc++6, libgcc-s1: softverbs
-# needs nothing of rdma-core to run). Configure with
+# Depends come from dpkg-shlibdeps (libc6 alone: GCC's C++ runtime is linked
+# in, SOFTVERBS_STATIC_CXX_RUNTIME; softverbs needs nothing of rdma-core to
+# run). Configure with
 # -DCMAKE_INSTALL_PREFIX=/usr for Debian's multiarch LIBDIR; another prefix
 # still packages under /usr, with LIBDIR as GNUInstallDirs chose it.
 set(CPACK_GENERATOR DEB)

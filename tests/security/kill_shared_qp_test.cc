@@ -114,7 +114,10 @@ int to_rts(ibv_qp* qp, uint32_t dest) {
   ibv_context* c = nullptr;
   svx_object objs[1];
   int n = 0;
-  if (svx_unpack(sock, &c, objs, 1, &n) || n != 1) _exit(2);
+  if (svx_unpack(sock, &c, objs, 1, &n) || n != 1) {
+    std::fprintf(stderr, "writer %u: svx_unpack: %s (n %d)\n", gen, std::strerror(errno), n);
+    _exit(2);
+  }
   ibv_qp* qp = objs[0].qp;
   uint32_t seq = 0;
   char go = 1;
@@ -315,7 +318,15 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
     int packed = svx_pack(w.sock, sctx, &o, 1);
     ASSERT_EQ(0, packed) << "svx_pack for writer " << w.gen << ": " << strerror(errno);
     char go = 0;
-    ASSERT_EQ(1, read(w.sock, &go, 1)) << "writer " << w.gen << " did not start";
+    if (read(w.sock, &go, 1) != 1) {
+      int st = 0;
+      pid_t r = waitpid(w.pid, &st, 0);
+      w.pid = -1;
+      FAIL() << "writer " << w.gen << " did not start: "
+             << (r < 0 ? std::string("not waitable")
+                 : WIFEXITED(st) ? "exit " + std::to_string(WEXITSTATUS(st))
+                                 : "signal " + std::to_string(WTERMSIG(st)));
+    }
   };
 
   Writer ws[kWriters];
