@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [build|test|bench|rxe|package]   (default: test)
 # rxe: also qemu and debootstrap, for the Linux rxe peer (scripts/rxe-peer.sh).
 # test: also debootstrap, for the Debian package's clean-root test
-# (tests/install/deb.sh), and qperf. package: only what building the Debian packages
+# (tests/install/deb.sh), qperf, and podman (tests/containers/). package: only what building the Debian packages
 # needs (scripts/package.sh, scripts/ci-install.sh on a CI runner).
 set -euo pipefail
 what=${1:-test}
@@ -15,7 +15,8 @@ if [ "$what" = package ]; then
   pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev librdmacm-dev dpkg-dev file)
 fi
 # qperf: compat.qperf.* (issue 20: 20 runs in a row of each test, in CI).
-if [ "$what" = test ]; then pkgs+=(debootstrap qperf); fi
+# podman and what its containers' network needs: containers.podman.* (issue 23).
+if [ "$what" = test ]; then pkgs+=(debootstrap qperf podman runc netavark aardvark-dns containernetworking-plugins iptables catatonit); fi
 if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
 if [ "$what" = rxe ]; then pkgs+=(qemu-system-x86 debootstrap e2fsprogs); fi
 missing=()

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/paths.h"
+#include "tools/cdi.h"
 #include "common/protocol.h"
 #include "common/sys.h"
 
@@ -52,6 +53,20 @@ std::string library_dir() {
   if (std::string installed = self + "/" SOFTVERBS_BIN_TO_LIB; has_library(installed)) return installed;
 #endif
   return self + "/../lib";
+}
+
+// What `softverbs cdi` mounts into a container: this installation's files.
+sv::tools::CdiPaths cdi_paths() {
+  sv::tools::CdiPaths p;
+  p.lib_dir = library_dir();
+  if (char* r = ::realpath(p.lib_dir.c_str(), nullptr)) {
+    p.lib_dir = r;
+    std::free(r);
+  }
+  const char* d = std::getenv("SOFTVERBSD");
+  p.daemon = d && *d ? d : self_dir() + "/softverbsd";
+  p.tool = self_dir() + "/softverbs";
+  return p;
 }
 
 // The machine-wide mode's file (softverbs enable, below).
@@ -341,6 +356,7 @@ constexpr const char* kUsage =
     "  ls                      names published in the daemon's namespace\n"
     "  enable [--force]        every program on this machine gets softverbs, no wrapper (root)\n"
     "  disable                 undo enable (root)\n"
+    "  cdi [--output FILE]     a CDI spec: containers get the device (podman --device softverbs.io/rdma=sv0)\n"
     "  -h, --help              this help\n"
     "  --version               softverbs' version\n"
     "Environment: SOFTVERBS_DIR (the per-user daemon's directory), SOFTVERBS_SYSTEM=1\n"
@@ -378,6 +394,7 @@ int main(int argc, char** argv) {
   if (cmd == "ls") return no_args("ls", argc - 2, argv + 2, list_names);
   if (cmd == "enable") return enable(argc - 2, argv + 2);
   if (cmd == "disable") return no_args("disable", argc - 2, argv + 2, disable);
+  if (cmd == "cdi") return sv::tools::cdi_main(argc - 2, argv + 2, cdi_paths());
   std::fprintf(stderr, "softverbs: unknown %s '%s'; try 'softverbs --help'\n", cmd[0] == '-' ? "option" : "command",
                cmd.c_str());
   return 2;

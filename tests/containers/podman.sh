@@ -1,0 +1,161 @@
+#!/bin/bash
+# containers.podman.*: the softverbs device in real containers (issue 23),
+# injected by the container runtime's own mechanism: `softverbs cdi` writes
+# a Container Device Interface spec and Debian's podman applies it for
+# `--device KIND=sv0`. The image holds Debian's own rdma-core and perftest
+# programs and nothing of softverbs (tests/containers/make_image.sh, from
+# this machine's files: no registry).
+#   podman.sh BIN_DIR CASE
+# CASE:
+#   device     the container sees /dev/infiniband/uverbs0 and sv0 with its own
+#              network namespace's GID (its eth0 address), PORT_ACTIVE
+#   pingpong   ibv_rc_pingpong between two containers (RoCEv2 over the
+#              container network), 1000 iterations on both sides
+#   write_bw   ib_write_bw 64 KiB between two containers, a bandwidth line
+#   rping      rping (rdma_cm) between two containers, 5 pings verified
+#   isolation  a third container's device holds none of the first's objects
+#              and cannot reach its daemon
+#   peer_dies  the server's container killed in the middle of ib_write_bw:
+#              the client ends with an error completion within seconds,
+#              does not hang
+# Root only (podman as root, --runtime runc: crun refuses this machine's
+# hybrid cgroups); skipped (77) where podman cannot run a container.
+set -u
+SKIP=77
+BIN_DIR=$(cd "${1:?usage: $0 BIN_DIR CASE}" && pwd)
+CASE=${2:?usage: $0 BIN_DIR CASE}
+HERE=$(cd "$(dirname "$0")" && pwd)
+log() { printf '%s\n' "$*" >&2; }
+failures=0
+fail() {
+  log "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+[ "$(id -u)" -eq 0 ] || { log "SKIP: podman's containers here need root"; exit $SKIP; }
+command -v podman >/dev/null || { log "SKIP: podman is not installed (apt-get install podman runc)"; exit $SKIP; }
+command -v runc >/dev/null || { log "SKIP: runc is not installed"; exit $SKIP; }
+
+IMAGE=$("$HERE/make_image.sh") || { log "SKIP: could not build the test image"; exit $SKIP; }
+# A kind of this run's own: a softverbs spec installed on the machine (or
+# another test's) is left alone.
+KIND="softverbs.io/test$$"
+SPEC="/var/run/cdi/softverbs-test-$$.json"
+names=()
+cleanup() {
+  local n
+  for n in "${names[@]}"; do podman rm -f -t 0 "$n" >/dev/null 2>&1; done
+  rm -f "$SPEC"
+}
+trap cleanup EXIT
+mkdir -p /var/run/cdi
+"$BIN_DIR/softverbs" cdi --kind "$KIND" --output "$SPEC" >/dev/null || { fail "softverbs cdi failed"; exit 1; }
+
+RUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=sv0")
+if ! timeout 60 "${RUN[@]}" --rm "$IMAGE" /bin/true 2>/tmp/podman-probe.$$; then
+  log "SKIP: podman cannot run a container here: $(tail -n 3 /tmp/podman-probe.$$)"
+  rm -f /tmp/podman-probe.$$
+  exit $SKIP
+fi
+rm -f /tmp/podman-probe.$$
+
+# start NAME CMD...: a detached container; prints nothing.
+start() {
+  local n="sv-$$-$1"
+  shift
+  names+=("$n")
+  "${RUN[@]}" -d --name "$n" "$IMAGE" "$@" >/dev/null || fail "cannot start container $n"
+}
+ip_of() { podman inspect -f '{{.NetworkSettings.IPAddress}}' "sv-$$-$1"; }
+# finish NAME: waits for it (at most 60 s); its exit code; its output in $OUT.
+finish() {
+  local n="sv-$$-$1" rc
+  rc=$(timeout 60 podman wait "$n" 2>/dev/null) || rc=124
+  OUT=$(podman logs "$n" 2>&1)
+  return "$rc"
+}
+# The GID of the container's eth0 address is index 1 (0 is 127.0.0.1): see
+# the device case.
+GID=1
+
+case $CASE in
+device)
+  out=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /bin/sh -c \
+    'ls -l /dev/infiniband/uverbs0; ip -4 -br addr show eth0; ibv_devinfo -v' 2>&1)
+  log "$out"
+  echo "$out" | grep -q '^crw.* 1, *3 .*/dev/infiniband/uverbs0' || fail "no character device /dev/infiniband/uverbs0"
+  echo "$out" | grep -q 'hca_id:.*sv0' || fail "ibv_devinfo lists no sv0"
+  echo "$out" | grep -q 'PORT_ACTIVE' || fail "port not active"
+  addr=$(echo "$out" | awk '$1 == "eth0" || $1 ~ /^eth0@/ {print $3}' | cut -d/ -f1)
+  [ -n "$addr" ] || fail "the container has no eth0 address"
+  echo "$out" | grep -q "GID\[ *$GID\]:.*::ffff:$addr, RoCE v2" || fail "GID $GID is not the container's own address $addr"
+  ;;
+pingpong)
+  start srv /usr/bin/ibv_rc_pingpong -g $GID -n 1000
+  sleep 1
+  ip=$(ip_of srv)
+  out=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /usr/bin/ibv_rc_pingpong -g $GID -n 1000 "$ip" 2>&1) || fail "client: $out"
+  log "client: $out"
+  echo "$out" | grep -q '^1000 iters in' || fail "the client did not complete 1000 iterations"
+  finish srv || fail "server exited $?"
+  log "server: $OUT"
+  echo "$OUT" | grep -q '^1000 iters in' || fail "the server did not complete 1000 iterations"
+  ;;
+write_bw)
+  start srv /usr/bin/ib_write_bw -x $GID -s 65536 -n 5000
+  sleep 1
+  out=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /usr/bin/ib_write_bw -x $GID -s 65536 -n 5000 "$(ip_of srv)" 2>&1) ||
+    fail "client: $out"
+  log "$out"
+  echo "$out" | grep -Eq '^ *65536 +5000 +[0-9.]+ +[0-9.]+' || fail "no bandwidth line for 65536 B x 5000"
+  finish srv || fail "server exited $?"
+  ;;
+rping)
+  start srv /usr/bin/rping -s -a 0.0.0.0 -v -C 5
+  sleep 1
+  out=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /usr/bin/rping -c -a "$(ip_of srv)" -v -C 5 2>&1) || fail "client: $out"
+  log "$out"
+  [ "$(echo "$out" | grep -c '^ping data: rdma-ping-')" -eq 5 ] || fail "the client did not get 5 pings back"
+  finish srv || fail "server exited $?"
+  echo "$OUT" | grep -q 'server ping data: rdma-ping-4' || fail "the server did not see ping 4"
+  ;;
+isolation)
+  # A holds a PD, an MR, CQs and a QP (ibv_rc_pingpong waits for its peer).
+  start a /usr/bin/ibv_rc_pingpong -g $GID -n 10
+  sleep 1
+  mine=$(podman exec "sv-$$-a" /opt/softverbs/bin/softverbs status 2>&1)
+  log "A: $mine"
+  echo "$mine" | grep -Eq '^ *qps [1-9]' || fail "container A's own device does not hold its QP"
+  sock=$(echo "$mine" | sed -n 's/^softverbsd (pid [0-9]*) at \(.*\)$/\1/p')
+  [ -n "$sock" ] || fail "no daemon directory in A's status"
+  theirs=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /bin/sh -c \
+    "ls $sock/control 2>&1; /opt/softverbs/bin/softverbs status 2>&1; ibv_devinfo -v | grep GID" 2>&1)
+  log "C: $theirs"
+  echo "$theirs" | grep -q "$sock/control: No such file" || fail "container C sees A's daemon socket"
+  echo "$theirs" | grep -Eq '^ *qps [1-9]' && fail "container C's device holds a QP"
+  aip=$(ip_of a)
+  echo "$theirs" | grep -q "::ffff:$aip," && fail "container C's device has A's address $aip as a GID"
+  ;;
+peer_dies)
+  start srv /usr/bin/ib_write_bw -x $GID -s 65536 -D 10
+  sleep 1
+  ip=$(ip_of srv)
+  (sleep 3; podman kill "sv-$$-srv" >/dev/null 2>&1) &
+  t0=$(date +%s)
+  out=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /usr/bin/ib_write_bw -x $GID -s 65536 -D 10 "$ip" 2>&1)
+  rc=$?
+  dt=$(($(date +%s) - t0))
+  wait
+  log "$out"
+  log "client exit $rc after $dt s"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the client did not fail (exit $rc) when its peer's container died"
+  echo "$out" | grep -q 'Failed status 12' || fail "no retry-exceeded error completion (IBV_WC_RETRY_EXC_ERR, 12)"
+  [ "$dt" -lt 15 ] || fail "the client took $dt s to notice"
+  ;;
+*)
+  log "unknown case $CASE"
+  exit 2
+  ;;
+esac
+[ "$failures" -eq 0 ] || exit 1
+log "PASS: $CASE"
