@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Container to container against process to process on the host and TCP
+# between the same two containers (issue 23, item 5), in one run.
+#   sudo bench/containers.sh [BUILD_DIR]
+# Host: ib_write_lat / ib_write_bw (Debian's perftest), two processes under
+# softverbs run (the shared-memory path). Containers: the same programs in
+# two podman containers given the device by `softverbs cdi` (RoCEv2 over
+# the container network, docs/CONTAINERS.md). TCP: qperf tcp_lat / tcp_bw
+# between the same two containers. 8 B latency (one way, perftest's t_typical
+# / qperf's latency) and 64 KiB bandwidth. Writes bench/results/containers.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=$(cd "${1:-build}" && pwd)
+[ "$(id -u)" -eq 0 ] || { echo "run as root (podman)" >&2; exit 2; }
+image=$(tests/containers/make_image.sh)
+kind="softverbs.io/bench$$"
+spec="/var/run/cdi/softverbs-bench-$$.json"
+mkdir -p /var/run/cdi
+"$build/bin/softverbs" cdi --kind "$kind" --output "$spec" >/dev/null
+base=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
+run=("${base[@]}" --device "$kind=sv0")
+trap 'podman rm -f -t 0 svbench-srv >/dev/null 2>&1; rm -f "$spec"' EXIT
+
+# perftest: 8 B latency (t_typical, us) and 64 KiB bandwidth (BW average, MB/s).
+lat_of() { awk '$1 == 8 && NF >= 5 {print $5}' | tail -n 1; }
+bw_of() { awk '$1 == 65536 && NF >= 4 {print $4}' | tail -n 1; }
+
+host() {  # host CMD...: server and client under softverbs run on 127.0.0.1
+  "$build/bin/softverbs" run -- "$@" >/dev/null 2>&1 &
+  local s=$!
+  sleep 0.5
+  "$build/bin/softverbs" run -- "$@" 127.0.0.1 2>&1
+  wait $s || true
+}
+cont() {  # cont CMD...: server and client in two containers
+  podman rm -f -t 0 svbench-srv >/dev/null 2>&1 || true
+  "${run[@]}" -d --name svbench-srv "$image" "$@" >/dev/null
+  sleep 1
+  local ip
+  ip=$(podman inspect -f '{{.NetworkSettings.IPAddress}}' svbench-srv)
+  "${run[@]}" --rm "$image" "$@" "$ip" 2>&1
+  podman wait svbench-srv >/dev/null 2>&1 || true
+}
+echo "host latency..." >&2
+h_lat=$(host ib_write_lat -s 8 -n 20000 | lat_of)
+echo "host bandwidth..." >&2
+h_bw=$(host ib_write_bw -s 65536 -n 20000 | bw_of)
+echo "container latency..." >&2
+c_lat=$(cont /usr/bin/ib_write_lat -x 1 -s 8 -n 20000 | lat_of)
+echo "container bandwidth..." >&2
+c_bw=$(cont /usr/bin/ib_write_bw -x 1 -s 65536 -n 20000 | bw_of)
+t_lat="" t_bw=""
+if "${base[@]}" --rm "$image" /usr/bin/qperf --version >/dev/null 2>&1; then
+  echo "TCP..." >&2
+  podman rm -f -t 0 svbench-srv >/dev/null 2>&1 || true
+  "${base[@]}" -d --name svbench-srv "$image" /usr/bin/qperf >/dev/null
+  sleep 1
+  ip=$(podman inspect -f '{{.NetworkSettings.IPAddress}}' svbench-srv)
+  q=$("${base[@]}" --rm "$image" /usr/bin/qperf -t 2 -m 8 "$ip" tcp_lat -m 65536 tcp_bw 2>&1)
+  # qperf prints "latency = 20.1 us" and "bw = 1.23 GB/sec" (or MB/sec).
+  t_lat=$(echo "$q" | awk '$1 == "latency" {v=$3; if ($4 == "ms") v*=1000; if ($4 == "ns") v/=1000; print v}' | head -n 1)
+  t_bw=$(echo "$q" | awk '$1 == "bw" {v=$3; if ($4 == "GB/sec") v*=1000; if ($4 == "KB/sec") v/=1000; print v}' | head -n 1)
+  podman rm -f -t 0 svbench-srv >/dev/null 2>&1 || true
+fi
+out=bench/results/containers.md
+{
+  echo "# Containers (issue 23)"
+  echo
+  echo "$(date -u +%F) on $(nproc) vCPUs, $(uname -r); bench/containers.sh, one run."
+  echo "RDMA: Debian's perftest (ib_write_lat 8 B typical one-way latency; ib_write_bw 64 KiB average)."
+  echo "TCP: qperf tcp_lat (8 B) / tcp_bw (64 KiB) between the same two containers."
+  echo
+  echo "| path | 8 B latency (us) | 64 KiB bandwidth (MB/s) |"
+  echo "|---|---:|---:|"
+  echo "| host, two processes (shared memory) | ${h_lat:-?} | ${h_bw:-?} |"
+  echo "| two containers, RoCEv2 over the container network | ${c_lat:-?} | ${c_bw:-?} |"
+  echo "| two containers, TCP (qperf) | ${t_lat:-n/a} | ${t_bw:-n/a} |"
+} | tee "$out"
