@@ -1,5 +1,5 @@
 #!/bin/bash
-# devns.sh: run a command where /dev/infiniband/uverbs_sv0 exists, for verbs
+# devns.sh: run a command where /dev/infiniband/uverbs0 exists, for verbs
 # clients that look for the device node before they open a device.
 #   scripts/devns.sh CMD [ARGS...]
 #   e.g. scripts/devns.sh build/bin/softverbs run -- ucx_perftest ...
@@ -7,13 +7,13 @@
 # UCX (libuct_ib, 1.13) skips a verbs device unless "/dev/infiniband/" +
 # ibv_device.dev_name is a character device it may open for reading and
 # writing (stat + access(R_OK|W_OK)); it never opens it, since softverbs has
-# no kernel part. softverbs' dev_name is "uverbs_sv0".
+# no kernel part. softverbs' dev_name is "uverbs0".
 #
 # The node exists only in a private mount namespace (unshare -m; as a
 # non-root user, inside a user namespace too: unshare -rm), so nothing on the
 # host changes: /dev is replaced there by a tmpfs holding bind mounts of every
 # entry of the real /dev (so /dev/shm, /dev/pts, /dev/null... are the real
-# ones) plus infiniband/uverbs_sv0, a bind mount of /dev/null (a read/write
+# ones) plus infiniband/uverbs0, a bind mount of /dev/null (a read/write
 # character device that needs no mknod). The namespace ends with CMD.
 #
 # Under a user namespace the command runs as uid 0 of that namespace; the
@@ -76,9 +76,9 @@ mkdir "$stage/infiniband"
 for e in /dev/infiniband/*; do
   bind "$e" "$stage/infiniband/${e#/dev/infiniband/}"
 done
-if [ ! -e "$stage/infiniband/uverbs_sv0" ]; then
-  : >"$stage/infiniband/uverbs_sv0"
-  mount --bind /dev/null "$stage/infiniband/uverbs_sv0"
+if [ ! -e "$stage/infiniband/uverbs0" ]; then
+  : >"$stage/infiniband/uverbs0"
+  mount --bind /dev/null "$stage/infiniband/uverbs0"
 fi
 # A recursive bind, not a move: in a user namespace the inherited mounts are
 # locked and a mount may not be moved out from under them.

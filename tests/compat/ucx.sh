@@ -17,7 +17,7 @@ row=${3:?row}
 require ucx_perftest unshare
 DEVNS="$(cd "$(dirname "$0")/../.." && pwd)/scripts/devns.sh"
 [ -x "$DEVNS" ] || { log "missing $DEVNS"; exit 1; }
-if ! "$DEVNS" test -c /dev/infiniband/uverbs_sv0 2>/dev/null; then
+if ! "$DEVNS" test -c /dev/infiniband/uverbs0 2>/dev/null; then
   log "SKIP: no private mount namespace here (scripts/devns.sh needs root or unprivileged user namespaces)"
   exit $SKIP
 fi
