@@ -1,6 +1,8 @@
 // softverbs: run a program on the softverbs device, or ask the daemon how it is.
 //
-//   softverbs run [--] CMD [ARGS...]   run CMD with softverbs' libibverbs.so.1 first
+//   softverbs run [--no-view] [--] CMD [ARGS...]
+//                                      run CMD with softverbs' libibverbs.so.1 first,
+//                                      seeing /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0
 //   softverbs status                   objects the daemon holds
 //   softverbs ls                       names published in the daemon's namespace
 //   softverbs enable [--force]         every program on the machine gets softverbs (root)
@@ -26,7 +28,9 @@
 
 #include "common/paths.h"
 #include "common/protocol.h"
+#include "common/device_info.h"
 #include "common/sys.h"
+#include "tools/view_ns.h"
 
 namespace {
 
@@ -58,14 +62,33 @@ std::string library_dir() {
 constexpr const char* kLdConf = "/etc/ld.so.conf.d/00-softverbs.conf";
 
 constexpr const char* kRunUsage =
-    "usage: softverbs run [--] CMD [ARGS...]\n"
+    "usage: softverbs run [--no-view] [--] CMD [ARGS...]\n"
     "  runs CMD with softverbs' libibverbs.so.1 and librdmacm.so.1 first on LD_LIBRARY_PATH;\n"
-    "  the daemon softverbsd starts on demand (SOFTVERBS_DIR: its directory)\n";
+    "  the daemon softverbsd starts on demand (SOFTVERBS_DIR: its directory).\n"
+    "  CMD sees the device where tools look for it, in a private mount namespace:\n"
+    "  /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0 (--no-view: not)\n";
+
+// The device view (tools/view_ns.h); if the namespace cannot be made, one
+// warning and the program runs without it.
+void enter_view_or_warn() {
+  std::string why;
+  if (sv::view::enter_view(why) == 0) return;
+  std::fprintf(stderr,
+               "softverbs run: warning: no device view (%s); the program runs without /dev/infiniband/%s and "
+               "/sys/class/infiniband/%s (--no-view: do not try)\n",
+               why.c_str(), sv::dev::kUverbsName, sv::dev::kName);
+}
 
 int run(int argc, char** argv) {
   if (argc > 0 && (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0)) {
     std::fputs(kRunUsage, stdout);
     return 0;
+  }
+  bool view = true;
+  if (argc > 0 && std::strcmp(argv[0], "--no-view") == 0) {
+    view = false;
+    argv++;
+    argc--;
   }
   if (argc > 0 && std::strcmp(argv[0], "--") == 0) {
     argv++;
@@ -83,6 +106,7 @@ int run(int argc, char** argv) {
   if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path.append(":").append(old);
   ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
   if (!std::getenv("SOFTVERBSD")) ::setenv("SOFTVERBSD", (self_dir() + "/softverbsd").c_str(), 1);
+  if (view) enter_view_or_warn();
   ::execvp(argv[0], argv);
   int e = errno;
   std::fprintf(stderr, "softverbs run: %s: %s%s\n", argv[0], std::strerror(e),
@@ -336,7 +360,8 @@ int disable() {
 
 constexpr const char* kUsage =
     "usage: softverbs COMMAND [ARGS...]\n"
-    "  run [--] CMD [ARGS...]  run CMD, unmodified, on the softverbs device\n"
+    "  run [--no-view] [--] CMD [ARGS...]\n"
+    "                          run CMD, unmodified, on the softverbs device\n"
     "  status                  what the daemon holds (objects, locked memory)\n"
     "  ls                      names published in the daemon's namespace\n"
     "  enable [--force]        every program on this machine gets softverbs, no wrapper (root)\n"
