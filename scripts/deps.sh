@@ -15,7 +15,8 @@ if [ "$what" = package ]; then
   pkgs=(cmake g++ make pkg-config libgtest-dev libgmock-dev libibverbs-dev librdmacm-dev dpkg-dev file)
 fi
 # qperf: compat.qperf.* (issue 20: 20 runs in a row of each test, in CI).
-if [ "$what" = test ]; then pkgs+=(debootstrap qperf); fi
+# infiniband-diags: ibstat in compat.view.* (it reads the device from sysfs).
+if [ "$what" = test ]; then pkgs+=(debootstrap qperf infiniband-diags); fi
 if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
 if [ "$what" = rxe ]; then pkgs+=(qemu-system-x86 debootstrap e2fsprogs); fi
 missing=()
