@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -250,6 +251,61 @@ int status() {
 // the file and rebuilds the cache. Nothing else changes: the machine's
 // rdma-core stays installed, and `softverbs run` works as before.
 
+// The device node too (issue 22, item 6): UCX and others look for
+// /dev/infiniband/<dev_name> before they open a device. `enable` makes it a
+// character device with /dev/null's numbers (1:3: softverbs has no kernel
+// part; readers only stat and access it), and a tmpfiles.d(5) entry makes
+// systemd-tmpfiles create it again at every boot (/dev is a devtmpfs).
+constexpr const char* kDevDir = "/dev/infiniband";
+constexpr const char* kTmpfiles = "/etc/tmpfiles.d/softverbs.conf";
+constexpr const char* kWrittenBy = "# Written by 'softverbs enable'";
+
+std::string dev_node() { return std::string(kDevDir) + "/" + sv::dev::kUverbsName; }
+
+bool is_our_node(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
+}
+
+// 0 or an errno, with `what` saying which step failed.
+int add_device_node(std::string& what) {
+  const std::string node = dev_node();
+  if (::mkdir(kDevDir, 0755) != 0 && errno != EEXIST) return what = kDevDir, errno;
+  if (::access(node.c_str(), F_OK) != 0) {
+    const mode_t old = ::umask(0);
+    const int r = ::mknod(node.c_str(), S_IFCHR | 0666, makedev(1, 3));
+    ::umask(old);
+    if (r != 0) return what = node, errno;
+  }
+  std::string body = std::string(kWrittenBy) + ": softverbs' device node, for programs that look\n"
+                     "# for it before they open the device (UCX). Undo with 'softverbs disable'.\n"
+                     "d " + kDevDir + " 0755 root root -\n"
+                     "c " + node + " 0666 root root - 1:3\n";
+  std::string tmp = std::string(kTmpfiles) + ".tmp";
+  ::mkdir("/etc/tmpfiles.d", 0755);
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f || std::fputs(body.c_str(), f) < 0 || std::fclose(f) != 0 || ::chmod(tmp.c_str(), 0644) != 0 ||
+      ::rename(tmp.c_str(), kTmpfiles) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return what = kTmpfiles, e;
+  }
+  return 0;
+}
+
+// Removes what add_device_node made: the node if it is ours (1:3), the
+// directory if it is left empty, the tmpfiles.d entry if softverbs wrote it.
+void remove_device_node() {
+  if (is_our_node(dev_node())) ::unlink(dev_node().c_str());
+  ::rmdir(kDevDir);  // only if empty
+  if (FILE* f = std::fopen(kTmpfiles, "r")) {
+    char line[128] = {};
+    const bool ours = std::fgets(line, sizeof line, f) && std::strncmp(line, kWrittenBy, std::strlen(kWrittenBy)) == 0;
+    std::fclose(f);
+    if (ours) ::unlink(kTmpfiles);
+  }
+}
+
 int run_ldconfig() {
   pid_t pid = ::fork();
   if (pid < 0) return errno;
@@ -279,7 +335,8 @@ std::vector<std::string> real_devices() {
 constexpr const char* kEnableUsage =
     "usage: softverbs enable [--force]\n"
     "  every program on this machine gets softverbs' libibverbs.so.1 and librdmacm.so.1,\n"
-    "  with no wrapper (writes /etc/ld.so.conf.d/00-softverbs.conf and runs ldconfig; root).\n"
+    "  with no wrapper (writes /etc/ld.so.conf.d/00-softverbs.conf and runs ldconfig; root),\n"
+    "  and the device node /dev/infiniband/uverbs0 (kept across reboots by /etc/tmpfiles.d/softverbs.conf).\n"
     "  Refused on a machine with RDMA devices of its own unless --force. Undo: softverbs disable\n";
 
 int enable(int argc, char** argv) {
@@ -331,13 +388,21 @@ int enable(int argc, char** argv) {
     std::fprintf(stderr, "softverbs enable: ldconfig failed (%s); undo with 'softverbs disable'\n", std::strerror(e));
     return 1;
   }
+  std::string what;
+  if (int e = add_device_node(what)) {
+    std::fprintf(stderr, "softverbs enable: cannot create %s: %s; undo with 'softverbs disable'\n", what.c_str(),
+                 std::strerror(e));
+    return 1;
+  }
   std::printf("softverbs: enabled machine-wide: programs load libibverbs.so.1 and librdmacm.so.1 from %s "
-              "(%s); undo with 'softverbs disable'\n", real, kLdConf);
+              "(%s), and find the device node %s (%s); undo with 'softverbs disable'\n",
+              real, kLdConf, dev_node().c_str(), kTmpfiles);
   return 0;
 }
 
 int disable() {
   if (::access(kLdConf, F_OK) != 0) {
+    if (::geteuid() == 0) remove_device_node();  // a half-done enable's
     std::printf("softverbs: not enabled machine-wide (no %s)\n", kLdConf);
     return 0;
   }
@@ -350,6 +415,7 @@ int disable() {
     std::fprintf(stderr, "softverbs disable: cannot remove %s: %s\n", kLdConf, std::strerror(errno));
     return 1;
   }
+  remove_device_node();
   if (int e = run_ldconfig()) {
     std::fprintf(stderr, "softverbs disable: ldconfig failed (%s); run ldconfig by hand\n", std::strerror(e));
     return 1;
