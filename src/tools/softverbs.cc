@@ -322,12 +322,23 @@ int run_ldconfig() {
 
 // The machine's own RDMA devices (a kernel driver's, rxe's): enabling would
 // hide them from every program.
+// softverbs' own sv0 (in the view of `softverbs run`) is not one.
 std::vector<std::string> real_devices() {
   std::vector<std::string> out;
   DIR* d = ::opendir("/sys/class/infiniband");
   if (!d) return out;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') out.emplace_back(e->d_name);
+  const std::string ours = std::string("/sys/class/infiniband/") + sv::dev::kName + "/fw_ver";
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    if (e->d_name == std::string(sv::dev::kName)) {
+      char fw[64] = {};
+      FILE* f = std::fopen(ours.c_str(), "r");
+      const bool soft = f && std::fgets(fw, sizeof fw, f) && std::strncmp(fw, "softverbs", 9) == 0;
+      if (f) std::fclose(f);
+      if (soft) continue;
+    }
+    out.emplace_back(e->d_name);
+  }
   ::closedir(d);
   return out;
 }
