@@ -1,6 +1,8 @@
 // softverbs: run a program on the softverbs device, or ask the daemon how it is.
 //
-//   softverbs run [--] CMD [ARGS...]   run CMD with softverbs' libibverbs.so.1 first
+//   softverbs run [--no-view] [--] CMD [ARGS...]
+//                                      run CMD with softverbs' libibverbs.so.1 first,
+//                                      seeing /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0
 //   softverbs status                   objects the daemon holds
 //   softverbs ls                       names published in the daemon's namespace
 //   softverbs enable [--force]         every program on the machine gets softverbs (root)
@@ -12,6 +14,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,7 +30,9 @@
 #include "common/paths.h"
 #include "tools/cdi.h"
 #include "common/protocol.h"
+#include "common/device_info.h"
 #include "common/sys.h"
+#include "tools/view_ns.h"
 
 namespace {
 
@@ -73,14 +78,33 @@ sv::tools::CdiPaths cdi_paths() {
 constexpr const char* kLdConf = "/etc/ld.so.conf.d/00-softverbs.conf";
 
 constexpr const char* kRunUsage =
-    "usage: softverbs run [--] CMD [ARGS...]\n"
+    "usage: softverbs run [--no-view] [--] CMD [ARGS...]\n"
     "  runs CMD with softverbs' libibverbs.so.1 and librdmacm.so.1 first on LD_LIBRARY_PATH;\n"
-    "  the daemon softverbsd starts on demand (SOFTVERBS_DIR: its directory)\n";
+    "  the daemon softverbsd starts on demand (SOFTVERBS_DIR: its directory).\n"
+    "  CMD sees the device where tools look for it, in a private mount namespace:\n"
+    "  /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0 (--no-view: not)\n";
+
+// The device view (tools/view_ns.h); if the namespace cannot be made, one
+// warning and the program runs without it.
+void enter_view_or_warn() {
+  std::string why;
+  if (sv::view::enter_view(why) == 0) return;
+  std::fprintf(stderr,
+               "softverbs run: warning: no device view (%s); the program runs without /dev/infiniband/%s and "
+               "/sys/class/infiniband/%s (--no-view: do not try)\n",
+               why.c_str(), sv::dev::kUverbsName, sv::dev::kName);
+}
 
 int run(int argc, char** argv) {
   if (argc > 0 && (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0)) {
     std::fputs(kRunUsage, stdout);
     return 0;
+  }
+  bool view = true;
+  if (argc > 0 && std::strcmp(argv[0], "--no-view") == 0) {
+    view = false;
+    argv++;
+    argc--;
   }
   if (argc > 0 && std::strcmp(argv[0], "--") == 0) {
     argv++;
@@ -98,6 +122,7 @@ int run(int argc, char** argv) {
   if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path.append(":").append(old);
   ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
   if (!std::getenv("SOFTVERBSD")) ::setenv("SOFTVERBSD", (self_dir() + "/softverbsd").c_str(), 1);
+  if (view) enter_view_or_warn();
   ::execvp(argv[0], argv);
   int e = errno;
   std::fprintf(stderr, "softverbs run: %s: %s%s\n", argv[0], std::strerror(e),
@@ -241,6 +266,61 @@ int status() {
 // the file and rebuilds the cache. Nothing else changes: the machine's
 // rdma-core stays installed, and `softverbs run` works as before.
 
+// The device node too (issue 22, item 6): UCX and others look for
+// /dev/infiniband/<dev_name> before they open a device. `enable` makes it a
+// character device with /dev/null's numbers (1:3: softverbs has no kernel
+// part; readers only stat and access it), and a tmpfiles.d(5) entry makes
+// systemd-tmpfiles create it again at every boot (/dev is a devtmpfs).
+constexpr const char* kDevDir = "/dev/infiniband";
+constexpr const char* kTmpfiles = "/etc/tmpfiles.d/softverbs.conf";
+constexpr const char* kWrittenBy = "# Written by 'softverbs enable'";
+
+std::string dev_node() { return std::string(kDevDir) + "/" + sv::dev::kUverbsName; }
+
+bool is_our_node(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
+}
+
+// 0 or an errno, with `what` saying which step failed.
+int add_device_node(std::string& what) {
+  const std::string node = dev_node();
+  if (::mkdir(kDevDir, 0755) != 0 && errno != EEXIST) return what = kDevDir, errno;
+  if (::access(node.c_str(), F_OK) != 0) {
+    const mode_t old = ::umask(0);
+    const int r = ::mknod(node.c_str(), S_IFCHR | 0666, makedev(1, 3));
+    ::umask(old);
+    if (r != 0) return what = node, errno;
+  }
+  std::string body = std::string(kWrittenBy) + ": softverbs' device node, for programs that look\n"
+                     "# for it before they open the device (UCX). Undo with 'softverbs disable'.\n"
+                     "d " + kDevDir + " 0755 root root -\n"
+                     "c " + node + " 0666 root root - 1:3\n";
+  std::string tmp = std::string(kTmpfiles) + ".tmp";
+  ::mkdir("/etc/tmpfiles.d", 0755);
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f || std::fputs(body.c_str(), f) < 0 || std::fclose(f) != 0 || ::chmod(tmp.c_str(), 0644) != 0 ||
+      ::rename(tmp.c_str(), kTmpfiles) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return what = kTmpfiles, e;
+  }
+  return 0;
+}
+
+// Removes what add_device_node made: the node if it is ours (1:3), the
+// directory if it is left empty, the tmpfiles.d entry if softverbs wrote it.
+void remove_device_node() {
+  if (is_our_node(dev_node())) ::unlink(dev_node().c_str());
+  ::rmdir(kDevDir);  // only if empty
+  if (FILE* f = std::fopen(kTmpfiles, "r")) {
+    char line[128] = {};
+    const bool ours = std::fgets(line, sizeof line, f) && std::strncmp(line, kWrittenBy, std::strlen(kWrittenBy)) == 0;
+    std::fclose(f);
+    if (ours) ::unlink(kTmpfiles);
+  }
+}
+
 int run_ldconfig() {
   pid_t pid = ::fork();
   if (pid < 0) return errno;
@@ -257,12 +337,23 @@ int run_ldconfig() {
 
 // The machine's own RDMA devices (a kernel driver's, rxe's): enabling would
 // hide them from every program.
+// softverbs' own sv0 (in the view of `softverbs run`) is not one.
 std::vector<std::string> real_devices() {
   std::vector<std::string> out;
   DIR* d = ::opendir("/sys/class/infiniband");
   if (!d) return out;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') out.emplace_back(e->d_name);
+  const std::string ours = std::string("/sys/class/infiniband/") + sv::dev::kName + "/fw_ver";
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    if (e->d_name == std::string(sv::dev::kName)) {
+      char fw[64] = {};
+      FILE* f = std::fopen(ours.c_str(), "r");
+      const bool soft = f && std::fgets(fw, sizeof fw, f) && std::strncmp(fw, "softverbs", 9) == 0;
+      if (f) std::fclose(f);
+      if (soft) continue;
+    }
+    out.emplace_back(e->d_name);
+  }
   ::closedir(d);
   return out;
 }
@@ -270,7 +361,8 @@ std::vector<std::string> real_devices() {
 constexpr const char* kEnableUsage =
     "usage: softverbs enable [--force]\n"
     "  every program on this machine gets softverbs' libibverbs.so.1 and librdmacm.so.1,\n"
-    "  with no wrapper (writes /etc/ld.so.conf.d/00-softverbs.conf and runs ldconfig; root).\n"
+    "  with no wrapper (writes /etc/ld.so.conf.d/00-softverbs.conf and runs ldconfig; root),\n"
+    "  and the device node /dev/infiniband/uverbs0 (kept across reboots by /etc/tmpfiles.d/softverbs.conf).\n"
     "  Refused on a machine with RDMA devices of its own unless --force. Undo: softverbs disable\n";
 
 int enable(int argc, char** argv) {
@@ -322,13 +414,21 @@ int enable(int argc, char** argv) {
     std::fprintf(stderr, "softverbs enable: ldconfig failed (%s); undo with 'softverbs disable'\n", std::strerror(e));
     return 1;
   }
+  std::string what;
+  if (int e = add_device_node(what)) {
+    std::fprintf(stderr, "softverbs enable: cannot create %s: %s; undo with 'softverbs disable'\n", what.c_str(),
+                 std::strerror(e));
+    return 1;
+  }
   std::printf("softverbs: enabled machine-wide: programs load libibverbs.so.1 and librdmacm.so.1 from %s "
-              "(%s); undo with 'softverbs disable'\n", real, kLdConf);
+              "(%s), and find the device node %s (%s); undo with 'softverbs disable'\n",
+              real, kLdConf, dev_node().c_str(), kTmpfiles);
   return 0;
 }
 
 int disable() {
   if (::access(kLdConf, F_OK) != 0) {
+    if (::geteuid() == 0) remove_device_node();  // a half-done enable's
     std::printf("softverbs: not enabled machine-wide (no %s)\n", kLdConf);
     return 0;
   }
@@ -341,6 +441,7 @@ int disable() {
     std::fprintf(stderr, "softverbs disable: cannot remove %s: %s\n", kLdConf, std::strerror(errno));
     return 1;
   }
+  remove_device_node();
   if (int e = run_ldconfig()) {
     std::fprintf(stderr, "softverbs disable: ldconfig failed (%s); run ldconfig by hand\n", std::strerror(e));
     return 1;
@@ -351,7 +452,8 @@ int disable() {
 
 constexpr const char* kUsage =
     "usage: softverbs COMMAND [ARGS...]\n"
-    "  run [--] CMD [ARGS...]  run CMD, unmodified, on the softverbs device\n"
+    "  run [--no-view] [--] CMD [ARGS...]\n"
+    "                          run CMD, unmodified, on the softverbs device\n"
     "  status                  what the daemon holds (objects, locked memory)\n"
     "  ls                      names published in the daemon's namespace\n"
     "  enable [--force]        every program on this machine gets softverbs, no wrapper (root)\n"

@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "common/device_info.h"
 #include "common/started_thread.h"
 #include "verbs/provider.h"
 
@@ -43,9 +44,12 @@ Device* the_device() {
     dev->dev.node_type = IBV_NODE_CA;
     dev->dev.transport_type = IBV_TRANSPORT_IB;
     std::snprintf(dev->dev.name, sizeof(dev->dev.name), "%s", kDeviceName);
-    std::snprintf(dev->dev.dev_name, sizeof(dev->dev.dev_name), "uverbs_%s", kDeviceName);
-    std::snprintf(dev->dev.dev_path, sizeof(dev->dev.dev_path), "/sys/class/infiniband_verbs/uverbs_%s",
-                  kDeviceName);
+    // The uverbs node and its sysfs directory, as `softverbs run` provides
+    // them (src/tools/sysfs_view.h): /dev/infiniband/uverbs0 and
+    // /sys/class/infiniband_verbs/uverbs0.
+    std::snprintf(dev->dev.dev_name, sizeof(dev->dev.dev_name), "%s", dev::kUverbsName);
+    std::snprintf(dev->dev.dev_path, sizeof(dev->dev.dev_path), "/sys/class/infiniband_verbs/%s",
+                  dev::kUverbsName);
     std::snprintf(dev->dev.ibdev_path, sizeof(dev->dev.ibdev_path), "/sys/class/infiniband/%s", kDeviceName);
     dev->ops = kOpsMarker;
     return dev;
@@ -53,75 +57,22 @@ Device* the_device() {
   return d;
 }
 
-uint64_t host_guid() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (const char* p = host; *p; ++p) h = (h ^ uint8_t(*p)) * 1099511628211ull;
-  return (h & ~0xffffull) | 0x5356;
-}
-
-struct GidEntry {
-  ibv_gid gid;
-  uint32_t ifindex;
-};
-
-// The GID table of port 1, as a RoCE v2 device presents it (IBTA annex
-// A17): index 0 is ::ffff:127.0.0.1 (loopback, always present: the index
-// to use on one host), then each IPv4 address as ::ffff:a.b.c.d, then each
-// IPv6 address.
-std::vector<GidEntry> build_gid_table() {
-  std::vector<GidEntry> t;
-  auto add_v4 = [&](in_addr a, uint32_t ifindex) {
-    GidEntry e{};
-    e.gid.raw[10] = 0xff;
-    e.gid.raw[11] = 0xff;
-    std::memcpy(&e.gid.raw[12], &a, 4);
-    e.ifindex = ifindex;
-    t.push_back(e);
-  };
-  in_addr lo{htonl(INADDR_LOOPBACK)};
-  add_v4(lo, 1);
-  ifaddrs* ifs = nullptr;
-  if (::getifaddrs(&ifs) == 0) {
-    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
-      if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK)) continue;
-      if (i->ifa_addr->sa_family == AF_INET)
-        add_v4(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, ::if_nametoindex(i->ifa_name));
-    }
-    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
-      if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK)) continue;
-      if (i->ifa_addr->sa_family == AF_INET6) {
-        GidEntry e{};
-        std::memcpy(e.gid.raw, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, 16);
-        e.ifindex = ::if_nametoindex(i->ifa_name);
-        t.push_back(e);
-      }
-    }
-    ::freeifaddrs(ifs);
-  }
-  if (t.size() > kGidTableLen) t.resize(kGidTableLen);
-  return t;
-}
-
-const std::vector<GidEntry>& gid_table() {
-  static const std::vector<GidEntry> t = build_gid_table();
-  return t;
-}
-
+// The GID table of port 1: common/device_info.h (shared with the sysfs view
+// of `softverbs run`).
+const std::vector<dev::Gid>& gid_table() { return dev::gid_table(); }
 
 }  // namespace
 
 void fill_device_attr(ibv_device_attr& a) {
   std::memset(&a, 0, sizeof(a));
-  std::snprintf(a.fw_ver, sizeof(a.fw_ver), "softverbs %s", SOFTVERBS_VERSION);
-  a.node_guid = htobe64(host_guid());
+  std::snprintf(a.fw_ver, sizeof(a.fw_ver), "%s", dev::fw_version().c_str());
+  a.node_guid = htobe64(dev::node_guid());
   a.sys_image_guid = a.node_guid;
   a.max_mr_size = shm::kMaxMrSize;
   a.page_size_cap = ~uint64_t(0xfff);  // any power of two from 4 KiB
   a.vendor_id = kVendorId;
   a.vendor_part_id = kVendorPartId;
-  a.hw_ver = 1;
+  a.hw_ver = dev::kHwVer;
   a.max_qp = shm::kQpTableSize - 2;
   a.max_qp_wr = shm::kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_MEM_WINDOW |
@@ -146,7 +97,7 @@ void fill_device_attr(ibv_device_attr& a) {
   a.max_srq_wr = shm::kMaxQpWr;
   a.max_srq_sge = shm::kMaxSge;
   a.local_ca_ack_delay = 15;
-  a.phys_port_cnt = 1;
+  a.phys_port_cnt = dev::kPortCount;
 }
 
 ibv_context* open_context(ibv_device* device) {
@@ -320,18 +271,23 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
 
 int query_port(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t attr_len) {
   if (port != 1) return EINVAL;
+  const dev::Port& p = dev::port();
   ibv_port_attr a{};
-  a.state = IBV_PORT_ACTIVE;
-  a.max_mtu = IBV_MTU_4096;
-  a.active_mtu = IBV_MTU_4096;
+  a.state = ibv_port_state(p.state);
+  a.max_mtu = ibv_mtu(p.max_mtu);
+  a.active_mtu = ibv_mtu(p.active_mtu);
   a.gid_tbl_len = kGidTableLen;
-  a.port_cap_flags = IBV_PORT_CM_SUP;
-  a.max_msg_sz = 1u << 31;
-  a.pkey_tbl_len = 1;
-  a.active_width = 2;   // 4x
-  a.active_speed = 32;  // EDR
-  a.phys_state = 5;     // LinkUp
-  a.link_layer = IBV_LINK_LAYER_ETHERNET;
+  a.port_cap_flags = p.cap_flags;
+  a.max_msg_sz = p.max_msg_sz;
+  a.pkey_tbl_len = uint16_t(p.pkey_tbl_len);
+  a.lid = p.lid;
+  a.sm_lid = p.sm_lid;
+  a.lmc = p.lmc;
+  a.sm_sl = p.sm_sl;
+  a.active_width = p.active_width;
+  a.active_speed = p.active_speed;
+  a.phys_state = p.phys_state;
+  a.link_layer = p.link_layer;
   std::memcpy(attr, &a, std::min(attr_len, sizeof(a)));
   return 0;
 }
@@ -431,7 +387,7 @@ void ibv_free_device_list(ibv_device** list) { std::free(list); }
 
 const char* ibv_get_device_name(ibv_device* d) { return d ? d->name : nullptr; }
 
-__be64 ibv_get_device_guid(ibv_device*) { return htobe64(host_guid()); }
+__be64 ibv_get_device_guid(ibv_device*) { return htobe64(dev::node_guid()); }
 
 int ibv_get_device_index(ibv_device*) { return 0; }
 
@@ -457,7 +413,7 @@ int ibv_query_gid(ibv_context*, uint8_t port, int index, ibv_gid* gid) {
     return -1;
   }
   const auto& t = gid_table();
-  if (size_t(index) < t.size()) *gid = t[index].gid;
+  if (size_t(index) < t.size()) std::memcpy(gid->raw, t[index].raw.data(), 16);
   else std::memset(gid, 0, sizeof(*gid));
   return 0;
 }
@@ -469,10 +425,10 @@ int _ibv_query_gid_ex(ibv_context* c, uint32_t port, uint32_t index, ibv_gid_ent
   const auto& t = gid_table();
   if (index >= t.size()) return ENODATA;
   std::memset(entry, 0, sizeof(*entry));
-  entry->gid = t[index].gid;
+  std::memcpy(entry->gid.raw, t[index].raw.data(), 16);
   entry->gid_index = index;
   entry->port_num = port;
-  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  entry->gid_type = t[index].type == dev::GidType::kRoceV2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1;
   entry->ndev_ifindex = t[index].ifindex;
   (void)c;
   return 0;
@@ -496,7 +452,8 @@ int ibv_query_gid_type(ibv_context*, uint8_t port, unsigned index, int* type) {
     errno = EINVAL;
     return -1;
   }
-  *type = 1;
+  const auto& t = gid_table();
+  *type = index < t.size() ? int(t[index].type) : int(dev::GidType::kRoceV2);
   return 0;
 }
 
@@ -505,7 +462,7 @@ int ibv_query_pkey(ibv_context*, uint8_t port, int index, __be16* pkey) {
     errno = EINVAL;
     return -1;
   }
-  *pkey = htobe16(0xffff);
+  *pkey = htobe16(dev::port().pkey);
   return 0;
 }
 

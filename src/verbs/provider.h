@@ -30,6 +30,7 @@
 
 #include "common/access.h"
 #include "common/completion.h"
+#include "common/device_info.h"
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
@@ -42,10 +43,11 @@ using shm::Cqe;
 using shm::MrEntry;
 using shm::QpEntry;
 
-constexpr const char* kDeviceName = "sv0";
-constexpr uint32_t kVendorId = 0x5356;  // 'SV': neither mlx5 nor EFA, see docs/ABI.md
-constexpr uint32_t kVendorPartId = 1;
-constexpr uint32_t kGidTableLen = 16;
+// The device's names and identity: common/device_info.h.
+constexpr const char* kDeviceName = dev::kName;
+constexpr uint32_t kVendorId = dev::kVendorId;
+constexpr uint32_t kVendorPartId = dev::kVendorPartId;
+constexpr uint32_t kGidTableLen = dev::kGidTableLen;
 // Address handles one context may hold (ibv_device_attr.max_ah, enforced by ibv_create_ah).
 constexpr uint32_t kMaxAh = 65536;
 

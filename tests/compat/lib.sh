@@ -114,6 +114,16 @@ check_daemon() {
   fi
 }
 
+# require_view: skip unless `softverbs run` can give its program the device
+# view (/dev/infiniband/uverbs0, /sys/class/infiniband/sv0: a private mount
+# namespace, as root or in a user namespace; src/tools/view_ns.h).
+require_view() {
+  if ! "$SV" run -- test -c /dev/infiniband/uverbs0 2>/dev/null; then
+    log "SKIP: softverbs run cannot make its device view here (no mount namespace: needs root or unprivileged user namespaces)"
+    exit $SKIP
+  fi
+}
+
 # sv_run CMD...: run a one-shot CMD on softverbs, killed after COMPAT_TIMEOUT.
 sv_run() {
   "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL "$@"

@@ -8,19 +8,14 @@
 # memory or TCP. rc_verbs cannot wire itself up (it connects to an endpoint,
 # not an interface), so UCP over RC also needs ud_verbs as its auxiliary.
 #
-# UCX skips a verbs device without a /dev/infiniband node: both programs run
-# under scripts/devns.sh (a private mount namespace; root or unprivileged user
-# namespaces), skipped if neither is available.
+# UCX skips a verbs device without a /dev/infiniband node: `softverbs run`
+# provides one in its device view (src/tools/view_ns.h: a private mount
+# namespace; root or unprivileged user namespaces), skipped if it cannot.
 . "$(dirname "$0")/lib.sh"
 port=${2:?port}
 row=${3:?row}
-require ucx_perftest unshare
-DEVNS="$(cd "$(dirname "$0")/../.." && pwd)/scripts/devns.sh"
-[ -x "$DEVNS" ] || { log "missing $DEVNS"; exit 1; }
-if ! "$DEVNS" test -c /dev/infiniband/uverbs_sv0 2>/dev/null; then
-  log "SKIP: no private mount namespace here (scripts/devns.sh needs root or unprivileged user namespaces)"
-  exit $SKIP
-fi
+require ucx_perftest
+require_view
 
 iters=1000
 case $row in
@@ -47,9 +42,9 @@ export UCX_TLS=$tls UCX_NET_DEVICES=sv0:1
 # not about numbers.
 args+=(-n "$iters" -w 100 -p "$port")
 
-# run_pair runs each under `softverbs run`; the namespace keeps its environment.
-if run_pair ucx "$port" "$DEVNS" ucx_perftest -p "$port" -- \
-    "$DEVNS" ucx_perftest 127.0.0.1 "${args[@]}"; then
+# run_pair runs each under `softverbs run`, which gives it the device node.
+if run_pair ucx "$port" ucx_perftest -p "$port" -- \
+    ucx_perftest 127.0.0.1 "${args[@]}"; then
   # "Final:  <iters>  <latency columns>  <bandwidth columns> ..."
   grep -Eq "^Final:[[:space:]]+$iters([[:space:]]+[0-9]+(\.[0-9]+)?){7}[[:space:]]*$" "$CLIENT_OUT" ||
     fail "$row: no 'Final: $iters ...' result line"

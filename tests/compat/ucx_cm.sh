@@ -21,20 +21,14 @@
 # sv0:1, and our librdmacm's trace (SOFTVERBS_CM_TRACE) shows the
 # connection's events, so it went through this library.
 #
-# UCX skips a verbs device without a /dev/infiniband node: both programs run
-# under scripts/devns.sh, as in ucx.sh.
+# UCX skips a verbs device without a /dev/infiniband node: `softverbs run`
+# provides it, as in ucx.sh.
 . "$(dirname "$0")/lib.sh"
 prog=${2:?program}
 port=${3:?port}
 row=${4:?row}
-require unshare
 [ -x "$prog" ] || { log "missing $prog"; exit 1; }
-DEVNS="$(cd "$(dirname "$0")/../.." && pwd)/scripts/devns.sh"
-[ -x "$DEVNS" ] || { log "missing $DEVNS"; exit 1; }
-if ! "$DEVNS" test -c /dev/infiniband/uverbs_sv0 2>/dev/null; then
-  log "SKIP: no private mount namespace here (scripts/devns.sh needs root or unprivileged user namespaces)"
-  exit $SKIP
-fi
+require_view
 
 saddr=()
 caddr=127.0.0.1
@@ -61,8 +55,8 @@ export SOFTVERBS_CM_TRACE=1
 export CM_PINGPONG_TIMEOUT=$((COMPAT_TIMEOUT - 10))
 
 if [ "$row" = reject ]; then
-  if cm_pair ucx_cm 262 "$port" "$DEVNS" "$prog" reject "$port" -- \
-      "$DEVNS" "$prog" refused 127.0.0.1 "$port" rejected; then
+  if cm_pair ucx_cm 262 "$port" "$prog" reject "$port" -- \
+      "$prog" refused 127.0.0.1 "$port" rejected; then
     s=$COMPAT_DIR/ucx_cm.server
     c=$COMPAT_DIR/ucx_cm.client
     expect "$s" '^PASS reject$' 1
@@ -76,7 +70,7 @@ if [ "$row" = reject ]; then
 fi
 if [ "$row" = no_listener ]; then
   c=$COMPAT_DIR/ucx_cm.client
-  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$DEVNS" "$prog" refused 127.0.0.1 "$port" reset >"$c" 2>&1 ||
+  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$prog" refused 127.0.0.1 "$port" reset >"$c" 2>&1 ||
     fail "client exit $?"
   expect "$c" '^PASS refused$' 1
   expect "$c" 'softverbs-cm.* event RDMA_CM_EVENT_REJECTED status 8$' 1
@@ -88,11 +82,11 @@ fi
 if [ "$row" = peer_dies ]; then
   s=$COMPAT_DIR/ucx_cm.server
   c=$COMPAT_DIR/ucx_cm.client
-  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$DEVNS" "$prog" hold "$port" >"$s" 2>&1 &
+  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$prog" hold "$port" >"$s" 2>&1 &
   spid=$!
   _compat_pids+=("$spid")
   cm_wait 262 "$port" "$spid" || fail "the server never listened on rdma_cm port $port"
-  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$DEVNS" "$prog" orphan 127.0.0.1 "$port" >"$c" 2>&1 &
+  "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" "$prog" orphan 127.0.0.1 "$port" >"$c" 2>&1 &
   cpid=$!
   _compat_pids+=("$cpid")
   victim=
@@ -116,8 +110,8 @@ if [ "$row" = peer_dies ]; then
   finish
 fi
 
-if cm_pair ucx_cm 262 "$port" "$DEVNS" "$prog" server "$port" "${saddr[@]}" -- \
-    "$DEVNS" "$prog" client "$caddr" "$port"; then
+if cm_pair ucx_cm 262 "$port" "$prog" server "$port" "${saddr[@]}" -- \
+    "$prog" client "$caddr" "$port"; then
   for side in server client; do
     f=$COMPAT_DIR/ucx_cm.$side
     expect "$f" "^PASS $side\$" 1

@@ -42,7 +42,7 @@ nodaemon=$tmp/no-daemon  # a directory where no daemon runs
 for h in -h --help help; do
   expect 0 '^usage: softverbs COMMAND' '' "$sv" $h
 done
-expect 0 '^  run \[--\] CMD' '' "$sv" --help
+expect 0 '^  run \[--no-view\] \[--\] CMD' '' "$sv" --help
 expect 0 "^softverbs $version\$" '' "$sv" --version
 expect 2 '' "^softverbs: no command; try 'softverbs --help'\$" "$sv"
 expect 2 '' "^softverbs: unknown command 'frobnicate'; try 'softverbs --help'\$" "$sv" frobnicate

@@ -41,7 +41,20 @@ inner() {
   mount --rbind /sys "$root/sys" || fail "mount sys"
   # A clean runner has no RDMA devices of its own (`softverbs enable` refuses otherwise).
   [ -d "$root/sys/class/infiniband" ] && { mount -t tmpfs none "$root/sys/class/infiniband" || fail "hide infiniband"; }
-  mount --rbind /dev "$root/dev" || fail "mount dev"
+  # The root's /dev: a tmpfs holding a bind mount (or the symlink) of each of
+  # the host's entries but infiniband, so that the device node `softverbs
+  # enable` makes (/dev/infiniband/uverbs0) is the root's, never the host's.
+  mount -t tmpfs -o mode=755 rootdev "$root/dev" || fail "mount dev"
+  local e n
+  for e in /dev/* /dev/.[!.]*; do
+    [ -e "$e" ] || [ -L "$e" ] || continue
+    n=${e#/dev/}
+    [ "$n" = infiniband ] && continue
+    if [ -L "$e" ]; then cp -P "$e" "$root/dev/$n"
+    elif [ -d "$e" ]; then mkdir "$root/dev/$n" && mount --rbind "$e" "$root/dev/$n"
+    else : >"$root/dev/$n" && mount --bind "$e" "$root/dev/$n"
+    fi || fail "bind /dev/$n"
+  done
   mount -t tmpfs -o mode=1777 shm "$root/dev/shm" || fail "mount dev/shm"
   c() {  # runs a command in the root, with a clean environment
     chroot "$root" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
@@ -172,10 +185,13 @@ inner() {
   grep -Eq '^hca_id:[[:space:]]+sv0$' "$work/devinfo.out" || { cat "$work/devinfo.out"; fail "ibv_devinfo does not list sv0"; }
   grep -Eq 'state:[[:space:]]+PORT_ACTIVE' "$work/devinfo.out" || fail "ibv_devinfo: port not active"
   echo "ibv_devinfo (no wrapper): hca_id sv0, PORT_ACTIVE"
+  [ -c "$root/dev/infiniband/uverbs0" ] || fail "the machine-wide mode made no /dev/infiniband/uverbs0"
   pingpong "no wrapper"
   sleep 3
   apt purge softverbs
   [ -e "$root/etc/ld.so.conf.d/00-softverbs.conf" ] && fail "purge left the machine-wide mode's file"
+  [ -e "$root/etc/tmpfiles.d/softverbs.conf" ] && fail "purge left the machine-wide mode's tmpfiles.d entry"
+  [ -e "$root/dev/infiniband/uverbs0" ] && fail "purge left the device node /dev/infiniband/uverbs0"
   c ldd /usr/bin/ibv_devinfo | grep -q softverbs && fail "ibv_devinfo still loads softverbs after purge"
   step "done"
 }

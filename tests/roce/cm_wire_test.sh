@@ -459,15 +459,13 @@ case $case in
     # where libucx-dev is): UCP's client/server API, tagged messages of 8 B ..
     # 1 MiB both ways, one GET and one PUT of a packed rkey, then a
     # disconnect; UCX held to the rdmacm CM and rc_verbs on sv0 (as in
-    # tests/compat/ucx_cm.sh), under scripts/devns.sh for the device node.
+    # tests/compat/ucx_cm.sh); `softverbs run` gives it the device node.
     prog=$bin/ucx_cm_pingpong
     [ -x "$prog" ] || { log "SKIP: $prog not built (no UCX headers)"; exit $SKIP; }
-    require unshare
-    devns=$src/scripts/devns.sh
     export UCX_TLS=rc_verbs UCX_NET_DEVICES=sv0:1 UCX_SOCKADDR_TLS_PRIORITY=rdmacm
     export SOFTVERBS_CM_TRACE=1 CM_PINGPONG_TIMEOUT=$((TIMEOUT - 10))
     start_daemons h0 h1
-    if pair ucx $TCP 7605 "$devns" "$prog" server 7605 "$a1" -- "$devns" "$prog" client "$a1" 7605; then
+    if pair ucx $TCP 7605 "$prog" server 7605 "$a1" -- "$prog" client "$a1" 7605; then
       for side in server client; do
         expect ucx $side "^PASS $side\$" 1
         expect ucx $side '^ *# +lane\[[0-9]+\]:' 2
