@@ -181,6 +181,8 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   st->send_cq = tgt ? nullptr : to_cq(a->send_cq);
   st->recv_cq = tgt ? nullptr : to_cq(a->recv_cq);
   st->srq = a->srq ? reinterpret_cast<Srq*>(a->srq) : nullptr;
+  for (Cq* cq : {st->send_cq, st->recv_cq})
+    if (cq) keep_qp_completions(cq, rep.qpn);
   st->entry = cs.qp_slot(rep.qpn);
   if (int e = attach_qp_segment(*st, fds[0].get(), rep.segment_size)) {
     errno = e;
@@ -445,6 +447,9 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
   }
   progress_unregister(&q);
   roce_detach(q);
+  // Its completions go with it, those waiting and any still on their way.
+  if (q.send_cq) forget_qp_completions(q.send_cq, q.qpn);
+  if (q.recv_cq && q.recv_cq != q.send_cq) forget_qp_completions(q.recv_cq, q.qpn);
   pthread_cond_destroy(&ibqp->cond);
   pthread_mutex_destroy(&ibqp->mutex);
   delete qp->st;

@@ -669,3 +669,84 @@ TEST(ResponderErrors, TheResponderQpGetsItsAffiliatedAsyncEvent) {
 
 }  // namespace
 }  // namespace svtest
+
+namespace svtest {
+namespace {
+
+// ibv_destroy_qp takes the QP's completions out of its CQs, as mlx4's and
+// mlx5's providers do (IBTA 11.2.5.4: its outstanding work requests leave
+// the scope of the channel interface). libfabric 1.17 counts on it: closing
+// an endpoint it destroys the QP and polls the CQ dry, and RxM reposted the
+// buffer of a receive completed there on the closed endpoint (issue 20: its
+// SIGSEGV). The CQ goes on with the completions of the next QP on it.
+TEST(DestroyQp, ItsWaitingCompletionsLeaveTheCqWithIt) {
+  Side req, resp;
+  Side::Options o;
+  ASSERT_EQ(0, req.open(o));
+  ASSERT_EQ(0, resp.open(o));
+  ASSERT_EQ(0, req.connect(resp.qp->qp_num, o));
+  ASSERT_EQ(0, resp.connect(req.qp->qp_num, o));
+  auto post_recvs = [](Side& s, int n) {
+    for (int i = 0; i < n; ++i) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(s.buf) + 64 * uint64_t(i), 64, s.mr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = 100 + uint64_t(i);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      ASSERT_EQ(0, ibv_post_recv(s.qp, &wr, &bad));
+    }
+  };
+  auto send = [](Side& s, uint64_t id) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(s.buf), 8, s.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad;
+    ASSERT_EQ(0, ibv_post_send(s.qp, &wr, &bad));
+  };
+  post_recvs(resp, 4);
+  send(req, 1);
+  send(req, 2);
+  auto sent = poll(req.cq, 2);
+  ASSERT_EQ(2u, sent.size());
+  for (const auto& wc : sent) EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  // Two receive completions wait in resp.cq (the responder's is pushed
+  // before the requester's); the QP goes, and they with it.
+  ASSERT_EQ(0, ibv_destroy_qp(resp.qp));
+  resp.qp = nullptr;
+  auto left = poll(resp.cq, 1, 200);
+  EXPECT_TRUE(left.empty()) << left.size() << " completion(s) of the destroyed QP, wr_id " << left[0].wr_id;
+
+  // A new QP on the same CQ (a new requester for it): its completions arrive.
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = resp.cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  resp.qp = ibv_create_qp(resp.pd, &ia);
+  ASSERT_NE(nullptr, resp.qp) << strerror(errno);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = o.qp_access;
+  ASSERT_EQ(0, ibv_modify_qp(resp.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+  Side req2;
+  ASSERT_EQ(0, req2.open(o));
+  ASSERT_EQ(0, req2.connect(resp.qp->qp_num, o));
+  ASSERT_EQ(0, resp.connect(req2.qp->qp_num, o));
+  post_recvs(resp, 1);
+  send(req2, 3);
+  ASSERT_EQ(1u, poll(req2.cq, 1).size());
+  auto got = poll(resp.cq, 1);
+  ASSERT_EQ(1u, got.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, got[0].status);
+  EXPECT_EQ(100u, got[0].wr_id);
+  EXPECT_EQ(resp.qp->qp_num, got[0].qp_num);
+}
+
+}  // namespace
+}  // namespace svtest
