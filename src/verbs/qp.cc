@@ -200,6 +200,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
       (a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && (a->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB);
   // Before anyone learns the QP number: importers refuse such a QP.
   if (st->lockless) st->hdr->exclusive.store(1, std::memory_order_release);
+  if (extended) st->hdr->send_ops.store(a->send_ops_flags | shm::kSendOpsExtended, std::memory_order_release);
   st->attr.qp_state = IBV_QPS_RESET;
   st->attr.cap = cap;
 
