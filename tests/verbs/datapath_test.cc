@@ -620,11 +620,14 @@ namespace {
 TEST(ResponderErrors, TheResponderQpGetsItsAffiliatedAsyncEvent) {
   struct Case {
     const char* what;
-    ibv_wr_opcode op;  // a WRITE goes with a bad R_Key; a SEND of 32 bytes to a 16-byte receive
+    ibv_wr_opcode op;  // a WRITE, READ or atomic goes with a bad R_Key; a SEND of 32 bytes to a 16-byte receive
     ibv_wc_status requester;
     ibv_event_type responder;
   };
   for (const Case& k : {Case{"bad R_Key", IBV_WR_RDMA_WRITE, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
+                        Case{"READ with a bad R_Key", IBV_WR_RDMA_READ, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
+                        Case{"atomic with a bad R_Key", IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WC_REM_ACCESS_ERR,
+                             IBV_EVENT_QP_ACCESS_ERR},
                         Case{"SEND longer than the receive", IBV_WR_SEND, IBV_WC_REM_INV_REQ_ERR,
                              IBV_EVENT_QP_REQ_ERR}}) {
     SCOPED_TRACE(k.what);
@@ -640,14 +643,21 @@ TEST(ResponderErrors, TheResponderQpGetsItsAffiliatedAsyncEvent) {
     rw.num_sge = 1;
     ibv_recv_wr* rbad;
     ASSERT_EQ(0, ibv_post_recv(resp.qp, &rw, &rbad));
-    ibv_sge ss{reinterpret_cast<uint64_t>(req.buf), 32, req.mr->lkey};
+    const bool atomic = k.op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    ibv_sge ss{reinterpret_cast<uint64_t>(req.buf), atomic ? 8u : 32u, req.mr->lkey};
     ibv_send_wr sw{};
     sw.sg_list = &ss;
     sw.num_sge = 1;
     sw.opcode = k.op;
     sw.send_flags = IBV_SEND_SIGNALED;
-    sw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(resp.buf);
-    sw.wr.rdma.rkey = resp.mr->rkey ^ 0x100;
+    if (atomic) {
+      sw.wr.atomic.remote_addr = reinterpret_cast<uint64_t>(resp.buf);
+      sw.wr.atomic.rkey = resp.mr->rkey ^ 0x100;
+      sw.wr.atomic.compare_add = 1;
+    } else {
+      sw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(resp.buf);
+      sw.wr.rdma.rkey = resp.mr->rkey ^ 0x100;
+    }
     ibv_send_wr* sbad;
     ASSERT_EQ(0, ibv_post_send(req.qp, &sw, &sbad));
     auto mine = poll(req.cq, 1);
