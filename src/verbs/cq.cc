@@ -262,11 +262,11 @@ void clean_cq(ibv_cq* ibcq, uint32_t qpn) {
 // hands what it found to RxM, which reposts the receive buffer of such a
 // completion on the endpoint just closed (the SIGSEGV of issue 20); the
 // receives it still holds complete as canceled instead, and are freed.
-// Both kinds are dropped by the pollers:
-// those waiting in the ring, and those a peer on this host pushes after the
-// destroy (it took the receive just before, IBTA 9.7.5.2: the push is its
-// last step). A QP is forgotten once the CQ was seen empty kGoneGrace after
-// its destroy, or after kMaxGone later ones.
+// Both kinds are dropped by the pollers: those waiting in the ring, and
+// those a peer on this host pushes after the destroy (it took the receive
+// just before, IBTA 9.7.5.2: the push is its last step). A QP is forgotten
+// once the CQ was seen empty kGoneGraceNs after its destroy, or after
+// kMaxGone later ones.
 constexpr uint64_t kGoneGraceNs = 100'000'000;
 constexpr size_t kMaxGone = 1024;
 
