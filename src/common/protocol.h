@@ -225,7 +225,10 @@ struct ModifyQpReq {
   uint8_t ah_dgid[16];
   uint16_t ah_dlid;
   uint8_t sq_draining;
-  uint8_t reserved;
+  // To ERR because this QP's responder detected an error on the wire: the
+  // ibv_wc_status the requester completes with (IBV_WC_REM_*), which chooses
+  // the affiliated async event the daemon raises (access::responder_event); 0 otherwise.
+  uint8_t responder_status;
 };
 
 // fds: the peer's QP segment, its receive CQ segment, then its SRQ segment

@@ -198,7 +198,13 @@ struct QpSegmentHeader {
   std::atomic<uint32_t> torn_taken;    // 1: copied out, torn_wr_id holds its wr_id
   alignas(64) ShmLock recv_lock;
   alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
+  // Created as an extended QP (ibv_create_qp_ex with send_ops_flags): those
+  // IBV_QP_EX_WITH_* ops | kSendOpsExtended, 0 for a plain QP. Set by the
+  // creator before ibv_create_qp_ex returns; an importer's handle gets the
+  // same ibv_qp_ex form (ibv_qp_to_qp_ex).
+  std::atomic<uint64_t> send_ops;
 };
+constexpr uint64_t kSendOpsExtended = 1ull << 63;
 
 struct QpLayout {
   uint32_t sq_capacity;

@@ -206,6 +206,12 @@ int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
     e.access.store(0, std::memory_order_relaxed);
   }
   e.state.store(next, std::memory_order_release);
+  // A wire QP's responder found the error (IBTA 11.6.3.1): its holders get
+  // the affiliated event, once (a QP already in ERR raises nothing more).
+  const auto rs = ibv_wc_status(r.responder_status);
+  if (next == IBV_QPS_ERR && cur != IBV_QPS_ERR &&
+      (rs == IBV_WC_REM_INV_REQ_ERR || rs == IBV_WC_REM_ACCESS_ERR || rs == IBV_WC_REM_OP_ERR))
+    responder_error_event(r.qpn, rs);
   return 0;
 }
 

@@ -267,6 +267,11 @@ class Qp {
   void set_error();
 
   QpState state() const { return state_; }
+  // Why the responder took the QP to the error state, as the requester's
+  // completion names it (kRemInvReqErr, kRemAccessErr, kRemOpErr; IBTA
+  // 9.7.5.2); kSuccess if it did not. The owner raises the responder's
+  // affiliated asynchronous error from it (IBTA 11.6.3.1).
+  WcStatus responder_fault() const { return resp_fault_; }
   const QpConfig& config() const { return cfg_; }
   const QpStats& stats() const { return stats_; }
   size_t send_queue_depth() const { return sq_.size(); }
@@ -352,6 +357,7 @@ class Qp {
   Memory& mem_;
   Clock& clock_;
   QpState state_ = QpState::kReady;
+  WcStatus resp_fault_ = WcStatus::kSuccess;  // responder_fault()
   QpStats stats_;
   std::vector<uint8_t> tx_;       // one packet being built
   std::vector<uint8_t> payload_;  // one packet's payload being gathered

@@ -112,6 +112,10 @@ TEST(RcErrors, RemoteAccessErrorIsFatalAtBothEnds) {
   EXPECT_EQ(p.ca()[0].status, WcStatus::kRemAccessErr);
   EXPECT_EQ(p.ca()[1].status, WcStatus::kWrFlushErr);
   EXPECT_EQ(p.qb().state(), QpState::kError);
+  // The responder says why, for its affiliated event (IBTA 11.6.3.1); the
+  // requester's error was not its responder's.
+  EXPECT_EQ(p.qb().responder_fault(), WcStatus::kRemAccessErr);
+  EXPECT_EQ(p.qa().responder_fault(), WcStatus::kSuccess);
   ASSERT_EQ(p.cb().size(), 1u);  // the receive is flushed
   EXPECT_EQ(p.cb()[0].status, WcStatus::kWrFlushErr);
   EXPECT_EQ(p.sim.nodes[1].mem.writes, 0u);
@@ -142,6 +146,7 @@ TEST(RcErrors, MisalignedAtomicIsAnInvalidRequest) {
   p.settle();
   ASSERT_EQ(p.ca().size(), 1u);
   EXPECT_EQ(p.ca()[0].status, WcStatus::kRemInvReqErr);
+  EXPECT_EQ(p.qb().responder_fault(), WcStatus::kRemInvReqErr);
   EXPECT_EQ(p.sim.nodes[1].mem.atomics, 0u);
 }
 
@@ -166,6 +171,7 @@ TEST(RcErrors, BadReceiveKeyIsRemoteOperationalError) {
   p.settle();
   ASSERT_EQ(p.ca().size(), 1u);
   EXPECT_EQ(p.ca()[0].status, WcStatus::kRemOpErr);
+  EXPECT_EQ(p.qb().responder_fault(), WcStatus::kRemOpErr);
   ASSERT_EQ(p.cb().size(), 1u);
   EXPECT_EQ(p.cb()[0].status, WcStatus::kLocProtErr);
 }

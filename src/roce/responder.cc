@@ -129,6 +129,10 @@ void Qp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8
                                                          : NakCode::kRemoteOperational;
       flush_pending_ack();
       send_ack(syndrome_nak(code), p.bth.psn);
+      if (state_ == QpState::kReady)
+        resp_fault_ = r == RespResult::kNakInvalid  ? WcStatus::kRemInvReqErr
+                      : r == RespResult::kNakAccess ? WcStatus::kRemAccessErr
+                                                    : WcStatus::kRemOpErr;
       set_error();
       return;
     }

@@ -254,6 +254,69 @@ void clean_cq(ibv_cq* ibcq, uint32_t qpn) {
   move_cq(ibcq, ibcq->cqe, qpn);
 }
 
+// A destroyed QP's completions leave its CQs with it (IBTA 11.2.5.4: its
+// outstanding work requests leave the scope of the channel interface), as
+// mlx4's and mlx5's providers clean the CQs at ibv_destroy_qp. Programs
+// count on it: libfabric 1.17's verbs provider, closing an endpoint (RxM
+// does when the peer disconnects), destroys the QP, polls the CQ dry and
+// hands what it found to RxM, which reposts the receive buffer of such a
+// completion on the endpoint just closed (the SIGSEGV of issue 20); the
+// receives it still holds complete as canceled instead, and are freed.
+// Both kinds are dropped by the pollers: those waiting in the ring, and
+// those a peer on this host pushes after the destroy (it took the receive
+// just before, IBTA 9.7.5.2: the push is its last step). A QP is forgotten
+// once the CQ was seen empty kGoneGraceNs after its destroy, or after
+// kMaxGone later ones.
+constexpr uint64_t kGoneGraceNs = 100'000'000;
+constexpr size_t kMaxGone = 1024;
+
+void forget_qp_completions(Cq* cq, uint32_t qpn) {
+  CqState& st = *cq->st;
+  std::lock_guard<std::mutex> g(st.gone_mu);
+  if (st.gone.size() >= kMaxGone) st.gone.erase(st.gone.begin());
+  st.gone.push_back({qpn, monotonic_ns()});
+  st.gone_n.store(uint32_t(st.gone.size()), std::memory_order_release);
+}
+
+// A new QP of that number completes here: its completions are its own.
+void keep_qp_completions(Cq* cq, uint32_t qpn) {
+  CqState& st = *cq->st;
+  if (st.gone_n.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> g(st.gone_mu);
+  std::erase_if(st.gone, [qpn](const CqState::GoneQp& q) { return q.qpn == qpn; });
+  st.gone_n.store(uint32_t(st.gone.size()), std::memory_order_release);
+}
+
+namespace {
+
+bool of_gone_qp(const CqState& st, uint32_t qpn) {
+  for (const auto& q : st.gone)
+    if (q.qpn == qpn) return true;
+  return false;
+}
+
+// Drops the completions of destroyed QPs from e[0..k); returns how many remain.
+int drop_gone(CqState& st, Cqe* e, int k) {
+  if (st.gone_n.load(std::memory_order_acquire) == 0) [[likely]] return k;
+  std::lock_guard<std::mutex> g(st.gone_mu);
+  int kept = 0;
+  for (int i = 0; i < k; ++i)
+    if (!of_gone_qp(st, e[i].wc.qp_num)) e[kept++] = e[i];
+  return kept;
+}
+
+// The CQ was found empty: destroyed QPs older than the grace period can
+// have nothing more on its way.
+void prune_gone(CqState& st) {
+  if (st.gone_n.load(std::memory_order_acquire) == 0) [[likely]] return;
+  std::lock_guard<std::mutex> g(st.gone_mu);
+  uint64_t now = monotonic_ns();
+  std::erase_if(st.gone, [now](const CqState::GoneQp& q) { return now - q.since_ns > kGoneGraceNs; });
+  st.gone_n.store(uint32_t(st.gone.size()), std::memory_order_release);
+}
+
+}  // namespace
+
 // A CQ another user granted by name: the daemon pops the completions for
 // this process (it holds no mapping of the CQ, so it can neither write
 // entries nor hold the owner's poll lock).
@@ -282,14 +345,16 @@ SV_HOT int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   while (got < n) {
     int want = std::min(n - got, 16);
     int k = st->view.poll(e, want);
-    for (int i = 0; i < k; ++i) wc[got + i] = e[i].wc;
-    got += k;
+    if (k == 0) prune_gone(*st);
+    int kept = drop_gone(*st, e, k);
+    for (int i = 0; i < kept; ++i) wc[got + i] = e[i].wc;
+    got += kept;
     if (k < want) break;
   }
   // Empty, and a wire QP completes here: the polling thread receives and
   // runs the engines itself (no wake-up of the RoCE thread), then looks again.
   if (got == 0 && n > 0 && st->wire.load(std::memory_order_relaxed) && roce_poll()) {
-    int k = st->view.poll(e, std::min(n, 16));
+    int k = drop_gone(*st, e, st->view.poll(e, std::min(n, 16)));
     for (int i = 0; i < k; ++i) wc[i] = e[i].wc;
     got = k;
   }
@@ -380,7 +445,12 @@ CqState& ex_state(ibv_cq_ex* cq) { return *to_cq(reinterpret_cast<ibv_cq*>(cq))-
 
 int ex_take(ibv_cq_ex* cq) {
   CqState& st = ex_state(cq);
-  if (!st.view.pop(st.cur)) return ENOENT;
+  do {
+    if (!st.view.pop(st.cur)) {
+      prune_gone(st);
+      return ENOENT;
+    }
+  } while (drop_gone(st, &st.cur, 1) == 0);  // a destroyed QP's (forget_qp_completions)
   timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   st.cur_ns = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);

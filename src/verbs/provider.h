@@ -204,6 +204,17 @@ struct CqState {
   // Another user's CQ granted by name (svx_open): nothing of it is mapped
   // here (`view` is empty); the daemon polls it for this process (PollCq).
   bool granted = false;
+  // QPs destroyed by this process whose completions may still wait in the
+  // ring, or be on their way to it from a peer that took a receive before
+  // the destroy: pollers drop them (cq.cc, forget_qp_completions). `gone_n`
+  // is read on every poll, the list only while it is not 0.
+  struct GoneQp {
+    uint32_t qpn;
+    uint64_t since_ns;
+  };
+  std::atomic<uint32_t> gone_n{0};
+  std::mutex gone_mu;
+  std::vector<GoneQp> gone;
 };
 
 struct Cq {
@@ -435,6 +446,8 @@ ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* c
 ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 int resize_cq(ibv_cq* cq, int cqe);
 void clean_cq(ibv_cq* cq, uint32_t qpn);  // a QP reset: its waiting completions go
+void forget_qp_completions(Cq* cq, uint32_t qpn);  // a QP destroyed: its completions go, now and later
+void keep_qp_completions(Cq* cq, uint32_t qpn);    // a new QP of that number
 
 // QPs (qp.cc, requester.cc)
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);

@@ -181,6 +181,8 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   st->send_cq = tgt ? nullptr : to_cq(a->send_cq);
   st->recv_cq = tgt ? nullptr : to_cq(a->recv_cq);
   st->srq = a->srq ? reinterpret_cast<Srq*>(a->srq) : nullptr;
+  for (Cq* cq : {st->send_cq, st->recv_cq})
+    if (cq) keep_qp_completions(cq, rep.qpn);
   st->entry = cs.qp_slot(rep.qpn);
   if (int e = attach_qp_segment(*st, fds[0].get(), rep.segment_size)) {
     errno = e;
@@ -198,6 +200,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
       (a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && (a->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB);
   // Before anyone learns the QP number: importers refuse such a QP.
   if (st->lockless) st->hdr->exclusive.store(1, std::memory_order_release);
+  if (extended) st->hdr->send_ops.store(a->send_ops_flags | shm::kSendOpsExtended, std::memory_order_release);
   st->attr.qp_state = IBV_QPS_RESET;
   st->attr.cap = cap;
 
@@ -445,6 +448,9 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
   }
   progress_unregister(&q);
   roce_detach(q);
+  // Its completions go with it, those waiting and any still on their way.
+  if (q.send_cq) forget_qp_completions(q.send_cq, q.qpn);
+  if (q.recv_cq && q.recv_cq != q.send_cq) forget_qp_completions(q.recv_cq, q.qpn);
   pthread_cond_destroy(&ibqp->cond);
   pthread_mutex_destroy(&ibqp->mutex);
   delete qp->st;

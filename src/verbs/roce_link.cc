@@ -340,6 +340,12 @@ void report_error(RoceQp& r) {
   req.qpn = q.qpn;
   req.attr_mask = IBV_QP_STATE;
   req.qp_state = IBV_QPS_ERR;
+  switch (r.engine->responder_fault()) {  // the responder's affiliated event (IBTA 11.6.3.1)
+    case roce::WcStatus::kRemInvReqErr: req.responder_status = IBV_WC_REM_INV_REQ_ERR; break;
+    case roce::WcStatus::kRemAccessErr: req.responder_status = IBV_WC_REM_ACCESS_ERR; break;
+    case roce::WcStatus::kRemOpErr: req.responder_status = IBV_WC_REM_OP_ERR; break;
+    default: break;
+  }
   proto::Empty rep{};
   q.ctx->st->conn.call<proto::Op::ModifyQp>(req, rep);
   {

@@ -136,7 +136,12 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
   st->self = qp;
+  const uint64_t ops = st->hdr->send_ops.load(std::memory_order_acquire);
+  const ibv_qp_type type = st->type;
   qp->st = st.release();
+  // Created as an extended QP: this handle is one too, with the creator's
+  // send ops (only those its type offers: the segment is the creator's to write).
+  if (ops & shm::kSendOpsExtended) init_qp_ex(qp, ops & supported_send_ops(type));
   std::lock_guard<std::mutex> g(cs.mu);
   cs.qp_handles[qpn] = qp;
   return &q;

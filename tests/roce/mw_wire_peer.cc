@@ -10,12 +10,14 @@
 //         with Invalidate naming that key (IBV_WC_WITH_INV), checks the bytes
 //         the client wrote through the window; binds again, invalidates
 //         that key itself with IBV_WR_LOCAL_INV (IBV_WC_LOCAL_INV), and
-//         publishes the dead key.
+//         publishes the dead key; then waits for its QP's
+//         IBV_EVENT_QP_ACCESS_ERR (the client's WRITE with that key).
 // client: WRITEs 256 bytes through the window, READs them back, SENDs with
 //         Invalidate; then WRITEs through the dead key and expects
 //         IBV_WC_REM_ACCESS_ERR.
 // Exit 0 when every check holds; the failed check on stderr otherwise.
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -187,6 +189,23 @@ uint32_t bind_window(Side& s, ibv_mw* mw, uint64_t wr_id) {
   return mw->rkey;
 }
 
+// Waits (10 s at most) for the affiliated event of the server's QP.
+void wait_access_error(Side& s) {
+  pollfd pfd{s.ctx->async_fd, POLLIN, 0};
+  if (::poll(&pfd, 1, 10000) != 1) die("no async event after the client's WRITE through the dead key");
+  ibv_async_event ev{};
+  if (ibv_get_async_event(s.ctx, &ev)) die("ibv_get_async_event");
+  const ibv_event_type type = ev.event_type;
+  const bool mine = ev.element.qp == s.qp;
+  ibv_ack_async_event(&ev);
+  if (type != IBV_EVENT_QP_ACCESS_ERR || !mine)
+    die(std::string("async event ") + ibv_event_type_str(type) + (mine ? "" : " (not of our QP)") +
+        ", expected IBV_EVENT_QP_ACCESS_ERR of our QP");
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  if (ibv_query_qp(s.qp, &a, IBV_QP_STATE, &ia) || a.qp_state != IBV_QPS_ERR) die("our QP is not in ERR");
+}
+
 int server(const std::string& dir) {
   Side s = open_side();
   ibv_mw* mw = ibv_alloc_mw(s.pd, IBV_MW_TYPE_2);
@@ -229,6 +248,11 @@ int server(const std::string& dir) {
   expect(poll_one(s.cq), IBV_WC_LOCAL_INV, IBV_WC_SUCCESS, "LOCAL_INV");
   put(dir + "/server.key2", std::to_string(key2));
   get(dir + "/client.done");
+  // The client's WRITE through the dead key failed our R_Key check: this
+  // responder's QP went to ERR and raises the affiliated event IBTA 11.6.3.1
+  // names for it, a local access violation (IBV_EVENT_QP_ACCESS_ERR).
+  // (Checked on softverbs only: rxe_test.sh runs this peer on rxe too.)
+  if (!rxe) wait_access_error(s);
   close_side(s, mw);
   std::printf("mw server: BIND_MW, SEND_WITH_INV of key 0x%x, LOCAL_INV of key 0x%x: ok\n", key1, key2);
   return 0;

@@ -8,6 +8,7 @@
 // its own segments at their size.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -438,6 +439,84 @@ TEST(Backing, DaemonSegmentsCannotBeResized) {
     EXPECT_EQ(EACCES, s.reopen_err) << name << " reopened writable by another user";
     EXPECT_EQ(0600, s.mode) << name;
   }
+  EXPECT_EQ(0, nobody.wait());
+  EXPECT_TRUE(sysd.alive());
+}
+
+
+// The mediated path (root's QP connected to another user's: the daemon
+// carries out root's requests): a WRITE with a bad R_Key completes with a
+// remote access error at root, and the responder's QP, nobody's, goes to
+// ERR and raises its affiliated event, a local access violation
+// (IBV_EVENT_QP_ACCESS_ERR, IBTA 11.6.3.1), to nobody's process.
+TEST(MediatedResponder, ABadRKeyRaisesTheResponderQpsAccessError) {
+  SystemDaemon sysd;
+  struct Info {
+    uint32_t qpn, rkey;
+    uint64_t addr;
+  };
+  struct Seen {
+    int event, mine, state;
+  };
+  Child root(false, [](int sock) {
+    Rc me;
+    if (!me.open()) return 10;
+    static uint8_t buf[4096] __attribute__((aligned(4096)));
+    ibv_mr* mr = ibv_reg_mr(me.pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+    if (!mr) return 11;
+    uint32_t qpn = me.qp->qp_num;
+    Info peer{};
+    if (!send_val(sock, qpn) || !recv_val(sock, peer)) return 12;
+    if (!me.connect(peer.qpn)) return 13;
+    int status = me.post(IBV_WR_RDMA_WRITE, buf, 64, mr->lkey, peer.addr, peer.rkey ^ 0x100);
+    return send_val(sock, status) ? 0 : 14;
+  });
+  Child nobody(true, [](int sock) {
+    Rc me;
+    if (!me.open()) return 20;
+    static uint8_t buf[4096] __attribute__((aligned(4096)));
+    ibv_mr* mr = ibv_reg_mr(me.pd, buf, sizeof(buf), kAll);
+    if (!mr) return 21;
+    Info info{me.qp->qp_num, mr->rkey, reinterpret_cast<uintptr_t>(buf)};
+    uint32_t root_qpn = 0;
+    if (!send_val(sock, info) || !recv_val(sock, root_qpn)) return 22;
+    if (!me.connect(root_qpn)) return 23;
+    int ready = 1;
+    if (!send_val(sock, ready)) return 24;
+    Seen seen{-1, 0, -1};
+    pollfd pfd{me.ctx->async_fd, POLLIN, 0};
+    ibv_async_event ev{};
+    if (::poll(&pfd, 1, 30000) == 1 && ibv_get_async_event(me.ctx, &ev) == 0) {
+      seen.event = ev.event_type;
+      seen.mine = ev.element.qp == me.qp;
+      ibv_ack_async_event(&ev);
+    }
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    if (ibv_query_qp(me.qp, &a, IBV_QP_STATE, &ia) == 0) seen.state = a.qp_state;
+    return send_val(sock, seen) ? 0 : 25;
+  });
+  ASSERT_TRUE(sysd.alive());
+  root.start();
+  nobody.start();
+  uint32_t root_qpn = 0;
+  ASSERT_TRUE(recv_val(root.sock(), root_qpn)) << "root failed: exit " << root.wait();
+  Info info{};
+  ASSERT_TRUE(recv_val(nobody.sock(), info)) << "nobody failed: exit " << nobody.wait();
+  ASSERT_TRUE(send_val(nobody.sock(), root_qpn));
+  int ready = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), ready)) << "nobody failed: exit " << nobody.wait();
+  ASSERT_TRUE(send_val(root.sock(), info));
+  int status = -1;
+  ASSERT_TRUE(recv_val(root.sock(), status)) << "root failed: exit " << root.wait();
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, status) << ibv_wc_status_str(ibv_wc_status(status));
+  Seen seen{};
+  ASSERT_TRUE(recv_val(nobody.sock(), seen)) << "nobody failed: exit " << nobody.wait();
+  EXPECT_EQ(IBV_EVENT_QP_ACCESS_ERR, seen.event)
+      << (seen.event < 0 ? "no async event" : ibv_event_type_str(ibv_event_type(seen.event)));
+  EXPECT_TRUE(seen.mine) << "the event is not of the responder's QP";
+  EXPECT_EQ(IBV_QPS_ERR, seen.state);
+  EXPECT_EQ(0, root.wait());
   EXPECT_EQ(0, nobody.wait());
   EXPECT_TRUE(sysd.alive());
 }

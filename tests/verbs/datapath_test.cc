@@ -620,11 +620,14 @@ namespace {
 TEST(ResponderErrors, TheResponderQpGetsItsAffiliatedAsyncEvent) {
   struct Case {
     const char* what;
-    ibv_wr_opcode op;  // a WRITE goes with a bad R_Key; a SEND of 32 bytes to a 16-byte receive
+    ibv_wr_opcode op;  // a WRITE, READ or atomic goes with a bad R_Key; a SEND of 32 bytes to a 16-byte receive
     ibv_wc_status requester;
     ibv_event_type responder;
   };
   for (const Case& k : {Case{"bad R_Key", IBV_WR_RDMA_WRITE, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
+                        Case{"READ with a bad R_Key", IBV_WR_RDMA_READ, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR},
+                        Case{"atomic with a bad R_Key", IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WC_REM_ACCESS_ERR,
+                             IBV_EVENT_QP_ACCESS_ERR},
                         Case{"SEND longer than the receive", IBV_WR_SEND, IBV_WC_REM_INV_REQ_ERR,
                              IBV_EVENT_QP_REQ_ERR}}) {
     SCOPED_TRACE(k.what);
@@ -640,14 +643,21 @@ TEST(ResponderErrors, TheResponderQpGetsItsAffiliatedAsyncEvent) {
     rw.num_sge = 1;
     ibv_recv_wr* rbad;
     ASSERT_EQ(0, ibv_post_recv(resp.qp, &rw, &rbad));
-    ibv_sge ss{reinterpret_cast<uint64_t>(req.buf), 32, req.mr->lkey};
+    const bool atomic = k.op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    ibv_sge ss{reinterpret_cast<uint64_t>(req.buf), atomic ? 8u : 32u, req.mr->lkey};
     ibv_send_wr sw{};
     sw.sg_list = &ss;
     sw.num_sge = 1;
     sw.opcode = k.op;
     sw.send_flags = IBV_SEND_SIGNALED;
-    sw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(resp.buf);
-    sw.wr.rdma.rkey = resp.mr->rkey ^ 0x100;
+    if (atomic) {
+      sw.wr.atomic.remote_addr = reinterpret_cast<uint64_t>(resp.buf);
+      sw.wr.atomic.rkey = resp.mr->rkey ^ 0x100;
+      sw.wr.atomic.compare_add = 1;
+    } else {
+      sw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(resp.buf);
+      sw.wr.rdma.rkey = resp.mr->rkey ^ 0x100;
+    }
     ibv_send_wr* sbad;
     ASSERT_EQ(0, ibv_post_send(req.qp, &sw, &sbad));
     auto mine = poll(req.cq, 1);
@@ -665,6 +675,87 @@ TEST(ResponderErrors, TheResponderQpGetsItsAffiliatedAsyncEvent) {
     EXPECT_FALSE(next_event(resp.ctx, ev, 100)) << "a second event: " << ibv_event_type_str(ev.event_type);
     EXPECT_FALSE(next_event(req.ctx, ev, 0)) << "the requester got an event: " << ibv_event_type_str(ev.event_type);
   }
+}
+
+}  // namespace
+}  // namespace svtest
+
+namespace svtest {
+namespace {
+
+// ibv_destroy_qp takes the QP's completions out of its CQs, as mlx4's and
+// mlx5's providers do (IBTA 11.2.5.4: its outstanding work requests leave
+// the scope of the channel interface). libfabric 1.17 counts on it: closing
+// an endpoint it destroys the QP and polls the CQ dry, and RxM reposted the
+// buffer of a receive completed there on the closed endpoint (issue 20: its
+// SIGSEGV). The CQ goes on with the completions of the next QP on it.
+TEST(DestroyQp, ItsWaitingCompletionsLeaveTheCqWithIt) {
+  Side req, resp;
+  Side::Options o;
+  ASSERT_EQ(0, req.open(o));
+  ASSERT_EQ(0, resp.open(o));
+  ASSERT_EQ(0, req.connect(resp.qp->qp_num, o));
+  ASSERT_EQ(0, resp.connect(req.qp->qp_num, o));
+  auto post_recvs = [](Side& s, int n) {
+    for (int i = 0; i < n; ++i) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(s.buf) + 64 * uint64_t(i), 64, s.mr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = 100 + uint64_t(i);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      ASSERT_EQ(0, ibv_post_recv(s.qp, &wr, &bad));
+    }
+  };
+  auto send = [](Side& s, uint64_t id) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(s.buf), 8, s.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad;
+    ASSERT_EQ(0, ibv_post_send(s.qp, &wr, &bad));
+  };
+  post_recvs(resp, 4);
+  send(req, 1);
+  send(req, 2);
+  auto sent = poll(req.cq, 2);
+  ASSERT_EQ(2u, sent.size());
+  for (const auto& wc : sent) EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  // Two receive completions wait in resp.cq (the responder's is pushed
+  // before the requester's); the QP goes, and they with it.
+  ASSERT_EQ(0, ibv_destroy_qp(resp.qp));
+  resp.qp = nullptr;
+  auto left = poll(resp.cq, 1, 200);
+  EXPECT_TRUE(left.empty()) << left.size() << " completion(s) of the destroyed QP, wr_id " << left[0].wr_id;
+
+  // A new QP on the same CQ (a new requester for it): its completions arrive.
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = resp.cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  resp.qp = ibv_create_qp(resp.pd, &ia);
+  ASSERT_NE(nullptr, resp.qp) << strerror(errno);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = o.qp_access;
+  ASSERT_EQ(0, ibv_modify_qp(resp.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+  Side req2;
+  ASSERT_EQ(0, req2.open(o));
+  ASSERT_EQ(0, req2.connect(resp.qp->qp_num, o));
+  ASSERT_EQ(0, resp.connect(req2.qp->qp_num, o));
+  post_recvs(resp, 1);
+  send(req2, 3);
+  ASSERT_EQ(1u, poll(req2.cq, 1).size());
+  auto got = poll(resp.cq, 1);
+  ASSERT_EQ(1u, got.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, got[0].status);
+  EXPECT_EQ(100u, got[0].wr_id);
+  EXPECT_EQ(resp.qp->qp_num, got[0].qp_num);
 }
 
 }  // namespace

@@ -873,7 +873,7 @@ TEST(PostSendErrorsUc, ReadsAndAtomicsOnUcAreEinval) {
   // IBTA 10.7.2: UC carries SEND and RDMA WRITE, not READ or atomics.
   Side me;
   Peer peer;
-  PeerInfo info;
+  PeerInfo info{};
   Side::Options o;
   o.type = IBV_QPT_UC;
   ASSERT_EQ(0, connect_pair(me, peer, info, o, o));

@@ -301,3 +301,69 @@ TEST_F(QpExData, UdSendsGoToTheAddressOfEachWr) {
 
 }  // namespace
 }  // namespace svtest
+
+#include "softverbs/softverbs.h"
+
+namespace svtest {
+namespace {
+
+// A QP created as an extended one is extended through every handle: an
+// importer's (svx_import_qp, from another context here as from another
+// process) has the ibv_qp_ex form with the creator's send ops, and its
+// batches run; an op the creator did not ask for is refused there too. A
+// plain QP stays plain when imported.
+TEST(QpEx, AnImportedQpIsExtendedAsItsCreator) {
+  Side me;
+  Side::Options o;
+  o.send_ops = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND;
+  ASSERT_EQ(0, me.open(o));
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = me.cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {8, 8, 1, 1, 0};
+  ibv_qp* plain = ibv_create_qp(me.pd, &ia);
+  ASSERT_NE(nullptr, plain);
+  ibv_context* c = ibv_import_device(me.ctx->cmd_fd);
+  ASSERT_NE(nullptr, c);
+  ibv_qp* imported = svx_import_qp(c, me.qp->qp_num);
+  ASSERT_NE(nullptr, imported) << strerror(errno);
+  ibv_qp_ex* x = ibv_qp_to_qp_ex(imported);
+  ASSERT_NE(nullptr, x);
+  ibv_qp* imported_plain = svx_import_qp(c, plain->qp_num);
+  ASSERT_NE(nullptr, imported_plain);
+  EXPECT_EQ(nullptr, ibv_qp_to_qp_ex(imported_plain));
+
+  Peer peer;
+  PeerInfo info = peer.open({});
+  ASSERT_EQ(0, peer.connect(imported->qp_num, {}));
+  ASSERT_EQ(0, connect_qp(imported, info.qpn));
+  for (int i = 0; i < 64; ++i) me.buf[i] = uint8_t(i * 5 + 3);
+  ibv_wr_start(x);
+  x->wr_id = 7;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(x, info.rkey, info.addr);
+  ibv_wr_set_sge(x, me.mr->lkey, reinterpret_cast<uint64_t>(me.buf), 64);
+  ASSERT_EQ(0, ibv_wr_complete(x));
+  auto wc = poll(imported->send_cq, 1);
+  ASSERT_EQ(1u, wc.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, wc[0].status) << ibv_wc_status_str(wc[0].status);
+  EXPECT_EQ(7u, wc[0].wr_id);
+  EXPECT_EQ(checksum(me.buf, 64), peer.checksum(0, 64));
+  // READ was not among the creator's ops.
+  ibv_wr_start(x);
+  ibv_wr_rdma_read(x, info.rkey, info.addr);
+  ibv_wr_set_sge(x, me.mr->lkey, reinterpret_cast<uint64_t>(me.buf) + 1024, 64);
+  EXPECT_EQ(EINVAL, ibv_wr_complete(x));
+
+  ibv_pd* pd = imported->pd;
+  ibv_cq* cq = imported->send_cq;
+  svx_unimport_qp(imported_plain);
+  svx_unimport_qp(imported);
+  svx_unimport_cq(cq);
+  ibv_unimport_pd(pd);
+  ibv_close_device(c);
+  EXPECT_EQ(0, ibv_destroy_qp(plain));
+}
+
+}  // namespace
+}  // namespace svtest
