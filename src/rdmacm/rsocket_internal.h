@@ -112,9 +112,13 @@ int create_ep(Rs* rs);
 void free_rs(Rs* rs);
 ConnInfo my_conn_info(Rs* rs);
 void save_conn(Rs* rs, const ConnInfo& peer);
-// Process CM events and completions without sleeping; returns -1 (errno)
-// only if a post failed.
-int progress(Rs* rs);
+// Process completions (and, if `slow`, CM events: a read(2) each) without
+// sleeping; returns -1 (errno) only if a post failed.
+int progress(Rs* rs, bool slow);
+// How long a blocking call or rpoll polls before it sleeps (rsocket.c's
+// polling_time, 10 us by default).
+constexpr int64_t kSpinUs = 10;
+int64_t now_us();
 // Waits (mu held through `lk`) until test(rs) holds; -1 EWOULDBLOCK when
 // nonblocking, -1 with errno on failure.
 int wait_for(Rs* rs, std::unique_lock<std::mutex>& lk, bool nonblock, bool (*test)(Rs*));
@@ -138,6 +142,6 @@ int poll_listener(Rs* rs);  // drains CM events into rs->requests; their count
 // rsocket_poll.cc
 // The revents of an rsocket now (mu held through lk); its fds to sleep on
 // go to `wait` (the CQ armed first).
-short poll_revents(Rs* rs, std::unique_lock<std::mutex>& lk, short events);
+short poll_revents(Rs* rs, std::unique_lock<std::mutex>& lk, short events, bool slow);
 
 }  // namespace sv::rsock

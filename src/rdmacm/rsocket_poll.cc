@@ -18,14 +18,14 @@
 namespace sv::rsock {
 
 // rsocket.c's rs_poll_rs.
-short poll_revents(Rs* rs, std::unique_lock<std::mutex>& lk, short events) {
+short poll_revents(Rs* rs, std::unique_lock<std::mutex>& lk, short events, bool slow) {
   if (rs->state == St::kListening) return poll_listener(rs) ? short(events & POLLIN) : 0;
   if (rs->opening()) {
     if (advance_connect(rs, lk, true) && errno == EINPROGRESS) return 0;
   }
   if (rs->state == St::kConnectError) return short((events & (POLLIN | POLLOUT)) | POLLERR);
   if (!rs->cq) return 0;
-  progress(rs);
+  progress(rs, slow);
   short rev = 0;
   if ((events & POLLIN) && conn_have_rdata(rs)) rev |= POLLIN;
   if ((events & POLLOUT) && can_send(rs)) rev |= POLLOUT;
@@ -40,19 +40,18 @@ short poll_revents(Rs* rs, std::unique_lock<std::mutex>& lk, short events) {
 
 namespace {
 
-int64_t now_ms() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return int64_t(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
-}
+int64_t now_ms() { return now_us() / 1000; }
 
-// The revents of one rsocket, else its fds to wait on in `wait`; `soon` is
-// set when the CQ could not be left armed (then poll only briefly).
-short check_rs(Rs* rs, short events, std::vector<pollfd>* wait, bool* soon) {
+// The revents of one rsocket, else (if `arm`) its fds to wait on in
+// `wait`; `soon` is set when the CQ could not be left armed (then poll only
+// briefly). Without `arm`, only its completions are looked at (no system
+// call: the spin before sleeping).
+short check_rs(Rs* rs, short events, bool arm, std::vector<pollfd>* wait, bool* soon) {
   std::unique_lock<std::mutex> lk(rs->mu);
+  if (!arm) return poll_revents(rs, lk, events, false);
   short rev = 0;
   for (int k = 0; k < 4; k++) {
-    rev = poll_revents(rs, lk, events);
+    rev = poll_revents(rs, lk, events, true);
     if (rev || !rs->cq || rs->cq_armed) break;
     ibv_req_notify_cq(rs->cq, 0);
     rs->cq_armed = true;
@@ -74,29 +73,42 @@ extern "C" {
 
 int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   int64_t deadline = timeout > 0 ? now_ms() + timeout : 0;
-  std::vector<pollfd> real;
+  int64_t spin_end = timeout ? now_us() + kSpinUs : 0;
+  std::vector<pollfd> real, waits;
   std::vector<nfds_t> owner;  // fds index of each ordinary entry of `real`
+  std::vector<Rs*> rss(nfds);
+  bool all_rs = true;
+  for (nfds_t i = 0; i < nfds; i++) {
+    rss[i] = fds[i].fd >= 0 ? lookup(fds[i].fd) : nullptr;
+    if (!rss[i]) all_rs = false;
+  }
   for (;;) {
     int ready = 0;
     bool soon = false;
+    // Spin (no arming, no system call) while only rsockets are polled.
+    bool spin = all_rs && now_us() < spin_end;
     real.clear();
     owner.clear();
-    std::vector<pollfd> waits;
+    waits.clear();
     for (nfds_t i = 0; i < nfds; i++) {
       fds[i].revents = 0;
-      Rs* rs = fds[i].fd >= 0 ? lookup(fds[i].fd) : nullptr;
+      Rs* rs = rss[i];
       if (!rs) {
         real.push_back(fds[i]);
         owner.push_back(i);
         continue;
       }
-      fds[i].revents = check_rs(rs, fds[i].events, &waits, &soon);
+      fds[i].revents = check_rs(rs, fds[i].events, !spin, &waits, &soon);
       if (fds[i].revents) ready++;
+    }
+    if (real.empty() && (ready || spin)) {
+      if (ready) return ready;
+      continue;
     }
     size_t ordinary = real.size();
     if (!ready) real.insert(real.end(), waits.begin(), waits.end());
     int t = timeout < 0 ? -1 : timeout == 0 ? 0 : int(std::max<int64_t>(0, deadline - now_ms()));
-    if (ready) t = 0;
+    if (ready || spin) t = 0;
     if (soon && (t < 0 || t > 1)) t = 1;
     int n = ::poll(real.data(), real.size(), t);
     if (n < 0) return -1;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <ctime>
 
 #include "rdmacm/rsocket_internal.h"
 
@@ -336,8 +337,8 @@ void cm_events(Rs* rs) {
 
 }  // namespace
 
-int progress(Rs* rs) {
-  if (rs->cq) {
+int progress(Rs* rs, bool slow) {
+  if (rs->cq && rs->cq_armed) {  // an event only follows an arm
     ibv_cq* cq;
     void* ctx;
     while (!ibv_get_cq_event(rs->cc, &cq, &ctx)) {
@@ -348,7 +349,7 @@ int progress(Rs* rs) {
       }
     }
   }
-  cm_events(rs);
+  if (slow) cm_events(rs);
   if (!rs->cq) return 0;
   update_credits(rs);
   int r = poll_cq(rs);
@@ -356,9 +357,22 @@ int progress(Rs* rs) {
   return r;
 }
 
+int64_t now_us() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
+}
+
+// rsocket.c's rs_get_comp: completions are polled for kSpinUs before the
+// CQ is armed and the thread sleeps.
 int wait_for(Rs* rs, std::unique_lock<std::mutex>& lk, bool nonblock, bool (*test)(Rs*)) {
+  int64_t spin_end = nonblock ? 0 : now_us() + kSpinUs;
   for (;;) {
-    int r = progress(rs);
+    int r = progress(rs, false);
+    if (test(rs)) return 0;
+    if (r) return -1;
+    if (!nonblock && now_us() < spin_end) continue;
+    r = progress(rs, true);
     if (test(rs)) return 0;
     if (r) return -1;
     if (nonblock) return seterr(EWOULDBLOCK);
