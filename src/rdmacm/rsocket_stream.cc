@@ -329,8 +329,10 @@ void cm_events(Rs* rs) {
     rdma_cm_event_type t = e->event;
     rdma_ack_cm_event(e);
     if (t == RDMA_CM_EVENT_DISCONNECTED || t == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+      // An orderly close sends its DISCONNECT message before the CM's DREQ:
+      // without one, the peer died (or the device went): a reset.
       if (rs->cq) poll_cq(rs);
-      if (rs->connected()) lose_connection(rs, St::kDisconnected, 0);
+      if (rs->connected()) lose_connection(rs, St::kError, ECONNRESET);
     }
   }
 }
@@ -428,6 +430,7 @@ ssize_t stream_send(Rs* rs, std::unique_lock<std::mutex>& lk, const iovec* iov, 
   }
   if (rs->iomap_pending && send_iomaps(rs, lk, flags)) return -1;
   size_t left = total, off = 0;
+  int saved = errno;
   uint32_t olen = kOlapStart;
   const iovec* cur = iov;
   while (cur < iov + iovcnt && cur->iov_len == 0) cur++;
@@ -445,14 +448,16 @@ ssize_t stream_send(Rs* rs, std::unique_lock<std::mutex>& lk, const iovec* iov, 
     if ((r = write_data(rs, &cur, &off, x))) break;
     left -= x;
   }
-  return (r && left == total) ? -1 : ssize_t(total - left);
+  if (r && left == total) return -1;
+  errno = saved;
+  return ssize_t(total - left);
 }
 
 // rsocket.c's rrecv: queued data is delivered even after the peer left.
 ssize_t stream_recv(Rs* rs, std::unique_lock<std::mutex>& lk, void* buf, size_t len, int flags) {
   if (rs->state == St::kInit || rs->state == St::kBound || rs->state == St::kListening) return seterr(ENOTCONN);
   size_t got = 0;
-  int r = 0;
+  int r = 0, saved = errno;  // our EAGAINs inside must not show after a success
   auto* dst = static_cast<uint8_t*>(buf);
   do {
     if (rs->ring.empty()) {
@@ -466,7 +471,12 @@ ssize_t stream_recv(Rs* rs, std::unique_lock<std::mutex>& lk, void* buf, size_t 
     got += rs->ring.take(rs->rbuf, dst + got, len - got, false);
   } while (got < len && (flags & MSG_WAITALL) && rs->readable);
   update_credits(rs);
-  return (r && got == 0) ? -1 : ssize_t(got);
+  // A connection lost without the peer's DISCONNECT (it died; our writes
+  // failed) is reset, as TCP's after an RST: not an end of file.
+  if (!r && got == 0 && len && rs->state == St::kError) return seterr(ECONNRESET);
+  if (r && got == 0) return -1;
+  errno = saved;
+  return ssize_t(got);
 }
 
 // rsocket.c's rs_send_iomaps: each new PROT_WRITE mapping is written into

@@ -5,7 +5,7 @@
 # (librspreload.so, from librdmacm1), server and client on 127.0.0.1.
 #   rsocket.sh BIN_DIR MODE PORT [TCP_PROGRAM]
 # MODE: rstream | rstream_all | rstream_async | rstream_nb | rstream_verify |
-# rstream_small | rstream6 | riostream | riostream_async | rcopy | preload.
+# rstream_small | rstream6 | rstream_kill | riostream | riostream_async | rcopy | preload.
 # PORT is an rdma_cm port in this test's own SOFTVERBS_DIR (the server is
 # ready when its rendezvous socket cm/262-PORT-* exists: it is an rsocket,
 # not a kernel TCP socket).
@@ -76,6 +76,32 @@ case "$mode" in
   # riomap / riowrite: RDMA writes straight into the peer's buffer.
   riostream) stream riostream riostream '^custom +64k +200 +1 ' -T v -S 65536 -C 200 ;;
   riostream_async) stream riostream riostream '^custom +4k +500 +1 ' -T a -S 4096 -C 500 ;;
+  # The client dies (SIGKILL) mid-transfer: the server's rrecv fails with
+  # ECONNRESET (no DISCONNECT message came), it does not hang or see EOF.
+  rstream_kill)
+    require rstream
+    compat_setup
+    SERVER_OUT="$COMPAT_DIR/rstream.server"
+    CLIENT_OUT="$COMPAT_DIR/rstream.client"
+    sv_run rstream -p "$port" -S 1000000 -C 1000000 >"$SERVER_OUT" 2>&1 &
+    spid=$!
+    _compat_pids+=($spid)
+    cm_wait $TCP "$port" $spid || fail "rstream server never listened on rdma_cm port $port"
+    "$SV" run -- stdbuf -oL rstream -s 127.0.0.1 -p "$port" -S 1000000 -C 1000000 >"$CLIENT_OUT" 2>&1 &
+    cpid=$!
+    _compat_pids+=($cpid)
+    sleep 1
+    pkill -KILL -P "$cpid" rstream 2>/dev/null || kill -KILL "$cpid"
+    for _ in $(seq 100); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$spid" 2>/dev/null; then
+      fail "rstream server still running 10 s after its client died"
+    else
+      wait "$spid"
+      rc=$?
+      [ "$rc" -ne 0 ] || fail "rstream server exit 0 after its client died"
+      expect "$SERVER_OUT" '^rrecv: Connection reset by peer$' 1
+    fi
+    ;;
   rcopy)
     # The rcopy server serves clients until it is killed.
     require rcopy
