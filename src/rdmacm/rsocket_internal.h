@@ -72,6 +72,11 @@ struct Rs {
   ibv_cq* cq = nullptr;
   bool cq_armed = false;
   unsigned unacked = 0;
+  // Threads asleep in wait_for, and the eventfd that wakes them when another
+  // thread took the completions they waited for (both sleep on the same
+  // channels, and only one reads each event).
+  int waiters = 0;
+  int wakefd = -1;
   uint8_t* sbuf = nullptr;  // sbuf_size + the control area
   uint8_t* rbuf = nullptr;
   uint8_t* tbuf = nullptr;  // target SGL (kSglSize Sge) + iomap table

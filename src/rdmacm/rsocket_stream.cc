@@ -5,6 +5,7 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -137,6 +138,7 @@ void free_rs(Rs* rs) {
   std::free(rs->tbuf);
   if (rs->id) rdma_destroy_id(rs->id);
   if (rs->ch) rdma_destroy_event_channel(rs->ch);
+  if (rs->wakefd >= 0) ::close(rs->wakefd);
   delete rs;
 }
 
@@ -301,6 +303,11 @@ int poll_cq(Rs* rs) {
   ibv_wc wc[16];
   int n, rcnt = 0;
   while ((n = ibv_poll_cq(rs->cq, 16, wc)) > 0) {
+    if (rs->waiters) {
+      uint64_t one = 1;
+      ssize_t w = ::write(rs->wakefd, &one, sizeof(one));
+      (void)w;
+    }
     for (int i = 0; i < n; i++) {
       if (wc[i].wr_id & kWrRecv) {
         if (wc[i].status != IBV_WC_SUCCESS) continue;
@@ -383,10 +390,15 @@ int wait_for(Rs* rs, std::unique_lock<std::mutex>& lk, bool nonblock, bool (*tes
       rs->cq_armed = true;
       continue;  // what completed before the arm is in the CQ already
     }
-    pollfd p[2] = {{rs->ch->fd, POLLIN, 0}, {rs->cq ? rs->cc->fd : -1, POLLIN, 0}};
+    if (rs->wakefd < 0) rs->wakefd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pollfd p[3] = {{rs->ch->fd, POLLIN, 0}, {rs->cq ? rs->cc->fd : -1, POLLIN, 0}, {rs->wakefd, POLLIN, 0}};
+    rs->waiters++;
     lk.unlock();
-    ::poll(p, 2, 1000);
+    ::poll(p, 3, 1000);
     lk.lock();
+    rs->waiters--;
+    uint64_t v;
+    if (p[2].revents && ::read(rs->wakefd, &v, sizeof(v)) < 0) v = 0;
   }
 }
 
