@@ -3,12 +3,15 @@
  * rsocket preload library) their socket calls become rsocket calls on our
  * librdmacm.so.1.
  *   rsocket_tcp server PORT          accept one client; read until EOF (poll
- *                                    first); answer "<bytes> <hash>\n"
- *   rsocket_tcp client PORT BYTES    connect; send BYTES pseudo-random bytes
+ *                                    or select first); answer "<bytes> <hash>\n"
+ *   rsocket_tcp client PORT BYTES    connect (nonblocking, poll, SO_ERROR);
+ *                                    send BYTES pseudo-random bytes
  *                                    (write and writev, varying sizes);
  *                                    shutdown(SHUT_WR); check the answer
  * The hash is 64-bit FNV-1a. Exit 0 when both sides agree. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -45,9 +49,19 @@ static int server(int port) {
   setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   static unsigned char buf[100000];
   uint64_t h = 0xcbf29ce484222325ULL, total = 0;
-  for (;;) {
-    struct pollfd p = {c, POLLIN, 0};
-    if (poll(&p, 1, 20000) != 1) return fprintf(stderr, "server: poll timed out\n"), 1;
+  for (unsigned k = 0;; k++) {
+    /* Wait with poll and select by turns (rpoll, rselect under the preload). */
+    if (k % 2) {
+      struct pollfd p = {c, POLLIN, 0};
+      if (poll(&p, 1, 20000) != 1) return fprintf(stderr, "server: poll timed out\n"), 1;
+    } else {
+      fd_set rd;
+      FD_ZERO(&rd);
+      FD_SET(c, &rd);
+      struct timeval tv = {20, 0};
+      if (select(c + 1, &rd, NULL, NULL, &tv) != 1 || !FD_ISSET(c, &rd))
+        return fprintf(stderr, "server: select timed out\n"), 1;
+    }
     ssize_t n = read(c, buf, 1 + (size_t)(total % sizeof(buf)));
     if (n < 0) return perror("read"), 1;
     if (n == 0) break;
@@ -67,7 +81,19 @@ static int client(int port, uint64_t bytes) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   if (s < 0) return perror("socket"), 1;
   struct sockaddr_in a = addr_of(port);
-  if (connect(s, (struct sockaddr*)&a, sizeof(a))) return perror("connect"), 1;
+  /* A nonblocking connect, as event-driven programs do: EINPROGRESS, then
+   * POLLOUT and SO_ERROR; then back to blocking calls. */
+  int fl = fcntl(s, F_GETFL);
+  if (fl < 0 || fcntl(s, F_SETFL, fl | O_NONBLOCK)) return perror("fcntl"), 1;
+  if (connect(s, (struct sockaddr*)&a, sizeof(a))) {
+    if (errno != EINPROGRESS) return perror("connect"), 1;
+    struct pollfd p = {s, POLLOUT, 0};
+    if (poll(&p, 1, 20000) != 1) return fprintf(stderr, "client: connect timed out\n"), 1;
+  }
+  int err = -1;
+  socklen_t len = sizeof(err);
+  if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) || err) return fprintf(stderr, "client: connect: %s\n", strerror(err)), 1;
+  if (fcntl(s, F_SETFL, fl)) return perror("fcntl"), 1;
   static unsigned char buf[300000];
   uint64_t h = 0xcbf29ce484222325ULL, sent = 0, x = 88172645463325252ULL;
   for (size_t i = 0; i < sizeof(buf); i++) {
