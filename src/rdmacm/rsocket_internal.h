@@ -120,10 +120,17 @@ void save_conn(Rs* rs, const ConnInfo& peer);
 // Process completions (and, if `slow`, CM events: a read(2) each) without
 // sleeping; returns -1 (errno) only if a post failed.
 int progress(Rs* rs, bool slow);
-// How long a blocking call or rpoll polls before it sleeps (rsocket.c's
-// polling_time, 10 us by default).
-constexpr int64_t kSpinUs = 10;
 int64_t now_us();
+
+// rsocket.c's rs_configure: the defaults, from /etc/rdma/rsocket/* as
+// rdma-core reads them (polling_time, inline_default, sqsize_default,
+// rqsize_default, mem_default, wmem_default, iomap_size), read once.
+struct Config {
+  int64_t polling_us = 10;  // how long a blocking call or rpoll polls before it sleeps
+  uint16_t inline_size = kDefInline, sq_size = kDefQpSize, rq_size = kDefQpSize, iomap_size = 0;
+  uint32_t mem = kDefMem, wmem = kDefMem;
+};
+const Config& config();
 // Waits (mu held through `lk`) until test(rs) holds; -1 EWOULDBLOCK when
 // nonblocking, -1 with errno on failure.
 int wait_for(Rs* rs, std::unique_lock<std::mutex>& lk, bool nonblock, bool (*test)(Rs*));

@@ -73,7 +73,7 @@ extern "C" {
 
 int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   int64_t deadline = timeout > 0 ? now_ms() + timeout : 0;
-  int64_t spin_end = timeout ? now_us() + kSpinUs : 0;
+  int64_t spin_end = timeout ? now_us() + config().polling_us : 0;
   std::vector<pollfd> real, waits;
   std::vector<nfds_t> owner;  // fds index of each ordinary entry of `real`
   std::vector<Rs*> rss(nfds);

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <ctime>
 
 #include "rdmacm/rsocket_internal.h"
@@ -73,10 +75,50 @@ int seterr(int e) {
   return -1;
 }
 
+namespace {
+
+template <typename T>
+void read_conf(const char* name, T* v) {
+  std::string path = std::string("/etc/rdma/rsocket/") + name;
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return;
+  unsigned long long x;
+  if (std::fscanf(f, "%llu", &x) == 1) *v = T(x);
+  std::fclose(f);
+}
+
+}  // namespace
+
+const Config& config() {
+  static const Config c = [] {
+    Config k;
+    read_conf("polling_time", &k.polling_us);
+    read_conf("inline_default", &k.inline_size);
+    read_conf("sqsize_default", &k.sq_size);
+    read_conf("rqsize_default", &k.rq_size);
+    read_conf("mem_default", &k.mem);
+    read_conf("wmem_default", &k.wmem);
+    read_conf("iomap_size", &k.iomap_size);
+    k.mem = std::max<uint32_t>(k.mem, 2 * kSndLowat);
+    k.wmem = std::max<uint32_t>(k.wmem, 2 * kSndLowat);
+    k.iomap_size = uint16_t(scale_to_value(value_to_scale(k.iomap_size, 8), 8));
+    return k;
+  }();
+  return c;
+}
+
 Rs* alloc_rs(const Rs* inherit, int domain) {
   Rs* rs = new Rs;
   rs->domain = domain;
-  if (inherit) {
+  if (!inherit) {
+    const Config& c = config();
+    rs->sbuf_size = c.wmem;
+    rs->rbuf_size = c.mem;
+    rs->sq_size = c.sq_size;
+    rs->rq_size = c.rq_size;
+    rs->sq_inline = c.inline_size;
+    rs->iomap_size = c.iomap_size;
+  } else {
     rs->sbuf_size = inherit->sbuf_size;
     rs->rbuf_size = inherit->rbuf_size;
     rs->sq_size = inherit->sq_size;
@@ -372,10 +414,10 @@ int64_t now_us() {
   return int64_t(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
 }
 
-// rsocket.c's rs_get_comp: completions are polled for kSpinUs before the
+// rsocket.c's rs_get_comp: completions are polled for config().polling_us before the
 // CQ is armed and the thread sleeps.
 int wait_for(Rs* rs, std::unique_lock<std::mutex>& lk, bool nonblock, bool (*test)(Rs*)) {
-  int64_t spin_end = nonblock ? 0 : now_us() + kSpinUs;
+  int64_t spin_end = nonblock ? 0 : now_us() + config().polling_us;
   for (;;) {
     int r = progress(rs, false);
     if (test(rs)) return 0;
