@@ -8,8 +8,7 @@
 // rsocket_proto.h). Unlike rsocket.c, every id has its own event channel
 // (async ids) and no service thread: a listener takes its CONNECT_REQUESTs
 // in raccept or rpoll, and the passive side accepts at raccept.
-// SOCK_DGRAM (rsocket.c's UD "ds_" sockets) is not implemented:
-// rsocket(AF_INET, SOCK_DGRAM) fails with EPROTONOSUPPORT.
+// SOCK_DGRAM (rsocket.c's UD "ds_" sockets): rsocket_dgram.cc.
 #include <poll.h>
 #include <rdma/rsocket.h>
 #include <sys/uio.h>
@@ -221,11 +220,21 @@ extern "C" {
 int rsocket(int domain, int type, int protocol) {
   int st = type & ~(SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (domain != AF_INET && domain != AF_INET6) return seterr(EAFNOSUPPORT);
-  if (st == SOCK_DGRAM) return seterr(EPROTONOSUPPORT);  // UD rsockets: not implemented
-  if (st != SOCK_STREAM || (protocol && protocol != IPPROTO_TCP)) return seterr(EPROTONOSUPPORT);
+  bool dgram = st == SOCK_DGRAM && (!protocol || protocol == IPPROTO_UDP);
+  if (!dgram && (st != SOCK_STREAM || (protocol && protocol != IPPROTO_TCP))) return seterr(EPROTONOSUPPORT);
   Rs* rs = alloc_rs(nullptr, domain);
   rs->fs_flags = (type & SOCK_NONBLOCK) ? O_NONBLOCK : 0;
   rs->fd_flags = (type & SOCK_CLOEXEC) ? FD_CLOEXEC : 0;
+  if (dgram) {
+    rs->type = SOCK_DGRAM;
+    if (ds_socket(rs)) {
+      int e = errno;
+      free_rs(rs);
+      return seterr(e);
+    }
+    insert(rs);
+    return rs->fd;
+  }
   if (!(rs->ch = rdma_create_event_channel()) || rdma_create_id(rs->ch, &rs->id, rs, RDMA_PS_TCP)) {
     int e = errno;
     free_rs(rs);
@@ -237,10 +246,11 @@ int rsocket(int domain, int type, int protocol) {
   return rs->fd;
 }
 
-int rbind(int s, const sockaddr* addr, socklen_t) {
+int rbind(int s, const sockaddr* addr, socklen_t len) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   std::lock_guard<std::mutex> g(rs->mu);
+  if (rs->ds) return ds_bind(rs, addr, len);
   if (rs->state != St::kInit) return seterr(EINVAL);
   if (rdma_bind_addr(rs->id, const_cast<sockaddr*>(addr))) return -1;
   rs->state = St::kBound;
@@ -251,6 +261,7 @@ int rlisten(int s, int backlog) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   std::lock_guard<std::mutex> g(rs->mu);
+  if (rs->ds) return seterr(EOPNOTSUPP);
   if (rs->state == St::kListening) return 0;
   if (rdma_listen(rs->id, backlog)) return -1;
   rs->state = St::kListening;
@@ -261,6 +272,7 @@ int raccept(int s, sockaddr* addr, socklen_t* addrlen) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   std::unique_lock<std::mutex> lk(rs->mu);
+  if (rs->ds) return seterr(EOPNOTSUPP);
   if (rs->state != St::kListening) return seterr(EINVAL);
   for (;;) {
     if (rs->requests.empty() && !poll_listener(rs)) {
@@ -281,10 +293,11 @@ int raccept(int s, sockaddr* addr, socklen_t* addrlen) {
   }
 }
 
-int rconnect(int s, const sockaddr* addr, socklen_t) {
+int rconnect(int s, const sockaddr* addr, socklen_t len) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   std::unique_lock<std::mutex> lk(rs->mu);
+  if (rs->ds) return ds_connect(rs, addr, len);
   if (rs->connected()) return seterr(EISCONN);
   if (rs->state == St::kInit || rs->state == St::kBound) {
     if (rdma_resolve_addr(rs->id, nullptr, const_cast<sockaddr*>(addr), 2000)) return -1;
@@ -303,6 +316,11 @@ int rshutdown(int s, int how) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   std::unique_lock<std::mutex> lk(rs->mu);
+  if (rs->ds) {
+    if (how != SHUT_WR) rs->readable = false;
+    if (how != SHUT_RD) rs->writable = false;
+    return 0;
+  }
   if (!rs->connected()) return rs->state == St::kDisconnected ? 0 : seterr(ENOTCONN);
   uint32_t ctrl;
   if (how == SHUT_RDWR) {
@@ -327,7 +345,7 @@ int rshutdown(int s, int how) {
 int rclose(int s) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
-  if (rs->connected()) rshutdown(s, SHUT_RDWR);
+  if (rs->connected() && !rs->ds) rshutdown(s, SHUT_RDWR);
   remove(rs);
   if (rs->state == St::kDisconnected || rs->state == St::kError) rdma_disconnect(rs->id);
   free_rs(rs);
@@ -339,6 +357,7 @@ ssize_t rsendmsg(int s, const msghdr* msg, int flags) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   std::unique_lock<std::mutex> lk(rs->mu);
+  if (rs->ds) return ds_send(rs, lk, msg->msg_iov, int(msg->msg_iovlen), flags, static_cast<const sockaddr*>(msg->msg_name));
   if (rs->opening() && advance_connect(rs, lk, rs->nonblock(flags))) {
     if (errno == EINPROGRESS) errno = EAGAIN;
     return -1;
@@ -354,8 +373,14 @@ ssize_t rsend(int s, const void* buf, size_t len, int flags) {
   return rsendmsg(s, &m, flags);
 }
 
-ssize_t rsendto(int s, const void* buf, size_t len, int flags, const sockaddr*, socklen_t) {
-  return rsend(s, buf, len, flags);  // a stream socket ignores the address
+ssize_t rsendto(int s, const void* buf, size_t len, int flags, const sockaddr* to, socklen_t tolen) {
+  iovec v{const_cast<void*>(buf), len};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_name = const_cast<sockaddr*>(to);  // a stream socket ignores it
+  m.msg_namelen = to ? tolen : 0;
+  return rsendmsg(s, &m, flags);
 }
 
 ssize_t rwrite(int s, const void* buf, size_t count) { return rsend(s, buf, count, 0); }
@@ -367,7 +392,10 @@ ssize_t rwritev(int s, const iovec* iov, int iovcnt) {
   return rsendmsg(s, &m, 0);
 }
 
-ssize_t rrecv(int s, void* buf, size_t len, int flags) {
+ssize_t rrecv(int s, void* buf, size_t len, int flags) { return rrecvfrom(s, buf, len, flags, nullptr, nullptr); }
+
+namespace {
+ssize_t stream_rrecv(int s, void* buf, size_t len, int flags) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   std::unique_lock<std::mutex> lk(rs->mu);
@@ -378,8 +406,14 @@ ssize_t rrecv(int s, void* buf, size_t len, int flags) {
   return stream_recv(rs, lk, buf, len, flags);
 }
 
+}  // namespace
+
 ssize_t rrecvfrom(int s, void* buf, size_t len, int flags, sockaddr* src, socklen_t* srclen) {
-  ssize_t n = rrecv(s, buf, len, flags);
+  if (Rs* rs = lookup(s); rs && rs->ds) {
+    std::unique_lock<std::mutex> lk(rs->mu);
+    return ds_recv(rs, lk, buf, len, flags, src, srclen);
+  }
+  ssize_t n = stream_rrecv(s, buf, len, flags);
   if (n > 0 && src && srclen) rgetpeername(s, src, srclen);
   return n;
 }
@@ -387,6 +421,12 @@ ssize_t rrecvfrom(int s, void* buf, size_t len, int flags, sockaddr* src, sockle
 // All vectors are filled (rsocket.c's rrecvv fills only the first).
 ssize_t rrecvmsg(int s, msghdr* msg, int flags) {
   if (msg->msg_control && msg->msg_controllen) return seterr(ENOTSUP);
+  if (Rs* rs = lookup(s); rs && rs->ds) {  // one datagram, into the first vector
+    if (!msg->msg_iovlen) return 0;
+    std::unique_lock<std::mutex> lk(rs->mu);
+    socklen_t* nl = msg->msg_name ? &msg->msg_namelen : nullptr;
+    return ds_recv(rs, lk, msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, flags, static_cast<sockaddr*>(msg->msg_name), nl);
+  }
   ssize_t total = 0;
   for (size_t i = 0; i < msg->msg_iovlen; i++) {
     if (!msg->msg_iov[i].iov_len) continue;
@@ -413,6 +453,7 @@ int rgetpeername(int s, sockaddr* addr, socklen_t* addrlen) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   if (!addr || !addrlen) return seterr(EFAULT);
+  if (rs->ds) return ds_name(rs, addr, addrlen, true);
   if (!rs->connected() && rs->state != St::kDisconnected) return seterr(ENOTCONN);
   copy_addr(addr, rdma_get_peer_addr(rs->id), addrlen);
   return 0;
@@ -422,6 +463,7 @@ int rgetsockname(int s, sockaddr* addr, socklen_t* addrlen) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   if (!addr || !addrlen) return seterr(EFAULT);
+  if (rs->ds) return ds_name(rs, addr, addrlen, false);
   sockaddr* a = rdma_get_local_addr(rs->id);
   if (a->sa_family != AF_INET && a->sa_family != AF_INET6) {
     sockaddr_storage any{};

@@ -14,6 +14,7 @@
 
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <sys/socket.h>
 
@@ -47,6 +48,8 @@ struct IoMr {
   bool sent = false;
 };
 
+struct Ds;  // rsocket_dgram.cc
+
 struct Rs {
   int fd = -1;
   int type = SOCK_STREAM;
@@ -59,6 +62,7 @@ struct Rs {
   int err = 0;
   int fs_flags = 0, fd_flags = 0;
   std::deque<rdma_cm_event*> requests;  // a listener's pending CONNECT_REQUESTs
+  Ds* ds = nullptr;  // SOCK_DGRAM
 
   // Options (SOL_SOCKET/IPPROTO_TCP bits by option number, as rdma-core).
   uint64_t so_opts = 0, tcp_opts = 0, ipv6_opts = 0;
@@ -150,6 +154,20 @@ int copy_and_post(Rs* rs, const iovec** iov, size_t* off, uint32_t len, uint32_t
 // rsocket.cc
 int advance_connect(Rs* rs, std::unique_lock<std::mutex>& lk, bool nonblock);
 int poll_listener(Rs* rs);  // drains CM events into rs->requests; their count
+
+// rsocket_dgram.cc (SOCK_DGRAM over UD)
+int ds_socket(Rs* rs);
+void ds_free(Rs* rs);
+int ds_bind(Rs* rs, const sockaddr* a, socklen_t len);
+int ds_connect(Rs* rs, const sockaddr* a, socklen_t len);
+int ds_name(Rs* rs, sockaddr* a, socklen_t* len, bool peer);
+int ds_setsockopt(Rs* rs, int level, int optname, const void* v, socklen_t len);
+ssize_t ds_send(Rs* rs, std::unique_lock<std::mutex>& lk, const iovec* iov, int iovcnt, int flags, const sockaddr* to);
+ssize_t ds_recv(Rs* rs, std::unique_lock<std::mutex>& lk, void* buf, size_t len, int flags, sockaddr* from,
+                socklen_t* fromlen);
+int wait_ds(Rs* rs, std::unique_lock<std::mutex>& lk, bool nonblock, bool (*test)(Rs*));
+// A datagram rsocket's revents; if none and `wait`, its fds to sleep on.
+short ds_revents(Rs* rs, short events, std::vector<pollfd>* wait);
 
 // rsocket_poll.cc
 // The revents of an rsocket now (mu held through lk); its fds to sleep on

@@ -222,6 +222,7 @@ int rsetsockopt(int s, int level, int optname, const void* optval, socklen_t opt
   if (!rs) return seterr(EBADF);
   std::lock_guard<std::mutex> g(rs->mu);
   int x = 0;
+  if (rs->ds && level != SOL_RDMA) return ds_setsockopt(rs, level, optname, optval, optlen);
   switch (level) {
     case SOL_SOCKET:
       return set_socket_opt(rs, optname, optval, optlen);

@@ -48,6 +48,7 @@ int64_t now_ms() { return now_us() / 1000; }
 // call: the spin before sleeping).
 short check_rs(Rs* rs, short events, bool arm, std::vector<pollfd>* wait, bool* soon) {
   std::unique_lock<std::mutex> lk(rs->mu);
+  if (rs->ds) return ds_revents(rs, events, arm ? wait : nullptr);
   if (!arm) return poll_revents(rs, lk, events, false);
   short rev = 0;
   for (int k = 0; k < 4; k++) {

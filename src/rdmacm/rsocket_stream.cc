@@ -161,6 +161,7 @@ int create_ep(Rs* rs) {
 }
 
 void free_rs(Rs* rs) {
+  ds_free(rs);
   for (rdma_cm_event* e : rs->requests) {
     rdma_reject(e->id, nullptr, 0);
     rdma_ack_cm_event(e);

@@ -5,7 +5,7 @@
 # (librspreload.so, from librdmacm1), server and client on 127.0.0.1.
 #   rsocket.sh BIN_DIR MODE PORT [TCP_PROGRAM]
 # MODE: rstream | rstream_all | rstream_async | rstream_nb | rstream_verify |
-# rstream_small | rstream6 | rstream_kill | riostream | riostream_async | rcopy | preload.
+# rstream_small | rstream6 | rstream_kill | udpong | udpong_blocking | riostream | riostream_async | rcopy | preload.
 # PORT is an rdma_cm port in this test's own SOFTVERBS_DIR (the server is
 # ready when its rendezvous socket cm/262-PORT-* exists: it is an rsocket,
 # not a kernel TCP socket).
@@ -101,6 +101,41 @@ case "$mode" in
       [ "$rc" -ne 0 ] || fail "rstream server exit 0 after its client died"
       expect "$SERVER_OUT" '^rrecv: Connection reset by peer$' 1
     fi
+    ;;
+  # Datagram rsockets (UD): udpong's bandwidth test (nonblocking calls; the
+  # server counts what arrived, UD may drop), and a blocking echo run. Not
+  # its default run: its echo tests resend after 1 ms without an answer and
+  # then read stale answers; on a loaded 2-CPU runner a backlog builds up
+  # and the run takes minutes. The server serves until it is killed.
+  udpong | udpong_blocking)
+    require udpong
+    compat_setup
+    SERVER_OUT="$COMPAT_DIR/udpong.server"
+    CLIENT_OUT="$COMPAT_DIR/udpong.client"
+    args=(-S 1000 -C 10000)
+    [ "$mode" = udpong_blocking ] && args=(-T b -T e -S 1000 -C 2000)
+    # The UDP port is the kernel's, shared with the host: ours is free if
+    # nothing holds it now (the rdma_cm port space is this test's own).
+    sv_run udpong -b 127.0.0.1 -p "$port" "${args[@]}" >"$SERVER_OUT" 2>&1 &
+    spid=$!
+    _compat_pids+=($spid)
+    # Ready when its UDP socket is bound.
+    for _ in $(seq 200); do
+      ss -Hlun "sport = :$port" 2>/dev/null | grep -q . && break
+      kill -0 "$spid" 2>/dev/null || break
+      sleep 0.05
+    done
+    sv_run udpong -s 127.0.0.1 -p "$port" "${args[@]}" >"$CLIENT_OUT" 2>&1 || {
+      fail "udpong client: exit $?"
+      show "udpong server" "$SERVER_OUT"
+    }
+    if [ "$mode" = udpong ]; then
+      # xfers: the datagrams the server says it received (UD may drop some).
+      expect "$CLIENT_OUT" '^custom +1000 +[0-9.]+k? ' 1
+    else
+      expect "$CLIENT_OUT" '^custom +1000 +4k ' 1
+    fi
+    no_errors
     ;;
   rcopy)
     # The rcopy server serves clients until it is killed.

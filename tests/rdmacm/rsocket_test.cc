@@ -373,3 +373,59 @@ TEST(Rsocket, FullDuplexFromTwoThreadsPerSocket) {
 }
 
 }  // namespace rsocket_test
+
+namespace rsocket_test {
+
+sockaddr_in bound_name(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  rgetsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return a;
+}
+
+// SOCK_DGRAM over UD: the first datagram goes through the UDP socket (the
+// peer learns our QPN), the answer and what follows over UD; recvfrom
+// gives the sender's address; rpoll sees datagrams.
+TEST(Rsocket, DatagramsBothWaysWithSourceAddresses) {
+  int a = rsocket(AF_INET, SOCK_DGRAM, 0), b = rsocket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  sockaddr_in any = lo(0);
+  ASSERT_EQ(rbind(a, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0);
+  ASSERT_EQ(rbind(b, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0);
+  sockaddr_in an = bound_name(a), bn = bound_name(b);
+  ASSERT_NE(an.sin_port, 0);
+  for (int i = 0; i < 50; i++) {
+    std::string msg = "ping " + std::to_string(i);
+    ASSERT_EQ(rsendto(a, msg.data(), msg.size(), 0, reinterpret_cast<sockaddr*>(&bn), sizeof(bn)), ssize_t(msg.size()));
+    char buf[2048];
+    sockaddr_in from{};
+    socklen_t fl = sizeof(from);
+    pollfd f{b, POLLIN, 0};
+    ASSERT_EQ(rpoll(&f, 1, 5000), 1);
+    ssize_t n = rrecvfrom(b, buf, sizeof(buf), 0, reinterpret_cast<sockaddr*>(&from), &fl);
+    ASSERT_EQ(n, ssize_t(msg.size()));
+    EXPECT_EQ(std::string(buf, size_t(n)), msg);
+    EXPECT_EQ(from.sin_port, an.sin_port);
+    EXPECT_EQ(from.sin_addr.s_addr, htonl(INADDR_LOOPBACK));
+    std::string reply = "pong " + std::to_string(i);
+    ASSERT_EQ(rsendto(b, reply.data(), reply.size(), 0, reinterpret_cast<sockaddr*>(&from), fl), ssize_t(reply.size()));
+    n = rrecvfrom(a, buf, sizeof(buf), 0, nullptr, nullptr);
+    ASSERT_EQ(n, ssize_t(reply.size()));
+    EXPECT_EQ(std::string(buf, size_t(n)), reply);
+  }
+  // Connected: send/recv without addresses; too large a datagram.
+  ASSERT_EQ(rconnect(a, reinterpret_cast<sockaddr*>(&bn), sizeof(bn)), 0);
+  ASSERT_EQ(rsend(a, "x", 1, 0), 1);
+  char ch;
+  EXPECT_EQ(rrecv(b, &ch, 1, 0), 1);
+  std::vector<char> big(4096);
+  EXPECT_EQ(rsend(a, big.data(), big.size(), 0), -1);
+  EXPECT_EQ(errno, EMSGSIZE);
+  EXPECT_EQ(rrecv(b, &ch, 1, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, EWOULDBLOCK);
+  rclose(a);
+  rclose(b);
+}
+
+}  // namespace rsocket_test
