@@ -425,6 +425,10 @@ int ds_setsockopt(Rs* rs, int level, int optname, const void* v, socklen_t len) 
   return ::setsockopt(rs->ds->udp, level, optname, v, len);
 }
 
+int ds_getsockopt(Rs* rs, int level, int optname, void* v, socklen_t* len) {
+  return ::getsockopt(rs->ds->udp, level, optname, v, len);
+}
+
 // rsocket.c's dsend: through UDP until the peer's QPN is known.
 ssize_t ds_send(Rs* rs, std::unique_lock<std::mutex>& lk, const iovec* iov, int iovcnt, int flags, const sockaddr* to) {
   Ds* d = rs->ds;

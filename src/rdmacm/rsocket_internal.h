@@ -162,6 +162,7 @@ int ds_bind(Rs* rs, const sockaddr* a, socklen_t len);
 int ds_connect(Rs* rs, const sockaddr* a, socklen_t len);
 int ds_name(Rs* rs, sockaddr* a, socklen_t* len, bool peer);
 int ds_setsockopt(Rs* rs, int level, int optname, const void* v, socklen_t len);
+int ds_getsockopt(Rs* rs, int level, int optname, void* v, socklen_t* len);
 ssize_t ds_send(Rs* rs, std::unique_lock<std::mutex>& lk, const iovec* iov, int iovcnt, int flags, const sockaddr* to);
 ssize_t ds_recv(Rs* rs, std::unique_lock<std::mutex>& lk, void* buf, size_t len, int flags, sockaddr* from,
                 socklen_t* fromlen);

@@ -222,7 +222,11 @@ int rsetsockopt(int s, int level, int optname, const void* optval, socklen_t opt
   if (!rs) return seterr(EBADF);
   std::lock_guard<std::mutex> g(rs->mu);
   int x = 0;
-  if (rs->ds && level != SOL_RDMA) return ds_setsockopt(rs, level, optname, optval, optlen);
+  if (rs->ds && level != SOL_RDMA) {
+    // The UDP socket's, and (as rsocket.c) the buffer sizes for the QP.
+    if (ds_setsockopt(rs, level, optname, optval, optlen)) return -1;
+    if (level != SOL_SOCKET || (optname != SO_RCVBUF && optname != SO_SNDBUF)) return 0;
+  }
   switch (level) {
     case SOL_SOCKET:
       return set_socket_opt(rs, optname, optval, optlen);
@@ -245,6 +249,8 @@ int rgetsockopt(int s, int level, int optname, void* optval, socklen_t* optlen) 
   if (!rs) return seterr(EBADF);
   if (!optval || !optlen || *optlen < sizeof(int)) return seterr(EINVAL);
   std::lock_guard<std::mutex> g(rs->mu);
+  if (rs->ds && level != SOL_RDMA) return ds_getsockopt(rs, level, optname, optval, optlen);
+  if (rs->ds && optname == RDMA_ROUTE) return seterr(ENOTSUP);
   switch (level) {
     case SOL_SOCKET:
       return get_socket_opt(rs, optname, optval, optlen);
@@ -293,7 +299,7 @@ off_t riomap(int s, void* buf, size_t len, int prot, int, off_t offset) {
   Rs* rs = lookup(s);
   if (!rs) return seterr(EBADF);
   std::lock_guard<std::mutex> g(rs->mu);
-  if (!rs->id->pd || (prot & ~(PROT_WRITE | PROT_NONE))) return seterr(EINVAL);
+  if (rs->ds || !rs->id->pd || (prot & ~(PROT_WRITE | PROT_NONE))) return seterr(EINVAL);
   IoMr m;
   if (prot & PROT_WRITE) {
     std::vector<bool> used(rs->remote_iomap.length, false);
@@ -330,6 +336,7 @@ size_t riowrite(int s, const void* buf, size_t count, off_t offset, int flags) {
   Rs* rs = lookup(s);
   if (!rs) return size_t(seterr(EBADF));
   std::unique_lock<std::mutex> lk(rs->mu);
+  if (rs->ds) return size_t(seterr(EOPNOTSUPP));
   if (!rs->connected()) return size_t(seterr(ENOTCONN));
   if (rs->iomap_pending && send_iomaps(rs, lk, flags)) return size_t(-1);
   size_t left = count;

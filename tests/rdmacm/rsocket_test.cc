@@ -429,3 +429,25 @@ TEST(Rsocket, DatagramsBothWaysWithSourceAddresses) {
 }
 
 }  // namespace rsocket_test
+
+namespace rsocket_test {
+
+TEST(Rsocket, DatagramSocketsRefuseStreamCalls) {
+  int d = rsocket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(d, 0);
+  int v = 1 << 16;
+  socklen_t len = sizeof(v);
+  EXPECT_EQ(rsetsockopt(d, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v)), 0);
+  EXPECT_EQ(rgetsockopt(d, SOL_SOCKET, SO_TYPE, &v, &len), 0);
+  EXPECT_EQ(v, SOCK_DGRAM);
+  EXPECT_EQ(rlisten(d, 1), -1);
+  EXPECT_EQ(raccept(d, nullptr, nullptr), -1);
+  char buf[16];
+  EXPECT_EQ(riomap(d, buf, sizeof(buf), PROT_WRITE, 0, 0), -1);
+  EXPECT_EQ(riowrite(d, buf, sizeof(buf), 0, 0), size_t(-1));
+  EXPECT_EQ(rsend(d, "x", 1, 0), -1);  // not connected: no destination
+  EXPECT_EQ(errno, EDESTADDRREQ);
+  rclose(d);
+}
+
+}  // namespace rsocket_test
