@@ -700,8 +700,11 @@ TEST(RdmaCm, UnimplementedCallsFailCleanly) {
   rdma_event_channel* ch = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_UDP), 0);
-  EXPECT_EQ(rsocket(AF_INET, SOCK_STREAM, 0), -1);
-  EXPECT_EQ(errno, ENOSYS);
+  // AF_IB rsockets are not implemented; nor are raw ones.
+  EXPECT_EQ(rsocket(AF_INET, SOCK_RAW, 0), -1);
+  EXPECT_EQ(errno, EPROTONOSUPPORT);
+  EXPECT_EQ(rsocket(AF_IB, SOCK_STREAM, 0), -1);
+  EXPECT_EQ(errno, EAFNOSUPPORT);
   rdma_destroy_id(id);
   rdma_destroy_event_channel(ch);
 }
