@@ -60,19 +60,42 @@ fi_pingpong_rdm)
   runs=${4:-1}
   compat_setup
   iters=100
+  # A run takes 1.5-5 s; one that waits longer is stuck.
+  COMPAT_TIMEOUT=25
+  races=0
+  killed() { [ "$1" -eq 143 ] || [ "$1" -eq 124 ]; }  # by the watchdog (TERM), or timeout's own limit
   for run in $(seq "$runs"); do
+    saved=$_compat_failures
     run_pair fi_pingpong "$port" fi_pingpong -p 'verbs;ofi_rxm' -e rdm -B "$port" -I "$iters" -- \
-      fi_pingpong -p 'verbs;ofi_rxm' -e rdm -P "$port" -I "$iters" "$ip" || { log "(run $run of $runs)"; break; }
+      fi_pingpong -p 'verbs;ofi_rxm' -e rdm -P "$port" -I "$iters" "$ip"
+    rows=1
     for side in server client; do
-      out="$COMPAT_DIR/fi_pingpong.$side"
       for size in 64 256 1k 4k 64k 1m; do
-        grep -Eq "^$size +$iters +=$iters " "$out" ||
-          fail "$side: no '$size $iters =$iters' row"
+        grep -Eq "^$size +$iters +=$iters " "$COMPAT_DIR/fi_pingpong.$side" || rows=0
       done
-      [ "$_compat_failures" -eq 0 ] || { show "$side" "$out"; log "(run $run of $runs)"; }
     done
-    [ "$_compat_failures" -eq 0 ] || break
+    # libfabric 1.17's own close race (docs/COMPAT.md): every row on both
+    # sides, one side exited 0, and the other, descheduled between RxM's
+    # empty CQ poll and its look at the CM events, handled its peer's
+    # disconnect first and waits at close for the peer's last message, which
+    # went with the QP it destroyed (as on mlx5). Not ours: up to two of the
+    # runs may end so. A crash (the bug this test is for), an error exit or
+    # a missing row is a failure.
+    if [ "$_compat_failures" -gt "$saved" ] && [ $rows -eq 1 ] && [ $races -lt 2 ] &&
+       { { [ "$SERVER_RC" -eq 0 ] && killed "$CLIENT_RC"; } || { [ "$CLIENT_RC" -eq 0 ] && killed "$SERVER_RC"; }; }; then
+      races=$((races + 1))
+      _compat_failures=$saved
+      log "run $run of $runs: every row on both sides, then one side waited at close (exits: server $SERVER_RC, client $CLIENT_RC): libfabric's close race, not counted"
+      continue
+    fi
+    if [ $rows -eq 0 ]; then
+      fail "run $run of $runs: a side lacks a row (exits: server $SERVER_RC, client $CLIENT_RC)"
+      show server "$COMPAT_DIR/fi_pingpong.server"
+      show client "$COMPAT_DIR/fi_pingpong.client"
+    fi
+    [ "$_compat_failures" -eq "$saved" ] || { log "(run $run of $runs)"; break; }
   done
+  log "fi_pingpong_rdm: $runs runs, $races ended by libfabric's close race"
   ;;
 *)
   log "unknown mode $mode"
