@@ -27,7 +27,7 @@ SKIP=77
 log() { printf '%s\n' "$*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
 ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
-for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping); do
+for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping) $([ "$case" = rstream ] && echo rstream); do
   command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
 done
 export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
@@ -197,6 +197,31 @@ rping)
   grep -q "^server ping data: rdma-ping-9: " "$work/rping.server" || fail "rping: the server did not see ping 9"
   grep -q "^ping data: rdma-ping-9: " "$work/rping.client" || fail "rping: the client did not see ping 9"
   [ $failures -eq 0 ] || show rping
+  ;;
+rstream)
+  # rsockets (issue 21) between the two "hosts": rdma_cm over the CM
+  # gateways, the data as RDMA WRITEs with immediate over RoCEv2; the
+  # received data checked (-T v).
+  on h1 "$run" rstream -b "$a1" -p 7471 -T v -S 65536 -C 500 >"$work/rstream.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    compgen -G "$base/cm/*-7471-*" >/dev/null && break
+    compgen -G "$base/net-*/cm/*-7471-*" >/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
+  on h0 "$run" rstream -s "$a1" -p 7471 -T v -S 65536 -C 500 >"$work/rstream.client" 2>&1
+  CRC=$?
+  [ $CRC -eq 0 ] || kill $spid 2>/dev/null
+  wait $spid
+  SRC=$?
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "rstream: server exit $SRC, client exit $CRC"
+  for side in server client; do
+    grep -Eq '^custom +64k +500 +1 ' "$work/rstream.$side" || fail "rstream: no 64k x 500 line on the $side"
+  done
+  [ $failures -eq 0 ] || show rstream
+  log "rstream h0 -> h1: $(grep -E '^custom' "$work/rstream.client")"
   ;;
 busy)
   # Another daemon (a private directory) holds UDP 4791 in h0.
