@@ -130,7 +130,14 @@ int64_t now_us();
 // rdma-core reads them (polling_time, inline_default, sqsize_default,
 // rqsize_default, mem_default, wmem_default, iomap_size), read once.
 struct Config {
-  int64_t polling_us = 10;  // how long a blocking call or rpoll polls before it sleeps
+  // How long a blocking call or rpoll polls before it sleeps. rsocket.c's
+  // default is 10 us, for hardware whose interrupt wakes the sleeper in a
+  // few microseconds; softverbs' wake-up is another process's eventfd
+  // write, which costs a VM 50-250 us, and a 64 KiB ping-pong (each side
+  // copies 64 KiB and returns a credit: over 10 us) slept every time:
+  // rstream 64k latency 518 us/xfer at 10 us, 53 at 200 (bench/rsocket.py,
+  // docs/RDMACM.md). /etc/rdma/rsocket/polling_time still overrides it.
+  int64_t polling_us = 100;
   uint16_t inline_size = kDefInline, sq_size = kDefQpSize, rq_size = kDefQpSize, iomap_size = 0;
   uint32_t mem = kDefMem, wmem = kDefMem;
 };
