@@ -83,7 +83,7 @@ case "$mode" in
     compat_setup
     SERVER_OUT="$COMPAT_DIR/rstream.server"
     CLIENT_OUT="$COMPAT_DIR/rstream.client"
-    sv_run rstream -p "$port" -S 1000000 -C 1000000 >"$SERVER_OUT" 2>&1 &
+    "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL rstream -p "$port" -S 1000000 -C 1000000 >"$SERVER_OUT" 2>&1 &
     spid=$!
     _compat_pids+=($spid)
     cm_wait $TCP "$port" $spid || fail "rstream server never listened on rdma_cm port $port"
@@ -116,7 +116,11 @@ case "$mode" in
     [ "$mode" = udpong_blocking ] && args=(-T b -T e -S 1000 -C 2000)
     # The UDP port is the kernel's, shared with the host: ours is free if
     # nothing holds it now (the rdma_cm port space is this test's own).
-    sv_run udpong -b 127.0.0.1 -p "$port" "${args[@]}" >"$SERVER_OUT" 2>&1 &
+    # Started directly, not through sv_run (a function: $! would be the
+    # subshell, and killing it left udpong holding the UDP port for its
+    # whole timeout, so that the next run's rbind failed with EADDRINUSE).
+    "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL udpong -b 127.0.0.1 -p "$port" "${args[@]}" \
+      >"$SERVER_OUT" 2>&1 &
     spid=$!
     _compat_pids+=($spid)
     # Ready when its UDP socket is bound.
@@ -146,7 +150,7 @@ case "$mode" in
     head -c 3333333 /dev/urandom >"$src"
     SERVER_OUT="$COMPAT_DIR/rcopy.server"
     CLIENT_OUT="$COMPAT_DIR/rcopy.client"
-    sv_run rcopy -p "$port" >"$SERVER_OUT" 2>&1 &
+    "$SV" run -- timeout -k 5 "$COMPAT_TIMEOUT" stdbuf -oL rcopy -p "$port" >"$SERVER_OUT" 2>&1 &
     _compat_pids+=($!)
     cm_wait $TCP "$port" $! || fail "rcopy server never listened on rdma_cm port $port"
     for i in 1 2; do
