@@ -222,6 +222,7 @@ run_pair() {
   CLIENT_RC=$?
   wait "$spid"
   SERVER_RC=$?
+  PAIR_HUNG=$hung  # 1: the watchdog killed the pair (its exit codes are then what the kill left)
   if [ $hung -eq 1 ]; then
     fail "$name: killed after ${COMPAT_TIMEOUT}s (server exit $SERVER_RC, client exit $CLIENT_RC)"
     show "$name server" "$SERVER_OUT"
