@@ -311,3 +311,22 @@ finish() {
   log "PASS"
   exit 0
 }
+
+# expect FILE REGEX COUNT: exactly COUNT lines of FILE match REGEX.
+expect() {
+  local n
+  n=$(grep -Ec -- "$2" "$1")
+  [ "$n" -eq "$3" ] || { fail "$(basename "$1"): $n lines match '$2', expected $3"; show "$(basename "$1")" "$1"; }
+}
+
+# no_errors REGEX: no server or client output of this test matches REGEX
+# (case-insensitive), the words its programs report a failure with.
+no_errors() {
+  local f
+  for f in "$COMPAT_DIR"/*.server "$COMPAT_DIR"/*.client; do
+    if grep -Eqi -- "$1" "$f"; then
+      fail "$(basename "$f") reports an error"
+      show "$(basename "$f")" "$f"
+    fi
+  done
+}

@@ -11,13 +11,6 @@
 . "$(dirname "$0")/lib.sh"
 mode=${2:?mode}
 
-# expect FILE REGEX COUNT: exactly COUNT lines of FILE match REGEX.
-expect() {
-  local n
-  n=$(grep -Ec -- "$2" "$1")
-  [ "$n" -eq "$3" ] || { fail "$(basename "$1"): $n lines match '$2', expected $3"; show "$(basename "$1")" "$1"; }
-}
-
 # out NAME: NAME's output file (receivers are "servers", the sender the
 # "client", so that COMPAT_VERBOSE=1 shows them).
 out() { [ "${1#recv}" != "$1" ] && echo "$COMPAT_DIR/$1.server" || echo "$COMPAT_DIR/$1.client"; }

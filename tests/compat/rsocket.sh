@@ -15,22 +15,7 @@ port=${3:?port}
 TCP=262  # RDMA_PS_TCP
 PRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
 
-# expect FILE REGEX COUNT: exactly COUNT lines of FILE match REGEX.
-expect() {
-  local n
-  n=$(grep -Ec -- "$2" "$1")
-  [ "$n" -eq "$3" ] || { fail "$(basename "$1"): $n lines match '$2', expected $3"; show "$(basename "$1")" "$1"; }
-}
-
-no_errors() {
-  local f
-  for f in "$COMPAT_DIR"/*.server "$COMPAT_DIR"/*.client; do
-    if grep -Eqi 'error|fail|invalid|not implemented|refused|reset' "$f"; then
-      fail "$(basename "$f") reports an error"
-      show "$(basename "$f")" "$f"
-    fi
-  done
-}
+ERRORS='error|fail|invalid|not implemented|refused|reset'  # what its programs say when they fail (no_errors)
 
 # stream NAME PROG ROW ARGS...: PROG's server and client with ARGS; both
 # print one result line matching ROW (name, size, transfers, iterations).
@@ -42,7 +27,7 @@ stream() {
   if cm_pair "$name" $TCP "$port" "$prog" -p "$port" "$@" -- "$prog" -s 127.0.0.1 -p "$port" "$@"; then
     expect "$SERVER_OUT" "$row" 1
     expect "$CLIENT_OUT" "$row" 1
-    no_errors
+    no_errors "$ERRORS"
   fi
 }
 
@@ -70,7 +55,7 @@ case "$mode" in
       -- rstream -s ::1 -f ipv6 -p "$port" -S 4096 -C 500 -T v; then
       expect "$SERVER_OUT" '^custom +4k +500 +1 ' 1
       expect "$CLIENT_OUT" '^custom +4k +500 +1 ' 1
-      no_errors
+      no_errors "$ERRORS"
     fi
     ;;
   # riomap / riowrite: RDMA writes straight into the peer's buffer.
@@ -139,7 +124,7 @@ case "$mode" in
     else
       expect "$CLIENT_OUT" '^custom +1000 +4k ' 1
     fi
-    no_errors
+    no_errors "$ERRORS"
     ;;
   rcopy)
     # The rcopy server serves clients until it is killed.
