@@ -201,14 +201,28 @@ static int fill_addr(const std::string& path, sockaddr_un& a) {
   return 0;
 }
 
-int listen_seqpacket(const std::string& path, Fd& out) {
+int listen_seqpacket(const std::string& path, Fd& out, mode_t mode) {
+  // With a mode, the socket is made under a temporary name, given its mode
+  // and set listening there, then renamed into place: a client finds the
+  // path only once it accepts connections with its final mode. Bound at the
+  // path and chmod-ed after, another user's connect in between got EACCES
+  // from a daemon that was already answering root (a test that let nobody
+  // in first failed on it under load).
+  const std::string bound = mode ? path + "~" : path;
   sockaddr_un a;
-  if (int e = fill_addr(path, a)) return e;
+  if (int e = fill_addr(bound, a)) return e;
   Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!s.valid()) return errno;
-  ::unlink(path.c_str());
+  ::unlink(bound.c_str());
   if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return errno;
-  if (::listen(s.get(), 128) != 0) return errno;
+  int e = 0;
+  if (mode && ::chmod(bound.c_str(), mode) != 0) e = errno;
+  if (!e && ::listen(s.get(), 128) != 0) e = errno;
+  if (!e && mode && ::rename(bound.c_str(), path.c_str()) != 0) e = errno;
+  if (e) {
+    ::unlink(bound.c_str());
+    return e;
+  }
   out = std::move(s);
   return 0;
 }

@@ -123,7 +123,9 @@ bool pidfd_alive(int pidfd);
 int pidfd_open(pid_t pid, Fd& out);
 uint64_t boottime_ns();
 
-int listen_seqpacket(const std::string& path, Fd& out);
+// A listening SOCK_SEQPACKET socket at `path` (replacing one there). With a
+// `mode`, the path appears only once the socket listens with that mode.
+int listen_seqpacket(const std::string& path, Fd& out, mode_t mode = 0);
 int connect_seqpacket(const std::string& path, Fd& out);
 
 // Eventfd helpers: signal adds 1; drain reads the counter (EAGAIN if zero and

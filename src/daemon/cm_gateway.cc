@@ -140,14 +140,14 @@ int env_int(const char* name, int dflt) {
 
 }  // namespace
 
-int CmGateway::open(const std::string& dir) {
+int CmGateway::open(const std::string& dir, mode_t mode) {
   dir_ = dir;
   retry_ = std::chrono::milliseconds(std::max(env_int("SOFTVERBS_CM_RETRY_MS", 1000), 10));
   retries_ = std::max(env_int("SOFTVERBS_CM_RETRIES", 15), 0);
   drop_every_ = env_int("SOFTVERBS_CM_DROP_EVERY", 0);
   ep_.reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!ep_.valid()) return errno;
-  if (int e = listen_seqpacket(dir + "/cm-gateway", listen_)) return e;
+  if (int e = listen_seqpacket(dir + "/cm-gateway", listen_, mode)) return e;
   ::fcntl(listen_.get(), F_SETFL, ::fcntl(listen_.get(), F_GETFL) | O_NONBLOCK);
   timer_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   if (!timer_.valid()) return errno;

@@ -41,8 +41,9 @@ class CmGateway {
   // Returns 0 or an errno. SOFTVERBS_CM_RETRY_MS (default 1000) and
   // SOFTVERBS_CM_RETRIES (default 15, as Linux's rdma_cm) set the
   // retransmission of REQ, REP and DREQ; SOFTVERBS_CM_DROP_EVERY=N (tests)
-  // loses every Nth MAD sent.
-  int open(const std::string& dir);
+  // loses every Nth MAD sent. `mode`: the gateway socket's (0666 in the
+  // system daemon), set before it appears.
+  int open(const std::string& dir, mode_t mode = 0);
   int fd() const { return ep_.get(); }
   void run();
   // One UDP payload (BTH .. ICRC) for QPN 1 that arrived on RoCE socket

@@ -108,8 +108,8 @@ int Server::start() {
   // the unit; else our own.
   const bool activated = inherited_listener(socket_path(dir_), listen_fd_);
   if (!activated) {
-    if (int e = listen_seqpacket(socket_path(dir_), listen_fd_)) return e;
-    if (system_ && ::chmod(socket_path(dir_).c_str(), 0666) != 0) return errno;
+    // The system daemon's socket is every user's (0666), from its first connection.
+    if (int e = listen_seqpacket(socket_path(dir_), listen_fd_, system_ ? 0666 : 0)) return e;
   }
   registry_.set_served_as((system_ ? proto::kServedAsSystem : 0) | (activated ? proto::kServedAsActivated : 0));
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -171,7 +171,7 @@ int Server::watch_roce_fd(int fd) {
 // the port is ours.
 void Server::open_cm_gateway() {
   if (!roce_.enabled() || cm_open_) return;
-  if (int e = cm_.open(dir_)) {
+  if (int e = cm_.open(dir_, system_ ? 0666 : 0)) {
     std::fprintf(stderr, "softverbsd: CM gateway not opened: %s\n", std::strerror(e));
     return;
   }
@@ -179,7 +179,6 @@ void Server::open_cm_gateway() {
   cev.events = EPOLLIN;
   cev.data.fd = cm_.fd();
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, cm_.fd(), &cev) != 0) return;
-  if (system_) ::chmod((dir_ + "/cm-gateway").c_str(), 0666);
   roce_.on_qp1 = [this](int fd, const sockaddr* from, socklen_t fl, const uint8_t* d, size_t n) {
     cm_.deliver(fd, from, fl, d, n);
   };

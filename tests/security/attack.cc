@@ -55,10 +55,13 @@ int sealed_backing(size_t len) {
   return fd;
 }
 
-SystemDaemon::SystemDaemon() {
+SystemDaemon::SystemDaemon() : SystemDaemon([](const std::string&) {}) {}
+
+SystemDaemon::SystemDaemon(const std::function<void(const std::string& dir)>& before_start) {
   char tmpl[] = "/tmp/softverbs-system-XXXXXX";
   dir = mkdtemp(tmpl);
   chmod(dir.c_str(), 0755);
+  before_start(dir);
   std::string bin = build_bin("softverbsd");
   pid = fork();
   if (pid == 0) {

@@ -60,6 +60,9 @@ struct SystemDaemon {
   std::string dir;
   pid_t pid = -1;
   SystemDaemon();
+  // Calls before_start(dir) once the directory exists and before the daemon
+  // is started in it (an attacker already waiting there).
+  explicit SystemDaemon(const std::function<void(const std::string& dir)>& before_start);
   ~SystemDaemon();
   bool alive() const;
   std::string socket() const { return dir + "/control"; }
