@@ -385,10 +385,16 @@ struct RoceAttachReply {
 };
 enum : uint32_t { kRoceSteered = 1 };
 
-// Prefix of each datagram on an arrival socket: the sender's address.
+// Prefix of each datagram on an arrival socket: the sender's address; for
+// a multicast datagram (docs/ROCE.md, "Multicast") also the IP group it
+// was sent to and the member QP (of this connection) it is for, one copy
+// per member: to_len 0 for every other datagram.
 struct RoceArrival {
   uint8_t from[28];  // sockaddr_in or sockaddr_in6
   uint32_t from_len;
+  uint8_t to[28];    // the group (port 4791), of from's family
+  uint32_t to_len;
+  uint32_t qpn;      // the member QP: the BTH's DestQP is the multicast QPN
 };
 
 struct GetMrBackingReq {

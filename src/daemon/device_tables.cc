@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -145,6 +146,7 @@ void DeviceTables::write_group(McgEntry& e, const Group& g) {
 }
 
 void DeviceTables::publish(uint32_t group) {
+  ++mcg_generation_;
   for (auto& s : segs_) write_group(s->mcg[group], groups_[group]);
 }
 
@@ -202,6 +204,26 @@ void DeviceTables::mcg_remove_qp(uint32_t qpn) {
     if (!g.count) zero(g);
     publish(s);
   }
+}
+
+std::vector<std::array<uint8_t, 16>> DeviceTables::mcg_gids() const {
+  std::vector<std::array<uint8_t, 16>> v;
+  for (const Group& g : groups_) {
+    if (!g.count) continue;
+    v.emplace_back();
+    std::memcpy(v.back().data(), g.gid, 16);
+  }
+  return v;
+}
+
+bool DeviceTables::mcg_members(const uint8_t* gid, std::vector<uint32_t>& out) const {
+  out.clear();
+  for (const Group& g : groups_) {
+    if (!g.count || std::memcmp(g.gid, gid, 16) != 0) continue;
+    out.assign(g.qpns, g.qpns + std::min(g.count, shm::kMcgMaxQps));
+    return true;
+  }
+  return false;
 }
 
 }  // namespace sv::daemon

@@ -28,6 +28,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -65,6 +66,12 @@ class DeviceTables {
   int mcg_attach(const uint8_t* gid, uint16_t lid, uint32_t qpn);
   int mcg_detach(const uint8_t* gid, uint32_t qpn);  // EINVAL: not attached
   void mcg_remove_qp(uint32_t qpn);                 // a destroyed QP leaves every group
+  // For the RoCEv2 port (docs/ROCE.md, "Multicast"): a counter that moves
+  // whenever a group changes, the GIDs of the groups that have members, and
+  // a group's members (false: no such group).
+  uint64_t mcg_generation() const { return mcg_generation_; }
+  std::vector<std::array<uint8_t, 16>> mcg_gids() const;
+  bool mcg_members(const uint8_t* gid, std::vector<uint32_t>& out) const;
 
  private:
   struct Segment {
@@ -87,6 +94,7 @@ class DeviceTables {
   static void write_group(shm::McgEntry& e, const Group& g);
 
   uint64_t boot_id_ = 0;
+  uint64_t mcg_generation_ = 0;
   std::vector<std::unique_ptr<Segment>> segs_;
   std::map<uid_t, uint32_t> seg_by_uid_;
   std::vector<uint32_t> mr_seg_;  // per MR slot: owner's segment index, 0 = none

@@ -191,6 +191,11 @@ class Registry : private MediationTables {
     return it == clients_.end() ? -1 : it->second.async_fd;
   }
 
+  // Multicast groups, for the RoCEv2 port (device_tables.h).
+  uint64_t mcast_generation() const { return tables_.mcg_generation(); }
+  std::vector<std::array<uint8_t, 16>> mcast_gids() const { return tables_.mcg_gids(); }
+  bool mcast_members(const uint8_t* gid, std::vector<uint32_t>& out) const { return tables_.mcg_members(gid, out); }
+
   // Is `qpn` a QP of the client's context? (RoCE attach)
   bool holds_qp(uint32_t client, uint32_t qpn) { return find_qp(client, qpn) != nullptr; }
 

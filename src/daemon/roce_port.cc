@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -51,11 +52,27 @@ void parse_faults(const char* s, proto::RoceAttachReply& f) {
 // A UDP socket bound to `ss` (port 4791), options as RoCEv2 needs them;
 // with `reuseport`, one that joins (or starts) the address's SO_REUSEPORT
 // group. Invalid on failure (errno set).
-Fd open_udp(const sockaddr_storage& ss, socklen_t len, bool reuseport) {
+//
+// Multicast sent on it (docs/ROCE.md, "Multicast") leaves by the interface
+// of its address (`ifindex`) and is not looped back to this host: its
+// members had it through shared memory already (a second copy from the IP
+// loopback would deliver it twice).
+Fd open_udp(const sockaddr_storage& ss, socklen_t len, bool reuseport, unsigned ifindex) {
   const int fam = ss.ss_family;
   Fd fd(::socket(fam, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return fd;
   roce::set_roce_socket_options(fd.get(), fam);
+  int zero = 0;
+  if (fam == AF_INET) {
+    ::setsockopt(fd.get(), IPPROTO_IP, IP_MULTICAST_LOOP, &zero, sizeof zero);
+    ip_mreqn m{};
+    m.imr_address = reinterpret_cast<const sockaddr_in&>(ss).sin_addr;
+    m.imr_ifindex = int(ifindex);
+    ::setsockopt(fd.get(), IPPROTO_IP, IP_MULTICAST_IF, &m, sizeof m);
+  } else {
+    ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &zero, sizeof zero);
+    if (ifindex) ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_MULTICAST_IF, &ifindex, sizeof ifindex);
+  }
   int one = 1;
   if (reuseport) ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   // A window of 256 packets in flight must fit in the receive buffer, or
@@ -89,6 +106,7 @@ int RocePort::open() {
     const int fam = i->ifa_addr->sa_family;
     if (fam != AF_INET && fam != AF_INET6) continue;
     Address a{};
+    a.ifindex = ::if_nametoindex(i->ifa_name);
     if (fam == AF_INET) {
       auto in = *reinterpret_cast<sockaddr_in*>(i->ifa_addr);
       in.sin_port = htons(kRoceV2Port);
@@ -115,7 +133,7 @@ int RocePort::bind_address(const Address& a) {
   // daemon, or rxe, holds it), then bind again as the first member of a
   // reuseport group, whose other members will be our clients' sockets.
   {
-    Fd probe = open_udp(a.ss, a.len, false);
+    Fd probe = open_udp(a.ss, a.len, false, a.ifindex);
     if (!probe.valid()) {
       int e = errno;
       SV_TRACE("daemon: RoCE: bind port %u: %s", kRoceV2Port, std::strerror(e));
@@ -123,13 +141,14 @@ int RocePort::bind_address(const Address& a) {
     }
   }
   Sock s{};
-  s.fd = open_udp(a.ss, a.len, true);
+  s.fd = open_udp(a.ss, a.len, true, a.ifindex);
   if (!s.fd.valid()) {
     int e = errno;
     SV_TRACE("daemon: RoCE: bind port %u: %s", kRoceV2Port, std::strerror(e));
     return e;
   }
   std::memcpy(s.gid, a.gid, 16);
+  s.ifindex = a.ifindex;
   s.addr = a.ss;
   s.addr_len = a.len;
   socks_.push_back(std::move(s));
@@ -203,7 +222,7 @@ int RocePort::slot_for(size_t si, uint32_t client, uid_t uid) {
     }
   } else {
     if (s.slots.size() >= kMaxSlots) return -1;
-    Fd fd = open_udp(s.addr, s.addr_len, true);
+    Fd fd = open_udp(s.addr, s.addr_len, true, s.ifindex);
     if (!fd.valid()) {
       SV_TRACE("daemon: RoCE: client socket: %s", std::strerror(errno));
       return -1;
@@ -226,10 +245,16 @@ bool RocePort::owns(int fd) const {
   for (const auto& s : socks_) {
     if (s.fd.get() == fd) return true;
   }
+  for (const auto& g : groups_) {
+    if (g.fd.get() == fd) return true;
+  }
   return false;
 }
 
 void RocePort::readable(int fd) {
+  for (const auto& g : groups_) {
+    if (g.fd.get() == fd) return group_readable(g);
+  }
   auto* pre = reinterpret_cast<proto::RoceArrival*>(buf_);
   for (int budget = 0; budget < 512; ++budget) {
     sockaddr_storage from{};
@@ -322,6 +347,156 @@ void RocePort::remove_client(uint32_t client) {
     if (!steer(si)) continue;  // keep the slots out of use: the old program may still name them
     for (auto& slot : socks_[si].slots) {
       if (slot.used && slot.client == client) slot.used = false;
+    }
+  }
+}
+
+// ---- Multicast ---------------------------------------------------------------
+//
+// RoCEv2 multicast (IBTA annex A17.4.5: the MGID is the IP destination
+// address; an IPv4-mapped MGID, ::ffff:224.0.0.0/4, names the IPv4 group).
+// The hosts' sockets of the reuseport groups are bound to unicast addresses
+// and never see a datagram sent to a group, so the daemon listens to each
+// group itself, on a socket bound to the group's address, port 4791
+// (IP_ADD_MEMBERSHIP / IPV6_ADD_MEMBERSHIP on the interfaces of the port's
+// addresses; RFC 1112 / RFC 3493 5.2), and hands each datagram to every
+// member QP, one copy each on its client's arrival socket (proto::
+// RoceArrival with the group and the member). Like rxe (rxe_mcast.c joins
+// the group on its netdev, rxe_recv.c copies a packet for DestQP 0xFFFFFF
+// to every attached QP), without its code.
+
+Fd RocePort::open_group(const std::array<uint8_t, 16>& mgid, sockaddr_storage& ss, socklen_t& len) {
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  const bool v4 = std::memcmp(mgid.data(), mapped, 12) == 0;
+  ss = {};
+  unsigned first_if = 0;
+  for (const auto& s : socks_) {
+    if (s.addr.ss_family == (v4 ? AF_INET : AF_INET6) && s.ifindex && !first_if) first_if = s.ifindex;
+  }
+  if (!first_if) return Fd();  // no address of the group's family: no wire for it
+  if (v4) {
+    auto& in = reinterpret_cast<sockaddr_in&>(ss);
+    in.sin_family = AF_INET;
+    in.sin_port = htons(kRoceV2Port);
+    std::memcpy(&in.sin_addr, mgid.data() + 12, 4);
+    if (!IN_MULTICAST(ntohl(in.sin_addr.s_addr))) return Fd();
+    len = sizeof in;
+  } else {
+    auto& in6 = reinterpret_cast<sockaddr_in6&>(ss);
+    in6.sin6_family = AF_INET6;
+    in6.sin6_port = htons(kRoceV2Port);
+    std::memcpy(&in6.sin6_addr, mgid.data(), 16);
+    if (!IN6_IS_ADDR_MULTICAST(&in6.sin6_addr)) return Fd();
+    // A scope smaller than the site's needs an interface to bind to.
+    if (IN6_IS_ADDR_MC_LINKLOCAL(&in6.sin6_addr) || IN6_IS_ADDR_MC_NODELOCAL(&in6.sin6_addr))
+      in6.sin6_scope_id = first_if;
+    len = sizeof in6;
+  }
+  const int fam = v4 ? AF_INET : AF_INET6;
+  Fd fd(::socket(fam, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return fd;
+  roce::set_roce_socket_options(fd.get(), fam);
+  int one = 1, zero = 0;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int big = 4 << 20;
+  if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big) != 0)
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  // Only this group's datagrams (the bound address says so already).
+  if (v4) ::setsockopt(fd.get(), IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof zero);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&ss), len) != 0) {
+    SV_TRACE("daemon: RoCE: multicast bind: %s", std::strerror(errno));
+    return Fd();
+  }
+  int joined = 0;
+  std::vector<unsigned> done;
+  for (const auto& s : socks_) {
+    if (s.addr.ss_family != fam || !s.ifindex) continue;
+    if (std::find(done.begin(), done.end(), s.ifindex) != done.end()) continue;
+    done.push_back(s.ifindex);
+    int rc;
+    if (v4) {
+      ip_mreqn m{};
+      m.imr_multiaddr = reinterpret_cast<sockaddr_in&>(ss).sin_addr;
+      m.imr_address = reinterpret_cast<const sockaddr_in&>(s.addr).sin_addr;
+      m.imr_ifindex = int(s.ifindex);
+      rc = ::setsockopt(fd.get(), IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof m);
+    } else {
+      ipv6_mreq m{};
+      m.ipv6mr_multiaddr = reinterpret_cast<sockaddr_in6&>(ss).sin6_addr;
+      m.ipv6mr_interface = s.ifindex;
+      rc = ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_ADD_MEMBERSHIP, &m, sizeof m);
+    }
+    if (rc == 0) ++joined;
+    else SV_TRACE("daemon: RoCE: multicast join on interface %u: %s", s.ifindex, std::strerror(errno));
+  }
+  if (!joined) return Fd();
+  return fd;
+}
+
+void RocePort::mcast_sync(const std::vector<std::array<uint8_t, 16>>& mgids) {
+  // Gone groups: closing the socket leaves the group (and takes it out of
+  // the daemon's epoll set).
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    if (std::find(mgids.begin(), mgids.end(), it->mgid) == mgids.end()) {
+      SV_TRACE("daemon: RoCE: multicast group left");
+      it = groups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (socks_.empty()) return;  // no port: multicast stays on this host
+  for (const auto& m : mgids) {
+    bool have = false;
+    for (const auto& g : groups_) have = have || g.mgid == m;
+    if (have) continue;
+    Group g;
+    g.mgid = m;
+    g.fd = open_group(m, g.addr, g.addr_len);
+    if (!g.fd.valid()) continue;  // tried again at the next change
+    groups_.push_back(std::move(g));
+    SV_TRACE("daemon: RoCE: multicast group joined");
+    if (on_new_fd) on_new_fd(groups_.back().fd.get());
+  }
+}
+
+// A datagram for a group: untrusted. Only a whole UD SEND Only (with or
+// without immediate; IBTA 9.8: a UD message is one packet) to the multicast
+// QPN goes on, and only to the group's members that are on the wire here;
+// the member's endpoint checks the ICRC (over the group as destination),
+// the Q_Key and the rest as for unicast.
+void RocePort::group_readable(const Group& g) {
+  auto* pre = reinterpret_cast<proto::RoceArrival*>(buf_);
+  std::vector<uint32_t> members;
+  for (int budget = 0; budget < 512; ++budget) {
+    sockaddr_storage from{};
+    socklen_t fl = sizeof from;
+    ssize_t n = ::recvfrom(g.fd.get(), buf_ + sizeof *pre, sizeof buf_ - sizeof *pre, MSG_TRUNC,
+                           reinterpret_cast<sockaddr*>(&from), &fl);
+    if (n < 0) return;
+    if (size_t(n) > sizeof buf_ - sizeof *pre) continue;  // truncated (MSG_TRUNC: the real length)
+    if (size_t(n) < roce::kBthLen + roce::kDethLen + roce::kIcrcLen || fl > sizeof pre->from ||
+        from.ss_family != g.addr.ss_family)
+      continue;
+    const uint8_t* bth = buf_ + sizeof *pre;
+    const uint32_t dqpn = uint32_t(bth[5]) << 16 | uint32_t(bth[6]) << 8 | bth[7];
+    const uint8_t opcode = bth[0];
+    if (dqpn != roce::kMulticastQpn ||
+        (opcode != (roce::op::kUD | roce::op::kSendOnly) && opcode != (roce::op::kUD | roce::op::kSendOnlyImm)))
+      continue;
+    if (!mcast_members || !mcast_members(g.mgid.data(), members)) continue;  // nobody attached (any more)
+    std::memset(pre, 0, sizeof *pre);
+    std::memcpy(pre->from, &from, fl);
+    pre->from_len = fl;
+    std::memcpy(pre->to, &g.addr, g.addr_len);
+    pre->to_len = g.addr_len;
+    for (uint32_t qpn : members) {
+      auto q = qpns_.find(qpn & 0xffffff);
+      if (q == qpns_.end()) continue;  // not on the wire: a local-only QP
+      auto a = arrivals_.find(q->second);
+      if (a == arrivals_.end()) continue;
+      pre->qpn = qpn & 0xffffff;
+      // A client that does not keep up loses datagrams, as a full NIC queue would.
+      ::send(a->second.mine.get(), buf_, sizeof *pre + size_t(n), MSG_DONTWAIT | MSG_NOSIGNAL);
     }
   }
 }

@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -56,6 +57,14 @@ class RocePort {
   int attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
              std::vector<int>& out_fds);
   void remove_client(uint32_t client);
+  // Multicast (docs/ROCE.md, "Multicast"): the groups that have members
+  // (ibv_attach_mcast) now. Per group, a socket bound to the group's IP
+  // address, port 4791, that joined it on the interfaces of the port's
+  // addresses of its family; a group gone closes its socket (which leaves
+  // it). Without the port: nothing.
+  void mcast_sync(const std::vector<std::array<uint8_t, 16>>& mgids);
+  // The members of a group (the daemon's table), asked per datagram.
+  std::function<bool(const uint8_t* mgid, std::vector<uint32_t>& qpns)> mcast_members;
   // Datagrams for QP1 (the GSI's MADs) go here instead: the CM gateway.
   std::function<void(int fd, const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n)> on_qp1;
 
@@ -72,6 +81,7 @@ class RocePort {
   struct Sock {
     Fd fd;            // the daemon's: index 0 of the group (bound first)
     uint8_t gid[16];  // the bound address as a GID (IPv4-mapped for IPv4)
+    unsigned ifindex = 0;  // its interface
     sockaddr_storage addr{};
     socklen_t addr_len = 0;
     bool steering = false;    // a program is attached: slots may exist
@@ -81,7 +91,18 @@ class RocePort {
     sockaddr_storage ss{};
     socklen_t len = 0;
     uint8_t gid[16] = {};
+    unsigned ifindex = 0;
   };
+  // A multicast group this namespace's hosts listen to (mcast_sync).
+  struct Group {
+    std::array<uint8_t, 16> mgid{};
+    Fd fd;
+    sockaddr_storage addr{};  // the group's IP address, port 4791
+    socklen_t addr_len = 0;
+  };
+  std::vector<Group> groups_;
+  Fd open_group(const std::array<uint8_t, 16>& mgid, sockaddr_storage& ss, socklen_t& len);
+  void group_readable(const Group& g);
   int bind_address(const Address& a);  // 0 or errno; appends to socks_
   int retry_busy(const uint8_t* gid);  // index in socks_, or -errno
   bool opened_ = false;

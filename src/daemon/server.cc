@@ -154,6 +154,9 @@ int Server::open_roce() {
     if (int e = watch_roce_fd(fd)) return e;
   }
   open_cm_gateway();
+  roce_.mcast_members = [this](const uint8_t* mgid, std::vector<uint32_t>& qpns) {
+    return registry_.mcast_members(mgid, qpns);
+  };
   roce_.on_new_fd = [this](int fd) {
     if (watch_roce_fd(fd) == 0) open_cm_gateway();
   };
@@ -358,6 +361,7 @@ void Server::drop(int fd) {
   registry_.quotas().release(Quotas::kConnection, it->second.client);
   roce_.remove_client(it->second.client);
   conns_.erase(it);
+  sync_mcast();
   send_events();
   if (system_) remove_stale_rendezvous();
 }
@@ -536,7 +540,19 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
   std::memcpy(&h, msg, sizeof(h));
   if (h.magic != proto::kMagic || h.version != proto::kVersion) return 0;
   CommandEnv env{registry_, roce_, client, in_fds, out_fds, defer_copies_ ? &deferred_ : nullptr};
-  return run_command(env, h, msg, len, out);
+  const size_t n = run_command(env, h, msg, len, out);
+  sync_mcast();
+  return n;
+}
+
+// The RoCEv2 port listens to the multicast groups that have members
+// (docs/ROCE.md, "Multicast"): after every command and departed client,
+// when the groups changed (attach, detach, a destroyed QP).
+void Server::sync_mcast() {
+  const uint64_t g = registry_.mcast_generation();
+  if (g == mcast_generation_) return;
+  mcast_generation_ = g;
+  roce_.mcast_sync(registry_.mcast_gids());
 }
 
 }  // namespace sv::daemon

@@ -70,6 +70,7 @@ class Server {
   };
   int open_roce();
   int watch_roce_fd(int fd);
+  void sync_mcast();
   void open_cm_gateway();
   bool cm_open_ = false;
   void start_copier();
@@ -92,6 +93,7 @@ class Server {
   bool system_;
   Registry registry_;
   RocePort roce_;  // UDP 4791, when RoCEv2 is enabled
+  uint64_t mcast_generation_ = 0;  // of the groups roce_ listens to
   CmGateway cm_;   // the CM's MADs on QP1, with RoCEv2
   Fd lock_fd_;
   Fd listen_fd_;

@@ -21,6 +21,10 @@ constexpr uint16_t kRoceV2Port = 4791;  // IANA; IBTA Annex A17
 constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28, kAtomicAckEthLen = 8,
                  kDethLen = 8, kImmDtLen = 4, kIethLen = 4, kIcrcLen = 4;
 constexpr uint16_t kDefaultPkey = 0xffff;
+// The destination QP of every multicast packet (IBTA vol. 1 9.8.2 and
+// 10.5: UD only; the members are the QPs attached to the group its DGID, on
+// RoCEv2 its IP destination, names; rxe's IB_MULTICAST_QPN).
+constexpr uint32_t kMulticastQpn = 0xffffff;
 
 // ---- Byte order: explicit big-endian loads and stores, no unaligned access.
 inline void put_be16(uint8_t* p, uint16_t v) { p[0] = uint8_t(v >> 8); p[1] = uint8_t(v); }

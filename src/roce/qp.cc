@@ -114,7 +114,10 @@ void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const
   const Transport want = cfg_.type == QpType::kRC ? Transport::kRC
                          : cfg_.type == QpType::kUC ? Transport::kUC : Transport::kUD;
   // IBTA 9.6: header checks; a packet failing them is silently dropped.
-  if (p.bth.dest_qp != cfg_.qpn || p.info().transport != want ||
+  // A UD QP also takes the multicast QPN: its caller (UdpEndpoint::
+  // deliver_multicast) found it attached to the packet's group.
+  const bool mcast = cfg_.type == QpType::kUD && p.bth.dest_qp == kMulticastQpn;
+  if ((p.bth.dest_qp != cfg_.qpn && !mcast) || p.info().transport != want ||
       ((p.bth.pkey & 0x7fff) != (cfg_.pkey & 0x7fff))) {
     stats_.dropped++;
     return;

@@ -514,6 +514,52 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   it->second->receive(transport, peer, grh);
 }
 
+// RoCEv2 multicast (IBTA annex A17.4.5: the MGID is the IP destination;
+// the ICRC covers that header like any other). Not cached: the prefix of a
+// multicast datagram depends on its group too, and multicast is rare here.
+void UdpEndpoint::deliver_multicast(const sockaddr* from_sa, socklen_t from_len, const sockaddr* group_sa,
+                                    socklen_t group_len, uint32_t qpn, const uint8_t* data, size_t n) {
+  auto to_addr = [](const sockaddr* sa, socklen_t len, Addr* out) {
+    if (sa->sa_family == AF_INET && len >= sizeof(sockaddr_in)) std::memcpy(&out->ss, sa, sizeof(sockaddr_in));
+    else if (sa->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) std::memcpy(&out->ss, sa, sizeof(sockaddr_in6));
+    else return false;
+    return true;
+  };
+  Addr from, group;
+  if (!to_addr(from_sa, from_len, &from) || !to_addr(group_sa, group_len, &group) ||
+      from.ss.ss_family != group.ss.ss_family || from.ss.ss_family != local_.ss.ss_family)
+    return;
+  stats_.received++;
+  if (n < kBthLen + kIcrcLen) {
+    stats_.too_short++;
+    return;
+  }
+  std::span<const uint8_t> transport(data, n - kIcrcLen);
+  const size_t hl = header(from, group, transport.size(), hdr_);
+  const auto pre = hl ? icrc_prefix(std::span<const uint8_t>(hdr_, hl)) : std::nullopt;
+  const auto computed = pre ? icrc_finish(*pre, std::span<const std::span<const uint8_t>>(&transport, 1)) : std::nullopt;
+  const bool v4 = !from.v6();
+  const uint32_t got = icrc_load(data + n - kIcrcLen);
+  if (!computed || (computed.value_or(0) != got &&
+                    (!any_ipv4_id_ || !v4 || !icrc_matches_some_ipv4_id(hl + n, computed.value_or(0), got)))) {
+    stats_.bad_icrc++;
+    return;
+  }
+  auto it = qps_.find(qpn);
+  if (get_be24(transport.data() + 5) != kMulticastQpn || it == qps_.end() ||
+      it->second->config().type != QpType::kUD) {
+    stats_.no_qp++;
+    return;
+  }
+  stats_.multicast++;
+  // The GRH: the IP header as it came, its destination the group (IBTA
+  // 11.4.1: a receive's first 40 bytes; RoCEv2 as in deliver()).
+  uint8_t grh[40] = {};
+  if (!v4) std::memcpy(grh, hdr_, 40);
+  else std::memcpy(grh + 20, hdr_, 20);
+  it->second->receive(transport, peer_for(from), grh);
+}
+
 void UdpEndpoint::poll(int timeout_ms) {
   pollfd p{fd_, POLLIN, 0};
   ::poll(&p, 1, timeout_ms);

@@ -40,7 +40,7 @@ class SteadyClock : public Clock {
 
 struct UdpEndpointStats {
   uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0, fault_delayed = 0,
-           fault_duplicated = 0, nonzero_ipv4_id = 0, gso_sends = 0;
+           fault_duplicated = 0, nonzero_ipv4_id = 0, gso_sends = 0, multicast = 0;
 };
 
 // Socket options every RoCEv2 UDP socket of `family` (AF_INET, AF_INET6)
@@ -94,6 +94,13 @@ class UdpEndpoint : public PacketSink {
   // `ipv4_id`: the IP ID the datagram is likely to have been sent with (the
   // k-th of a UDP GRO train: k), checked exactly besides 0.
   void deliver(const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n, uint16_t ipv4_id = 0);
+  // One multicast datagram (docs/ROCE.md, "Multicast") from `from` to the
+  // IP group `group` (port 4791), for the attached UD QP `qpn`, a member of
+  // that group (the caller's word: the daemon's table): its ICRC is over the
+  // headers with the group as destination; the BTH's DestQP must be the
+  // multicast QPN. Anything else is dropped (counted in stats()).
+  void deliver_multicast(const sockaddr* from, socklen_t from_len, const sockaddr* group, socklen_t group_len,
+                         uint32_t qpn, const uint8_t* data, size_t n);
   // Sends the datagrams the fault hook held back whose time has come (all
   // of them with `all`: they are on the wire already, as it were), and when
   // the next one is due (UINT64_MAX if none).

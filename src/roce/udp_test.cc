@@ -325,6 +325,89 @@ TEST(UdpEndpoint, Ipv4IcrcOverANonZeroIpId) {
   }
 }
 
+// RoCEv2 multicast (docs/ROCE.md, "Multicast"): a UD SEND to the multicast
+// QPN whose ICRC covers the IP group as destination reaches the member QP
+// named by the caller, with the GRH's destination the group; every garbled
+// form is dropped without harm: a flipped bit, a truncated datagram (cut in
+// the BTH, in the DETH, one byte short), a DestQP other than 0xFFFFFF, a
+// datagram for another group (its ICRC fails), a QP that is not attached,
+// and a wrong Q_Key (dropped by the QP).
+TEST(UdpEndpoint, MulticastToAMemberAndGarbledOnesDropped) {
+  SteadyClock clock;
+  UdpEndpoint ep(clock);
+  ASSERT_EQ(ep.bind("127.0.0.1", 0), 0);
+  TestMemory mem;
+  Cq cq;
+  QpConfig c;
+  c.type = QpType::kUD;
+  c.qpn = 0x44;
+  c.qkey = 0x1234;
+  const uint32_t key = mem.add(0x6000, 8192, kLocalWrite);
+  Qp qp(c, ep, cq, mem, clock);
+  ep.attach(&qp);
+  for (int i = 0; i < 8; i++) qp.post_recv(rwr(10 + uint64_t(i), key, 0x6000 + 1024 * uint64_t(i), 1024));
+  sockaddr_in from{}, group{}, other{};
+  from.sin_family = group.sin_family = other.sin_family = AF_INET;
+  from.sin_port = htons(0xc001);
+  group.sin_port = other.sin_port = htons(kRoceV2Port);
+  inet_pton(AF_INET, "10.1.2.3", &from.sin_addr);
+  inet_pton(AF_INET, "239.1.1.1", &group.sin_addr);
+  inet_pton(AF_INET, "239.1.1.2", &other.sin_addr);
+  auto datagram = [&](uint32_t dqpn, uint32_t qkey, uint8_t fill) {
+    Packet p;
+    p.bth.opcode = op::kUD | op::kSendOnly;
+    p.bth.dest_qp = dqpn;
+    p.deth = Deth{qkey, 0x77};
+    const uint8_t data[16] = {fill, fill, fill, fill, fill, fill, fill, fill,
+                              fill, fill, fill, fill, fill, fill, fill, fill};
+    p.payload = data;
+    std::vector<uint8_t> t(packet_size(p));
+    build_packet(p, t);
+    Ipv4Udp h;
+    std::memcpy(h.src.data(), &from.sin_addr, 4);
+    std::memcpy(h.dst.data(), &group.sin_addr, 4);
+    h.sport = 0xc001;
+    h.dport = kRoceV2Port;
+    std::vector<uint8_t> ip(kIpv4UdpLen + t.size() + 4);
+    frame_ipv4(h, t, ip);
+    return std::vector<uint8_t>(ip.begin() + kIpv4UdpLen, ip.end());
+  };
+  auto give = [&](const std::vector<uint8_t>& d, const sockaddr_in& to = {}, uint32_t qpn = 0x44, size_t n = 0) {
+    const sockaddr_in& g = to.sin_family ? to : group;
+    ep.deliver_multicast(reinterpret_cast<const sockaddr*>(&from), sizeof from, reinterpret_cast<const sockaddr*>(&g),
+                         sizeof g, qpn, d.data(), n ? n : d.size());
+  };
+  give(datagram(kMulticastQpn, 0x1234, 1));  // delivered
+  auto flipped = datagram(kMulticastQpn, 0x1234, 2);
+  flipped[22] ^= 1;
+  give(flipped);
+  const auto good = datagram(kMulticastQpn, 0x1234, 3);
+  for (size_t n : {size_t(5), size_t(15), size_t(19), good.size() - 1}) give(good, {}, 0x44, n);
+  give(datagram(0x44, 0x1234, 4));              // unicast DestQP on the multicast path
+  give(good, other);                            // another group: the ICRC covers the destination
+  give(good, {}, 0x45);                         // not a QP of this endpoint
+  give(datagram(kMulticastQpn, 0x9999, 5));     // wrong Q_Key: the QP drops it
+  ep.deliver(reinterpret_cast<const sockaddr*>(&from), sizeof from, good.data(), good.size());  // unicast path
+  give(good);                                   // delivered
+  ASSERT_EQ(cq.all.size(), 2u);
+  for (const auto& w : cq.all) {
+    EXPECT_EQ(w.status, WcStatus::kSuccess);
+    EXPECT_EQ(w.byte_len, 16u + 40u);
+    EXPECT_EQ(w.src_qp, 0x77u);
+    EXPECT_TRUE(w.grh);
+  }
+  const uint8_t* g = mem.bytes(key).data();
+  EXPECT_EQ(g[20], 0x45);
+  EXPECT_EQ(0, std::memcmp(g + 20 + 16, &group.sin_addr, 4));  // the GRH's destination: the group
+  EXPECT_EQ(g[40], 1);
+  EXPECT_EQ(g[1024 + 40], 3);
+  EXPECT_EQ(ep.stats().multicast, 3u);  // the two delivered and the wrong Q_Key's
+  // A flipped bit, the two cut after the BTH, another group's, the unicast path's.
+  EXPECT_EQ(ep.stats().bad_icrc, 5u);
+  EXPECT_EQ(ep.stats().too_short, 2u);
+  EXPECT_EQ(ep.stats().no_qp, 2u);
+}
+
 // Linux rxe sends its IPv6 datagrams with a UDP checksum of zero; the kernel
 // drops those on a socket without UDP_NO_CHECK6_RX (set_roce_socket_options).
 // A sender with UDP_NO_CHECK6_TX sends them so on loopback.

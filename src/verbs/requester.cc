@@ -928,18 +928,11 @@ int post_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothin
   return roce_post_send(q, wr, bad);
 }
 
-// A UD QP on the wire still reaches this host's QPs through shared memory:
-// the first request's destination decides for the list.
+// A UD QP on the wire still reaches this host's QPs through shared memory
+// (requester_ud.cc).
 int post_wire_ud(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   if (int e = refuse_post(q, wr, bad)) return e;
-  // wr.ud shares its bytes with wr.rdma and wr.atomic: the AH is read only
-  // for an opcode a UD QP takes (IBTA 9.7.1 / ibv_post_send(3): SEND and
-  // SEND_WITH_IMM); any other is refused by post_queue's checks (the
-  // work-request fuzzer read a WRITE's remote address as an AH pointer).
-  const bool ud_send = wr && (opcode_of(wr) == IBV_WR_SEND || opcode_of(wr) == IBV_WR_SEND_WITH_IMM);
-  if (ud_send && wr->wr.ud.ah && wr->wr.ud.ah->context == q.self->qpx.qp_base.context && roce_ud_remote(q, wr))
-    return roce_post_send(q, wr, bad);
-  return post_queue<false>(q, wr, bad, all_or_nothing);
+  return post_ud_on_wire(q, wr, bad, all_or_nothing, post_queue<false>);
 }
 
 // An XRC target QP has no send queue.

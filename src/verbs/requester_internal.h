@@ -28,5 +28,12 @@ void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_sta
 // use; the execute operation of UD QPs.
 Peer* ud_peer(QpState& q, uint32_t dest);
 Outcome execute_ud(QpState& q, const shm::SendWqe& w);
+// A wire UD QP's post: a list to another host goes to the engine, one to
+// this host's QPs to `local` (the shared-memory queue): the first request's
+// destination decides for the list; a list that starts with a multicast
+// SEND is taken one by one, each multicast SEND both on the wire and to
+// `local` (docs/ROCE.md, "Multicast").
+using PostFn = int (*)(QpState&, ibv_send_wr*, ibv_send_wr**, bool);
+int post_ud_on_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing, PostFn local);
 
 }  // namespace sv::verbs

@@ -1,13 +1,16 @@
 // The requester's UD part (IBTA 9.8.2): datagrams to a QP of this host
 // named in each work request, or to every QP of this host attached to a
 // multicast group (11.4.1.1), through shared memory. A datagram that
-// cannot be delivered is dropped without an error at the sender.
+// cannot be delivered is dropped without an error at the sender. A wire UD
+// QP's sends to another host, and a copy of its multicast sends, go to the
+// RoCEv2 engine instead (post_ud_on_wire, roce_link.h).
 #include <cstring>
 #include <vector>
 
 #include "common/mgid.h"
 #include "verbs/requester_internal.h"
 #include "verbs/roce_link.h"
+#include "verbs/wr_rules.h"
 
 namespace sv::verbs {
 
@@ -129,6 +132,35 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
   if (!p) return {Step::kDone};
   if (!deliver_ud(q, *p, w, local, nl, total)) return {Step::kDone};
   return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
+}
+
+int post_ud_on_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing, PostFn local) {
+  // wr.ud shares its bytes with wr.rdma and wr.atomic: the AH is read only
+  // for an opcode a UD QP takes (IBTA 9.7.1 / ibv_post_send(3): SEND and
+  // SEND_WITH_IMM); any other is refused by post_queue's checks (the
+  // work-request fuzzer read a WRITE's remote address as an AH pointer).
+  auto ours = [&q](const ibv_send_wr* w) {
+    return (opcode_of(w) == IBV_WR_SEND || opcode_of(w) == IBV_WR_SEND_WITH_IMM) && w->wr.ud.ah &&
+           w->wr.ud.ah->context == q.self->qpx.qp_base.context;
+  };
+  if (!wr || !ours(wr) || !roce_ud_multicast(q, wr))
+    return wr && ours(wr) && roce_ud_remote(q, wr) ? roce_post_send(q, wr, bad) : local(q, wr, bad, all_or_nothing);
+  // Multicast: each request to a group goes on the wire (unsignaled,
+  // roce_post_mcast) and then, through shared memory, to this host's
+  // members, which completes it; in order, one by one.
+  for (; wr; wr = wr->next) {
+    ibv_send_wr one = *wr;
+    one.next = nullptr;
+    ibv_send_wr* b = nullptr;
+    const bool mcast = ours(wr) && roce_ud_multicast(q, wr);
+    if (mcast) roce_post_mcast(q, &one);  // the local path goes on whatever the wire said
+    const int rc = !mcast && ours(wr) && roce_ud_remote(q, wr) ? roce_post_send(q, &one, &b) : local(q, &one, &b, false);
+    if (rc) {
+      *bad = wr;
+      return rc;
+    }
+  }
+  return 0;
 }
 
 }  // namespace sv::verbs

@@ -28,6 +28,7 @@
 #include "roce/engine.h"
 #include "roce/udp.h"
 #include "verbs/provider.h"
+#include "verbs/roce_addr.h"
 #include "verbs/wr_rules.h"
 
 namespace sv::verbs {
@@ -271,43 +272,6 @@ class RingRecvSource : public RecvSource {
 
 using Gid = std::array<uint8_t, 16>;
 
-// "a.b.c.d" for an IPv4-mapped GID (RoCEv2, IBTA annex A17.4.5.1), else the IPv6 text.
-std::string gid_to_ip(const uint8_t* g) {
-  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (std::memcmp(g, mapped, 12) == 0) inet_ntop(AF_INET, g + 12, buf, sizeof buf);
-  else inet_ntop(AF_INET6, g, buf, sizeof buf);
-  return buf;
-}
-
-// The largest IB MTU whose packets (IP, UDP, BTH, the longest extension
-// headers, ICRC) fit the netdev that holds `sgid`: never IP-fragment.
-uint32_t wire_mtu_for(const uint8_t* sgid) {
-  const bool v4 = gid_to_ip(sgid).find(':') == std::string::npos;
-  uint32_t ifmtu = 1500;
-  ifaddrs* ifs = nullptr;
-  if (::getifaddrs(&ifs) == 0) {
-    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
-      if (!i->ifa_addr) continue;
-      const void* a = nullptr;
-      if (v4 && i->ifa_addr->sa_family == AF_INET) a = &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
-      if (!v4 && i->ifa_addr->sa_family == AF_INET6) a = &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
-      if (!a || std::memcmp(a, v4 ? sgid + 12 : sgid, v4 ? 4 : 16) != 0) continue;
-      int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-      ifreq r{};
-      std::strncpy(r.ifr_name, i->ifa_name, IFNAMSIZ - 1);
-      if (s >= 0 && ::ioctl(s, SIOCGIFMTU, &r) == 0) ifmtu = uint32_t(r.ifr_mtu);
-      if (s >= 0) ::close(s);
-      break;
-    }
-    ::freeifaddrs(ifs);
-  }
-  const uint32_t overhead = (v4 ? 20 : 40) + 8 + kBthLen + 28 + kIcrcLen;
-  uint32_t mtu = 4096;
-  while (mtu > 256 && mtu + overhead > ifmtu) mtu /= 2;
-  return mtu;
-}
-
 uint32_t mtu_bytes(ibv_mtu m) { return (m >= IBV_MTU_256 && m <= IBV_MTU_4096) ? 128u << m : 1024; }
 
 struct RoceQp {
@@ -465,6 +429,20 @@ struct Hub {
       if (a.from_len > sizeof a.from) continue;
       sockaddr_storage from{};
       std::memcpy(&from, a.from, a.from_len);
+      if (a.to_len) {
+        // A multicast datagram the daemon received for the group and copied
+        // to each member: this one is for our QP a.qpn.
+        if (a.to_len > sizeof a.to) continue;
+        sockaddr_storage to{};
+        std::memcpy(&to, a.to, a.to_len);
+        auto it = qps.find(a.qpn & 0xffffff);
+        if (it != qps.end() && it->second->engine)
+          it->second->ep->deliver_multicast(reinterpret_cast<sockaddr*>(&from), a.from_len,
+                                            reinterpret_cast<sockaddr*>(&to), a.to_len, a.qpn & 0xffffff,
+                                            buf.data() + sizeof a, size_t(n) - sizeof a);
+        ++got;
+        continue;
+      }
       deliver_one(reinterpret_cast<sockaddr*>(&from), a.from_len, buf.data() + sizeof a, size_t(n) - sizeof a);
       if (!urgent.empty()) send_urgent_acks();
       ++got;
@@ -867,7 +845,7 @@ void roce_detach(QpState& q) {
                    "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
                    "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
                    "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu nonzero_ipv4_id %lu "
-                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu\n",
+                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu multicast_received %lu\n",
                    q.qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                    (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                    (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
@@ -875,7 +853,7 @@ void roce_detach(QpState& q) {
                    (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
                    (unsigned long)e.nonzero_ipv4_id,
                    (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
-                   (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends);
+                   (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
     }
     // An ACK held for the next request (docs/ROCE.md) acknowledges messages
     // this side has completed: it must leave before the QP goes, or the
@@ -892,12 +870,47 @@ void roce_detach(QpState& q) {
   q.on_wire.store(false, std::memory_order_release);
 }
 
-// A multicast group's members are this host's QPs only (execute_ud): its
-// datagrams stay off the wire.
+// A multicast send is not "remote": its local members get it through
+// shared memory (execute_ud), the wire a copy (roce_post_mcast).
 bool roce_ud_remote(const QpState&, const ibv_send_wr* wr) {
   const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
   return ah && ah->attr.is_global && !gid_is_multicast(ah->attr.grh.dgid.raw) &&
          !gid_is_local(ah->attr.grh.dgid.raw);
+}
+
+bool roce_ud_multicast(const QpState&, const ibv_send_wr* wr) {
+  const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
+  return ah && ah->attr.is_global && gid_is_multicast(ah->attr.grh.dgid.raw) &&
+         (wr->wr.ud.remote_qpn & 0xffffff) == kMulticastQpn;
+}
+
+// RoCEv2 multicast (docs/ROCE.md, "Multicast"; IBTA annex A17.4.5: the MGID
+// is the IP destination, an IPv4-mapped MGID the IPv4 group): the same UD
+// SEND as a datagram to the group's address, port 4791, DestQP 0xFFFFFF.
+// Unsignaled: the work request completes once, on the local path. The
+// sending socket does not loop its multicast back (IP_MULTICAST_LOOP off,
+// set by the daemon on every socket of the port), so this host's members
+// get the message once, from execute_ud. An MGID of the other family than
+// the QP's address (a UD QP sends from GID index 1, IPv4) stays local.
+int roce_post_mcast(QpState& q, const ibv_send_wr* wr) {
+  Hub& h = hub();
+  std::lock_guard<std::mutex> g(h.mu);
+  auto it = h.qps.find(q.qpn);
+  if (it == h.qps.end() || !it->second->engine) return EINVAL;
+  RoceQp& r = *it->second;
+  if (int e = validate_wr(q, wr)) return e;
+  if (r.engine->send_queue_depth() >= q.cap.max_send_wr) return ENOMEM;
+  SendWr s;
+  if (int e = to_engine_wr(q, r, wr, s)) return e;
+  s.signaled = false;
+  s.remote_qpn = kMulticastQpn;
+  int rc = r.engine->post_send(std::move(s));
+  r.engine->progress(false);
+  r.ep->flush_delayed();
+  r.ep->flush_tx();
+  report_error(r);
+  h.wake_by(std::min(r.engine->next_deadline(), r.ep->next_delayed()));
+  return rc;
 }
 
 int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {

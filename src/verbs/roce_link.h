@@ -33,6 +33,11 @@ void roce_detach(QpState& q);
 bool roce_attached(const QpState& q);
 // For UD: does this work request go to another host?
 bool roce_ud_remote(const QpState& q, const ibv_send_wr* wr);
+// For UD: is this a multicast SEND (a multicast DGID, DestQP 0xFFFFFF)?
+bool roce_ud_multicast(const QpState& q, const ibv_send_wr* wr);
+// Its copy for the wire (the IP group), without a completion: 0 or an errno
+// (the local path goes on regardless).
+int roce_post_mcast(QpState& q, const ibv_send_wr* wr);
 int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad);
 // ibv_poll_cq found a wire CQ empty: receive what waits and run the engines
 // in the caller's thread, unless another thread is at it. True if anything

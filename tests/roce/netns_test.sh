@@ -16,6 +16,12 @@
 #                    (the daemon refuses it: EXDEV, and it starts its own)
 #         rping      rdma_cm between the namespaces (the default daemons'
 #                    CM gateways carry its MADs)
+#         mckey      UD multicast over RoCEv2 (docs/ROCE.md, "Multicast"):
+#                    Debian's mckey, two receivers in h1 and a sender in h0
+#                    on 239.1.1.1, then a send-only sender (-o) on
+#                    239.1.1.2; each receiver gets every message exactly
+#                    once from the wire; garbled datagrams and one for a
+#                    group nobody joined are dropped first
 #         busy       UDP 4791 held by another daemon: same-host QPs work, a QP
 #                    to the other namespace fails at RTR saying who holds the
 #                    port and what to do; with the holder gone it works
@@ -27,7 +33,8 @@ SKIP=77
 log() { printf '%s\n' "$*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
 ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
-for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping) $([ "$case" = rstream ] && echo rstream); do
+for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping) $([ "$case" = rstream ] && echo rstream) \
+  $([ "$case" = mckey ] && echo mckey python3); do
   command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
 done
 export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
@@ -222,6 +229,77 @@ rstream)
   done
   [ $failures -eq 0 ] || show rstream
   log "rstream h0 -> h1: $(grep -E '^custom' "$work/rstream.client")"
+  ;;
+mckey)
+  # mckey_run NAME GROUP COUNT SENDER_ARGS: two receivers in h1 (started
+  # first, each until it printed its join), the sender in h0; every
+  # program's QPs print their wire counters (SOFTVERBS_ROCE_STATS) when
+  # destroyed.
+  mckey_run() {
+    local name=$1 group=$2 count=$3 sargs=$4 i rp=() f
+    for i in 1 2; do
+      on h1 "$run" env SOFTVERBS_ROCE_STATS=1 mckey -m "$group" -b "$a1" -C "$count" -S 1000 \
+        >"$work/$name$i.server" 2>&1 &
+      rp+=($!)
+      pids+=($!)
+    done
+    for i in 1 2; do
+      for _ in $(seq 200); do
+        grep -q '^mckey: joined dgid: ' "$work/$name$i.server" 2>/dev/null && break
+        kill -0 "${rp[$((i - 1))]}" 2>/dev/null || break
+        sleep 0.05
+      done
+      grep -q '^mckey: joined dgid: ' "$work/$name$i.server" || fail "$name: receiver $i did not join"
+    done
+    # Before the sender: garbage for the group (4 bytes; a UD SEND Only to
+    # the multicast QPN with a bad ICRC; a RC opcode to it; a unicast
+    # DestQP) and a well-formed header for a group nobody joined. Each must
+    # be dropped without harm (daemon, receivers).
+    ip netns exec "$(ns h0)" python3 - "$group" "$a0" <<'PY'
+import socket, struct, sys
+group, src = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(src))
+def ud(opcode, dqpn, qkey=0x1234567, payload=b'x' * 64):
+    bth = struct.pack('!BBHI I', opcode, 0, 0xffff, dqpn & 0xffffff, 1)
+    deth = struct.pack('!II', qkey, 0x99)
+    return bth + deth + payload + b'\0\0\0\0'
+for d in (b'\x64\0\xff\xff', ud(0x64, 0xffffff), ud(0x04, 0xffffff), ud(0x64, 0x12), ud(0x64, 0xffffff)[:30]):
+    s.sendto(d, (group, 4791))
+s.sendto(ud(0x64, 0xffffff), ('239.1.1.99', 4791))
+PY
+    on h0 "$run" env SOFTVERBS_ROCE_STATS=1 mckey -m "$group" -b "$a0" -s -C "$count" -S 1000 $sargs \
+      >"$work/$name.client" 2>&1
+    CRC=$?
+    [ $CRC -eq 0 ] || fail "$name: the sender exited $CRC"
+    for i in 1 2; do
+      wait "${rp[$((i - 1))]}"
+      SRC=$?
+      f=$work/$name$i.server
+      [ $SRC -eq 0 ] || fail "$name: receiver $i exited $SRC"
+      grep -q '^data transfers complete$' "$f" || fail "$name: receiver $i did not receive every message"
+      grep -Eqi 'error|fail' "$f" && fail "$name: receiver $i reports an error"
+      # Exactly COUNT multicast datagrams reached its QP from the wire (one
+      # copy each: no IP loopback twin), and the garbled one with a good
+      # header failed its ICRC there.
+      grep -q "multicast_received $count\$" "$f" || fail "$name: receiver $i: not $count multicast datagrams: $(grep 'softverbs roce' "$f")"
+      grep -q " bad_icrc 2 " "$f" || fail "$name: receiver $i: not 2 bad ICRCs (the garbled SEND and the cut one): $(grep 'softverbs roce' "$f")"
+    done
+    grep -q '^data transfers complete$' "$work/$name.client" || fail "$name: the sender did not finish"
+    grep -q "multicast_received 0\$" "$work/$name.client" || fail "$name: the sender received its own multicast from the wire"
+    [ $failures -eq 0 ] || { show "${name}1"; show "${name}2"; show "$name"; }
+  }
+  mckey_run mckey 239.1.1.1 100 ""
+  mckey_run mckey_sendonly 239.1.1.2 20 "-o"
+  # The groups are left when their last member is gone: no socket of either
+  # daemon is bound to a group any more.
+  for h in h0 h1; do
+    for _ in $(seq 60); do
+      ip netns exec "$(ns $h)" ss -Hlun | grep -q '239\.1\.1\.' || break
+      sleep 0.05
+    done
+    ip netns exec "$(ns $h)" ss -Hlun | grep -q '239\.1\.1\.' && fail "$h: a group socket is left: $(ip netns exec "$(ns $h)" ss -Hlun)"
+  done
   ;;
 busy)
   # Another daemon (a private directory) holds UDP 4791 in h0.
