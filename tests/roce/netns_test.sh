@@ -22,6 +22,9 @@
 #                    239.1.1.2; each receiver gets every message exactly
 #                    once from the wire; garbled datagrams and one for a
 #                    group nobody joined are dropped first
+#         riostream  rsockets' riostream (RDMA WRITEs into the peer's
+#                    registered buffer, rsocket's riomap) between them, data checked
+#         rcopy      rcopy copies a 3.3 MB file from h0 to h1 over rsockets
 #         busy       UDP 4791 held by another daemon: same-host QPs work, a QP
 #                    to the other namespace fails at RTR saying who holds the
 #                    port and what to do; with the holder gone it works
@@ -34,7 +37,8 @@ log() { printf '%s\n' "$*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
 ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
 for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping) $([ "$case" = rstream ] && echo rstream) \
-  $([ "$case" = mckey ] && echo mckey python3); do
+  $([ "$case" = mckey ] && echo mckey python3) \
+  $([ "$case" = riostream ] && echo riostream) $([ "$case" = rcopy ] && echo rcopy cmp); do
   command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
 done
 export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
@@ -150,6 +154,18 @@ served_in() {
 run=$work/run
 mkdir -m 700 "$run"
 base=$run/softverbs
+
+# cm_listening PORT PID: until an rdma_cm listener of either namespace has
+# its rendezvous socket for PORT (docs/RDMACM.md), or PID is gone.
+cm_listening() {
+  for _ in $(seq 200); do
+    compgen -G "$base/cm/*-$1-*" >/dev/null && return 0
+    compgen -G "$base/net-*/cm/*-$1-*" >/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
 case $case in
 pingpong)
   pair pingpong "$run" 18515
@@ -229,6 +245,45 @@ rstream)
   done
   [ $failures -eq 0 ] || show rstream
   log "rstream h0 -> h1: $(grep -E '^custom' "$work/rstream.client")"
+  ;;
+riostream)
+  on h1 "$run" riostream -b "$a1" -p 7472 -T v -S 65536 -C 200 >"$work/riostream.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  cm_listening 7472 $spid
+  on h0 "$run" riostream -s "$a1" -p 7472 -T v -S 65536 -C 200 >"$work/riostream.client" 2>&1
+  CRC=$?
+  [ $CRC -eq 0 ] || kill $spid 2>/dev/null
+  wait $spid
+  SRC=$?
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "riostream: server exit $SRC, client exit $CRC"
+  for side in server client; do
+    grep -Eq '^custom +64k +200 +1 ' "$work/riostream.$side" || fail "riostream: no 64k x 200 line on the $side"
+  done
+  [ $failures -eq 0 ] || show riostream
+  log "riostream h0 -> h1: $(grep -E '^custom' "$work/riostream.client")"
+  ;;
+rcopy)
+  # The rcopy server (h1) serves clients until it is killed.
+  head -c 3333333 /dev/urandom >"$work/src.bin"
+  on h1 "$run" rcopy -p 7473 >"$work/rcopy.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  cm_listening 7473 $spid
+  on h0 "$run" rcopy "$work/src.bin" "$a1:$work/dst.bin" -p 7473 >"$work/rcopy.client" 2>&1 ||
+    fail "rcopy: the client exited $?"
+  cmp -s "$work/src.bin" "$work/dst.bin" || fail "rcopy: the copy differs from the source"
+  grep -q '^opening\.\.\.transferring\.\.\.closing\.\.\.done$' "$work/rcopy.client" || fail "rcopy: the client did not say done"
+  grep -q '^3333333 bytes in ' "$work/rcopy.client" || fail "rcopy: no '3333333 bytes in' line"
+  for _ in $(seq 100); do
+    grep -q 'transferring\.\.\.3333333 bytes\.\.\.closing\.\.\.done' "$work/rcopy.server" && break
+    sleep 0.05
+  done
+  grep -q 'transferring\.\.\.3333333 bytes\.\.\.closing\.\.\.done' "$work/rcopy.server" || fail "rcopy: the server did not say done"
+  kill $spid 2>/dev/null
+  wait $spid 2>/dev/null
+  [ $failures -eq 0 ] || show rcopy
+  log "rcopy h0 -> h1: $(grep '^3333333 bytes in ' "$work/rcopy.client")"
   ;;
 mckey)
   # mckey_run NAME GROUP COUNT SENDER_ARGS: two receivers in h1 (started
