@@ -309,13 +309,23 @@ int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req
     it = arrivals_.emplace(client, std::move(a)).first;
   }
   const uint32_t qpn = req.qpn & 0xffffff;
-  qpns_[qpn] = client;
-  qpn_sock_[qpn] = si;
   rep.drop_ppm = faults_.drop_ppm;
   rep.dup_ppm = faults_.dup_ppm;
   rep.reorder_ppm = faults_.reorder_ppm;
   rep.reorder_delay_us = faults_.reorder_delay_us;
   rep.seed = faults_.seed;
+  auto had = qpn_sock_.find(qpn);
+  if (had != qpn_sock_.end() && had->second != si && qpns_[qpn] == client) {
+    // A UD QP's second address, of the other family (docs/ROCE.md,
+    // "Multicast"): it sends there on the daemon's socket; the QPN stays
+    // steered on its first address, and what comes for it on this one is
+    // forwarded (readable()).
+    out_fds.push_back(socks_[si].fd.get());
+    out_fds.push_back(it->second.theirs.get());
+    return 0;
+  }
+  qpns_[qpn] = client;
+  qpn_sock_[qpn] = si;
   const int slot = qpn == kCmQpn ? -1 : slot_for(si, client, uid);
   if (slot >= 0 && steer(si)) {
     rep.flags = proto::kRoceSteered;

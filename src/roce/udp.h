@@ -67,6 +67,7 @@ class UdpEndpoint : public PacketSink {
   // socket the owner receives (the daemon forwards) and calls deliver().
   int adopt(int fd);
   uint16_t port() const { return port_; }
+  int family() const { return local_.ss.ss_family; }  // AF_INET or AF_INET6 once bound or adopted
   // An address handle for a peer (of the bound address's family), or
   // UINT64_MAX if `addr` is not one.
   uint64_t add_peer(const std::string& addr, uint16_t port);

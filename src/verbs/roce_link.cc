@@ -28,7 +28,7 @@
 #include "roce/engine.h"
 #include "roce/udp.h"
 #include "verbs/provider.h"
-#include "verbs/roce_addr.h"
+#include "verbs/roce_util.h"
 #include "verbs/wr_rules.h"
 
 namespace sv::verbs {
@@ -176,103 +176,28 @@ class OwnMemory : public Memory {
   QpState& q_;
 };
 
-ibv_wc_status to_status(WcStatus s) {
-  switch (s) {
-    case WcStatus::kSuccess: return IBV_WC_SUCCESS;
-    case WcStatus::kLocLenErr: return IBV_WC_LOC_LEN_ERR;
-    case WcStatus::kLocQpOpErr: return IBV_WC_LOC_QP_OP_ERR;
-    case WcStatus::kLocProtErr: return IBV_WC_LOC_PROT_ERR;
-    case WcStatus::kWrFlushErr: return IBV_WC_WR_FLUSH_ERR;
-    case WcStatus::kRemInvReqErr: return IBV_WC_REM_INV_REQ_ERR;
-    case WcStatus::kRemAccessErr: return IBV_WC_REM_ACCESS_ERR;
-    case WcStatus::kRemOpErr: return IBV_WC_REM_OP_ERR;
-    case WcStatus::kRetryExcErr: return IBV_WC_RETRY_EXC_ERR;
-    case WcStatus::kRnrRetryExcErr: return IBV_WC_RNR_RETRY_EXC_ERR;
-    case WcStatus::kMwBindErr: return IBV_WC_MW_BIND_ERR;
-  }
-  return IBV_WC_GENERAL_ERR;
-}
-
-ibv_wc_opcode to_wc_opcode(WcOpcode o) {
-  switch (o) {
-    case WcOpcode::kSend: return IBV_WC_SEND;
-    case WcOpcode::kWrite: return IBV_WC_RDMA_WRITE;
-    case WcOpcode::kRead: return IBV_WC_RDMA_READ;
-    case WcOpcode::kCompareSwap: return IBV_WC_COMP_SWAP;
-    case WcOpcode::kFetchAdd: return IBV_WC_FETCH_ADD;
-    case WcOpcode::kRecv: return IBV_WC_RECV;
-    case WcOpcode::kRecvWriteImm: return IBV_WC_RECV_RDMA_WITH_IMM;
-    case WcOpcode::kLocalInv: return IBV_WC_LOCAL_INV;
-    case WcOpcode::kBindMw: return IBV_WC_BIND_MW;
-  }
-  return IBV_WC_SEND;
-}
-
-class CqSink : public CompletionSink {
- public:
-  explicit CqSink(QpState& q) : q_(q) {}
-  void complete(const Completion& c) override {
-    ibv_wc wc{};
-    wc.wr_id = c.wr_id;
-    wc.status = to_status(c.status);
-    wc.opcode = to_wc_opcode(c.opcode);
-    wc.qp_num = q_.qpn;
-    wc.byte_len = c.byte_len;
-    if (c.has_imm) {
-      wc.wc_flags |= IBV_WC_WITH_IMM;
-      wc.imm_data = htonl(c.imm);  // back to the wire's bytes, as ibv_wc has them
-    }
-    if (c.has_inv) {
-      wc.wc_flags |= IBV_WC_WITH_INV;
-      wc.invalidated_rkey = c.invalidated_rkey;
-    }
-    if (c.grh) wc.wc_flags |= IBV_WC_GRH;
-    wc.src_qp = c.src_qp;
-    wc.pkey_index = 0;
-    Cq* cq = c.is_recv ? q_.recv_cq : q_.send_cq;
-    cq->st->view.push(wc, c.is_recv);
-  }
-
- private:
-  QpState& q_;
-};
-
-// Receive WQEs from the QP's ring or its SRQ, one when a message needs it:
-// the ring is shared with the shared-memory path (a UD QP hears both) and
-// an SRQ with other QPs.
-class RingRecvSource : public RecvSource {
- public:
-  explicit RingRecvSource(QpState& q) : q_(q) {}
-  bool take(RecvWr& out) override {
-    shm::RecvWqe w;
-    if (q_.srq) {
-      SrqState& s = *q_.srq->st;
-      if (!s.ring.pop(w)) return false;
-      uint32_t limit = s.hdr->limit.load(std::memory_order_relaxed);
-      if (limit && s.ring.size() < limit && s.hdr->limit.exchange(0) != 0) {
-        // Below the armed limit: IBV_EVENT_SRQ_LIMIT_REACHED to its holders.
-        proto::HandleReq req{};
-        req.handle = s.handle;
-        proto::Empty rep{};
-        q_.ctx->st->conn.call<proto::Op::SrqLimit>(req, rep);
-      }
-    } else if (!q_.rq.pop(w)) {
-      return false;
-    }
-    out.wr_id = w.wr_id;
-    out.sg.clear();
-    for (uint32_t i = 0; i < w.num_sge && i < shm::kMaxSge; ++i)
-      out.sg.push_back({w.sge[i].addr, w.sge[i].length, w.sge[i].lkey});
-    return true;
-  }
-
- private:
-  QpState& q_;
-};
-
 using Gid = std::array<uint8_t, 16>;
 
 uint32_t mtu_bytes(ibv_mtu m) { return (m >= IBV_MTU_256 && m <= IBV_MTU_4096) ? 128u << m : 1024; }
+
+// Where the engine's packets go: the QP's endpoint, or for a UD QP's
+// destination of the other address family (an IPv6 group or GID of a QP
+// that listens on the IPv4 GID) its second endpoint, whose address handles
+// carry kOther.
+class RouteSink : public PacketSink {
+ public:
+  static constexpr uint64_t kOther = uint64_t(1) << 48;
+  UdpEndpoint* first = nullptr;
+  UdpEndpoint* other = nullptr;
+  void send(uint64_t ah, std::span<const uint8_t> p) override { to(ah)->send(ah & ~kOther, p); }
+  void send_gather(uint64_t ah, std::span<const uint8_t> headers,
+                   std::span<const std::span<const uint8_t>> payload) override {
+    to(ah)->send_gather(ah & ~kOther, headers, payload);
+  }
+
+ private:
+  UdpEndpoint* to(uint64_t ah) { return (ah & kOther) && other ? other : first; }
+};
 
 struct RoceQp {
   QpState* q;
@@ -281,6 +206,8 @@ struct RoceQp {
   CqSink sink;
   RingRecvSource recvs;
   std::unique_ptr<UdpEndpoint> ep;
+  std::unique_ptr<UdpEndpoint> ep2;  // UD: on the first GID of the other family, for sending (attach_other)
+  RouteSink route;
   std::unique_ptr<roce::Qp> engine;
   roce::QpConfig cfg;
   std::map<Gid, uint64_t> ahs;  // UD destinations -> endpoint address handles
@@ -290,6 +217,17 @@ struct RoceQp {
   int ep_fd = -1;  // the endpoint's socket (owned by it)
   uint64_t ack_due = 0;  // a held ACK goes by then (Hub::kAckHold)
   explicit RoceQp(QpState& s) : q(&s), mem(s), sink(s), recvs(s) {}
+  // The endpoint for datagrams of address family `fam`.
+  UdpEndpoint& ep_for(int fam) { return ep2 && ep->family() != fam ? *ep2 : *ep; }
+  void flush_delayed(bool all = false) {
+    ep->flush_delayed(all);
+    if (ep2) ep2->flush_delayed(all);
+  }
+  void flush_tx() {
+    ep->flush_tx();
+    if (ep2) ep2->flush_tx();
+  }
+  uint64_t next_delayed() const { return std::min(ep->next_delayed(), ep2 ? ep2->next_delayed() : UINT64_MAX); }
 };
 
 // The engine went to the error state by itself (a fatal completion error,
@@ -399,7 +337,7 @@ struct Hub {
     const uint32_t dqpn = uint32_t(dg[5]) << 16 | uint32_t(dg[6]) << 8 | dg[7];
     auto it = qps.find(dqpn);
     if (it == qps.end() || !it->second->engine) return;
-    it->second->ep->deliver(from, fl, dg, len, ipv4_id);
+    it->second->ep_for(from->sa_family).deliver(from, fl, dg, len, ipv4_id);
     if (it->second->engine->ack_urgent()) urgent.push_back(it->second.get());
   }
 
@@ -412,7 +350,7 @@ struct Hub {
       if (!r->engine->ack_urgent()) continue;
       r->engine->flush_ack();
       r->ack_due = 0;
-      r->ep->flush_tx();
+      r->flush_tx();
     }
     urgent.clear();
   }
@@ -437,7 +375,7 @@ struct Hub {
         std::memcpy(&to, a.to, a.to_len);
         auto it = qps.find(a.qpn & 0xffffff);
         if (it != qps.end() && it->second->engine)
-          it->second->ep->deliver_multicast(reinterpret_cast<sockaddr*>(&from), a.from_len,
+          it->second->ep_for(from.ss_family).deliver_multicast(reinterpret_cast<sockaddr*>(&from), a.from_len,
                                             reinterpret_cast<sockaddr*>(&to), a.to_len, a.qpn & 0xffffff,
                                             buf.data() + sizeof a, size_t(n) - sizeof a);
         ++got;
@@ -528,12 +466,12 @@ struct Hub {
     const uint64_t now = clock.now_ns();
     for (auto& [qpn, r] : qps) {
       if (!r->engine) continue;
-      r->ep->flush_delayed();
+      r->flush_delayed();
       r->engine->progress(r->ack_due != 0 && now >= r->ack_due);
       if (!r->engine->ack_pending()) r->ack_due = 0;
       else if (r->ack_due == 0) r->ack_due = now + kAckHold;
-      r->ep->flush_delayed();
-      r->ep->flush_tx();
+      r->flush_delayed();
+      r->flush_tx();
       report_error(*r);
     }
   }
@@ -542,7 +480,7 @@ struct Hub {
     uint64_t next = UINT64_MAX;
     for (auto& [qpn, r] : qps) {
       if (!r->engine) continue;
-      next = std::min({next, r->engine->next_deadline(), r->ep->next_delayed()});
+      next = std::min({next, r->engine->next_deadline(), r->next_delayed()});
       if (r->ack_due) next = std::min(next, r->ack_due);
     }
     return next;
@@ -618,6 +556,49 @@ Hub& hub() {
   return *h;
 }
 
+// The fault hook the daemon says (SOFTVERBS_FAULTS), each QP its own sequence.
+FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn) {
+  FaultConfig f;
+  f.drop = rep.drop_ppm / 1e6;
+  f.duplicate = rep.dup_ppm / 1e6;
+  f.reorder = rep.reorder_ppm / 1e6;
+  f.reorder_delay_ns = uint64_t(rep.reorder_delay_us) * 1000;
+  f.seed = rep.seed ^ (uint64_t(qpn) << 32);
+  return f;
+}
+
+// A UD QP also sends from the first GID of the other address family (an
+// IPv6 one after the IPv4 index 1), so that its datagrams to IPv6 GIDs and
+// groups go on the wire (docs/ROCE.md, "Multicast"): a second RoceAttach,
+// whose socket is the daemon's on that address, for sending; what arrives
+// there for the QP is forwarded on the arrival socket (RocePort::attach).
+// Best effort: without it those destinations stay local.
+void attach_other(Hub& h, QpState& q, RoceQp& r) {
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  const bool v4 = std::memcmp(r.sgid.data(), mapped, 12) == 0;
+  for (int i = 1; i < int(kGidTableLen); ++i) {
+    ibv_gid g{};
+    if (ibv_query_gid(q.self->qpx.qp_base.context, 1, i, &g) != 0) return;
+    static const uint8_t zero[16] = {};
+    if (std::memcmp(g.raw, zero, 16) == 0) return;
+    if ((std::memcmp(g.raw, mapped, 12) == 0) == v4 || (g.raw[0] == 0xfe && (g.raw[1] & 0xc0) == 0x80)) continue;
+    proto::RoceAttachReq req{};
+    req.qpn = q.qpn;
+    std::memcpy(req.sgid, g.raw, 16);
+    proto::RoceAttachReply rep{};
+    std::vector<Fd> fds;
+    if (q.ctx->st->conn.call<proto::Op::RoceAttach>(req, rep, {}, &fds) || fds.empty()) return;
+    auto ep = std::make_unique<UdpEndpoint>(h.clock, faults_of(rep, q.qpn));
+    if (ep->adopt(fds[0].release()) != 0 || ep->family() == r.ep->family()) return;
+    ep->set_accept_any_ipv4_id(true);
+    ep->set_batching(true);
+    ep->set_gso(h.gso);
+    r.wire_mtu = std::min(r.wire_mtu, wire_mtu_for(g.raw));
+    r.ep2 = std::move(ep);
+    return;
+  }
+}
+
 // RoceAttach: the daemon's socket on the address of `sgid`, and this
 // connection's arrival socket. Called with the hub lock held.
 int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out) {
@@ -628,12 +609,7 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   proto::RoceAttachReply rep{};
   std::vector<Fd> fds;
   if (int e = cs.conn.call<proto::Op::RoceAttach>(req, rep, {}, &fds)) return e;
-  FaultConfig f;
-  f.drop = rep.drop_ppm / 1e6;
-  f.duplicate = rep.dup_ppm / 1e6;
-  f.reorder = rep.reorder_ppm / 1e6;
-  f.reorder_delay_ns = uint64_t(rep.reorder_delay_us) * 1000;
-  f.seed = rep.seed ^ (uint64_t(q.qpn) << 32);  // each QP its own sequence
+  const FaultConfig f = faults_of(rep, q.qpn);
   auto r = std::make_unique<RoceQp>(q);
   r->ep = std::make_unique<UdpEndpoint>(h.clock, f);
   r->ep_fd = fds[0].get();
@@ -732,7 +708,13 @@ int to_engine_wr(QpState& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
     Gid dg;
     std::memcpy(dg.data(), ah->attr.grh.dgid.raw, 16);
     auto a = r.ahs.find(dg);
-    if (a == r.ahs.end()) a = r.ahs.emplace(dg, r.ep->add_peer(gid_to_ip(dg.data()), kRoceV2Port)).first;
+    if (a == r.ahs.end()) {
+      static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+      UdpEndpoint& ep = r.ep_for(std::memcmp(dg.data(), mapped, 12) == 0 ? AF_INET : AF_INET6);
+      uint64_t ah = ep.add_peer(gid_to_ip(dg.data()), kRoceV2Port);
+      if (ah != UINT64_MAX && &ep != r.ep.get()) ah |= RouteSink::kOther;
+      a = r.ahs.emplace(dg, ah).first;
+    }
     if (a->second == UINT64_MAX) return EINVAL;  // IPv4 source, IPv6 destination or the reverse
     s.ah = a->second;
     s.remote_qpn = wr->wr.ud.remote_qpn & 0xffffff;
@@ -770,7 +752,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
     if (r && r->engine) {
       r->error_reported = true;  // the application's own modify
       r->engine->flush_ack();    // what completed here is acknowledged first
-      r->ep->flush_tx();
+      r->flush_tx();
       r->engine->set_error();
     }
     return 0;
@@ -798,6 +780,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
       explain_no_wire(e, q.ctx->st->conn.dir(), sgid);
       return e;
     }
+    if (q.type == IBV_QPT_UD) attach_other(h, q, *nr);
     roce::QpConfig& c = nr->cfg;
     c.type = engine_type(q.type);
     c.qpn = q.qpn;
@@ -814,9 +797,12 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
       c.dest_ah = nr->ep->add_peer(gid_to_ip(attr.ah_attr.grh.dgid.raw), kRoceV2Port);
       if (c.dest_ah == UINT64_MAX) return EINVAL;  // IPv4 source, IPv6 destination or the reverse
     }
-    nr->engine = std::make_unique<roce::Qp>(c, *nr->ep, nr->sink, nr->mem, h.clock);
+    nr->route.first = nr->ep.get();
+    nr->route.other = nr->ep2.get();
+    nr->engine = std::make_unique<roce::Qp>(c, nr->route, nr->sink, nr->mem, h.clock);
     nr->engine->set_recv_source(&nr->recvs);
     nr->ep->attach(nr->engine.get());
+    if (nr->ep2) nr->ep2->attach(nr->engine.get());
     nr->mem.inline_slab.resize(size_t(q.cap.max_send_wr + 1) * std::max<uint32_t>(q.cap.max_inline_data, 1));
     SV_TRACE("roce: QP %u on the wire, pmtu %u", q.qpn, c.pmtu);
     h.qps[q.qpn] = std::move(nr);
@@ -838,23 +824,8 @@ void roce_detach(QpState& q) {
   if (it != h.qps.end() && it->second->q == &q) {
     RoceQp& r = *it->second;
     // SOFTVERBS_ROCE_STATS=1: what the wire did, for tests and debugging.
-    if (r.engine && std::getenv("SOFTVERBS_ROCE_STATS")) {
-      const QpStats& s = r.engine->stats();
-      const UdpEndpointStats& e = r.ep->stats();
-      std::fprintf(stderr,
-                   "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
-                   "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
-                   "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu nonzero_ipv4_id %lu "
-                   "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu multicast_received %lu\n",
-                   q.qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
-                   (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
-                   (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
-                   (unsigned long)s.rnr_naks_received, (unsigned long)s.duplicates, (unsigned long)s.dropped,
-                   (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
-                   (unsigned long)e.nonzero_ipv4_id,
-                   (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
-                   (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
-    }
+    if (r.engine && std::getenv("SOFTVERBS_ROCE_STATS"))
+      print_roce_stats(q.qpn, r.engine->stats(), r.ep->stats(), r.ep2 ? &r.ep2->stats() : nullptr);
     // An ACK held for the next request (docs/ROCE.md) acknowledges messages
     // this side has completed: it must leave before the QP goes, or the
     // peer retries into a QP that no longer exists (ibv_rc_pingpong's last
@@ -862,8 +833,8 @@ void roce_detach(QpState& q) {
     // were sent, as far as the peer knows: they must not vanish either.
     if (r.engine) r.engine->flush_ack();
     if (r.ep) {
-      r.ep->flush_delayed(true);
-      r.ep->flush_tx();
+      r.flush_delayed(true);
+      r.flush_tx();
     }
     h.qps.erase(it);
   }
@@ -906,10 +877,10 @@ int roce_post_mcast(QpState& q, const ibv_send_wr* wr) {
   s.remote_qpn = kMulticastQpn;
   int rc = r.engine->post_send(std::move(s));
   r.engine->progress(false);
-  r.ep->flush_delayed();
-  r.ep->flush_tx();
+  r.flush_delayed();
+  r.flush_tx();
   report_error(r);
-  h.wake_by(std::min(r.engine->next_deadline(), r.ep->next_delayed()));
+  h.wake_by(std::min(r.engine->next_deadline(), r.next_delayed()));
   return rc;
 }
 
@@ -948,10 +919,10 @@ int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   r.engine->progress(false);
   r.engine->flush_ack();
   r.ack_due = 0;
-  r.ep->flush_delayed();
-  r.ep->flush_tx();
+  r.flush_delayed();
+  r.flush_tx();
   report_error(r);
-  h.wake_by(std::min(r.engine->next_deadline(), r.ep->next_delayed()));  // a timer the RoCE thread must see
+  h.wake_by(std::min(r.engine->next_deadline(), r.next_delayed()));  // a timer the RoCE thread must see
   return rc;
 }
 

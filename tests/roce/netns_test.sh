@@ -76,6 +76,8 @@ for p in softverbs softverbsd; do [ -x "$bin/$p" ] || { log "missing $bin/$p"; e
 "$tb" up 2 || { log "SKIP: the test bed cannot be created"; exit $SKIP; }
 a0=$("$tb" addr h0)
 a1=$("$tb" addr h1)
+a0_6=$("$tb" addr h0 6)
+a1_6=$("$tb" addr h1 6)
 ns() { echo "$SOFTVERBS_TESTBED-$1"; }
 # No SOFTVERBS_* variable reaches the programs (the test bed's are the script's).
 unset_sv=()
@@ -291,9 +293,10 @@ mckey)
   # program's QPs print their wire counters (SOFTVERBS_ROCE_STATS) when
   # destroyed.
   mckey_run() {
-    local name=$1 group=$2 count=$3 sargs=$4 i rp=() f
+    local name=$1 group=$2 count=$3 sargs=$4 i rp=() f b0=$a0 b1=$a1
+    [ "${group#*:}" != "$group" ] && b0=$a0_6 b1=$a1_6
     for i in 1 2; do
-      on h1 "$run" env SOFTVERBS_ROCE_STATS=1 mckey -m "$group" -b "$a1" -C "$count" -S 1000 \
+      on h1 "$run" env SOFTVERBS_ROCE_STATS=1 mckey -m "$group" -b "$b1" -C "$count" -S 1000 \
         >"$work/$name$i.server" 2>&1 &
       rp+=($!)
       pids+=($!)
@@ -310,20 +313,21 @@ mckey)
     # the multicast QPN with a bad ICRC; a RC opcode to it; a unicast
     # DestQP) and a well-formed header for a group nobody joined. Each must
     # be dropped without harm (daemon, receivers).
-    ip netns exec "$(ns h0)" python3 - "$group" "$a0" <<'PY'
+    ip netns exec "$(ns h0)" python3 - "$group" "$b0" <<'PY'
 import socket, struct, sys
 group, src = sys.argv[1], sys.argv[2]
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(src))
+v6 = ':' in group
+s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((src, 0))
 def ud(opcode, dqpn, qkey=0x1234567, payload=b'x' * 64):
     bth = struct.pack('!BBHI I', opcode, 0, 0xffff, dqpn & 0xffffff, 1)
     deth = struct.pack('!II', qkey, 0x99)
     return bth + deth + payload + b'\0\0\0\0'
 for d in (b'\x64\0\xff\xff', ud(0x64, 0xffffff), ud(0x04, 0xffffff), ud(0x64, 0x12), ud(0x64, 0xffffff)[:30]):
     s.sendto(d, (group, 4791))
-s.sendto(ud(0x64, 0xffffff), ('239.1.1.99', 4791))
+s.sendto(ud(0x64, 0xffffff), ('ff0e::1:99' if v6 else '239.1.1.99', 4791))
 PY
-    on h0 "$run" env SOFTVERBS_ROCE_STATS=1 mckey -m "$group" -b "$a0" -s -C "$count" -S 1000 $sargs \
+    on h0 "$run" env SOFTVERBS_ROCE_STATS=1 mckey -m "$group" -b "$b0" -s -C "$count" -S 1000 $sargs \
       >"$work/$name.client" 2>&1
     CRC=$?
     [ $CRC -eq 0 ] || fail "$name: the sender exited $CRC"
@@ -346,14 +350,16 @@ PY
   }
   mckey_run mckey 239.1.1.1 100 ""
   mckey_run mckey_sendonly 239.1.1.2 20 "-o"
+  # IPv6 (the veths' fd77:: addresses): the group is the MGID itself.
+  mckey_run mckey6 ff0e::1:3 100 ""
   # The groups are left when their last member is gone: no socket of either
   # daemon is bound to a group any more.
   for h in h0 h1; do
     for _ in $(seq 60); do
-      ip netns exec "$(ns $h)" ss -Hlun | grep -q '239\.1\.1\.' || break
+      ip netns exec "$(ns $h)" ss -Hlun | grep -Eq '239\.1\.1\.|ff0e::' || break
       sleep 0.05
     done
-    ip netns exec "$(ns $h)" ss -Hlun | grep -q '239\.1\.1\.' && fail "$h: a group socket is left: $(ip netns exec "$(ns $h)" ss -Hlun)"
+    ip netns exec "$(ns $h)" ss -Hlun | grep -Eq '239\.1\.1\.|ff0e::' && fail "$h: a group socket is left: $(ip netns exec "$(ns $h)" ss -Hlun)"
   done
   ;;
 busy)

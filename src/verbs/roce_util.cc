@@ -1,0 +1,162 @@
+#include "verbs/roce_util.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "roce/headers.h"
+#include "verbs/provider.h"
+
+namespace sv::verbs {
+
+using roce::kBthLen;
+using roce::kIcrcLen;
+using roce::QpStats;
+using roce::UdpEndpointStats;
+using roce::WcOpcode;
+using roce::WcStatus;
+
+std::string gid_to_ip(const uint8_t* g) {
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (std::memcmp(g, mapped, 12) == 0) inet_ntop(AF_INET, g + 12, buf, sizeof buf);
+  else inet_ntop(AF_INET6, g, buf, sizeof buf);
+  return buf;
+}
+
+uint32_t wire_mtu_for(const uint8_t* sgid) {
+  const bool v4 = gid_to_ip(sgid).find(':') == std::string::npos;
+  uint32_t ifmtu = 1500;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+      if (!i->ifa_addr) continue;
+      const void* a = nullptr;
+      if (v4 && i->ifa_addr->sa_family == AF_INET) a = &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+      if (!v4 && i->ifa_addr->sa_family == AF_INET6) a = &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
+      if (!a || std::memcmp(a, v4 ? sgid + 12 : sgid, v4 ? 4 : 16) != 0) continue;
+      int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      ifreq r{};
+      std::strncpy(r.ifr_name, i->ifa_name, IFNAMSIZ - 1);
+      if (s >= 0 && ::ioctl(s, SIOCGIFMTU, &r) == 0) ifmtu = uint32_t(r.ifr_mtu);
+      if (s >= 0) ::close(s);
+      break;
+    }
+    ::freeifaddrs(ifs);
+  }
+  const uint32_t overhead = (v4 ? 20 : 40) + 8 + kBthLen + 28 + kIcrcLen;
+  uint32_t mtu = 4096;
+  while (mtu > 256 && mtu + overhead > ifmtu) mtu /= 2;
+  return mtu;
+}
+
+ibv_wc_status to_status(WcStatus s) {
+  switch (s) {
+    case WcStatus::kSuccess: return IBV_WC_SUCCESS;
+    case WcStatus::kLocLenErr: return IBV_WC_LOC_LEN_ERR;
+    case WcStatus::kLocQpOpErr: return IBV_WC_LOC_QP_OP_ERR;
+    case WcStatus::kLocProtErr: return IBV_WC_LOC_PROT_ERR;
+    case WcStatus::kWrFlushErr: return IBV_WC_WR_FLUSH_ERR;
+    case WcStatus::kRemInvReqErr: return IBV_WC_REM_INV_REQ_ERR;
+    case WcStatus::kRemAccessErr: return IBV_WC_REM_ACCESS_ERR;
+    case WcStatus::kRemOpErr: return IBV_WC_REM_OP_ERR;
+    case WcStatus::kRetryExcErr: return IBV_WC_RETRY_EXC_ERR;
+    case WcStatus::kRnrRetryExcErr: return IBV_WC_RNR_RETRY_EXC_ERR;
+    case WcStatus::kMwBindErr: return IBV_WC_MW_BIND_ERR;
+  }
+  return IBV_WC_GENERAL_ERR;
+}
+
+ibv_wc_opcode to_wc_opcode(WcOpcode o) {
+  switch (o) {
+    case WcOpcode::kSend: return IBV_WC_SEND;
+    case WcOpcode::kWrite: return IBV_WC_RDMA_WRITE;
+    case WcOpcode::kRead: return IBV_WC_RDMA_READ;
+    case WcOpcode::kCompareSwap: return IBV_WC_COMP_SWAP;
+    case WcOpcode::kFetchAdd: return IBV_WC_FETCH_ADD;
+    case WcOpcode::kRecv: return IBV_WC_RECV;
+    case WcOpcode::kRecvWriteImm: return IBV_WC_RECV_RDMA_WITH_IMM;
+    case WcOpcode::kLocalInv: return IBV_WC_LOCAL_INV;
+    case WcOpcode::kBindMw: return IBV_WC_BIND_MW;
+  }
+  return IBV_WC_SEND;
+}
+
+void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1, const UdpEndpointStats* other) {
+  UdpEndpointStats e = e1;
+  if (other) {
+    e.bad_icrc += other->bad_icrc;
+    e.nonzero_ipv4_id += other->nonzero_ipv4_id;
+    e.fault_dropped += other->fault_dropped;
+    e.fault_delayed += other->fault_delayed;
+    e.fault_duplicated += other->fault_duplicated;
+    e.gso_sends += other->gso_sends;
+    e.multicast += other->multicast;
+  }
+  std::fprintf(stderr,
+               "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
+               "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
+               "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu nonzero_ipv4_id %lu "
+               "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu multicast_received %lu\n",
+               qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
+               (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
+               (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
+               (unsigned long)s.rnr_naks_received, (unsigned long)s.duplicates, (unsigned long)s.dropped,
+               (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
+               (unsigned long)e.nonzero_ipv4_id, (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
+               (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
+}
+
+void CqSink::complete(const roce::Completion& c) {
+  ibv_wc wc{};
+  wc.wr_id = c.wr_id;
+  wc.status = to_status(c.status);
+  wc.opcode = to_wc_opcode(c.opcode);
+  wc.qp_num = q_.qpn;
+  wc.byte_len = c.byte_len;
+  if (c.has_imm) {
+    wc.wc_flags |= IBV_WC_WITH_IMM;
+    wc.imm_data = htonl(c.imm);  // back to the wire's bytes, as ibv_wc has them
+  }
+  if (c.has_inv) {
+    wc.wc_flags |= IBV_WC_WITH_INV;
+    wc.invalidated_rkey = c.invalidated_rkey;
+  }
+  if (c.grh) wc.wc_flags |= IBV_WC_GRH;
+  wc.src_qp = c.src_qp;
+  wc.pkey_index = 0;
+  Cq* cq = c.is_recv ? q_.recv_cq : q_.send_cq;
+  cq->st->view.push(wc, c.is_recv);
+}
+
+bool RingRecvSource::take(roce::RecvWr& out) {
+  shm::RecvWqe w;
+  if (q_.srq) {
+    SrqState& s = *q_.srq->st;
+    if (!s.ring.pop(w)) return false;
+    uint32_t limit = s.hdr->limit.load(std::memory_order_relaxed);
+    if (limit && s.ring.size() < limit && s.hdr->limit.exchange(0) != 0) {
+      // Below the armed limit: IBV_EVENT_SRQ_LIMIT_REACHED to its holders.
+      proto::HandleReq req{};
+      req.handle = s.handle;
+      proto::Empty rep{};
+      q_.ctx->st->conn.call<proto::Op::SrqLimit>(req, rep);
+    }
+  } else if (!q_.rq.pop(w)) {
+    return false;
+  }
+  out.wr_id = w.wr_id;
+  out.sg.clear();
+  for (uint32_t i = 0; i < w.num_sge && i < shm::kMaxSge; ++i)
+    out.sg.push_back({w.sge[i].addr, w.sge[i].length, w.sge[i].lkey});
+  return true;
+}
+
+}  // namespace sv::verbs

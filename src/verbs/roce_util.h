@@ -1,0 +1,55 @@
+// roce_util.h: helpers of the wire path (roce_link.cc): a RoCEv2 GID as an
+// IP address, the path MTU its netdev carries, the engine's completions
+// into the QP's CQs and its receives from the QP's ring or SRQ, and the
+// SOFTVERBS_ROCE_STATS line. Not an API; called with the hub lock held.
+#pragma once
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <string>
+
+#include "roce/engine.h"
+#include "roce/udp.h"
+
+namespace sv::verbs {
+
+struct QpState;
+
+// The engine's completions, into the QP's CQ rings as ibv_wc.
+class CqSink : public roce::CompletionSink {
+ public:
+  explicit CqSink(QpState& q) : q_(q) {}
+  void complete(const roce::Completion& c) override;
+
+ private:
+  QpState& q_;
+};
+
+// Receive WQEs from the QP's ring or its SRQ, one when a message needs it:
+// the ring is shared with the shared-memory path (a UD QP hears both) and
+// an SRQ with other QPs.
+class RingRecvSource : public roce::RecvSource {
+ public:
+  explicit RingRecvSource(QpState& q) : q_(q) {}
+  bool take(roce::RecvWr& out) override;
+
+ private:
+  QpState& q_;
+};
+
+// "a.b.c.d" for an IPv4-mapped GID (RoCEv2, IBTA annex A17.4.5.1), else the IPv6 text.
+std::string gid_to_ip(const uint8_t* g);
+// The largest IB MTU whose packets (IP, UDP, BTH, the longest extension
+// headers, ICRC) fit the netdev that holds `sgid`: never IP-fragment.
+uint32_t wire_mtu_for(const uint8_t* sgid);
+
+ibv_wc_status to_status(roce::WcStatus s);
+ibv_wc_opcode to_wc_opcode(roce::WcOpcode o);
+
+// One line on stderr with a wire QP's engine and endpoint counters (`other`:
+// a UD QP's endpoint of the other address family, or null; its counters
+// are added).
+void print_roce_stats(uint32_t qpn, const roce::QpStats& s, const roce::UdpEndpointStats& e,
+                      const roce::UdpEndpointStats* other);
+
+}  // namespace sv::verbs
