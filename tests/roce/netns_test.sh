@@ -352,6 +352,22 @@ PY
   mckey_run mckey_sendonly 239.1.1.2 20 "-o"
   # IPv6 (the veths' fd77:: addresses): the group is the MGID itself.
   mckey_run mckey6 ff0e::1:3 100 ""
+  # A member that dies (SIGKILL) leaves the group: h1's daemon joined it
+  # (a socket bound to the group, and the kernel's membership), and drops
+  # both when the process is gone.
+  on h1 "$run" mckey -m 239.1.1.5 -b "$a1" >"$work/killed.server" 2>&1 &
+  kp=$!
+  pids+=($kp)
+  for _ in $(seq 200); do
+    grep -q '^mckey: joined dgid: ' "$work/killed.server" 2>/dev/null && break
+    sleep 0.05
+  done
+  ip netns exec "$(ns h1)" ss -Hlun | grep -q '239\.1\.1\.5:4791' || fail "killed: h1's daemon holds no socket for 239.1.1.5"
+  ip netns exec "$(ns h1)" ip maddr show | grep -q '239\.1\.1\.5' || fail "killed: h1 did not join 239.1.1.5"
+  # mckey itself, a descendant of the background job (softverbs run, timeout).
+  tree() { local c; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; tree "$c"; done; }
+  for p in $(tree $kp); do [ "$(cat /proc/"$p"/comm 2>/dev/null)" = mckey ] && kill -KILL "$p"; done
+  wait $kp 2>/dev/null
   # The groups are left when their last member is gone: no socket of either
   # daemon is bound to a group any more.
   for h in h0 h1; do
@@ -361,6 +377,8 @@ PY
     done
     ip netns exec "$(ns $h)" ss -Hlun | grep -Eq '239\.1\.1\.|ff0e::' && fail "$h: a group socket is left: $(ip netns exec "$(ns $h)" ss -Hlun)"
   done
+  ip netns exec "$(ns h1)" ip maddr show | grep -Eq '239\.1\.1\.|ff0e::1:' && fail "h1 is still in a group: $(ip netns exec "$(ns h1)" ip maddr show)"
+  [ $failures -eq 0 ] || cat "$work/killed.server" >&2
   ;;
 busy)
   # Another daemon (a private directory) holds UDP 4791 in h0.
