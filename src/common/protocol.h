@@ -365,7 +365,9 @@ struct RoceAttachReq {
   Header h;
   uint32_t qpn;
   uint8_t sgid[16];
+  uint32_t flags;  // kRoceSecondAddress: a UD QP attached already, on its other family's address
 };
+enum : uint32_t { kRoceSecondAddress = 1 };
 
 struct RoceAttachReply {
   Header h;

@@ -315,7 +315,8 @@ int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req
   rep.reorder_delay_us = faults_.reorder_delay_us;
   rep.seed = faults_.seed;
   auto had = qpn_sock_.find(qpn);
-  if (had != qpn_sock_.end() && had->second != si && qpns_[qpn] == client) {
+  if ((req.flags & proto::kRoceSecondAddress) && had != qpn_sock_.end() && had->second != si &&
+      qpns_[qpn] == client) {
     // A UD QP's second address, of the other family (docs/ROCE.md,
     // "Multicast"): it sends there on the daemon's socket; the QPN stays
     // steered on its first address, and what comes for it on this one is

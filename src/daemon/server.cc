@@ -159,6 +159,9 @@ int Server::open_roce() {
   };
   roce_.on_new_fd = [this](int fd) {
     if (watch_roce_fd(fd) == 0) open_cm_gateway();
+    // An address bound late (its holder gone) may be the first of a group's
+    // family: look at the groups again after this command (sync_mcast).
+    mcast_generation_ = ~uint64_t(0);
   };
   return 0;
 }

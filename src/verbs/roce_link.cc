@@ -584,6 +584,7 @@ void attach_other(Hub& h, QpState& q, RoceQp& r) {
     if ((std::memcmp(g.raw, mapped, 12) == 0) == v4 || (g.raw[0] == 0xfe && (g.raw[1] & 0xc0) == 0x80)) continue;
     proto::RoceAttachReq req{};
     req.qpn = q.qpn;
+    req.flags = proto::kRoceSecondAddress;
     std::memcpy(req.sgid, g.raw, 16);
     proto::RoceAttachReply rep{};
     std::vector<Fd> fds;
