@@ -25,6 +25,8 @@
 #         riostream  rsockets' riostream (RDMA WRITEs into the peer's
 #                    registered buffer, rsocket's riomap) between them, data checked
 #         rcopy      rcopy copies a 3.3 MB file from h0 to h1 over rsockets
+#         udpong     datagram rsockets (UD QPs on the wire): udpong's
+#                    bandwidth run and a blocking echo run, h0 -> h1
 #         busy       UDP 4791 held by another daemon: same-host QPs work, a QP
 #                    to the other namespace fails at RTR saying who holds the
 #                    port and what to do; with the holder gone it works
@@ -38,7 +40,8 @@ log() { printf '%s\n' "$*" >&2; }
 ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
 for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping) $([ "$case" = rstream ] && echo rstream) \
   $([ "$case" = mckey ] && echo mckey python3) \
-  $([ "$case" = riostream ] && echo riostream) $([ "$case" = rcopy ] && echo rcopy cmp); do
+  $([ "$case" = riostream ] && echo riostream) $([ "$case" = rcopy ] && echo rcopy cmp) \
+  $([ "$case" = udpong ] && echo udpong); do
   command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
 done
 export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
@@ -286,6 +289,34 @@ rcopy)
   wait $spid 2>/dev/null
   [ $failures -eq 0 ] || show rcopy
   log "rcopy h0 -> h1: $(grep '^3333333 bytes in ' "$work/rcopy.client")"
+  ;;
+udpong)
+  # The server serves until it is killed; ready when its UDP port is bound.
+  n=0
+  for args in "-S 1000 -C 10000" "-T b -T e -S 1000 -C 2000"; do
+    n=$((n + 1))
+    # shellcheck disable=SC2086
+    on h1 "$run" udpong -b "$a1" -p $((7480 + n)) $args >"$work/udpong$n.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    for _ in $(seq 200); do
+      ip netns exec "$(ns h1)" ss -Hlun "sport = :$((7480 + n))" 2>/dev/null | grep -q . && break
+      kill -0 $spid 2>/dev/null || break
+      sleep 0.05
+    done
+    # shellcheck disable=SC2086
+    on h0 "$run" udpong -s "$a1" -p $((7480 + n)) $args >"$work/udpong$n.client" 2>&1 || fail "udpong $args: the client exited $?"
+    # xfers: what the server says it received (UD may drop some), or the echoes.
+    row='^custom +1000 +[0-9.]+k? '
+    [ $n -eq 2 ] && row='^custom +1000 +4k '
+    grep -Eq "$row" "$work/udpong$n.client" || fail "udpong $args: no result line"
+    grep -Eqi 'error|fail|invalid' "$work/udpong$n.client" && fail "udpong $args: the client reports an error"
+    tree() { local c; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; tree "$c"; done; }
+    for p in $(tree $spid); do [ "$(cat /proc/"$p"/comm 2>/dev/null)" = udpong ] && kill "$p"; done
+    wait $spid 2>/dev/null
+    [ $failures -eq 0 ] || show "udpong$n"
+    log "udpong $args h0 -> h1: $(grep -E '^custom' "$work/udpong$n.client")"
+  done
   ;;
 mckey)
   # mckey_run NAME GROUP COUNT SENDER_ARGS: two receivers in h1 (started
