@@ -187,7 +187,8 @@ bool RocePort::steer(size_t si) {
   for (const auto& [qpn, client] : qpns_) {
     if (qpn == kCmQpn || f.size() + 3 > BPF_MAXINSNS) continue;       // the rest: forwarded
     auto qs = qpn_sock_.find(qpn);
-    if (qs == qpn_sock_.end() || qs->second != si) continue;
+    auto q2 = qpn_sock2_.find(qpn);  // a UD QP's second address
+    if ((qs == qpn_sock_.end() || qs->second != si) && (q2 == qpn_sock2_.end() || q2->second != si)) continue;
     for (size_t j = 0; j < s.slots.size(); ++j) {
       if (!s.slots[j].used || s.slots[j].client != client) continue;
       f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, qpn, 0, 1));
@@ -318,15 +319,23 @@ int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req
   if ((req.flags & proto::kRoceSecondAddress) && had != qpn_sock_.end() && had->second != si &&
       qpns_[qpn] == client) {
     // A UD QP's second address, of the other family (docs/ROCE.md,
-    // "Multicast"): it sends there on the daemon's socket; the QPN stays
-    // steered on its first address, and what comes for it on this one is
-    // forwarded (readable()).
-    out_fds.push_back(socks_[si].fd.get());
+    // "Multicast"): the QPN is steered there too, to the client's socket of
+    // that address's group (else it sends on the daemon's, and what comes
+    // for it there is forwarded: readable()).
+    qpn_sock2_[qpn] = si;
+    const int slot = slot_for(si, client, uid);
+    if (slot >= 0 && steer(si)) {
+      rep.flags = proto::kRoceSteered;
+      out_fds.push_back(socks_[si].slots[size_t(slot)].fd.get());
+    } else {
+      out_fds.push_back(socks_[si].fd.get());
+    }
     out_fds.push_back(it->second.theirs.get());
     return 0;
   }
   qpns_[qpn] = client;
   qpn_sock_[qpn] = si;
+  qpn_sock2_.erase(qpn);
   const int slot = qpn == kCmQpn ? -1 : slot_for(si, client, uid);
   if (slot >= 0 && steer(si)) {
     rep.flags = proto::kRoceSteered;
@@ -343,6 +352,7 @@ void RocePort::remove_client(uint32_t client) {
   for (auto it = qpns_.begin(); it != qpns_.end();) {
     if (it->second == client) {
       qpn_sock_.erase(it->first);
+      qpn_sock2_.erase(it->first);
       it = qpns_.erase(it);
     } else {
       ++it;

@@ -119,6 +119,7 @@ class RocePort {
   std::map<uint32_t, Arrival> arrivals_;  // client -> its arrival socket
   std::map<uint32_t, uint32_t> qpns_;     // QPN -> client
   std::map<uint32_t, size_t> qpn_sock_;   // QPN -> index in socks_ of the address it attached on
+  std::map<uint32_t, size_t> qpn_sock2_;  // a UD QPN -> its second address's (kRoceSecondAddress)
   proto::RoceAttachReply faults_{};
   uint8_t buf_[65536 + sizeof(proto::RoceArrival)];
 };

@@ -556,6 +556,25 @@ Hub& hub() {
   return *h;
 }
 
+// Our own socket `fd` of an address's reuseport group (kRoceSteered): the
+// RoCE thread and CQ pollers receive on it (a copy: the endpoint owns the
+// one it sends on), once per distinct socket.
+void receive_on(Hub& h, ContextState& cs, int fd) {
+  ConnSocks& c = h.conns[&cs];
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return;
+  for (auto& [ino, s] : c.steered) {
+    if (ino == st.st_ino) return;
+  }
+  Fd mine(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  // Trains of datagrams from GSO senders arrive whole (one recvmmsg entry
+  // each) instead of being cut by the kernel first.
+  int one = 1;
+  if (h.gso) ::setsockopt(mine.get(), SOL_UDP, UDP_GRO, &one, sizeof one);
+  c.steered.emplace_back(st.st_ino, std::move(mine));
+  h.kick();
+}
+
 // The fault hook the daemon says (SOFTVERBS_FAULTS), each QP its own sequence.
 FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn) {
   FaultConfig f;
@@ -569,10 +588,11 @@ FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn) {
 
 // A UD QP also sends from the first GID of the other address family (an
 // IPv6 one after the IPv4 index 1), so that its datagrams to IPv6 GIDs and
-// groups go on the wire (docs/ROCE.md, "Multicast"): a second RoceAttach,
-// whose socket is the daemon's on that address, for sending; what arrives
-// there for the QP is forwarded on the arrival socket (RocePort::attach).
-// Best effort: without it those destinations stay local.
+// groups go on the wire (docs/ROCE.md, "Multicast"): a second RoceAttach
+// (kRoceSecondAddress), whose socket is ours in that address's reuseport
+// group, the QPN steered to it too (else the daemon's, and what arrives
+// there for the QP is forwarded). Best effort: without it those
+// destinations stay local.
 void attach_other(Hub& h, QpState& q, RoceQp& r) {
   static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   const bool v4 = std::memcmp(r.sgid.data(), mapped, 12) == 0;
@@ -590,7 +610,9 @@ void attach_other(Hub& h, QpState& q, RoceQp& r) {
     std::vector<Fd> fds;
     if (q.ctx->st->conn.call<proto::Op::RoceAttach>(req, rep, {}, &fds) || fds.empty()) return;
     auto ep = std::make_unique<UdpEndpoint>(h.clock, faults_of(rep, q.qpn));
+    const int fd = fds[0].get();
     if (ep->adopt(fds[0].release()) != 0 || ep->family() == r.ep->family()) return;
+    if (rep.flags & proto::kRoceSteered) receive_on(h, *q.ctx->st, fd);
     ep->set_accept_any_ipv4_id(true);
     ep->set_batching(true);
     ep->set_gso(h.gso);
@@ -631,25 +653,7 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
     h.conns[&cs] = std::move(c);
     h.kick();
   }
-  if (rep.flags & proto::kRoceSteered) {
-    // Our own socket of the address's reuseport group: the RoCE thread and
-    // CQ pollers receive on it (a copy: the endpoint owns the one it sends on).
-    ConnSocks& c = h.conns[&cs];
-    struct stat st {};
-    if (::fstat(r->ep_fd, &st) == 0) {
-      bool known = false;
-      for (auto& [ino, fd] : c.steered) known = known || ino == st.st_ino;
-      if (!known) {
-        Fd mine(::fcntl(r->ep_fd, F_DUPFD_CLOEXEC, 0));
-        // Trains of datagrams from GSO senders arrive whole (one recvmmsg
-        // entry each) instead of being cut by the kernel first.
-        int one = 1;
-        if (h.gso) ::setsockopt(mine.get(), SOL_UDP, UDP_GRO, &one, sizeof one);
-        c.steered.emplace_back(st.st_ino, std::move(mine));
-        h.kick();
-      }
-    }
-  }
+  if (rep.flags & proto::kRoceSteered) receive_on(h, cs, r->ep_fd);
   q.send_cq->st->wire.store(true, std::memory_order_relaxed);
   q.recv_cq->st->wire.store(true, std::memory_order_relaxed);
   if (!h.started) {

@@ -9,7 +9,7 @@
 # SOFTVERBS_ROCE_STATS lines the library prints when a QP is destroyed.
 #
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
-#   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | srq | write_bw_faults |
+#   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
@@ -224,6 +224,13 @@ case $case in
   ud_reorder)
     start_daemons "reorder=0.05,seed=$seed"
     pingpong ud_reorder ibv_ud_pingpong 1 "$a1" 1024 300
+    ;;
+  ud6)
+    # UD over the IPv6 GID: the QP's second address (docs/ROCE.md,
+    # "Multicast": a UD QP listens on GID 1 and also attaches to the first
+    # GID of the other family), steered there too.
+    start_daemons ""
+    pingpong ud6 ibv_ud_pingpong 2 "$a1" 1024 200
     ;;
   srq)
     # 16 RC QPs taking their receives from one SRQ, on demand.
