@@ -420,6 +420,71 @@ TEST(UdEngine, QkeySourceQpGrhAndLength) {
   EXPECT_EQ(EINVAL, p.qa().post_send(wr(5, WrOpcode::kWrite, p.a, kA, 8)));
 }
 
+// Multicast (docs/ROCE.md, "Multicast"): UD SENDs to the multicast QPN
+// (0xFFFFFF) on a seeded lossy, duplicating, reordering link. The member
+// takes every datagram that arrives with its Q_Key (UD: no recovery, no
+// order), as often as the link delivered it, each intact; the others are
+// dropped; the sends are unsignaled. A RC QP drops a packet for the
+// multicast QPN (IBTA 9.6: not its QPN) that it takes with its own.
+TEST(UdEngine, MulticastQpnOnALossyLink) {
+  Pair p(QpType::kUD, FaultConfig{0.05, 0.05, 0.10, 30000, 21});
+  p.start();
+  uint32_t good = 0, bad = 0;
+  p.sim.nodes[1].tap = [&](std::vector<uint8_t>& pkt) {
+    if (pkt.size() < 20 || get_be24(pkt.data() + 5) != kMulticastQpn) return;
+    (pkt[12] == 0 && pkt[13] == 0 && pkt[14] == 0x12 && pkt[15] == 0x34 ? good : bad)++;
+  };
+  constexpr uint32_t kSlot = 160;  // GRH + 100 bytes
+  for (uint32_t i = 0; i < 400; i++) p.qb().post_recv(rwr(1000 + i, p.b, kB + kSlot * i, kSlot));
+  for (uint32_t i = 0; i < 200; i++) {
+    SendWr w = wr(i, WrOpcode::kSendImm, p.a, kA + i, 100);
+    w.remote_qpn = kMulticastQpn;
+    w.remote_qkey = i % 10 == 9 ? 0x9999 : 0x1234;  // every tenth: not the member's Q_Key
+    w.ah = 1;
+    w.imm = i;
+    w.signaled = false;
+    ASSERT_EQ(0, p.qa().post_send(w));
+  }
+  p.settle();
+  EXPECT_TRUE(p.ca().empty());
+  EXPECT_EQ(p.sim.sent, 200u);
+  EXPECT_NE(good + bad, 200u);  // the link lost or doubled some (seed 21)
+  ASSERT_EQ(p.cb().size(), good);
+  EXPECT_EQ(p.qb().stats().dropped, bad);
+  const uint8_t* src = p.sim.nodes[0].mem.bytes(p.a).data();
+  for (size_t k = 0; k < p.cb().size(); k++) {
+    const Completion& c = p.cb()[k];
+    EXPECT_EQ(c.status, WcStatus::kSuccess);
+    EXPECT_EQ(c.byte_len, 140u);
+    EXPECT_EQ(c.src_qp, p.sim.cfg[0].qpn);
+    ASSERT_LT(c.imm, 200u);
+    EXPECT_NE(c.imm % 10, 9u);
+    const uint8_t* got = p.sim.nodes[1].mem.bytes(p.b).data() + kSlot * (c.wr_id - 1000) + 40;
+    EXPECT_EQ(0, memcmp(got, src + c.imm, 100)) << k;
+  }
+
+  Pair r(QpType::kRC);
+  r.start();
+  r.qb().post_recv(rwr(1, r.b, kB, 64));
+  auto send_only = [&](uint32_t dqpn) {
+    Packet q;
+    q.bth.opcode = op::kSendOnly;
+    q.bth.dest_qp = dqpn;
+    q.bth.psn = 0;
+    const uint8_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    q.payload = data;
+    std::vector<uint8_t> t(packet_size(q));
+    build_packet(q, t);
+    r.qb().receive(t, 0);
+  };
+  send_only(kMulticastQpn);
+  EXPECT_EQ(r.qb().stats().dropped, 1u);
+  EXPECT_TRUE(r.cb().empty());
+  send_only(r.sim.cfg[1].qpn);  // the control: its own QPN completes
+  ASSERT_EQ(r.cb().size(), 1u);
+  EXPECT_EQ(r.cb()[0].byte_len, 8u);
+}
+
 TEST(UcEngine, WriteWithImmediateAndUdPlainSend) {
   {
     Pair p(QpType::kUC);
