@@ -854,9 +854,12 @@ bool roce_ud_remote(const QpState&, const ibv_send_wr* wr) {
          !gid_is_local(ah->attr.grh.dgid.raw);
 }
 
+// An AH from the loopback GID (index 0, ::ffff:127.0.0.1: a group joined
+// on an id bound to 127.0.0.1 or ::1) keeps the group on this host, as IP
+// multicast sent on lo does.
 bool roce_ud_multicast(const QpState&, const ibv_send_wr* wr) {
   const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
-  return ah && ah->attr.is_global && gid_is_multicast(ah->attr.grh.dgid.raw) &&
+  return ah && ah->attr.is_global && ah->attr.grh.sgid_index != 0 && gid_is_multicast(ah->attr.grh.dgid.raw) &&
          (wr->wr.ud.remote_qpn & 0xffffff) == kMulticastQpn;
 }
 
