@@ -879,6 +879,11 @@ int roce_post_mcast(QpState& q, const ibv_send_wr* wr) {
   RoceQp& r = *it->second;
   if (int e = validate_wr(q, wr)) return e;
   if (r.engine->send_queue_depth() >= q.cap.max_send_wr) return ENOMEM;
+  // A UD message is one packet (IBTA 9.8): one larger than the wire's path
+  // MTU stays on the host (the engine would complete it with an error).
+  uint64_t len = 0;
+  for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+  if (len > r.cfg.pmtu) return EMSGSIZE;
   SendWr s;
   if (int e = to_engine_wr(q, r, wr, s)) return e;
   s.signaled = false;

@@ -27,6 +27,9 @@
 #         rcopy      rcopy copies a 3.3 MB file from h0 to h1 over rsockets
 #         udpong     datagram rsockets (UD QPs on the wire): udpong's
 #                    bandwidth run and a blocking echo run, h0 -> h1
+#         mcast_bw   perftest's UD multicast: ib_send_bw -c UD -g (a QP
+#                    attached to the group ::ffff:239.1.1.7 in h1, the sender
+#                    in h0), 5000 x 1000 B, all received
 #         busy       UDP 4791 held by another daemon: same-host QPs work, a QP
 #                    to the other namespace fails at RTR saying who holds the
 #                    port and what to do; with the holder gone it works
@@ -41,7 +44,7 @@ ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP
 for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping) $([ "$case" = rstream ] && echo rstream) \
   $([ "$case" = mckey ] && echo mckey python3) \
   $([ "$case" = riostream ] && echo riostream) $([ "$case" = rcopy ] && echo rcopy cmp) \
-  $([ "$case" = udpong ] && echo udpong); do
+  $([ "$case" = udpong ] && echo udpong) $([ "$case" = mcast_bw ] && echo ib_send_bw); do
   command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
 done
 export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
@@ -289,6 +292,35 @@ rcopy)
   wait $spid 2>/dev/null
   [ $failures -eq 0 ] || show rcopy
   log "rcopy h0 -> h1: $(grep '^3333333 bytes in ' "$work/rcopy.client")"
+  ;;
+mcast_bw)
+  # ib_send_bw -g: the server's QP joins the group (-M: the MGID as 16
+  # decimal bytes, an IPv4-mapped one to match GID 1's family), the client
+  # sends to it. UD has no flow control: the 5000 messages all arriving
+  # says the daemon's hop keeps up. 1000 bytes: a UD message must fit the
+  # veth's path MTU (1024) to go on the wire.
+  mgid=0:0:0:0:0:0:0:0:0:0:255:255:239:1:1:7
+  on h1 "$run" env SOFTVERBS_ROCE_STATS=1 ib_send_bw -c UD -g -x 1 -M $mgid -s 1000 -n 5000 \
+    >"$work/mcast_bw.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    ip netns exec "$(ns h1)" ss -Hltn "sport = :18515" 2>/dev/null | grep -q . && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
+  on h0 "$run" ib_send_bw -c UD -g -x 1 -M $mgid -s 1000 -n 5000 "$a1" >"$work/mcast_bw.client" 2>&1
+  CRC=$?
+  [ $CRC -eq 0 ] || kill $spid 2>/dev/null
+  wait $spid
+  SRC=$?
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "mcast_bw: server exit $SRC, client exit $CRC"
+  for side in server client; do
+    grep -Eq '^ 1000 +5000 ' "$work/mcast_bw.$side" || fail "mcast_bw: no 1000 x 5000 line on the $side"
+  done
+  grep -q 'multicast_received 5000$' "$work/mcast_bw.server" || fail "mcast_bw: the server's QP did not get 5000 multicast datagrams"
+  [ $failures -eq 0 ] || show mcast_bw
+  log "ib_send_bw -c UD -g h0 -> h1: $(grep -E '^ 1000 +5000 ' "$work/mcast_bw.server")"
   ;;
 udpong)
   # The server serves until it is killed; ready when its UDP port is bound.
