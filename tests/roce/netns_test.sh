@@ -16,6 +16,9 @@
 #                    (the daemon refuses it: EXDEV, and it starts its own)
 #         rping      rdma_cm between the namespaces (the default daemons'
 #                    CM gateways carry its MADs)
+#         rstream, riostream, rcopy
+#                    rsockets between the namespaces (Debian's programs;
+#                    data checked)
 #         busy       UDP 4791 held by another daemon: same-host QPs work, a QP
 #                    to the other namespace fails at RTR saying who holds the
 #                    port and what to do; with the holder gone it works
@@ -27,7 +30,7 @@ SKIP=77
 log() { printf '%s\n' "$*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
 ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
-for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping) $([ "$case" = rstream ] && echo rstream); do
+for p in ibv_rc_pingpong ibv_devinfo ss $(case $case in rping | rstream | riostream | rcopy) echo "$case" ;; esac); do
   command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
 done
 export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
@@ -98,6 +101,23 @@ pair() {
   if [ $CRC -ne 0 ]; then kill $spid 2>/dev/null; fi  # it waits for a peer that gave up
   wait $spid
   SRC=$?
+}
+
+# rs_server NAME PORT PROG ARGS...: an rsocket server in h1 on rdma_cm port
+# PORT (output $work/NAME.server, pid in spid), waited for until it listens
+# (its rendezvous socket cm/262-PORT-* exists).
+rs_server() {
+  local name=$1 port=$2 prog=$3
+  shift 3
+  on h1 "$run" "$prog" -p "$port" "$@" >"$work/$name.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    compgen -G "$base/cm/*-$port-*" >/dev/null && break
+    compgen -G "$base/net-*/cm/*-$port-*" >/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
 }
 
 show() {
@@ -198,30 +218,41 @@ rping)
   grep -q "^ping data: rdma-ping-9: " "$work/rping.client" || fail "rping: the client did not see ping 9"
   [ $failures -eq 0 ] || show rping
   ;;
-rstream)
+rstream | riostream)
   # rsockets (issue 21) between the two "hosts": rdma_cm over the CM
   # gateways, the data as RDMA WRITEs with immediate over RoCEv2; the
-  # received data checked (-T v).
-  on h1 "$run" rstream -b "$a1" -p 7471 -T v -S 65536 -C 500 >"$work/rstream.server" 2>&1 &
-  spid=$!
-  pids+=($spid)
-  for _ in $(seq 200); do
-    compgen -G "$base/cm/*-7471-*" >/dev/null && break
-    compgen -G "$base/net-*/cm/*-7471-*" >/dev/null && break
-    kill -0 $spid 2>/dev/null || break
-    sleep 0.05
-  done
-  on h0 "$run" rstream -s "$a1" -p 7471 -T v -S 65536 -C 500 >"$work/rstream.client" 2>&1
+  # received data checked (-T v). riostream: the same through riomap'd
+  # buffers (riowrite).
+  rs_server "$case" 7471 "$case" -b "$a1" -T v -S 65536 -C 500
+  on h0 "$run" "$case" -s "$a1" -p 7471 -T v -S 65536 -C 500 >"$work/$case.client" 2>&1
   CRC=$?
   [ $CRC -eq 0 ] || kill $spid 2>/dev/null
   wait $spid
   SRC=$?
-  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "rstream: server exit $SRC, client exit $CRC"
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "$case: server exit $SRC, client exit $CRC"
   for side in server client; do
-    grep -Eq '^custom +64k +500 +1 ' "$work/rstream.$side" || fail "rstream: no 64k x 500 line on the $side"
+    grep -Eq '^custom +64k +500 +1 ' "$work/$case.$side" || fail "$case: no 64k x 500 line on the $side"
   done
-  [ $failures -eq 0 ] || show rstream
-  log "rstream h0 -> h1: $(grep -E '^custom' "$work/rstream.client")"
+  [ $failures -eq 0 ] || show "$case"
+  log "$case h0 -> h1: $(grep -E '^custom' "$work/$case.client")"
+  ;;
+rcopy)
+  # Debian's rcopy: a 3,333,333-byte file from h0 to h1's server over
+  # rsockets, twice (the server serves clients until killed); the copies
+  # compared byte for byte (the namespaces share the file system).
+  head -c 3333333 /dev/urandom >"$work/src.bin"
+  rs_server rcopy 7472 rcopy
+  for i in 1 2; do
+    on h0 "$run" rcopy "$work/src.bin" "$a1:$work/dst.$i" -p 7472 >>"$work/rcopy.client" 2>&1 ||
+      fail "rcopy client $i: exit $?"
+    cmp -s "$work/src.bin" "$work/dst.$i" || fail "rcopy: copy $i differs from the source"
+  done
+  kill $spid 2>/dev/null
+  wait $spid 2>/dev/null
+  [ "$(grep -c '^3333333 bytes in ' "$work/rcopy.client")" -eq 2 ] || fail "rcopy: not two '3333333 bytes in' lines"
+  [ "$(grep -c 'transferring\.\.\.3333333 bytes\.\.\.closing\.\.\.done' "$work/rcopy.server")" -eq 2 ] ||
+    fail "rcopy: the server did not report two whole files"
+  [ $failures -eq 0 ] || show rcopy
   ;;
 busy)
   # Another daemon (a private directory) holds UDP 4791 in h0.
