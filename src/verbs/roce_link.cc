@@ -293,7 +293,7 @@ uint32_t wire_mtu_for(const uint8_t* sgid) {
       if (v4 && i->ifa_addr->sa_family == AF_INET) a = &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
       if (!v4 && i->ifa_addr->sa_family == AF_INET6) a = &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
       if (!a || std::memcmp(a, v4 ? sgid + 12 : sgid, v4 ? 4 : 16) != 0) continue;
-      int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      int s = sv::kernel_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
       ifreq r{};
       std::strncpy(r.ifr_name, i->ifa_name, IFNAMSIZ - 1);
       if (s >= 0 && ::ioctl(s, SIOCGIFMTU, &r) == 0) ifmtu = uint32_t(r.ifr_mtu);

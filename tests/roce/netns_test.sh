@@ -19,6 +19,7 @@
 #         rstream, riostream, rcopy
 #                    rsockets between the namespaces (Debian's programs;
 #                    data checked)
+#         preload    a plain TCP client/server under librspreload.so
 #         busy       UDP 4791 held by another daemon: same-host QPs work, a QP
 #                    to the other namespace fails at RTR saying who holds the
 #                    port and what to do; with the holder gone it works
@@ -253,6 +254,34 @@ rcopy)
   [ "$(grep -c 'transferring\.\.\.3333333 bytes\.\.\.closing\.\.\.done' "$work/rcopy.server")" -eq 2 ] ||
     fail "rcopy: the server did not report two whole files"
   [ $failures -eq 0 ] || show rcopy
+  ;;
+preload)
+  # A TCP client and server that know nothing of RDMA (rsocket_tcp.c), under
+  # rdma-core's librspreload.so on our librdmacm, between the namespaces:
+  # 7,777,777 bytes over rsockets on RoCEv2, both sides' hashes equal.
+  preload=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
+  [ -e "$preload" ] || { log "SKIP: $preload is not installed"; exit $SKIP; }
+  tcp=$bin/rsocket_tcp
+  [ -x "$tcp" ] || { log "missing $tcp"; exit 1; }
+  on h1 "$run" env LD_PRELOAD="$preload" RSOCKET_TCP_ADDR="$a1" "$tcp" server 7473 >"$work/preload.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    compgen -G "$base/cm/*-7473-*" >/dev/null && break
+    compgen -G "$base/net-*/cm/*-7473-*" >/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
+  on h0 "$run" env LD_PRELOAD="$preload" RSOCKET_TCP_ADDR="$a1" "$tcp" client 7473 7777777 >"$work/preload.client" 2>&1
+  CRC=$?
+  [ $CRC -eq 0 ] || kill $spid 2>/dev/null
+  wait $spid
+  SRC=$?
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "preload: server exit $SRC, client exit $CRC"
+  hash=$(sed -n 's/^client: OK 7777777 bytes hash \([0-9a-f]*\)$/\1/p' "$work/preload.client")
+  [ -n "$hash" ] || fail "preload: no OK line from the client"
+  grep -qx "server: 7777777 bytes hash $hash" "$work/preload.server" || fail "preload: the server's hash differs"
+  [ $failures -eq 0 ] || show preload
   ;;
 busy)
   # Another daemon (a private directory) holds UDP 4791 in h0.
