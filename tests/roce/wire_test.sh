@@ -11,7 +11,7 @@
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
-#         xsrq | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | xrc_capture
+#         xsrq | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | xrc_capture | xrc_peer
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -223,6 +223,30 @@ case $case in
     fi
     for side in server client; do
       grep -q "^softverbs roce: qp" "$work/mw.$side" || fail "mw $side: the QP was not on the wire"
+    done
+    ;;
+  xrc_peer)
+    # XRC's checks on the wire (tests/roce/xrc_wire_peer.cc): each SEND in
+    # the SRQ it names, keys checked in that SRQ's PD, an unknown SRQ and an
+    # SRQ of another XRC domain refused (IBV_WC_REM_INV_REQ_ERR), another
+    # PD's key refused (IBV_WC_REM_ACCESS_ERR). 1% loss and reordering are
+    # injected, though a run of some 25 datagrams is seldom hit.
+    start_daemons "$faults"
+    mkdir -m 777 "$work/xrc"
+    on h1 "$bin/xrc_wire_peer" server "$work/xrc" >"$work/xrc.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    on h0 "$bin/xrc_wire_peer" client "$work/xrc" >"$work/xrc.client" 2>&1
+    crc=$?
+    wait $spid
+    src=$?
+    if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+      fail "xrc_peer: server exit $src, client exit $crc"
+      show xrc
+    fi
+    for side in server client; do
+      grep -q "^xrc_wire_peer $side: ok" "$work/xrc.$side" || fail "xrc_peer $side: no 'ok'"
+      [ "$(grep -c "^softverbs roce: qp" "$work/xrc.$side")" -eq 4 ] || fail "xrc_peer $side: not 4 QPs on the wire"
     done
     ;;
   rc_faults)
