@@ -11,7 +11,8 @@
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
-#         xsrq | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | xrc_capture | xrc_peer
+#         xsrq | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
+#         send_lat_xrc_faults | xrc_capture | xrc_peer
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -304,6 +305,14 @@ case $case in
   read_bw_xrc)
     start_daemons ""
     perf read_bw_xrc ib_read_bw 500 65536 -c XRC
+    ;;
+  atomic_bw_xrc)
+    start_daemons ""
+    perf atomic_bw_xrc ib_atomic_bw 1000 8 -c XRC
+    ;;
+  send_lat_xrc_faults)
+    start_daemons "$faults"
+    perf send_lat_xrc ib_send_lat 1000 64 -c XRC && check_faults send_lat_xrc
     ;;
   xrc_capture)
     # XRC traffic captured on h1's veth: every frame's ICRC (independent
