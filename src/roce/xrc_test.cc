@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -398,8 +399,11 @@ void lossy_run(uint64_t seed) {
   EXPECT_GT(p.qb().stats().duplicates, 0u);
 }
 
+// ROCE_SOAK=N: N seeds instead of six.
 TEST(XrcEngine, LossDuplicationReorderingDeliverOnce) {
-  for (uint64_t seed = 1; seed <= 6; seed++) lossy_run(seed);
+  const char* soak = std::getenv("ROCE_SOAK");
+  const uint64_t n = soak ? std::strtoull(soak, nullptr, 10) : 6;
+  for (uint64_t seed = 1; seed <= n; seed++) lossy_run(seed);
 }
 
 }  // namespace
