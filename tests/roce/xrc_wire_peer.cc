@@ -19,10 +19,13 @@
 //      IBV_WC_REM_INV_REQ_ERR, and C's receive is not taken.
 //   4. WRITE with PD 2's key naming A (keys are checked in the named SRQ's
 //      PD): IBV_WC_REM_ACCESS_ERR.
+// The server then checks its refusing target QPs are in ERR and raised
+// IBV_EVENT_QP_REQ_ERR (2, 3) and IBV_EVENT_QP_ACCESS_ERR (4).
 // Exit 0 when every check holds; the failed check on stderr otherwise.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -261,6 +264,27 @@ int server(const std::string& dir) {
     if (static_cast<uint8_t*>(mr2->addr)[7000 + i] != 0) die("phase 4's WRITE landed");
   }
   if (ibv_poll_cq(d.cq, 1, &wc) != 0) die("a completion from a refused request: wr_id " + std::to_string(wc.wr_id));
+  // Each refusing target QP is in ERR and raised its affiliated event
+  // (IBTA 11.6.3.1): invalid request for phases 2 and 3, access for 4.
+  for (int k = 1; k < kPairs; ++k) {
+    pollfd pfd{d.ctx->async_fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 10000) != 1) die("async event " + std::to_string(k) + " of 3 missing");
+    ibv_async_event ev{};
+    if (ibv_get_async_event(d.ctx, &ev)) die("ibv_get_async_event");
+    const ibv_event_type type = ev.event_type;
+    int i = 0;
+    while (i < kPairs && (type == IBV_EVENT_SRQ_LIMIT_REACHED || ev.element.qp != tgt[i])) ++i;
+    ibv_ack_async_event(&ev);
+    const ibv_event_type want = i == 3 ? IBV_EVENT_QP_ACCESS_ERR : IBV_EVENT_QP_REQ_ERR;
+    if (i == 0 || i == kPairs || type != want)
+      die(std::string("async event ") + ibv_event_type_str(type) + " of target " + std::to_string(i));
+  }
+  for (int i = 0; i < kPairs; ++i) {
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr ia{};
+    if (ibv_query_qp(tgt[i], &qa, IBV_QP_STATE, &ia) || (qa.qp_state == IBV_QPS_ERR) != (i != 0))
+      die("target " + std::to_string(i) + ": state " + std::to_string(qa.qp_state));
+  }
   for (ibv_qp* q : tgt)
     if (ibv_destroy_qp(q)) die("ibv_destroy_qp");
   for (ibv_srq* s : {A, B, C})
