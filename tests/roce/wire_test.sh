@@ -11,7 +11,7 @@
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
-#         xsrq | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
+#         xsrq | xsrq_events | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
 #         send_lat_xrc_faults | xrc_capture | xrc_peer
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
@@ -171,15 +171,16 @@ perf() {
   [ $failures -eq 0 ] || show "$name"
 }
 
-# xsrq NAME SIZE ITERS: Debian's ibv_xsrq_pingpong (XRC, IBTA annex A14:
+# xsrq NAME SIZE ITERS [ARGS...]: Debian's ibv_xsrq_pingpong (XRC, IBTA annex A14:
 # an XRC domain, an XRC SRQ, XRC send and receive QPs on each side, each
 # send naming the peer's SRQ) between the hosts over GID 1. Checked as
 # tests/compat/xsrq_pingpong.sh does on one host: "success" and the peer's
 # address line on both sides, no error; and every QP on the wire.
 xsrq() {
   local name=$1 size=$2 iters=$3 side out
+  shift 3
   command -v ibv_xsrq_pingpong >/dev/null || { log "SKIP: ibv_xsrq_pingpong not installed"; exit $SKIP; }
-  local -a args=(-g 1 -p 18515 -s "$size" -n "$iters")
+  local -a args=(-g 1 -p 18515 -s "$size" -n "$iters" "$@")
   pair "$name" 18515 ibv_xsrq_pingpong "${args[@]}" -- ibv_xsrq_pingpong "${args[@]}" "$a1" || return 1
   for side in server client; do
     out=$work/$name.$side
@@ -287,6 +288,11 @@ case $case in
   xsrq)
     start_daemons ""
     xsrq xsrq 4096 200
+    ;;
+  xsrq_events)
+    # -e: each side sleeps on its CQs' completion channel.
+    start_daemons ""
+    xsrq xsrq_events 4096 200 -e
     ;;
   xsrq_faults)
     start_daemons "$faults,dup=0.01"
