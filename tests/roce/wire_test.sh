@@ -11,7 +11,7 @@
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
-#         xsrq | xsrq_events | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
+#         xsrq | xsrq6 | xsrq_events | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
 #         send_lat_xrc_faults | xrc_capture | xrc_peer
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
@@ -288,6 +288,11 @@ case $case in
   xsrq)
     start_daemons ""
     xsrq xsrq 4096 200
+    ;;
+  xsrq6)
+    # RoCEv2 over IPv6 (GID 2; the out-of-band exchange stays on IPv4).
+    start_daemons ""
+    xsrq xsrq6 4096 200 -g 2
     ;;
   xsrq_events)
     # -e: each side sleeps on its CQs' completion channel.
