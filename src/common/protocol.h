@@ -291,7 +291,7 @@ struct OpenXrcdReq {
 
 struct ConnectXrcReq {
   Header h;
-  uint32_t qpn;   // my XRC_SEND QP
+  uint32_t qpn;   // my XRC_SEND QP, or my XRC_RECV QP whose initiator is on the wire (its own domain's SRQ)
   uint32_t srqn;  // the remote XRC SRQ
 };
 

@@ -201,6 +201,10 @@ static int fill_addr(const std::string& path, sockaddr_un& a) {
   return 0;
 }
 
+int kernel_socket(int domain, int type, int protocol) {
+  return int(::syscall(SYS_socket, domain, type, protocol));
+}
+
 int listen_seqpacket(const std::string& path, Fd& out, mode_t mode) {
   // With a mode, the socket is made under a temporary name, given its mode
   // and set listening there, then renamed into place: a client finds the

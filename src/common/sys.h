@@ -123,6 +123,15 @@ bool pidfd_alive(int pidfd);
 int pidfd_open(pid_t pid, Fd& out);
 uint64_t boottime_ns();
 
+// socket(2) by its system call, never through a library that interposes
+// the C library's socket(): rdma-core's librspreload.so, preloaded into a
+// program, turns every AF_INET/AF_INET6 socket() into an rsocket, and the
+// drop-in libraries' own UDP sockets (RoCEv2 ports, route lookups, a
+// datagram rsocket's address) are plain kernel sockets. The calls on the
+// descriptor then reach the C library's (the preload passes descriptors it
+// did not make through). -1 and errno on failure.
+int kernel_socket(int domain, int type, int protocol);
+
 // A listening SOCK_SEQPACKET socket at `path` (replacing one there). With a
 // `mode`, the path appears only once the socket listens with that mode.
 int listen_seqpacket(const std::string& path, Fd& out, mode_t mode = 0);

@@ -101,13 +101,17 @@ bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {
 int Registry::connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                           std::vector<int>& out_fds) {
   Qp* qp = find_qp(client, req.qpn);
-  if (!qp || qp->type != IBV_QPT_XRC_SEND) return EINVAL;
-  uint32_t dest = qp_slot(req.qpn).dest_qpn.load();
+  if (!qp || (qp->type != IBV_QPT_XRC_SEND && qp->type != IBV_QPT_XRC_RECV)) return EINVAL;
+  // An XRC target whose initiator is on another host (docs/ROCE.md, XRC on
+  // the wire): the caller runs the target's transport and asks for the SRQ
+  // a request names, in the target's own XRC domain (IBTA annex A14).
+  const bool wire_target = qp->type == IBV_QPT_XRC_RECV;
+  uint32_t dest = wire_target ? req.qpn : qp_slot(req.qpn).dest_qpn.load();
   auto tgt = qps_.find(dest);
   if (tgt == qps_.end()) return EAGAIN;
   const QpEntry& te = qp_slot(dest);
   auto st = ibv_qp_state(te.state.load());
-  if (tgt->second.type != IBV_QPT_XRC_RECV || te.dest_qpn.load() != req.qpn) return EAGAIN;
+  if (tgt->second.type != IBV_QPT_XRC_RECV || (!wire_target && te.dest_qpn.load() != req.qpn)) return EAGAIN;
   // XRC is not mediated between users; the requester reads the target's
   // entry in its own user's device segment.
   if (!same_user(client, tgt->second.owner) || !same_tables(client, tgt->second.owner)) return EACCES;

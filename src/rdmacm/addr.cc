@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/sys.h"
 #include "rdmacm/cma.h"
 
 namespace sv::rdmacm {
@@ -131,7 +132,7 @@ int route_source(const sockaddr* dst, sockaddr_storage* src) {
   sockaddr_storage d{};
   std::memcpy(&d, dst, addr_len(dst));
   set_port(reinterpret_cast<sockaddr*>(&d), 4791);
-  int s = ::socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int s = sv::kernel_socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) return errno;
   int e = 0;
   socklen_t len = sizeof(*src);
@@ -175,7 +176,7 @@ int wire_mtu_of(const sockaddr* a) {
   if (name.empty() || name.size() >= IFNAMSIZ) return 0;
   ifreq r{};
   std::memcpy(r.ifr_name, name.c_str(), name.size() + 1);
-  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int s = sv::kernel_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   int ifmtu = 0;
   if (s >= 0 && ::ioctl(s, SIOCGIFMTU, &r) == 0) ifmtu = r.ifr_mtu;
   if (s >= 0) ::close(s);

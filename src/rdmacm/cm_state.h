@@ -138,6 +138,7 @@ struct Id {
   uint8_t path_mtu = 0;  // enum ibv_mtu of the path (the REQ's), 0: the port's
   uint64_t timer_gen = 0;
   ibv_qp_init_attr* ep_qp_attr = nullptr;  // rdma_create_ep on a passive id
+  ibv_ece local_ece{};  // rdma_set_local_ece: kept, not sent (see cma.cc)
   bool created_cqs = false;
   // rdma_connect's REQ is built at once but sent when the connect succeeds
   // (a full listen backlog is retried).

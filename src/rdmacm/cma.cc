@@ -809,8 +809,25 @@ void rdma_destroy_srq(rdma_cm_id* id) {
   id->srq = nullptr;
 }
 
-// Enhanced connection establishment (vendor options): not offered.
-int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
-int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
+// Enhanced connection establishment (ECE: a vendor id and vendor options
+// that two ends agree on in the CM exchange, set before the QP exists).
+// rdma_set_local_ece(3) checks and keeps the caller's; softverbs has no
+// vendor options (ibv_set_ece/ibv_query_ece are EOPNOTSUPP, as on rxe), so
+// it offers none to the peer and the peer's, as rdma_get_remote_ece(3)
+// reports them, are none: vendor_id 0, which an application reads as "the
+// peer offered nothing" and goes on without, as with any device that has
+// no ECE. Both are refused once the id has a QP, as librdmacm refuses them.
+int rdma_set_local_ece(rdma_cm_id* id, ibv_ece* ece) {
+  if (!id || id->qp || !ece || !ece->vendor_id || ece->comp_mask) return fail(EINVAL);
+  std::lock_guard<std::mutex> lk(g.mu);
+  id_of(id)->local_ece = *ece;
+  return 0;
+}
+
+int rdma_get_remote_ece(rdma_cm_id* id, ibv_ece* ece) {
+  if (!id || id->qp || !ece) return fail(EINVAL);
+  *ece = ibv_ece{};
+  return 0;
+}
 
 }  // extern "C"

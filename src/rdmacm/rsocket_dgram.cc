@@ -29,6 +29,7 @@
 #include <map>
 #include <string>
 
+#include "common/sys.h"
 #include "rdmacm/rsocket_internal.h"
 
 namespace sv::rsock {
@@ -216,7 +217,7 @@ int src_for(Ds* d, const sockaddr* dst, sockaddr_storage* src) {
                                        : !std::memcmp(&s6->sin6_addr, &in6addr_any, 16);
   if (!any) return 0;
   uint16_t port = src->ss_family == AF_INET ? s4->sin_port : s6->sin6_port;
-  int s = ::socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int s = sv::kernel_socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) return -1;
   len = sizeof(*src);
   int r = ::connect(s, dst, len_of(dst));
@@ -381,7 +382,7 @@ void ds_progress(Rs* rs) {
 
 int ds_socket(Rs* rs) {
   Ds* d = rs->ds = new Ds;
-  d->udp = ::socket(rs->domain, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  d->udp = sv::kernel_socket(rs->domain, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (d->udp < 0) return -1;
   rs->fd = d->udp;
   rs->state = St::kConnected;

@@ -1,4 +1,5 @@
-// engine.h: the IBTA transport of one queue pair (RC, UC or UD) as a pure
+// engine.h: the IBTA transport of one queue pair (RC, UC, UD, or the two
+// ends of XRC: initiator and target, IBTA annex A14) as a pure
 // engine: no sockets, no threads, no clock of its own. It is driven by
 //   - post_send / post_recv (what a QP's send and receive queues hold),
 //   - receive(packet) for each arriving transport packet (BTH .. pad, the
@@ -35,7 +36,12 @@
 
 namespace sv::roce {
 
-enum class QpType : uint8_t { kRC, kUC, kUD };
+// kXrcSend: an XRC initiator (IBV_QPT_XRC_SEND), RC's requester whose
+// requests name the responder's XRC SRQ (SendWr::xrc_srqn); kXrcRecv: an
+// XRC target (IBV_QPT_XRC_RECV), RC's responder with no queues of its own,
+// whose receive WQEs and memory checks come from the XRC SRQ each request
+// names (XrcDomain). IBTA annex A14.
+enum class QpType : uint8_t { kRC, kUC, kUD, kXrcSend, kXrcRecv };
 
 // kLocalInv and kBindMw (a type 2 window) act on this side only, through
 // Memory::execute_local, in send-queue order.
@@ -89,12 +95,14 @@ struct SendWr {
   uint64_t swap = 0;
   uint32_t remote_qpn = 0;       // UD
   uint32_t remote_qkey = 0;      // UD; high bit set = use the QP's Q_Key
+  uint32_t xrc_srqn = 0;         // XRC initiator: the responder's XRC SRQ (the XRCETH)
   uint64_t ah = 0;               // UD: destination, opaque to the engine
 };
 
 struct RecvWr {
   uint64_t wr_id = 0;
   std::vector<Sge> sg;
+  uint32_t xrc_srqn = 0;  // XRC target: the SRQ it came from (its completion goes to that SRQ's CQ)
 };
 
 struct Completion {
@@ -111,6 +119,7 @@ struct Completion {
   uint64_t src_ah = 0;  // UD receives: where it came from (the `from` of receive())
   bool grh = false;     // UD receives: the first 40 bytes hold a GRH (IBV_WC_GRH)
   uint32_t qp_num = 0;
+  uint32_t xrc_srqn = 0;  // XRC target receives: the SRQ whose WQE this is (RecvWr::xrc_srqn)
 };
 
 // Zero-copy sends (PacketSink::send_gather): a packet's payload in at most
@@ -193,6 +202,23 @@ class RecvSource {
   virtual bool take(RecvWr& out) = 0;
 };
 
+// An XRC target's receive side (IBTA annex A14): the XRC SRQs of its XRC
+// domain. A SEND (or WRITE with Immediate) takes its receive WQE from the
+// SRQ its XRCETH names, and every key of the request (receive buffers,
+// R_Keys of RDMA and atomics) is checked in that SRQ's PD.
+struct XrcSrq {
+  RecvSource* recvs = nullptr;
+  Memory* mem = nullptr;
+};
+class XrcDomain {
+ public:
+  virtual ~XrcDomain() = default;
+  // The XRC SRQ `srqn` if it belongs to the target QP's XRC domain, else
+  // nullptr (the request is then an invalid request). The pointer stays
+  // valid as long as the Qp.
+  virtual const XrcSrq* find_srq(uint32_t srqn) = 0;
+};
+
 // The attributes ibv_modify_qp gives a QP on its way to RTS.
 struct QpConfig {
   QpType type = QpType::kRC;
@@ -237,6 +263,8 @@ class Qp {
   int post_recv(RecvWr wr);
   // Receive WQEs are also taken from `src` (not owned; nullptr: none).
   void set_recv_source(RecvSource* src) { recv_source_ = src; }
+  // XRC target: where the SRQs its requests name are found (not owned).
+  void set_xrc_domain(XrcDomain* d) { xrc_ = d; }
   // One arriving transport packet; `from` is the sender's address handle
   // (reported in UD receive completions). Malformed packets, and packets for
   // another QP or transport, are dropped and counted. `grh`, if 40 bytes, is
@@ -309,12 +337,20 @@ class Qp {
   enum class RespResult : uint8_t { kDone, kRnr, kNakInvalid, kNakAccess, kNakOperational, kDrop };
   struct Resource {  // IBTA 9.7.5: a READ or atomic kept for duplicates
     bool atomic = false;
+    uint32_t xrc_srqn = 0;  // XRC target: the SRQ whose PD the READ's key was checked in
     uint32_t first_psn = 0, last_psn = 0;
     Reth reth;
     uint64_t orig = 0;
   };
-  bool have_recv();  // rq_ has a WQE, pulled from recv_source_ if need be
+  bool have_recv();  // rq_ has a WQE, pulled from recv_source_ (XRC: the request's SRQ) if need be
+  // RC and both ends of XRC: acknowledged, with PSN windows and retries.
+  bool reliable() const { return cfg_.type != QpType::kUC && cfg_.type != QpType::kUD; }
+  uint8_t opcode_base() const;  // the transport's top three opcode bits
+  // The memory the responder checks keys in: the QP's, or (XRC target) the
+  // SRQ's of the request being executed.
+  Memory& rmem() { return xrc_srq_ ? *xrc_srq_->mem : mem_; }
   void responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh);
+  void responder_rc(const Packet& p);  // RC and XRC targets
   void responder_duplicate(const Packet& p);
   RespResult responder_execute(const Packet& p);
   RespResult respond_send(const Packet& p);
@@ -397,6 +433,9 @@ class Qp {
   uint32_t rx_since_ack_ = 0;  // request packets accepted since the last ACK went
   bool uc_resync_ = false;     // UC: dropping until the next First/Only
   std::deque<Resource> resources_;
+  XrcDomain* xrc_ = nullptr;
+  const XrcSrq* xrc_srq_ = nullptr;  // XRC target: the SRQ of the request being handled
+  uint32_t xrc_msg_srqn_ = 0;        // XRC target: the SRQ of the multi-packet message in progress
 };
 
 }  // namespace sv::roce

@@ -84,6 +84,8 @@ ParseError parse_packet(std::span<const uint8_t> buf, bool has_icrc, Packet* out
   if (len < info.hdr_len) return ParseError::kTruncated;
   size_t off = kBthLen;
   auto take = [&](size_t n) { const uint8_t* q = p + off; off += n; return q; };
+  // XRCETH: 8 reserved bits, then the XRC SRQ number (IBTA annex A14).
+  if (info.has(kHasXrcEth)) pk.xrc_srqn = get_be24(take(kXrcEthLen) + 1);
   if (info.has(kHasDeth)) pk.deth = Deth::decode(take(kDethLen));
   if (info.has(kHasReth)) pk.reth = Reth::decode(take(kRethLen));
   if (info.has(kHasAtomicEth)) pk.atomic = AtomicEth::decode(take(kAtomicEthLen));
@@ -119,6 +121,11 @@ size_t build_headers(const Packet& pk, size_t payload_len, std::span<uint8_t> ou
   b.pad = info.payload ? uint8_t((4 - (payload_len & 3)) & 3) : 0;  // IBTA 9.2: pad to a multiple of 4 bytes
   b.encode(p);
   size_t off = kBthLen;
+  if (info.has(kHasXrcEth)) {
+    p[off] = 0;  // reserved
+    put_be24(p + off + 1, pk.xrc_srqn);
+    off += kXrcEthLen;
+  }
   if (info.has(kHasDeth)) { pk.deth.encode(p + off); off += kDethLen; }
   if (info.has(kHasReth)) { pk.reth.encode(p + off); off += kRethLen; }
   if (info.has(kHasAtomicEth)) { pk.atomic.encode(p + off); off += kAtomicEthLen; }

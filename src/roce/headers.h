@@ -1,6 +1,7 @@
 // headers.h: the InfiniBand transport headers as RoCEv2 carries them (IBTA
 // vol. 1 9.2-9.3 and Annex A17): BTH, RETH, AETH, AtomicETH, AtomicAckETH,
-// DETH, ImmDt, IETH; the opcode table (IBTA 9.2, table 38) as data; and a
+// DETH, ImmDt, IETH, XRCETH (Annex A14); the opcode table (IBTA 9.2, table
+// 38, with A14's XRC opcodes) as data; and a
 // packet parser/builder for "BTH .. payload .. pad" (the ICRC is added and
 // checked by icrc.h, since it covers the IP and UDP headers too).
 //
@@ -19,7 +20,7 @@ namespace sv::roce {
 
 constexpr uint16_t kRoceV2Port = 4791;  // IANA; IBTA Annex A17
 constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28, kAtomicAckEthLen = 8,
-                 kDethLen = 8, kImmDtLen = 4, kIethLen = 4, kIcrcLen = 4;
+                 kDethLen = 8, kImmDtLen = 4, kIethLen = 4, kXrcEthLen = 4, kIcrcLen = 4;
 constexpr uint16_t kDefaultPkey = 0xffff;
 // The destination QP of every multicast packet (IBTA vol. 1 9.8.2 and
 // 10.5: UD only; the members are the QPs attached to the group its DGID, on
@@ -101,11 +102,14 @@ constexpr uint8_t syndrome_value(uint8_t s) { return s & 0x1f; }
 uint64_t rnr_timer_ns(uint8_t code);
 
 // ---- The opcode table.
-enum class Transport : uint8_t { kRC = 0, kUC = 1, kRD = 2, kUD = 3 };
+// The top three bits of an opcode (IBTA 9.2 table 38; 100 is CNP, A17.9.3;
+// 101 is XRC, annex A14).
+enum class Transport : uint8_t { kRC = 0, kUC = 1, kRD = 2, kUD = 3, kXRC = 5 };
 enum class OpKind : uint8_t { kSend, kWrite, kReadRequest, kReadResponse, kAck, kAtomicAck, kCompareSwap, kFetchAdd };
 enum Hdr : uint8_t {  // which extension headers follow BTH (order on the wire: IBTA 9.2 figure)
   kHasDeth = 1, kHasReth = 2, kHasAtomicEth = 4, kHasAeth = 8, kHasAtomicAckEth = 16, kHasImmDt = 32,
   kHasIeth = 64,
+  kHasXrcEth = 128,  // XRC requests: right after BTH, before RETH / AtomicETH (IBTA annex A14)
 };
 enum class Position : uint8_t { kOnly, kFirst, kMiddle, kLast };
 
@@ -131,6 +135,7 @@ constexpr OpcodeInfo op(const char* name, Transport t, OpKind k, Position pos, u
   i.valid = true; i.name = name; i.transport = t; i.kind = k; i.pos = pos; i.hdrs = hdrs;
   i.payload = payload; i.request = request;
   size_t len = kBthLen;
+  if (hdrs & kHasXrcEth) len += kXrcEthLen;
   if (hdrs & kHasDeth) len += kDethLen;
   if (hdrs & kHasReth) len += kRethLen;
   if (hdrs & kHasAtomicEth) len += kAtomicEthLen;
@@ -181,6 +186,23 @@ constexpr std::array<OpcodeInfo, 256> make_opcode_table() {
   // 0x15 is RD's RESYNC in table 38; not valid for RC.
   t[0x16] = op("RC SEND Last with Invalidate", RC, K::kSend, P::kLast, kHasIeth, true, true);
   t[0x17] = op("RC SEND Only with Invalidate", RC, K::kSend, P::kOnly, kHasIeth, true, true);
+  // XRC (IBTA annex A14, table 38's 101 prefix): RC's operations with
+  // the same low five bits; every request carries the XRCETH (the
+  // responder's XRC SRQ), responses and acknowledgements do not.
+  for (uint8_t low = 0; low <= 0x17; low++) {
+    const OpcodeInfo& r = t[low];
+    if (!r.valid) continue;
+    const char* xname[0x18] = {
+        "XRC SEND First", "XRC SEND Middle", "XRC SEND Last", "XRC SEND Last with Immediate", "XRC SEND Only",
+        "XRC SEND Only with Immediate", "XRC RDMA WRITE First", "XRC RDMA WRITE Middle", "XRC RDMA WRITE Last",
+        "XRC RDMA WRITE Last with Immediate", "XRC RDMA WRITE Only", "XRC RDMA WRITE Only with Immediate",
+        "XRC RDMA READ Request", "XRC RDMA READ response First", "XRC RDMA READ response Middle",
+        "XRC RDMA READ response Last", "XRC RDMA READ response Only", "XRC Acknowledge",
+        "XRC ATOMIC Acknowledge", "XRC CmpSwap", "XRC FetchAdd", nullptr, "XRC SEND Last with Invalidate",
+        "XRC SEND Only with Invalidate"};
+    t[0xa0 | low] = op(xname[low], Transport::kXRC, r.kind, r.pos,
+                       uint8_t(r.hdrs | (r.request ? kHasXrcEth : 0)), r.payload, r.request);
+  }
   t[0x64] = op("UD SEND Only", UD, K::kSend, P::kOnly, kHasDeth, true, true);
   t[0x65] = op("UD SEND Only with Immediate", UD, K::kSend, P::kOnly, kHasDeth | kHasImmDt, true, true);
   return t;
@@ -198,7 +220,7 @@ constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSend
                   kReadRespFirst = 0x0d, kReadRespMiddle = 0x0e, kReadRespLast = 0x0f, kReadRespOnly = 0x10,
                   kAck = 0x11, kAtomicAck = 0x12, kCompareSwap = 0x13, kFetchAdd = 0x14, kSendLastInv = 0x16,
                   kSendOnlyInv = 0x17;
-constexpr uint8_t kRC = 0x00, kUC = 0x20, kUD = 0x60;
+constexpr uint8_t kRC = 0x00, kUC = 0x20, kUD = 0x60, kXRC = 0xa0;
 }  // namespace op
 
 // ---- A whole transport packet: BTH, its extension headers, payload, pad.
@@ -211,6 +233,7 @@ struct Packet {
   Deth deth;
   uint32_t imm = 0;           // ImmDt, as the 4 bytes read big-endian
   uint32_t ieth_rkey = 0;     // IETH
+  uint32_t xrc_srqn = 0;      // XRCETH: the XRC SRQ at the responder (24 bits; IBTA annex A14)
   std::span<const uint8_t> payload;  // without pad (parse) / the data to copy (build)
   const OpcodeInfo& info() const { return opcode_info(bth.opcode); }
 };
@@ -218,7 +241,7 @@ struct Packet {
 enum class ParseError : uint8_t {
   kOk = 0,
   kTruncated,      // shorter than BTH, the opcode's headers, or pad + ICRC
-  kBadOpcode,      // not in table 38 for RC/UC/UD
+  kBadOpcode,      // not in table 38 for RC/UC/UD/XRC
   kBadVersion,     // TVer != 0 (IBTA 9.6: silently dropped)
   kBadPad,         // pad count on a packet without payload, or longer than it
   kUnexpectedPayload,  // bytes after the headers of an opcode that carries none

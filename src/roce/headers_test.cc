@@ -8,16 +8,17 @@ namespace sv::roce {
 namespace {
 
 TEST(Opcodes, TableMatchesIbtaTable38) {
-  int rc = 0, uc = 0, ud = 0;
+  int rc = 0, uc = 0, ud = 0, xrc = 0;
   for (int i = 0; i < 256; i++) {
     const OpcodeInfo& o = opcode_info(uint8_t(i));
     if (!o.valid) continue;
     EXPECT_EQ(int(o.transport), i >> 5) << i;
-    (o.transport == Transport::kRC ? rc : o.transport == Transport::kUC ? uc : ud)++;
+    (o.transport == Transport::kRC ? rc : o.transport == Transport::kUC ? uc : o.transport == Transport::kUD ? ud : xrc)++;
   }
   EXPECT_EQ(rc, 23);  // 0x00-0x17 without 0x15 (RD's RESYNC)
   EXPECT_EQ(uc, 12);  // SEND and RDMA WRITE only
   EXPECT_EQ(ud, 2);
+  EXPECT_EQ(xrc, 23);  // annex A14: RC's, with the 101 prefix (0xa0-0xb7 without 0xb5)
   EXPECT_FALSE(opcode_info(0x15).valid);
   EXPECT_FALSE(opcode_info(0x2c).valid);  // no READ on UC
   EXPECT_FALSE(opcode_info(0x33).valid);  // no atomics on UC
@@ -122,6 +123,7 @@ Packet sample(uint8_t opc, std::span<const uint8_t> payload) {
   p.deth = Deth{0x11111111, 0x222222};
   p.imm = 0xcafebabe;
   p.ieth_rkey = 0xdeadbeef;
+  p.xrc_srqn = 0x654321;
   if (opcode_info(opc).payload) p.payload = payload;
   return p;
 }
@@ -153,6 +155,7 @@ TEST(Packets, RoundTripEveryOpcodeAndPad) {
         EXPECT_EQ(q.reth.dma_len, p.reth.dma_len);
       }
       if (info.has(kHasAeth)) { EXPECT_EQ(q.aeth.msn, 0xabcdefu); }
+      EXPECT_EQ(q.xrc_srqn, info.has(kHasXrcEth) ? 0x654321u : 0u);
       if (info.has(kHasAtomicEth)) {
         EXPECT_EQ(q.atomic.va, 0x8000u);
         EXPECT_EQ(q.atomic.compare, 6u);

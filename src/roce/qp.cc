@@ -57,12 +57,22 @@ uint64_t Qp::timeout_ns() const {
   return cfg_.timeout == 0 ? UINT64_MAX : 4096ull << (cfg_.timeout & 31);
 }
 
+uint8_t Qp::opcode_base() const {
+  switch (cfg_.type) {
+    case QpType::kUC: return op::kUC;
+    case QpType::kUD: return op::kUD;
+    case QpType::kXrcSend: case QpType::kXrcRecv: return op::kXRC;
+    default: return op::kRC;
+  }
+}
+
 int Qp::post_send(SendWr wr) {
-  const bool rc = cfg_.type == QpType::kRC, ud = cfg_.type == QpType::kUD;
+  if (cfg_.type == QpType::kXrcRecv) return EINVAL;  // an XRC target has no send queue (IBTA A14)
+  const bool rc = cfg_.type == QpType::kRC || cfg_.type == QpType::kXrcSend, ud = cfg_.type == QpType::kUD;
   switch (wr.opcode) {
     case WrOpcode::kSend: case WrOpcode::kSendImm: break;
     case WrOpcode::kWrite: case WrOpcode::kWriteImm: if (ud) return EINVAL; break;
-    // Table 38: READ, atomics and SEND with Invalidate exist for RC only.
+    // Table 38: READ, atomics and SEND with Invalidate exist for RC (and XRC) only.
     case WrOpcode::kSendInv: case WrOpcode::kRead: case WrOpcode::kCompareSwap: case WrOpcode::kFetchAdd:
       if (!rc) return EINVAL;
       break;
@@ -90,7 +100,9 @@ int Qp::post_send(SendWr wr) {
 bool Qp::have_recv() {
   if (!rq_.empty()) return true;
   RecvWr r;
-  if (!recv_source_ || !recv_source_->take(r)) return false;
+  // An XRC target has no receive queue: the request's XRC SRQ (IBTA A14).
+  RecvSource* src = cfg_.type == QpType::kXrcRecv ? (xrc_srq_ ? xrc_srq_->recvs : nullptr) : recv_source_;
+  if (!src || !src->take(r)) return false;
   rq_.push_back(std::move(r));
   return true;
 }
@@ -111,8 +123,7 @@ void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const
     stats_.dropped++;
     return;
   }
-  const Transport want = cfg_.type == QpType::kRC ? Transport::kRC
-                         : cfg_.type == QpType::kUC ? Transport::kUC : Transport::kUD;
+  const Transport want = Transport(opcode_base() >> 5);
   // IBTA 9.6: header checks; a packet failing them is silently dropped.
   // A UD QP also takes the multicast QPN: its caller (UdpEndpoint::
   // deliver_multicast) found it attached to the packet's group.
@@ -122,10 +133,12 @@ void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const
     stats_.dropped++;
     return;
   }
-  if (p.info().request) {
+  // An XRC initiator has no responder and an XRC target no requester
+  // (IBTA A14): what goes the other way is dropped.
+  if (p.info().request && cfg_.type != QpType::kXrcSend) {
     rx_since_ack_++;
     responder_receive(p, from, grh);
-  } else if (cfg_.type == QpType::kRC) {
+  } else if (!p.info().request && reliable() && cfg_.type != QpType::kXrcRecv) {
     completer_receive(p);
   } else {
     stats_.dropped++;
@@ -197,6 +210,7 @@ void Qp::complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Pa
   c.is_recv = true;
   c.qp_num = cfg_.qpn;
   c.opcode = write_imm ? WcOpcode::kRecvWriteImm : WcOpcode::kRecv;
+  c.xrc_srqn = r.xrc_srqn;
   if (st == WcStatus::kSuccess && p) {
     c.byte_len = byte_len;
     c.has_imm = p->info().has(kHasImmDt);

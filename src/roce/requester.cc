@@ -31,7 +31,7 @@ Qp::ReqStep Qp::requester_step() {
   if (rnr_until_ != 0) return ReqStep::kBlocked;  // waiting out an RNR NAK's timer
   SendWqe& w = sq_[sq_next_];
   if (is_local(w)) return local_step(w);
-  if (cfg_.type == QpType::kRC && psn_diff(next_psn_, una_) >= int32_t(cfg_.max_window)) return ReqStep::kBlocked;
+  if (reliable() && psn_diff(next_psn_, una_) >= int32_t(cfg_.max_window)) return ReqStep::kBlocked;
   if (!w.started && !start_wqe(w)) return state_ == QpState::kReady ? ReqStep::kBlocked : ReqStep::kIdle;
   send_request_packet(w);
   return state_ == QpState::kReady ? ReqStep::kSent : ReqStep::kIdle;
@@ -136,7 +136,9 @@ void Qp::send_request_packet(SendWqe& w) {
   p.bth.psn = next_psn_;
   p.bth.dest_qp = t == QpType::kUD ? w.wr.remote_qpn : cfg_.dest_qpn;
   const uint64_t ah = t == QpType::kUD ? w.wr.ah : cfg_.dest_ah;
-  const uint8_t base = t == QpType::kRC ? op::kRC : t == QpType::kUC ? op::kUC : op::kUD;
+  const uint8_t base = opcode_base();
+  const bool rel = reliable();
+  p.xrc_srqn = w.wr.xrc_srqn;  // XRC: every request names the SRQ (IBTA A14); others have no XRCETH
   const uint32_t off = sq_next_off_;
   bool finished = false;  // the WQE's last packet has gone out
   uint32_t npsn = 1;
@@ -146,7 +148,7 @@ void Qp::send_request_packet(SendWqe& w) {
     case WrOpcode::kRead: {
       // After a retransmission point inside a READ the request asks only for
       // what is missing, at the PSN of the first missing response (9.7.5).
-      p.bth.opcode = op::kReadRequest;
+      p.bth.opcode = uint8_t(base | op::kReadRequest);
       p.reth = Reth{w.wr.remote_addr + off, w.wr.rkey, w.len - off};
       npsn = std::max<uint32_t>(1, (w.len - off + cfg_.pmtu - 1) / cfg_.pmtu);
       p.bth.ack_req = true;
@@ -156,7 +158,7 @@ void Qp::send_request_packet(SendWqe& w) {
     case WrOpcode::kCompareSwap:
     case WrOpcode::kFetchAdd: {
       const bool cas = w.wr.opcode == WrOpcode::kCompareSwap;
-      p.bth.opcode = cas ? op::kCompareSwap : op::kFetchAdd;
+      p.bth.opcode = uint8_t(base | (cas ? op::kCompareSwap : op::kFetchAdd));
       p.atomic = AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
                            cas ? w.wr.compare_add : 0};
       p.bth.ack_req = true;
@@ -170,7 +172,7 @@ void Qp::send_request_packet(SendWqe& w) {
       // WQE completes only after its ACK, long after the sink's flush. UC
       // and UD complete as they are sent, and their buffers could be
       // reused before the flush: those are copied, as are short payloads.
-      if (t == QpType::kRC && chunk >= kGatherMin) nviews = gather_views(w, off, chunk, views);
+      if (rel && chunk >= kGatherMin) nviews = gather_views(w, off, chunk, views);
       if (nviews == 0) {
         std::span<uint8_t> data(payload_.data(), chunk);
         if (!gather(w, off, data)) {
@@ -190,7 +192,7 @@ void Qp::send_request_packet(SendWqe& w) {
         p.deth = Deth{(w.wr.remote_qkey & 0x80000000u) ? cfg_.qkey : w.wr.remote_qkey, cfg_.qpn};
       }
       p.bth.se = last && w.wr.solicited;
-      if (t == QpType::kRC) {
+      if (rel) {
         // AckReq on the last packet of a message, every ack_req_every packets
         // and when the window is about to close, so that ACKs keep it open.
         p.bth.ack_req = last || ++since_ack_req_ >= cfg_.ack_req_every ||
@@ -209,12 +211,12 @@ void Qp::send_request_packet(SendWqe& w) {
   }
   next_psn_ = psn_add(next_psn_, npsn);
   if (psn_diff(next_psn_, sent_end_) > 0) sent_end_ = next_psn_;
-  if (t == QpType::kRC && retransmit_at_ == UINT64_MAX && timeout_ns() != UINT64_MAX) {
+  if (rel && retransmit_at_ == UINT64_MAX && timeout_ns() != UINT64_MAX) {
     retransmit_at_ = clock_.now_ns() + timeout_ns();  // IBTA 9.7.6.1.3: runs while requests are unacknowledged
   }
   if (!finished) return;
   sq_next_off_ = 0;
-  if (t == QpType::kRC) {
+  if (rel) {
     sq_next_++;
   } else {
     // UC and UD are unacknowledged: done once sent (IBTA 9.8).

@@ -12,7 +12,7 @@ namespace sv::roce {
 void Qp::send_ack(uint8_t syndrome, uint32_t psn) {
   rx_since_ack_ = 0;
   Packet p;
-  p.bth.opcode = op::kAck;
+  p.bth.opcode = uint8_t(opcode_base() | op::kAck);  // XRC: no XRCETH on responses (IBTA A14)
   p.bth.pkey = cfg_.pkey;
   p.bth.dest_qp = cfg_.dest_qpn;
   p.bth.psn = psn;
@@ -31,7 +31,7 @@ void Qp::flush_pending_ack() {
 
 void Qp::send_atomic_ack(uint32_t psn, uint64_t orig) {
   Packet p;
-  p.bth.opcode = op::kAtomicAck;
+  p.bth.opcode = uint8_t(opcode_base() | op::kAtomicAck);
   p.bth.pkey = cfg_.pkey;
   p.bth.dest_qp = cfg_.dest_qpn;
   p.bth.psn = psn;
@@ -47,12 +47,12 @@ void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
     const uint32_t chunk = std::min(cfg_.pmtu, reth.dma_len - off);
     // Read at send time: a replayed READ returns memory as it is now (9.7.5).
     // Larger chunks go from where they lie (no copy).
-    const uint8_t* view = chunk >= kGatherMin ? mem_.remote_view(reth.rkey, reth.va + off, chunk) : nullptr;
+    const uint8_t* view = chunk >= kGatherMin ? rmem().remote_view(reth.rkey, reth.va + off, chunk) : nullptr;
     std::span<uint8_t> data(payload_.data(), chunk);
-    if (!view && chunk && !mem_.remote_read(reth.rkey, reth.va + off, data)) return;
+    if (!view && chunk && !rmem().remote_read(reth.rkey, reth.va + off, data)) return;
     Packet p;
-    p.bth.opcode = n == 1 ? op::kReadRespOnly : k == 0 ? op::kReadRespFirst
-                   : k == n - 1 ? op::kReadRespLast : op::kReadRespMiddle;
+    p.bth.opcode = uint8_t(opcode_base() | (n == 1 ? op::kReadRespOnly : k == 0 ? op::kReadRespFirst
+                                            : k == n - 1 ? op::kReadRespLast : op::kReadRespMiddle));
     p.bth.pkey = cfg_.pkey;
     p.bth.dest_qp = cfg_.dest_qpn;
     p.bth.psn = psn_add(first_psn, k);
@@ -77,7 +77,7 @@ bool Qp::scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data, b
     if (done == data.size()) break;
     if (off >= s.length) { off -= s.length; continue; }
     size_t n = std::min<size_t>(s.length - off, data.size() - done);
-    if (!mem_.local_write(s.lkey, s.addr + off, data.subspan(done, n))) return false;
+    if (!rmem().local_write(s.lkey, s.addr + off, data.subspan(done, n))) return false;
     done += n;
     off = 0;
   }
@@ -87,6 +87,17 @@ bool Qp::scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data, b
 void Qp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
   if (cfg_.type == QpType::kUD) return responder_ud(p, from, grh);
   if (cfg_.type == QpType::kUC) return responder_uc(p);
+  // XRC target (IBTA annex A14): the request's XRCETH names the XRC SRQ
+  // that gives its receive WQE and whose PD its keys are checked in; one
+  // not of the target QP's XRC domain makes the request invalid.
+  xrc_srq_ = nullptr;
+  if (cfg_.type == QpType::kXrcRecv) xrc_srq_ = xrc_ ? xrc_->find_srq(p.xrc_srqn) : nullptr;
+  responder_rc(p);
+  xrc_srq_ = nullptr;
+}
+
+void Qp::responder_rc(const Packet& p) {
+  const bool no_srq = cfg_.type == QpType::kXrcRecv && !xrc_srq_;
   const int32_t d = psn_diff(p.bth.psn, epsn_);
   if (d > 0) {
     // A gap: one PSN sequence error NAK per gap, with the PSN expected
@@ -102,10 +113,14 @@ void Qp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8
   }
   if (d < 0) {
     stats_.duplicates++;
+    if (no_srq && p.info().kind == OpKind::kReadRequest) {
+      stats_.dropped++;  // nothing to read its memory with
+      return;
+    }
     responder_duplicate(p);
     return;
   }
-  const RespResult r = responder_execute(p);
+  const RespResult r = no_srq ? RespResult::kNakInvalid : responder_execute(p);
   switch (r) {
     case RespResult::kDone:
       nak_sent_ = false;
@@ -148,7 +163,7 @@ void Qp::responder_duplicate(const Packet& p) {
     case OpKind::kReadRequest:
       for (const Resource& res : resources_) {
         if (!res.atomic && psn_le(res.first_psn, psn) && psn_le(psn, res.last_psn)) {
-          if (p.reth.dma_len && !mem_.remote_check(p.reth.rkey, p.reth.va, p.reth.dma_len, kRemoteRead)) return;
+          if (p.reth.dma_len && !rmem().remote_check(p.reth.rkey, p.reth.va, p.reth.dma_len, kRemoteRead)) return;
           flush_pending_ack();
           stats_.read_replays++;
           send_read_response(p.reth, psn);
@@ -177,6 +192,12 @@ void Qp::responder_duplicate(const Packet& p) {
 
 Qp::RespResult Qp::responder_execute(const Packet& p) {
   const OpcodeInfo& i = p.info();
+  // XRC: the packets of one message name one SRQ (their receive WQE, their
+  // R_Key's PD).
+  if (cfg_.type == QpType::kXrcRecv) {
+    if (resp_msg_ != RespMsg::kNone && p.xrc_srqn != xrc_msg_srqn_) return RespResult::kNakInvalid;
+    xrc_msg_srqn_ = p.xrc_srqn;
+  }
   // Opcode sequence (IBTA 9.7.4): Middle/Last only continue a message of
   // the same kind; anything else only starts one.
   switch (resp_msg_) {
@@ -225,7 +246,7 @@ Qp::RespResult Qp::respond_send(const Packet& p) {
   }
   recv_off_ += uint32_t(p.payload.size());
   if (i.ends_message()) {
-    if (i.has(kHasIeth) && !mem_.invalidate(p.ieth_rkey)) {
+    if (i.has(kHasIeth) && !rmem().invalidate(p.ieth_rkey)) {
       complete_recv(*cur_recv_, WcStatus::kLocProtErr, 0, nullptr);
       cur_recv_.reset();
       resp_msg_ = RespMsg::kNone;
@@ -256,7 +277,7 @@ Qp::RespResult Qp::respond_write(const Packet& p) {
     // IBTA 9.7.4 / 10.6.7: the QP must allow remote writes and the
     // R_Key must cover the whole length; a zero-length WRITE checks nothing.
     if (cur.dma_len != 0 &&
-        (!(cfg_.access & kRemoteWrite) || !mem_.remote_check(cur.rkey, cur.va, cur.dma_len, kRemoteWrite))) {
+        (!(cfg_.access & kRemoteWrite) || !rmem().remote_check(cur.rkey, cur.va, cur.dma_len, kRemoteWrite))) {
       return RespResult::kNakAccess;
     }
     write_total_ = cur.dma_len;
@@ -264,7 +285,7 @@ Qp::RespResult Qp::respond_write(const Packet& p) {
   if (p.payload.size() > cur.dma_len || (i.ends_message() && p.payload.size() != cur.dma_len)) {
     return RespResult::kNakInvalid;  // more or less data than the RETH announced
   }
-  if (!p.payload.empty() && !mem_.remote_write(cur.rkey, cur.va, p.payload)) return RespResult::kNakAccess;
+  if (!p.payload.empty() && !rmem().remote_write(cur.rkey, cur.va, p.payload)) return RespResult::kNakAccess;
   cur.va += p.payload.size();
   cur.dma_len -= uint32_t(p.payload.size());
   cur_write_ = cur;
@@ -286,7 +307,7 @@ Qp::RespResult Qp::respond_read(const Packet& p) {
   const Reth& reth = p.reth;
   if (reth.dma_len > (1u << 31)) return RespResult::kNakInvalid;
   if (reth.dma_len != 0 &&
-      (!(cfg_.access & kRemoteRead) || !mem_.remote_check(reth.rkey, reth.va, reth.dma_len, kRemoteRead))) {
+      (!(cfg_.access & kRemoteRead) || !rmem().remote_check(reth.rkey, reth.va, reth.dma_len, kRemoteRead))) {
     return RespResult::kNakAccess;
   }
   const uint32_t n = std::max<uint32_t>(1, (reth.dma_len + cfg_.pmtu - 1) / cfg_.pmtu);
@@ -310,8 +331,8 @@ Qp::RespResult Qp::respond_atomic(const Packet& p) {
   if (a.va % 8) return RespResult::kNakInvalid;  // IBTA 9.4: atomics are naturally aligned
   uint64_t orig = 0;
   const bool cas = p.info().kind == OpKind::kCompareSwap;
-  if (!mem_.remote_check(a.rkey, a.va, 8, kRemoteAtomic) ||
-      !mem_.remote_atomic(a.rkey, a.va, cas, cas ? a.compare : a.swap_add, a.swap_add, &orig)) {
+  if (!rmem().remote_check(a.rkey, a.va, 8, kRemoteAtomic) ||
+      !rmem().remote_atomic(a.rkey, a.va, cas, cas ? a.compare : a.swap_add, a.swap_add, &orig)) {
     return RespResult::kNakAccess;
   }
   Resource res;

@@ -4,6 +4,7 @@
 #include <netinet/udp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -74,7 +75,9 @@ void set_roce_socket_options(int fd, int family) {
 
 int UdpEndpoint::bind(const std::string& addr, uint16_t port) {
   if (!parse(addr, port, &local_)) return EINVAL;
-  fd_ = socket(local_.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  // By its system call: a program may preload rdma-core's librspreload.so,
+  // which would make an rsocket of a socket() (common/sys.h, kernel_socket).
+  fd_ = int(::syscall(SYS_socket, local_.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (fd_ < 0) return errno;
   set_roce_socket_options(fd_, local_.ss.ss_family);
   if (::bind(fd_, local_.sa(), local_.len()) != 0) return errno;

@@ -60,6 +60,13 @@ std::string cdi_spec(const CdiPaths& p, const std::string& kind) {
   s += bind_mount(p.lib_dir, "/opt/softverbs/lib", false);
   s += bind_mount(p.daemon, "/opt/softverbs/bin/softverbsd", false);
   s += bind_mount(p.tool, "/opt/softverbs/bin/softverbs", true);
+  s += "        ],\n";
+  // The runtime runs the hook in the container's namespaces before it
+  // enters the root (OCI createContainer): the /sys/class view, with the
+  // container's own GIDs (tools/oci_hook.h).
+  s += "        \"hooks\": [\n";
+  s += "          {\"hookName\": \"createContainer\", \"path\": " + quote(p.tool) +
+       ", \"args\": [\"softverbs\", \"cdi-hook\"]}\n";
   s += "        ]\n";
   s += "      }\n";
   s += "    }\n";

@@ -16,6 +16,9 @@
 //   - /dev/infiniband/uverbs0, where tools look for a verbs device (a
 //     character device with /dev/null's numbers: softverbs has no kernel
 //     part, nothing opens it for verbs).
+//   - a createContainer hook, `softverbs cdi-hook` (tools/oci_hook.h): the
+//     device's /sys/class view (infiniband/sv0, infiniband_verbs) with the
+//     container's own GIDs, where ibstat and rdma-core's tests read it.
 #pragma once
 
 #include <string>

@@ -29,6 +29,7 @@
 
 #include "common/paths.h"
 #include "tools/cdi.h"
+#include "tools/oci_hook.h"
 #include "common/protocol.h"
 #include "common/device_info.h"
 #include "common/sys.h"
@@ -459,6 +460,7 @@ constexpr const char* kUsage =
     "  enable [--force]        every program on this machine gets softverbs, no wrapper (root)\n"
     "  disable                 undo enable (root)\n"
     "  cdi [--output FILE]     a CDI spec: containers get the device (podman --device softverbs.io/rdma=sv0)\n"
+    "  cdi-hook                (run by the container runtime, from the CDI spec) the /sys/class view\n"
     "  -h, --help              this help\n"
     "  --version               softverbs' version\n"
     "Environment: SOFTVERBS_DIR (the per-user daemon's directory), SOFTVERBS_SYSTEM=1\n"
@@ -497,6 +499,7 @@ int main(int argc, char** argv) {
   if (cmd == "enable") return enable(argc - 2, argv + 2);
   if (cmd == "disable") return no_args("disable", argc - 2, argv + 2, disable);
   if (cmd == "cdi") return sv::tools::cdi_main(argc - 2, argv + 2, cdi_paths());
+  if (cmd == "cdi-hook") return sv::tools::cdi_hook_main(argc - 2, argv + 2);
   std::fprintf(stderr, "softverbs: unknown %s '%s'; try 'softverbs --help'\n", cmd[0] == '-' ? "option" : "command",
                cmd.c_str());
   return 2;

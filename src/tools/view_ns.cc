@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -164,11 +166,11 @@ int add_node(std::string& why) {
   return 0;
 }
 
-// The entries of tools/sysfs_view.h under /sys/class; one that exists
-// already (a real infiniband_verbs/abi_version) is kept.
-int add_sysfs(const DeviceFacts& facts, std::string& why) {
+// The entries of tools/sysfs_view.h under CLASS_DIR (/sys/class); one that
+// exists already (a real infiniband_verbs/abi_version) is kept.
+int add_sysfs(const std::string& class_dir, const DeviceFacts& facts, std::string& why) {
   for (const Entry& e : sysfs_entries(facts)) {
-    const std::string p = "/sys/class/" + e.path;
+    const std::string p = class_dir + "/" + e.path;
     struct stat st {};
     if (::lstat(p.c_str(), &st) == 0) continue;
     int r = 0;
@@ -205,9 +207,38 @@ int enter_view(std::string& why) {
     ::umount2("/dev", MNT_DETACH);
     return e;
   }
-  if (int e = add_sysfs(facts, why)) {
+  if (int e = add_sysfs("/sys/class", facts, why)) {
     ::umount2("/sys/class", MNT_DETACH);
     ::umount2("/dev", MNT_DETACH);
+    return e;
+  }
+  return 0;
+}
+
+int add_sysfs_view(const std::string& root, std::string& why) {
+  const std::string class_dir = root + "/sys/class";
+  // The image decides what its /sys is before the runtime mounts sysfs
+  // there, and this runs before the runtime enters the root: a symlink in
+  // the image (/sys -> /somewhere) would lead these paths out of the
+  // container. Only the runtime's sysfs, inside the root, is covered.
+  char real_root[PATH_MAX], real_class[PATH_MAX];
+  if (!::realpath(root.c_str(), real_root)) return failed(why, "resolve", root, errno);
+  if (!::realpath(class_dir.c_str(), real_class)) return failed(why, "resolve", class_dir, errno);
+  if (std::string(real_class) != std::string(real_root) + "/sys/class")
+    return failed(why, "refuse", class_dir + " (it leads to " + real_class + ")", EPERM);
+  struct statfs fs {};
+  if (::statfs(real_class, &fs) != 0) return failed(why, "statfs", class_dir, errno);
+  if (fs.f_type != SYSFS_MAGIC) return failed(why, "refuse", class_dir + " (not sysfs)", EPERM);
+  struct stat st {};
+  if (::stat((class_dir + "/infiniband/" + dev::kName + "/node_type").c_str(), &st) == 0) return 0;  // there already
+  // The node's numbers: the one the runtime made (the CDI spec's), else /dev/null's.
+  std::string numbers = "1:3";
+  if (::stat((root + "/dev/infiniband/" + dev::kUverbsName).c_str(), &st) == 0 && S_ISCHR(st.st_mode))
+    numbers = std::to_string(major(st.st_rdev)) + ":" + std::to_string(minor(st.st_rdev));
+  const DeviceFacts facts = this_device(numbers);
+  if (int e = cover(class_dir, {"infiniband", "infiniband_verbs"}, why)) return e;
+  if (int e = add_sysfs(class_dir, facts, why)) {
+    ::umount2(class_dir.c_str(), MNT_DETACH);
     return e;
   }
   return 0;

@@ -29,4 +29,11 @@ namespace sv::view {
 // unprivileged user namespaces would (EPERM).
 int enter_view(std::string& why);
 
+// The /sys/class part of the view under ROOT/sys/class, in the current
+// mount namespace (a container's, from the runtime's createContainer hook:
+// tools/oci_hook.h), with this network namespace's GIDs. 0 (also when the
+// view is there already), or an errno with `why`; on failure nothing
+// changed.
+int add_sysfs_view(const std::string& root, std::string& why);
+
 }  // namespace sv::view

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "common/paths.h"
 #include "common/trace.h"
@@ -55,6 +56,17 @@ std::string find_daemon() {
 // to reap, with no descriptor of ours open.
 void spawn_daemon(const std::string& dir) {
   std::string path = find_daemon();
+  // The daemon gets the application's environment but its preloads: a
+  // library preloaded into the application (rdma-core's librspreload.so,
+  // which turns sockets into rsockets; stdbuf's) would take over the
+  // daemon's own sockets and files. librspreload in a process starting the
+  // daemon made every start fail, each retried, for ten seconds. Built
+  // before the fork: the child of a threaded process calls nothing but
+  // fork, close_range, exec and _exit.
+  std::vector<char*> envp;
+  for (char** e = environ; e && *e; ++e)
+    if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0) envp.push_back(*e);
+  envp.push_back(nullptr);
   pid_t child = ::fork();
   if (child < 0) return;
   if (child == 0) {
@@ -63,8 +75,8 @@ void spawn_daemon(const std::string& dir) {
       ::syscall(SYS_close_range, 3u, ~0u, 0u);
       char* argv[] = {const_cast<char*>("softverbsd"), const_cast<char*>("--dir"), const_cast<char*>(dir.c_str()),
                       nullptr};
-      if (path.find('/') != std::string::npos) ::execv(path.c_str(), argv);
-      else ::execvp(path.c_str(), argv);
+      if (path.find('/') != std::string::npos) ::execve(path.c_str(), argv, envp.data());
+      else ::execvpe(path.c_str(), argv, envp.data());
       ::_exit(127);
     }
     ::_exit(0);

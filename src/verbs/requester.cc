@@ -955,6 +955,7 @@ constexpr QpOps kMediatedUc{"mediated", post_shm<false>, execute_uc_mediated};
 constexpr QpOps kWireRc{"wire", post_wire, execute_rc};
 constexpr QpOps kWireUc{"wire", post_wire, execute_uc};
 constexpr QpOps kWireUd{"wire", post_wire_ud, execute_ud};
+constexpr QpOps kWireXrc{"wire", post_wire, execute_xrc};
 constexpr QpOps kNoSend{"none", post_none, execute_none};
 
 }  // namespace
@@ -967,7 +968,7 @@ void choose_transport(QpState& q) {
     case IBV_QPT_RC: ops = wire ? &kWireRc : mediated ? &kMediatedRc : &kShmRc; break;
     case IBV_QPT_UC: ops = wire ? &kWireUc : mediated ? &kMediatedUc : &kShmUc; break;
     case IBV_QPT_UD: ops = wire ? &kWireUd : &kShmUd; break;
-    case IBV_QPT_XRC_SEND: ops = &kShmXrc; break;
+    case IBV_QPT_XRC_SEND: ops = wire ? &kWireXrc : &kShmXrc; break;
     default: break;
   }
   if (q.ops.load(std::memory_order_relaxed) != ops)

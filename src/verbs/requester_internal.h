@@ -23,6 +23,11 @@ ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t 
 // Completes the responder's receive `r` for the request `w`.
 void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
                           uint32_t len, const shm::SendWqe& w);
+// The same from its parts (`opcode`: the sender's ibv_wr_opcode, for the
+// immediate / invalidate flags); also for an XRC target on the wire.
+void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, ibv_wc_opcode op,
+                          uint32_t len, uint32_t opcode, uint32_t send_flags, uint32_t imm_data,
+                          uint32_t invalidate_rkey);
 
 // UD (requester_ud.cc): the peer QP `dest` of a datagram, attached on first
 // use; the execute operation of UD QPs.

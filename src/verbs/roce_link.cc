@@ -29,6 +29,7 @@
 #include "roce/udp.h"
 #include "verbs/provider.h"
 #include "verbs/roce_util.h"
+#include "verbs/roce_xrc.h"
 #include "verbs/wr_rules.h"
 
 namespace sv::verbs {
@@ -36,18 +37,20 @@ namespace {
 
 using namespace sv::roce;
 
-// The registered memory of one QP's PD in this process, as the engine needs
-// it: every key checked against the MR table (IBTA 10.6.7), since what
-// arrives from the wire is untrusted.
+// The registered memory of one PD in this process, as the engine needs it:
+// every key checked against the MR table (IBTA 10.6.7), since what arrives
+// from the wire is untrusted. The PD is the QP's, or for an XRC target the
+// SRQ's a request names (IBTA annex A14); 0 grants nothing.
 class OwnMemory : public Memory {
  public:
-  explicit OwnMemory(QpState& q) : q_(q) {}
+  OwnMemory(QpState& q, uint32_t pd) : q_(q), pd_(pd) {}
 
   // The MR table's entry for `key` if it grants `need` over [addr, addr+len)
   // (common/access.h). The engine checked the QP's remote access flags.
   const MrEntry* granted(uint32_t key, uint64_t addr, uint64_t len, uint32_t need, bool remote) {
     const MrEntry* e = q_.ctx->st->mr(key);
-    const access::User who{q_.pd->handle, q_.qpn, access::kQpAccessChecked};
+    if (pd_ == 0) return nullptr;
+    const access::User who{pd_, q_.qpn, access::kQpAccessChecked};
     return access::permits(e, remote ? access::Use::kRemote : access::Use::kLocal, who, need, addr, len) ? e : nullptr;
   }
 
@@ -174,6 +177,7 @@ class OwnMemory : public Memory {
   }
 
   QpState& q_;
+  uint32_t pd_;
 };
 
 using Gid = std::array<uint8_t, 16>;
@@ -203,6 +207,7 @@ struct RoceQp {
   QpState* q;
   Gid sgid{};
   OwnMemory mem;
+  XrcTargetSrqs xrc;
   CqSink sink;
   RingRecvSource recvs;
   std::unique_ptr<UdpEndpoint> ep;
@@ -216,7 +221,9 @@ struct RoceQp {
   bool error_reported = false;
   int ep_fd = -1;  // the endpoint's socket (owned by it)
   uint64_t ack_due = 0;  // a held ACK goes by then (Hub::kAckHold)
-  explicit RoceQp(QpState& s) : q(&s), mem(s), sink(s), recvs(s) {}
+  explicit RoceQp(QpState& s)
+      : q(&s), mem(s, s.pd ? s.pd->handle : 0),
+        xrc(s, [&s](uint32_t pd) { return std::make_unique<OwnMemory>(s, pd); }), sink(s, &xrc), recvs(s) {}
   // The endpoint for datagrams of address family `fam`.
   UdpEndpoint& ep_for(int fam) { return ep2 && ep->family() != fam ? *ep2 : *ep; }
   void flush_delayed(bool all = false) {
@@ -255,7 +262,7 @@ void report_error(RoceQp& r) {
     q.attr.qp_state = IBV_QPS_ERR;
   }
   q.self->qpx.qp_base.state = IBV_QPS_ERR;
-  if (!q.srq) flush_rq(q);
+  if (!q.srq && q.type != IBV_QPT_XRC_RECV) flush_rq(q);  // an XRC target has no receive queue
   SV_TRACE("roce: QP %u: transport error, now in ERR", q.qpn);
 }
 
@@ -654,8 +661,9 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
     h.kick();
   }
   if (rep.flags & proto::kRoceSteered) receive_on(h, cs, r->ep_fd);
-  q.send_cq->st->wire.store(true, std::memory_order_relaxed);
-  q.recv_cq->st->wire.store(true, std::memory_order_relaxed);
+  // (An XRC target has no CQs: its SRQs' are marked as it finds them.)
+  if (q.send_cq) q.send_cq->st->wire.store(true, std::memory_order_relaxed);
+  if (q.recv_cq) q.recv_cq->st->wire.store(true, std::memory_order_relaxed);
   if (!h.started) {
     h.started = true;
     started_thread([&h] { h.run(); }).detach();
@@ -708,6 +716,8 @@ int to_engine_wr(QpState& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
     for (int i = 0; i < wr->num_sge; ++i)
       s.sg.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
   }
+  // XRC: the responder's XRC SRQ, in every request's XRCETH (IBTA annex A14).
+  if (q.type == IBV_QPT_XRC_SEND) s.xrc_srqn = wr->qp_type.xrc.remote_srqn & 0xffffff;
   if (q.type == IBV_QPT_UD) {
     const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
     Gid dg;
@@ -737,7 +747,13 @@ int to_engine_wr(QpState& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
 }
 
 QpType engine_type(ibv_qp_type t) {
-  return t == IBV_QPT_UC ? QpType::kUC : t == IBV_QPT_UD ? QpType::kUD : QpType::kRC;
+  switch (t) {
+    case IBV_QPT_UC: return QpType::kUC;
+    case IBV_QPT_UD: return QpType::kUD;
+    case IBV_QPT_XRC_SEND: return QpType::kXrcSend;
+    case IBV_QPT_XRC_RECV: return QpType::kXrcRecv;
+    default: return QpType::kRC;
+  }
 }
 
 }  // namespace
@@ -806,6 +822,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
     nr->route.other = nr->ep2.get();
     nr->engine = std::make_unique<roce::Qp>(c, nr->route, nr->sink, nr->mem, h.clock);
     nr->engine->set_recv_source(&nr->recvs);
+    nr->engine->set_xrc_domain(&nr->xrc);
     nr->ep->attach(nr->engine.get());
     if (nr->ep2) nr->ep2->attach(nr->engine.get());
     nr->mem.inline_slab.resize(size_t(q.cap.max_send_wr + 1) * std::max<uint32_t>(q.cap.max_inline_data, 1));

@@ -11,8 +11,10 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/sys.h"
 #include "roce/headers.h"
 #include "verbs/provider.h"
+#include "verbs/roce_xrc.h"
 
 namespace sv::verbs {
 
@@ -42,7 +44,7 @@ uint32_t wire_mtu_for(const uint8_t* sgid) {
       if (v4 && i->ifa_addr->sa_family == AF_INET) a = &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
       if (!v4 && i->ifa_addr->sa_family == AF_INET6) a = &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
       if (!a || std::memcmp(a, v4 ? sgid + 12 : sgid, v4 ? 4 : 16) != 0) continue;
-      int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      int s = sv::kernel_socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
       ifreq r{};
       std::strncpy(r.ifr_name, i->ifa_name, IFNAMSIZ - 1);
       if (s >= 0 && ::ioctl(s, SIOCGIFMTU, &r) == 0) ifmtu = uint32_t(r.ifr_mtu);
@@ -115,6 +117,11 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
 }
 
 void CqSink::complete(const roce::Completion& c) {
+  // An XRC target's receives complete in the CQ of the SRQ they came from.
+  if (c.is_recv && q_.type == IBV_QPT_XRC_RECV) {
+    xrc_->complete(c, to_status(c.status), to_wc_opcode(c.opcode));
+    return;
+  }
   ibv_wc wc{};
   wc.wr_id = c.wr_id;
   wc.status = to_status(c.status);

@@ -14,15 +14,18 @@
 namespace sv::verbs {
 
 struct QpState;
+class XrcTargetSrqs;
 
-// The engine's completions, into the QP's CQ rings as ibv_wc.
+// The engine's completions, into the QP's CQ rings as ibv_wc (an XRC
+// target's receives: into their SRQs' CQs, `xrc`).
 class CqSink : public roce::CompletionSink {
  public:
-  explicit CqSink(QpState& q) : q_(q) {}
+  CqSink(QpState& q, XrcTargetSrqs* xrc) : q_(q), xrc_(xrc) {}
   void complete(const roce::Completion& c) override;
 
  private:
   QpState& q_;
+  XrcTargetSrqs* xrc_;
 };
 
 // Receive WQEs from the QP's ring or its SRQ, one when a message needs it:

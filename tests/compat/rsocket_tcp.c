@@ -8,7 +8,8 @@
  *                                    send BYTES pseudo-random bytes
  *                                    (write and writev, varying sizes);
  *                                    shutdown(SHUT_WR); check the answer
- * The hash is 64-bit FNV-1a. Exit 0 when both sides agree. */
+ * The hash is 64-bit FNV-1a. Exit 0 when both sides agree. Both use
+ * 127.0.0.1, or RSOCKET_TCP_ADDR (roce.netns.preload: between hosts). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -29,12 +30,18 @@ static uint64_t fnv(uint64_t h, const unsigned char* p, size_t n) {
   return h;
 }
 
+/* 127.0.0.1, or the IPv4 address in RSOCKET_TCP_ADDR (between hosts). */
 static struct sockaddr_in addr_of(int port) {
   struct sockaddr_in a;
+  const char* host = getenv("RSOCKET_TCP_ADDR");
   memset(&a, 0, sizeof(a));
   a.sin_family = AF_INET;
   a.sin_port = htons((uint16_t)port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (host && *host && inet_pton(AF_INET, host, &a.sin_addr) != 1) {
+    fprintf(stderr, "RSOCKET_TCP_ADDR: not an IPv4 address: %s\n", host);
+    exit(2);
+  }
   return a;
 }
 

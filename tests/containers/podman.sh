@@ -9,6 +9,9 @@
 # CASE:
 #   device     the container sees /dev/infiniband/uverbs0 and sv0 with its own
 #              network namespace's GID (its eth0 address), PORT_ACTIVE
+#   sysfs      /sys/class/infiniband/sv0 in the container (the spec's
+#              createContainer hook), its GID the container's address, the
+#              container's own classes still there; ibstat reads it
 #   pingpong   ibv_rc_pingpong between two containers (RoCEv2 over the
 #              container network), 1000 iterations on both sides
 #   write_bw   ib_write_bw 64 KiB between two containers, a bandwidth line
@@ -89,6 +92,31 @@ device)
   addr=$(echo "$out" | awk '$1 == "eth0" || $1 ~ /^eth0@/ {print $3}' | cut -d/ -f1)
   [ -n "$addr" ] || fail "the container has no eth0 address"
   echo "$out" | grep -q "GID\[ *$GID\]:.*::ffff:$addr, RoCE v2" || fail "GID $GID is not the container's own address $addr"
+  ;;
+sysfs)
+  # The CDI spec's createContainer hook (softverbs cdi-hook) gives the
+  # container /sys/class/infiniband/sv0 with its own GIDs, beside the
+  # container's real /sys/class entries; ibstat reads it.
+  out=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /bin/sh -c \
+    'ip -4 -br addr show eth0; cat /sys/class/infiniband/sv0/node_type /sys/class/infiniband/sv0/ports/1/gids/1 \
+      /sys/class/infiniband/sv0/ports/1/gid_attrs/types/1 /sys/class/infiniband_verbs/abi_version;
+     echo net: $(ls /sys/class/infiniband/sv0/device/net); echo classes: $(ls /sys/class);
+     echo netdevs: $(ls /sys/class/net); [ -x /usr/sbin/ibstat ] && /usr/sbin/ibstat' 2>&1)
+  log "$out"
+  addr=$(echo "$out" | awk '$1 == "eth0" || $1 ~ /^eth0@/ {print $3}' | cut -d/ -f1)
+  [ -n "$addr" ] || fail "the container has no eth0 address"
+  gid=$(echo "$addr" | awk -F. '{printf "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x", $1, $2, $3, $4}')
+  echo "$out" | grep -qx '1: CA' || fail "no node_type '1: CA' in /sys/class/infiniband/sv0"
+  echo "$out" | grep -qx "$gid" || fail "gids/1 is not the container's own address $addr ($gid)"
+  echo "$out" | grep -qx 'RoCE v2' || fail "gid_attrs/types/1 is not RoCE v2"
+  echo "$out" | grep -q '^net: .*eth0' || fail "device/net does not name eth0"
+  echo "$out" | grep -q '^netdevs: .*eth0' || fail "the container's own /sys/class/net is hidden"
+  echo "$out" | grep -q '^classes: .*infiniband .*infiniband_verbs.*net' || fail "/sys/class lacks its classes"
+  if echo "$out" | grep -q "^CA 'sv0'"; then
+    echo "$out" | grep -q 'State: Active' || fail "ibstat: the port is not Active"
+  else
+    log "(no ibstat in the image: not checked)"
+  fi
   ;;
 pingpong)
   start srv /usr/bin/ibv_rc_pingpong -g $GID -n 1000

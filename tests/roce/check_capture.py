@@ -7,6 +7,11 @@
 2. tshark's decoding of each packet (opcode, QPN, PSN, AckReq, pad, RETH,
    AETH, AtomicETH, AtomicAckETH, DETH, ImmDt, IETH and the ICRC bytes)
    against what pcapgen meant to send (its TSV).
+3. XRC (IBTA annex A14): tshark 4.0 names the XRC opcodes but decodes
+   nothing after their BTH ("Unknown Header Sequence"): their BTH is
+   checked by tshark as above, their extension headers (XRCETH first on
+   requests, then RETH / AtomicETH / AETH / AtomicAckETH / ImmDt / IETH)
+   by a decoder here.
 
 Wireshark 4.0's InfiniBand dissector shows the ICRC but does not validate
 it, hence (1). Usage: check_capture.py PCAPGEN WORKDIR. Exit 77 = skipped.
@@ -53,7 +58,7 @@ OPCODE_NAMES = {0x00: "SEND First", 0x01: "SEND Middle", 0x02: "SEND Last", 0x03
                 0x04: "SEND Only", 0x05: "SEND Only Imm", 0x06: "WRITE First", 0x07: "WRITE Middle",
                 0x08: "WRITE Last", 0x0a: "WRITE Only", 0x0c: "READ Request", 0x0d: "READ resp First",
                 0x0e: "READ resp Middle", 0x0f: "READ resp Last", 0x10: "READ resp Only", 0x11: "ACK",
-                0x12: "ATOMIC ACK", 0x14: "FetchAdd"}
+                0x12: "ATOMIC ACK", 0x14: "FetchAdd", 0xa4: "XRC SEND Only", 0xb1: "XRC ACK"}
 
 
 def verify_pcap(pcap, need):
@@ -61,7 +66,7 @@ def verify_pcap(pcap, need):
     right (with the IP header as it was on the wire), DF set on IPv4, and
     tshark decodes it as InfiniBand; the opcodes in `need` all occur."""
     frames = read_pcap(pcap)
-    errors, roce = [], 0
+    errors, roce, xrc_srqs = [], 0, set()
     for i, fr in enumerate(frames, 1):
         ip = fr[14:]
         if fr[12:14] == b"\x08\x00":
@@ -83,6 +88,11 @@ def verify_pcap(pcap, need):
         roce += 1
         if icrc_zlib(ip[:-4]) != struct.unpack("<I", ip[-4:])[0]:
             errors.append("frame %d: bad ICRC" % i)
+        bth = ip[ihl + 8:]
+        if bth[0] >> 5 == 5 and opcode_is_request(bth[0]):  # XRC request: XRCETH after the BTH
+            if bth[12] != 0:
+                errors.append("frame %d: XRCETH reserved byte %#x" % (i, bth[12]))
+            xrc_srqs.add(int.from_bytes(bth[13:16], "big"))
     out = subprocess.run(["tshark", "-r", pcap, "-Y", "udp.dstport == 4791", "-T", "fields", "-e", "frame.number",
                           "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp", "-e", "infiniband.bth.psn",
                           "--disable-heuristic", "rpcrdma_infiniband", "--disable-heuristic",
@@ -102,10 +112,69 @@ def verify_pcap(pcap, need):
             errors.append("no %s (opcode %d) in the capture" % (OPCODE_NAMES.get(op, "?"), op))
     for e in errors[:20]:
         print(e)
+    if xrc_srqs:
+        print("XRC requests name SRQs %s" % ", ".join(hex(x) for x in sorted(xrc_srqs)))
     print("%d RoCEv2 frames, ICRC and DF checked; opcodes: %s: %s" % (
         roce, ", ".join("%s %d" % (OPCODE_NAMES.get(k, hex(k)), v) for k, v in sorted(seen.items())),
         "FAILED" if errors else "ok"))
     return 1 if errors or roce == 0 else 0
+
+
+def check_xrc_headers(row, ip):
+    """The extension headers of an XRC packet (IP datagram `ip`, ICRC
+    included) against the TSV row: XRCETH right after the BTH (8 reserved
+    bits, the 24-bit XRC SRQ number), then the others in IBTA 9.2 order."""
+    errs = []
+    ihl = (ip[0] & 15) * 4 if ip[0] >> 4 == 4 else 40
+    t = ip[ihl + 8:-4]  # BTH .. pad
+    off = 12
+
+    def take(n):
+        nonlocal off
+        b = t[off:off + n]
+        off += n
+        return b
+
+    def want(name, col, val):
+        if row[col] == "-" or int(row[col], 16) != val:
+            errs.append("%s: decoded %#x, meant %s" % (name, val, row[col]))
+
+    opc = int(row["opcode"])
+    if row["xrcsrq"] != "-":
+        x = take(4)
+        if x[0] != 0:
+            errs.append("XRCETH reserved byte %#x" % x[0])
+        want("xrceth.srq", "xrcsrq", int.from_bytes(x[1:], "big"))
+    elif opcode_is_request(opc):
+        errs.append("request without XRCETH")
+    if row["reth_va"] != "-":
+        r = take(16)
+        want("reth.va", "reth_va", int.from_bytes(r[:8], "big"))
+        want("reth.rkey", "reth_rkey", int.from_bytes(r[8:12], "big"))
+        want("reth.len", "reth_len", int.from_bytes(r[12:], "big"))
+    if row["swap"] != "-":
+        a = take(28)
+        want("atomic.swap", "swap", int.from_bytes(a[12:20], "big"))
+        want("atomic.cmp", "cmp", int.from_bytes(a[20:], "big"))
+    if row["aeth_syndrome"] != "-":
+        a = take(4)
+        want("aeth.syndrome", "aeth_syndrome", a[0])
+        want("aeth.msn", "aeth_msn", int.from_bytes(a[1:], "big"))
+    if row["orig"] != "-":
+        want("atomicack.orig", "orig", int.from_bytes(take(8), "big"))
+    if row["imm"] != "-":
+        want("immdt", "imm", int.from_bytes(take(4), "big"))
+    if row["ieth"] != "-":
+        want("ieth", "ieth", int.from_bytes(take(4), "big"))
+    pad = (t[1] >> 4) & 3
+    if len(t) - off - pad != int(row["payload_len"]):
+        errs.append("payload %d bytes, meant %s" % (len(t) - off - pad, row["payload_len"]))
+    return errs
+
+
+def opcode_is_request(opc):
+    """Table 38's requests: everything but READ responses and (atomic) ACKs."""
+    return not 0x0d <= (opc & 0x1f) <= 0x12
 
 
 def main():
@@ -121,7 +190,7 @@ def main():
     rows = [l.rstrip("\n").split("\t") for l in open(tsv)]
     cols, rows = rows[0], [dict(zip(rows[0], r)) for r in rows[1:]]
     frames = read_pcap(pcap)
-    assert len(frames) == len(rows) == 74, (len(frames), len(rows))  # 37 opcodes x IPv4, IPv6
+    assert len(frames) == len(rows) == 120, (len(frames), len(rows))  # 60 opcodes x IPv4, IPv6
     errors = []
 
     # 1a. zlib.
@@ -149,7 +218,7 @@ def main():
             if want != fr[-4:]:
                 errors.append("frame %s: scapy ICRC %s, wire %s" % (row["frame"], want.hex(), fr[-4:].hex()))
             checked += 1
-        assert checked == 37
+        assert checked == 60
     except ImportError:
         print("scapy not installed: its ICRC check skipped")
 
@@ -171,7 +240,7 @@ def main():
     def num(s):
         return int(s, 0) if s else None
 
-    tshark_crcs = 0
+    tshark_crcs = xrc_checked = 0
     for row, line in zip(rows, out):
         got = dict(zip(fields, line.split("\t")))
         fr = row["frame"]
@@ -182,6 +251,16 @@ def main():
 
         opc = int(row["opcode"])
         expect("opcode", opc, num(got["infiniband.bth.opcode"]))
+        if opc >> 5 == 5:  # XRC: tshark stops after the BTH
+            for f, want in (("destqp", int(row["destqp"], 16)), ("psn", int(row["psn"]))):
+                expect(f, want, num(got["infiniband.bth." + f]))
+            expect("ackreq", row["ackreq"] == "1", got["infiniband.bth.a"] in ("1", "True"))
+            expect("padcnt", int(row["padcnt"]), num(got["infiniband.bth.padcnt"]))
+            expect("malformed", "", got["_ws.malformed"])
+            for e in check_xrc_headers(row, frames[int(fr) - 1][14:]):
+                errors.append("frame %s (opcode %s): %s" % (fr, opc, e))
+            xrc_checked += 1
+            continue
         expect("destqp", int(row["destqp"], 16), num(got["infiniband.bth.destqp"]))
         expect("psn", int(row["psn"]), num(got["infiniband.bth.psn"]))
         expect("ackreq", row["ackreq"] == "1", got["infiniband.bth.a"] in ("1", "True"))
@@ -224,6 +303,8 @@ def main():
             expect("icrc", int.from_bytes(int(row["icrc"], 16).to_bytes(4, "little"), "big"), num(crc))
         expect("malformed", "", got["_ws.malformed"])
 
+    if xrc_checked != 46:
+        errors.append("%d XRC packets checked, not 46" % xrc_checked)
     if tshark_crcs < len(rows) // 2:
         errors.append("tshark showed only %d ICRCs" % tshark_crcs)
     for e in errors:

@@ -16,17 +16,19 @@
 #                    (the daemon refuses it: EXDEV, and it starts its own)
 #         rping      rdma_cm between the namespaces (the default daemons'
 #                    CM gateways carry its MADs)
+#         rstream, riostream, rcopy
+#                    rsockets between the namespaces (Debian's programs;
+#                    data checked)
+#         preload    a plain TCP client/server under librspreload.so
+#         udpong     datagram rsockets (UD QPs on the wire): udpong's
+#                    bandwidth run and a blocking echo run, h0 -> h1
 #         mckey      UD multicast over RoCEv2 (docs/ROCE.md, "Multicast"):
 #                    Debian's mckey, two receivers in h1 and a sender in h0
 #                    on 239.1.1.1, then a send-only sender (-o) on
-#                    239.1.1.2; each receiver gets every message exactly
-#                    once from the wire; garbled datagrams and one for a
-#                    group nobody joined are dropped first
-#         riostream  rsockets' riostream (RDMA WRITEs into the peer's
-#                    registered buffer, rsocket's riomap) between them, data checked
-#         rcopy      rcopy copies a 3.3 MB file from h0 to h1 over rsockets
-#         udpong     datagram rsockets (UD QPs on the wire): udpong's
-#                    bandwidth run and a blocking echo run, h0 -> h1
+#                    239.1.1.2, then the IPv6 group ff0e::1:3; each
+#                    receiver gets every message exactly once from the
+#                    wire; garbled datagrams and one for a group nobody
+#                    joined are dropped first; a member killed leaves
 #         mcast_bw   perftest's UD multicast: ib_send_bw -c UD -g (a QP
 #                    attached to the group ::ffff:239.1.1.7 in h1, the sender
 #                    in h0), 5000 x 1000 B, all received
@@ -41,10 +43,8 @@ SKIP=77
 log() { printf '%s\n' "$*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
 ip netns list >/dev/null 2>&1 || { log "SKIP: no network namespaces"; exit $SKIP; }
-for p in ibv_rc_pingpong ibv_devinfo ss $([ "$case" = rping ] && echo rping) $([ "$case" = rstream ] && echo rstream) \
-  $([ "$case" = mckey ] && echo mckey python3) \
-  $([ "$case" = riostream ] && echo riostream) $([ "$case" = rcopy ] && echo rcopy cmp) \
-  $([ "$case" = udpong ] && echo udpong) $([ "$case" = mcast_bw ] && echo ib_send_bw); do
+for p in ibv_rc_pingpong ibv_devinfo ss $(case $case in rping | rstream | riostream | rcopy | udpong | mckey) echo "$case" ;; esac) \
+  $([ "$case" = mckey ] && echo python3) $([ "$case" = mcast_bw ] && echo ib_send_bw); do
   command -v $p >/dev/null 2>&1 || { log "SKIP: $p is not installed"; exit $SKIP; }
 done
 export SOFTVERBS_TESTBED=svn$$ SOFTVERBS_TESTBED_NET=$(($$ % 200 + 20))
@@ -119,6 +119,23 @@ pair() {
   SRC=$?
 }
 
+# rs_server NAME PORT PROG ARGS...: an rsocket server in h1 on rdma_cm port
+# PORT (output $work/NAME.server, pid in spid), waited for until it listens
+# (its rendezvous socket cm/262-PORT-* exists).
+rs_server() {
+  local name=$1 port=$2 prog=$3
+  shift 3
+  on h1 "$run" "$prog" -p "$port" "$@" >"$work/$name.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    compgen -G "$base/cm/*-$port-*" >/dev/null && break
+    compgen -G "$base/net-*/cm/*-$port-*" >/dev/null && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.05
+  done
+}
+
 show() {
   local s
   for s in server client; do
@@ -163,17 +180,6 @@ run=$work/run
 mkdir -m 700 "$run"
 base=$run/softverbs
 
-# cm_listening PORT PID: until an rdma_cm listener of either namespace has
-# its rendezvous socket for PORT (docs/RDMACM.md), or PID is gone.
-cm_listening() {
-  for _ in $(seq 200); do
-    compgen -G "$base/cm/*-$1-*" >/dev/null && return 0
-    compgen -G "$base/net-*/cm/*-$1-*" >/dev/null && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 0.05
-  done
-  return 1
-}
 case $case in
 pingpong)
   pair pingpong "$run" 18515
@@ -229,69 +235,69 @@ rping)
   grep -q "^ping data: rdma-ping-9: " "$work/rping.client" || fail "rping: the client did not see ping 9"
   [ $failures -eq 0 ] || show rping
   ;;
-rstream)
+rstream | riostream)
   # rsockets (issue 21) between the two "hosts": rdma_cm over the CM
   # gateways, the data as RDMA WRITEs with immediate over RoCEv2; the
-  # received data checked (-T v).
-  on h1 "$run" rstream -b "$a1" -p 7471 -T v -S 65536 -C 500 >"$work/rstream.server" 2>&1 &
+  # received data checked (-T v). riostream: the same through riomap'd
+  # buffers (riowrite).
+  rs_server "$case" 7471 "$case" -b "$a1" -T v -S 65536 -C 500
+  on h0 "$run" "$case" -s "$a1" -p 7471 -T v -S 65536 -C 500 >"$work/$case.client" 2>&1
+  CRC=$?
+  [ $CRC -eq 0 ] || kill $spid 2>/dev/null
+  wait $spid
+  SRC=$?
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "$case: server exit $SRC, client exit $CRC"
+  for side in server client; do
+    grep -Eq '^custom +64k +500 +1 ' "$work/$case.$side" || fail "$case: no 64k x 500 line on the $side"
+  done
+  [ $failures -eq 0 ] || show "$case"
+  log "$case h0 -> h1: $(grep -E '^custom' "$work/$case.client")"
+  ;;
+rcopy)
+  # Debian's rcopy: a 3,333,333-byte file from h0 to h1's server over
+  # rsockets, twice (the server serves clients until killed); the copies
+  # compared byte for byte (the namespaces share the file system).
+  head -c 3333333 /dev/urandom >"$work/src.bin"
+  rs_server rcopy 7472 rcopy
+  for i in 1 2; do
+    on h0 "$run" rcopy "$work/src.bin" "$a1:$work/dst.$i" -p 7472 >>"$work/rcopy.client" 2>&1 ||
+      fail "rcopy client $i: exit $?"
+    cmp -s "$work/src.bin" "$work/dst.$i" || fail "rcopy: copy $i differs from the source"
+  done
+  kill $spid 2>/dev/null
+  wait $spid 2>/dev/null
+  [ "$(grep -c '^3333333 bytes in ' "$work/rcopy.client")" -eq 2 ] || fail "rcopy: not two '3333333 bytes in' lines"
+  [ "$(grep -c 'transferring\.\.\.3333333 bytes\.\.\.closing\.\.\.done' "$work/rcopy.server")" -eq 2 ] ||
+    fail "rcopy: the server did not report two whole files"
+  [ $failures -eq 0 ] || show rcopy
+  ;;
+preload)
+  # A TCP client and server that know nothing of RDMA (rsocket_tcp.c), under
+  # rdma-core's librspreload.so on our librdmacm, between the namespaces:
+  # 7,777,777 bytes over rsockets on RoCEv2, both sides' hashes equal.
+  preload=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
+  [ -e "$preload" ] || { log "SKIP: $preload is not installed"; exit $SKIP; }
+  tcp=$bin/rsocket_tcp
+  [ -x "$tcp" ] || { log "missing $tcp"; exit 1; }
+  on h1 "$run" env LD_PRELOAD="$preload" RSOCKET_TCP_ADDR="$a1" "$tcp" server 7473 >"$work/preload.server" 2>&1 &
   spid=$!
   pids+=($spid)
   for _ in $(seq 200); do
-    compgen -G "$base/cm/*-7471-*" >/dev/null && break
-    compgen -G "$base/net-*/cm/*-7471-*" >/dev/null && break
+    compgen -G "$base/cm/*-7473-*" >/dev/null && break
+    compgen -G "$base/net-*/cm/*-7473-*" >/dev/null && break
     kill -0 $spid 2>/dev/null || break
     sleep 0.05
   done
-  on h0 "$run" rstream -s "$a1" -p 7471 -T v -S 65536 -C 500 >"$work/rstream.client" 2>&1
+  on h0 "$run" env LD_PRELOAD="$preload" RSOCKET_TCP_ADDR="$a1" "$tcp" client 7473 7777777 >"$work/preload.client" 2>&1
   CRC=$?
   [ $CRC -eq 0 ] || kill $spid 2>/dev/null
   wait $spid
   SRC=$?
-  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "rstream: server exit $SRC, client exit $CRC"
-  for side in server client; do
-    grep -Eq '^custom +64k +500 +1 ' "$work/rstream.$side" || fail "rstream: no 64k x 500 line on the $side"
-  done
-  [ $failures -eq 0 ] || show rstream
-  log "rstream h0 -> h1: $(grep -E '^custom' "$work/rstream.client")"
-  ;;
-riostream)
-  on h1 "$run" riostream -b "$a1" -p 7472 -T v -S 65536 -C 200 >"$work/riostream.server" 2>&1 &
-  spid=$!
-  pids+=($spid)
-  cm_listening 7472 $spid
-  on h0 "$run" riostream -s "$a1" -p 7472 -T v -S 65536 -C 200 >"$work/riostream.client" 2>&1
-  CRC=$?
-  [ $CRC -eq 0 ] || kill $spid 2>/dev/null
-  wait $spid
-  SRC=$?
-  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "riostream: server exit $SRC, client exit $CRC"
-  for side in server client; do
-    grep -Eq '^custom +64k +200 +1 ' "$work/riostream.$side" || fail "riostream: no 64k x 200 line on the $side"
-  done
-  [ $failures -eq 0 ] || show riostream
-  log "riostream h0 -> h1: $(grep -E '^custom' "$work/riostream.client")"
-  ;;
-rcopy)
-  # The rcopy server (h1) serves clients until it is killed.
-  head -c 3333333 /dev/urandom >"$work/src.bin"
-  on h1 "$run" rcopy -p 7473 >"$work/rcopy.server" 2>&1 &
-  spid=$!
-  pids+=($spid)
-  cm_listening 7473 $spid
-  on h0 "$run" rcopy "$work/src.bin" "$a1:$work/dst.bin" -p 7473 >"$work/rcopy.client" 2>&1 ||
-    fail "rcopy: the client exited $?"
-  cmp -s "$work/src.bin" "$work/dst.bin" || fail "rcopy: the copy differs from the source"
-  grep -q '^opening\.\.\.transferring\.\.\.closing\.\.\.done$' "$work/rcopy.client" || fail "rcopy: the client did not say done"
-  grep -q '^3333333 bytes in ' "$work/rcopy.client" || fail "rcopy: no '3333333 bytes in' line"
-  for _ in $(seq 100); do
-    grep -q 'transferring\.\.\.3333333 bytes\.\.\.closing\.\.\.done' "$work/rcopy.server" && break
-    sleep 0.05
-  done
-  grep -q 'transferring\.\.\.3333333 bytes\.\.\.closing\.\.\.done' "$work/rcopy.server" || fail "rcopy: the server did not say done"
-  kill $spid 2>/dev/null
-  wait $spid 2>/dev/null
-  [ $failures -eq 0 ] || show rcopy
-  log "rcopy h0 -> h1: $(grep '^3333333 bytes in ' "$work/rcopy.client")"
+  [ "$SRC" -eq 0 ] && [ "$CRC" -eq 0 ] || fail "preload: server exit $SRC, client exit $CRC"
+  hash=$(sed -n 's/^client: OK 7777777 bytes hash \([0-9a-f]*\)$/\1/p' "$work/preload.client")
+  [ -n "$hash" ] || fail "preload: no OK line from the client"
+  grep -qx "server: 7777777 bytes hash $hash" "$work/preload.server" || fail "preload: the server's hash differs"
+  [ $failures -eq 0 ] || show preload
   ;;
 mcast_bw)
   # ib_send_bw -g: the server's QP joins the group (-M: the MGID as 16

@@ -1,4 +1,5 @@
-// pcapgen: writes one RoCEv2 packet per opcode of IBTA table 38 (RC, UC, UD),
+// pcapgen: writes one RoCEv2 packet per opcode of IBTA table 38 (RC, UC, UD,
+// and XRC of annex A14),
 // each over IPv4 and over IPv6, built by src/roce's encoder and framed with
 // its ICRC, into a pcap; and what each packet was meant to carry into a TSV
 // file, for check_capture.py to compare with tshark's decoding and with an
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   FILE* tsv = std::fopen(argv[2], "w");
   if (!tsv) return 1;
   std::fprintf(tsv, "frame\tip\topcode\tdestqp\tpsn\tackreq\tse\tpadcnt\treth_va\treth_rkey\treth_len\taeth_syndrome"
-                    "\taeth_msn\tswap\tcmp\torig\tqkey\tsrcqp\timm\tieth\tpayload_len\ticrc\n");
+                    "\taeth_msn\tswap\tcmp\torig\tqkey\tsrcqp\timm\tieth\txrcsrq\tpayload_len\ticrc\n");
   int frame = 0;
   for (int ipver : {4, 6}) {
     for (int opc = 0; opc < 256; opc++) {
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
       p.deth = Deth{0x11110000u | uint32_t(opc), 0x0800u + uint32_t(opc)};
       p.imm = 0x49000000u | uint32_t(opc);
       p.ieth_rkey = 0x1e000000u | uint32_t(opc);
+      p.xrc_srqn = 0x5a0000u | uint32_t(opc);
       std::vector<uint8_t> payload;
       if (info.payload) {
         payload.resize(size_t(opc % 5 + 1) * 7);  // various pad counts
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
       opt32(info.has(kHasDeth), p.deth.src_qp);
       opt32(info.has(kHasImmDt), p.imm);
       opt32(info.has(kHasIeth), p.ieth_rkey);
+      opt32(info.has(kHasXrcEth), p.xrc_srqn);
       std::fprintf(tsv, "\t%zu\t0x%08x\n", payload.size(), icrc_load(ip.data() + ip.size() - 4));
     }
   }

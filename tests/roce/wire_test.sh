@@ -10,7 +10,9 @@
 #
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
-#         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw
+#         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
+#         xsrq | xsrq6 | xsrq_events | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
+#         send_lat_xrc_faults | xrc_capture | xrc_peer
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -169,6 +171,31 @@ perf() {
   [ $failures -eq 0 ] || show "$name"
 }
 
+# xsrq NAME SIZE ITERS [ARGS...]: Debian's ibv_xsrq_pingpong (XRC, IBTA annex A14:
+# an XRC domain, an XRC SRQ, XRC send and receive QPs on each side, each
+# send naming the peer's SRQ) between the hosts over GID 1. Checked as
+# tests/compat/xsrq_pingpong.sh does on one host: "success" and the peer's
+# address line on both sides, no error; and every QP on the wire.
+xsrq() {
+  local name=$1 size=$2 iters=$3 side out
+  shift 3
+  command -v ibv_xsrq_pingpong >/dev/null || { log "SKIP: ibv_xsrq_pingpong not installed"; exit $SKIP; }
+  local -a args=(-g 1 -p 18515 -s "$size" -n "$iters" "$@")
+  pair "$name" 18515 ibv_xsrq_pingpong "${args[@]}" -- ibv_xsrq_pingpong "${args[@]}" "$a1" || return 1
+  for side in server client; do
+    out=$work/$name.$side
+    grep -q '^success$' "$out" || fail "$name $side: no 'success' line"
+    grep -Eq 'remote: LID [0-9a-f]+, QPN RECV [0-9a-f]+ SEND [0-9a-f]+, PSN [0-9a-f]+, SRQN [0-9a-f]+' "$out" ||
+      fail "$name $side: no remote address line"
+    grep -qi 'fail\|error\|couldn\|unable' "$out" && fail "$name $side: reported an error"
+    # Its XRC send and receive QPs: two stats lines each side.
+    [ "$(grep -c "^softverbs roce: qp" "$out")" -ge 2 ] || fail "$name $side: the XRC QPs were not on the wire"
+    [ "$(stat "$name" "$side" bad_icrc)" -eq 0 ] || fail "$name $side: datagrams with a bad ICRC"
+  done
+  [ $failures -eq 0 ] || show "$name"
+  [ $failures -eq 0 ]
+}
+
 # Fixed seeds: each run drops and delays the same datagrams (as far as the
 # timing of retransmissions allows), so a failure can be replayed.
 seed=${ROCE_WIRE_SEED:-7}
@@ -198,6 +225,30 @@ case $case in
     fi
     for side in server client; do
       grep -q "^softverbs roce: qp" "$work/mw.$side" || fail "mw $side: the QP was not on the wire"
+    done
+    ;;
+  xrc_peer)
+    # XRC's checks on the wire (tests/roce/xrc_wire_peer.cc): each SEND in
+    # the SRQ it names, keys checked in that SRQ's PD, an unknown SRQ and an
+    # SRQ of another XRC domain refused (IBV_WC_REM_INV_REQ_ERR), another
+    # PD's key refused (IBV_WC_REM_ACCESS_ERR). 1% loss and reordering are
+    # injected, though a run of some 25 datagrams is seldom hit.
+    start_daemons "$faults"
+    mkdir -m 777 "$work/xrc"
+    on h1 "$bin/xrc_wire_peer" server "$work/xrc" >"$work/xrc.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    on h0 "$bin/xrc_wire_peer" client "$work/xrc" >"$work/xrc.client" 2>&1
+    crc=$?
+    wait $spid
+    src=$?
+    if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+      fail "xrc_peer: server exit $src, client exit $crc"
+      show xrc
+    fi
+    for side in server client; do
+      grep -q "^xrc_wire_peer $side: ok" "$work/xrc.$side" || fail "xrc_peer $side: no 'ok'"
+      [ "$(grep -c "^softverbs roce: qp" "$work/xrc.$side")" -eq 4 ] || fail "xrc_peer $side: not 4 QPs on the wire"
     done
     ;;
   rc_faults)
@@ -240,6 +291,64 @@ case $case in
   write_bw_uc)
     start_daemons ""
     perf write_bw_uc ib_write_bw 1000 65536 -c UC
+    ;;
+  xsrq)
+    start_daemons ""
+    xsrq xsrq 4096 200
+    ;;
+  xsrq6)
+    # RoCEv2 over IPv6 (GID 2; the out-of-band exchange stays on IPv4).
+    start_daemons ""
+    xsrq xsrq6 4096 200 -g 2
+    ;;
+  xsrq_events)
+    # -e: each side sleeps on its CQs' completion channel.
+    start_daemons ""
+    xsrq xsrq_events 4096 200 -e
+    ;;
+  xsrq_faults)
+    start_daemons "$faults,dup=0.01"
+    xsrq xsrq_faults 4096 300 && check_faults xsrq_faults
+    ;;
+  send_bw_xrc)
+    # perftest's XRC: the server's XRC SRQ receives, the client's XRC send
+    # QP names it in every SEND's XRCETH.
+    start_daemons ""
+    perf send_bw_xrc ib_send_bw 1000 65536 -c XRC
+    ;;
+  write_bw_xrc)
+    start_daemons ""
+    perf write_bw_xrc ib_write_bw 1000 65536 -c XRC
+    ;;
+  read_bw_xrc)
+    start_daemons ""
+    perf read_bw_xrc ib_read_bw 500 65536 -c XRC
+    ;;
+  atomic_bw_xrc)
+    start_daemons ""
+    perf atomic_bw_xrc ib_atomic_bw 1000 8 -c XRC
+    ;;
+  send_lat_xrc_faults)
+    start_daemons "$faults"
+    perf send_lat_xrc ib_send_lat 1000 64 -c XRC && check_faults send_lat_xrc
+    ;;
+  xrc_capture)
+    # XRC traffic captured on h1's veth: every frame's ICRC (independent
+    # code) and DF; tshark names the XRC opcodes (it decodes nothing after
+    # their BTH): SEND Only (ibv_xsrq_pingpong's messages fit one MTU) and
+    # the XRC ACK; each XRC request's XRCETH has its reserved byte 0.
+    command -v tshark >/dev/null || { log "SKIP: no tshark"; exit $SKIP; }
+    start_daemons ""
+    "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp port 4791" -w "$work/wire.pcap" 2>"$work/tshark.log" &
+    cap=$!
+    pids+=($cap)
+    for _ in $(seq 100); do grep -q "Capturing on" "$work/tshark.log" 2>/dev/null && break; sleep 0.1; done
+    xsrq xrc_capture 512 20
+    sleep 0.5
+    kill $cap 2>/dev/null
+    wait $cap 2>/dev/null
+    /usr/bin/python3 "$src/tests/roce/check_capture.py" --verify-pcap "$work/wire.pcap" 0xa4,0xb1 ||
+      fail "xrc_capture: check_capture.py"
     ;;
   send_bw_ud)
     start_daemons ""
