@@ -109,7 +109,7 @@ struct TestDomain : XrcDomain {
   }
 };
 
-constexpr uint64_t kA = 0x100000, kS = 0x500000;
+constexpr uint64_t kXrcA = 0x100000, kXrcS = 0x500000;
 constexpr uint32_t kAll = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
 
 // Node 0: an XRC initiator; node 1: an XRC target with SRQs 5 and 6 of its
@@ -124,24 +124,24 @@ struct XrcPair {
     sim.cfg[1].type = QpType::kXrcRecv;
   }
   void start() {
-    a = sim.nodes[0].mem.add(kA, 65536, kAll);
+    a = sim.nodes[0].mem.add(kXrcA, 65536, kAll);
     for (size_t i = 0; i < 65536; i++) sim.nodes[0].mem.bytes(a)[i] = uint8_t(i * 7 + 1);
     for (auto [n, d] : {std::pair{5u, 1u}, {6u, 1u}, {9u, 2u}}) {
       TestSrq& s = dom.add(n, d);
       for (uint32_t k = 0; k < n; k++) s.mem.add(0, 1, 0);  // keys differ between SRQs: 0x100 + srqn
-      key[n] = s.mem.add(kS + n * 0x100000, 1 << 20, kAll);
+      key[n] = s.mem.add(kXrcS + n * 0x100000, 1 << 20, kAll);
     }
     sim.start();
     qb().set_xrc_domain(&dom);
   }
   TestSrq& srq(uint32_t n) { return *dom.srqs.at(n); }
   std::vector<uint8_t>& sbytes(uint32_t n) { return srq(n).mem.bytes(key[n]); }
-  uint64_t sbase(uint32_t n) { return kS + n * 0x100000; }
+  uint64_t sbase(uint32_t n) { return kXrcS + n * 0x100000; }
   void post_srq_recv(uint32_t n, uint64_t id, uint64_t off, uint32_t len) {
     srq(n).wqes.push_back(rwr(id, key[n], sbase(n) + off, len));
   }
   SendWr send(uint64_t id, uint32_t srqn, uint64_t off, uint32_t len, WrOpcode op = WrOpcode::kSend) {
-    SendWr w = wr(id, op, a, kA + off, len);
+    SendWr w = wr(id, op, a, kXrcA + off, len);
     w.xrc_srqn = srqn;
     return w;
   }
