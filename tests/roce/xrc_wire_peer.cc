@@ -36,6 +36,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+
+#include "wire_peer.h"
 #include <vector>
 
 namespace {
@@ -44,40 +46,10 @@ constexpr size_t kBuf = 8192;
 constexpr int kGidIndex = 1, kPairs = 4;
 constexpr uint32_t kNoSuchSrq = 0x7777;
 
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "xrc_wire_peer: %s\n", what.c_str());
-  std::exit(1);
-}
-
-void put(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << text << "\n";
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) die("rename " + path);
-}
-
-std::string get(const std::string& path) {
-  for (int i = 0; i < 3000; ++i) {
-    std::ifstream f(path);
-    std::string s;
-    if (f && std::getline(f, s) && !s.empty()) return s;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  die("timed out waiting for " + path);
-}
-
-ibv_wc poll_one(ibv_cq* cq) {
-  ibv_wc wc{};
-  for (int i = 0; i < 30'000'000; ++i) {
-    int n = ibv_poll_cq(cq, 1, &wc);
-    if (n < 0) die("ibv_poll_cq");
-    if (n == 1) return wc;
-    if (i > 1000) std::this_thread::sleep_for(std::chrono::microseconds(10));
-  }
-  die("no completion");
-}
+using wire_peer::die;
+using wire_peer::get;
+using wire_peer::poll_one;
+using wire_peer::put;
 
 void expect(const ibv_wc& wc, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status st, const char* what) {
   if (wc.wr_id != wr_id || wc.status != st || (st == IBV_WC_SUCCESS && wc.opcode != op)) {
