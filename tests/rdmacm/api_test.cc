@@ -180,24 +180,60 @@ TEST(RdmaCmApi, DeviceListHoldsTheDevice) {
   rdma_free_devices(again);
 }
 
+// A passive endpoint on 127.0.0.1 (rdma_getaddrinfo with RAI_PASSIVE, a
+// port the CM picks), listening; `qa` (may be null) makes each accepted
+// id's QP at rdma_get_request. Null, with the failure recorded, if not.
+rdma_cm_id* listening_ep(ibv_qp_init_attr* qa) {
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* pres = nullptr;
+  if (rdma_getaddrinfo("127.0.0.1", "0", &hints, &pres) || !pres) {
+    ADD_FAILURE() << "rdma_getaddrinfo (passive): " << std::strerror(errno);
+    return nullptr;
+  }
+  EXPECT_EQ(RDMA_PS_TCP, pres->ai_port_space);
+  rdma_cm_id* id = nullptr;
+  int r = rdma_create_ep(&id, pres, nullptr, qa);
+  rdma_freeaddrinfo(pres);
+  if (r) {
+    ADD_FAILURE() << "rdma_create_ep (passive): " << std::strerror(errno);
+    return nullptr;
+  }
+  EXPECT_EQ(0, rdma_listen(id, 4));
+  return id;
+}
+
+// An active endpoint to 127.0.0.1:PORT (rdma_getaddrinfo, rdma_create_ep:
+// address and route resolved, the QP of `qa` made). Null, with the failure
+// recorded, if not.
+rdma_cm_id* active_ep(uint16_t port, ibv_qp_init_attr* qa) {
+  rdma_addrinfo h{};
+  h.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* res = nullptr;
+  if (rdma_getaddrinfo("127.0.0.1", std::to_string(port).c_str(), &h, &res)) {
+    ADD_FAILURE() << "rdma_getaddrinfo (active): " << std::strerror(errno);
+    return nullptr;
+  }
+  rdma_cm_id* id = nullptr;
+  int r = rdma_create_ep(&id, res, nullptr, qa);
+  rdma_freeaddrinfo(res);
+  if (r) {
+    ADD_FAILURE() << "rdma_create_ep (active): " << std::strerror(errno);
+    return nullptr;
+  }
+  return id;
+}
+
 // rdma_getaddrinfo's passive form, rdma_create_ep on it with a QP's
 // attributes, rdma_get_request for the connection, and the active form's
 // rdma_create_ep with its QP: rdma_server/rdma_client's pattern, checked
 // through a message both ways.
 TEST(RdmaCmApi, EndpointsFromGetaddrinfoConnectAndCarryMessages) {
-  rdma_addrinfo hints{};
-  hints.ai_flags = RAI_PASSIVE;
-  hints.ai_port_space = RDMA_PS_TCP;
-  rdma_addrinfo* pres = nullptr;
-  ASSERT_EQ(0, rdma_getaddrinfo("127.0.0.1", "0", &hints, &pres)) << std::strerror(errno);
-  ASSERT_NE(nullptr, pres);
-  EXPECT_EQ(RDMA_PS_TCP, pres->ai_port_space);
   ibv_qp_init_attr qa = rc_attr();
   qa.sq_sig_all = 1;
-  rdma_cm_id* listen_id = nullptr;
-  ASSERT_EQ(0, rdma_create_ep(&listen_id, pres, nullptr, &qa)) << std::strerror(errno);
-  rdma_freeaddrinfo(pres);
-  ASSERT_EQ(0, rdma_listen(listen_id, 4));
+  rdma_cm_id* listen_id = listening_ep(&qa);
+  ASSERT_NE(nullptr, listen_id);
   const uint16_t port = ntohs(rdma_get_src_port(listen_id));
   ASSERT_NE(0, port);
 
@@ -205,15 +241,10 @@ TEST(RdmaCmApi, EndpointsFromGetaddrinfoConnectAndCarryMessages) {
   // side waiting for a request); its connect and messages in a thread.
   // Not on the stack, which softverbs does not register (docs/MEMORY.md).
   static char sbuf[32], cbuf[32];
-  rdma_addrinfo h{};
-  h.ai_port_space = RDMA_PS_TCP;
-  rdma_addrinfo* res = nullptr;
-  ASSERT_EQ(0, rdma_getaddrinfo("127.0.0.1", std::to_string(port).c_str(), &h, &res)) << std::strerror(errno);
   ibv_qp_init_attr ca = rc_attr();
   ca.sq_sig_all = 1;
-  rdma_cm_id* cid = nullptr;
-  ASSERT_EQ(0, rdma_create_ep(&cid, res, nullptr, &ca)) << std::strerror(errno);
-  rdma_freeaddrinfo(res);
+  rdma_cm_id* cid = active_ep(port, &ca);
+  ASSERT_NE(nullptr, cid);
   ASSERT_NE(nullptr, cid->qp) << "an active endpoint gets its QP at once";
   ibv_mr* cmr = rdma_reg_msgs(cid, cbuf, sizeof cbuf);
   ASSERT_NE(nullptr, cmr) << std::strerror(errno) << " pd " << cid->pd << " verbs " << cid->verbs;
@@ -258,24 +289,12 @@ TEST(RdmaCmApi, EndpointsFromGetaddrinfoConnectAndCarryMessages) {
 // rdma_reject_ece: a connection request refused with it is refused, as with
 // rdma_reject (there are no vendor options to say why).
 TEST(RdmaCmApi, RejectEceRefusesTheRequest) {
-  rdma_addrinfo hints{};
-  hints.ai_flags = RAI_PASSIVE;
-  hints.ai_port_space = RDMA_PS_TCP;
-  rdma_addrinfo* pres = nullptr;
-  ASSERT_EQ(0, rdma_getaddrinfo("127.0.0.1", "0", &hints, &pres)) << std::strerror(errno);
-  rdma_cm_id* listen_id = nullptr;
-  ASSERT_EQ(0, rdma_create_ep(&listen_id, pres, nullptr, nullptr)) << std::strerror(errno);
-  rdma_freeaddrinfo(pres);
-  ASSERT_EQ(0, rdma_listen(listen_id, 4));
+  rdma_cm_id* listen_id = listening_ep(nullptr);
+  ASSERT_NE(nullptr, listen_id);
   const uint16_t port = ntohs(rdma_get_src_port(listen_id));
-  rdma_addrinfo h{};
-  h.ai_port_space = RDMA_PS_TCP;
-  rdma_addrinfo* res = nullptr;
-  ASSERT_EQ(0, rdma_getaddrinfo("127.0.0.1", std::to_string(port).c_str(), &h, &res));
   ibv_qp_init_attr ca = rc_attr();
-  rdma_cm_id* cid = nullptr;
-  ASSERT_EQ(0, rdma_create_ep(&cid, res, nullptr, &ca)) << std::strerror(errno);
-  rdma_freeaddrinfo(res);
+  rdma_cm_id* cid = active_ep(port, &ca);
+  ASSERT_NE(nullptr, cid);
   int rc = 0, err = 0;
   std::thread client([&] {
     rc = rdma_connect(cid, nullptr);
