@@ -128,9 +128,16 @@ rs_server() {
   on h1 "$run" "$prog" -p "$port" "$@" >"$work/$name.server" 2>&1 &
   spid=$!
   pids+=($spid)
+  cm_wait "$port"
+}
+
+# cm_wait PORT: until the server $spid listens on rdma_cm port PORT (its
+# rendezvous socket, docs/RDMACM.md, is in either daemon's directory), it
+# exits, or 10 s pass.
+cm_wait() {
   for _ in $(seq 200); do
-    compgen -G "$base/cm/*-$port-*" >/dev/null && break
-    compgen -G "$base/net-*/cm/*-$port-*" >/dev/null && break
+    compgen -G "$base/cm/*-$1-*" >/dev/null && break
+    compgen -G "$base/net-*/cm/*-$1-*" >/dev/null && break
     kill -0 $spid 2>/dev/null || break
     sleep 0.05
   done
@@ -218,13 +225,7 @@ rping)
   on h1 "$run" rping -s -a "$a1" -C 10 -v >"$work/rping.server" 2>&1 &
   spid=$!
   pids+=($spid)
-  for _ in $(seq 200); do
-    # Listening: its rendezvous socket (docs/RDMACM.md) for rping's port 7174.
-    compgen -G "$base/cm/*-7174-*" >/dev/null && break
-    compgen -G "$base/net-*/cm/*-7174-*" >/dev/null && break
-    kill -0 $spid 2>/dev/null || break
-    sleep 0.05
-  done
+  cm_wait 7174  # rping's port
   on h0 "$run" rping -c -a "$a1" -C 10 -v >"$work/rping.client" 2>&1
   CRC=$?
   [ $CRC -eq 0 ] || kill $spid 2>/dev/null
@@ -282,12 +283,7 @@ preload)
   on h1 "$run" env LD_PRELOAD="$preload" RSOCKET_TCP_ADDR="$a1" "$tcp" server 7473 >"$work/preload.server" 2>&1 &
   spid=$!
   pids+=($spid)
-  for _ in $(seq 200); do
-    compgen -G "$base/cm/*-7473-*" >/dev/null && break
-    compgen -G "$base/net-*/cm/*-7473-*" >/dev/null && break
-    kill -0 $spid 2>/dev/null || break
-    sleep 0.05
-  done
+  cm_wait 7473
   on h0 "$run" env LD_PRELOAD="$preload" RSOCKET_TCP_ADDR="$a1" "$tcp" client 7473 7777777 >"$work/preload.client" 2>&1
   CRC=$?
   [ $CRC -eq 0 ] || kill $spid 2>/dev/null
