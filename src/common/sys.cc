@@ -193,6 +193,20 @@ int peer_pidfd(int sock, const PeerCred& cred, uint64_t accepted_ns, Fd& out) {
   return 0;
 }
 
+int same_pid_namespace(pid_t pid, int pidfd, bool& same) {
+  if (pid <= 0) return ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/ns/pid", int(pid));
+  struct stat theirs {}, mine {};
+  if (::stat(path, &theirs) != 0) return errno == ENOENT ? ESRCH : errno;
+  if (::stat("/proc/self/ns/pid", &mine) != 0) return errno;
+  // Read through the pid: only an answer about the process behind the
+  // pidfd, not one that reused its number meanwhile.
+  if (!pidfd_alive(pidfd)) return ESRCH;
+  same = theirs.st_dev == mine.st_dev && theirs.st_ino == mine.st_ino;
+  return 0;
+}
+
 static int fill_addr(const std::string& path, sockaddr_un& a) {
   if (path.size() >= sizeof(a.sun_path)) return ENAMETOOLONG;
   std::memset(&a, 0, sizeof(a));

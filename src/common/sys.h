@@ -121,6 +121,12 @@ int peer_pidfd(int sock, const PeerCred& cred, uint64_t accepted_ns, Fd& out);
 bool pidfd_alive(int pidfd);
 // pidfd_open(2).
 int pidfd_open(pid_t pid, Fd& out);
+// Whether process `pid` (the process behind `pidfd`, alive until the answer
+// was read) is in this process's pid namespace: /proc/PID/ns/pid names the
+// same namespace (device and inode, namespaces(7)) as /proc/self/ns/pid.
+// 0 and *same set, or ESRCH (gone, or pid 0: a process the kernel could not
+// name in our namespace, socket(7) SO_PEERCRED) or another errno.
+int same_pid_namespace(pid_t pid, int pidfd, bool& same);
 uint64_t boottime_ns();
 
 // socket(2) by its system call, never through a library that interposes

@@ -338,14 +338,29 @@ void Server::accept_clients() {
       SV_TRACE("daemon: uid %u: connection quota reached", unsigned(cred.uid));
       continue;
     }
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = fd;
-    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
     // The process that connected, by a pidfd: its locked-memory limit is
     // decided for it, not for whatever process reuses its pid.
     Fd pidfd;
     peer_pidfd(fd, cred, boottime_ns(), pidfd);
+    // Only processes of this daemon's pid namespace. The shared rings name
+    // their claimers by pid, and every process that touches a ring (its
+    // sharers and this daemon, which pushes completions, carries mediated
+    // work and recovers for the dead) judges a claimer's death by that
+    // number (shm_ring.h): a pid from another namespace names another
+    // process here, or none, and a live claimer taken for dead loses a
+    // message. So a client in a container reaches a daemon of its own
+    // namespace: its container's, or its pod's (docs/CONTAINERS.md).
+    if (bool same = false; same_pid_namespace(cred.pid, pidfd.get(), same) != 0 || !same) {
+      // Said once: a flood of such connections must not flood the log.
+      if (!refused_pid_ns_++)
+        std::fprintf(stderr, "softverbsd: refused a connection of uid %u: not in this daemon's pid namespace\n",
+                     unsigned(cred.uid));
+      continue;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
     uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid, std::move(pidfd));
     registry_.quotas().charge(Quotas::kConnection, id, cred.uid);
     Conn c{};

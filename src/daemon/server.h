@@ -84,6 +84,7 @@ class Server {
   std::condition_variable copy_cv_;
   std::map<uid_t, std::deque<Copy>> copy_queues_;  // by user
   uid_t copy_last_uid_ = 0;
+  uint64_t refused_pid_ns_ = 0;  // connections from another pid namespace (accept_clients)
   std::deque<Copy> copies_done_;
   bool copy_stop_ = false;
   Fd copy_done_fd_;  // eventfd: the worker finished copies (polled by the loop)
