@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -193,13 +194,38 @@ int peer_pidfd(int sock, const PeerCred& cred, uint64_t accepted_ns, Fd& out) {
   return 0;
 }
 
+namespace {
+
+// The pid namespace of the process behind `pidfd`, by the pidfd itself
+// (PIDFD_GET_PID_NAMESPACE, Linux 6.11: _IO(PIDFS_IOCTL_MAGIC 0xFF, 5)), so
+// that no /proc is needed, nor one that belongs to another namespace (a
+// process that unshared its pid namespace and kept the old /proc names
+// other processes by every number). 0, ENOTTY/EINVAL where the kernel has
+// no such ioctl, or another errno.
+int pid_namespace_by_pidfd(int pidfd, struct stat& out) {
+  Fd ns(::ioctl(pidfd, _IO(0xFF, 5), 0));
+  if (!ns.valid()) return errno;
+  return ::fstat(ns.get(), &out) == 0 ? 0 : errno;
+}
+
+}  // namespace
+
 int same_pid_namespace(pid_t pid, int pidfd, bool& same) {
-  if (pid <= 0) return ESRCH;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/ns/pid", int(pid));
+  if (pid <= 0 || pidfd < 0) return ESRCH;
   struct stat theirs {}, mine {};
-  if (::stat(path, &theirs) != 0) return errno == ENOENT ? ESRCH : errno;
-  if (::stat("/proc/self/ns/pid", &mine) != 0) return errno;
+  Fd self;
+  int e = pid_namespace_by_pidfd(pidfd, theirs);
+  if (e == 0) {
+    if (int e2 = pidfd_open(::getpid(), self)) return e2;
+    if (int e2 = pid_namespace_by_pidfd(self.get(), mine)) return e2;
+  } else if (e == ENOTTY || e == EINVAL) {
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/ns/pid", int(pid));
+    if (::stat(path, &theirs) != 0) return errno == ENOENT ? ESRCH : errno;
+    if (::stat("/proc/self/ns/pid", &mine) != 0) return errno;
+  } else {
+    return e == ESRCH ? ESRCH : e;
+  }
   // Read through the pid: only an answer about the process behind the
   // pidfd, not one that reused its number meanwhile.
   if (!pidfd_alive(pidfd)) return ESRCH;

@@ -122,10 +122,11 @@ bool pidfd_alive(int pidfd);
 // pidfd_open(2).
 int pidfd_open(pid_t pid, Fd& out);
 // Whether process `pid` (the process behind `pidfd`, alive until the answer
-// was read) is in this process's pid namespace: /proc/PID/ns/pid names the
-// same namespace (device and inode, namespaces(7)) as /proc/self/ns/pid.
-// 0 and *same set, or ESRCH (gone, or pid 0: a process the kernel could not
-// name in our namespace, socket(7) SO_PEERCRED) or another errno.
+// was read) is in this process's pid namespace (the same device and inode,
+// namespaces(7)), asked of the pidfds (PIDFD_GET_PID_NAMESPACE), or of
+// /proc/PID/ns/pid where the kernel has no such ioctl. 0 and `same` set, or
+// ESRCH (gone; no pidfd; pid 0: a process the kernel could not name in our
+// namespace, socket(7) SO_PEERCRED) or another errno.
 int same_pid_namespace(pid_t pid, int pidfd, bool& same);
 uint64_t boottime_ns();
 

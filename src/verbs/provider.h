@@ -97,6 +97,8 @@ class DaemonConn {
   Fd inherited_;  // a forked child: its parent's socket, kept open (the context's cmd_fd names it)
   std::mutex mu_;
   uint32_t seq_ = 0;
+  bool answered_ = false;  // a reply came on this connection (refused())
+  int refused(int e) const;  // e, after saying why once when the daemon would not serve us
   uint32_t owner_pid_ = 0;  // the process whose connection sock_ is
 };
 
