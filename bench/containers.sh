@@ -5,7 +5,9 @@
 # Host: ib_write_lat / ib_write_bw (Debian's perftest), two processes under
 # softverbs run (the shared-memory path). Containers: the same programs in
 # two podman containers given the device by `softverbs cdi` (RoCEv2 over
-# the container network, docs/CONTAINERS.md). TCP: qperf tcp_lat / tcp_bw
+# the container network, docs/CONTAINERS.md), and two containers of one
+# trust domain (the spec's --domain device, the second container in the
+# first's pid and network namespaces: one daemon, shared memory). TCP: qperf tcp_lat / tcp_bw
 # between the same two containers. 8 B latency (one way, perftest's t_typical
 # / qperf's latency) and 64 KiB bandwidth. Writes bench/results/containers.md.
 set -euo pipefail
@@ -16,10 +18,12 @@ image=$(tests/containers/make_image.sh)
 kind="softverbs.io/bench$$"
 spec="/var/run/cdi/softverbs-bench-$$.json"
 mkdir -p /var/run/cdi
-"$build/bin/softverbs" cdi --kind "$kind" --output "$spec" >/dev/null
+domain="bench$$"
+"$build/bin/softverbs" cdi --kind "$kind" --domain "$domain" --output "$spec" >/dev/null
 base=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 run=("${base[@]}" --device "$kind=sv0")
-trap 'podman rm -f -t 0 svbench-srv >/dev/null 2>&1; rm -f "$spec"' EXIT
+drun=("${base[@]}" --device "$kind=$domain")
+trap 'podman rm -f -t 0 svbench-srv >/dev/null 2>&1; podman rm -f -t 0 svbench-hold >/dev/null 2>&1; rm -f "$spec"; rm -rf "/run/softverbs/domains/$domain"' EXIT
 
 # perftest: 8 B latency (t_typical, us) and 64 KiB bandwidth (BW average, MB/s).
 lat_of() { awk '$1 == 8 && NF >= 5 {print $5}' | tail -n 1; }
@@ -41,6 +45,21 @@ cont() {  # cont CMD...: server and client in two containers
   "${run[@]}" --rm "$image" "$@" "$ip" 2>&1
   podman wait svbench-srv >/dev/null 2>&1 || true
 }
+dom() {  # dom CMD...: server and client in two containers of one trust domain
+  # (both joined to a holder container's pid and network namespaces, as a pod's)
+  podman rm -f -t 0 svbench-srv >/dev/null 2>&1 || true
+  podman rm -f -t 0 svbench-hold >/dev/null 2>&1 || true
+  "${drun[@]}" -d --name svbench-hold "$image" /bin/sleep 600 >/dev/null
+  local join=(--pid container:svbench-hold --network container:svbench-hold)
+  "${drun[@]}" -d --name svbench-srv "${join[@]}" "$image" "$@" >/dev/null
+  sleep 1
+  # until the server listens (the first process of the domain starts its daemon)
+  "${drun[@]}" --rm "${join[@]}" "$image" /bin/sh -c \
+    'for i in 1 2 3 4 5 6 7 8 9 10; do "$@" 127.0.0.1 && exit 0; sleep 1; done; exit 1' sh "$@" 2>&1
+  podman wait svbench-srv >/dev/null 2>&1 || true
+  podman rm -f -t 0 svbench-srv >/dev/null 2>&1 || true
+  podman rm -f -t 0 svbench-hold >/dev/null 2>&1 || true
+}
 echo "host latency..." >&2
 h_lat=$(host ib_write_lat -s 8 -n 20000 | lat_of)
 echo "host bandwidth..." >&2
@@ -49,6 +68,10 @@ echo "container latency..." >&2
 c_lat=$(cont /usr/bin/ib_write_lat -x 1 -s 8 -n 20000 | lat_of)
 echo "container bandwidth..." >&2
 c_bw=$(cont /usr/bin/ib_write_bw -x 1 -s 65536 -n 20000 | bw_of)
+echo "trust-domain containers latency..." >&2
+d_lat=$(dom /usr/bin/ib_write_lat -s 8 -n 20000 | lat_of)
+echo "trust-domain containers bandwidth..." >&2
+d_bw=$(dom /usr/bin/ib_write_bw -s 65536 -n 20000 | bw_of)
 t_lat="" t_bw=""
 if "${base[@]}" --rm "$image" /usr/bin/qperf --version >/dev/null 2>&1; then
   echo "TCP..." >&2
@@ -73,6 +96,7 @@ out=bench/results/containers.md
   echo "| path | 8 B latency (us) | 64 KiB bandwidth (MB/s) |"
   echo "|---|---:|---:|"
   echo "| host, two processes (shared memory) | ${h_lat:-?} | ${h_bw:-?} |"
+  echo "| two containers of one trust domain (--domain, shared memory) | ${d_lat:-?} | ${d_bw:-?} |"
   echo "| two containers, RoCEv2 over the container network | ${c_lat:-?} | ${c_bw:-?} |"
   echo "| two containers, TCP (qperf) | ${t_lat:-n/a} | ${t_bw:-n/a} |"
 } | tee "$out"

@@ -1,6 +1,7 @@
 // softverbs cdi: see cdi.h.
 #include "tools/cdi.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,25 +34,28 @@ std::string bind_mount(const std::string& host, const std::string& container, bo
          ", \"options\": [\"ro\", \"nosuid\", \"nodev\", \"rbind\"]}" + (last ? "\n" : ",\n");
 }
 
+constexpr const char* kDomainContainerDir = "/run/softverbs-domain";
+
 constexpr const char* kUsage =
-    "usage: softverbs cdi [--output FILE] [--kind VENDOR/CLASS]\n"
+    "usage: softverbs cdi [--output FILE] [--kind VENDOR/CLASS] [--domain NAME]...\n"
     "  Prints a Container Device Interface spec for the softverbs device (or writes\n"
     "  it to FILE), e.g. sudo softverbs cdi --output /etc/cdi/softverbs.json, then:\n"
     "  podman run --device softverbs.io/rdma=sv0 IMAGE ibv_devinfo\n"
-    "  --kind   the device kind (default softverbs.io/rdma)\n";
+    "  --kind    the device kind (default softverbs.io/rdma)\n"
+    "  --domain  also a device NAME shared by the containers of one trust domain: those\n"
+    "            that use it and share a pid namespace (a pod made with --share +pid)\n"
+    "            share one daemon and the shared-memory data path (docs/CONTAINERS.md)\n";
 
-}  // namespace
-
-std::string cdi_spec(const CdiPaths& p, const std::string& kind) {
+// One device's entry: sv0's edits, and for a trust domain's device its
+// directory (see cdi.h) and the environment that points the library at it.
+std::string device_entry(const CdiPaths& p, const std::string& name, const std::string& domain_dir, bool last) {
   std::string s;
-  s += "{\n";
-  s += "  \"cdiVersion\": \"0.5.0\",\n";
-  s += "  \"kind\": " + quote(kind) + ",\n";
-  s += "  \"devices\": [\n";
   s += "    {\n";
-  s += "      \"name\": \"sv0\",\n";
+  s += "      \"name\": " + quote(name) + ",\n";
   s += "      \"containerEdits\": {\n";
-  s += "        \"env\": [\"LD_LIBRARY_PATH=/opt/softverbs/lib\", \"SOFTVERBSD=/opt/softverbs/bin/softverbsd\"],\n";
+  s += "        \"env\": [\"LD_LIBRARY_PATH=/opt/softverbs/lib\", \"SOFTVERBSD=/opt/softverbs/bin/softverbsd\"";
+  if (!domain_dir.empty()) s += ", " + quote(std::string("SOFTVERBS_DIR=") + kDomainContainerDir);
+  s += "],\n";
   s += "        \"deviceNodes\": [\n";
   s += "          {\"path\": \"/dev/infiniband/uverbs0\", \"hostPath\": \"/dev/null\", \"type\": \"c\", "
        "\"major\": 1, \"minor\": 3, \"fileMode\": 438, \"permissions\": \"rw\"}\n";
@@ -59,7 +63,13 @@ std::string cdi_spec(const CdiPaths& p, const std::string& kind) {
   s += "        \"mounts\": [\n";
   s += bind_mount(p.lib_dir, "/opt/softverbs/lib", false);
   s += bind_mount(p.daemon, "/opt/softverbs/bin/softverbsd", false);
-  s += bind_mount(p.tool, "/opt/softverbs/bin/softverbs", true);
+  s += bind_mount(p.tool, "/opt/softverbs/bin/softverbs", domain_dir.empty());
+  if (!domain_dir.empty()) {
+    // Written by the daemon (its socket, lock and log): read-write, and
+    // nothing in it runs.
+    s += "          {\"hostPath\": " + quote(domain_dir) + ", \"containerPath\": " + quote(kDomainContainerDir) +
+         ", \"options\": [\"rw\", \"nosuid\", \"nodev\", \"noexec\", \"rbind\"]}\n";
+  }
   s += "        ],\n";
   // The runtime runs the hook in the container's namespaces before it
   // enters the root (OCI createContainer): the /sys/class view, with the
@@ -69,19 +79,85 @@ std::string cdi_spec(const CdiPaths& p, const std::string& kind) {
        ", \"args\": [\"softverbs\", \"cdi-hook\"]}\n";
   s += "        ]\n";
   s += "      }\n";
-  s += "    }\n";
+  s += last ? "    }\n" : "    },\n";
+  return s;
+}
+
+}  // namespace
+
+bool valid_domain_name(const std::string& n) {
+  if (n.empty() || n.size() > 63 || n == "sv0" || n.front() == '-') return false;
+  for (char c : n)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  return true;
+}
+
+std::string cdi_spec(const CdiPaths& p, const std::string& kind, const std::vector<std::string>& domains,
+                     const std::string& domains_dir) {
+  std::string s;
+  s += "{\n";
+  s += "  \"cdiVersion\": \"0.5.0\",\n";
+  s += "  \"kind\": " + quote(kind) + ",\n";
+  s += "  \"devices\": [\n";
+  s += device_entry(p, "sv0", "", domains.empty());
+  for (size_t i = 0; i < domains.size(); ++i)
+    s += device_entry(p, domains[i], domains_dir + "/" + domains[i], i + 1 == domains.size());
   s += "  ]\n";
   s += "}\n";
   return s;
 }
 
+namespace {
+
+// The host directory of each domain: made (0700, owned by the caller, as the
+// library requires of a runtime directory) if missing, checked if present.
+int make_domain_dirs(const std::string& base, const std::vector<std::string>& domains) {
+  if (domains.empty()) return 0;
+  // Its parents too (/run/softverbs may not exist yet), each searchable by
+  // all and writable by its owner alone.
+  for (size_t i = 1; i <= base.size(); ++i) {
+    if (i != base.size() && base[i] != '/') continue;
+    const std::string dir = base.substr(0, i);
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      std::fprintf(stderr, "softverbs cdi: cannot make %s: %s\n", dir.c_str(), std::strerror(errno));
+      return 1;
+    }
+  }
+  for (const std::string& d : domains) {
+    const std::string dir = base + "/" + d;
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      std::fprintf(stderr, "softverbs cdi: cannot make %s: %s\n", dir.c_str(), std::strerror(errno));
+      return 1;
+    }
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077)) {
+      std::fprintf(stderr, "softverbs cdi: %s must be a directory of yours with mode 0700\n", dir.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
 int cdi_main(int argc, char** argv, const CdiPaths& paths) {
   std::string out, kind = "softverbs.io/rdma";
+  std::vector<std::string> domains;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (a == "--domain" && i + 1 < argc) {
+      std::string d = argv[++i];
+      if (!valid_domain_name(d)) {
+        std::fprintf(stderr, "softverbs cdi: --domain %s: a name of a-z, 0-9 and '-' (at most 63, not sv0)\n",
+                     d.c_str());
+        return 2;
+      }
+      domains.push_back(d);
+      continue;
     }
     if ((a == "--output" || a == "-o" || a == "--kind") && i + 1 < argc) {
       (a == "--kind" ? kind : out) = argv[++i];
@@ -106,7 +182,8 @@ int cdi_main(int argc, char** argv, const CdiPaths& paths) {
                  paths.lib_dir.c_str());
     return 1;
   }
-  const std::string spec = cdi_spec(paths, kind);
+  if (int e = make_domain_dirs(paths.domains_dir, domains)) return e;
+  const std::string spec = cdi_spec(paths, kind, domains, paths.domains_dir);
   if (out.empty()) {
     std::fputs(spec.c_str(), stdout);
     return 0;

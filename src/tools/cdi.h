@@ -19,9 +19,21 @@
 //   - a createContainer hook, `softverbs cdi-hook` (tools/oci_hook.h): the
 //     device's /sys/class view (infiniband/sv0, infiniband_verbs) with the
 //     container's own GIDs, where ibstat and rdma-core's tests read it.
+//
+// A trust domain's device (`--domain NAME`, issue 23: containers whose
+// processes trust each other as one user's processes do) adds a host
+// directory, DOMAINS_DIR/NAME (0700, the caller's), mounted read-write at
+// /run/softverbs-domain with SOFTVERBS_DIR pointing there: the first
+// process of the domain starts the daemon there and the others find it.
+// The daemon serves only its own pid namespace (docs/SECURITY.md, row 12),
+// so the domain is the containers that also share one: a pod made with
+// `podman pod create --share +pid` (Kubernetes: shareProcessNamespace).
+// Between them, the shared-memory data path; a container that mounts the
+// directory from another pid namespace is refused.
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace sv::tools {
 
@@ -29,10 +41,18 @@ struct CdiPaths {
   std::string lib_dir;  // holds softverbs' libibverbs.so.1 and librdmacm.so.1
   std::string daemon;   // softverbsd
   std::string tool;     // softverbs
+  std::string domains_dir = "/run/softverbs/domains";  // where --domain NAME's directories are made
 };
 
-// The spec, as JSON (CDI's YAML is a superset), for `kind` (vendor/class).
-std::string cdi_spec(const CdiPaths& paths, const std::string& kind);
+// The spec, as JSON (CDI's YAML is a superset), for `kind` (vendor/class):
+// device sv0, then one device per trust domain, each with its directory
+// under `domains_dir`.
+std::string cdi_spec(const CdiPaths& paths, const std::string& kind, const std::vector<std::string>& domains = {},
+                     const std::string& domains_dir = "/run/softverbs/domains");
+
+// A domain's name: 1-63 of a-z, 0-9 and '-', not starting with '-', not sv0
+// (it names a directory and a CDI device).
+bool valid_domain_name(const std::string& name);
 
 // `softverbs cdi [--output FILE] [--kind VENDOR/CLASS]`, with the host's
 // paths already found; returns the exit status.

@@ -21,6 +21,17 @@
 #   peer_dies  the server's container killed in the middle of ib_write_bw:
 #              the client ends with an error completion within seconds,
 #              does not hang
+#   domain     two containers of one trust domain (the spec's --domain
+#              device; the second joins the first's pid and network
+#              namespaces, as containers of a pod do): one daemon serves
+#              both, ib_write_bw 64 KiB between them takes the shared-memory
+#              path (no RoCEv2 QP: SOFTVERBS_ROCE_STATS prints nothing)
+#   domain_refused  a container that mounts the domain's directory from
+#              another pid namespace is refused by its daemon, says why,
+#              and the domain goes on
+#   memlock    the host's per-container limit: --ulimit memlock=1 MiB lets a
+#              64 KiB registration through and refuses a 4 MiB one; the
+#              daemon runs in the container's own cgroup
 # Root only (podman as root, --runtime runc: crun refuses this machine's
 # hybrid cgroups); skipped (77) where podman cannot run a container.
 set -u
@@ -46,13 +57,19 @@ KIND="softverbs.io/test$$"
 SPEC="/var/run/cdi/softverbs-test-$$.json"
 names=()
 cleanup() {
-  local n
-  for n in "${names[@]}"; do podman rm -f -t 0 "$n" >/dev/null 2>&1; done
+  local i
+  # Newest first: a container joined to another's namespaces must go first.
+  for ((i = ${#names[@]} - 1; i >= 0; i--)); do podman rm -f -t 0 "${names[i]}" >/dev/null 2>&1; done
   rm -f "$SPEC"
+  rm -rf "$DOMAIN_DIR"
 }
 trap cleanup EXIT
 mkdir -p /var/run/cdi
-"$BIN_DIR/softverbs" cdi --kind "$KIND" --output "$SPEC" >/dev/null || { fail "softverbs cdi failed"; exit 1; }
+# A trust domain's device of this run (its host directory is removed at the end).
+DOMAIN="test$$"
+DOMAIN_DIR="/run/softverbs/domains/$DOMAIN"
+"$BIN_DIR/softverbs" cdi --kind "$KIND" --domain "$DOMAIN" --output "$SPEC" >/dev/null ||
+  { fail "softverbs cdi failed"; exit 1; }
 
 RUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=sv0")
 if ! timeout 60 "${RUN[@]}" --rm "$IMAGE" /bin/true 2>/tmp/podman-probe.$$; then
@@ -132,10 +149,13 @@ pingpong)
 write_bw)
   start srv /usr/bin/ib_write_bw -x $GID -s 65536 -n 5000
   sleep 1
-  out=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /usr/bin/ib_write_bw -x $GID -s 65536 -n 5000 "$(ip_of srv)" 2>&1) ||
-    fail "client: $out"
+  # SOFTVERBS_ROCE_STATS: a RoCEv2 QP says so when it is destroyed (the
+  # domain case relies on its absence).
+  out=$(timeout 60 "${RUN[@]}" --rm -e SOFTVERBS_ROCE_STATS=1 "$IMAGE" /usr/bin/ib_write_bw -x $GID -s 65536 -n 5000 \
+    "$(ip_of srv)" 2>&1) || fail "client: $out"
   log "$out"
   echo "$out" | grep -Eq '^ *65536 +5000 +[0-9.]+ +[0-9.]+' || fail "no bandwidth line for 65536 B x 5000"
+  echo "$out" | grep -q 'softverbs roce: qp' || fail "no RoCEv2 statistics: the QP did not take the wire"
   finish srv || fail "server exited $?"
   ;;
 rping)
@@ -179,6 +199,75 @@ peer_dies)
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the client did not fail (exit $rc) when its peer's container died"
   echo "$out" | grep -q 'Failed status 12' || fail "no retry-exceeded error completion (IBV_WC_RETRY_EXC_ERR, 12)"
   [ "$dt" -lt 15 ] || fail "the client took $dt s to notice"
+  ;;
+domain)
+  # The domain: a holder container owns the pid and network namespaces
+  # (as a pod's infra container does); server and client are two more
+  # containers joined to them, so that neither one's exit races the other.
+  DRUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=$DOMAIN")
+  h="sv-$$-hold"
+  names+=("$h")
+  "${DRUN[@]}" -d --name "$h" "$IMAGE" /bin/sleep 300 >/dev/null || fail "cannot start $h"
+  JOIN=(--pid "container:$h" --network "container:$h")
+  n="sv-$$-dsrv"
+  names+=("$n")
+  "${DRUN[@]}" -d --name "$n" "${JOIN[@]}" -e SOFTVERBS_ROCE_STATS=1 "$IMAGE" \
+    /usr/bin/ib_write_bw -s 65536 -n 20000 >/dev/null || fail "cannot start $n"
+  sleep 1
+  out=$(timeout 60 "${DRUN[@]}" --rm "${JOIN[@]}" -e SOFTVERBS_ROCE_STATS=1 "$IMAGE" /bin/sh -c \
+    '# until the server listens (it starts the daemon first: slow under load)
+     for i in 1 2 3 4 5 6 7 8 9 10; do /opt/softverbs/bin/softverbs status | grep -q "clients [2-9]" && break; sleep 1; done
+     /opt/softverbs/bin/softverbs status
+     for i in 1 2 3 4 5 6 7 8 9 10; do /usr/bin/ib_write_bw -s 65536 -n 20000 127.0.0.1 && exit 0; sleep 1; done
+     exit 1' 2>&1) || fail "client: $out"
+  log "$out"
+  echo "$out" | grep -q '^softverbsd (pid [0-9]*) at /run/softverbs-domain' || fail "not the domain's daemon"
+  echo "$out" | grep -Eq '^ *clients [2-9]' || fail "the domain's daemon does not serve the server's container too"
+  echo "$out" | grep -Eq '^ *65536 +20000 +[0-9.]+ +[0-9.]+' || fail "no bandwidth line for 65536 B x 20000"
+  echo "$out" | grep -q 'softverbs roce: qp' && fail "the client's QP took RoCEv2, not shared memory"
+  finish dsrv || fail "server exited $?"
+  echo "$OUT" | grep -q 'softverbs roce: qp' && fail "the server's QP took RoCEv2, not shared memory"
+  log "domain (shared memory): $(echo "$out" | grep -E '^ *65536 +20000')"
+  ;;
+domain_refused)
+  DRUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=$DOMAIN")
+  h="sv-$$-hold"
+  names+=("$h")
+  "${DRUN[@]}" -d --name "$h" "$IMAGE" /bin/sleep 300 >/dev/null || fail "cannot start $h"
+  JOIN=(--pid "container:$h" --network "container:$h")
+  n="sv-$$-dsrv"
+  names+=("$n")
+  "${DRUN[@]}" -d --name "$n" "${JOIN[@]}" "$IMAGE" /usr/bin/ibv_rc_pingpong -n 100 >/dev/null || fail "cannot start $n"
+  sleep 1
+  # The domain's directory, mounted from another pid namespace (its network
+  # namespace shared, so that nothing but the pid namespace differs).
+  out=$(timeout 60 "${DRUN[@]}" --rm --network "container:$h" "$IMAGE" /bin/sh -c \
+    '/usr/bin/ibv_devinfo; echo "devinfo exit $?"; /usr/bin/ibv_rc_pingpong -n 100 127.0.0.1; echo "pingpong exit $?"' 2>&1)
+  log "outsider: $out"
+  echo "$out" | grep -q 'devinfo exit 0' && fail "a container of another pid namespace opened the domain's device"
+  echo "$out" | grep -q "serves only processes of its own pid namespace" || fail "the refusal does not say why"
+  echo "$out" | grep -q 'pingpong exit 0' && fail "a container of another pid namespace joined the domain's QP"
+  # The domain goes on: its member's peer is served.
+  out=$(timeout 60 "${DRUN[@]}" --rm "${JOIN[@]}" "$IMAGE" /bin/sh -c \
+    'for i in 1 2 3 4 5 6 7 8 9 10; do /usr/bin/ibv_rc_pingpong -n 100 127.0.0.1 && exit 0; sleep 1; done; exit 1' 2>&1) ||
+    fail "member: $out"
+  echo "$out" | grep -q '^100 iters in' || fail "the domain's member did not complete 100 iterations after the refusal"
+  finish dsrv || fail "server exited $?"
+  ;;
+memlock)
+  out=$(timeout 60 "${RUN[@]}" --rm --ulimit memlock=1048576:1048576 "$IMAGE" /bin/sh -c \
+    '/usr/bin/ibv_rc_pingpong -g 1 -s 4194304; echo "4MiB exit $?"
+     /usr/bin/ibv_rc_pingpong -g 1 -s 65536 >/dev/null 2>&1 & p=$!; sleep 1
+     /opt/softverbs/bin/softverbs status
+     for d in /proc/[0-9]*; do echo "cgroup $(cat $d/comm) $(grep -E "^0::|memory" $d/cgroup | head -n 1)"; done
+     kill $p' 2>&1)
+  log "$out"
+  echo "$out" | grep -q "Couldn't register MR" || fail "a 4 MiB registration got past a 1 MiB RLIMIT_MEMLOCK"
+  echo "$out" | grep -q '4MiB exit 0' && fail "ibv_rc_pingpong -s 4 MiB did not fail"
+  echo "$out" | grep -Eq '^ +[0-9]+ +0 +65536 +1048576$' || fail "no 64 KiB charge against the container's 1 MiB limit"
+  d=$(echo "$out" | awk '$1 == "cgroup" && $2 == "softverbsd" {print $3}')
+  s=$(echo "$out" | awk '$1 == "cgroup" && $2 == "sh" {print $3}')
+  [ -n "$d" ] && [ "$d" = "$s" ] || fail "the daemon is not in the container's cgroup ('$d' vs '$s')"
   ;;
 *)
   log "unknown case $CASE"
