@@ -1,6 +1,7 @@
 // softverbs cdi: see cdi.h.
 #include "tools/cdi.h"
 
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,14 +38,15 @@ std::string bind_mount(const std::string& host, const std::string& container, bo
 constexpr const char* kDomainContainerDir = "/run/softverbs-domain";
 
 constexpr const char* kUsage =
-    "usage: softverbs cdi [--output FILE] [--kind VENDOR/CLASS] [--domain NAME]...\n"
+    "usage: softverbs cdi [--output FILE] [--kind VENDOR/CLASS] [--domain NAME]... [--owner USER]\n"
     "  Prints a Container Device Interface spec for the softverbs device (or writes\n"
     "  it to FILE), e.g. sudo softverbs cdi --output /etc/cdi/softverbs.json, then:\n"
     "  podman run --device softverbs.io/rdma=sv0 IMAGE ibv_devinfo\n"
     "  --kind    the device kind (default softverbs.io/rdma)\n"
     "  --domain  also a device NAME shared by the containers of one trust domain: those\n"
     "            that use it and share a pid namespace (a pod made with --share +pid)\n"
-    "            share one daemon and the shared-memory data path (docs/CONTAINERS.md)\n";
+    "            share one daemon and the shared-memory data path (docs/CONTAINERS.md)\n"
+    "  --owner   the user whose containers use the domains (rootless podman's; default: you)\n";
 
 // One device's entry: sv0's edits, and for a trust domain's device its
 // directory (see cdi.h) and the environment that points the library at it.
@@ -56,11 +58,13 @@ std::string device_entry(const CdiPaths& p, const std::string& name, const std::
   s += "        \"env\": [\"LD_LIBRARY_PATH=/opt/softverbs/lib\", \"SOFTVERBSD=/opt/softverbs/bin/softverbsd\"";
   if (!domain_dir.empty()) s += ", " + quote(std::string("SOFTVERBS_DIR=") + kDomainContainerDir);
   s += "],\n";
-  s += "        \"deviceNodes\": [\n";
-  s += "          {\"path\": \"/dev/infiniband/uverbs0\", \"hostPath\": \"/dev/null\", \"type\": \"c\", "
-       "\"major\": 1, \"minor\": 3, \"fileMode\": 438, \"permissions\": \"rw\"}\n";
-  s += "        ],\n";
   s += "        \"mounts\": [\n";
+  // /dev/infiniband/uverbs0 is the host's /dev/null, bound: a mount, not a
+  // CDI device node, because a rootless runtime cannot make device nodes
+  // and binds the host's node of the node's own path instead (podman 4.3
+  // ignores hostPath), which does not exist on a host without RDMA.
+  s += "          {\"hostPath\": \"/dev/null\", \"containerPath\": \"/dev/infiniband/uverbs0\", "
+       "\"options\": [\"rw\", \"nosuid\", \"noexec\", \"bind\"]},\n";
   s += bind_mount(p.lib_dir, "/opt/softverbs/lib", false);
   s += bind_mount(p.daemon, "/opt/softverbs/bin/softverbsd", false);
   s += bind_mount(p.tool, "/opt/softverbs/bin/softverbs", domain_dir.empty());
@@ -111,7 +115,7 @@ namespace {
 
 // The host directory of each domain: made (0700, owned by the caller, as the
 // library requires of a runtime directory) if missing, checked if present.
-int make_domain_dirs(const std::string& base, const std::vector<std::string>& domains) {
+int make_domain_dirs(const std::string& base, const std::vector<std::string>& domains, uid_t owner) {
   if (domains.empty()) return 0;
   // Its parents too (/run/softverbs may not exist yet), each searchable by
   // all and writable by its owner alone.
@@ -130,8 +134,12 @@ int make_domain_dirs(const std::string& base, const std::vector<std::string>& do
       return 1;
     }
     struct stat st {};
-    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077)) {
-      std::fprintf(stderr, "softverbs cdi: %s must be a directory of yours with mode 0700\n", dir.c_str());
+    if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid != owner && st.st_uid == ::getuid() &&
+        ::lchown(dir.c_str(), owner, gid_t(-1)) == 0)
+      ::lstat(dir.c_str(), &st);
+    if (!S_ISDIR(st.st_mode) || st.st_uid != owner || (st.st_mode & 077)) {
+      std::fprintf(stderr, "softverbs cdi: %s must be a directory of uid %u with mode 0700\n", dir.c_str(),
+                   unsigned(owner));
       return 1;
     }
   }
@@ -143,6 +151,7 @@ int make_domain_dirs(const std::string& base, const std::vector<std::string>& do
 int cdi_main(int argc, char** argv, const CdiPaths& paths) {
   std::string out, kind = "softverbs.io/rdma";
   std::vector<std::string> domains;
+  uid_t owner = ::getuid();
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -157,6 +166,18 @@ int cdi_main(int argc, char** argv, const CdiPaths& paths) {
         return 2;
       }
       domains.push_back(d);
+      continue;
+    }
+    if (a == "--owner" && i + 1 < argc) {
+      const std::string u = argv[++i];
+      if (const passwd* pw = ::getpwnam(u.c_str())) {
+        owner = pw->pw_uid;
+      } else if (!u.empty() && u.find_first_not_of("0123456789") == std::string::npos && u.size() < 10) {
+        owner = uid_t(std::stoul(u));
+      } else {
+        std::fprintf(stderr, "softverbs cdi: --owner %s: no such user\n", u.c_str());
+        return 2;
+      }
       continue;
     }
     if ((a == "--output" || a == "-o" || a == "--kind") && i + 1 < argc) {
@@ -182,7 +203,7 @@ int cdi_main(int argc, char** argv, const CdiPaths& paths) {
                  paths.lib_dir.c_str());
     return 1;
   }
-  if (int e = make_domain_dirs(paths.domains_dir, domains)) return e;
+  if (int e = make_domain_dirs(paths.domains_dir, domains, owner)) return e;
   const std::string spec = cdi_spec(paths, kind, domains, paths.domains_dir);
   if (out.empty()) {
     std::fputs(spec.c_str(), stdout);

@@ -13,8 +13,8 @@
 //     one daemon, so one device, per container, with that container's
 //     network namespace (its GIDs, its UDP 4791) and nothing of another's
 //     objects, names or keys. It ends with the container's last process.
-//   - /dev/infiniband/uverbs0, where tools look for a verbs device (a
-//     character device with /dev/null's numbers: softverbs has no kernel
+//   - /dev/infiniband/uverbs0, where tools look for a verbs device (the
+//     host's /dev/null bound there, so also rootless: softverbs has no kernel
 //     part, nothing opens it for verbs).
 //   - a createContainer hook, `softverbs cdi-hook` (tools/oci_hook.h): the
 //     device's /sys/class view (infiniband/sv0, infiniband_verbs) with the
@@ -22,7 +22,7 @@
 //
 // A trust domain's device (`--domain NAME`, issue 23: containers whose
 // processes trust each other as one user's processes do) adds a host
-// directory, DOMAINS_DIR/NAME (0700, the caller's), mounted read-write at
+// directory, DOMAINS_DIR/NAME (0700, the caller's or --owner's), mounted read-write at
 // /run/softverbs-domain with SOFTVERBS_DIR pointing there: the first
 // process of the domain starts the daemon there and the others find it.
 // The daemon serves only its own pid namespace (docs/SECURITY.md, row 12),

@@ -29,6 +29,11 @@
 #   domain_refused  a container that mounts the domain's directory from
 #              another pid namespace is refused by its daemon, says why,
 #              and the domain goes on
+#   rootless   podman run by a user without privileges (rootless: a user
+#              namespace from /etc/subuid, slirp4netns): the device and its
+#              /sys view, and a trust domain of two containers exchanging
+#              ib_write_bw over shared memory. Skipped without a user that
+#              has /etc/subuid ranges (SOFTVERBS_ROOTLESS_USER names one)
 #   memlock    the host's per-container limit: --ulimit memlock=1 MiB lets a
 #              64 KiB registration through and refuses a 4 MiB one; the
 #              daemon runs in the container's own cgroup
@@ -60,6 +65,7 @@ cleanup() {
   local i
   # Newest first: a container joined to another's namespaces must go first.
   for ((i = ${#names[@]} - 1; i >= 0; i--)); do podman rm -f -t 0 "${names[i]}" >/dev/null 2>&1; done
+  [ -n "${UCLEAN:-}" ] && su -s /bin/sh "$U" -c "cd /tmp && podman rm -f -t 0 $UCLEAN-srv; podman rm -f -t 0 $UCLEAN" >/dev/null 2>&1
   rm -f "$SPEC"
   rm -rf "$DOMAIN_DIR"
 }
@@ -253,6 +259,44 @@ domain_refused)
     fail "member: $out"
   echo "$out" | grep -q '^100 iters in' || fail "the domain's member did not complete 100 iterations after the refusal"
   finish dsrv || fail "server exited $?"
+  ;;
+rootless)
+  U=${SOFTVERBS_ROOTLESS_USER:-$(awk -F: 'NR == 1 {print $1}' /etc/subuid 2>/dev/null)}
+  if [ -z "$U" ] || ! id "$U" >/dev/null 2>&1 || ! command -v newuidmap >/dev/null; then
+    log "SKIP: no user for rootless podman (a user with /etc/subuid and /etc/subgid ranges, and newuidmap:"
+    log "      apt-get install uidmap slirp4netns; usermod --add-subuids 200000-265535 --add-subgids 200000-265535 USER)"
+    exit $SKIP
+  fi
+  as_u() { su -s /bin/sh "$U" -c "cd /tmp && $*"; }
+  # The spec is read by the user's podman; the domain's directory is the user's.
+  chmod 644 "$SPEC"
+  "$BIN_DIR/softverbs" cdi --kind "$KIND" --domain "$DOMAIN" --owner "$U" --output "$SPEC" >/dev/null ||
+    fail "softverbs cdi --owner $U failed"
+  chmod 644 "$SPEC"
+  UIMAGE=$(as_u "$HERE/make_image.sh") || { log "SKIP: $U cannot build the test image"; exit $SKIP; }
+  URUN="podman run --runtime runc --cgroup-manager cgroupfs"
+  out=$(as_u "timeout 60 $URUN --rm --device $KIND=sv0 $UIMAGE /bin/sh -c 'ibv_devinfo; cat /sys/class/infiniband/sv0/node_type; ls -l /dev/infiniband/uverbs0'" 2>&1)
+  log "rootless sv0: $out"
+  if echo "$out" | grep -q 'cannot\|Error'; then
+    echo "$out" | grep -q 'hca_id:' || { log "SKIP: rootless podman cannot run a container here"; exit $SKIP; }
+  fi
+  echo "$out" | grep -q 'hca_id:.*sv0' || fail "rootless: ibv_devinfo lists no sv0"
+  echo "$out" | grep -q 'PORT_ACTIVE' || fail "rootless: port not active"
+  echo "$out" | grep -qx '1: CA' || fail "rootless: no /sys/class/infiniband/sv0 view"
+  echo "$out" | grep -q '^crw.* 1, *3 .*/dev/infiniband/uverbs0' || fail "rootless: no /dev/infiniband/uverbs0"
+  # A trust domain of the user's containers: a holder, a server, a client.
+  h="sv-$$-uhold"
+  UCLEAN=$h
+  as_u "$URUN -d --name $h --device $KIND=$DOMAIN $UIMAGE /bin/sleep 300" >/dev/null || fail "rootless: no holder"
+  J="--pid container:$h --network container:$h --device $KIND=$DOMAIN -e SOFTVERBS_ROCE_STATS=1"
+  as_u "$URUN -d --name $h-srv $J $UIMAGE /usr/bin/ib_write_bw -s 65536 -n 20000" >/dev/null || fail "rootless: no server"
+  sleep 1
+  out=$(as_u "timeout 60 $URUN --rm $J $UIMAGE /bin/sh -c 'for i in 1 2 3 4 5 6 7 8 9 10; do /usr/bin/ib_write_bw -s 65536 -n 20000 127.0.0.1 && exit 0; sleep 1; done; exit 1'" 2>&1) ||
+    fail "rootless client: $out"
+  log "rootless domain: $out"
+  echo "$out" | grep -Eq '^ *65536 +20000 +[0-9.]+ +[0-9.]+' || fail "rootless: no bandwidth line for 65536 B x 20000"
+  echo "$out" | grep -q 'softverbs roce: qp' && fail "rootless: the client's QP took RoCEv2, not shared memory"
+  as_u "timeout 60 podman wait $h-srv" >/dev/null 2>&1 || true
   ;;
 memlock)
   out=$(timeout 60 "${RUN[@]}" --rm --ulimit memlock=1048576:1048576 "$IMAGE" /bin/sh -c \
