@@ -16,8 +16,9 @@ if [ "$what" = package ]; then
 fi
 # qperf: compat.qperf.* (issue 20: 20 runs in a row of each test, in CI).
 # podman and what its containers' network needs: containers.podman.* (issue 23);
-# infiniband-diags: ibstat in compat.view.* (it reads the device from sysfs).
-if [ "$what" = test ]; then pkgs+=(debootstrap qperf infiniband-diags podman runc netavark aardvark-dns containernetworking-plugins iptables catatonit); fi
+# uidmap and slirp4netns: rootless podman (containers.podman.rootless, for a user
+# with /etc/subuid ranges); infiniband-diags: ibstat in compat.view.* (it reads the device from sysfs).
+if [ "$what" = test ]; then pkgs+=(debootstrap qperf infiniband-diags podman runc netavark aardvark-dns containernetworking-plugins iptables catatonit uidmap slirp4netns); fi
 if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
 if [ "$what" = rxe ]; then pkgs+=(qemu-system-x86 debootstrap e2fsprogs); fi
 missing=()
