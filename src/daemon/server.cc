@@ -40,6 +40,7 @@ constexpr size_t kMaxQueuedEvents = 1 << 16;
 // The copy worker moves this much of one user's copy, then turns to the
 // next user with a copy waiting.
 constexpr uint64_t kCopyPiece = 1 << 20;
+constexpr uint64_t kContendedOffload = 64 << 10;  // copies from this size on go to the worker under contention
 void on_signal(int) { g_stop = 1; }
 
 // systemd's socket activation protocol (sd_listen_fds(3)): LISTEN_PID names
@@ -286,6 +287,7 @@ int Server::run() {
       if (errno == EINTR) continue;
       return errno;
     }
+    note_contention(evs, n);
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
       if (fd == listen_fd_.get()) accept_clients();
@@ -309,6 +311,19 @@ int Server::run() {
   stop_copier();
   ::unlink(socket_path(dir_).c_str());
   return 0;
+}
+
+// Mediated copies up to a piece run on the loop while one connection at a
+// time asks for service (a program alone with the daemon: no hand-over to
+// the worker, which costs a wake-up of each thread). When several
+// connections are ready at once, copies of 64 KiB and more go to the copy
+// worker again, round robin between users, and the loop answers the others
+// after key checks alone.
+void Server::note_contention(const epoll_event* evs, int n) {
+  int ready = 0;
+  for (int i = 0; i < n; ++i)
+    if ((evs[i].events & EPOLLIN) && conns_.count(evs[i].data.fd)) ++ready;
+  registry_.set_mediation_offload(ready > 1 ? kContendedOffload : kCopyPiece + 1);
 }
 
 void Server::accept_clients() {
@@ -483,6 +498,7 @@ void Server::serve(int fd) {
   if (it == conns_.end()) return;
   uint8_t in[proto::kMaxMessage];
   uint8_t out[proto::kMaxMessage];
+  const uint64_t copied = registry_.mediated_on_loop();
   for (int served = 0; served < kRequestsPerTurn; ++served) {
     if (it->second.replies_queued >= kMaxQueuedReplies) return;  // it reads its replies first
     if (it->second.copying) return;  // one request at a time: its Mediate is being carried out
@@ -532,6 +548,9 @@ void Server::serve(int fd) {
     send_events();
     it = conns_.find(fd);  // an event's failed send may not drop, but stay safe
     if (it == conns_.end()) return;
+    // Mediated copies made on the loop count against the turn: a piece's
+    // worth ends it, as the copy worker serves a piece at a time.
+    if (registry_.mediated_on_loop() - copied >= kCopyPiece) return;
   }
 }
 

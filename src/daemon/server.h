@@ -7,6 +7,8 @@
 // clients) or on SIGTERM/SIGINT.
 #pragma once
 
+#include <sys/epoll.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -77,6 +79,7 @@ class Server {
   void stop_copier();
   void copier_main();
   void copies_done();
+  void note_contention(const epoll_event* evs, int n);
   std::unique_ptr<MediationJob> deferred_;  // set by handle() when a Mediate was deferred
   bool defer_copies_ = false;
   std::thread copier_;
