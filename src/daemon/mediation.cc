@@ -216,6 +216,7 @@ struct Mediation::Op {
 // ---- Copies off the control loop (issue 18, finding 8) -------------------
 // A large mediated copy runs on the server's copy worker, a piece at a time.
 bool MediationJob::step(uint64_t max_bytes) {
+  if (revoked.load(std::memory_order_acquire)) failed = true;
   if (failed || left == 0) return false;
   if (!inline_data.empty()) {
     // The inline payload (at most kMaxInline bytes): at once.
@@ -230,6 +231,13 @@ bool MediationJob::step(uint64_t max_bytes) {
   }
   di = c.di, si = c.si, doff = c.doff, soff = c.soff;
   return left != 0;
+}
+
+bool MediationJob::touches(uint32_t backing) const {
+  for (const auto* v : {&dst, &src})
+    for (const OwnedSpan& s : *v)
+      if (s.backing == backing) return true;
+  return false;
 }
 
 // ---- Tables --------------------------------------------------------------

@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -46,6 +47,10 @@ struct MediationJob {
   uint64_t doff = 0, soff = 0;
   bool failed = false;
   std::shared_ptr<BackingWindows> windows;
+  // Set (under the server's copy lock) when an MR of a backing it touches
+  // is deregistered: its next step fails it without copying.
+  std::atomic<bool> revoked{false};
+  bool touches(uint32_t backing) const;
   uid_t uid = 0;  // whose copy (fairness between users)
   uint32_t client = 0;  // the requester's connection
   uint32_t requester_qpn = 0, dest = 0, opcode = 0, imm_data = 0;

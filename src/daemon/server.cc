@@ -229,9 +229,12 @@ void Server::copier_main() {
     if (it == copy_queues_.end()) it = copy_queues_.begin();
     copy_last_uid_ = it->first;
     MediationJob* job = it->second.front().job.get();
+    copy_current_ = job;
     lk.unlock();
     bool more = job->step(kCopyPiece);
     lk.lock();
+    copy_current_ = nullptr;
+    copy_step_cv_.notify_all();
     it = copy_queues_.find(copy_last_uid_);  // the queues only grow meanwhile
     if (!more) {
       copies_done_.push_back(std::move(it->second.front()));
@@ -324,6 +327,28 @@ void Server::note_contention(const epoll_event* evs, int n) {
   for (int i = 0; i < n; ++i)
     if ((evs[i].events & EPOLLIN) && conns_.count(evs[i].data.fd)) ++ready;
   registry_.set_mediation_offload(ready > 1 ? kContendedOffload : kCopyPiece + 1);
+}
+
+// Deregistration revokes at once (IBTA 10.6.3.5; docs/SECURITY.md): before
+// an MR is deregistered (or reregistered), the copy worker's jobs over its
+// backing are failed, and the loop waits for a step in progress to end, so
+// that no byte of a mediated copy lands in the backing after the reply.
+// A step is at most a piece (1 MiB, about 50 us).
+void Server::revoke_copies(uint32_t client, const uint8_t* msg, size_t len) {
+  if (!defer_copies_ || len < sizeof(proto::HandleReq)) return;
+  proto::Header h;
+  std::memcpy(&h, msg, sizeof h);
+  if (h.op != uint16_t(proto::Op::DeregMr) && h.op != uint16_t(proto::Op::ReregMr)) return;
+  static_assert(offsetof(proto::HandleReq, handle) == offsetof(proto::ReregMrReq, handle));
+  uint32_t handle = 0;
+  std::memcpy(&handle, msg + offsetof(proto::HandleReq, handle), sizeof handle);
+  const uint32_t backing = registry_.mr_backing(client, handle);
+  if (!backing) return;
+  std::unique_lock<std::mutex> lk(copy_mu_);
+  for (auto& [uid, queue] : copy_queues_)
+    for (Copy& c : queue)
+      if (c.job->touches(backing)) c.job->revoked.store(true, std::memory_order_release);
+  copy_step_cv_.wait(lk, [this] { return !copy_current_ || !copy_current_->revoked.load(); });
 }
 
 void Server::accept_clients() {
@@ -515,6 +540,7 @@ void Server::serve(int fd) {
       return;
     }
     std::vector<int> out_fds;
+    if (e != EMSGSIZE) revoke_copies(it->second.client, in, len);
     size_t rlen = e == EMSGSIZE ? 0 : handle(it->second.client, in, len, fds, out, out_fds);
     if (deferred_) {
       // The copy goes to the worker; the reply waits for it.

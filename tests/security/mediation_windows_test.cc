@@ -6,14 +6,17 @@
 // daemon nor lets old bytes through; the daemon keeps no mapping of a
 // backing once it is released (it pins no user's memory after use).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -145,6 +148,59 @@ TEST(MediationWindows, TheDaemonUnmapsABackingOnceItIsReleased) {
   for (int i = 0; i < 200 && (mapped = daemon_maps_a_backing(sysd.pid)); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_FALSE(mapped) << "the daemon still maps a released user's memory";
+  EXPECT_TRUE(sysd.alive());
+}
+
+// Deregistration revokes at once: a large copy on the daemon's copy worker
+// over an MR that a second connection of its context deregisters lands no
+// byte after the deregistration's reply (it is failed, or it had finished).
+TEST(MediationWindows, NoByteOfACopyLandsAfterItsMrIsDeregistered) {
+  constexpr uint64_t kLen = 64ull << 20;  // well over the loop's 1 MiB: the copy worker's
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  RawConn raw(sysd.socket());
+  sv::proto::MediateReq req{};
+  sv::Fd mfd;
+  uint32_t mr = 0;
+  ASSERT_TRUE(raw_mediated_pair(raw, 2 * kLen, req, &mfd, 0, 0, &mr));
+  const std::vector<uint8_t> a(kLen, 0x5a);
+  ASSERT_EQ(ssize_t(kLen), pwrite(mfd.get(), a.data(), kLen, 0));
+  RawConn other(sysd.socket());  // a second connection of the same context
+  sv::proto::Empty hello{};
+  sv::proto::HelloReply hrep{};
+  std::vector<sv::Fd> fds;
+  ASSERT_EQ(0, other.call(Op::Hello, hello, hrep, {}, &fds));
+  struct stat sst {};
+  ASSERT_EQ(0, fstat(raw.fd(), &sst));
+  sv::proto::ClaimSocketReq claim{};
+  claim.inode = sst.st_ino;
+  ASSERT_EQ(0, raw.call(Op::ClaimSocket, claim));
+  sv::proto::Empty imp{};
+  const int cmd_fd = raw.fd();
+  ASSERT_EQ(0, other.call(Op::ImportContext, imp, std::span<const int>(&cmd_fd, 1)));
+  req.sge[0].length = uint32_t(kLen);
+  req.remote_addr = kLen;
+  sv::proto::MediateReply rep{};
+  int st = -1;
+  std::thread copier([&] { st = raw.call(Op::Mediate, req, rep); });
+  uint8_t first = 0;  // the copy has begun
+  for (int i = 0; i < 200000 && first == 0; ++i) ASSERT_EQ(1, pread(mfd.get(), &first, 1, off_t(kLen)));
+  sv::proto::HandleReq dereg{};
+  dereg.handle = mr;
+  EXPECT_EQ(0, other.call(Op::DeregMr, dereg));
+  // What the library's deregistration does next: the pages go back to the
+  // process and the range is punched out of the file. A byte written after
+  // this point would be a byte landed after DeregMr returned.
+  ASSERT_EQ(0, fallocate(mfd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(kLen), off_t(kLen)));
+  copier.join();
+  ASSERT_EQ(0, st);
+  // Failed by the deregistration (kMediateError), unless the machine was so
+  // slow to deliver DeregMr that the copy had finished (then it tests nothing).
+  if (rep.outcome == sv::proto::kMediateDone) std::fprintf(stderr, "note: the copy finished before DeregMr\n");
+  std::vector<uint8_t> later(kLen);
+  ASSERT_EQ(ssize_t(kLen), pread(mfd.get(), later.data(), kLen, off_t(kLen)));
+  EXPECT_EQ(size_t(0), size_t(std::count(later.begin(), later.end(), 0x5a)))
+      << "bytes of the copy landed after DeregMr returned";
   EXPECT_TRUE(sysd.alive());
 }
 
