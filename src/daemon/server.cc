@@ -329,7 +329,7 @@ void Server::note_contention(const epoll_event* evs, int n) {
   registry_.set_mediation_offload(ready > 1 ? kContendedOffload : kCopyPiece + 1);
 }
 
-// Deregistration revokes at once (IBTA 10.6.3.5; docs/SECURITY.md): before
+// Deregistration revokes at once (docs/SECURITY.md): before
 // an MR is deregistered (or reregistered), the copy worker's jobs over its
 // backing are failed, and the loop waits for a step in progress to end, so
 // that no byte of a mediated copy lands in the backing after the reply.
