@@ -11,7 +11,7 @@
 //             2000 round trips / 2.
 // Output: a markdown table (per round and medians; ratio flood/idle) on
 // stdout, progress on stderr. bench/flood.sh writes it to bench/results/.
-//   flood_bench [ROUNDS]
+//   flood_bench [ROUNDS] [FLOOD_BYTES]
 #include <infiniband/verbs.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -154,6 +154,9 @@ Sample measure() {
 
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? std::atoi(argv[1]) : 5;
+  // The flooder's copy size (default 4 MiB: the copy worker's; 1 MiB and
+  // less are copied on the daemon's loop).
+  const uint64_t flood_bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 0) : 4 << 20;
   if (geteuid() != 0) {
     std::fprintf(stderr, "flood_bench: run as root (the flooder runs as nobody against a private system daemon)\n");
     return 2;
@@ -161,13 +164,13 @@ int main(int argc, char** argv) {
   SystemDaemon sysd;
   if (!sysd.alive()) return 3;
   // The flooder: floods while told to, pauses otherwise.
-  Child nobody(true, [&sysd](int sock) {
+  Child nobody(true, [&sysd, flood_bytes](int sock) {
     constexpr int kConns = 2;
     std::vector<std::unique_ptr<RawConn>> conns;
     sv::proto::MediateReq req[kConns];
     for (int i = 0; i < kConns; ++i) {
       conns.push_back(std::make_unique<RawConn>(sysd.socket()));
-      if (!conns.back()->ok() || !raw_mediated_pair(*conns.back(), 4 << 20, req[i])) return 2;
+      if (!conns.back()->ok() || !raw_mediated_pair(*conns.back(), flood_bytes, req[i])) return 2;
     }
     std::atomic<int> on{0};
     std::atomic<bool> stop{false};

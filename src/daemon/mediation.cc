@@ -14,7 +14,6 @@
 #include "daemon/mediation.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,12 +28,10 @@ using access::Fault;
 namespace {
 
 constexpr uint64_t kMaxMediated = 1ull << 31;
-// Copies from this size on leave the control loop (a copy of less costs
-// about as much as the hand-over).
-constexpr uint64_t kOffloadBytes = 64 << 10;
 
 // Moves all of [off, off + len) of a backing file with pread(2)/pwrite(2):
-// `io` is one of them, `P` its buffer pointer type.
+// `io` is one of them, `P` its buffer pointer type. Only where a window
+// cannot be mapped (BackingWindows::at).
 template <class P, class Io>
 bool transfer_all(Io io, int fd, P p, uint64_t len, uint64_t off) {
   while (len) {
@@ -52,19 +49,100 @@ bool pread_all(int fd, uint8_t* p, uint64_t len, uint64_t off) { return transfer
 bool pwrite_all(int fd, const uint8_t* p, uint64_t len, uint64_t off) { return transfer_all(::pwrite, fd, p, len, off); }
 
 using Span = Mediation::Span;
+using Window = BackingWindows::Window;
 
-// Copies `total` bytes from one list to the other through a bounce buffer.
-bool copy_spans(const std::vector<Span>& dst, const std::vector<Span>& src, uint64_t total) {
-  std::vector<uint8_t> buf(std::min<uint64_t>(total, 1 << 16));
+// Where the bytes of a span (or an owned span) are.
+struct Extent {
+  uint32_t backing;
+  int fd;
+  uint64_t off;
+};
+Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at}; }
+Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) { return {s.backing, s.fd.get(), s.off + at}; }
+
+// Copies n bytes with the last 8 (or the last byte) stored last, as the
+// shared-memory requester does: a poller of a message's final byte sees the
+// whole message. Between windows of two processes' files, so memmove.
+void copy_tail_last(uint8_t* d, const uint8_t* s, uint64_t n) {
+  if (n >= 8) {
+    if (n > 8) std::memmove(d, s, n - 8);
+    uint64_t tail;
+    std::memcpy(&tail, s + n - 8, 8);
+    asm volatile("" ::: "memory");
+    std::memcpy(d + n - 8, &tail, 8);
+  } else if (n) {
+    if (n > 1) std::memmove(d, s, n - 1);
+    asm volatile("" ::: "memory");
+    d[n - 1] = s[n - 1];
+  }
+}
+
+// Moves n bytes from `s` to `d`, n within both windows' reach: one memcpy
+// between the daemon's windows, or through a bounce buffer with
+// pread/pwrite where a window cannot be mapped.
+bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
+  std::shared_ptr<Window> hd, hs;
+  uint8_t* dp = win.at(d.backing, d.fd, d.off, hd);
+  const uint8_t* sp = dp ? win.at(s.backing, s.fd, s.off, hs) : nullptr;
+  if (dp && sp) {
+    copy_tail_last(dp, sp, n);
+    return true;
+  }
+  std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min<uint64_t>(n - done, buf.size());
+    if (!pread_all(s.fd, buf.data(), k, s.off + done) || !pwrite_all(d.fd, buf.data(), k, d.off + done)) return false;
+    done += k;
+  }
+  return true;
+}
+
+// Bytes from daemon memory (an inline payload) into `d`.
+bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n) {
+  std::shared_ptr<Window> hd;
+  if (uint8_t* dp = win.at(d.backing, d.fd, d.off, hd)) {
+    copy_tail_last(dp, src, n);
+    return true;
+  }
+  return pwrite_all(d.fd, src, n, d.off);
+}
+
+// Where a copy between two lists of spans got to.
+struct Cursor {
   size_t di = 0, si = 0;
-  uint64_t doff = 0, soff = 0, left = total;
-  while (left) {
-    uint64_t n = std::min({left, uint64_t(buf.size()), dst[di].len - doff, src[si].len - soff});
-    if (!pread_all(src[si].fd, buf.data(), n, src[si].off + soff)) return false;
-    if (!pwrite_all(dst[di].fd, buf.data(), n, dst[di].off + doff)) return false;
+  uint64_t doff = 0, soff = 0;
+};
+
+// Copies up to `budget` of the `left` bytes from one list to the other, a
+// piece (bounded by both windows' reach) at a time, in order.
+template <class D, class S>
+bool copy_lists(BackingWindows& win, const std::vector<D>& dst, const std::vector<S>& src, Cursor& c, uint64_t& left,
+                uint64_t budget) {
+  while (left && budget) {
+    const Extent d = extent(dst[c.di], c.doff), s = extent(src[c.si], c.soff);
+    const uint64_t n = std::min({left, budget, dst[c.di].len - c.doff, src[c.si].len - c.soff,
+                                 BackingWindows::reach(d.off), BackingWindows::reach(s.off)});
+    if (!move_piece(win, d, s, n)) return false;
     left -= n;
-    if ((doff += n) == dst[di].len) ++di, doff = 0;
-    if ((soff += n) == src[si].len) ++si, soff = 0;
+    budget -= n;
+    if ((c.doff += n) == dst[c.di].len) ++c.di, c.doff = 0;
+    if ((c.soff += n) == src[c.si].len) ++c.si, c.soff = 0;
+  }
+  return true;
+}
+
+// An inline payload of `total` bytes into a list of spans.
+template <class D>
+bool put_inline(BackingWindows& win, const std::vector<D>& dst, const uint8_t* data, uint64_t total) {
+  uint64_t off = 0;
+  for (const D& sp : dst) {
+    for (uint64_t at = 0; at < sp.len && off < total;) {
+      const Extent d = extent(sp, at);
+      const uint64_t n = std::min({sp.len - at, total - off, BackingWindows::reach(d.off)});
+      if (!put_piece(win, d, data + off, n)) return false;
+      at += n;
+      off += n;
+    }
   }
   return true;
 }
@@ -75,26 +153,26 @@ bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>&
   for (const Span& sp : v) {
     Fd d(::fcntl(sp.fd, F_DUPFD_CLOEXEC, 0));
     if (!d.valid()) return false;
-    out.push_back({std::move(d), sp.off, sp.len});
+    out.push_back({std::move(d), sp.off, sp.len, sp.backing});
   }
   return true;
 }
 
 // An atomic on the responder's quadword, atomic with respect to its owner's
-// own CPU atomics on the same page: on a mapping of the page, not with
-// pread/pwrite. `old` receives the original value.
-bool atomic_on_page(const Span& sp, const proto::MediateReq& req, uint64_t& old) {
-  const uint64_t page = sp.off & ~uint64_t(4095);
-  void* m = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, sp.fd, off_t(page));
-  if (m == MAP_FAILED) return false;
-  auto* word = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(m) + (sp.off - page));
+// own CPU atomics on the same page: on the daemon's window of its backing
+// (a shared mapping of the same page), not with pread/pwrite. `old`
+// receives the original value.
+bool atomic_on_page(BackingWindows& win, const Span& sp, const proto::MediateReq& req, uint64_t& old) {
+  std::shared_ptr<Window> h;
+  uint8_t* p = win.at(sp.backing, sp.fd, sp.off, h);
+  if (!p) return false;
+  auto* word = reinterpret_cast<uint64_t*>(p);  // 8-byte aligned (access::check_atomic)
   if (req.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
     old = req.compare_add;
     __atomic_compare_exchange_n(word, &old, req.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   } else {
     old = __atomic_fetch_add(word, req.compare_add, __ATOMIC_SEQ_CST);
   }
-  ::munmap(m, 4096);
   return true;
 }
 
@@ -138,37 +216,28 @@ struct Mediation::Op {
 // ---- Copies off the control loop (issue 18, finding 8) -------------------
 // A large mediated copy runs on the server's copy worker, a piece at a time.
 bool MediationJob::step(uint64_t max_bytes) {
+  if (revoked.load(std::memory_order_acquire)) failed = true;
   if (failed || left == 0) return false;
-  uint64_t budget = max_bytes;
   if (!inline_data.empty()) {
     // The inline payload (at most kMaxInline bytes): at once.
-    uint64_t off = 0;
-    for (const OwnedSpan& d : dst) {
-      uint64_t n = std::min(d.len, total - off);
-      if (n && !pwrite_all(d.fd.get(), inline_data.data() + off, n, d.off)) {
-        failed = true;
-        return false;
-      }
-      off += n;
-    }
+    failed = !put_inline(*windows, dst, inline_data.data(), total);
     left = 0;
     return false;
   }
-  buf.resize(std::min<uint64_t>(total, 1 << 16));
-  while (left && budget) {
-    const OwnedSpan& d = dst[di];
-    const OwnedSpan& sr = src[si];
-    uint64_t n = std::min({left, budget, uint64_t(buf.size()), d.len - doff, sr.len - soff});
-    if (!pread_all(sr.fd.get(), buf.data(), n, sr.off + soff) || !pwrite_all(d.fd.get(), buf.data(), n, d.off + doff)) {
-      failed = true;
-      return false;
-    }
-    left -= n;
-    budget -= n;
-    if ((doff += n) == d.len) ++di, doff = 0;
-    if ((soff += n) == sr.len) ++si, soff = 0;
+  Cursor c{di, si, doff, soff};
+  if (!copy_lists(*windows, dst, src, c, left, max_bytes)) {
+    failed = true;
+    return false;
   }
+  di = c.di, si = c.si, doff = c.doff, soff = c.soff;
   return left != 0;
+}
+
+bool MediationJob::touches(uint32_t backing) const {
+  for (const auto* v : {&dst, &src})
+    for (const OwnedSpan& s : *v)
+      if (s.backing == backing) return true;
+  return false;
 }
 
 // ---- Tables --------------------------------------------------------------
@@ -180,7 +249,8 @@ bool Mediation::resolve_key(uint32_t key, access::Use use, const access::User& w
   if (!e) return false;
   const int fd = t_.backing_fd(e->backing);
   if (fd < 0) return false;
-  out = Span{fd, access::file_offset(*e, addr), len};
+  windows_->live(e->backing);
+  out = Span{fd, access::file_offset(*e, addr), len, e->backing};
   return true;
 }
 
@@ -341,20 +411,24 @@ ibv_wc_status Mediation::recv_spans(const Op& op, const RecvWqe& r, std::vector<
 // The message into `dst`: from the requester's spans, or its inline payload.
 bool Mediation::copy_to(const Op& op, const std::vector<Span>& dst) const {
   if (!op.is_inline) return copy_spans(dst, op.local, op.total);
-  uint64_t off = 0;
-  for (const Span& d : dst) {
-    uint64_t n = std::min(d.len, op.total - off);
-    if (n && !pwrite_all(d.fd, op.req.inline_data + off, n, d.off)) return false;
-    off += n;
-  }
-  return true;
+  copied_on_loop_ += op.total;
+  return put_inline(*windows_, dst, op.req.inline_data, op.total);
+}
+
+bool Mediation::copy_spans(const std::vector<Span>& dst, const std::vector<Span>& src, uint64_t total) const {
+  copied_on_loop_ += total;
+  Cursor c;
+  return copy_lists(*windows_, dst, src, c, total, total);
 }
 
 // A copy large enough to hold up the control loop goes to the copy worker,
 // when the server has one: the job, whose finish() completes the operation
-// on the loop once the bytes have moved.
+// on the loop once the bytes have moved. How large is the server's call
+// (set_offload): up to its worker's piece (1 MiB, one memcpy between the
+// daemon's windows, about 50 us) while one connection at a time is served,
+// 64 KiB when others wait.
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
-  if (!op.defer || op.total < kOffloadBytes) return false;
+  if (!op.defer || op.total < offload_bytes_) return false;
   auto job = std::make_unique<MediationJob>();
   if (!own_spans(dst, job->dst)) return false;
   if (op.is_inline && &src == &op.local) {
@@ -363,6 +437,7 @@ bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vect
     return false;
   }
   job->total = job->left = op.total;
+  job->windows = windows_;
   job->uid = t_.uid_of_client(op.d.client);
   job->client = op.d.client;
   job->requester_qpn = op.d.requester_qpn;
@@ -437,10 +512,10 @@ int Mediation::execute_atomic(Op& op) {
   Span sp{};
   if (Fault f = resolve_remote(op, access::kAtomicBytes, sp); f != Fault::kNone) return fail(op, f);
   uint64_t old = 0;
-  if (!atomic_on_page(sp, op.req, old)) return fail(op, Fault::kRemoteOperation);
+  if (!atomic_on_page(*windows_, sp, op.req, old)) return fail(op, Fault::kRemoteOperation);
   uint8_t bytes[8];
   std::memcpy(bytes, &old, 8);
-  if (!pwrite_all(op.local[0].fd, bytes, 8, op.local[0].off)) return fail(op, Fault::kLocalProtection);
+  if (!put_piece(*windows_, extent(op.local[0], 0), bytes, 8)) return fail(op, Fault::kLocalProtection);
   return complete(op, access::kAtomicBytes);
 }
 

@@ -4,7 +4,7 @@
 // user (a backing memfd maps its holder's whole address space, more than any
 // key grants). For such a connection the library sends each work request
 // here (Op::Mediate) and the daemon carries it out between the two backings
-// with pread/pwrite (and an atomic on a one-page mapping for atomics), after
+// with memcpy through its cached windows of them (backing_windows.h), after
 // the checks of common/access.h, the same the library makes on one user's
 // path. A third responder beside the library's shared-memory one
 // (verbs/requester.cc) and the RoCE engine's (roce/responder.cc), written as
@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "common/shm_layout.h"
 #include "common/shm_ring.h"
 #include "common/sys.h"
+#include "daemon/backing_windows.h"
 
 namespace sv::daemon {
 
@@ -36,6 +38,7 @@ struct MediationJob {
     Fd fd;
     uint64_t off;
     uint64_t len;
+    uint32_t backing;
   };
   std::vector<OwnedSpan> dst, src;
   std::vector<uint8_t> inline_data;  // the source when the payload was inline
@@ -43,7 +46,11 @@ struct MediationJob {
   size_t di = 0, si = 0;
   uint64_t doff = 0, soff = 0;
   bool failed = false;
-  std::vector<uint8_t> buf;
+  std::shared_ptr<BackingWindows> windows;
+  // Set (under the server's copy lock) when an MR of a backing it touches
+  // is deregistered: its next step fails it without copying.
+  std::atomic<bool> revoked{false};
+  bool touches(uint32_t backing) const;
   uid_t uid = 0;  // whose copy (fairness between users)
   uint32_t client = 0;  // the requester's connection
   uint32_t requester_qpn = 0, dest = 0, opcode = 0, imm_data = 0;
@@ -101,7 +108,7 @@ class MediationTables {
 
 class Mediation {
  public:
-  explicit Mediation(MediationTables& tables) : t_(tables) {}
+  explicit Mediation(MediationTables& tables) : t_(tables), windows_(std::make_shared<BackingWindows>()) {}
   Mediation(const Mediation&) = delete;  // bound to its registry's tables
   Mediation& operator=(const Mediation&) = delete;
 
@@ -120,11 +127,20 @@ class Mediation {
   // event as the library does on one user's path).
   bool pop_recv(uint32_t qpn, shm::RecvWqe& out);
 
+  // A backing is released: the daemon's windows of it go.
+  void forget_backing(uint32_t backing) { windows_->forget(backing); }
+  const BackingWindows& windows() const { return *windows_; }
+  // Bytes copied by mediate() itself (not deferred) so far.
+  uint64_t copied_on_loop() const { return copied_on_loop_; }
+  // Deferred copies (mediate's `defer`) are those of this size and more.
+  void set_offload(uint64_t bytes) { offload_bytes_ = bytes; }
+
   // A byte range in a backing file.
   struct Span {
     int fd;
     uint64_t off;
     uint64_t len;
+    uint32_t backing;
   };
   // The key check (common/access.h) and where the bytes are: the span, or
   // false. `who` is the QP the key is used through.
@@ -147,6 +163,7 @@ class Mediation {
   access::Fault resolve_remote(const Op& op, uint64_t len, Span& out) const;
   ibv_wc_status recv_spans(const Op& op, const shm::RecvWqe& r, std::vector<Span>& out) const;
   bool copy_to(const Op& op, const std::vector<Span>& dst) const;
+  bool copy_spans(const std::vector<Span>& dst, const std::vector<Span>& src, uint64_t total) const;
   bool defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src);
   void push_recv(uint32_t qpn, const ibv_wc& wc, bool solicited);
   void recv_completion(const Delivery& d, const shm::RecvWqe& r, ibv_wc_status st, ibv_wc_opcode op, uint64_t len);
@@ -156,6 +173,9 @@ class Mediation {
   int complete(Op& op, uint64_t len);
 
   MediationTables& t_;
+  std::shared_ptr<BackingWindows> windows_;  // shared with the copy worker's jobs
+  mutable uint64_t copied_on_loop_ = 0;
+  uint64_t offload_bytes_ = 64 << 10;
 };
 
 }  // namespace sv::daemon

@@ -76,6 +76,7 @@ int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
 void Registry::drop_backing(uint32_t id) {
   auto b = backings_.find(id);
   if (b == backings_.end()) return;
+  mediation_.forget_backing(id);  // the daemon's windows of it
   if (!b->second.region.empty()) {
     auto r = regions_.find(RegionKey{b->second.region_uid, b->second.region});
     if (r != regions_.end() && --r->second.backings == 0) regions_.erase(r);

@@ -155,6 +155,12 @@ class Registry : private MediationTables {
     return mediation_.mediate(client, req, rep, defer);
   }
   int finish_mediation(MediationJob& job, proto::MediateReply& rep) { return mediation_.finish(job, rep); }
+  // Bytes mediated copies have moved on the loop so far (the server's budget per turn).
+  uint64_t mediated_on_loop() const { return mediation_.copied_on_loop(); }
+  // The backing of the client's MR `handle`, 0 if there is none.
+  uint32_t mr_backing(uint32_t client, uint32_t handle) const;
+  // Copies from this size on go to the copy worker (when there is one).
+  void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
   int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
   int dealloc_mw(uint32_t client, uint32_t handle);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);

@@ -21,6 +21,11 @@ bool Registry::responder_qp(uint32_t qpn, QpView& out) {
   return true;
 }
 
+uint32_t Registry::mr_backing(uint32_t client, uint32_t handle) const {
+  const Mr* m = mrs_.owned(handle, ctx(client));
+  return m ? m->backing : 0;
+}
+
 int Registry::backing_fd(uint32_t backing) const {
   auto b = backings_.find(backing);
   return b == backings_.end() ? -1 : b->second.fd.get();

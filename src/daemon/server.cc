@@ -40,6 +40,7 @@ constexpr size_t kMaxQueuedEvents = 1 << 16;
 // The copy worker moves this much of one user's copy, then turns to the
 // next user with a copy waiting.
 constexpr uint64_t kCopyPiece = 1 << 20;
+constexpr uint64_t kContendedOffload = 64 << 10;  // copies from this size on go to the worker under contention
 void on_signal(int) { g_stop = 1; }
 
 // systemd's socket activation protocol (sd_listen_fds(3)): LISTEN_PID names
@@ -228,9 +229,12 @@ void Server::copier_main() {
     if (it == copy_queues_.end()) it = copy_queues_.begin();
     copy_last_uid_ = it->first;
     MediationJob* job = it->second.front().job.get();
+    copy_current_ = job;
     lk.unlock();
     bool more = job->step(kCopyPiece);
     lk.lock();
+    copy_current_ = nullptr;
+    copy_step_cv_.notify_all();
     it = copy_queues_.find(copy_last_uid_);  // the queues only grow meanwhile
     if (!more) {
       copies_done_.push_back(std::move(it->second.front()));
@@ -286,6 +290,7 @@ int Server::run() {
       if (errno == EINTR) continue;
       return errno;
     }
+    note_contention(evs, n);
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
       if (fd == listen_fd_.get()) accept_clients();
@@ -309,6 +314,41 @@ int Server::run() {
   stop_copier();
   ::unlink(socket_path(dir_).c_str());
   return 0;
+}
+
+// Mediated copies up to a piece run on the loop while one connection at a
+// time asks for service (a program alone with the daemon: no hand-over to
+// the worker, which costs a wake-up of each thread). When several
+// connections are ready at once, copies of 64 KiB and more go to the copy
+// worker again, round robin between users, and the loop answers the others
+// after key checks alone.
+void Server::note_contention(const epoll_event* evs, int n) {
+  int ready = 0;
+  for (int i = 0; i < n; ++i)
+    if ((evs[i].events & EPOLLIN) && conns_.count(evs[i].data.fd)) ++ready;
+  registry_.set_mediation_offload(ready > 1 ? kContendedOffload : kCopyPiece + 1);
+}
+
+// Deregistration revokes at once (docs/SECURITY.md): before
+// an MR is deregistered (or reregistered), the copy worker's jobs over its
+// backing are failed, and the loop waits for a step in progress to end, so
+// that no byte of a mediated copy lands in the backing after the reply.
+// A step is at most a piece (1 MiB, about 50 us).
+void Server::revoke_copies(uint32_t client, const uint8_t* msg, size_t len) {
+  if (!defer_copies_ || len < sizeof(proto::HandleReq)) return;
+  proto::Header h;
+  std::memcpy(&h, msg, sizeof h);
+  if (h.op != uint16_t(proto::Op::DeregMr) && h.op != uint16_t(proto::Op::ReregMr)) return;
+  static_assert(offsetof(proto::HandleReq, handle) == offsetof(proto::ReregMrReq, handle));
+  uint32_t handle = 0;
+  std::memcpy(&handle, msg + offsetof(proto::HandleReq, handle), sizeof handle);
+  const uint32_t backing = registry_.mr_backing(client, handle);
+  if (!backing) return;
+  std::unique_lock<std::mutex> lk(copy_mu_);
+  for (auto& [uid, queue] : copy_queues_)
+    for (Copy& c : queue)
+      if (c.job->touches(backing)) c.job->revoked.store(true, std::memory_order_release);
+  copy_step_cv_.wait(lk, [this] { return !copy_current_ || !copy_current_->revoked.load(); });
 }
 
 void Server::accept_clients() {
@@ -498,6 +538,7 @@ void Server::serve(int fd) {
   if (it == conns_.end()) return;
   uint8_t in[proto::kMaxMessage];
   uint8_t out[proto::kMaxMessage];
+  const uint64_t copied = registry_.mediated_on_loop();
   for (int served = 0; served < kRequestsPerTurn; ++served) {
     if (it->second.replies_queued >= kMaxQueuedReplies) return;  // it reads its replies first
     if (it->second.copying) return;  // one request at a time: its Mediate is being carried out
@@ -514,6 +555,7 @@ void Server::serve(int fd) {
       return;
     }
     std::vector<int> out_fds;
+    if (e != EMSGSIZE) revoke_copies(it->second.client, in, len);
     size_t rlen = e == EMSGSIZE ? 0 : handle(it->second.client, in, len, fds, out, out_fds);
     if (deferred_) {
       // The copy goes to the worker; the reply waits for it.
@@ -547,6 +589,9 @@ void Server::serve(int fd) {
     send_events();
     it = conns_.find(fd);  // an event's failed send may not drop, but stay safe
     if (it == conns_.end()) return;
+    // Mediated copies made on the loop count against the turn: a piece's
+    // worth ends it, as the copy worker serves a piece at a time.
+    if (registry_.mediated_on_loop() - copied >= kCopyPiece) return;
   }
 }
 

@@ -7,6 +7,8 @@
 // clients) or on SIGTERM/SIGINT.
 #pragma once
 
+#include <sys/epoll.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -77,6 +79,8 @@ class Server {
   void stop_copier();
   void copier_main();
   void copies_done();
+  void note_contention(const epoll_event* evs, int n);
+  void revoke_copies(uint32_t client, const uint8_t* msg, size_t len);
   std::unique_ptr<MediationJob> deferred_;  // set by handle() when a Mediate was deferred
   bool defer_copies_ = false;
   std::thread copier_;
@@ -87,6 +91,8 @@ class Server {
   uint64_t refused_pid_ns_ = 0;  // connections from another pid namespace (accept_clients)
   std::deque<Copy> copies_done_;
   bool copy_stop_ = false;
+  MediationJob* copy_current_ = nullptr;  // the job the worker is stepping (under copy_mu_)
+  std::condition_variable copy_step_cv_;  // the worker finished a step
   Fd copy_done_fd_;  // eventfd: the worker finished copies (polled by the loop)
 
   std::string dir_;

@@ -207,7 +207,7 @@ int RawConn::send_raw(const void* msg, size_t len, std::span<const int> fds, std
 // that has `tail` more bytes after it. Fills `req` with an RDMA WRITE of the
 // whole MR onto itself (the backing's descriptor in *memfd if asked).
 bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, sv::Fd* memfd, uint64_t mr_offset,
-                       uint64_t tail) {
+                       uint64_t tail, uint32_t* mr_handle) {
   using sv::proto::Op;
   sv::proto::Empty hello{};
   sv::proto::HelloReply hrep{};
@@ -234,6 +234,7 @@ bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, s
   mr.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
   sv::proto::RegMrReply mrep{};
   if (raw.call(Op::RegMr, mr, mrep) != 0) return false;
+  if (mr_handle) *mr_handle = mrep.handle;
   sv::proto::CreateCqReq cq{};
   cq.cqe = 16;
   sv::proto::CreateCqReply cqrep{};
