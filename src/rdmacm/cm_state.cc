@@ -255,12 +255,11 @@ Id* new_id(Channel* c, void* context, rdma_port_space ps, ibv_qp_type qpt) {
 // port out of band and then listen (Debian's qperf 0.4.11 does, a race
 // fixed upstream in 2018); a REQ in between was rejected at once and its
 // client saw REJECTED (compat.qperf.*.cm1 failed 1 run in 20 under load).
-// As the active side waits for a listener that does not exist yet
-// (kNoListenerGrace), the passive side holds the REQ as long: the CM may
+// The passive side holds the REQ for kBoundNotListeningGrace: the CM may
 // answer within the REQ's response timeout (IBTA 12.6.5).
 bool hold_request(Id* l, int fd, const cm::Msg& m) {
   if (!l || l->st != St::kIdle || l->bind_fd < 0 || l->held.size() >= 64) return false;
-  Clock::time_point until = Clock::now() + kNoListenerGrace;
+  Clock::time_point until = Clock::now() + kBoundNotListeningGrace;
   l->held.push_back({fd, m, until});
   add_timer(l, TimerKind::kHeldReq, until);
   CM_TRACE("REQ for id %llu held: bound, not listening yet", (unsigned long long)l->serial);
