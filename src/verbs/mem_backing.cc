@@ -277,6 +277,11 @@ int copy_from_file(int fd, uint64_t off, uintptr_t dst, uint64_t n) {
     uint64_t hole = 0;
     if ((r = sys::lseek(fd, data, SEEK_HOLE, &hole))) return r;
     hole = std::min(hole, end);
+    // The pages are faulted in by one madvise(2) first rather than one
+    // page fault each from inside pread(2): at 1 MiB the faults were a
+    // third of a reg + dereg (issue 24). Best effort: pread faults them
+    // in anyway.
+    sys::madvise(dst + (data - off), hole - data, MADV_POPULATE_WRITE);
     if ((r = sys::pread_all(fd, dst + (data - off), hole - data, data))) return r;
     cur = hole;
   }
@@ -292,7 +297,18 @@ constexpr uintptr_t kWholeRead = uintptr_t{64} << 10;
 struct Park {
   uintptr_t at = 0;     // parking address of the range's first page, 0 if none
   bool zeroed = false;  // parked pages read as zero (anonymous + MADV_DONTNEED)
+  bool kept = false;    // the original pages stay in the parked VMA (kKeepBudget)
 };
+
+// Parked anonymous pages are dropped (MADV_DONTNEED), so that a backed page
+// costs one page, not two; the revert then faults in a fresh zeroed page
+// for each one it copies back. Up to this many bytes of parked ranges per
+// process keep their pages instead: the revert copies into pages that are
+// there, and neither side allocates, zeroes or frees an anonymous page. At
+// 1 MiB that was about a third of a reg + dereg (issue 24). The pages
+// are private to this process and inaccessible (PROT_NONE) while parked:
+// memory, not reach; revocation is the file's (docs/MEMORY.md).
+constexpr uint64_t kKeepBudget = uint64_t{16} << 20;
 
 // Whether the original VMA of [b, e) may be parked. Parking needs a short
 // PROT_NONE window; code that might run meanwhile (this thread between two
@@ -317,7 +333,7 @@ __attribute__((noinline, no_sanitize("address", "thread", "undefined"))) bool an
 // Converts private memory [b, e) (protection prot) into a shared mapping of
 // the backing file at offset b. `anon`: the VMA is anonymous memory. No heap
 // allocation.
-int convert_chunk(int fd, uintptr_t b, uintptr_t e, int prot, bool anon, Park* park) {
+int convert_chunk(int fd, uintptr_t b, uintptr_t e, int prot, bool anon, bool keep, Park* park) {
   const uintptr_t n = e - b;
   *park = Park{};
   uintptr_t spot = 0;
@@ -354,7 +370,8 @@ int convert_chunk(int fd, uintptr_t b, uintptr_t e, int prot, bool anon, Park* p
   unpublish();
   if (spot_state == kParked && r == 0) {
     park->at = spot;
-    park->zeroed = anon && sys::madvise(spot, n, MADV_DONTNEED) == 0;
+    park->kept = keep && anon;
+    park->zeroed = !park->kept && anon && sys::madvise(spot, n, MADV_DONTNEED) == 0;
   } else if (spot != 0 && spot_state == kReserved) {
     sys::munmap(spot, n);  // still our own PROT_NONE reservation
   }
@@ -489,6 +506,7 @@ struct MemBacking::Impl {
   std::atomic<int> fd{-1};
   FileId id;
   uint64_t file_size = 0;      // a lower bound: the file only grows (F_SEAL_SHRINK)
+  uint64_t kept = 0;           // bytes of parked ranges that kept their pages
   procmaps::MapsFile maps;     // /proc/self/maps, kept open
   bool handler_installed = false;
   std::map<uintptr_t, Run> runs;  // disjoint page runs with count > 0
@@ -705,11 +723,13 @@ int MemBacking::Impl::convert(const std::vector<Range>& gap_list, std::vector<Pi
     for (uintptr_t cb = p.b; cb < p.e;) {
       const uintptr_t ce = std::min(p.e, cb + kConvertChunk);
       Park park;
-      if (int r = convert_chunk(f, cb, ce, p.prot, p.anon, &park)) {
+      const bool keep = kept + (ce - cb) <= kKeepBudget;
+      if (int r = convert_chunk(f, cb, ce, p.prot, p.anon, keep, &park)) {
         undo_conversions(*done);
         done->clear();
         return r;
       }
+      if (park.kept) kept += ce - cb;
       done->push_back({cb, ce, p.prot, p.anon, park});
       cb = ce;
     }
@@ -736,6 +756,7 @@ int MemBacking::Impl::grow(uint64_t need) {
 void MemBacking::Impl::undo_conversions(const std::vector<Piece>& done) {
   const int f = fd.load();
   for (auto it = done.rbegin(); it != done.rend(); ++it) {
+    if (it->park.kept) kept -= it->e - it->b;
     if (make_private(f, it->b, it->e, it->prot, true, it->park) == 0) {
       sys::punch(f, it->b, it->e - it->b);
     } else if (it->park.at != 0) {
@@ -790,6 +811,7 @@ void MemBacking::Impl::revert(const std::vector<Range>& zeros) {
     });
   }
   for (const Piece& p : ours) {
+    if (p.park.kept) kept -= p.e - p.b;
     if (make_private(f, p.b, p.e, p.prot, true, p.park) == 0) {
       sys::punch(f, p.b, p.e - p.b);
     } else if (p.park.at != 0) {
@@ -797,6 +819,7 @@ void MemBacking::Impl::revert(const std::vector<Range>& zeros) {
     }
   }
   for (const Piece& p : stale) {
+    if (p.park.kept) kept -= p.e - p.b;
     sys::punch(f, p.b, p.e - p.b);
     if (p.park.at != 0) sys::munmap(p.park.at, p.e - p.b);
   }
@@ -829,6 +852,7 @@ void MemBacking::Impl::on_fork_child() {
   fd.store(-1);
   id = FileId{};
   file_size = 0;
+  kept = 0;
   procmaps::forget(&maps);  // the parent's address space
   runs.clear();
   parks.clear();
