@@ -2,14 +2,14 @@
 // docs/MEMORY.md).
 //
 // Conversion of a private range [b, e) with protection P:
-//   punch [b, e) in the file (so it reads zeros); reserve a parking range;
-//   publish [b, e) as "in flight"; mprotect(b, e, P minus PROT_WRITE plus
-//   PROT_READ); pwrite the non-zero pages into the file at offset ==
-//   address; mprotect(PROT_NONE) and mremap(MREMAP_DONTUNMAP) the original
+//   reserve a parking range; publish [b, e) as "in flight"; mprotect(b, e,
+//   P minus PROT_WRITE plus PROT_READ); pwrite the non-zero pages into the
+//   file at offset == address and punch the zero ones (so they read
+//   zeros); mprotect(PROT_NONE) and mremap(MREMAP_DONTUNMAP) the original
 //   VMA to the parking range (its pages go with it, an empty VMA stays at
 //   [b, e) so the range is never unmapped); mmap(MAP_SHARED | MAP_FIXED, P)
 //   the file over [b, e) (atomic replacement); unpublish; MADV_DONTNEED the
-//   parked pages. Where MREMAP_DONTUNMAP is refused (before Linux 5.7, and
+//   parked pages (beyond kKeepBudget). Where MREMAP_DONTUNMAP is refused (before Linux 5.7, and
 //   on early kernels for anything but private anonymous memory) the original
 //   VMA is simply replaced.
 // Revert of a backed range [b, e) with protection P:
