@@ -214,7 +214,12 @@ bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out, bool want_caps) {
       out.known = true;
       return true;
     case ESRCH:
-      return false;
+      // Gone, or alive but not named by the kernel here: a pid namespace
+      // that does not see the process's parent (a process entered into a
+      // container from outside, `docker exec`) gives it ppid 0, for which
+      // some versions of pidfs answer ESRCH. /proc still says.
+      if (!pidfd_alive(pidfd)) return false;
+      return read_identity_proc(pid, pidfd, out);
     default:
       return read_identity_proc(pid, pidfd, out);
   }

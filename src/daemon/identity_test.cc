@@ -4,7 +4,9 @@
 // change, and neither says anything of a process that is gone.
 #include "daemon/identity.h"
 
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -118,6 +120,55 @@ TEST(Identity, WithoutWantCapsTheCapabilityIsNotLookedUp) {
   EXPECT_FALSE(without.ipc_lock);
   EXPECT_TRUE(std::equal(with.uids, with.uids + 4, without.uids));
   EXPECT_EQ(with.memlock, without.memlock);
+}
+
+// A process entered into a pid namespace from outside (as `docker exec`
+// enters a container): its parent is not in the namespace (ppid 0), for
+// which some versions of PIDFD_GET_INFO answer ESRCH although it lives
+// (this kernel's does not). A daemon in that namespace reads its
+// identity all the same.
+TEST(Identity, AProcessWhoseParentIsOutsideTheNamespaceIsRead) {
+  int pipefd[2];
+  ASSERT_EQ(0, ::pipe(pipefd));
+  const pid_t x = ::fork();
+  ASSERT_GE(x, 0);
+  if (x == 0) {
+    if (::unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) ::_exit(77);
+    const pid_t reader = ::fork();  // pid 1 of the new namespace: the "daemon"
+    if (reader == 0) {
+      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          ::mount("proc", "/proc", "proc", 0, nullptr) != 0)
+        ::_exit(77);
+      pid_t t = 0;
+      if (::read(pipefd[0], &t, sizeof t) != sizeof t) ::_exit(2);
+      Fd pidfd(int(::syscall(SYS_pidfd_open, t, 0)));
+      if (!pidfd.valid()) ::_exit(3);
+      ConnectIdentity id;
+      ::_exit(read_identity(t, pidfd.get(), id) && id.known && id.uids[0] == ::getuid() ? 0 : 4);
+    }
+    const pid_t target = ::fork();  // its parent, this process, is outside
+    if (target == 0) {
+      const pid_t self = ::getpid();  // as the namespace numbers it
+      if (::write(pipefd[1], &self, sizeof self) != sizeof self) ::_exit(1);
+      ::pause();
+      ::_exit(0);
+    }
+    // The reader's exit kills the target, and the reader's exit waits until
+    // the target is reaped: reap both, whichever comes first.
+    int st = 0;
+    for (pid_t w; (w = ::waitpid(-1, &st, 0)) > 0;) {
+      if (w == reader) break;
+    }
+    ::kill(target, SIGKILL);
+    while (::waitpid(-1, nullptr, 0) > 0) {
+    }
+    ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 5);
+  }
+  int st = 0;
+  ASSERT_EQ(x, ::waitpid(x, &st, 0));
+  ASSERT_TRUE(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) GTEST_SKIP() << "cannot make a pid and mount namespace here";
+  EXPECT_EQ(0, WEXITSTATUS(st));
 }
 
 }  // namespace
