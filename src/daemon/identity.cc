@@ -3,7 +3,10 @@
 #include "daemon/identity.h"
 
 #include <fcntl.h>
+#include <linux/capability.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,17 +58,66 @@ bool read_rlimit_memlock(pid_t pid, uint64_t& out) {
 // a process that holds every capability in a namespace of its own (unshare
 // -Ur) holds none there. The initial namespace is pid 1's as this daemon
 // sees it, or the daemon's own where pid 1's is not readable (a per-user
-// daemon). Unreadable counts as another namespace.
+// daemon). Unreadable counts as another namespace. The link's text names
+// the namespace's inode, "user:[4026531837]" (namespaces(7)): reading it
+// costs half of a stat(2) through it, which makes the kernel build the
+// namespace's inode (4 against 7-9 us here, at each registration of a
+// client with CAP_IPC_LOCK).
 bool in_initial_userns(pid_t pid) {
-  static const std::pair<dev_t, ino_t> initial = [] {
+  static const ino_t initial = [] {
     struct stat st {};
     if (::stat("/proc/1/ns/user", &st) != 0 && ::stat("/proc/self/ns/user", &st) != 0) st = {};
-    return std::pair{st.st_dev, st.st_ino};
+    return st.st_ino;
   }();
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/ns/user", int(pid));
-  struct stat st {};
-  return initial.second != 0 && ::stat(path, &st) == 0 && st.st_dev == initial.first && st.st_ino == initial.second;
+  char link[64];
+  const ssize_t n = ::readlink(path, link, sizeof(link) - 1);
+  if (n <= 0 || initial == 0) return false;
+  link[n] = '\0';
+  unsigned long long ino = 0;
+  char end = 0;
+  return std::sscanf(link, "user:[%llu%c", &ino, &end) == 2 && end == ']' && ino == uint64_t(initial);
+}
+
+// CAP_IPC_LOCK in `pid`'s effective set (capget(2): any process's sets,
+// no privilege needed), in whatever user namespace it lives in.
+bool has_ipc_lock(pid_t pid) {
+  __user_cap_header_struct h{};
+  h.version = _LINUX_CAPABILITY_VERSION_3;
+  h.pid = pid;
+  __user_cap_data_struct d[2]{};
+  return ::syscall(SYS_capget, &h, d) == 0 && (d[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32)));
+}
+
+// PIDFD_GET_INFO (Linux 6.13, include/uapi/linux/pidfd.h): the
+// credentials of the process behind a pidfd, in this daemon's user
+// namespace as /proc/PID/status shows them, in one ioctl that fails with
+// ESRCH once the process is gone (the pidfd names one process: no pid
+// reuse). The first version of the kernel's struct pidfd_info.
+struct PidfdInfo {
+  uint64_t mask;
+  uint64_t cgroupid;
+  uint32_t pid, tgid, ppid;
+  uint32_t ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+  int32_t exit_code;
+};
+static_assert(sizeof(PidfdInfo) == 64, "PIDFD_INFO_SIZE_VER0");
+constexpr uint64_t kPidfdInfoCreds = 1u << 1;  // PIDFD_INFO_CREDS
+constexpr unsigned long kPidfdGetInfo = _IOWR(0xFF, 11, PidfdInfo);
+
+// 0 (ids read, the process alive), ESRCH (gone), or another errno (the
+// kernel has no such ioctl: ENOTTY, EINVAL).
+int pidfd_ids(int pidfd, uid_t uids[4], gid_t gids[4]) {
+  PidfdInfo info{};
+  info.mask = kPidfdInfoCreds;
+  if (::ioctl(pidfd, kPidfdGetInfo, &info) != 0) return errno;
+  if (!(info.mask & kPidfdInfoCreds)) return ENOTTY;
+  const uid_t u[4] = {info.ruid, info.euid, info.suid, info.fsuid};
+  const gid_t g[4] = {info.rgid, info.egid, info.sgid, info.fsgid};
+  std::copy(u, u + 4, uids);
+  std::copy(g, g + 4, gids);
+  return 0;
 }
 
 // "\t1000\t1000\t1000\t1000" (proc(5), /proc/PID/status Uid: and Gid:):
@@ -98,19 +150,17 @@ bool parse_hex(const char* p, unsigned long long& out) {
 
 }  // namespace
 
-// What decides `pid`'s locked-memory limit now, read through /proc. True
-// only if the process behind `pidfd` was alive until everything was read,
-// so that the pid was not reused by another process meanwhile.
-bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out) {
+// The same through /proc/PID/status alone: for kernels without
+// PIDFD_GET_INFO (before 6.13).
+bool read_identity_proc(pid_t pid, int pidfd, ConnectIdentity& out) {
   if (!pidfd_alive(pidfd)) return false;
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
   // One read of the whole file, then the three lines looked up by their
-  // prefix: this runs at every ibv_reg_mr (the kernel checks the limit at
-  // each registration too), and a stdio parse with three sscanf(3) per line
-  // was most of the daemon's time in a 4 KiB reg + dereg (issue 24). The
-  // whole file, whatever its length: a process in many groups has a long
-  // Groups: line before CapEff:.
+  // prefix (a stdio parse with three sscanf(3) per line was most of the
+  // daemon's time in a 4 KiB reg + dereg, issue 24). The whole file,
+  // whatever its length: a process in many groups has a long Groups: line
+  // before CapEff:.
   std::string text;
   {
     Fd f(::open(path, O_RDONLY | O_CLOEXEC));
@@ -146,6 +196,35 @@ bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out) {
   return true;
 }
 
+// What decides `pid`'s locked-memory limit now. True only if the process
+// behind `pidfd` was alive until everything was read, so that the pid was
+// not reused by another process meanwhile: what is read by pid (the limit,
+// the capability, the namespace) comes first, the pidfd's answer last.
+// This runs at every registration, as the kernel checks the limit at each
+// ib_umem_get: one prlimit(2) and one ioctl on the pidfd (1-2 us here,
+// where the read of /proc/PID/status took 11-17 us, issue 24); capget(2)
+// and the namespace's link besides only where `want_caps`.
+bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out, bool want_caps) {
+  if (pidfd < 0) return false;
+  if (!read_rlimit_memlock(pid, out.memlock)) return false;
+  const bool ipc_lock = want_caps && has_ipc_lock(pid) && in_initial_userns(pid);
+  switch (pidfd_ids(pidfd, out.uids, out.gids)) {
+    case 0:
+      out.ipc_lock = ipc_lock;
+      out.known = true;
+      return true;
+    case ESRCH:
+      // Gone, or alive but not named by the kernel here: a pid namespace
+      // that does not see the process's parent (a process entered into a
+      // container from outside, `docker exec`) gives it ppid 0, for which
+      // some versions of pidfs answer ESRCH. /proc still says.
+      if (!pidfd_alive(pidfd)) return false;
+      return read_identity_proc(pid, pidfd, out);
+    default:
+      return read_identity_proc(pid, pidfd, out);
+  }
+}
+
 // The locked-memory limit of a client in bytes: RLIMIT_MEMLOCK, or
 // unlimited with CAP_IPC_LOCK (as ib_umem_get charges pinned pages in the
 // kernel), decided for the process that connected: the capability must
@@ -155,7 +234,7 @@ bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out) {
 uint64_t memlock_limit(pid_t pid, int pidfd, const ConnectIdentity& at_connect) {
   if (!at_connect.known) return 0;
   ConnectIdentity now;
-  const bool live = read_identity(pid, pidfd, now);
+  const bool live = read_identity(pid, pidfd, now, at_connect.ipc_lock);
   if (at_connect.ipc_lock && (!live || now.ipc_lock)) return UINT64_MAX;
   if (!live) return at_connect.memlock;
   const bool same = std::equal(now.uids, now.uids + 4, at_connect.uids) &&

@@ -1,6 +1,6 @@
 // identity.h: what decides a client's locked-memory limit, read through
-// /proc when it connects and again at each registration (Registry::add_client,
-// Registry::reg_mr).
+// its pidfd and /proc when it connects and again at each registration
+// (Registry::add_client, Registry::reg_mr).
 #pragma once
 
 #include <sys/types.h>
@@ -11,10 +11,17 @@
 
 namespace sv::daemon {
 
-// What decides `pid`'s locked-memory limit now, read through /proc. True
-// only if the process behind `pidfd` was alive until everything was read,
-// so that the pid was not reused by another process meanwhile.
-bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out);
+// What decides `pid`'s locked-memory limit now (through the pidfd and
+// /proc). True only if the process behind `pidfd` was alive until
+// everything was read, so that the pid was not reused by another process
+// meanwhile. `want_caps`: whether CAP_IPC_LOCK is looked up (out.ipc_lock
+// is false otherwise).
+bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out, bool want_caps = true);
+
+// The same read through /proc/PID/status, as on kernels without
+// PIDFD_GET_INFO (before 6.13): read_identity's fallback, and its tests'
+// reference.
+bool read_identity_proc(pid_t pid, int pidfd, ConnectIdentity& out);
 
 // The locked-memory limit of a client in bytes: RLIMIT_MEMLOCK, or
 // unlimited with CAP_IPC_LOCK, decided for the process that connected.

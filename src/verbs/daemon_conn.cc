@@ -187,7 +187,7 @@ int DaemonConn::refused(int e) const {
 }
 
 int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
-                         std::span<const int> send_fds, std::vector<Fd>* recv_fds) {
+                         std::span<const int> send_fds, std::vector<Fd>* recv_fds, const Work* work) {
   std::lock_guard<std::mutex> g(mu_);
   if (!sock_.valid()) return ENODEV;
   if (owner_pid_ != self_pid()) {
@@ -196,6 +196,7 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
   auto* h = static_cast<proto::Header*>(req);
   h->seq = ++seq_;
   if (int e = send_message(sock_.get(), req, req_len, send_fds)) return refused(e == EPIPE ? ENODEV : e);
+  if (work) *work->result = work->run(work->ctx);
   alignas(8) uint8_t buf[proto::kMaxMessage];
   std::vector<Fd> fds;
   size_t len = 0;

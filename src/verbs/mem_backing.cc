@@ -2,14 +2,14 @@
 // docs/MEMORY.md).
 //
 // Conversion of a private range [b, e) with protection P:
-//   punch [b, e) in the file (so it reads zeros); reserve a parking range;
-//   publish [b, e) as "in flight"; mprotect(b, e, P minus PROT_WRITE plus
-//   PROT_READ); pwrite the non-zero pages into the file at offset ==
-//   address; mprotect(PROT_NONE) and mremap(MREMAP_DONTUNMAP) the original
+//   reserve a parking range; publish [b, e) as "in flight"; mprotect(b, e,
+//   P minus PROT_WRITE plus PROT_READ); pwrite the non-zero pages into the
+//   file at offset == address and punch the zero ones (so they read
+//   zeros); mprotect(PROT_NONE) and mremap(MREMAP_DONTUNMAP) the original
 //   VMA to the parking range (its pages go with it, an empty VMA stays at
 //   [b, e) so the range is never unmapped); mmap(MAP_SHARED | MAP_FIXED, P)
 //   the file over [b, e) (atomic replacement); unpublish; MADV_DONTNEED the
-//   parked pages. Where MREMAP_DONTUNMAP is refused (before Linux 5.7, and
+//   parked pages (beyond kKeepBudget). Where MREMAP_DONTUNMAP is refused (before Linux 5.7, and
 //   on early kernels for anything but private anonymous memory) the original
 //   VMA is simply replaced.
 // Revert of a backed range [b, e) with protection P:
@@ -94,25 +94,46 @@ static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<u
 // one object so that a range can be checked against it (see can_park).
 struct alignas(64) SignalState {
   std::atomic<uint32_t> seq{0};  // odd while a conversion/revert is in flight
+  std::atomic<uint32_t> waiters{0};  // handlers that may sleep on seq
   std::atomic<uintptr_t> begin{0};
   std::atomic<uintptr_t> end{0};
-  std::atomic<long> tid{0};  // thread doing the conversion/revert
+  std::atomic<uintptr_t> thread{0};  // thread doing the conversion/revert (self_thread)
   std::atomic<uintptr_t> page{4096};
   struct sigaction prev {};  // written once, before our handler is installed
 };
 SignalState g_sig;
 
+// The calling thread, unique among the live threads of the process: its
+// thread pointer where one instruction reads it (x86-64: the TCB's self
+// pointer at %fs:0, which glibc's pthread_self returns), else its tid.
+// Read at each publish and in the handler: not a system call each
+// (issue 24).
+uintptr_t self_thread() {
+#if defined(__x86_64__)
+  uintptr_t p;
+  asm volatile("mov %%fs:0, %0" : "=r"(p));
+  return p;
+#else
+  return static_cast<uintptr_t>(sys::gettid());
+#endif
+}
+
 // Only ever called with the mutex held, so there is one writer.
 void publish(uintptr_t b, uintptr_t e) {
   g_sig.begin.store(b);
   g_sig.end.store(e);
-  g_sig.tid.store(sys::gettid());
+  g_sig.thread.store(self_thread());
   g_sig.seq.fetch_add(1);  // now odd
 }
 
+// A handler counts itself in `waiters` before it reads seq, and this reads
+// `waiters` after it changed seq (both sequentially consistent): either
+// the handler sees the new seq and does not sleep, or this sees it and
+// wakes it (FUTEX_WAIT sleeps only while seq still holds the old value,
+// futex(2)). Nobody waiting (the usual case): no system call.
 void unpublish() {
   g_sig.seq.fetch_add(1);  // now even
-  sys::futex_wake_all(&g_sig.seq);
+  if (g_sig.waiters.load() != 0) sys::futex_wake_all(&g_sig.seq);
 }
 
 enum class Access { kRead, kWrite, kExec };
@@ -163,9 +184,11 @@ void segv_handler(int sig, siginfo_t* si, void* uc) {
       if (s1 & 1u) {
         const uintptr_t b = g_sig.begin.load();
         const uintptr_t e = g_sig.end.load();
-        const long tid = g_sig.tid.load();
-        if (g_sig.seq.load() == s1 && a >= b && a < e && tid != sys::gettid()) {
+        const uintptr_t thread = g_sig.thread.load();
+        if (g_sig.seq.load() == s1 && a >= b && a < e && thread != self_thread()) {
+          g_sig.waiters.fetch_add(1);
           while (g_sig.seq.load() == s1) sys::futex_wait(&g_sig.seq, s1);
+          g_sig.waiters.fetch_sub(1);
           errno = saved_errno;
           return;  // retry the access on the new pages
         }
@@ -219,23 +242,25 @@ __attribute__((noinline, no_sanitize("address", "thread", "undefined"))) bool pa
   return true;
 }
 
-// Writes the non-zero pages of [b, b+n) into the file at offset == address.
-// The file range must already be a hole.
+// Writes the pages of [b, b+n) into the file at offset == address: the
+// non-zero ones are written, the all-zero ones punched out of the file
+// (they stay holes, and whatever a peer wrote there since the last revert
+// goes). Punching only where a page is zero saves a system call per
+// registration of data (issue 24).
 int copy_to_file(int fd, uintptr_t b, uintptr_t n) {
   const uintptr_t ps = page_size();
-  uintptr_t run = 0;
-  bool in_run = false;
-  for (uintptr_t p = b; p < b + n; p += ps) {
-    if (!page_is_zero(p, ps)) {
-      if (!in_run) run = p;
-      in_run = true;
-    } else if (in_run) {
-      if (int r = sys::pwrite_all(fd, run, p - run, run)) return r;
-      in_run = false;
+  uintptr_t run = b;
+  bool zero_run = page_is_zero(b, ps);
+  for (uintptr_t p = b + ps;; p += ps) {
+    const bool end = p >= b + n;
+    const bool zero = !end && page_is_zero(p, ps);
+    if (end || zero != zero_run) {
+      if (int r = zero_run ? sys::punch(fd, run, p - run) : sys::pwrite_all(fd, run, p - run, run)) return r;
+      if (end) return 0;
+      run = p;
+      zero_run = zero;
     }
   }
-  if (in_run) return sys::pwrite_all(fd, run, b + n - run, run);
-  return 0;
 }
 
 // Copies the data extents of file range [off, off+n) to dst (whose pages are
@@ -252,6 +277,11 @@ int copy_from_file(int fd, uint64_t off, uintptr_t dst, uint64_t n) {
     uint64_t hole = 0;
     if ((r = sys::lseek(fd, data, SEEK_HOLE, &hole))) return r;
     hole = std::min(hole, end);
+    // The pages are faulted in by one madvise(2) first rather than one
+    // page fault each from inside pread(2): at 1 MiB the faults were a
+    // third of a reg + dereg (issue 24). Best effort: pread faults them
+    // in anyway.
+    sys::madvise(dst + (data - off), hole - data, MADV_POPULATE_WRITE);
     if ((r = sys::pread_all(fd, dst + (data - off), hole - data, data))) return r;
     cur = hole;
   }
@@ -260,11 +290,25 @@ int copy_from_file(int fd, uint64_t off, uintptr_t dst, uint64_t n) {
 
 int read_only(int prot) { return (prot & ~PROT_WRITE) | PROT_READ; }
 
+// Up to this size a revert reads the file's range whole, holes included.
+constexpr uintptr_t kWholeRead = uintptr_t{64} << 10;
+
 // Where the original private VMA of a converted range was parked.
 struct Park {
   uintptr_t at = 0;     // parking address of the range's first page, 0 if none
   bool zeroed = false;  // parked pages read as zero (anonymous + MADV_DONTNEED)
+  bool kept = false;    // the original pages stay in the parked VMA (kKeepBudget)
 };
+
+// Parked anonymous pages are dropped (MADV_DONTNEED), so that a backed page
+// costs one page, not two; the revert then faults in a fresh zeroed page
+// for each one it copies back. Up to this many bytes of parked ranges per
+// process keep their pages instead: the revert copies into pages that are
+// there, and neither side allocates, zeroes or frees an anonymous page. At
+// 1 MiB that was about a third of a reg + dereg (issue 24). The pages
+// are private to this process and inaccessible (PROT_NONE) while parked:
+// memory, not reach; revocation is the file's (docs/MEMORY.md).
+constexpr uint64_t kKeepBudget = uint64_t{16} << 20;
 
 // Whether the original VMA of [b, e) may be parked. Parking needs a short
 // PROT_NONE window; code that might run meanwhile (this thread between two
@@ -278,23 +322,31 @@ bool can_park(uintptr_t b, uintptr_t e, int prot) {
   return sys::kInline && (prot & PROT_EXEC) == 0 && (e <= sb || b >= se);
 }
 
+// Whether the first page of [b, b+n) reads non-zero: then it was written.
+// (Reading a page never written maps the shared zero page and allocates
+// nothing; the range is readable, checked by the caller.)
+__attribute__((noinline, no_sanitize("address", "thread", "undefined"))) bool any_written(uintptr_t b,
+                                                                                           uintptr_t n) {
+  return !page_is_zero(b, std::min(n, page_size()));
+}
+
 // Converts private memory [b, e) (protection prot) into a shared mapping of
 // the backing file at offset b. `anon`: the VMA is anonymous memory. No heap
 // allocation.
-int convert_chunk(int fd, uintptr_t b, uintptr_t e, int prot, bool anon, Park* park) {
+int convert_chunk(int fd, uintptr_t b, uintptr_t e, int prot, bool anon, bool keep, Park* park) {
   const uintptr_t n = e - b;
   *park = Park{};
-  if (int r = sys::punch(fd, b, n)) return r;
   uintptr_t spot = 0;
   if (can_park(b, e, prot) &&
       sys::mmap(0, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0, &spot) != 0) {
     spot = 0;
   }
-  if (spot != 0 && anon && (prot & PROT_WRITE) != 0) {
+  if (spot != 0 && anon && (prot & PROT_WRITE) != 0 && !any_written(b, n)) {
     // A VMA that has never been written has no anon_vma, and mremap then
     // resets its vm_pgoff to the destination address, which keeps it from
     // merging back if its neighbours' pgoff is not address-based. Make the
     // kernel attach one (no data changes: this only prefaults one page).
+    // A page that reads non-zero was written: its VMA has one already.
     sys::madvise(b, page_size(), MADV_POPULATE_WRITE);
   }
   enum { kReserved, kParked, kGone } spot_state = kReserved;
@@ -318,7 +370,8 @@ int convert_chunk(int fd, uintptr_t b, uintptr_t e, int prot, bool anon, Park* p
   unpublish();
   if (spot_state == kParked && r == 0) {
     park->at = spot;
-    park->zeroed = anon && sys::madvise(spot, n, MADV_DONTNEED) == 0;
+    park->kept = keep && anon;
+    park->zeroed = !park->kept && anon && sys::madvise(spot, n, MADV_DONTNEED) == 0;
   } else if (spot != 0 && spot_state == kReserved) {
     sys::munmap(spot, n);  // still our own PROT_NONE reservation
   }
@@ -344,7 +397,9 @@ int make_private(int fd, uintptr_t b, uintptr_t e, int prot, bool concurrent, Pa
   int r = 0;
   const bool drop_write = concurrent && (prot & PROT_WRITE) != 0;
   if (drop_write) r = sys::mprotect(b, n, prot & ~PROT_WRITE);
-  if (r == 0) r = zeroed ? copy_from_file(fd, b, dst, n) : sys::pread_all(fd, dst, n, b);
+  // Small ranges are read whole: one pread(2) instead of two lseek(2)s
+  // besides (issue 24); zeros read from a hole cost a few fresh pages.
+  if (r == 0) r = zeroed && n > kWholeRead ? copy_from_file(fd, b, dst, n) : sys::pread_all(fd, dst, n, b);
   if (r == 0 && prot != (PROT_READ | PROT_WRITE)) r = sys::mprotect(dst, n, prot);
   if (r == 0) r = sys::mremap_fixed(dst, n, b);
   if (r != 0) {
@@ -450,6 +505,9 @@ struct MemBacking::Impl {
   mutable std::mutex mu;
   std::atomic<int> fd{-1};
   FileId id;
+  uint64_t file_size = 0;      // a lower bound: the file only grows (F_SEAL_SHRINK)
+  uint64_t kept = 0;           // bytes of parked ranges that kept their pages
+  procmaps::MapsFile maps;     // /proc/self/maps, kept open
   bool handler_installed = false;
   std::map<uintptr_t, Run> runs;  // disjoint page runs with count > 0
   size_t pages = 0;
@@ -461,6 +519,7 @@ struct MemBacking::Impl {
   std::map<uintptr_t, Parked> parks;
 
   int ensure_ready();
+  int grow(uint64_t need);
   int convert(const std::vector<Range>& gaps, std::vector<Piece>* done);
   void undo_conversions(const std::vector<Piece>& done);
   void revert(const std::vector<Range>& zeros);
@@ -626,7 +685,7 @@ std::vector<Range> MemBacking::Impl::dec(uintptr_t b, uintptr_t e) {
 // (done lists the converted chunks) or nothing is and an errno is returned.
 int MemBacking::Impl::convert(const std::vector<Range>& gap_list, std::vector<Piece>* done) {
   std::vector<Vma> vmas;
-  if (int r = read_maps(gap_list.front().b, gap_list.back().e, &vmas)) return r;
+  if (int r = read_maps(gap_list.front().b, gap_list.back().e, &vmas, &maps)) return r;
   std::vector<Piece> pieces;
   int err = 0;
   // This thread's own stack (thread stacks are plain anonymous memory): the
@@ -654,12 +713,7 @@ int MemBacking::Impl::convert(const std::vector<Range>& gap_list, std::vector<Pi
   if (pieces.empty()) return 0;
 
   const int f = fd.load();
-  struct stat st;
-  if (int r = sys::fstat(f, &st)) return r;
-  const uintptr_t need = pieces.back().e;
-  if (static_cast<uint64_t>(st.st_size) < need) {
-    if (int r = sys::ftruncate(f, need)) return r;
-  }
+  if (int r = grow(pieces.back().e)) return r;
 
   size_t chunks = 0;
   for (const Piece& p : pieces) chunks += (p.e - p.b + kConvertChunk - 1) / kConvertChunk;
@@ -669,11 +723,13 @@ int MemBacking::Impl::convert(const std::vector<Range>& gap_list, std::vector<Pi
     for (uintptr_t cb = p.b; cb < p.e;) {
       const uintptr_t ce = std::min(p.e, cb + kConvertChunk);
       Park park;
-      if (int r = convert_chunk(f, cb, ce, p.prot, p.anon, &park)) {
+      const bool keep = kept + (ce - cb) <= kKeepBudget;
+      if (int r = convert_chunk(f, cb, ce, p.prot, p.anon, keep, &park)) {
         undo_conversions(*done);
         done->clear();
         return r;
       }
+      if (park.kept) kept += ce - cb;
       done->push_back({cb, ce, p.prot, p.anon, park});
       cb = ce;
     }
@@ -681,10 +737,26 @@ int MemBacking::Impl::convert(const std::vector<Range>& gap_list, std::vector<Pi
   return 0;
 }
 
+// Makes the file at least `need` bytes long. No fstat(2) where it is known
+// to be: it never shrinks.
+int MemBacking::Impl::grow(uint64_t need) {
+  if (file_size >= need) return 0;
+  const int f = fd.load();
+  struct stat st;
+  if (int r = sys::fstat(f, &st)) return r;
+  if (static_cast<uint64_t>(st.st_size) < need) {
+    if (int r = sys::ftruncate(f, need)) return r;
+    st.st_size = static_cast<off_t>(need);
+  }
+  file_size = static_cast<uint64_t>(st.st_size);
+  return 0;
+}
+
 // Reverts chunks converted by the current call (no allocation).
 void MemBacking::Impl::undo_conversions(const std::vector<Piece>& done) {
   const int f = fd.load();
   for (auto it = done.rbegin(); it != done.rend(); ++it) {
+    if (it->park.kept) kept -= it->e - it->b;
     if (make_private(f, it->b, it->e, it->prot, true, it->park) == 0) {
       sys::punch(f, it->b, it->e - it->b);
     } else if (it->park.at != 0) {
@@ -729,7 +801,7 @@ void MemBacking::Impl::take_parks(uintptr_t b, uintptr_t e, int prot, std::vecto
 void MemBacking::Impl::revert(const std::vector<Range>& zeros) {
   const int f = fd.load();
   std::vector<Vma> vmas;
-  if (read_maps(zeros.front().b, zeros.back().e, &vmas) != 0) return;  // stay backed: contents are safe
+  if (read_maps(zeros.front().b, zeros.back().e, &vmas, &maps) != 0) return;  // stay backed: contents are safe
   std::vector<Piece> ours;   // to make private again
   std::vector<Piece> stale;  // not ours any more (unmapped or replaced by the application)
   for (const Range& z : zeros) {
@@ -739,6 +811,7 @@ void MemBacking::Impl::revert(const std::vector<Range>& zeros) {
     });
   }
   for (const Piece& p : ours) {
+    if (p.park.kept) kept -= p.e - p.b;
     if (make_private(f, p.b, p.e, p.prot, true, p.park) == 0) {
       sys::punch(f, p.b, p.e - p.b);
     } else if (p.park.at != 0) {
@@ -746,6 +819,7 @@ void MemBacking::Impl::revert(const std::vector<Range>& zeros) {
     }
   }
   for (const Piece& p : stale) {
+    if (p.park.kept) kept -= p.e - p.b;
     sys::punch(f, p.b, p.e - p.b);
     if (p.park.at != 0) sys::munmap(p.park.at, p.e - p.b);
   }
@@ -777,6 +851,9 @@ void MemBacking::Impl::on_fork_child() {
   }
   fd.store(-1);
   id = FileId{};
+  file_size = 0;
+  kept = 0;
+  procmaps::forget(&maps);  // the parent's address space
   runs.clear();
   parks.clear();
   pages = 0;
@@ -818,6 +895,15 @@ int MemBacking::acquire(const void* addr, size_t len) {
     return ENOMEM;
   }
   return 0;
+}
+
+int MemBacking::reserve(const void* addr, size_t len) {
+  uintptr_t b = 0, e = 0;
+  if (!page_range(addr, len, &b, &e)) return EINVAL;
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (int r = s.ensure_ready()) return r;
+  return s.grow(e);
 }
 
 void MemBacking::release(const void* addr, size_t len) {

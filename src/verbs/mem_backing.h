@@ -79,6 +79,13 @@ class MemBacking {
   // by the backing file. Returns 0 or an errno (see above).
   int acquire(const void* addr, size_t len);
 
+  // Makes sure the backing file exists and is long enough to hold every
+  // page covering [addr, addr+len); converts nothing. A registration may
+  // then be announced to the daemon (which checks the file's length) while
+  // acquire() converts the pages. Returns 0 or an errno (EINVAL as
+  // acquire).
+  int reserve(const void* addr, size_t len);
+
   // Drops one reference on every page covering [addr, addr+len). Pages with
   // count 0 are ignored. Pages reaching 0 are reverted to private memory and
   // revoked from peers. len == 0 is a no-op.

@@ -822,6 +822,70 @@ TEST(MemBacking, ForkChildGetsPrivateSnapshot) {
   free(p);
 }
 
+// The module keeps /proc/self/maps open between registrations (issue 24).
+// That file describes the process that opened it: a forked child must ask
+// about its own address space. Memory the child maps after the fork, at
+// an address the parent has nothing at, registers in the child (with the
+// parent's file it would be refused as unmapped), and the parent's still
+// does. A descriptor number the application closed and reused for a file
+// of its own is neither queried nor closed.
+TEST(MemBacking, TheKeptMapsFileFollowsForkAndClosedDescriptors) {
+  MemBacking& mb = MemBacking::instance();
+  auto* p = static_cast<uint8_t*>(map_anon(kPage));
+  ASSERT_EQ(0, mb.acquire(p, kPage));  // the file is open now
+  mb.release(p, kPage);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto* q = static_cast<uint8_t*>(map_anon(4 * kPage));
+    // A range the parent never had: unmap the parent's page and map anew.
+    int rc = 0;
+    if (munmap(p, kPage) != 0) rc = 2;
+    auto* r = static_cast<uint8_t*>(mmap(p, kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0));
+    if (rc == 0 && r != p) rc = 3;
+    if (rc == 0) {
+      std::memset(q, 5, 4 * kPage);
+      if (mb.acquire(q, 4 * kPage) != 0) rc = 4;
+    }
+    if (rc == 0 && !all_pages_ours(q, 4 * kPage)) rc = 5;
+    if (rc == 0 && q[4 * kPage - 1] != 5) rc = 6;
+    if (rc == 0) mb.release(q, 4 * kPage);
+    _exit(rc);
+  }
+  EXPECT_EQ(0, wait_child(pid));
+  // The module's descriptor of /proc/self/maps closed behind its back, and
+  // its number given to a file of ours: the module opens its own again and
+  // leaves ours alone.
+  const std::string maps = "/proc/" + std::to_string(getpid()) + "/maps";
+  int kept = -1;
+  for (int fd = 3; fd < 1024 && kept < 0; ++fd) {
+    char link[256];
+    const ssize_t len = readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link - 1);
+    if (len > 0 && std::string(link, size_t(len)) == maps) kept = fd;
+  }
+  ASSERT_GE(kept, 0) << "the module keeps no " << maps << " open";
+  ASSERT_EQ(0, close(kept));
+  int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(devnull, 0);
+  if (devnull != kept) {
+    ASSERT_EQ(kept, dup2(devnull, kept));
+    close(devnull);
+    devnull = kept;
+  }
+  struct stat before {};
+  ASSERT_EQ(0, fstat(devnull, &before));
+  std::memset(p, 6, kPage);
+  EXPECT_EQ(0, mb.acquire(p, kPage));
+  EXPECT_TRUE(all_pages_ours(p, kPage));
+  mb.release(p, kPage);
+  struct stat after {};
+  EXPECT_EQ(0, fstat(devnull, &after));
+  EXPECT_EQ(before.st_ino, after.st_ino);
+  EXPECT_EQ(6, p[kPage - 1]);
+  close(devnull);
+  munmap(p, kPage);
+}
+
 // The SIGSEGV handler must not swallow genuine faults.
 TEST(MemBackingDeathTest, GenuineFaultsStillCrash) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");

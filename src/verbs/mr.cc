@@ -71,6 +71,53 @@ int current_access(const ContextState& st, const ibv_mr& mr) {
   return e ? int(e->access) : 0;
 }
 
+// The backing of this process, registered with the daemon already?
+bool backing_known(ContextState& st) {
+  std::lock_guard<std::mutex> g(st.mu);
+  return st.backing && st.backing_pid == self_pid();
+}
+
+void deregister_handle(ContextState& st, uint32_t handle) {
+  proto::HandleReq req{};
+  req.handle = handle;
+  proto::Empty rep{};
+  st.conn.call<proto::Op::DeregMr>(req, rep);
+}
+
+// Backs [addr, addr + length) and records the registration `req` with the
+// daemon: 0 (the pages are backed, `rep` holds the MR) or an errno
+// (nothing is left). Once the process's backing is known to the daemon,
+// the pages are converted while the daemon records the registration
+// (DaemonConn::call_during): the daemon checks only the file's length,
+// made sufficient first, and peers cannot know the key before this
+// returns, so nothing reaches the pages before they are converted (a
+// peer that guesses the key meanwhile reaches the file's range, not the
+// application's memory: docs/MEMORY.md). The errno is the conversion's
+// if it failed (as when it came first), else the daemon's.
+int backed_registration(ContextState& st, void* addr, size_t length, proto::RegMrReq& req,
+                        proto::RegMrReply& rep) {
+  MemBacking& mb = MemBacking::instance();
+  if (backing_known(st) && mb.reserve(addr, length) == 0) {
+    req.backing = st.backing;
+    int conv = -1;  // not run: nothing was sent
+    const int e = st.conn.call_during<proto::Op::RegMr>(req, rep, [&] { return mb.acquire(addr, length); }, &conv);
+    if (conv > 0) {
+      if (e == 0) deregister_handle(st, rep.handle);
+      return conv;
+    }
+    if (e && conv == 0) mb.release(addr, length);
+    return e;
+  }
+  if (int e = mb.acquire(addr, length)) return e;
+  int e = get_backing(st);
+  if (e == 0) {
+    req.backing = st.backing;
+    e = st.conn.call<proto::Op::RegMr>(req, rep);
+  }
+  if (e) mb.release(addr, length);
+  return e;
+}
+
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int access) {
   if (!ibpd) {
     errno = EINVAL;
@@ -90,31 +137,27 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int acces
   }
   if (access & IBV_ACCESS_ZERO_BASED) iova = 0;
   ContextState& st = ctx_state(ibpd->context);
-  Pd* pd = to_pd(ibpd);
-
-  if (int e = MemBacking::instance().acquire(addr, length)) {
-    errno = e;
-    return nullptr;
-  }
-  auto fail = [&](int e) -> ibv_mr* {
-    MemBacking::instance().release(addr, length);
-    errno = e;
-    return nullptr;
-  };
-  if (int e = get_backing(st)) return fail(e);
-
   proto::RegMrReq req{};
-  req.pd = pd->handle;
-  req.backing = st.backing;
+  req.pd = to_pd(ibpd)->handle;
   req.addr = reinterpret_cast<uint64_t>(addr);
   req.length = length;
   req.iova = iova;
   req.access = uint32_t(access);
   proto::RegMrReply rep{};
-  if (int e = st.conn.call<proto::Op::RegMr>(req, rep)) return fail(e);
-
+  auto fail = [&](int e) -> ibv_mr* {
+    MemBacking::instance().release(addr, length);
+    errno = e;
+    return nullptr;
+  };
+  if (int e = backed_registration(st, addr, length, req, rep)) {
+    errno = e;
+    return nullptr;
+  }
   Mr* mr = new_mr_handle(ibpd, addr, length, rep.handle, rep.key);
-  if (!mr) return fail(ENOMEM);
+  if (!mr) {
+    deregister_handle(st, rep.handle);
+    return fail(ENOMEM);
+  }
   mr->reg_addr = addr;
   mr->reg_len = length;
   return &mr->mr;

@@ -3,6 +3,7 @@
 
 #include <linux/limits.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 
 namespace sv::procmaps {
 namespace {
@@ -107,12 +108,42 @@ enum : uint64_t {
 
 }  // namespace
 
+// An open /proc/self/maps: the one in `cache` while fstat(2) says it is
+// still the file we opened (the application may have closed the number and
+// reused it), else a new one, kept in `cache` if there is one. Opening it
+// is a path walk that cost more than the query itself (issue 24).
+static int open_maps(MapsFile* cache, int* fd) {
+  struct stat st;
+  if (cache && cache->fd >= 0) {
+    if (rawsys::fstat(cache->fd, &st) == 0 && uint64_t(st.st_dev) == cache->dev && uint64_t(st.st_ino) == cache->ino) {
+      *fd = cache->fd;
+      return 0;
+    }
+    cache->fd = -1;  // not ours any more: not ours to close either
+  }
+  if (int r = rawsys::open_ro("/proc/self/maps", fd)) return r;
+  if (cache && rawsys::fstat(*fd, &st) == 0) {
+    cache->fd = *fd;
+    cache->dev = uint64_t(st.st_dev);
+    cache->ino = uint64_t(st.st_ino);
+  }
+  return 0;
+}
+
+void forget(MapsFile* cache) {
+  struct stat st;
+  if (cache->fd >= 0 && rawsys::fstat(cache->fd, &st) == 0 && uint64_t(st.st_dev) == cache->dev &&
+      uint64_t(st.st_ino) == cache->ino)
+    rawsys::close(cache->fd);
+  *cache = MapsFile{};
+}
+
 // The VMAs overlapping [lo, hi) through PROCMAP_QUERY. An errno when the
 // kernel cannot answer (ENOTTY before 6.11, ENAMETOOLONG for a name longer
 // than PATH_MAX): the caller reads the text instead.
-int query_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out) {
+int query_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out, MapsFile* cache) {
   int fd = -1;
-  if (int r = rawsys::open_ro("/proc/self/maps", &fd)) return r;
+  if (int r = open_maps(cache, &fd)) return r;
   char name[PATH_MAX + 16];
   int r = 0;
   for (uintptr_t at = lo; at < hi;) {
@@ -141,7 +172,7 @@ int query_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out) {
     out->push_back(std::move(m));
     at = q.vma_end;
   }
-  rawsys::close(fd);
+  if (!cache) rawsys::close(fd);
   return r;
 }
 
@@ -159,9 +190,9 @@ int read_maps_text(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out) {
   });
 }
 
-int read_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out) {
+int read_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out, MapsFile* cache) {
   out->clear();
-  if (query_maps(lo, hi, out) == 0) return 0;
+  if (query_maps(lo, hi, out, cache) == 0) return 0;
   return read_maps_text(lo, hi, out);
 }
 

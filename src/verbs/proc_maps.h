@@ -75,11 +75,22 @@ int for_each_vma(F&& f) {
   }
 }
 
+// /proc/self/maps kept open between queries. It describes the process that
+// opened it: a forked child must forget() it (which closes it while it is
+// still the file that was opened) and open its own.
+struct MapsFile {
+  int fd = -1;
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+};
+void forget(MapsFile* cache);
+
 // The VMAs overlapping [lo, hi), sorted by address (allocates): the
-// kernel's answer, or the text's where it has none.
-int read_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out);
+// kernel's answer, or the text's where it has none. `cache`: the file to
+// query through and keep open (none: opened and closed here).
+int read_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out, MapsFile* cache = nullptr);
 // Each source alone (tests compare them).
-int query_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out);
+int query_maps(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out, MapsFile* cache = nullptr);
 int read_maps_text(uintptr_t lo, uintptr_t hi, std::vector<Vma>* out);
 
 }  // namespace sv::procmaps

@@ -21,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <thread>
+#include <type_traits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -84,9 +85,31 @@ class DaemonConn {
     return 0;
   }
 
+  // As call() without descriptors, but runs `work()` (returning int, into
+  // `*work_result`) after the request is sent and before the reply is
+  // awaited, the connection held meanwhile: the caller's own work overlaps
+  // the daemon's (issue 24: a registration converts its pages while the
+  // daemon records it). `*work_result` is left alone when nothing was sent.
+  template <proto::Op op, class F>
+  int call_during(typename proto::Command<op>::Req& req, typename proto::Command<op>::Rep& rep, F&& work,
+                  int* work_result) {
+    using C = proto::Command<op>;
+    proto::init_header(req, op);
+    std::vector<Fd> fds;
+    Work w{[](void* f) { return (*static_cast<std::remove_reference_t<F>*>(f))(); }, &work, work_result};
+    if (int e = raw_call(&req, sizeof(req), &rep, sizeof(rep), {}, &fds, &w)) return e;
+    if (!proto::reply_matches<C>(rep, fds.size())) return EPROTO;
+    return 0;
+  }
+
  private:
+  struct Work {
+    int (*run)(void*);
+    void* ctx;
+    int* result;
+  };
   int raw_call(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
-               std::vector<Fd>* recv_fds);
+               std::vector<Fd>* recv_fds, const Work* work = nullptr);
   bool dispatch_event(const uint8_t* buf, size_t len);
   // In a child forked after open(): a connection of its own, joined to the
   // same context (the inherited socket is its parent's).
