@@ -173,12 +173,12 @@ int DaemonConn::connect_dir(const std::string& dir, bool system, bool may_start)
 // A daemon closes a connection before its first answer only when it will
 // not serve the process at all: one of another pid namespace
 // (docs/SECURITY.md, row 12). Said once per process, as providers warn.
-int DaemonConn::refused(int e) const {
+int DaemonConn::refused(int e, uint32_t seq) const {
   static std::atomic<bool> said{false};
   // The daemon is outside this process's pid namespace when the kernel has
   // no pid for it here (SO_PEERCRED's pid is 0, socket(7)).
   PeerCred daemon{};
-  if (!answered_ && (e == ECONNRESET || e == ENODEV) && peer_credentials(sock_.get(), daemon) == 0 &&
+  if (seq == 1 && (e == ECONNRESET || e == ENODEV) && peer_credentials(sock_.get(), daemon) == 0 &&
       daemon.pid == 0 && !said.exchange(true))
     std::fprintf(stderr,
                  "softverbs: the daemon closed the connection before answering: a daemon serves only processes of "
@@ -195,7 +195,7 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
   }
   auto* h = static_cast<proto::Header*>(req);
   h->seq = ++seq_;
-  if (int e = send_message(sock_.get(), req, req_len, send_fds)) return refused(e == EPIPE ? ENODEV : e);
+  if (int e = send_message(sock_.get(), req, req_len, send_fds)) return refused(e == EPIPE ? ENODEV : e, h->seq);
   if (work) *work->result = work->run(work->ctx);
   alignas(8) uint8_t buf[proto::kMaxMessage];
   std::vector<Fd> fds;
@@ -210,12 +210,12 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
       if (::poll(&p, 1, 0) == 1) break;
       __builtin_ia32_pause();
     }
-    if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds)) return refused(e == EAGAIN ? ETIMEDOUT : e);
-    if (len == 0) return refused(ENODEV);  // the daemon went away
+    if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds))
+      return refused(e == EAGAIN ? ETIMEDOUT : e, h->seq);
+    if (len == 0) return refused(ENODEV, h->seq);  // the daemon went away
     if (len < sizeof(proto::Header)) return EPROTO;
     if (!dispatch_event(buf, len)) break;  // not an async event: our reply
   }
-  answered_ = true;
   std::memcpy(&rh, buf, sizeof(rh));
   if (rh.magic != proto::kMagic || rh.seq != h->seq) return EPROTO;
   if (rh.status != 0) return rh.status;

@@ -120,8 +120,9 @@ class DaemonConn {
   Fd inherited_;  // a forked child: its parent's socket, kept open (the context's cmd_fd names it)
   std::mutex mu_;
   uint32_t seq_ = 0;
-  bool answered_ = false;  // a reply came on this connection (refused())
-  int refused(int e) const;  // e, after saying why once when the daemon would not serve us
+  // e, after saying why once when the daemon would not serve us: its
+  // connection closed on the first request (seq 1) of the connection.
+  int refused(int e, uint32_t seq) const;
   uint32_t owner_pid_ = 0;  // the process whose connection sock_ is
 };
 
