@@ -100,6 +100,23 @@ finish() {
   OUT=$(podman logs "$n" 2>&1)
   return "$rc"
 }
+# domain_start ARGS...: the trust domain of the domain cases. A holder
+# container owns the pid and network namespaces (as a pod's infra container
+# does); the server, `podman run -d ARGS` (ARGS: options, image, program),
+# and later the client are containers joined to them (JOIN), so that
+# neither one's exit races the other. DRUN runs a container with the
+# domain's device; the server is "dsrv" for finish.
+domain_start() {
+  DRUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=$DOMAIN")
+  h="sv-$$-hold"
+  names+=("$h")
+  "${DRUN[@]}" -d --name "$h" "$IMAGE" /bin/sleep 300 >/dev/null || fail "cannot start $h"
+  JOIN=(--pid "container:$h" --network "container:$h")
+  local n="sv-$$-dsrv"
+  names+=("$n")
+  "${DRUN[@]}" -d --name "$n" "${JOIN[@]}" "$@" >/dev/null || fail "cannot start $n"
+  sleep 1
+}
 # The GID of the container's eth0 address is index 1 (0 is 127.0.0.1): see
 # the device case.
 GID=1
@@ -207,19 +224,7 @@ peer_dies)
   [ "$dt" -lt 15 ] || fail "the client took $dt s to notice"
   ;;
 domain)
-  # The domain: a holder container owns the pid and network namespaces
-  # (as a pod's infra container does); server and client are two more
-  # containers joined to them, so that neither one's exit races the other.
-  DRUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=$DOMAIN")
-  h="sv-$$-hold"
-  names+=("$h")
-  "${DRUN[@]}" -d --name "$h" "$IMAGE" /bin/sleep 300 >/dev/null || fail "cannot start $h"
-  JOIN=(--pid "container:$h" --network "container:$h")
-  n="sv-$$-dsrv"
-  names+=("$n")
-  "${DRUN[@]}" -d --name "$n" "${JOIN[@]}" -e SOFTVERBS_ROCE_STATS=1 "$IMAGE" \
-    /usr/bin/ib_write_bw -s 65536 -n 20000 >/dev/null || fail "cannot start $n"
-  sleep 1
+  domain_start -e SOFTVERBS_ROCE_STATS=1 "$IMAGE" /usr/bin/ib_write_bw -s 65536 -n 20000
   out=$(timeout 60 "${DRUN[@]}" --rm "${JOIN[@]}" -e SOFTVERBS_ROCE_STATS=1 "$IMAGE" /bin/sh -c \
     '# until the server listens (it starts the daemon first: slow under load)
      for i in 1 2 3 4 5 6 7 8 9 10; do /opt/softverbs/bin/softverbs status | grep -q "clients [2-9]" && break; sleep 1; done
@@ -236,15 +241,7 @@ domain)
   log "domain (shared memory): $(echo "$out" | grep -E '^ *65536 +20000')"
   ;;
 domain_refused)
-  DRUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=$DOMAIN")
-  h="sv-$$-hold"
-  names+=("$h")
-  "${DRUN[@]}" -d --name "$h" "$IMAGE" /bin/sleep 300 >/dev/null || fail "cannot start $h"
-  JOIN=(--pid "container:$h" --network "container:$h")
-  n="sv-$$-dsrv"
-  names+=("$n")
-  "${DRUN[@]}" -d --name "$n" "${JOIN[@]}" "$IMAGE" /usr/bin/ibv_rc_pingpong -n 100 >/dev/null || fail "cannot start $n"
-  sleep 1
+  domain_start "$IMAGE" /usr/bin/ibv_rc_pingpong -n 100
   # The domain's directory, mounted from another pid namespace (its network
   # namespace shared, so that nothing but the pid namespace differs).
   out=$(timeout 60 "${DRUN[@]}" --rm --network "container:$h" "$IMAGE" /bin/sh -c \

@@ -38,15 +38,22 @@ int in_child(F body) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
 }
 
+// In a child: no CAP_IPC_LOCK, RLIMIT_MEMLOCK 64 KiB, and `s` opened with a
+// 4 KiB buffer of its own (charged: the process's backing is known to the
+// daemon from then on). 0, or the test's code for the step that failed.
+int open_under_64k_limit(Side& s) {
+  if (!drop_ipc_lock()) return 10;
+  rlimit rl{64 * 1024, 64 * 1024};
+  if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
+  Side::Options o;
+  o.len = 4096;
+  return s.open(o) ? 12 : 0;
+}
+
 TEST(Memlock, RegistrationBeyondTheLimitIsRefusedWithEnomem) {
   int rc = in_child([] {
-    if (!drop_ipc_lock()) return 10;
-    rlimit rl{64 * 1024, 64 * 1024};
-    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
     Side s;
-    Side::Options o;
-    o.len = 4096;  // one page charged by the Side itself
-    if (s.open(o)) return 12;
+    if (int e = open_under_64k_limit(s)) return e;
     void* a = nullptr;
     if (posix_memalign(&a, 4096, 256 * 1024)) return 13;
     auto* b = static_cast<uint8_t*>(a);
@@ -83,13 +90,8 @@ TEST(Memlock, RegistrationBeyondTheLimitIsRefusedWithEnomem) {
 // is there for the move), and a move beyond the limit changes nothing.
 TEST(Memlock, ReregTranslationMovesTheCharge) {
   int rc = in_child([] {
-    if (!drop_ipc_lock()) return 10;
-    rlimit rl{64 * 1024, 64 * 1024};
-    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
     Side s;
-    Side::Options o;
-    o.len = 4096;  // 4 KiB charged by the Side
-    if (s.open(o)) return 12;
+    if (int e = open_under_64k_limit(s)) return e;
     void* a = nullptr;
     if (posix_memalign(&a, 4096, 256 * 1024)) return 13;
     auto* b = static_cast<uint8_t*>(a);
@@ -153,13 +155,8 @@ bool backed(const void* p) {
 // registration the limit refuses leaves its pages private, not backed.
 TEST(Memlock, AFailedRegistrationLeavesNeitherChargeNorBackedPages) {
   int rc = in_child([] {
-    if (!drop_ipc_lock()) return 10;
-    rlimit rl{64 * 1024, 64 * 1024};
-    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
     Side s;
-    Side::Options o;
-    o.len = 4096;  // one page charged by the Side itself: the backing is known
-    if (s.open(o)) return 12;
+    if (int e = open_under_64k_limit(s)) return e;
     auto* b = static_cast<uint8_t*>(
         mmap(nullptr, 64 * 1024, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (b == MAP_FAILED) return 13;
