@@ -19,7 +19,7 @@ fi
 # uidmap and slirp4netns: rootless podman (containers.podman.rootless, for a user
 # with /etc/subuid ranges); infiniband-diags: ibstat in compat.view.* (it reads the device from sysfs).
 if [ "$what" = test ]; then pkgs+=(debootstrap qperf infiniband-diags podman runc netavark aardvark-dns containernetworking-plugins iptables catatonit uidmap slirp4netns); fi
-if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf); fi
+if [ "$what" = bench ]; then pkgs+=(python3-matplotlib qperf valgrind); fi
 if [ "$what" = rxe ]; then pkgs+=(qemu-system-x86 debootstrap e2fsprogs); fi
 missing=()
 for p in "${pkgs[@]}"; do
