@@ -364,6 +364,12 @@ class Ring {
   // that wants that write (to a line the producer wrote, hence a transfer
   // between CPUs) out of its critical path.
   bool take_exclusive(T& out, uint64_t& pos) {
+    return take_exclusive_with(pos, [&out](const T& v) { std::memcpy(&out, static_cast<const void*>(&v), sizeof(T)); });
+  }
+  // As take_exclusive, with `copy(element)` taking what the caller needs of
+  // the element straight from the slot (no copy of the whole element first).
+  template <class Copy>
+  bool take_exclusive_with(uint64_t& pos, Copy copy) {
     pos = h_->head.load(std::memory_order_relaxed);
     RingSlot<T>* s = &slots_[pos & mask_];
     for (uint64_t seq; (seq = s->seq.load(std::memory_order_acquire)) != pos + 1;) {
@@ -371,7 +377,7 @@ class Ring {
       pos = h_->head.load(std::memory_order_relaxed);
       s = &slots_[pos & mask_];
     }
-    std::memcpy(&out, static_cast<const void*>(&s->value), sizeof(T));
+    copy(s->value);
     store_head_exclusive(pos + 1);
     return true;
   }

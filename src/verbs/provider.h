@@ -154,6 +154,8 @@ struct CqView {
   bool push(const ibv_wc& wc, bool solicited, shm::OwedRecord clear = {});
   // Takes up to n of the oldest completions (one: pop); follows a resize.
   int poll(Cqe* out, int n);
+  // As poll(), the work completions only, straight into `out` (ibv_poll_cq).
+  int poll_wc(ibv_wc* out, int n);
   bool pop(Cqe& out);
   // A hint: start taking the slot the next push fills (see Ring::prefetch_next_push).
   void prefetch_push() const { cur.load(std::memory_order_acquire)->ring.prefetch_next_push(); }
