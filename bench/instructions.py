@@ -42,7 +42,11 @@ def count(build, test, iters, tmp):
     for f in os.listdir(tmp):
         if f.startswith("cg."):
             os.unlink(os.path.join(tmp, f))
+    # Only the trials' own instructions: not start-up, nor the library's
+    # other threads (its progress thread's timers fire more often per
+    # operation under valgrind's slowdown than in a real run).
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
+           "--toggle-collect=*one_sided_trial*", "--toggle-collect=*send_trial*",
            os.path.join(build, "bench", "post_cost_bench"), "--test", test, "--iters", str(iters), "--trials", "1"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:

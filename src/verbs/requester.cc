@@ -702,11 +702,11 @@ inline Peer* attached_peer(QpState& q) {
 // Only the shared-memory ops of RC and UC QPs take it (post_shm<true>).
 [[gnu::always_inline]] inline bool fast_post(QpState& q, const ibv_send_wr* wr) {
   const uint32_t opcode = opcode_of(wr);
-  const WrRule& rule = wr_rule(opcode);
   // The opcode rules (wr_rules.h) say whether this path takes it (SEND,
   // RDMA WRITE, READ; with immediate or not) and whether the QP type has
   // it: READ is not on UC (IBTA 9.8).
-  if (!(rule.flags & kWrFast) || !(rule.qp_types & qp_type_bit(q.type))) return false;
+  if (!fast_opcode(q.type, opcode)) return false;
+  const WrRule& rule = wr_rule(opcode);
   const bool send = rule.kind == WrKind::kSend;
   const bool read = rule.kind == WrKind::kRead;
   const bool write = !send && !read;
