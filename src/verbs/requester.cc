@@ -500,6 +500,39 @@ void capture_inline(shm::SendWqe& w) {
   w.send_flags |= kInlineCaptured;
 }
 
+// Pipelined requests (requester_daemon.cc): a mediated RC QP's request `w`
+// may be sent without waiting for the daemon when its peer is attached,
+// nothing of the QP waits for a retry, the run in flight (if any) is this
+// process's, and the QP is not in ERR. Local operations (binds, local
+// invalidations) go alone, once the run is over.
+bool may_pipeline(QpState& q, const shm::SendWqe& w) {
+  if (q.type != IBV_QPT_RC || q.ops.load(std::memory_order_relaxed)->execute != execute_rc_mediated) return false;
+  const Peer* p = q.peer.get();
+  if (!p || !p->mediated || p->qpn != q.entry->dest_qpn.load(std::memory_order_relaxed)) return false;
+  if (wr_rule(w.opcode).kind == WrKind::kLocal || q.med_sync_head || q.head_started) return false;
+  const uint32_t pid = q.hdr->med_pid.load(std::memory_order_relaxed);
+  if (pid && pid != self_pid()) return false;
+  return q.entry->state.load(std::memory_order_acquire) != IBV_QPS_ERR;
+}
+
+// How long the progress thread leaves a run in flight before it looks
+// again (a returned request waits this long at most for its retry).
+constexpr uint64_t kRunLookNs = 1'000'000;
+
+// The progress thread's part: what the daemon finished leaves the queue,
+// what waits behind the run is sent when it may be. True while requests
+// are in flight (look again later).
+bool pipeline_queued(QpState& q) {
+  mediated_reap(q);
+  for (uint64_t n; (n = mediated_in_flight(q)) < q.sq.size();) {
+    const shm::SendWqe& w = q.sq.at(q.sq.head() + n);
+    if (!may_pipeline(q, w) || mediated_send(q, w) != 0) break;
+  }
+  if (!mediated_in_flight(q)) return false;
+  q.next_try_ns = monotonic_ns() + kRunLookNs;
+  return true;
+}
+
 }  // namespace
 
 // IBTA 9.8: an unreliable connection has no acknowledgements. A message the
@@ -582,6 +615,7 @@ bool progress_qp(QpState& q) {
   complete_torn_receive(q);
   complete_dead_run(q);
   for (;;) {
+    if ((q.hdr->med_pid.load(std::memory_order_relaxed) || q.peer) && pipeline_queued(q)) return true;
     const shm::SendWqe* head = q.sq.front();
     if (!head) return false;
     if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
@@ -605,6 +639,7 @@ bool progress_qp(QpState& q) {
     q.sq.pop(gone);
     if (__builtin_expect(g_die_at == 3, 0)) ::raise(SIGKILL);  // test hook (srq.cc)
     q.head_started = false;
+    q.med_sync_head = false;
     q.next_try_ns = 0;
     // sq_running is cleared as the completion is published (complete()).
     if (o.step == Step::kError) {
@@ -832,10 +867,24 @@ int check_batch(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
       return e;
     }
   }
+  mediated_reap(q);
   if (q.sq.size() + n > q.cap.max_send_wr) {
     *bad = wr;
     return ENOMEM;
   }
+  return 0;
+}
+
+// A request sent to the daemon without waiting (may_pipeline), in the send
+// queue until the daemon has finished it: the queue's depth counts it.
+int post_pipelined(QpState& q, shm::SendWqe& w, bool& queued) {
+  if (q.sq.size() >= q.cap.max_send_wr) return ENOMEM;
+  capture_inline(w);
+  if (int e = mediated_send(q, w)) return e;
+  if (!q.sq.push(w)) return ENOMEM;  // not reached: room was checked
+  // The progress thread looks at the run now and then: a request the
+  // daemon sends back (RNR) is retried even if nothing more is posted.
+  queued = true;
   return 0;
 }
 
@@ -846,9 +895,16 @@ int post_one(QpState& q, const ibv_send_wr* wr, bool& queued) {
   if (int e = validate_wr(q, wr)) return e;
   shm::SendWqe w;
   to_send_wqe(q, wr, w);
-  if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
+  // Behind pipelined requests in flight, even a flushed request waits its
+  // turn: their completions come first.
+  const bool behind = q.hdr->med_pid.load(std::memory_order_relaxed) != 0;
+  if (!behind && q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
     complete(q, w, IBV_WC_WR_FLUSH_ERR, 0);
     return 0;
+  }
+  if (q.peer && may_pipeline(q, w)) {
+    if (q.sq.size() >= q.cap.max_send_wr) mediated_reap(q);  // full: what the daemon finished makes room
+    if (may_pipeline(q, w) && q.sq.size() == mediated_in_flight(q)) return post_pipelined(q, w, queued);
   }
   if (q.sq.empty()) {
     Outcome o = run(q, w);
@@ -889,6 +945,7 @@ template <bool kFast>
   // A request whose holder died carrying it out may look gone from the
   // queue (taken off, not completed): settled before anything runs.
   if (q.hdr->sq_running.load(std::memory_order_relaxed)) complete_dead_run(q);
+  if (q.hdr->med_pid.load(std::memory_order_relaxed)) mediated_reap(q);
   if (all_or_nothing) {
     if (int e = check_batch(q, wr, bad)) {
       if (locked) q.hdr->send_lock.unlock();

@@ -3,7 +3,12 @@
 // this side only, and every request of a QP whose peer belongs to another
 // user (the mediated path, transport.h), which the daemon executes between
 // the two processes' memory with every key checked (daemon/mediation.cc).
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
+
+#include "common/trace.h"
 
 #include "verbs/provider.h"
 #include "verbs/transport.h"
@@ -34,11 +39,11 @@ Outcome execute_local(QpState& q, const shm::SendWqe& w) {
   return {Step::kDone};
 }
 
-// A peer of another user (system daemon): the daemon carries the operation
-// out between the two processes' memory with every key checked
-// (daemon/mediation.cc); one round trip per work request.
-Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
-  proto::MediateReq req{};
+namespace {
+
+// The request for `w`: false when its inline payload (not captured yet)
+// is longer than a request carries.
+bool mediate_request(QpState& q, const shm::SendWqe& w, proto::MediateReq& req) {
   req.qpn = q.qpn;
   req.opcode = w.opcode;
   req.send_flags = w.send_flags & ~kInlineCaptured;
@@ -49,19 +54,29 @@ Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
   req.swap = w.swap;
   req.num_sge = w.num_sge;
   std::memcpy(req.sge, w.sge, sizeof(req.sge));
-  if (w.send_flags & IBV_SEND_INLINE) {
-    // The payload travels in the request: it need not be registered.
-    if (w.send_flags & kInlineCaptured) {
-      req.inline_len = w.inline_len;
-      std::memcpy(req.inline_data, w.inline_data, w.inline_len);
-    } else {
-      for (uint32_t i = 0; i < w.num_sge; ++i) {
-        if (req.inline_len + w.sge[i].length > shm::kMaxInline) return {Step::kError, IBV_WC_LOC_LEN_ERR};
-        std::memcpy(req.inline_data + req.inline_len, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
-        req.inline_len += w.sge[i].length;
-      }
-    }
+  if (!(w.send_flags & IBV_SEND_INLINE)) return true;
+  // The payload travels in the request: it need not be registered.
+  if (w.send_flags & kInlineCaptured) {
+    req.inline_len = w.inline_len;
+    std::memcpy(req.inline_data, w.inline_data, w.inline_len);
+    return true;
   }
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    if (req.inline_len + w.sge[i].length > shm::kMaxInline) return false;
+    std::memcpy(req.inline_data + req.inline_len, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
+    req.inline_len += w.sge[i].length;
+  }
+  return true;
+}
+
+}  // namespace
+
+// A peer of another user (system daemon): the daemon carries the operation
+// out between the two processes' memory with every key checked
+// (daemon/mediation.cc); one round trip for this work request.
+Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
+  proto::MediateReq req{};
+  if (!mediate_request(q, w, req)) return {Step::kError, IBV_WC_LOC_LEN_ERR};
   proto::MediateReply rep{};
   if (q.ctx->st->conn.call<proto::Op::Mediate>(req, rep)) return {Step::kRetry};
   switch (rep.outcome) {
@@ -69,6 +84,77 @@ Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
     case proto::kMediateRnr: return {Step::kRnr};
     case proto::kMediateRetry: return {Step::kRetry};
     default: return {Step::kError, ibv_wc_status(rep.wc_status), rep.peer_error != 0};
+  }
+}
+
+// ---- Pipelined requests (Op::MediatePost; docs/PERFORMANCE.md, session 18) --
+//
+// A mediated RC QP's requests are sent without waiting for the daemon, a
+// run of them at a time, and stay at the head of the send queue (counted
+// against its depth) until the daemon's counts in the QP segment say they
+// are finished; their completions the daemon pushes into the send CQ
+// itself. The connection keeps them in order. A run belongs to the process
+// that sent it (med_pid): another sharer's requests wait until it is over,
+// since they would travel on another connection. All of it under send_lock.
+
+uint64_t mediated_in_flight(const QpState& q) {
+  const shm::QpSegmentHeader& h = *q.hdr;
+  return h.med_pid.load(std::memory_order_relaxed) ? h.med_sent - h.med_popped : 0;
+}
+
+uint64_t mediated_reap(QpState& q) {
+  shm::QpSegmentHeader& h = *q.hdr;
+  if (!h.med_pid.load(std::memory_order_relaxed)) return 0;
+  const uint64_t finished = h.med_finished.load(std::memory_order_acquire) - h.med_base_finished;
+  const uint64_t done = std::min(h.med_done.load(std::memory_order_relaxed) - h.med_base_done, finished);
+  for (shm::SendWqe gone; h.med_popped < std::min(done, h.med_sent) && q.sq.pop(gone);) ++h.med_popped;
+  if (finished < h.med_sent) return h.med_sent - h.med_popped;
+  // The run is over. What the daemon sent back unexecuted (RNR, responder
+  // not ready) is at the head of the queue, unsent again: the head goes
+  // alone, with its retry timer (execute_mediated), before another run.
+  q.med_sync_head = h.med_popped < h.med_sent;
+  if (!q.med_sync_head) q.next_try_ns = 0;
+  h.med_pid.store(0, std::memory_order_relaxed);
+  return 0;
+}
+
+int mediated_send(QpState& q, const shm::SendWqe& w) {
+  shm::QpSegmentHeader& h = *q.hdr;
+  proto::MediateReq req{};
+  if (!mediate_request(q, w, req)) return EINVAL;
+  if (!h.med_pid.load(std::memory_order_relaxed)) {  // a new run: the daemon's counts are still
+    ++h.med_epoch;
+    h.med_base_finished = h.med_finished.load(std::memory_order_acquire);
+    h.med_base_done = h.med_done.load(std::memory_order_relaxed);
+    h.med_sent = h.med_popped = 0;
+    h.med_pid.store(self_pid(), std::memory_order_relaxed);
+  }
+  req.epoch = h.med_epoch;
+  req.wr_id = w.wr_id;
+  if (int e = q.ctx->st->conn.post<proto::Op::MediatePost>(req)) {
+    if (h.med_sent == 0) h.med_pid.store(0, std::memory_order_relaxed);
+    return e;
+  }
+  ++h.med_sent;
+  return 0;
+}
+
+void mediated_drain(QpState& q) {
+  if (!mediated_reap(q)) return;
+  if (q.hdr->med_pid.load(std::memory_order_relaxed) == self_pid()) {
+    // Our own run: the reply to any later request of this connection comes
+    // after the daemon has finished it.
+    proto::NetnsMsg req{};
+    req.flags = proto::kNetnsQuery;
+    proto::NetnsMsg rep{};
+    q.ctx->st->conn.call<proto::Op::Netns>(req, rep);
+  }
+  // Another sharer's run: its daemon works through it on its connection.
+  for (uint64_t until = monotonic_ns() + 5'000'000'000ull; mediated_reap(q) && monotonic_ns() < until;)
+    ::usleep(50);
+  if (mediated_in_flight(q)) {  // its sender is gone with the rest: left to the caller as unsent
+    SV_TRACE("QP 0x%x: %llu pipelined requests never finished", q.qpn, (unsigned long long)mediated_in_flight(q));
+    q.hdr->med_pid.store(0, std::memory_order_relaxed);
   }
 }
 
