@@ -115,6 +115,16 @@ uint64_t mediated_reap(QpState& q) {
   q.med_sync_head = h.med_popped < h.med_sent;
   if (!q.med_sync_head) q.next_try_ns = 0;
   h.med_pid.store(0, std::memory_order_relaxed);
+  if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
+    // A request of the run failed and the daemon moved the QP to ERR: what
+    // waits in its queues is flushed, as after a failure on the other paths.
+    bool known;
+    {
+      std::lock_guard<std::mutex> g(q.attr_mu);
+      known = q.attr.qp_state == IBV_QPS_ERR;
+    }
+    if (!known) move_to_error(q);
+  }
   return 0;
 }
 
