@@ -395,14 +395,6 @@ Outcome execute_rc(QpState& q, const shm::SendWqe& w) {
   return execute_at(q, *p, w);
 }
 
-Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w) {
-  if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
-  Peer* p = resolve_peer(q);
-  if (!p) return {Step::kRetry};
-  if (!p->mediated) return execute_at(q, *p, w);
-  return execute_mediated(q, w);
-}
-
 // XRC initiators reach the target's SRQ the request names.
 Outcome execute_xrc(QpState& q, const shm::SendWqe& w) {
   if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
@@ -489,6 +481,17 @@ bool stall(QpState& q, Step s) {
   return true;
 }
 
+
+}  // namespace
+
+Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w) {
+  if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
+  Peer* p = resolve_peer(q);
+  if (!p) return {Step::kRetry};
+  if (!p->mediated) return execute_at(q, *p, w);
+  return execute_mediated(q, w);
+}
+
 void capture_inline(shm::SendWqe& w) {
   if (!(w.send_flags & IBV_SEND_INLINE) || (w.send_flags & kInlineCaptured)) return;
   uint32_t off = 0;
@@ -499,41 +502,6 @@ void capture_inline(shm::SendWqe& w) {
   w.inline_len = off;
   w.send_flags |= kInlineCaptured;
 }
-
-// Pipelined requests (requester_daemon.cc): a mediated RC QP's request `w`
-// may be sent without waiting for the daemon when its peer is attached,
-// nothing of the QP waits for a retry, the run in flight (if any) is this
-// process's, and the QP is not in ERR. Local operations (binds, local
-// invalidations) go alone, once the run is over.
-bool may_pipeline(QpState& q, const shm::SendWqe& w) {
-  if (q.type != IBV_QPT_RC || q.ops.load(std::memory_order_relaxed)->execute != execute_rc_mediated) return false;
-  const Peer* p = q.peer.get();
-  if (!p || !p->mediated || p->qpn != q.entry->dest_qpn.load(std::memory_order_relaxed)) return false;
-  if (wr_rule(w.opcode).kind == WrKind::kLocal || q.med_sync_head || q.head_started) return false;
-  const uint32_t pid = q.hdr->med_pid.load(std::memory_order_relaxed);
-  if (pid && pid != self_pid()) return false;
-  return q.entry->state.load(std::memory_order_acquire) != IBV_QPS_ERR;
-}
-
-// How long the progress thread leaves a run in flight before it looks
-// again (a returned request waits this long at most for its retry).
-constexpr uint64_t kRunLookNs = 1'000'000;
-
-// The progress thread's part: what the daemon finished leaves the queue,
-// what waits behind the run is sent when it may be. True while requests
-// are in flight (look again later).
-bool pipeline_queued(QpState& q) {
-  mediated_reap(q);
-  for (uint64_t n; (n = mediated_in_flight(q)) < q.sq.size();) {
-    const shm::SendWqe& w = q.sq.at(q.sq.head() + n);
-    if (!may_pipeline(q, w) || mediated_send(q, w) != 0) break;
-  }
-  if (!mediated_in_flight(q)) return false;
-  q.next_try_ns = monotonic_ns() + kRunLookNs;
-  return true;
-}
-
-}  // namespace
 
 // IBTA 9.8: an unreliable connection has no acknowledgements. A message the
 // responder cannot take (no receive posted, peer not ready, bad key or
@@ -875,19 +843,6 @@ int check_batch(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   return 0;
 }
 
-// A request sent to the daemon without waiting (may_pipeline), in the send
-// queue until the daemon has finished it: the queue's depth counts it.
-int post_pipelined(QpState& q, shm::SendWqe& w, bool& queued) {
-  if (q.sq.size() >= q.cap.max_send_wr) return ENOMEM;
-  capture_inline(w);
-  if (int e = mediated_send(q, w)) return e;
-  if (!q.sq.push(w)) return ENOMEM;  // not reached: room was checked
-  // The progress thread looks at the run now and then: a request the
-  // daemon sends back (RNR) is retried even if nothing more is posted.
-  queued = true;
-  return 0;
-}
-
 // One request on the general path, with the send lock held: carried out
 // now if nothing waits before it, else queued for the progress thread
 // (`queued`). 0, or the errno for which it was refused.
@@ -895,17 +850,13 @@ int post_one(QpState& q, const ibv_send_wr* wr, bool& queued) {
   if (int e = validate_wr(q, wr)) return e;
   shm::SendWqe w;
   to_send_wqe(q, wr, w);
-  // Behind pipelined requests in flight, even a flushed request waits its
-  // turn: their completions come first.
+  // Behind pipelined requests in flight, even a flushed one waits its turn.
   const bool behind = q.hdr->med_pid.load(std::memory_order_relaxed) != 0;
   if (!behind && q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
     complete(q, w, IBV_WC_WR_FLUSH_ERR, 0);
     return 0;
   }
-  if (q.peer && may_pipeline(q, w)) {
-    if (q.sq.size() >= q.cap.max_send_wr) mediated_reap(q);  // full: what the daemon finished makes room
-    if (may_pipeline(q, w) && q.sq.size() == mediated_in_flight(q)) return post_pipelined(q, w, queued);
-  }
+  if (q.peer && pipelines_now(q, w)) return post_pipelined(q, w, queued);
   if (q.sq.empty()) {
     Outcome o = run(q, w);
     if (o.step == Step::kDone) {

@@ -11,6 +11,7 @@
 #include "common/trace.h"
 
 #include "verbs/provider.h"
+#include "verbs/requester_internal.h"
 #include "verbs/transport.h"
 #include "verbs/wr_rules.h"
 
@@ -166,6 +167,60 @@ void mediated_drain(QpState& q) {
     SV_TRACE("QP 0x%x: %llu pipelined requests never finished", q.qpn, (unsigned long long)mediated_in_flight(q));
     q.hdr->med_pid.store(0, std::memory_order_relaxed);
   }
+}
+
+// ---- Posting --------------------------------------------------------------
+
+// Pipelined requests (requester_daemon.cc): a mediated RC QP's request `w`
+// may be sent without waiting for the daemon when its peer is attached,
+// nothing of the QP waits for a retry, the run in flight (if any) is this
+// process's, and the QP is not in ERR. Local operations (binds, local
+// invalidations) go alone, once the run is over.
+bool may_pipeline(QpState& q, const shm::SendWqe& w) {
+  if (q.type != IBV_QPT_RC || q.ops.load(std::memory_order_relaxed)->execute != execute_rc_mediated) return false;
+  const Peer* p = q.peer.get();
+  if (!p || !p->mediated || p->qpn != q.entry->dest_qpn.load(std::memory_order_relaxed)) return false;
+  if (wr_rule(w.opcode).kind == WrKind::kLocal || q.med_sync_head || q.head_started) return false;
+  const uint32_t pid = q.hdr->med_pid.load(std::memory_order_relaxed);
+  if (pid && pid != self_pid()) return false;
+  return q.entry->state.load(std::memory_order_acquire) != IBV_QPS_ERR;
+}
+
+// How long the progress thread leaves a run in flight before it looks
+// again (a returned request waits this long at most for its retry).
+constexpr uint64_t kRunLookNs = 1'000'000;
+
+// The progress thread's part: what the daemon finished leaves the queue,
+// what waits behind the run is sent when it may be. True while requests
+// are in flight (look again later).
+bool pipeline_queued(QpState& q) {
+  mediated_reap(q);
+  for (uint64_t n; (n = mediated_in_flight(q)) < q.sq.size();) {
+    const shm::SendWqe& w = q.sq.at(q.sq.head() + n);
+    if (!may_pipeline(q, w) || mediated_send(q, w) != 0) break;
+  }
+  if (!mediated_in_flight(q)) return false;
+  q.next_try_ns = monotonic_ns() + kRunLookNs;
+  return true;
+}
+
+bool pipelines_now(QpState& q, const shm::SendWqe& w) {
+  if (!may_pipeline(q, w)) return false;
+  if (q.sq.size() >= q.cap.max_send_wr) mediated_reap(q);  // full: what the daemon finished makes room
+  return may_pipeline(q, w) && q.sq.size() == mediated_in_flight(q);  // nothing unsent waits before it
+}
+
+// A request sent to the daemon without waiting (may_pipeline), in the send
+// queue until the daemon has finished it: the queue's depth counts it.
+int post_pipelined(QpState& q, shm::SendWqe& w, bool& queued) {
+  if (q.sq.size() >= q.cap.max_send_wr) return ENOMEM;
+  capture_inline(w);
+  if (int e = mediated_send(q, w)) return e;
+  if (!q.sq.push(w)) return ENOMEM;  // not reached: room was checked
+  // The progress thread looks at the run now and then: a request the
+  // daemon sends back (RNR) is retried even if nothing more is posted.
+  queued = true;
+  return 0;
 }
 
 }  // namespace sv::verbs
