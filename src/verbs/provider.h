@@ -361,6 +361,7 @@ struct QpState {
   // ended with requests sent back unexecuted (RNR, responder not ready);
   // the head goes through the daemon alone, with its retry timer, until done.
   bool med_sync_head = false;
+  uint64_t med_dead_since = 0;  // when the sender of the run in flight was found dead (another process)
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
   struct Qp* self = nullptr;
 

@@ -3,9 +3,11 @@
 // this side only, and every request of a QP whose peer belongs to another
 // user (the mediated path, transport.h), which the daemon executes between
 // the two processes' memory with every key checked (daemon/mediation.cc).
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "common/trace.h"
@@ -150,6 +152,32 @@ int mediated_send(QpState& q, const shm::SendWqe& w) {
   return 0;
 }
 
+// A run whose sender died (another process sharing the QP) never finishes
+// what the daemon dropped with its connection: a second after the death
+// was seen, those complete in error, as a request a killed poster was
+// running does (complete_dead_run), so that the other holders go on.
+void reclaim_dead_run(QpState& q) {
+  shm::QpSegmentHeader& h = *q.hdr;
+  const uint32_t pid = h.med_pid.load(std::memory_order_relaxed);
+  if (!pid || pid == self_pid() || ::kill(pid_t(pid), 0) == 0 || errno != ESRCH) {
+    q.med_dead_since = 0;
+    return;
+  }
+  const uint64_t now = monotonic_ns();
+  if (!q.med_dead_since) q.med_dead_since = now;
+  if (now - q.med_dead_since < 1'000'000'000ull || mediated_reap(q) == 0) return;
+  for (shm::SendWqe w; h.med_popped < h.med_sent && q.sq.pop(w); ++h.med_popped) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = IBV_WC_GENERAL_ERR;
+    wc.opcode = send_wc_opcode(w.opcode);
+    wc.qp_num = q.qpn;
+    q.send_cq->st->view.push(wc, true);
+  }
+  h.med_pid.store(0, std::memory_order_relaxed);
+  q.med_dead_since = 0;
+}
+
 void mediated_drain(QpState& q) {
   if (!mediated_reap(q)) return;
   if (q.hdr->med_pid.load(std::memory_order_relaxed) == self_pid()) {
@@ -161,8 +189,10 @@ void mediated_drain(QpState& q) {
     q.ctx->st->conn.call<proto::Op::Netns>(req, rep);
   }
   // Another sharer's run: its daemon works through it on its connection.
-  for (uint64_t until = monotonic_ns() + 5'000'000'000ull; mediated_reap(q) && monotonic_ns() < until;)
+  for (uint64_t until = monotonic_ns() + 5'000'000'000ull; mediated_reap(q) && monotonic_ns() < until;) {
+    reclaim_dead_run(q);
     ::usleep(50);
+  }
   if (mediated_in_flight(q)) {  // its sender is gone with the rest: left to the caller as unsent
     SV_TRACE("QP 0x%x: %llu pipelined requests never finished", q.qpn, (unsigned long long)mediated_in_flight(q));
     q.hdr->med_pid.store(0, std::memory_order_relaxed);
@@ -194,7 +224,7 @@ constexpr uint64_t kRunLookNs = 1'000'000;
 // what waits behind the run is sent when it may be. True while requests
 // are in flight (look again later).
 bool pipeline_queued(QpState& q) {
-  mediated_reap(q);
+  if (mediated_reap(q)) reclaim_dead_run(q);
   for (uint64_t n; (n = mediated_in_flight(q)) < q.sq.size();) {
     const shm::SendWqe& w = q.sq.at(q.sq.head() + n);
     if (!may_pipeline(q, w) || mediated_send(q, w) != 0) break;
