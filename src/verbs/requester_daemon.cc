@@ -135,7 +135,7 @@ int mediated_send(QpState& q, const shm::SendWqe& w) {
   shm::QpSegmentHeader& h = *q.hdr;
   proto::MediateReq req{};
   if (!mediate_request(q, w, req)) return EINVAL;
-  if (!h.med_pid.load(std::memory_order_relaxed)) {  // a new run: the daemon's counts are still
+  if (!h.med_pid.load(std::memory_order_relaxed)) {  // a new run (nothing in flight: the counts stand still)
     ++h.med_epoch;
     h.med_base_finished = h.med_finished.load(std::memory_order_acquire);
     h.med_base_done = h.med_done.load(std::memory_order_relaxed);
@@ -189,11 +189,13 @@ void mediated_drain(QpState& q) {
     q.ctx->st->conn.call<proto::Op::Netns>(req, rep);
   }
   // Another sharer's run: its daemon works through it on its connection.
-  for (uint64_t until = monotonic_ns() + 5'000'000'000ull; mediated_reap(q) && monotonic_ns() < until;) {
+  ContextState& cs = *q.ctx->st;
+  for (uint64_t until = monotonic_ns() + 5'000'000'000ull;
+       mediated_reap(q) && !cs.dead.load(std::memory_order_relaxed) && monotonic_ns() < until;) {
     reclaim_dead_run(q);
     ::usleep(50);
   }
-  if (mediated_in_flight(q)) {  // its sender is gone with the rest: left to the caller as unsent
+  if (mediated_in_flight(q)) {  // the daemon or the run's sender is gone: left to the caller as unsent
     SV_TRACE("QP 0x%x: %llu pipelined requests never finished", q.qpn, (unsigned long long)mediated_in_flight(q));
     q.hdr->med_pid.store(0, std::memory_order_relaxed);
   }
