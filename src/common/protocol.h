@@ -86,6 +86,7 @@ enum class Op : uint16_t {
   ImportDm,        // ibv_import_dm: a DM of my context by handle; reply fd: its memfd
   RegDmMr,         // ibv_reg_dm_mr: a zero-based MR over part of a DM
   Netns,           // the caller's network namespace: EXDEV if the daemon serves another (common/paths.h)
+  MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, session 18); the outcome in the QP segment and CQ
   kCount
 };
 
@@ -324,7 +325,11 @@ struct MediateReq {
   uint64_t swap;
   shm::Sge sge[shm::kMaxSge];
   uint32_t inline_len;  // IBV_SEND_INLINE: the payload is here, not in sge
-  uint32_t reserved;
+  // MediatePost only: the requester's run of pipelined requests this one
+  // belongs to (a failed or stalled request stops the rest of its run),
+  // and the wr_id its send completion carries.
+  uint32_t epoch;
+  uint64_t wr_id;
   uint8_t inline_data[shm::kMaxInline];
 };
 static_assert(sizeof(MediateReq) <= kMaxMessage);
@@ -801,6 +806,7 @@ SV_OP(FreeDm,        HandleReq,      Empty,              fds(0),    fds(0),    {
 SV_OP(ImportDm,      HandleReq,      DmReply,            fds(0),    fds(1),    {kObjDm})
 SV_OP(RegDmMr,       RegDmMrReq,     RegMrReply,         fds(0),    fds(0),    {kObjPd | kObjDm, kObjMr})
 SV_OP(Netns,         NetnsMsg,       NetnsMsg,           fds(0),    fds(0),    {})
+SV_OP(MediatePost,   MediateReq,     Empty,              fds(0),    fds(0),    {kObjQp | kObjMr | kObjMw})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -203,7 +203,24 @@ struct QpSegmentHeader {
   // creator before ibv_create_qp_ex returns; an importer's handle gets the
   // same ibv_qp_ex form (ibv_qp_to_qp_ex).
   std::atomic<uint64_t> send_ops;
+  // Pipelined requests to another user's QP (Op::MediatePost). Written by
+  // the daemon alone, from its own counts (never read back): how many it
+  // has finished (med_finished) and, of those, how many it carried out or
+  // failed, a send completion pushed where one is due (med_done); the others
+  // came back unexecuted (RNR, responder not ready), at the end of a run.
+  alignas(64) std::atomic<uint64_t> med_finished;
+  std::atomic<uint64_t> med_done;
+  // The requester's side (under send_lock): the current run (epoch), the
+  // process that sent it, the daemon's counts when it began, and how many
+  // of it were sent and have left the send queue since.
+  alignas(64) uint32_t med_epoch;
+  std::atomic<uint32_t> med_pid;  // 0: no run in flight
+  uint64_t med_base_finished;
+  uint64_t med_base_done;
+  uint64_t med_sent;
+  uint64_t med_popped;
 };
+static_assert(sizeof(QpSegmentHeader) <= 4096);
 constexpr uint64_t kSendOpsExtended = 1ull << 63;
 
 struct QpLayout {

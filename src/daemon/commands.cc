@@ -115,6 +115,10 @@ SV_HANDLER(ConnectPeer) { return env.registry.connect_peer(env.client, req.handl
 SV_HANDLER(ConnectUd) { return env.registry.connect_ud(env.client, req.qpn, req.dest, rep, env.out_fds); }
 SV_HANDLER(PeerError) { return env.registry.peer_error(env.client, req.handle, req.wc_status); }
 SV_HANDLER(Mediate) { return env.registry.mediate(env.client, req, rep, env.deferred); }
+SV_HANDLER(MediatePost) {
+  (void)rep;  // never sent (Server::serve)
+  return env.registry.mediate_posted(env.client, req, env.deferred);
+}
 SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, req); }
 SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(env.client, req); }
 SV_HANDLER(RoceAttach) {

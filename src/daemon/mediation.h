@@ -58,6 +58,12 @@ struct MediationJob {
   ibv_qp_type type = IBV_QPT_RC;
   bool has_recv = false;
   shm::RecvWqe recv{};
+  // Op::MediatePost: completed into the QP segment's counts and the send
+  // CQ (Registry::finish_posted), not with a reply.
+  bool posted = false;
+  uint32_t epoch = 0;
+  uint64_t wr_id = 0;
+  bool signaled = false;
   // Copies up to max_bytes more; true while bytes remain (false when done or failed).
   bool step(uint64_t max_bytes);
 };

@@ -203,6 +203,12 @@ struct Qp : Object {
   uint32_t srq = 0;
   uint32_t xrcd = 0;               // XRC target: its domain
   std::vector<uint32_t> holders;  // XRC target: the context of each handle of it (ibv_open_qp)
+  // Pipelined mediated requests (Op::MediatePost, registry_mediation.cc):
+  // the counts the QP segment shows, and a run stopped by a request that
+  // failed (the rest is flushed) or stalled (the rest comes back unexecuted).
+  uint64_t med_finished = 0, med_done = 0;
+  uint32_t med_stop_epoch = 0;
+  uint8_t med_stop = 0;  // MedStop
   Held held() const {
     return {Ref{ObjKind::kPd, pd}, Ref{ObjKind::kCq, send_cq}, Ref{ObjKind::kCq, recv_cq}, Ref{ObjKind::kSrq, srq},
             Ref{ObjKind::kXrcd, xrcd}};

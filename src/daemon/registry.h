@@ -155,6 +155,13 @@ class Registry : private MediationTables {
     return mediation_.mediate(client, req, rep, defer);
   }
   int finish_mediation(MediationJob& job, proto::MediateReply& rep) { return mediation_.finish(job, rep); }
+  // Op::MediatePost: one pipelined request, checked and carried out as
+  // mediate() does, in the order of its connection; no reply. Its outcome
+  // goes to the QP segment's counts and, where due, to the send CQ. An
+  // errno only for a request that names no RC QP of the client.
+  int mediate_posted(uint32_t client, const proto::MediateReq& req, std::unique_ptr<MediationJob>* defer = nullptr);
+  // The end of a deferred MediatePost (its copy done), on the loop.
+  void finish_posted(MediationJob& job);
   // Bytes mediated copies have moved on the loop so far (the server's budget per turn).
   uint64_t mediated_on_loop() const { return mediation_.copied_on_loop(); }
   // The backing of the client's MR `handle`, 0 if there is none.
@@ -361,6 +368,8 @@ class Registry : private MediationTables {
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
   Qp* find_qp(uint32_t client, uint32_t qpn);
+  void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
+                      const proto::MediateReply& rep);
   void release_qp(uint32_t qpn);
 
   uint64_t boot_id_ = 0;

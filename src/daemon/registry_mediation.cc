@@ -75,6 +75,110 @@ int Registry::invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) {
   return invalidate(client, r);
 }
 
+// ---- Pipelined requests (Op::MediatePost) -----------------------------------
+//
+// The library sends a QP's requests one after another without waiting
+// (verbs/requester_daemon.cc); this connection's requests are read and run
+// in order, so a QP's run in order too. What a reply would say goes to the
+// QP's segment (the counts, which only the daemon writes and never reads
+// back) and to its send CQ (a completion where one is due: every error, a
+// signaled success). A request that fails stops the rest of its run
+// (its epoch): they complete flushed, the QP being in ERR (IBTA 10.3.1); one
+// that stalls (RNR, responder not ready) sends the rest back unexecuted, so
+// the library retries them in order. Every check is mediate()'s.
+
+namespace {
+
+enum MedStop : uint8_t { kRunGoes = 0, kRunReturns = 1, kRunFlushes = 2 };
+
+ibv_wc_opcode send_opcode(uint32_t op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    default: return IBV_WC_SEND;
+  }
+}
+
+proto::MediateReply posted_error(ibv_wc_status st) {
+  proto::MediateReply rep{};
+  rep.outcome = proto::kMediateError;
+  rep.wc_status = st;
+  return rep;
+}
+
+}  // namespace
+
+int Registry::mediate_posted(uint32_t client, const proto::MediateReq& req, std::unique_ptr<MediationJob>* defer) {
+  Qp* q = find_qp(client, req.qpn);
+  if (!q || q->type != IBV_QPT_RC) return EINVAL;  // nothing to count it against: the sender's own loss
+  const bool signaled = (req.send_flags & IBV_SEND_SIGNALED) || q->sq_sig_all;
+  if (q->med_stop != kRunGoes && q->med_stop_epoch == req.epoch) {
+    proto::MediateReply rep = posted_error(IBV_WC_WR_FLUSH_ERR);
+    if (q->med_stop == kRunReturns) rep.outcome = proto::kMediateRetry;
+    posted_outcome(*q, req.qpn, req.wr_id, req.opcode, signaled, req.epoch, rep);
+    return 0;
+  }
+  q->med_stop = kRunGoes;
+  if (ibv_qp_state(qp_slot(req.qpn).state.load()) == IBV_QPS_ERR) {
+    posted_outcome(*q, req.qpn, req.wr_id, req.opcode, signaled, req.epoch, posted_error(IBV_WC_WR_FLUSH_ERR));
+    return 0;
+  }
+  proto::MediateReply rep{};
+  if (mediation_.mediate(client, req, rep, defer) != 0) rep = posted_error(IBV_WC_LOC_QP_OP_ERR);
+  if (defer && *defer) {  // its copy goes to the worker: finish_posted() ends it
+    MediationJob& job = **defer;
+    job.posted = true;
+    job.epoch = req.epoch;
+    job.wr_id = req.wr_id;
+    job.signaled = signaled;
+    return 0;
+  }
+  posted_outcome(*q, req.qpn, req.wr_id, req.opcode, signaled, req.epoch, rep);
+  return 0;
+}
+
+void Registry::finish_posted(MediationJob& job) {
+  proto::MediateReply rep{};
+  if (mediation_.finish(job, rep) != 0) rep = posted_error(IBV_WC_LOC_QP_OP_ERR);
+  Qp* q = find_qp(job.client, job.requester_qpn);
+  if (!q) return;  // the QP is gone, and whoever would count on it
+  posted_outcome(*q, job.requester_qpn, job.wr_id, job.opcode, job.signaled, job.epoch, rep);
+}
+
+// The completion first, then the counts: a requester that sees its run
+// finished finds every completion of it in the CQ.
+void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
+                              const proto::MediateReply& rep) {
+  ++q.med_finished;
+  const bool error = rep.outcome == proto::kMediateError;
+  if (rep.outcome == proto::kMediateDone || error) {
+    ++q.med_done;
+    if (error || signaled) {
+      ibv_wc wc{};
+      wc.wr_id = wr_id;
+      wc.status = error ? ibv_wc_status(rep.wc_status) : IBV_WC_SUCCESS;
+      wc.opcode = send_opcode(opcode);
+      wc.byte_len = error ? 0 : rep.byte_len;
+      wc.qp_num = qpn;
+      push_cq(q.send_cq, wc, true);
+    }
+    if (error) {
+      qp_slot(qpn).state.store(IBV_QPS_ERR, std::memory_order_release);
+      q.med_stop = kRunFlushes;
+      q.med_stop_epoch = epoch;
+    }
+  } else {  // RNR, or the responder not ready: back to the requester, with the rest of the run
+    q.med_stop = kRunReturns;
+    q.med_stop_epoch = epoch;
+  }
+  auto* h = q.map.as<QpSegmentHeader>();
+  h->med_done.store(q.med_done, std::memory_order_relaxed);
+  h->med_finished.store(q.med_finished, std::memory_order_release);
+}
+
 // The QP's own posted receives complete with flush errors (IBTA 10.3.1);
 // an SRQ's receives belong to its other QPs too and stay.
 void Registry::flush_rq(Qp& q, uint32_t qpn) {

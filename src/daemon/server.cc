@@ -256,10 +256,16 @@ void Server::copies_done() {
   }
   for (Copy& c : done) {
     proto::MediateReply rep{};
-    int st = registry_.finish_mediation(*c.job, rep);
+    int st = 0;
+    if (c.job->posted) registry_.finish_posted(*c.job);  // no reply: the QP's counts and CQ say it
+    else st = registry_.finish_mediation(*c.job, rep);
     for (auto& [fd, conn] : conns_) {
       if (conn.client != c.client) continue;
       conn.copying = false;
+      if (c.job->posted) {
+        update_interest(fd, conn);
+        break;
+      }
       uint8_t out[sizeof rep];
       rep.h = c.h;
       rep.h.status = st;
@@ -555,6 +561,11 @@ void Server::serve(int fd) {
       return;
     }
     std::vector<int> out_fds;
+    // A pipelined request (Op::MediatePost) is never answered, not even
+    // malformed: its sender waits for no reply.
+    uint16_t op = 0;
+    if (len >= sizeof(proto::Header)) std::memcpy(&op, in + offsetof(proto::Header, op), sizeof op);
+    const bool posted = op == uint16_t(proto::Op::MediatePost);
     if (e != EMSGSIZE) revoke_copies(it->second.client, in, len);
     size_t rlen = e == EMSGSIZE ? 0 : handle(it->second.client, in, len, fds, out, out_fds);
     if (deferred_) {
@@ -571,6 +582,12 @@ void Server::serve(int fd) {
       update_interest(fd, it->second);
       send_events();
       return;
+    }
+    if (posted) {
+      send_events();
+      it = conns_.find(fd);
+      if (it == conns_.end() || registry_.mediated_on_loop() - copied >= kCopyPiece) return;
+      continue;
     }
     if (rlen == 0) {
       // Malformed beyond answering (bad magic or version, truncated header): say so.

@@ -186,6 +186,18 @@ int DaemonConn::refused(int e, uint32_t seq) const {
   return e;
 }
 
+int DaemonConn::raw_post(void* req, size_t req_len) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!sock_.valid()) return ENODEV;
+  if (owner_pid_ != self_pid()) {
+    if (int e = reattach_after_fork()) return e;
+  }
+  auto* h = static_cast<proto::Header*>(req);
+  h->seq = ++seq_;
+  if (int e = send_message(sock_.get(), req, req_len, {})) return refused(e == EPIPE ? ENODEV : e, h->seq);
+  return 0;
+}
+
 int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
                          std::span<const int> send_fds, std::vector<Fd>* recv_fds, const Work* work) {
   std::lock_guard<std::mutex> g(mu_);

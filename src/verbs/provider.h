@@ -85,6 +85,15 @@ class DaemonConn {
     return 0;
   }
 
+  // Sends `req` and waits for nothing: an op the daemon never answers
+  // (Op::MediatePost). The connection orders it with every other request:
+  // a later call's reply means the daemon has run it. 0 or the send's error.
+  template <proto::Op op>
+  int post(typename proto::Command<op>::Req& req) {
+    proto::init_header(req, op);
+    return raw_post(&req, sizeof(req));
+  }
+
   // As call() without descriptors, but runs `work()` (returning int, into
   // `*work_result`) after the request is sent and before the reply is
   // awaited, the connection held meanwhile: the caller's own work overlaps
@@ -108,6 +117,7 @@ class DaemonConn {
     void* ctx;
     int* result;
   };
+  int raw_post(void* req, size_t req_len);
   int raw_call(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
                std::vector<Fd>* recv_fds, const Work* work = nullptr);
   bool dispatch_event(const uint8_t* buf, size_t len);
@@ -349,6 +359,11 @@ struct QpState {
   uint32_t retry_left = 0;   // transport retries left
   bool head_started = false;
   uint64_t next_try_ns = 0;
+  // Pipelined requests to another user's QP (requester_daemon.cc): a run
+  // ended with requests sent back unexecuted (RNR, responder not ready);
+  // the head goes through the daemon alone, with its retry timer, until done.
+  bool med_sync_head = false;
+  uint64_t med_dead_since = 0;  // when the sender of the run in flight was found dead (another process)
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
   struct Qp* self = nullptr;
 

@@ -45,6 +45,9 @@ void flush_rq_into(shm::Ring<shm::RecvWqe>& rq, CqView& cq, uint32_t qpn) {
 
 void flush_sq_locked(QpState& q) {
   if (!q.send_cq) return;  // an XRC target: no send queue
+  // Pipelined requests in flight complete through the daemon first (their
+  // completions come before the flushed ones).
+  mediated_drain(q);
   // Each flushed request is recorded as the one being carried out
   // (sq_running, cleared as its completion is published): a flusher killed
   // after taking it off the queue leaves it to the next holder of the send
@@ -334,6 +337,8 @@ void remember_attr(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
 // RESET discards both queues without completions (IBTA 10.3.1).
 void reset_queues(QpState& q, ibv_qp_state was) {
   q.hdr->send_lock.lock(self_pid());
+  mediated_drain(q);  // nothing of a pipelined run lands after the reset
+  q.med_sync_head = false;
   shm::SendWqe sw;
   while (q.sq.pop(sw)) {
   }

@@ -395,14 +395,6 @@ Outcome execute_rc(QpState& q, const shm::SendWqe& w) {
   return execute_at(q, *p, w);
 }
 
-Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w) {
-  if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
-  Peer* p = resolve_peer(q);
-  if (!p) return {Step::kRetry};
-  if (!p->mediated) return execute_at(q, *p, w);
-  return execute_mediated(q, w);
-}
-
 // XRC initiators reach the target's SRQ the request names.
 Outcome execute_xrc(QpState& q, const shm::SendWqe& w) {
   if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
@@ -489,6 +481,17 @@ bool stall(QpState& q, Step s) {
   return true;
 }
 
+
+}  // namespace
+
+Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w) {
+  if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
+  Peer* p = resolve_peer(q);
+  if (!p) return {Step::kRetry};
+  if (!p->mediated) return execute_at(q, *p, w);
+  return execute_mediated(q, w);
+}
+
 void capture_inline(shm::SendWqe& w) {
   if (!(w.send_flags & IBV_SEND_INLINE) || (w.send_flags & kInlineCaptured)) return;
   uint32_t off = 0;
@@ -499,8 +502,6 @@ void capture_inline(shm::SendWqe& w) {
   w.inline_len = off;
   w.send_flags |= kInlineCaptured;
 }
-
-}  // namespace
 
 // IBTA 9.8: an unreliable connection has no acknowledgements. A message the
 // responder cannot take (no receive posted, peer not ready, bad key or
@@ -582,6 +583,7 @@ bool progress_qp(QpState& q) {
   complete_torn_receive(q);
   complete_dead_run(q);
   for (;;) {
+    if ((q.hdr->med_pid.load(std::memory_order_relaxed) || q.peer) && pipeline_queued(q)) return true;
     const shm::SendWqe* head = q.sq.front();
     if (!head) return false;
     if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
@@ -605,6 +607,7 @@ bool progress_qp(QpState& q) {
     q.sq.pop(gone);
     if (__builtin_expect(g_die_at == 3, 0)) ::raise(SIGKILL);  // test hook (srq.cc)
     q.head_started = false;
+    q.med_sync_head = false;
     q.next_try_ns = 0;
     // sq_running is cleared as the completion is published (complete()).
     if (o.step == Step::kError) {
@@ -832,6 +835,7 @@ int check_batch(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
       return e;
     }
   }
+  mediated_reap(q);
   if (q.sq.size() + n > q.cap.max_send_wr) {
     *bad = wr;
     return ENOMEM;
@@ -846,10 +850,13 @@ int post_one(QpState& q, const ibv_send_wr* wr, bool& queued) {
   if (int e = validate_wr(q, wr)) return e;
   shm::SendWqe w;
   to_send_wqe(q, wr, w);
-  if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
+  // Behind pipelined requests in flight, even a flushed one waits its turn.
+  const bool behind = q.hdr->med_pid.load(std::memory_order_relaxed) != 0;
+  if (!behind && q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
     complete(q, w, IBV_WC_WR_FLUSH_ERR, 0);
     return 0;
   }
+  if (q.peer && pipelines_now(q, w)) return post_pipelined(q, w, queued);
   if (q.sq.empty()) {
     Outcome o = run(q, w);
     if (o.step == Step::kDone) {
@@ -889,6 +896,7 @@ template <bool kFast>
   // A request whose holder died carrying it out may look gone from the
   // queue (taken off, not completed): settled before anything runs.
   if (q.hdr->sq_running.load(std::memory_order_relaxed)) complete_dead_run(q);
+  if (q.hdr->med_pid.load(std::memory_order_relaxed)) mediated_reap(q);
   if (all_or_nothing) {
     if (int e = check_batch(q, wr, bad)) {
       if (locked) q.hdr->send_lock.unlock();

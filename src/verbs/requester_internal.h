@@ -41,4 +41,20 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w);
 using PostFn = int (*)(QpState&, ibv_send_wr*, ibv_send_wr**, bool);
 int post_ud_on_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing, PostFn local);
 
+// An IBV_SEND_INLINE request's payload, copied into the WQE (it may wait
+// in the send queue after the caller's buffer is reused).
+void capture_inline(shm::SendWqe& w);
+// The execute operation of RC QPs whose peer may be another user's.
+Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w);
+
+// Pipelined requests to another user's QP, with the send lock held
+// (requester_daemon.cc): whether `w` may be sent without waiting; the
+// progress thread's look at a run (true while requests are in flight);
+// a posted request sent so and queued (`queued`: the progress thread is
+// to look at it), 0 or an errno.
+bool may_pipeline(QpState& q, const shm::SendWqe& w);
+bool pipelines_now(QpState& q, const shm::SendWqe& w);  // and nothing waits before it (room made)
+bool pipeline_queued(QpState& q);
+int post_pipelined(QpState& q, shm::SendWqe& w, bool& queued);
+
 }  // namespace sv::verbs

@@ -59,4 +59,16 @@ void choose_transport(QpState& q);
 Outcome execute_local(QpState& q, const shm::SendWqe& w);
 Outcome execute_mediated(QpState& q, const shm::SendWqe& w);
 
+// Pipelined requests of a mediated RC QP (requester_daemon.cc), all with
+// the send lock held. How many are in flight (sent, not yet off the send
+// queue); reaping takes those the daemon finished off the queue and returns
+// how many are still in flight; mediated_send sends `w` (already in the
+// send queue after those in flight, or about to be pushed there) as the
+// next of this process's run: 0 or an errno; draining waits for the
+// daemon to finish them all (at most seconds, for a dead sharer's run).
+uint64_t mediated_in_flight(const QpState& q);
+uint64_t mediated_reap(QpState& q);
+int mediated_send(QpState& q, const shm::SendWqe& w);
+void mediated_drain(QpState& q);
+
 }  // namespace sv::verbs

@@ -1,0 +1,483 @@
+// Pipelined requests between users (docs/PERFORMANCE.md, session 18): root's
+// RC QP connected to nobody's, so the daemon carries every request
+// (Op::MediatePost), several in flight per QP. What must hold: every byte
+// lands and every completion comes, in order (a READ after a WRITE to the
+// same place sees it); the send queue's depth counts the requests in
+// flight; a request failing in the middle flushes the rest, which move no
+// byte; a deregistration stops the requests still in flight over the MR
+// (they fail, nothing lands in the memory afterwards); a requester killed
+// with requests in flight leaves the daemon nothing of it.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attack.h"
+
+namespace svsec {
+namespace {
+
+constexpr uint32_t kAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+struct Info {
+  uint32_t qpn, rkey;
+  uint64_t addr;
+};
+
+// One side: an RC QP of `depth` send requests, a CQ, and `len` bytes
+// registered for everything.
+struct Side {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  uint8_t* buf = nullptr;
+  ibv_mr* mr = nullptr;
+  uint32_t depth = 0;  // the send queue's, as created
+
+  bool open(size_t len, uint32_t sq_depth) {
+    ctx = open_dev();
+    if (!ctx || !(pd = ibv_alloc_pd(ctx)) || !(cq = ibv_create_cq(ctx, 4096, nullptr, nullptr, 0))) return false;
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = sq_depth;
+    ia.cap.max_recv_wr = 16;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    if (!(qp = ibv_create_qp(pd, &ia))) return false;
+    depth = ia.cap.max_send_wr;
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    buf = static_cast<uint8_t*>(p);
+    if (!(mr = ibv_reg_mr(pd, buf, len, kAccess))) return false;
+    return qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC) == 0;
+  }
+  bool connect(uint32_t dest) { return qp_to_rts(ctx, qp, dest) == 0; }
+
+  // Posts one request; 0 or post_send's errno.
+  int post(ibv_wr_opcode op, uint64_t wr_id, void* local, uint32_t len, uint64_t raddr, uint32_t rkey, bool signaled) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(local), len, mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = op;
+    wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+    return ibv_post_send(qp, &wr, &bad);
+  }
+  // Takes completions until `n` came or 10 s passed.
+  std::vector<ibv_wc> poll(size_t n) {
+    std::vector<ibv_wc> got;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (got.size() < n && std::chrono::steady_clock::now() < until) {
+      ibv_wc wc[32];
+      const int k = ibv_poll_cq(cq, 32, wc);
+      for (int i = 0; i < k; ++i) got.push_back(wc[i]);
+      if (k <= 0) std::this_thread::yield();
+    }
+    return got;
+  }
+};
+
+uint8_t pattern(uint64_t i, uint64_t at) { return uint8_t(i * 29 + at * 7 + (at >> 9) + 1); }
+
+// Root (requester) and nobody (responder) set up and connected: nobody
+// registers `len` bytes and runs `responder` once connected; root creates a
+// QP of `depth` and runs `requester` with nobody's Info. The parent relays
+// the QP numbers; after that each body talks to the test through its sock.
+struct Pair {
+  Child root, nobody;
+  Pair(size_t len, uint32_t depth, std::function<int(Side&, const Info&, int)> requester,
+       std::function<int(Side&, int)> responder)
+      : root(false,
+             [len, depth, requester](int sock) {
+               Side me;
+               if (!me.open(len, depth)) return 10;
+               Info peer{};
+               if (!send_val(sock, me.qp->qp_num) || !recv_val(sock, peer)) return 11;
+               if (!me.connect(peer.qpn)) return 12;
+               return requester(me, peer, sock);
+             }),
+        nobody(true, [len, responder](int sock) {
+          Side me;
+          if (!me.open(len, 16)) return 20;
+          Info info{me.qp->qp_num, me.mr->rkey, reinterpret_cast<uintptr_t>(me.buf)};
+          uint32_t root_qpn = 0;
+          if (!send_val(sock, info) || !recv_val(sock, root_qpn)) return 21;
+          if (!me.connect(root_qpn)) return 22;
+          if (!send_val(sock, 1)) return 23;
+          return responder(me, sock);
+        }) {}
+
+  // Starts both and relays the set-up; false (with the children's exit
+  // codes said) if either failed.
+  bool start() {
+    root.start();
+    nobody.start();
+    uint32_t root_qpn = 0;
+    Info info{};
+    int ready = 0;
+    if (!recv_val(root.sock(), root_qpn) || !recv_val(nobody.sock(), info) || !send_val(nobody.sock(), root_qpn) ||
+        !recv_val(nobody.sock(), ready) || !send_val(root.sock(), info)) {
+      ADD_FAILURE() << "set-up failed: root exit " << root.wait() << ", nobody exit " << nobody.wait();
+      return false;
+    }
+    return true;
+  }
+};
+
+// Posts `op`, waiting for room (completions taken meanwhile into `got`).
+int post_waiting(Side& me, std::vector<ibv_wc>& got, ibv_wr_opcode op, uint64_t wr_id, void* local, uint32_t len,
+                 uint64_t raddr, uint32_t rkey, bool signaled) {
+  for (int tries = 0; tries < 1000000; ++tries) {
+    const int e = me.post(op, wr_id, local, len, raddr, rkey, signaled);
+    if (e != ENOMEM) return e;
+    ibv_wc wc[32];
+    const int k = ibv_poll_cq(me.cq, 32, wc);
+    for (int i = 0; i < k; ++i) got.push_back(wc[i]);
+    std::this_thread::yield();
+  }
+  return ENOMEM;
+}
+
+// Completions in posting order, with the statuses expected: 0 when so.
+int in_order(const std::vector<ibv_wc>& got, const std::vector<uint64_t>& ids,
+             const std::function<ibv_wc_status(uint64_t)>& status) {
+  if (got.size() != ids.size()) return 1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i].wr_id != ids[i]) return 2;
+    if (got[i].status != status(ids[i])) return 3;
+  }
+  return 0;
+}
+
+// WRITE chunk i, then READ it back into a second buffer: the READ, in flight
+// behind the WRITE, must see its bytes. Two signaled in three, the rest not.
+TEST(MediationPipeline, ManyRequestsInFlightMoveEveryByteAndCompleteInOrder) {
+  constexpr uint32_t kChunk = 6000, kChunks = 300;
+  constexpr size_t kLen = size_t(kChunk) * kChunks;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Pair pair(
+      2 * kLen, 64,
+      [](Side& me, const Info& peer, int sock) {
+        for (uint64_t at = 0; at < kLen; ++at) me.buf[at] = pattern(at / kChunk, at % kChunk);
+        std::vector<ibv_wc> got;
+        std::vector<uint64_t> ids;
+        for (uint32_t i = 0; i < kChunks; ++i) {
+          const uint64_t w = 2 * i, r = 2 * i + 1;
+          uint8_t* src = me.buf + uint64_t(i) * kChunk;
+          const uint64_t remote = peer.addr + uint64_t(i) * kChunk;
+          if (post_waiting(me, got, IBV_WR_RDMA_WRITE, w, src, kChunk, remote, peer.rkey, w % 3 != 0)) return 30;
+          if (post_waiting(me, got, IBV_WR_RDMA_READ, r, src + kLen, kChunk, remote, peer.rkey, r % 3 != 0)) return 31;
+          for (uint64_t id : {w, r})
+            if (id % 3 != 0) ids.push_back(id);
+        }
+        for (const ibv_wc& wc : me.poll(ids.size() - got.size())) got.push_back(wc);
+        if (int e = in_order(got, ids, [](uint64_t) { return IBV_WC_SUCCESS; })) return 40 + e;
+        if (memcmp(me.buf, me.buf + kLen, kLen) != 0) return 50;
+        return send_val(sock, 1) ? 0 : 51;
+      },
+      [](Side& me, int sock) {
+        int done = 0;
+        if (!recv_val(sock, done)) return 60;
+        for (uint64_t at = 0; at < kLen; ++at)
+          if (me.buf[at] != pattern(at / kChunk, at % kChunk)) return 61;
+        return 0;
+      });
+  ASSERT_TRUE(pair.start());
+  int done = 0;
+  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
+  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
+  EXPECT_EQ(0, pair.root.wait());
+  EXPECT_EQ(0, pair.nobody.wait());
+  EXPECT_TRUE(sysd.alive());
+}
+
+// Large WRITEs (the copy worker's) keep requests in flight: posting past
+// the queue's depth fails with ENOMEM until the daemon has finished some;
+// then every completion comes, in order.
+TEST(MediationPipeline, TheSendQueueDepthCountsRequestsInFlight) {
+  constexpr uint32_t kBig = 4u << 20;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Pair pair(
+      kBig, 8,
+      [](Side& me, const Info& peer, int sock) {
+        std::vector<uint64_t> ids;
+        uint64_t posted = 0;
+        int e = 0;
+        for (; posted < 4 * me.depth; ++posted) {
+          if ((e = me.post(IBV_WR_RDMA_WRITE, posted, me.buf, kBig, peer.addr, peer.rkey, true))) break;
+          ids.push_back(posted);
+        }
+        // The first goes alone, then `depth` in flight, and a few the daemon
+        // finished meanwhile (how many depends on this machine's load): a
+        // post that waited for each reply would never see ENOMEM.
+        if (e != ENOMEM) return 30;
+        std::vector<ibv_wc> got = me.poll(ids.size());
+        if (int r = in_order(got, ids, [](uint64_t) { return IBV_WC_SUCCESS; })) return 40 + r;
+        if (me.post(IBV_WR_RDMA_WRITE, 99, me.buf, 8, peer.addr, peer.rkey, true)) return 32;  // room again
+        got = me.poll(1);
+        if (got.size() != 1 || got[0].wr_id != 99 || got[0].status != IBV_WC_SUCCESS) return 33;
+        return send_val(sock, 1) ? 0 : 34;
+      },
+      [](Side&, int sock) {
+        int done = 0;
+        return recv_val(sock, done) ? 0 : 60;
+      });
+  ASSERT_TRUE(pair.start());
+  int done = 0;
+  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
+  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
+  EXPECT_EQ(0, pair.root.wait());
+  EXPECT_EQ(0, pair.nobody.wait());
+}
+
+// The 10th of 30 WRITEs names a bad R_Key: it fails with a remote access
+// error, the 20 behind it (sent already) complete flushed, in order, and
+// move no byte; the QP is in ERR.
+TEST(MediationPipeline, AFailureInTheMiddleFlushesTheRest) {
+  constexpr uint32_t kChunk = 4096, kN = 30, kBad = 9;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Pair pair(
+      size_t(kChunk) * kN, 64,
+      [](Side& me, const Info& peer, int sock) {
+        memset(me.buf, 0xab, size_t(kChunk) * kN);
+        std::vector<uint64_t> ids;
+        for (uint32_t i = 0; i < kN; ++i) {
+          const uint32_t rkey = i == kBad ? peer.rkey ^ 0x100 : peer.rkey;
+          if (me.post(IBV_WR_RDMA_WRITE, i, me.buf + uint64_t(i) * kChunk, kChunk, peer.addr + uint64_t(i) * kChunk,
+                      rkey, true))
+            return 30;
+          ids.push_back(i);
+        }
+        std::vector<ibv_wc> got = me.poll(ids.size());
+        if (int r = in_order(got, ids, [](uint64_t i) {
+              return i < kBad ? IBV_WC_SUCCESS : i == kBad ? IBV_WC_REM_ACCESS_ERR : IBV_WC_WR_FLUSH_ERR;
+            }))
+          return 40 + r;
+        ibv_qp_attr a{};
+        ibv_qp_init_attr ia{};
+        if (ibv_query_qp(me.qp, &a, IBV_QP_STATE, &ia) || a.qp_state != IBV_QPS_ERR) return 31;
+        // Posted now: flushed at once, behind everything.
+        if (me.post(IBV_WR_RDMA_WRITE, 77, me.buf, 8, peer.addr, peer.rkey, true)) return 32;
+        got = me.poll(1);
+        if (got.size() != 1 || got[0].wr_id != 77 || got[0].status != IBV_WC_WR_FLUSH_ERR) return 33;
+        return send_val(sock, 1) ? 0 : 34;
+      },
+      [](Side& me, int sock) {
+        int done = 0;
+        if (!recv_val(sock, done)) return 60;
+        for (uint64_t at = 0; at < uint64_t(kChunk) * kN; ++at)
+          if (me.buf[at] != (at / kChunk < kBad ? 0xab : 0)) return 61;
+        return 0;
+      });
+  ASSERT_TRUE(pair.start());
+  int done = 0;
+  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
+  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
+  EXPECT_EQ(0, pair.root.wait());
+  EXPECT_EQ(0, pair.nobody.wait());
+}
+
+// SENDs behind a WRITE, sent before nobody has posted a receive: the first
+// meets RNR at the daemon and the rest of its run comes back unexecuted;
+// the library retries them in order, and once receives are posted each
+// SEND lands in its own receive, in order, and completes in order.
+TEST(MediationPipeline, AnRnrInTheMiddleSendsTheRestBackAndTheyGoInOrder) {
+  constexpr uint32_t kN = 12, kMsg = 64;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Pair pair(
+      4096, 64,
+      [](Side& me, const Info& peer, int sock) {
+        std::vector<uint64_t> ids{100};
+        if (me.post(IBV_WR_RDMA_WRITE, 100, me.buf, 8, peer.addr + 4000, peer.rkey, true)) return 30;
+        for (uint32_t i = 0; i < kN; ++i) {
+          memset(me.buf + i * kMsg, int(i + 1), kMsg);
+          if (me.post(IBV_WR_SEND, i, me.buf + i * kMsg, kMsg, 0, 0, true)) return 31;
+          ids.push_back(i);
+        }
+        std::vector<ibv_wc> got = me.poll(ids.size());
+        if (int r = in_order(got, ids, [](uint64_t) { return IBV_WC_SUCCESS; })) return 40 + r;
+        return send_val(sock, 1) ? 0 : 32;
+      },
+      [](Side& me, int sock) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // root's SENDs meet no receive meanwhile
+        for (uint32_t i = 0; i < kN; ++i) {
+          ibv_sge sge{reinterpret_cast<uintptr_t>(me.buf + i * kMsg), kMsg, me.mr->lkey};
+          ibv_recv_wr wr{}, *bad = nullptr;
+          wr.wr_id = i;
+          wr.sg_list = &sge;
+          wr.num_sge = 1;
+          if (ibv_post_recv(me.qp, &wr, &bad)) return 60;
+        }
+        std::vector<ibv_wc> got = me.poll(kN);
+        for (uint32_t i = 0; i < kN; ++i) {
+          if (i >= got.size() || got[i].wr_id != i || got[i].status != IBV_WC_SUCCESS) return 61;
+          for (uint32_t b = 0; b < kMsg; ++b)
+            if (me.buf[i * kMsg + b] != i + 1) return 62;
+        }
+        int done = 0;
+        return recv_val(sock, done) ? 0 : 63;
+      });
+  ASSERT_TRUE(pair.start());
+  int done = 0;
+  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
+  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
+  EXPECT_EQ(0, pair.root.wait());
+  EXPECT_EQ(0, pair.nobody.wait());
+}
+
+// Nobody deregisters its MR while root streams WRITEs into it, several in
+// flight: the requests behind the deregistration fail (a remote access
+// error, then flushes, in order), and no byte lands in nobody's memory
+// after ibv_dereg_mr returned.
+TEST(MediationPipeline, ADeregistrationStopsTheRequestsInFlight) {
+  constexpr uint32_t kChunk = 64u << 10, kChunks = 32;
+  constexpr size_t kLen = size_t(kChunk) * kChunks;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Pair pair(
+      kLen, 32,
+      [](Side& me, const Info& peer, int sock) {
+        memset(me.buf, 0x5a, kLen);
+        std::vector<ibv_wc> got;
+        uint64_t posted = 0;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        auto failed = [&got] {
+          for (const ibv_wc& wc : got)
+            if (wc.status != IBV_WC_SUCCESS) return true;
+          return false;
+        };
+        bool stop = false;
+        while (!stop && std::chrono::steady_clock::now() < until) {
+          const uint64_t at = (posted % kChunks) * kChunk;
+          if (post_waiting(me, got, IBV_WR_RDMA_WRITE, posted, me.buf + at, kChunk, peer.addr + at, peer.rkey, true))
+            break;
+          ++posted;
+          ibv_wc wc[32];
+          const int k = ibv_poll_cq(me.cq, 32, wc);
+          for (int i = 0; i < k; ++i) got.push_back(wc[i]), stop |= wc[i].status != IBV_WC_SUCCESS;
+        }
+        for (const ibv_wc& wc : me.poll(posted - got.size())) got.push_back(wc);
+        if (got.size() != posted || !failed()) return 30;
+        size_t i = 0;
+        for (; i < got.size() && got[i].status == IBV_WC_SUCCESS; ++i)
+          if (got[i].wr_id != i) return 31;
+        // The key check fails (a remote access error), or the copy worker's
+        // copy was revoked in the middle (a remote operation error).
+        if (got[i].wr_id != i || (got[i].status != IBV_WC_REM_ACCESS_ERR && got[i].status != IBV_WC_REM_OP_ERR))
+          return 32;
+        for (++i; i < got.size(); ++i)
+          if (got[i].wr_id != i || got[i].status != IBV_WC_WR_FLUSH_ERR) return 33;
+        return send_val(sock, 1) ? 0 : 34;
+      },
+      [](Side& me, int sock) {
+        // The stream has begun: some bytes landed.
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (reinterpret_cast<volatile uint8_t*>(me.buf)[kLen - 1] != 0x5a)
+          if (std::chrono::steady_clock::now() > until) return 60;
+        if (ibv_dereg_mr(me.mr)) return 61;
+        memset(me.buf, 0x77, kLen);
+        int done = 0;
+        if (!recv_val(sock, done)) return 62;
+        for (size_t at = 0; at < kLen; ++at)
+          if (me.buf[at] != 0x77) return 63;
+        return 0;
+      });
+  ASSERT_TRUE(pair.start());
+  int done = 0;
+  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
+  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
+  EXPECT_EQ(0, pair.root.wait());
+  EXPECT_EQ(0, pair.nobody.wait()) << "63: a byte landed after the deregistration";
+  EXPECT_TRUE(sysd.alive());
+}
+
+size_t entries(const std::string& dir) {
+  size_t n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+size_t lines(const std::string& path) {
+  FILE* f = fopen(path.c_str(), "r");
+  if (!f) return 0;
+  size_t n = 0;
+  for (int c; (c = fgetc(f)) != EOF;) n += c == '\n';
+  fclose(f);
+  return n;
+}
+
+// Root is killed right after posting large WRITEs (the copy worker's) and
+// small ones, all in flight: the daemon finishes or drops them and keeps
+// nothing of either client once both are gone (no descriptor, no mapping).
+// Twice: the first round leaves what the daemon keeps for good (each
+// user's device segment, the copy worker's stack), the second must add
+// nothing to it.
+TEST(MediationPipeline, ARequesterKilledWithRequestsInFlightLeavesNothing) {
+  constexpr uint32_t kBig = 4u << 20;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  const std::string proc = "/proc/" + std::to_string(sysd.pid);
+  auto round = [] {
+    Pair pair(
+        kBig, 64,
+        [](Side& me, const Info& peer, int sock) {
+          if (!send_val(sock, 1)) return 30;
+          for (uint64_t i = 0; i < 8; ++i)
+            if (me.post(IBV_WR_RDMA_WRITE, i, me.buf, kBig, peer.addr, peer.rkey, true)) return 31;
+          for (uint64_t i = 8; i < 56; ++i)
+            if (me.post(IBV_WR_RDMA_WRITE, i, me.buf, 4096, peer.addr, peer.rkey, false)) return 32;
+          ::raise(SIGKILL);
+          return 33;
+        },
+        [](Side&, int sock) {
+          int done = 0;
+          return recv_val(sock, done) ? 0 : 60;
+        });
+    ASSERT_TRUE(pair.start());
+    int ready = 0;
+    ASSERT_TRUE(recv_val(pair.root.sock(), ready));
+    EXPECT_EQ(128 + SIGKILL, pair.root.wait());
+    ASSERT_TRUE(send_val(pair.nobody.sock(), 1));
+    EXPECT_EQ(0, pair.nobody.wait());
+  };
+  auto settled = [&proc](size_t fds, size_t maps, size_t& fds_now, size_t& maps_now) {
+    for (int i = 0; i < 300; ++i) {
+      fds_now = entries(proc + "/fd");
+      maps_now = lines(proc + "/maps");
+      if (fds_now <= fds && maps_now <= maps) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  round();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const size_t fds = entries(proc + "/fd"), maps = lines(proc + "/maps");  // what stays
+  round();
+  size_t fds_now = 0, maps_now = 0;
+  settled(fds, maps, fds_now, maps_now);
+  EXPECT_LE(fds_now, fds) << "the daemon holds descriptors of clients that are gone";
+  EXPECT_LE(maps_now, maps) << "the daemon maps memory of clients that are gone";
+  EXPECT_TRUE(sysd.alive());
+}
+
+}  // namespace
+}  // namespace svsec
