@@ -204,6 +204,17 @@ class Ring {
   // the push fails.
   template <class F>
   SV_HOT bool push_prefix_then(const T& v, size_t bytes, F before_publish) {
+    return push_write_then([&v, bytes](T& slot) { std::memcpy(static_cast<void*>(&slot), &v, bytes); },
+                           before_publish);
+  }
+
+  // As push_prefix_then, with `write(slot_value)` writing the element
+  // straight into the slot it claimed (no element built on the stack and
+  // copied: a completion was built, copied into an entry, and copied again;
+  // callgrind, session 18). `write` runs once, after the claim, and must
+  // write every byte a consumer reads.
+  template <class W, class F>
+  SV_HOT bool push_write_then(W write, F before_publish) {
     // The common case inline: the slot at the tail is free and the claim
     // wins at once. Anything else takes the loop below, out of line.
     const uint32_t me = self_pid();
@@ -214,17 +225,16 @@ class Ring {
     if (!(pos & kClosed) && s.seq.load(std::memory_order_acquire) == pos) {
       record_claim(pos - 1, by, false, pushed_);
       if (claim_index(h_->tail, h_->tail_by, pos, by, me)) {
-        publish(s, pos, v, bytes, before_publish);
+        publish(s, pos, write, before_publish);
         return true;
       }
     }
-    return push_slow(v, bytes, before_publish, me, pos, by);
+    return push_slow(write, before_publish, me, pos, by);
   }
 
-  // As push_prefix_then, from the index pair (`pos`, `by`) last read.
-  template <class F>
-  __attribute__((noinline)) bool push_slow(const T& v, size_t bytes, F before_publish, uint32_t me, uint64_t pos,
-                                           uint64_t by) {
+  // As push_write_then, from the index pair (`pos`, `by`) last read.
+  template <class W, class F>
+  __attribute__((noinline)) bool push_slow(W& write, F before_publish, uint32_t me, uint64_t pos, uint64_t by) {
     for (;;) {
       if (pos & kClosed) return false;
       RingSlot<T>& s = slots_[pos & mask_];
@@ -233,7 +243,7 @@ class Ring {
         // Free: claim it by moving the tail (see the top of this file).
         record_claim(pos - 1, by, false, pushed_);
         if (!claim_index(h_->tail, h_->tail_by, pos, by, me)) continue;
-        publish(s, pos, v, bytes, before_publish);
+        publish(s, pos, write, before_publish);
         return true;
       }
       if (seq & kBusy) {
@@ -514,9 +524,9 @@ class Ring {
 
   // A claimed slot written and published (producer), copied out and given
   // back (consumer); each remembered as done by this view (record_claim).
-  template <class F>
-  void publish(RingSlot<T>& s, uint64_t pos, const T& v, size_t bytes, F& before_publish) {
-    std::memcpy(static_cast<void*>(&s.value), &v, bytes);
+  template <class W, class F>
+  void publish(RingSlot<T>& s, uint64_t pos, W& write, F& before_publish) {
+    write(s.value);
     before_publish();
     s.seq.store(pos + 1, std::memory_order_release);
     pushed_.v.store(pos, std::memory_order_relaxed);

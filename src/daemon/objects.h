@@ -171,6 +171,7 @@ struct Srq : Object {  // refs: QPs using it
   uint32_t xrcd = 0;      // XRC: the domain (an id in the XRC domain table)
   uint32_t cq = 0;        // XRC: the CQ its receives complete into
   uint32_t capacity = 0;  // its ring's, as made here (not the header's)
+  uint32_t max_sge = 0;   // as created (not the header's: its holders can write that)
   Held held() const { return {Ref{ObjKind::kPd, pd}, Ref{ObjKind::kCq, cq}, Ref{ObjKind::kXrcd, xrcd}}; }
 };
 

@@ -37,6 +37,7 @@ int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto:
   srq.pd = req.pd;
   srq.type = req.srq_type;
   srq.capacity = layout.capacity;
+  srq.max_sge = req.max_sge;
   if (xrcd) {
     srq.xrcd = xrcd;
     srq.cq = req.cq;
@@ -75,7 +76,9 @@ int Registry::import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply
   Srq* srq = srqs_.owned(handle, ctx(client));
   if (!srq) return EINVAL;
   rep.pd = srq->pd;
-  rep.max_sge = srq->map.as<SrqSegmentHeader>()->max_sge;
+  // The daemon's record: the header is memory every holder can write, and
+  // an importer writes up to max_sge SGEs into each ring slot.
+  rep.max_sge = srq->max_sge;
   rep.segment_size = srq->map.size();
   out_fds.push_back(srq->fd.get());
   return 0;

@@ -555,6 +555,20 @@ inline void to_recv_wqe(const ibv_recv_wr& wr, shm::RecvWqe& w) {
   w.reserved = 0;
   for (int i = 0; i < wr.num_sge; ++i) w.sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
 }
+// Pushes receive `wr` into `ring`, written straight into the slot (no
+// RecvWqe on the stack copied in: session 18). `num_sge` is the count the
+// caller validated (at most kMaxSge), read from `wr` once: the application
+// may not change it under us and make us write past the slot.
+inline bool push_recv_wqe(shm::Ring<shm::RecvWqe>& ring, const ibv_recv_wr& wr, uint32_t num_sge) {
+  return ring.push_write_then(
+      [&wr, num_sge](shm::RecvWqe& w) {
+        w.wr_id = wr.wr_id;
+        w.num_sge = num_sge;
+        w.reserved = 0;
+        for (uint32_t i = 0; i < num_sge; ++i) w.sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+      },
+      [] {});
+}
 // Copies a receive WQE out of a ring slot, its used part only. num_sge is
 // read once: the slot is in memory the poster's peers can write, and the
 // copy must not depend on a value that changes under it.

@@ -250,13 +250,12 @@ SV_HOT int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EINVAL;
   }
   for (; wr; wr = wr->next) {
-    if (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_recv_sge) {
+    const int num_sge = wr->num_sge;  // read once (push_recv_wqe)
+    if (num_sge < 0 || uint32_t(num_sge) > q.cap.max_recv_sge) {
       *bad = wr;
       return EINVAL;
     }
-    shm::RecvWqe w;
-    to_recv_wqe(*wr, w);
-    if (!q.rq.push_prefix(w, recv_wqe_bytes(w.num_sge))) {
+    if (!push_recv_wqe(q.rq, *wr, uint32_t(num_sge))) {
       *bad = wr;
       return ENOMEM;
     }

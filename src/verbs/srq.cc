@@ -126,7 +126,7 @@ ibv_srq* new_srq_handle(ibv_pd* pd, uint32_t handle, uint32_t max_sge, void* srq
   auto st = std::make_unique<SrqState>();
   st->ctx = to_ctx(pd->context);
   st->handle = handle;
-  st->max_sge = max_sge;
+  st->max_sge = std::min(max_sge, shm::kMaxSge);  // the ring slot's room, whatever a daemon says
   if (int e = attach_srq_segment(st->seg, st->hdr, st->ring, fd, size)) {
     errno = e;
     return nullptr;
@@ -275,13 +275,12 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EIO;
   }
   for (; wr; wr = wr->next) {
-    if (wr->num_sge < 0 || uint32_t(wr->num_sge) > st.max_sge) {
+    const int num_sge = wr->num_sge;  // read once (push_recv_wqe)
+    if (num_sge < 0 || uint32_t(num_sge) > st.max_sge) {
       *bad = wr;
       return EINVAL;
     }
-    shm::RecvWqe w;
-    to_recv_wqe(*wr, w);
-    if (!st.ring.push_prefix(w, recv_wqe_bytes(w.num_sge))) {
+    if (!push_recv_wqe(st.ring, *wr, uint32_t(num_sge))) {
       *bad = wr;
       return ENOMEM;
     }

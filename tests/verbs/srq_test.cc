@@ -5,9 +5,14 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <cstdio>
+#include <cstring>
 #include <set>
+#include <vector>
 
+#include "common/shm_layout.h"
 #include "harness.h"
+#include "softverbs/softverbs.h"
 
 namespace svtest {
 namespace {
@@ -103,6 +108,56 @@ TEST(Srq, TwoQpsFromTwoProcessesShareOneSrqAndTheLimitFires) {
 
   EXPECT_EQ(EBUSY, ibv_destroy_srq(srq));  // QPs still use it
   for (auto* qp : qps) EXPECT_EQ(0, ibv_destroy_qp(qp));
+  EXPECT_EQ(0, ibv_destroy_srq(srq));
+}
+
+// The SRQ's segment header is memory every holder can write. An importer's
+// library writes up to max_sge SGEs into each ring slot, so the max_sge the
+// daemon gives it must be the one the SRQ was created with, whatever a
+// holder wrote in the header (before: the daemon read it from there, and a
+// forged 1000 let the importer write far past each slot).
+TEST(Srq, AnImporterGetsTheCreatedMaxSgeNotTheHeadersForgedOne) {
+  Side me;
+  ASSERT_EQ(0, me.open({}));
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 8;
+  sa.attr.max_sge = 2;
+  ibv_srq* srq = ibv_create_srq(me.pd, &sa);
+  ASSERT_NE(nullptr, srq);
+  // This process maps the SRQ's segment: find it, and forge its max_sge.
+  sv::shm::SrqSegmentHeader* seg = nullptr;
+  if (FILE* f = fopen("/proc/self/maps", "r")) {
+    char line[512];
+    while (!seg && fgets(line, sizeof(line), f)) {
+      unsigned long lo = 0, hi = 0;
+      if (!strstr(line, "softverbs-srq") || sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
+      auto* h = reinterpret_cast<sv::shm::SrqSegmentHeader*>(lo);
+      if (h->magic == sv::shm::kSrqMagic && h->handle == srq->handle) seg = h;
+    }
+    fclose(f);
+  }
+  ASSERT_NE(nullptr, seg);
+  seg->max_sge = 1000;
+  ibv_context* c = ibv_import_device(me.ctx->cmd_fd);
+  ASSERT_NE(nullptr, c);
+  ibv_srq* imported = svx_import_srq(c, srq->handle);
+  ASSERT_NE(nullptr, imported) << strerror(errno);
+  ibv_srq_attr attr{};
+  ASSERT_EQ(0, ibv_query_srq(imported, &attr));
+  EXPECT_EQ(2u, attr.max_sge);
+  // A receive of more SGEs than the SRQ was made with is refused, not
+  // written past its slot.
+  std::vector<ibv_sge> sges(sv::shm::kMaxSge + 1, ibv_sge{reinterpret_cast<uintptr_t>(me.buf), 8, me.mr->lkey});
+  ibv_recv_wr wr{}, *bad = nullptr;
+  wr.sg_list = sges.data();
+  wr.num_sge = int(sges.size());
+  EXPECT_EQ(EINVAL, ibv_post_srq_recv(imported, &wr, &bad));
+  wr.num_sge = 3;
+  EXPECT_EQ(EINVAL, ibv_post_srq_recv(imported, &wr, &bad));
+  wr.num_sge = 2;
+  EXPECT_EQ(0, ibv_post_srq_recv(imported, &wr, &bad));
+  svx_unimport_srq(imported);
+  EXPECT_EQ(0, ibv_close_device(c));
   EXPECT_EQ(0, ibv_destroy_srq(srq));
 }
 
