@@ -156,7 +156,9 @@ TEST(Srq, AnImporterGetsTheCreatedMaxSgeNotTheHeadersForgedOne) {
   EXPECT_EQ(EINVAL, ibv_post_srq_recv(imported, &wr, &bad));
   wr.num_sge = 2;
   EXPECT_EQ(0, ibv_post_srq_recv(imported, &wr, &bad));
+  ibv_pd* imported_pd = imported->pd;  // imported with the SRQ
   svx_unimport_srq(imported);
+  ibv_unimport_pd(imported_pd);
   EXPECT_EQ(0, ibv_close_device(c));
   EXPECT_EQ(0, ibv_destroy_srq(srq));
 }
