@@ -186,21 +186,9 @@ int DaemonConn::refused(int e, uint32_t seq) const {
   return e;
 }
 
-int DaemonConn::raw_post(void* req, size_t req_len) {
-  std::lock_guard<std::mutex> g(mu_);
-  if (!sock_.valid()) return ENODEV;
-  if (owner_pid_ != self_pid()) {
-    if (int e = reattach_after_fork()) return e;
-  }
-  auto* h = static_cast<proto::Header*>(req);
-  h->seq = ++seq_;
-  if (int e = send_message(sock_.get(), req, req_len, {})) return refused(e == EPIPE ? ENODEV : e, h->seq);
-  return 0;
-}
-
-int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
-                         std::span<const int> send_fds, std::vector<Fd>* recv_fds, const Work* work) {
-  std::lock_guard<std::mutex> g(mu_);
+// With mu_ held: numbers request `req` and sends it (both raw_post and
+// raw_call), after re-attaching a forked child.
+int DaemonConn::send_locked(void* req, size_t req_len, std::span<const int> send_fds) {
   if (!sock_.valid()) return ENODEV;
   if (owner_pid_ != self_pid()) {
     if (int e = reattach_after_fork()) return e;
@@ -208,6 +196,19 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
   auto* h = static_cast<proto::Header*>(req);
   h->seq = ++seq_;
   if (int e = send_message(sock_.get(), req, req_len, send_fds)) return refused(e == EPIPE ? ENODEV : e, h->seq);
+  return 0;
+}
+
+int DaemonConn::raw_post(void* req, size_t req_len) {
+  std::lock_guard<std::mutex> g(mu_);
+  return send_locked(req, req_len, {});
+}
+
+int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
+                         std::span<const int> send_fds, std::vector<Fd>* recv_fds, const Work* work) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (int e = send_locked(req, req_len, send_fds)) return e;
+  auto* h = static_cast<proto::Header*>(req);
   if (work) *work->result = work->run(work->ctx);
   alignas(8) uint8_t buf[proto::kMaxMessage];
   std::vector<Fd> fds;

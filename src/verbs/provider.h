@@ -118,6 +118,7 @@ class DaemonConn {
     int* result;
   };
   int raw_post(void* req, size_t req_len);
+  int send_locked(void* req, size_t req_len, std::span<const int> send_fds);
   int raw_call(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
                std::vector<Fd>* recv_fds, const Work* work = nullptr);
   bool dispatch_event(const uint8_t* buf, size_t len);
