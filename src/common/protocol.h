@@ -87,6 +87,7 @@ enum class Op : uint16_t {
   RegDmMr,         // ibv_reg_dm_mr: a zero-based MR over part of a DM
   Netns,           // the caller's network namespace: EXDEV if the daemon serves another (common/paths.h)
   MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, session 18); the outcome in the QP segment and CQ
+  MediateGone,     // can connection `client` still finish pipelined requests on my QP? 0: never again; EBUSY: it can
   kCount
 };
 
@@ -100,6 +101,14 @@ struct Header {
 
 struct Empty {
   Header h;
+};
+
+// ImportContext's reply: the id the daemon gave this connection, as Hello's
+// (a pipelined run names its connection with it, MediateGoneReq).
+struct ClientReply {
+  Header h;
+  uint32_t client_id;
+  uint32_t pad;
 };
 
 struct HelloReply {
@@ -333,6 +342,17 @@ struct MediateReq {
   uint8_t inline_data[shm::kMaxInline];
 };
 static_assert(sizeof(MediateReq) <= kMaxMessage);
+
+// MediateGone: a sharer of an RC QP whose pipelined run was sent by a
+// process that died asks whether that run's connection (the client id the
+// sender wrote beside its run, QpSegmentHeader::med_client) can still
+// finish any of it; only once it cannot may the sharer complete the rest
+// in error without a completion coming twice.
+struct MediateGoneReq {
+  Header h;
+  uint32_t qpn;     // the asker's QP
+  uint32_t client;  // the connection that sent the run
+};
 
 enum MediateOutcome : uint32_t { kMediateDone = 0, kMediateRnr = 1, kMediateRetry = 2, kMediateError = 3 };
 
@@ -768,7 +788,7 @@ SV_OP(DeallocMw,     HandleReq,      Empty,              fds(0),    fds(0),    {
 SV_OP(BindMw,        BindMwReq,      KeyReply,           fds(0),    fds(0),    {kObjMw | kObjQp | kObjMr})
 SV_OP(InvalidateKey, InvalidateReq,  Empty,              fds(0),    fds(0),    {kObjMr | kObjMw | kObjQp})
 SV_OP(ClaimSocket,   ClaimSocketReq, Empty,              fds(0),    fds(0),    {})
-SV_OP(ImportContext, Empty,          Empty,              fds(1),    fds(0),    {kObjContext})
+SV_OP(ImportContext, Empty,          ClientReply,              fds(1),    fds(0),    {kObjContext})
 SV_OP(QueryPd,       HandleReq,      Empty,              fds(0),    fds(0),    {kObjPd})
 SV_OP(QueryMr,       HandleReq,      QueryMrReply,       fds(0),    fds(0),    {kObjMr})
 SV_OP(ImportCq,      HandleReq,      ImportCqReply,      fds(0),    fds(0, 1), {kObjCq})  // granted: no fd
@@ -807,6 +827,7 @@ SV_OP(ImportDm,      HandleReq,      DmReply,            fds(0),    fds(1),    {
 SV_OP(RegDmMr,       RegDmMrReq,     RegMrReply,         fds(0),    fds(0),    {kObjPd | kObjDm, kObjMr})
 SV_OP(Netns,         NetnsMsg,       NetnsMsg,           fds(0),    fds(0),    {})
 SV_OP(MediatePost,   MediateReq,     Empty,              fds(0),    fds(0),    {kObjQp | kObjMr | kObjMw})
+SV_OP(MediateGone,   MediateGoneReq, Empty,              fds(0),    fds(0),    {kObjQp})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -215,6 +215,7 @@ struct QpSegmentHeader {
   // of it were sent and have left the send queue since.
   alignas(64) uint32_t med_epoch;
   std::atomic<uint32_t> med_pid;  // 0: no run in flight
+  uint32_t med_client;            // the sender's connection (Op::MediateGone asks the daemon about it)
   uint64_t med_base_finished;
   uint64_t med_base_done;
   uint64_t med_sent;

@@ -42,7 +42,10 @@ SV_HANDLER(Hello) {
   return 0;
 }
 SV_HANDLER(ClaimSocket) { return env.registry.claim_socket(env.client, req.inode); }
-SV_HANDLER(ImportContext) { return env.registry.import_context(env.client, std::move(env.in_fds[0])); }
+SV_HANDLER(ImportContext) {
+  rep.client_id = env.client;
+  return env.registry.import_context(env.client, std::move(env.in_fds[0]));
+}
 SV_HANDLER(RegAsync) { return env.registry.reg_async(env.client, std::move(env.in_fds[0])); }
 SV_HANDLER(Status) {
   Counts c = env.registry.counts();
@@ -119,6 +122,7 @@ SV_HANDLER(MediatePost) {
   (void)rep;  // never sent (Server::serve)
   return env.registry.mediate_posted(env.client, req, env.deferred);
 }
+SV_HANDLER(MediateGone) { return env.registry.mediate_gone(env.client, req.qpn, req.client); }
 SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, req); }
 SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(env.client, req); }
 SV_HANDLER(RoceAttach) {

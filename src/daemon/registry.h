@@ -160,6 +160,10 @@ class Registry : private MediationTables {
   // goes to the QP segment's counts and, where due, to the send CQ. An
   // errno only for a request that names no RC QP of the client.
   int mediate_posted(uint32_t client, const proto::MediateReq& req, std::unique_ptr<MediationJob>* defer = nullptr);
+  // Op::MediateGone: 0 when connection `sender` can no longer finish
+  // anything on QP `qpn` (gone, or no longer a holder of it), EBUSY while
+  // it can; EINVAL unless `client` holds the QP.
+  int mediate_gone(uint32_t client, uint32_t qpn, uint32_t sender);
   // The end of a deferred MediatePost (its copy done), on the loop.
   void finish_posted(MediationJob& job);
   // Bytes mediated copies have moved on the loop so far (the server's budget per turn).

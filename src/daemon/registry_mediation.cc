@@ -148,6 +148,16 @@ void Registry::finish_posted(MediationJob& job) {
   posted_outcome(*q, job.requester_qpn, job.wr_id, job.opcode, job.signaled, job.epoch, rep);
 }
 
+// Whether `sender` can still finish requests on the QP: not once its
+// connection is gone (remove_client ran; a copy still at the worker finds
+// no QP in finish_posted) or it holds the QP no more. The loop answers this
+// between two requests, so a "gone" follows every outcome the sender's
+// requests will ever have (registry_mediation's posted_outcome).
+int Registry::mediate_gone(uint32_t client, uint32_t qpn, uint32_t sender) {
+  if (!find_qp(client, qpn)) return EINVAL;
+  return find_qp(sender, qpn) ? EBUSY : 0;
+}
+
 // The completion first, then the counts: a requester that sees its run
 // finished finds every completion of it in the CQ.
 void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,

@@ -122,8 +122,9 @@ int attach_connection(ContextState& st, int import_fd, NsAttach* ns) {
   if (int e = st.conn.call<proto::Op::ClaimSocket>(claim, none)) return e;
   if (import_fd >= 0) {
     proto::Empty req{};
+    proto::ClientReply joined{};
     int fds1[1] = {import_fd};
-    if (int e = st.conn.call<proto::Op::ImportContext>(req, none, fds1)) return e == ENOENT ? EINVAL : e;
+    if (int e = st.conn.call<proto::Op::ImportContext>(req, joined, fds1)) return e == ENOENT ? EINVAL : e;
   }
   if (ns) {
     proto::NsNameReq req{};
@@ -144,6 +145,7 @@ int map_device(ContextState& st) {
   std::vector<Fd> fds;
   if (int e = st.conn.call<proto::Op::Hello>(hello, rep, {}, &fds)) return e;
   st.boot_id = rep.boot_id;
+  st.conn.set_client_id(rep.client_id);
   if (int e = map_shared(fds[0].get(), 0, shm::DeviceLayout::size(), PROT_READ, false, st.device_map)) return e;
   auto* dh = st.device_map.as<shm::DeviceHeader>();
   if (dh->magic != shm::kDeviceMagic || dh->version != shm::kLayoutVersion) return EPROTO;

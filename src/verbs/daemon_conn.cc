@@ -248,14 +248,21 @@ int DaemonConn::reattach_after_fork() {
   DaemonConn fresh;
   if (int e = fresh.open()) return e;
   proto::Empty req{};
-  proto::Empty rep{};
+  proto::ClientReply rep{};
   int fds[1] = {sock_.get()};
   if (int e = fresh.call<proto::Op::ImportContext>(req, rep, fds)) return e;
+  client_id_ = rep.client_id;
   // The inherited socket stays open but unused here: ibv_context::cmd_fd
   // still names it (another process may import the context through it).
   inherited_ = std::exchange(sock_, std::move(fresh.sock_));
   owner_pid_ = fresh.owner_pid_;
   return 0;
+}
+
+uint32_t DaemonConn::client_id() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (owner_pid_ != self_pid() && reattach_after_fork() != 0) return 0;
+  return client_id_;
 }
 
 bool DaemonConn::dispatch_event(const uint8_t* buf, size_t len) {

@@ -63,6 +63,13 @@ class DaemonConn {
   const std::string& dir() const { return dir_; }  // the daemon's directory
   // Receives the async events waiting on the socket without blocking.
   void drain_events();
+  // The id the daemon gave this connection (Hello's or ImportContext's
+  // reply); in a forked child, its own connection's, made now. 0 if none.
+  uint32_t client_id();
+  void set_client_id(uint32_t id) {
+    std::lock_guard<std::mutex> g(mu_);
+    client_id_ = id;
+  }
   // Called (under the connection's lock) for each async event the daemon sends.
   std::function<void(const proto::AsyncEventMsg&)> on_event;
 
@@ -135,6 +142,7 @@ class DaemonConn {
   // connection closed on the first request (seq 1) of the connection.
   int refused(int e, uint32_t seq) const;
   uint32_t owner_pid_ = 0;  // the process whose connection sock_ is
+  uint32_t client_id_ = 0;
 };
 
 // ---- A CQ ring as a producer sees it (local or a peer's) -------------------
@@ -364,7 +372,7 @@ struct QpState {
   // ended with requests sent back unexecuted (RNR, responder not ready);
   // the head goes through the daemon alone, with its retry timer, until done.
   bool med_sync_head = false;
-  uint64_t med_dead_since = 0;  // when the sender of the run in flight was found dead (another process)
+  uint64_t med_asked_ns = 0;  // when the daemon was last asked whether a dead sender's run can still finish
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
   struct Qp* self = nullptr;
 

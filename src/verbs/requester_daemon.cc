@@ -135,16 +135,23 @@ int mediated_send(QpState& q, const shm::SendWqe& w) {
   shm::QpSegmentHeader& h = *q.hdr;
   proto::MediateReq req{};
   if (!mediate_request(q, w, req)) return EINVAL;
+  DaemonConn& conn = q.ctx->st->conn;
   if (!h.med_pid.load(std::memory_order_relaxed)) {  // a new run (nothing in flight: the counts stand still)
+    // The connection is named before anything of the run is sent on it (a
+    // forked child's own is made here): a sharer that finds us dead asks
+    // the daemon about this one (reclaim_dead_run).
+    const uint32_t client = conn.client_id();
+    if (!client) return ENODEV;
     ++h.med_epoch;
     h.med_base_finished = h.med_finished.load(std::memory_order_acquire);
     h.med_base_done = h.med_done.load(std::memory_order_relaxed);
     h.med_sent = h.med_popped = 0;
+    h.med_client = client;
     h.med_pid.store(self_pid(), std::memory_order_relaxed);
   }
   req.epoch = h.med_epoch;
   req.wr_id = w.wr_id;
-  if (int e = q.ctx->st->conn.post<proto::Op::MediatePost>(req)) {
+  if (int e = conn.post<proto::Op::MediatePost>(req)) {
     if (h.med_sent == 0) h.med_pid.store(0, std::memory_order_relaxed);
     return e;
   }
@@ -152,20 +159,32 @@ int mediated_send(QpState& q, const shm::SendWqe& w) {
   return 0;
 }
 
+// How often a sharer asks the daemon whether a dead sender's run can
+// still finish (Op::MediateGone).
+constexpr uint64_t kGoneAskNs = 1'000'000;
+
 // A run whose sender died (another process sharing the QP) never finishes
-// what the daemon dropped with its connection: a second after the death
-// was seen, those complete in error, as a request a killed poster was
-// running does (complete_dead_run), so that the other holders go on.
+// what the daemon dropped with its connection. Once the daemon says that
+// connection can finish nothing more (it has dropped it: every outcome of
+// the run the daemon will ever write is in the counts and the CQ), the
+// rest completes in error, as a request a killed poster was running does
+// (complete_dead_run), and the other holders go on. Asking the daemon, not
+// waiting a while, is what keeps a completion from coming twice when the
+// daemon is slow to work through the dead connection's requests
+// (MediationPipeline.ASharerKilledMidRunWhileTheDaemonStalls...).
 void reclaim_dead_run(QpState& q) {
   shm::QpSegmentHeader& h = *q.hdr;
   const uint32_t pid = h.med_pid.load(std::memory_order_relaxed);
-  if (!pid || pid == self_pid() || ::kill(pid_t(pid), 0) == 0 || errno != ESRCH) {
-    q.med_dead_since = 0;
-    return;
-  }
+  if (!pid || pid == self_pid() || ::kill(pid_t(pid), 0) == 0 || errno != ESRCH) return;
   const uint64_t now = monotonic_ns();
-  if (!q.med_dead_since) q.med_dead_since = now;
-  if (now - q.med_dead_since < 1'000'000'000ull || mediated_reap(q) == 0) return;
+  if (now - q.med_asked_ns < kGoneAskNs || mediated_reap(q) == 0) return;
+  q.med_asked_ns = now;
+  proto::MediateGoneReq req{};
+  req.qpn = q.qpn;
+  req.client = h.med_client;
+  proto::Empty rep{};
+  if (q.ctx->st->conn.call<proto::Op::MediateGone>(req, rep) != 0) return;  // EBUSY: it still may
+  if (mediated_reap(q) == 0) return;  // what it finished meanwhile
   for (shm::SendWqe w; h.med_popped < h.med_sent && q.sq.pop(w); ++h.med_popped) {
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
@@ -175,7 +194,6 @@ void reclaim_dead_run(QpState& q) {
     q.send_cq->st->view.push(wc, true);
   }
   h.med_pid.store(0, std::memory_order_relaxed);
-  q.med_dead_since = 0;
 }
 
 void mediated_drain(QpState& q) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attack.h"
+#include "softverbs/softverbs.h"
 
 namespace svsec {
 namespace {
@@ -424,6 +425,122 @@ size_t lines(const std::string& path) {
   for (int c; (c = fgetc(f)) != EOF;) n += c == '\n';
   fclose(f);
   return n;
+}
+
+// A sharer of the QP (another of root's processes) reaps a run whose
+// sender was killed with every request of it still unread in the daemon's
+// socket, the daemon being stopped meanwhile (SIGSTOP, 1.5 s: as a daemon
+// too loaded to come to it). Once the daemon runs again it works through
+// the dead connection's requests, and the sharer must not have completed
+// them in error before: every request completes exactly once. Before
+// Op::MediateGone the sharer waited one second and completed all of them
+// in error, then the daemon completed them again.
+TEST(MediationPipeline, ASharerKilledMidRunWhileTheDaemonStallsGetsEachCompletionOnce) {
+  constexpr uint64_t kRun = 16, kLater = 1000;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  // The survivor: imports the context and the QP, then (told to) posts one
+  // more WRITE behind the dead run and counts every completion of the CQ
+  // until that one came and 500 ms passed with nothing more.
+  Child survivor(false, [](int sock) {
+    int dummy = 0;
+    std::vector<sv::Fd> fds;
+    uint32_t qpn = 0;
+    Info peer{};
+    if (!recv_val(sock, dummy, &fds) || fds.size() != 1 || !recv_val(sock, qpn) || !recv_val(sock, peer)) return 70;
+    ibv_context* c = ibv_import_device(fds[0].get());
+    if (!c) return 71;
+    ibv_qp* qp = svx_import_qp(c, qpn);
+    if (!qp) return 72;
+    static uint8_t mine[4096];
+    ibv_mr* mr = ibv_reg_mr(qp->pd, mine, sizeof mine, IBV_ACCESS_LOCAL_WRITE);
+    if (!mr || !send_val(sock, 1) || !recv_val(sock, dummy)) return 73;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(mine), sizeof mine, mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = kLater;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = peer.addr;
+    wr.wr.rdma.rkey = peer.rkey;
+    if (ibv_post_send(qp, &wr, &bad)) return 74;
+    uint32_t count[kRun + 1] = {};
+    uint32_t later = 0, later_ok = 0;
+    auto quiet_since = std::chrono::steady_clock::now();
+    const auto until = quiet_since + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      ibv_wc wc[16];
+      const int k = ibv_poll_cq(qp->send_cq, 16, wc);
+      for (int i = 0; i < k; ++i) {
+        if (wc[i].wr_id == kLater) {
+          ++later;
+          later_ok += wc[i].status == IBV_WC_SUCCESS;
+        } else if (wc[i].wr_id >= 1 && wc[i].wr_id <= kRun) {
+          ++count[wc[i].wr_id];
+        } else {
+          return 75;
+        }
+      }
+      if (k > 0) quiet_since = std::chrono::steady_clock::now();
+      if (later && std::chrono::steady_clock::now() - quiet_since > std::chrono::milliseconds(500)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!send_val(sock, count) || !send_val(sock, later) || !send_val(sock, later_ok)) return 76;
+    return 0;
+  });
+  Pair pair(
+      1 << 20, 64,
+      [](Side& me, const Info& peer, int sock) {
+        // The first request goes alone (a round trip); its completion is
+        // taken here, before the survivor polls.
+        if (me.post(IBV_WR_RDMA_WRITE, 0, me.buf, 64, peer.addr, peer.rkey, true) || me.poll(1).size() != 1) return 30;
+        int fd[1] = {me.ctx->cmd_fd}, go = 0;
+        if (!send_val(sock, 1, fd) || !send_val(sock, me.qp->qp_num) || !recv_val(sock, go)) return 31;
+        for (uint64_t i = 1; i <= kRun; ++i)
+          if (me.post(IBV_WR_RDMA_WRITE, i, me.buf + 4096 * i, 4096, peer.addr + 4096 * i, peer.rkey, true)) return 32;
+        if (!send_val(sock, 1)) return 33;
+        ::raise(SIGKILL);
+        return 34;
+      },
+      [](Side& me, int sock) {
+        Info info{me.qp->qp_num, me.mr->rkey, reinterpret_cast<uintptr_t>(me.buf)};
+        if (!send_val(sock, info)) return 60;
+        int done = 0;
+        return recv_val(sock, done) ? 0 : 61;
+      });
+  ASSERT_TRUE(pair.start());
+  Info peer{};
+  ASSERT_TRUE(recv_val(pair.nobody.sock(), peer));
+  int one = 0;
+  uint32_t qpn = 0;
+  std::vector<sv::Fd> fds;
+  ASSERT_TRUE(recv_val(pair.root.sock(), one, &fds) && fds.size() == 1 && recv_val(pair.root.sock(), qpn));
+  survivor.start();
+  int cmd[1] = {fds[0].get()};
+  ASSERT_TRUE(send_val(survivor.sock(), one, cmd) && send_val(survivor.sock(), qpn) && send_val(survivor.sock(), peer));
+  ASSERT_TRUE(recv_val(survivor.sock(), one)) << "survivor: exit " << survivor.wait();
+  struct Resume {  // the daemon runs again whatever happens below
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{sysd.pid};
+  ASSERT_EQ(0, ::kill(sysd.pid, SIGSTOP));
+  ASSERT_TRUE(send_val(pair.root.sock(), one));
+  ASSERT_TRUE(recv_val(pair.root.sock(), one)) << "root failed: exit " << pair.root.wait();
+  EXPECT_EQ(128 + SIGKILL, pair.root.wait());
+  ASSERT_TRUE(send_val(survivor.sock(), one));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_EQ(0, ::kill(sysd.pid, SIGCONT));
+  uint32_t count[kRun + 1] = {}, later = 0, later_ok = 0;
+  ASSERT_TRUE(recv_val(survivor.sock(), count) && recv_val(survivor.sock(), later) && recv_val(survivor.sock(), later_ok))
+      << "survivor: exit " << survivor.wait();
+  for (uint64_t i = 1; i <= kRun; ++i) EXPECT_EQ(1u, count[i]) << "completions of request " << i;
+  EXPECT_EQ(1u, later) << "completions of the survivor's own request";
+  EXPECT_EQ(1u, later_ok);
+  EXPECT_EQ(0, survivor.wait());
+  ASSERT_TRUE(send_val(pair.nobody.sock(), one));
+  EXPECT_EQ(0, pair.nobody.wait());
+  EXPECT_TRUE(sysd.alive());
 }
 
 // Root is killed right after posting large WRITEs (the copy worker's) and
