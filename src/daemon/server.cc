@@ -396,11 +396,22 @@ void Server::accept_clients() {
     // process here, or none, and a live claimer taken for dead loses a
     // message. So a client in a container reaches a daemon of its own
     // namespace: its container's, or its pod's (docs/CONTAINERS.md).
-    if (bool same = false; same_pid_namespace(cred.pid, pidfd.get(), same) != 0 || !same) {
+    bool same = false;
+    if (const int e = same_pid_namespace(cred.pid, pidfd.get(), same); e != 0 || !same) {
       // Said once: a flood of such connections must not flood the log.
-      if (!refused_pid_ns_++)
-        std::fprintf(stderr, "softverbsd: refused a connection of uid %u: not in this daemon's pid namespace\n",
-                     unsigned(cred.uid));
+      // Another user's namespace is read with ptrace's permission: a
+      // system daemon in a container (a pod's, docs/CONTAINERS.md) needs
+      // CAP_SYS_PTRACE, as root has it on a host.
+      if (!refused_pid_ns_++) {
+        if (e == EPERM || e == EACCES)
+          std::fprintf(stderr,
+                       "softverbsd: refused a connection of uid %u: cannot read its pid namespace (%s; a system "
+                       "daemon in a container needs --cap-add SYS_PTRACE)\n",
+                       unsigned(cred.uid), std::strerror(e));
+        else
+          std::fprintf(stderr, "softverbsd: refused a connection of uid %u: not in this daemon's pid namespace\n",
+                       unsigned(cred.uid));
+      }
       continue;
     }
     epoll_event ev{};

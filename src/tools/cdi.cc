@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -38,7 +39,8 @@ std::string bind_mount(const std::string& host, const std::string& container, bo
 constexpr const char* kDomainContainerDir = "/run/softverbs-domain";
 
 constexpr const char* kUsage =
-    "usage: softverbs cdi [--output FILE] [--kind VENDOR/CLASS] [--domain NAME]... [--owner USER]\n"
+    "usage: softverbs cdi [--output FILE] [--kind VENDOR/CLASS] [--domain NAME]... [--users-domain NAME]...\n"
+    "                     [--owner USER]\n"
     "  Prints a Container Device Interface spec for the softverbs device (or writes\n"
     "  it to FILE), e.g. sudo softverbs cdi --output /etc/cdi/softverbs.json, then:\n"
     "  podman run --device softverbs.io/rdma=sv0 IMAGE ibv_devinfo\n"
@@ -46,17 +48,27 @@ constexpr const char* kUsage =
     "  --domain  also a device NAME shared by the containers of one trust domain: those\n"
     "            that use it and share a pid namespace (a pod made with --share +pid)\n"
     "            share one daemon and the shared-memory data path (docs/CONTAINERS.md)\n"
-    "  --owner   the user whose containers use the domains (rootless podman's; default: you)\n";
+    "  --owner   the user whose containers use the domains (rootless podman's; default: you)\n"
+    "  --users-domain  also a device NAME for the containers of several users in one pod\n"
+    "            (one pid namespace): their daemon is a system daemon that the pod's\n"
+    "            holder runs as root; it carries the data between users with every key\n"
+    "            checked, and gives each user's processes shared memory among themselves\n";
 
 // One device's entry: sv0's edits, and for a trust domain's device its
 // directory (see cdi.h) and the environment that points the library at it.
-std::string device_entry(const CdiPaths& p, const std::string& name, const std::string& domain_dir, bool last) {
+// A users' domain's device (`users`) points the library at a system daemon
+// in the domain's directory instead (SOFTVERBS_SYSTEM, common/paths.h).
+std::string device_entry(const CdiPaths& p, const std::string& name, const std::string& domain_dir, bool users,
+                         bool last) {
   std::string s;
   s += "    {\n";
   s += "      \"name\": " + quote(name) + ",\n";
   s += "      \"containerEdits\": {\n";
   s += "        \"env\": [\"LD_LIBRARY_PATH=/opt/softverbs/lib\", \"SOFTVERBSD=/opt/softverbs/bin/softverbsd\"";
-  if (!domain_dir.empty()) s += ", " + quote(std::string("SOFTVERBS_DIR=") + kDomainContainerDir);
+  if (users)
+    s += ", \"SOFTVERBS_SYSTEM=1\", " + quote(std::string("SOFTVERBS_SYSTEM_DIR=") + kDomainContainerDir);
+  else if (!domain_dir.empty())
+    s += ", " + quote(std::string("SOFTVERBS_DIR=") + kDomainContainerDir);
   s += "],\n";
   s += "        \"mounts\": [\n";
   // /dev/infiniband/uverbs0 is the host's /dev/null, bound: a mount, not a
@@ -97,15 +109,18 @@ bool valid_domain_name(const std::string& n) {
 }
 
 std::string cdi_spec(const CdiPaths& p, const std::string& kind, const std::vector<std::string>& domains,
-                     const std::string& domains_dir) {
+                     const std::string& domains_dir, const std::vector<std::string>& users_domains) {
   std::string s;
   s += "{\n";
   s += "  \"cdiVersion\": \"0.5.0\",\n";
   s += "  \"kind\": " + quote(kind) + ",\n";
   s += "  \"devices\": [\n";
-  s += device_entry(p, "sv0", "", domains.empty());
+  s += device_entry(p, "sv0", "", false, domains.empty() && users_domains.empty());
   for (size_t i = 0; i < domains.size(); ++i)
-    s += device_entry(p, domains[i], domains_dir + "/" + domains[i], i + 1 == domains.size());
+    s += device_entry(p, domains[i], domains_dir + "/" + domains[i], false,
+                      i + 1 == domains.size() && users_domains.empty());
+  for (size_t i = 0; i < users_domains.size(); ++i)
+    s += device_entry(p, users_domains[i], domains_dir + "/" + users_domains[i], true, i + 1 == users_domains.size());
   s += "  ]\n";
   s += "}\n";
   return s;
@@ -115,7 +130,10 @@ namespace {
 
 // The host directory of each domain: made (0700, owned by the caller, as the
 // library requires of a runtime directory) if missing, checked if present.
-int make_domain_dirs(const std::string& base, const std::vector<std::string>& domains, uid_t owner) {
+// A users' domain's (`mode` 0755): the system daemon's directory, which
+// every user of the pod reaches and none but its owner (root) writes.
+int make_domain_dirs(const std::string& base, const std::vector<std::string>& domains, uid_t owner,
+                     mode_t mode = 0700) {
   if (domains.empty()) return 0;
   // Its parents too (/run/softverbs may not exist yet), each searchable by
   // all and writable by its owner alone.
@@ -129,7 +147,7 @@ int make_domain_dirs(const std::string& base, const std::vector<std::string>& do
   }
   for (const std::string& d : domains) {
     const std::string dir = base + "/" + d;
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    if (::mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) {
       std::fprintf(stderr, "softverbs cdi: cannot make %s: %s\n", dir.c_str(), std::strerror(errno));
       return 1;
     }
@@ -137,9 +155,9 @@ int make_domain_dirs(const std::string& base, const std::vector<std::string>& do
     if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid != owner && st.st_uid == ::getuid() &&
         ::lchown(dir.c_str(), owner, gid_t(-1)) == 0)
       ::lstat(dir.c_str(), &st);
-    if (!S_ISDIR(st.st_mode) || st.st_uid != owner || (st.st_mode & 077)) {
-      std::fprintf(stderr, "softverbs cdi: %s must be a directory of uid %u with mode 0700\n", dir.c_str(),
-                   unsigned(owner));
+    if (!S_ISDIR(st.st_mode) || st.st_uid != owner || (st.st_mode & 0777) != mode) {
+      std::fprintf(stderr, "softverbs cdi: %s must be a directory of uid %u with mode %04o\n", dir.c_str(),
+                   unsigned(owner), unsigned(mode));
       return 1;
     }
   }
@@ -150,7 +168,7 @@ int make_domain_dirs(const std::string& base, const std::vector<std::string>& do
 
 int cdi_main(int argc, char** argv, const CdiPaths& paths) {
   std::string out, kind = "softverbs.io/rdma";
-  std::vector<std::string> domains;
+  std::vector<std::string> domains, users_domains;
   uid_t owner = ::getuid();
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
@@ -158,14 +176,19 @@ int cdi_main(int argc, char** argv, const CdiPaths& paths) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (a == "--domain" && i + 1 < argc) {
+    if ((a == "--domain" || a == "--users-domain") && i + 1 < argc) {
       std::string d = argv[++i];
       if (!valid_domain_name(d)) {
-        std::fprintf(stderr, "softverbs cdi: --domain %s: a name of a-z, 0-9 and '-' (at most 63, not sv0)\n",
+        std::fprintf(stderr, "softverbs cdi: %s %s: a name of a-z, 0-9 and '-' (at most 63, not sv0)\n", a.c_str(),
                      d.c_str());
         return 2;
       }
-      domains.push_back(d);
+      if (std::find(domains.begin(), domains.end(), d) != domains.end() ||
+          std::find(users_domains.begin(), users_domains.end(), d) != users_domains.end()) {
+        std::fprintf(stderr, "softverbs cdi: %s %s: named twice\n", a.c_str(), d.c_str());
+        return 2;
+      }
+      (a == "--domain" ? domains : users_domains).push_back(d);
       continue;
     }
     if (a == "--owner" && i + 1 < argc) {
@@ -204,7 +227,13 @@ int cdi_main(int argc, char** argv, const CdiPaths& paths) {
     return 1;
   }
   if (int e = make_domain_dirs(paths.domains_dir, domains, owner)) return e;
-  const std::string spec = cdi_spec(paths, kind, domains, paths.domains_dir);
+  // A system daemon's directory: root's (the holder runs the daemon as root).
+  if (!users_domains.empty() && ::geteuid() != 0) {
+    std::fprintf(stderr, "softverbs cdi: --users-domain needs root (its daemon is a system daemon)\n");
+    return 1;
+  }
+  if (int e = make_domain_dirs(paths.domains_dir, users_domains, 0, 0755)) return e;
+  const std::string spec = cdi_spec(paths, kind, domains, paths.domains_dir, users_domains);
   if (out.empty()) {
     std::fputs(spec.c_str(), stdout);
     return 0;

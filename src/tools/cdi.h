@@ -30,6 +30,14 @@
 // `podman pod create --share +pid` (Kubernetes: shareProcessNamespace).
 // Between them, the shared-memory data path; a container that mounts the
 // directory from another pid namespace is refused.
+//
+// A users' domain's device (`--users-domain NAME`): containers of several
+// users in one pod (one pid namespace), which trust each other no more than
+// users of one host do. Its directory (0755, root's) is a system daemon's,
+// which the pod's holder container runs as root (`softverbsd --system
+// --dir /run/softverbs-domain`); SOFTVERBS_SYSTEM points the library there.
+// Between users the daemon carries every request with its keys checked (the
+// mediated path, docs/SECURITY.md); one user's processes share memory.
 #pragma once
 
 #include <string>
@@ -48,7 +56,8 @@ struct CdiPaths {
 // device sv0, then one device per trust domain, each with its directory
 // under `domains_dir`.
 std::string cdi_spec(const CdiPaths& paths, const std::string& kind, const std::vector<std::string>& domains = {},
-                     const std::string& domains_dir = "/run/softverbs/domains");
+                     const std::string& domains_dir = "/run/softverbs/domains",
+                     const std::vector<std::string>& users_domains = {});
 
 // A domain's name: 1-63 of a-z, 0-9 and '-', not starting with '-', not sv0
 // (it names a directory and a CDI device).

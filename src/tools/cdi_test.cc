@@ -49,6 +49,23 @@ TEST(Cdi, ADomainsDeviceHasItsDirectoryReadWriteAndNothingElseDoes) {
   EXPECT_EQ(s.find("},\n  ]"), std::string::npos);
 }
 
+// A users' domain (containers of several users in one pod) points the
+// library at the domain's system daemon, never at a per-user one.
+TEST(Cdi, AUsersDomainsDeviceNamesTheSystemDaemonsDirectory) {
+  const std::string s = cdi_spec(paths(), "softverbs.io/rdma", {"job1"}, "/run/softverbs/domains", {"pod7"});
+  EXPECT_EQ(count(s, "\"name\": "), 3u);
+  const size_t job1 = s.find("\"name\": \"job1\""), pod7 = s.find("\"name\": \"pod7\"");
+  ASSERT_LT(job1, pod7);
+  const std::string users = s.substr(pod7);
+  EXPECT_NE(users.find("\"SOFTVERBS_SYSTEM=1\", \"SOFTVERBS_SYSTEM_DIR=/run/softverbs-domain\""), std::string::npos);
+  EXPECT_EQ(users.find("SOFTVERBS_DIR="), std::string::npos) << "a users' domain has no per-user daemon";
+  EXPECT_NE(users.find("\"hostPath\": \"/run/softverbs/domains/pod7\""), std::string::npos);
+  EXPECT_EQ(s.substr(job1, pod7 - job1).find("SOFTVERBS_SYSTEM"), std::string::npos);
+  EXPECT_EQ(count(s, "{"), count(s, "}"));
+  EXPECT_EQ(count(s, "["), count(s, "]"));
+  EXPECT_EQ(s.find("},\n  ]"), std::string::npos);
+}
+
 TEST(Cdi, DomainNamesThatCouldEscapeOrCollideAreRefused) {
   for (const char* ok : {"a", "job1", "job-2", "0", "abcdefghijklmnopqrstuvwxyz0123456789-abcdefghijklmnopqrstuvwxyz"})
     EXPECT_TRUE(valid_domain_name(ok)) << ok;

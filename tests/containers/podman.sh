@@ -29,6 +29,13 @@
 #   domain_refused  a container that mounts the domain's directory from
 #              another pid namespace is refused by its daemon, says why,
 #              and the domain goes on
+#   users      a pod of containers of different users (the spec's
+#              --users-domain device): the holder runs the pod's system
+#              daemon as root; a server as nobody and a client as uid 1000
+#              in the pod's pid and network namespaces run ib_write_bw 64 KiB
+#              and ibv_rc_pingpong, which the daemon carries between the two
+#              users (no RoCEv2 QP). The attacks on that daemon are
+#              tests/security's (the same daemon, softverbsd --system)
 #   rootless   podman run by a user without privileges (rootless: a user
 #              namespace from /etc/subuid, slirp4netns): the device and its
 #              /sys view, and a trust domain of two containers exchanging
@@ -67,14 +74,17 @@ cleanup() {
   for ((i = ${#names[@]} - 1; i >= 0; i--)); do podman rm -f -t 0 "${names[i]}" >/dev/null 2>&1; done
   [ -n "${UCLEAN:-}" ] && su -s /bin/sh "$U" -c "cd /tmp && podman rm -f -t 0 $UCLEAN-srv; podman rm -f -t 0 $UCLEAN" >/dev/null 2>&1
   rm -f "$SPEC"
-  rm -rf "$DOMAIN_DIR"
+  rm -rf "$DOMAIN_DIR" "$UDOMAIN_DIR"
 }
 trap cleanup EXIT
 mkdir -p /var/run/cdi
 # A trust domain's device of this run (its host directory is removed at the end).
 DOMAIN="test$$"
 DOMAIN_DIR="/run/softverbs/domains/$DOMAIN"
-"$BIN_DIR/softverbs" cdi --kind "$KIND" --domain "$DOMAIN" --output "$SPEC" >/dev/null ||
+# A users' domain of this run: a pod of several users' containers.
+UDOMAIN="users$$"
+UDOMAIN_DIR="/run/softverbs/domains/$UDOMAIN"
+"$BIN_DIR/softverbs" cdi --kind "$KIND" --domain "$DOMAIN" --users-domain "$UDOMAIN" --output "$SPEC" >/dev/null ||
   { fail "softverbs cdi failed"; exit 1; }
 
 RUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=sv0")
@@ -256,6 +266,41 @@ domain_refused)
     fail "member: $out"
   echo "$out" | grep -q '^100 iters in' || fail "the domain's member did not complete 100 iterations after the refusal"
   finish dsrv || fail "server exited $?"
+  ;;
+users)
+  # The pod's holder runs its system daemon as root; the others join its pid
+  # and network namespaces, each as a user of its own.
+  URUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=$UDOMAIN")
+  h="sv-$$-uhold"
+  names+=("$h")
+  # CAP_SYS_PTRACE: the daemon reads its clients' identities and pid
+  # namespaces through /proc and their pidfds, which for another user's
+  # process takes ptrace's permission (root has it on a host).
+  "${URUN[@]}" -d --cap-add SYS_PTRACE --name "$h" "$IMAGE" /opt/softverbs/bin/softverbsd --system --foreground \
+    --dir /run/softverbs-domain --idle 0 >/dev/null || fail "cannot start the pod's daemon"
+  UJOIN=(--pid "container:$h" --network "container:$h" -e SOFTVERBS_ROCE_STATS=1)
+  for i in $(seq 100); do [ -S "$UDOMAIN_DIR/control" ] && break; sleep 0.1; done
+  n="sv-$$-usrv"
+  names+=("$n")
+  "${URUN[@]}" -d --name "$n" "${UJOIN[@]}" --user 65534:65534 "$IMAGE" /bin/sh -c \
+    '/usr/bin/ib_write_bw -s 65536 -n 5000 && /usr/bin/ibv_rc_pingpong -n 1000' >/dev/null || fail "cannot start $n"
+  # The client, uid 1000, once the server listens; then the pingpong.
+  out=$(timeout 90 "${URUN[@]}" --rm "${UJOIN[@]}" --user 1000:1000 "$IMAGE" /bin/sh -c \
+    'for i in 1 2 3 4 5 6 7 8 9 10; do /opt/softverbs/bin/softverbs status | grep -q "qps [1-9]" && break; sleep 1; done
+     /opt/softverbs/bin/softverbs status
+     for i in 1 2 3 4 5 6 7 8 9 10; do /usr/bin/ib_write_bw -s 65536 -n 5000 127.0.0.1 && break; sleep 1; done
+     for i in 1 2 3 4 5 6 7 8 9 10; do /usr/bin/ibv_rc_pingpong -n 1000 127.0.0.1 && exit 0; sleep 1; done
+     exit 1' 2>&1) || fail "client: $out"
+  log "client (uid 1000): $out"
+  echo "$out" | grep -q 'served by the system daemon' || fail "the pod's members are not served by its system daemon"
+  echo "$out" | grep -Eq '^ *65536 +5000 +[0-9.]+ +[0-9.]+' || fail "no bandwidth line for 65536 B x 5000 between users"
+  echo "$out" | grep -q '^1000 iters in' || fail "ibv_rc_pingpong between users did not complete 1000 iterations"
+  echo "$out" | grep -q 'softverbs roce: qp' && fail "the client's QP took RoCEv2, not the daemon"
+  finish usrv || fail "server (nobody) exited $?"
+  log "server (nobody): $OUT"
+  echo "$OUT" | grep -q '^1000 iters in' || fail "the server did not complete 1000 iterations"
+  echo "$OUT" | grep -q 'softverbs roce: qp' && fail "the server's QP took RoCEv2, not the daemon"
+  log "users (daemon-carried): $(echo "$out" | grep -E '^ *65536 +5000')"
   ;;
 rootless)
   U=${SOFTVERBS_ROOTLESS_USER:-$(awk -F: 'NR == 1 {print $1}' /etc/subuid 2>/dev/null)}
