@@ -7,7 +7,10 @@
 # two podman containers given the device by `softverbs cdi` (RoCEv2 over
 # the container network, docs/CONTAINERS.md), and two containers of one
 # trust domain (the spec's --domain device, the second container in the
-# first's pid and network namespaces: one daemon, shared memory). TCP: qperf tcp_lat / tcp_bw
+# first's pid and network namespaces: one daemon, shared memory), and two
+# containers of different users in one pod (the spec's --users-domain device:
+# the pod's system daemon carries every request between them, each key
+# checked). TCP: qperf tcp_lat / tcp_bw
 # between the same two containers. 8 B latency (one way, perftest's t_typical
 # / qperf's latency) and 64 KiB bandwidth. Writes bench/results/containers.md.
 set -euo pipefail
@@ -19,11 +22,13 @@ kind="softverbs.io/bench$$"
 spec="/var/run/cdi/softverbs-bench-$$.json"
 mkdir -p /var/run/cdi
 domain="bench$$"
-"$build/bin/softverbs" cdi --kind "$kind" --domain "$domain" --output "$spec" >/dev/null
+udomain="ubench$$"
+"$build/bin/softverbs" cdi --kind "$kind" --domain "$domain" --users-domain "$udomain" --output "$spec" >/dev/null
 base=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 run=("${base[@]}" --device "$kind=sv0")
 drun=("${base[@]}" --device "$kind=$domain")
-trap 'podman rm -f -t 0 svbench-srv >/dev/null 2>&1; podman rm -f -t 0 svbench-hold >/dev/null 2>&1; rm -f "$spec"; rm -rf "/run/softverbs/domains/$domain"' EXIT
+urun=("${base[@]}" --device "$kind=$udomain")
+trap 'podman rm -f -t 0 svbench-srv >/dev/null 2>&1; podman rm -f -t 0 svbench-hold >/dev/null 2>&1; rm -f "$spec"; rm -rf "/run/softverbs/domains/$domain" "/run/softverbs/domains/$udomain"' EXIT
 
 # perftest: 8 B latency (t_typical, us) and 64 KiB bandwidth (BW average, MB/s).
 lat_of() { awk '$1 == 8 && NF >= 5 {print $5}' | tail -n 1; }
@@ -60,6 +65,21 @@ dom() {  # dom CMD...: server and client in two containers of one trust domain
   podman rm -f -t 0 svbench-srv >/dev/null 2>&1 || true
   podman rm -f -t 0 svbench-hold >/dev/null 2>&1 || true
 }
+usr() {  # usr CMD...: server (nobody) and client (uid 1000) in one pod of the users' domain
+  podman rm -f -t 0 svbench-srv >/dev/null 2>&1 || true
+  podman rm -f -t 0 svbench-hold >/dev/null 2>&1 || true
+  "${urun[@]}" -d --cap-add SYS_PTRACE --name svbench-hold "$image" /opt/softverbs/bin/softverbsd --system \
+    --foreground --dir /run/softverbs-domain --idle 0 >/dev/null
+  local join=(--pid container:svbench-hold --network container:svbench-hold) i
+  for i in $(seq 100); do [ -S "/run/softverbs/domains/$udomain/control" ] && break; sleep 0.1; done
+  "${urun[@]}" -d --name svbench-srv "${join[@]}" --user 65534:65534 "$image" "$@" >/dev/null
+  sleep 1
+  "${urun[@]}" --rm "${join[@]}" --user 1000:1000 "$image" /bin/sh -c \
+    'for i in 1 2 3 4 5 6 7 8 9 10; do "$@" 127.0.0.1 && exit 0; sleep 1; done; exit 1' sh "$@" 2>&1
+  podman wait svbench-srv >/dev/null 2>&1 || true
+  podman rm -f -t 0 svbench-srv >/dev/null 2>&1 || true
+  podman rm -f -t 0 svbench-hold >/dev/null 2>&1 || true
+}
 echo "host latency..." >&2
 h_lat=$(host ib_write_lat -s 8 -n 20000 | lat_of)
 echo "host bandwidth..." >&2
@@ -72,6 +92,10 @@ echo "trust-domain containers latency..." >&2
 d_lat=$(dom /usr/bin/ib_write_lat -s 8 -n 20000 | lat_of)
 echo "trust-domain containers bandwidth..." >&2
 d_bw=$(dom /usr/bin/ib_write_bw -s 65536 -n 20000 | bw_of)
+echo "containers of two users (daemon-carried) latency..." >&2
+u_lat=$(usr /usr/bin/ib_write_lat -s 8 -n 20000 | lat_of)
+echo "containers of two users (daemon-carried) bandwidth..." >&2
+u_bw=$(usr /usr/bin/ib_write_bw -s 65536 -n 20000 | bw_of)
 t_lat="" t_bw=""
 if "${base[@]}" --rm "$image" /usr/bin/qperf --version >/dev/null 2>&1; then
   echo "TCP..." >&2
@@ -97,6 +121,7 @@ out=bench/results/containers.md
   echo "|---|---:|---:|"
   echo "| host, two processes (shared memory) | ${h_lat:-?} | ${h_bw:-?} |"
   echo "| two containers of one trust domain (--domain, shared memory) | ${d_lat:-?} | ${d_bw:-?} |"
+  echo "| two containers of two users in one pod (--users-domain, daemon-carried) | ${u_lat:-?} | ${u_bw:-?} |"
   echo "| two containers, RoCEv2 over the container network | ${c_lat:-?} | ${c_bw:-?} |"
   echo "| two containers, TCP (qperf) | ${t_lat:-n/a} | ${t_bw:-n/a} |"
 } | tee "$out"
