@@ -206,8 +206,10 @@ struct QpSegmentHeader {
   // Pipelined requests to another user's QP (Op::MediatePost). Written by
   // the daemon alone, from its own counts (never read back): how many it
   // has finished (med_finished) and, of those, how many it carried out or
-  // failed, a send completion pushed where one is due (med_done); the others
-  // came back unexecuted (RNR, responder not ready), at the end of a run.
+  // failed (med_done); the others came back unexecuted (RNR, responder not
+  // ready), at the end of a run. A request is counted done before its send
+  // completion is pushed (its slot is free once that can be polled), and
+  // finished after (a run seen finished has all its completions in the CQ).
   alignas(64) std::atomic<uint64_t> med_finished;
   std::atomic<uint64_t> med_done;
   // The requester's side (under send_lock): the current run (epoch), the

@@ -158,14 +158,19 @@ int Registry::mediate_gone(uint32_t client, uint32_t qpn, uint32_t sender) {
   return find_qp(sender, qpn) ? EBUSY : 0;
 }
 
-// The completion first, then the counts: a requester that sees its run
-// finished finds every completion of it in the CQ.
+// The slot first, then the completion, then the run's end: a request's
+// slot is free before its completion can be polled (an application posts
+// again as soon as it has polled one, ibv_poll_cq(3): the completion once
+// came first and that post found the queue full), and a requester that
+// sees its run finished finds every completion of it in the CQ.
 void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                               const proto::MediateReply& rep) {
+  auto* h = q.map.as<QpSegmentHeader>();
   ++q.med_finished;
   const bool error = rep.outcome == proto::kMediateError;
   if (rep.outcome == proto::kMediateDone || error) {
     ++q.med_done;
+    h->med_done.store(q.med_done, std::memory_order_release);
     if (error || signaled) {
       ibv_wc wc{};
       wc.wr_id = wr_id;
@@ -184,8 +189,6 @@ void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opco
     q.med_stop = kRunReturns;
     q.med_stop_epoch = epoch;
   }
-  auto* h = q.map.as<QpSegmentHeader>();
-  h->med_done.store(q.med_done, std::memory_order_relaxed);
   h->med_finished.store(q.med_finished, std::memory_order_release);
 }
 

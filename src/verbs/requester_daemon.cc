@@ -108,8 +108,11 @@ uint64_t mediated_in_flight(const QpState& q) {
 uint64_t mediated_reap(QpState& q) {
   shm::QpSegmentHeader& h = *q.hdr;
   if (!h.med_pid.load(std::memory_order_relaxed)) return 0;
+  // The daemon counts a request done before it pushes its completion
+  // (Registry::posted_outcome): a slot whose completion was polled is free.
+  // `finished` (the run's end) it counts after.
   const uint64_t finished = h.med_finished.load(std::memory_order_acquire) - h.med_base_finished;
-  const uint64_t done = std::min(h.med_done.load(std::memory_order_relaxed) - h.med_base_done, finished);
+  const uint64_t done = h.med_done.load(std::memory_order_acquire) - h.med_base_done;
   for (shm::SendWqe gone; h.med_popped < std::min(done, h.med_sent) && q.sq.pop(gone);) ++h.med_popped;
   if (finished < h.med_sent) return h.med_sent - h.med_popped;
   // The run is over. What the daemon sent back unexecuted (RNR, responder
