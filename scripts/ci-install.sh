@@ -31,6 +31,10 @@ force=()
 [ "${SOFTVERBS_FORCE:-0}" = 1 ] && force=(--force)
 "${SUDO[@]}" softverbs enable "${force[@]}"
 # The loader takes the first entry of its cache for a name.
-/sbin/ldconfig -p | grep -m1 'libibverbs\.so\.1 ' | grep -q '/softverbs/libibverbs\.so\.1$' ||
-  { echo "softverbs ci-install: the loader does not find softverbs' libibverbs.so.1 first" >&2; exit 1; }
+/sbin/ldconfig -p | grep -m1 'libibverbs\.so\.1 ' | grep -q '/softverbs/libibverbs\.so\.1$' || {
+  echo "softverbs ci-install: the loader does not find softverbs' libibverbs.so.1 first:" >&2
+  /sbin/ldconfig -p | grep 'libibverbs\.so' >&2
+  ls -l /etc/ld.so.conf.d >&2
+  exit 1
+}
 if command -v ibv_devinfo >/dev/null; then ibv_devinfo -l; fi

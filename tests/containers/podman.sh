@@ -36,6 +36,10 @@
 #              and ibv_rc_pingpong, which the daemon carries between the two
 #              users (no RoCEv2 QP). The attacks on that daemon are
 #              tests/security's (the same daemon, softverbsd --system)
+#   users_peer_dies  in that pod, the server's container (nobody) killed in
+#              the middle of ib_write_bw: the client (uid 1000) ends with an
+#              error completion within seconds, and the pod's daemon then
+#              holds nothing of either (no QP, MR, CQ or PD left)
 #   rootless   podman run by a user without privileges (rootless: a user
 #              namespace from /etc/subuid, slirp4netns): the device and its
 #              /sys view, and a trust domain of two containers exchanging
@@ -126,6 +130,22 @@ domain_start() {
   names+=("$n")
   "${DRUN[@]}" -d --name "$n" "${JOIN[@]}" "$@" >/dev/null || fail "cannot start $n"
   sleep 1
+}
+# users_pod: the users' domain's pod. Its holder runs the pod's system
+# daemon as root; the others join its pid and network namespaces (UJOIN),
+# each as a user of its own (URUN runs a container with the pod's device).
+users_pod() {
+  URUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=$UDOMAIN")
+  h="sv-$$-uhold"
+  names+=("$h")
+  # CAP_SYS_PTRACE: the daemon reads its clients' identities and pid
+  # namespaces through /proc and their pidfds, which for another user's
+  # process takes ptrace's permission (root has it on a host).
+  "${URUN[@]}" -d --cap-add SYS_PTRACE --name "$h" "$IMAGE" /opt/softverbs/bin/softverbsd --system --foreground \
+    --dir /run/softverbs-domain --idle 0 >/dev/null || fail "cannot start the pod's daemon"
+  UJOIN=(--pid "container:$h" --network "container:$h" -e SOFTVERBS_ROCE_STATS=1)
+  local i
+  for i in $(seq 100); do [ -S "$UDOMAIN_DIR/control" ] && break; sleep 0.1; done
 }
 # The GID of the container's eth0 address is index 1 (0 is 127.0.0.1): see
 # the device case.
@@ -268,18 +288,7 @@ domain_refused)
   finish dsrv || fail "server exited $?"
   ;;
 users)
-  # The pod's holder runs its system daemon as root; the others join its pid
-  # and network namespaces, each as a user of its own.
-  URUN=(podman run --runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --device "$KIND=$UDOMAIN")
-  h="sv-$$-uhold"
-  names+=("$h")
-  # CAP_SYS_PTRACE: the daemon reads its clients' identities and pid
-  # namespaces through /proc and their pidfds, which for another user's
-  # process takes ptrace's permission (root has it on a host).
-  "${URUN[@]}" -d --cap-add SYS_PTRACE --name "$h" "$IMAGE" /opt/softverbs/bin/softverbsd --system --foreground \
-    --dir /run/softverbs-domain --idle 0 >/dev/null || fail "cannot start the pod's daemon"
-  UJOIN=(--pid "container:$h" --network "container:$h" -e SOFTVERBS_ROCE_STATS=1)
-  for i in $(seq 100); do [ -S "$UDOMAIN_DIR/control" ] && break; sleep 0.1; done
+  users_pod
   n="sv-$$-usrv"
   names+=("$n")
   "${URUN[@]}" -d --name "$n" "${UJOIN[@]}" --user 65534:65534 "$IMAGE" /bin/sh -c \
@@ -301,6 +310,41 @@ users)
   echo "$OUT" | grep -q '^1000 iters in' || fail "the server did not complete 1000 iterations"
   echo "$OUT" | grep -q 'softverbs roce: qp' && fail "the server's QP took RoCEv2, not the daemon"
   log "users (daemon-carried): $(echo "$out" | grep -E '^ *65536 +5000')"
+  ;;
+users_peer_dies)
+  users_pod
+  n="sv-$$-usrv"
+  names+=("$n")
+  "${URUN[@]}" -d --name "$n" "${UJOIN[@]}" --user 65534:65534 "$IMAGE" /usr/bin/ib_write_bw -s 65536 -D 10 \
+    >/dev/null || fail "cannot start $n"
+  # `podman exec` gets the spec's mounts but not its environment.
+  ustatus() {
+    podman exec -e SOFTVERBS_SYSTEM=1 -e SOFTVERBS_SYSTEM_DIR=/run/softverbs-domain "$h" /opt/softverbs/bin/softverbs status 2>&1
+  }
+  # Killed two seconds into the transfer: once both QPs exist.
+  (for i in $(seq 100); do ustatus | grep -Eq '^ *qps [2-9]' && break; sleep 0.2; done
+   sleep 2; podman kill "$n" >/dev/null 2>&1) &
+  t0=$(date +%s)
+  out=$(timeout 60 "${URUN[@]}" --rm "${UJOIN[@]}" --user 1000:1000 "$IMAGE" /bin/sh -c \
+    'for i in 1 2 3 4 5 6 7 8 9 10; do /opt/softverbs/bin/softverbs status | grep -q "qps [1-9]" && break; sleep 0.3; done
+     /usr/bin/ib_write_bw -s 65536 -D 10 127.0.0.1; echo "client exit $?"' 2>&1)
+  dt=$(($(date +%s) - t0))
+  wait
+  log "$out"
+  log "client done after $dt s"
+  echo "$out" | grep -q 'client exit 0' && fail "the client did not fail when its peer's container died"
+  echo "$out" | grep -q 'Failed status' || fail "no error completion at the client"
+  [ "$dt" -lt 20 ] || fail "the client took $dt s to notice"
+  # Both gone: the pod's daemon holds nothing of either.
+  left=""
+  for i in $(seq 50); do
+    left=$(ustatus)
+    echo "$left" | grep -Eq '^ *(qps|mrs|cqs|pds) [1-9]' || break
+    sleep 0.2
+  done
+  log "the pod's daemon afterwards: $left"
+  echo "$left" | grep -q '^ *clients 1 ' || fail "the pod's daemon still has clients of the dead containers"
+  echo "$left" | grep -Eq '^ *(qps|mrs|cqs|pds) [1-9]' && fail "the pod's daemon kept objects of the dead containers"
   ;;
 rootless)
   U=${SOFTVERBS_ROOTLESS_USER:-$(awk -F: 'NR == 1 {print $1}' /etc/subuid 2>/dev/null)}
