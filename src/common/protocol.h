@@ -88,6 +88,7 @@ enum class Op : uint16_t {
   Netns,           // the caller's network namespace: EXDEV if the daemon serves another (common/paths.h)
   MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, session 18); the outcome in the QP segment and CQ
   MediateGone,     // can connection `client` still finish pipelined requests on my QP? 0: never again; EBUSY: it can
+  PostRing,        // this connection's request ring for MediatePost; reply fds: the ring's memfd, its eventfd
   kCount
 };
 
@@ -353,6 +354,33 @@ struct MediateGoneReq {
   uint32_t qpn;     // the asker's QP
   uint32_t client;  // the connection that sent the run
 };
+
+// PostRing's reply: the connection's request ring (PostRingHeader, then
+// `capacity` slots of one MediateReq each; the daemon's memfd, sealed at
+// `size`) and the eventfd that wakes the daemon when the header asks.
+struct PostRingReply {
+  Header h;
+  uint32_t capacity;
+  uint32_t slot_size;
+  uint64_t size;
+};
+
+// The request ring (docs/PROTOCOL.md, "The request ring"): MediatePost
+// requests the client writes into shared memory instead of the socket. The
+// daemon reads `tail` and each slot once, copying the slot out before any
+// check (the client can write all of it at any time), and never reads back
+// what it wrote itself (`head`, `wake`): it keeps its own head.
+struct PostRingHeader {
+  uint32_t magic;
+  uint32_t capacity;
+  alignas(64) std::atomic<uint64_t> tail;  // the client's: requests written
+  alignas(64) std::atomic<uint64_t> head;  // the daemon's: requests taken (published for the client)
+  std::atomic<uint32_t> wake;              // the daemon's: 1 while it may sleep (write the eventfd)
+};
+constexpr uint32_t kPostRingMagic = 0x53565052;  // "SVPR"
+constexpr uint32_t kPostRingSlots = 256;
+constexpr size_t kPostRingHeaderSize = 192;
+static_assert(sizeof(PostRingHeader) <= kPostRingHeaderSize);
 
 enum MediateOutcome : uint32_t { kMediateDone = 0, kMediateRnr = 1, kMediateRetry = 2, kMediateError = 3 };
 
@@ -828,6 +856,7 @@ SV_OP(RegDmMr,       RegDmMrReq,     RegMrReply,         fds(0),    fds(0),    {
 SV_OP(Netns,         NetnsMsg,       NetnsMsg,           fds(0),    fds(0),    {})
 SV_OP(MediatePost,   MediateReq,     Empty,              fds(0),    fds(0),    {kObjQp | kObjMr | kObjMw})
 SV_OP(MediateGone,   MediateGoneReq, Empty,              fds(0),    fds(0),    {kObjQp})
+SV_OP(PostRing,      Empty,          PostRingReply,      fds(0),    fds(2),    {})
 #undef SV_OP
 #undef SV_OP_DECL
 

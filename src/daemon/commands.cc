@@ -122,6 +122,10 @@ SV_HANDLER(MediatePost) {
   (void)rep;  // never sent (Server::serve)
   return env.registry.mediate_posted(env.client, req, env.deferred);
 }
+SV_HANDLER(PostRing) {
+  (void)req;
+  return env.post_ring ? env.post_ring(rep, env.out_fds) : EOPNOTSUPP;
+}
 SV_HANDLER(MediateGone) { return env.registry.mediate_gone(env.client, req.qpn, req.client); }
 SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, req); }
 SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(env.client, req); }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct CommandEnv {
   std::vector<int>& out_fds;  // the reply's (the registry's descriptors; sent as duplicates)
   // Mediate: where a copy for the copy worker goes (null: carry it out now).
   std::unique_ptr<MediationJob>* deferred;
+  // PostRing: the server makes the connection's ring (empty: EOPNOTSUPP,
+  // as for a request not read from a connection).
+  std::function<int(proto::PostRingReply&, std::vector<int>&)> post_ring = {};
 };
 
 // Runs one request whose header (magic, version) is valid: EOPNOTSUPP for

@@ -290,7 +290,10 @@ int Server::run() {
     // its objects): poll without sleeping for a short while, because a
     // blocking wake-up across vCPUs costs tens of microseconds on a VM.
     bool spin = monotonic_ns() - last_request < 50'000;
-    int n = ::epoll_wait(epoll_fd_.get(), evs, 32, spin ? 0 : 1000);
+    // Asleep, a ring's client writes its eventfd (post_ring.h).
+    const bool sleeping = !spin && !rings_may_sleep();
+    int n = ::epoll_wait(epoll_fd_.get(), evs, 32, sleeping ? 1000 : 0);
+    if (sleeping) rings_awake();
     if (n > 0) last_request = monotonic_ns();
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -303,7 +306,11 @@ int Server::run() {
       else if (roce_.owns(fd)) roce_.readable(fd);
       else if (fd == cm_.fd()) cm_.run();
       else if (copy_done_fd_.valid() && fd == copy_done_fd_.get()) copies_done();
-      else if (evs[i].events & (EPOLLIN | EPOLLOUT)) {
+      else if (auto r = ring_efds_.find(fd); r != ring_efds_.end()) {
+        uint64_t ignored = 0;
+        eventfd_drain(fd, &ignored);
+        serve(r->second);
+      } else if (evs[i].events & (EPOLLIN | EPOLLOUT)) {
         if (evs[i].events & EPOLLOUT) flush(fd);
         if (evs[i].events & EPOLLIN) serve(fd);
       } else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
@@ -311,6 +318,7 @@ int Server::run() {
         drop(fd);
       }
     }
+    if (serve_rings()) last_request = monotonic_ns();
     if (!conns_.empty()) {
       idle_since = monotonic_ns();
     } else if (idle_seconds_ > 0 && monotonic_ns() - idle_since > uint64_t(idle_seconds_) * 1000000000ull) {
@@ -432,6 +440,10 @@ void Server::drop(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  if (it->second.ring) {  // what is left in it is never run (as unread requests on the socket)
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->second.ring->eventfd(), nullptr);
+    ring_efds_.erase(it->second.ring->eventfd());
+  }
   registry_.remove_client(it->second.client);
   registry_.quotas().release(Quotas::kConnection, it->second.client);
   roce_.remove_client(it->second.client);
@@ -561,7 +573,21 @@ void Server::serve(int fd) {
     if (it->second.copying) return;  // one request at a time: its Mediate is being carried out
     size_t len = 0;
     std::vector<Fd> fds;
-    int e = recv_message(fd, in, sizeof(in), &len, fds);
+    // The ring first: what the client wrote there came before any request
+    // it sends on the socket after it (post_ring.h).
+    bool ringed = false;
+    int e = 0;
+    if (PostRing* ring = it->second.ring.get()) {
+      const PostRing::Take t = ring->take(in);
+      if (t == PostRing::Take::kCorrupt) {
+        SV_TRACE("daemon: fd %d: request ring with an impossible tail: dropped", fd);
+        drop(fd);
+        return;
+      }
+      ringed = t == PostRing::Take::kOne;
+      if (ringed) len = PostRing::kSlotSize;
+    }
+    if (!ringed) e = recv_message(fd, in, sizeof(in), &len, fds);
     if (e == EAGAIN) return;
     if (e == EMSGSIZE) {
       // Oversized or truncated message: answer with an error if we can read a header.
@@ -577,8 +603,11 @@ void Server::serve(int fd) {
     uint16_t op = 0;
     if (len >= sizeof(proto::Header)) std::memcpy(&op, in + offsetof(proto::Header, op), sizeof op);
     const bool posted = op == uint16_t(proto::Op::MediatePost);
+    if (ringed && !posted) continue;  // only MediatePost travels on the ring: anything else is ignored
     if (e != EMSGSIZE) revoke_copies(it->second.client, in, len);
+    serving_fd_ = fd;
     size_t rlen = e == EMSGSIZE ? 0 : handle(it->second.client, in, len, fds, out, out_fds);
+    serving_fd_ = -1;
     if (deferred_) {
       // The copy goes to the worker; the reply waits for it.
       Copy c{it->second.client, {}, std::move(deferred_)};
@@ -631,9 +660,55 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
   std::memcpy(&h, msg, sizeof(h));
   if (h.magic != proto::kMagic || h.version != proto::kVersion) return 0;
   CommandEnv env{registry_, roce_, client, in_fds, out_fds, defer_copies_ ? &deferred_ : nullptr};
+  if (serving_fd_ >= 0) {
+    const int fd = serving_fd_;
+    env.post_ring = [this, fd](proto::PostRingReply& rep, std::vector<int>& fds) { return open_ring(fd, rep, fds); };
+  }
   const size_t n = run_command(env, h, msg, len, out);
   sync_mcast();
   return n;
+}
+
+// ---- Request rings (post_ring.h) ---------------------------------------------
+
+// Op::PostRing: one ring per connection, its eventfd watched with the rest.
+int Server::open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_fds) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return EINVAL;
+  if (it->second.ring) return EBUSY;
+  std::unique_ptr<PostRing> ring;
+  if (int e = PostRing::create(ring)) return e;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = ring->eventfd();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, ring->eventfd(), &ev) != 0) return errno;
+  ring_efds_[ring->eventfd()] = fd;
+  rep.capacity = ring->capacity();
+  rep.slot_size = uint32_t(PostRing::kSlotSize);
+  rep.size = PostRing::size();
+  out_fds = {ring->memfd(), ring->eventfd()};
+  it->second.ring = std::move(ring);
+  return 0;
+}
+
+bool Server::serve_rings() {
+  ring_ready_.clear();
+  for (auto& [fd, c] : conns_)
+    if (c.ring && !c.copying && c.ring->pending()) ring_ready_.push_back(fd);
+  for (int fd : ring_ready_) serve(fd);  // may drop a connection: by fd, not by iterator
+  return !ring_ready_.empty();
+}
+
+bool Server::rings_may_sleep() {
+  bool waiting = false;
+  for (auto& [fd, c] : conns_)
+    if (c.ring && c.ring->may_sleep() && !c.copying) waiting = true;
+  return waiting;
+}
+
+void Server::rings_awake() {
+  for (auto& [fd, c] : conns_)
+    if (c.ring) c.ring->awake();
 }
 
 // The RoCEv2 port listens to the multicast groups that have members

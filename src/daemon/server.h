@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "daemon/cm_gateway.h"
+#include "daemon/post_ring.h"
 #include "daemon/registry.h"
 #include "daemon/roce_port.h"
 
@@ -119,8 +120,20 @@ class Server {
     std::set<uint64_t> events_queued;  // coalescing: an event already waiting is not queued twice
     uint32_t interest = 0;             // the epoll events asked for now
     bool copying = false;              // a deferred Mediate of this client is on the copy worker
+    std::unique_ptr<PostRing> ring;    // its request ring (Op::PostRing), if it asked for one
   };
   std::map<int, Conn> conns_;
+  // Request rings (post_ring.h): each ring's eventfd -> its connection's
+  // socket; the connection being served (for PostRing, -1 otherwise).
+  std::map<int, int> ring_efds_;
+  int serving_fd_ = -1;
+  std::vector<int> ring_ready_;  // scratch for run()
+  int open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_fds);
+  // The rings with requests waiting are served; true if any was.
+  bool serve_rings();
+  // Before a sleep: true if a ring has requests after all (no sleep).
+  bool rings_may_sleep();
+  void rings_awake();
 };
 
 }  // namespace sv::daemon

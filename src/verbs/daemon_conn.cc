@@ -2,6 +2,8 @@
 // daemon, starting it on demand, and synchronous request/reply calls.
 #include <dlfcn.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -199,14 +201,76 @@ int DaemonConn::send_locked(void* req, size_t req_len, std::span<const int> send
   return 0;
 }
 
+// Pipelined requests go into the connection's request ring once the daemon
+// has given one (its first use asks for it), else on the socket. The daemon
+// takes what waits in the ring before the next request on the socket, so
+// the connection's order holds either way.
 int DaemonConn::raw_post(void* req, size_t req_len) {
   std::lock_guard<std::mutex> g(mu_);
+  if (!sock_.valid()) return ENODEV;
+  if (owner_pid_ != self_pid()) {
+    if (int e = reattach_after_fork()) return e;
+  }
+  if (!ring_ && !ring_refused_) open_ring_locked();
+  if (ring_ && req_len == sizeof(proto::MediateReq)) return ring_push_locked(req, req_len);
   return send_locked(req, req_len, {});
+}
+
+void DaemonConn::open_ring_locked() {
+  proto::Empty req{};
+  proto::init_header(req, proto::Op::PostRing);
+  proto::PostRingReply rep{};
+  std::vector<Fd> fds;
+  ring_refused_ = true;  // unless all of it goes well
+  if (raw_call_locked(&req, sizeof req, &rep, sizeof rep, {}, &fds, nullptr) != 0 || fds.size() != 2) return;
+  if (rep.capacity == 0 || rep.slot_size != sizeof(proto::MediateReq) ||
+      rep.size < proto::kPostRingHeaderSize + uint64_t(rep.capacity) * rep.slot_size || rep.size > (64u << 20))
+    return;
+  auto r = std::make_unique<PostRing>();
+  if (map_shared(fds[0].get(), 0, size_t(rep.size), PROT_READ | PROT_WRITE, true, r->map) != 0) return;
+  r->hdr = r->map.as<proto::PostRingHeader>();
+  if (r->hdr->magic != proto::kPostRingMagic) return;
+  r->slots = r->map.as<uint8_t>() + proto::kPostRingHeaderSize;
+  r->capacity = rep.capacity;
+  r->efd = std::move(fds[1]);
+  ring_ = std::move(r);
+  ring_refused_ = false;
+}
+
+// Waits for room (the daemon takes requests whatever this connection's
+// socket does), writes the slot, then the tail; wakes the daemon if it said
+// it might sleep (post_ring.h: its flag against our tail, both seq_cst).
+int DaemonConn::ring_push_locked(const void* req, size_t req_len) {
+  PostRing& r = *ring_;
+  auto* h = static_cast<proto::Header*>(const_cast<void*>(req));
+  h->seq = ++seq_;
+  if (r.tail - r.hdr->head.load(std::memory_order_acquire) >= r.capacity) {
+    const uint64_t until = monotonic_ns() + 30'000'000'000ull;  // as a control call waits
+    for (uint32_t spins = 0; r.tail - r.hdr->head.load(std::memory_order_acquire) >= r.capacity; ++spins) {
+      if (monotonic_ns() > until) return ETIMEDOUT;
+      if (spins % 1024 == 1023) {
+        pollfd p{sock_.get(), POLLIN, 0};
+        if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))) return ENODEV;  // the daemon is gone
+        ::sched_yield();
+      }
+      __builtin_ia32_pause();
+    }
+  }
+  std::memcpy(r.slots + (r.tail % r.capacity) * sizeof(proto::MediateReq), req, req_len);
+  r.hdr->tail.store(++r.tail, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (r.hdr->wake.load(std::memory_order_relaxed)) eventfd_signal(r.efd.get());
+  return 0;
 }
 
 int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
                          std::span<const int> send_fds, std::vector<Fd>* recv_fds, const Work* work) {
   std::lock_guard<std::mutex> g(mu_);
+  return raw_call_locked(req, req_len, rep, rep_len, send_fds, recv_fds, work);
+}
+
+int DaemonConn::raw_call_locked(void* req, size_t req_len, void* rep, size_t rep_len,
+                                std::span<const int> send_fds, std::vector<Fd>* recv_fds, const Work* work) {
   if (int e = send_locked(req, req_len, send_fds)) return e;
   auto* h = static_cast<proto::Header*>(req);
   if (work) *work->result = work->run(work->ctx);
@@ -256,6 +320,8 @@ int DaemonConn::reattach_after_fork() {
   // still names it (another process may import the context through it).
   inherited_ = std::exchange(sock_, std::move(fresh.sock_));
   owner_pid_ = fresh.owner_pid_;
+  ring_.reset();  // the parent's; this connection asks for its own
+  ring_refused_ = false;
   return 0;
 }
 

@@ -128,6 +128,22 @@ class DaemonConn {
   int send_locked(void* req, size_t req_len, std::span<const int> send_fds);
   int raw_call(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
                std::vector<Fd>* recv_fds, const Work* work = nullptr);
+  int raw_call_locked(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
+                      std::vector<Fd>* recv_fds, const Work* work);
+  // The request ring (Op::PostRing, daemon/post_ring.h): pipelined requests
+  // go there instead of the socket once the daemon gave one; with mu_ held.
+  struct PostRing {
+    Mapping map;
+    Fd efd;
+    proto::PostRingHeader* hdr = nullptr;
+    uint8_t* slots = nullptr;
+    uint32_t capacity = 0;
+    uint64_t tail = 0;  // ours: the daemon never writes it
+  };
+  void open_ring_locked();
+  int ring_push_locked(const void* req, size_t req_len);
+  std::unique_ptr<PostRing> ring_;
+  bool ring_refused_ = false;  // the daemon gave none: the socket it is
   bool dispatch_event(const uint8_t* buf, size_t len);
   // In a child forked after open(): a connection of its own, joined to the
   // same context (the inherited socket is its parent's).

@@ -552,9 +552,11 @@ TEST(MediationPipeline, ASharerKilledMidRunWhileTheDaemonStallsGetsEachCompletio
   Pair pair(
       1 << 20, 64,
       [](Side& me, const Info& peer, int sock) {
-        // The first request goes alone (a round trip); its completion is
-        // taken here, before the survivor polls.
-        if (me.post(IBV_WR_RDMA_WRITE, 0, me.buf, 64, peer.addr, peer.rkey, true) || me.poll(1).size() != 1) return 30;
+        // The first request goes alone (a round trip), the second opens the
+        // pipeline (and its request ring, Op::PostRing); their completions
+        // are taken here, before the survivor polls.
+        for (int i = 0; i < 2; ++i)
+          if (me.post(IBV_WR_RDMA_WRITE, 0, me.buf, 64, peer.addr, peer.rkey, true) || me.poll(1).size() != 1) return 30;
         int fd[1] = {me.ctx->cmd_fd}, go = 0;
         if (!send_val(sock, 1, fd) || !send_val(sock, me.qp->qp_num) || !recv_val(sock, go)) return 31;
         for (uint64_t i = 1; i <= kRun; ++i)

@@ -1,0 +1,57 @@
+// post_ring.h: a connection's request ring as the daemon reads it
+// (Op::PostRing; docs/PROTOCOL.md, "The request ring"). A client writes
+// its pipelined requests (MediatePost) into shared memory instead of its
+// socket: reading one there costs the daemon a copy of a slot, where
+// recvmsg cost more than the 64 KiB copy the request asked for (issue 24,
+// item 3; docs/PERFORMANCE.md, session 19).
+//
+// Trust: the daemon made the memfd and sealed its size (the client cannot
+// shrink it under the daemon's mapping), and the client can write every
+// byte of it at any time. So the daemon keeps its own head, reads the
+// client's tail once per look and refuses one that is behind the head or
+// more than the capacity ahead (kCorrupt: the connection is dropped), and
+// copies each slot out before anything looks at it; the request is then
+// checked as one read from the socket is (commands.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/protocol.h"
+#include "common/sys.h"
+
+namespace sv::daemon {
+
+class PostRing {
+ public:
+  static constexpr size_t kSlotSize = sizeof(proto::MediateReq);
+  // A new ring: its memfd (sealed at size()), mapped here, and its eventfd.
+  static int create(std::unique_ptr<PostRing>& out);
+
+  int memfd() const { return memfd_.get(); }
+  int eventfd() const { return efd_.get(); }
+  uint32_t capacity() const { return proto::kPostRingSlots; }
+  static size_t size() { return proto::kPostRingHeaderSize + size_t(proto::kPostRingSlots) * kSlotSize; }
+
+  enum class Take { kNone, kOne, kCorrupt };
+  // Copies the next request into `out` (kSlotSize bytes) and publishes the
+  // new head.
+  Take take(uint8_t* out);
+  // Whether the client's tail says something waits (or is corrupt: take()
+  // tells). Cheap: one load.
+  bool pending() const;
+  // Before the daemon sleeps: the client must write the eventfd after its
+  // next request. Returns pending() as seen after saying so.
+  bool may_sleep();
+  void awake();
+
+ private:
+  proto::PostRingHeader* hdr() const { return map_.as<proto::PostRingHeader>(); }
+  Mapping map_;
+  Fd memfd_, efd_;
+  uint64_t head_ = 0;       // the daemon's own
+  uint64_t tail_seen_ = 0;  // the client's tail, as last read and found sound
+};
+
+}  // namespace sv::daemon
