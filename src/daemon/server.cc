@@ -290,8 +290,13 @@ int Server::run() {
     // its objects): poll without sleeping for a short while, because a
     // blocking wake-up across vCPUs costs tens of microseconds on a VM.
     bool spin = monotonic_ns() - last_request < 50'000;
-    // Asleep, a ring's client writes its eventfd (post_ring.h).
-    const bool sleeping = !spin && !rings_may_sleep();
+    // Asleep, a ring's client writes its eventfd (post_ring.h); awake, it
+    // need not (the loop looks at the rings on every turn).
+    bool sleeping = false;
+    if (!spin) {
+      sleeping = !rings_may_sleep();
+      if (!sleeping) rings_awake();
+    }
     int n = ::epoll_wait(epoll_fd_.get(), evs, 32, sleeping ? 1000 : 0);
     if (sleeping) rings_awake();
     if (n > 0) last_request = monotonic_ns();

@@ -239,7 +239,7 @@ void DaemonConn::open_ring_locked() {
 
 // Waits for room (the daemon takes requests whatever this connection's
 // socket does), writes the slot, then the tail; wakes the daemon if it said
-// it might sleep (post_ring.h: its flag against our tail, both seq_cst).
+// it might sleep (post_ring.h: its flag against our tail).
 int DaemonConn::ring_push_locked(const void* req, size_t req_len) {
   PostRing& r = *ring_;
   auto* h = static_cast<proto::Header*>(const_cast<void*>(req));
@@ -257,9 +257,10 @@ int DaemonConn::ring_push_locked(const void* req, size_t req_len) {
     }
   }
   std::memcpy(r.slots + (r.tail % r.capacity) * sizeof(proto::MediateReq), req, req_len);
-  r.hdr->tail.store(++r.tail, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (r.hdr->wake.load(std::memory_order_relaxed)) eventfd_signal(r.efd.get());
+  // Both seq_cst, as the daemon's store of `wake` and its load of the
+  // tail: either it sees this tail or we see its flag.
+  r.hdr->tail.store(++r.tail, std::memory_order_seq_cst);
+  if (r.hdr->wake.load(std::memory_order_seq_cst)) eventfd_signal(r.efd.get());
   return 0;
 }
 
