@@ -139,6 +139,17 @@ struct Pair {
   }
 };
 
+// The end of a test whose root body says it is done: nobody is told (its
+// responder returns), both must exit 0, and the daemon still runs.
+void finish(Pair& pair, const SystemDaemon& sysd) {
+  int done = 0;
+  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
+  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
+  EXPECT_EQ(0, pair.root.wait());
+  EXPECT_EQ(0, pair.nobody.wait());
+  EXPECT_TRUE(sysd.alive());
+}
+
 // Posts `op`, waiting for room (completions taken meanwhile into `got`).
 int post_waiting(Side& me, std::vector<ibv_wc>& got, ibv_wr_opcode op, uint64_t wr_id, void* local, uint32_t len,
                  uint64_t raddr, uint32_t rkey, bool signaled) {
@@ -199,12 +210,7 @@ TEST(MediationPipeline, ManyRequestsInFlightMoveEveryByteAndCompleteInOrder) {
         return 0;
       });
   ASSERT_TRUE(pair.start());
-  int done = 0;
-  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
-  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
-  EXPECT_EQ(0, pair.root.wait());
-  EXPECT_EQ(0, pair.nobody.wait());
-  EXPECT_TRUE(sysd.alive());
+  finish(pair, sysd);
 }
 
 // Large WRITEs (the copy worker's) keep requests in flight: posting past
@@ -240,11 +246,7 @@ TEST(MediationPipeline, TheSendQueueDepthCountsRequestsInFlight) {
         return recv_val(sock, done) ? 0 : 60;
       });
   ASSERT_TRUE(pair.start());
-  int done = 0;
-  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
-  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
-  EXPECT_EQ(0, pair.root.wait());
-  EXPECT_EQ(0, pair.nobody.wait());
+  finish(pair, sysd);
 }
 
 // The 10th of 30 WRITEs names a bad R_Key: it fails with a remote access
@@ -288,11 +290,7 @@ TEST(MediationPipeline, AFailureInTheMiddleFlushesTheRest) {
         return 0;
       });
   ASSERT_TRUE(pair.start());
-  int done = 0;
-  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
-  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
-  EXPECT_EQ(0, pair.root.wait());
-  EXPECT_EQ(0, pair.nobody.wait());
+  finish(pair, sysd);
 }
 
 // SENDs behind a WRITE, sent before nobody has posted a receive: the first
@@ -337,11 +335,7 @@ TEST(MediationPipeline, AnRnrInTheMiddleSendsTheRestBackAndTheyGoInOrder) {
         return recv_val(sock, done) ? 0 : 63;
       });
   ASSERT_TRUE(pair.start());
-  int done = 0;
-  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
-  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
-  EXPECT_EQ(0, pair.root.wait());
-  EXPECT_EQ(0, pair.nobody.wait());
+  finish(pair, sysd);
 }
 
 // Nobody deregisters its MR while root streams WRITEs into it, several in
@@ -479,12 +473,42 @@ TEST(MediationPipeline, APolledCompletionHasFreedItsSlotForTheNextPost) {
   ASSERT_TRUE(pair.start());
   Info peer{};
   ASSERT_TRUE(recv_val(pair.nobody.sock(), peer));
-  int done = 0;
-  ASSERT_TRUE(recv_val(pair.root.sock(), done)) << "root failed: exit " << pair.root.wait();
-  ASSERT_TRUE(send_val(pair.nobody.sock(), done));
-  EXPECT_EQ(0, pair.root.wait());
-  EXPECT_EQ(0, pair.nobody.wait());
-  EXPECT_TRUE(sysd.alive());
+  finish(pair, sysd);
+}
+
+// More requests in flight than the connection's request ring holds (256,
+// Op::PostRing): a post waits for the daemon to take some and never fails;
+// every request runs, in order, and lands.
+TEST(MediationPipeline, MoreRequestsInFlightThanTheRequestRingHoldsWaitAndAllLand) {
+  constexpr uint32_t kN = 1000, kLen = 512;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Pair pair(
+      size_t(kN) * kLen, 1024,
+      [](Side& me, const Info& peer, int sock) {
+        for (uint64_t at = 0; at < uint64_t(kN) * kLen; ++at) me.buf[at] = pattern(at / kLen, at % kLen);
+        if (me.depth < kN) return 29;
+        std::vector<uint64_t> ids;
+        for (uint32_t i = 0; i < kN; ++i) {
+          const uint64_t off = uint64_t(i) * kLen;
+          if (int e = me.post(IBV_WR_RDMA_WRITE, i, me.buf + off, kLen, peer.addr + off, peer.rkey, true)) {
+            std::fprintf(stderr, "post %u refused (%d)\n", i, e);
+            return 30;
+          }
+          ids.push_back(i);
+        }
+        if (int e = in_order(me.poll(kN), ids, [](uint64_t) { return IBV_WC_SUCCESS; })) return 40 + e;
+        return send_val(sock, 1) ? 0 : 31;
+      },
+      [](Side& me, int sock) {
+        int done = 0;
+        if (!recv_val(sock, done)) return 60;
+        for (uint64_t at = 0; at < uint64_t(kN) * kLen; ++at)
+          if (me.buf[at] != pattern(at / kLen, at % kLen)) return 61;
+        return 0;
+      });
+  ASSERT_TRUE(pair.start());
+  finish(pair, sysd);
 }
 
 // A sharer of the QP (another of root's processes) reaps a run whose
