@@ -92,7 +92,7 @@ done | sort -u | while read -r f; do
   r=$(readlink -f "$f")
   [ "$r" = "$ours_real" ] && continue
   [ "$r" = "$real_real" ] && continue
-  if readelf -d "$f" 2>/dev/null | grep -q 'NEEDED.*\[libibverbs\.so\.1\]'; then
+  if readelf -d "$f" 2>/dev/null | grep 'NEEDED.*\[libibverbs\.so\.1\]' >/dev/null; then
     echo "$f"
   fi
 done > "$OUT/clients.txt"

@@ -30,10 +30,15 @@ install || { "${SUDO[@]}" apt-get update -qq && install; }
 force=()
 [ "${SOFTVERBS_FORCE:-0}" = 1 ] && force=(--force)
 "${SUDO[@]}" softverbs enable "${force[@]}"
-# The loader takes the first entry of its cache for a name.
-/sbin/ldconfig -p | grep -m1 'libibverbs\.so\.1 ' | grep -q '/softverbs/libibverbs\.so\.1$' || {
+# The loader takes the first entry of its cache for a name. The cache is
+# read whole first: `ldconfig -p | grep -m1` under pipefail failed now and
+# then (grep left at its first match, and ldconfig, still writing the
+# cache's last lines, died of SIGPIPE: install.deb's one flake).
+cache=$(/sbin/ldconfig -p)
+first=$(grep -m1 'libibverbs\.so\.1 ' <<<"$cache" || true)
+[[ "$first" == */softverbs/libibverbs.so.1 ]] || {
   echo "softverbs ci-install: the loader does not find softverbs' libibverbs.so.1 first:" >&2
-  /sbin/ldconfig -p | grep 'libibverbs\.so' >&2
+  grep 'libibverbs\.so' <<<"$cache" >&2
   ls -l /etc/ld.so.conf.d >&2
   exit 1
 }
