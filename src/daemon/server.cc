@@ -289,7 +289,7 @@ int Server::run() {
     // Right after a request another usually follows (a client setting up
     // its objects): poll without sleeping for a short while, because a
     // blocking wake-up across vCPUs costs tens of microseconds on a VM.
-    bool spin = monotonic_ns() - last_request < 50'000;
+    bool spin = monotonic_ns() - last_request < 50'000 && !spin_contended();
     // Asleep, a ring's client writes its eventfd (post_ring.h); awake, it
     // need not (the loop looks at the rings on every turn).
     bool sleeping = false;
@@ -333,6 +333,30 @@ int Server::run() {
   stop_copier();
   ::unlink(socket_path(dir_).c_str());
   return 0;
+}
+
+// Whether the loop's spin would take a CPU that another thread wants. On
+// a machine with fewer CPUs than busy threads (two processes ping-ponging
+// RDMA WRITEs between users on 2 vCPUs, each spinning on its buffer), the
+// spin keeps one of them off its CPU, and the request it is about to post
+// waits for the scheduler to preempt the daemon: 75 us one way. The
+// kernel counts each time this thread was preempted (ru_nivcsw); a
+// preemption since the last look means the CPUs are oversubscribed, and
+// the loop then sleeps between requests for 100 ms before it tries
+// spinning again: the client wakes it through its ring's eventfd and
+// yields its CPU to it (DaemonConn::ring_push_locked). 11 us one way
+// (docs/PERFORMANCE.md, session 20); shorter back-offs (1 and 10 ms) gave
+// 18-36 us.
+bool Server::spin_contended() {
+  constexpr uint64_t kBackOffNs = 100'000'000;
+  const uint64_t now = monotonic_ns();
+  if (now < spin_contended_until_) return true;
+  rusage ru{};
+  if (::getrusage(RUSAGE_THREAD, &ru) != 0) return false;
+  const bool preempted = uint64_t(ru.ru_nivcsw) != spin_nivcsw_;
+  spin_nivcsw_ = uint64_t(ru.ru_nivcsw);
+  if (preempted) spin_contended_until_ = now + kBackOffNs;
+  return preempted;
 }
 
 // Mediated copies up to a piece run on the loop while one connection at a

@@ -84,6 +84,11 @@ class Server {
   void revoke_copies(uint32_t client, const uint8_t* msg, size_t len);
   std::unique_ptr<MediationJob> deferred_;  // set by handle() when a Mediate was deferred
   bool defer_copies_ = false;
+  // The loop's spin between requests, and when it yields to sleeping
+  // (Server::spin_contended).
+  bool spin_contended();
+  uint64_t spin_nivcsw_ = 0;           // this thread's involuntary switches, as last read
+  uint64_t spin_contended_until_ = 0;  // monotonic ns: no spinning before
   std::thread copier_;
   std::mutex copy_mu_;
   std::condition_variable copy_cv_;

@@ -260,7 +260,15 @@ int DaemonConn::ring_push_locked(const void* req, size_t req_len) {
   // Both seq_cst, as the daemon's store of `wake` and its load of the
   // tail: either it sees this tail or we see its flag.
   r.hdr->tail.store(++r.tail, std::memory_order_seq_cst);
-  if (r.hdr->wake.load(std::memory_order_seq_cst)) eventfd_signal(r.efd.get());
+  if (r.hdr->wake.load(std::memory_order_seq_cst)) {
+    eventfd_signal(r.efd.get());
+    // The daemon slept: it sleeps between requests when the CPUs are
+    // oversubscribed (Server::spin_contended), and the wake-up often puts
+    // it on this CPU, behind this thread. Give it the CPU now: the caller
+    // will spin for the outcome anyway. With an idle CPU, the daemon runs
+    // there and this returns at once.
+    ::sched_yield();
+  }
   return 0;
 }
 

@@ -213,27 +213,38 @@ TEST(MediationPipeline, ManyRequestsInFlightMoveEveryByteAndCompleteInOrder) {
   finish(pair, sysd);
 }
 
-// Large WRITEs (the copy worker's) keep requests in flight: posting past
-// the queue's depth fails with ENOMEM until the daemon has finished some;
-// then every completion comes, in order.
+// Requests the daemon has not finished count against the send queue's
+// depth: with the daemon stopped (SIGSTOP, once the pipeline is open),
+// exactly `depth` posts succeed and the next fails with ENOMEM; once it runs
+// again every completion comes, in order, and the queue has room. (It once
+// counted on large WRITEs being slower than posting, which a daemon that
+// got the poster's CPU at each post was not, one run in ten.)
 TEST(MediationPipeline, TheSendQueueDepthCountsRequestsInFlight) {
-  constexpr uint32_t kBig = 4u << 20;
+  constexpr uint32_t kLen = 64u << 10, kDepth = 8;
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
   Pair pair(
-      kBig, 8,
+      kLen, kDepth,
       [](Side& me, const Info& peer, int sock) {
+        // The first request goes alone (a round trip), the second opens
+        // the pipeline and its request ring: both done before the stop.
+        for (uint64_t id : {1000, 1001})
+          if (me.post(IBV_WR_RDMA_WRITE, id, me.buf, kLen, peer.addr, peer.rkey, true)) return 35;
+        if (me.poll(2).size() != 2) return 36;
+        int ack = 0;
+        if (!send_val(sock, 1) || !recv_val(sock, ack)) return 37;  // the daemon is stopped now
         std::vector<uint64_t> ids;
-        uint64_t posted = 0;
         int e = 0;
-        for (; posted < 4 * me.depth; ++posted) {
-          if ((e = me.post(IBV_WR_RDMA_WRITE, posted, me.buf, kBig, peer.addr, peer.rkey, true))) break;
+        uint64_t posted = 0;
+        for (; posted < 4 * kDepth; ++posted) {
+          if ((e = me.post(IBV_WR_RDMA_WRITE, posted, me.buf, kLen, peer.addr, peer.rkey, true))) break;
           ids.push_back(posted);
         }
-        // The first goes alone, then `depth` in flight, and a few the daemon
-        // finished meanwhile (how many depends on this machine's load): a
-        // post that waited for each reply would never see ENOMEM.
-        if (e != ENOMEM) return 30;
+        if (e != ENOMEM || posted != kDepth) {
+          std::fprintf(stderr, "%lu posts before %d (depth %u)\n", (unsigned long)posted, e, kDepth);
+          return 30;
+        }
+        if (!send_val(sock, 2) || !recv_val(sock, ack)) return 38;  // running again
         std::vector<ibv_wc> got = me.poll(ids.size());
         if (int r = in_order(got, ids, [](uint64_t) { return IBV_WC_SUCCESS; })) return 40 + r;
         if (me.post(IBV_WR_RDMA_WRITE, 99, me.buf, 8, peer.addr, peer.rkey, true)) return 32;  // room again
@@ -246,6 +257,17 @@ TEST(MediationPipeline, TheSendQueueDepthCountsRequestsInFlight) {
         return recv_val(sock, done) ? 0 : 60;
       });
   ASSERT_TRUE(pair.start());
+  struct Resume {
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{sysd.pid};
+  int step = 0;
+  ASSERT_TRUE(recv_val(pair.root.sock(), step)) << "root failed: exit " << pair.root.wait();
+  ASSERT_EQ(0, ::kill(sysd.pid, SIGSTOP));
+  ASSERT_TRUE(send_val(pair.root.sock(), 1));
+  ASSERT_TRUE(recv_val(pair.root.sock(), step)) << "root failed: exit " << pair.root.wait();
+  ASSERT_EQ(0, ::kill(sysd.pid, SIGCONT));
+  ASSERT_TRUE(send_val(pair.root.sock(), 1));
   finish(pair, sysd);
 }
 
