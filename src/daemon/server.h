@@ -88,6 +88,7 @@ class Server {
   // (Server::spin_contended).
   bool spin_contended();
   uint64_t spin_nivcsw_ = 0;           // this thread's involuntary switches, as last read
+  uint64_t spin_checked_ns_ = 0;       // when they were read
   uint64_t spin_contended_until_ = 0;  // monotonic ns: no spinning before
   std::thread copier_;
   std::mutex copy_mu_;
