@@ -125,3 +125,42 @@ out=bench/results/containers.md
   echo "| two containers, RoCEv2 over the container network | ${c_lat:-?} | ${c_bw:-?} |"
   echo "| two containers, TCP (qperf) | ${t_lat:-n/a} | ${t_bw:-n/a} |"
 } | tee "$out"
+# The plot (bench/results/containers.png; Debian's python3-matplotlib,
+# scripts/deps.sh bench): each path's latency and bandwidth, log scale.
+py=/usr/bin/python3; [ -x "$py" ] || py=python3  # Debian's, where matplotlib is
+"$py" - "$out" <<'PY' || echo "containers.sh: no plot (python3-matplotlib missing?)" >&2
+import re, sys
+md = sys.argv[1]
+rows = []
+for line in open(md):
+    m = re.match(r"\| (.+?) \| ([^|]+) \| ([^|]+) \|$", line.strip())
+    if not m or m.group(1) in ("path", "---"):
+        continue
+    try:
+        rows.append((m.group(1), float(m.group(2)), float(m.group(3)) / 1000))
+    except ValueError:
+        pass  # a path that did not run
+if not rows:
+    sys.exit(0)
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+names = [r[0].replace(" (", "\n(") for r in rows]
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+for ax, col, title, unit in ((axes[0], 1, "8 B WRITE latency, one way (lower is better)", "us"),
+                             (axes[1], 2, "64 KiB WRITE bandwidth (higher is better)", "GB/s")):
+    vals = [r[col] for r in rows]
+    ax.barh(range(len(rows)), vals, color=["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#999999"][:len(rows)])
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(unit)
+    ax.set_title(title, fontsize=9)
+    for i, v in enumerate(vals):
+        ax.text(v, i, " %.3g" % v, va="center", fontsize=7)
+fig.tight_layout()
+fig.savefig(md[:-3] + ".png", dpi=90)
+with open(md, "a") as f:
+    f.write("\n![plot](containers.png)\n")
+PY
