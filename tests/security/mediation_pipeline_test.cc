@@ -95,6 +95,23 @@ struct Side {
 
 uint8_t pattern(uint64_t i, uint64_t at) { return uint8_t(i * 29 + at * 7 + (at >> 9) + 1); }
 
+// Responders. One that only waits for the test's word that it is done:
+int waits(Side&, int sock) {
+  int done = 0;
+  return recv_val(sock, done) ? 0 : 60;
+}
+// One that, once told, checks that its first `len` bytes hold pattern() in
+// pieces of `piece`, as the requester wrote them.
+std::function<int(Side&, int)> holds_pattern(uint64_t len, uint64_t piece) {
+  return [len, piece](Side& me, int sock) {
+    int done = 0;
+    if (!recv_val(sock, done)) return 60;
+    for (uint64_t at = 0; at < len; ++at)
+      if (me.buf[at] != pattern(at / piece, at % piece)) return 61;
+    return 0;
+  };
+}
+
 // Root (requester) and nobody (responder) set up and connected: nobody
 // registers `len` bytes and runs `responder` once connected; root creates a
 // QP of `depth` and runs `requester` with nobody's Info. The parent relays
@@ -203,13 +220,7 @@ TEST(MediationPipeline, ManyRequestsInFlightMoveEveryByteAndCompleteInOrder) {
         if (memcmp(me.buf, me.buf + kLen, kLen) != 0) return 50;
         return send_val(sock, 1) ? 0 : 51;
       },
-      [](Side& me, int sock) {
-        int done = 0;
-        if (!recv_val(sock, done)) return 60;
-        for (uint64_t at = 0; at < kLen; ++at)
-          if (me.buf[at] != pattern(at / kChunk, at % kChunk)) return 61;
-        return 0;
-      });
+      holds_pattern(kLen, kChunk));
   ASSERT_TRUE(pair.start());
   finish(pair, sysd);
 }
@@ -253,10 +264,7 @@ TEST(MediationPipeline, TheSendQueueDepthCountsRequestsInFlight) {
         if (got.size() != 1 || got[0].wr_id != 99 || got[0].status != IBV_WC_SUCCESS) return 33;
         return send_val(sock, 1) ? 0 : 34;
       },
-      [](Side&, int sock) {
-        int done = 0;
-        return recv_val(sock, done) ? 0 : 60;
-      });
+      waits);
   ASSERT_TRUE(pair.start());
   struct Resume {
     pid_t pid;
@@ -523,13 +531,7 @@ TEST(MediationPipeline, MoreRequestsInFlightThanTheRequestRingHoldsWaitAndAllLan
         if (int e = in_order(me.poll(kN), ids, [](uint64_t) { return IBV_WC_SUCCESS; })) return 40 + e;
         return send_val(sock, 1) ? 0 : 31;
       },
-      [](Side& me, int sock) {
-        int done = 0;
-        if (!recv_val(sock, done)) return 60;
-        for (uint64_t at = 0; at < uint64_t(kN) * kLen; ++at)
-          if (me.buf[at] != pattern(at / kLen, at % kLen)) return 61;
-        return 0;
-      });
+      holds_pattern(uint64_t(kN) * kLen, kLen));
   ASSERT_TRUE(pair.start());
   finish(pair, sysd);
 }
@@ -580,10 +582,7 @@ TEST(MediationPipeline, AStreamThroughTheRingDoesNotStarveAnotherUsersCalls) {
         // How many went while the victim ran: at least the depth again.
         return send_val(sock, posted) ? 0 : 36;
       },
-      [](Side&, int sock) {
-        int done = 0;
-        return recv_val(sock, done) ? 0 : 60;
-      });
+      waits);
   ASSERT_TRUE(pair.start());
   int streaming = 0;
   ASSERT_TRUE(recv_val(pair.root.sock(), streaming)) << "root failed: exit " << pair.root.wait();
@@ -756,10 +755,7 @@ TEST(MediationPipeline, ARequesterKilledWithRequestsInFlightLeavesNothing) {
           ::raise(SIGKILL);
           return 33;
         },
-        [](Side&, int sock) {
-          int done = 0;
-          return recv_val(sock, done) ? 0 : 60;
-        });
+        waits);
     ASSERT_TRUE(pair.start());
     int ready = 0;
     ASSERT_TRUE(recv_val(pair.root.sock(), ready));
