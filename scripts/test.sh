@@ -11,6 +11,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 status=0
+# CI shows only the last lines of this script's output: each failed stage
+# leaves a digest (scripts/failure-digest.sh) that is printed at the end.
+digests=$(mktemp)
+stage() {  # stage NAME DIR CMD...: CMD in DIR, its output also kept for the digest
+  local name=$1 dir=$2; shift 2
+  local log="$PWD/$dir/stage-output.log"
+  if (cd "$dir" && "$@") 2>&1 | tee "$log"; then return 0; fi
+  scripts/failure-digest.sh "$name" "$log" >> "$digests"
+  return 1
+}
+failed() { echo "-- $1" >> "$digests"; status=1; }
 # Unity builds (several sources per compiler run): the four builds below
 # are most of this script's time on a 2-CPU runner, and the sanitizer builds
 # most of that (an ASan build took 23 CPU-minutes file by file).
@@ -19,12 +30,12 @@ echo "== build and test (RelWithDebInfo) =="
 # /usr: the Debian packages install.deb makes from this build get the multiarch LIBDIR.
 BUILD_DIR=build scripts/build.sh $unity -DCMAKE_INSTALL_PREFIX=/usr
 # No rerun of a failed test: a flaky test is a bug to find (issue 18).
-(cd build && ctest -j2 --output-on-failure --timeout 120) || status=1
+stage "plain ctest" build ctest -j2 --output-on-failure --timeout 120 || status=1
 # Every build type must build (issue 22, item 1): Release's -O3 finds
 # warnings the others do not (GCC 12's -Wrestrict and maybe-uninitialized
 # broke it once, unseen). Built, not tested: the tests are the same code.
 echo "== build (Release) =="
-BUILD_TYPE=Release BUILD_DIR=build-release scripts/build.sh $unity -DSOFTVERBS_BENCH=OFF || status=1
+BUILD_TYPE=Release BUILD_DIR=build-release scripts/build.sh $unity -DSOFTVERBS_BENCH=OFF || failed "the Release build failed (above)"
 if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
   for san in address thread; do
     echo "== build and test with SANITIZE=$san (gtest suites) =="
@@ -33,8 +44,8 @@ if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
     # TSan must not refuse to go on in the child. librdmacm keeps its device
     # contexts (and their watchdog threads) for the life of the process, as
     # rdma-core's does: threads still running at exit are not leaks here.
-    (cd build-$san && TSAN_OPTIONS="die_after_fork=0 report_thread_leaks=0 ${TSAN_OPTIONS:-}" \
-       ctest -j2 -LE compat --output-on-failure --timeout 300) || status=1
+    stage "SANITIZE=$san ctest" build-$san env TSAN_OPTIONS="die_after_fork=0 report_thread_leaks=0 ${TSAN_OPTIONS:-}" \
+       ctest -j2 -LE compat --output-on-failure --timeout 300 || status=1
   done
 fi
 if [ "${SOFTVERBS_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; then
@@ -50,7 +61,7 @@ if [ "${SOFTVERBS_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; th
   else
     tail -40 build-fuzz/fuzz.log
     echo "fuzz: FAILED (the crashing input is in build-fuzz/, see above)"
-    status=1
+    failed "fuzz found a crash (above)"
   fi
   rm -rf "$work"
 fi
@@ -68,7 +79,7 @@ if [ "${SOFTVERBS_WR_FUZZ_SECONDS:-15}" != 0 ] && command -v clang++ >/dev/null;
   else
     tail -40 build-fuzz/wr_fuzz.log
     echo "wr fuzz: FAILED (the crashing input is in build-fuzz/, see above)"
-    status=1
+    failed "wr fuzz found a crash (above)"
   fi
   rm -rf "$work"
 fi
@@ -84,7 +95,10 @@ if [ "${SOFTVERBS_CM_FUZZ_SECONDS:-10}" != 0 ] && command -v clang++ >/dev/null;
   else
     tail -40 build-fuzz/cm_fuzz.log
     echo "cm fuzz: FAILED (the crashing input is in build-fuzz/, see above)"
-    status=1
+    failed "cm fuzz found a crash (above)"
   fi
 fi
+echo "== summary =="
+if [ "$status" = 0 ]; then echo "every stage passed"; else cat "$digests"; echo "FAILED"; fi
+rm -f "$digests"
 exit $status
