@@ -203,6 +203,9 @@ class RouteSink : public PacketSink {
   UdpEndpoint* to(uint64_t ah) { return (ah & kOther) && other ? other : first; }
 };
 
+struct RoceQp;
+void publish_error(RoceQp& r);
+
 struct RoceQp {
   QpState* q;
   Gid sgid{};
@@ -219,11 +222,14 @@ struct RoceQp {
   uint32_t wire_mtu = 1024;
   uint64_t inline_next = 0;
   bool error_reported = false;
+  bool error_published = false;  // the daemon's table says ERR (publish_error)
   int ep_fd = -1;  // the endpoint's socket (owned by it)
   uint64_t ack_due = 0;  // a held ACK goes by then (Hub::kAckHold)
   explicit RoceQp(QpState& s)
       : q(&s), mem(s, s.pd ? s.pd->handle : 0),
-        xrc(s, [&s](uint32_t pd) { return std::make_unique<OwnMemory>(s, pd); }), sink(s, &xrc), recvs(s) {}
+        xrc(s, [&s](uint32_t pd) { return std::make_unique<OwnMemory>(s, pd); }), sink(s, &xrc), recvs(s) {
+    sink.before_error = [this] { publish_error(*this); };
+  }
   // The endpoint for datagrams of address family `fam`.
   UdpEndpoint& ep_for(int fam) { return ep2 && ep->family() != fam ? *ep2 : *ep; }
   void flush_delayed(bool all = false) {
@@ -239,11 +245,14 @@ struct RoceQp {
 
 // The engine went to the error state by itself (a fatal completion error,
 // IBTA 10.3.1): the daemon's QP table follows, so that ibv_query_qp and
-// post_recv see ERR, and what waits in the receive ring is flushed.
-// Called with the hub lock held (lock order: hub, then the connection).
-void report_error(RoceQp& r) {
-  if (r.error_reported || !r.engine || r.engine->state() != roce::QpState::kError) return;
-  r.error_reported = true;
+// post_recv see ERR. Done before the first completion in error is pushed
+// (CqSink::before_error), so that a program that polls it and then asks
+// ibv_query_qp is told ERR, never the state before (roce.wire.xrc_peer
+// asked so and was told RTS once in CI). Called with the hub lock held
+// (lock order: hub, then the connection).
+void publish_error(RoceQp& r) {
+  if (r.error_published || !r.engine || r.engine->state() != roce::QpState::kError) return;
+  r.error_published = true;
   QpState& q = *r.q;
   proto::ModifyQpReq req{};
   req.qpn = q.qpn;
@@ -262,6 +271,15 @@ void report_error(RoceQp& r) {
     q.attr.qp_state = IBV_QPS_ERR;
   }
   q.self->qpx.qp_base.state = IBV_QPS_ERR;
+}
+
+// Then, once the engine's own completions are out, what waits in the
+// receive ring is flushed after them.
+void report_error(RoceQp& r) {
+  if (r.error_reported || !r.engine || r.engine->state() != roce::QpState::kError) return;
+  r.error_reported = true;
+  publish_error(r);
+  QpState& q = *r.q;
   if (!q.srq && q.type != IBV_QPT_XRC_RECV) flush_rq(q);  // an XRC target has no receive queue
   SV_TRACE("roce: QP %u: transport error, now in ERR", q.qpn);
 }
@@ -772,6 +790,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
   if (next == IBV_QPS_ERR) {
     if (r && r->engine) {
       r->error_reported = true;  // the application's own modify
+      r->error_published = true;
       r->engine->flush_ack();    // what completed here is acknowledged first
       r->flush_tx();
       r->engine->set_error();

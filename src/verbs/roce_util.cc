@@ -117,6 +117,7 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
 }
 
 void CqSink::complete(const roce::Completion& c) {
+  if (c.status != roce::WcStatus::kSuccess && before_error) before_error();
   // An XRC target's receives complete in the CQ of the SRQ they came from.
   if (c.is_recv && q_.type == IBV_QPT_XRC_RECV) {
     xrc_->complete(c, to_status(c.status), to_wc_opcode(c.opcode));

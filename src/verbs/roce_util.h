@@ -6,6 +6,7 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "roce/engine.h"
@@ -18,10 +19,15 @@ class XrcTargetSrqs;
 
 // The engine's completions, into the QP's CQ rings as ibv_wc (an XRC
 // target's receives: into their SRQs' CQs, `xrc`).
+//
+// `before_error`, if set, runs before a completion in error is pushed: the
+// QP's owner makes its error state visible (ibv_query_qp) before the
+// completion that tells the application about it can be polled.
 class CqSink : public roce::CompletionSink {
  public:
   CqSink(QpState& q, XrcTargetSrqs* xrc) : q_(q), xrc_(xrc) {}
   void complete(const roce::Completion& c) override;
+  std::function<void()> before_error;
 
  private:
   QpState& q_;
