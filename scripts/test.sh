@@ -32,14 +32,14 @@ unity=-DCMAKE_UNITY_BUILD=ON
 # RelWithDebInfo: every build type CI builds is tested (issue 22, item 1).
 # One build, not a tested RelWithDebInfo one and an untested Release one:
 # three minutes of CI's time.
-echo "== build and test (Release, -g1) =="
+echo "== [${SECONDS} s] build and test (Release, -g1) =="
 # /usr: the Debian packages install.deb makes from this build get the multiarch LIBDIR.
 BUILD_TYPE=Release BUILD_DIR=build scripts/build.sh $unity -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_C_FLAGS=-g1 -DCMAKE_CXX_FLAGS=-g1
 # No rerun of a failed test: a flaky test is a bug to find (issue 18).
 stage "plain ctest" build ctest -j2 --output-on-failure --timeout 120 || status=1
 if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
   for san in address thread; do
-    echo "== build and test with SANITIZE=$san (gtest suites) =="
+    echo "== [${SECONDS} s] build and test with SANITIZE=$san (gtest suites) =="
     BUILD_DIR=build-$san scripts/build.sh -DSANITIZE=$san -DSOFTVERBS_BENCH=OFF $unity
     # The tests fork after the library started threads (as applications may):
     # TSan must not refuse to go on in the child. librdmacm keeps its device
@@ -50,7 +50,7 @@ if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
   done
 fi
 if [ "${SOFTVERBS_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; then
-  echo "== fuzz: control messages (${SOFTVERBS_FUZZ_SECONDS:-20} s, libFuzzer + ASan/UBSan) =="
+  echo "== [${SECONDS} s] fuzz: control messages (${SOFTVERBS_FUZZ_SECONDS:-20} s, libFuzzer + ASan/UBSan) =="
   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON $unity >/dev/null
   cmake --build build-fuzz --target control_fuzz -j"$(nproc)" >/dev/null
   work=$(mktemp -d)
@@ -68,7 +68,7 @@ if [ "${SOFTVERBS_FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; th
 fi
 # Work requests and SGEs (fuzz/wr_fuzz.cc): its own time box, after the control fuzzer.
 if [ "${SOFTVERBS_WR_FUZZ_SECONDS:-15}" != 0 ] && command -v clang++ >/dev/null; then
-  echo "== fuzz: work requests and SGEs (${SOFTVERBS_WR_FUZZ_SECONDS:-15} s, libFuzzer + ASan/UBSan) =="
+  echo "== [${SECONDS} s] fuzz: work requests and SGEs (${SOFTVERBS_WR_FUZZ_SECONDS:-15} s, libFuzzer + ASan/UBSan) =="
   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON $unity >/dev/null
   cmake --build build-fuzz --target wr_fuzz softverbsd -j"$(nproc)" >/dev/null
   work=$(mktemp -d)
@@ -86,7 +86,7 @@ if [ "${SOFTVERBS_WR_FUZZ_SECONDS:-15}" != 0 ] && command -v clang++ >/dev/null;
 fi
 # The CM gateway's MADs from the wire (fuzz/cm_fuzz.cc): its own time box.
 if [ "${SOFTVERBS_CM_FUZZ_SECONDS:-10}" != 0 ] && command -v clang++ >/dev/null; then
-  echo "== fuzz: CM MADs from the wire (${SOFTVERBS_CM_FUZZ_SECONDS:-10} s, libFuzzer + ASan/UBSan) =="
+  echo "== [${SECONDS} s] fuzz: CM MADs from the wire (${SOFTVERBS_CM_FUZZ_SECONDS:-10} s, libFuzzer + ASan/UBSan) =="
   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DSOFTVERBS_FUZZ=ON $unity >/dev/null
   cmake --build build-fuzz --target cm_fuzz -j"$(nproc)" >/dev/null
   if build-fuzz/fuzz/cm_fuzz -max_total_time="${SOFTVERBS_CM_FUZZ_SECONDS:-10}" -max_len=1025 -rss_limit_mb=4096 \
@@ -99,7 +99,7 @@ if [ "${SOFTVERBS_CM_FUZZ_SECONDS:-10}" != 0 ] && command -v clang++ >/dev/null;
     failed "cm fuzz found a crash (above)"
   fi
 fi
-echo "== summary =="
+echo "== [${SECONDS} s] summary =="
 if [ "$status" = 0 ]; then echo "every stage passed"; else cat "$digests"; echo "FAILED"; fi
 rm -f "$digests"
 exit $status

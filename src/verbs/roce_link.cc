@@ -250,9 +250,18 @@ struct RoceQp {
 // ibv_query_qp is told ERR, never the state before (roce.wire.xrc_peer
 // asked so and was told RTS once in CI). Called with the hub lock held
 // (lock order: hub, then the connection).
+// SOFTVERBS_TEST_SLOW_ERROR=US: the daemon's call waits US microseconds
+// first, the window a loaded machine opens, made certain (roce.wire.xrc_peer
+// runs so). Read once; a rare path.
+const unsigned g_slow_error_us = [] {
+  const char* e = std::getenv("SOFTVERBS_TEST_SLOW_ERROR");
+  return e ? unsigned(std::strtoul(e, nullptr, 10)) : 0u;
+}();
+
 void publish_error(RoceQp& r) {
   if (r.error_published || !r.engine || r.engine->state() != roce::QpState::kError) return;
   r.error_published = true;
+  if (g_slow_error_us) ::usleep(g_slow_error_us);
   QpState& q = *r.q;
   proto::ModifyQpReq req{};
   req.qpn = q.qpn;
