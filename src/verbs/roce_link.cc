@@ -609,17 +609,6 @@ void receive_on(Hub& h, ContextState& cs, int fd) {
   h.kick();
 }
 
-// The fault hook the daemon says (SOFTVERBS_FAULTS), each QP its own sequence.
-FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn) {
-  FaultConfig f;
-  f.drop = rep.drop_ppm / 1e6;
-  f.duplicate = rep.dup_ppm / 1e6;
-  f.reorder = rep.reorder_ppm / 1e6;
-  f.reorder_delay_ns = uint64_t(rep.reorder_delay_us) * 1000;
-  f.seed = rep.seed ^ (uint64_t(qpn) << 32);
-  return f;
-}
-
 // A UD QP also sends from the first GID of the other address family (an
 // IPv6 one after the IPv4 index 1), so that its datagrams to IPv6 GIDs and
 // groups go on the wire (docs/ROCE.md, "Multicast"): a second RoceAttach
@@ -771,16 +760,6 @@ int to_engine_wr(QpState& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
     s.rkey = wr->wr.rdma.rkey;
   }
   return 0;
-}
-
-QpType engine_type(ibv_qp_type t) {
-  switch (t) {
-    case IBV_QPT_UC: return QpType::kUC;
-    case IBV_QPT_UD: return QpType::kUD;
-    case IBV_QPT_XRC_SEND: return QpType::kXrcSend;
-    case IBV_QPT_XRC_RECV: return QpType::kXrcRecv;
-    default: return QpType::kRC;
-  }
 }
 
 }  // namespace

@@ -167,4 +167,25 @@ bool RingRecvSource::take(roce::RecvWr& out) {
   return true;
 }
 
+// The fault hook the daemon says (SOFTVERBS_FAULTS), each QP its own sequence.
+roce::FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn) {
+  roce::FaultConfig f;
+  f.drop = rep.drop_ppm / 1e6;
+  f.duplicate = rep.dup_ppm / 1e6;
+  f.reorder = rep.reorder_ppm / 1e6;
+  f.reorder_delay_ns = uint64_t(rep.reorder_delay_us) * 1000;
+  f.seed = rep.seed ^ (uint64_t(qpn) << 32);
+  return f;
+}
+
+roce::QpType engine_type(ibv_qp_type t) {
+  switch (t) {
+    case IBV_QPT_UC: return roce::QpType::kUC;
+    case IBV_QPT_UD: return roce::QpType::kUD;
+    case IBV_QPT_XRC_SEND: return roce::QpType::kXrcSend;
+    case IBV_QPT_XRC_RECV: return roce::QpType::kXrcRecv;
+    default: return roce::QpType::kRC;
+  }
+}
+
 }  // namespace sv::verbs

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "common/protocol.h"
 #include "roce/engine.h"
 #include "roce/udp.h"
 
@@ -54,6 +55,10 @@ uint32_t wire_mtu_for(const uint8_t* sgid);
 
 ibv_wc_status to_status(roce::WcStatus s);
 ibv_wc_opcode to_wc_opcode(roce::WcOpcode o);
+// The engine's fault hook as the daemon's attach reply says it
+// (SOFTVERBS_FAULTS), each QP its own sequence; the engine's QP type.
+roce::FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn);
+roce::QpType engine_type(ibv_qp_type t);
 
 // One line on stderr with a wire QP's engine and endpoint counters (`other`:
 // a UD QP's endpoint of the other address family, or null; its counters
