@@ -243,13 +243,6 @@ struct RoceQp {
   uint64_t next_delayed() const { return std::min(ep->next_delayed(), ep2 ? ep2->next_delayed() : UINT64_MAX); }
 };
 
-// The engine went to the error state by itself (a fatal completion error,
-// IBTA 10.3.1): the daemon's QP table follows, so that ibv_query_qp and
-// post_recv see ERR. Done before the first completion in error is pushed
-// (CqSink::before_error), so that a program that polls it and then asks
-// ibv_query_qp is told ERR, never the state before (roce.wire.xrc_peer
-// asked so and was told RTS once in CI). Called with the hub lock held
-// (lock order: hub, then the connection).
 // SOFTVERBS_TEST_SLOW_ERROR=US: the daemon's call waits US microseconds
 // first, the window a loaded machine opens, made certain (roce.wire.xrc_peer
 // runs so). Read once; a rare path.
@@ -258,6 +251,13 @@ const unsigned g_slow_error_us = [] {
   return e ? unsigned(std::strtoul(e, nullptr, 10)) : 0u;
 }();
 
+// The engine went to the error state by itself (a fatal completion error,
+// IBTA 10.3.1): the daemon's QP table follows, so that ibv_query_qp and
+// post_recv see ERR. Done before the first completion in error is pushed
+// (CqSink::before_error), so that a program that polls it and then asks
+// ibv_query_qp is told ERR, never the state before (roce.wire.xrc_peer
+// asked so and was told RTS once in CI). Called with the hub lock held
+// (lock order: hub, then the connection).
 void publish_error(RoceQp& r) {
   if (r.error_published || !r.engine || r.engine->state() != roce::QpState::kError) return;
   r.error_published = true;
