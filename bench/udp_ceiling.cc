@@ -1,0 +1,194 @@
+// udp_ceiling: what the kernel alone moves between two hosts when given
+// RoCEv2 datagrams the way softverbs' sender gives them (issue 24, item 4's
+// baseline): UDP GSO sends of up to 62 datagrams of one size, each gathered
+// from three pieces (a 12-byte BTH from a header slot, the payload from a
+// 1 MiB buffer, the 4-byte ICRC after the header), through sendmmsg; the
+// receiver a UDP_GRO socket read by recvmmsg into four 64 KiB slots. No RDMA
+// work at all: no packet is built, no ICRC computed, no memory checked. The
+// ratio of softverbs' ib_write_bw to this, in the same run, is the share of
+// the sender's CPU that the library's own work leaves to the kernel.
+//
+//   udp_ceiling recv PORT [SECONDS]          prints "udp_ceiling MB/s N"
+//   udp_ceiling send ADDR PORT SECONDS [PAYLOAD]
+// The receiver counts payload bytes (datagrams x PAYLOAD) from its first
+// datagram until nothing arrived for 300 ms (or SECONDS passed), and exits.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+namespace {
+
+constexpr size_t kBth = 12, kIcrc = 4, kMaxGsoBytes = 65000, kSlots = 4, kSlot = 65536;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: udp_ceiling recv PORT [SECONDS]\n"
+               "       udp_ceiling send ADDR PORT SECONDS [PAYLOAD]\n");
+  return 2;
+}
+
+bool parse_addr(const char* host, int port, sockaddr_storage& ss, socklen_t& len) {
+  std::memset(&ss, 0, sizeof ss);
+  auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(uint16_t(port));
+    len = sizeof *a4;
+    return true;
+  }
+  if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(uint16_t(port));
+    len = sizeof *a6;
+    return true;
+  }
+  return false;
+}
+
+int run_recv(int port, double limit) {
+  int fd = socket(AF_INET6, SOCK_DGRAM, 0);
+  int one = 1, zero = 0, big = 8 << 20;
+  setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_port = htons(uint16_t(port));
+  a.sin6_addr = in6addr_any;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    std::perror("udp_ceiling: bind");
+    return 1;
+  }
+  std::printf("udp_ceiling listening\n");
+  std::fflush(stdout);
+  std::vector<uint8_t> buf(kSlots * kSlot);
+  mmsghdr m[kSlots];
+  iovec iov[kSlots];
+  alignas(cmsghdr) char cb[kSlots][CMSG_SPACE(sizeof(int))];
+  uint64_t datagrams = 0;
+  size_t payload = 0;
+  double first = 0, last = 0;
+  const double start = now();
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int idle_ms = first == 0 ? 100 : 300;
+    if (poll(&p, 1, idle_ms) == 0) {
+      if (first != 0 || now() - start > limit) break;
+      continue;
+    }
+    for (size_t i = 0; i < kSlots; i++) {
+      iov[i] = {buf.data() + i * kSlot, kSlot};
+      m[i] = {};
+      m[i].msg_hdr.msg_iov = &iov[i];
+      m[i].msg_hdr.msg_iovlen = 1;
+      m[i].msg_hdr.msg_control = cb[i];
+      m[i].msg_hdr.msg_controllen = sizeof cb[i];
+    }
+    const int n = recvmmsg(fd, m, kSlots, MSG_DONTWAIT, nullptr);
+    if (n <= 0) continue;
+    const double t = now();
+    if (first == 0) first = t;
+    last = t;
+    for (int i = 0; i < n; i++) {
+      size_t seg = m[i].msg_len;  // one datagram unless the kernel says its GRO size
+      for (cmsghdr* c = CMSG_FIRSTHDR(&m[i].msg_hdr); c; c = CMSG_NXTHDR(&m[i].msg_hdr, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+          int g;
+          std::memcpy(&g, CMSG_DATA(c), sizeof g);
+          seg = size_t(g);
+        }
+      }
+      if (seg > kBth + kIcrc) {
+        datagrams += (m[i].msg_len + seg - 1) / seg;
+        payload = seg - kBth - kIcrc;
+      }
+    }
+    if (now() - start > limit) break;
+  }
+  const double secs = last - first;
+  const double mbs = secs > 0 ? double(datagrams) * double(payload) / secs / 1e6 : 0;
+  std::printf("udp_ceiling MB/s %.1f datagrams %llu seconds %.3f\n", mbs, (unsigned long long)datagrams, secs);
+  return 0;
+}
+
+int run_send(const char* host, int port, double secs, size_t payload) {
+  sockaddr_storage dst;
+  socklen_t dlen;
+  if (!parse_addr(host, port, dst, dlen)) return usage();
+  int fd = socket(dst.ss_family, SOCK_DGRAM, 0);
+  int big = 8 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+  const size_t dgram = kBth + payload + kIcrc;
+  const size_t per_send = kMaxGsoBytes / dgram;  // 62 for 1 KiB payloads
+  constexpr size_t kSends = 4;                  // one sendmmsg: 4 GSO sends, ~256 KiB as softverbs
+  std::vector<uint8_t> data(1 << 20, 0x5a);
+  std::vector<uint8_t> slots(kSends * per_send * 32, 0);
+  std::vector<iovec> iov(kSends * per_send * 3);
+  mmsghdr m[kSends];
+  alignas(cmsghdr) char cb[kSends][CMSG_SPACE(sizeof(uint16_t))];
+  size_t off = 0;
+  uint64_t sent = 0;
+  const double start = now();
+  while (now() - start < secs) {
+    for (size_t s = 0; s < kSends; s++) {
+      for (size_t k = 0; k < per_send; k++) {
+        uint8_t* slot = slots.data() + (s * per_send + k) * 32;
+        if (off + payload > data.size()) off = 0;
+        iovec* v = &iov[(s * per_send + k) * 3];
+        v[0] = {slot, kBth};
+        v[1] = {data.data() + off, payload};
+        v[2] = {slot + kBth, kIcrc};
+        off += payload;
+      }
+      m[s] = {};
+      m[s].msg_hdr.msg_name = &dst;
+      m[s].msg_hdr.msg_namelen = dlen;
+      m[s].msg_hdr.msg_iov = &iov[s * per_send * 3];
+      m[s].msg_hdr.msg_iovlen = per_send * 3;
+      m[s].msg_hdr.msg_control = cb[s];
+      m[s].msg_hdr.msg_controllen = sizeof cb[s];
+      cmsghdr* c = CMSG_FIRSTHDR(&m[s].msg_hdr);
+      c->cmsg_level = SOL_UDP;
+      c->cmsg_type = UDP_SEGMENT;
+      c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+      const uint16_t g = uint16_t(dgram);
+      std::memcpy(CMSG_DATA(c), &g, sizeof g);
+    }
+    const int n = sendmmsg(fd, m, kSends, 0);
+    if (n > 0) sent += uint64_t(n) * per_send;
+  }
+  const double t = now() - start;
+  std::printf("udp_ceiling sent MB/s %.1f\n", double(sent) * double(payload) / t / 1e6);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "recv") return run_recv(std::atoi(argv[2]), argc > 3 ? std::atof(argv[3]) : 60);
+  if (argc >= 5 && std::string(argv[1]) == "send")
+    return run_send(argv[2], std::atoi(argv[3]), std::atof(argv[4]), argc > 5 ? size_t(std::atol(argv[5])) : 1024);
+  return usage();
+}
