@@ -9,7 +9,13 @@
 // the sender's CPU that the library's own work leaves to the kernel.
 //
 //   udp_ceiling recv PORT [SECONDS]          prints "udp_ceiling MB/s N"
-//   udp_ceiling send ADDR PORT SECONDS [PAYLOAD]
+//   udp_ceiling send ADDR PORT SECONDS [PAYLOAD [PER_SEND [MODE]]]
+// PER_SEND: datagrams per GSO send (default: as many as fit 65000 bytes).
+// MODE: plain (three pieces per datagram, as softverbs sends), merge (each
+// ICRC and the next header one piece: two per datagram), zerocopy (plain
+// with MSG_ZEROCOPY; completions read from the error queue). The last two
+// are the experiments of docs/ROCE.md, session 22. The sender prints its
+// rate and its CPU time per send.
 // The receiver counts payload bytes (datagrams x PAYLOAD) from its first
 // datagram until nothing arrived for 300 ms (or SECONDS passed), and exits.
 #include <arpa/inet.h>
@@ -19,10 +25,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <ctime>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,7 +55,7 @@ double now() {
 int usage() {
   std::fprintf(stderr,
                "usage: udp_ceiling recv PORT [SECONDS]\n"
-               "       udp_ceiling send ADDR PORT SECONDS [PAYLOAD]\n");
+               "       udp_ceiling send ADDR PORT SECONDS [PAYLOAD [PER_SEND [plain|merge|zerocopy]]]\n");
   return 2;
 }
 
@@ -133,54 +144,93 @@ int run_recv(int port, double limit) {
   return 0;
 }
 
-int run_send(const char* host, int port, double secs, size_t payload) {
+int run_send(const char* host, int port, double secs, size_t payload, size_t per_send, const std::string& mode) {
   sockaddr_storage dst;
   socklen_t dlen;
-  if (!parse_addr(host, port, dst, dlen)) return usage();
+  if (!parse_addr(host, port, dst, dlen) || payload == 0 || payload > 8192) return usage();
+  const bool merge = mode == "merge", zerocopy = mode == "zerocopy";
+  if (!merge && !zerocopy && mode != "plain") return usage();
   int fd = socket(dst.ss_family, SOCK_DGRAM, 0);
-  int big = 8 << 20;
+  int big = 8 << 20, one = 1;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+  if (zerocopy && setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &one, sizeof one) != 0) {
+    std::perror("udp_ceiling: SO_ZEROCOPY");
+    return 1;
+  }
   const size_t dgram = kBth + payload + kIcrc;
-  const size_t per_send = kMaxGsoBytes / dgram;  // 62 for 1 KiB payloads
-  constexpr size_t kSends = 4;                  // one sendmmsg: 4 GSO sends, ~256 KiB as softverbs
-  std::vector<uint8_t> data(1 << 20, 0x5a);
-  std::vector<uint8_t> slots(kSends * per_send * 32, 0);
+  const size_t fit = kMaxGsoBytes / dgram;  // 62 for 1 KiB payloads
+  if (per_send == 0 || per_send > fit) per_send = fit;
+  constexpr size_t kSends = 4;  // one sendmmsg: 4 GSO sends, ~256 KiB as softverbs
+  // The payload buffer page-aligned, as registered memory usually is.
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(std::aligned_alloc(4096, 1 << 20)), &std::free);
+  std::span<uint8_t> data(buf.get(), 1 << 20);
+  std::memset(data.data(), 0x5a, data.size());
+  // Header slots: the BTH, then the ICRC right after it (32 bytes a
+  // datagram), so that in "merge" a datagram's ICRC and the next one's BTH
+  // are adjacent and go as one piece.
+  std::vector<uint8_t> slots(kSends * per_send * (kBth + kIcrc), 0);
   std::vector<iovec> iov(kSends * per_send * 3);
+  std::vector<size_t> iovs(kSends);
   mmsghdr m[kSends];
   alignas(cmsghdr) char cb[kSends][CMSG_SPACE(sizeof(uint16_t))];
   size_t off = 0;
-  uint64_t sent = 0;
+  uint64_t sent = 0, sends = 0;
+  char errq[4096];
   const double start = now();
+  const std::clock_t cpu0 = std::clock();
   while (now() - start < secs) {
     for (size_t s = 0; s < kSends; s++) {
+      iovec* v = &iov[s * per_send * 3];
+      size_t n = 0;
       for (size_t k = 0; k < per_send; k++) {
-        uint8_t* slot = slots.data() + (s * per_send + k) * 32;
+        uint8_t* slot = slots.data() + (s * per_send + k) * (kBth + kIcrc);
         if (off + payload > data.size()) off = 0;
-        iovec* v = &iov[(s * per_send + k) * 3];
-        v[0] = {slot, kBth};
-        v[1] = {data.data() + off, payload};
-        v[2] = {slot + kBth, kIcrc};
+        if (!merge || k == 0) v[n++] = {slot, kBth};
+        v[n++] = {data.data() + off, payload};
+        // merge: this ICRC and the next datagram's BTH, one piece.
+        v[n++] = {slot + kBth, merge && k + 1 < per_send ? kIcrc + kBth : kIcrc};
         off += payload;
       }
+      iovs[s] = n;
       m[s] = {};
       m[s].msg_hdr.msg_name = &dst;
       m[s].msg_hdr.msg_namelen = dlen;
-      m[s].msg_hdr.msg_iov = &iov[s * per_send * 3];
-      m[s].msg_hdr.msg_iovlen = per_send * 3;
-      m[s].msg_hdr.msg_control = cb[s];
-      m[s].msg_hdr.msg_controllen = sizeof cb[s];
-      cmsghdr* c = CMSG_FIRSTHDR(&m[s].msg_hdr);
-      c->cmsg_level = SOL_UDP;
-      c->cmsg_type = UDP_SEGMENT;
-      c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-      const uint16_t g = uint16_t(dgram);
-      std::memcpy(CMSG_DATA(c), &g, sizeof g);
+      m[s].msg_hdr.msg_iov = v;
+      m[s].msg_hdr.msg_iovlen = n;
+      if (per_send > 1) {
+        m[s].msg_hdr.msg_control = cb[s];
+        m[s].msg_hdr.msg_controllen = sizeof cb[s];
+        cmsghdr* c = CMSG_FIRSTHDR(&m[s].msg_hdr);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        const uint16_t g = uint16_t(dgram);
+        std::memcpy(CMSG_DATA(c), &g, sizeof g);
+      }
     }
-    const int n = sendmmsg(fd, m, kSends, 0);
-    if (n > 0) sent += uint64_t(n) * per_send;
+    const int n = sendmmsg(fd, m, kSends, zerocopy ? MSG_ZEROCOPY : 0);
+    if (n > 0) {
+      sent += uint64_t(n) * per_send;
+      sends += uint64_t(n);
+    } else if (n < 0 && errno != EAGAIN && errno != ENOBUFS && errno != EINTR) {
+      std::fprintf(stderr, "udp_ceiling: sendmmsg of %zu datagrams (%zu pieces) per send: %s\n", per_send, iovs[0],
+                   std::strerror(errno));
+      return 1;
+    }
+    if (zerocopy) {  // completions: the pages may be reused (buffers here are never written)
+      for (;;) {
+        msghdr em{};
+        em.msg_control = errq;
+        em.msg_controllen = sizeof errq;
+        if (recvmsg(fd, &em, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) break;
+      }
+    }
   }
   const double t = now() - start;
-  std::printf("udp_ceiling sent MB/s %.1f\n", double(sent) * double(payload) / t / 1e6);
+  const double cpu = double(std::clock() - cpu0) / CLOCKS_PER_SEC;
+  std::printf("udp_ceiling sent MB/s %.1f mode %s datagrams/send %zu pieces/send %zu cpu us/send %.2f\n",
+              double(sent) * double(payload) / t / 1e6, mode.c_str(), per_send, iovs[0],
+              sends ? cpu / double(sends) * 1e6 : 0.0);
   return 0;
 }
 
@@ -189,6 +239,7 @@ int run_send(const char* host, int port, double secs, size_t payload) {
 int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "recv") return run_recv(std::atoi(argv[2]), argc > 3 ? std::atof(argv[3]) : 60);
   if (argc >= 5 && std::string(argv[1]) == "send")
-    return run_send(argv[2], std::atoi(argv[3]), std::atof(argv[4]), argc > 5 ? size_t(std::atol(argv[5])) : 1024);
+    return run_send(argv[2], std::atoi(argv[3]), std::atof(argv[4]), argc > 5 ? size_t(std::atol(argv[5])) : 1024,
+                    argc > 6 ? size_t(std::atol(argv[6])) : 0, argc > 7 ? argv[7] : "plain");
   return usage();
 }
