@@ -825,6 +825,14 @@ def targets_section(R):
                          x["process_bytes_per_mr"], x["daemon_bytes_per_mr"]), "met"))
     L = ["", "## Targets (issue 7)", "", "| target | measured in this run | |", "|---|---|---|"]
     L += ["| %s | %s | %s |" % row for row in rows]
+    bars = issue24_bars(R)
+    if bars:
+        L += ["", "## Targets (issue 24, items 1 and 2)", "",
+              "Each as the measured cost over the target's limit, both from this run (at most 1 = met; "
+              "a control round trip is `ibv_import_pd`). Items 3 and 4: `bench/cross_user.py` and "
+              "`bench/roce_vs_tcp.sh`; the plot's right panel shows these rows.", "",
+              "| measured / limit | ratio | |", "|---|---:|---|"]
+        L += ["| %s | %.2f | %s |" % (b[0].replace("\n", " "), b[1], verdict(b[1] <= 1)) for b in bars]
     return "\n".join(L) + "\n"
 
 
@@ -1009,7 +1017,7 @@ def make_plot(R, path):
     except Exception as e:
         log("warning: matplotlib not available (%s); no PNG written" % e)
         return False
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5.5), gridspec_kw={"width_ratios": [3, 3, 2]})
+    fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(24, 5.5), gridspec_kw={"width_ratios": [3, 3, 2, 2]})
 
     def series(source, test):
         xs, ys = [], []
@@ -1105,11 +1113,56 @@ def make_plot(R, path):
     ax3.set_ylabel("one-way latency, ns (median)")
     ax3.set_title("8 B one-way latency")
     ax3.grid(True, axis="y", alpha=0.3)
+    issue24_panel(R, ax4)
     fig.suptitle("softverbs vs raw shared memory (%s mode)" % ("quick" if R.quick else "full"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def issue24_bars(R):
+    """Issue 24's control-path targets (items 1 and 2) as fractions of their
+    limits, from this run: (label, value / limit). At most 1 = met."""
+    def reg(size, key):
+        v = [r.get(key) for r in R.raw if r.get("bench") == "reg" and r.get("size") == size]
+        return med([x for x in v if x is not None and x > 0])
+    rt = R.agg("import", "import_pd", "median_ns")  # one control round trip
+    unix = R.agg("import", "unix_rt", "median_ns")
+    bars = []
+
+    def add(label, value, limit):
+        if value and limit:
+            bars.append((label, value / limit))
+    for size, name in ((4096, "4 KiB"), (1 << 20, "1 MiB")):
+        lock = reg(size, "mlock_munlock_ns")
+        add("reg+dereg %s\n/ 3x mlock" % name, reg(size, "reg_dereg_ns"), 3 * lock if lock else None)
+    add("held 4 KiB\n/ 2 round trips", reg(4096, "reg_dereg_held_ns"), 2 * rt if rt else None)
+    add("round trip\n/ 2x unix", rt, 2 * unix if unix else None)
+    for test, name in (("import_mr", "import_mr"), ("import_cq", "import_cq"), ("import_qp", "import_qp")):
+        add("%s + unimport\n/ 3 round trips" % name, R.agg("import", test, "median_ns"), 3 * rt if rt else None)
+    add("import_device\n/ 0.5 ms", R.agg("import", "import_device", "median_ns"), 0.5e6)
+    add("svx_open\n/ 0.5 ms", R.agg("import", "open", "median_ns"), 0.5e6)
+    return bars
+
+
+def issue24_panel(R, ax):
+    bars = issue24_bars(R)
+    if not bars:
+        ax.set_visible(False)
+        return
+    pos = range(len(bars))
+    ax.bar(pos, [b[1] for b in bars], color=["tab:green" if b[1] <= 1 else "tab:red" for b in bars])
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="target (issue 24)")
+    ax.set_xticks(list(pos))
+    ax.set_xticklabels([b[0] for b in bars], fontsize=6, rotation=60, ha="right")
+    for i, b in enumerate(bars):
+        ax.text(i, b[1], "%.2f" % b[1], ha="center", va="bottom", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("measured / target's limit (at most 1 = met)")
+    ax.set_title("Control path against issue 24's targets")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 # -------------------------------------------------------------------- main --
