@@ -89,16 +89,62 @@ def main():
              "%s on %d vCPUs, kernel %s; a private system daemon; %d interleaved rounds (bench/cross_user.py)."
              % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(), os.uname().release, a.rounds),
              "Same user: both processes root. Between users: the server runs as uid %d." % a.uid, "",
-             "| test | same user | between users | between / same |", "|---|---:|---:|---:|"]
+             "| test | same user | between users | between / same | target | |", "|---|---:|---:|---:|---|---|"]
+    rows = []
     for k in sorted(got["same"], key=lambda k: (k[0].endswith("_bw"), k[0], k[1])):
         s = statistics.median(got["same"][k])
         c = statistics.median(got["cross"].get(k, [float("nan")]))
-        lines.append("| %s | %.4g | %.4g | %.3g |" % (label(k), s, c, c / s if s else float("nan")))
+        ratio = c / s if s else float("nan")
+        t = target(k)
+        verdict = "" if t is None else ("met" if (ratio >= t[1] if t[0] == ">=" else ratio <= t[1]) else "**not met**")
+        lines.append("| %s | %.4g | %.4g | %.3g | %s | %s |" % (label(k), s, c, ratio,
+                                                              "" if t is None else "%s %g" % t, verdict))
+        rows.append((label(k), ratio, t))
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    os.makedirs(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"), exist_ok=True)
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cross_user.md"), "w") as f:
+    results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(results, exist_ok=True)
+    with open(os.path.join(results, "cross_user.md"), "w") as f:
         f.write(text)
+    plot(rows, os.path.join(results, "cross_user.png"))
+
+
+def target(key):
+    """Issue 24, item 3: bandwidth at least half the same-user path's, 8 B
+    WRITE latency at most 3x (READ's round trip has no target)."""
+    test, size = key
+    if test.endswith("_bw"):
+        return (">=", 0.5)
+    if test == "write_lat":
+        return ("<=", 3)
+    return None
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        sys.stderr.write("no matplotlib (Debian's: /usr/bin/python3): no plot\n")
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    pos = list(range(len(rows)))
+    ok = [t is None or (r >= t[1] if t[0] == ">=" else r <= t[1]) for _, r, t in rows]
+    ax.bar(pos, [r for _, r, _ in rows], color=["tab:green" if o else "tab:red" for o in ok])
+    for i, (_, r, t) in enumerate(rows):
+        ax.text(i, r, "%.3g" % r, ha="center", va="bottom", fontsize=8)
+        if t is not None:
+            ax.plot([i - 0.4, i + 0.4], [t[1], t[1]], color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(pos)
+    ax.set_xticklabels([n for n, _, _ in rows], fontsize=7, rotation=30, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("between users / same user (dashed: issue 24's target)")
+    ax.set_title("Between users against the same user (green: target met or none)")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
