@@ -23,8 +23,10 @@ bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out, bool want_caps = 
 // reference.
 bool read_identity_proc(pid_t pid, int pidfd, ConnectIdentity& out);
 
-// The locked-memory limit of a client in bytes: RLIMIT_MEMLOCK, or
-// unlimited with CAP_IPC_LOCK, decided for the process that connected.
-uint64_t memlock_limit(pid_t pid, int pidfd, const ConnectIdentity& at_connect);
+// The locked-memory limit that a charge bringing the client's process to
+// `total` locked bytes meets: RLIMIT_MEMLOCK, or unlimited with
+// CAP_IPC_LOCK (consulted only for a total beyond RLIMIT_MEMLOCK, as the
+// kernel does), decided for the process that connected.
+uint64_t memlock_limit(pid_t pid, int pidfd, const ConnectIdentity& at_connect, uint64_t total);
 
 }  // namespace sv::daemon

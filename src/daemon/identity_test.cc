@@ -101,7 +101,7 @@ TEST(Identity, ThePidfdSaysWhatProcStatusSays) {
     EXPECT_FALSE(fast2.ipc_lock);
     // The limit of a process whose credentials changed since it connected
     // is no larger than it was then, and no larger than now.
-    EXPECT_EQ(memlock_limit(c.pid, c.pidfd.get(), fast), std::min(fast.memlock, fast2.memlock));
+    EXPECT_EQ(memlock_limit(c.pid, c.pidfd.get(), fast, 0), std::min(fast.memlock, fast2.memlock));
   }
   c.stop();
   // Gone (reaped): nothing is read of whatever process has its pid now.

@@ -156,8 +156,9 @@ int Registry::charge_memlock(uint32_t client, uint64_t addr, uint64_t length, ui
   bytes = page_up(addr + length) - page_down(addr);
   Account& acct = accounts_[pid];
   acct.uid = c.uid;
-  acct.limit_bytes = memlock_limit(pid, c.pidfd.get(), c.at_connect);
-  if (acct.limit_bytes != UINT64_MAX && acct.locked_bytes - std::min(credit, acct.locked_bytes) + bytes > acct.limit_bytes) {
+  const uint64_t total = acct.locked_bytes - std::min(credit, acct.locked_bytes) + bytes;
+  acct.limit_bytes = memlock_limit(pid, c.pidfd.get(), c.at_connect, total);
+  if (acct.limit_bytes != UINT64_MAX && total > acct.limit_bytes) {
     SV_TRACE("daemon: pid %d: RLIMIT_MEMLOCK %llu, locked %llu, asks %llu: ENOMEM", int(pid),
              (unsigned long long)acct.limit_bytes, (unsigned long long)acct.locked_bytes, (unsigned long long)bytes);
     if (acct.locked_bytes == 0) accounts_.erase(pid);

@@ -39,7 +39,7 @@
 namespace sv::daemon {
 
 // What decides a client's locked-memory limit, read when its process
-// connected and confirmed through its pidfd (memlock_limit in registry.cc).
+// connected and confirmed through its pidfd (memlock_limit in identity.cc).
 struct ConnectIdentity {
   bool known = false;     // read, and the process was alive throughout
   bool ipc_lock = false;  // CAP_IPC_LOCK in the initial user namespace

@@ -240,7 +240,10 @@ int status() {
   std::printf("  clients %u (this query included)\n  pds %u\n  mrs %u\n  cqs %u\n  qps %u\n  channels %u\n  backings %u\n  regions %u\n",
               rep.clients, rep.pds, rep.mrs, rep.cqs, rep.qps, rep.channels, rep.backings, rep.regions);
   if (have_accounts) {
-    std::printf("locked memory (RLIMIT_MEMLOCK charges of registrations):\n");
+    // The limit each process's last registration met: its RLIMIT_MEMLOCK,
+    // or "unlimited" once CAP_IPC_LOCK carried a charge beyond it (the
+    // capability counts only there, as in the kernel's ib_umem_get).
+    std::printf("locked memory (RLIMIT_MEMLOCK charges of registrations; limit: as last applied):\n");
     std::printf("  %8s %8s %14s %14s\n", "pid", "uid", "locked", "limit");
     std::map<uint32_t, uint64_t> per_user;
     for (uint32_t i = 0; i < arep.count && i < sv::proto::kMaxAccounts; ++i) {

@@ -130,6 +130,47 @@ TEST(Memlock, CapIpcLockLiftsTheLimit) {
   EXPECT_EQ(0, rc);
 }
 
+// Issue 24: as in the kernel's ib_umem_get, CAP_IPC_LOCK is consulted only
+// for a charge beyond RLIMIT_MEMLOCK (so that a registration within the
+// limit costs the daemon no capget(2) and no read of the namespace's link),
+// and there it must still be held: a process that dropped it after lifting
+// the limit once is refused the next charge beyond the limit, and within
+// the limit it needs no capability at all.
+TEST(Memlock, CapIpcLockCountsBeyondTheLimitOnlyWhileHeld) {
+  int rc = in_child([] {
+    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct d[2]{};
+    if (syscall(SYS_capget, &h, d) != 0 || !(d[0].effective & (1u << CAP_IPC_LOCK))) return 10;
+    rlimit rl{64 * 1024, 64 * 1024};
+    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
+    Side s;
+    Side::Options o;
+    o.len = 4096;
+    if (s.open(o)) return 12;
+    auto* b = static_cast<uint8_t*>(
+        mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (b == MAP_FAILED) return 13;
+    ibv_mr* within = ibv_reg_mr(s.pd, b, 16 * 1024, IBV_ACCESS_LOCAL_WRITE);  // 20 KiB in all
+    if (!within) return 14;
+    ibv_mr* beyond = ibv_reg_mr(s.pd, b + 64 * 1024, 512 * 1024, IBV_ACCESS_LOCAL_WRITE);  // the capability
+    if (!beyond) return 15;
+    if (!drop_ipc_lock()) return 16;
+    errno = 0;
+    if (ibv_reg_mr(s.pd, b + 768 * 1024, 4096, IBV_ACCESS_LOCAL_WRITE) || errno != ENOMEM) return 17;
+    if (ibv_dereg_mr(beyond)) return 18;
+    // 20 KiB charged again: within the limit, no capability needed; beyond
+    // it (20 + 48 > 64 KiB), refused.
+    ibv_mr* again = ibv_reg_mr(s.pd, b + 64 * 1024, 40 * 1024, IBV_ACCESS_LOCAL_WRITE);  // 60 KiB
+    if (!again) return 19;
+    errno = 0;
+    if (ibv_reg_mr(s.pd, b + 128 * 1024, 8 * 1024, IBV_ACCESS_LOCAL_WRITE) || errno != ENOMEM) return 20;
+    if (ibv_dereg_mr(again) || ibv_dereg_mr(within)) return 21;
+    return 0;
+  });
+  if (rc == 10 || rc == 11) GTEST_SKIP() << "no CAP_IPC_LOCK here, or cannot set RLIMIT_MEMLOCK";
+  EXPECT_EQ(0, rc);
+}
+
 // Whether the page at `p` is a mapping of the library's backing file.
 bool backed(const void* p) {
   FILE* f = std::fopen("/proc/self/maps", "r");
