@@ -28,7 +28,6 @@
 #include <cerrno>
 #include <ctime>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +35,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "bench_common.h"
 
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
@@ -48,9 +49,7 @@ namespace {
 
 constexpr size_t kBth = 12, kIcrc = 4, kMaxGsoBytes = 65000, kSlots = 4, kSlot = 65536;
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return double(bench::now_ns_steady()) * 1e-9; }
 
 int usage() {
   std::fprintf(stderr,
@@ -237,9 +236,11 @@ int run_send(const char* host, int port, double secs, size_t payload, size_t per
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 3 && std::string(argv[1]) == "recv") return run_recv(std::atoi(argv[2]), argc > 3 ? std::atof(argv[3]) : 60);
+  if (argc >= 3 && std::string(argv[1]) == "recv")
+    return run_recv(int(bench::to_u64(argv[2], "PORT")), argc > 3 ? bench::to_double(argv[3], "SECONDS") : 60);
   if (argc >= 5 && std::string(argv[1]) == "send")
-    return run_send(argv[2], std::atoi(argv[3]), std::atof(argv[4]), argc > 5 ? size_t(std::atol(argv[5])) : 1024,
-                    argc > 6 ? size_t(std::atol(argv[6])) : 0, argc > 7 ? argv[7] : "plain");
+    return run_send(argv[2], int(bench::to_u64(argv[3], "PORT")), bench::to_double(argv[4], "SECONDS"),
+                    argc > 5 ? size_t(bench::to_u64(argv[5], "PAYLOAD")) : 1024,
+                    argc > 6 ? size_t(bench::to_u64(argv[6], "PER_SEND")) : 0, argc > 7 ? argv[7] : "plain");
   return usage();
 }
