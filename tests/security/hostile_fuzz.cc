@@ -528,6 +528,32 @@ struct Hostile {
     }
   }
 
+  // Async events into a descriptor of its choosing (an eventfd at its
+  // maximum, a full pipe, a socket nobody reads...): one per CQ it fails.
+  void async_flood() {
+    RawConn c(sock_path);
+    timeval tv{0, 500'000};
+    setsockopt(c.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sv::proto::Empty hello{};
+    sv::proto::HelloReply hrep{};
+    std::vector<sv::Fd> fds;
+    if (c.call(Op::Hello, hello, hrep, {}, &fds) != 0) return;
+    sv::Fd target = make_fd(r);
+    if (!target.valid()) return;
+    int raw[1] = {target.get()};
+    sv::proto::Empty e{};
+    if (c.call(Op::RegAsync, e, raw) != 0) return;
+    for (uint64_t n = 1 + r.below(8); n; --n) {
+      sv::proto::CreateCqReq cq{};
+      cq.cqe = 4;
+      sv::proto::CreateCqReply cqrep{};
+      if (c.call(Op::CreateCq, cq, cqrep, {}, &fds) != 0) return;
+      sv::proto::HandleReq fail{};
+      fail.handle = cqrep.handle;
+      c.call(Op::CqError, fail);
+    }
+  }
+
   void run(uint64_t until) {
     struct sigaction sa{};
     sa.sa_handler = on_fault;
@@ -539,6 +565,7 @@ struct Hostile {
         case 0: scribble(); break;
         case 1: ring(); break;
         case 2: aim_at_victim(); break;
+        case 3: async_flood(); break;
         default: random_request(conn()); break;
       }
     }
