@@ -6,7 +6,8 @@
 # the daemon's control-message decoding and of work-request validation.
 # SOFTVERBS_SANITIZERS=0 skips the sanitizer builds; SOFTVERBS_FUZZ_SECONDS=0
 # the fuzz run; SOFTVERBS_WR_FUZZ_SECONDS=0 the work-request fuzz run;
-# SOFTVERBS_CM_FUZZ_SECONDS=0 the CM gateway's.
+# SOFTVERBS_CM_FUZZ_SECONDS=0 the CM gateway's; SOFTVERBS_HOSTILE_SECONDS=0 the
+# hostile-client fuzz stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
@@ -37,6 +38,15 @@ echo "== [${SECONDS} s] build and test (Release, -g1) =="
 BUILD_TYPE=Release BUILD_DIR=build scripts/build.sh $unity -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_C_FLAGS=-g1 -DCMAKE_CXX_FLAGS=-g1
 # No rerun of a failed test: a flaky test is a bug to find (issue 18).
 stage "plain ctest" build ctest -j2 --output-on-failure --timeout 120 || status=1
+# The hostile-client fuzzer (tests/security/hostile_fuzz.cc) once more, on
+# its own and longer than its ctest run: nobody against a victim of another
+# uid and a prober, a fresh seed each run, printed (and in the digest) so
+# that a failure replays with SOFTVERBS_HOSTILE_SEED.
+if [ "${SOFTVERBS_HOSTILE_SECONDS:-60}" != 0 ]; then
+  echo "== [${SECONDS} s] hostile-client fuzz (${SOFTVERBS_HOSTILE_SECONDS:-60} s) =="
+  stage "hostile-client fuzz" build env SOFTVERBS_HOSTILE_SECONDS="${SOFTVERBS_HOSTILE_SECONDS:-60}" \
+    timeout -k 10 600 tests/hostile_fuzz || status=1
+fi
 if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
   for san in address thread; do
     echo "== [${SECONDS} s] build and test with SANITIZE=$san (gtest suites) =="
