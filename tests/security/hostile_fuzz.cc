@@ -24,6 +24,7 @@
 // SOFTVERBS_HOSTILE_SECONDS sets the duration (default 20).
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -542,7 +543,7 @@ struct Hostile {
     if (!target.valid()) return;
     int raw[1] = {target.get()};
     sv::proto::Empty e{};
-    if (c.call(Op::RegAsync, e, raw) != 0) return;
+    if (c.call(Op::RegAsync, e, std::span<const int>(raw)) != 0) return;
     for (uint64_t n = 1 + r.below(8); n; --n) {
       sv::proto::CreateCqReq cq{};
       cq.cqe = 4;
@@ -623,6 +624,16 @@ int prober_body(int sock, uint64_t until, const std::string& path) {
   return status;
 }
 
+// The report `c` sends at its end, waiting until `deadline` at most; a
+// party that stays silent is killed (its report says so).
+void read_report(Child& c, char* buf, size_t len, uint64_t deadline) {
+  pollfd p{c.sock(), POLLIN, 0};
+  const uint64_t now = now_ms();
+  if (poll(&p, 1, int(deadline > now ? deadline - now : 0)) == 1 && read(c.sock(), buf, len - 1) > 0) return;
+  std::snprintf(buf, len, "no report: stuck, killed");
+  kill(c.pid(), SIGKILL);
+}
+
 TEST(HostileFuzz, VictimAndProberUnharmed) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run children as other users";
   const uint64_t seed = env_u64("SOFTVERBS_HOSTILE_SEED", uint64_t(now_ms()) ^ uint64_t(getpid()) << 32);
@@ -644,11 +655,12 @@ TEST(HostileFuzz, VictimAndProberUnharmed) {
   hostile.start();  // its first read takes the start byte: the victim's ids come after
   ASSERT_TRUE(send_val(hostile.sock(), info));
   prober.start();
+  // Each party reports once its time is up; one that does not within a
+  // minute more is stuck (on a daemon that stopped answering).
   char vbuf[512] = {}, hbuf[256] = {}, pbuf[128] = {};
-  ssize_t n = read(victim.sock(), vbuf, sizeof vbuf - 1);
-  (void)n;
-  n = read(hostile.sock(), hbuf, sizeof hbuf - 1);
-  n = read(prober.sock(), pbuf, sizeof pbuf - 1);
+  read_report(victim, vbuf, sizeof vbuf, until + 60'000);
+  read_report(hostile, hbuf, sizeof hbuf, until + 60'000);
+  read_report(prober, pbuf, sizeof pbuf, until + 60'000);
   const int vst = victim.wait(), hst = hostile.wait(), pst = prober.wait();
   std::printf("victim: %s\nhostile: %s\nprober: %s\n", vbuf, hbuf, pbuf);
   EXPECT_EQ(0, vst) << "the victim's checked workload failed: " << vbuf << "; replay with SOFTVERBS_HOSTILE_SEED=" << seed;
@@ -663,7 +675,11 @@ TEST(HostileFuzz, VictimAndProberUnharmed) {
     stopped = waitpid(sysd.pid, &st, WNOHANG) == sysd.pid;
     if (!stopped) usleep(10'000);
   }
-  if (stopped) sysd.pid = -1;
+  if (!stopped) {  // it must not hang the test as well
+    kill(sysd.pid, SIGKILL);
+    wait_for(sysd.pid);
+  }
+  sysd.pid = -1;
   EXPECT_TRUE(stopped) << "the daemon did not stop within 5 s of SIGTERM; seed " << seed;
 }
 
