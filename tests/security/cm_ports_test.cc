@@ -154,7 +154,9 @@ TEST(CmPorts, PrivilegedPortIsRootsAndConnectsReachRootOnly) {
   int err = -1;
   rdma_cm_id* l = root_listen(lch, 999, &err);
   EXPECT_NE(nullptr, l) << "root's rdma_bind_addr to 999: " << std::strerror(err);
-  if (l) EXPECT_TRUE(root_connect_reaches(lch, 999, "root-secret"));
+  if (l) {
+    EXPECT_TRUE(root_connect_reaches(lch, 999, "root-secret"));
+  }
   ASSERT_TRUE(send_val(nobody.sock(), char(1)));
   int got = -1;
   ASSERT_TRUE(recv_val(nobody.sock(), got));
