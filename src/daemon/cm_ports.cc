@@ -4,8 +4,6 @@
 #include <rdma/rdma_cma.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,21 +64,11 @@ bool CmPorts::conflicts(uint64_t k, uid_t uid, const std::string& addr) const {
 
 // Makes the listening socket of (ps, port, addr) in the directory (0666:
 // every user may connect to it; only the daemon creates or removes one).
+// It appears at its path already listening with its mode (listen_seqpacket).
 int CmPorts::make(uint32_t client, uid_t uid, uint32_t ps, uint16_t port, const std::string& addr, int& fd) {
   const std::string path = dir_ + "/" + rdmacm::rendezvous_name(int(ps), port, addr);
-  sockaddr_un sun{};
-  if (path.size() >= sizeof sun.sun_path) return ENAMETOOLONG;
-  sun.sun_family = AF_UNIX;
-  std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
-  Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!s.valid()) return errno;
-  ::unlink(path.c_str());  // a socket of a daemon before this one
-  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0) return errno;
-  if (::chmod(path.c_str(), 0666) != 0 || ::listen(s.get(), SOMAXCONN) != 0) {
-    int e = errno;
-    ::unlink(path.c_str());
-    return e;
-  }
+  Fd s;
+  if (int e = listen_seqpacket(path, s, 0666)) return e;
   const uint32_t id = next_id_++;
   fd = s.get();
   ports_[key(ps, port)].push_back(Binding{id, client, uid, addr, path, std::move(s)});
