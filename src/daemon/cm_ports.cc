@@ -22,6 +22,7 @@ bool valid_ps(uint32_t ps) {
 }
 
 bool is_wildcard(const std::string& a) { return a == "0.0.0.0" || a == "::"; }
+bool is_v6(const std::string& a) { return a.find(':') != std::string::npos; }
 
 uint16_t random_port() {
   uint32_t r = 0;
@@ -45,21 +46,19 @@ std::string CmPorts::address_text(uint16_t family, const uint8_t* addr) {
   return buf;
 }
 
-// May `uid` hold `addr` of port `k`? (cm_ports.h, "Rules".)
+// May `uid` hold `addr` of port `k`? (cm_ports.h, "Rules".) O(log n).
 bool CmPorts::conflicts(uint64_t k, uid_t uid, const std::string& addr) const {
   auto it = ports_.find(k);
   if (it == ports_.end()) return false;
-  const bool v6 = addr.find(':') != std::string::npos;
-  for (const Binding& b : it->second) {
-    if (b.addr == addr) return true;
-    if (is_wildcard(b.addr)) {
-      if (!is_wildcard(addr)) return true;
-      if (b.uid != uid) return true;  // the other family's wildcard, another user's
-      continue;
-    }
-    if (is_wildcard(addr) && (b.uid != uid || (b.addr.find(':') != std::string::npos) == v6)) return true;
-  }
-  return false;
+  const Port& p = it->second;
+  if (p.by_addr.count(addr)) return true;
+  if (!is_wildcard(addr)) return p.by_addr.count("0.0.0.0") || p.by_addr.count("::");
+  const bool v6 = is_v6(addr);
+  auto other = p.by_addr.find(v6 ? "0.0.0.0" : "::");
+  if (other != p.by_addr.end() && other->second.uid != uid) return true;
+  if (p.specific.count({uid, v6})) return true;
+  const size_t mine = p.specific.count({uid, false}) + p.specific.count({uid, true});
+  return p.specific.size() > mine;  // another user's specific address
 }
 
 // Makes the listening socket of (ps, port, addr) in the directory (0666:
@@ -71,8 +70,10 @@ int CmPorts::make(uint32_t client, uid_t uid, uint32_t ps, uint16_t port, const 
   if (int e = listen_seqpacket(path, s, 0666)) return e;
   const uint32_t id = next_id_++;
   fd = s.get();
-  ports_[key(ps, port)].push_back(Binding{id, client, uid, addr, path, std::move(s)});
-  by_id_[id] = key(ps, port);
+  Port& p = ports_[key(ps, port)];
+  p.by_addr.emplace(addr, Binding{id, client, uid, path, std::move(s)});
+  if (!is_wildcard(addr)) ++p.specific[{uid, is_v6(addr)}];
+  by_id_[id] = {key(ps, port), addr};
   by_client_[client].push_back(id);
   quotas_.charge(Quotas::kCmPort, id, uid);
   return 0;
@@ -106,35 +107,37 @@ int CmPorts::bind(uint32_t client, uid_t uid, const proto::CmBindReq& req, uint1
   return EADDRINUSE;
 }
 
-void CmPorts::remove(uint64_t k, uint32_t id) {
+void CmPorts::remove(uint64_t k, const std::string& addr) {
   auto p = ports_.find(k);
   if (p == ports_.end()) return;
-  auto& v = p->second;
-  auto it = std::find_if(v.begin(), v.end(), [&](const Binding& b) { return b.id == id; });
-  if (it == v.end()) return;
-  ::unlink(it->path.c_str());
-  quotas_.release(Quotas::kCmPort, id);
-  v.erase(it);
-  if (v.empty()) ports_.erase(p);
-  by_id_.erase(id);
+  auto it = p->second.by_addr.find(addr);
+  if (it == p->second.by_addr.end()) return;
+  const Binding& b = it->second;
+  ::unlink(b.path.c_str());
+  quotas_.release(Quotas::kCmPort, b.id);
+  if (!is_wildcard(addr)) {
+    auto n = p->second.specific.find({b.uid, is_v6(addr)});
+    if (n != p->second.specific.end() && --n->second == 0) p->second.specific.erase(n);
+  }
+  by_id_.erase(b.id);
+  p->second.by_addr.erase(it);
+  if (p->second.by_addr.empty()) ports_.erase(p);
 }
 
 int CmPorts::unbind(uint32_t client, const proto::CmBindReq& req) {
   const std::string addr = address_text(req.family, req.addr);
   auto p = ports_.find(key(req.ps, req.port));
   if (addr.empty() || p == ports_.end()) return ENOENT;
-  for (const Binding& b : p->second) {
-    if (b.client != client || b.addr != addr) continue;
-    const uint32_t id = b.id;
-    remove(p->first, id);
-    auto c = by_client_.find(client);
-    if (c != by_client_.end()) {
-      std::erase(c->second, id);
-      if (c->second.empty()) by_client_.erase(c);
-    }
-    return 0;
+  auto b = p->second.by_addr.find(addr);
+  if (b == p->second.by_addr.end() || b->second.client != client) return ENOENT;
+  const uint32_t id = b->second.id;
+  remove(p->first, addr);
+  auto c = by_client_.find(client);
+  if (c != by_client_.end()) {
+    std::erase(c->second, id);
+    if (c->second.empty()) by_client_.erase(c);
   }
-  return ENOENT;
+  return 0;
 }
 
 void CmPorts::release_client(uint32_t client) {
@@ -142,7 +145,9 @@ void CmPorts::release_client(uint32_t client) {
   if (c == by_client_.end()) return;
   for (uint32_t id : c->second) {
     auto k = by_id_.find(id);
-    if (k != by_id_.end()) remove(k->second, id);
+    if (k == by_id_.end()) continue;
+    const auto [port, addr] = k->second;  // a copy: remove() erases the entry
+    remove(port, addr);
   }
   by_client_.erase(c);
 }

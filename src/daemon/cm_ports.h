@@ -16,8 +16,8 @@
 // in the directory (on /run) is bounded. A port goes back with CmUnbind, or
 // when the connection that holds it goes.
 //
-// Cost: a bind is O(log n) in the ports held and linear in the bindings of
-// that one port; releasing a connection's ports is linear in its own.
+// Cost: a bind or unbind is O(log n) in the bindings held (by anybody);
+// releasing a connection's ports is linear in its own.
 //
 // Contract: single-threaded (the daemon's loop).
 #pragma once
@@ -28,6 +28,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/protocol.h"
@@ -60,20 +61,25 @@ class CmPorts {
     uint32_t id;
     uint32_t client;
     uid_t uid;
-    std::string addr;
     std::string path;
     Fd fd;
+  };
+  // One (port space, port): its bindings by address text, and how many
+  // specific (not wildcard) addresses each (user, IPv6?) holds.
+  struct Port {
+    std::map<std::string, Binding> by_addr;
+    std::map<std::pair<uid_t, bool>, uint32_t> specific;
   };
   static uint64_t key(uint32_t ps, uint16_t port) { return (uint64_t(ps) << 16) | port; }
   bool conflicts(uint64_t k, uid_t uid, const std::string& addr) const;
   int make(uint32_t client, uid_t uid, uint32_t ps, uint16_t port, const std::string& addr, int& fd);
-  void remove(uint64_t k, uint32_t id);
+  void remove(uint64_t k, const std::string& addr);
 
   Quotas& quotas_;
   std::string dir_;
   uint32_t next_id_ = 1;
-  std::map<uint64_t, std::vector<Binding>> ports_;                 // (ps, port) -> its bindings
-  std::unordered_map<uint32_t, uint64_t> by_id_;                   // binding -> (ps, port)
+  std::map<uint64_t, Port> ports_;                                              // (ps, port) -> its bindings
+  std::unordered_map<uint32_t, std::pair<uint64_t, std::string>> by_id_;       // binding -> (ps, port), address
   std::unordered_map<uint32_t, std::vector<uint32_t>> by_client_;  // connection -> its bindings
 };
 
