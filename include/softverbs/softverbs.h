@@ -17,6 +17,7 @@
 
 #include <infiniband/verbs.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -131,8 +132,22 @@ struct ibv_mr *svx_reg_shared(struct ibv_mr *mr, struct ibv_pd *pd, void *addr, 
 int svx_publish(struct ibv_context *context, const char *name, const struct svx_object *object,
                 unsigned int mode, int group);
 
+/* Quota: a user holds at most SOFTVERBSD_QUOTA_NAME names (4096 by default
+ * on the system daemon); one more fails with EDQUOT. */
+
 /* Remove a name (only its owner or root may). 0, ENOENT or EPERM. */
 int svx_unpublish(struct ibv_context *context, const char *name);
+
+/* rdma_cm ports on the system daemon (used by softverbs' librdmacm; see
+ * docs/RDMACM.md, "Users"): hold (port space `ps`, `port`, address `addr`:
+ * AF_INET or AF_INET6, port ignored; the wildcard for any) for this
+ * process; port 0 picks one. 0 with *port_out and *fd_out (the listening
+ * unix socket of the port, the caller's to accept on and close), or an
+ * errno: EACCES (a port below 1024, not root), EADDRINUSE, ENOMEM (the
+ * user's quota of ports), EOPNOTSUPP (not the system daemon). */
+int svx_cm_bind(struct ibv_context *context, int ps, const struct sockaddr *addr, uint16_t *port_out, int *fd_out);
+/* Give a port held with svx_cm_bind back (its address and port). */
+int svx_cm_unbind(struct ibv_context *context, int ps, const struct sockaddr *addr, uint16_t port);
 
 /* Open a published object by name: checks `access` (SVX_OPEN_READ and/or
  * SVX_OPEN_WRITE) against the entry's mode with the caller's real

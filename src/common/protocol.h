@@ -89,6 +89,8 @@ enum class Op : uint16_t {
   MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, session 18); the outcome in the QP segment and CQ
   MediateGone,     // can connection `client` still finish pipelined requests on my QP? 0: never again; EBUSY: it can
   PostRing,        // this connection's request ring for MediatePost; reply fds: the ring's memfd, its eventfd
+  CmBind,          // rdma_cm (system daemon): hold a port; reply fd: the listening socket the daemon made for it
+  CmUnbind,        // give a held port back
   kCount
 };
 
@@ -364,6 +366,26 @@ struct PostRingReply {
   uint32_t slot_size;
   uint64_t size;
 };
+
+// rdma_cm ports (docs/RDMACM.md, "Users"): with the system daemon every
+// user's rdma_cm ids meet in the daemon's rendezvous directory, which only
+// the daemon writes. CmBind asks it to hold (port space, port, address) for
+// the caller: `family` AF_INET or AF_INET6, `addr` the address (4 or 16
+// bytes; all zero: the wildcard), port 0 for an ephemeral one. The reply
+// names the port and carries the listening socket made for it.
+struct CmBindReq {
+  Header h;
+  uint32_t ps;      // RDMA_PS_TCP, _UDP, _IB or _IPOIB
+  uint16_t port;    // host order; 0: the daemon picks one in 32768..60999
+  uint16_t family;  // AF_INET or AF_INET6
+  uint8_t addr[16];
+};
+struct CmBindReply {
+  Header h;
+  uint16_t port;
+  uint16_t reserved[3];
+};
+// CmUnbind: the same fields as the CmBind that held the port (port set).
 
 // The request ring (docs/PROTOCOL.md, "The request ring"): MediatePost
 // requests the client writes into shared memory instead of the socket. The
@@ -674,8 +696,8 @@ struct NsOpenReply {
 
 struct NsListReq {
   Header h;
-  uint32_t start;  // index of the first entry wanted
-  uint32_t reserved;
+  uint32_t reserved[2];
+  char after[kMaxNsName];  // the page starts after this name ("": the first)
 };
 
 struct NsListEntry {
@@ -687,7 +709,7 @@ constexpr size_t kNsListPage = 6;
 struct NsListReply {
   Header h;
   uint32_t count;  // entries in this page
-  uint32_t total;  // entries in the namespace
+  uint32_t total;  // entries in the namespace (an indication)
   NsListEntry entries[kNsListPage];
 };
 static_assert(sizeof(NsListReply) <= kMaxMessage);
@@ -857,6 +879,8 @@ SV_OP(Netns,         NetnsMsg,       NetnsMsg,           fds(0),    fds(0),    {
 SV_OP(MediatePost,   MediateReq,     Empty,              fds(0),    fds(0),    {kObjQp | kObjMr | kObjMw})
 SV_OP(MediateGone,   MediateGoneReq, Empty,              fds(0),    fds(0),    {kObjQp})
 SV_OP(PostRing,      Empty,          PostRingReply,      fds(0),    fds(2),    {})
+SV_OP(CmBind,        CmBindReq,      CmBindReply,        fds(0),    fds(1),    {})
+SV_OP(CmUnbind,      CmBindReq,      Empty,              fds(0),    fds(0),    {})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -153,9 +153,17 @@ SV_HANDLER(NsPublish) { return env.registry.ns_publish(env.client, req); }
 SV_HANDLER(NsUnpublish) { return env.registry.ns_unpublish(env.client, req); }
 SV_HANDLER(NsOpen) { return env.registry.ns_open(env.client, req, rep); }
 SV_HANDLER(NsList) {
-  env.registry.ns_list(req.start, rep);
+  env.registry.ns_list(std::string(req.after, ::strnlen(req.after, sizeof(req.after))), rep);
   return 0;
 }
+// ---- rdma_cm ports (cm_ports.h) -----------------------------------------
+SV_HANDLER(CmBind) {
+  int fd = -1;
+  int e = env.registry.cm_bind(env.client, req, rep, fd);
+  if (e == 0) env.out_fds.push_back(fd);
+  return e;
+}
+SV_HANDLER(CmUnbind) { return env.registry.cm_unbind(env.client, req); }
 #undef SV_HANDLER
 
 // ---- The generic part -----------------------------------------------------

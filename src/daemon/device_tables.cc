@@ -150,7 +150,9 @@ void DeviceTables::publish(uint32_t group) {
   for (auto& s : segs_) write_group(s->mcg[group], groups_[group]);
 }
 
-int DeviceTables::mcg_attach(const uint8_t* gid, uint16_t lid, uint32_t qpn) {
+int DeviceTables::mcg_attach(const uint8_t* gid, uint16_t lid, uint32_t qpn, McgChange* change) {
+  McgChange dummy;
+  McgChange& ch = change ? *change : dummy;
   uint32_t slot = kMcgTableSize, free_slot = kMcgTableSize;
   for (uint32_t i = 0; i < kMcgTableSize; ++i) {
     if (groups_[i].count && std::memcmp(groups_[i].gid, gid, 16) == 0) {
@@ -164,6 +166,7 @@ int DeviceTables::mcg_attach(const uint8_t* gid, uint16_t lid, uint32_t qpn) {
     slot = free_slot;
     Group& g = groups_[slot];
     zero(g);
+    ch.created = true;
     std::memcpy(g.gid, gid, 16);
     g.lid = lid;
   }
@@ -172,11 +175,13 @@ int DeviceTables::mcg_attach(const uint8_t* gid, uint16_t lid, uint32_t qpn) {
     if (g.qpns[i] == qpn) return 0;  // attached already
   if (g.count >= kMcgMaxQps) return ENOMEM;  // max_mcast_qp_attach
   g.qpns[g.count++] = qpn;
+  ch.slot = slot;
+  ch.added = true;
   publish(slot);
   return 0;
 }
 
-int DeviceTables::mcg_detach(const uint8_t* gid, uint32_t qpn) {
+int DeviceTables::mcg_detach(const uint8_t* gid, uint32_t qpn, McgChange* change) {
   for (uint32_t s = 0; s < kMcgTableSize; ++s) {
     Group& g = groups_[s];
     if (!g.count || std::memcmp(g.gid, gid, 16) != 0) continue;
@@ -186,13 +191,15 @@ int DeviceTables::mcg_detach(const uint8_t* gid, uint32_t qpn) {
     g.qpns[i] = g.qpns[g.count - 1];
     g.qpns[--g.count] = 0;
     if (!g.count) zero(g);
+    if (change) *change = McgChange{s, false, true, false, g.count == 0};
     publish(s);
     return 0;
   }
   return EINVAL;
 }
 
-void DeviceTables::mcg_remove_qp(uint32_t qpn) {
+std::vector<DeviceTables::McgChange> DeviceTables::mcg_remove_qp(uint32_t qpn) {
+  std::vector<McgChange> out;
   for (uint32_t s = 0; s < kMcgTableSize; ++s) {
     Group& g = groups_[s];
     if (!g.count) continue;
@@ -202,8 +209,10 @@ void DeviceTables::mcg_remove_qp(uint32_t qpn) {
     g.qpns[i] = g.qpns[g.count - 1];
     g.qpns[--g.count] = 0;
     if (!g.count) zero(g);
+    out.push_back(McgChange{s, false, true, false, g.count == 0});
     publish(s);
   }
+  return out;
 }
 
 std::vector<std::array<uint8_t, 16>> DeviceTables::mcg_gids() const {

@@ -62,10 +62,17 @@ class DeviceTables {
   int claim_qp(uint32_t slot, uid_t uid);
 
   // Multicast (ibv_attach_mcast(3)): EINVAL/ENOMEM as the verbs say.
-  // Attaching an attached QP is a success.
-  int mcg_attach(const uint8_t* gid, uint16_t lid, uint32_t qpn);
-  int mcg_detach(const uint8_t* gid, uint32_t qpn);  // EINVAL: not attached
-  void mcg_remove_qp(uint32_t qpn);                 // a destroyed QP leaves every group
+  // Attaching an attached QP is a success. `change` says what happened, for
+  // the per-user charges: the group's slot, whether the QP was added (not
+  // there before), and whether the group was created or emptied (freed).
+  struct McgChange {
+    uint32_t slot = 0;
+    bool added = false, removed = false;
+    bool created = false, emptied = false;
+  };
+  int mcg_attach(const uint8_t* gid, uint16_t lid, uint32_t qpn, McgChange* change = nullptr);
+  int mcg_detach(const uint8_t* gid, uint32_t qpn, McgChange* change = nullptr);  // EINVAL: not attached
+  std::vector<McgChange> mcg_remove_qp(uint32_t qpn);  // a destroyed QP leaves every group
   // For the RoCEv2 port (docs/ROCE.md, "Multicast"): a counter that moves
   // whenever a group changes, the GIDs of the groups that have members, and
   // a group's members (false: no such group).

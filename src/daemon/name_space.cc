@@ -54,7 +54,10 @@ bool NameSpace::permitted(const NsEntry& e, const Credentials& who, uint32_t acc
 
 int NameSpace::publish(const std::string& name, const NsEntry& e) {
   if (!valid_name(name) || (e.mode & ~0777u)) return EINVAL;
-  if (!entries_.emplace(name, e).second) return EEXIST;
+  if (entries_.count(name)) return EEXIST;
+  if (limit_ && count(e.owner) >= limit_) return EDQUOT;
+  entries_.emplace(name, e);
+  by_owner_[e.owner].insert(name);
   return 0;
 }
 
@@ -62,7 +65,7 @@ int NameSpace::unpublish(const std::string& name, const Credentials& who) {
   auto it = entries_.find(name);
   if (it == entries_.end()) return ENOENT;
   if (who.uid != 0 && who.uid != it->second.owner) return EPERM;
-  entries_.erase(it);
+  erase(name);
   return 0;
 }
 
@@ -75,12 +78,31 @@ int NameSpace::lookup(const std::string& name, const Credentials& who, uint32_t 
   return 0;
 }
 
-void NameSpace::forget(uint32_t kind, uint32_t handle) {
-  std::erase_if(entries_, [&](auto& kv) { return kv.second.kind == kind && kv.second.handle == handle; });
+const NsEntry* NameSpace::find(const std::string& name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
 }
 
-void NameSpace::forget_context(uint32_t ctx) {
-  std::erase_if(entries_, [&](auto& kv) { return kv.second.ctx == ctx; });
+void NameSpace::erase(const std::string& name) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return;
+  auto o = by_owner_.find(it->second.owner);
+  if (o != by_owner_.end()) {
+    o->second.erase(name);
+    if (o->second.empty()) by_owner_.erase(o);
+  }
+  entries_.erase(it);
+}
+
+std::vector<std::string> NameSpace::names_of(uid_t owner) const {
+  auto o = by_owner_.find(owner);
+  if (o == by_owner_.end()) return {};
+  return {o->second.begin(), o->second.end()};
+}
+
+uint32_t NameSpace::count(uid_t owner) const {
+  auto o = by_owner_.find(owner);
+  return o == by_owner_.end() ? 0 : uint32_t(o->second.size());
 }
 
 }  // namespace sv::daemon

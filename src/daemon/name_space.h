@@ -10,6 +10,12 @@
 // gid or one of its supplementary groups, the other class otherwise
 // (exactly one class is checked, as in POSIX).
 //
+// Cost: every call is O(log n) in the number of names, or bounded by the
+// caller's own names (a per-owner index): nothing walks every user's names
+// except a listing page, which starts at a name (no walk to an index).
+// Each owner holds at most `limit` names (set_limit; 0: none): one more is
+// EDQUOT.
+//
 // Contract: single-threaded (the daemon's event loop); no I/O except
 // supplementary_groups(), which reads /proc.
 #pragma once
@@ -18,6 +24,8 @@
 
 #include <cstdint>
 #include <map>
+#include <unordered_map>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -49,20 +57,29 @@ class NameSpace {
   // True if `who` may open `e` for `access` (proto::kNsRead | kNsWrite).
   static bool permitted(const NsEntry& e, const Credentials& who, uint32_t access);
 
-  // 0, EINVAL (bad name or mode), EEXIST.
+  void set_limit(uint32_t per_owner) { limit_ = per_owner; }
+  // 0, EINVAL (bad name or mode), EEXIST, EDQUOT (the owner holds `limit`).
   int publish(const std::string& name, const NsEntry& e);
   // 0, ENOENT, EPERM (not the owner and not root).
   int unpublish(const std::string& name, const Credentials& who);
   // 0 and the entry, ENOENT or EACCES.
   int lookup(const std::string& name, const Credentials& who, uint32_t access, NsEntry& out) const;
-  // Removes every name of an object that is gone (kind, handle), or of every
-  // object of a context that is gone (kind 0: ctx in `handle`).
-  void forget(uint32_t kind, uint32_t handle);
-  void forget_context(uint32_t ctx);
-  const std::map<std::string, NsEntry>& entries() const { return entries_; }
+  const NsEntry* find(const std::string& name) const;
+  void erase(const std::string& name);
+  // The names `owner` holds (bounded by the limit), and how many.
+  std::vector<std::string> names_of(uid_t owner) const;
+  uint32_t count(uid_t owner) const;
+  // The first entry whose name sorts after `after` ("" for the first).
+  std::map<std::string, NsEntry>::const_iterator after(const std::string& name) const {
+    return entries_.upper_bound(name);
+  }
+  std::map<std::string, NsEntry>::const_iterator end() const { return entries_.end(); }
+  size_t size() const { return entries_.size(); }
 
  private:
   std::map<std::string, NsEntry> entries_;
+  std::unordered_map<uid_t, std::unordered_set<std::string>> by_owner_;
+  uint32_t limit_ = 0;
 };
 
 }  // namespace sv::daemon

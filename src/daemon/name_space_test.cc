@@ -48,10 +48,26 @@ TEST(NameSpace, PublishLookupUnpublishGiveFilesystemErrors) {
   EXPECT_EQ(ENOENT, ns.unpublish("/x", root));
   EXPECT_EQ(0, ns.publish("/a", entry(1, 1, 0600)));
   EXPECT_EQ(0, ns.publish("/b", NsEntry{proto::kNsCq, 9, 2, 1, 1, 0600}));
-  ns.forget_context(1);
+  ns.erase("/a");
   EXPECT_EQ(ENOENT, ns.lookup("/a", root, proto::kNsRead, out));
-  ns.forget(proto::kNsCq, 9);
-  EXPECT_TRUE(ns.entries().empty());
+  ns.erase("/b");
+  EXPECT_EQ(0u, ns.size());
+}
+
+// A per-owner limit: one more name is EDQUOT for that owner only; removing
+// one makes room again; the owner index lists exactly its own names.
+TEST(NameSpace, PerOwnerLimitIsEdquot) {
+  NameSpace ns;
+  ns.set_limit(2);
+  EXPECT_EQ(0, ns.publish("/u/1", entry(1000, 100, 0600)));
+  EXPECT_EQ(0, ns.publish("/u/2", entry(1000, 100, 0600)));
+  EXPECT_EQ(EDQUOT, ns.publish("/u/3", entry(1000, 100, 0600)));
+  EXPECT_EQ(0, ns.publish("/r/1", entry(0, 0, 0600)));
+  EXPECT_EQ(2u, ns.count(1000));
+  EXPECT_EQ(2u, ns.names_of(1000).size());
+  ns.erase("/u/1");
+  EXPECT_EQ(0, ns.publish("/u/3", entry(1000, 100, 0600)));
+  EXPECT_EQ("/u/3", ns.after("/u/2")->first);
 }
 
 }  // namespace

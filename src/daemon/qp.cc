@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/completion.h"
@@ -223,7 +224,7 @@ void Registry::release_qp(uint32_t qpn) {
   e.qpn.store(0, std::memory_order_release);
   forget(ObjKind::kQp, qpn);
   // A destroyed QP leaves its multicast groups (as the kernel detaches them).
-  tables_.mcg_remove_qp(qpn);
+  for (const auto& ch : tables_.mcg_remove_qp(qpn)) mcg_release(ch, qpn);
 }
 
 // A context's release frees its QPs and the XRC target QPs whose last
@@ -290,14 +291,58 @@ int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
   Qp* qp = find_qp(client, req.qpn);
   if (!qp || qp->type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
   // The groups are daemon-private (device_tables.h): ENOMEM past
-  // max_mcast_grp groups or max_mcast_qp_attach QPs in one group.
-  return tables_.mcg_attach(req.gid, req.lid, req.qpn);
+  // max_mcast_grp groups or max_mcast_qp_attach QPs in one group. Every
+  // user's share is bounded (quota.h): the groups it creates (MCG), its
+  // attachments (MCGATTACH), and, where those quotas are on, half of one
+  // group's places, so that no other user fills the table or a group.
+  const uid_t uid = client_uid(client);
+  std::vector<uint32_t> members;
+  const bool exists = tables_.mcg_members(req.gid, members);
+  if (std::find(members.begin(), members.end(), req.qpn) != members.end()) return 0;
+  int err = exists ? 0 : quotas_.admit(Quotas::kMcg, uid);
+  if (!err) err = quotas_.admit(Quotas::kMcgAttach, uid);
+  if (!err && quotas_.limit(Quotas::kMcgAttach)) {
+    uint32_t mine = 0;
+    for (uint32_t m : members) mine += qp_uid(m) == uid;
+    if (mine >= shm::kMcgMaxQps / 2) err = ENOMEM;
+  }
+  if (err) {
+    std::fprintf(stderr,
+                 "softverbsd: uid %u attaches QP %u to a multicast group beyond its quota "
+                 "(SOFTVERBSD_QUOTA_MCG, _MCGATTACH, or half of a group): %s\n",
+                 unsigned(uid), req.qpn, std::strerror(err));
+    return err;
+  }
+  DeviceTables::McgChange ch;
+  err = tables_.mcg_attach(req.gid, req.lid, req.qpn, &ch);
+  if (err || !ch.added) return err;
+  quotas_.charge(Quotas::kMcgAttach, (ch.slot << 24) | (req.qpn & 0xffffff), uid);
+  if (ch.created) quotas_.charge(Quotas::kMcg, ch.slot, uid);
+  return 0;
+}
+
+// Releases the charges of one attachment that ended (and of its group if it
+// emptied).
+void Registry::mcg_release(const DeviceTables::McgChange& ch, uint32_t qpn) {
+  quotas_.release(Quotas::kMcgAttach, (ch.slot << 24) | (qpn & 0xffffff));
+  if (ch.emptied) quotas_.release(Quotas::kMcg, ch.slot);
+}
+
+// The user of the context that holds QP `qpn` (uid_t(-1): none).
+uid_t Registry::qp_uid(uint32_t qpn) const {
+  auto q = qps_.find(qpn);
+  if (q == qps_.end()) return uid_t(-1);
+  auto c = contexts_.find(q->second.owner);
+  return c == contexts_.end() ? uid_t(-1) : c->second.uid;
 }
 
 int Registry::detach_mcast(uint32_t client, const proto::McastReq& req) {
   Qp* qp = find_qp(client, req.qpn);
   if (!qp || qp->type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
-  return tables_.mcg_detach(req.gid, req.qpn);
+  DeviceTables::McgChange ch;
+  int err = tables_.mcg_detach(req.gid, req.qpn, &ch);
+  if (!err) mcg_release(ch, req.qpn);
+  return err;
 }
 
 int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds) {

@@ -29,6 +29,7 @@ Quotas::Kind implied(Quotas::Kind k) {
 }
 
 int over(Quotas::Kind k) {
+  if (k == Quotas::kName) return EDQUOT;
   return k == Quotas::kFd || k == Quotas::kChannel || k == Quotas::kConnection ? EMFILE : ENOMEM;
 }
 
@@ -36,7 +37,8 @@ int over(Quotas::Kind k) {
 
 const char* Quotas::name(Kind k) {
   static const char* const names[kKinds] = {"PD", "MR", "MW", "KEYSLOT", "CQ", "QP",
-                                            "SRQ", "CHANNEL", "BACKING", "XRCD", "CONNECTION", "FD", "DM"};
+                                            "SRQ", "CHANNEL", "BACKING", "XRCD", "CONNECTION", "FD", "DM",
+                                            "NAME", "MCG", "MCGATTACH", "CMPORT"};
   return k < kKinds ? names[k] : "?";
 }
 
@@ -46,6 +48,10 @@ void Quotas::configure(bool system, uint64_t fd_limit) {
     limit_.fill(1u << 16);
     limit_[kMr] = limit_[kMw] = limit_[kKeySlot] = shm::kMrTableSize / 4;
     limit_[kQp] = shm::kQpTableSize / 4;
+    limit_[kName] = 4096;
+    limit_[kCmPort] = 1024;
+    limit_[kMcg] = shm::kMcgTableSize / 4;
+    limit_[kMcgAttach] = shm::kMcgTableSize * shm::kMcgMaxQps / 4;
     // A quarter of the daemon's descriptors (at least a few for a small limit).
     limit_[kFd] = uint32_t(std::max<uint64_t>(16, std::min<uint64_t>(fd_limit / 4, 1u << 30)));
     limit_[kChannel] = limit_[kConnection] = std::min(limit_[kFd], 1u << 16);

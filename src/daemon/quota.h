@@ -8,15 +8,19 @@
 // too: MRs and memory windows both take an MR-table key slot, and objects
 // the daemon keeps a descriptor for (channels, CQs, QPs, SRQs, backings,
 // connections) take a descriptor. Over a quota is ENOMEM, or EMFILE for
-// descriptors, channels and connections (docs/PROTOCOL.md, "Quotas").
+// descriptors, channels and connections, or EDQUOT for published names (as
+// a file system's per-user quota refuses one more file) (docs/PROTOCOL.md,
+// "Quotas").
 //
 // Defaults (the system daemon; a per-user daemon serves one user and has
 // none unless set): a quarter of each shared table (MR-table key slots,
-// QP slots), a quarter of the daemon's descriptor limit, and 65,536 of
-// each other kind. Root is not exempt: its limits are its own, like any
+// QP slots, multicast groups and attachments), a quarter of the daemon's
+// descriptor limit, 4,096 published names, 1,024 rdma_cm ports, and 65,536
+// of each other kind. Root is not exempt: its limits are its own, like any
 // user's. SOFTVERBSD_QUOTA_<KIND>=N in the daemon's environment overrides a
 // default (KIND: PD, MR, MW, KEYSLOT, CQ, QP, SRQ, CHANNEL, BACKING, XRCD,
-// CONNECTION, FD, DM); 0 means no limit. Device memory is also limited in
+// CONNECTION, FD, DM, NAME, MCG, MCGATTACH,
+// CMPORT); 0 means no limit. Device memory is also limited in
 // bytes per user (proto::kMaxDmSize, registry), whichever daemon.
 //
 // Contract: single-threaded (the daemon's loop).
@@ -33,7 +37,14 @@ namespace sv::daemon {
 
 class Quotas {
  public:
-  enum Kind : uint32_t { kPd, kMr, kMw, kKeySlot, kCq, kQp, kSrq, kChannel, kBacking, kXrcd, kConnection, kFd, kDm, kKinds };
+  enum Kind : uint32_t {
+    kPd, kMr, kMw, kKeySlot, kCq, kQp, kSrq, kChannel, kBacking, kXrcd, kConnection, kFd, kDm,
+    kName,       // published names (NameSpace counts them; EDQUOT)
+    kMcg,        // multicast groups a user created, till they empty (ENOMEM)
+    kMcgAttach,  // a user's QPs' multicast attachments (ENOMEM)
+    kCmPort,     // rdma_cm ports held through the system daemon (cm_ports.h; ENOMEM)
+    kKinds
+  };
   static const char* name(Kind k);
 
   // `system`: the defaults above (else none); `fd_limit`: the daemon's

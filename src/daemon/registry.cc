@@ -109,6 +109,7 @@ void Registry::remove_client(uint32_t client) {
   if (c == clients_.end()) return;
   uint32_t context = c->second.ctx;
   SV_TRACE("daemon: client %u (pid %d) left context %u", client, int(c->second.pid), context);
+  cm_ports_.release_client(client);
   clients_.erase(c);
   async_fds_.erase(client);
   cq_grants_.erase(client);

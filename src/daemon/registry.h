@@ -34,6 +34,7 @@
 #include "daemon/mediation.h"
 #include "daemon/name_space.h"
 #include "daemon/objects.h"
+#include "daemon/cm_ports.h"
 #include "daemon/quota.h"
 
 namespace sv::daemon {
@@ -102,11 +103,17 @@ class Registry : private MediationTables {
   int ns_publish(uint32_t client, const proto::NsPublishReq& req);
   int ns_unpublish(uint32_t client, const proto::NsNameReq& req);
   int ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep);
-  void ns_list(uint32_t start, proto::NsListReply& rep);
+  void ns_list(const std::string& after, proto::NsListReply& rep);
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
   // Per-user limits (quota.h); the server charges connections here too.
   Quotas& quotas() { return quotas_; }
+  CmPorts& cm_ports() { return cm_ports_; }
+  // Op::CmBind / CmUnbind for `client` (cm_ports.h).
+  int cm_bind(uint32_t client, const proto::CmBindReq& req, proto::CmBindReply& rep, int& fd) {
+    return cm_ports_.bind(client, client_uid(client), req, rep.port, fd);
+  }
+  int cm_unbind(uint32_t client, const proto::CmBindReq& req) { return cm_ports_.unbind(client, req); }
 
   // One call per protocol op. `in_fds` are the descriptors that came with the
   // request (already checked to be the number the op expects); `out_fds`
@@ -343,6 +350,9 @@ class Registry : private MediationTables {
   std::vector<uint32_t> qps_to_release(uint32_t ctx);
   void before_release_qps(uint32_t ctx, const std::vector<uint32_t>& qpns);
 
+  void mcg_release(const DeviceTables::McgChange& ch, uint32_t qpn);
+  uid_t qp_uid(uint32_t qpn) const;
+
   // ---- XRC (xrc.cc) ----
   uint32_t xrcd_of(uint32_t client, uint32_t handle);  // 0 if not the client's
   void xrcd_drop_if_unused(uint32_t id);
@@ -352,7 +362,8 @@ class Registry : private MediationTables {
   // ---- Sharing: namespace, regions (sharing.cc) ----
   Credentials credentials(uint32_t client) const;
   bool ns_alive(const NsEntry& e) const;
-  void ns_collect();
+  bool ns_drop_if_dead(const std::string& name);
+  void ns_collect_owner(uid_t owner);
 
   // The tables as mediation sees them (MediationTables, registry_mediation.cc).
   bool requester_qp(uint32_t client, uint32_t qpn, QpView& out) override;
@@ -410,6 +421,7 @@ class Registry : private MediationTables {
   std::map<pid_t, Account> accounts_;
   std::vector<PendingEvent> events_;
   Quotas quotas_;
+  CmPorts cm_ports_{quotas_};  // rdma_cm ports (system daemon)
 
   std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
   std::vector<uint8_t> qp_gen_;       // per QP slot: generation

@@ -122,14 +122,17 @@ int Server::start() {
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev) != 0) return errno;
   // The system daemon's rdma_cm rendezvous (docs/RDMACM.md, "Users"): one
   // directory for every user's listeners, as the port space is host-wide on
-  // Linux; sticky, so a user removes only its own sockets.
+  // Linux; only the daemon writes it (cm_ports.h), and what is there is a
+  // daemon's before this one.
   if (system_) {
     const std::string cm = dir_ + "/cm";
-    if (::mkdir(cm.c_str(), 01777) != 0 && errno != EEXIST) return errno;
+    if (::mkdir(cm.c_str(), 0755) != 0 && errno != EEXIST) return errno;
     struct stat st;
     if (::lstat(cm.c_str(), &st) != 0) return errno;
     if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) return EPERM;
-    if (::chmod(cm.c_str(), 01777) != 0) return errno;
+    if (::chmod(cm.c_str(), 0755) != 0) return errno;
+    clear_rendezvous(cm);
+    registry_.cm_ports().set_dir(cm);
   }
   if (int e = open_roce()) return e;
   struct sigaction sa {};
@@ -501,31 +504,17 @@ void Server::drop(int fd) {
   conns_.erase(it);
   sync_mcast();
   send_events();
-  if (system_) remove_stale_rendezvous();
 }
 
-// A process that died left its rdma_cm sockets in the shared rendezvous
-// directory, which other users cannot remove (sticky): the port would stay
-// taken. A socket that refuses connections and is older than a second
-// (bind and listen are a moment apart) is stale.
-void Server::remove_stale_rendezvous() {
-  const std::string cm = dir_ + "/cm";
+// Empties the rendezvous directory at start: its entries are an earlier
+// daemon's (or, before the directory was the daemon's alone, anybody's).
+void Server::clear_rendezvous(const std::string& cm) {
   DIR* d = ::opendir(cm.c_str());
   if (!d) return;
-  const time_t now = ::time(nullptr);
   while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    const std::string path = cm + "/" + e->d_name;
-    struct stat st;
-    if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || now - st.st_ctime < 2) continue;
-    sockaddr_un sun{};
-    if (path.size() >= sizeof sun.sun_path) continue;
-    sun.sun_family = AF_UNIX;
-    std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
-    Fd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!probe.valid()) break;
-    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0 && errno == ECONNREFUSED)
-      ::unlink(path.c_str());
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    if (::unlinkat(::dirfd(d), e->d_name, 0) != 0 && errno != ENOENT)
+      std::fprintf(stderr, "softverbsd: %s/%s not removed: %s\n", cm.c_str(), e->d_name, std::strerror(errno));
   }
   ::closedir(d);
 }

@@ -52,7 +52,7 @@ class Server {
   void accept_clients();
   void serve(int fd);
   void drop(int fd);
-  void remove_stale_rendezvous();
+  static void clear_rendezvous(const std::string& cm);
   void send_events();
   // Output (docs/PROTOCOL.md, "Flow control"): a reply or event that does
   // not fit the client's socket waits in its queue, sent when the socket

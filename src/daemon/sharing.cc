@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/trace.h"
@@ -162,12 +163,19 @@ bool Registry::ns_alive(const NsEntry& e) const {
   }
 }
 
-void Registry::ns_collect() {
-  std::vector<std::string> gone;
-  for (const auto& [name, e] : ns_.entries())
-    if (!ns_alive(e)) gone.push_back(name);
-  Credentials root{0, 0, {}};
-  for (const auto& n : gone) ns_.unpublish(n, root);
+// Drops `name` if the object it names is gone; true if it was dropped.
+// Only that one entry is looked at.
+bool Registry::ns_drop_if_dead(const std::string& name) {
+  const NsEntry* e = ns_.find(name);
+  if (!e || ns_alive(*e)) return false;
+  ns_.erase(name);
+  return true;
+}
+
+// Drops the names of `owner` whose objects are gone: bounded by what that
+// owner may hold (its quota), never by anybody else's names.
+void Registry::ns_collect_owner(uid_t owner) {
+  for (const std::string& n : ns_.names_of(owner)) ns_drop_if_dead(n);
 }
 
 int Registry::ns_publish(uint32_t client, const proto::NsPublishReq& req) {
@@ -186,14 +194,20 @@ int Registry::ns_publish(uint32_t client, const proto::NsPublishReq& req) {
       return EPERM;
     e.group = g;
   }
-  ns_collect();
-  return ns_.publish(name, e);
+  ns_drop_if_dead(name);
+  ns_.set_limit(quotas_.limit(Quotas::kName));
+  if (quotas_.limit(Quotas::kName) && ns_.count(e.owner) >= quotas_.limit(Quotas::kName)) ns_collect_owner(e.owner);
+  int err = ns_.publish(name, e);
+  if (err == EDQUOT)
+    std::fprintf(stderr, "softverbsd: uid %u publishes more than %u names (SOFTVERBSD_QUOTA_NAME): EDQUOT\n",
+                 unsigned(e.owner), quotas_.limit(Quotas::kName));
+  return err;
 }
 
 int Registry::ns_unpublish(uint32_t client, const proto::NsNameReq& req) {
   std::string name = field_name(req.name);
   if (!NameSpace::valid_name(name)) return EINVAL;
-  ns_collect();
+  ns_drop_if_dead(name);
   return ns_.unpublish(name, credentials(client));
 }
 
@@ -202,16 +216,15 @@ int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpe
   if (me == clients_.end()) return EINVAL;
   if (req.access == 0 || (req.access & ~(proto::kNsRead | proto::kNsWrite))) return EINVAL;
   if (req.flags & ~proto::kNsOwn) return EINVAL;
-  ns_collect();
   std::string name = field_name(req.name);
+  ns_drop_if_dead(name);
   if (req.flags & proto::kNsOwn) {
     // The caller names an object it expects to be its own user's: a name
     // another user published (squatting it first) is refused before the
     // mode is looked at, and grants nothing.
-    auto it = ns_.entries().find(name);
-    if (it != ns_.entries().end()) {
-      auto owner = contexts_.find(it->second.ctx);
-      if (it->second.owner != me->second.uid || owner == contexts_.end() || owner->second.uid != me->second.uid)
+    if (const NsEntry* it = ns_.find(name)) {
+      auto owner = contexts_.find(it->ctx);
+      if (it->owner != me->second.uid || owner == contexts_.end() || owner->second.uid != me->second.uid)
         return EPERM;
     }
   }
@@ -242,15 +255,17 @@ int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpe
   return 0;
 }
 
-void Registry::ns_list(uint32_t start, proto::NsListReply& rep) {
-  ns_collect();
-  const auto& all = ns_.entries();
-  rep.total = uint32_t(all.size());
+// One page of names after `after` (a name cursor: no walk to an index).
+// Entries of objects that are gone are dropped as they are met, each once.
+void Registry::ns_list(const std::string& after, proto::NsListReply& rep) {
   rep.count = 0;
-  uint32_t i = 0;
-  for (const auto& [name, e] : all) {
-    if (i++ < start) continue;
-    if (rep.count == proto::kNsListPage) break;
+  std::vector<std::string> gone;
+  for (auto it = ns_.after(after); it != ns_.end() && rep.count < proto::kNsListPage; ++it) {
+    const auto& [name, e] = *it;
+    if (!ns_alive(e)) {
+      gone.push_back(name);
+      continue;
+    }
     proto::NsListEntry& out = rep.entries[rep.count++];
     std::memset(&out, 0, sizeof(out));
     std::memcpy(out.name, name.data(), std::min(name.size(), proto::kMaxNsName - 1));
@@ -260,6 +275,8 @@ void Registry::ns_list(uint32_t start, proto::NsListReply& rep) {
     out.gid = uint32_t(e.group);
     out.mode = e.mode;
   }
+  for (const auto& n : gone) ns_.erase(n);
+  rep.total = uint32_t(ns_.size());
 }
 
 }  // namespace sv::daemon

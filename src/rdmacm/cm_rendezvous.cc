@@ -1,5 +1,6 @@
 // cm_rendezvous.cc: where ids of one host meet (unix SOCK_SEQPACKET
-// sockets at $RUNTIME/cm/<port space>-<port>-<address>), port reservation,
+// sockets at $RUNTIME/cm/<port space>-<port>-<address>), port reservation
+// (the system daemon's, or this user's own directory's),
 // and the active side's connect (to a listener, or to the daemon's CM
 // gateway for another host). See cm_state.h.
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "common/paths.h"
+#include "softverbs/softverbs.h"
 #include "rdmacm/cm_msg.h"
 #include "rdmacm/cm_state.h"
 #include "rdmacm/cm_trace.h"
@@ -55,8 +57,9 @@ std::string user_dir() {
 }  // namespace
 
 // With the system daemon (SOFTVERBS_SYSTEM=1) every user's ids meet in its
-// directory, which the daemon made sticky and writable by all: the port
-// space is the host's, as on Linux. Otherwise the user's own directory.
+// directory, which only the daemon writes (it holds the ports: daemon_bind):
+// the port space is the host's, as on Linux. Otherwise the user's own
+// directory.
 std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : user_dir(); }
 
 namespace {
@@ -95,13 +98,6 @@ int bind_path(const std::string& path) {
     int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -errno;
     if (::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun)) == 0) {
-      // Shared with other users (system daemon): they connect to it.
-      if (sv::use_system_daemon() && ::chmod(path.c_str(), 0666) != 0) {
-        int e = errno;
-        ::unlink(path.c_str());
-        ::close(fd);
-        return -e;
-      }
       if (::listen(fd, SOMAXCONN) == 0) return fd;
       int e = errno;
       ::close(fd);
@@ -124,6 +120,41 @@ int bind_path(const std::string& path) {
 
 bool path_exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 
+namespace {
+
+// With the system daemon the daemon holds the port (daemon/cm_ports.h): it
+// decides who may have it and makes the listening socket in its directory,
+// which no user writes. 0 and the socket, or an errno (said on stderr when
+// it is a rule's: a privileged port, the user's quota).
+int daemon_bind(int ps, sockaddr* sa, int& fd) {
+  ibv_context* c = device();
+  if (!c) return ENODEV;
+  uint16_t port = 0;
+  int e = svx_cm_bind(c, ps, sa, &port, &fd);
+  if (e == EACCES)
+    std::fprintf(stderr, "librdmacm: rdma_bind_addr to port %u: below 1024 only root may bind (EACCES)\n",
+                 unsigned(addr_port(sa)));
+  else if (e && e != EADDRINUSE)
+    std::fprintf(stderr, "librdmacm: rdma_bind_addr: the daemon refused the port: %s\n", std::strerror(e));
+  if (e) return e;
+  set_port(sa, port);
+  return 0;
+}
+
+}  // namespace
+
+void release_bind(Id* d) {
+  unwatch_close(d->bind_fd);
+  d->bind_fd = -1;
+  if (!d->daemon_port) {
+    ::unlink(d->bind_path.c_str());
+    return;
+  }
+  const auto* src = reinterpret_cast<const sockaddr*>(&d->id.route.addr.src_storage);
+  if (ibv_context* c = device()) svx_cm_unbind(c, d->id.ps, src, addr_port(src));
+  d->daemon_port = false;
+}
+
 // rdma_bind_addr for an id: reserve (ps, port, address); port 0 picks a free
 // ephemeral port (the same range as Linux's ip_local_port_range default).
 int do_bind(Id* d, const sockaddr* addr) {
@@ -134,10 +165,11 @@ int do_bind(Id* d, const sockaddr* addr) {
   int ps = d->id.ps;
   uint16_t port = addr_port(sa);
   int fd = -1;
-  // Among users, a port below 1024 is privileged, as Linux's rdma_cm has it
-  // (CAP_NET_BIND_SERVICE).
-  if (port && port < 1024 && sv::use_system_daemon() && ::geteuid() != 0) return EACCES;
-  if (port) {
+  if (sv::use_system_daemon()) {
+    if (int e = daemon_bind(ps, sa, fd)) return e;
+    port = addr_port(sa);
+    d->daemon_port = true;
+  } else if (port) {
     // A wildcard and a specific bind of one port conflict, as in TCP.
     if (!addr_is_any(sa) && (path_exists(rendezvous_path(ps, port, "0.0.0.0")) ||
                              path_exists(rendezvous_path(ps, port, "::")))) {

@@ -227,10 +227,7 @@ void destroy_locked(Id* d) {
     }
   }
   unwatch_close(d->conn_fd);
-  if (d->bind_fd >= 0) {
-    unwatch_close(d->bind_fd);
-    ::unlink(d->bind_path.c_str());
-  }
+  if (d->bind_fd >= 0) release_bind(d);
   std::free(d->id.route.path_rec);
   delete d->ep_qp_attr;
   rdma_event_channel* ch = d->own_channel ? nullptr : d->id.channel;

@@ -121,6 +121,7 @@ struct Id {
   Channel* own_channel = nullptr;  // the private channel of a sync id
   int bind_fd = -1;
   std::string bind_path;
+  bool daemon_port = false;  // held through the system daemon (release_bind gives it back)
   int conn_fd = -1;
   uint64_t listener = 0;  // passive child: its listener's serial
   int backlog = 0;
@@ -215,6 +216,8 @@ std::string daemon_dir();
 std::string rendezvous_path(int ps, uint16_t port, const std::string& addr);
 bool path_exists(const std::string& p);
 int do_bind(Id* d, const sockaddr* addr);
+// Closes a bound id's socket and gives its port back.
+void release_bind(Id* d);
 void on_accepted(Id* listener);
 void reply_and_close(int fd, const uint8_t* mad);
 bool try_connect(Id* d);

@@ -160,11 +160,11 @@ int list_names() {
                  kNoDaemonHint);
     return 1;
   }
-  uint32_t start = 0;
+  std::string after;  // the last name shown: the next page starts after it
   for (uint32_t seq = 1;; ++seq) {
     sv::proto::NsListReq req{};
     sv::proto::init_header(req, sv::proto::Op::NsList, seq);
-    req.start = start;
+    std::memcpy(req.after, after.data(), std::min(after.size(), sizeof(req.after) - 1));
     sv::proto::NsListReply rep{};
     std::vector<sv::Fd> fds;
     size_t len = 0;
@@ -181,9 +181,9 @@ int list_names() {
       perm[9] = 0;
       std::string name(e.name, ::strnlen(e.name, sizeof(e.name)));
       std::printf("%s %6u %6u %-3s %8u %s\n", perm, e.uid, e.gid, kind_name(e.kind), e.handle, name.c_str());
+      after = name;
     }
-    start += rep.count;
-    if (rep.count == 0 || start >= rep.total) return 0;
+    if (rep.count < sv::proto::kNsListPage) return 0;
   }
 }
 

@@ -1,6 +1,9 @@
 // The namespace calls of softverbs.h: publishing objects under names and
 // opening them by name (docs/SHARING.md). The daemon checks names, modes
 // and credentials; this side only forwards and imports.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -38,6 +41,51 @@ int svx_unpublish(ibv_context* c, const char* name) {
   std::memcpy(req.name, name, std::strlen(name));
   proto::Empty rep{};
   return ctx_state(c).conn.call<proto::Op::NsUnpublish>(req, rep);
+}
+
+}  // extern "C"
+
+namespace {
+
+// The CmBind fields of an address; false for a family other than IPv4/6.
+bool cm_fields(int ps, const sockaddr* addr, uint16_t port, proto::CmBindReq& req) {
+  if (!addr || ps < 0) return false;
+  req.ps = uint32_t(ps);
+  req.port = port;
+  req.family = addr->sa_family;
+  if (addr->sa_family == AF_INET)
+    std::memcpy(req.addr, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, 4);
+  else if (addr->sa_family == AF_INET6)
+    std::memcpy(req.addr, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, 16);
+  else
+    return false;
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+int svx_cm_bind(ibv_context* c, int ps, const sockaddr* addr, uint16_t* port_out, int* fd_out) {
+  proto::CmBindReq req{};
+  if (!c || !port_out || !fd_out) return EINVAL;
+  uint16_t port = 0;
+  if (addr && addr->sa_family == AF_INET) port = ntohs(reinterpret_cast<const sockaddr_in*>(addr)->sin_port);
+  if (addr && addr->sa_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6*>(addr)->sin6_port);
+  if (!cm_fields(ps, addr, port, req)) return EAFNOSUPPORT;
+  proto::CmBindReply rep{};
+  std::vector<Fd> fds;
+  if (int e = ctx_state(c).conn.call<proto::Op::CmBind>(req, rep, {}, &fds)) return e;
+  *port_out = rep.port;
+  *fd_out = fds.at(0).release();
+  return 0;
+}
+
+int svx_cm_unbind(ibv_context* c, int ps, const sockaddr* addr, uint16_t port) {
+  proto::CmBindReq req{};
+  if (!c || !cm_fields(ps, addr, port, req)) return EINVAL;
+  proto::Empty rep{};
+  return ctx_state(c).conn.call<proto::Op::CmUnbind>(req, rep);
 }
 
 ibv_context* svx_open(const char* name, int access, svx_object* obj) {
