@@ -135,7 +135,14 @@ int open_dir_at(int at, const std::string& name, const std::string& path, DirRul
 // proc(5), /proc/[pid]/fd: each entry is a link to the open file itself,
 // which path resolution follows to the very directory held.
 std::string RunDir::via() const {
-  if (proc_mounted()) return "/proc/self/fd/" + std::to_string(fd.get());
+  if (proc_mounted()) {
+    // The /proc mounted here may be another pid namespace's, where "self"
+    // is not this process: used only when it leads to this very directory.
+    const std::string p = "/proc/self/fd/" + std::to_string(fd.get());
+    struct stat a, b;
+    if (::stat(p.c_str(), &a) == 0 && ::fstat(fd.get(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+      return p;
+  }
   return path;
 }
 

@@ -60,7 +60,8 @@ struct RunDir {
   uid_t owner = 0;  // as fstat(2) of fd said
   bool valid() const { return fd.valid(); }
   // The directory as a path that the kernel resolves through the
-  // descriptor, "/proc/self/fd/N"; `path` when /proc is not mounted.
+  // descriptor, "/proc/self/fd/N"; `path` when /proc is not mounted (or
+  // is not this process's).
   std::string via() const;
   // via() + "/" + NAME ("/proc/self/fd/N/NAME" is within sun_path's 108
   // bytes); path + "/" + NAME when /proc is not mounted (then connect_in() still
