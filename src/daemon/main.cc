@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   int e = server.start();
   if (e == EALREADY) return 0;  // another daemon serves this user
   if (e && !server.dir_problem().empty()) {
-    std::fprintf(stderr, "softverbsd: cannot start: %s\n", server.dir_problem().c_str());
+    std::fprintf(stderr, "softverbsd: cannot start in %s: %s; or choose another directory with --dir\n", dir.c_str(),
+                 server.dir_problem().c_str());
     return 1;
   }
   if (e) {

@@ -146,7 +146,11 @@ int DaemonConn::open() {
     // or one gone (the next call says so).
     if (call<proto::Op::Netns>(req, rep) != EXDEV) break;
     sock_.reset();
-    if (dir == &mine) return EXDEV;  // our own namespace's directory serves another: refuse it
+    if (dir == &mine) {  // our own namespace's directory serves another: refuse it
+      say_dir_problem("the daemon in " + mine.path + " serves network namespace " + netns_text({rep.dev, rep.ino}) +
+                      ", not this process's " + netns_text(self) + ": stop that daemon");
+      return EXDEV;
+    }
     SV_TRACE("verbs: the daemon in %s serves %s, not this process's %s: using %s", base.path.c_str(),
              netns_text({rep.dev, rep.ino}).c_str(), netns_text(self).c_str(),
              netns_dir(base.path, self).c_str());
