@@ -106,6 +106,11 @@ int main(int argc, char** argv) {
   sv::daemon::Server server(dir, idle, system);
   int e = server.start();
   if (e == EALREADY) return 0;  // another daemon serves this user
+  if (e && !server.dir_problem().empty()) {
+    std::fprintf(stderr, "softverbsd: cannot start in %s: %s; or choose another directory with --dir\n", dir.c_str(),
+                 server.dir_problem().c_str());
+    return 1;
+  }
   if (e) {
     std::fprintf(stderr, "softverbsd: cannot start in %s: %s; %s\n", dir.c_str(), std::strerror(e),
                  e == EPERM || e == ENOTDIR
@@ -118,7 +123,7 @@ int main(int argc, char** argv) {
     // reads must not stay open because of us. Errors go to DIR/daemon.log.
     ::setsid();
     int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    int log = ::open((dir + "/daemon.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    int log = ::openat(server.dir_fd(), "daemon.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (null >= 0) {
       ::dup2(null, 0);
       ::dup2(null, 1);

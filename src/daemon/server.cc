@@ -85,13 +85,18 @@ bool inherited_listener(const std::string& path, Fd& out) {
 }  // namespace
 
 int Server::start() {
-  if (int e = system_ ? ensure_system_dir(dir_) : ensure_runtime_dir(dir_)) return e;
-  lock_fd_.reset(::open(lock_path(dir_).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  // The directory is opened and checked once; the lock, the record and the
+  // socket are made through its descriptor (common/paths.h).
+  if (int e = system_ ? open_dir(dir_, DirRule::SystemDaemon, true, rundir_, &dir_problem_)
+                      : ensure_runtime_dir(dir_, rundir_, &dir_problem_))
+    return e;
+  dir_problem_.clear();
+  lock_fd_.reset(::openat(rundir_.fd.get(), "daemon.lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!lock_fd_.valid()) return errno;
   if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK ? EALREADY : errno;
   // The network namespace served here (common/paths.h): processes of
   // another one choose their own directory by it.
-  if (int e = write_netns_record(dir_, netns_self())) {
+  if (int e = write_netns_record(rundir_, netns_self())) {
     std::fprintf(stderr, "softverbsd: %s not written: %s\n", netns_record_path(dir_).c_str(), std::strerror(e));
   }
   if (int e = registry_.init()) return e;
@@ -111,7 +116,7 @@ int Server::start() {
   const bool activated = inherited_listener(socket_path(dir_), listen_fd_);
   if (!activated) {
     // The system daemon's socket is every user's (0666), from its first connection.
-    if (int e = listen_seqpacket(socket_path(dir_), listen_fd_, system_ ? 0666 : 0)) return e;
+    if (int e = listen_seqpacket(rundir_.at("control"), listen_fd_, system_ ? 0666 : 0)) return e;
   }
   registry_.set_served_as((system_ ? proto::kServedAsSystem : 0) | (activated ? proto::kServedAsActivated : 0));
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -125,14 +130,15 @@ int Server::start() {
   // Linux; only the daemon writes it (cm_ports.h), and what is there is a
   // daemon's before this one.
   if (system_) {
-    const std::string cm = dir_ + "/cm";
-    if (::mkdir(cm.c_str(), 0755) != 0 && errno != EEXIST) return errno;
+    if (::mkdirat(rundir_.fd.get(), "cm", 0755) != 0 && errno != EEXIST) return errno;
+    Fd cm(::openat(rundir_.fd.get(), "cm", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     struct stat st;
-    if (::lstat(cm.c_str(), &st) != 0) return errno;
+    if (!cm.valid() || ::fstat(cm.get(), &st) != 0) return errno;
     if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) return EPERM;
-    if (::chmod(cm.c_str(), 0755) != 0) return errno;
-    clear_rendezvous(cm);
-    registry_.cm_ports().set_dir(cm);
+    if (::fchmod(cm.get(), 0755) != 0) return errno;
+    const std::string cm_path = dir_ + "/cm";
+    clear_rendezvous(cm.get(), cm_path);
+    registry_.cm_ports().set_dir(cm_path);
   }
   if (int e = open_roce()) return e;
   struct sigaction sa {};
@@ -182,7 +188,7 @@ int Server::watch_roce_fd(int fd) {
 // the port is ours.
 void Server::open_cm_gateway() {
   if (!roce_.enabled() || cm_open_) return;
-  if (int e = cm_.open(dir_, system_ ? 0666 : 0)) {
+  if (int e = cm_.open(rundir_.via(), system_ ? 0666 : 0)) {
     std::fprintf(stderr, "softverbsd: CM gateway not opened: %s\n", std::strerror(e));
     return;
   }
@@ -353,7 +359,7 @@ int Server::run() {
     }
   }
   stop_copier();
-  ::unlink(socket_path(dir_).c_str());
+  ::unlinkat(rundir_.fd.get(), "control", 0);
   return 0;
 }
 
@@ -506,15 +512,16 @@ void Server::drop(int fd) {
   send_events();
 }
 
-// Empties the rendezvous directory at start: its entries are an earlier
-// daemon's (or, before the directory was the daemon's alone, anybody's).
-void Server::clear_rendezvous(const std::string& cm) {
+// Empties the rendezvous directory (held open as `cm`) at start: its
+// entries are an earlier daemon's.
+void Server::clear_rendezvous(int cm, const std::string& path) {
+  DIR* d = ::fdopendir(::dup(cm));
   DIR* d = ::opendir(cm.c_str());
   if (!d) return;
   while (dirent* e = ::readdir(d)) {
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
     if (::unlinkat(::dirfd(d), e->d_name, 0) != 0 && errno != ENOENT)
-      std::fprintf(stderr, "softverbsd: %s/%s not removed: %s\n", cm.c_str(), e->d_name, std::strerror(errno));
+      std::fprintf(stderr, "softverbsd: %s/%s not removed: %s\n", path.c_str(), e->d_name, std::strerror(errno));
   }
   ::closedir(d);
 }

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/paths.h"
 #include "daemon/cm_gateway.h"
 #include "daemon/post_ring.h"
 #include "daemon/registry.h"
@@ -38,6 +39,10 @@ class Server {
   ~Server();
   int start();  // takes the lock, binds the socket; EALREADY if another daemon runs
   int run();
+  // Why start() refused the directory (a sentence), empty if it did not.
+  const std::string& dir_problem() const { return dir_problem_; }
+  // The directory, open and checked once start() got past it; -1 before.
+  int dir_fd() const { return rundir_.fd.get(); }
 
   // Handles one raw request from `client` (exposed for tests and fuzzing):
   // checks its header, then run_command (commands.h). Returns the reply
@@ -52,7 +57,7 @@ class Server {
   void accept_clients();
   void serve(int fd);
   void drop(int fd);
-  static void clear_rendezvous(const std::string& cm);
+  static void clear_rendezvous(int cm, const std::string& path);
   void send_events();
   // Output (docs/PROTOCOL.md, "Flow control"): a reply or event that does
   // not fit the client's socket waits in its queue, sent when the socket
@@ -103,6 +108,8 @@ class Server {
   Fd copy_done_fd_;  // eventfd: the worker finished copies (polled by the loop)
 
   std::string dir_;
+  RunDir rundir_;  // dir_, opened and checked: all in it is reached through it
+  std::string dir_problem_;
   int idle_seconds_;
   bool system_;
   Registry registry_;

@@ -39,17 +39,31 @@ namespace sv::rdmacm::detail {
 
 namespace {
 
+// Under this path nothing exists and no one but root could make anything:
+// what a refused directory is replaced by.
+constexpr const char* kNowhere = "/proc/self/fd/-1";
+
+// `dir` once made if need be and checked as the user's (common/paths.h);
+// a refused one is said on stderr and never used.
+std::string checked(const std::string& dir) {
+  sv::RunDir rd;
+  std::string why;
+  if (sv::ensure_runtime_dir(dir, rd, &why) == 0) return dir;
+  sv::say_dir_problem(why);
+  return kNowhere;
+}
+
 // The per-user daemon's directory, as the library finds it (one per network
 // namespace, common/paths.h); SOFTVERBS_DIR if set. Looked up till a daemon
 // has answered (a process does not change namespace under librdmacm), then
 // kept.
 std::string user_dir() {
-  if (sv::runtime_dir_explicit()) return sv::runtime_dir();
+  if (sv::runtime_dir_explicit()) return checked(sv::runtime_dir());
   static std::mutex mu;
   static std::string found;
   std::lock_guard<std::mutex> g(mu);
   if (!found.empty()) return found;
-  std::string dir = sv::resolve_runtime_dir();
+  std::string dir = checked(sv::resolve_runtime_dir());
   if (::access(sv::socket_path(dir).c_str(), F_OK) == 0) found = dir;
   return dir;
 }
@@ -67,7 +81,6 @@ namespace {
 std::string cm_dir() {
   if (sv::use_system_daemon()) return sv::system_dir() + "/cm";
   std::string dir = user_dir();
-  sv::ensure_runtime_dir(dir);
   dir += "/cm";
   ::mkdir(dir.c_str(), 0700);
   return dir;

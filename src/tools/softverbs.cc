@@ -139,6 +139,19 @@ const char* const kNoDaemonHint =
 
 std::string daemon_dir() { return sv::use_system_daemon() ? sv::system_dir() : sv::resolve_runtime_dir(); }
 
+// Connects to the daemon of `dir` through the directory, once it is open
+// and checked (common/paths.h); a directory refused says why on stderr.
+int connect_daemon(const std::string& dir, sv::Fd& s) {
+  sv::RunDir d;
+  std::string why;
+  const auto rule = sv::use_system_daemon() ? sv::DirRule::SystemClient : sv::DirRule::User;
+  if (int e = sv::open_dir(dir, rule, false, d, &why)) {
+    if (e != ENOENT) std::fprintf(stderr, "softverbs: %s\n", why.c_str());
+    return e;
+  }
+  return sv::connect_in(d, s);
+}
+
 const char* kind_name(uint32_t k) {
   switch (k) {
     case sv::proto::kNsPd: return "pd";
@@ -155,7 +168,7 @@ const char* kind_name(uint32_t k) {
 int list_names() {
   std::string dir = daemon_dir();
   sv::Fd s;
-  if (int e = sv::connect_seqpacket(sv::socket_path(dir), s)) {
+  if (int e = connect_daemon(dir, s)) {
     std::fprintf(stderr, "softverbs ls: no daemon at %s: %s; %s\n", sv::socket_path(dir).c_str(), std::strerror(e),
                  kNoDaemonHint);
     return 1;
@@ -190,7 +203,7 @@ int list_names() {
 int status() {
   std::string dir = daemon_dir();
   sv::Fd s;
-  if (int e = sv::connect_seqpacket(sv::socket_path(dir), s)) {
+  if (int e = connect_daemon(dir, s)) {
     std::printf("softverbsd: not running (%s: %s); %s\n", sv::socket_path(dir).c_str(), std::strerror(e),
                 kNoDaemonHint);
     return 1;

@@ -103,19 +103,40 @@ void spawn_daemon(const std::string& dir) {
 //      directory, BASE/net-INODE-DEV, instead.
 int DaemonConn::open() {
   const bool system = use_system_daemon();
+  std::string why;
   if (system || runtime_dir_explicit()) {
-    std::string dir = system ? system_dir() : runtime_dir();
-    int e = connect_dir(dir, system, true);
-    if (e == 0) dir_ = dir;
+    RunDir d;
+    int e = system ? open_dir(system_dir(), DirRule::SystemClient, false, d, &why)
+                   : open_dir(runtime_dir(), DirRule::User, true, d, &why);
+    if (e) {
+      if (system && e == ENOENT) why += " (no system daemon runs; as root: softverbsd --system)";
+      say_dir_problem(why);
+      return e;
+    }
+    e = connect_dir(d, system, true);
+    if (e == 0) dir_ = d.path;
     return e;
   }
+  // Each directory is opened and checked once, then used only through its
+  // descriptor (common/paths.h); one that fails is not looked into.
   const NetnsId self = netns_self();
-  const std::string base = runtime_base_dir();
-  const std::string mine = netns_dir(base, self);
-  std::string dir = connect_dir(base, false, false) == 0 ? base : runtime_dir();
+  RunDir base, mine;
+  if (int e = open_dir(runtime_base_dir(), DirRule::User, true, base, &why)) {
+    say_dir_problem(why);
+    return e;
+  }
+  const RunDir* dir = &base;
+  NetnsId recorded;
+  if (connect_dir(base, false, false) != 0 && read_netns_record(base, &recorded) && !(recorded == self)) dir = &mine;
   for (;;) {
+    if (dir == &mine && !mine.valid()) {
+      if (int e = open_subdir(base, netns_dir_name(self), true, mine, &why)) {
+        say_dir_problem(why);
+        return e;
+      }
+    }
     if (!sock_.valid()) {
-      if (int e = connect_dir(dir, false, true)) return e;
+      if (int e = connect_dir(*dir, false, true)) return e;
     }
     proto::NetnsMsg req{};
     req.dev = self.dev;
@@ -125,27 +146,30 @@ int DaemonConn::open() {
     // or one gone (the next call says so).
     if (call<proto::Op::Netns>(req, rep) != EXDEV) break;
     sock_.reset();
-    if (dir == mine) return EXDEV;  // our own namespace's directory serves another: refuse it
-    SV_TRACE("verbs: the daemon in %s serves %s, not this process's %s: using %s", dir.c_str(),
-             netns_text({rep.dev, rep.ino}).c_str(), netns_text(self).c_str(), mine.c_str());
-    dir = mine;
+    if (dir == &mine) {  // our own namespace's directory serves another: refuse it
+      say_dir_problem("the daemon in " + mine.path + " serves network namespace " + netns_text({rep.dev, rep.ino}) +
+                      ", not this process's " + netns_text(self) + ": stop that daemon");
+      return EXDEV;
+    }
+    SV_TRACE("verbs: the daemon in %s serves %s, not this process's %s: using %s", base.path.c_str(),
+             netns_text({rep.dev, rep.ino}).c_str(), netns_text(self).c_str(),
+             netns_dir(base.path, self).c_str());
+    dir = &mine;
   }
-  dir_ = dir;
+  dir_ = dir->path;
   return 0;
 }
 
-// Connects to the daemon of `dir`, starting it there if none answers (and
-// `may_start`; else ENOENT or ECONNREFUSED at once).
-int DaemonConn::connect_dir(const std::string& dir, bool system, bool may_start) {
+// Connects to the daemon of `dir` (open and checked), starting it there if
+// none answers (and `may_start`; else ENOENT or ECONNREFUSED at once).
+int DaemonConn::connect_dir(const RunDir& dir, bool system, bool may_start) {
   // SOFTVERBS_SYSTEM=1: the host-wide daemon, which an administrator runs;
   // it is never started from here.
-  if (int e = system ? check_system_dir(dir) : ensure_runtime_dir(dir)) return e;
-  std::string sock = socket_path(dir);
   bool spawned = system;
   uint64_t last_spawn = 0;
   uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
   for (;;) {
-    int e = connect_seqpacket(sock, sock_);
+    int e = connect_in(dir, sock_);
     if (e == 0) {
       owner_pid_ = self_pid();
       // A daemon that stops answering must not hang the application forever.
@@ -153,6 +177,9 @@ int DaemonConn::connect_dir(const std::string& dir, bool system, bool may_start)
       ::setsockopt(sock_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
       return 0;
     }
+    if (e == EPERM)
+      say_dir_problem(dir.path + "/control is served by a process that does not run as the directory's owner (uid " +
+                      std::to_string(dir.owner) + "): not used; stop that process and remove the socket");
     if (e != ENOENT && e != ECONNREFUSED) return e;
     if (!may_start) return e;
     // No system daemon runs (no socket, or a stale one for over a second;
@@ -160,10 +187,10 @@ int DaemonConn::connect_dir(const std::string& dir, bool system, bool may_start)
     if (system && (e == ENOENT || monotonic_ns() > deadline - 9'000'000'000ull)) return ENODEV;
     // Started again every half second: a daemon started while the previous
     // one is still on its way out (idle exit, or killed) finds its lock
-    // taken and exits at once.
+    // taken and exits at once. It opens and checks the directory itself.
     if ((!spawned || monotonic_ns() > last_spawn + 500'000'000ull) && !system &&
         !std::getenv("SOFTVERBS_NO_SPAWN")) {
-      spawn_daemon(dir);
+      spawn_daemon(dir.path);
       spawned = true;
       last_spawn = monotonic_ns();
     }

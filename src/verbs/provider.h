@@ -32,6 +32,7 @@
 #include "common/access.h"
 #include "common/completion.h"
 #include "common/device_info.h"
+#include "common/paths.h"
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
@@ -148,7 +149,7 @@ class DaemonConn {
   // In a child forked after open(): a connection of its own, joined to the
   // same context (the inherited socket is its parent's).
   int reattach_after_fork();
-  int connect_dir(const std::string& dir, bool system, bool may_start);
+  int connect_dir(const RunDir& dir, bool system, bool may_start);
   std::string dir_;
   Fd sock_;
   Fd inherited_;  // a forked child: its parent's socket, kept open (the context's cmd_fd names it)
