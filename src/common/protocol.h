@@ -454,9 +454,11 @@ struct RoceAttachReply {
   uint64_t seed;
   // kRoceSteered: the first fd is the client's own socket in the port's
   // SO_REUSEPORT group, to which the daemon steers the datagrams of the
-  // client's QPNs: the client receives on it (and sends). Without it, the
-  // first fd is the daemon's socket, for sending only; arrivals come on the
-  // arrival socket (always passed: the fallback).
+  // client's QPNs: the client receives on it (and sends); given only to a
+  // client of the daemon's own user (daemon/roce_port.cc, client_socket).
+  // Without it, the first fd is the client's own socket bound to the
+  // address at another port, in no group, for sending only; arrivals come
+  // on the arrival socket (always passed: the fallback).
   uint32_t flags;
   uint32_t pad;
 };

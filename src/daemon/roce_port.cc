@@ -252,6 +252,20 @@ bool RocePort::owns(int fd) const {
   return false;
 }
 
+// A datagram for `qpn` came to socket `fd`: true if that is the socket of
+// an address the QP attached on. The QPN space is the daemon's, over all
+// its addresses; a QP listens on its own (its GID's) only, as Linux rxe
+// checks the IP destination of a connected QP's packets against the QP's
+// source GID (rxe_recv.c, check_addr). The steering programs hold this by
+// construction (one per address, naming that address's QPNs).
+bool RocePort::arrived_at_own_address(int fd, uint32_t qpn) const {
+  auto own = [&](const std::map<uint32_t, size_t>& m) {
+    auto it = m.find(qpn);
+    return it != m.end() && it->second < socks_.size() && socks_[it->second].fd.get() == fd;
+  };
+  return own(qpn_sock_) || own(qpn_sock2_);
+}
+
 void RocePort::readable(int fd) {
   for (const auto& g : groups_) {
     if (g.fd.get() == fd) return group_readable(g);
@@ -271,7 +285,7 @@ void RocePort::readable(int fd) {
       continue;
     }
     auto q = qpns_.find(dqpn);
-    if (q == qpns_.end()) continue;
+    if (q == qpns_.end() || !arrived_at_own_address(fd, dqpn)) continue;
     auto a = arrivals_.find(q->second);
     if (a == arrivals_.end()) continue;
     std::memset(pre, 0, sizeof *pre);
@@ -280,6 +294,52 @@ void RocePort::readable(int fd) {
     // A client that does not keep up loses datagrams, as a full NIC queue would.
     ::send(a->second.mine.get(), buf_, sizeof *pre + size_t(n), MSG_DONTWAIT | MSG_NOSIGNAL);
   }
+}
+
+// The client's own socket for sending on socks_[si]'s address: bound to
+// that address at a port of the kernel's choice (RoCEv2's UDP source port
+// is free, IBTA annex A17.2.3; peers answer on 4791), in no reuseport
+// group, so that what it can do with it concerns its own datagrams only.
+// One per client and address; -1 on failure.
+int RocePort::sender_for(size_t si, uint32_t client) {
+  auto key = std::make_pair(client, si);
+  auto it = senders_.find(key);
+  if (it != senders_.end()) return it->second.get();
+  sockaddr_storage ss = socks_[si].addr;
+  if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in&>(ss).sin_port = 0;
+  else reinterpret_cast<sockaddr_in6&>(ss).sin6_port = 0;
+  Fd fd = open_udp(ss, socks_[si].addr_len, false, socks_[si].ifindex);
+  if (!fd.valid()) {
+    SV_TRACE("daemon: RoCE: client's sending socket: %s", std::strerror(errno));
+    return -1;
+  }
+  // It only sends: what reaches its port is never read.
+  int small = 0;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  const int raw = fd.get();
+  senders_.emplace(key, std::move(fd));
+  return raw;
+}
+
+// The socket the client sends (and, steered, receives) on: its own member
+// of the address's group when the kernel would let it make one itself,
+// else sender_for(). kRoceSteered in rep.flags says which.
+int RocePort::client_socket(size_t si, uint32_t client, uid_t uid, bool steerable, proto::RoceAttachReply& rep) {
+  // A member of the group can replace the group's steering program
+  // (SO_ATTACH_REUSEPORT_CBPF / _EBPF, SO_DETACH_REUSEPORT_BPF: no
+  // privilege, no lock: net/core/sock_reuseport.c) and so take every
+  // datagram to the port. Only a client whose user is the owner of the
+  // group's sockets gets one: the kernel admits that user's sockets to the
+  // group anyway (SO_REUSEPORT binds need the same effective uid as the
+  // group's, udp_lib_lport_inuse), and that user can ptrace this daemon.
+  // Under the system daemon (root) that is root alone; a per-user daemon
+  // serves its own user only.
+  const int slot = steerable && uid == ::geteuid() ? slot_for(si, client, uid) : -1;
+  if (slot >= 0 && steer(si)) {
+    rep.flags = proto::kRoceSteered;
+    return socks_[si].slots[size_t(slot)].fd.get();
+  }
+  return sender_for(si, client);
 }
 
 int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
@@ -320,35 +380,29 @@ int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req
       qpns_[qpn] == client) {
     // A UD QP's second address, of the other family (docs/ROCE.md,
     // "Multicast"): the QPN is steered there too, to the client's socket of
-    // that address's group (else it sends on the daemon's, and what comes
-    // for it there is forwarded: readable()).
+    // that address's group (else what comes for it there is forwarded:
+    // readable()).
     qpn_sock2_[qpn] = si;
-    const int slot = slot_for(si, client, uid);
-    if (slot >= 0 && steer(si)) {
-      rep.flags = proto::kRoceSteered;
-      out_fds.push_back(socks_[si].slots[size_t(slot)].fd.get());
-    } else {
-      out_fds.push_back(socks_[si].fd.get());
-    }
+    const int fd = client_socket(si, client, uid, true, rep);
+    if (fd < 0) return EIO;
+    out_fds.push_back(fd);
     out_fds.push_back(it->second.theirs.get());
     return 0;
   }
   qpns_[qpn] = client;
   qpn_sock_[qpn] = si;
   qpn_sock2_.erase(qpn);
-  const int slot = qpn == kCmQpn ? -1 : slot_for(si, client, uid);
-  if (slot >= 0 && steer(si)) {
-    rep.flags = proto::kRoceSteered;
-    out_fds.push_back(socks_[si].slots[size_t(slot)].fd.get());
-  } else {
-    out_fds.push_back(socks_[si].fd.get());  // for sending; arrivals are forwarded
-  }
+  const int fd = client_socket(si, client, uid, qpn != kCmQpn, rep);
+  if (fd < 0) return EIO;
+  out_fds.push_back(fd);
   out_fds.push_back(it->second.theirs.get());
   return 0;
 }
 
 void RocePort::remove_client(uint32_t client) {
   arrivals_.erase(client);
+  for (auto it = senders_.begin(); it != senders_.end();)
+    it = it->first.first == client ? senders_.erase(it) : std::next(it);
   for (auto it = qpns_.begin(); it != qpns_.end();) {
     if (it->second == client) {
       qpn_sock_.erase(it->first);

@@ -7,9 +7,17 @@
 //     program (SO_ATTACH_REUSEPORT_CBPF), rewritten when QPNs come and go,
 //     maps the destination QPN to the index of its client's socket. The
 //     client receives and sends on that socket: no daemon on the data path.
-//   - anything else (QPN 1, unknown QPNs, short datagrams, clients that got
-//     no socket) lands on the daemon's socket (index 0): readable() forwards
-//     it to the client's arrival socket by QPN, or drops it.
+//     Any member can replace the group's program (the kernel has no lock
+//     for it), so only clients of the daemon's own user get one (the
+//     kernel would admit that user's own sockets to the group anyway):
+//     every client of a per-user daemon, root's under the system daemon.
+//   - anything else (QPN 1, unknown QPNs, short datagrams, other users'
+//     clients) lands on the daemon's socket (index 0): readable() forwards
+//     it to the client's arrival socket by QPN if it came to the address
+//     the QP attached on, or drops it. Such a client sends on a socket of
+//     its own, bound to its address at a port the kernel chose, in no group.
+// Invariant: a descriptor of a socket bound to port 4791 (a group member)
+// goes only to a client whose user owns the group.
 // The transport itself (the engine of src/roce) runs in the client process,
 // which checks the ICRC, keys, bounds and access flags: nothing arriving is
 // trusted here beyond reading the QPN.
@@ -30,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "common/protocol.h"
@@ -111,6 +120,10 @@ class RocePort {
   int slot_for(size_t si, uint32_t client, uid_t uid);
   // Rewrites socks_[si]'s steering program from qpns_; false if the kernel refused it.
   bool steer(size_t si);
+  int sender_for(size_t si, uint32_t client);
+  int client_socket(size_t si, uint32_t client, uid_t uid, bool steerable, proto::RoceAttachReply& rep);
+  bool arrived_at_own_address(int fd, uint32_t qpn) const;
+  std::map<std::pair<uint32_t, size_t>, Fd> senders_;  // (client, index in socks_) -> its sending socket
   std::vector<Sock> socks_;
   struct Arrival {
     Fd mine;    // the daemon's end (non-blocking)

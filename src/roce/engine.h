@@ -248,6 +248,7 @@ struct QpStats {
   uint64_t packets_sent = 0, packets_received = 0, retransmit_timeouts = 0, seq_naks_sent = 0,
            seq_naks_received = 0, rnr_naks_sent = 0, rnr_naks_received = 0, acks_sent = 0, duplicates = 0,
            dropped = 0, read_replays = 0, atomic_replays = 0;
+  uint64_t wrong_source = 0;  // connected QPs: from an address other than the peer's (also in dropped)
 };
 
 class Qp {
@@ -266,8 +267,10 @@ class Qp {
   // XRC target: where the SRQs its requests name are found (not owned).
   void set_xrc_domain(XrcDomain* d) { xrc_ = d; }
   // One arriving transport packet; `from` is the sender's address handle
-  // (reported in UD receive completions). Malformed packets, and packets for
-  // another QP or transport, are dropped and counted. `grh`, if 40 bytes, is
+  // (reported in UD receive completions; for RC, UC and XRC it must be
+  // QpConfig::dest_ah). Malformed packets, packets for another QP or
+  // transport, and a connected QP's packets from another address are
+  // dropped and counted. `grh`, if 40 bytes, is
   // what a UD receive gets in the first 40 bytes of its buffer (RoCEv2: the
   // IPv6 header, or 20 zero bytes then the IPv4 header).
   void receive(std::span<const uint8_t> packet, uint64_t from = 0, std::span<const uint8_t> grh = {});

@@ -173,6 +173,11 @@ class Sim {
       q_.push(Event{clock.now + 2000 + d.delay_ns[c], seq_++, to, from, std::vector<uint8_t>(pkt.begin(), pkt.end())});
     }
   }
+  // A packet from a host outside the link (`from` >= 2: a third address)
+  // arrives at node `to` after the link's delay.
+  void inject(int to, int from, std::vector<uint8_t> pkt) {
+    q_.push(Event{clock.now + 2000, seq_++, to, from, std::move(pkt)});
+  }
   // Runs until `done` or nothing is left to do or `limit` of virtual time.
   bool run(const std::function<bool()>& done, uint64_t limit = 60'000'000'000ull) {
     for (;;) {

@@ -133,6 +133,21 @@ void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const
     stats_.dropped++;
     return;
   }
+  // A connected QP (RC, UC, both ends of XRC) takes packets from its peer
+  // only: the source address must be the one its address vector names
+  // (IBTA 9.6, header validation: a connected QP's packets come from the
+  // destination of its path, SLID / SGID checked; Linux
+  // rxe, rxe_recv.c check_addr, compares the IP source with the QP's
+  // destination GID and the IP destination with its source GID). The
+  // owner maps the packet's source IP address to `from` (UdpEndpoint: the
+  // UDP source port is RoCEv2's entropy and is not compared) and delivers
+  // only what came to the QP's own address. UD takes any source (its
+  // receives report it). A packet from elsewhere is silently dropped and counted.
+  if (cfg_.type != QpType::kUD && from != cfg_.dest_ah) {
+    stats_.wrong_source++;
+    stats_.dropped++;
+    return;
+  }
   // An XRC initiator has no responder and an XRC target no requester
   // (IBTA A14): what goes the other way is dropped.
   if (p.info().request && cfg_.type != QpType::kXrcSend) {

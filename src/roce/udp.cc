@@ -83,28 +83,40 @@ int UdpEndpoint::bind(const std::string& addr, uint16_t port) {
   if (::bind(fd_, local_.sa(), local_.len()) != 0) return errno;
   socklen_t len = sizeof local_.ss;
   getsockname(fd_, reinterpret_cast<sockaddr*>(&local_.ss), &len);
-  clear_prefixes();
-  port_ = ntohs(local_.v6() ? reinterpret_cast<sockaddr_in6&>(local_.ss).sin6_port
-                            : reinterpret_cast<sockaddr_in&>(local_.ss).sin_port);
+  set_local(0);
   return 0;
 }
 
-int UdpEndpoint::adopt(int fd) {
+int UdpEndpoint::adopt(int fd, uint16_t receive_port) {
   local_ = Addr{};
   socklen_t len = sizeof local_.ss;
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&local_.ss), &len) != 0) return errno;
   if (local_.ss.ss_family != AF_INET && local_.ss.ss_family != AF_INET6) return EAFNOSUPPORT;
   if (fd_ >= 0) close(fd_);
   fd_ = fd;
-  clear_prefixes();
-  port_ = ntohs(local_.v6() ? reinterpret_cast<sockaddr_in6&>(local_.ss).sin6_port
-                            : reinterpret_cast<sockaddr_in&>(local_.ss).sin_port);
+  set_local(receive_port);
   return 0;
+}
+
+// local_ is the bound address (the source of what is sent); rx_local_ the
+// destination of what arrives: the same, or at `receive_port`.
+void UdpEndpoint::set_local(uint16_t receive_port) {
+  clear_prefixes();
+  rx_local_ = local_;
+  auto& p = local_.v6() ? reinterpret_cast<sockaddr_in6&>(rx_local_.ss).sin6_port
+                        : reinterpret_cast<sockaddr_in&>(rx_local_.ss).sin_port;
+  if (receive_port) p = htons(receive_port);
+  port_ = ntohs(p);
 }
 
 uint64_t UdpEndpoint::add_peer(const std::string& addr, uint16_t port) {
   Addr a;
   if (!parse(addr, port, &a) || a.ss.ss_family != local_.ss.ss_family) return UINT64_MAX;
+  // One handle per address: a connected QP's packets are matched to its
+  // peer by handle (Qp::receive), and peer_for() names the first.
+  for (size_t i = 0; i < peers_.size(); i++) {
+    if (peers_[i] == a) return i;
+  }
   peers_.push_back(a);
   return peers_.size() - 1;
 }
@@ -196,7 +208,7 @@ const UdpEndpoint::RxPrefix* UdpEndpoint::rx_prefix(const Addr& from, size_t tra
   RxPrefix& e = rx_prefix_[(transport_len * 31 + port) % rx_prefix_.size()];
   if (e.len == transport_len && e.from == from) return &e;
   uint8_t hdr[kIpv6UdpLen];
-  const size_t hl = header(from, local_, transport_len, hdr);
+  const size_t hl = header(from, rx_local_, transport_len, hdr);
   auto crc = hl ? icrc_prefix(std::span<const uint8_t>(hdr, hl)) : std::nullopt;
   if (!crc) return nullptr;
   e = RxPrefix{from, transport_len, *crc, peer_for(from)};
@@ -508,7 +520,7 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   // UD receives get the IP header as their GRH (RoCEv2: the IPv6 header,
   // or 20 bytes of zero then the IPv4 header).
   uint8_t grh[40] = {};
-  header(from, local_, transport.size(), hdr_);
+  header(from, rx_local_, transport.size(), hdr_);
   if (!v4) {
     std::memcpy(grh, hdr_, 40);
   } else {

@@ -62,10 +62,13 @@ class UdpEndpoint : public PacketSink {
   // Binds to addr:port (an IPv4 or IPv6 address; port 0 = any free port).
   // Returns 0 or an errno.
   int bind(const std::string& addr, uint16_t port);
-  // Takes over a UDP socket bound elsewhere (the daemon's port 4791 socket,
-  // passed to a process for sending). Returns 0 or an errno. With an adopted
-  // socket the owner receives (the daemon forwards) and calls deliver().
-  int adopt(int fd);
+  // Takes over a UDP socket bound elsewhere (the daemon passes a process
+  // one). Returns 0 or an errno. With an adopted socket the owner receives
+  // and calls deliver(). `receive_port` (0: the socket's own) is the port
+  // datagrams arrive at, when the socket only sends (bound to the address
+  // at another port; the daemon forwards what comes to port 4791): the
+  // ICRC of arrivals covers it, and peers are answered there.
+  int adopt(int fd, uint16_t receive_port = 0);
   uint16_t port() const { return port_; }
   int family() const { return local_.ss.ss_family; }  // AF_INET or AF_INET6 once bound or adopted
   // An address handle for a peer (of the bound address's family), or
@@ -178,8 +181,10 @@ class UdpEndpoint : public PacketSink {
   FaultInjector faults_;
   bool faulty_;
   int fd_ = -1;
-  Addr local_;
-  uint16_t port_ = 0;
+  void set_local(uint16_t receive_port);
+  Addr local_;     // the socket's address: the source of what is sent
+  Addr rx_local_;  // the destination of what arrives (local_, or at the receive port)
+  uint16_t port_ = 0;  // rx_local_'s
   std::vector<Addr> peers_;
   std::map<uint32_t, Qp*> qps_;
   std::priority_queue<Delayed, std::vector<Delayed>, std::greater<Delayed>> delayed_;

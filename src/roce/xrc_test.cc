@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 
 #include "roce/engine_sim.h"
 
@@ -157,6 +158,37 @@ struct XrcPair {
   std::vector<Completion>& cb() { return sim.nodes[1].cq.all; }
   bool settle() { return sim.run([] { return false; }); }
 };
+
+// An XRC target is connected too: a SEND from a third address, with the
+// PSN the target expects and a valid XRCETH, takes no WQE of the SRQ and
+// writes nothing (IBTA 9.6; Linux rxe, rxe_recv.c check_addr).
+TEST(XrcEngine, TargetDropsRequestsFromAThirdHost) {
+  XrcPair p;
+  p.start();
+  p.sim.faulty = false;
+  std::optional<std::vector<uint8_t>> first;
+  p.sim.nodes[1].tap = [&](std::vector<uint8_t>& b) {
+    if (first) return;
+    first = b;
+    b.clear();  // lost on the link
+  };
+  p.post_srq_recv(5, 50, 0, 64);
+  ASSERT_EQ(0, p.qa().post_send(p.send(1, 5, 0, 64)));
+  p.sim.run([&] { return first.has_value(); }, 1'000'000);
+  ASSERT_TRUE(first);
+  p.sim.inject(1, 2, *first);
+  p.sim.run([] { return false; }, p.sim.clock.now + 50'000);
+  EXPECT_EQ(p.qb().stats().wrong_source, 1u);
+  EXPECT_TRUE(p.cb().empty());
+  EXPECT_EQ(p.srq(5).wqes.size(), 1u);
+  EXPECT_EQ(p.sbytes(5)[0], 0);
+  EXPECT_EQ(p.qb().stats().acks_sent, 0u);
+  // The initiator retransmits; from it the SEND is received.
+  p.settle();
+  ASSERT_EQ(p.cb().size(), 1u);
+  EXPECT_EQ(p.cb()[0].wr_id, 50u);
+  EXPECT_EQ(p.sbytes(5)[0], p.sim.nodes[0].mem.bytes(p.a)[0]);
+}
 
 TEST(XrcEngine, SendsGoToTheNamedSrqAndRdmaUsesItsPd) {
   XrcPair p;

@@ -634,7 +634,7 @@ void attach_other(Hub& h, QpState& q, RoceQp& r) {
     if (q.ctx->st->conn.call<proto::Op::RoceAttach>(req, rep, {}, &fds) || fds.empty()) return;
     auto ep = std::make_unique<UdpEndpoint>(h.clock, faults_of(rep, q.qpn));
     const int fd = fds[0].get();
-    if (ep->adopt(fds[0].release()) != 0 || ep->family() == r.ep->family()) return;
+    if (ep->adopt(fds[0].release(), kRoceV2Port) != 0 || ep->family() == r.ep->family()) return;
     if (rep.flags & proto::kRoceSteered) receive_on(h, *q.ctx->st, fd);
     ep->set_accept_any_ipv4_id(true);
     ep->set_batching(true);
@@ -645,8 +645,9 @@ void attach_other(Hub& h, QpState& q, RoceQp& r) {
   }
 }
 
-// RoceAttach: the daemon's socket on the address of `sgid`, and this
-// connection's arrival socket. Called with the hub lock held.
+// RoceAttach: this process's socket on the address of `sgid` (steered:
+// in the port's group; else for sending only), and this connection's
+// arrival socket. Called with the hub lock held.
 int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out) {
   ContextState& cs = *q.ctx->st;
   proto::RoceAttachReq req{};
@@ -659,7 +660,9 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
   auto r = std::make_unique<RoceQp>(q);
   r->ep = std::make_unique<UdpEndpoint>(h.clock, f);
   r->ep_fd = fds[0].get();
-  if (int e = r->ep->adopt(fds[0].release())) return e;
+  // Unsteered, the socket only sends (from a port of its own): what comes
+  // to 4791 for the QP is forwarded on the arrival socket.
+  if (int e = r->ep->adopt(fds[0].release(), kRoceV2Port)) return e;
   r->ep->set_accept_any_ipv4_id(true);
   r->ep->set_batching(true);  // one sendmmsg per call into the engine
   r->ep->set_gso(h.gso);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)

@@ -105,13 +105,15 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
   std::fprintf(stderr,
                "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
                "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
-               "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu bad_icrc %lu nonzero_ipv4_id %lu "
+               "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu wrong_source %lu bad_icrc %lu "
+               "nonzero_ipv4_id %lu "
                "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu multicast_received %lu\n",
                qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
                (unsigned long)s.rnr_naks_received, (unsigned long)s.duplicates, (unsigned long)s.dropped,
-               (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)e.bad_icrc,
+               (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)s.wrong_source,
+               (unsigned long)e.bad_icrc,
                (unsigned long)e.nonzero_ipv4_id, (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
                (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
 }
