@@ -16,8 +16,10 @@ session: shell variables a block sets are given to the next.
 
 Identities: every block runs as root (when this runs as root) in a private
 mount namespace, with a private copy of /etc (one per file: `softverbs
-enable`, `softverbs cdi --output /etc/cdi/...` change only that) and of
-/run/softverbs, an XDG_RUNTIME_DIR of its own, and `sudo` as the command
+enable`, `softverbs cdi --output /etc/cdi/...` change only that), empty
+/run/softverbs and /run/cdi of the file's own, in a network namespace of
+the file's own (lo up: servers' ports and UDP 4791 are the file's), an
+XDG_RUNTIME_DIR of its own, and `sudo` as the command
 itself (root's sudo, no prompt). A block with no `sudo` speaks to users
 too: it runs again as a user made for the run (useradd, removed after),
 with no XDG_RUNTIME_DIR, as a fresh login has none under su or ssh
@@ -206,6 +208,7 @@ __doc_save() {
   done >> "$__doc_state"
 }
 trap __doc_save EXIT
+trap 'echo "doc-tests: exit $? from: $BASH_COMMAND" >&2' ERR
 set -e -o pipefail
 source "$3"
 '''
@@ -268,7 +271,7 @@ def copy_build(build, work):
 
 # ---- Running -----------------------------------------------------------------
 
-def run_block(block, ident, env, sdir, state, work, root_ns, timeout):
+def run_block(block, ident, env, sdir, state, work, root_ns, netns, timeout):
     """Runs one block; returns (verdict, seconds, stderr tail)."""
     script = os.path.join(work, f'block-{secrets.token_hex(4)}.sh')
     with open(script, 'w') as f:
@@ -281,12 +284,14 @@ def run_block(block, ident, env, sdir, state, work, root_ns, timeout):
         os.chmod(p, 0o644)
     cmd = ['bash', wrapper, sdir, state, script]
     if ident.as_root and os.geteuid() == 0:
-        etc, run_sv = root_ns
+        etc, run_sv, run_cdi = root_ns
         cmd = ['unshare', '--mount', '--propagation', 'private', '--', 'bash', '-c',
-               'mount --bind "$1" /etc && mkdir -p /run/softverbs && mount --bind "$2" /run/softverbs && '
-               'shift 2 && exec "$@"', 'doc-ns', etc, run_sv] + cmd
+               'mount --bind "$1" /etc && mkdir -p /run/softverbs /run/cdi && mount --bind "$2" /run/softverbs && '
+               'mount --bind "$3" /run/cdi && shift 3 && exec "$@"', 'doc-ns', etc, run_sv, run_cdi] + cmd
     elif not ident.as_root:
         cmd = ['setpriv', f'--reuid={ident.uid}', f'--regid={ident.gid}', '--clear-groups', '--'] + cmd
+    if netns:
+        cmd = ['nsenter', f'--net={netns}', '--'] + cmd
     out_path, err_path = script + '.out', script + '.err'
     start = time.monotonic()
     with open(out_path, 'wb') as out, open(err_path, 'wb') as err:
@@ -301,9 +306,13 @@ def run_block(block, ident, env, sdir, state, work, root_ns, timeout):
     secs = time.monotonic() - start
     with open(err_path, 'rb') as f:
         err_text = f.read().decode(errors='replace')
+    with open(out_path, 'rb') as f:
+        out_text = f.read().decode(errors='replace')
     if timed_out:
         err_text += f'\n(doc-tests: killed after {timeout} s)\n'
     tail = '\n'.join(err_text.rstrip('\n').split('\n')[-40:])
+    if out_text.strip():
+        tail = '\n'.join(out_text.rstrip('\n').split('\n')[-15:]) + '\n(stdout, last lines, above; stderr below)\n' + tail
     return ('ok' if rc == 0 and not timed_out else f'FAIL (exit {rc})' if not timed_out else 'FAIL (timeout)'), secs, tail
 
 
@@ -318,46 +327,79 @@ def environment(ident, path_first, marker, xdg):
     return env
 
 
+def private_netns():
+    """A network namespace of its own, with lo up, held by a process (root only), or None."""
+    if os.geteuid() != 0:
+        return None
+    holder = subprocess.Popen(['unshare', '--net', '--', 'sleep', 'infinity'], start_new_session=True)
+    mine = os.stat('/proc/self/ns/net').st_ino
+    for _ in range(100):
+        try:
+            if os.stat(f'/proc/{holder.pid}/ns/net').st_ino != mine:
+                break
+        except OSError:
+            pass
+        time.sleep(0.02)
+    subprocess.run(['nsenter', f'--net=/proc/{holder.pid}/ns/net', '--', 'ip', 'link', 'set', 'lo', 'up'], check=True)
+    return holder
+
+
 def run_file(path, args, work, build_view, idents, results):
+    """Each identity's run of one file's blocks, in a network namespace of the file's own
+    (its servers' ports and UDP 4791 are the file's, whatever else runs on the machine)."""
     blocks = blocks_of(path)
     rel = os.path.relpath(path, args.source)
     for ident in idents:
-        marker = secrets.token_hex(8)
-        root_ns = None
-        xdg = None
-        sdir = session_dir(work, args.source, ident, path, build_view)
-        if ident.as_root:
-            xdg = os.path.join(sdir, '.run')
-            os.mkdir(xdg, 0o700)
-            if os.geteuid() == 0:
-                etc = os.path.join(work, f'etc-{os.path.basename(path)}')
-                subprocess.run(['cp', '-a', '/etc', etc], check=True)
-                run_sv = os.path.join(work, f'run-softverbs-{os.path.basename(path)}')
-                os.mkdir(run_sv, 0o755)
-                root_ns = (etc, run_sv)
-        path_first = [os.path.join(build_view, 'bin')] if build_view else []
-        if ident.as_root and os.geteuid() == 0:
-            path_first.append(os.path.join(work, 'shim'))
-        env = environment(ident, path_first, marker, xdg)
-        state = os.path.join(sdir, '.doc-test-state')
+        netns = private_netns() if not args.host_network else None
         try:
-            for b in blocks:
-                where = f'{rel}:{b.line}'
-                if b.kind == 'skip':
-                    if ident is idents[0]:
-                        report(results, where, ident.name, f'skip ({b.reason})', 0.0, b, '')
-                    continue
-                if not ident.as_root and (b.kind == 'root' or b.uses_sudo()):
-                    continue  # root's block only
-                if ident.as_root and os.geteuid() != 0 and b.uses_sudo():
-                    report(results, where, ident.name, 'skip (uses sudo: run doc-tests.py as root)', 0.0, b, '')
-                    continue
-                verdict, secs, tail = run_block(b, ident, env, sdir, state, work, root_ns, args.timeout)
-                if b.kind == 'skip-lines' and verdict == 'ok':
-                    verdict = f'ok (lines {b.arg} not run: {b.reason})'
-                report(results, where, ident.name, verdict, secs, b, tail)
+            run_identity(path, rel, blocks, args, work, build_view, ident, idents, netns, results)
         finally:
-            kill_all(lambda: marked_pids('SOFTVERBS_DOC_TEST=' + marker))
+            if netns:
+                netns.kill()
+                netns.wait()
+
+
+def run_identity(path, rel, blocks, args, work, build_view, ident, idents, netns, results):
+    """One identity's run of one file's blocks, in the file's session directory."""
+    marker = secrets.token_hex(8)
+    root_ns = None
+    xdg = None
+    sdir = session_dir(work, args.source, ident, path, build_view)
+    if ident.as_root:
+        xdg = os.path.join(sdir, '.run')
+        os.mkdir(xdg, 0o700)
+        if os.geteuid() == 0:
+            etc = os.path.join(work, f'etc-{os.path.basename(path)}')
+            subprocess.run(['cp', '-a', '/etc', etc], check=True)
+            run_sv = os.path.join(work, f'run-softverbs-{os.path.basename(path)}')
+            run_cdi = os.path.join(work, f'run-cdi-{os.path.basename(path)}')
+            os.mkdir(run_sv, 0o755)
+            os.mkdir(run_cdi, 0o755)
+            root_ns = (etc, run_sv, run_cdi)
+    path_first = [os.path.join(build_view, 'bin')] if build_view else []
+    if ident.as_root and os.geteuid() == 0:
+        path_first.append(os.path.join(work, 'shim'))
+    env = environment(ident, path_first, marker, xdg)
+    state = os.path.join(sdir, '.doc-test-state')
+    try:
+        for b in blocks:
+            where = f'{rel}:{b.line}'
+            if b.kind == 'skip':
+                if ident is idents[0]:
+                    report(results, where, ident.name, f'skip ({b.reason})', 0.0, b, '')
+                continue
+            if not ident.as_root and (b.kind == 'root' or b.uses_sudo()):
+                continue  # root's block only
+            if ident.as_root and os.geteuid() != 0 and b.uses_sudo():
+                report(results, where, ident.name, 'skip (uses sudo: run doc-tests.py as root)', 0.0, b, '')
+                continue
+            verdict, secs, tail = run_block(b, ident, env, sdir, state, work, root_ns,
+                                            netns and f'/proc/{netns.pid}/ns/net', args.timeout)
+            if b.kind == 'skip-lines' and verdict == 'ok':
+                verdict = f'ok (lines {b.arg} not run: {b.reason})'
+            report(results, where, ident.name, verdict, secs, b, tail)
+    finally:
+        kill_all(lambda: marked_pids('SOFTVERBS_DOC_TEST=' + marker))
 
 
 def report(results, where, who, verdict, secs, block, tail):
@@ -372,8 +414,13 @@ def main():
     ap.add_argument('--source', default=os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
     ap.add_argument('--no-user', action='store_true', help='run no block as a made user')
     ap.add_argument('--timeout', type=int, default=120, help='seconds per block')
+    ap.add_argument('--host-network', action='store_true',
+                    help="run in this network namespace, not one of each file's own")
     ap.add_argument('files', nargs='*')
     args = ap.parse_args()
+    # A time limit from outside (scripts/test.sh's timeout): the made user,
+    # the servers and the workspace are still cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit('doc-tests.py: terminated (SIGTERM)'))
     args.source = os.path.abspath(args.source)
     if not args.build and not args.installed:
         args.build = os.path.join(args.source, 'build')
@@ -411,7 +458,7 @@ def main():
         for where, who, verdict, block, tail in failures:
             print(f'-- {where} as {who}: {verdict}')
             print('   block:\n' + ''.join('     ' + l + '\n' for l in block.text().rstrip('\n').split('\n')), end='')
-            print('   stderr (last lines):\n' + ''.join('     ' + l + '\n' for l in tail.split('\n')), end='')
+            print('   output (last lines):\n' + ''.join('     ' + l + '\n' for l in tail.split('\n')), end='')
     return 1 if failures else 0
 
 
