@@ -14,11 +14,14 @@ lib/), whose bin/ is first on PATH (--installed: the installed package's
 softverbs on PATH instead, no build/). The blocks of one file are one
 session: shell variables a block sets are given to the next.
 
-Identities: every block runs as root (when this runs as root) in a private
-mount namespace, with a private copy of /etc (one per file: `softverbs
-enable`, `softverbs cdi --output /etc/cdi/...` change only that), empty
-/run/softverbs and /run/cdi of the file's own, in a network namespace of
-the file's own (lo up: servers' ports and UDP 4791 are the file's), an
+Namespaces (when this runs as root): each file's blocks run in a mount
+namespace of the file's own, with a private copy of /etc (`softverbs
+enable`, `softverbs cdi --output /etc/cdi/...` change only that) and empty
+/run/softverbs and /run/cdi, and in a network namespace of its own (lo up:
+servers' ports and UDP 4791 are the file's, whatever else runs on the
+machine); podman containers the blocks leave are removed at the end.
+
+Identities: every block runs as root (when this runs as root), with an
 XDG_RUNTIME_DIR of its own, and `sudo` as the command
 itself (root's sudo, no prompt). A block with no `sudo` speaks to users
 too: it runs again as a user made for the run (useradd, removed after),
@@ -35,7 +38,9 @@ and in a man page, the line before .nf:  .\\" doc-test: skip (REASON)
 Processes: each block runs in a session of its own, with a marker in its
 environment (SOFTVERBS_DOC_TEST); whatever carries the marker (a server
 started with `&`, the daemon the library started) is killed once the
-file's blocks are done, by pid. A block runs at most --timeout seconds.
+file's blocks are done, by pid. A block runs at most --timeout seconds, all
+of them at most --budget seconds (then the rest fail unrun, and the
+clean-up still runs: within ctest's and scripts/test.sh's time limits).
 
 Output: one line per block and identity (FILE:LINE, identity, ok / FAIL /
 skip, seconds), then a digest of the failures, each with the block and
@@ -56,6 +61,10 @@ import time
 DIRECTIVE_MD = re.compile(r'<!--\s*doc-test:\s*(skip-lines|skip|root)\s*([0-9,\- ]*?)\s*(?:\((.*)\))?\s*-->')
 DIRECTIVE_ROFF = re.compile(r'^\.\\"\s*doc-test:\s*(skip-lines|skip|root)\s*([0-9,\- ]*?)\s*(?:\((.*)\))?\s*$')
 FENCE = re.compile(r'^(\s*)```(\S*)\s*$')
+
+
+VERBOSE = False
+DEADLINE = 0.0
 
 
 class Block:
@@ -271,8 +280,8 @@ def copy_build(build, work):
 
 # ---- Running -----------------------------------------------------------------
 
-def run_block(block, ident, env, sdir, state, work, root_ns, netns, timeout):
-    """Runs one block; returns (verdict, seconds, stderr tail)."""
+def run_block(block, ident, env, sdir, state, work, holder, timeout):
+    """Runs one block (in `holder`'s namespaces, if any); returns (verdict, seconds, output tail)."""
     script = os.path.join(work, f'block-{secrets.token_hex(4)}.sh')
     with open(script, 'w') as f:
         f.write(block.text())
@@ -283,15 +292,10 @@ def run_block(block, ident, env, sdir, state, work, root_ns, netns, timeout):
     for p in (script, wrapper):
         os.chmod(p, 0o644)
     cmd = ['bash', wrapper, sdir, state, script]
-    if ident.as_root and os.geteuid() == 0:
-        etc, run_sv, run_cdi = root_ns
-        cmd = ['unshare', '--mount', '--propagation', 'private', '--', 'bash', '-c',
-               'mount --bind "$1" /etc && mkdir -p /run/softverbs /run/cdi && mount --bind "$2" /run/softverbs && '
-               'mount --bind "$3" /run/cdi && shift 3 && exec "$@"', 'doc-ns', etc, run_sv, run_cdi] + cmd
-    elif not ident.as_root:
+    if not ident.as_root:
         cmd = ['setpriv', f'--reuid={ident.uid}', f'--regid={ident.gid}', '--clear-groups', '--'] + cmd
-    if netns:
-        cmd = ['nsenter', f'--net={netns}', '--'] + cmd
+    if holder:
+        cmd = holder.enter() + cmd
     out_path, err_path = script + '.out', script + '.err'
     start = time.monotonic()
     with open(out_path, 'wb') as out, open(err_path, 'wb') as err:
@@ -304,6 +308,10 @@ def run_block(block, ident, env, sdir, state, work, root_ns, netns, timeout):
             rc = p.wait()
             timed_out = True
     secs = time.monotonic() - start
+    if VERBOSE:
+        with open(out_path, 'rb') as f, open(err_path, 'rb') as g:
+            sys.stdout.write(f'--- {block.path}:{block.line} as {ident.name}\n' + f.read().decode(errors='replace') +
+                             g.read().decode(errors='replace'))
     with open(err_path, 'rb') as f:
         err_text = f.read().decode(errors='replace')
     with open(out_path, 'rb') as f:
@@ -327,55 +335,71 @@ def environment(ident, path_first, marker, xdg):
     return env
 
 
-def private_netns():
-    """A network namespace of its own, with lo up, held by a process (root only), or None."""
-    if os.geteuid() != 0:
-        return None
-    holder = subprocess.Popen(['unshare', '--net', '--', 'sleep', 'infinity'], start_new_session=True)
-    mine = os.stat('/proc/self/ns/net').st_ino
-    for _ in range(100):
-        try:
-            if os.stat(f'/proc/{holder.pid}/ns/net').st_ino != mine:
-                break
-        except OSError:
-            pass
-        time.sleep(0.02)
-    subprocess.run(['nsenter', f'--net=/proc/{holder.pid}/ns/net', '--', 'ip', 'link', 'set', 'lo', 'up'], check=True)
-    return holder
+class Namespaces:
+    """The mount and network namespaces of one file's run (root only), held by a
+    process: a private copy of /etc, empty /run/softverbs and /run/cdi, lo up.
+    Every block enters them (nsenter), so that what one block leaves (a
+    container's namespaces under /run/netns, a spec in /etc/cdi) is there for
+    the next; containers its blocks left are removed inside them at the end."""
+
+    SETUP = ('mount --bind "$1" /etc && mkdir -p /run/softverbs /run/cdi && mount --bind "$2" /run/softverbs && '
+             'mount --bind "$3" /run/cdi && ip link set lo up && echo ready && exec sleep infinity')
+
+    def __init__(self, work, tag):
+        etc = os.path.join(work, f'etc-{tag}')
+        subprocess.run(['cp', '-a', '/etc', etc], check=True)
+        dirs = []
+        for d in ('run-softverbs', 'run-cdi'):
+            dirs.append(os.path.join(work, f'{d}-{tag}'))
+            os.mkdir(dirs[-1], 0o755)
+        self.proc = subprocess.Popen(['unshare', '--mount', '--propagation', 'private', '--net', '--', 'bash', '-c',
+                                      self.SETUP, 'doc-ns', etc] + dirs, stdout=subprocess.PIPE,
+                                     start_new_session=True)
+        if self.proc.stdout.readline().strip() != b'ready':
+            raise RuntimeError('doc-tests.py: could not make the namespaces (unshare, mount, ip)')
+        self.containers = set(self.podman_ps())
+
+    def enter(self):
+        pid = self.proc.pid
+        return ['nsenter', f'--mount=/proc/{pid}/ns/mnt', f'--net=/proc/{pid}/ns/net', '--']
+
+    def podman_ps(self):
+        if not shutil.which('podman'):
+            return []
+        r = subprocess.run(self.enter() + ['podman', 'ps', '-aq', '--no-trunc'], capture_output=True, text=True)
+        return r.stdout.split() if r.returncode == 0 else []
+
+    def close(self, rel):
+        left = [c for c in self.podman_ps() if c not in self.containers]
+        if left:
+            print(f'{rel}: removing {len(left)} container(s) its blocks left', flush=True)
+            subprocess.run(self.enter() + ['podman', 'rm', '-f', '--depend'] + left, capture_output=True)
+        self.proc.kill()
+        self.proc.wait()
 
 
 def run_file(path, args, work, build_view, idents, results):
-    """Each identity's run of one file's blocks, in a network namespace of the file's own
-    (its servers' ports and UDP 4791 are the file's, whatever else runs on the machine)."""
+    """Each identity's run of one file's blocks, in namespaces of the file's own (Namespaces)."""
     blocks = blocks_of(path)
     rel = os.path.relpath(path, args.source)
     for ident in idents:
-        netns = private_netns() if not args.host_network else None
+        tag = f'{ident.name}-{os.path.basename(path)}'
+        holder = Namespaces(work, tag) if os.geteuid() == 0 and not args.host_namespaces else None
         try:
-            run_identity(path, rel, blocks, args, work, build_view, ident, idents, netns, results)
+            run_identity(path, rel, blocks, args, work, build_view, ident, idents, holder, results)
         finally:
-            if netns:
-                netns.kill()
-                netns.wait()
+            if holder:
+                holder.close(rel)
 
 
-def run_identity(path, rel, blocks, args, work, build_view, ident, idents, netns, results):
+def run_identity(path, rel, blocks, args, work, build_view, ident, idents, holder, results):
     """One identity's run of one file's blocks, in the file's session directory."""
     marker = secrets.token_hex(8)
-    root_ns = None
     xdg = None
     sdir = session_dir(work, args.source, ident, path, build_view)
     if ident.as_root:
         xdg = os.path.join(sdir, '.run')
         os.mkdir(xdg, 0o700)
-        if os.geteuid() == 0:
-            etc = os.path.join(work, f'etc-{os.path.basename(path)}')
-            subprocess.run(['cp', '-a', '/etc', etc], check=True)
-            run_sv = os.path.join(work, f'run-softverbs-{os.path.basename(path)}')
-            run_cdi = os.path.join(work, f'run-cdi-{os.path.basename(path)}')
-            os.mkdir(run_sv, 0o755)
-            os.mkdir(run_cdi, 0o755)
-            root_ns = (etc, run_sv, run_cdi)
     path_first = [os.path.join(build_view, 'bin')] if build_view else []
     if ident.as_root and os.geteuid() == 0:
         path_first.append(os.path.join(work, 'shim'))
@@ -393,8 +417,11 @@ def run_identity(path, rel, blocks, args, work, build_view, ident, idents, netns
             if ident.as_root and os.geteuid() != 0 and b.uses_sudo():
                 report(results, where, ident.name, 'skip (uses sudo: run doc-tests.py as root)', 0.0, b, '')
                 continue
-            verdict, secs, tail = run_block(b, ident, env, sdir, state, work, root_ns,
-                                            netns and f'/proc/{netns.pid}/ns/net', args.timeout)
+            left = DEADLINE - time.monotonic()
+            if left < 1:
+                report(results, where, ident.name, f'FAIL (not run: past --budget {args.budget} s)', 0.0, b, '')
+                continue
+            verdict, secs, tail = run_block(b, ident, env, sdir, state, work, holder, min(args.timeout, int(left)))
             if b.kind == 'skip-lines' and verdict == 'ok':
                 verdict = f'ok (lines {b.arg} not run: {b.reason})'
             report(results, where, ident.name, verdict, secs, b, tail)
@@ -414,10 +441,16 @@ def main():
     ap.add_argument('--source', default=os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
     ap.add_argument('--no-user', action='store_true', help='run no block as a made user')
     ap.add_argument('--timeout', type=int, default=120, help='seconds per block')
-    ap.add_argument('--host-network', action='store_true',
-                    help="run in this network namespace, not one of each file's own")
+    ap.add_argument('--host-namespaces', action='store_true',
+                    help="run in this mount and network namespace, not in each file's own (root's /etc changes!)")
     ap.add_argument('files', nargs='*')
+    ap.add_argument('--verbose', action='store_true', help="print each block's output")
+    ap.add_argument('--budget', type=int, default=270,
+                    help='seconds for all blocks; later ones fail unrun, and the clean-up still runs (default 270)')
     args = ap.parse_args()
+    global VERBOSE, DEADLINE
+    VERBOSE = args.verbose
+    DEADLINE = time.monotonic() + args.budget
     # A time limit from outside (scripts/test.sh's timeout): the made user,
     # the servers and the workspace are still cleaned up.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit('doc-tests.py: terminated (SIGTERM)'))

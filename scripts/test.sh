@@ -37,14 +37,15 @@ echo "== [${SECONDS} s] build and test (Release, -g1) =="
 # /usr: the Debian packages install.deb makes from this build get the multiarch LIBDIR.
 BUILD_TYPE=Release BUILD_DIR=build scripts/build.sh $unity -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_C_FLAGS=-g1 -DCMAKE_CXX_FLAGS=-g1
 # No rerun of a failed test: a flaky test is a bug to find (issue 18).
-stage "plain ctest" build ctest -j2 --output-on-failure --timeout 120 || status=1
+stage "plain ctest" build ctest -j2 -LE docs --output-on-failure --timeout 120 || status=1
 # The docs as tests (scripts/doc-tests.py): every command block of README.md,
 # docs/CONTAINERS.md and the man pages' EXAMPLES, as written, with this
 # build's softverbs first on PATH, as root and (blocks without sudo) as a
-# made user. Not under the sanitizers: the docs' programs (Debian's
-# ibv_devinfo, podman's images) load the uninstrumented libraries only.
+# made user (ctest docs.blocks, label docs; under 5 minutes). Not under the
+# sanitizers: the docs' programs (Debian's ibv_devinfo, podman's images)
+# load uninstrumented libraries only.
 echo "== [${SECONDS} s] the docs' command blocks =="
-stage "doc tests" build timeout 300 python3 ../scripts/doc-tests.py --build . --source .. --timeout 120 || status=1
+stage "doc tests" build ctest -L docs --output-on-failure --timeout 300 || status=1
 if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
   for san in address thread; do
     echo "== [${SECONDS} s] build and test with SANITIZE=$san (gtest suites) =="
