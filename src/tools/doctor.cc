@@ -325,6 +325,8 @@ void check_port(Report& r, const std::string& dir, const DaemonFacts& d) {
 
 // ---- The device view -------------------------------------------------------
 
+std::string capture(const std::vector<std::string>& args, bool with_stderr = false);
+
 // Whether this process runs under `softverbs run`: softverbs' library
 // directory first on LD_LIBRARY_PATH, as run puts it.
 bool under_run(const DoctorPaths& p) {
@@ -333,6 +335,24 @@ bool under_run(const DoctorPaths& p) {
   std::string first(ld);
   first = first.substr(0, first.find(':'));
   return real_path(first) == real_path(p.lib_dir);
+}
+
+// Outside `softverbs run`: whether run can show the view (it needs a mount
+// namespace: root, or unprivileged user namespaces).
+void check_run_view(Report& r, const DoctorPaths& p) {
+  const std::string node = std::string("/dev/infiniband/") + dev::kUverbsName;
+  const std::string sys = std::string("/sys/class/infiniband/") + dev::kName;
+  std::string out = capture({p.tool, "run", "--", "sh", "-c",
+                             "test -c " + node + " && test -d " + sys + " && echo view-ok"}, true);
+  if (out.find("view-ok") != std::string::npos) {
+    r.line(Verdict::Ok, "view under softverbs run", node + " and " + sys + " are there");
+    return;
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  r.line(Verdict::Warn, "view under softverbs run", "softverbs run shows no " + node + " or " + sys + " (" +
+         (out.empty() ? std::string("no reason given") : out) + "): programs that look for them (UCX, ibstat) "
+         "do not find the device", "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+         "user.max_user_namespaces), or softverbs enable for the node");
 }
 
 void check_view(Report& r, bool in_run) {
@@ -463,15 +483,16 @@ std::string find_program(const std::string& prog) {
   return "";
 }
 
-// The standard output of `argv`, run with stdin and stderr on /dev/null.
-std::string capture(const std::vector<std::string>& args) {
+// The standard output of `argv` (and its standard error if `with_stderr`,
+// else /dev/null), run with stdin on /dev/null.
+std::string capture(const std::vector<std::string>& args, bool with_stderr) {
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return {};
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int null = ::open("/dev/null", O_RDWR);
     ::dup2(null, 0);
-    ::dup2(null, 2);
+    ::dup2(with_stderr ? pipefd[1] : null, 2);
     ::dup2(pipefd[1], 1);
     std::vector<char*> av;
     for (auto& a : args) av.push_back(const_cast<char*>(a.c_str()));
@@ -592,6 +613,7 @@ int doctor_main(int argc, char** argv, const DoctorPaths& paths) {
   check_memlock(r, need);
   check_port(r, dir, d);
   check_view(r, in_run);
+  if (!in_run) check_run_view(r, paths);
   check_cdi(r);
   check_library(r, paths, program, in_run);
   if (r.failures)

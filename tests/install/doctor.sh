@@ -74,6 +74,7 @@ has healthy "^ok +daemon pid namespace: the same"
 has healthy "^ok +daemon network namespace: serves this one"
 has healthy "^ok +UDP 4791 \(RoCEv2\): (free|held by this daemon)"
 has healthy "^warn +device node: /dev/infiniband/uverbs0 absent"
+has healthy "^ok +view under softverbs run: /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0 are there"
 has healthy "no check failed"
 grep -q '^FAIL' "$tmp/out.healthy" && fail "healthy: a check failed: $(cat "$tmp/out.healthy")"
 # Under `softverbs run`: the view is there, and the library is ours.
