@@ -220,8 +220,14 @@ DaemonFacts check_daemon(Report& r, const std::string& dir) {
   proto::init_header(req, proto::Op::Status, 1);
   proto::StatusReply rep{};
   if (!ask(s.get(), &req, sizeof req, &rep, sizeof rep) || rep.h.status) {
-    r.line(Verdict::Fail, "daemon", "the daemon at " + sock + " did not answer (it closed the connection: see " + dir +
-           "/daemon.log)", "see the pid namespace line above, or stop the daemon and let the library start one");
+    // The daemon says why in its log: its last line.
+    std::string log = read_text(dir + "/daemon.log");
+    while (!log.empty() && log.back() == '\n') log.pop_back();
+    log = log.substr(log.rfind('\n') == std::string::npos ? 0 : log.rfind('\n') + 1);
+    r.line(Verdict::Fail, "daemon", "the daemon at " + sock + " refused this process (" +
+           (log.empty() ? "see " + dir + "/daemon.log" : dir + "/daemon.log: " + log) + ")",
+           f.pid ? "stop it (kill " + std::to_string(f.pid) + "): the next program starts another"
+                 : "stop the daemon; the next program starts another");
     return f;
   }
   r.line(Verdict::Ok, "daemon", "softverbsd answers at " + sock + " (pid " + std::to_string(rep.daemon_pid) +
