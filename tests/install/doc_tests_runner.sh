@@ -26,7 +26,7 @@ has "^$f:15 +$who +ok "
 has "^$f:22 +$who +FAIL \(exit 1\)"
 has "^$f:29 +$who +skip \(needs a second host\)"
 has "^$f:34 +$who +ok \(lines 2 not run: not on this machine\)"
-grep -q "^$f:4[0-9]" "$out" && fail "a block that is not sh was run"
+grep -q "^$f:41 " "$out" && fail "a block that is not sh was run"
 has "^-- $f:22 as $who: FAIL"
 has "this block fails on purpose"
 grep -q "^ *not reached" "$out" && fail "the failing block went on after its failure"
@@ -34,6 +34,8 @@ if [ "$(id -u)" = 0 ]; then
   has "^$f:5 +root +ok"
   has "^$f:15 +svdoc[0-9a-f]+ +ok"
   [ "$(getent passwd | grep -c '^svdoc')" = "$users_before" ] || fail "the made user was not removed"
+  has "^$f:47 +root +ok"
+  grep -Eq "^$f:47 +svdoc" "$out" && fail "a block with sudo was run as the made user"
 fi
 sleep 0.2
 for p in /proc/[0-9]*; do
