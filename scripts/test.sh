@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build, run every test
-# (unit, verbs, and Debian's own binaries under softverbs), build the
+# (unit, verbs, and Debian's own binaries under softverbs), the docs'
+# command blocks (scripts/doc-tests.py), build the
 # Release type, then the same
 # gtest suites under ASan+UBSan and under TSan, then time-boxed fuzz runs of
 # the daemon's control-message decoding and of work-request validation.
@@ -37,7 +38,7 @@ echo "== [${SECONDS} s] build and test (Release, -g1) =="
 # /usr: the Debian packages install.deb makes from this build get the multiarch LIBDIR.
 BUILD_TYPE=Release BUILD_DIR=build scripts/build.sh $unity -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_C_FLAGS=-g1 -DCMAKE_CXX_FLAGS=-g1
 # No rerun of a failed test: a flaky test is a bug to find (issue 18).
-stage "plain ctest" build ctest -j2 --output-on-failure --timeout 120 || status=1
+stage "plain ctest" build ctest -j2 -LE docs --output-on-failure --timeout 120 || status=1
 # The hostile-client fuzzer (tests/security/hostile_fuzz.cc) once more, on
 # its own and longer than its ctest run: nobody against a victim of another
 # uid and a prober, a fresh seed each run, printed (and in the digest) so
@@ -47,6 +48,14 @@ if [ "${SOFTVERBS_HOSTILE_SECONDS:-60}" != 0 ]; then
   stage "hostile-client fuzz" build env SOFTVERBS_HOSTILE_SECONDS="${SOFTVERBS_HOSTILE_SECONDS:-60}" \
     timeout -k 10 600 tests/hostile_fuzz || status=1
 fi
+# The docs as tests (scripts/doc-tests.py): every command block of README.md,
+# docs/CONTAINERS.md and the man pages' EXAMPLES, as written, with this
+# build's softverbs first on PATH, as root and (blocks without sudo) as a
+# made user (ctest docs.blocks, label docs; under 5 minutes). Not under the
+# sanitizers: the docs' programs (Debian's ibv_devinfo, podman's images)
+# load uninstrumented libraries only.
+echo "== [${SECONDS} s] the docs' command blocks =="
+stage "doc tests" build ctest -L docs --output-on-failure --timeout 300 || status=1
 if [ "${SOFTVERBS_SANITIZERS:-1}" != 0 ]; then
   for san in address thread; do
     echo "== [${SECONDS} s] build and test with SANITIZE=$san (gtest suites) =="

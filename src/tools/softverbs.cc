@@ -5,6 +5,7 @@
 //                                      seeing /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0
 //   softverbs status                   objects the daemon holds
 //   softverbs ls                       names published in the daemon's namespace
+//   softverbs doctor [--program P]     checks the set-up, one line each (tools/doctor.h)
 //   softverbs enable [--force]         every program on the machine gets softverbs (root)
 //   softverbs disable                  undoes enable (root)
 //   softverbs -h|--help, --version
@@ -29,6 +30,7 @@
 
 #include "common/paths.h"
 #include "tools/cdi.h"
+#include "tools/doctor.h"
 #include "tools/oci_hook.h"
 #include "common/protocol.h"
 #include "common/device_info.h"
@@ -473,6 +475,7 @@ constexpr const char* kUsage =
     "                          run CMD, unmodified, on the softverbs device\n"
     "  status                  what the daemon holds (objects, locked memory)\n"
     "  ls                      names published in the daemon's namespace\n"
+    "  doctor [--program P]    checks this set-up, one line each with its fix\n"
     "  enable [--force]        every program on this machine gets softverbs, no wrapper (root)\n"
     "  disable                 undo enable (root)\n"
     "  cdi [--output FILE] [--domain NAME]...\n"
@@ -514,6 +517,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return run(argc - 2, argv + 2);
   if (cmd == "status") return no_args("status", argc - 2, argv + 2, status);
   if (cmd == "ls") return no_args("ls", argc - 2, argv + 2, list_names);
+  if (cmd == "doctor") return sv::tools::doctor_main(argc - 2, argv + 2, {library_dir(), self_dir() + "/softverbs"});
   if (cmd == "enable") return enable(argc - 2, argv + 2);
   if (cmd == "disable") return no_args("disable", argc - 2, argv + 2, disable);
   if (cmd == "cdi") return sv::tools::cdi_main(argc - 2, argv + 2, cdi_paths());
