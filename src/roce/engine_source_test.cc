@@ -20,7 +20,7 @@ constexpr int kThirdHost = 2;  // an address handle neither node's peer
 constexpr uint64_t kBase = 0x40000000;
 
 // Node 1's first arriving packet is taken off the link and kept.
-struct Capture {
+struct SourceCapture {
   std::optional<std::vector<uint8_t>> pkt;
   void on(Sim& sim) {
     sim.nodes[1].tap = [this](std::vector<uint8_t>& b) {
@@ -40,7 +40,7 @@ void write_from_third_host(QpType type) {
   const uint32_t src = sim.nodes[0].mem.add(kBase, 64, kLocalWrite);
   const uint32_t dst = sim.nodes[1].mem.add(kBase, 64, kLocalWrite | kRemoteWrite);
   for (size_t i = 0; i < 64; i++) sim.nodes[0].mem.bytes(src)[i] = uint8_t(0xa0 + i);
-  Capture cap;
+  SourceCapture cap;
   cap.on(sim);
   SendWr w = wr(1, WrOpcode::kWrite, src, kBase, 64);
   w.remote_addr = kBase;
@@ -82,7 +82,7 @@ TEST(EngineSource, UcSendFromThirdHostDropped) {
   const uint32_t dst = sim.nodes[1].mem.add(kBase, 32, kLocalWrite);
   std::memset(sim.nodes[0].mem.bytes(src).data(), 0x5a, 32);
   sim.nodes[1].qp->post_recv(rwr(7, dst, kBase, 32));
-  Capture cap;
+  SourceCapture cap;
   cap.on(sim);
   ASSERT_EQ(sim.nodes[0].qp->post_send(wr(1, WrOpcode::kSend, src, kBase, 32)), 0);
   sim.run([&] { return cap.pkt.has_value(); }, 1'000'000);
@@ -138,7 +138,7 @@ TEST(EngineSource, UdFromThirdHostReceived) {
   const uint32_t src = sim.nodes[0].mem.add(kBase, 16, kLocalWrite);
   const uint32_t dst = sim.nodes[1].mem.add(kBase, 64, kLocalWrite);
   sim.nodes[1].qp->post_recv(rwr(9, dst, kBase, 64));
-  Capture cap;
+  SourceCapture cap;
   cap.on(sim);
   SendWr w = wr(1, WrOpcode::kSend, src, kBase, 16);
   w.ah = 1;
