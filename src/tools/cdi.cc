@@ -353,8 +353,8 @@ int give_domain_dir(const std::string& dir, uid_t owner) {
                  std::strerror(e ? e : errno));
     return 1;
   }
-  note(dir + (n ? " and the " + std::to_string(n) + " files in it" : std::string()) + " now belong to uid " +
-       std::to_string(owner));
+  note(dir + (n ? " and the " + std::to_string(n) + " files in it now belong" : std::string(" now belongs")) +
+       " to uid " + std::to_string(owner));
   return 0;
 }
 
