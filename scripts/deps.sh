@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages softverbs needs to build, test and demo.
-# Usage: scripts/deps.sh [--print] [build|test|bench|rxe|package]   (default: test)
+# Usage: scripts/deps.sh [--print] [build|demo|test|bench|rxe|package]   (default: test)
 # build: only what building needs (CMakeLists.txt: a C++20 compiler, CMake,
 #   make, <infiniband/verbs.h> and <rdma/rdma_cma.h>, GTest's CMake package;
 #   nothing uses gmock, and Debian 12's GTest package does not name it).
+# demo: build's, and Debian's ibverbs-utils (ibv_devices, ibv_rc_pingpong)
+# that scripts/demo.sh runs.
 # test: also what the tests run: rdma-core's and perftest's programs, UCX,
 # libfabric, pyverbs, clang (fuzz), tshark and scapy (the wire checks),
 # debootstrap and lintian for the Debian package's clean-root test
@@ -22,6 +24,7 @@ what=${1:-test}
 build=(cmake g++ make libgtest-dev libibverbs-dev librdmacm-dev)
 case $what in
 build) pkgs=("${build[@]}") ;;
+demo) pkgs=("${build[@]}" ibverbs-utils) ;;
 package) pkgs=("${build[@]}" libgmock-dev pkg-config dpkg-dev file) ;;
 test | bench | rxe)
   pkgs=("${build[@]}" libgmock-dev pkg-config ibverbs-utils perftest rdmacm-utils libfabric-bin ucx-utils libucx-dev
@@ -29,7 +32,7 @@ test | bench | rxe)
         systemd dpkg-dev file)
   ;;
 *)
-  echo "deps.sh: unknown set '$what'; use build, test, bench, rxe or package" >&2
+  echo "deps.sh: unknown set '$what'; use build, demo, test, bench, rxe or package" >&2
   exit 2
   ;;
 esac

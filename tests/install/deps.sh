@@ -18,6 +18,9 @@ for p in clang tshark ucx-utils libucx-dev perftest python3-pyverbs podman qperf
   has "$build" "$p" && fail "build installs $p, which only the tests use"
 done
 for p in $build; do has "$test" "$p" || fail "test does not install build's $p"; done
+# scripts/demo.sh runs Debian's ibv_devices and ibv_rc_pingpong after its deps.sh set.
+demo_set=$(sed -n 's|^scripts/deps.sh \([a-z]*\)$|\1|p' "$src/scripts/demo.sh")
+has "$("$src/scripts/deps.sh" --print "$demo_set")" ibverbs-utils || fail "demo.sh's 'deps.sh $demo_set' lacks ibverbs-utils"
 for p in perftest podman lintian debootstrap tshark; do has "$test" "$p" || fail "test does not install $p"; done
 command -v dpkg >/dev/null || { echo "SKIP (partly): no dpkg to map files to packages"; [ "$failures" -eq 0 ]; exit; }
 # owner FILE: the Debian package that holds FILE.
