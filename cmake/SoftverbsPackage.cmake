@@ -62,4 +62,21 @@ set(CPACK_COMPONENT_DEV_DESCRIPTION "user-space software RDMA device: the svx_* 
 Headers, man pages, pkg-config and CMake files for programs that use the
 svx_* extensions of softverbs' libibverbs.so.1 (softverbs.pc,
 find_package(softverbs)).")
+# Debian policy 12.5 and 12.7: each package's /usr/share/doc/PACKAGE holds
+# the copyright file (machine-readable, DEP-5) and changelog.Debian.gz
+# (packaging/debian/changelog.in, this version; gzip -9n: no name or time
+# stamp, so the same tree gives the same package).
+set(SOFTVERBS_DEB_VERSION ${PROJECT_VERSION}-${SOFTVERBS_DEB_RELEASE})
+configure_file(${CMAKE_SOURCE_DIR}/packaging/debian/changelog.in ${CMAKE_BINARY_DIR}/debian/changelog.Debian @ONLY)
+execute_process(COMMAND gzip -9nf ${CMAKE_BINARY_DIR}/debian/changelog.Debian RESULT_VARIABLE gzip_rc)
+if(NOT gzip_rc EQUAL 0)
+  message(FATAL_ERROR "gzip ${CMAKE_BINARY_DIR}/debian/changelog.Debian failed")
+endif()
+foreach(pkg_component softverbs:runtime softverbs-dev:dev)
+  string(REPLACE ":" ";" pc ${pkg_component})
+  list(GET pc 0 pkg)
+  list(GET pc 1 component)
+  install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/copyright ${CMAKE_BINARY_DIR}/debian/changelog.Debian.gz
+          DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/${pkg} COMPONENT ${component})
+endforeach()
 include(CPack)

@@ -5,7 +5,7 @@
 # The daemon starts on demand when the server opens the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh build
+scripts/deps.sh demo
 scripts/build.sh
 sv=build/bin/softverbs
 echo "== device ==" 

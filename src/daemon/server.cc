@@ -516,7 +516,6 @@ void Server::drop(int fd) {
 // entries are an earlier daemon's.
 void Server::clear_rendezvous(int cm, const std::string& path) {
   DIR* d = ::fdopendir(::dup(cm));
-  DIR* d = ::opendir(cm.c_str());
   if (!d) return;
   while (dirent* e = ::readdir(d)) {
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;

@@ -59,12 +59,24 @@ std::string cdi_spec(const CdiPaths& paths, const std::string& kind, const std::
                      const std::string& domains_dir = "/run/softverbs/domains",
                      const std::vector<std::string>& users_domains = {});
 
+// `fresh` (a spec cdi_spec wrote) merged into `old`, the spec already in
+// the output file: fresh's devices, then old's devices of other names, as
+// written (a second `softverbs cdi --domain B` keeps domain A's device).
+// Fails, saying why, when `old` is not a CDI spec in JSON or is of another
+// kind. An empty `old` gives `fresh`. `kept`: the names taken from `old`.
+bool merge_cdi_spec(const std::string& fresh, const std::string& old, std::string& merged,
+                    std::vector<std::string>& kept, std::string& why);
+
 // A domain's name: 1-63 of a-z, 0-9 and '-', not starting with '-', not sv0
 // (it names a directory and a CDI device).
 bool valid_domain_name(const std::string& name);
 
-// `softverbs cdi [--output FILE] [--kind VENDOR/CLASS]`, with the host's
-// paths already found; returns the exit status.
+// `softverbs cdi [--output FILE] [--kind VENDOR/CLASS] [--domain NAME]...
+// [--users-domain NAME]... [--owner USER]`, with the host's paths already
+// found; returns the exit status. --output makes the file's missing parent
+// directories (0755) and merges with a spec already there
+// (merge_cdi_spec); --owner gives a domain's directory that was the
+// caller's, and the files in it, to USER.
 int cdi_main(int argc, char** argv, const CdiPaths& paths);
 
 }  // namespace sv::tools

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace sv::tools {
 namespace {
@@ -64,6 +65,66 @@ TEST(Cdi, AUsersDomainsDeviceNamesTheSystemDaemonsDirectory) {
   EXPECT_EQ(count(s, "{"), count(s, "}"));
   EXPECT_EQ(count(s, "["), count(s, "]"));
   EXPECT_EQ(s.find("},\n  ]"), std::string::npos);
+}
+
+// A second `softverbs cdi --output` of the same file keeps the devices the
+// first wrote that it does not name: domain A survives domain B's run.
+TEST(Cdi, AnotherDomainsRunKeepsTheDevicesAlreadyInTheSpec) {
+  const std::string first = cdi_spec(paths(), "softverbs.io/rdma", {"job1"}, "/run/softverbs/domains", {"pod1"});
+  const std::string second = cdi_spec(paths(), "softverbs.io/rdma", {"job2"}, "/run/softverbs/domains");
+  std::string merged, why;
+  std::vector<std::string> kept;
+  ASSERT_TRUE(merge_cdi_spec(second, first, merged, kept, why)) << why;
+  EXPECT_EQ(kept, (std::vector<std::string>{"job1", "pod1"}));
+  EXPECT_EQ(count(merged, "\"name\": "), 4u) << merged;
+  EXPECT_EQ(count(merged, "\"name\": \"sv0\""), 1u) << "sv0 is replaced, not doubled";
+  for (const char* n : {"job1", "job2", "pod1"})
+    EXPECT_EQ(count(merged, std::string("\"name\": \"") + n + "\""), 1u) << n;
+  // pod1's edits came through as written: still a users' domain.
+  EXPECT_NE(merged.substr(merged.find("\"name\": \"pod1\"")).find("SOFTVERBS_SYSTEM=1"), std::string::npos);
+  // Merging again changes nothing: the output reads back as a spec.
+  std::string again;
+  ASSERT_TRUE(merge_cdi_spec(second, merged, again, kept, why)) << why;
+  EXPECT_EQ(again, merged);
+  EXPECT_EQ(count(merged, "{"), count(merged, "}"));
+  EXPECT_EQ(merged.find("},\n  ]"), std::string::npos);
+}
+
+// A run that names a domain already in the spec replaces its device; no
+// file, or an empty one, gives the fresh spec.
+TEST(Cdi, ADomainNamedAgainIsReplacedAndAnEmptyFileIsNoSpec) {
+  CdiPaths moved = paths();
+  moved.tool = "/opt/new/softverbs";
+  const std::string first = cdi_spec(paths(), "softverbs.io/rdma", {"job1"}, "/run/softverbs/domains");
+  const std::string second = cdi_spec(moved, "softverbs.io/rdma", {"job1"}, "/run/softverbs/domains");
+  std::string merged, why;
+  std::vector<std::string> kept;
+  ASSERT_TRUE(merge_cdi_spec(second, first, merged, kept, why)) << why;
+  EXPECT_TRUE(kept.empty());
+  EXPECT_EQ(merged, second);
+  ASSERT_TRUE(merge_cdi_spec(second, " \n", merged, kept, why)) << why;
+  EXPECT_EQ(merged, second);
+}
+
+// A spec of another kind, or a file that is no spec, is not overwritten.
+TEST(Cdi, AFileOfAnotherKindOrNoSpecIsNotMergedInto) {
+  const std::string fresh = cdi_spec(paths(), "softverbs.io/rdma");
+  std::string merged, why;
+  std::vector<std::string> kept;
+  EXPECT_FALSE(merge_cdi_spec(fresh, cdi_spec(paths(), "example.com/gpu"), merged, kept, why));
+  EXPECT_NE(why.find("example.com/gpu"), std::string::npos) << why;
+  for (const char* bad : {"not json", "{\"kind\": \"softverbs.io/rdma\", \"devices\": [{\"name\": ", "[1, 2]",
+                          "{\"kind\": \"softverbs.io/rdma\", \"devices\": [{\"x\": 1}]}", "{} trailing"}) {
+    why.clear();
+    EXPECT_FALSE(merge_cdi_spec(fresh, bad, merged, kept, why)) << bad;
+    EXPECT_FALSE(why.empty()) << bad;
+  }
+  // Another writer's spacing and fields are read alike.
+  const std::string other =
+      "{\"cdiVersion\":\"0.6.0\",\"kind\":\"softverbs.io/rdma\",\"annotations\":{\"a\":[1,true,null,-2.5e3]},"
+      "\"devices\":[{\"containerEdits\":{\"env\":[\"A=\\\"b\\\"\"]},\"name\":\"by\\u0068and\"}]}";
+  ASSERT_TRUE(merge_cdi_spec(fresh, other, merged, kept, why)) << why;
+  EXPECT_EQ(kept, std::vector<std::string>{"byhand"});
 }
 
 TEST(Cdi, DomainNamesThatCouldEscapeOrCollideAreRefused) {

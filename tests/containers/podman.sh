@@ -45,6 +45,15 @@
 #              /sys view, and a trust domain of two containers exchanging
 #              ib_write_bw over shared memory. Skipped without a user that
 #              has /etc/subuid ranges (SOFTVERBS_ROOTLESS_USER names one)
+#   readme     the README's podman command, as written there (IMAGE and
+#              the kind substituted), lists sv0
+#   walkthrough  docs/CONTAINERS.md's domain examples in their order, with
+#              their waits (the page's `listening`) and clean-ups: root's
+#              domain A (holder, server, client), removed; the rootless
+#              user's domain B written into the same spec (A's device kept);
+#              then A given to the user (--owner, after root's daemon left
+#              its files there) and used rootless. Skipped without a rootless
+#              user, as rootless is
 #   memlock    the host's per-container limit: --ulimit memlock=1 MiB lets a
 #              64 KiB registration through and refuses a 4 MiB one; the
 #              daemon runs in the container's own cgroup
@@ -77,8 +86,9 @@ cleanup() {
   # Newest first: a container joined to another's namespaces must go first.
   for ((i = ${#names[@]} - 1; i >= 0; i--)); do podman rm -f -t 0 "${names[i]}" >/dev/null 2>&1; done
   [ -n "${UCLEAN:-}" ] && su -s /bin/sh "$U" -c "cd /tmp && podman rm -f -t 0 $UCLEAN-srv; podman rm -f -t 0 $UCLEAN" >/dev/null 2>&1
-  rm -f "$SPEC"
-  rm -rf "$DOMAIN_DIR" "$UDOMAIN_DIR"
+  [ -n "${WALK_SPEC:-}" ] && su -s /bin/sh "$U" -c "cd /tmp && podman rm -f -t 0 --depend sv-$$-wa$$; podman rm -f -t 0 --depend sv-$$-wb$$" >/dev/null 2>&1
+  rm -f "$SPEC" ${WALK_SPEC:+"$WALK_SPEC"}
+  rm -rf "$DOMAIN_DIR" "$UDOMAIN_DIR" ${WALK_DIRS:-}
 }
 trap cleanup EXIT
 mkdir -p /var/run/cdi
@@ -146,6 +156,63 @@ users_pod() {
   UJOIN=(--pid "container:$h" --network "container:$h" -e SOFTVERBS_ROCE_STATS=1)
   local i
   for i in $(seq 100); do [ -S "$UDOMAIN_DIR/control" ] && break; sleep 0.1; done
+}
+# The page's `listening NAME` (docs/CONTAINERS.md), taken from it: waits
+# until the perftest server in container NAME listens. SUDO= runs podman as
+# the caller; as_u wraps it for the rootless user.
+eval "$(sed -n '/^listening() {$/,/^}$/p' "$HERE/../../docs/CONTAINERS.md")"
+declare -F listening >/dev/null || { fail "no listening() in docs/CONTAINERS.md"; exit 1; }
+# as_who CMD...: CMD as $AS (the rootless user; in /tmp, their home may be
+# unreadable), or as root when AS is empty.
+AS=""
+as_who() {
+  if [ -n "$AS" ]; then su -s /bin/sh "$AS" -c "cd /tmp && $(printf '%q ' "$@")"; else "$@"; fi
+}
+# domain_walk DOMAIN IMAGE: the domain example of docs/CONTAINERS.md as $AS:
+# a holder, a server, the page's wait, a client and the page's clean-up;
+# fails unless the client prints its bandwidth line and no container of the
+# domain is left.
+domain_walk() {
+  local d=$1 img=$2 r="--runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096" out who=${AS:-root}
+  [ -n "$AS" ] && r="--runtime runc --cgroup-manager cgroupfs"
+  local h="sv-$$-$d"
+  local J="--pid container:$h --network container:$h --device $KIND=$d"
+  if [ -n "$AS" ]; then UCLEAN=$h; else names+=("$h" "$h-srv"); fi
+  as_who podman run -d --name "$h" $r --device "$KIND=$d" "$img" sleep infinity >/dev/null || fail "$d ($who): no holder"
+  as_who podman run -d --name "$h-srv" $r $J "$img" ib_write_bw -s 65536 -n 5000 >/dev/null ||
+    fail "$d ($who): no server"
+  out=$(SUDO=as_who listening "$h-srv" 2>&1 &&
+    as_who timeout 60 podman run --rm $r $J "$img" ib_write_bw -s 65536 -n 5000 127.0.0.1 2>&1)
+  log "$d ($who): $out"
+  echo "$out" | grep -Eq '^ *65536 +5000 +[0-9.]+ +[0-9.]+' || fail "$d ($who): no bandwidth line"
+  as_who podman rm -f -t 0 --depend "$h" >/dev/null || fail "$d ($who): the clean-up failed"
+  [ -z "$(as_who podman ps -a -q --filter name="$h")" ] || fail "$d ($who): containers left after the clean-up"
+}
+# walkthrough: docs/CONTAINERS.md's domain examples in their order.
+walkthrough() {
+  U=${SOFTVERBS_ROOTLESS_USER:-$(awk -F: 'NR == 1 {print $1}' /etc/subuid 2>/dev/null)}
+  if [ -z "$U" ] || ! id "$U" >/dev/null 2>&1 || ! command -v newuidmap >/dev/null; then
+    log "SKIP: no user for rootless podman (scripts/rootless-user.sh adds one)"
+    exit $SKIP
+  fi
+  local a="wa$$" b="wb$$" spec="/var/run/cdi/softverbs-walk-$$.json"
+  WALK_DIRS="/run/softverbs/domains/$a /run/softverbs/domains/$b"
+  WALK_SPEC=$spec
+  # The spec of the page's first example: root's domain A.
+  "$BIN_DIR/softverbs" cdi --kind "$KIND" --domain "$a" --output "$spec" >/dev/null || fail "cdi --domain $a"
+  domain_walk "$a" "$IMAGE"
+  # The rootless example: U's own domain B, written into the same spec.
+  out=$("$BIN_DIR/softverbs" cdi --kind "$KIND" --domain "$b" --owner "$U" --output "$spec" 2>&1) ||
+    fail "cdi --domain $b --owner $U: $out"
+  log "$out"
+  grep -q "\"name\": \"$a\"" "$spec" || fail "the rootless example's cdi run dropped $a from the spec"
+  UIMAGE=$(su -s /bin/sh "$U" -c "cd /tmp && $HERE/make_image.sh") || { log "SKIP: $U cannot build the image"; exit $SKIP; }
+  AS=$U domain_walk "$b" "$UIMAGE"
+  # Root's domain A, which root's daemon used, given to U and used rootless.
+  out=$("$BIN_DIR/softverbs" cdi --kind "$KIND" --domain "$a" --owner "$U" --output "$spec" 2>&1) ||
+    fail "cdi --domain $a --owner $U: $out"
+  log "$out"
+  AS=$U domain_walk "$a" "$UIMAGE"
 }
 # The GID of the container's eth0 address is index 1 (0 is 127.0.0.1): see
 # the device case.
@@ -383,6 +450,20 @@ rootless)
   echo "$out" | grep -Eq '^ *65536 +20000 +[0-9.]+ +[0-9.]+' || fail "rootless: no bandwidth line for 65536 B x 20000"
   echo "$out" | grep -q 'softverbs roce: qp' && fail "rootless: the client's QP took RoCEv2, not shared memory"
   as_u "timeout 60 podman wait $h-srv" >/dev/null 2>&1 || true
+  ;;
+readme)
+  cmd=$(grep -m 1 '^sudo podman run .*--device softverbs.io/rdma=sv0 IMAGE ibv_devinfo' "$HERE/../../README.md")
+  [ -n "$cmd" ] || { fail "no 'sudo podman run ... IMAGE ibv_devinfo' line in README.md"; exit 1; }
+  cmd=${cmd#sudo }
+  cmd=${cmd/softverbs.io\/rdma=/$KIND=}
+  cmd=${cmd/ IMAGE / $IMAGE }
+  log "README: $cmd"
+  out=$(eval "timeout 60 $cmd" 2>&1) || fail "the README's command failed: $out"
+  log "$out"
+  echo "$out" | grep -q 'hca_id:.*sv0' || fail "the README's command lists no sv0"
+  ;;
+walkthrough)
+  walkthrough
   ;;
 memlock)
   out=$(timeout 60 "${RUN[@]}" --rm --ulimit memlock=1048576:1048576 "$IMAGE" /bin/sh -c \

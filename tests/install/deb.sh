@@ -2,7 +2,8 @@
 # install.deb (issue 22, items 3 and 8): the Debian packages built from the
 # tree, in a clean Debian 12 root (debootstrap --variant=minbase bookworm),
 # used from the installed files only:
-#   1. cpack -G DEB from BUILD_DIR: softverbs and softverbs-dev;
+#   1. cpack -G DEB from BUILD_DIR: softverbs and softverbs-dev, which
+#      lintian passes without an error (its warnings are printed);
 #   2. a minbase bookworm root with Debian's ibverbs-utils (made once with
 #      debootstrap and kept in BUILD_DIR/debroot-cache; each run works on a
 #      fresh copy);
@@ -198,7 +199,7 @@ inner() {
 
 if [ $inner_mode = 0 ]; then
   [ "$(id -u)" -eq 0 ] || { echo "SKIP: not root (debootstrap, chroot and dpkg in a root)" >&2; exit 77; }
-  for tool in debootstrap dpkg-deb dpkg-shlibdeps cpack chroot unshare; do
+  for tool in debootstrap dpkg-deb dpkg-shlibdeps cpack chroot unshare lintian; do
     command -v $tool >/dev/null || fail "no $tool (scripts/deps.sh test installs it)"
   done
   if [ -z "$(ip route show default 2>/dev/null)$(ip -6 route show default 2>/dev/null)" ]; then
@@ -237,6 +238,12 @@ if [ $inner_mode = 0 ]; then
   cp "$work"/cpack/softverbs*.deb "$work/pkgs/" || fail "cpack made no packages"
   ls -l "$work/pkgs"
   dpkg-deb -f "$work"/pkgs/softverbs_*.deb Depends
+  # Debian policy as lintian checks it: an error fails, warnings are listed.
+  step "lintian"
+  command -v lintian >/dev/null || fail "no lintian (scripts/deps.sh test installs it)"
+  lintian --no-tag-display-limit "$work"/pkgs/*.deb >"$work/lintian.log" 2>&1
+  cat "$work/lintian.log"
+  grep -q '^E: ' "$work/lintian.log" && fail "lintian reports errors (E: above)"
 
   cache=$build/debroot-cache/bookworm
   if [ ! -x "$cache/usr/bin/ibv_devinfo" ]; then
