@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -221,13 +222,15 @@ void blocking_attack(Trap trap) {
   int reg_status = -2;
   ASSERT_TRUE(recv_val(nobody.sock(), reg_status)) << "nobody: exit " << nobody.wait();
   usleep(200000);  // the events are raised
+  std::fprintf(stderr, "nobody's RegAsync: %d\n", reg_status);
   EXPECT_EQ(0, root_is_served(5)) << "root is not served (RegAsync was " << reg_status << ")";
   EXPECT_TRUE(stops_on_sigterm(sysd)) << "SIGTERM did not stop the daemon (RegAsync was " << reg_status << ")";
   int done = 1;
   send_val(nobody.sock(), done);
   EXPECT_EQ(0, nobody.wait());
-  if (trap != Trap::kFullSocket)
+  if (trap != Trap::kFullSocket) {
     EXPECT_EQ(EBADF, reg_status) << "a descriptor other than a socketpair end was taken as the async descriptor";
+  }
 }
 
 TEST(DaemonBlocking, AsyncEventfdAtItsMaximumCount) {
@@ -301,6 +304,7 @@ TEST(DaemonBlocking, DescriptorsHeldForAUserStayWithinItsQuota) {
   ASSERT_TRUE(recv_val(nobody.sock(), conns)) << "nobody: exit " << nobody.wait();
   usleep(500000);  // the daemon has read what it will read
   const int held = open_fds(sysd.pid) - before;
+  std::fprintf(stderr, "nobody: %d connections; the daemon holds %d more descriptors\n", conns, held);
   // The quota, one reply's descriptors beyond it at most, and a few of the
   // daemon's own it may have opened meanwhile.
   EXPECT_LE(held, kFdQuota + 16) << "over " << conns << " connections of nobody";
