@@ -71,7 +71,7 @@ inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc&
   if (armed == kArmAny || (armed == kArmSolicited && solicited)) {
     if (hdr->armed.exchange(kArmNone, std::memory_order_acq_rel) != kArmNone) {
       hdr->notified.store(1, std::memory_order_release);
-      if (channel_fd >= 0) eventfd_signal(channel_fd);
+      if (channel_fd >= 0) wake_signal(channel_fd);  // never sleeps (sys.h)
     }
   }
   return true;

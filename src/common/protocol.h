@@ -56,7 +56,7 @@ enum class Op : uint16_t {
   RegShmid,        // named shared memory region: create or attach; reply fd: the region
   RegShared,       // register an existing MR's pages again (at another address)
   ConnectUd,       // UD: reach QP `handle2` from my UD QP `handle`; reply fds as ConnectPeer
-  RegAsync,        // fd: the context's async eventfd, raised when an AsyncEvent is sent
+  RegAsync,        // fd: the context's async wake-up socket (a socketpair end), signalled when an AsyncEvent is sent
   AsyncEvent,      // daemon -> client, unsolicited (seq 0): an affiliated async event
   CreateSrq,       // reply fd: SRQ segment
   DestroySrq,
@@ -88,7 +88,7 @@ enum class Op : uint16_t {
   Netns,           // the caller's network namespace: EXDEV if the daemon serves another (common/paths.h)
   MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, session 18); the outcome in the QP segment and CQ
   MediateGone,     // can connection `client` still finish pipelined requests on my QP? 0: never again; EBUSY: it can
-  PostRing,        // this connection's request ring for MediatePost; reply fds: the ring's memfd, its eventfd
+  PostRing,        // this connection's request ring for MediatePost; reply fds: the ring's memfd, its wake-up socket
   CmBind,          // rdma_cm (system daemon): hold a port; reply fd: the listening socket the daemon made for it
   CmUnbind,        // give a held port back
   kCount
@@ -823,7 +823,7 @@ SV_OP(DeallocPd,     HandleReq,      Empty,              fds(0),    fds(0),    {
 SV_OP(RegBacking,    Empty,          HandleReply,        fds(1),    fds(0),    {0, kObjBacking})
 SV_OP(RegMr,         RegMrReq,       RegMrReply,         fds(0),    fds(0),    {kObjPd | kObjBacking, kObjMr})
 SV_OP(DeregMr,       HandleReq,      Empty,              fds(0),    fds(0),    {0, 0, kObjMr})
-SV_OP(CreateChannel, Empty,          HandleReply,        fds(1),    fds(0),    {0, kObjChannel})
+SV_OP(CreateChannel, Empty,          HandleReply,        fds(2),    fds(0),    {0, kObjChannel})
 SV_OP(DestroyChannel, HandleReq,     Empty,              fds(0),    fds(0),    {0, 0, kObjChannel})
 SV_OP(CreateCq,      CreateCqReq,    CreateCqReply,      fds(0),    fds(1),    {kObjChannel, kObjCq})
 SV_OP(DestroyCq,     HandleReq,      Empty,              fds(0),    fds(0),    {0, 0, kObjCq})
@@ -858,7 +858,7 @@ SV_OP(NsUnpublish,   NsNameReq,      Empty,              fds(0),    fds(0),    {
 SV_OP(NsOpen,        NsNameReq,      NsOpenReply,        fds(0),    fds(0),    {kObjName})
 SV_OP(NsList,        NsListReq,      NsListReply,        fds(0),    fds(0),    {})
 SV_OP(ImportSrq,     HandleReq,      ImportSrqReply,     fds(0),    fds(1),    {kObjSrq})
-SV_OP(ImportChannel, HandleReq,      Empty,              fds(0),    fds(1),    {kObjChannel})
+SV_OP(ImportChannel, HandleReq,      Empty,              fds(0),    fds(2),    {kObjChannel})
 SV_OP(Mediate,       MediateReq,     MediateReply,       fds(0),    fds(0),    {kObjQp | kObjMr | kObjMw})
 SV_OP(ResizeCq,      ResizeCqReq,    CreateCqReply,      fds(0),    fds(1),    {kObjCq})
 SV_OP(ResizeCqDone,  ResizeCqDoneReq, Empty,             fds(0),    fds(0),    {kObjCq})
@@ -886,6 +886,27 @@ SV_OP(CmUnbind,      CmBindReq,      Empty,              fds(0),    fds(0),    {
 #undef SV_OP
 #undef SV_OP_DECL
 
+// What each descriptor a request carries must be, declared per op; the
+// daemon checks every one before any handler sees it (daemon/fd_kinds.h)
+// and refuses anything else (EBADF). Ops not listed take none.
+enum class FdKind : uint8_t {
+  kNone,
+  kSocket,      // a socket (ImportContext: a context's command socket, compared by inode)
+  kMemfd,       // a regular file of tmpfs, sealable (RegBacking: a sealed memfd; seals checked by the registry)
+  kWakeSocket,  // one end of an AF_UNIX SOCK_STREAM socketpair (RegAsync, CreateChannel: the daemon signals it, MSG_DONTWAIT)
+  kAnyFile,     // any open file, only fstat(2)-ed (OpenXrcd: the domain is named by its inode)
+};
+constexpr FdKind in_fd_kind(Op op) {
+  switch (op) {
+    case Op::ImportContext: return FdKind::kSocket;
+    case Op::RegBacking: return FdKind::kMemfd;
+    case Op::RegAsync: return FdKind::kWakeSocket;
+    case Op::CreateChannel: return FdKind::kWakeSocket;
+    case Op::OpenXrcd: return FdKind::kAnyFile;
+    default: return FdKind::kNone;
+  }
+}
+
 template <size_t... I>
 constexpr std::array<OpInfo, sizeof...(I)> make_op_table(std::index_sequence<I...>) {
   return {Command<Op(I + 1)>::info...};
@@ -897,6 +918,14 @@ inline constexpr auto kOps = make_op_table(std::make_index_sequence<size_t(Op::k
 constexpr const OpInfo* op_info(uint16_t op) {
   return op == 0 || op >= uint16_t(Op::kCount) ? nullptr : &kOps[op - 1];
 }
+
+// Every op that takes a descriptor says what kind, and no other op has one.
+constexpr bool fd_kinds_declared() {
+  for (const OpInfo& o : kOps)
+    if ((o.in.max > 0) != (in_fd_kind(o.op) != FdKind::kNone)) return false;
+  return true;
+}
+static_assert(fd_kinds_declared(), "an op takes descriptors without a declared kind (in_fd_kind)");
 
 template <class T>
 inline void init_header(T& m, Op op, uint32_t seq = 0) {

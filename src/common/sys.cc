@@ -80,7 +80,7 @@ int set_nonblocking(int fd, bool on) {
   return 0;
 }
 
-int send_message(int sock, const void* data, size_t len, std::span<const int> fds) {
+int send_message(int sock, const void* data, size_t len, std::span<const int> fds, bool dontwait) {
   if (fds.size() > size_t(kMaxFdsPerMessage)) return EINVAL;
   iovec iov{const_cast<void*>(data), len};
   msghdr msg{};
@@ -98,13 +98,13 @@ int send_message(int sock, const void* data, size_t len, std::span<const int> fd
     std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
   for (;;) {
-    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0));
     if (n >= 0) return size_t(n) == len ? 0 : EMSGSIZE;
     if (errno != EINTR) return errno;
   }
 }
 
-int recv_message(int sock, void* buf, size_t cap, size_t* len, std::vector<Fd>& fds) {
+int recv_message(int sock, void* buf, size_t cap, size_t* len, std::vector<Fd>& fds, bool dontwait) {
   iovec iov{buf, cap};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -114,7 +114,7 @@ int recv_message(int sock, void* buf, size_t cap, size_t* len, std::vector<Fd>& 
   msg.msg_controllen = sizeof(ctrl);
   ssize_t n;
   for (;;) {
-    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | (dontwait ? MSG_DONTWAIT : 0));
     if (n >= 0) break;
     if (errno != EINTR) return errno;
   }
@@ -310,6 +310,64 @@ int eventfd_wait_once(int fd, uint64_t* value) {
   if (n != sizeof(v)) return n < 0 ? errno : EIO;
   if (value) *value = v;
   return 0;
+}
+
+int make_wake_pair(Fd& reader, Fd& writer) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return errno;
+  reader.reset(sv[0]);
+  writer.reset(sv[1]);
+  return 0;
+}
+
+int wake_signal(int fd) {
+  const uint8_t one = 1;
+  for (;;) {
+    if (::send(fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) return 0;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;  // full: a wake-up waits already
+    if (errno != EINTR) return errno;
+  }
+}
+
+int wake_drain(int fd) {
+  uint8_t buf[256];
+  bool got = false;
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      got = true;
+      continue;
+    }
+    if (n == 0) return got ? 0 : EPIPE;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return got ? 0 : EAGAIN;
+    return errno;
+  }
+}
+
+int wake_wait_once(int fd) {
+  uint8_t buf[64];
+  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  if (n < 0) return errno;
+  if (n == 0) return EPIPE;
+  const int e = wake_drain(fd);
+  return e == EAGAIN ? 0 : e;
+}
+
+bool is_wake_socket(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  int v = 0;
+  socklen_t l = sizeof v;
+  if (::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) != 0 || v != AF_UNIX) return false;
+  l = sizeof v;
+  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &l) != 0 || v != SOCK_STREAM) return false;
+  // An unnamed address is the family alone (unix(7), "unnamed").
+  sockaddr_un a{};
+  socklen_t al = sizeof a;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &al) != 0 || al != sizeof(sa_family_t)) return false;
+  al = sizeof a;
+  return ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &al) == 0 && al == sizeof(sa_family_t);
 }
 
 namespace detail {

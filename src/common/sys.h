@@ -98,11 +98,13 @@ int set_nonblocking(int fd, bool on);
 
 // Unix SOCK_SEQPACKET with SCM_RIGHTS.
 constexpr int kMaxFdsPerMessage = 4;
-int send_message(int sock, const void* data, size_t len, std::span<const int> fds);
+// `dontwait`: MSG_DONTWAIT, so that the call never sleeps whatever the
+// socket's file status flags say (the daemon's sends and receives).
+int send_message(int sock, const void* data, size_t len, std::span<const int> fds, bool dontwait = false);
 // Receives one message; *len is set to its length (0 = peer closed).
 // MSG_TRUNC/MSG_CTRUNC are reported as EMSGSIZE; received fds are still owned
 // by `fds` so that nothing leaks.
-int recv_message(int sock, void* buf, size_t cap, size_t* len, std::vector<Fd>& fds);
+int recv_message(int sock, void* buf, size_t cap, size_t* len, std::vector<Fd>& fds, bool dontwait = false);
 
 struct PeerCred {
   pid_t pid;
@@ -153,6 +155,30 @@ int connect_seqpacket(const std::string& path, Fd& out);
 int eventfd_signal(int fd);
 int eventfd_drain(int fd, uint64_t* value);
 int eventfd_wait_once(int fd, uint64_t* value);
+
+// Wake-up sockets: a connected AF_UNIX SOCK_STREAM pair whose one end is
+// polled for readability (the application's async fd, the daemon's end of
+// a request ring's wake-up) and whose other end is written. Unlike an
+// eventfd or a pipe, a send(2) with MSG_DONTWAIT never sleeps, whatever the
+// holder of either end does to the file status flags (fcntl(2) F_SETFL
+// acts on the shared file description): a full socket means a wake-up is
+// already waiting, which is all a signal has to say. The daemon signals
+// clients and reads their wake-ups only through such sockets.
+// `reader` is polled and read, `writer` signalled.
+int make_wake_pair(Fd& reader, Fd& writer);
+// One byte, MSG_DONTWAIT | MSG_NOSIGNAL; 0 also when the socket is full.
+int wake_signal(int fd);
+// Reads what waits, never sleeping: 0 if something was read, EAGAIN if
+// nothing was, or another errno (0 bytes read: the other end is closed, EPIPE).
+int wake_drain(int fd);
+// Waits for a wake-up as the descriptor's own flags say (O_NONBLOCK: EAGAIN
+// when none waits), then reads the rest without sleeping. EINTR ends the
+// wait, as eventfd_wait_once.
+int wake_wait_once(int fd);
+// Whether `fd` is one end of an AF_UNIX SOCK_STREAM socketpair(2): neither
+// end has a name (a socket connected to a listener has one, its listener's
+// or its own), so the daemon's bytes reach only the client that made it.
+bool is_wake_socket(int fd);
 
 uint64_t monotonic_ns();
 

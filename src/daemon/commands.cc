@@ -3,6 +3,11 @@
 // run_command has done both from the op's declaration (common/protocol.h).
 #include "daemon/commands.h"
 
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -97,7 +102,9 @@ SV_HANDLER(ImportDm) { return env.registry.import_dm(env.client, req.handle, rep
 SV_HANDLER(RegDmMr) { return env.registry.reg_dm_mr(env.client, req, rep); }
 
 // ---- Channels and CQs -----------------------------------------------------
-SV_HANDLER(CreateChannel) { return env.registry.create_channel(env.client, std::move(env.in_fds[0]), rep.handle); }
+SV_HANDLER(CreateChannel) {
+  return env.registry.create_channel(env.client, std::move(env.in_fds[0]), std::move(env.in_fds[1]), rep.handle);
+}
 SV_HANDLER(DestroyChannel) { return env.registry.destroy_channel(env.client, req.handle); }
 SV_HANDLER(ImportChannel) { return env.registry.import_channel(env.client, req.handle, env.out_fds); }
 SV_HANDLER(CreateCq) { return env.registry.create_cq(env.client, req, rep, env.out_fds); }
@@ -132,7 +139,17 @@ SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(env.client, req); }
 SV_HANDLER(RoceAttach) {
   if (!env.roce.opened()) return EOPNOTSUPP;  // SOFTVERBS_ROCE=0
   if (!env.registry.holds_qp(env.client, req.qpn)) return EINVAL;
-  return env.roce.attach(env.client, env.registry.client_uid(env.client), req, rep, env.out_fds);
+  // The connection's arrival socket pair, made at its first attach: two
+  // descriptors of its user's quota.
+  const uid_t uid = env.registry.client_uid(env.client);
+  const bool had = env.roce.has_arrival(env.client);
+  if (!had) {
+    if (int e = env.registry.quotas().admit_fds(uid, 2)) return e;
+  }
+  const int e = env.roce.attach(env.client, uid, req, rep, env.out_fds);
+  if (!had && env.roce.has_arrival(env.client))
+    env.registry.quotas().charge_fds(Quotas::fd_key(env.client, Quotas::kRoceFds), uid, 2);
+  return e;
 }
 
 // ---- SRQs and XRC ---------------------------------------------------------
@@ -181,6 +198,33 @@ size_t refuse(const proto::Header& h, int status, uint8_t* out) {
   return encode(h, rep, status, out);
 }
 
+// Whether `fd` is of kind `k` (proto::in_fd_kind). Only calls that cannot
+// block on any descriptor: fstat, fstatfs, getsockopt, getsockname,
+// getpeername, fcntl F_GET_SEALS.
+bool fd_is(proto::FdKind k, int fd) {
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) return false;
+  switch (k) {
+    case proto::FdKind::kNone:
+      return false;
+    case proto::FdKind::kAnyFile:
+      return true;
+    case proto::FdKind::kSocket: {
+      int type = 0;
+      socklen_t l = sizeof type;
+      return S_ISSOCK(st.st_mode) && ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) == 0;
+    }
+    case proto::FdKind::kWakeSocket:
+      return is_wake_socket(fd);
+    case proto::FdKind::kMemfd: {
+      struct statfs sfs {};
+      return S_ISREG(st.st_mode) && ::fstatfs(fd, &sfs) == 0 && sfs.f_type == TMPFS_MAGIC &&
+             ::fcntl(fd, F_GET_SEALS) >= 0;
+    }
+  }
+  return false;
+}
+
 // Decodes op `op`'s request (its length was checked), calls its handler and
 // checks the descriptors of a successful reply against the declaration. On
 // error no descriptor goes out.
@@ -192,6 +236,14 @@ size_t run(CommandEnv& env, const proto::Header& h, const uint8_t* msg, size_t l
   } else {
     Req<op> req;
     if (len != sizeof req) return refuse(h, EINVAL, out);
+    // Every descriptor a client sends is of the kind its op declares,
+    // before the handler sees it (docs/PROTOCOL.md, "Descriptors").
+    for (const Fd& f : env.in_fds) {
+      if (!fd_is(proto::in_fd_kind(op), f.get())) {
+        SV_TRACE("daemon: %s: a descriptor of the wrong kind: refused", C::info.name);
+        return refuse(h, EBADF, out);
+      }
+    }
     std::memcpy(&req, msg, sizeof req);
     Rep<op> rep{};
     int st = handler<op>(env, req, rep);

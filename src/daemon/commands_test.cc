@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -48,6 +49,14 @@ class Commands : public ::testing::Test {
   Reply send_raw(const uint8_t* msg, size_t n, size_t nfds) {
     std::vector<Fd> in;
     for (size_t i = 0; i < nfds; ++i) in.emplace_back(::eventfd(0, EFD_CLOEXEC));
+    return send_fds(msg, n, std::move(in));
+  }
+  template <class Req>
+  Reply send_with(proto::Op op, Req& req, std::vector<Fd> in) {
+    proto::init_header(req, op, 9);
+    return send_fds(reinterpret_cast<const uint8_t*>(&req), sizeof req, std::move(in));
+  }
+  Reply send_fds(const uint8_t* msg, size_t n, std::vector<Fd> in) {
     Reply r;
     r.len = server.handle(client, msg, n, in, r.bytes, r.fds);
     if (r.len >= sizeof r.h) std::memcpy(&r.h, r.bytes, sizeof r.h);
@@ -134,6 +143,48 @@ TEST_F(Commands, FailedOpsCarryNoDescriptors) {
     EXPECT_EQ(proto::op_info(uint16_t(op))->rep_size, r.len);
     EXPECT_TRUE(r.fds.empty());
   }
+}
+
+// Each op that takes descriptors takes only the kind it declares
+// (proto::in_fd_kind): what the daemon signals is a socketpair end, never an
+// eventfd, pipe or FIFO whose write could sleep; a backing is a memfd.
+TEST_F(Commands, DescriptorsOfAnotherKindAreRefused) {
+  auto pair = [] {
+    int sv[2];
+    EXPECT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+    std::vector<Fd> v;
+    v.emplace_back(sv[0]);
+    v.emplace_back(sv[1]);
+    return v;
+  };
+  auto pipe_end = [] {
+    int p[2];
+    EXPECT_EQ(0, ::pipe2(p, O_CLOEXEC));
+    ::close(p[0]);
+    std::vector<Fd> v;
+    v.emplace_back(p[1]);
+    return v;
+  };
+  auto one = [](int fd) {
+    std::vector<Fd> v;
+    v.emplace_back(fd);
+    return v;
+  };
+  proto::Empty e{};
+  EXPECT_EQ(EBADF, send_with(proto::Op::RegAsync, e, one(::eventfd(0, EFD_CLOEXEC))).h.status);
+  EXPECT_EQ(EBADF, send_with(proto::Op::RegAsync, e, pipe_end()).h.status);
+  EXPECT_EQ(EBADF, send_with(proto::Op::RegAsync, e, one(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0))).h.status);
+  std::vector<Fd> p = pair();
+  Fd kept = std::move(p[1]);  // the end the application would poll
+  p.pop_back();
+  EXPECT_EQ(0, send_with(proto::Op::RegAsync, e, std::move(p)).h.status);
+  std::vector<Fd> efds;
+  efds.emplace_back(::eventfd(0, EFD_CLOEXEC));
+  efds.emplace_back(::eventfd(0, EFD_CLOEXEC));
+  EXPECT_EQ(EBADF, send_with(proto::Op::CreateChannel, e, std::move(efds)).h.status);
+  EXPECT_EQ(0, send_with(proto::Op::CreateChannel, e, pair()).h.status);
+  EXPECT_EQ(EBADF, send_with(proto::Op::RegBacking, e, one(::eventfd(0, EFD_CLOEXEC))).h.status);
+  EXPECT_EQ(EBADF, send_with(proto::Op::ImportContext, e, one(::eventfd(0, EFD_CLOEXEC))).h.status);
 }
 
 TEST_F(Commands, OptionalDescriptorOpenXrcd) {

@@ -17,14 +17,15 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-int Registry::create_channel(uint32_t client, Fd eventfd, uint32_t& handle) {
-  if (!eventfd.valid()) return EINVAL;
+int Registry::create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle) {
+  if (!fd.valid() || !wake.valid()) return EINVAL;
   if (int e = quotas_.admit(Quotas::kChannel, client_uid(client))) return e;
   handle = next_handle_++;
   quotas_.charge(Quotas::kChannel, handle, client_uid(client));
   Channel ch;
   ch.owner = ctx(client);
-  ch.eventfd = std::move(eventfd);
+  ch.fd = std::move(fd);
+  ch.wake = std::move(wake);
   channels_.insert(handle, std::move(ch));
   return 0;
 }
@@ -40,7 +41,8 @@ int Registry::destroy_channel(uint32_t client, uint32_t handle) {
 int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
   Channel* ch = channels_.owned(handle, ctx(client));
   if (!ch) return EINVAL;
-  out_fds.push_back(ch->eventfd.get());
+  out_fds.push_back(ch->fd.get());
+  out_fds.push_back(ch->wake.get());
   return 0;
 }
 
@@ -191,7 +193,7 @@ void Registry::push_cq(uint32_t handle, const ibv_wc& wc, bool solicited) {
   auto cq = cqs_.find(handle);
   if (cq == cqs_.end()) return;
   int channel_fd = -1;
-  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.eventfd.get();
+  if (auto chn = channels_.find(cq->second.channel); chn != channels_.end()) channel_fd = chn->second.wake.get();
   const std::pair<Mapping*, uint32_t> segments[] = {{&cq->second.map, cq->second.capacity},
                                                      {&cq->second.next_map, cq->second.next_capacity}};
   for (auto [m, capacity] : segments) {

@@ -145,7 +145,10 @@ struct Mw : Object {
 };
 
 struct Channel : Object {  // refs: CQs attached to it
-  Fd eventfd;
+  // Its wake-up pair (sys.h, make_wake_pair; proto::FdKind::kWakeSocket):
+  // `fd` is what its holders poll and read (handed back by ImportChannel),
+  // `wake` what the daemon and the CQs' peers signal, never sleeping.
+  Fd fd, wake;
   Held held() const { return {}; }
 };
 

@@ -12,7 +12,7 @@ int PostRing::create(std::unique_ptr<PostRing>& out) {
   auto r = std::make_unique<PostRing>();
   if (int e = make_memfd("softverbs-post-ring", size(), r->memfd_)) return e;
   if (int e = map_shared(r->memfd_.get(), 0, size(), PROT_READ | PROT_WRITE, true, r->map_)) return e;
-  if (int e = make_eventfd(r->efd_)) return e;
+  if (int e = make_wake_pair(r->wake_, r->theirs_)) return e;
   proto::PostRingHeader* h = r->hdr();
   h->magic = proto::kPostRingMagic;
   h->capacity = proto::kPostRingSlots;

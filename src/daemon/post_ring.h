@@ -26,11 +26,17 @@ namespace sv::daemon {
 class PostRing {
  public:
   static constexpr size_t kSlotSize = sizeof(proto::MediateReq);
-  // A new ring: its memfd (sealed at size()), mapped here, and its eventfd.
+  // A new ring: its memfd (sealed at size()), mapped here, and its wake-up
+  // socket pair (sys.h, make_wake_pair): the client sends a byte on its end
+  // (theirs) to wake the daemon, which reads its own (wake) without ever
+  // sleeping on it (wake_drain, MSG_DONTWAIT), whatever the client does to
+  // the descriptors it holds.
   static int create(std::unique_ptr<PostRing>& out);
+  static constexpr uint32_t kFds = 3;  // the descriptors a ring holds, charged to its user
 
   int memfd() const { return memfd_.get(); }
-  int eventfd() const { return efd_.get(); }
+  int wake() const { return wake_.get(); }
+  int theirs() const { return theirs_.get(); }
   uint32_t capacity() const { return proto::kPostRingSlots; }
   static size_t size() { return proto::kPostRingHeaderSize + size_t(proto::kPostRingSlots) * kSlotSize; }
 
@@ -41,7 +47,7 @@ class PostRing {
   // Whether the client's tail says something waits (or is corrupt: take()
   // tells). Cheap: one load.
   bool pending() const;
-  // Before the daemon sleeps: the client must write the eventfd after its
+  // Before the daemon sleeps: the client must signal its wake-up after its
   // next request. Returns pending() as seen after saying so.
   bool may_sleep();
   void awake();
@@ -49,7 +55,7 @@ class PostRing {
  private:
   proto::PostRingHeader* hdr() const { return map_.as<proto::PostRingHeader>(); }
   Mapping map_;
-  Fd memfd_, efd_;
+  Fd memfd_, wake_, theirs_;
   uint64_t head_ = 0;       // the daemon's own
   uint64_t tail_seen_ = 0;  // the client's tail, as last read and found sound
 };

@@ -380,7 +380,7 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
   rep.has_channel = 0;
   if (rcq->second.channel) {
     if (auto ch = channels_.find(rcq->second.channel); ch != channels_.end()) {
-      out_fds.push_back(ch->second.eventfd.get());
+      out_fds.push_back(ch->second.wake.get());
       rep.has_channel = 1;
     }
   }

@@ -10,7 +10,8 @@ namespace sv::daemon {
 
 namespace {
 
-// The second kind an object of kind k takes, or kKinds.
+// The second kind an object of kind k takes, or kKinds; and how many of it.
+uint32_t implied_count(Quotas::Kind k) { return k == Quotas::kChannel ? 2 : 1; }  // a channel: both ends of its pair
 Quotas::Kind implied(Quotas::Kind k) {
   switch (k) {
     case Quotas::kMr:
@@ -71,7 +72,7 @@ int Quotas::admit(Kind k, uid_t uid) const {
   if (it == used_.end()) return 0;
   const Kind k2 = implied(k);
   if (limit_[k] && it->second[k] >= limit_[k]) return over(k);
-  if (k2 != kKinds && limit_[k2] && it->second[k2] >= limit_[k2]) return over(k2);
+  if (k2 != kKinds && limit_[k2] && uint64_t(it->second[k2]) + implied_count(k) > limit_[k2]) return over(k2);
   return 0;
 }
 
@@ -80,7 +81,7 @@ void Quotas::charge(Kind k, uint32_t id, uid_t uid) {
   if (charged_.count(key)) return;
   auto& u = used_[uid];
   ++u[k];
-  if (const Kind k2 = implied(k); k2 != kKinds) ++u[k2];
+  if (const Kind k2 = implied(k); k2 != kKinds) u[k2] += implied_count(k);
   charged_[key] = uid;
 }
 
@@ -91,9 +92,30 @@ void Quotas::release(Kind k, uint32_t id) {
   if (u != used_.end()) {
     if (u->second[k]) --u->second[k];
     const Kind k2 = implied(k);
-    if (k2 != kKinds && u->second[k2]) --u->second[k2];
+    if (k2 != kKinds) u->second[k2] -= std::min(u->second[k2], implied_count(k));
   }
   charged_.erase(it);
+}
+
+int Quotas::admit_fds(uid_t uid, uint32_t n) const {
+  auto it = used_.find(uid);
+  if (it == used_.end() || !limit_[kFd]) return 0;
+  return uint64_t(it->second[kFd]) + n > limit_[kFd] ? EMFILE : 0;
+}
+
+void Quotas::charge_fds(uint64_t key, uid_t uid, uint32_t n) {
+  if (!n) return;
+  release_fds(key);
+  used_[uid][kFd] += n;
+  fds_charged_[key] = {uid, n};
+}
+
+void Quotas::release_fds(uint64_t key) {
+  auto it = fds_charged_.find(key);
+  if (it == fds_charged_.end()) return;
+  auto u = used_.find(it->second.first);
+  if (u != used_.end()) u->second[kFd] -= std::min(u->second[kFd], it->second.second);
+  fds_charged_.erase(it);
 }
 
 uint32_t Quotas::used(uid_t uid, Kind k) const {

@@ -6,11 +6,11 @@
 // the uid of the context it belongs to) under its kind, and released when
 // the object is freed, whatever frees it. Some kinds charge a second kind
 // too: MRs and memory windows both take an MR-table key slot, and objects
-// the daemon keeps a descriptor for (channels, CQs, QPs, SRQs, backings,
-// connections) take a descriptor. Over a quota is ENOMEM, or EMFILE for
-// descriptors, channels and connections, or EDQUOT for published names (as
-// a file system's per-user quota refuses one more file) (docs/PROTOCOL.md,
-// "Quotas").
+// the daemon keeps a descriptor for (CQs, QPs, SRQs, backings, connections)
+// take a descriptor, channels two (their wake-up pair's ends). Over a quota
+// is ENOMEM, or EMFILE for descriptors, channels and connections, or EDQUOT
+// for published names (as a file system's per-user quota refuses one more
+// file) (docs/PROTOCOL.md, "Quotas").
 //
 // Defaults (the system daemon; a per-user daemon serves one user and has
 // none unless set): a quarter of each shared table (MR-table key slots,
@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 namespace sv::daemon {
 
@@ -57,6 +58,16 @@ class Quotas {
   void charge(Kind k, uint32_t id, uid_t uid);
   // Releases object `id`'s charge (nothing if it was never charged).
   void release(Kind k, uint32_t id);
+  // Descriptors held for a user outside the kinds above, counted under kFd:
+  // a connection's pidfd, its async wake-up socket, its request ring's memfd
+  // and wake-up socket, its RoCE arrival pair, and the duplicates that
+  // replies waiting in its output queue carry. `key` names the holding (a
+  // connection's: fd_key(client, what); a queued reply's: its own).
+  int admit_fds(uid_t uid, uint32_t n) const;
+  void charge_fds(uint64_t key, uid_t uid, uint32_t n);
+  void release_fds(uint64_t key);
+  enum FdHolding : uint32_t { kPidfd = 1, kAsyncFd, kRingFds, kRoceFds };
+  static uint64_t fd_key(uint32_t client, FdHolding what) { return (uint64_t(what) << 32) | client; }
   uint32_t limit(Kind k) const { return limit_[k]; }
   uint32_t used(uid_t uid, Kind k) const;
 
@@ -64,6 +75,7 @@ class Quotas {
   std::array<uint32_t, kKinds> limit_{};  // 0 = none
   std::unordered_map<uid_t, std::array<uint32_t, kKinds>> used_;
   std::unordered_map<uint64_t, uid_t> charged_;  // (kind << 32 | id) -> the user charged
+  std::unordered_map<uint64_t, std::pair<uid_t, uint32_t>> fds_charged_;  // key -> the user, descriptors
 };
 
 }  // namespace sv::daemon

@@ -112,6 +112,7 @@ void Registry::remove_client(uint32_t client) {
   cm_ports_.release_client(client);
   clients_.erase(c);
   async_fds_.erase(client);
+  quotas_.release_fds(Quotas::fd_key(client, Quotas::kAsyncFd));
   cq_grants_.erase(client);
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it
@@ -232,11 +233,18 @@ Counts Registry::counts() const {
           uint32_t(backings_.size())};
 }
 
-int Registry::reg_async(uint32_t client, Fd eventfd) {
+// The connection's async wake-up socket (proto::FdKind::kWakeSocket, checked
+// by run_command): signalled with wake_signal, which never sleeps. One per
+// connection (a second replaces the first), a descriptor of its user's quota.
+int Registry::reg_async(uint32_t client, Fd wake) {
   auto c = clients_.find(client);
-  if (c == clients_.end() || !eventfd.valid()) return EINVAL;
-  c->second.async_fd = eventfd.get();
-  async_fds_[client] = std::move(eventfd);
+  if (c == clients_.end() || !wake.valid()) return EINVAL;
+  if (!async_fds_.count(client)) {
+    if (int e = quotas_.admit_fds(c->second.uid, 1)) return e;
+    quotas_.charge_fds(Quotas::fd_key(client, Quotas::kAsyncFd), c->second.uid, 1);
+  }
+  c->second.async_fd = wake.get();
+  async_fds_[client] = std::move(wake);
   return 0;
 }
 

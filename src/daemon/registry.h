@@ -124,7 +124,7 @@ class Registry : private MediationTables {
   int reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
   int rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep);
   int dereg_mr(uint32_t client, uint32_t handle);
-  int create_channel(uint32_t client, Fd eventfd, uint32_t& handle);
+  int create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle);
   int destroy_channel(uint32_t client, uint32_t handle);
   int create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                 std::vector<int>& out_fds);
@@ -197,7 +197,7 @@ class Registry : private MediationTables {
   // Locked-memory accounts (pid -> charge), for `softverbs status`.
   void accounts(proto::AccountsReply& rep) const;
 
-  int reg_async(uint32_t client, Fd eventfd);
+  int reg_async(uint32_t client, Fd wake);
   int create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
                  std::vector<int>& out_fds);
   int destroy_srq(uint32_t client, uint32_t handle);
@@ -252,7 +252,7 @@ class Registry : private MediationTables {
     gid_t gid;
     uint32_t ctx;           // the context this connection works in
     uint64_t socket_inode;  // claimed and verified client end of the connection
-    int async_fd = -1;      // the client's async eventfd (owned by async_fds_)
+    int async_fd = -1;      // the client's async wake-up socket (owned by async_fds_)
     Fd pidfd{};             // the process that connected (not one that reused its pid)
     ConnectIdentity at_connect{};
   };

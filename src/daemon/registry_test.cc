@@ -60,7 +60,9 @@ class RegistryObjects : public ::testing::Test {
   }
   uint32_t channel(uint32_t c) {
     uint32_t h = 0;
-    EXPECT_EQ(reg.create_channel(c, Fd(::eventfd(0, EFD_CLOEXEC)), h), 0);
+    Fd rd, wake;
+    EXPECT_EQ(make_wake_pair(rd, wake), 0);
+    EXPECT_EQ(reg.create_channel(c, std::move(rd), std::move(wake), h), 0);
     return h;
   }
   uint32_t cq(uint32_t c, uint32_t ch = 0) {

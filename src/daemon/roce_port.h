@@ -66,6 +66,7 @@ class RocePort {
   int attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
              std::vector<int>& out_fds);
   void remove_client(uint32_t client);
+  bool has_arrival(uint32_t client) const { return arrivals_.count(client) != 0; }
   // Multicast (docs/ROCE.md, "Multicast"): the groups that have members
   // (ibv_attach_mcast) now. Per group, a socket bound to the group's IP
   // address, port 4791, that joined it on the interfaces of the port's

@@ -291,6 +291,18 @@ void Server::copies_done() {
 }
 
 int Server::run() {
+  // SIGTERM and SIGINT are taken only while the loop waits (epoll_pwait
+  // unblocks them atomically): one that comes while a turn runs is seen by
+  // the next wait at once, never slept through for its timeout. Blocked
+  // before the copy worker starts, which keeps the mask.
+  sigset_t stop_signals, waiting;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &waiting);
+  const sigset_t before = waiting;
+  sigdelset(&waiting, SIGTERM);
+  sigdelset(&waiting, SIGINT);
   start_copier();
   uint64_t idle_since = monotonic_ns();
   uint64_t last_request = 0;
@@ -319,10 +331,9 @@ int Server::run() {
     const uint64_t now = monotonic_ns();
     if (sleeping || ring_turns % kRingTurnsPerPoll == 0 || now - last_poll > 50'000) {
       last_poll = now;
-      n = ::epoll_wait(epoll_fd_.get(), evs, 32, sleeping ? 1000 : 0);
+      n = ::epoll_pwait(epoll_fd_.get(), evs, 32, sleeping ? 1000 : 0, &waiting);
     }
     if (sleeping) rings_awake();
-    if (n > 0) last_request = monotonic_ns();
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno;
@@ -335,16 +346,18 @@ int Server::run() {
       else if (fd == cm_.fd()) cm_.run();
       else if (copy_done_fd_.valid() && fd == copy_done_fd_.get()) copies_done();
       else if (auto r = ring_efds_.find(fd); r != ring_efds_.end()) {
-        uint64_t ignored = 0;
-        eventfd_drain(fd, &ignored);
-        serve(r->second);
+        ring_woken(fd, r->second);
+        continue;  // a wake-up is no request (no spin for it)
       } else if (evs[i].events & (EPOLLIN | EPOLLOUT)) {
         if (evs[i].events & EPOLLOUT) flush(fd);
-        if (evs[i].events & EPOLLIN) serve(fd);
+        if ((evs[i].events & EPOLLIN) && !serve(fd)) continue;
       } else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
         SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, evs[i].events);
         drop(fd);
       }
+      // Only work keeps the loop spinning (a wake-up that served nothing,
+      // a connection not served, does not).
+      last_request = monotonic_ns();
     }
     if (serve_rings()) {
       last_request = monotonic_ns();
@@ -359,6 +372,7 @@ int Server::run() {
     }
   }
   stop_copier();
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
   ::unlinkat(rundir_.fd.get(), "control", 0);
   return 0;
 }
@@ -448,7 +462,8 @@ void Server::accept_clients() {
     // daemon serves all users (the registry keeps them apart), each up to
     // its quota of connections.
     if (peer_credentials(fd, cred) != 0 || (!system_ && cred.uid != ::getuid())) continue;
-    if (registry_.quotas().admit(Quotas::kConnection, cred.uid) != 0) {
+    // The socket and the pidfd: two descriptors of the user's quota.
+    if (registry_.quotas().admit(Quotas::kConnection, cred.uid) != 0 || registry_.quotas().admit_fds(cred.uid, 2) != 0) {
       SV_TRACE("daemon: uid %u: connection quota reached", unsigned(cred.uid));
       continue;
     }
@@ -486,8 +501,10 @@ void Server::accept_clients() {
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
+    const bool has_pidfd = pidfd.valid();
     uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid, std::move(pidfd));
     registry_.quotas().charge(Quotas::kConnection, id, cred.uid);
+    if (has_pidfd) registry_.quotas().charge_fds(Quotas::fd_key(id, Quotas::kPidfd), cred.uid, 1);
     Conn c{};
     c.client = id;
     c.sock = std::move(sock);
@@ -501,11 +518,15 @@ void Server::drop(int fd) {
   if (it == conns_.end()) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   if (it->second.ring) {  // what is left in it is never run (as unread requests on the socket)
-    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->second.ring->eventfd(), nullptr);
-    ring_efds_.erase(it->second.ring->eventfd());
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->second.ring->wake(), nullptr);
+    ring_efds_.erase(it->second.ring->wake());
   }
-  registry_.remove_client(it->second.client);
-  registry_.quotas().release(Quotas::kConnection, it->second.client);
+  const uint32_t client = it->second.client;
+  for (const Out& o : it->second.out) registry_.quotas().release_fds(o.fd_key);
+  registry_.remove_client(client);
+  Quotas& q = registry_.quotas();
+  q.release(Quotas::kConnection, client);
+  for (auto what : {Quotas::kPidfd, Quotas::kRingFds, Quotas::kRoceFds}) q.release_fds(Quotas::fd_key(client, what));
   roce_.remove_client(it->second.client);
   conns_.erase(it);
   sync_mcast();
@@ -543,7 +564,7 @@ void Server::send_events() {
       if (conn.events_queued.size() >= kMaxQueuedEvents) continue;
       if (enqueue(fd, conn, &m, sizeof(m), {}, key)) {
         int afd = registry_.async_fd_of(conn.client);
-        if (afd >= 0) eventfd_signal(afd);
+        if (afd >= 0) wake_signal(afd);  // never sleeps (a full socket: already signalled)
       }
     }
   }
@@ -551,7 +572,7 @@ void Server::send_events() {
 
 bool Server::enqueue(int fd, Conn& c, const void* msg, size_t len, std::span<const int> fds, uint64_t event_key) {
   if (c.out.empty()) {
-    int e = send_message(fd, msg, len, fds);
+    int e = send_message(fd, msg, len, fds, true);
     if (e == 0) return true;
     if (e != EAGAIN && e != EWOULDBLOCK && e != ENOBUFS) {
       SV_TRACE("daemon: fd %d: not sent: %s", fd, std::strerror(e));
@@ -564,6 +585,12 @@ bool Server::enqueue(int fd, Conn& c, const void* msg, size_t len, std::span<con
     Fd d(::fcntl(f, F_DUPFD_CLOEXEC, 0));
     if (!d.valid()) return false;
     o.fds.push_back(std::move(d));
+  }
+  // The duplicates are the user's descriptors until they are sent (serve
+  // admitted them before the request ran: Server::fds_admitted).
+  if (!o.fds.empty()) {
+    o.fd_key = kQueuedFdsKey | ++queued_fds_seq_;
+    registry_.quotas().charge_fds(o.fd_key, registry_.client_uid(c.client), uint32_t(o.fds.size()));
   }
   o.event_key = event_key;
   if (event_key) c.events_queued.insert(event_key);
@@ -582,7 +609,7 @@ void Server::flush(int fd) {
     Out& o = c.out.front();
     std::vector<int> raw;
     for (const Fd& f : o.fds) raw.push_back(f.get());
-    int e = send_message(fd, o.bytes.data(), o.bytes.size(), raw);
+    int e = send_message(fd, o.bytes.data(), o.bytes.size(), raw, true);
     if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) break;
     if (e != 0) {
       SV_TRACE("daemon: fd %d: queued message not sent: %s", fd, std::strerror(e));
@@ -591,15 +618,22 @@ void Server::flush(int fd) {
     }
     if (o.event_key) c.events_queued.erase(o.event_key);
     else --c.replies_queued;
+    registry_.quotas().release_fds(o.fd_key);
     c.out.pop_front();
   }
   update_interest(fd, c);
 }
 
+bool Server::held(const Conn& c) { return c.replies_queued >= kMaxQueuedReplies || c.copying; }
+
 // Reading while few replies wait; writability while any message waits.
+// A connection not served (held()) is not asked for EPOLLRDHUP either: a
+// client that shut its sending half down would have it reported on every
+// turn (level-triggered), a busy loop; its closing is EPOLLHUP, always
+// reported.
 void Server::update_interest(int fd, Conn& c) {
-  uint32_t want = EPOLLRDHUP;
-  if (c.replies_queued < kMaxQueuedReplies && !c.copying) want |= EPOLLIN;
+  uint32_t want = 0;
+  if (!held(c)) want |= EPOLLIN | EPOLLRDHUP;
   if (!c.out.empty()) want |= EPOLLOUT;
   if (want == c.interest) return;
   epoll_event ev{};
@@ -608,15 +642,17 @@ void Server::update_interest(int fd, Conn& c) {
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, fd, &ev) == 0) c.interest = want;
 }
 
-void Server::serve(int fd) {
+bool Server::serve(int fd) {
   auto it = conns_.find(fd);
-  if (it == conns_.end()) return;
+  if (it == conns_.end()) return false;
+  bool worked = false;
   uint8_t in[proto::kMaxMessage];
   uint8_t out[proto::kMaxMessage];
   const uint64_t copied = registry_.mediated_on_loop();
-  for (int served = 0; served < kRequestsPerTurn; ++served) {
-    if (it->second.replies_queued >= kMaxQueuedReplies) return;  // it reads its replies first
-    if (it->second.copying) return;  // one request at a time: its Mediate is being carried out
+  for (int served = 0; served < kRequestsPerTurn; ++served, worked = true) {
+    // Not while it has kMaxQueuedReplies unread (it reads them first), nor
+    // while its Mediate is being carried out (one request at a time).
+    if (held(it->second)) return worked;
     size_t len = 0;
     std::vector<Fd> fds;
     // The ring first: what the client wrote there came before any request
@@ -628,20 +664,20 @@ void Server::serve(int fd) {
       if (t == PostRing::Take::kCorrupt) {
         SV_TRACE("daemon: fd %d: request ring with an impossible tail: dropped", fd);
         drop(fd);
-        return;
+        return true;
       }
       ringed = t == PostRing::Take::kOne;
       if (ringed) len = PostRing::kSlotSize;
     }
-    if (!ringed) e = recv_message(fd, in, sizeof(in), &len, fds);
-    if (e == EAGAIN) return;
+    if (!ringed) e = recv_message(fd, in, sizeof(in), &len, fds, true);
+    if (e == EAGAIN) return worked;
     if (e == EMSGSIZE) {
       // Oversized or truncated message: answer with an error if we can read a header.
       if (len < sizeof(proto::Header)) continue;
     } else if (e != 0 || len == 0) {
       SV_TRACE("daemon: fd %d: %s", fd, e ? std::strerror(e) : "closed by the client");
       drop(fd);
-      return;
+      return true;
     }
     std::vector<int> out_fds;
     // A pipelined request (Op::MediatePost) is never answered, not even
@@ -651,9 +687,14 @@ void Server::serve(int fd) {
     const bool posted = op == uint16_t(proto::Op::MediatePost);
     if (ringed && !posted) continue;  // only MediatePost travels on the ring: anything else is ignored
     if (e != EMSGSIZE) revoke_copies(it->second.client, in, len);
-    serving_fd_ = fd;
-    size_t rlen = e == EMSGSIZE ? 0 : handle(it->second.client, in, len, fds, out, out_fds);
-    serving_fd_ = -1;
+    size_t rlen = 0;
+    if (e != EMSGSIZE && !posted && !fds_admitted(it->second.client, op)) {
+      rlen = refuse(in, EMFILE, out);
+    } else if (e != EMSGSIZE) {
+      serving_fd_ = fd;
+      rlen = handle(it->second.client, in, len, fds, out, out_fds);
+      serving_fd_ = -1;
+    }
     if (deferred_) {
       // The copy goes to the worker; the reply waits for it.
       Copy c{it->second.client, {}, std::move(deferred_)};
@@ -667,12 +708,12 @@ void Server::serve(int fd) {
       it->second.copying = true;
       update_interest(fd, it->second);
       send_events();
-      return;
+      return true;
     }
     if (posted) {
       send_events();
       it = conns_.find(fd);
-      if (it == conns_.end() || registry_.mediated_on_loop() - copied >= kCopyPiece) return;
+      if (it == conns_.end() || registry_.mediated_on_loop() - copied >= kCopyPiece) return true;
       continue;
     }
     if (rlen == 0) {
@@ -687,15 +728,37 @@ void Server::serve(int fd) {
     }
     if (!enqueue(fd, it->second, out, rlen, out_fds, 0)) {
       drop(fd);
-      return;
+      return true;
     }
     send_events();
     it = conns_.find(fd);  // an event's failed send may not drop, but stay safe
-    if (it == conns_.end()) return;
+    if (it == conns_.end()) return true;
     // Mediated copies made on the loop count against the turn: a piece's
     // worth ends it, as the copy worker serves a piece at a time.
-    if (registry_.mediated_on_loop() - copied >= kCopyPiece) return;
+    if (registry_.mediated_on_loop() - copied >= kCopyPiece) return true;
   }
+  return true;
+}
+
+// A reply may wait in the output queue with duplicates of its descriptors
+// (enqueue), charged to the user: a request whose reply may carry some is
+// run only while the user's quota has room for all it may carry (else
+// EMFILE, as for any descriptor over the quota). So what a user's unread
+// replies hold stays within its quota, give or take one reply's.
+bool Server::fds_admitted(uint32_t client, uint16_t op) {
+  const proto::OpInfo* info = proto::op_info(op);
+  if (!info || info->out.max == 0) return true;
+  if (registry_.quotas().admit_fds(registry_.client_uid(client), info->out.max) == 0) return true;
+  SV_TRACE("daemon: client %u: %s refused: descriptor quota reached", client, info->name);
+  return false;
+}
+
+size_t Server::refuse(const uint8_t* req, int status, uint8_t* out) {
+  proto::Empty rep{};
+  std::memcpy(&rep.h, req, sizeof rep.h);
+  rep.h.status = status;
+  std::memcpy(out, &rep, sizeof rep);
+  return sizeof rep;
 }
 
 // Lookup, check, call: commands.cc, from the op table (common/protocol.h).
@@ -722,34 +785,51 @@ int Server::open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_f
   auto it = conns_.find(fd);
   if (it == conns_.end()) return EINVAL;
   if (it->second.ring) return EBUSY;
+  const uid_t uid = registry_.client_uid(it->second.client);
+  if (int e = registry_.quotas().admit_fds(uid, PostRing::kFds)) return e;
   std::unique_ptr<PostRing> ring;
   if (int e = PostRing::create(ring)) return e;
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.fd = ring->eventfd();
-  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, ring->eventfd(), &ev) != 0) return errno;
-  ring_efds_[ring->eventfd()] = fd;
+  ev.data.fd = ring->wake();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, ring->wake(), &ev) != 0) return errno;
+  ring_efds_[ring->wake()] = fd;
+  registry_.quotas().charge_fds(Quotas::fd_key(it->second.client, Quotas::kRingFds), uid, PostRing::kFds);
   rep.capacity = ring->capacity();
   rep.slot_size = uint32_t(PostRing::kSlotSize);
   rep.size = PostRing::size();
-  out_fds = {ring->memfd(), ring->eventfd()};
+  out_fds = {ring->memfd(), ring->theirs()};
   it->second.ring = std::move(ring);
   return 0;
 }
 
+// A connection not served (held) is not looked at: what waits in its ring
+// waits until it is served again (its unread replies read: EPOLLOUT, flush;
+// its copy done: copies_done), however its tail moves meanwhile.
 bool Server::serve_rings() {
   ring_ready_.clear();
   for (auto& [fd, c] : conns_)
-    if (c.ring && !c.copying && c.ring->pending()) ring_ready_.push_back(fd);
-  for (int fd : ring_ready_) serve(fd);  // may drop a connection: by fd, not by iterator
-  return !ring_ready_.empty();
+    if (c.ring && !held(c) && c.ring->pending()) ring_ready_.push_back(fd);
+  bool worked = false;
+  for (int fd : ring_ready_) worked |= serve(fd);  // may drop a connection: by fd, not by iterator
+  return worked;
 }
 
 bool Server::rings_may_sleep() {
   bool waiting = false;
   for (auto& [fd, c] : conns_)
-    if (c.ring && c.ring->may_sleep() && !c.copying) waiting = true;
+    if (c.ring && !held(c) && c.ring->may_sleep()) waiting = true;
   return waiting;
+}
+
+// A ring's wake-up: read without sleeping. Its other end closed (EOF,
+// reported readable for good): no longer watched.
+void Server::ring_woken(int wake, int conn_fd) {
+  if (wake_drain(wake) == EPIPE) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, wake, nullptr);
+    ring_efds_.erase(wake);
+  }
+  serve(conn_fd);
 }
 
 void Server::rings_awake() {

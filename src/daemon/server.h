@@ -55,7 +55,11 @@ class Server {
  private:
   struct Conn;
   void accept_clients();
-  void serve(int fd);
+  // Serves up to kRequestsPerTurn requests of connection `fd`; true if it
+  // read any (or dropped the connection).
+  bool serve(int fd);
+  bool fds_admitted(uint32_t client, uint16_t op);
+  static size_t refuse(const uint8_t* req, int status, uint8_t* out);
   void drop(int fd);
   static void clear_rendezvous(int cm, const std::string& path);
   void send_events();
@@ -124,7 +128,10 @@ class Server {
     std::vector<uint8_t> bytes;
     std::vector<Fd> fds;  // duplicates: the registry's may be closed before this is sent
     uint64_t event_key;   // (type << 32 | element) + 1 for an async event, 0 for a reply
+    uint64_t fd_key = 0;  // the duplicates' charge (Quotas::charge_fds), when it has some
   };
+  static constexpr uint64_t kQueuedFdsKey = uint64_t(1) << 63;  // Quotas keys of queued replies' fds
+  uint64_t queued_fds_seq_ = 0;
   struct Conn {
     uint32_t client;
     Fd sock;
@@ -136,8 +143,13 @@ class Server {
     std::unique_ptr<PostRing> ring;    // its request ring (Op::PostRing), if it asked for one
   };
   std::map<int, Conn> conns_;
+  // Whether a connection is left unserved for now: kMaxQueuedReplies
+  // replies unread (it reads them first: slowed, not dropped), or its
+  // Mediate on the copy worker. Neither its socket nor its ring is read.
+  static bool held(const Conn& c);
   // Request rings (post_ring.h): each ring's eventfd -> its connection's
-  // socket; the connection being served (for PostRing, -1 otherwise).
+  // socket (its wake-up socket's, post_ring.h); the connection being
+  // served (for PostRing, -1 otherwise).
   std::map<int, int> ring_efds_;
   int serving_fd_ = -1;
   std::vector<int> ring_ready_;  // scratch for run()
@@ -147,6 +159,7 @@ class Server {
   // Before a sleep: true if a ring has requests after all (no sleep).
   bool rings_may_sleep();
   void rings_awake();
+  void ring_woken(int wake, int conn_fd);
 };
 
 }  // namespace sv::daemon

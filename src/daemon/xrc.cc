@@ -133,7 +133,7 @@ int Registry::connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, prot
   rep.pd = srq->second.pd;
   rep.has_channel = 0;
   if (auto ch = channels_.find(cq->second.channel); ch != channels_.end()) {
-    out_fds.push_back(ch->second.eventfd.get());
+    out_fds.push_back(ch->second.wake.get());
     rep.has_channel = 1;
   }
   return 0;

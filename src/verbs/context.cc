@@ -155,12 +155,14 @@ int map_device(ContextState& st) {
   return 0;
 }
 
-// Async events from the daemon: it raises our eventfd and sends the event.
+// Async events from the daemon: it sends the event and signals our wake-up
+// pair (a socketpair, not an eventfd: the daemon's signal must not be able
+// to block whatever the application does to the descriptor).
 int register_async(ContextState& st) {
-  if (int e = make_eventfd(st.async_fd)) return e;
+  if (int e = make_wake_pair(st.async_fd, st.async_wake)) return e;
   proto::Empty req{};
   proto::Empty rep{};
-  int fds1[1] = {st.async_fd.get()};
+  int fds1[1] = {st.async_wake.get()};
   if (int e = st.conn.call<proto::Op::RegAsync>(req, rep, fds1)) return e;
   ContextState* raw = &st;
   st.conn.on_event = [raw](const proto::AsyncEventMsg& m) {
@@ -320,7 +322,7 @@ void start_watchdog(ContextState& st) {
     push_async_event(st, ev);
     std::lock_guard<std::mutex> g(st.mu);
     for (CqState* cq : st.cqs)
-      if (cq->channel) eventfd_signal(cq->channel->ch.fd);
+      if (cq->channel) wake_signal(cq->channel->wake);
   });
 }
 
@@ -364,7 +366,7 @@ void push_async_event(ContextState& st, const ibv_async_event& ev) {
     std::lock_guard<std::mutex> g(st.async.mu);
     st.async.events.push_back(ev);
   }
-  eventfd_signal(st.async_fd.get());
+  wake_signal(st.async_wake.get());
 }
 
 }  // namespace sv::verbs
@@ -476,8 +478,7 @@ int ibv_get_pkey_index(ibv_context*, uint8_t port, __be16 pkey) {
 int ibv_get_async_event(ibv_context* c, ibv_async_event* ev) {
   ContextState& st = ctx_state(c);
   for (;;) {
-    uint64_t v;
-    int e = sv::eventfd_wait_once(st.async_fd.get(), &v);  // EINTR ends the wait
+    int e = sv::wake_wait_once(st.async_fd.get());  // EINTR ends the wait
     if (e && e != EAGAIN) {
       errno = e;
       return -1;
@@ -488,7 +489,7 @@ int ibv_get_async_event(ibv_context* c, ibv_async_event* ev) {
     if (!st.async.events.empty()) {
       *ev = st.async.events.front();
       st.async.events.pop_front();
-      if (!st.async.events.empty()) sv::eventfd_signal(st.async_fd.get());
+      if (!st.async.events.empty()) sv::wake_signal(st.async_wake.get());
       return 0;
     }
     if (e == EAGAIN) {

@@ -1,7 +1,7 @@
 // Completion queues and completion channels. A CQ is a ring in a shared
 // segment: any process whose operations complete into it pushes entries
 // (requesters for their sends, peers for receives), and pollers pop them.
-// An armed CQ raises its channel's eventfd once per arming (IBTA 11.4.2.2).
+// An armed CQ signals its channel's wake-up pair once per arming (IBTA 11.4.2.2).
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -420,7 +420,7 @@ ibv_cq* create_cq(ibv_context* c, int cqe, void* cq_context, ibv_comp_channel* c
     errno = e;
     return nullptr;
   }
-  if (channel) st->view.channel_fd = channel->fd;
+  if (channel) st->view.channel_fd = to_channel(channel)->wake;
   return new_cq_handle(c, std::move(st), rep.capacity, channel, cq_context);
 }
 
@@ -550,14 +550,16 @@ extern "C" {
 
 ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
   ContextState& cs = ctx_state(c);
-  sv::Fd efd;
-  if (int e = sv::make_eventfd(efd)) {
+  // A wake-up pair, not an eventfd: the daemon signals it too, and its
+  // signal must never sleep whatever a holder does to the descriptor.
+  sv::Fd rd, wake;
+  if (int e = sv::make_wake_pair(rd, wake)) {
     errno = e;
     return nullptr;
   }
   proto::Empty req{};
   proto::HandleReply rep{};
-  int fds[1] = {efd.get()};
+  int fds[2] = {rd.get(), wake.get()};
   if (int e = cs.conn.call<proto::Op::CreateChannel>(req, rep, fds)) {
     errno = e;
     return nullptr;
@@ -568,7 +570,8 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* c) {
     return nullptr;
   }
   ch->ch.context = c;
-  ch->ch.fd = efd.release();
+  ch->ch.fd = rd.release();
+  ch->wake = wake.release();
   ch->ch.refcnt = 0;
   ch->handle = rep.handle;
   ch->ctx = to_ctx(c);
@@ -599,12 +602,13 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
       cs.channel_handles.erase(it);
   }
   ::close(channel->fd);
+  ::close(ch->wake);
   std::free(ch);
   return 0;
 }
 
 // svx_import_comp_channel (softverbs.h): a completion channel of a shared
-// context. Its eventfd is the same one in every holder: each event wakes
+// context. Its wake-up pair is the same one in every holder: each event wakes
 // one waiter, and ibv_get_cq_event hands it to whoever takes the CQ's
 // notified flag first.
 ibv_comp_channel* svx_import_comp_channel(ibv_context* c, uint32_t handle) {
@@ -628,6 +632,7 @@ ibv_comp_channel* svx_import_comp_channel(ibv_context* c, uint32_t handle) {
   }
   ch->ch.context = c;
   ch->ch.fd = fds[0].release();
+  ch->wake = fds[1].release();
   ch->handle = handle;
   ch->ctx = to_ctx(c);
   std::lock_guard<std::mutex> g(cs.mu);
@@ -646,6 +651,7 @@ int svx_unimport_comp_channel(ibv_comp_channel* channel) {
       cs.channel_handles.erase(it);
   }
   ::close(channel->fd);
+  ::close(ch->wake);
   std::free(ch);
   return 0;
 }
@@ -788,10 +794,10 @@ static int spin_with_signals_held(ContextState& cs, Channel* ch) {
   return interrupted ? EINTR : 0;
 }
 
-// Waits for an event on `channel` (ibv_get_cq_event(3)). The eventfd is
+// Waits for an event on `channel` (ibv_get_cq_event(3)). The channel's socket is
 // drained first and the CQs' notified flags scanned after, so a flag set
 // while we scan is never lost; if more than one CQ fired, the fd is raised
-// again so that it stays readable. A flag is set before its eventfd is
+// again so that it stays readable. A flag is set before its socket is
 // raised (completion.h), so a drain after the spin saw a flag returns at once.
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_context) {
   ContextState& cs = ctx_state(channel->context);
@@ -803,8 +809,7 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_conte
     }
   }
   for (;;) {
-    uint64_t v;
-    int e = sv::eventfd_wait_once(channel->fd, &v);  // EINTR ends the wait
+    int e = sv::wake_wait_once(channel->fd);  // EINTR ends the wait
     if (e && e != EAGAIN) {
       errno = e;
       return -1;
@@ -823,7 +828,7 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_conte
       }
     }
     if (hit) {
-      if (more) sv::eventfd_signal(channel->fd);
+      if (more) sv::wake_signal(ch->wake);
       *cq_out = hit->ibcq;
       *cq_context = hit->ibcq->cq_context;
       return 0;

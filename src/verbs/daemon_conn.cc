@@ -288,7 +288,7 @@ int DaemonConn::ring_push_locked(const void* req, size_t req_len) {
   // tail: either it sees this tail or we see its flag.
   r.hdr->tail.store(++r.tail, std::memory_order_seq_cst);
   if (r.hdr->wake.load(std::memory_order_seq_cst)) {
-    eventfd_signal(r.efd.get());
+    wake_signal(r.efd.get());
     // The daemon slept: it sleeps between requests when the CPUs are
     // oversubscribed (Server::spin_contended), and the wake-up often puts
     // it on this CPU, behind this thread. Give it the CPU now: the caller

@@ -135,7 +135,7 @@ class DaemonConn {
   // go there instead of the socket once the daemon gave one; with mu_ held.
   struct PostRing {
     Mapping map;
-    Fd efd;
+    Fd efd;  // the ring's wake-up socket (ours to signal)
     proto::PostRingHeader* hdr = nullptr;
     uint8_t* slots = nullptr;
     uint32_t capacity = 0;
@@ -177,7 +177,7 @@ struct CqSegment {
 struct CqView {
   ContextState* cs = nullptr;  // the connection to fetch a moved segment on
   uint32_t handle = 0;         // the daemon's CQ handle
-  int channel_fd = -1;  // eventfd to signal when armed (borrowed or owned by `channel_owned`)
+  int channel_fd = -1;  // the channel's wake-up socket to signal when armed (borrowed or owned by `channel_owned`)
   Fd channel_owned;
 
   int attach(int fd, uint64_t size);  // maps a CQ segment and makes it current
@@ -243,7 +243,8 @@ struct Ah {
 };
 
 struct Channel {
-  ibv_comp_channel ch;
+  ibv_comp_channel ch;  // ch.fd: the reading end of its wake-up pair (sys.h)
+  int wake;             // the signalled end (owned; closed with the channel)
   uint32_t handle;
   Context* ctx;
   // Adaptive spinning in ibv_get_cq_event: how many waits in a row the spin
@@ -425,7 +426,11 @@ struct ContextState {
   const MrEntry* mr_table = nullptr;
   const QpEntry* qp_table = nullptr;
   const shm::McgEntry* mcg_table = nullptr;
+  // The context's async fd (ibv_context::async_fd, polled and read by the
+  // application) and the other end of its wake-up pair (sys.h), signalled
+  // by the daemon (RegAsync) and by this library.
   Fd async_fd;
+  Fd async_wake;
   AsyncQueue async;
   std::atomic<uint32_t> ahs{0};  // address handles held (at most kMaxAh)
 

@@ -71,7 +71,7 @@ Cq* import_cq_handle(ibv_context* c, uint32_t handle) {
     errno = e;
     return nullptr;
   }
-  if (ch) st->view.channel_fd = ch->ch.fd;
+  if (ch) st->view.channel_fd = ch->wake;
   ibv_cq* q = new_cq_handle(c, std::move(st), rep.capacity, ch ? &ch->ch : nullptr, nullptr);
   return q ? to_cq(q) : nullptr;
 }

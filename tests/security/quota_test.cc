@@ -154,11 +154,11 @@ TEST(Quota, ChannelsOfOneUserLeaveRootItsOwn) {
   Child nobody(true, [&sysd](int sock) {
     RawConn raw(sysd.socket());
     if (!raw.ok() || !hello(raw)) return 2;
-    int efd = eventfd(0, EFD_CLOEXEC);
-    if (efd < 0) return 3;
+    int pair[2];  // a channel's wake-up pair (sys.h)
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return 3;
     sv::proto::Empty ch{};
     int refusal = 0;
-    const int fds[1] = {efd};
+    const int fds[2] = {pair[0], pair[1]};
     long n = until_refused(raw, Op::CreateChannel, ch, 100000, &refusal, fds, 16);
     long res[2] = {n, refusal};
     if (!send_val(sock, res)) return 4;
@@ -207,11 +207,11 @@ TEST(Quota, NoBusyLoopAtTheDescriptorLimit) {
   Child nobody(true, [&sysd](int sock) {
     RawConn raw(sysd.socket());
     if (!raw.ok() || !hello(raw)) return 2;
-    int efd = eventfd(0, EFD_CLOEXEC);
-    if (efd < 0) return 3;
+    int pair[2];  // a channel's wake-up pair (sys.h)
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return 3;
     sv::proto::Empty ch{};
     int refusal = 0;
-    const int fds[1] = {efd};
+    const int fds[2] = {pair[0], pair[1]};
     long n = until_refused(raw, Op::CreateChannel, ch, 1000, &refusal, fds, 1);
     long res[2] = {n, refusal};
     if (!send_val(sock, res)) return 4;
