@@ -89,6 +89,7 @@ enum class Op : uint16_t {
   MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, session 18); the outcome in the QP segment and CQ
   MediateGone,     // can connection `client` still finish pipelined requests on my QP? 0: never again; EBUSY: it can
   PostRing,        // this connection's request ring for MediatePost; reply fds: the ring's memfd, its eventfd
+  Wake,            // reply fd: this connection's wake socket; a byte comes when another process leaves its context
   kCount
 };
 
@@ -857,6 +858,7 @@ SV_OP(Netns,         NetnsMsg,       NetnsMsg,           fds(0),    fds(0),    {
 SV_OP(MediatePost,   MediateReq,     Empty,              fds(0),    fds(0),    {kObjQp | kObjMr | kObjMw})
 SV_OP(MediateGone,   MediateGoneReq, Empty,              fds(0),    fds(0),    {kObjQp})
 SV_OP(PostRing,      Empty,          PostRingReply,      fds(0),    fds(2),    {})
+SV_OP(Wake,          Empty,          Empty,              fds(0),    fds(1),    {})
 #undef SV_OP
 #undef SV_OP_DECL
 

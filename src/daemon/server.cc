@@ -495,10 +495,12 @@ void Server::drop(int fd) {
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->second.ring->eventfd(), nullptr);
     ring_efds_.erase(it->second.ring->eventfd());
   }
+  const uint32_t context = registry_.context_of(it->second.client);
   registry_.remove_client(it->second.client);
   registry_.quotas().release(Quotas::kConnection, it->second.client);
   roce_.remove_client(it->second.client);
   conns_.erase(it);
+  wake_sharers(context);
   sync_mcast();
   send_events();
   if (system_) remove_stale_rendezvous();
@@ -690,7 +692,9 @@ void Server::serve(int fd) {
       rlen = sizeof(rep);
       out_fds.clear();
     }
-    if (!enqueue(fd, it->second, out, rlen, out_fds, 0)) {
+    const bool queued = enqueue(fd, it->second, out, rlen, out_fds, 0);
+    wake_given_.reset();  // sent or duplicated into the queue by now
+    if (!queued) {
       drop(fd);
       return;
     }
@@ -714,6 +718,7 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
   if (serving_fd_ >= 0) {
     const int fd = serving_fd_;
     env.post_ring = [this, fd](proto::PostRingReply& rep, std::vector<int>& fds) { return open_ring(fd, rep, fds); };
+    env.wake = [this, fd](std::vector<int>& fds) { return open_wake(fd, fds); };
   }
   const size_t n = run_command(env, h, msg, len, out);
   sync_mcast();
@@ -740,6 +745,29 @@ int Server::open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_f
   out_fds = {ring->memfd(), ring->eventfd()};
   it->second.ring = std::move(ring);
   return 0;
+}
+
+int Server::open_wake(int fd, std::vector<int>& out_fds) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return EINVAL;
+  if (it->second.wake.valid()) return EBUSY;
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) return errno;
+  it->second.wake.reset(sv[0]);
+  wake_given_.reset(sv[1]);
+  out_fds = {sv[1]};
+  return 0;
+}
+
+// The daemon's end is its own open file: whatever the client does to its
+// end (never reading, flags) the send cannot block. A full socket already
+// holds a wake the client has not read: nothing is lost by dropping this one.
+void Server::wake_sharers(uint32_t context) {
+  if (context == 0) return;
+  static const char kByte = 1;
+  for (auto& [fd, c] : conns_)
+    if (c.wake.valid() && registry_.context_of(c.client) == context)
+      (void)::send(c.wake.get(), &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 bool Server::serve_rings() {

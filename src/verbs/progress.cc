@@ -74,6 +74,45 @@ void progress_register(QpState* q) {
   p.cv.notify_one();
 }
 
+namespace {
+
+// Read without the send lock: the process that left is gone, so what it
+// left is in memory already; a live poster that queues after this look
+// registers the QP with its own progress thread (post_queue).
+bool has_work(const QpState& q) {
+  if (!q.hdr) return false;
+  return !q.sq.empty() || q.hdr->sq_running.load(std::memory_order_acquire) ||
+         q.hdr->torn_qpn.load(std::memory_order_acquire) || q.hdr->med_pid.load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+// The progress lock, then the context's (the order the progress thread
+// takes them in: a step may look up a key's window under the context lock).
+// A QP found in the context's handles under its lock is not freed before
+// its destroyer has unregistered it, which waits for the progress lock.
+void progress_adopt(ContextState& st) {
+  Progress& p = progress();
+  std::lock_guard<std::mutex> g(p.mu);
+  bool any = false;
+  {
+    std::lock_guard<std::mutex> c(st.mu);
+    for (auto& [qpn, qp] : st.qp_handles) {
+      QpState* q = qp->st;
+      if (!has_work(*q)) continue;
+      q->in_progress_list = true;
+      p.qps.insert(q);
+      any = true;
+    }
+  }
+  if (!any) return;
+  if (!p.started) {
+    p.started = true;
+    started_thread([&p] { p.run(); }).detach();
+  }
+  p.cv.notify_one();
+}
+
 void progress_unregister(QpState* q) {
   Progress& p = progress();
   std::lock_guard<std::mutex> g(p.mu);

@@ -419,6 +419,10 @@ struct ContextState {
   std::atomic<bool> dead{false};
   std::thread watchdog;
   Fd watchdog_stop;
+  // The daemon sends a byte here when another process leaves the context
+  // (Op::Wake): the watchdog then gives this process's progress thread the
+  // QPs that process may have left work on (progress_adopt).
+  Fd wake;
   uint64_t boot_id = 0;
   Mapping device_map;
   const MrEntry* mr_table = nullptr;
@@ -535,6 +539,11 @@ void flush_qp(QpState& qp);
 void move_to_error(QpState& qp);
 void progress_register(QpState* qp);
 void progress_unregister(QpState* qp);
+// Another process of the context left it: every QP this process holds that
+// has work waiting (queued requests, a torn receive, a request whose
+// executor died, a pipelined run) goes to this process's progress thread,
+// which carries it out or completes it, as the next post would.
+void progress_adopt(ContextState& st);
 
 inline Qp* to_qp_from_state(QpState& q) { return q.self; }
 ibv_wc_opcode send_wc_opcode(uint32_t op);
