@@ -78,9 +78,12 @@ namespace {
 
 // Read without the send lock: the process that left is gone, so what it
 // left is in memory already; a live poster that queues after this look
-// registers the QP with its own progress thread (post_queue).
+// registers the QP with its own progress thread (post_queue). A QP of a
+// thread domain is not taken: no other process holds it (it cannot be
+// imported), and only its poster may put it on the list (post_queue posts
+// to it without the lock while it is off the list).
 bool has_work(const QpState& q) {
-  if (!q.hdr) return false;
+  if (!q.hdr || q.lockless) return false;
   return !q.sq.empty() || q.hdr->sq_running.load(std::memory_order_acquire) ||
          q.hdr->torn_qpn.load(std::memory_order_acquire) || q.hdr->med_pid.load(std::memory_order_acquire);
 }
