@@ -220,6 +220,11 @@ class Registry : private MediationTables {
   uid_t client_uid(uint32_t client) const;
   // The context a connection is attached to (0: none).
   uint32_t context_of(uint32_t client) const { return ctx(client); }
+  // The process of a connection (as it connected; 0: none).
+  uint32_t client_pid(uint32_t client) const {
+    auto c = clients_.find(client);
+    return c == clients_.end() ? 0 : uint32_t(c->second.pid);
+  }
   // Read access for tests.
   const shm::QpEntry* qp_entry(uint32_t qpn) const;
   const shm::MrEntry* mr_entry(uint32_t key) const;

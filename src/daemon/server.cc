@@ -496,11 +496,12 @@ void Server::drop(int fd) {
     ring_efds_.erase(it->second.ring->eventfd());
   }
   const uint32_t context = registry_.context_of(it->second.client);
+  const uint32_t pid = registry_.client_pid(it->second.client);
   registry_.remove_client(it->second.client);
   registry_.quotas().release(Quotas::kConnection, it->second.client);
   roce_.remove_client(it->second.client);
   conns_.erase(it);
-  wake_sharers(context);
+  wake_sharers(context, pid);
   sync_mcast();
   send_events();
   if (system_) remove_stale_rendezvous();
@@ -760,14 +761,14 @@ int Server::open_wake(int fd, std::vector<int>& out_fds) {
 }
 
 // The daemon's end is its own open file: whatever the client does to its
-// end (never reading, flags) the send cannot block. A full socket already
-// holds a wake the client has not read: nothing is lost by dropping this one.
-void Server::wake_sharers(uint32_t context) {
+// end (never reading, flags) the send cannot block. A full socket holds
+// wakes the client has not read; the one dropped is said on the trace.
+void Server::wake_sharers(uint32_t context, uint32_t pid) {
   if (context == 0) return;
-  static const char kByte = 1;
   for (auto& [fd, c] : conns_)
-    if (c.wake.valid() && registry_.context_of(c.client) == context)
-      (void)::send(c.wake.get(), &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (c.wake.valid() && registry_.context_of(c.client) == context &&
+        ::send(c.wake.get(), &pid, sizeof pid, MSG_DONTWAIT | MSG_NOSIGNAL) != ssize_t(sizeof pid))
+      SV_TRACE("daemon: fd %d: wake for pid %u not sent: %s", fd, pid, std::strerror(errno));
 }
 
 bool Server::serve_rings() {

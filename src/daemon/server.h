@@ -140,9 +140,9 @@ class Server {
   // handed out (held in wake_given_ until the reply carrying it is queued).
   int open_wake(int fd, std::vector<int>& out_fds);
   Fd wake_given_;
-  // The processes still attached to `context` (one just left it) take over
-  // what the one that left had queued on its QPs: a byte on each wake socket.
-  void wake_sharers(uint32_t context);
+  // The processes still attached to `context` take over what process `pid`,
+  // which just left it, had queued on its QPs: its pid on each wake socket.
+  void wake_sharers(uint32_t context, uint32_t pid);
   // The rings with requests waiting are served; true if any was.
   bool serve_rings();
   // Before a sleep: true if a ring has requests after all (no sleep).

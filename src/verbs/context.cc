@@ -340,10 +340,10 @@ void start_watchdog(ContextState& st) {
       if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) break;
       if (p[2].revents & (POLLHUP | POLLERR)) p[2].fd = -1;  // the daemon's end is gone: the socket above says why
       if (p[2].revents & POLLIN) {
-        char b[64];
-        while (::recv(st.wake.get(), b, sizeof b, MSG_DONTWAIT) > 0) {
-        }
-        progress_adopt(st);
+        std::vector<uint32_t> gone;  // one message per process that left: its pid
+        uint32_t pid = 0;
+        while (::recv(st.wake.get(), &pid, sizeof pid, MSG_DONTWAIT) == ssize_t(sizeof pid)) gone.push_back(pid);
+        progress_adopt(st, gone);
       }
     }
     st.dead.store(true);

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -539,11 +540,12 @@ void flush_qp(QpState& qp);
 void move_to_error(QpState& qp);
 void progress_register(QpState* qp);
 void progress_unregister(QpState* qp);
-// Another process of the context left it: every QP this process holds that
-// has work waiting (queued requests, a torn receive, a request whose
-// executor died, a pipelined run) goes to this process's progress thread,
-// which carries it out or completes it, as the next post would.
-void progress_adopt(ContextState& st);
+// Processes `gone` left the context: every QP this process holds that has
+// work waiting (queued requests, a torn receive, a request whose executor
+// died, a pipelined run) and whose queue one of them (or a dead process)
+// carried last goes to this process's progress thread, which carries it
+// out or completes it, as the next post would.
+void progress_adopt(ContextState& st, std::span<const uint32_t> gone);
 
 inline Qp* to_qp_from_state(QpState& q) { return q.self; }
 ibv_wc_opcode send_wc_opcode(uint32_t op);

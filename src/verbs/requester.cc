@@ -892,6 +892,8 @@ template <bool kFast>
   // access to it, and only a poster puts the QP back on its list.
   const bool locked = !q.lockless || q.in_progress_list.load(std::memory_order_acquire);
   if (locked) q.hdr->send_lock.lock(self_pid());
+  // Before anything is queued: who carries the queue (progress_adopt).
+  q.hdr->progress_pid.store(self_pid(), std::memory_order_relaxed);
   if (q.hdr->torn_qpn.load(std::memory_order_relaxed)) complete_torn_receive(q);
   // A request whose holder died carrying it out may look gone from the
   // queue (taken off, not completed): settled before anything runs.
