@@ -91,6 +91,7 @@ enum class Op : uint16_t {
   PostRing,        // this connection's request ring for MediatePost; reply fds: the ring's memfd, its wake-up socket
   CmBind,          // rdma_cm (system daemon): hold a port; reply fd: the listening socket the daemon made for it
   CmUnbind,        // give a held port back
+  Wake,            // reply fd: this connection's wake socket; a pid comes when another process leaves its context
   kCount
 };
 
@@ -883,6 +884,7 @@ SV_OP(MediateGone,   MediateGoneReq, Empty,              fds(0),    fds(0),    {
 SV_OP(PostRing,      Empty,          PostRingReply,      fds(0),    fds(2),    {})
 SV_OP(CmBind,        CmBindReq,      CmBindReply,        fds(0),    fds(1),    {})
 SV_OP(CmUnbind,      CmBindReq,      Empty,              fds(0),    fds(0),    {})
+SV_OP(Wake,          Empty,          Empty,              fds(0),    fds(1),    {})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -35,7 +35,8 @@ constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
 //    MrEntry.generation (a peer's cached view of an MR is checked against it)
 // 5: a ring's claim is the move of its index, which names the claimer
 //    (RingHeader.tail_by, head_by; shm_ring.h)
-constexpr uint32_t kLayoutVersion = 5;
+// 6: QpSegmentHeader.progress_pid (who carries out the send queue)
+constexpr uint32_t kLayoutVersion = 6;
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -196,6 +197,12 @@ struct QpSegmentHeader {
   uint64_t torn_pos;                   // the position claimed (or about to be) in the peer's RQ or SRQ
   uint32_t torn_pid;                   // who claims it
   std::atomic<uint32_t> torn_taken;    // 1: copied out, torn_wr_id holds its wr_id
+  // The process that last took send_lock to post or to carry out queued
+  // requests (written right after taking it): the one whose progress thread
+  // has what waits in the send queue. When a process leaves the QP's
+  // context, the others take the QP over only if this names it, or a
+  // process that is gone (progress_adopt in the library).
+  std::atomic<uint32_t> progress_pid;
   alignas(64) ShmLock recv_lock;
   alignas(64) std::atomic<uint32_t> flushed;  // RQ flushed after ERR
   // Created as an extended QP (ibv_create_qp_ex with send_ops_flags): those

@@ -133,6 +133,11 @@ SV_HANDLER(PostRing) {
   (void)req;
   return env.post_ring ? env.post_ring(rep, env.out_fds) : EOPNOTSUPP;
 }
+SV_HANDLER(Wake) {
+  (void)req;
+  (void)rep;
+  return env.wake ? env.wake(env.out_fds) : EOPNOTSUPP;
+}
 SV_HANDLER(MediateGone) { return env.registry.mediate_gone(env.client, req.qpn, req.client); }
 SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, req); }
 SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(env.client, req); }

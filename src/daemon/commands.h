@@ -32,6 +32,7 @@ struct CommandEnv {
   // PostRing: the server makes the connection's ring (empty: EOPNOTSUPP,
   // as for a request not read from a connection).
   std::function<int(proto::PostRingReply&, std::vector<int>&)> post_ring = {};
+  std::function<int(std::vector<int>&)> wake = {};  // Op::Wake: the connection's wake socket
 };
 
 // Runs one request whose header (magic, version) is valid: EOPNOTSUPP for

@@ -194,6 +194,9 @@ struct XrcdHandle : Object {  // one ibv_open_xrcd of a context
 };
 
 struct Qp : Object {
+  // The user of its context (every process that holds it is of that user):
+  // whose device tables hold its entry, and who may map its segment.
+  uint32_t uid = uint32_t(-1);
   uint32_t pd = 0;
   uint32_t send_cq = 0;
   uint32_t recv_cq = 0;

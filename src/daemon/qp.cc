@@ -133,6 +133,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   QpLayout layout{round_up_pow2(std::max(req.max_send_wr, 2u)), recv_ring_capacity(req.max_recv_wr)};
   Qp qp;
   qp.owner = ctx(client);
+  qp.uid = uint32_t(ctx_uid(qp.owner));
   qp.type = ibv_qp_type(req.qp_type);
   qp.slot = slot;
   if (int e = make_qp_segment(qpn, layout, qp.fd, qp.map)) return e;
@@ -449,6 +450,13 @@ void Registry::responder_error_event(uint32_t qpn, ibv_wc_status requester_statu
 // Complete it now, before fail_peers_of flushes the rest of that queue, so
 // the responder sees every receive once and in order: flushed, as a receive
 // whose message never fully arrived is (IBTA 10.3.1, the QP goes to ERR).
+//
+// The record is in the dead QP's segment, which its holders could write at
+// will: every field of it is a claim, checked against the daemon's own
+// records before anything is done (torn_record_allowed). The responder it
+// names must be one the dead QP's holders were given to map (same user,
+// peer_reply), so whatever the daemon does with the record they could have
+// done to that responder's queues and CQ themselves.
 void Registry::complete_torn_receive(uint32_t dead_qpn) {
   auto dq = qps_.find(dead_qpn);
   if (dq == qps_.end()) return;
@@ -456,10 +464,7 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   uint32_t qpn = dh->torn_qpn.exchange(0, std::memory_order_acquire);
   if (qpn == 0) return;
   auto q = qps_.find(qpn);
-  if (q == qps_.end()) return;
-  // Only a QP this one could have delivered to (a client can write anything here).
-  if (q->second.type != dq->second.type) return;
-  if (q->second.type != IBV_QPT_UD && qp_slot(dead_qpn).dest_qpn.load() != qpn) return;
+  if (q == qps_.end() || !torn_record_allowed(dq->second, dead_qpn, q->second, qpn)) return;
   uint64_t wr_id = dh->torn_wr_id;
   if (!dh->torn_taken.load(std::memory_order_acquire)) {
     // Killed between the record and the copy: the receive is still in the
@@ -480,6 +485,23 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   wc.qp_num = qpn;
   wc.src_qp = dead_qpn;
   push_cq(q->second.recv_cq, wc, true);
+}
+
+// May the dead QP's torn record name responder `peer`? Only a QP its holders
+// could have delivered to through shared memory, as the daemon recorded it:
+// of the same user (peer_reply hands a peer's segments only within a user;
+// between users the daemon delivers, Op::Mediate, and no record is kept),
+// of the same type, and for a connected type the pair connected both ways
+// (the dead QP's destination is the responder and the responder's is the
+// dead QP, as connect_peer demands). A record naming anything else is
+// ignored: it is a forgery, or the pair changed since, and then the
+// responder's holders were never reached through it.
+bool Registry::torn_record_allowed(const Qp& dead, uint32_t dead_qpn, const Qp& peer, uint32_t peer_qpn) const {
+  if (dead.uid == uint32_t(-1) || dead.uid != peer.uid) return false;
+  if (peer.type != dead.type || peer.type == IBV_QPT_XRC_RECV) return false;
+  if (!cqs_.count(peer.recv_cq)) return false;
+  if (peer.type == IBV_QPT_UD) return true;
+  return qp_slot(dead_qpn).dest_qpn.load() == peer_qpn && qp_slot(peer_qpn).dest_qpn.load() == dead_qpn;
 }
 
 void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {

@@ -225,6 +225,13 @@ class Registry : private MediationTables {
 
   // The user of a client's process (uid_t(-1) if unknown).
   uid_t client_uid(uint32_t client) const;
+  // The context a connection is attached to (0: none).
+  uint32_t context_of(uint32_t client) const { return ctx(client); }
+  // The process of a connection (as it connected; 0: none).
+  uint32_t client_pid(uint32_t client) const {
+    auto c = clients_.find(client);
+    return c == clients_.end() ? 0 : uint32_t(c->second.pid);
+  }
   // Read access for tests.
   const shm::QpEntry* qp_entry(uint32_t qpn) const;
   const shm::MrEntry* mr_entry(uint32_t key) const;
@@ -345,6 +352,7 @@ class Registry : private MediationTables {
   int peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
   void fail_peers_of(const std::vector<uint32_t>& dead_qpns);
   void complete_torn_receive(uint32_t dead_qpn);
+  bool torn_record_allowed(const Qp& dead, uint32_t dead_qpn, const Qp& peer, uint32_t peer_qpn) const;
   // The QPs a context's release frees: its own, and XRC target QPs whose
   // last handle it held (a target QP another context still holds moves to it).
   std::vector<uint32_t> qps_to_release(uint32_t ctx);

@@ -193,12 +193,14 @@ void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opco
 }
 
 // The QP's own posted receives complete with flush errors (IBTA 10.3.1);
-// an SRQ's receives belong to its other QPs too and stay.
+// an SRQ's receives belong to its other QPs too and stay. At most one ring's
+// worth (the capacity the daemon recorded): a holder that goes on posting
+// into the ring while it is flushed does not keep the daemon here.
 void Registry::flush_rq(Qp& q, uint32_t qpn) {
   RecvQueue rq;
   if (q.srq || !receive_queue(qpn, rq)) return;
   RecvWqe w{};
-  while (rq.ring.pop(w)) {
+  for (uint32_t n = 0; n < q.rq_capacity && rq.ring.pop(w); ++n) {
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;

@@ -522,13 +522,17 @@ void Server::drop(int fd) {
     ring_efds_.erase(it->second.ring->wake());
   }
   const uint32_t client = it->second.client;
+  const uint32_t context = registry_.context_of(client);
+  const uint32_t pid = registry_.client_pid(client);
   for (const Out& o : it->second.out) registry_.quotas().release_fds(o.fd_key);
   registry_.remove_client(client);
   Quotas& q = registry_.quotas();
   q.release(Quotas::kConnection, client);
-  for (auto what : {Quotas::kPidfd, Quotas::kRingFds, Quotas::kRoceFds}) q.release_fds(Quotas::fd_key(client, what));
+  for (auto what : {Quotas::kPidfd, Quotas::kRingFds, Quotas::kRoceFds, Quotas::kWakeFd})
+    q.release_fds(Quotas::fd_key(client, what));
   roce_.remove_client(it->second.client);
   conns_.erase(it);
+  wake_sharers(context, pid);
   sync_mcast();
   send_events();
 }
@@ -726,7 +730,9 @@ bool Server::serve(int fd) {
       rlen = sizeof(rep);
       out_fds.clear();
     }
-    if (!enqueue(fd, it->second, out, rlen, out_fds, 0)) {
+    const bool queued = enqueue(fd, it->second, out, rlen, out_fds, 0);
+    wake_given_.reset();  // sent or duplicated into the queue by now
+    if (!queued) {
       drop(fd);
       return true;
     }
@@ -772,6 +778,7 @@ size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vect
   if (serving_fd_ >= 0) {
     const int fd = serving_fd_;
     env.post_ring = [this, fd](proto::PostRingReply& rep, std::vector<int>& fds) { return open_ring(fd, rep, fds); };
+    env.wake = [this, fd](std::vector<int>& fds) { return open_wake(fd, fds); };
   }
   const size_t n = run_command(env, h, msg, len, out);
   sync_mcast();
@@ -801,6 +808,32 @@ int Server::open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_f
   out_fds = {ring->memfd(), ring->theirs()};
   it->second.ring = std::move(ring);
   return 0;
+}
+
+int Server::open_wake(int fd, std::vector<int>& out_fds) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return EINVAL;
+  if (it->second.wake.valid()) return EBUSY;
+  const uid_t uid = registry_.client_uid(it->second.client);
+  if (int e = registry_.quotas().admit_fds(uid, 1)) return e;  // the daemon's end
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) return errno;
+  it->second.wake.reset(sv[0]);
+  registry_.quotas().charge_fds(Quotas::fd_key(it->second.client, Quotas::kWakeFd), uid, 1);
+  wake_given_.reset(sv[1]);
+  out_fds = {sv[1]};
+  return 0;
+}
+
+// The daemon's end is its own open file: whatever the client does to its
+// end (never reading, flags) the send cannot block. A full socket holds
+// wakes the client has not read; the one dropped is said on the trace.
+void Server::wake_sharers(uint32_t context, uint32_t pid) {
+  if (context == 0) return;
+  for (auto& [fd, c] : conns_)
+    if (c.wake.valid() && registry_.context_of(c.client) == context &&
+        ::send(c.wake.get(), &pid, sizeof pid, MSG_DONTWAIT | MSG_NOSIGNAL) != ssize_t(sizeof pid))
+      SV_TRACE("daemon: fd %d: wake for pid %u not sent: %s", fd, pid, std::strerror(errno));
 }
 
 // A connection not served (held) is not looked at: what waits in its ring

@@ -141,6 +141,7 @@ class Server {
     uint32_t interest = 0;             // the epoll events asked for now
     bool copying = false;              // a deferred Mediate of this client is on the copy worker
     std::unique_ptr<PostRing> ring;    // its request ring (Op::PostRing), if it asked for one
+    Fd wake;                           // the daemon's end of its wake socket (Op::Wake), if it asked for one
   };
   std::map<int, Conn> conns_;
   // Whether a connection is left unserved for now: kMaxQueuedReplies
@@ -154,6 +155,13 @@ class Server {
   int serving_fd_ = -1;
   std::vector<int> ring_ready_;  // scratch for run()
   int open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_fds);
+  // Op::Wake: a socket pair, one end kept in the connection, the other
+  // handed out (held in wake_given_ until the reply carrying it is queued).
+  int open_wake(int fd, std::vector<int>& out_fds);
+  Fd wake_given_;
+  // The processes still attached to `context` take over what process `pid`,
+  // which just left it, had queued on its QPs: its pid on each wake socket.
+  void wake_sharers(uint32_t context, uint32_t pid);
   // The rings with requests waiting are served; true if any was.
   bool serve_rings();
   // Before a sleep: true if a ring has requests after all (no sleep).

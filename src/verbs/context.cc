@@ -7,12 +7,15 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <vector>
 
@@ -172,6 +175,24 @@ int register_async(ContextState& st) {
   return 0;
 }
 
+// The wake socket (Op::Wake, see start_watchdog). Without one (a daemon
+// that does not offer it) requests a departed sharer left queued on a QP
+// wait for the next post on that QP: said once, the context still works.
+void register_wake(ContextState& st) {
+  proto::Empty req{};
+  proto::Empty rep{};
+  std::vector<Fd> fds;
+  if (int e = st.conn.call<proto::Op::Wake>(req, rep, {}, &fds)) {
+    static std::once_flag once;
+    std::call_once(once, [e] {
+      std::fprintf(stderr, "softverbs: the daemon gave no wake socket (%s): requests a process sharing a QP "
+                           "leaves queued wait for the next post on that QP\n", std::strerror(e));
+    });
+    return;
+  }
+  st.wake = std::move(fds[0]);
+}
+
 // The context as libibverbs sees it: the provider's ops (rdma-core's
 // verbs_context_ops, set once here) and the fds it polls.
 Context* new_verbs_context(ContextState& st) {
@@ -231,6 +252,7 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
     if (e != ECONNRESET) break;
   }
   if (!e) e = register_async(*st);
+  if (!e) register_wake(*st);
   if (e) {
     errno = e;
     return nullptr;
@@ -306,15 +328,25 @@ ContextState::~ContextState() {
 // Watches the daemon connection: when the daemon dies, the device is gone
 // (IBV_EVENT_DEVICE_FATAL): later verbs fail, and threads asleep in
 // ibv_get_cq_event or ibv_get_async_event wake up with an error.
+// It also reads the wake socket (Op::Wake): another process of the context
+// left it, and what it left queued on the QPs is this process's to carry
+// out (progress_adopt).
 void start_watchdog(ContextState& st) {
   if (make_eventfd(st.watchdog_stop)) return;
   st.watchdog = started_thread([&st] {
-    pollfd p[2] = {{st.conn.fd(), POLLRDHUP, 0}, {st.watchdog_stop.get(), POLLIN, 0}};
+    pollfd p[3] = {{st.conn.fd(), POLLRDHUP, 0}, {st.watchdog_stop.get(), POLLIN, 0}, {st.wake.get(), POLLIN, 0}};
     for (;;) {
-      int n = ::poll(p, 2, -1);
+      int n = ::poll(p, 3, -1);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 || (p[1].revents & POLLIN)) return;
       if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) break;
+      if (p[2].revents & (POLLHUP | POLLERR)) p[2].fd = -1;  // the daemon's end is gone: the socket above says why
+      if (p[2].revents & POLLIN) {
+        std::vector<uint32_t> gone;  // one message per process that left: its pid
+        uint32_t pid = 0;
+        while (::recv(st.wake.get(), &pid, sizeof pid, MSG_DONTWAIT) == ssize_t(sizeof pid)) gone.push_back(pid);
+        progress_adopt(st, gone);
+      }
     }
     st.dead.store(true);
     ibv_async_event ev{};

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -421,6 +422,10 @@ struct ContextState {
   std::atomic<bool> dead{false};
   std::thread watchdog;
   Fd watchdog_stop;
+  // The daemon sends a byte here when another process leaves the context
+  // (Op::Wake): the watchdog then gives this process's progress thread the
+  // QPs that process may have left work on (progress_adopt).
+  Fd wake;
   uint64_t boot_id = 0;
   Mapping device_map;
   const MrEntry* mr_table = nullptr;
@@ -541,6 +546,12 @@ void flush_qp(QpState& qp);
 void move_to_error(QpState& qp);
 void progress_register(QpState* qp);
 void progress_unregister(QpState* qp);
+// Processes `gone` left the context: every QP this process holds that has
+// work waiting (queued requests, a torn receive, a request whose executor
+// died, a pipelined run) and whose queue one of them (or a dead process)
+// carried last goes to this process's progress thread, which carries it
+// out or completes it, as the next post would.
+void progress_adopt(ContextState& st, std::span<const uint32_t> gone);
 
 inline Qp* to_qp_from_state(QpState& q) { return q.self; }
 ibv_wc_opcode send_wc_opcode(uint32_t op);

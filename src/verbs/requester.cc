@@ -892,6 +892,7 @@ template <bool kFast>
   // access to it, and only a poster puts the QP back on its list.
   const bool locked = !q.lockless || q.in_progress_list.load(std::memory_order_acquire);
   if (locked) q.hdr->send_lock.lock(self_pid());
+  q.hdr->progress_pid.store(self_pid(), std::memory_order_relaxed);  // carries the queue now (progress_adopt)
   if (q.hdr->torn_qpn.load(std::memory_order_relaxed)) complete_torn_receive(q);
   // A request whose holder died carrying it out may look gone from the
   // queue (taken off, not completed): settled before anything runs.
@@ -910,6 +911,7 @@ template <bool kFast>
       break;
     }
   }
+  if (!need_progress && !q.sq.empty()) need_progress = true;  // as progress_pid says, even if this queued nothing
   if (locked) q.hdr->send_lock.unlock();
   // A full send queue is drained by someone's progress thread: ours too. The
   // holder that queued those requests may have been killed since (issue 18,

@@ -299,6 +299,94 @@ TEST(Sharing, TwoProcessesPostToOneSharedQp) {
   poll(src.cq, 100, 100);
 }
 
+// A sharer of an RC QP is killed with requests waiting in the QP's send
+// queue (its SENDs met no receive: RNR, rnr_retry 7 = for ever), and no
+// process posts on that QP again. The creator only polls: each request
+// completes there exactly once, carried out by the creator's progress
+// thread once the daemon told it the sharer left (Op::Wake). Before, nobody
+// retried them and the creator waited for ever.
+TEST(Sharing, RequestsADeadSharerLeftQueuedCompleteWithoutAnotherPost) {
+  constexpr int kQueued = 8;
+  constexpr uint32_t kMsg = 64;
+  Pair p;
+  pid_t sharer = fork();  // before this process starts the library's threads
+  if (sharer == 0) {
+    ibv_context* c = nullptr;
+    svx_object objs[2];
+    int n = 0;
+    if (svx_unpack(p.b, &c, objs, 2, &n) || n != 2) _exit(2);
+    ibv_qp* qp = objs[0].qp;
+    ibv_mr* mr = objs[1].mr;
+    recv_val<uint32_t>(p.b);  // go
+    for (int i = 0; i < kQueued; ++i) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr) + uint64_t(i) * kMsg, kMsg, mr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = 1000 + uint64_t(i);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_SEND;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      ibv_send_wr* bad;
+      if (ibv_post_send(qp, &wr, &bad)) _exit(3);
+    }
+    put<uint32_t>(p.b, 1);  // all queued: the responder has no receive
+    pause();
+    _exit(0);
+  }
+  Side src, dst;
+  Side::Options o;
+  ASSERT_EQ(0, src.open(o));
+  ASSERT_EQ(0, dst.open(o));
+  ASSERT_EQ(0, src.connect(dst.qp->qp_num, o));
+  ASSERT_EQ(0, dst.connect(src.qp->qp_num, o));
+  for (int i = 0; i < kQueued; ++i)
+    for (uint32_t j = 0; j < kMsg; ++j) src.buf[i * kMsg + j] = pattern(uint8_t(i), j);
+  svx_object objs[2];
+  objs[0].type = SVX_OBJ_QP;
+  objs[0].qp = src.qp;
+  objs[1].type = SVX_OBJ_MR;
+  objs[1].mr = src.mr;
+  ASSERT_EQ(0, svx_pack(p.a, src.ctx, objs, 2));
+  put<uint32_t>(p.a, 1);
+  ASSERT_EQ(1u, recv_val<uint32_t>(p.a));
+  // Nothing can have completed: no receive was posted.
+  EXPECT_EQ(0u, poll(src.cq, 1, 100).size());
+  kill(sharer, SIGKILL);
+  EXPECT_EQ(128 + SIGKILL, wait_child(sharer));
+  // Receives for them, on the responder: no post on the shared QP follows.
+  for (int i = 0; i < kQueued; ++i) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(dst.buf) + uint64_t(i) * kMsg, kMsg, dst.mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = uint64_t(i);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad;
+    ASSERT_EQ(0, ibv_post_recv(dst.qp, &wr, &bad));
+  }
+  auto sends = poll(src.cq, kQueued, 10000);
+  ASSERT_EQ(size_t(kQueued), sends.size()) << "requests the dead sharer queued were stranded";
+  std::set<uint64_t> seen;
+  int ok = 0;
+  for (auto& wc : sends) {
+    EXPECT_TRUE(seen.insert(wc.wr_id).second) << "wr_id " << wc.wr_id << " completed twice";
+    EXPECT_GE(wc.wr_id, 1000u);
+    EXPECT_LT(wc.wr_id, 1000u + kQueued);
+    ok += wc.status == IBV_WC_SUCCESS;
+  }
+  // Each request completes once: nothing more comes.
+  EXPECT_EQ(0u, poll(src.cq, 1, 300).size());
+  // What completed successfully arrived, in order, once.
+  auto recvs = poll(dst.cq, ok, 5000);
+  ASSERT_EQ(size_t(ok), recvs.size());
+  for (auto& wc : recvs) {
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status);
+    ASSERT_EQ(kMsg, wc.byte_len);
+  }
+  EXPECT_EQ(kQueued, ok) << "a live QP with a live responder carries the requests out";
+  for (int i = 0; i < ok; ++i)
+    for (uint32_t j = 0; j < kMsg; ++j) ASSERT_EQ(pattern(uint8_t(i), j), dst.buf[i * kMsg + j]);
+}
+
 // Three processes poll one CQ; together they see every completion once.
 TEST(Sharing, ThreePollersSeeEveryCompletionOnce) {
   constexpr int kPollers = 3;
