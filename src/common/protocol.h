@@ -89,6 +89,7 @@ enum class Op : uint16_t {
   MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, session 18); the outcome in the QP segment and CQ
   MediateGone,     // can connection `client` still finish pipelined requests on my QP? 0: never again; EBUSY: it can
   PostRing,        // this connection's request ring for MediatePost; reply fds: the ring's memfd, its eventfd
+  Refused,         // daemon -> client, unsolicited (seq 0), then the daemon closes: why it will not serve
   kCount
 };
 
@@ -404,6 +405,26 @@ struct AsyncEventMsg {
   uint32_t event_type;  // enum ibv_event_type
   uint32_t element;     // QPN for QP events, CQ handle for CQ events, 0 for the device
 };
+
+// Refused: sent at most once, without blocking (MSG_DONTWAIT), on a
+// connection the daemon then closes, so that the library can say why and
+// what to do (a client that does not know the op only sees the connection
+// closed). h.status: the errno the library returns (EPERM, EMFILE).
+// `theirs` and `mine`: what differs between the client and the daemon
+// (kRefusedPidNamespace: the inodes of the client's pid namespace, 0 if the
+// daemon could not read it, and of the daemon's; kRefusedUser: the client's
+// uid and the daemon's), otherwise 0.
+struct RefusedMsg {
+  Header h;
+  uint32_t reason;  // kRefused*
+  uint32_t reserved;
+  uint64_t theirs;
+  uint64_t mine;
+};
+constexpr uint32_t kRefusedPidNamespace = 1;  // the client is in another pid namespace
+constexpr uint32_t kRefusedUser = 2;          // a user's daemon, and the client is another user's
+constexpr uint32_t kRefusedConnections = 3;   // the user's connection quota is reached
+constexpr uint32_t kRefusedUnmappedUser = 4;  // a daemon in a user namespace that cannot name the client's uid
 
 struct ConnectUdReq {
   Header h;
@@ -857,6 +878,7 @@ SV_OP(Netns,         NetnsMsg,       NetnsMsg,           fds(0),    fds(0),    {
 SV_OP(MediatePost,   MediateReq,     Empty,              fds(0),    fds(0),    {kObjQp | kObjMr | kObjMw})
 SV_OP(MediateGone,   MediateGoneReq, Empty,              fds(0),    fds(0),    {kObjQp})
 SV_OP(PostRing,      Empty,          PostRingReply,      fds(0),    fds(2),    {})
+SV_OP_DECL(Refused,  RefusedMsg,     Empty,              fds(0),    fds(0),    true, {})
 #undef SV_OP
 #undef SV_OP_DECL
 
