@@ -1,6 +1,10 @@
 #include "common/sys.h"
 
 #include <fcntl.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -300,6 +304,51 @@ bool identity_uid_map(pid_t pid) {
   int used = 0;
   return std::sscanf(buf, " %llu %llu %llu %n", &inside, &outside, &count, &used) == 3 && buf[used] == 0 &&
          inside == 0 && outside == 0 && count == 4294967295ull;
+}
+
+int unix_peer_inode(uint64_t inode, uint64_t& peer) {
+  if (inode == 0 || inode > UINT32_MAX) return EINVAL;  // udiag_ino is 32 bits
+  Fd nl(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+  if (!nl.valid()) return errno;
+  struct {
+    nlmsghdr h;
+    unix_diag_req r;
+  } req{};
+  req.h.nlmsg_len = sizeof req;
+  req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  req.h.nlmsg_flags = NLM_F_REQUEST;
+  req.r.sdiag_family = AF_UNIX;
+  req.r.udiag_ino = uint32_t(inode);
+  req.r.udiag_show = UDIAG_SHOW_PEER;
+  req.r.udiag_cookie[0] = req.r.udiag_cookie[1] = ~0u;  // INET_DIAG_NOCOOKIE: any socket of that inode
+  sockaddr_nl to{};
+  to.nl_family = AF_NETLINK;
+  if (::sendto(nl.get(), &req, sizeof req, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) != ssize_t(sizeof req))
+    return errno;
+  alignas(nlmsghdr) char buf[8192];
+  const ssize_t got = ::recv(nl.get(), buf, sizeof buf, 0);
+  if (got < 0) return errno;
+  int n = int(got);
+  for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
+    if (h->nlmsg_type == NLMSG_ERROR) {
+      const auto* err = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
+      return err->error ? -err->error : ENOENT;
+    }
+    if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(unix_diag_msg))) continue;
+    const auto* m = static_cast<const unix_diag_msg*>(NLMSG_DATA(h));
+    if (m->udiag_ino != uint32_t(inode)) continue;
+    int left = int(h->nlmsg_len - NLMSG_LENGTH(sizeof *m));
+    for (auto* a = reinterpret_cast<const rtattr*>(m + 1); RTA_OK(a, left); a = RTA_NEXT(a, left)) {
+      if (a->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(a) >= sizeof(uint32_t)) {
+        uint32_t v = 0;
+        std::memcpy(&v, RTA_DATA(a), sizeof v);
+        peer = v;
+        return 0;
+      }
+    }
+    return ENOTCONN;
+  }
+  return ENOENT;
 }
 
 uint64_t pid_namespace_inode(pid_t pid, int pidfd) {

@@ -143,6 +143,11 @@ uint64_t pid_namespace_inode(pid_t pid, int pidfd);
 // root can make another namespace with that map; read from inside a user
 // namespace, the initial one's map reads otherwise.
 bool identity_uid_map(pid_t pid);
+// The inode of the peer of the Unix socket whose inode is `inode` (one end
+// of a connection in this network namespace), as the kernel's sock_diag
+// says it (sock_diag(7): UDIAG_SHOW_PEER; no privilege needed). 0 and
+// `peer` set, or an errno.
+int unix_peer_inode(uint64_t inode, uint64_t& peer);
 uint64_t boottime_ns();
 
 // socket(2) by its system call, never through a library that interposes

@@ -521,6 +521,7 @@ void Server::accept_clients() {
     ev.data.fd = fd;
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
     uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid, std::move(pidfd));
+    if (struct stat st {}; ::fstat(fd, &st) == 0) registry_.set_connection_inode(id, st.st_ino);
     registry_.quotas().charge(Quotas::kConnection, id, cred.uid);
     Conn c{};
     c.client = id;

@@ -107,7 +107,8 @@ void enter_view_or_warn() {
 // see through the namespace's uid map. So the daemon is started first,
 // outside: a child process loads the library (LIB) and opens the device
 // once, as the program will, which starts the daemon of the directory the
-// program will use (common/paths.h) if none answers there. Best effort and
+// program will use (common/paths.h) if none answers there (not with
+// SOFTVERBS_NO_SPAWN, where the library starts none). Best effort and
 // silent: the program says what goes wrong when it opens the device.
 void start_daemon_outside_view(const std::string& lib) {
   const pid_t child = ::fork();
@@ -162,7 +163,8 @@ int run(int argc, char** argv) {
   if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path.append(":").append(old);
   ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
   if (!std::getenv("SOFTVERBSD")) ::setenv("SOFTVERBSD", (self_dir() + "/softverbsd").c_str(), 1);
-  if (view && ::geteuid() != 0 && !sv::use_system_daemon()) start_daemon_outside_view(lib);
+  if (view && ::geteuid() != 0 && !sv::use_system_daemon() && !std::getenv("SOFTVERBS_NO_SPAWN"))
+    start_daemon_outside_view(lib);
   if (view) enter_view_or_warn();
   ::execvp(argv[0], argv);
   int e = errno;

@@ -10,7 +10,9 @@
 #   3. a second pair within the daemon's idle time (through runuser);
 #   4. perftest's ib_write_lat pair;
 #   5. a daemon started by a plain program, then a `run` pair against it;
-#   6. a process of another pid namespace (root's unshare -pf --mount-proc,
+#   6. a daemon that lives in a `run`'s user namespace (started from inside
+#      the view) serves a `run` of another namespace and a plain program;
+#   7. a process of another pid namespace (root's unshare -pf --mount-proc,
 #      as the user) is refused by that daemon, and says why on stderr; the
 #      daemon goes on serving the user.
 # Run as root (to create the user, removed at the end with its files);
@@ -122,6 +124,8 @@ pair() {
   if [ $bad -ne 0 ]; then
     show "$label server" "$tmp/$label.server"
     show "$label client" "$tmp/$label.client"
+  else
+    echo "ok: $label"
   fi
   return $bad
 }
@@ -151,6 +155,8 @@ if wait_listen 18515; then
     fail "runuser: the second pair failed (server $src, client $rc)"
     show "runuser server" "$tmp/runuser.server"
     show "runuser client" "$tmp/runuser.client"
+  else
+    echo "ok: runuser"
   fi
 else
   fail "runuser: the server never listened"
@@ -174,16 +180,34 @@ fi
 
 # The daemon's pid, as `softverbs status` says it ("softverbsd (pid N) at DIR").
 daemon_pid() { as_user "$sv" status 2>/dev/null | sed -n 's/^softverbsd (pid \([0-9]*\)).*/\1/p' | head -n1; }
-
-# 5. The daemon started by a plain program, then a `run` pair.
-if p=$(daemon_pid) && [ -n "$p" ]; then
+stop_daemon() {
+  local p i
+  p=$(daemon_pid)
+  [ -n "$p" ] || return 0
   kill "$p"
   for i in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
-fi
+}
+
+# 5. The daemon started by a plain program, then a `run` pair.
+stop_daemon
 pair plain-first 18515 "$bw" "$plain ibv_rc_pingpong -g 0" "$sv run -- ibv_rc_pingpong -g 0 127.0.0.1"
 pair after-plain 18515 "$bw" "$sv run -- ibv_rc_pingpong -g 0" "$sv run -- ibv_rc_pingpong -g 0 127.0.0.1"
 
-# 6. Another pid namespace: refused, and told why. The daemon must be the
+# 6. A daemon that lives in a `run`'s user namespace: started by the
+# library inside the view (as after the daemon's idle exit while a program
+# under `run` had not opened the device yet; here `run` is kept from
+# starting it first, then the program may), then a `run` of another
+# namespace and a plain program against it.
+stop_daemon
+inview="env SOFTVERBS_NO_SPAWN=1 $sv run -- env -u SOFTVERBS_NO_SPAWN"
+pair in-view 18515 "$bw" "$inview ibv_rc_pingpong -g 0" "$sv run -- ibv_rc_pingpong -g 0 127.0.0.1"
+p=$(daemon_pid)
+if [ -n "$p" ] && [ "$(readlink "/proc/$p/ns/user")" = "$(readlink /proc/self/ns/user)" ]; then
+  fail "in-view: the daemon does not live in a user namespace of its own (the case this step is for)"
+fi
+pair in-view-plain 18515 "$bw" "$sv run -- ibv_rc_pingpong -g 0" "$plain ibv_rc_pingpong -g 0 127.0.0.1"
+
+# 7. Another pid namespace: refused, and told why. The daemon must be the
 # one of step 5 (alive: its idle time has not passed).
 if [ -z "$(daemon_pid)" ]; then
   fail "refusal: no daemon answers the user"
