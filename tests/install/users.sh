@@ -220,6 +220,8 @@ else
     "$tmp/refused.err"; then
     fail "refusal: the reason is not on stderr"
     show "refused stderr" "$tmp/refused.err"
+  else
+    echo "ok: refusal, said as: $(grep 'refused this process' "$tmp/refused.err")"
   fi
   [ "$(grep -c 'refused this process' "$tmp/refused.err")" -le 1 ] || fail "refusal: said more than once"
   pair after-refusal 18515 "$bw" "$sv run -- ibv_rc_pingpong -g 0" "$sv run -- ibv_rc_pingpong -g 0 127.0.0.1"
