@@ -131,7 +131,14 @@ void start_daemon_outside_view(const std::string& lib) {
     if (ctx) close_device(ctx);
     ::_exit(ctx ? 0 : 1);
   }
+  // A daemon starts in milliseconds; one that does not start within 3 s
+  // is the program's to wait for and report (the library waits 10 s).
   int status = 0;
+  for (int i = 0; i < 1500; ++i) {
+    if (::waitpid(child, &status, WNOHANG) != 0) return;
+    ::usleep(2000);
+  }
+  ::kill(child, SIGKILL);
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
 }
