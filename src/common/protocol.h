@@ -92,6 +92,7 @@ enum class Op : uint16_t {
   CmBind,          // rdma_cm (system daemon): hold a port; reply fd: the listening socket the daemon made for it
   CmUnbind,        // give a held port back
   Wake,            // reply fd: this connection's wake socket; a pid comes when another process leaves its context
+  Refused,         // daemon -> client, unsolicited (seq 0), then the daemon closes: why it will not serve
   kCount
 };
 
@@ -427,6 +428,26 @@ struct AsyncEventMsg {
   uint32_t event_type;  // enum ibv_event_type
   uint32_t element;     // QPN for QP events, CQ handle for CQ events, 0 for the device
 };
+
+// Refused: sent at most once, without blocking (MSG_DONTWAIT), on a
+// connection the daemon then closes, so that the library can say why and
+// what to do (a client that does not know the op only sees the connection
+// closed). h.status: the errno the library returns (EPERM, EMFILE).
+// `theirs` and `mine`: what differs between the client and the daemon
+// (kRefusedPidNamespace: the inodes of the client's pid namespace, 0 if the
+// daemon could not read it, and of the daemon's; kRefusedUser: the client's
+// uid and the daemon's), otherwise 0.
+struct RefusedMsg {
+  Header h;
+  uint32_t reason;  // kRefused*
+  uint32_t reserved;
+  uint64_t theirs;
+  uint64_t mine;
+};
+constexpr uint32_t kRefusedPidNamespace = 1;  // the client is in another pid namespace
+constexpr uint32_t kRefusedUser = 2;          // a user's daemon, and the client is another user's
+constexpr uint32_t kRefusedConnections = 3;   // the user's connection quota is reached
+constexpr uint32_t kRefusedUnmappedUser = 4;  // a daemon in a user namespace that cannot name the client's uid
 
 struct ConnectUdReq {
   Header h;
@@ -885,6 +906,7 @@ SV_OP(PostRing,      Empty,          PostRingReply,      fds(0),    fds(2),    {
 SV_OP(CmBind,        CmBindReq,      CmBindReply,        fds(0),    fds(1),    {})
 SV_OP(CmUnbind,      CmBindReq,      Empty,              fds(0),    fds(0),    {})
 SV_OP(Wake,          Empty,          Empty,              fds(0),    fds(1),    {})
+SV_OP_DECL(Refused,  RefusedMsg,     Empty,              fds(0),    fds(0),    true, {})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -1,11 +1,17 @@
 #include "common/sys.h"
 
 #include <fcntl.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <linux/magic.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
@@ -16,7 +22,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace sv {
 
@@ -208,10 +216,62 @@ int pid_namespace_by_pidfd(int pidfd, struct stat& out) {
   return ::fstat(ns.get(), &out) == 0 ? 0 : errno;
 }
 
+// The entries of the NSpid: line of a /proc/PID/status (proc(5)): the
+// process's pid in each pid namespace from that /proc's down to its own.
+// The count (the first entry in `first`), or 0 when the file cannot be
+// read, is not a procfs file or has no such line (a kernel before 4.1).
+int nspid_entries(const char* path, pid_t& first) {
+  Fd f(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!f.valid()) return 0;
+  struct statfs fs {};
+  if (::fstatfs(f.get(), &fs) != 0 || fs.f_type != PROC_SUPER_MAGIC) return 0;
+  std::string text;
+  char chunk[4096];
+  for (ssize_t n; (n = ::read(f.get(), chunk, sizeof chunk)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return 0;
+    }
+    text.append(chunk, size_t(n));
+  }
+  const size_t at = text.find("\nNSpid:");
+  if (at == std::string::npos) return 0;
+  const char* p = text.c_str() + at + 7;
+  int count = 0;
+  for (;;) {
+    while (*p == ' ' || *p == '\t') ++p;
+    if (*p < '0' || *p > '9') break;
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (count++ == 0) first = pid_t(v);
+    p = end;
+  }
+  return *p == '\n' || *p == '\0' ? count : 0;
+}
+
 }  // namespace
 
 int same_pid_namespace(pid_t pid, int pidfd, bool& same) {
   if (pid <= 0 || pidfd < 0) return ESRCH;
+  // NSpid: counts the namespaces from /proc's down to the process's own.
+  // This process's line with one entry, its own pid, says that /proc is its
+  // namespace's (not an ancestor's, as after unshare -p without a new
+  // /proc); then a process named PID there with one entry is of the same
+  // namespace (pid PID here: SO_PEERCRED's), and one with more is in a
+  // namespace below it.
+  pid_t self_first = 0, first = 0;
+  if (nspid_entries("/proc/self/status", self_first) == 1 && self_first == ::getpid()) {
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
+    if (const int n = nspid_entries(path, first); n > 0) {
+      // Read through the pid: only an answer about the process behind the
+      // pidfd, not one that reused its number meanwhile.
+      if (!pidfd_alive(pidfd)) return ESRCH;
+      same = n == 1 && first == pid;
+      return 0;
+    }
+  }
+  // Read through the pidfd, or through the pid and confirmed by the pidfd.
   struct stat theirs {}, mine {};
   Fd self;
   int e = pid_namespace_by_pidfd(pidfd, theirs);
@@ -226,11 +286,79 @@ int same_pid_namespace(pid_t pid, int pidfd, bool& same) {
   } else {
     return e == ESRCH ? ESRCH : e;
   }
-  // Read through the pid: only an answer about the process behind the
-  // pidfd, not one that reused its number meanwhile.
   if (!pidfd_alive(pidfd)) return ESRCH;
   same = theirs.st_dev == mine.st_dev && theirs.st_ino == mine.st_ino;
   return 0;
+}
+
+bool identity_uid_map(pid_t pid) {
+  char path[64];
+  if (pid == 0) std::snprintf(path, sizeof(path), "/proc/self/uid_map");
+  else std::snprintf(path, sizeof(path), "/proc/%d/uid_map", int(pid));
+  Fd f(::open(path, O_RDONLY | O_CLOEXEC));
+  char buf[256];
+  const ssize_t n = f.valid() ? ::read(f.get(), buf, sizeof buf - 1) : -1;
+  if (n <= 0) return false;
+  buf[n] = 0;
+  unsigned long long inside = 1, outside = 1, count = 0;
+  int used = 0;
+  return std::sscanf(buf, " %llu %llu %llu %n", &inside, &outside, &count, &used) == 3 && buf[used] == 0 &&
+         inside == 0 && outside == 0 && count == 4294967295ull;
+}
+
+int unix_peer_inode(uint64_t inode, uint64_t& peer) {
+  if (inode == 0 || inode > UINT32_MAX) return EINVAL;  // udiag_ino is 32 bits
+  Fd nl(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+  if (!nl.valid()) return errno;
+  struct {
+    nlmsghdr h;
+    unix_diag_req r;
+  } req{};
+  req.h.nlmsg_len = sizeof req;
+  req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  req.h.nlmsg_flags = NLM_F_REQUEST;
+  req.r.sdiag_family = AF_UNIX;
+  req.r.udiag_ino = uint32_t(inode);
+  req.r.udiag_show = UDIAG_SHOW_PEER;
+  req.r.udiag_cookie[0] = req.r.udiag_cookie[1] = ~0u;  // INET_DIAG_NOCOOKIE: any socket of that inode
+  sockaddr_nl to{};
+  to.nl_family = AF_NETLINK;
+  if (::sendto(nl.get(), &req, sizeof req, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) != ssize_t(sizeof req))
+    return errno;
+  alignas(nlmsghdr) char buf[8192];
+  const ssize_t got = ::recv(nl.get(), buf, sizeof buf, 0);
+  if (got < 0) return errno;
+  int n = int(got);
+  for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
+    if (h->nlmsg_type == NLMSG_ERROR) {
+      const auto* err = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
+      return err->error ? -err->error : ENOENT;
+    }
+    if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(unix_diag_msg))) continue;
+    const auto* m = static_cast<const unix_diag_msg*>(NLMSG_DATA(h));
+    if (m->udiag_ino != uint32_t(inode)) continue;
+    int left = int(h->nlmsg_len - NLMSG_LENGTH(sizeof *m));
+    for (auto* a = reinterpret_cast<const rtattr*>(m + 1); RTA_OK(a, left); a = RTA_NEXT(a, left)) {
+      if (a->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(a) >= sizeof(uint32_t)) {
+        uint32_t v = 0;
+        std::memcpy(&v, RTA_DATA(a), sizeof v);
+        peer = v;
+        return 0;
+      }
+    }
+    return ENOTCONN;
+  }
+  return ENOENT;
+}
+
+uint64_t pid_namespace_inode(pid_t pid, int pidfd) {
+  struct stat st {};
+  if (pid == 0) return ::stat("/proc/self/ns/pid", &st) == 0 ? uint64_t(st.st_ino) : 0;
+  if (pidfd >= 0 && pid_namespace_by_pidfd(pidfd, st) == 0) return uint64_t(st.st_ino);
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/ns/pid", int(pid));
+  if (pid <= 0 || ::stat(path, &st) != 0 || (pidfd >= 0 && !pidfd_alive(pidfd))) return 0;
+  return uint64_t(st.st_ino);
 }
 
 static int fill_addr(const std::string& path, sockaddr_un& a) {

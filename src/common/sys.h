@@ -124,12 +124,32 @@ bool pidfd_alive(int pidfd);
 // pidfd_open(2).
 int pidfd_open(pid_t pid, Fd& out);
 // Whether process `pid` (the process behind `pidfd`, alive until the answer
-// was read) is in this process's pid namespace (the same device and inode,
-// namespaces(7)), asked of the pidfds (PIDFD_GET_PID_NAMESPACE), or of
-// /proc/PID/ns/pid where the kernel has no such ioctl. 0 and `same` set, or
+// was read) is in this process's pid namespace. First by the NSpid: line of
+// /proc/PID/status (proc(5); readable by anyone, so that no ptrace access
+// to the process is needed: a process in a user namespace of its own, as
+// `softverbs run` makes, grants none to a daemon outside it, nor does a
+// process outside to a daemon inside one), where this process's /proc is
+// its own pid namespace's; else (another /proc) by the namespace itself,
+// the same device and inode (namespaces(7)), asked of the pidfds
+// (PIDFD_GET_PID_NAMESPACE) or of /proc/PID/ns/pid. 0 and `same` set, or
 // ESRCH (gone; no pidfd; pid 0: a process the kernel could not name in our
-// namespace, socket(7) SO_PEERCRED) or another errno.
+// namespace, socket(7) SO_PEERCRED) or another errno (EACCES: not readable).
 int same_pid_namespace(pid_t pid, int pidfd, bool& same);
+// The inode of the pid namespace of the process behind `pidfd` (pid `pid`;
+// 0: this process), for messages ("pid:[INODE]", namespaces(7)); 0 where it
+// cannot be read.
+uint64_t pid_namespace_inode(pid_t pid, int pidfd);
+// Whether /proc/PID/uid_map (0: this process's), read from this process,
+// is the whole identity map "0 0 4294967295" (user_namespaces(7)): the
+// initial user namespace, as seen from it. Anyone may read the file. Only
+// root can make another namespace with that map; read from inside a user
+// namespace, the initial one's map reads otherwise.
+bool identity_uid_map(pid_t pid);
+// The inode of the peer of the Unix socket whose inode is `inode` (one end
+// of a connection in this network namespace), as the kernel's sock_diag
+// says it (sock_diag(7): UDIAG_SHOW_PEER; no privilege needed). 0 and
+// `peer` set, or an errno.
+int unix_peer_inode(uint64_t inode, uint64_t& peer);
 uint64_t boottime_ns();
 
 // socket(2) by its system call, never through a library that interposes

@@ -62,7 +62,11 @@ bool read_rlimit_memlock(pid_t pid, uint64_t& out) {
 // the namespace's inode, "user:[4026531837]" (namespaces(7)): reading it
 // costs half of a stat(2) through it, which makes the kernel build the
 // namespace's inode (4 against 7-9 us here, at each registration of a
-// client with CAP_IPC_LOCK).
+// client with CAP_IPC_LOCK). The link is readable only with ptrace's
+// access to the process, which a daemon in a user namespace (started inside
+// `softverbs run`'s view) has to none outside it, nor a daemon outside to a
+// process in another user's namespace: then the process's uid_map, which
+// anyone may read, says (common/sys.h identity_uid_map).
 bool in_initial_userns(pid_t pid) {
   static const ino_t initial = [] {
     struct stat st {};
@@ -73,6 +77,7 @@ bool in_initial_userns(pid_t pid) {
   std::snprintf(path, sizeof(path), "/proc/%d/ns/user", int(pid));
   char link[64];
   const ssize_t n = ::readlink(path, link, sizeof(link) - 1);
+  if (n < 0 && (errno == EACCES || errno == EPERM)) return identity_uid_map(pid);
   if (n <= 0 || initial == 0) return false;
   link[n] = '\0';
   unsigned long long ino = 0;

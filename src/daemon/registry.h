@@ -69,6 +69,10 @@ class Registry : private MediationTables {
   // the registry opens one for `pid`. The process's credentials, capability
   // and limit are read now: RLIMIT_MEMLOCK is charged to it as it was.
   uint32_t add_client(pid_t pid, uid_t uid, gid_t gid = 0, Fd pidfd = Fd());
+  // The inode of the daemon's end of the client's connection (claim_socket).
+  void set_connection_inode(uint32_t client, uint64_t inode) {
+    if (auto c = clients_.find(client); c != clients_.end()) c->second.conn_inode = inode;
+  }
   // Detaches the client from its context; the last one out releases the
   // context's objects, whichever process created them.
   void remove_client(uint32_t client);
@@ -262,6 +266,7 @@ class Registry : private MediationTables {
     int async_fd = -1;      // the client's async wake-up socket (owned by async_fds_)
     Fd pidfd{};             // the process that connected (not one that reused its pid)
     ConnectIdentity at_connect{};
+    uint64_t conn_inode = 0;  // the daemon's end of the connection (its peer: the client's end)
   };
   // A device context: objects belong to it; processes attach to it (by
   // opening a device, or by importing another's context). All are equal.

@@ -27,6 +27,38 @@ namespace {
 
 volatile sig_atomic_t g_stop = 0;
 
+// Tells a client this daemon will not serve why, before the connection is
+// closed (proto::Op::Refused): one message, never waited for (MSG_DONTWAIT
+// on a fresh connection, whose buffer has room; a client that never reads
+// costs nothing more).
+void tell_refused(int fd, uint32_t reason, int status, uint64_t theirs, uint64_t mine) {
+  proto::RefusedMsg m{};
+  proto::init_header(m, proto::Op::Refused, 0);
+  m.h.status = status;
+  m.reason = reason;
+  m.theirs = theirs;
+  m.mine = mine;
+  (void)::send(fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+// The uid a user namespace shows for a uid it does not map
+// (/proc/sys/kernel/overflowuid, user_namespaces(7)), when this daemon
+// lives in a user namespace other than the initial one (a daemon started
+// inside `softverbs run`'s view); otherwise none (-1). SO_PEERCRED gives
+// every unmapped user that same uid: such a connection names no one user.
+uid_t unmapped_uid() {
+  static const uid_t uid = [] {
+    if (identity_uid_map(0)) return uid_t(-1);
+    unsigned v = 65534;
+    if (FILE* f = std::fopen("/proc/sys/kernel/overflowuid", "r")) {
+      if (std::fscanf(f, "%u", &v) != 1) v = 65534;
+      std::fclose(f);
+    }
+    return uid_t(v);
+  }();
+  return uid;
+}
+
 // Fairness (docs/PROTOCOL.md, "Flow control"): each turn of the loop serves
 // at most this many requests of one connection, so that one client's
 // pipeline does not hold up the others; a client with this many replies
@@ -461,10 +493,19 @@ void Server::accept_clients() {
     // A per-user daemon refuses every other user's process; the system
     // daemon serves all users (the registry keeps them apart), each up to
     // its quota of connections.
-    if (peer_credentials(fd, cred) != 0 || (!system_ && cred.uid != ::getuid())) continue;
+    if (peer_credentials(fd, cred) != 0) continue;
+    if (cred.uid == unmapped_uid()) {
+      tell_refused(fd, proto::kRefusedUnmappedUser, EPERM, cred.uid, ::getuid());
+      continue;
+    }
+    if (!system_ && cred.uid != ::getuid()) {
+      tell_refused(fd, proto::kRefusedUser, EPERM, cred.uid, ::getuid());
+      continue;
+    }
     // The socket and the pidfd: two descriptors of the user's quota.
     if (registry_.quotas().admit(Quotas::kConnection, cred.uid) != 0 || registry_.quotas().admit_fds(cred.uid, 2) != 0) {
       SV_TRACE("daemon: uid %u: connection quota reached", unsigned(cred.uid));
+      tell_refused(fd, proto::kRefusedConnections, EMFILE, 0, 0);
       continue;
     }
     // The process that connected, by a pidfd: its locked-memory limit is
@@ -481,6 +522,8 @@ void Server::accept_clients() {
     // namespace: its container's, or its pod's (docs/CONTAINERS.md).
     bool same = false;
     if (const int e = same_pid_namespace(cred.pid, pidfd.get(), same); e != 0 || !same) {
+      tell_refused(fd, proto::kRefusedPidNamespace, EPERM, pid_namespace_inode(cred.pid, pidfd.get()),
+                   pid_namespace_inode(0, -1));
       // Said once: a flood of such connections must not flood the log.
       // Another user's namespace is read with ptrace's permission: a
       // system daemon in a container (a pod's, docs/CONTAINERS.md) needs
@@ -503,6 +546,7 @@ void Server::accept_clients() {
     if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) continue;
     const bool has_pidfd = pidfd.valid();
     uint32_t id = registry_.add_client(cred.pid, cred.uid, cred.gid, std::move(pidfd));
+    if (struct stat st {}; ::fstat(fd, &st) == 0) registry_.set_connection_inode(id, st.st_ino);
     registry_.quotas().charge(Quotas::kConnection, id, cred.uid);
     if (has_pidfd) registry_.quotas().charge_fds(Quotas::fd_key(id, Quotas::kPidfd), cred.uid, 1);
     Conn c{};

@@ -51,6 +51,13 @@ int Registry::claim_socket(uint32_t client, uint64_t inode) {
     }
     ::closedir(d);
   }
+  // /proc/PID/fd is readable only with ptrace's access to the process,
+  // which a daemon in a user namespace (started inside `softverbs run`'s
+  // view) has to none outside it: the kernel's sock_diag then names the
+  // peer of the daemon's end of this connection, the client's end.
+  uint64_t peer = 0;
+  if (!found && c->second.conn_inode && unix_peer_inode(c->second.conn_inode, peer) == 0 && peer == inode)
+    found = true;
   if (!found) return EPERM;
   for (auto& [id, other] : clients_)
     if (id != client && other.socket_inode == inode) return EEXIST;

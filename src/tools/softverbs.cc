@@ -13,6 +13,8 @@
 // Usage errors exit 2 with one line that says what to do next (as the man
 // page softverbs(1) describes).
 #include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -98,6 +100,51 @@ void enter_view_or_warn() {
                why.c_str(), sv::dev::kUverbsName, sv::dev::kName);
 }
 
+// As another user than root, the view is a user namespace as well
+// (tools/view_ns.h), and a daemon started from inside it (the library
+// starts it with the program's first ibv_open_device) would live in it for
+// its idle time, serving the next programs from there: programs of sibling
+// namespaces (another `softverbs run`) and of none (a program started
+// without it), which it has no ptrace access to, and whose users it would
+// see through the namespace's uid map. So the daemon is started first,
+// outside: a child process loads the library (LIB) and opens the device
+// once, as the program will, which starts the daemon of the directory the
+// program will use (common/paths.h) if none answers there (not with
+// SOFTVERBS_NO_SPAWN, where the library starts none). Best effort and
+// silent: the program says what goes wrong when it opens the device.
+void start_daemon_outside_view(const std::string& lib) {
+  const pid_t child = ::fork();
+  if (child < 0) return;
+  if (child == 0) {
+    sv::Fd null(::open("/dev/null", O_WRONLY | O_CLOEXEC));
+    if (null.valid()) ::dup2(null.get(), STDERR_FILENO);
+    void* h = ::dlopen((lib + "/libibverbs.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) ::_exit(1);
+    using GetList = void** (*)(int*);
+    using Open = void* (*)(void*);
+    using Close = int (*)(void*);
+    auto get_list = reinterpret_cast<GetList>(::dlsym(h, "ibv_get_device_list"));
+    auto open_device = reinterpret_cast<Open>(::dlsym(h, "ibv_open_device"));
+    auto close_device = reinterpret_cast<Close>(::dlsym(h, "ibv_close_device"));
+    if (!get_list || !open_device || !close_device) ::_exit(1);
+    int n = 0;
+    void** list = get_list(&n);
+    void* ctx = list && n > 0 ? open_device(list[0]) : nullptr;
+    if (ctx) close_device(ctx);
+    ::_exit(ctx ? 0 : 1);
+  }
+  // A daemon starts in milliseconds; one that does not start within 3 s
+  // is the program's to wait for and report (the library waits 10 s).
+  int status = 0;
+  for (int i = 0; i < 1500; ++i) {
+    if (::waitpid(child, &status, WNOHANG) != 0) return;
+    ::usleep(2000);
+  }
+  ::kill(child, SIGKILL);
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
 int run(int argc, char** argv) {
   if (argc > 0 && (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0)) {
     std::fputs(kRunUsage, stdout);
@@ -125,6 +172,8 @@ int run(int argc, char** argv) {
   if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path.append(":").append(old);
   ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
   if (!std::getenv("SOFTVERBSD")) ::setenv("SOFTVERBSD", (self_dir() + "/softverbsd").c_str(), 1);
+  if (view && ::geteuid() != 0 && !sv::use_system_daemon() && !std::getenv("SOFTVERBS_NO_SPAWN"))
+    start_daemon_outside_view(lib);
   if (view) enter_view_or_warn();
   ::execvp(argv[0], argv);
   int e = errno;

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -144,7 +145,10 @@ int DaemonConn::open() {
     proto::NetnsMsg rep{};
     // Another error than EXDEV: a daemon older than the check (EOPNOTSUPP),
     // or one gone (the next call says so).
-    if (call<proto::Op::Netns>(req, rep) != EXDEV) break;
+    if (const int r = call<proto::Op::Netns>(req, rep); r != EXDEV) {
+      if (r == EPERM || r == EMFILE) return r;  // refused (take_refusal said why)
+      break;
+    }
     sock_.reset();
     if (dir == &mine) {  // our own namespace's directory serves another: refuse it
       say_dir_problem("the daemon in " + mine.path + " serves network namespace " + netns_text({rep.dev, rep.ino}) +
@@ -171,6 +175,7 @@ int DaemonConn::connect_dir(const RunDir& dir, bool system, bool may_start) {
   for (;;) {
     int e = connect_in(dir, sock_);
     if (e == 0) {
+      dir_ = dir;  // for messages until open() settles on it
       owner_pid_ = self_pid();
       // A daemon that stops answering must not hang the application forever.
       timeval tv{30, 0};
@@ -199,16 +204,83 @@ int DaemonConn::connect_dir(const RunDir& dir, bool system, bool may_start) {
   }
 }
 
+namespace {
+
+std::atomic<bool> g_said_refused{false};
+
+std::string own_pid_namespace() {
+  char link[64];
+  const ssize_t n = ::readlink("/proc/self/ns/pid", link, sizeof link - 1);
+  return n > 0 ? std::string(link, size_t(n)) : std::string("(unknown)");
+}
+
+// The daemon's reason (proto::RefusedMsg), in words with what to do.
+void say_refused(const proto::RefusedMsg& m, const std::string& dir) {
+  const std::string who = "softverbs: the daemon in " + (dir.empty() ? std::string("its directory") : dir) +
+                          " refused this process: ";
+  switch (m.reason) {
+    case proto::kRefusedPidNamespace:
+      std::fprintf(stderr,
+                   "%sit is in pid namespace %s, the daemon serves pid:[%llu] (a container, or unshare -p); a daemon "
+                   "serves only its own pid namespace's processes: give this one a daemon of its own (set "
+                   "SOFTVERBS_DIR to an empty directory of its own, mode 0700; docs/CONTAINERS.md)\n",
+                   who.c_str(), own_pid_namespace().c_str(), static_cast<unsigned long long>(m.mine));
+      break;
+    case proto::kRefusedUser:
+      std::fprintf(stderr,
+                   "%sit runs as uid %llu, the daemon is uid %llu's and serves no other user; leave SOFTVERBS_DIR "
+                   "unset for a daemon of this user's own, or use the system daemon (SOFTVERBS_SYSTEM=1)\n",
+                   who.c_str(), static_cast<unsigned long long>(m.theirs), static_cast<unsigned long long>(m.mine));
+      break;
+    case proto::kRefusedConnections:
+      std::fprintf(stderr,
+                   "%sthis user's quota of connections is reached (one per open device context); close some, or "
+                   "raise SOFTVERBSD_QUOTA_CONNECTION for the daemon\n",
+                   who.c_str());
+      break;
+    case proto::kRefusedUnmappedUser:
+      std::fprintf(stderr,
+                   "%sthe daemon runs in a user namespace that cannot name this process's user (it sees uid %llu); "
+                   "stop that daemon and let a program outside that namespace start it\n",
+                   who.c_str(), static_cast<unsigned long long>(m.theirs));
+      break;
+    default:
+      std::fprintf(stderr, "%s%s (reason %u; see softverbs status)\n", who.c_str(),
+                   std::strerror(m.h.status > 0 ? m.h.status : EPERM), unsigned(m.reason));
+  }
+}
+
+}  // namespace
+
+// The daemon's Refused message in `buf` (a message of `len` bytes, seq 0),
+// said once per process: the errno it carries (EPERM if none); 0 if the
+// message is not one.
+int DaemonConn::take_refusal(const uint8_t* buf, size_t len) const {
+  proto::Header h;
+  if (len < sizeof h) return 0;
+  std::memcpy(&h, buf, sizeof h);
+  if (h.magic != proto::kMagic || h.op != uint16_t(proto::Op::Refused) || h.seq != 0) return 0;
+  proto::RefusedMsg m{};
+  std::memcpy(&m, buf, std::min(len, sizeof m));
+  if (!g_said_refused.exchange(true)) say_refused(m, dir_);
+  return m.h.status > 0 && m.h.status < 4096 ? m.h.status : EPERM;
+}
+
 // A daemon closes a connection before its first answer only when it will
-// not serve the process at all: one of another pid namespace
-// (docs/SECURITY.md, row 12). Said once per process, as providers warn.
+// not serve the process at all; it says why first (proto::Op::Refused),
+// which is said here once per process, as providers warn. A daemon that
+// did not say: one of another pid namespace (docs/SECURITY.md, row 12).
 int DaemonConn::refused(int e, uint32_t seq) const {
-  static std::atomic<bool> said{false};
+  if (seq != 1 || (e != ECONNRESET && e != ENODEV)) return e;
+  alignas(8) uint8_t buf[proto::kMaxMessage];
+  const ssize_t n = ::recv(sock_.get(), buf, sizeof buf, MSG_DONTWAIT);
+  if (n > 0) {
+    if (int r = take_refusal(buf, size_t(n))) return r;
+  }
   // The daemon is outside this process's pid namespace when the kernel has
   // no pid for it here (SO_PEERCRED's pid is 0, socket(7)).
   PeerCred daemon{};
-  if (seq == 1 && (e == ECONNRESET || e == ENODEV) && peer_credentials(sock_.get(), daemon) == 0 &&
-      daemon.pid == 0 && !said.exchange(true))
+  if (peer_credentials(sock_.get(), daemon) == 0 && daemon.pid == 0 && !g_said_refused.exchange(true))
     std::fprintf(stderr,
                  "softverbs: the daemon closed the connection before answering: a daemon serves only processes of "
                  "its own pid namespace; give this one its own (docs/CONTAINERS.md)\n");
@@ -327,6 +399,7 @@ int DaemonConn::raw_call_locked(void* req, size_t req_len, void* rep, size_t rep
       return refused(e == EAGAIN ? ETIMEDOUT : e, h->seq);
     if (len == 0) return refused(ENODEV, h->seq);  // the daemon went away
     if (len < sizeof(proto::Header)) return EPROTO;
+    if (int r = take_refusal(buf, len)) return r;
     if (!dispatch_event(buf, len)) break;  // not an async event: our reply
   }
   std::memcpy(&rh, buf, sizeof(rh));

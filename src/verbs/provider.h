@@ -159,6 +159,7 @@ class DaemonConn {
   // e, after saying why once when the daemon would not serve us: its
   // connection closed on the first request (seq 1) of the connection.
   int refused(int e, uint32_t seq) const;
+  int take_refusal(const uint8_t* buf, size_t len) const;
   uint32_t owner_pid_ = 0;  // the process whose connection sock_ is
   uint32_t client_id_ = 0;
 };

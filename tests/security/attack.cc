@@ -193,6 +193,7 @@ int RawConn::send_raw(const void* msg, size_t len, std::span<const int> fds, std
     sv::proto::Header h;
     std::memcpy(&h, buf, sizeof(h));
     if (h.seq == 0 && h.op == uint16_t(sv::proto::Op::AsyncEvent)) continue;  // unsolicited
+    if (h.seq == 0 && h.op == uint16_t(sv::proto::Op::Refused)) return -1;    // why, then the daemon hangs up
     if (got) *got = std::move(fdv);
     if (reply) std::memcpy(reply, buf, std::min(n, reply_len));
     return h.status;

@@ -107,7 +107,7 @@ class RawConn {
   bool ok() const { return sock_.valid(); }
   int fd() const { return sock_.get(); }
   // Sends `len` bytes with `fds`; returns the reply's status, -1 if the
-  // daemon hung up. The reply (up to reply_len bytes) and its descriptors
+  // daemon hung up (having said why, proto::Op::Refused, or not). The reply (up to reply_len bytes) and its descriptors
   // are stored when asked for.
   int send_raw(const void* msg, size_t len, std::span<const int> fds = {}, std::vector<sv::Fd>* got = nullptr,
                void* reply = nullptr, size_t reply_len = 0);

@@ -1,7 +1,9 @@
 // Per-user quotas (issue 18, finding 9): one user exhausting an object kind
 // is refused for itself and leaves every other user its share.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -243,6 +245,50 @@ TEST(Quota, NoBusyLoopAtTheDescriptorLimit) {
     ibv_pd* pd = ibv_alloc_pd(c);
     if (!pd) return 3;
     ibv_dealloc_pd(pd);
+    ibv_close_device(c);
+    return 0;
+  });
+  root.start();
+  EXPECT_EQ(0, root.wait());
+  EXPECT_TRUE(sysd.alive());
+}
+
+// A user at its quota of connections: the next connection is refused, and
+// the daemon says why first (proto::Op::Refused, EMFILE), which the library
+// prints once on stderr; another user still connects.
+TEST(Quota, AConnectionBeyondTheQuotaIsToldWhy) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  setenv("SOFTVERBSD_QUOTA_CONNECTION", "1", 1);
+  SystemDaemon sysd;
+  unsetenv("SOFTVERBSD_QUOTA_CONNECTION");
+  Child nobody(true, [&sysd](int) {
+    RawConn first(sysd.socket());
+    if (!first.ok() || !hello(first)) return 2;
+    RawConn second(sysd.socket());
+    if (!second.ok()) return 3;
+    pollfd pf{second.fd(), POLLIN, 0};
+    if (::poll(&pf, 1, 10000) != 1) return 4;
+    sv::proto::RefusedMsg m{};
+    if (::recv(second.fd(), &m, sizeof m, 0) != ssize_t(sizeof m) || m.h.op != uint16_t(Op::Refused) ||
+        m.h.seq != 0 || m.h.status != EMFILE || m.reason != sv::proto::kRefusedConnections)
+      return 5;
+    const int err = ::memfd_create("stderr", 0);
+    if (err < 0 || ::dup2(err, 2) != 2) return 6;
+    if (open_dev() || open_dev()) return 7;
+    std::string text(4096, '\0');
+    const ssize_t got = ::pread(err, text.data(), text.size(), 0);
+    text.resize(got > 0 ? size_t(got) : 0);
+    const size_t at = text.find("refused this process: this user's quota of connections is reached");
+    if (at == std::string::npos) return 8;
+    if (text.find("refused this process", at + 1) != std::string::npos) return 9;
+    return 0;
+  });
+  nobody.start();
+  EXPECT_EQ(0, nobody.wait()) << "2 first connection, 3 second, 4 nothing said, 5 not Refused for the quota, "
+                                 "6 stderr, 7 opened, 8 not said on stderr, 9 said twice";
+  Child root(false, [](int) {
+    ibv_context* c = open_dev();
+    if (!c) return 2;
     ibv_close_device(c);
     return 0;
   });
