@@ -172,7 +172,7 @@ int connect_in(const RunDir& dir, Fd& out) {
 
 void say_dir_problem(const std::string& why) {
   static std::atomic<bool> said{false};
-  if (!said.exchange(true)) std::fprintf(stderr, "softverbs: %s\n", why.c_str());
+  if (!said.exchange(true)) std::fprintf(stderr, "softverbs: %s (softverbs doctor checks the set-up)\n", why.c_str());
 }
 
 // --- the per-user directories ------------------------------------------------

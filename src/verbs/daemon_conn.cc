@@ -223,29 +223,29 @@ void say_refused(const proto::RefusedMsg& m, const std::string& dir) {
       std::fprintf(stderr,
                    "%sit is in pid namespace %s, the daemon serves pid:[%llu] (a container, or unshare -p); a daemon "
                    "serves only its own pid namespace's processes: give this one a daemon of its own (set "
-                   "SOFTVERBS_DIR to an empty directory of its own, mode 0700; docs/CONTAINERS.md)\n",
+                   "SOFTVERBS_DIR to an empty directory of its own, mode 0700; docs/CONTAINERS.md); softverbs doctor checks the set-up\n",
                    who.c_str(), own_pid_namespace().c_str(), static_cast<unsigned long long>(m.mine));
       break;
     case proto::kRefusedUser:
       std::fprintf(stderr,
                    "%sit runs as uid %llu, the daemon is uid %llu's and serves no other user; leave SOFTVERBS_DIR "
-                   "unset for a daemon of this user's own, or use the system daemon (SOFTVERBS_SYSTEM=1)\n",
+                   "unset for a daemon of this user's own, or use the system daemon (SOFTVERBS_SYSTEM=1); softverbs doctor checks the set-up\n",
                    who.c_str(), static_cast<unsigned long long>(m.theirs), static_cast<unsigned long long>(m.mine));
       break;
     case proto::kRefusedConnections:
       std::fprintf(stderr,
                    "%sthis user's quota of connections is reached (one per open device context); close some, or "
-                   "raise SOFTVERBSD_QUOTA_CONNECTION for the daemon\n",
+                   "raise SOFTVERBSD_QUOTA_CONNECTION for the daemon; softverbs doctor checks the set-up\n",
                    who.c_str());
       break;
     case proto::kRefusedUnmappedUser:
       std::fprintf(stderr,
                    "%sthe daemon runs in a user namespace that cannot name this process's user (it sees uid %llu); "
-                   "stop that daemon and let a program outside that namespace start it\n",
+                   "stop that daemon and let a program outside that namespace start it; softverbs doctor checks the set-up\n",
                    who.c_str(), static_cast<unsigned long long>(m.theirs));
       break;
     default:
-      std::fprintf(stderr, "%s%s (reason %u; see softverbs status)\n", who.c_str(),
+      std::fprintf(stderr, "%s%s (reason %u; see softverbs status); softverbs doctor checks the set-up\n", who.c_str(),
                    std::strerror(m.h.status > 0 ? m.h.status : EPERM), unsigned(m.reason));
   }
 }
@@ -283,7 +283,7 @@ int DaemonConn::refused(int e, uint32_t seq) const {
   if (peer_credentials(sock_.get(), daemon) == 0 && daemon.pid == 0 && !g_said_refused.exchange(true))
     std::fprintf(stderr,
                  "softverbs: the daemon closed the connection before answering: a daemon serves only processes of "
-                 "its own pid namespace; give this one its own (docs/CONTAINERS.md)\n");
+                 "its own pid namespace; give this one its own (docs/CONTAINERS.md); softverbs doctor checks the set-up\n");
   return e;
 }
 

@@ -251,7 +251,7 @@ TEST(RunDir, SquattedFallbackIsRefusedAndNeverUsed) {
   EXPECT_EQ("", o.foreign) << "created inside nobody's directory";
   EXPECT_EQ("", o.spawned) << "a daemon was started for nobody's directory";
   const std::string want = "softverbs: runtime directory /tmp/softverbs-0 is owned by uid 65534, not you (uid 0): "
-                           "remove it, or set XDG_RUNTIME_DIR or SOFTVERBS_DIR to a directory of yours with mode 0700\n";
+                           "remove it, or set XDG_RUNTIME_DIR or SOFTVERBS_DIR to a directory of yours with mode 0700 (softverbs doctor checks the set-up)\n";
   EXPECT_EQ(want, o.stderr_text) << "one line, once per process, saying why";
 }
 
@@ -286,7 +286,7 @@ TEST(RunDir, WideSoftverbsDirSaysWhy) {
   }
   EXPECT_EQ(0, wait_for(pid)) << "the device opened in a directory of mode 0755";
   const std::string text = read_all(err);
-  EXPECT_EQ("softverbs: SOFTVERBS_DIR=" + dir + " has mode 0755; it must be 0700 (chmod 700 " + dir + ")\n", text);
+  EXPECT_EQ("softverbs: SOFTVERBS_DIR=" + dir + " has mode 0755; it must be 0700 (chmod 700 " + dir + ") (softverbs doctor checks the set-up)\n", text);
   unlink(err.c_str());
   rmdir(dir.c_str());
 }
