@@ -175,7 +175,7 @@ int DaemonConn::connect_dir(const RunDir& dir, bool system, bool may_start) {
   for (;;) {
     int e = connect_in(dir, sock_);
     if (e == 0) {
-      dir_ = dir;  // for messages until open() settles on it
+      dir_ = dir.path;  // for messages until open() settles on it
       owner_pid_ = self_pid();
       // A daemon that stops answering must not hang the application forever.
       timeval tv{30, 0};
