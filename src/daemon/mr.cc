@@ -247,18 +247,25 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   bool allowed = false;
   if (pds_.owned(mr->second.pd, ctx(client))) allowed = true;
   bool has_ud = false;
-  for (auto it = qps_.begin(); !allowed && it != qps_.end(); ++it) {
-    if (it->second.owner != ctx(client)) continue;
-    has_ud |= it->second.type == IBV_QPT_UD;
-    auto peer = qps_.find(qp_slot(it->first).dest_qpn.load());
+  for (uint32_t qpn : qps_.of(ctx(client))) {
+    if (allowed) break;
+    has_ud |= qps_.at(qpn).type == IBV_QPT_UD;
+    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
     if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
   }
+  // The QPs and SRQs of a PD are of the PD's context: only those are looked at.
+  const Pd* pd = pds_.get(mr->second.pd);
+  const uint32_t pd_owner = pd ? pd->owner : 0;
   // A UD sender scatters into receive buffers of any UD QP of that PD.
-  for (auto it = qps_.begin(); !allowed && has_ud && it != qps_.end(); ++it)
-    if (it->second.type == IBV_QPT_UD && it->second.pd == mr->second.pd) allowed = true;
+  for (uint32_t qpn : pd && has_ud ? qps_.of(pd_owner) : std::vector<uint32_t>{}) {
+    const Qp& q = qps_.at(qpn);
+    if (!allowed && q.type == IBV_QPT_UD && q.pd == mr->second.pd) allowed = true;
+  }
   // An XRC sender, into buffers posted to an XRC SRQ of that PD it reaches.
-  for (auto it = srqs_.begin(); !allowed && it != srqs_.end(); ++it)
-    if (it->second.pd == mr->second.pd && xrc_reaches_srq(ctx(client), it->second)) allowed = true;
+  for (uint32_t h : pd ? srqs_.of(pd_owner) : std::vector<uint32_t>{}) {
+    const Srq& s = srqs_.at(h);
+    if (!allowed && s.pd == mr->second.pd && xrc_reaches_srq(ctx(client), s)) allowed = true;
+  }
   if (!allowed) return EACCES;
   auto b = backings_.find(mr->second.backing);
   if (b == backings_.end()) return EINVAL;

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -398,6 +399,16 @@ class Registry : private MediationTables {
   uint32_t next_client_ = 1;
   uint32_t next_handle_ = 1;
   std::map<uint32_t, Client> clients_;
+  // (context, client) of every client: the processes of one context
+  // without a walk over every connection of the daemon.
+  std::set<std::pair<uint32_t, uint32_t>> ctx_clients_;
+  std::vector<uint32_t> clients_of(uint32_t context) const;
+  // (destination QPN, QPN) of every QP whose entry names a destination:
+  // the QPs connected to one QP without a walk over every QP.
+  std::set<std::pair<uint32_t, uint32_t>> by_dest_;
+  void set_dest(uint32_t qpn, uint32_t dest);
+  // (context, QPN), once per handle a context holds of an XRC target QP.
+  std::multiset<std::pair<uint32_t, uint32_t>> xrc_handles_;
   std::map<uint32_t, Fd> async_fds_;  // by client
   std::map<uint32_t, Context> contexts_;
   ObjectTable<Pd> pds_;

@@ -92,6 +92,12 @@ int Registry::join_context(Client& me, uint32_t target) {
   const uint32_t mine = me.ctx;
   if (pds_.any_of(mine) || backings_.any_of(mine)) return EBUSY;
   remove_context_if_unused(mine);
+  for (auto it = ctx_clients_.lower_bound({mine, 0}); it != ctx_clients_.end() && it->first == mine; ++it)
+    if (&clients_.at(it->second) == &me) {
+      ctx_clients_.insert({target, it->second});
+      ctx_clients_.erase(it);
+      break;
+    }
   me.ctx = target;
   contexts_[target].attached++;
   return 0;

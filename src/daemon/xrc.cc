@@ -87,8 +87,8 @@ void Registry::release_xrcd_handle(uint32_t handle) {
 // the SRQ's domain, i.e. may deliver into that SRQ.
 bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {
   if (srq.type != IBV_SRQT_XRC) return false;
-  for (auto& [qpn, q] : qps_) {
-    if (q.owner != context || q.type != IBV_QPT_XRC_SEND) continue;
+  for (uint32_t qpn : qps_.of(context)) {
+    if (qps_.at(qpn).type != IBV_QPT_XRC_SEND) continue;
     auto t = qps_.find(qp_slot(qpn).dest_qpn.load());
     if (t != qps_.end() && t->second.type == IBV_QPT_XRC_RECV && t->second.xrcd == srq.xrcd) return true;
   }
@@ -148,6 +148,7 @@ int Registry::open_qp(uint32_t client, const proto::OpenQpReq& req, proto::Impor
   if (!xrcd || it == qps_.end() || it->second.type != IBV_QPT_XRC_RECV || it->second.xrcd != xrcd) return EINVAL;
   Qp& q = it->second;
   q.holders.push_back(ctx(client));  // one entry per handle: each is destroyed on its own
+  xrc_handles_.insert({ctx(client), req.qpn});
   rep.qp_type = q.type;
   rep.segment_size = q.map.size();
   out_fds.push_back(q.fd.get());
