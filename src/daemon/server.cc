@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -263,22 +264,17 @@ void Server::copies_done() {
     int st = 0;
     if (c.job->posted) registry_.finish_posted(*c.job);  // no reply: the QP's counts and CQ say it
     else st = registry_.finish_mediation(*c.job, rep);
-    for (auto& [fd, conn] : conns_) {
-      if (conn.client != c.client) continue;
-      conn.copying = false;
-      if (c.job->posted) {
-        update_interest(fd, conn);
-        break;
+    int fd = -1;
+    if (Conn* conn = conn_of(c.client, fd)) {
+      conn->copying = false;
+      if (!c.job->posted) {
+        uint8_t out[sizeof rep];
+        rep.h = c.h;
+        rep.h.status = st;
+        std::memcpy(out, &rep, sizeof rep);
+        enqueue(fd, *conn, out, sizeof rep, {}, 0);  // a failed send: its hang-up drops it
       }
-      uint8_t out[sizeof rep];
-      rep.h = c.h;
-      rep.h.status = st;
-      std::memcpy(out, &rep, sizeof rep);
-      if (!enqueue(fd, conn, out, sizeof rep, {}, 0)) {
-        // its hang-up drops it
-      }
-      update_interest(fd, conn);
-      break;
+      update_interest(fd, *conn);
     }
   }
   send_events();
@@ -487,7 +483,17 @@ void Server::accept_clients() {
     c.sock = std::move(sock);
     c.interest = ev.events;
     conns_[fd] = std::move(c);
+    fd_of_client_[id] = fd;
   }
+}
+
+Server::Conn* Server::conn_of(uint32_t client, int& fd) {
+  auto f = fd_of_client_.find(client);
+  if (f == fd_of_client_.end()) return nullptr;
+  auto it = conns_.find(f->second);
+  if (it == conns_.end() || it->second.client != client) return nullptr;
+  fd = it->first;
+  return &it->second;
 }
 
 void Server::drop(int fd) {
@@ -501,6 +507,7 @@ void Server::drop(int fd) {
   registry_.remove_client(it->second.client);
   registry_.quotas().release(Quotas::kConnection, it->second.client);
   roce_.remove_client(it->second.client);
+  fd_of_client_.erase(it->second.client);
   conns_.erase(it);
   sync_mcast();
   send_events();
@@ -526,8 +533,9 @@ void Server::clear_rendezvous(const std::string& cm) {
 // as a kernel's async event queue would coalesce a repeated event).
 void Server::send_events() {
   for (const auto& ev : registry_.take_events()) {
-    for (auto& [fd, conn] : conns_) {
-      if (conn.client != ev.client) continue;
+    int fd = -1;
+    if (Conn* c = conn_of(ev.client, fd)) {
+      Conn& conn = *c;
       proto::AsyncEventMsg m{};
       proto::init_header(m, proto::Op::AsyncEvent, 0);
       m.event_type = ev.type;
@@ -733,22 +741,26 @@ int Server::open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_f
 
 bool Server::serve_rings() {
   ring_ready_.clear();
-  for (auto& [fd, c] : conns_)
-    if (c.ring && !c.copying && c.ring->pending()) ring_ready_.push_back(fd);
+  // Only the connections that have a ring (ring_efds_), in socket order.
+  for (auto [efd, fd] : ring_efds_)
+    if (auto it = conns_.find(fd); it != conns_.end() && it->second.ring && !it->second.copying && it->second.ring->pending())
+      ring_ready_.push_back(fd);
+  std::sort(ring_ready_.begin(), ring_ready_.end());
   for (int fd : ring_ready_) serve(fd);  // may drop a connection: by fd, not by iterator
   return !ring_ready_.empty();
 }
 
 bool Server::rings_may_sleep() {
   bool waiting = false;
-  for (auto& [fd, c] : conns_)
-    if (c.ring && c.ring->may_sleep() && !c.copying) waiting = true;
+  for (auto [efd, fd] : ring_efds_)
+    if (auto it = conns_.find(fd); it != conns_.end() && it->second.ring && it->second.ring->may_sleep() && !it->second.copying)
+      waiting = true;
   return waiting;
 }
 
 void Server::rings_awake() {
-  for (auto& [fd, c] : conns_)
-    if (c.ring) c.ring->awake();
+  for (auto [efd, fd] : ring_efds_)
+    if (auto it = conns_.find(fd); it != conns_.end() && it->second.ring) it->second.ring->awake();
 }
 
 // The RoCEv2 port listens to the multicast groups that have members

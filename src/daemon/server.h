@@ -129,6 +129,10 @@ class Server {
     std::unique_ptr<PostRing> ring;    // its request ring (Op::PostRing), if it asked for one
   };
   std::map<int, Conn> conns_;
+  // Each connection's socket by its client id: an event or a finished copy
+  // finds its connection without a walk over every connection.
+  std::map<uint32_t, int> fd_of_client_;
+  Conn* conn_of(uint32_t client, int& fd);
   // Request rings (post_ring.h): each ring's eventfd -> its connection's
   // socket; the connection being served (for PostRing, -1 otherwise).
   std::map<int, int> ring_efds_;
