@@ -315,6 +315,7 @@ void Registry::unbind_mw(uint32_t slot, Mw& mw) {
   e.access = 0;
   e.backing = 0;
   e.generation++;
+  mw_bound_.erase({mw.bound_mr, slot});
   drop(Ref{ObjKind::kMr, mw.bound_mr});
   mw.bound_mr = 0;
 }
@@ -322,8 +323,12 @@ void Registry::unbind_mw(uint32_t slot, Mw& mw) {
 // Windows of other contexts bound to the MRs of a context that goes die
 // with them (their own context's windows went just before).
 void Registry::unbind_windows_of(uint32_t, const std::vector<uint32_t>& mrs) {
-  for (auto& [h, w] : mws_)
-    if (w.bound_mr && std::find(mrs.begin(), mrs.end(), w.bound_mr) != mrs.end()) unbind_mw(h, w);
+  std::set<uint32_t> bound;  // the windows bound to them, in slot order
+  for (uint32_t mr : mrs)
+    for (auto it = mw_bound_.lower_bound({mr, 0}); it != mw_bound_.end() && it->first == mr; ++it)
+      bound.insert(it->second);
+  for (uint32_t h : bound)
+    if (auto w = mws_.find(h); w != mws_.end()) unbind_mw(h, w->second);
 }
 
 void Registry::release_mw(uint32_t slot) {
@@ -396,6 +401,7 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   e.bound_qpn = mw.type == IBV_MW_TYPE_2 ? r.qpn : 0;
   e.generation++;
   mw.bound_mr = r.mr_key >> 8;
+  mw_bound_.insert({mw.bound_mr, r.mw});
   mw.key = new_key;
   hold(Ref{ObjKind::kMr, mw.bound_mr});
   e.key.store(new_key, std::memory_order_release);

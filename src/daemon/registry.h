@@ -407,6 +407,9 @@ class Registry : private MediationTables {
   // the QPs connected to one QP without a walk over every QP.
   std::set<std::pair<uint32_t, uint32_t>> by_dest_;
   void set_dest(uint32_t qpn, uint32_t dest);
+  // (MR slot, window slot) of every bound window: the windows of the MRs a
+  // context's release frees without a walk over every window.
+  std::set<std::pair<uint32_t, uint32_t>> mw_bound_;
   // (context, QPN), once per handle a context holds of an XRC target QP.
   std::multiset<std::pair<uint32_t, uint32_t>> xrc_handles_;
   std::map<uint32_t, Fd> async_fds_;  // by client
