@@ -119,6 +119,8 @@ void Registry::remove_client(uint32_t client) {
   SV_TRACE("daemon: client %u (pid %d) left context %u", client, int(c->second.pid), context);
   cm_ports_.release_client(client);
   ctx_clients_.erase({context, client});
+  if (auto s = socket_client_.find(c->second.socket_inode); s != socket_client_.end() && s->second == client)
+    socket_client_.erase(s);
   clients_.erase(c);
   async_fds_.erase(client);
   cq_grants_.erase(client);

@@ -25,6 +25,7 @@
 #include <set>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -403,6 +404,8 @@ class Registry : private MediationTables {
   // without a walk over every connection of the daemon.
   std::set<std::pair<uint32_t, uint32_t>> ctx_clients_;
   std::vector<uint32_t> clients_of(uint32_t context) const;
+  // Each claimed socket's client, by inode (claim_socket: at most one).
+  std::map<uint64_t, uint32_t> socket_client_;
   // (destination QPN, QPN) of every QP whose entry names a destination:
   // the QPs connected to one QP without a walk over every QP.
   std::set<std::pair<uint32_t, uint32_t>> by_dest_;
@@ -427,6 +430,8 @@ class Registry : private MediationTables {
   ObjectTable<XrcdHandle> xrcd_handles_;
   ObjectTable<Qp> qps_;        // by qpn
   uint32_t next_xrcd_ = 1;
+  // The domains opened through a file, by (user, device, inode).
+  std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> xrcd_by_file_;
   std::map<RegionKey, Region> regions_;
   // CQs another user opened by name (client -> CQ handles): a CQ segment
   // holds completions only, so mapping it grants exactly the named object.

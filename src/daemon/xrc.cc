@@ -23,7 +23,9 @@ uint32_t Registry::xrcd_of(uint32_t client, uint32_t handle) {
 
 void Registry::xrcd_drop_if_unused(uint32_t id) {
   auto it = xrcds_.find(id);
-  if (it != xrcds_.end() && it->second.opens == 0 && it->second.refs == 0) xrcds_.erase(it);
+  if (it == xrcds_.end() || it->second.opens != 0 || it->second.refs != 0) return;
+  if (it->second.ino) xrcd_by_file_.erase({it->second.uid, it->second.dev, it->second.ino});
+  xrcds_.erase(it);
 }
 
 // ibv_open_xrcd(3), as the kernel does it: a file names a domain by its
@@ -39,8 +41,8 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
     // Per user too: under the system daemon no object is shared between
     // users unless mediated, and a target QP would be (ibv_open_qp).
     uint32_t uid = clients_[client].uid;
-    for (auto& [xid, x] : xrcds_)
-      if (x.ino && x.dev == uint64_t(st.st_dev) && x.ino == uint64_t(st.st_ino) && x.uid == uid) id = xid;
+    const std::tuple<uint32_t, uint64_t, uint64_t> file{uid, uint64_t(st.st_dev), uint64_t(st.st_ino)};
+    if (auto f = xrcd_by_file_.find(file); st.st_ino && f != xrcd_by_file_.end()) id = f->second;
     if (id && (req.oflags & O_EXCL)) return EINVAL;
     if (!id && !(req.oflags & O_CREAT)) return EINVAL;
     if (!id) {
@@ -49,6 +51,7 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
       x.dev = uint64_t(st.st_dev);
       x.ino = uint64_t(st.st_ino);
       x.uid = uid;
+      if (st.st_ino) xrcd_by_file_[file] = id;
     }
   } else {
     id = next_xrcd_++;
