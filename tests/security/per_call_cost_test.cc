@@ -113,11 +113,21 @@ bool alloc_mw(RawConn& raw, uint32_t pd) {
 
 // Root's calls, each repeated: their times in seconds.
 struct Times {
-  double get_cq, cq_error, reg_mr, open_close;
+  double null_op, get_cq, cq_error, reg_mr, open_close;
 };
 
 Times time_roots_calls(const std::string& socket) {
   Times t{};
+  // The control: a request the daemon answers without looking at any
+  // object (QueryPd of handle 0: EINVAL), the cost of a round trip now.
+  RawConn ctl(socket);
+  EXPECT_TRUE(hello(ctl));
+  t.null_op = seconds_of([&] {
+    for (int i = 0; i < 300; ++i) {
+      sv::proto::HandleReq r{};
+      EXPECT_EQ(EINVAL, ctl.call(Op::QueryPd, r));
+    }
+  });
   // A CQ of one root context, asked for by another root context that has
   // no QP reaching it (GetCq: the daemon decides whether the caller may
   // complete into it, and answers EINVAL).
@@ -177,7 +187,7 @@ Times best_of_rounds(const std::string& socket) {
   Times best = time_roots_calls(socket);
   for (int round = 1; round < 5; ++round) {
     const Times t = time_roots_calls(socket);
-    best = {std::min(best.get_cq, t.get_cq), std::min(best.cq_error, t.cq_error), std::min(best.reg_mr, t.reg_mr),
+    best = {std::min(best.null_op, t.null_op), std::min(best.get_cq, t.get_cq), std::min(best.cq_error, t.cq_error), std::min(best.reg_mr, t.reg_mr),
             std::min(best.open_close, t.open_close)};
   }
   return best;
@@ -218,9 +228,17 @@ TEST(PerCallCost, AnotherUsersObjectsDoNotSlowRootsCalls) {
   const Times after = best_of_rounds(sysd.socket());
   ASSERT_TRUE(send_val(nobody.sock(), 1));
   EXPECT_EQ(0, nobody.wait());
-  auto check = [](const char* what, double b, double a) {
-    std::fprintf(stderr, "%s: %.2f ms before, %.2f ms after\n", what, b * 1e3, a * 1e3);
-    EXPECT_LT(a, 5 * b + 0.020) << what << " got slower with another user's objects in the daemon";
+  // Slower means: slower than before, and slower than before in round trips
+  // of the moment (a machine busy with other work makes every round trip
+  // dearer for a while, whatever the daemon holds).
+  std::fprintf(stderr, "300 null requests (control): %.2f ms before, %.2f ms after\n", before.null_op * 1e3,
+               after.null_op * 1e3);
+  auto check = [&](const char* what, double b, double a) {
+    const double b_trips = b / before.null_op, a_trips = a / after.null_op;
+    std::fprintf(stderr, "%s: %.2f ms before, %.2f ms after (%.1f and %.1f times the control)\n", what, b * 1e3,
+                 a * 1e3, b_trips, a_trips);
+    EXPECT_TRUE(a < 5 * b + 0.020 || a_trips < 3 * b_trips + 1)
+        << what << " got slower with another user's objects in the daemon";
   };
   check("300 GetCq", before.get_cq, after.get_cq);
   check("50 CQ create, error, destroy", before.cq_error, after.cq_error);
