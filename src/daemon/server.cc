@@ -13,7 +13,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -741,26 +740,22 @@ int Server::open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_f
 
 bool Server::serve_rings() {
   ring_ready_.clear();
-  // Only the connections that have a ring (ring_efds_), in socket order.
-  for (auto [efd, fd] : ring_efds_)
-    if (auto it = conns_.find(fd); it != conns_.end() && it->second.ring && !it->second.copying && it->second.ring->pending())
-      ring_ready_.push_back(fd);
-  std::sort(ring_ready_.begin(), ring_ready_.end());
+  for (auto& [fd, c] : conns_)
+    if (c.ring && !c.copying && c.ring->pending()) ring_ready_.push_back(fd);
   for (int fd : ring_ready_) serve(fd);  // may drop a connection: by fd, not by iterator
   return !ring_ready_.empty();
 }
 
 bool Server::rings_may_sleep() {
   bool waiting = false;
-  for (auto [efd, fd] : ring_efds_)
-    if (auto it = conns_.find(fd); it != conns_.end() && it->second.ring && it->second.ring->may_sleep() && !it->second.copying)
-      waiting = true;
+  for (auto& [fd, c] : conns_)
+    if (c.ring && c.ring->may_sleep() && !c.copying) waiting = true;
   return waiting;
 }
 
 void Server::rings_awake() {
-  for (auto [efd, fd] : ring_efds_)
-    if (auto it = conns_.find(fd); it != conns_.end() && it->second.ring) it->second.ring->awake();
+  for (auto& [fd, c] : conns_)
+    if (c.ring) c.ring->awake();
 }
 
 // The RoCEv2 port listens to the multicast groups that have members

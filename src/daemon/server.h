@@ -128,11 +128,11 @@ class Server {
     bool copying = false;              // a deferred Mediate of this client is on the copy worker
     std::unique_ptr<PostRing> ring;    // its request ring (Op::PostRing), if it asked for one
   };
-  std::map<int, Conn> conns_;
   // Each connection's socket by its client id: an event or a finished copy
   // finds its connection without a walk over every connection.
   std::map<uint32_t, int> fd_of_client_;
   Conn* conn_of(uint32_t client, int& fd);
+  std::map<int, Conn> conns_;
   // Request rings (post_ring.h): each ring's eventfd -> its connection's
   // socket; the connection being served (for PostRing, -1 otherwise).
   std::map<int, int> ring_efds_;
