@@ -136,18 +136,20 @@ bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
   if (!same_user(client, it->second.owner)) return false;  // another user's peers are mediated
   // A requester pushes receive completions into the CQ of the QP it reaches:
   // its connected peer, or (UD) any UD QP.
+  // Only the caller's QPs, and the QPs and SRQs of the CQ's context (a QP's
+  // or an XRC SRQ's CQ is of its own context) are looked at.
   bool has_ud = false;
-  for (auto& [qpn, q] : qps_) {
-    if (q.owner != c) continue;
-    has_ud |= q.type == IBV_QPT_UD;
+  for (uint32_t qpn : qps_.of(c)) {
+    has_ud |= qps_.at(qpn).type == IBV_QPT_UD;
     auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
     if (peer != qps_.end() && peer->second.recv_cq == handle) return true;
   }
+  const uint32_t cq_owner = it->second.owner;
   if (has_ud)
-    for (auto& [qpn, q] : qps_)
-      if (q.type == IBV_QPT_UD && q.recv_cq == handle) return true;
-  for (auto& [h, srq] : srqs_)
-    if (srq.cq == handle && xrc_reaches_srq(c, srq)) return true;
+    for (uint32_t qpn : qps_.of(cq_owner))
+      if (const Qp& q = qps_.at(qpn); q.type == IBV_QPT_UD && q.recv_cq == handle) return true;
+  for (uint32_t h : srqs_.of(cq_owner))
+    if (const Srq& srq = srqs_.at(h); srq.cq == handle && xrc_reaches_srq(c, srq)) return true;
   return false;
 }
 
@@ -167,9 +169,11 @@ int Registry::cq_error(uint32_t client, uint32_t handle) {
   Cq& cq = cqs_.at(handle);
   if (cq.failed) return 0;
   cq.failed = true;
-  for (auto& [id, c] : clients_)
-    if (c.ctx == cq.owner) events_.push_back({id, IBV_EVENT_CQ_ERR, handle});
-  for (auto& [qpn, q] : qps_) {
+  for (uint32_t id : clients_of(cq.owner)) events_.push_back({id, IBV_EVENT_CQ_ERR, handle});
+  // A QP completes only into CQs of its own context (check_create_qp), and
+  // such a QP keeps its context.
+  for (uint32_t qpn : qps_.of(cq.owner)) {
+    const Qp& q = qps_.at(qpn);
     if (q.send_cq != handle && q.recv_cq != handle) continue;
     QpEntry& e = qp_slot(qpn);
     if (ibv_qp_state(e.state.load()) == IBV_QPS_RESET) continue;

@@ -247,18 +247,25 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   bool allowed = false;
   if (pds_.owned(mr->second.pd, ctx(client))) allowed = true;
   bool has_ud = false;
-  for (auto it = qps_.begin(); !allowed && it != qps_.end(); ++it) {
-    if (it->second.owner != ctx(client)) continue;
-    has_ud |= it->second.type == IBV_QPT_UD;
-    auto peer = qps_.find(qp_slot(it->first).dest_qpn.load());
+  for (uint32_t qpn : qps_.of(ctx(client))) {
+    if (allowed) break;
+    has_ud |= qps_.at(qpn).type == IBV_QPT_UD;
+    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
     if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
   }
+  // The QPs and SRQs of a PD are of the PD's context: only those are looked at.
+  const Pd* pd = pds_.get(mr->second.pd);
+  const uint32_t pd_owner = pd ? pd->owner : 0;
   // A UD sender scatters into receive buffers of any UD QP of that PD.
-  for (auto it = qps_.begin(); !allowed && has_ud && it != qps_.end(); ++it)
-    if (it->second.type == IBV_QPT_UD && it->second.pd == mr->second.pd) allowed = true;
+  for (uint32_t qpn : pd && has_ud ? qps_.of(pd_owner) : std::vector<uint32_t>{}) {
+    const Qp& q = qps_.at(qpn);
+    if (!allowed && q.type == IBV_QPT_UD && q.pd == mr->second.pd) allowed = true;
+  }
   // An XRC sender, into buffers posted to an XRC SRQ of that PD it reaches.
-  for (auto it = srqs_.begin(); !allowed && it != srqs_.end(); ++it)
-    if (it->second.pd == mr->second.pd && xrc_reaches_srq(ctx(client), it->second)) allowed = true;
+  for (uint32_t h : pd ? srqs_.of(pd_owner) : std::vector<uint32_t>{}) {
+    const Srq& s = srqs_.at(h);
+    if (!allowed && s.pd == mr->second.pd && xrc_reaches_srq(ctx(client), s)) allowed = true;
+  }
   if (!allowed) return EACCES;
   auto b = backings_.find(mr->second.backing);
   if (b == backings_.end()) return EINVAL;
@@ -308,6 +315,7 @@ void Registry::unbind_mw(uint32_t slot, Mw& mw) {
   e.access = 0;
   e.backing = 0;
   e.generation++;
+  mw_bound_.erase({mw.bound_mr, slot});
   drop(Ref{ObjKind::kMr, mw.bound_mr});
   mw.bound_mr = 0;
 }
@@ -315,8 +323,12 @@ void Registry::unbind_mw(uint32_t slot, Mw& mw) {
 // Windows of other contexts bound to the MRs of a context that goes die
 // with them (their own context's windows went just before).
 void Registry::unbind_windows_of(uint32_t, const std::vector<uint32_t>& mrs) {
-  for (auto& [h, w] : mws_)
-    if (w.bound_mr && std::find(mrs.begin(), mrs.end(), w.bound_mr) != mrs.end()) unbind_mw(h, w);
+  std::set<uint32_t> bound;  // the windows bound to them, in slot order
+  for (uint32_t mr : mrs)
+    for (auto it = mw_bound_.lower_bound({mr, 0}); it != mw_bound_.end() && it->first == mr; ++it)
+      bound.insert(it->second);
+  for (uint32_t h : bound)
+    if (auto w = mws_.find(h); w != mws_.end()) unbind_mw(h, w->second);
 }
 
 void Registry::release_mw(uint32_t slot) {
@@ -389,6 +401,7 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
   e.bound_qpn = mw.type == IBV_MW_TYPE_2 ? r.qpn : 0;
   e.generation++;
   mw.bound_mr = r.mr_key >> 8;
+  mw_bound_.insert({mw.bound_mr, r.mw});
   mw.key = new_key;
   hold(Ref{ObjKind::kMr, mw.bound_mr});
   e.key.store(new_key, std::memory_order_release);

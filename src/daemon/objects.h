@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -241,11 +242,37 @@ class ObjectTable {
   const_iterator find(uint32_t h) const { return m_.find(h); }
   size_t count(uint32_t h) const { return m_.count(h); }
   size_t size() const { return m_.size(); }
-  T& operator[](uint32_t h) { return m_[h]; }
+  // A new object made here has owner 0 (objects owned by no context).
+  T& operator[](uint32_t h) {
+    auto [it, made] = m_.try_emplace(h);
+    if (made) by_owner_.insert({it->second.owner, h});
+    return it->second;
+  }
   T& at(uint32_t h) { return m_.at(h); }
-  iterator erase(iterator it) { return m_.erase(it); }
-  size_t erase(uint32_t h) { return m_.erase(h); }
-  T& insert(uint32_t h, T&& obj) { return m_.insert_or_assign(h, std::move(obj)).first->second; }
+  iterator erase(iterator it) {
+    by_owner_.erase({it->second.owner, it->first});
+    return m_.erase(it);
+  }
+  size_t erase(uint32_t h) {
+    auto it = m_.find(h);
+    if (it == m_.end()) return 0;
+    erase(it);
+    return 1;
+  }
+  // The owner is indexed as the object goes in: set it before, and change
+  // it afterwards only through set_owner.
+  T& insert(uint32_t h, T&& obj) {
+    if (auto old = m_.find(h); old != m_.end()) by_owner_.erase({old->second.owner, h});
+    by_owner_.insert({obj.owner, h});
+    return m_.insert_or_assign(h, std::move(obj)).first->second;
+  }
+  void set_owner(uint32_t h, uint32_t ctx) {
+    T* o = get(h);
+    if (!o || o->owner == ctx) return;
+    by_owner_.erase({o->owner, h});
+    o->owner = ctx;
+    by_owner_.insert({ctx, h});
+  }
 
   T* get(uint32_t h) {
     auto it = m_.find(h);
@@ -260,10 +287,10 @@ class ObjectTable {
     auto it = m_.find(h);
     return it != m_.end() && it->second.owner == ctx ? &it->second : nullptr;
   }
+  // By the owner index: the cost is the context's own objects, not the table's.
   bool any_of(uint32_t ctx) const {
-    for (auto& [h, o] : m_)
-      if (o.owner == ctx) return true;
-    return false;
+    auto it = by_owner_.lower_bound({ctx, 0});
+    return it != by_owner_.end() && it->first == ctx;
   }
 
   // Takes a reference on object `h` (nothing if there is none).
@@ -282,17 +309,20 @@ class ObjectTable {
     auto it = m_.find(h);
     return it == m_.end() ? Held{} : it->second.held();
   }
-  void remove(uint32_t h) { m_.erase(h); }
+  void remove(uint32_t h) { erase(h); }
   // The handles of context `ctx`'s objects, in handle order.
   std::vector<uint32_t> of(uint32_t ctx) const {
     std::vector<uint32_t> ids;
-    for (auto& [h, o] : m_)
-      if (o.owner == ctx) ids.push_back(h);
+    for (auto it = by_owner_.lower_bound({ctx, 0}); it != by_owner_.end() && it->first == ctx; ++it)
+      ids.push_back(it->second);
     return ids;
   }
 
  private:
   Map m_;
+  // (owner, handle) of every object: a context's objects without a walk
+  // over every context's.
+  std::set<std::pair<uint32_t, uint32_t>> by_owner_;
 };
 
 }  // namespace sv::daemon

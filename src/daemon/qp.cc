@@ -159,6 +159,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   quotas_.charge(Quotas::kQp, qpn, client_uid(client));
   // Its PD, CQs and SRQ, or a target QP's domain.
   hold(qps_.insert(qpn, std::move(qp)).held());
+  if (xrcd) xrc_handles_.insert({ctx(client), qpn});
   return 0;
 }
 
@@ -197,14 +198,14 @@ int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
   }
 
   if (mask & IBV_QP_ACCESS_FLAGS) e.access.store(r.qp_access_flags & kQpAccess, std::memory_order_relaxed);
-  if (mask & IBV_QP_DEST_QPN) e.dest_qpn.store(r.dest_qp_num, std::memory_order_relaxed);
+  if (mask & IBV_QP_DEST_QPN) set_dest(r.qpn, r.dest_qp_num);
   if (mask & IBV_QP_MIN_RNR_TIMER) e.min_rnr_timer = r.min_rnr_timer;
   if (mask & IBV_QP_TIMEOUT) e.timeout = r.timeout;
   if (mask & IBV_QP_RETRY_CNT) e.retry_cnt = r.retry_cnt;
   if (mask & IBV_QP_RNR_RETRY) e.rnr_retry = r.rnr_retry;
   if (mask & IBV_QP_QKEY) e.qkey.store(r.qkey, std::memory_order_relaxed);
   if (next == IBV_QPS_RESET) {
-    e.dest_qpn.store(0, std::memory_order_relaxed);
+    set_dest(r.qpn, 0);
     e.access.store(0, std::memory_order_relaxed);
   }
   e.state.store(next, std::memory_order_release);
@@ -223,6 +224,7 @@ void Registry::release_qp(uint32_t qpn) {
   QpEntry& e = qp_slot(qpn);
   e.state.store(IBV_QPS_ERR, std::memory_order_release);
   e.qpn.store(0, std::memory_order_release);
+  by_dest_.erase({e.dest_qpn.load(), qpn});
   forget(ObjKind::kQp, qpn);
   // A destroyed QP leaves its multicast groups (as the kernel detaches them).
   for (const auto& ch : tables_.mcg_remove_qp(qpn)) mcg_release(ch, qpn);
@@ -231,20 +233,32 @@ void Registry::release_qp(uint32_t qpn) {
 // A context's release frees its QPs and the XRC target QPs whose last
 // handle it held; a target QP another context still holds moves to it.
 std::vector<uint32_t> Registry::qps_to_release(uint32_t owner) {
-  std::vector<uint32_t> ids;
-  for (auto& [qpn, q] : qps_) {
-    if (q.type == IBV_QPT_XRC_RECV) {
-      std::erase(q.holders, owner);
-      if (!q.holders.empty()) {
-        q.owner = q.holders.front();  // another context still holds the target QP
-        continue;
-      }
-      ids.push_back(qpn);
-    } else if (q.owner == owner) {
-      ids.push_back(qpn);
+  std::set<uint32_t> ids;  // in QPN order
+  for (uint32_t qpn : qps_.of(owner))
+    if (qps_.at(qpn).type != IBV_QPT_XRC_RECV) ids.insert(qpn);
+  std::set<uint32_t> targets;  // the target QPs it holds a handle of (its own among them)
+  for (auto h = xrc_handles_.lower_bound({owner, 0}); h != xrc_handles_.end() && h->first == owner;)
+    targets.insert(h->second), h = xrc_handles_.erase(h);
+  for (uint32_t qpn : targets) {
+    auto it = qps_.find(qpn);
+    if (it == qps_.end() || it->second.type != IBV_QPT_XRC_RECV) continue;
+    Qp& q = it->second;
+    if (std::find(q.holders.begin(), q.holders.end(), owner) == q.holders.end()) continue;
+    std::erase(q.holders, owner);
+    if (!q.holders.empty()) {
+      qps_.set_owner(qpn, q.holders.front());  // another context still holds the target QP
+      continue;
     }
+    ids.insert(qpn);
   }
-  return ids;
+  return {ids.begin(), ids.end()};
+}
+
+void Registry::set_dest(uint32_t qpn, uint32_t dest) {
+  QpEntry& e = qp_slot(qpn);
+  by_dest_.erase({e.dest_qpn.load(), qpn});
+  e.dest_qpn.store(dest, std::memory_order_relaxed);
+  if (dest) by_dest_.insert({dest, qpn});
 }
 
 // Before they go: receives their processes were delivering when they died
@@ -258,10 +272,12 @@ int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
   if (!qp) return EINVAL;
   if (qp->type == IBV_QPT_XRC_RECV) {
     // A target QP lives while some handle of it exists (ibv_open_qp(3)).
-    if (auto h = std::find(qp->holders.begin(), qp->holders.end(), ctx(client)); h != qp->holders.end())
+    if (auto h = std::find(qp->holders.begin(), qp->holders.end(), ctx(client)); h != qp->holders.end()) {
       qp->holders.erase(h);
+      if (auto x = xrc_handles_.find({ctx(client), qpn}); x != xrc_handles_.end()) xrc_handles_.erase(x);
+    }
     if (!qp->holders.empty()) {
-      qp->owner = qp->holders.front();
+      qps_.set_owner(qpn, qp->holders.front());
       return 0;
     }
   }
@@ -435,8 +451,7 @@ void Registry::responder_error_event(uint32_t qpn, ibv_wc_status requester_statu
   auto q = qps_.find(qpn);
   if (q == qps_.end()) return;
   const ibv_event_type ev = access::responder_event(requester_status);
-  for (auto& [id, c] : clients_)
-    if (c.ctx == q->second.owner) events_.push_back({id, ev, qpn});
+  for (uint32_t id : clients_of(q->second.owner)) events_.push_back({id, ev, qpn});
 }
 
 // The peers of QPs that just died (their last holder exited): connected
@@ -506,7 +521,13 @@ bool Registry::torn_record_allowed(const Qp& dead, uint32_t dead_qpn, const Qp& 
 
 void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
   if (dead.empty()) return;
-  for (auto& [qpn, q] : qps_) {
+  std::set<uint32_t> peers;  // the QPs whose entry names a dead QP, in QPN order
+  for (uint32_t d : dead)
+    for (auto it = by_dest_.lower_bound({d, 0}); it != by_dest_.end() && it->first == d; ++it) peers.insert(it->second);
+  for (uint32_t qpn : peers) {
+    auto found = qps_.find(qpn);
+    if (found == qps_.end()) continue;
+    Qp& q = found->second;
     QpEntry& e = qp_slot(qpn);
     uint32_t dest = e.dest_qpn.load();
     if (q.type == IBV_QPT_UD || std::find(dead.begin(), dead.end(), dest) == dead.end()) continue;
@@ -515,8 +536,7 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
     SV_TRACE("daemon: QP 0x%x to ERR: its peer QP 0x%x is gone", qpn, dest);
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
     if (cqs_.count(q.recv_cq)) flush_rq(q, qpn);
-    for (auto& [id, c] : clients_)
-      if (c.ctx == q.owner) events_.push_back({id, IBV_EVENT_QP_FATAL, qpn});
+    for (uint32_t id : clients_of(q.owner)) events_.push_back({id, IBV_EVENT_QP_FATAL, qpn});
   }
 }
 

@@ -70,6 +70,7 @@ uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid, Fd pidfd) {
     c.at_connect.ipc_lock = false;
   c.pidfd = std::move(pidfd);
   clients_[id] = std::move(c);
+  ctx_clients_.insert({context, id});
   contexts_[context] = Context{1, uid};
   return id;
 }
@@ -91,6 +92,13 @@ bool Registry::same_user(uint32_t client, uint32_t owner) const {
   return c->second.uid == o->second.uid;
 }
 
+std::vector<uint32_t> Registry::clients_of(uint32_t context) const {
+  std::vector<uint32_t> ids;
+  for (auto it = ctx_clients_.lower_bound({context, 0}); it != ctx_clients_.end() && it->first == context; ++it)
+    ids.push_back(it->second);
+  return ids;
+}
+
 uint32_t Registry::ctx(uint32_t client) const {
   auto it = clients_.find(client);
   return it == clients_.end() ? 0 : it->second.ctx;
@@ -110,6 +118,9 @@ void Registry::remove_client(uint32_t client) {
   uint32_t context = c->second.ctx;
   SV_TRACE("daemon: client %u (pid %d) left context %u", client, int(c->second.pid), context);
   cm_ports_.release_client(client);
+  ctx_clients_.erase({context, client});
+  if (auto s = socket_client_.find(c->second.socket_inode); s != socket_client_.end() && s->second == client)
+    socket_client_.erase(s);
   clients_.erase(c);
   async_fds_.erase(client);
   quotas_.release_fds(Quotas::fd_key(client, Quotas::kAsyncFd));

@@ -22,8 +22,10 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -411,6 +413,21 @@ class Registry : private MediationTables {
   uint32_t next_client_ = 1;
   uint32_t next_handle_ = 1;
   std::map<uint32_t, Client> clients_;
+  // (context, client) of every client: the processes of one context
+  // without a walk over every connection of the daemon.
+  std::set<std::pair<uint32_t, uint32_t>> ctx_clients_;
+  std::vector<uint32_t> clients_of(uint32_t context) const;
+  // Each claimed socket's client, by inode (claim_socket: at most one).
+  std::map<uint64_t, uint32_t> socket_client_;
+  // (destination QPN, QPN) of every QP whose entry names a destination:
+  // the QPs connected to one QP without a walk over every QP.
+  std::set<std::pair<uint32_t, uint32_t>> by_dest_;
+  void set_dest(uint32_t qpn, uint32_t dest);
+  // (MR slot, window slot) of every bound window: the windows of the MRs a
+  // context's release frees without a walk over every window.
+  std::set<std::pair<uint32_t, uint32_t>> mw_bound_;
+  // (context, QPN), once per handle a context holds of an XRC target QP.
+  std::multiset<std::pair<uint32_t, uint32_t>> xrc_handles_;
   std::map<uint32_t, Fd> async_fds_;  // by client
   std::map<uint32_t, Context> contexts_;
   ObjectTable<Pd> pds_;
@@ -426,6 +443,8 @@ class Registry : private MediationTables {
   ObjectTable<XrcdHandle> xrcd_handles_;
   ObjectTable<Qp> qps_;        // by qpn
   uint32_t next_xrcd_ = 1;
+  // The domains opened through a file, by (user, device, inode).
+  std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> xrcd_by_file_;
   std::map<RegionKey, Region> regions_;
   // CQs another user opened by name (client -> CQ handles): a CQ segment
   // holds completions only, so mapping it grants exactly the named object.

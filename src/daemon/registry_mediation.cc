@@ -58,8 +58,7 @@ bool Registry::receive_queue(uint32_t qpn, RecvQueue& out) {
 void Registry::srq_limit_reached(uint32_t srq) {
   auto s = srqs_.find(srq);
   if (s == srqs_.end()) return;
-  for (auto& [id, c] : clients_)
-    if (c.ctx == s->second.owner) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, srq});
+  for (uint32_t id : clients_of(s->second.owner)) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, srq});
 }
 
 void Registry::flush_receives(uint32_t qpn) {

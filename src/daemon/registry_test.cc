@@ -223,6 +223,35 @@ TEST(ObjectTypes, TableCountsReferencesAndOwners) {
   EXPECT_EQ(t.unref(4), -1);
 }
 
+// The owner index follows every insert, replacement, change of owner and
+// erase: of() and any_of() answer as a walk over the table would.
+TEST(ObjectTypes, OwnerIndexFollowsTheTable) {
+  ObjectTable<Qp> t;
+  for (uint32_t h : {5u, 1u, 9u, 3u}) {
+    Qp q;
+    q.owner = h % 2 ? 7 : 8;
+    t.insert(h, std::move(q));
+  }
+  EXPECT_EQ(t.of(7), (std::vector<uint32_t>{1, 3, 5, 9}));
+  EXPECT_TRUE(t.of(8).empty());
+  Qp moved;
+  moved.owner = 8;
+  t.insert(5, std::move(moved));  // replaces the object of handle 5
+  EXPECT_EQ(t.of(7), (std::vector<uint32_t>{1, 3, 9}));
+  EXPECT_EQ(t.of(8), std::vector<uint32_t>{5});
+  t.set_owner(9, 8);
+  EXPECT_EQ(t.of(8), (std::vector<uint32_t>{5, 9}));
+  EXPECT_EQ(t.owned(9, 8)->owner, 8u);
+  t.remove(5);
+  t.erase(t.find(9));
+  EXPECT_EQ(t.erase(9), 0u);
+  EXPECT_FALSE(t.any_of(8));
+  EXPECT_EQ(t.of(7), (std::vector<uint32_t>{1, 3}));
+  t[4];  // made here: owned by no context
+  EXPECT_EQ(t.of(0), std::vector<uint32_t>{4});
+  EXPECT_EQ(t.size(), 3u);
+}
+
 // ---- PD and backings ----------------------------------------------------------
 
 TEST_F(RegistryPd, PdBelongsToItsContext) {

@@ -301,22 +301,17 @@ void Server::copies_done() {
     int st = 0;
     if (c.job->posted) registry_.finish_posted(*c.job);  // no reply: the QP's counts and CQ say it
     else st = registry_.finish_mediation(*c.job, rep);
-    for (auto& [fd, conn] : conns_) {
-      if (conn.client != c.client) continue;
-      conn.copying = false;
-      if (c.job->posted) {
-        update_interest(fd, conn);
-        break;
+    int fd = -1;
+    if (Conn* conn = conn_of(c.client, fd)) {
+      conn->copying = false;
+      if (!c.job->posted) {
+        uint8_t out[sizeof rep];
+        rep.h = c.h;
+        rep.h.status = st;
+        std::memcpy(out, &rep, sizeof rep);
+        enqueue(fd, *conn, out, sizeof rep, {}, 0);  // a failed send: its hang-up drops it
       }
-      uint8_t out[sizeof rep];
-      rep.h = c.h;
-      rep.h.status = st;
-      std::memcpy(out, &rep, sizeof rep);
-      if (!enqueue(fd, conn, out, sizeof rep, {}, 0)) {
-        // its hang-up drops it
-      }
-      update_interest(fd, conn);
-      break;
+      update_interest(fd, *conn);
     }
   }
   send_events();
@@ -554,7 +549,17 @@ void Server::accept_clients() {
     c.sock = std::move(sock);
     c.interest = ev.events;
     conns_[fd] = std::move(c);
+    fd_of_client_[id] = fd;
   }
+}
+
+Server::Conn* Server::conn_of(uint32_t client, int& fd) {
+  auto f = fd_of_client_.find(client);
+  if (f == fd_of_client_.end()) return nullptr;
+  auto it = conns_.find(f->second);
+  if (it == conns_.end() || it->second.client != client) return nullptr;
+  fd = it->first;
+  return &it->second;
 }
 
 void Server::drop(int fd) {
@@ -575,6 +580,7 @@ void Server::drop(int fd) {
   for (auto what : {Quotas::kPidfd, Quotas::kRingFds, Quotas::kRoceFds, Quotas::kWakeFd})
     q.release_fds(Quotas::fd_key(client, what));
   roce_.remove_client(it->second.client);
+  fd_of_client_.erase(it->second.client);
   conns_.erase(it);
   wake_sharers(context, pid);
   sync_mcast();
@@ -601,8 +607,9 @@ void Server::clear_rendezvous(int cm, const std::string& path) {
 // as a kernel's async event queue would coalesce a repeated event).
 void Server::send_events() {
   for (const auto& ev : registry_.take_events()) {
-    for (auto& [fd, conn] : conns_) {
-      if (conn.client != ev.client) continue;
+    int fd = -1;
+    if (Conn* c = conn_of(ev.client, fd)) {
+      Conn& conn = *c;
       proto::AsyncEventMsg m{};
       proto::init_header(m, proto::Op::AsyncEvent, 0);
       m.event_type = ev.type;

@@ -143,6 +143,10 @@ class Server {
     std::unique_ptr<PostRing> ring;    // its request ring (Op::PostRing), if it asked for one
     Fd wake;                           // the daemon's end of its wake socket (Op::Wake), if it asked for one
   };
+  // Each connection's socket by its client id: an event or a finished copy
+  // finds its connection without a walk over every connection.
+  std::map<uint32_t, int> fd_of_client_;
+  Conn* conn_of(uint32_t client, int& fd);
   std::map<int, Conn> conns_;
   // Whether a connection is left unserved for now: kMaxQueuedReplies
   // replies unread (it reads them first: slowed, not dropped), or its

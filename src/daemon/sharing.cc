@@ -59,9 +59,11 @@ int Registry::claim_socket(uint32_t client, uint64_t inode) {
   if (!found && c->second.conn_inode && unix_peer_inode(c->second.conn_inode, peer) == 0 && peer == inode)
     found = true;
   if (!found) return EPERM;
-  for (auto& [id, other] : clients_)
-    if (id != client && other.socket_inode == inode) return EEXIST;
+  if (auto s = socket_client_.find(inode); s != socket_client_.end() && s->second != client) return EEXIST;
+  if (auto old = socket_client_.find(c->second.socket_inode); old != socket_client_.end() && old->second == client)
+    socket_client_.erase(old);
   c->second.socket_inode = inode;
+  socket_client_[inode] = client;
   return 0;
 }
 
@@ -77,10 +79,10 @@ int Registry::import_context(uint32_t client, Fd fd) {
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) return EINVAL;
   if (::getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || uint64_t(st.st_dev) != sockfs_dev_)
     return EINVAL;
-  for (auto& [id, other] : clients_) {
-    // Identity: (sockfs device, inode) of a socket the owner's process was
-    // seen to hold when it claimed it (claim_socket).
-    if (id == client || other.socket_inode != uint64_t(st.st_ino)) continue;
+  // Identity: (sockfs device, inode) of a socket the owner's process was
+  // seen to hold when it claimed it (claim_socket).
+  if (auto s = socket_client_.find(uint64_t(st.st_ino)); s != socket_client_.end() && s->second != client) {
+    const Client& other = clients_.at(s->second);
     // Credentials are checked at every import: only the context's own user
     // joins it (strictly the same uid; root is not special). A socket that
     // reached another user (passed, inherited) is not a grant.
@@ -99,6 +101,12 @@ int Registry::join_context(Client& me, uint32_t target) {
   const uint32_t mine = me.ctx;
   if (pds_.any_of(mine) || backings_.any_of(mine)) return EBUSY;
   remove_context_if_unused(mine);
+  for (auto it = ctx_clients_.lower_bound({mine, 0}); it != ctx_clients_.end() && it->first == mine; ++it)
+    if (&clients_.at(it->second) == &me) {
+      ctx_clients_.insert({target, it->second});
+      ctx_clients_.erase(it);
+      break;
+    }
   me.ctx = target;
   contexts_[target].attached++;
   return 0;

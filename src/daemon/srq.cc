@@ -96,16 +96,14 @@ int Registry::srq_limit(uint32_t client, uint32_t handle) {
   auto it = srqs_.find(handle);
   if (it == srqs_.end()) return EINVAL;
   bool allowed = it->second.owner == ctx(client) || xrc_reaches_srq(ctx(client), it->second);
-  for (auto& [qpn, q] : qps_) {
+  for (uint32_t qpn : qps_.of(ctx(client))) {
     if (allowed || !same_user(client, it->second.owner)) break;
-    if (q.owner != ctx(client)) continue;
     const uint32_t dest = qp_slot(qpn).dest_qpn.load();
     auto peer = qps_.find(dest);
     if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) allowed = true;
   }
   if (!allowed) return EACCES;
-  for (auto& [id, c] : clients_)
-    if (c.ctx == it->second.owner) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, handle});
+  for (uint32_t id : clients_of(it->second.owner)) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, handle});
   return 0;
 }
 

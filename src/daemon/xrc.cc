@@ -23,7 +23,9 @@ uint32_t Registry::xrcd_of(uint32_t client, uint32_t handle) {
 
 void Registry::xrcd_drop_if_unused(uint32_t id) {
   auto it = xrcds_.find(id);
-  if (it != xrcds_.end() && it->second.opens == 0 && it->second.refs == 0) xrcds_.erase(it);
+  if (it == xrcds_.end() || it->second.opens != 0 || it->second.refs != 0) return;
+  if (it->second.ino) xrcd_by_file_.erase({it->second.uid, it->second.dev, it->second.ino});
+  xrcds_.erase(it);
 }
 
 // ibv_open_xrcd(3), as the kernel does it: a file names a domain by its
@@ -39,8 +41,8 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
     // Per user too: under the system daemon no object is shared between
     // users unless mediated, and a target QP would be (ibv_open_qp).
     uint32_t uid = clients_[client].uid;
-    for (auto& [xid, x] : xrcds_)
-      if (x.ino && x.dev == uint64_t(st.st_dev) && x.ino == uint64_t(st.st_ino) && x.uid == uid) id = xid;
+    const std::tuple<uint32_t, uint64_t, uint64_t> file{uid, uint64_t(st.st_dev), uint64_t(st.st_ino)};
+    if (auto f = xrcd_by_file_.find(file); st.st_ino && f != xrcd_by_file_.end()) id = f->second;
     if (id && (req.oflags & O_EXCL)) return EINVAL;
     if (!id && !(req.oflags & O_CREAT)) return EINVAL;
     if (!id) {
@@ -49,6 +51,7 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
       x.dev = uint64_t(st.st_dev);
       x.ino = uint64_t(st.st_ino);
       x.uid = uid;
+      if (st.st_ino) xrcd_by_file_[file] = id;
     }
   } else {
     id = next_xrcd_++;
@@ -87,8 +90,8 @@ void Registry::release_xrcd_handle(uint32_t handle) {
 // the SRQ's domain, i.e. may deliver into that SRQ.
 bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {
   if (srq.type != IBV_SRQT_XRC) return false;
-  for (auto& [qpn, q] : qps_) {
-    if (q.owner != context || q.type != IBV_QPT_XRC_SEND) continue;
+  for (uint32_t qpn : qps_.of(context)) {
+    if (qps_.at(qpn).type != IBV_QPT_XRC_SEND) continue;
     auto t = qps_.find(qp_slot(qpn).dest_qpn.load());
     if (t != qps_.end() && t->second.type == IBV_QPT_XRC_RECV && t->second.xrcd == srq.xrcd) return true;
   }
@@ -148,6 +151,7 @@ int Registry::open_qp(uint32_t client, const proto::OpenQpReq& req, proto::Impor
   if (!xrcd || it == qps_.end() || it->second.type != IBV_QPT_XRC_RECV || it->second.xrcd != xrcd) return EINVAL;
   Qp& q = it->second;
   q.holders.push_back(ctx(client));  // one entry per handle: each is destroyed on its own
+  xrc_handles_.insert({ctx(client), req.qpn});
   rep.qp_type = q.type;
   rep.segment_size = q.map.size();
   out_fds.push_back(q.fd.get());
