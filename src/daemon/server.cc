@@ -881,10 +881,14 @@ int Server::open_wake(int fd, std::vector<int>& out_fds) {
 // wakes the client has not read; the one dropped is said on the trace.
 void Server::wake_sharers(uint32_t context, uint32_t pid) {
   if (context == 0) return;
-  for (auto& [fd, c] : conns_)
-    if (c.wake.valid() && registry_.context_of(c.client) == context &&
-        ::send(c.wake.get(), &pid, sizeof pid, MSG_DONTWAIT | MSG_NOSIGNAL) != ssize_t(sizeof pid))
+  // The context's own connections (the registry's index): the cost is the
+  // departed process's sharers, not every connection of the daemon.
+  for (uint32_t client : registry_.clients_of(context)) {
+    int fd = -1;
+    Conn* c = conn_of(client, fd);
+    if (c && c->wake.valid() && ::send(c->wake.get(), &pid, sizeof pid, MSG_DONTWAIT | MSG_NOSIGNAL) != ssize_t(sizeof pid))
       SV_TRACE("daemon: fd %d: wake for pid %u not sent: %s", fd, pid, std::strerror(errno));
+  }
 }
 
 // A connection not served (held) is not looked at: what waits in its ring
