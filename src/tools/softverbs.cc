@@ -5,7 +5,7 @@
 //                                      seeing /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0
 //   softverbs status                   objects the daemon holds
 //   softverbs ls                       names published in the daemon's namespace
-//   softverbs doctor [--program P]     checks the set-up, one line each (tools/doctor.h)
+//   softverbs doctor [--program P] [--memlock BYTES]  checks the set-up, one line each (tools/doctor.h)
 //   softverbs enable [--force]         every program on the machine gets softverbs (root)
 //   softverbs disable                  undoes enable (root)
 //   softverbs -h|--help, --version
@@ -524,7 +524,9 @@ constexpr const char* kUsage =
     "                          run CMD, unmodified, on the softverbs device\n"
     "  status                  what the daemon holds (objects, locked memory)\n"
     "  ls                      names published in the daemon's namespace\n"
-    "  doctor [--program P]    checks this set-up, one line each with its fix\n"
+    "  doctor [--program P] [--memlock BYTES]\n"
+    "                          checks this set-up, one line each with its fix (the library of P;\n"
+    "                          registrations of BYTES against RLIMIT_MEMLOCK, default 8 MiB)\n"
     "  enable [--force]        every program on this machine gets softverbs, no wrapper (root)\n"
     "  disable                 undo enable (root)\n"
     "  cdi [-o|--output FILE] [--kind VENDOR/CLASS] [--domain NAME]... [--users-domain NAME]...\n"
