@@ -242,6 +242,9 @@ class Registry : private MediationTables {
   const shm::QpEntry* qp_entry(uint32_t qpn) const;
   const shm::MrEntry* mr_entry(uint32_t key) const;
 
+  // The clients (processes) of a context, from the registry's index.
+  std::vector<uint32_t> clients_of(uint32_t context) const;
+
  private:
   // The object types (objects.h), by the names the registry's files use.
   using Pd = daemon::Pd;
@@ -416,7 +419,6 @@ class Registry : private MediationTables {
   // (context, client) of every client: the processes of one context
   // without a walk over every connection of the daemon.
   std::set<std::pair<uint32_t, uint32_t>> ctx_clients_;
-  std::vector<uint32_t> clients_of(uint32_t context) const;
   // Each claimed socket's client, by inode (claim_socket: at most one).
   std::map<uint64_t, uint32_t> socket_client_;
   // (destination QPN, QPN) of every QP whose entry names a destination:

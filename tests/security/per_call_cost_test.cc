@@ -30,7 +30,7 @@ constexpr uint32_t kFillQps = sv::shm::kQpTableSize / 4;
 // window locks nothing), a quarter of the MR table.
 constexpr uint32_t kFillKeys = sv::shm::kMrTableSize / 4;
 
-bool hello(RawConn& raw) {
+bool cost_hello(RawConn& raw) {
   sv::proto::Empty e{};
   sv::proto::HelloReply rep{};
   std::vector<sv::Fd> fds;
@@ -64,7 +64,7 @@ uint32_t create_qp(RawConn& raw, uint32_t pd, uint32_t cq) {
   return raw.call(Op::CreateQp, q, rep, {}, &fds) == 0 ? rep.qpn : 0;
 }
 
-bool qp_to_init(RawConn& raw, uint32_t qpn) {
+bool cost_qp_to_init(RawConn& raw, uint32_t qpn) {
   sv::proto::ModifyQpReq m{};
   m.qpn = qpn;
   m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
@@ -121,7 +121,7 @@ Times time_roots_calls(const std::string& socket) {
   // The control: a request the daemon answers without looking at any
   // object (QueryPd of handle 0: EINVAL), the cost of a round trip now.
   RawConn ctl(socket);
-  EXPECT_TRUE(hello(ctl));
+  EXPECT_TRUE(cost_hello(ctl));
   t.null_op = seconds_of([&] {
     for (int i = 0; i < 300; ++i) {
       sv::proto::HandleReq r{};
@@ -132,7 +132,7 @@ Times time_roots_calls(const std::string& socket) {
   // no QP reaching it (GetCq: the daemon decides whether the caller may
   // complete into it, and answers EINVAL).
   RawConn a(socket), b(socket);
-  EXPECT_TRUE(hello(a) && hello(b));
+  EXPECT_TRUE(cost_hello(a) && cost_hello(b));
   const uint32_t cq = create_cq(a);
   EXPECT_NE(0u, cq);
   t.get_cq = seconds_of([&] {
@@ -169,14 +169,14 @@ Times time_roots_calls(const std::string& socket) {
   t.open_close = seconds_of([&] {
     for (int i = 0; i < 30; ++i) {
       RawConn c(socket);
-      EXPECT_TRUE(hello(c));
+      EXPECT_TRUE(cost_hello(c));
       const uint32_t cpd = alloc_pd(c), qcq = create_cq(c);
       const uint32_t qpn = create_qp(c, cpd, qcq);
       EXPECT_NE(0u, qpn);
-      EXPECT_TRUE(qp_to_init(c, qpn));
+      EXPECT_TRUE(cost_qp_to_init(c, qpn));
     }
     RawConn last(socket);  // served after every release above
-    EXPECT_TRUE(hello(last));
+    EXPECT_TRUE(cost_hello(last));
   });
   return t;
 }
@@ -208,7 +208,7 @@ TEST(PerCallCost, AnotherUsersObjectsDoNotSlowRootsCalls) {
   unsetenv("SOFTVERBSD_QUOTA_FD");
   Child nobody(true, [&sysd](int sock) {
     RawConn raw(sysd.socket());
-    if (!raw.ok() || !hello(raw)) return 2;
+    if (!raw.ok() || !cost_hello(raw)) return 2;
     const uint32_t pd = alloc_pd(raw), cq = create_cq(raw);
     if (!pd || !cq) return 3;
     uint32_t made[2] = {0, 0};
