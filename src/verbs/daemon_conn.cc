@@ -164,6 +164,28 @@ int DaemonConn::open() {
   return 0;
 }
 
+// Why no daemon answers in `dir`, in words with what to do (said once).
+static void say_no_daemon(const std::string& dir, bool system) {
+  if (system) {
+    say_dir_problem("no system daemon answers in " + dir +
+                    " (as root: softverbsd --system, or systemctl enable --now softverbsd.socket)");
+    return;
+  }
+  if (std::getenv("SOFTVERBS_NO_SPAWN")) {
+    say_dir_problem("no daemon answers in " + dir + " and SOFTVERBS_NO_SPAWN is set: start one (softverbsd --dir " +
+                    dir + ") or unset it");
+    return;
+  }
+  const std::string path = find_daemon();
+  if (path.find('/') != std::string::npos && ::access(path.c_str(), X_OK) != 0) {
+    say_dir_problem("the daemon for " + dir + " could not be started: " + path + ": " + std::strerror(errno) +
+                    (std::getenv("SOFTVERBSD") ? " (SOFTVERBSD)" : " (is softverbs installed whole?)"));
+    return;
+  }
+  say_dir_problem("no daemon answered in " + dir + " within 10 s of starting " + path + "; its log: " + dir +
+                  "/daemon.log");
+}
+
 // Connects to the daemon of `dir` (open and checked), starting it there if
 // none answers (and `may_start`; else ENOENT or ECONNREFUSED at once).
 int DaemonConn::connect_dir(const RunDir& dir, bool system, bool may_start) {
@@ -189,7 +211,10 @@ int DaemonConn::connect_dir(const RunDir& dir, bool system, bool may_start) {
     if (!may_start) return e;
     // No system daemon runs (no socket, or a stale one for over a second;
     // a daemon that is starting has bound but may not listen yet).
-    if (system && (e == ENOENT || monotonic_ns() > deadline - 9'000'000'000ull)) return ENODEV;
+    if (system && (e == ENOENT || monotonic_ns() > deadline - 9'000'000'000ull)) {
+      say_no_daemon(dir.path, true);
+      return ENODEV;
+    }
     // Started again every half second: a daemon started while the previous
     // one is still on its way out (idle exit, or killed) finds its lock
     // taken and exits at once. It opens and checks the directory itself.
@@ -199,7 +224,10 @@ int DaemonConn::connect_dir(const RunDir& dir, bool system, bool may_start) {
       spawned = true;
       last_spawn = monotonic_ns();
     }
-    if (monotonic_ns() > deadline) return ENODEV;
+    if (monotonic_ns() > deadline) {
+      say_no_daemon(dir.path, false);
+      return ENODEV;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
