@@ -452,11 +452,10 @@ rootless)
   as_u "timeout 60 podman wait $h-srv" >/dev/null 2>&1 || true
   ;;
 readme)
-  cmd=$(grep -m 1 '^sudo podman run .*--device softverbs.io/rdma=sv0 IMAGE ibv_devinfo' "$HERE/../../README.md")
-  [ -n "$cmd" ] || { fail "no 'sudo podman run ... IMAGE ibv_devinfo' line in README.md"; exit 1; }
+  cmd=$(grep -m 1 '^sudo podman run .*--device softverbs.io/rdma=sv0 \$IMAGE ibv_devinfo' "$HERE/../../README.md")
+  [ -n "$cmd" ] || { fail "no 'sudo podman run ... \$IMAGE ibv_devinfo' line in README.md"; exit 1; }
   cmd=${cmd#sudo }
   cmd=${cmd/softverbs.io\/rdma=/$KIND=}
-  cmd=${cmd/ IMAGE / $IMAGE }
   log "README: $cmd"
   out=$(eval "timeout 60 $cmd" 2>&1) || fail "the README's command failed: $out"
   log "$out"
