@@ -17,7 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <regex>
+#include <algorithm>
+#include <cctype>
 #include <string>
 #include <vector>
 
@@ -415,16 +416,28 @@ void check_domain_dir(Report& r, const std::string& name, const std::string& dir
   }
 }
 
+// Each string value of `"key": "VALUE"` in a JSON text, with the offset of
+// its key: enough of JSON for the specs softverbs writes (no escapes in
+// the names and paths it puts there).
+std::vector<std::pair<std::string, size_t>> json_values(const std::string& text, const std::string& key) {
+  std::vector<std::pair<std::string, size_t>> out;
+  const std::string pat = "\"" + key + "\":";
+  for (size_t at = text.find(pat); at != std::string::npos; at = text.find(pat, at + pat.size())) {
+    size_t p = at + pat.size();
+    while (p < text.size() && std::isspace(static_cast<unsigned char>(text[p]))) ++p;
+    if (p >= text.size() || text[p] != '"') continue;
+    const size_t end = text.find('"', p + 1);
+    if (end == std::string::npos) break;
+    out.emplace_back(text.substr(p + 1, end - p - 1), at);
+  }
+  return out;
+}
+
 // One spec file: its kind, devices, the host files it mounts and the domains' directories.
 void check_cdi_spec(Report& r, const std::string& file, const std::string& text) {
-  static const std::regex name_re("\"name\":\\s*\"([^\"]*)\"");
-  static const std::regex mount_re("\"hostPath\":\\s*\"([^\"]*)\",\\s*\"containerPath\":\\s*\"([^\"]*)\"");
-  static const std::regex kind_re("\"kind\":\\s*\"([^\"]*)\"");
-  std::smatch m;
-  const std::string kind = std::regex_search(text, m, kind_re) ? m[1].str() : "?";
-  std::vector<std::pair<std::string, size_t>> devices;  // name, offset of its entry
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), name_re); it != std::sregex_iterator(); ++it)
-    devices.emplace_back((*it)[1].str(), size_t(it->position()));
+  const auto kinds = json_values(text, "kind");
+  const std::string kind = kinds.empty() ? "?" : kinds.front().first;
+  const auto devices = json_values(text, "name");  // name, offset of its entry
   struct stat st {};
   ::stat(file.c_str(), &st);
   std::string names;
@@ -435,8 +448,13 @@ void check_cdi_spec(Report& r, const std::string& file, const std::string& text)
     const size_t end = i + 1 < devices.size() ? devices[i + 1].second : text.size();
     const std::string entry = text.substr(devices[i].second, end - devices[i].second);
     const bool users = entry.find("SOFTVERBS_SYSTEM=1") != std::string::npos;
-    for (auto it = std::sregex_iterator(entry.begin(), entry.end(), mount_re); it != std::sregex_iterator(); ++it) {
-      const std::string host = (*it)[1].str(), in = (*it)[2].str();
+    const auto hosts = json_values(entry, "hostPath");
+    const auto ins = json_values(entry, "containerPath");
+    for (const auto& [host, at] : hosts) {
+      // Its containerPath: the first one after it.
+      auto in_it = std::find_if(ins.begin(), ins.end(), [at = at](const auto& c) { return c.second > at; });
+      if (in_it == ins.end()) continue;
+      const std::string& in = in_it->first;
       if (in == "/run/softverbs-domain") {
         check_domain_dir(r, devices[i].first, host, users);
       } else if (::access(host.c_str(), F_OK) != 0) {
