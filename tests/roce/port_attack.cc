@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
   int n = 0;
   ibv_device** devs = ibv_get_device_list(&n);
   ibv_context* ctx = devs && n > 0 ? ibv_open_device(devs[0]) : nullptr;
+  if (devs) ibv_free_device_list(devs);
   ibv_qp* qp = ctx ? qp_on_wire(ctx, argv[1]) : nullptr;
   if (!qp) return 1;
   std::printf("qpn %u\n", qp->qp_num);

@@ -95,6 +95,7 @@ TEST(NamesQuota, PublishingIsBoundedAndRootsCallsStayQuick) {
     ibv_context* x = nullptr;
     timed("svx_open", [&] { x = svx_open(name.c_str(), SVX_OPEN_READ, &o); });
     EXPECT_NE(nullptr, x);
+    if (x && o.pd) ibv_unimport_pd(o.pd);  // the PD svx_open imported
     if (x) ibv_close_device(x);
     timed("svx_unpublish", [&] { e = svx_unpublish(c, name.c_str()); });
     EXPECT_EQ(0, e);
