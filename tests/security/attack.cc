@@ -282,4 +282,27 @@ bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, s
   return true;
 }
 
+bool raw_hello(RawConn& raw) {
+  sv::proto::Empty e{};
+  sv::proto::HelloReply rep{};
+  std::vector<sv::Fd> fds;
+  return raw.call(sv::proto::Op::Hello, e, rep, {}, &fds) == 0;
+}
+
+long cpu_ticks_of(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", int(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return -1;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // After the command's closing parenthesis: state (field 3) ... utime (14), stime (15).
+  const char* p = std::strrchr(buf, ')');
+  unsigned long utime = 0, stime = 0;
+  if (!p || std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2) return -1;
+  return long(utime + stime);
+}
+
 }  // namespace svsec

@@ -46,6 +46,11 @@ int qp_to_init(ibv_qp* qp, int access);
 int qp_to_rts(ibv_context* c, ibv_qp* qp, uint32_t dest);
 
 class RawConn;
+// Hello on a raw connection (the device segment it answers with dropped); true if answered 0.
+bool raw_hello(RawConn& raw);
+// A process's CPU time so far (utime + stime of /proc/PID/stat), in clock ticks; -1 if unreadable.
+long cpu_ticks_of(pid_t pid);
+
 // Two RC QPs of one raw connection pointed at each other (RTR) and one MR of
 // `len` bytes at `mr_offset` of a sealed backing with `tail` more bytes after
 // it: what a hostile client needs to make the daemon copy with Mediate (it

@@ -43,29 +43,10 @@ bool send_nowait(int sock, const Req& r) {
   return ::send(sock, &r, sizeof r, MSG_DONTWAIT | MSG_NOSIGNAL) == ssize_t(sizeof r);
 }
 
-bool hello(RawConn& raw) {
-  sv::proto::Empty e{};
-  sv::proto::HelloReply rep{};
-  std::vector<sv::Fd> fds;
-  return raw.call(Op::Hello, e, rep, {}, &fds) == 0;
-}
-
-// The daemon's CPU time so far (utime + stime of /proc/PID/stat), in ticks.
-long cpu_ticks(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  size_t p = s.rfind(')');
-  if (p == std::string::npos) return -1;
-  unsigned long utime = 0, stime = 0;
-  if (std::sscanf(s.c_str() + p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2)
-    return -1;
-  return long(utime + stime);
-}
-
 long ticks_over_two_seconds(pid_t pid) {
-  const long before = cpu_ticks(pid);
+  const long before = cpu_ticks_of(pid);
   usleep(2000000);
-  const long after = cpu_ticks(pid);
+  const long after = cpu_ticks_of(pid);
   return before < 0 || after < 0 ? 1 << 30 : after - before;
 }
 
@@ -191,7 +172,7 @@ void blocking_attack(Trap trap) {
     sv::Fd fd = make_trap(trap, keep);
     if (!fd.valid()) return 2;
     RawConn raw(socket);
-    if (!raw.ok() || !hello(raw)) return 3;
+    if (!raw.ok() || !raw_hello(raw)) return 3;
     sv::proto::Empty e{};
     sv::proto::HandleReply pd{};
     if (raw.call(Op::AllocPd, e, pd) != 0) return 4;
@@ -274,7 +255,7 @@ TEST(DaemonBlocking, DescriptorsHeldForAUserStayWithinItsQuota) {
     std::vector<sv::Fd> keep;
     for (int i = 0; i < 80; ++i) {
       auto raw = std::make_unique<RawConn>(socket);
-      if (!raw->ok() || !hello(*raw)) break;
+      if (!raw->ok() || !raw_hello(*raw)) break;
       sv::proto::Empty e{};
       sv::proto::PostRingReply ring{};
       std::vector<sv::Fd> got;
@@ -324,7 +305,7 @@ TEST(DaemonBlocking, RingMovedWithRepliesUnreadDoesNotSpinTheDaemon) {
   const std::string socket = sysd.socket();
   Child nobody(true, [socket](int sock) {
     RawConn raw(socket);
-    if (!raw.ok() || !hello(raw)) return 2;
+    if (!raw.ok() || !raw_hello(raw)) return 2;
     sv::proto::Empty e{};
     sv::proto::PostRingReply rep{};
     std::vector<sv::Fd> fds;

@@ -30,13 +30,6 @@ constexpr uint32_t kFillQps = sv::shm::kQpTableSize / 4;
 // window locks nothing), a quarter of the MR table.
 constexpr uint32_t kFillKeys = sv::shm::kMrTableSize / 4;
 
-bool cost_hello(RawConn& raw) {
-  sv::proto::Empty e{};
-  sv::proto::HelloReply rep{};
-  std::vector<sv::Fd> fds;
-  return raw.call(Op::Hello, e, rep, {}, &fds) == 0;
-}
-
 uint32_t alloc_pd(RawConn& raw) {
   sv::proto::Empty e{};
   sv::proto::HandleReply pd{};
@@ -121,7 +114,7 @@ Times time_roots_calls(const std::string& socket) {
   // The control: a request the daemon answers without looking at any
   // object (QueryPd of handle 0: EINVAL), the cost of a round trip now.
   RawConn ctl(socket);
-  EXPECT_TRUE(cost_hello(ctl));
+  EXPECT_TRUE(raw_hello(ctl));
   t.null_op = seconds_of([&] {
     for (int i = 0; i < 300; ++i) {
       sv::proto::HandleReq r{};
@@ -132,7 +125,7 @@ Times time_roots_calls(const std::string& socket) {
   // no QP reaching it (GetCq: the daemon decides whether the caller may
   // complete into it, and answers EINVAL).
   RawConn a(socket), b(socket);
-  EXPECT_TRUE(cost_hello(a) && cost_hello(b));
+  EXPECT_TRUE(raw_hello(a) && raw_hello(b));
   const uint32_t cq = create_cq(a);
   EXPECT_NE(0u, cq);
   t.get_cq = seconds_of([&] {
@@ -169,14 +162,14 @@ Times time_roots_calls(const std::string& socket) {
   t.open_close = seconds_of([&] {
     for (int i = 0; i < 30; ++i) {
       RawConn c(socket);
-      EXPECT_TRUE(cost_hello(c));
+      EXPECT_TRUE(raw_hello(c));
       const uint32_t cpd = alloc_pd(c), qcq = create_cq(c);
       const uint32_t qpn = create_qp(c, cpd, qcq);
       EXPECT_NE(0u, qpn);
       EXPECT_TRUE(cost_qp_to_init(c, qpn));
     }
     RawConn last(socket);  // served after every release above
-    EXPECT_TRUE(cost_hello(last));
+    EXPECT_TRUE(raw_hello(last));
   });
   return t;
 }
@@ -208,7 +201,7 @@ TEST(PerCallCost, AnotherUsersObjectsDoNotSlowRootsCalls) {
   unsetenv("SOFTVERBSD_QUOTA_FD");
   Child nobody(true, [&sysd](int sock) {
     RawConn raw(sysd.socket());
-    if (!raw.ok() || !cost_hello(raw)) return 2;
+    if (!raw.ok() || !raw_hello(raw)) return 2;
     const uint32_t pd = alloc_pd(raw), cq = create_cq(raw);
     if (!pd || !cq) return 3;
     uint32_t made[2] = {0, 0};

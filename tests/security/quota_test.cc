@@ -58,40 +58,14 @@ long until_refused(RawConn& raw, Op op, Req req, long max, int* refusal, std::sp
   return ok;
 }
 
-bool hello(RawConn& raw) {
-  sv::proto::Empty e{};
-  sv::proto::HelloReply rep{};
-  std::vector<sv::Fd> fds;
-  return raw.call(Op::Hello, e, rep, {}, &fds) == 0;
-}
-
-// The daemon's CPU time so far (user + system), in clock ticks.
-long cpu_ticks(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  size_t p = s.rfind(')');
-  if (p == std::string::npos) return -1;
-  // Fields after the command: state(3) ... utime(14) stime(15).
-  std::vector<std::string> fields;
-  size_t i = p + 2;
-  while (i < s.size()) {
-    size_t j = s.find(' ', i);
-    fields.push_back(s.substr(i, j == std::string::npos ? std::string::npos : j - i));
-    if (j == std::string::npos) break;
-    i = j + 1;
-  }
-  if (fields.size() < 13) return -1;
-  return std::atol(fields[11].c_str()) + std::atol(fields[12].c_str());
-}
-
 // Over two seconds with nothing to do, a daemon uses next to no CPU time:
 // less than 40 ms (a counter, not a clock: a daemon spinning
 // on accept at its descriptor limit was measured at a quarter of each
 // second on a loaded two-vCPU machine, and at all of it on an idle one).
 long ticks_over_two_seconds(pid_t pid) {
-  long before = cpu_ticks(pid);
+  long before = cpu_ticks_of(pid);
   usleep(2000000);
-  long after = cpu_ticks(pid);
+  long after = cpu_ticks_of(pid);
   return before < 0 ? 1 << 30 : after - before;
 }
 
@@ -103,7 +77,7 @@ TEST(Quota, WindowsOfOneUserLeaveRootItsKeys) {
   SystemDaemon sysd;
   Child nobody(true, [&sysd](int sock) {
     RawConn raw(sysd.socket());
-    if (!raw.ok() || !hello(raw)) return 2;
+    if (!raw.ok() || !raw_hello(raw)) return 2;
     sv::proto::Empty e{};
     sv::proto::HandleReply pd{};
     if (raw.call(Op::AllocPd, e, pd) != 0) return 3;
@@ -155,7 +129,7 @@ TEST(Quota, ChannelsOfOneUserLeaveRootItsOwn) {
   SystemDaemon sysd;
   Child nobody(true, [&sysd](int sock) {
     RawConn raw(sysd.socket());
-    if (!raw.ok() || !hello(raw)) return 2;
+    if (!raw.ok() || !raw_hello(raw)) return 2;
     int pair[2];  // a channel's wake-up pair (sys.h)
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return 3;
     sv::proto::Empty ch{};
@@ -208,7 +182,7 @@ TEST(Quota, NoBusyLoopAtTheDescriptorLimit) {
     unsetenv(k);
   Child nobody(true, [&sysd](int sock) {
     RawConn raw(sysd.socket());
-    if (!raw.ok() || !hello(raw)) return 2;
+    if (!raw.ok() || !raw_hello(raw)) return 2;
     int pair[2];  // a channel's wake-up pair (sys.h)
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return 3;
     sv::proto::Empty ch{};
@@ -263,7 +237,7 @@ TEST(Quota, AConnectionBeyondTheQuotaIsToldWhy) {
   unsetenv("SOFTVERBSD_QUOTA_CONNECTION");
   Child nobody(true, [&sysd](int) {
     RawConn first(sysd.socket());
-    if (!first.ok() || !hello(first)) return 2;
+    if (!first.ok() || !raw_hello(first)) return 2;
     RawConn second(sysd.socket());
     if (!second.ok()) return 3;
     pollfd pf{second.fd(), POLLIN, 0};
