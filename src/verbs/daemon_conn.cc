@@ -220,6 +220,11 @@ int DaemonConn::connect_dir(const RunDir& dir, bool system, bool may_start) {
     // taken and exits at once. It opens and checks the directory itself.
     if ((!spawned || monotonic_ns() > last_spawn + 500'000'000ull) && !system &&
         !std::getenv("SOFTVERBS_NO_SPAWN")) {
+      // A daemon that cannot be started is said at once, not after the wait.
+      if (const std::string path = find_daemon(); path.find('/') != std::string::npos && ::access(path.c_str(), X_OK) != 0) {
+        say_no_daemon(dir.path, false);
+        return ENODEV;
+      }
       spawn_daemon(dir.path);
       spawned = true;
       last_spawn = monotonic_ns();
