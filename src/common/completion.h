@@ -40,9 +40,9 @@ inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc&
                             int channel_fd, OwedRecord clear = {}) {
   // Written straight into the slot (every byte a poller reads: the work
   // completion and `solicited`). (`clear` by reference: a copy of the
-  // two-pointer record into the closure was two 8-byte stores read back as
-  // one 16-byte load, a stalled store forwarding on every completion; perf,
-  // issue 18.)
+  // two-pointer record into the closure would be two 8-byte stores read
+  // back as one 16-byte load, a stalled store forwarding on every
+  // completion, as perf shows.)
   auto write = [&wc, solicited](Cqe& slot) {
     std::memcpy(&slot.wc, &wc, sizeof(wc));
     slot.solicited = solicited;
@@ -55,8 +55,8 @@ inline bool push_completion(CqSegmentHeader* hdr, Ring<Cqe>& ring, const ibv_wc&
   // A CQ without a completion channel raises no event (ibv_create_cq(3),
   // ibv_req_notify_cq(3): events are read from the channel), so there is no
   // arming to read and no barrier to pay for it: a polled CQ's push has one
-  // locked instruction, the ring's claim (issue 18: within 5 % of the
-  // data path before the robust rings). `channel` is set when the segment
+  // locked instruction, the ring's claim (which keeps it within 5 % of
+  // rings that are not robust to death). `channel` is set when the segment
   // is made and never changes.
   if (hdr->channel == 0) return true;
   // Dekker-style handshake with req_notify_cq, which arms and then polls

@@ -1,6 +1,6 @@
 // paths.h: where a user's softverbs daemon lives.
 //
-// One per-user daemon per network namespace (issue 22, item 7): its GID table
+// One per-user daemon per network namespace: its GID table
 // is the addresses of the namespace it runs in, so a process must reach the
 // daemon of its own namespace. The base directory is $XDG_RUNTIME_DIR/softverbs,
 // else /tmp/softverbs-<uid>. Its daemon records the namespace it serves in

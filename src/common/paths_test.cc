@@ -1,5 +1,5 @@
 // The choice of the per-user daemon's directory by network namespace
-// (common/paths.h, issue 22 item 7).
+// (common/paths.h).
 #include "common/paths.h"
 
 #include <gtest/gtest.h>

@@ -132,7 +132,7 @@ std::string describe(const PortHolder& h) {
 
 // Why a QP whose peer is on another host cannot have the wire, on stderr
 // once per process and reason (ibv_modify_qp only returns an errno): the
-// port held by someone else (issue 22, item 7: who, and what to do), or
+// port held by someone else (who, and what to do), or
 // RoCE off in the daemon.
 void explain_no_wire(int e, const std::string& dir, const uint8_t* sgid) {
   static std::atomic<bool> said_busy{false}, said_off{false}, said_other{false};

@@ -1,6 +1,6 @@
 // port_holder.h: who holds a local UDP port in this network namespace, for
-// a message that says what to do about it (issue 22, item 7: a second
-// daemon, or the kernel's rxe, on UDP 4791).
+// a message that says what to do about it (a second daemon, or the
+// kernel's rxe, on UDP 4791).
 //
 // The sockets come from /proc/net/udp and /proc/net/udp6 (proc(5): the
 // calling process's network namespace; columns sl, local_address as

@@ -21,8 +21,7 @@ bool ShmLock::lock_slow(uint32_t pid) {
     }
     relax_long();
     // Looked at every 16 yields (a kill(2) probe): with every CPU busy a
-    // yield can cost a whole time slice, and 1024 of them took seconds
-    // (issue 18, finding 11).
+    // yield can cost a whole time slice, and 1024 of them take seconds.
     if ((spins & 15) != 0) continue;
     if (turn == 0 && spins >= kStarved) {
       next.compare_exchange_strong(turn, pid, std::memory_order_relaxed);

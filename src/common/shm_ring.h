@@ -9,7 +9,7 @@
 // consumer that claimed it. A hostile process that maps the ring can corrupt
 // its contents but not other memory: consumers validate every payload.
 //
-// Death at any instruction (issue 18, finding 11): a process may be killed
+// Death at any instruction: a process may be killed
 // (kill -9) anywhere inside push() or pop(). Each index (`tail`, `head`) is
 // followed by the pid of whoever moved it last, and the two words move
 // together in one 16-byte compare-and-swap (claim_index): that is the claim,
@@ -21,9 +21,9 @@
 // the position). So every claim is known at any instant: by the index, for
 // the position just behind it, or by a mark in the slot, for any older one.
 // One locked instruction per push and per pop, as in Vyukov's queue; a mark
-// costs a second one only when two claimers overlap (issue 18: a mark
-// written before every claim cost a locked instruction per completion, and
-// READ's 8 B round trip went from 56 to 71 ns).
+// costs a second one only when two claimers overlap (a mark written before
+// every claim would cost a locked instruction per completion: READ's 8 B
+// round trip measured 71 ns instead of 56).
 // A mark whose process no longer exists is repaired: a slot a dead producer
 // claimed is voided by the consumers once a later push has marked it (taken
 // and given back empty: its element was never published, its push never
@@ -91,8 +91,8 @@ struct ShmLock {
   // may be half-updated, and the caller repairs it (see its users).
   bool lock(uint32_t pid) {
     // The common case inline: nobody holds the lock and nobody waits for a
-    // turn. (The loop below inline cost every post ten instructions of
-    // set-up; callgrind, session 18.)
+    // turn. (The loop below inline would cost every post ten instructions
+    // of set-up, as callgrind counts.)
     uint32_t expected = 0;
     if (next.load(std::memory_order_relaxed) == 0 &&
         owner.compare_exchange_strong(expected, pid, std::memory_order_acquire)) [[likely]]
@@ -210,9 +210,9 @@ class Ring {
 
   // As push_prefix_then, with `write(slot_value)` writing the element
   // straight into the slot it claimed (no element built on the stack and
-  // copied: a completion was built, copied into an entry, and copied again;
-  // callgrind, session 18). `write` runs once, after the claim, and must
-  // write every byte a consumer reads.
+  // copied: building a completion, copying it into an entry and copying that
+  // again costs instructions on every push, as callgrind counts). `write`
+  // runs once, after the claim, and must write every byte a consumer reads.
   template <class W, class F>
   SV_HOT bool push_write_then(W write, F before_publish) {
     // The common case inline: the slot at the tail is free and the claim
@@ -559,7 +559,7 @@ class Ring {
   // compare-and-swap of it does: every claim moves the index, so an index
   // still at `pos` still names `by`. Otherwise both words change together
   // in x86 `cmpxchg16b` on the 16-byte aligned pair, which costs about 1.3x
-  // the 8-byte one here (docs/PERFORMANCE.md, session 13).
+  // the 8-byte one here (docs/PERFORMANCE.md, "Shared rings robust to death").
   static bool claim_index(std::atomic<uint64_t>& idx, std::atomic<uint64_t>& by_word, uint64_t& pos, uint64_t& by,
                           uint64_t claimer) {
     if (by == claimer) {
@@ -626,9 +626,9 @@ class Ring {
   // The same for a caller that polls in a loop (a CQ's pollers: ready(),
   // take_exclusive, pop_exclusive). A producer's mark at the head is nearly
   // always a push in progress, and asking the kernel whether its producer
-  // lives (kill(2)) costs more than the push: an idle poller that met the
-  // mark asked on almost every message, and a SEND's 8 B latency went from
-  // 118 to 322 ns (bench/ab.py against the main of issue 18's filing). So
+  // lives (kill(2)) costs more than the push: an idle poller that asked at
+  // every mark would ask on almost every message, and a SEND's 8 B latency
+  // measured 322 ns instead of 118 (bench/ab.py). So
   // this thread asks only after it met the same mark kPatience times in a
   // row: a dead producer's slot is voided a few microseconds later, a live
   // one costs nothing.

@@ -286,7 +286,7 @@ uint64_t busy_mark(bool consumer, uint32_t pid, uint64_t pos) {
   return (1ull << 63) | (consumer ? 1ull << 62 : 0) | (uint64_t(pid & 0x3fffffffu) << 32) | uint32_t(pos);
 }
 
-// Issue 18, finding 11: a producer killed between claiming a slot and
+// A producer killed between claiming a slot and
 // publishing it (here even before it moved the tail) must not stop the
 // ring: other producers move the tail on, the consumer voids the slot.
 TEST(ShmRing, ADeadProducersClaimIsVoidedAndTheRingGoesOn) {
@@ -381,7 +381,7 @@ TEST(ShmRing, ADeadConsumersClaimIsGivenBackToTheProducers) {
   EXPECT_EQ(4u, out.v);
 }
 
-// Issue 18 (CI, kill loop): a consumer killed between claiming a slot and
+// A consumer killed between claiming a slot and
 // copying its element out. It named the position before the claim
 // (pop_recorded), and the element is still in the slot: its recoverer gets
 // it back (reclaim_dead_take) even after another consumer passed over the

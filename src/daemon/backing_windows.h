@@ -1,5 +1,5 @@
 // backing_windows.h: the daemon's cached mappings of backing files, for
-// mediated copies (issue 24, item 3).
+// mediated copies between users.
 //
 // A mediated copy moves bytes between two backings with memcpy through
 // mappings kept here, instead of pread/pwrite through a bounce buffer (two
@@ -15,8 +15,8 @@
 // bytes a key granted (common/access.h), which lie inside the file's size as
 // checked at registration. So no access is beyond the end of the file (no
 // SIGBUS). A range the owner punched out (deregistered) reads zeros and
-// takes writes into the file, as pread/pwrite did; the owner no longer maps
-// it. A window beyond the file's end is mapped but never touched there.
+// takes writes into the file, as pread/pwrite would; the owner does not map
+// it any more. A window beyond the file's end is mapped but never touched there.
 //
 // Windows are kept until their backing is released (forget) or, beyond
 // kMaxWindows, the least recently used is unmapped. A window in use by a

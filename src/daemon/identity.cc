@@ -163,7 +163,7 @@ bool read_identity_proc(pid_t pid, int pidfd, ConnectIdentity& out) {
   std::snprintf(path, sizeof(path), "/proc/%d/status", int(pid));
   // One read of the whole file, then the three lines looked up by their
   // prefix (a stdio parse with three sscanf(3) per line was most of the
-  // daemon's time in a 4 KiB reg + dereg, issue 24). The whole file,
+  // daemon's time in a 4 KiB reg + dereg). The whole file,
   // whatever its length: a process in many groups has a long Groups: line
   // before CapEff:.
   std::string text;
@@ -207,7 +207,7 @@ bool read_identity_proc(pid_t pid, int pidfd, ConnectIdentity& out) {
 // the capability, the namespace) comes first, the pidfd's answer last.
 // This runs at every registration, as the kernel checks the limit at each
 // ib_umem_get: one prlimit(2) and one ioctl on the pidfd (1-2 us here,
-// where the read of /proc/PID/status took 11-17 us, issue 24); capget(2)
+// where a read of /proc/PID/status takes 11-17 us); capget(2)
 // and the namespace's link besides only where `want_caps`.
 bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out, bool want_caps) {
   if (pidfd < 0) return false;
@@ -240,7 +240,7 @@ bool read_identity(pid_t pid, int pidfd, ConnectIdentity& out, bool want_caps) {
 // first, and the capability only for a charge beyond it (`capable()` comes
 // after the comparison). A registration within the limit then costs no
 // capget(2) and no read of the namespace's link (about 5 us a
-// registration/deregistration pair here; issue 24), and for a client with
+// registration/deregistration pair here), and for a client with
 // CAP_IPC_LOCK the answer is its RLIMIT_MEMLOCK until a charge exceeds it.
 uint64_t memlock_limit(pid_t pid, int pidfd, const ConnectIdentity& at_connect, uint64_t total) {
   if (!at_connect.known) return 0;

@@ -2,8 +2,8 @@
 // (Op::PostRing; docs/PROTOCOL.md, "The request ring"). A client writes
 // its pipelined requests (MediatePost) into shared memory instead of its
 // socket: reading one there costs the daemon a copy of a slot, where
-// recvmsg cost more than the 64 KiB copy the request asked for (issue 24,
-// item 3; docs/PERFORMANCE.md, session 19).
+// recvmsg costs more than the 64 KiB copy the request asked for
+// (docs/PERFORMANCE.md, "Between users").
 //
 // Trust: the daemon made the memfd and sealed its size (the client cannot
 // shrink it under the daemon's mapping), and the client can write every

@@ -1,4 +1,4 @@
-// quota.h: per-user limits on the daemon's objects (issue 18, finding 9),
+// quota.h: per-user limits on the daemon's objects,
 // as the rdma cgroup limits a cgroup's HCA handles and objects: one user
 // cannot take the tables, descriptors or memory that every user shares.
 //

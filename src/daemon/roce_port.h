@@ -23,8 +23,8 @@
 // trusted here beyond reading the QPN.
 //
 // Contract: single-threaded (the daemon's epoll loop); owns its sockets.
-// Opened by default when the port is free (issue 22, item 7: one per-user
-// daemon per network namespace, so normally one per "host"); never with
+// Opened by default when the port is free (one per-user daemon per network
+// namespace, common/paths.h, so normally one per "host"); never with
 // SOFTVERBS_ROCE=0. An address whose port another process or the kernel's
 // rxe holds is retried each time a QP asks for it (a bind: cheap); till
 // then attach() answers EADDRINUSE, which the library explains

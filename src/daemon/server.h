@@ -71,7 +71,7 @@ class Server {
   void flush(int fd);
   void update_interest(int fd, Conn& c);
 
-  // The copy worker (issue 18, finding 8): large mediated copies run off
+  // The copy worker: large mediated copies run off
   // the loop, a piece (kCopyPiece) at a time, round robin between users;
   // the requester's connection is not read meanwhile (its reply, sent when
   // the copy is done, is what it waits for), everyone else is served.

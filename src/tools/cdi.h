@@ -20,7 +20,7 @@
 //     device's /sys/class view (infiniband/sv0, infiniband_verbs) with the
 //     container's own GIDs, where ibstat and rdma-core's tests read it.
 //
-// A trust domain's device (`--domain NAME`, issue 23: containers whose
+// A trust domain's device (`--domain NAME`: containers whose
 // processes trust each other as one user's processes do) adds a host
 // directory, DOMAINS_DIR/NAME (0700, the caller's or --owner's), mounted read-write at
 // /run/softverbs-domain with SOFTVERBS_DIR pointing there: the first

@@ -280,7 +280,7 @@ int status() {
                        arep.h.status == 0;
   std::printf("softverbsd (pid %u) at %s\n", rep.daemon_pid, dir.c_str());
   std::printf("  machine-wide mode: %s\n", ::access(kLdConf, F_OK) == 0 ? "enabled (softverbs disable undoes it)" : "off");
-  // Which daemon serves (issue 22, item 4): the system daemon or this user's,
+  // Which daemon serves: the system daemon or this user's,
   // started by systemd's socket unit or otherwise (the library, by hand).
   const bool sys = rep.served_as & sv::proto::kServedAsSystem;
   std::printf("  served by the %s, %s\n", sys ? "system daemon (every user's)" : "per-user daemon",
@@ -289,7 +289,7 @@ int status() {
                          : "socket-activated by systemd --user (softverbsd.socket)")
                   : (sys ? "started by hand or by a service without its socket unit"
                          : "started on demand by the library or by hand"));
-  // The network namespace it serves (issue 22, item 7): its GIDs are that
+  // The network namespace it serves: its GIDs are that
   // namespace's addresses.
   sv::proto::NetnsMsg nreq{};
   sv::proto::init_header(nreq, sv::proto::Op::Netns, 3);
@@ -324,7 +324,7 @@ int status() {
   return 0;
 }
 
-// ---- The machine-wide mode (issue 22, item 5) --------------------------------
+// ---- The machine-wide mode -------------------------------------------------
 //
 // `softverbs enable` makes every program on the machine load softverbs'
 // libibverbs.so.1 and librdmacm.so.1 with no wrapper: a file in the dynamic
@@ -334,7 +334,7 @@ int status() {
 // the file and rebuilds the cache. Nothing else changes: the machine's
 // rdma-core stays installed, and `softverbs run` works as before.
 
-// The device node too (issue 22, item 6): UCX and others look for
+// The device node too: UCX and others look for
 // /dev/infiniband/<dev_name> before they open a device. `enable` makes it a
 // character device with /dev/null's numbers (1:3: softverbs has no kernel
 // part; readers only stat and access it), and a tmpfiles.d(5) entry makes

@@ -150,7 +150,7 @@ template <class Copy>
       return 0;
     }
     // A poller killed with the lock may have left the slot behind the head
-    // taken but not given back: give it back (issue 18, finding 11).
+    // taken but not given back: give it back.
     if (s->hdr->poll_lock.lock(self_pid())) s->ring.recover_exclusive();
     release_taken(s);
     int got = 0;
@@ -175,8 +175,8 @@ SV_HOT int CqView::poll(Cqe* out, int n) {
 }
 
 // ibv_poll_cq's copy: the work completion only, into the application's
-// array (a copy of the whole entry to the stack first cost every poll
-// about 20 instructions; callgrind, session 18).
+// array (a copy of the whole entry to the stack first would cost every
+// poll about 20 instructions, as callgrind counts).
 SV_HOT int CqView::poll_wc(ibv_wc* out, int n) {
   return poll_segments(*this, n, [out](const Cqe& c, int i) { std::memcpy(&out[i], &c.wc, sizeof(ibv_wc)); });
 }
@@ -279,7 +279,7 @@ void clean_cq(ibv_cq* ibcq, uint32_t qpn) {
 // count on it: libfabric 1.17's verbs provider, closing an endpoint (RxM
 // does when the peer disconnects), destroys the QP, polls the CQ dry and
 // hands what it found to RxM, which reposts the receive buffer of such a
-// completion on the endpoint just closed (the SIGSEGV of issue 20); the
+// completion on the endpoint just closed and crashes (SIGSEGV); the
 // receives it still holds complete as canceled instead, and are freed.
 // Both kinds are dropped by the pollers: those waiting in the ring, and
 // those a peer on this host pushes after the destroy (it took the receive

@@ -822,7 +822,7 @@ TEST(MemBacking, ForkChildGetsPrivateSnapshot) {
   free(p);
 }
 
-// The module keeps /proc/self/maps open between registrations (issue 24).
+// The module keeps /proc/self/maps open between registrations.
 // That file describes the process that opened it: a forked child must ask
 // about its own address space. Memory the child maps after the fork, at
 // an address the parent has nothing at, registers in the child (with the
@@ -913,7 +913,7 @@ TEST(MemBackingDeathTest, GenuineFaultsStillCrash) {
 
 // read_maps() asks the kernel for the VMAs of a range (PROCMAP_QUERY) and
 // reads the text of /proc/self/maps only where the kernel cannot answer
-// (issue 24: parsing the text was 41 % of a 4 KiB ibv_reg_mr + dereg).
+// (parsing the text was 41 % of a 4 KiB ibv_reg_mr + dereg).
 // Both must describe every kind of mapping the module judges the same way:
 // private and shared, anonymous, a memfd at an offset, shared anonymous
 // memory, a deleted file, a named anonymous region, a hole, the stack.

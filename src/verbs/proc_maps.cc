@@ -74,7 +74,7 @@ namespace {
 // covering an address, or the next one, in binary. read_maps() asks it for
 // the VMAs of the range alone: formatting and parsing every line of the
 // text file was 41 % of the library's time in an ibv_reg_mr + ibv_dereg_mr
-// of 4 KiB (issue 24; docs/PERFORMANCE.md, session 14). The answer carries
+// of 4 KiB (docs/PERFORMANCE.md, "Registration"). The answer carries
 // what a text line does: a file's offset, device and inode (zero for
 // anonymous memory, as the text shows them), the protection, shared or
 // private, and the name the text would show ([heap], [anon:x], a path, a
@@ -111,7 +111,7 @@ enum : uint64_t {
 // An open /proc/self/maps: the one in `cache` while fstat(2) says it is
 // still the file we opened (the application may have closed the number and
 // reused it), else a new one, kept in `cache` if there is one. Opening it
-// is a path walk that cost more than the query itself (issue 24).
+// is a path walk that costs more than the query itself.
 static int open_maps(MapsFile* cache, int* fd) {
   struct stat st;
   if (cache && cache->fd >= 0) {

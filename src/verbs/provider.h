@@ -106,8 +106,8 @@ class DaemonConn {
   // As call() without descriptors, but runs `work()` (returning int, into
   // `*work_result`) after the request is sent and before the reply is
   // awaited, the connection held meanwhile: the caller's own work overlaps
-  // the daemon's (issue 24: a registration converts its pages while the
-  // daemon records it). `*work_result` is left alone when nothing was sent.
+  // the daemon's (a registration converts its pages while the daemon
+  // records it). `*work_result` is left alone when nothing was sent.
   template <proto::Op op, class F>
   int call_during(typename proto::Command<op>::Req& req, typename proto::Command<op>::Rep& rep, F&& work,
                   int* work_result) {
@@ -599,9 +599,10 @@ inline void to_recv_wqe(const ibv_recv_wr& wr, shm::RecvWqe& w) {
   for (int i = 0; i < wr.num_sge; ++i) w.sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
 }
 // Pushes receive `wr` into `ring`, written straight into the slot (no
-// RecvWqe on the stack copied in: session 18). `num_sge` is the count the
-// caller validated (at most kMaxSge), read from `wr` once: the application
-// may not change it under us and make us write past the slot.
+// RecvWqe built on the stack and copied in: fewer instructions per post).
+// `num_sge` is the count the caller validated (at most kMaxSge), read from
+// `wr` once: the application may not change it under us and make us write
+// past the slot.
 inline bool push_recv_wqe(shm::Ring<shm::RecvWqe>& ring, const ibv_recv_wr& wr, uint32_t num_sge) {
   return ring.push_write_then(
       [&wr, num_sge](shm::RecvWqe& w) {

@@ -62,7 +62,7 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
 
 // Takes a receive and records it as torn until push_recv_completion: a
 // poster killed in between leaves the record for whoever recovers (a dead
-// requester must not make the responder lose a receive; issue 18). The
+// requester must not make the responder lose a receive). The
 // record names the position before the slot is claimed, so that a kill at
 // any instruction after the claim leaves it: until the copy is done the
 // element is still in the slot (torn_taken 0), after it in torn_wr_id.
@@ -70,8 +70,8 @@ int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, s
 // SOFTVERBS_TEST_DIE=recv-claimed (recv-copied) the process kills itself
 // right after it claimed a peer's receive (after it copied it out); with
 // sq-taken, right after it took a request it carried out off its send queue
-// (requester.cc progress_qp): the windows issue 18's kill loop found by
-// chance, made certain. Read once at load; one predictable branch per
+// (requester.cc progress_qp): windows a kill at a random instruction
+// hits only by chance, made certain. Read once at load; one predictable branch per
 // receive (queued request) otherwise.
 const int g_die_at = [] {
   const char* e = std::getenv("SOFTVERBS_TEST_DIE");
@@ -97,7 +97,7 @@ SV_HOT bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
     if (__builtin_expect(g_die_at == 2, 0)) ::raise(SIGKILL);
   };
   // One call site, so that the ring's fast path is inlined here (two cost a
-  // call with six saved registers per receive; callgrind, session 18).
+  // call with six saved registers per receive, as callgrind counts).
   shm::Ring<shm::RecvWqe>& ring = p.srq_hdr ? p.srq : p.rq;
   if (!ring.pop_recorded(out, before, take)) {
     h->torn_qpn.store(0, std::memory_order_release);  // nothing taken

@@ -102,8 +102,8 @@ constexpr const WrRule& wr_rule(uint32_t opcode) {
 // with is below 16, and 0xff, IBV_QPT_DRIVER, gets 15: none), the opcodes
 // the shared-memory fast path takes on it, as bit `opcode`: the rules'
 // kWrFast and qp_types folded into one table, so that a post tests one bit
-// (two table lookups and a shift cost every post ten instructions more;
-// callgrind, session 18).
+// (two table lookups and a shift cost every post ten instructions more,
+// as callgrind counts).
 struct FastOpcodes {
   uint32_t by_type[16];
 };

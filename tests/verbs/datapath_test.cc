@@ -686,9 +686,9 @@ namespace {
 // ibv_destroy_qp takes the QP's completions out of its CQs, as mlx4's and
 // mlx5's providers do (IBTA 11.2.5.4: its outstanding work requests leave
 // the scope of the channel interface). libfabric 1.17 counts on it: closing
-// an endpoint it destroys the QP and polls the CQ dry, and RxM reposted the
-// buffer of a receive completed there on the closed endpoint (issue 20: its
-// SIGSEGV). The CQ goes on with the completions of the next QP on it.
+// an endpoint it destroys the QP and polls the CQ dry, and RxM would repost
+// the buffer of a receive completed there on the closed endpoint and crash
+// (SIGSEGV). The CQ goes on with the completions of the next QP on it.
 TEST(DestroyQp, ItsWaitingCompletionsLeaveTheCqWithIt) {
   Side req, resp;
   Side::Options o;

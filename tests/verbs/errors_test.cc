@@ -186,7 +186,7 @@ TEST_F(Errors, GetCqEventWithNothingPendingIsEagainWhenNonBlocking) {
 // blocking wait for a completion event with -1/EINTR, as rdma-core's
 // ibv_get_cq_event(3) does (a plain read(2) of the channel's fd). qperf's
 // timed tests end their loop from a SIGALRM handler this way; a wait that
-// retried the read hung them (issue 20).
+// retried the read would hang them.
 TEST_F(Errors, GetCqEventInterruptedBySignalIsEintr) {
   ibv_comp_channel* ch = ibv_create_comp_channel(s.ctx);
   ASSERT_NE(nullptr, ch);

@@ -130,7 +130,7 @@ TEST(Memlock, CapIpcLockLiftsTheLimit) {
   EXPECT_EQ(0, rc);
 }
 
-// Issue 24: as in the kernel's ib_umem_get, CAP_IPC_LOCK is consulted only
+// As in the kernel's ib_umem_get, CAP_IPC_LOCK is consulted only
 // for a charge beyond RLIMIT_MEMLOCK (so that a registration within the
 // limit costs the daemon no capget(2) and no read of the namespace's link),
 // and there it must still be held: a process that dropped it after lifting
@@ -189,7 +189,7 @@ bool backed(const void* p) {
   return found;
 }
 
-// Issue 24: once the process's backing is known to the daemon, a
+// Once the process's backing is known to the daemon, a
 // registration is recorded by the daemon while its pages are converted.
 // Either side failing undoes the other: a conversion that fails (part of
 // the range unmapped) leaves no MR and no charge behind, and a

@@ -281,7 +281,7 @@ TEST(Memory, ForkChildGetsAPrivateSnapshot) {
   close(ready[1]);
 }
 
-// Issue 24: once the process's backing is known to the daemon, a
+// Once the process's backing is known to the daemon, a
 // registration converts its pages while the daemon records it. Threads
 // writing the buffer meanwhile, and during each deregistration, lose no
 // write (plain and locked increments of their own counters), and the
