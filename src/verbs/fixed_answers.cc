@@ -1,0 +1,31 @@
+// Verbs whose answer does not depend on the device's state: fork support,
+// sysfs, enhanced connection establishment (ECE) and data ordering.
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+
+extern "C" {
+
+// Registered pages are shared-file pages whose fork behaviour softverbs
+// controls itself (docs/MEMORY.md): a child gets a private copy of them, as
+// with ordinary memory. So fork needs no preparation, and softverbs answers
+// as rdma-core does on kernels with fork-safe pinning: ibv_fork_init() is a
+// successful no-op and ibv_is_fork_initialized() says IBV_FORK_UNNEEDED.
+int ibv_fork_init(void) { return 0; }
+
+ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+
+// softverbs' device has no sysfs directory.
+int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
+  errno = ENOENT;
+  return -1;
+}
+
+int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+
+// Data of one QP lands in order: the requester copies each message front to
+// back, last byte last.
+int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t) { return 1; }
+
+}  // extern "C"
