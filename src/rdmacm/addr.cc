@@ -1,5 +1,5 @@
-// addr.cc: addresses, the device, rdma_getaddrinfo, rdma_get_devices,
-// rdma_event_str.
+// addr.cc: socket addresses and their GIDs (addr.h), rdma_getaddrinfo(3)
+// and rdma_freeaddrinfo(3).
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -10,17 +10,13 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include "common/sys.h"
-#include "rdmacm/cma.h"
+#include "rdmacm/addr.h"
+#include "rdmacm/device.h"
 
 namespace sv::rdmacm {
 namespace {
-
-std::mutex g_dev_mu;
-ibv_context* g_ctx = nullptr;
-ibv_pd* g_pd = nullptr;
 
 bool v4_of(const sockaddr* a, in_addr* out) {
   if (a->sa_family == AF_INET) {
@@ -38,35 +34,6 @@ bool v4_of(const sockaddr* a, in_addr* out) {
 }
 
 }  // namespace
-
-ibv_context* device() {
-  std::lock_guard<std::mutex> g(g_dev_mu);
-  if (g_ctx) return g_ctx;
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (!list) return nullptr;
-  if (n > 0) g_ctx = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (!g_ctx && n == 0) errno = ENODEV;
-  return g_ctx;
-}
-
-ibv_context* open_watch_context() {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (!list) return nullptr;
-  ibv_context* c = n > 0 ? ibv_open_device(list[0]) : nullptr;
-  ibv_free_device_list(list);
-  return c;
-}
-
-ibv_pd* default_pd() {
-  ibv_context* c = device();
-  if (!c) return nullptr;
-  std::lock_guard<std::mutex> g(g_dev_mu);
-  if (!g_pd) g_pd = ibv_alloc_pd(c);
-  return g_pd;
-}
 
 socklen_t addr_len(const sockaddr* a) {
   if (!a) return 0;
@@ -263,42 +230,6 @@ int from_hints(const rdma_addrinfo* hints, rdma_addrinfo** res) {
 }  // namespace
 
 extern "C" {
-
-ibv_context** rdma_get_devices(int* num_devices) {
-  ibv_context* c = device();
-  auto** list = static_cast<ibv_context**>(std::calloc(2, sizeof(ibv_context*)));
-  if (!list) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  list[0] = c;
-  if (num_devices) *num_devices = c ? 1 : 0;
-  return list;
-}
-
-void rdma_free_devices(ibv_context** list) { std::free(list); }
-
-const char* rdma_event_str(rdma_cm_event_type event) {
-  switch (event) {
-    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
-    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
-    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
-    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
-    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
-    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
-    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
-    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
-    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
-    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
-    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
-    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
-    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
-    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
-    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
-  }
-  return "UNKNOWN EVENT";
-}
 
 // rdma_getaddrinfo(3): name resolution through getaddrinfo(3); every
 // resolvable IP address is an RDMA address here (the device owns every

@@ -25,7 +25,6 @@
 #include "rdmacm/cm_msg.h"
 #include "rdmacm/cm_state.h"
 #include "rdmacm/cm_trace.h"
-#include "rdmacm/cma.h"
 
 using namespace sv::rdmacm;
 

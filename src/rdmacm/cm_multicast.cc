@@ -27,9 +27,10 @@
 
 #include <cstring>
 
+#include "rdmacm/addr.h"
 #include "rdmacm/cm_state.h"
 #include "rdmacm/cm_trace.h"
-#include "rdmacm/cma.h"
+#include "rdmacm/device.h"
 
 namespace sv::rdmacm::detail {
 namespace {

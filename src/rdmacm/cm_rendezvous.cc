@@ -25,10 +25,11 @@
 
 #include "common/paths.h"
 #include "softverbs/softverbs.h"
+#include "rdmacm/addr.h"
 #include "rdmacm/cm_msg.h"
 #include "rdmacm/cm_state.h"
 #include "rdmacm/cm_trace.h"
-#include "rdmacm/cma.h"
+#include "rdmacm/device.h"
 #include "rdmacm/rendezvous.h"
 
 using namespace sv::rdmacm;

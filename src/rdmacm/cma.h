@@ -1,52 +1,7 @@
-// cma.h: shared helpers of the drop-in librdmacm (src/rdmacm/*.cc).
-//
-// Contract: device() opens softverbs' device once per process and keeps it
-// open until exit (like librdmacm, which opens every device at its first
-// call); it is thread safe. Address helpers are pure.
+// cma.h: the helpers the drop-in librdmacm's sources share: the device
+// (device.h) and socket addresses (addr.h). New code includes those two
+// directly.
 #pragma once
 
-#include <infiniband/verbs.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include <cerrno>
-#include <cstdint>
-#include <string>
-
-namespace sv::rdmacm {
-
-// The process's softverbs context and its default PD (ids' `verbs` and `pd`),
-// opened on first use; nullptr (errno set) if the device cannot be opened.
-ibv_context* device();
-ibv_pd* default_pd();
-// A second context on the same device, whose async events only the CM reads
-// (the application may read those of device()); nullptr on failure.
-ibv_context* open_watch_context();
-
-// librdmacm's convention: -1 with errno.
-inline int fail(int e) {
-  errno = e;
-  return -1;
-}
-
-socklen_t addr_len(const sockaddr* a);
-uint16_t addr_port(const sockaddr* a);  // host order
-void set_port(sockaddr* a, uint16_t port);
-bool addr_is_any(const sockaddr* a);
-bool addr_is_loopback(const sockaddr* a);
-// An address of this host (getifaddrs), loopback included.
-bool addr_is_local(const sockaddr* a);
-// "a.b.c.d" or the IPv6 text; an IPv4-mapped IPv6 address prints as IPv4.
-std::string addr_text(const sockaddr* a);
-// The source address the routing table picks for `dst` (a connected UDP
-// socket's name), port 0. 0 or an errno (ENETUNREACH: no route).
-int route_source(const sockaddr* dst, sockaddr_storage* src);
-// The RoCEv2 GID of an address (Annex A17.8: IPv4 as ::ffff:a.b.c.d).
-ibv_gid gid_of_addr(const sockaddr* a);
-// The largest IB MTU whose RoCEv2 packets fit the MTU of the interface that
-// owns local address `a` (IBV_MTU_1024 for Ethernet's 1500); 0 if unknown.
-int wire_mtu_of(const sockaddr* a);
-// Index in sv0 port 1's GID table of the GID that owns address `a`, or -1.
-int gid_index_of(const sockaddr* a, ibv_gid* gid);
-
-}  // namespace sv::rdmacm
+#include "rdmacm/addr.h"
+#include "rdmacm/device.h"
