@@ -41,7 +41,7 @@ def run(build, tests, iters, sv_dir):
 def warn_unity(build):
     """A unity build lays the data path's code out differently: SEND's 8 B
     latency moved by 10-15 % with the layout alone (docs/PERFORMANCE.md,
-    session 15). Compare builds made alike; the bench's are not unity."""
+    "The post path"). Compare builds made alike; the bench's are not unity."""
     try:
         with open(os.path.join(build, "CMakeCache.txt")) as f:
             if any(l.startswith("CMAKE_UNITY_BUILD:") and l.strip().endswith("=ON") for l in f):

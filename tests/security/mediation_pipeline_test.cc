@@ -1,4 +1,4 @@
-// Pipelined requests between users (docs/PERFORMANCE.md, session 18): root's
+// Pipelined requests between users (docs/PERFORMANCE.md, "Between users"): root's
 // RC QP connected to nobody's, so the daemon carries every request
 // (Op::MediatePost), several in flight per QP. What must hold: every byte
 // lands and every completion comes, in order (a READ after a WRITE to the
