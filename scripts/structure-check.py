@@ -28,8 +28,9 @@ import sys
 
 MAX_FILE, MAX_FN = 900, 80
 
-# TEMPORARY: breaches in files under concurrent change elsewhere. The lead
-# empties this list once those changes are merged and the files are split.
+# TEMPORARY, TO BE EMPTIED BY THE LEAD: breaches in files under concurrent
+# change elsewhere (server.cc, verbs/requester.cc, roce_link.cc, protocol.h),
+# to go once those changes are merged and the files are split.
 ALLOWED = {
     ("src/daemon/server.cc", None),
     ("src/daemon/server.cc", "int Server::run() {"),
@@ -131,7 +132,8 @@ def main():
              for r in roots for p in checked(os.path.abspath(r))}
     for key in sorted(ALLOWED - seen, key=lambda k: (k[0], k[1] or "")):
         if key[0] in names:
-            print("%s: allowed breach %r no longer occurs; remove it from ALLOWED" % key)
+            what = "its length" if key[1] is None else "the function `%s`" % key[1]
+            print("%s: %s is within the bounds now; remove it from ALLOWED" % (key[0], what))
             bad += 1
     if bad:
         print("%d breach(es) of the size bounds (files <= %d lines, functions <= %d)"
