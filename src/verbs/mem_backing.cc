@@ -38,7 +38,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <linux/limits.h>
 #include <linux/magic.h>
 #include <pthread.h>
@@ -49,7 +48,6 @@
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
