@@ -150,6 +150,83 @@ Sample measure() {
   return s;
 }
 
+// The flooder, in a process of nobody's: mediated copies of flood_bytes
+// over two connections to the daemon while told to (1 on sock), paused
+// otherwise (0), until told to stop (2); answers each command with the
+// number of copies so far.
+int flood_as_nobody(SystemDaemon& sysd, uint64_t flood_bytes, int sock) {
+  constexpr int kConns = 2;
+  std::vector<std::unique_ptr<RawConn>> conns;
+  sv::proto::MediateReq req[kConns];
+  for (int i = 0; i < kConns; ++i) {
+    conns.push_back(std::make_unique<RawConn>(sysd.socket()));
+    if (!conns.back()->ok() || !raw_mediated_pair(*conns.back(), flood_bytes, req[i])) return 2;
+  }
+  std::atomic<int> on{0};
+  std::atomic<bool> stop{false};
+  std::atomic<long> replies{0}, sent{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kConns; ++i) {
+    threads.emplace_back([&, i] {
+      sv::proto::MediateReq r = req[i];
+      for (uint32_t seq = 1; !stop.load();) {
+        // At most 64 in flight per connection: pipelined, not unbounded.
+        if (!on.load() || sent.load() - replies.load() > 64 * kConns) {
+          usleep(200);
+          continue;
+        }
+        sv::proto::init_header(r, Op::Mediate, seq++);
+        if (sv::send_message(conns[i]->fd(), &r, sizeof r, {}) != 0) return;
+        sent.fetch_add(1);
+      }
+    });
+    threads.emplace_back([&, i] {
+      uint8_t buf[sv::proto::kMaxMessage];
+      for (;;) {
+        size_t len = 0;
+        std::vector<sv::Fd> f;
+        if (sv::recv_message(conns[i]->fd(), buf, sizeof buf, &len, f) != 0 || len == 0) return;
+        replies.fetch_add(1);
+      }
+    });
+  }
+  for (;;) {
+    int cmd = 0;
+    if (!recv_val(sock, cmd) || cmd == 2) break;
+    long before = replies.load();
+    on.store(cmd);
+    if (cmd == 1)
+      while (replies.load() < before + 4) usleep(1000);  // flooding for real
+    long copies = replies.load();
+    send_val(sock, copies);
+  }
+  stop.store(true);
+  for (auto& c : conns) shutdown(c->fd(), SHUT_RDWR);
+  for (auto& t : threads) t.join();
+  return 0;
+}
+
+// The per-round table and the medians, in Markdown.
+void print_table(const std::vector<Sample>& idle, const std::vector<Sample>& flood, const std::vector<long>& copies) {
+  const size_t rounds = idle.size();
+  auto med = [](const std::vector<Sample>& v, bool lat) {
+    std::vector<uint64_t> x;
+    for (const Sample& s : v) x.push_back(lat ? s.lat : s.setup);
+    return median(x);
+  };
+  std::printf("| round | setup idle (us) | setup flood (us) | ratio | 8 B lat idle (ns) | 8 B lat flood (ns) | ratio | nobody's 4 MiB copies meanwhile |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (size_t r = 0; r < rounds; ++r)
+    std::printf("| %zu | %.1f | %.1f | %.2f | %llu | %llu | %.2f | %ld |\n", r + 1, idle[r].setup / 1e3,
+                flood[r].setup / 1e3, idle[r].setup ? double(flood[r].setup) / double(idle[r].setup) : 0.0,
+                (unsigned long long)idle[r].lat, (unsigned long long)flood[r].lat,
+                idle[r].lat ? double(flood[r].lat) / double(idle[r].lat) : 0.0, copies[r]);
+  uint64_t si = med(idle, false), sf = med(flood, false), li = med(idle, true), lf = med(flood, true);
+  std::printf("| **median** | **%.1f** | **%.1f** | **%.2f** | **%llu** | **%llu** | **%.2f** | |\n", si / 1e3, sf / 1e3,
+              si ? double(sf) / double(si) : 0.0, (unsigned long long)li, (unsigned long long)lf,
+              li ? double(lf) / double(li) : 0.0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,57 +241,7 @@ int main(int argc, char** argv) {
   SystemDaemon sysd;
   if (!sysd.alive()) return 3;
   // The flooder: floods while told to, pauses otherwise.
-  Child nobody(true, [&sysd, flood_bytes](int sock) {
-    constexpr int kConns = 2;
-    std::vector<std::unique_ptr<RawConn>> conns;
-    sv::proto::MediateReq req[kConns];
-    for (int i = 0; i < kConns; ++i) {
-      conns.push_back(std::make_unique<RawConn>(sysd.socket()));
-      if (!conns.back()->ok() || !raw_mediated_pair(*conns.back(), flood_bytes, req[i])) return 2;
-    }
-    std::atomic<int> on{0};
-    std::atomic<bool> stop{false};
-    std::atomic<long> replies{0}, sent{0};
-    std::vector<std::thread> threads;
-    for (int i = 0; i < kConns; ++i) {
-      threads.emplace_back([&, i] {
-        sv::proto::MediateReq r = req[i];
-        for (uint32_t seq = 1; !stop.load();) {
-          // At most 64 in flight per connection: pipelined, not unbounded.
-          if (!on.load() || sent.load() - replies.load() > 64 * kConns) {
-            usleep(200);
-            continue;
-          }
-          sv::proto::init_header(r, Op::Mediate, seq++);
-          if (sv::send_message(conns[i]->fd(), &r, sizeof r, {}) != 0) return;
-          sent.fetch_add(1);
-        }
-      });
-      threads.emplace_back([&, i] {
-        uint8_t buf[sv::proto::kMaxMessage];
-        for (;;) {
-          size_t len = 0;
-          std::vector<sv::Fd> f;
-          if (sv::recv_message(conns[i]->fd(), buf, sizeof buf, &len, f) != 0 || len == 0) return;
-          replies.fetch_add(1);
-        }
-      });
-    }
-    for (;;) {
-      int cmd = 0;
-      if (!recv_val(sock, cmd) || cmd == 2) break;
-      long before = replies.load();
-      on.store(cmd);
-      if (cmd == 1)
-        while (replies.load() < before + 4) usleep(1000);  // flooding for real
-      long copies = replies.load();
-      send_val(sock, copies);
-    }
-    stop.store(true);
-    for (auto& c : conns) shutdown(c->fd(), SHUT_RDWR);
-    for (auto& t : threads) t.join();
-    return 0;
-  });
+  Child nobody(true, [&sysd, flood_bytes](int sock) { return flood_as_nobody(sysd, flood_bytes, sock); });
   nobody.start();
   std::vector<Sample> idle, flood;
   std::vector<long> copies;
@@ -237,21 +264,6 @@ int main(int argc, char** argv) {
   send_val(nobody.sock(), cmd);
   nobody.wait();
 
-  auto med = [](const std::vector<Sample>& v, bool lat) {
-    std::vector<uint64_t> x;
-    for (const Sample& s : v) x.push_back(lat ? s.lat : s.setup);
-    return median(x);
-  };
-  std::printf("| round | setup idle (us) | setup flood (us) | ratio | 8 B lat idle (ns) | 8 B lat flood (ns) | ratio | nobody's 4 MiB copies meanwhile |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  for (int r = 0; r < rounds; ++r)
-    std::printf("| %d | %.1f | %.1f | %.2f | %llu | %llu | %.2f | %ld |\n", r + 1, idle[r].setup / 1e3,
-                flood[r].setup / 1e3, idle[r].setup ? double(flood[r].setup) / double(idle[r].setup) : 0.0,
-                (unsigned long long)idle[r].lat, (unsigned long long)flood[r].lat,
-                idle[r].lat ? double(flood[r].lat) / double(idle[r].lat) : 0.0, copies[r]);
-  uint64_t si = med(idle, false), sf = med(flood, false), li = med(idle, true), lf = med(flood, true);
-  std::printf("| **median** | **%.1f** | **%.1f** | **%.2f** | **%llu** | **%llu** | **%.2f** | |\n", si / 1e3, sf / 1e3,
-              si ? double(sf) / double(si) : 0.0, (unsigned long long)li, (unsigned long long)lf,
-              li ? double(lf) / double(li) : 0.0);
+  print_table(idle, flood, copies);
   return 0;
 }

@@ -70,68 +70,53 @@ void xfer(int fd, void *p, size_t n, bool out) {
   if ((out ? write(fd, p, n) : read(fd, p, n)) != static_cast<ssize_t>(n)) die("socket");
 }
 
-int importer(int sock, int iters) {
-  ibv_context *c = nullptr;
-  svx_object o[4]{};
-  int n = 0;
-  if (int e = svx_unpack(sock, &c, o, 4, &n); e || n != 4) {
-    errno = e ? e : EPROTO;
-    die("svx_unpack");
-  }
-  ibv_pd *pd = o[0].pd;
-  ibv_mr *mr = o[1].mr;
-  ibv_cq *cq = o[2].cq;
-  ibv_qp *qp = o[3].qp;
+// Times iters calls of f, one per call, and emits them as `test`.
+template <class F>
+void time_calls(const char *test, int iters, F &&f) {
   Timer t;
   for (int i = 0; i < iters; ++i) {
     t.start();
+    f(i);
+    t.stop();
+  }
+  t.emit(test);
+}
+
+// Import and unimport of each object the owner packed (pd, mr, cq, qp).
+void time_imports(ibv_context *c, const svx_object (&o)[4], int iters) {
+  time_calls("import_device", iters, [&](int) {
     ibv_context *c2 = ibv_import_device(c->cmd_fd);
     if (!c2) die("ibv_import_device");
     if (ibv_close_device(c2)) die("ibv_close_device");
-    t.stop();
-  }
-  t.emit("import_device");
-  t = {};
-  for (int i = 0; i < iters; ++i) {
-    t.start();
-    ibv_pd *p = ibv_import_pd(c, pd->handle);
+  });
+  time_calls("import_pd", iters, [&](int) {
+    ibv_pd *p = ibv_import_pd(c, o[0].pd->handle);
     if (!p) die("ibv_import_pd");
     ibv_unimport_pd(p);
-    t.stop();
-  }
-  t.emit("import_pd");
-  t = {};
-  for (int i = 0; i < iters; ++i) {
-    t.start();
-    ibv_mr *m = ibv_import_mr(pd, mr->handle);
+  });
+  time_calls("import_mr", iters, [&](int) {
+    ibv_mr *m = ibv_import_mr(o[0].pd, o[1].mr->handle);
     if (!m) die("ibv_import_mr");
     ibv_unimport_mr(m);
-    t.stop();
-  }
-  t.emit("import_mr");
-  t = {};
-  for (int i = 0; i < iters; ++i) {
-    t.start();
-    ibv_cq *q = svx_import_cq(c, cq->handle);
+  });
+  time_calls("import_cq", iters, [&](int) {
+    ibv_cq *q = svx_import_cq(c, o[2].cq->handle);
     if (!q) die("svx_import_cq");
     svx_unimport_cq(q);
-    t.stop();
-  }
-  t.emit("import_cq");
-  t = {};
-  for (int i = 0; i < iters; ++i) {
-    t.start();
-    ibv_qp *q = svx_import_qp(c, qp->qp_num);
+  });
+  time_calls("import_qp", iters, [&](int) {
+    ibv_qp *q = svx_import_qp(c, o[3].qp->qp_num);
     if (!q) die("svx_import_qp");
     svx_unimport_qp(q);
-    t.stop();
-  }
-  t.emit("import_qp");
+  });
+}
 
+// svx_pack and svx_unpack of the 4 objects within this process, then the
+// close of the unpacked context, timed apart.
+void time_pack_unpack(ibv_context *c, svx_object (&o)[4], int iters) {
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp)) die("socketpair");
-  Timer closing;
-  t = {};
+  Timer t, closing;
   for (int i = 0; i < iters; ++i) {
     t.start();
     if (int e = svx_pack(sp[0], c, o, 4)) {
@@ -154,19 +139,29 @@ int importer(int sock, int iters) {
   closing.emit("unpacked_close");
   close(sp[0]);
   close(sp[1]);
+}
 
+// The importer (child): unpacks what the owner sent on sock, then times
+// the imports, pack/unpack and, once the owner has published them, the
+// svx_open of its names.
+int importer(int sock, int iters) {
+  ibv_context *c = nullptr;
+  svx_object o[4]{};
+  int n = 0;
+  if (int e = svx_unpack(sock, &c, o, 4, &n); e || n != 4) {
+    errno = e ? e : EPROTO;
+    die("svx_unpack");
+  }
+  time_imports(c, o, iters);
+  time_pack_unpack(c, o, iters);
   char go = 0;
   xfer(sock, &go, 1, false);  // the owner has published the names
-  t = {};
-  for (int i = 0; i < iters; ++i) {
+  time_calls("open", iters, [&](int i) {
     svx_object ob{};
-    t.start();
     ibv_context *c4 = svx_open(name_of(i).c_str(), SVX_OPEN_READ | SVX_OPEN_WRITE, &ob);
     if (!c4 || ob.type != SVX_OBJ_MR) die("svx_open");
     if (ibv_close_device(c4)) die("ibv_close_device (opened)");
-    t.stop();
-  }
-  t.emit("open");
+  });
   xfer(sock, &go, 1, true);
   if (ibv_close_device(c)) die("ibv_close_device");
   return 0;
@@ -199,6 +194,71 @@ void unix_round_trip(int iters) {
   t.emit("unix_rt");
 }
 
+// The owner's context and the objects it shares: a PD, an MR, a CQ and an
+// RC QP, in that order.
+struct Owned {
+  ibv_context *ctx = nullptr;
+  svx_object o[4]{};
+};
+
+Owned owner_setup() {
+  int nd = 0;
+  ibv_device **l = ibv_get_device_list(&nd);
+  if (!l || !nd) die("ibv_get_device_list (is softverbs on LD_LIBRARY_PATH?)");
+  ibv_context *ctx = ibv_open_device(l[0]);
+  ibv_free_device_list(l);
+  if (!ctx) die("ibv_open_device");
+  static char buf[4096];
+  ibv_pd *pd = ibv_alloc_pd(ctx);
+  ibv_mr *mr = pd ? ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : nullptr;
+  ibv_cq *cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  if (!mr || !cq) die("setup");
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {16, 16, 1, 1, 0};
+  ibv_qp *qp = ibv_create_qp(pd, &ia);
+  if (!qp) die("ibv_create_qp");
+  Owned own;
+  own.ctx = ctx;
+  own.o[0].type = SVX_OBJ_PD;
+  own.o[0].pd = pd;
+  own.o[1].type = SVX_OBJ_MR;
+  own.o[1].mr = mr;
+  own.o[2].type = SVX_OBJ_CQ;
+  own.o[2].cq = cq;
+  own.o[3].type = SVX_OBJ_QP;
+  own.o[3].qp = qp;
+  return own;
+}
+
+// Publishes iters names of the MR (timed in pub), lets the importer open
+// them (over sock), then unpublishes them (timed in unpub).
+void publish_for_importer(ibv_context *ctx, svx_object &mr, int sock, int iters, Timer &pub, Timer &unpub) {
+  for (int i = 0; i < iters; ++i) {
+    // name_of() uses getppid() in the importer: here that is our own pid.
+    std::string name = "/svbench-" + std::to_string(getpid()) + "/mr" + std::to_string(i);
+    pub.start();
+    if (int e = svx_publish(ctx, name.c_str(), &mr, 0600, -1)) {
+      errno = e;
+      die("svx_publish");
+    }
+    pub.stop();
+  }
+  char go = 1;
+  xfer(sock, &go, 1, true);
+  xfer(sock, &go, 1, false);  // the importer has opened them all
+  for (int i = 0; i < iters; ++i) {
+    std::string name = "/svbench-" + std::to_string(getpid()) + "/mr" + std::to_string(i);
+    unpub.start();
+    if (int e = svx_unpublish(ctx, name.c_str())) {
+      errno = e;
+      die("svx_unpublish");
+    }
+    unpub.stop();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -222,59 +282,15 @@ int main(int argc, char **argv) {
     _exit(rc);
   }
   close(sv[1]);
-  int nd = 0;
-  ibv_device **l = ibv_get_device_list(&nd);
-  if (!l || !nd) die("ibv_get_device_list (is softverbs on LD_LIBRARY_PATH?)");
-  ibv_context *ctx = ibv_open_device(l[0]);
-  ibv_free_device_list(l);
-  if (!ctx) die("ibv_open_device");
-  static char buf[4096];
-  ibv_pd *pd = ibv_alloc_pd(ctx);
-  ibv_mr *mr = pd ? ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : nullptr;
-  ibv_cq *cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
-  if (!mr || !cq) die("setup");
-  ibv_qp_init_attr ia{};
-  ia.send_cq = ia.recv_cq = cq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap = {16, 16, 1, 1, 0};
-  ibv_qp *qp = ibv_create_qp(pd, &ia);
-  if (!qp) die("ibv_create_qp");
-  svx_object o[4]{};
-  o[0].type = SVX_OBJ_PD;
-  o[0].pd = pd;
-  o[1].type = SVX_OBJ_MR;
-  o[1].mr = mr;
-  o[2].type = SVX_OBJ_CQ;
-  o[2].cq = cq;
-  o[3].type = SVX_OBJ_QP;
-  o[3].qp = qp;
+  Owned own = owner_setup();
+  ibv_context *ctx = own.ctx;
+  svx_object (&o)[4] = own.o;
   if (int e = svx_pack(sv[0], ctx, o, 4)) {
     errno = e;
     die("svx_pack");
   }
   Timer pub, unpub;
-  for (int i = 0; i < iters; ++i) {
-    // name_of() uses getppid() in the importer: here that is our own pid.
-    std::string name = "/svbench-" + std::to_string(getpid()) + "/mr" + std::to_string(i);
-    pub.start();
-    if (int e = svx_publish(ctx, name.c_str(), &o[1], 0600, -1)) {
-      errno = e;
-      die("svx_publish");
-    }
-    pub.stop();
-  }
-  char go = 1;
-  xfer(sv[0], &go, 1, true);
-  xfer(sv[0], &go, 1, false);  // the importer has opened them all
-  for (int i = 0; i < iters; ++i) {
-    std::string name = "/svbench-" + std::to_string(getpid()) + "/mr" + std::to_string(i);
-    unpub.start();
-    if (int e = svx_unpublish(ctx, name.c_str())) {
-      errno = e;
-      die("svx_unpublish");
-    }
-    unpub.stop();
-  }
+  publish_for_importer(ctx, o[1], sv[0], iters, pub, unpub);
   int st = 0;
   if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     std::fprintf(stderr, "import_bench: importer failed\n");
@@ -282,10 +298,10 @@ int main(int argc, char **argv) {
   }
   pub.emit("publish");
   unpub.emit("unpublish");
-  ibv_destroy_qp(qp);
-  ibv_destroy_cq(cq);
-  ibv_dereg_mr(mr);
-  ibv_dealloc_pd(pd);
+  ibv_destroy_qp(o[3].qp);
+  ibv_destroy_cq(o[2].cq);
+  ibv_dereg_mr(o[1].mr);
+  ibv_dealloc_pd(o[0].pd);
   ibv_close_device(ctx);
   return 0;
 }

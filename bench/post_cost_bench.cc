@@ -60,7 +60,9 @@ struct Loop {
   char *recv_buf(int i) { return buf + i * 2 * kRegion + kRegion; }
 };
 
-void setup(Loop &l, const Options &o) {
+// The device, a PD (under a parent domain with a thread domain, with --td)
+// and the registered buffer.
+void open_resources(Loop &l, const Options &o) {
   int num = 0;
   ibv_device **list = ibv_get_device_list(&num);
   if (!list || num == 0) die("no RDMA devices found");
@@ -87,6 +89,10 @@ void setup(Loop &l, const Options &o) {
   l.mr = ibv_reg_mr(l.pd, l.buf, 4 * Loop::kRegion,
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   if (!l.mr) die("ibv_reg_mr failed: %s", std::strerror(errno));
+}
+
+// Two RC QPs, each with its own send and receive CQ.
+void create_qps(Loop &l) {
   for (int i = 0; i < 2; ++i) {
     l.scq[i] = ibv_create_cq(l.ctx, 256, nullptr, nullptr, 0);
     l.rcq[i] = ibv_create_cq(l.ctx, 256, nullptr, nullptr, 0);
@@ -103,6 +109,10 @@ void setup(Loop &l, const Options &o) {
     l.qp[i] = ibv_create_qp(l.qp_pd, &qa);
     if (!l.qp[i]) die("ibv_create_qp failed: %s", std::strerror(errno));
   }
+}
+
+// The two QPs connected to each other: INIT, RTR, RTS.
+void connect_qps(Loop &l) {
   ibv_port_attr port{};
   if (ibv_query_port(l.ctx, 1, &port)) die("ibv_query_port failed");
   ibv_gid gid{};
@@ -146,6 +156,12 @@ void setup(Loop &l, const Options &o) {
                                   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
       die("modify QP to RTS failed: %s", std::strerror(e));
   }
+}
+
+void setup(Loop &l, const Options &o) {
+  open_resources(l, o);
+  create_qps(l);
+  connect_qps(l);
 }
 
 void reap(ibv_cq *cq, int want, const char *what) {

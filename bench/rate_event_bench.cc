@@ -241,6 +241,104 @@ void check(const ibv_wc &wc, const char *what) {
 
 constexpr unsigned kSigEvery = 16;
 
+// The client of the message rate test: 8 B inline WRITEs over nqp QPs,
+// round robin, at most `window` WRs in flight per QP, one in kSigEvery
+// signalled.
+struct RateClient {
+  RateClient(Side &side, unsigned n, unsigned window)
+      : s(side), nqp(n), max_sig(window / kSigEvery), posted(n, 0), in_flight(n, 0) {
+    sge = ibv_sge{reinterpret_cast<uintptr_t>(&value), 8, 0};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.wr.rdma.rkey = s.rkey;
+  }
+
+  void post(unsigned q, unsigned flags) {
+    wr.wr_id = q;
+    wr.send_flags = IBV_SEND_INLINE | flags;
+    wr.wr.rdma.remote_addr = s.raddr + 4096 + 64 * q;
+    ibv_send_wr *bad = nullptr;
+    if (int e = ibv_post_send(s.qps[q], &wr, &bad)) die("ibv_post_send failed: %s", std::strerror(e));
+  }
+
+  // Posts at most one signalling period per QP: round robin. Returns the
+  // signalled WRs in flight before it.
+  unsigned post_round(bool posting) {
+    unsigned busy = 0;
+    for (unsigned q = 0; q < nqp; ++q) {
+      busy += in_flight[q];
+      while (posting && in_flight[q] < max_sig) {
+        ++value;
+        const bool sig = ++posted[q] == kSigEvery;
+        post(q, sig ? unsigned{IBV_SEND_SIGNALED} : 0u);
+        if (sig) {
+          posted[q] = 0;
+          ++in_flight[q];
+          break;
+        }
+      }
+    }
+    return busy;
+  }
+
+  // Reaps send completions; returns the messages they stand for.
+  uint64_t reap() {
+    ibv_wc wc[16];
+    int n = ibv_poll_cq(s.scq, 16, wc);
+    if (n < 0) die("ibv_poll_cq failed");
+    for (int i = 0; i < n; ++i) {
+      check(wc[i], "WRITE");
+      --in_flight[wc[i].wr_id];
+    }
+    return uint64_t(n) * kSigEvery;
+  }
+
+  // Ends each partial period with one signalled WR; returns the messages
+  // its completion will count too many.
+  uint64_t flush_partial() {
+    uint64_t over = 0;
+    for (unsigned q = 0; q < nqp; ++q) {
+      if (posted[q] == 0) continue;
+      post(q, IBV_SEND_SIGNALED);
+      over += kSigEvery - posted[q] - 1;  // this period had posted[q] + 1 WRs
+      posted[q] = 0;
+      ++in_flight[q];
+    }
+    return over;
+  }
+
+  // Posts for t seconds, then drains: the messages and the seconds taken.
+  std::pair<uint64_t, double> run(double t) {
+    uint64_t msgs = 0;
+    const uint64_t t0 = bench::ticks();
+    uint64_t t1 = t0;
+    bool posting = true;
+    for (;;) {
+      if (posting) {
+        t1 = bench::ticks();
+        posting = bench::elapsed_s(t0, t1) < t;
+      }
+      const unsigned busy = post_round(posting);
+      if (!posting && busy == 0 && std::all_of(posted.begin(), posted.end(), [](unsigned p) { return p == 0; }))
+        break;
+      msgs += reap();
+      if (!posting) msgs -= flush_partial();
+    }
+    t1 = bench::ticks();
+    return {msgs, bench::elapsed_s(t0, t1)};
+  }
+
+  Side &s;
+  const unsigned nqp;
+  const unsigned max_sig;
+  std::vector<unsigned> posted;     // WRs posted since the last signalled one
+  std::vector<unsigned> in_flight;  // signalled WRs not reaped, x kSigEvery WRs each
+  uint64_t value = 0;
+  ibv_sge sge{};
+  ibv_send_wr wr{};
+};
+
 void rate(unsigned nqp, unsigned window, double secs) {
   window = std::max(kSigEvery, window / kSigEvery * kSigEvery);
   two_processes([&](bool client, int sock) {
@@ -249,76 +347,9 @@ void rate(unsigned nqp, unsigned window, double secs) {
     connect_side(s, sock);
     if (client) {
       if (s.max_inline < 8) die("max_inline_data %u < 8", s.max_inline);
-      std::vector<unsigned> posted(nqp, 0);     // WRs posted since the last signalled one
-      std::vector<unsigned> in_flight(nqp, 0);  // signalled WRs not reaped, x kSigEvery WRs each
-      const unsigned max_sig = window / kSigEvery;
-      uint64_t value = 0;
-      ibv_sge sge{reinterpret_cast<uintptr_t>(&value), 8, 0};
-      ibv_send_wr wr{};
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      wr.opcode = IBV_WR_RDMA_WRITE;
-      wr.wr.rdma.rkey = s.rkey;
-      uint64_t done = 0;
-      auto run = [&](double t) {
-        uint64_t msgs = 0;
-        const uint64_t t0 = bench::ticks();
-        uint64_t t1 = t0;
-        bool posting = true;
-        for (;;) {
-          if (posting) {
-            t1 = bench::ticks();
-            posting = bench::elapsed_s(t0, t1) < t;
-          }
-          unsigned busy = 0;
-          for (unsigned q = 0; q < nqp; ++q) {
-            busy += in_flight[q];
-            // Post at most one signalling period per QP per round: round robin.
-            while (posting && in_flight[q] < max_sig) {
-              ++value;
-              const bool sig = ++posted[q] == kSigEvery;
-              wr.wr_id = q;
-              wr.send_flags = IBV_SEND_INLINE | (sig ? unsigned{IBV_SEND_SIGNALED} : 0u);
-              wr.wr.rdma.remote_addr = s.raddr + 4096 + 64 * q;
-              ibv_send_wr *bad = nullptr;
-              if (int e = ibv_post_send(s.qps[q], &wr, &bad)) die("ibv_post_send failed: %s", std::strerror(e));
-              if (sig) {
-                posted[q] = 0;
-                ++in_flight[q];
-                break;
-              }
-            }
-          }
-          if (!posting && busy == 0 && std::all_of(posted.begin(), posted.end(), [](unsigned p) { return p == 0; }))
-            break;
-          ibv_wc wc[16];
-          int n = ibv_poll_cq(s.scq, 16, wc);
-          if (n < 0) die("ibv_poll_cq failed");
-          for (int i = 0; i < n; ++i) {
-            check(wc[i], "WRITE");
-            --in_flight[wc[i].wr_id];
-            msgs += kSigEvery;
-          }
-          if (!posting) {  // flush partial periods with one signalled WR each
-            for (unsigned q = 0; q < nqp; ++q) {
-              if (posted[q] == 0) continue;
-              wr.wr_id = q;
-              wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
-              wr.wr.rdma.remote_addr = s.raddr + 4096 + 64 * q;
-              ibv_send_wr *bad = nullptr;
-              if (int e = ibv_post_send(s.qps[q], &wr, &bad)) die("ibv_post_send failed: %s", std::strerror(e));
-              msgs -= kSigEvery - posted[q] - 1;  // this period had posted[q] + 1 WRs
-              posted[q] = 0;
-              ++in_flight[q];
-            }
-          }
-        }
-        t1 = bench::ticks();
-        return std::pair<uint64_t, double>(msgs, bench::elapsed_s(t0, t1));
-      };
-      run(std::min(0.02, secs));
-      auto [msgs, sec] = run(secs);
-      done = msgs;
+      RateClient c(s, nqp, window);
+      c.run(std::min(0.02, secs));
+      auto [msgs, sec] = c.run(secs);
       bench::JsonLine()
           .str("bench", "rate")
           .str("test", "msg_rate")
@@ -326,9 +357,9 @@ void rate(unsigned nqp, unsigned window, double secs) {
           .num("size", 8)
           .num("window_per_qp", window)
           .num("signal_every", kSigEvery)
-          .num("msgs", done)
+          .num("msgs", msgs)
           .real("seconds", sec)
-          .real("mmsgs_per_s", static_cast<double>(done) / sec / 1e6)
+          .real("mmsgs_per_s", static_cast<double>(msgs) / sec / 1e6)
           .emit();
     }
     barrier(sock);

@@ -121,6 +121,55 @@ double raw_atomic_rate(uint64_t ops) {
   return double(2 * ops) / s;
 }
 
+// Brings qp to RTS, connected to QP dest_qpn of the same device, with
+// remote atomics allowed and 16 of them in flight each way.
+bool connect_rc(ibv_qp* qp, uint32_t dest_qpn) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_ATOMIC;
+  ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dest_qpn;
+  a.max_dest_rd_atomic = 16;
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = 1;
+  ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 16;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                   IBV_QP_MAX_QP_RD_ATOMIC) == 0;
+}
+
+// Seconds for ops fetch-adds of wr on qp, at most window in flight, one in
+// 8 signalled; -1 (said on stderr) if one fails.
+double time_fetch_adds(ibv_qp* qp, ibv_cq* cq, ibv_send_wr& wr, uint64_t ops, uint64_t window) {
+  uint64_t posted = 0, done = 0;
+  uint64_t t0 = now_ns_steady();
+  while (done < ops) {
+    while (posted < ops && posted - done < window) {
+      wr.send_flags = (posted % 8 == 7 || posted + 1 == ops) ? IBV_SEND_SIGNALED : 0;
+      ibv_send_wr* bad;
+      if (ibv_post_send(qp, &wr, &bad)) return std::fprintf(stderr, "atomic: post failed\n"), -1;
+      ++posted;
+    }
+    ibv_wc wc[16];
+    int n = ibv_poll_cq(cq, 16, wc);
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) return std::fprintf(stderr, "atomic: %s\n", ibv_wc_status_str(wc[i].status)), -1;
+      done = std::min(ops, (done / 8 + 1) * 8);
+    }
+  }
+  return double(now_ns_steady() - t0) / 1e9;
+}
+
 int atomic_bench() {
   int sv[2];
   socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
@@ -149,28 +198,7 @@ int atomic_bench() {
   } mine{qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(buf)}, theirs{};
   if (write(sock, &mine, sizeof(mine)) != sizeof(mine) || read(sock, &theirs, sizeof(theirs)) != sizeof(theirs))
     return 1;
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_ATOMIC;
-  ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = theirs.qpn;
-  a.max_dest_rd_atomic = 16;
-  a.min_rnr_timer = 12;
-  a.ah_attr.port_num = 1;
-  ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 16;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                IBV_QP_MAX_QP_RD_ATOMIC))
+  if (!connect_rc(qp, theirs.qpn))
     return std::fprintf(stderr, "atomic: connect failed\n"), 1;
   char c = 0;
   if (write(sock, &c, 1) != 1 || read(sock, &c, 1) != 1) return 1;
@@ -186,23 +214,8 @@ int atomic_bench() {
   wr.wr.atomic.remote_addr = theirs.addr;
   wr.wr.atomic.rkey = theirs.rkey;
   wr.wr.atomic.compare_add = 1;
-  uint64_t posted = 0, done = 0;
-  uint64_t t0 = now_ns_steady();
-  while (done < kOps) {
-    while (posted < kOps && posted - done < kWindow) {
-      wr.send_flags = (posted % 8 == 7 || posted + 1 == kOps) ? IBV_SEND_SIGNALED : 0;
-      ibv_send_wr* bad;
-      if (ibv_post_send(qp, &wr, &bad)) return std::fprintf(stderr, "atomic: post failed\n"), 1;
-      ++posted;
-    }
-    ibv_wc wc[16];
-    int n = ibv_poll_cq(cq, 16, wc);
-    for (int i = 0; i < n; ++i) {
-      if (wc[i].status != IBV_WC_SUCCESS) return std::fprintf(stderr, "atomic: %s\n", ibv_wc_status_str(wc[i].status)), 1;
-      done = std::min(kOps, (done / 8 + 1) * 8);
-    }
-  }
-  double s = double(now_ns_steady() - t0) / 1e9;
+  double s = time_fetch_adds(qp, cq, wr, kOps, kWindow);
+  if (s < 0) return 1;
   if (write(sock, &c, 1) != 1) return 1;
   int st;
   waitpid(pid, &st, 0);

@@ -143,6 +143,49 @@ int run_recv(int port, double limit) {
   return 0;
 }
 
+// The pieces of per_send datagrams into v, each of a BTH and an ICRC from
+// its header slot (slots: kBth + kIcrc bytes each) around payload bytes of
+// data from off on (wrapping); merge: a datagram's ICRC and the next one's
+// BTH go as one piece. Returns the number of pieces.
+size_t gather_datagrams(iovec* v, uint8_t* slots, std::span<uint8_t> data, size_t& off, size_t payload,
+                        size_t per_send, bool merge) {
+  size_t n = 0;
+  for (size_t k = 0; k < per_send; k++) {
+    uint8_t* slot = slots + k * (kBth + kIcrc);
+    if (off + payload > data.size()) off = 0;
+    if (!merge || k == 0) v[n++] = {slot, kBth};
+    v[n++] = {data.data() + off, payload};
+    // merge: this ICRC and the next datagram's BTH, one piece.
+    v[n++] = {slot + kBth, merge && k + 1 < per_send ? kIcrc + kBth : kIcrc};
+    off += payload;
+  }
+  return n;
+}
+
+// Makes h a UDP GSO send of datagrams of seg bytes (UDP_SEGMENT), its
+// control message in cb.
+void set_gso_size(msghdr& h, char* cb, size_t cb_len, uint16_t seg) {
+  h.msg_control = cb;
+  h.msg_controllen = cb_len;
+  cmsghdr* c = CMSG_FIRSTHDR(&h);
+  c->cmsg_level = SOL_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+  std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+}
+
+// Reads the MSG_ZEROCOPY completions queued on fd: their pages may be
+// reused (the buffers here are never written).
+void drain_zerocopy_completions(int fd) {
+  char errq[4096];
+  for (;;) {
+    msghdr em{};
+    em.msg_control = errq;
+    em.msg_controllen = sizeof errq;
+    if (recvmsg(fd, &em, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) break;
+  }
+}
+
 int run_send(const char* host, int port, double secs, size_t payload, size_t per_send, const std::string& mode) {
   sockaddr_storage dst;
   socklen_t dlen;
@@ -174,38 +217,20 @@ int run_send(const char* host, int port, double secs, size_t payload, size_t per
   alignas(cmsghdr) char cb[kSends][CMSG_SPACE(sizeof(uint16_t))];
   size_t off = 0;
   uint64_t sent = 0, sends = 0;
-  char errq[4096];
   const double start = now();
   const std::clock_t cpu0 = std::clock();
   while (now() - start < secs) {
     for (size_t s = 0; s < kSends; s++) {
       iovec* v = &iov[s * per_send * 3];
-      size_t n = 0;
-      for (size_t k = 0; k < per_send; k++) {
-        uint8_t* slot = slots.data() + (s * per_send + k) * (kBth + kIcrc);
-        if (off + payload > data.size()) off = 0;
-        if (!merge || k == 0) v[n++] = {slot, kBth};
-        v[n++] = {data.data() + off, payload};
-        // merge: this ICRC and the next datagram's BTH, one piece.
-        v[n++] = {slot + kBth, merge && k + 1 < per_send ? kIcrc + kBth : kIcrc};
-        off += payload;
-      }
+      const size_t n = gather_datagrams(v, slots.data() + s * per_send * (kBth + kIcrc), data, off, payload,
+                                        per_send, merge);
       iovs[s] = n;
       m[s] = {};
       m[s].msg_hdr.msg_name = &dst;
       m[s].msg_hdr.msg_namelen = dlen;
       m[s].msg_hdr.msg_iov = v;
       m[s].msg_hdr.msg_iovlen = n;
-      if (per_send > 1) {
-        m[s].msg_hdr.msg_control = cb[s];
-        m[s].msg_hdr.msg_controllen = sizeof cb[s];
-        cmsghdr* c = CMSG_FIRSTHDR(&m[s].msg_hdr);
-        c->cmsg_level = SOL_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        const uint16_t g = uint16_t(dgram);
-        std::memcpy(CMSG_DATA(c), &g, sizeof g);
-      }
+      if (per_send > 1) set_gso_size(m[s].msg_hdr, cb[s], sizeof cb[s], uint16_t(dgram));
     }
     const int n = sendmmsg(fd, m, kSends, zerocopy ? MSG_ZEROCOPY : 0);
     if (n > 0) {
@@ -216,14 +241,7 @@ int run_send(const char* host, int port, double secs, size_t payload, size_t per
                    std::strerror(errno));
       return 1;
     }
-    if (zerocopy) {  // completions: the pages may be reused (buffers here are never written)
-      for (;;) {
-        msghdr em{};
-        em.msg_control = errq;
-        em.msg_controllen = sizeof errq;
-        if (recvmsg(fd, &em, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) break;
-      }
-    }
+    if (zerocopy) drain_zerocopy_completions(fd);
   }
   const double t = now() - start;
   const double cpu = double(std::clock() - cpu0) / CLOCKS_PER_SEC;

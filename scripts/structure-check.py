@@ -1,20 +1,47 @@
 #!/usr/bin/env python3
-"""Issue 19's bounds on src/ (tests aside): no source file longer than
-1,000 lines, no function longer than 100. Prints each breach; exit 1 if any.
+"""Size bounds on the project's code: no source file longer than 900 lines,
+no function longer than 80. A reader should be able to hold one function on
+a screen and one file's role in mind; past these sizes a function wants
+splitting along its steps and a file along its roles. Checks the C++ of the
+given trees (src/ and bench/ by default; *_test.cc aside) and their Python
+(bench/*.py). Prints each breach; exit 1 if any.
 
-    scripts/structure-check.py [SRC_DIR]
+    scripts/structure-check.py [DIR ...]
 
-A function is a brace block opened, outside any other function, by a line
-whose code ends in `) {` (or `) const {`, `noexcept {`, `-> T {`, an
+For C++, a function is a brace block opened, outside any other function, by
+a line whose code ends in `) {` (or `) const {`, `noexcept {`, `-> T {`, an
 initializer list's last `}` ... `{`), control statements excepted. Comments
 and string literals are skipped when braces are counted. A heuristic, good
-for this code base's style (clang-format, one declaration per line).
+for this code base's style (clang-format, one declaration per line). For
+Python, a function is a `def` as Python's ast module reads it, nested ones
+included.
+
+ALLOWED names breaches tolerated for now, each by path and either None (the
+file's length) or the text of the function's first line, so that moving
+code does not break an entry. An entry that no longer matches a breach is
+itself reported, so the list only shrinks.
 """
+import ast
 import os
 import re
 import sys
 
-MAX_FILE, MAX_FN = 1000, 100
+MAX_FILE, MAX_FN = 900, 80
+
+# TEMPORARY, TO BE EMPTIED BY THE LEAD: breaches in files under concurrent
+# change elsewhere (server.cc, verbs/requester.cc, roce_link.cc, protocol.h),
+# to go once those changes are merged and the files are split.
+ALLOWED = {
+    ("src/daemon/server.cc", None),
+    ("src/daemon/server.cc", "int Server::run() {"),
+    ("src/daemon/server.cc", "void Server::accept_clients() {"),
+    ("src/daemon/server.cc", "bool Server::serve(int fd) {"),
+    ("src/verbs/requester.cc", None),
+    ("src/verbs/requester.cc", "[[gnu::always_inline]] inline bool fast_post(QpState& q, const ibv_send_wr* wr) {"),
+    ("src/verbs/roce_link.cc", None),
+    ("src/common/protocol.h", None),
+}
+
 CONTROL = re.compile(r"^\s*(\}\s*)?(if|for|while|switch|catch|do|else|try)\b")
 OPENER = re.compile(r"(\)|\bconst|\bnoexcept|\boverride|\bfinal|->\s*[\w:<>,\s*&]+|\})\s*\{\s*$")
 
@@ -43,8 +70,8 @@ def strip(line, in_comment):
     return "".join(out), in_comment
 
 
-def functions(path):
-    lines = open(path, encoding="utf-8", errors="replace").read().split("\n")
+def cc_functions(lines):
+    """(first, last) line numbers of each top-level function in C++ lines."""
     depth, fn_depth, fn_start, in_comment = 0, None, 0, False
     for no, raw in enumerate(lines, 1):
         code, in_comment = strip(raw, in_comment)
@@ -55,28 +82,62 @@ def functions(path):
         if fn_depth is not None and depth <= fn_depth:
             yield fn_start, no
             fn_depth = None
-    return
+
+
+def py_functions(text, path):
+    """(first, last) line numbers of each def in Python source, decorators aside."""
+    for node in ast.walk(ast.parse(text, path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.lineno, node.end_lineno
+
+
+def breaches(path, rel):
+    """(allowlist key, message) for each bound the file exceeds."""
+    text = open(path, encoding="utf-8", errors="replace").read()
+    lines = text.split("\n")
+    n = len(lines) - (1 if text.endswith("\n") else 0)
+    if n > MAX_FILE:
+        yield (rel, None), "%s: %d lines (at most %d)" % (rel, n, MAX_FILE)
+    fns = py_functions(text, path) if path.endswith(".py") else cc_functions(lines)
+    for a, b in fns:
+        if b - a + 1 > MAX_FN:
+            yield (rel, lines[a - 1].strip()), \
+                "%s:%d: a function of %d lines (at most %d)" % (rel, a, b - a + 1, MAX_FN)
+
+
+def checked(root):
+    """The files under root that the bounds apply to."""
+    for d, _, files in os.walk(root):
+        for f in sorted(files):
+            if f.endswith((".cc", ".h", ".py")) and not f.endswith("_test.cc"):
+                yield os.path.join(d, f)
 
 
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "src")
-    bad = 0
-    for d, _, files in os.walk(root):
-        for f in sorted(files):
-            if not f.endswith((".cc", ".h")) or f.endswith("_test.cc"):
-                continue
-            p = os.path.join(d, f)
-            rel = os.path.relpath(p, os.path.join(root, ".."))
-            n = sum(1 for _ in open(p, encoding="utf-8", errors="replace"))
-            if n > MAX_FILE:
-                print("%s: %d lines (at most %d)" % (rel, n, MAX_FILE))
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    roots = sys.argv[1:] or [os.path.join(here, "src"), os.path.join(here, "bench")]
+    bad, seen = 0, set()
+    for root in roots:
+        root = os.path.abspath(root)
+        for p in checked(root):
+            rel = os.path.relpath(p, os.path.dirname(root))
+            for key, msg in breaches(p, rel):
+                if key in ALLOWED:
+                    seen.add(key)
+                    continue
+                print(msg)
                 bad += 1
-            for a, b in functions(p):
-                if b - a + 1 > MAX_FN:
-                    print("%s:%d: a function of %d lines (at most %d)" % (rel, a, b - a + 1, MAX_FN))
-                    bad += 1
+    # An allowance for a file that was checked but no longer breaches is stale.
+    names = {os.path.relpath(p, os.path.dirname(os.path.abspath(r)))
+             for r in roots for p in checked(os.path.abspath(r))}
+    for key in sorted(ALLOWED - seen, key=lambda k: (k[0], k[1] or "")):
+        if key[0] in names:
+            what = "its length" if key[1] is None else "the function `%s`" % key[1]
+            print("%s: %s is within the bounds now; remove it from ALLOWED" % (key[0], what))
+            bad += 1
     if bad:
-        print("%d breach(es) of issue 19's bounds" % bad)
+        print("%d breach(es) of the size bounds (files <= %d lines, functions <= %d)"
+              % (bad, MAX_FILE, MAX_FN))
     return 1 if bad else 0
 
 

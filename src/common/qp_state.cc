@@ -16,90 +16,94 @@ struct Row {
 
 constexpr uint32_t ALT = IBV_QP_ALT_PATH;
 
-// IBTA 11.2.4.2 table: attributes per transition and QP type.
-constexpr Row rule(ibv_qp_state cur, ibv_qp_state next) {
-  Row r{{0, 0, 0}, {0, 0, 0}, false};
-  // Any state may go to RESET or ERR with only the state attribute (10.3.1).
-  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
-    r.valid = true;
-    return r;
-  }
-  switch (cur) {
-    case IBV_QPS_RESET:
-      if (next == IBV_QPS_INIT) {
-        r.valid = true;
-        r.req[kRc] = r.req[kUc] = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-        r.req[kUd] = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
-      }
-      break;
-    case IBV_QPS_INIT:
-      if (next == IBV_QPS_INIT) {
-        r.valid = true;
-        r.opt[kRc] = r.opt[kUc] = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-        r.opt[kUd] = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
-      } else if (next == IBV_QPS_RTR) {
-        r.valid = true;
-        r.req[kRc] = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-        r.req[kUc] = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-        r.opt[kRc] = r.opt[kUc] = ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX;
-        r.opt[kUd] = IBV_QP_PKEY_INDEX | IBV_QP_QKEY;
-      }
-      break;
-    case IBV_QPS_RTR:
-      if (next == IBV_QPS_RTS) {
-        r.valid = true;
-        r.req[kRc] = IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                     IBV_QP_MAX_QP_RD_ATOMIC;
-        r.req[kUc] = r.req[kUd] = IBV_QP_SQ_PSN;
-        r.opt[kRc] = IBV_QP_CUR_STATE | ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
-                     IBV_QP_PATH_MIG_STATE;
-        r.opt[kUc] = IBV_QP_CUR_STATE | ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE;
-        r.opt[kUd] = IBV_QP_CUR_STATE | IBV_QP_QKEY;
-      }
-      break;
-    case IBV_QPS_RTS:
-      if (next == IBV_QPS_RTS) {
-        r.valid = true;
-        r.opt[kRc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | ALT | IBV_QP_PATH_MIG_STATE |
-                     IBV_QP_MIN_RNR_TIMER;
-        r.opt[kUc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | ALT | IBV_QP_PATH_MIG_STATE;
-        r.opt[kUd] = IBV_QP_CUR_STATE | IBV_QP_QKEY;
-      } else if (next == IBV_QPS_SQD) {
-        r.valid = true;
-        r.opt[kRc] = r.opt[kUc] = r.opt[kUd] = IBV_QP_EN_SQD_ASYNC_NOTIFY;
-      }
-      break;
-    case IBV_QPS_SQD:
-      if (next == IBV_QPS_RTS) {
-        r.valid = true;
-        r.opt[kRc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | ALT | IBV_QP_PATH_MIG_STATE |
-                     IBV_QP_MIN_RNR_TIMER;
-        r.opt[kUc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | ALT | IBV_QP_PATH_MIG_STATE;
-        r.opt[kUd] = IBV_QP_CUR_STATE | IBV_QP_QKEY;
-      } else if (next == IBV_QPS_SQD) {
-        r.valid = true;
-        r.opt[kRc] = IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
-                     ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_MIN_RNR_TIMER |
-                     IBV_QP_PATH_MIG_STATE;
-        r.opt[kUc] = IBV_QP_AV | ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
-                     IBV_QP_PATH_MIG_STATE;
-        r.opt[kUd] = IBV_QP_PKEY_INDEX | IBV_QP_QKEY;
-      }
-      break;
-    case IBV_QPS_SQE:
-      if (next == IBV_QPS_RTS) {
-        r.valid = true;
-        r.opt[kRc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER;
-        r.opt[kUc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS;
-        r.opt[kUd] = IBV_QP_CUR_STATE | IBV_QP_QKEY;
-      }
-      break;
-    default:
-      break;
-  }
+// IBTA 11.2.4.2 table: attributes per transition and QP type, one function
+// per transition, each returning a valid row.
+constexpr Row valid_row() {
+  return Row{{0, 0, 0}, {0, 0, 0}, true};
+}
+
+constexpr Row reset_to_init() {
+  Row r = valid_row();
+  r.req[kRc] = r.req[kUc] = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  r.req[kUd] = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
   return r;
+}
+
+constexpr Row init_to_init() {
+  Row r = valid_row();
+  r.opt[kRc] = r.opt[kUc] = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  r.opt[kUd] = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+  return r;
+}
+
+constexpr Row init_to_rtr() {
+  Row r = valid_row();
+  r.req[kRc] = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  r.req[kUc] = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  r.opt[kRc] = r.opt[kUc] = ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX;
+  r.opt[kUd] = IBV_QP_PKEY_INDEX | IBV_QP_QKEY;
+  return r;
+}
+
+constexpr Row rtr_to_rts() {
+  Row r = valid_row();
+  r.req[kRc] = IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+               IBV_QP_MAX_QP_RD_ATOMIC;
+  r.req[kUc] = r.req[kUd] = IBV_QP_SQ_PSN;
+  r.opt[kRc] = IBV_QP_CUR_STATE | ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
+               IBV_QP_PATH_MIG_STATE;
+  r.opt[kUc] = IBV_QP_CUR_STATE | ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE;
+  r.opt[kUd] = IBV_QP_CUR_STATE | IBV_QP_QKEY;
+  return r;
+}
+
+// RTS to RTS and SQD to RTS take the same attributes.
+constexpr Row to_rts_again() {
+  Row r = valid_row();
+  r.opt[kRc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | ALT | IBV_QP_PATH_MIG_STATE |
+               IBV_QP_MIN_RNR_TIMER;
+  r.opt[kUc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | ALT | IBV_QP_PATH_MIG_STATE;
+  r.opt[kUd] = IBV_QP_CUR_STATE | IBV_QP_QKEY;
+  return r;
+}
+
+constexpr Row rts_to_sqd() {
+  Row r = valid_row();
+  r.opt[kRc] = r.opt[kUc] = r.opt[kUd] = IBV_QP_EN_SQD_ASYNC_NOTIFY;
+  return r;
+}
+
+constexpr Row sqd_to_sqd() {
+  Row r = valid_row();
+  r.opt[kRc] = IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+               IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | ALT | IBV_QP_ACCESS_FLAGS |
+               IBV_QP_PKEY_INDEX | IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE;
+  r.opt[kUc] = IBV_QP_AV | ALT | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PATH_MIG_STATE;
+  r.opt[kUd] = IBV_QP_PKEY_INDEX | IBV_QP_QKEY;
+  return r;
+}
+
+constexpr Row sqe_to_rts() {
+  Row r = valid_row();
+  r.opt[kRc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER;
+  r.opt[kUc] = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS;
+  r.opt[kUd] = IBV_QP_CUR_STATE | IBV_QP_QKEY;
+  return r;
+}
+
+constexpr Row rule(ibv_qp_state cur, ibv_qp_state next) {
+  // Any state may go to RESET or ERR with only the state attribute (10.3.1).
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) return valid_row();
+  if (cur == IBV_QPS_RESET && next == IBV_QPS_INIT) return reset_to_init();
+  if (cur == IBV_QPS_INIT && next == IBV_QPS_INIT) return init_to_init();
+  if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) return init_to_rtr();
+  if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS) return rtr_to_rts();
+  if ((cur == IBV_QPS_RTS || cur == IBV_QPS_SQD) && next == IBV_QPS_RTS) return to_rts_again();
+  if (cur == IBV_QPS_RTS && next == IBV_QPS_SQD) return rts_to_sqd();
+  if (cur == IBV_QPS_SQD && next == IBV_QPS_SQD) return sqd_to_sqd();
+  if (cur == IBV_QPS_SQE && next == IBV_QPS_RTS) return sqe_to_rts();
+  return Row{{0, 0, 0}, {0, 0, 0}, false};
 }
 
 Kind kind_of(ibv_qp_type t) {

@@ -293,23 +293,61 @@ void forget_held_request(uint64_t serial, int fd) {
     }
 }
 
+namespace {
+
+// Whether listener l (the id `serial`, or none) takes request m: it listens,
+// its channel lives, the request names its service and carries an IP header
+// (into ip), and its backlog has room.
+bool listener_takes(Id* l, uint64_t serial, const cm::Msg& m, cm::IpHeader& ip) {
+  // (a listener whose channel the application destroyed hears nothing: as none)
+  bool ok = l && l->st == St::kListen && !(l->id.channel && chan_of(l->id.channel)->dead) &&
+            cm::request_ip_header(m, ip) &&
+            cm::request_service_id(m) == cm::service_id(l->id.ps, addr_port(&l->id.route.addr.src_addr));
+  if (!ok) return false;
+  int pending = 0;
+  for (auto& [s, c] : g.ids)
+    if (c->listener == serial && c->st == St::kReqRcvd) pending++;
+  return pending < l->backlog;
+}
+
+// The passive id d takes the connection parameters of REQ r (IBTA 12.6.5),
+// and its CONNECT_REQUEST event e reports them with the private data.
+void take_req(Id* d, Event* e, const cm::Req& r, const uint8_t* pdata) {
+  d->local_comm_id = random32();
+  d->remote_comm_id = r.local_comm_id;
+  d->peer_qpn = r.local_qpn;
+  d->peer_psn = r.starting_psn;
+  d->my_psn = random32() & 0xffffff;
+  std::memcpy(d->peer_gid.raw, r.local_gid, 16);
+  d->path_mtu = r.path_mtu >= IBV_MTU_256 && r.path_mtu <= IBV_MTU_4096 ? r.path_mtu : 0;
+  d->id.route.addr.addr.ibaddr.dgid = d->peer_gid;
+  // Seen from the passive side, the requester's initiator depth is what
+  // it asks of our responder, and vice versa (as Linux's CM reports them).
+  d->responder_resources = r.initiator_depth;
+  d->initiator_depth = r.responder_resources;
+  d->retry_count = r.retry_count;
+  d->rnr_retry_count = r.rnr_retry_count;
+  d->ack_timeout = r.local_ack_timeout ? r.local_ack_timeout : kDefaultAckTimeout;
+  set_conn_pdata(e, pdata + cm::kIpHeader, cm::kReqPrivate - cm::kIpHeader);
+  rdma_conn_param& p = e->ev.param.conn;
+  p.responder_resources = d->responder_resources;
+  p.initiator_depth = d->initiator_depth;
+  p.flow_control = r.flow_control;
+  p.retry_count = r.retry_count;
+  p.rnr_retry_count = r.rnr_retry_count;
+  p.srq = r.srq;
+  p.qp_num = r.local_qpn;
+}
+
+}  // namespace
+
 void on_request(int fd, uint64_t serial, const cm::Msg& m) {
   Id* l = find(serial);
   if (hold_request(l, fd, m)) return;
   bool ud = m.attr == cm::Attr::kSidrReq;
   const uint8_t* pdata = cm::request_private_data(m);
   cm::IpHeader ip;
-  // (a listener whose channel the application destroyed hears nothing: as none)
-  bool ok = l && l->st == St::kListen && !(l->id.channel && chan_of(l->id.channel)->dead) &&
-            cm::request_ip_header(m, ip) &&
-            cm::request_service_id(m) == cm::service_id(l->id.ps, addr_port(&l->id.route.addr.src_addr));
-  if (ok) {
-    int pending = 0;
-    for (auto& [s, c] : g.ids)
-      if (c->listener == serial && c->st == St::kReqRcvd) pending++;
-    ok = pending < l->backlog;
-  }
-  if (!ok) {
+  if (!listener_takes(l, serial, m, ip)) {
     CM_TRACE("REQ for listener %llu refused (%s)", (unsigned long long)serial,
              !l ? "no such id" : l->st != St::kListen ? "not listening" : "channel gone, bad header or service id, or backlog full");
     uint8_t mad[cm::kMadSize];
@@ -349,31 +387,7 @@ void on_request(int fd, uint64_t serial, const cm::Msg& m) {
     e->ev.param.ud.private_data = e->pdata;
     e->ev.param.ud.private_data_len = uint8_t(cm::kSidrReqPrivate - cm::kIpHeader);
   } else {
-    const cm::Req& r = m.req;
-    d->local_comm_id = random32();
-    d->remote_comm_id = r.local_comm_id;
-    d->peer_qpn = r.local_qpn;
-    d->peer_psn = r.starting_psn;
-    d->my_psn = random32() & 0xffffff;
-    std::memcpy(d->peer_gid.raw, r.local_gid, 16);
-    d->path_mtu = r.path_mtu >= IBV_MTU_256 && r.path_mtu <= IBV_MTU_4096 ? r.path_mtu : 0;
-    d->id.route.addr.addr.ibaddr.dgid = d->peer_gid;
-    // Seen from the passive side, the requester's initiator depth is what
-    // it asks of our responder, and vice versa (as Linux's CM reports them).
-    d->responder_resources = r.initiator_depth;
-    d->initiator_depth = r.responder_resources;
-    d->retry_count = r.retry_count;
-    d->rnr_retry_count = r.rnr_retry_count;
-    d->ack_timeout = r.local_ack_timeout ? r.local_ack_timeout : kDefaultAckTimeout;
-    set_conn_pdata(e, pdata + cm::kIpHeader, cm::kReqPrivate - cm::kIpHeader);
-    rdma_conn_param& p = e->ev.param.conn;
-    p.responder_resources = d->responder_resources;
-    p.initiator_depth = d->initiator_depth;
-    p.flow_control = r.flow_control;
-    p.retry_count = r.retry_count;
-    p.rnr_retry_count = r.rnr_retry_count;
-    p.srq = r.srq;
-    p.qp_num = r.local_qpn;
+    take_req(d, e, m.req, pdata);
   }
   fill_path_rec(d);
   if (l->sync) make_sync(d);

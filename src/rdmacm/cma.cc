@@ -32,6 +32,135 @@
 using namespace sv::rdmacm;
 using namespace sv::rdmacm::detail;
 
+namespace {
+
+// rdma_resolve_addr on an unbound id: binds it to src_addr, or else to the
+// destination itself when that is local, or else to the wildcard of the
+// destination's family. 0 or an errno.
+int bind_for_resolve(Id* d, const sockaddr* src_addr, const sockaddr* dst_addr) {
+  sockaddr_storage src{};
+  if (src_addr && addr_len(src_addr)) {
+    std::memcpy(&src, src_addr, addr_len(src_addr));
+  } else if (addr_is_local(dst_addr)) {
+    // A local destination is reached from itself (as Linux picks the
+    // source of a local route).
+    std::memcpy(&src, dst_addr, addr_len(dst_addr));
+    set_port(reinterpret_cast<sockaddr*>(&src), 0);
+  } else {
+    src.ss_family = dst_addr->sa_family;
+  }
+  auto* s = reinterpret_cast<sockaddr*>(&src);
+  if (!addr_is_any(s) && !addr_is_local(s)) return EADDRNOTAVAIL;
+  return do_bind(d, s);
+}
+
+// The address resolved: the id gets the device, its PD and port, and an
+// ADDR_RESOLVED event.
+void addr_resolved(Id* d) {
+  d->id.verbs = device();
+  d->id.pd = default_pd();
+  d->id.port_num = 1;
+  d->st = St::kAddrResolved;
+  post(d, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+}
+
+// rdma_resolve_addr to an address of this host: the GIDs are the addresses'
+// own; an id bound to a wildcard takes the destination as its source.
+void resolve_local(Id* d, sockaddr* dst_addr) {
+  ibv_gid dgid{};
+  gid_index_of(dst_addr, &dgid);
+  d->peer_gid = dgid;
+  d->id.route.addr.addr.ibaddr.dgid = dgid;
+  if (addr_is_any(&d->id.route.addr.src_addr)) {
+    // Bound to a wildcard: the source is the destination's own address.
+    sockaddr_storage src{};
+    std::memcpy(&src, dst_addr, addr_len(dst_addr));
+    set_port(reinterpret_cast<sockaddr*>(&src), addr_port(&d->id.route.addr.src_addr));
+    std::memcpy(&d->id.route.addr.src_storage, &src, sizeof(src));
+    d->sgid_index = gid_index_of(dst_addr, &d->id.route.addr.addr.ibaddr.sgid);
+    if (d->sgid_index < 0) d->sgid_index = 0;
+  } else if (addr_is_loopback(&d->id.route.addr.src_addr)) {
+    // Bound to loopback, which gave no device (do_bind): GID index 0.
+    d->sgid_index = gid_index_of(&d->id.route.addr.src_addr, &d->id.route.addr.addr.ibaddr.sgid);
+    if (d->sgid_index < 0) d->sgid_index = 0;
+  }
+  addr_resolved(d);
+}
+
+// rdma_resolve_addr to another host (RoCEv2): the routing table picks the
+// source address, as Linux's rdma_resolve_addr does; the destination's GID
+// is its IP address (Annex A17.8); no ARP is needed on a UDP socket. Whether
+// anybody answers there shows at rdma_connect (UNREACHABLE).
+void resolve_remote(Id* d, sockaddr* dst_addr) {
+  sockaddr_storage src{};
+  int e = 0;
+  if (addr_is_any(&d->id.route.addr.src_addr)) {
+    e = route_source(dst_addr, &src);
+    set_port(reinterpret_cast<sockaddr*>(&src), addr_port(&d->id.route.addr.src_addr));
+  } else {
+    std::memcpy(&src, &d->id.route.addr.src_storage, sizeof(src));
+  }
+  ibv_gid sgid{};
+  int idx = e ? -1 : gid_index_of(reinterpret_cast<sockaddr*>(&src), &sgid);
+  if (idx < 0 || addr_is_loopback(reinterpret_cast<sockaddr*>(&src))) {
+    // No route, or the source is not one of the device's RoCE GIDs.
+    d->st = St::kIdle;
+    post(d, RDMA_CM_EVENT_ADDR_ERROR, -(e ? e : EADDRNOTAVAIL));
+    return;
+  }
+  std::memcpy(&d->id.route.addr.src_storage, &src, sizeof(src));
+  d->sgid_index = idx;
+  d->id.route.addr.addr.ibaddr.sgid = sgid;
+  d->peer_gid = gid_of_addr(dst_addr);
+  d->id.route.addr.addr.ibaddr.dgid = d->peer_gid;
+  d->wire = true;
+  d->path_mtu = uint8_t(wire_mtu_of(reinterpret_cast<sockaddr*>(&src)));
+  addr_resolved(d);
+}
+
+// librdmacm's ucma_create_cqs: a CQ of n entries and a completion channel
+// for one queue of the id's QP (rdma_verbs.h's helpers wait on them).
+bool make_id_cq(Id* d, ibv_comp_channel** ch, ibv_cq** cq, uint32_t n) {
+  *ch = ibv_create_comp_channel(d->id.verbs);
+  if (!*ch) return false;
+  *cq = ibv_create_cq(d->id.verbs, int(std::max<uint32_t>(n, 1)), d, *ch, 0);
+  if (!*cq) {
+    ibv_destroy_comp_channel(*ch);
+    *ch = nullptr;
+    return false;
+  }
+  return true;
+}
+
+void destroy_id_cq(ibv_comp_channel** ch, ibv_cq** cq) {
+  ibv_destroy_cq(*cq);
+  ibv_destroy_comp_channel(*ch);
+  *cq = nullptr;
+  *ch = nullptr;
+}
+
+// A CQ for each queue the caller of rdma_create_qp left without one; says
+// which it made. False (with nothing made) when one cannot be.
+bool make_missing_cqs(Id* d, ibv_qp_init_attr_ex* attr, bool* made_send, bool* made_recv) {
+  if (!attr->recv_cq) {
+    if (!make_id_cq(d, &d->id.recv_cq_channel, &d->id.recv_cq, attr->cap.max_recv_wr)) return false;
+    attr->recv_cq = d->id.recv_cq;
+    *made_recv = true;
+  }
+  if (!attr->send_cq) {
+    if (!make_id_cq(d, &d->id.send_cq_channel, &d->id.send_cq, attr->cap.max_send_wr)) {
+      if (*made_recv) destroy_id_cq(&d->id.recv_cq_channel, &d->id.recv_cq);
+      *made_recv = false;
+      return false;
+    }
+    attr->send_cq = d->id.send_cq;
+    *made_send = true;
+  }
+  return true;
+}
+
+}  // namespace
+
 extern "C" {
 
 rdma_event_channel* rdma_create_event_channel() {
@@ -126,80 +255,15 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
     std::lock_guard<std::mutex> lk(g.mu);
     if (d->st != St::kIdle) return fail(EINVAL);
     if (d->bind_fd < 0) {
-      sockaddr_storage src{};
-      if (src_addr && addr_len(src_addr)) {
-        std::memcpy(&src, src_addr, addr_len(src_addr));
-      } else if (addr_is_local(dst_addr)) {
-        // A local destination is reached from itself (as Linux picks the
-        // source of a local route).
-        std::memcpy(&src, dst_addr, addr_len(dst_addr));
-        set_port(reinterpret_cast<sockaddr*>(&src), 0);
-      } else {
-        src.ss_family = dst_addr->sa_family;
-      }
-      auto* s = reinterpret_cast<sockaddr*>(&src);
-      if (!addr_is_any(s) && !addr_is_local(s)) return fail(EADDRNOTAVAIL);
-      if (int e = do_bind(d, s)) return fail(e);
+      if (int e = bind_for_resolve(d, src_addr, dst_addr)) return fail(e);
     }
     std::memcpy(&d->id.route.addr.dst_storage, dst_addr, addr_len(dst_addr));
     if (addr_is_multicast(dst_addr)) {
       resolve_multicast(d, dst_addr);  // a group: joined on this host (cm_multicast.cc)
     } else if (addr_is_local(dst_addr)) {
-      ibv_gid dgid{};
-      gid_index_of(dst_addr, &dgid);
-      d->peer_gid = dgid;
-      d->id.route.addr.addr.ibaddr.dgid = dgid;
-      if (addr_is_any(&d->id.route.addr.src_addr)) {
-        // Bound to a wildcard: the source is the destination's own address.
-        sockaddr_storage src{};
-        std::memcpy(&src, dst_addr, addr_len(dst_addr));
-        set_port(reinterpret_cast<sockaddr*>(&src), addr_port(&d->id.route.addr.src_addr));
-        std::memcpy(&d->id.route.addr.src_storage, &src, sizeof(src));
-        d->sgid_index = gid_index_of(dst_addr, &d->id.route.addr.addr.ibaddr.sgid);
-        if (d->sgid_index < 0) d->sgid_index = 0;
-      } else if (addr_is_loopback(&d->id.route.addr.src_addr)) {
-        // Bound to loopback, which gave no device (do_bind): GID index 0.
-        d->sgid_index = gid_index_of(&d->id.route.addr.src_addr, &d->id.route.addr.addr.ibaddr.sgid);
-        if (d->sgid_index < 0) d->sgid_index = 0;
-      }
-      d->id.verbs = device();
-      d->id.pd = default_pd();
-      d->id.port_num = 1;
-      d->st = St::kAddrResolved;
-      post(d, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+      resolve_local(d, dst_addr);
     } else {
-      // Another host (RoCEv2): the routing table picks the source address,
-      // as Linux's rdma_resolve_addr does; the destination's GID is its IP
-      // address (Annex A17.8); no ARP is needed on a UDP socket. Whether
-      // anybody answers there shows at rdma_connect (UNREACHABLE).
-      sockaddr_storage src{};
-      int e = 0;
-      if (addr_is_any(&d->id.route.addr.src_addr)) {
-        e = route_source(dst_addr, &src);
-        set_port(reinterpret_cast<sockaddr*>(&src), addr_port(&d->id.route.addr.src_addr));
-      } else {
-        std::memcpy(&src, &d->id.route.addr.src_storage, sizeof(src));
-      }
-      ibv_gid sgid{};
-      int idx = e ? -1 : gid_index_of(reinterpret_cast<sockaddr*>(&src), &sgid);
-      if (idx < 0 || addr_is_loopback(reinterpret_cast<sockaddr*>(&src))) {
-        // No route, or the source is not one of the device's RoCE GIDs.
-        d->st = St::kIdle;
-        post(d, RDMA_CM_EVENT_ADDR_ERROR, -(e ? e : EADDRNOTAVAIL));
-      } else {
-        std::memcpy(&d->id.route.addr.src_storage, &src, sizeof(src));
-        d->sgid_index = idx;
-        d->id.route.addr.addr.ibaddr.sgid = sgid;
-        d->peer_gid = gid_of_addr(dst_addr);
-        d->id.route.addr.addr.ibaddr.dgid = d->peer_gid;
-        d->wire = true;
-        d->path_mtu = uint8_t(wire_mtu_of(reinterpret_cast<sockaddr*>(&src)));
-        d->id.verbs = device();
-        d->id.pd = default_pd();
-        d->id.port_num = 1;
-        d->st = St::kAddrResolved;
-        post(d, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
-      }
+      resolve_remote(d, dst_addr);
     }
   }
   return complete(d);
@@ -237,54 +301,10 @@ int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
   if (!attr->pd) return -1;
   if (attr->pd->context != d->id.verbs) return fail(EINVAL);
   bool made_send = false, made_recv = false;
-  // librdmacm's ucma_create_cqs: a CQ and a channel for each queue the
-  // caller left without one (rdma_verbs.h's helpers wait on them).
-  auto make_cq = [&](ibv_comp_channel** ch, ibv_cq** cq, uint32_t n) {
-    *ch = ibv_create_comp_channel(d->id.verbs);
-    if (!*ch) return false;
-    *cq = ibv_create_cq(d->id.verbs, int(std::max<uint32_t>(n, 1)), d, *ch, 0);
-    if (!*cq) {
-      ibv_destroy_comp_channel(*ch);
-      *ch = nullptr;
-      return false;
-    }
-    return true;
-  };
-  if (!attr->recv_cq && !attr->srq) {
-    if (!make_cq(&d->id.recv_cq_channel, &d->id.recv_cq, attr->cap.max_recv_wr)) return -1;
-    attr->recv_cq = d->id.recv_cq;
-    made_recv = true;
-  } else if (!attr->recv_cq && attr->srq) {
-    if (!make_cq(&d->id.recv_cq_channel, &d->id.recv_cq, attr->cap.max_recv_wr)) return -1;
-    attr->recv_cq = d->id.recv_cq;
-    made_recv = true;
-  }
-  if (!attr->send_cq) {
-    if (!make_cq(&d->id.send_cq_channel, &d->id.send_cq, attr->cap.max_send_wr)) {
-      if (made_recv) {
-        ibv_destroy_cq(d->id.recv_cq);
-        ibv_destroy_comp_channel(d->id.recv_cq_channel);
-        d->id.recv_cq = nullptr;
-        d->id.recv_cq_channel = nullptr;
-      }
-      return -1;
-    }
-    attr->send_cq = d->id.send_cq;
-    made_send = true;
-  }
+  if (!make_missing_cqs(d, attr, &made_send, &made_recv)) return -1;
   auto undo_cqs = [&] {
-    if (made_send) {
-      ibv_destroy_cq(d->id.send_cq);
-      ibv_destroy_comp_channel(d->id.send_cq_channel);
-      d->id.send_cq = nullptr;
-      d->id.send_cq_channel = nullptr;
-    }
-    if (made_recv) {
-      ibv_destroy_cq(d->id.recv_cq);
-      ibv_destroy_comp_channel(d->id.recv_cq_channel);
-      d->id.recv_cq = nullptr;
-      d->id.recv_cq_channel = nullptr;
-    }
+    if (made_send) destroy_id_cq(&d->id.send_cq_channel, &d->id.send_cq);
+    if (made_recv) destroy_id_cq(&d->id.recv_cq_channel, &d->id.recv_cq);
   };
   if (!attr->srq && d->id.srq) attr->srq = d->id.srq;
   ibv_qp* qp = ibv_create_qp_ex(d->id.verbs, attr);

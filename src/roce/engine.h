@@ -321,6 +321,8 @@ class Qp {
   ReqStep requester_step();
   bool start_wqe(SendWqe& w);
   void send_request_packet(SendWqe& w);
+  using PayloadViews = std::array<std::span<const uint8_t>, kMaxPayloadPieces>;
+  bool build_payload_packet(SendWqe& w, Packet& p, PayloadViews& views, size_t& nviews, bool& last);
   void requester_run();
   bool gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out);
   // The pieces of [off, off + len) of `w`'s data where they lie in memory,

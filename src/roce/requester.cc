@@ -129,6 +129,51 @@ uint8_t payload_opcode(WrOpcode wr, bool first, bool last) {
 
 }  // namespace
 
+// Fills p with the next packet of SEND or WRITE w, from sq_next_off_ on,
+// and moves sq_next_off_ past it. Its payload is left where it lies, in
+// views[0, nviews), or copied into payload_. last: the message's last packet.
+// False after a local protection error (the QP has entered the error state).
+bool Qp::build_payload_packet(SendWqe& w, Packet& p, PayloadViews& views, size_t& nviews, bool& last) {
+  const uint32_t off = sq_next_off_;
+  const bool rel = reliable();
+  const uint32_t chunk = std::min(cfg_.pmtu, w.len - off);
+  const bool first = off == 0;
+  last = off + chunk >= w.len;
+  // RC payloads of some size go from where they lie (no copy): an RC
+  // WQE completes only after its ACK, long after the sink's flush. UC
+  // and UD complete as they are sent, and their buffers could be
+  // reused before the flush: those are copied, as are short payloads.
+  if (rel && chunk >= kGatherMin) nviews = gather_views(w, off, chunk, views);
+  if (nviews == 0) {
+    std::span<uint8_t> data(payload_.data(), chunk);
+    if (!gather(w, off, data)) {
+      enter_error(sq_next_, WcStatus::kLocProtErr);
+      return false;
+    }
+    p.payload = data;
+  }
+  const bool write = w.wr.opcode == WrOpcode::kWrite || w.wr.opcode == WrOpcode::kWriteImm;
+  if (write && first) p.reth = Reth{w.wr.remote_addr, w.wr.rkey, w.len};
+  p.bth.opcode = uint8_t(opcode_base() | payload_opcode(w.wr.opcode, first, last));
+  p.imm = w.wr.imm;
+  p.ieth_rkey = w.wr.invalidate_rkey;
+  if (cfg_.type == QpType::kUD) {
+    // A Q_Key with its high-order bit set in the WR means "use the QP's own"
+    // (IBTA 11.4.1, Post Send Request).
+    p.deth = Deth{(w.wr.remote_qkey & 0x80000000u) ? cfg_.qkey : w.wr.remote_qkey, cfg_.qpn};
+  }
+  p.bth.se = last && w.wr.solicited;
+  if (rel) {
+    // AckReq on the last packet of a message, every ack_req_every packets
+    // and when the window is about to close, so that ACKs keep it open.
+    p.bth.ack_req = last || ++since_ack_req_ >= cfg_.ack_req_every ||
+                    psn_diff(psn_add(next_psn_, 1), una_) >= int32_t(cfg_.max_window);
+    if (p.bth.ack_req) since_ack_req_ = 0;
+  }
+  sq_next_off_ += chunk;
+  return true;
+}
+
 void Qp::send_request_packet(SendWqe& w) {
   const QpType t = cfg_.type;
   Packet p;
@@ -142,7 +187,7 @@ void Qp::send_request_packet(SendWqe& w) {
   const uint32_t off = sq_next_off_;
   bool finished = false;  // the WQE's last packet has gone out
   uint32_t npsn = 1;
-  std::array<std::span<const uint8_t>, kMaxPayloadPieces> views;
+  PayloadViews views;
   size_t nviews = 0;
   switch (w.wr.opcode) {
     case WrOpcode::kRead: {
@@ -165,44 +210,9 @@ void Qp::send_request_packet(SendWqe& w) {
       finished = true;
       break;
     }
-    default: {
-      const uint32_t chunk = std::min(cfg_.pmtu, w.len - off);
-      const bool first = off == 0, last = off + chunk >= w.len;
-      // RC payloads of some size go from where they lie (no copy): an RC
-      // WQE completes only after its ACK, long after the sink's flush. UC
-      // and UD complete as they are sent, and their buffers could be
-      // reused before the flush: those are copied, as are short payloads.
-      if (rel && chunk >= kGatherMin) nviews = gather_views(w, off, chunk, views);
-      if (nviews == 0) {
-        std::span<uint8_t> data(payload_.data(), chunk);
-        if (!gather(w, off, data)) {
-          enter_error(sq_next_, WcStatus::kLocProtErr);
-          return;
-        }
-        p.payload = data;
-      }
-      const bool write = w.wr.opcode == WrOpcode::kWrite || w.wr.opcode == WrOpcode::kWriteImm;
-      if (write && first) p.reth = Reth{w.wr.remote_addr, w.wr.rkey, w.len};
-      p.bth.opcode = uint8_t(base | payload_opcode(w.wr.opcode, first, last));
-      p.imm = w.wr.imm;
-      p.ieth_rkey = w.wr.invalidate_rkey;
-      if (t == QpType::kUD) {
-        // A Q_Key with its high-order bit set in the WR means "use the QP's own"
-        // (IBTA 11.4.1, Post Send Request).
-        p.deth = Deth{(w.wr.remote_qkey & 0x80000000u) ? cfg_.qkey : w.wr.remote_qkey, cfg_.qpn};
-      }
-      p.bth.se = last && w.wr.solicited;
-      if (rel) {
-        // AckReq on the last packet of a message, every ack_req_every packets
-        // and when the window is about to close, so that ACKs keep it open.
-        p.bth.ack_req = last || ++since_ack_req_ >= cfg_.ack_req_every ||
-                        psn_diff(psn_add(next_psn_, 1), una_) >= int32_t(cfg_.max_window);
-        if (p.bth.ack_req) since_ack_req_ = 0;
-      }
-      sq_next_off_ += chunk;
-      finished = last;
+    default:
+      if (!build_payload_packet(w, p, views, nviews, finished)) return;
       break;
-    }
   }
   if (nviews) {
     emit_packet_gather(ah, p, std::span<const std::span<const uint8_t>>(views.data(), nviews));

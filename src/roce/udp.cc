@@ -314,15 +314,12 @@ void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> a, std::span<co
   if (sendmsg(fd_, &m, 0) >= 0) stats_.sent++;
 }
 
-void UdpEndpoint::flush_tx() {
+int UdpEndpoint::build_tx_messages(std::array<int, kTxBatch>& segs_of, std::array<int, kTxBatch>& firsts) {
   // Consecutive datagrams to one address and QPN, of one size (the last
   // may be shorter), go as one UDP GSO send (UDP_SEGMENT): one trip through
   // the stack for up to 64 KiB; the kernel (or the NIC) cuts it into the
   // same datagrams. A RDMA message's Middle and Last packets qualify.
   int nm = 0;
-  // Per message: datagrams, index of the first (written before read: not
-  // zeroed, this runs after every call into the engine).
-  std::array<int, kTxBatch> segs_of, firsts;
   for (int i = 0; i < tx_n_;) {
     const TxDatagram& d0 = txd_[size_t(i)];
     const size_t seg = d0.len;
@@ -369,28 +366,39 @@ void UdpEndpoint::flush_tx() {
     ++nm;
     i = j;
   }
+  return nm;
+}
+
+void UdpEndpoint::send_without_gso(int first, int count) {
+  // No GSO on this path (a device without checksum offload, an old
+  // kernel): from now on one datagram per send; these go one by one
+  // with the ICRC of ID 0 again.
+  gso_ = false;
+  const Addr& dst = peers_[txd_[size_t(first)].ah];
+  for (int k = 0; k < count; ++k) {
+    TxDatagram& d = txd_[size_t(first + k)];
+    if (!dst.v6() && k > 0) icrc_store(d.icrc, icrc_load(d.icrc) ^ id_delta(kIpv4UdpLen + d.len, uint16_t(k)));
+    msghdr one{};
+    one.msg_name = const_cast<sockaddr*>(dst.sa());
+    one.msg_namelen = dst.len();
+    one.msg_iov = &txiov_[d.iov_first];
+    one.msg_iovlen = d.iov_count;
+    if (sendmsg(fd_, &one, 0) >= 0) stats_.sent++;
+  }
+}
+
+void UdpEndpoint::flush_tx() {
+  // Per message: datagrams, index of the first (written before read: not
+  // zeroed, this runs after every call into the engine).
+  std::array<int, kTxBatch> segs_of, firsts;
+  const int nm = build_tx_messages(segs_of, firsts);
   int done = 0;
   while (done < nm) {
     int n = sendmmsg(fd_, txmsg_.data() + done, unsigned(nm - done), 0);
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && segs_of[size_t(done)] > 1 && errno != EAGAIN && errno != ENOBUFS && errno != EFAULT) {
-        // No GSO on this path (a device without checksum offload, an old
-        // kernel): from now on one datagram per send; these go one by one
-        // with the ICRC of ID 0 again.
-        gso_ = false;
-        const Addr& dst = peers_[txd_[size_t(firsts[size_t(done)])].ah];
-        for (int k = 0; k < segs_of[size_t(done)]; ++k) {
-          TxDatagram& d = txd_[size_t(firsts[size_t(done)] + k)];
-          if (!dst.v6() && k > 0)
-            icrc_store(d.icrc, icrc_load(d.icrc) ^ id_delta(kIpv4UdpLen + d.len, uint16_t(k)));
-          msghdr one{};
-          one.msg_name = const_cast<sockaddr*>(dst.sa());
-          one.msg_namelen = dst.len();
-          one.msg_iov = &txiov_[d.iov_first];
-          one.msg_iovlen = d.iov_count;
-          if (sendmsg(fd_, &one, 0) >= 0) stats_.sent++;
-        }
+        send_without_gso(firsts[size_t(done)], segs_of[size_t(done)]);
         done++;
         continue;
       }

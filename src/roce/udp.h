@@ -171,6 +171,12 @@ class UdpEndpoint : public PacketSink {
   const RxPrefix* rx_prefix(const Addr& from, size_t transport_len);
   void clear_prefixes();
   void ensure_batch();  // the batch's buffers, on first use
+  // The batch as sendmmsg messages in txmsg_: the m-th one UDP GSO send of
+  // segs_of[m] datagrams from firsts[m] on. Returns how many messages.
+  int build_tx_messages(std::array<int, kTxBatch>& segs_of, std::array<int, kTxBatch>& firsts);
+  // Sends count datagrams of the batch from first on one by one, and
+  // turns GSO off, after the kernel refused them as one GSO send.
+  void send_without_gso(int first, int count);
   const std::array<uint32_t, 16>& id_deltas(size_t total);
   // ICRC(ID id) ^ ICRC(ID 0) for an IPv4 datagram of `total` bytes.
   uint32_t id_delta(size_t total, uint16_t id);

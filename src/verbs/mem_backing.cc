@@ -23,20 +23,21 @@
 // Between publish and unpublish, nothing may allocate from the heap (the
 // converting thread could fault on a heap page it has made read-only).
 //
-// The SIGSEGV handler never takes the mutex: it reads the in-flight range
-// from atomics (seqlock-style, g_sig.seq odd while an operation is in flight),
-// waits on a futex until the operation is over and returns so the faulting
-// instruction is retried. A fault reported after the operation already ended
-// is recognised by probing the page with MADV_POPULATE_WRITE/READ (succeeds
-// only if the same kind of access would now succeed; Linux >= 5.14).
+// The SIGSEGV handler (mem_backing_signal.cc) never takes the mutex: it
+// reads the in-flight range from atomics (seqlock-style, g_sig.seq odd while
+// an operation is in flight), waits on a futex until the operation is over
+// and returns so the faulting instruction is retried. A fault reported after
+// the operation already ended is recognised by probing the page with
+// MADV_POPULATE_WRITE/READ (succeeds only if the same kind of access would
+// now succeed; Linux >= 5.14).
 
 #include "mem_backing.h"
+#include "mem_backing_signal.h"
 #include "proc_maps.h"
 #include "raw_syscalls.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <linux/limits.h>
 #include <linux/magic.h>
 #include <pthread.h>
@@ -47,7 +48,6 @@
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,129 +85,10 @@ using procmaps::for_each_vma;
 using procmaps::read_maps;
 using procmaps::Vma;
 using procmaps::VmaView;
-
-static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free,
-              "futex word must be a plain lock-free 32-bit integer");
-
-// ---------------------------------------------------------------------------
-// Everything the SIGSEGV handler reads (async-signal-safe atomics), kept in
-// one object so that a range can be checked against it (see can_park).
-struct alignas(64) SignalState {
-  std::atomic<uint32_t> seq{0};  // odd while a conversion/revert is in flight
-  std::atomic<uint32_t> waiters{0};  // handlers that may sleep on seq
-  std::atomic<uintptr_t> begin{0};
-  std::atomic<uintptr_t> end{0};
-  std::atomic<uintptr_t> thread{0};  // thread doing the conversion/revert (self_thread)
-  std::atomic<uintptr_t> page{4096};
-  struct sigaction prev {};  // written once, before our handler is installed
-};
-SignalState g_sig;
-
-// The calling thread, unique among the live threads of the process: its
-// thread pointer where one instruction reads it (x86-64: the TCB's self
-// pointer at %fs:0, which glibc's pthread_self returns), else its tid.
-// Read at each publish and in the handler: not a system call each
-// (issue 24).
-uintptr_t self_thread() {
-#if defined(__x86_64__)
-  uintptr_t p;
-  asm volatile("mov %%fs:0, %0" : "=r"(p));
-  return p;
-#else
-  return static_cast<uintptr_t>(sys::gettid());
-#endif
-}
-
-// Only ever called with the mutex held, so there is one writer.
-void publish(uintptr_t b, uintptr_t e) {
-  g_sig.begin.store(b);
-  g_sig.end.store(e);
-  g_sig.thread.store(self_thread());
-  g_sig.seq.fetch_add(1);  // now odd
-}
-
-// A handler counts itself in `waiters` before it reads seq, and this reads
-// `waiters` after it changed seq (both sequentially consistent): either
-// the handler sees the new seq and does not sleep, or this sees it and
-// wakes it (FUTEX_WAIT sleeps only while seq still holds the old value,
-// futex(2)). Nobody waiting (the usual case): no system call.
-void unpublish() {
-  g_sig.seq.fetch_add(1);  // now even
-  if (g_sig.waiters.load() != 0) sys::futex_wake_all(&g_sig.seq);
-}
-
-enum class Access { kRead, kWrite, kExec };
-
-// What the faulting access was. Unknown architectures report a write: there
-// the module never uses PROT_NONE windows (can_park), so only writes can
-// fault because of it.
-Access fault_access(void* uc) {
-#if defined(__x86_64__)
-  const auto* u = static_cast<const ucontext_t*>(uc);
-  const auto err = static_cast<uint64_t>(u->uc_mcontext.gregs[REG_ERR]);
-  if (err & 0x10u) return Access::kExec;  // X86_PF_INSTR
-  return (err & 0x2u) ? Access::kWrite : Access::kRead;  // X86_PF_WRITE
-#else
-  (void)uc;
-  return Access::kWrite;
-#endif
-}
-
-void chain_segv(int sig, siginfo_t* si, void* uc) {
-  const struct sigaction& p = g_sig.prev;
-  if (p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) {
-    if (p.sa_flags & SA_SIGINFO) {
-      p.sa_sigaction(sig, si, uc);
-    } else {
-      p.sa_handler(sig);
-    }
-    return;
-  }
-  // Default action: restore it and let the fault happen again (a kernel
-  // fault re-executes the instruction; a sent signal is re-raised).
-  struct sigaction dfl;
-  std::memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  ::sigaction(sig, &dfl, nullptr);
-  if (si == nullptr || si->si_code <= 0) raise(sig);
-}
-
-void segv_handler(int sig, siginfo_t* si, void* uc) {
-  const int saved_errno = errno;
-  if (si != nullptr && (si->si_code == SEGV_ACCERR || si->si_code == SEGV_MAPERR)) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(si->si_addr);
-    const uintptr_t ps = g_sig.page.load(std::memory_order_relaxed);
-    const Access access = fault_access(uc);
-    for (;;) {
-      const uint32_t s1 = g_sig.seq.load();
-      if (s1 & 1u) {
-        const uintptr_t b = g_sig.begin.load();
-        const uintptr_t e = g_sig.end.load();
-        const uintptr_t thread = g_sig.thread.load();
-        if (g_sig.seq.load() == s1 && a >= b && a < e && thread != self_thread()) {
-          g_sig.waiters.fetch_add(1);
-          while (g_sig.seq.load() == s1) sys::futex_wait(&g_sig.seq, s1);
-          g_sig.waiters.fetch_sub(1);
-          errno = saved_errno;
-          return;  // retry the access on the new pages
-        }
-      }
-      // The operation may have finished between the fault and now: if the
-      // same access to the page would now succeed, retry it. (Executable
-      // memory is never made inaccessible by this module.)
-      if (access != Access::kExec &&
-          sys::madvise(a & ~(ps - 1), ps,
-                       access == Access::kWrite ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) {
-        errno = saved_errno;
-        return;
-      }
-      if (g_sig.seq.load() == s1) break;  // nothing changed: a genuine fault
-    }
-  }
-  errno = saved_errno;
-  chain_segv(sig, si, uc);
-}
+using membacking::g_sig;
+using membacking::publish;
+using membacking::segv_handler;
+using membacking::unpublish;
 
 // ---------------------------------------------------------------------------
 // Helpers.

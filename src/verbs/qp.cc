@@ -140,19 +140,11 @@ int check_qp_init_attr(ibv_context* c, ibv_qp_init_attr_ex* a) {
   return 0;
 }
 
-}  // namespace
-
-ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
-  if (int e = check_qp_init_attr(c, a)) {
-    errno = e;
-    return nullptr;
-  }
+// The daemon's CreateQp request for attributes check_qp_init_attr accepted
+// (and create_qp_ex trimmed to the QP type's queues).
+proto::CreateQpReq create_qp_request(const ibv_qp_init_attr_ex* a) {
   const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
-  const bool extended = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  ibv_qp_cap& cap = a->cap;
-  if (a->qp_type == IBV_QPT_XRC_SEND || tgt) cap.max_recv_wr = cap.max_recv_sge = 0;
-  if (tgt) cap.max_send_wr = cap.max_send_sge = cap.max_inline_data = 0;
-  ContextState& cs = ctx_state(c);
+  const ibv_qp_cap& cap = a->cap;
   proto::CreateQpReq req{};
   req.pd = tgt ? 0 : to_pd(a->pd)->handle;
   req.send_cq = tgt ? 0 : to_cq(a->send_cq)->st->handle;
@@ -166,6 +158,45 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   req.max_recv_sge = cap.max_recv_sge;
   req.max_inline_data = cap.max_inline_data;
   req.sq_sig_all = a->sq_sig_all;
+  return req;
+}
+
+// The application's ibv_qp for the daemon's QP number qpn, in RESET, its
+// private state not yet attached; nullptr when out of memory.
+Qp* new_qp_object(ibv_context* c, const ibv_qp_init_attr_ex* a, uint32_t qpn) {
+  const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
+  auto* qp = static_cast<Qp*>(std::calloc(1, sizeof(Qp)));
+  if (!qp) return nullptr;
+  ibv_qp& q = qp->qpx.qp_base;
+  q.context = c;
+  q.qp_context = a->qp_context;
+  q.pd = tgt ? nullptr : a->pd;
+  q.send_cq = tgt ? nullptr : a->send_cq;
+  q.recv_cq = tgt ? nullptr : a->recv_cq;
+  q.srq = a->srq;
+  q.handle = qpn;
+  q.qp_num = qpn;
+  q.state = IBV_QPS_RESET;
+  q.qp_type = a->qp_type;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  return qp;
+}
+
+}  // namespace
+
+ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
+  if (int e = check_qp_init_attr(c, a)) {
+    errno = e;
+    return nullptr;
+  }
+  const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
+  const bool extended = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ibv_qp_cap& cap = a->cap;
+  if (a->qp_type == IBV_QPT_XRC_SEND || tgt) cap.max_recv_wr = cap.max_recv_sge = 0;
+  if (tgt) cap.max_send_wr = cap.max_send_sge = cap.max_inline_data = 0;
+  ContextState& cs = ctx_state(c);
+  proto::CreateQpReq req = create_qp_request(a);
   proto::CreateQpReply rep{};
   std::vector<Fd> fds;
   if (int e = cs.conn.call<proto::Op::CreateQp>(req, rep, {}, &fds)) {
@@ -207,24 +238,12 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   st->attr.qp_state = IBV_QPS_RESET;
   st->attr.cap = cap;
 
-  auto* qp = static_cast<Qp*>(std::calloc(1, sizeof(Qp)));
+  Qp* qp = new_qp_object(c, a, rep.qpn);
   if (!qp) {
     errno = ENOMEM;
     return nullptr;
   }
   ibv_qp& q = qp->qpx.qp_base;
-  q.context = c;
-  q.qp_context = a->qp_context;
-  q.pd = tgt ? nullptr : a->pd;
-  q.send_cq = tgt ? nullptr : a->send_cq;
-  q.recv_cq = tgt ? nullptr : a->recv_cq;
-  q.srq = a->srq;
-  q.handle = rep.qpn;
-  q.qp_num = rep.qpn;
-  q.state = IBV_QPS_RESET;
-  q.qp_type = a->qp_type;
-  pthread_mutex_init(&q.mutex, nullptr);
-  pthread_cond_init(&q.cond, nullptr);
   st->self = qp;
   choose_transport(*st);
   qp->st = st.release();
