@@ -1,5 +1,6 @@
 #include "semantics_agent.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -14,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <thread>
 
@@ -66,6 +69,21 @@ struct Header {
 
 // ---- The environment of each path ----------------------------------------
 
+// Kills (by pid) the daemon started with `--dir dir`, if any.
+void kill_daemon_of(const std::string& dir) {
+  DIR* proc = opendir("/proc");
+  if (!proc) return;
+  const std::string want = std::string("--dir") + '\0' + dir + '\0';
+  while (dirent* e = readdir(proc)) {
+    const pid_t pid = pid_t(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream f("/proc/" + std::string(e->d_name) + "/cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (cmd.rfind("softverbsd", 0) == 0 && cmd.find(want) != std::string::npos) kill(pid, SIGTERM);
+  }
+  closedir(proc);
+}
+
 struct Testbed {
   std::string prefix;
   std::string dirs[2];  // each namespace's daemon directory
@@ -83,6 +101,10 @@ struct Testbed {
     }
   }
   ~Testbed() {
+    // The namespaces' daemons (started by the agents' library) go first:
+    // a daemon owning UDP 4791 in a namespace being deleted need not idle.
+    for (auto& d : dirs)
+      if (!d.empty()) kill_daemon_of(d);
     std::string cmd = "SOFTVERBS_TESTBED=" + prefix + " " SOFTVERBS_SOURCE_DIR "/scripts/testbed.sh down >/dev/null 2>&1";
     if (std::system(cmd.c_str())) {
     }
@@ -189,6 +211,7 @@ int open_side(AgentState& s, const OpenArgs& a, Endpoint& e) {
   ia.qp_type = ibv_qp_type(a.qp_type);
   ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
   ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = kMaxInline;
   if (!(s.qp = ibv_create_qp(s.pd, &ia))) return errno;
   s.type = a.qp_type;
   s.gid_index = a.gid_index;
@@ -424,7 +447,11 @@ bool Agent::start(Path p, int side) {
   pid_ = fork();
   if (pid_ < 0) return false;
   if (pid_ == 0) {
-    ::close(sv[0]);
+    // Only its own end: an agent holding another's would keep that one
+    // from seeing its socket close.
+    const unsigned keep = unsigned(sv[1]);
+    if (keep > 3) close_range(3, keep - 1, 0);
+    close_range(keep + 1, ~0u, 0);
     if (!enter_path(p, side)) {
       std::fprintf(stderr, "semantics agent %d of %s: cannot enter the path: %s\n", side, path_name(p),
                    std::strerror(errno));
@@ -437,17 +464,22 @@ bool Agent::start(Path p, int side) {
   return true;
 }
 
-Agent::~Agent() {
+Agent::~Agent() { stop(); }
+
+void Agent::stop() {
   if (sock_ >= 0) ::close(sock_);
+  sock_ = -1;
   if (pid_ <= 0) return;
+  const pid_t pid = pid_;
+  pid_ = -1;
   // The agent exits when its socket closes; a stuck one is killed.
   for (int i = 0; i < 1000; ++i) {
     int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) return;
+    if (waitpid(pid, &st, WNOHANG) == pid) return;
     usleep(10000);
   }
-  kill(pid_, SIGKILL);
-  svsec::wait_for(pid_);
+  kill(pid, SIGKILL);
+  svsec::wait_for(pid);
 }
 
 int Agent::call(uint32_t op, const void* arg, size_t arg_len, std::vector<uint8_t>* reply) {

@@ -65,6 +65,9 @@ struct Wr {
   uint32_t lkey_xor = 0;  // non-zero: the SGE's L_Key spoiled
 };
 
+// Inline (IBV_SEND_INLINE) work requests carry up to this much.
+constexpr uint32_t kMaxInline = 64;
+
 struct Recv {
   uint64_t wr_id = 100;
   uint64_t off = 0;
@@ -87,6 +90,8 @@ class Agent {
   Agent& operator=(const Agent&) = delete;
   // Forks the agent for side `side` (0 requester, 1 responder) of path `p`.
   bool start(Path p, int side);
+  // Closes the command socket: the agent exits (killed if it does not).
+  void stop();
   pid_t pid() const { return pid_; }
 
   int open(const OpenArgs& a, Endpoint& out);  // 0 or errno
