@@ -1,6 +1,5 @@
 #include "semantics_agent.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -15,8 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <thread>
 
@@ -69,24 +66,46 @@ struct Header {
 
 // ---- The environment of each path ----------------------------------------
 
-// Kills (by pid) the daemon started with `--dir dir`, if any.
-void kill_daemon_of(const std::string& dir) {
-  DIR* proc = opendir("/proc");
-  if (!proc) return;
-  const std::string want = std::string("--dir") + '\0' + dir + '\0';
-  while (dirent* e = readdir(proc)) {
-    const pid_t pid = pid_t(std::atoi(e->d_name));
-    if (pid <= 0) continue;
-    std::ifstream f("/proc/" + std::string(e->d_name) + "/cmdline", std::ios::binary);
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (cmd.rfind("softverbsd", 0) == 0 && cmd.find(want) != std::string::npos) kill(pid, SIGTERM);
+// Enters network namespace `name` (ip netns); false on failure.
+bool enter_netns(const std::string& name) {
+  int fd = ::open(("/var/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = setns(fd, CLONE_NEWNET) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Starts a daemon serving `dir` and waits (up to 60 s: a loaded machine)
+// until it answers; in namespace `ns` owning its UDP 4791, unless `ns` is
+// empty. Its pid, or -1. Started here rather than by the agents' library,
+// whose wait for a daemon it starts is 10 s.
+pid_t start_daemon(const std::string& ns, const std::string& dir) {
+  const std::string bin = svsec::build_bin("softverbsd");
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (!ns.empty() && !enter_netns(ns)) _exit(126);
+    unsetenv("SOFTVERBSD_IDLE");  // it would override --idle 0
+    if (!ns.empty()) setenv("SOFTVERBS_ROCE", "1", 1);
+    execl(bin.c_str(), "softverbsd", "--foreground", "--dir", dir.c_str(), "--idle", "0", static_cast<char*>(nullptr));
+    _exit(127);
   }
-  closedir(proc);
+  if (pid < 0) return -1;
+  for (int i = 0; i < 6000; ++i) {
+    sv::Fd probe;
+    if (sv::connect_seqpacket(dir + "/control", probe) == 0) return pid;
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) return -1;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  svsec::wait_for(pid);
+  return -1;
 }
 
 struct Testbed {
   std::string prefix;
   std::string dirs[2];  // each namespace's daemon directory
+  pid_t daemons[2] = {-1, -1};
   std::string error;
   Testbed() {
     prefix = "svsem" + std::to_string(getpid());
@@ -94,17 +113,20 @@ struct Testbed {
     std::string cmd = "SOFTVERBS_TESTBED=" + prefix + " SOFTVERBS_TESTBED_NET=" + net + " " +
                       SOFTVERBS_SOURCE_DIR "/scripts/testbed.sh up 2 >/dev/null 2>&1";
     if (std::system(cmd.c_str()) != 0) error = "scripts/testbed.sh up failed (no network namespaces?)";
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2 && error.empty(); ++i) {
       char tmpl[] = "/tmp/softverbs-sem-XXXXXX";
       const char* d = mkdtemp(tmpl);
       dirs[i] = d ? d : "";
+      daemons[i] = d ? start_daemon(prefix + "-h" + std::to_string(i), dirs[i]) : -1;
+      if (daemons[i] < 0) error = "the daemon of namespace h" + std::to_string(i) + " did not start";
     }
   }
   ~Testbed() {
-    // The namespaces' daemons (started by the agents' library) go first:
-    // a daemon owning UDP 4791 in a namespace being deleted need not idle.
-    for (auto& d : dirs)
-      if (!d.empty()) kill_daemon_of(d);
+    for (pid_t pid : daemons)
+      if (pid > 0) {
+        kill(pid, SIGTERM);
+        svsec::wait_for(pid);
+      }
     std::string cmd = "SOFTVERBS_TESTBED=" + prefix + " " SOFTVERBS_SOURCE_DIR "/scripts/testbed.sh down >/dev/null 2>&1";
     if (std::system(cmd.c_str())) {
     }
@@ -114,6 +136,22 @@ struct Testbed {
   }
 };
 
+// This binary's own daemon (SOFTVERBS_DIR, set by main.cc), for kShm.
+struct PrivateDaemon {
+  pid_t pid = -1;
+  PrivateDaemon() {
+    const char* dir = std::getenv("SOFTVERBS_DIR");
+    if (dir) pid = start_daemon("", dir);
+  }
+  ~PrivateDaemon() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      svsec::wait_for(pid);
+    }
+  }
+};
+
+std::unique_ptr<PrivateDaemon> g_private;
 std::unique_ptr<svsec::SystemDaemon> g_system;
 std::unique_ptr<Testbed> g_testbed;
 std::string g_system_dir;
@@ -125,10 +163,7 @@ bool enter_path(Path p, int side) {
     setenv("SOFTVERBS_SYSTEM_DIR", g_system_dir.c_str(), 1);
     if (side == 1 && !svsec::become_nobody()) return false;
   } else if (p == Path::kWire) {
-    std::string ns = "/var/run/netns/" + g_testbed->prefix + "-h" + std::to_string(side);
-    int fd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) return false;
-    ::close(fd);
+    if (!enter_netns(g_testbed->prefix + "-h" + std::to_string(side))) return false;
     setenv("SOFTVERBS_DIR", g_testbed->dirs[side].c_str(), 1);
     setenv("SOFTVERBS_ROCE", "1", 1);
   }
@@ -147,7 +182,10 @@ const char* path_name(Path p) {
 }
 
 std::string path_unavailable(Path p) {
-  if (p == Path::kShm) return "";
+  if (p == Path::kShm) {
+    if (!g_private) g_private = std::make_unique<PrivateDaemon>();
+    return g_private->pid > 0 ? "" : "this binary's daemon (SOFTVERBS_DIR) did not start";
+  }
   if (geteuid() != 0)
     return std::string(p == Path::kMediated ? "needs root: the responder runs as nobody under a system daemon"
                                             : "needs root: the wire path runs between two network namespaces");
