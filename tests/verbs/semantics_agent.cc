@@ -227,6 +227,7 @@ struct AgentState {
   uint32_t access = 0;
   uint32_t dest_qpn = 0;
   std::thread watcher;
+  std::atomic<bool> watching{false};  // the watcher has looked once
   WatchResult watched;
 };
 
@@ -373,7 +374,9 @@ void watch(AgentState& s, uint64_t off, std::vector<uint8_t> want, uint32_t ms) 
   const uint64_t last = off + want.size() - 1;
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   std::atomic_ref<uint8_t> tail(s.buf[last]);
-  for (uint64_t spins = 0; tail.load(std::memory_order_acquire) != want.back(); ++spins) {
+  uint8_t seen = tail.load(std::memory_order_acquire);
+  s.watching.store(true, std::memory_order_release);
+  for (uint64_t spins = 0; seen != want.back(); ++spins, seen = tail.load(std::memory_order_acquire)) {
     if ((spins & 63) == 63) {
       if (std::chrono::steady_clock::now() > until) {
         s.watched.state = 2;
@@ -444,8 +447,11 @@ int serve_one(AgentState& s, uint32_t op, const std::vector<uint8_t>& in, std::v
     if (op == kWatch) {
       if (s.watcher.joinable() || n == 0) return EBUSY;
       s.watched = {};
+      s.watching.store(false);
       s.watcher = std::thread(watch, std::ref(s), range[0], std::vector<uint8_t>(in.begin() + 16, in.end()),
                               uint32_t(range[1]));
+      // Answered once the watcher is spinning (or already done).
+      while (!s.watching.load(std::memory_order_acquire)) std::this_thread::yield();
     }
     return 0;
   }

@@ -606,7 +606,7 @@ TEST_P(Semantics, LastByteOfAWriteLandsLast) {
   OpenArgs big;
   big.len = 2 << 20;
   open_pair(big, big);
-  const uint32_t sizes[] = {2, 7, 9, 4096, 4096, 4096, 1 << 20, 1 << 20};
+  const uint32_t sizes[] = {2, 7, 9, 4096, 4096, 4096, 4096, 1 << 20, 1 << 20, 1 << 20, 1 << 20};
   for (size_t round = 0; round < sizeof(sizes) / sizeof(sizes[0]); ++round) {
     const uint32_t n = sizes[round];
     SCOPED_TRACE("size " + std::to_string(n) + ", round " + std::to_string(round));
