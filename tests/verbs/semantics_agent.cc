@@ -249,7 +249,7 @@ int open_side(AgentState& s, const OpenArgs& a, Endpoint& e) {
   ia.send_cq = ia.recv_cq = s.cq;
   ia.qp_type = ibv_qp_type(a.qp_type);
   ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
-  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = kMaxSge;
   ia.cap.max_inline_data = kMaxInline;
   if (!(s.qp = ibv_create_qp(s.pd, &ia))) return errno;
   s.type = a.qp_type;
@@ -320,14 +320,27 @@ int connect_side(AgentState& s, const Endpoint& peer) {
   return ibv_modify_qp(s.qp, &r, mask);
 }
 
+// The scatter/gather list of a Wr or Recv: none for a zero-length first.
+template <class W>
+int sg_list(const AgentState& s, const W& w, ibv_sge (&out)[kMaxSge]) {
+  if (!w.len) return 0;
+  out[0] = {reinterpret_cast<uintptr_t>(s.buf) + w.off, w.len, s.mr->lkey ^ w.lkey_xor};
+  const uint32_t more = std::min(w.more, kMaxSge - 1);
+  for (uint32_t i = 0; i < more; ++i) {
+    const Sge& m = w.more_sge[i];
+    out[i + 1] = {reinterpret_cast<uintptr_t>(s.buf) + m.off, m.len, s.mr->lkey ^ m.lkey_xor};
+  }
+  return int(1 + more);
+}
+
 int post_send_side(AgentState& s, const Wr& w) {
-  ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf) + w.off, w.len, s.mr->lkey ^ w.lkey_xor};
+  ibv_sge sge[kMaxSge];
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = w.wr_id;
   wr.opcode = ibv_wr_opcode(w.opcode);
   wr.send_flags = w.send_flags;
-  wr.sg_list = w.len ? &sge : nullptr;
-  wr.num_sge = w.len ? 1 : 0;
+  wr.num_sge = sg_list(s, w, sge);
+  wr.sg_list = wr.num_sge ? sge : nullptr;
   wr.imm_data = w.imm;
   if (s.type == IBV_QPT_UD) {
     wr.wr.ud.ah = s.ah;
@@ -347,11 +360,11 @@ int post_send_side(AgentState& s, const Wr& w) {
 
 int post_recv_side(AgentState& s, const Recv& r) {
   // A UD receive starts with the 40 bytes of the GRH (ibv_post_recv(3)).
-  ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf) + r.off, r.len, s.mr->lkey ^ r.lkey_xor};
+  ibv_sge sge[kMaxSge];
   ibv_recv_wr wr{}, *bad = nullptr;
   wr.wr_id = r.wr_id;
-  wr.sg_list = r.len ? &sge : nullptr;
-  wr.num_sge = r.len ? 1 : 0;
+  wr.num_sge = sg_list(s, r, sge);
+  wr.sg_list = wr.num_sge ? sge : nullptr;
   return ibv_post_recv(s.qp, &wr, &bad);
 }
 

@@ -50,6 +50,14 @@ struct Endpoint {
   uint8_t gid[16] = {};
 };
 
+// A further scatter/gather element of a Wr or Recv (after its first).
+struct Sge {
+  uint64_t off = 0;
+  uint32_t len = 0;
+  uint32_t lkey_xor = 0;
+};
+constexpr uint32_t kMaxSge = 3;
+
 // One send work request, relative to the agent's own buffer.
 struct Wr {
   uint32_t opcode = IBV_WR_RDMA_WRITE;
@@ -63,6 +71,8 @@ struct Wr {
   uint64_t swap = 0;
   uint32_t imm = 0;       // as it goes on the wire (big-endian), given as is
   uint32_t lkey_xor = 0;  // non-zero: the SGE's L_Key spoiled
+  uint32_t more = 0;      // how many of more_sge follow the first
+  Sge more_sge[kMaxSge - 1];
 };
 
 // Inline (IBV_SEND_INLINE) work requests carry up to this much.
@@ -73,6 +83,8 @@ struct Recv {
   uint64_t off = 0;
   uint32_t len = 0;
   uint32_t lkey_xor = 0;
+  uint32_t more = 0;  // how many of more_sge follow the first
+  Sge more_sge[kMaxSge - 1];
 };
 
 // What a watch of the last byte of a range saw (see Agent::watch_tail).

@@ -197,6 +197,63 @@ TEST_P(Semantics, SendIsByteExact) {
   }
 }
 
+// Scatter/gather lists (IBTA 10.7.2.1 / 9.4: a message is its gather list's
+// bytes in order; a receive's scatter list is filled in order, each element
+// to its length before the next; ibv_post_send(3), ibv_post_recv(3)).
+TEST_P(Semantics, GatherAndScatterListsKeepTheOrder) {
+  open_pair();
+  const uint32_t total = 2000;
+  const auto msg = pattern(21, total);
+  // The requester's message in three pieces: [0, 3) at 0, [3, 1503) at 100, the rest at 4000.
+  ASSERT_TRUE(req.store(0, std::vector<uint8_t>(msg.begin(), msg.begin() + 3)));
+  ASSERT_TRUE(req.store(100, std::vector<uint8_t>(msg.begin() + 3, msg.begin() + 1503)));
+  ASSERT_TRUE(req.store(4000, std::vector<uint8_t>(msg.begin() + 1503, msg.end())));
+  auto gather = [](Wr& w) {
+    w.off = 0;
+    w.len = 3;
+    w.more = 2;
+    w.more_sge[0] = {100, 1500, 0};
+    w.more_sge[1] = {4000, total - 1503, 0};
+  };
+  // SEND: the responder's receive in three pieces of 5, 1000 and 4096 bytes.
+  ASSERT_TRUE(resp.store(0, std::vector<uint8_t>(64 * 1024, kGuard)));
+  Recv r;
+  r.off = 64;
+  r.len = 5;
+  r.more = 2;
+  r.more_sge[0] = {8192, 1000, 0};
+  r.more_sge[1] = {16384, 4096, 0};
+  ASSERT_EQ(0, resp.post_recv(r));
+  Wr w;
+  w.opcode = IBV_WR_SEND;
+  gather(w);
+  ibv_wc wc = run(w);
+  ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  ibv_wc rc = one(resp);
+  ASSERT_EQ(IBV_WC_SUCCESS, rc.status) << ibv_wc_status_str(rc.status);
+  EXPECT_EQ(total, rc.byte_len);
+  expect_framed(resp.load(0, 64 + 5 + 64), 64, std::vector<uint8_t>(msg.begin(), msg.begin() + 5));
+  expect_framed(resp.load(8192 - 64, 1000 + 128), 64, std::vector<uint8_t>(msg.begin() + 5, msg.begin() + 1005));
+  expect_framed(resp.load(16384 - 64, 4096 + 128), 64, std::vector<uint8_t>(msg.begin() + 1005, msg.end()));
+  // WRITE: gathered into one contiguous range.
+  Wr wr = rdma(IBV_WR_RDMA_WRITE, 0, 0, 32768 + 64);
+  gather(wr);
+  wc = run(wr);
+  ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  expect_framed(resp.load(32768, total + 128), 64, msg);
+  // READ: that range back, scattered over three pieces of the requester's.
+  ASSERT_TRUE(req.store(0, std::vector<uint8_t>(64 * 1024, kGuard)));
+  Wr rd = rdma(IBV_WR_RDMA_READ, 64, 7, 32768 + 64);
+  rd.more = 2;
+  rd.more_sge[0] = {8192, 993, 0};
+  rd.more_sge[1] = {16384, total - 1000, 0};
+  wc = run(rd);
+  ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  expect_framed(req.load(0, 64 + 7 + 64), 64, std::vector<uint8_t>(msg.begin(), msg.begin() + 7));
+  expect_framed(req.load(8192 - 64, 993 + 128), 64, std::vector<uint8_t>(msg.begin() + 7, msg.begin() + 1000));
+  expect_framed(req.load(16384 - 64, total - 1000 + 128), 64, std::vector<uint8_t>(msg.begin() + 1000, msg.end()));
+}
+
 // ---- Immediate data (9.4.1, 9.4.3: ImmDt consumes a receive; the receive
 // completion carries it with IBV_WC_WITH_IMM, opcode RECV_RDMA_WITH_IMM for
 // a WRITE; ibv_poll_cq(3)) -------------------------------------------------
