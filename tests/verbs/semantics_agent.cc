@@ -226,6 +226,7 @@ struct AgentState {
   uint32_t gid_index = 0;
   uint32_t access = 0;
   uint32_t dest_qpn = 0;
+  uint32_t rnr_retry = 7;
   std::thread watcher;
   std::atomic<bool> watching{false};  // the watcher has looked once
   WatchResult watched;
@@ -255,6 +256,7 @@ int open_side(AgentState& s, const OpenArgs& a, Endpoint& e) {
   s.type = a.qp_type;
   s.gid_index = a.gid_index;
   s.access = a.qp_access;
+  s.rnr_retry = a.rnr_retry;
   ibv_qp_attr at{};
   at.qp_state = IBV_QPS_INIT;
   at.port_num = 1;
@@ -313,7 +315,7 @@ int connect_side(AgentState& s, const Endpoint& peer) {
   r.qp_state = IBV_QPS_RTS;
   r.timeout = 14;
   r.retry_cnt = 7;
-  r.rnr_retry = 7;
+  r.rnr_retry = uint8_t(s.rnr_retry);
   r.max_rd_atomic = 4;
   mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
   if (!uc) mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;

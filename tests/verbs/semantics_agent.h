@@ -38,6 +38,7 @@ struct OpenArgs {
   uint32_t qp_access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
   uint32_t gid_index = 0;  // set by Pair from the path
   uint64_t len = 1 << 20;
+  uint32_t rnr_retry = 7;  // RC: 7 retries an RNR NAK for ever (IBTA 9.7.5.2.8)
 };
 
 // What an agent opened: how the other side reaches it.

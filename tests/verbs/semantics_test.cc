@@ -538,6 +538,39 @@ TEST_P(Semantics, InlineSendAndWriteCarryThePostedBytes) {
   }
 }
 
+// Receiver not ready (IBTA 9.7.5.2.8, C9-144 / o9-35): a SEND with no
+// receive posted is RNR NAKed and retried rnr_retry times (7: for ever);
+// past them the requester completes with IBV_WC_RNR_RETRY_EXC_ERR.
+TEST_P(Semantics, ReceiverNotReadyWithoutRetriesFails) {
+  OpenArgs ra;
+  ra.rnr_retry = 0;
+  open_pair(ra, {});
+  Wr w;
+  w.opcode = IBV_WR_SEND;
+  w.len = 8;
+  ibv_wc wc = run(w);
+  EXPECT_EQ(IBV_WC_RNR_RETRY_EXC_ERR, wc.status) << ibv_wc_status_str(wc.status);
+}
+
+TEST_P(Semantics, ReceiverNotReadyIsRetriedUntilAReceiveComes) {
+  open_pair();
+  ASSERT_TRUE(req.store(0, pattern(31, 64)));
+  Wr w;
+  w.opcode = IBV_WR_SEND;
+  w.len = 64;
+  ASSERT_EQ(0, req.post_send(w));
+  Recv r;  // posted after the SEND, whenever that arrived
+  r.len = 64;
+  r.wr_id = 9;
+  ASSERT_EQ(0, resp.post_recv(r));
+  ibv_wc wc = one(req);
+  EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  ibv_wc rc = one(resp);
+  EXPECT_EQ(IBV_WC_SUCCESS, rc.status) << ibv_wc_status_str(rc.status);
+  EXPECT_EQ(9u, rc.wr_id);
+  EXPECT_EQ(pattern(31, 64), resp.load(0, 64));
+}
+
 // ---- Completion opcodes (ibv_poll_cq(3), IBTA 11.4.2.1): each send opcode's
 // own, and the receive's for what consumed it --------------------------------
 
@@ -566,6 +599,8 @@ TEST_P(Semantics, CompletionOpcodeOfEveryOperation) {
     EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << "opcode " << o.op << ": " << ibv_wc_status_str(wc.status);
     EXPECT_EQ(900u + o.op, wc.wr_id);
     EXPECT_EQ(o.wc, wc.opcode) << "opcode " << o.op;
+    EXPECT_EQ(a.qpn, wc.qp_num) << "opcode " << o.op;  // the local QP (ibv_poll_cq(3))
+    EXPECT_EQ(0u, wc.wc_flags & IBV_WC_WITH_IMM) << "opcode " << o.op;
   }
   auto rc = resp.poll(3);
   ASSERT_EQ(3u, rc.size());
@@ -574,6 +609,8 @@ TEST_P(Semantics, CompletionOpcodeOfEveryOperation) {
     EXPECT_EQ(IBV_WC_SUCCESS, rc[i].status) << ibv_wc_status_str(rc[i].status);
     EXPECT_EQ(500u + i, rc[i].wr_id);
     EXPECT_EQ(want[i], rc[i].opcode) << "receive " << i;
+    EXPECT_EQ(b.qpn, rc[i].qp_num) << "receive " << i;
+    EXPECT_EQ(i == 1 ? 0u : unsigned(IBV_WC_WITH_IMM), rc[i].wc_flags & IBV_WC_WITH_IMM) << "receive " << i;
   }
 }
 
