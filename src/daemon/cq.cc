@@ -30,22 +30,6 @@ int Registry::create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle) 
   return 0;
 }
 
-int Registry::destroy_channel(uint32_t client, uint32_t handle) {
-  Channel* ch = channels_.owned(handle, ctx(client));
-  if (!ch) return EINVAL;
-  if (ch->refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
-  forget(ObjKind::kChannel, handle);
-  return 0;
-}
-
-int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
-  Channel* ch = channels_.owned(handle, ctx(client));
-  if (!ch) return EINVAL;
-  out_fds.push_back(ch->fd.get());
-  out_fds.push_back(ch->wake.get());
-  return 0;
-}
-
 int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                         std::vector<int>& out_fds) {
   if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
@@ -179,14 +163,6 @@ int Registry::cq_error(uint32_t client, uint32_t handle) {
     if (ibv_qp_state(e.state.load()) == IBV_QPS_RESET) continue;
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
   }
-  return 0;
-}
-
-int Registry::destroy_cq(uint32_t client, uint32_t handle) {
-  Cq* cq = cqs_.owned(handle, ctx(client));
-  if (!cq) return EINVAL;
-  if (cq->refs) return EBUSY;  // ibv_destroy_cq(3): QPs still attached
-  forget(ObjKind::kCq, handle);  // drops its channel
   return 0;
 }
 

@@ -85,26 +85,16 @@ void Registry::release_dm(uint32_t handle) {
   forget(ObjKind::kDm, handle);
 }
 
-int Registry::free_dm(uint32_t client, uint32_t handle) {
-  const Dm* dm = dms_.owned(handle, ctx(client));
-  if (!dm) return EINVAL;
-  if (dm->refs) return EBUSY;  // MRs are registered over it (the kernel's ib_uverbs refuses too)
-  release_dm(handle);
-  return 0;
-}
-
 // ibv_import_dm(3): "imports a device memory from a context that is shared
 // with the current one" (ibv_import_device): a DM of the caller's context
 // only. Any other handle, another context's included, is EINVAL.
-int Registry::import_dm(uint32_t client, uint32_t handle, proto::DmReply& rep, std::vector<int>& out_fds) {
-  const Dm* dm = dms_.owned(handle, ctx(client));
-  if (!dm) return EINVAL;
-  auto b = backings_.find(dm->backing);
+int Registry::import_dm(uint32_t handle, const Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds) {
+  auto b = backings_.find(dm.backing);
   if (b == backings_.end()) return EINVAL;
   rep.handle = handle;
-  rep.backing = dm->backing;
-  rep.length = dm->length;
-  rep.map_size = dm->charged;
+  rep.backing = dm.backing;
+  rep.length = dm.length;
+  rep.map_size = dm.charged;
   out_fds.push_back(b->second.fd.get());
   return 0;
 }

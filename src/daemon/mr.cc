@@ -209,24 +209,13 @@ int Registry::reg_shared(uint32_t client, const proto::RegSharedReq& req, proto:
   return reg_mr(client, r, rep);
 }
 
-int Registry::dereg_mr(uint32_t client, uint32_t handle) {
-  auto it = mrs_.find(handle);
-  if (it == mrs_.end() || it->second.owner != ctx(client)) return EINVAL;
-  if (it->second.refs) return EBUSY;  // memory windows are still bound to it
-  release_mr(handle);
-  return 0;
-}
-
-int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep) {
-  Mr* mr = mrs_.owned(handle, ctx(client));
-  if (!mr) return EINVAL;
+void Registry::query_mr(uint32_t handle, const Mr& mr, proto::QueryMrReply& rep) const {
   const MrEntry& e = tables_.mr_at(handle);
-  rep.pd = mr->pd;
-  rep.key = mr->key;
+  rep.pd = mr.pd;
+  rep.key = mr.key;
   rep.addr = e.file_offset;  // the registrant's address
   rep.length = e.length;
   rep.access = e.access;
-  return 0;
 }
 
 const MrEntry* Registry::mr_entry(uint32_t key) const {
@@ -337,12 +326,6 @@ void Registry::release_mw(uint32_t slot) {
   unbind_mw(slot, it->second);
   tables_.mr_at(slot).key.store(0, std::memory_order_release);
   forget(ObjKind::kMw, slot);
-}
-
-int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
-  if (!mws_.owned(handle, ctx(client))) return EINVAL;
-  release_mw(handle);
-  return 0;
 }
 
 int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyReply& rep) {

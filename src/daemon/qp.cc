@@ -27,9 +27,13 @@ const QpEntry* Registry::qp_entry(uint32_t qpn) const {
 }
 
 Registry::Qp* Registry::find_qp(uint32_t client, uint32_t qpn) {
+  ++owner_lookups();
+  return held_qp(ctx(client), qpn);
+}
+
+Registry::Qp* Registry::held_qp(uint32_t c, uint32_t qpn) {
   auto it = qps_.find(qpn);
-  if (it == qps_.end()) return nullptr;
-  uint32_t c = ctx(client);
+  if (it == qps_.end() || !c) return nullptr;
   const auto& h = it->second.holders;
   if (it->second.owner != c && std::find(h.begin(), h.end(), c) == h.end()) return nullptr;
   return &it->second;
@@ -267,14 +271,15 @@ void Registry::before_release_qps(uint32_t, const std::vector<uint32_t>& qpns) {
   for (uint32_t id : qpns) complete_torn_receive(id);
 }
 
-int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
-  Qp* qp = find_qp(client, qpn);
+// The destroy hook of a QP (ibv_destroy_qp(3)), for a holder in context `c`.
+int Registry::destroy_qp_handle(uint32_t c, uint32_t qpn) {
+  Qp* qp = held_qp(c, qpn);
   if (!qp) return EINVAL;
   if (qp->type == IBV_QPT_XRC_RECV) {
     // A target QP lives while some handle of it exists (ibv_open_qp(3)).
-    if (auto h = std::find(qp->holders.begin(), qp->holders.end(), ctx(client)); h != qp->holders.end()) {
+    if (auto h = std::find(qp->holders.begin(), qp->holders.end(), c); h != qp->holders.end()) {
       qp->holders.erase(h);
-      if (auto x = xrc_handles_.find({ctx(client), qpn}); x != xrc_handles_.end()) xrc_handles_.erase(x);
+      if (auto x = xrc_handles_.find({c, qpn}); x != xrc_handles_.end()) xrc_handles_.erase(x);
     }
     if (!qp->holders.empty()) {
       qps_.set_owner(qpn, qp->holders.front());

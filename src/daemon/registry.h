@@ -59,6 +59,16 @@ class Registry : private MediationTables {
  public:
   Registry();
   int init();
+
+  // The command layer's access to the object tables (commands.cc, as the
+  // kernel's uverbs core looks up each handle a method declares). The
+  // object `handle` of kind `kind` when the client may use it: one of its
+  // context's (a QP: also an XRC target QP it holds a handle of); else null.
+  Object* resolve(ObjKind kind, uint32_t client, uint32_t handle);
+  // Destroys an object resolve() gave the client, by its type's destroy
+  // hook (kTypeOps): EBUSY while other objects use it (ibv_dealloc_pd(3)
+  // and the other destroy verbs).
+  int destroy(ObjKind kind, uint32_t client, uint32_t handle);
   // The read-only device segment for the client's user (device_tables.h),
   // made on first use; the descriptor stays the registry's.
   int device_fd(uint32_t client, int& fd);
@@ -87,8 +97,8 @@ class Registry : private MediationTables {
   // inode) claimed by a client of the same user as the context (EPERM for
   // any other user, root included).
   int import_context(uint32_t client, Fd fd);
-  int query_pd(uint32_t client, uint32_t pd);
-  int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
+  // ibv_query_mr: what MR `handle` (resolved by the command layer) covers.
+  void query_mr(uint32_t handle, const daemon::Mr& mr, proto::QueryMrReply& rep) const;
   // A CQ of the client's context comes with its segment; a CQ granted by
   // name to another user comes without any descriptor (segment_size 0): the
   // grantee polls it with poll_granted_cq and can neither write entries nor
@@ -99,8 +109,6 @@ class Registry : private MediationTables {
   // client can hold (a busy lock answers 0 completions).
   int poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep);
   int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
-  int import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds);
-  int import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds);
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
   int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
   // The namespace (name_space.h). Publishing needs the object in the
@@ -125,16 +133,12 @@ class Registry : private MediationTables {
   // request (already checked to be the number the op expects); `out_fds`
   // receives borrowed descriptors to send with the reply.
   int alloc_pd(uint32_t client, uint32_t& pd);
-  int dealloc_pd(uint32_t client, uint32_t pd);
   int reg_backing(uint32_t client, Fd fd, uint32_t& id);
   int reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
   int rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep);
-  int dereg_mr(uint32_t client, uint32_t handle);
   int create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle);
-  int destroy_channel(uint32_t client, uint32_t handle);
   int create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                 std::vector<int>& out_fds);
-  int destroy_cq(uint32_t client, uint32_t handle);
   // ibv_resize_cq: a pending segment, then its commit or abort (see docs/PROTOCOL.md).
   int resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
                 std::vector<int>& out_fds);
@@ -144,7 +148,6 @@ class Registry : private MediationTables {
   int get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int cq_error(uint32_t client, uint32_t handle);
   int open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle);
-  int close_xrcd(uint32_t client, uint32_t handle);
   int connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                   std::vector<int>& out_fds);
   int open_qp(uint32_t client, const proto::OpenQpReq& req, proto::ImportQpReply& rep, std::vector<int>& out_fds);
@@ -153,7 +156,6 @@ class Registry : private MediationTables {
   int create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
   int modify_qp(uint32_t client, const proto::ModifyQpReq& req);
-  int destroy_qp(uint32_t client, uint32_t qpn);
   int connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
                    std::vector<int>& out_fds);
   int connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::ConnectPeerReply& rep,
@@ -186,13 +188,12 @@ class Registry : private MediationTables {
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
   int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
-  int dealloc_mw(uint32_t client, uint32_t handle);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
   int invalidate(uint32_t client, const proto::InvalidateReq& req);
   // Device memory (dm.cc; ibv_alloc_dm(3)).
   int alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
-  int free_dm(uint32_t client, uint32_t handle);
-  int import_dm(uint32_t client, uint32_t handle, proto::DmReply& rep, std::vector<int>& out_fds);
+  // ibv_import_dm(3): DM `handle` (resolved by the command layer) and its memfd.
+  int import_dm(uint32_t handle, const daemon::Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds);
   int reg_dm_mr(uint32_t client, const proto::RegDmMrReq& req, proto::RegMrReply& rep);
   // Bytes of device memory `uid` holds (whole pages).
   uint64_t dm_bytes(uid_t uid) const {
@@ -206,7 +207,6 @@ class Registry : private MediationTables {
   int reg_async(uint32_t client, Fd wake);
   int create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
                  std::vector<int>& out_fds);
-  int destroy_srq(uint32_t client, uint32_t handle);
   int srq_limit(uint32_t client, uint32_t handle);
   // Async events waiting to be sent: (client, event type, element). The
   // server sends them after each request or disconnection.
@@ -305,6 +305,9 @@ class Registry : private MediationTables {
     void (Registry::*before)(uint32_t ctx, const std::vector<uint32_t>& ids);
     void (Registry::*cleanup)(uint32_t handle);
     void (Registry::*after)(const std::vector<uint32_t>& ids);
+    // What a holder's destroy does (null: EBUSY while referenced, else the
+    // cleanup), given the holder's context.
+    int (Registry::*destroy)(uint32_t ctx, uint32_t handle);
   };
   static const TypeOps kTypeOps[];
   // Calls f(table) with the table of `kind` (registry.cc only).
@@ -376,6 +379,7 @@ class Registry : private MediationTables {
   void xrcd_drop_if_unused(uint32_t id);
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
   void release_xrcd_handle(uint32_t handle);
+  int close_xrcd_handle(uint32_t ctx, uint32_t handle);
 
   // ---- Sharing: namespace, regions (sharing.cc) ----
   Credentials credentials(uint32_t client) const;
@@ -401,6 +405,8 @@ class Registry : private MediationTables {
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
   Qp* find_qp(uint32_t client, uint32_t qpn);
+  Qp* held_qp(uint32_t ctx, uint32_t qpn);  // find_qp, by context (not counted as a lookup)
+  int destroy_qp_handle(uint32_t ctx, uint32_t qpn);
   void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                       const proto::MediateReply& rep);
   void release_qp(uint32_t qpn);

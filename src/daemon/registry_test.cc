@@ -20,6 +20,16 @@ namespace {
 
 constexpr uint32_t kPage = 4096;
 
+// A destroy op as the command layer carries it out (commands.cc): the
+// handle resolved as the caller's (else EINVAL), then its type's destroy.
+int destroy(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
+  return reg.resolve(kind, client, handle) ? reg.destroy(kind, client, handle) : EINVAL;
+}
+// A query op's check: the handle is the caller's.
+int query(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
+  return reg.resolve(kind, client, handle) ? 0 : EINVAL;
+}
+
 class RegistryObjects : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -257,12 +267,12 @@ TEST(ObjectTypes, OwnerIndexFollowsTheTable) {
 TEST_F(RegistryPd, PdBelongsToItsContext) {
   uint32_t p = pd(a);
   uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
-  EXPECT_EQ(reg.query_pd(a, p), 0);
-  EXPECT_EQ(reg.query_pd(b, p), EINVAL);
-  EXPECT_EQ(reg.dealloc_pd(b, p), EINVAL);
+  EXPECT_EQ(query(reg, ObjKind::kPd, a, p), 0);
+  EXPECT_EQ(query(reg, ObjKind::kPd, b, p), EINVAL);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, b, p), EINVAL);
   EXPECT_EQ(used(Quotas::kPd), 1u);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p), EINVAL);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EINVAL);
   EXPECT_EQ(counts().pds, 0u);
   EXPECT_EQ(used(Quotas::kPd), 0u);
 }
@@ -282,10 +292,10 @@ TEST_F(RegistryMr, MrHoldsItsPdAndItsKeyIsRevoked) {
   uint32_t p = pd(a), b = backing(a);
   proto::RegMrReply m = mr(a, p, b);
   ASSERT_NE(reg.mr_entry(m.key), nullptr);
-  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);  // ibv_dealloc_pd(3): still in use
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EBUSY);  // ibv_dealloc_pd(3): still in use
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
   EXPECT_EQ(reg.mr_entry(m.key), nullptr);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
   EXPECT_EQ(counts().mrs, 0u);
   EXPECT_EQ(used(Quotas::kMr), 0u);
 }
@@ -310,16 +320,16 @@ TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   proto::KeyReply bound{};
   ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
   EXPECT_NE(reg.mr_entry(bound.key), nullptr);
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), EBUSY);  // a window is bound to it
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), EBUSY);  // a window is bound to it
   bind.mr_key = 0;
   bind.length = 0;  // type 1 unbind
   ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);  // the window and the QP
-  EXPECT_EQ(reg.dealloc_mw(a, w.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EBUSY);  // the window and the QP
+  EXPECT_EQ(destroy(reg, ObjKind::kMw, a, w.handle), 0);
   EXPECT_EQ(used(Quotas::kMw), 0u);
-  EXPECT_EQ(reg.destroy_qp(a, q), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, a, q), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
 }
 
 // ibv_rereg_mr: the entry changes in place under the same key, checked as a
@@ -337,8 +347,8 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
   EXPECT_EQ(rep.key, m.key);
   ASSERT_NE(reg.mr_entry(m.key), nullptr);
   EXPECT_EQ(reg.mr_entry(m.key)->pd, p2);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);       // the MR let go of it
-  EXPECT_EQ(reg.dealloc_pd(a, p2), EBUSY);  // and holds this one
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);       // the MR let go of it
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p2), EBUSY);  // and holds this one
   const uint32_t gen = reg.mr_entry(m.key)->generation;
   r.flags = IBV_REREG_MR_CHANGE_TRANSLATION;
   r.backing = b;
@@ -379,8 +389,8 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
   EXPECT_EQ(e->file_offset, kPage);
   EXPECT_EQ(e->length, 2u * kPage);
   EXPECT_EQ(used(Quotas::kMr), 1u);  // quotas unchanged
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p2), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p2), 0);
 }
 
 // ---- CQs and channels ---------------------------------------------------------
@@ -388,7 +398,7 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
 TEST_F(RegistryCq, CqHoldsItsChannel) {
   uint32_t ch = channel(a);
   uint32_t c = cq(a, ch);
-  EXPECT_EQ(reg.destroy_channel(a, ch), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kChannel, a, ch), EBUSY);
   proto::ResizeCqReq rs{};
   rs.handle = c;
   rs.cqe = 64;
@@ -400,8 +410,8 @@ TEST_F(RegistryCq, CqHoldsItsChannel) {
   done.handle = c;
   done.commit = 1;
   EXPECT_EQ(reg.resize_cq_done(a, done), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), 0);
-  EXPECT_EQ(reg.destroy_channel(a, ch), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kChannel, a, ch), 0);
   EXPECT_EQ(counts().cqs, 0u);
   EXPECT_EQ(counts().channels, 0u);
   EXPECT_EQ(used(Quotas::kCq), 0u);
@@ -415,26 +425,26 @@ TEST_F(RegistryQp, QpHoldsItsPdCqsAndSrq) {
   uint32_t q = qp(a, p, scq, rcq, s);
   ASSERT_NE(reg.qp_entry(q), nullptr);
   EXPECT_TRUE(reg.holds_qp(a, q));
-  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);
-  EXPECT_EQ(reg.destroy_cq(a, scq), EBUSY);
-  EXPECT_EQ(reg.destroy_cq(a, rcq), EBUSY);
-  EXPECT_EQ(reg.destroy_srq(a, s), EBUSY);
-  EXPECT_EQ(reg.destroy_qp(a, q), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, scq), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, rcq), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kSrq, a, s), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, a, q), 0);
   EXPECT_EQ(reg.qp_entry(q), nullptr);
-  EXPECT_EQ(reg.destroy_srq(a, s), 0);
-  EXPECT_EQ(reg.destroy_cq(a, scq), 0);
-  EXPECT_EQ(reg.destroy_cq(a, rcq), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kSrq, a, s), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, scq), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, rcq), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
   EXPECT_EQ(used(Quotas::kQp), 0u);
 }
 
 TEST_F(RegistryQp, QpWithOneCqTwiceTakesTwoReferences) {
   uint32_t p = pd(a), c = cq(a);
   uint32_t q1 = qp(a, p, c, c), q2 = qp(a, p, c, c);
-  EXPECT_EQ(reg.destroy_qp(a, q1), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), EBUSY);
-  EXPECT_EQ(reg.destroy_qp(a, q2), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, a, q1), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, a, q2), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
 }
 
 TEST_F(RegistryQp, QpRefusesAnotherContextsObjects) {
@@ -445,8 +455,8 @@ TEST_F(RegistryQp, QpRefusesAnotherContextsObjects) {
   EXPECT_EQ(create_qp(b, pb, c, cb, 0, IBV_QPT_RC, qpn), EINVAL);
   EXPECT_EQ(create_qp(b, pb, cb, c, 0, IBV_QPT_RC, qpn), EINVAL);
   // A failed create takes no reference.
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
   EXPECT_EQ(used(Quotas::kQp), 0u);
 }
 
@@ -455,11 +465,11 @@ TEST_F(RegistryQp, QpRefusesAnotherContextsObjects) {
 TEST_F(RegistrySrq, XrcSrqHoldsItsCqAndDomain) {
   uint32_t p = pd(a), c = cq(a), x = open_xrcd(a);
   uint32_t s = srq(a, p, x, c);
-  EXPECT_EQ(reg.destroy_cq(a, c), EBUSY);
-  EXPECT_EQ(reg.close_xrcd(a, x), EBUSY);  // its last handle, still used
-  EXPECT_EQ(reg.destroy_srq(a, s), 0);
-  EXPECT_EQ(reg.close_xrcd(a, x), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kXrcdHandle, a, x), EBUSY);  // its last handle, still used
+  EXPECT_EQ(destroy(reg, ObjKind::kSrq, a, s), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kXrcdHandle, a, x), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
   EXPECT_EQ(used(Quotas::kSrq), 0u);
   EXPECT_EQ(used(Quotas::kXrcd), 0u);
 }
@@ -487,7 +497,7 @@ TEST_F(RegistryXrc, XrcTargetQpOutlivesItsCreator) {
   reg.remove_client(a);
   ASSERT_NE(reg.qp_entry(tgt), nullptr);
   EXPECT_TRUE(reg.holds_qp(b, tgt));
-  EXPECT_EQ(reg.close_xrcd(b, xb), EBUSY);  // the target QP uses the domain
+  EXPECT_EQ(destroy(reg, ObjKind::kXrcdHandle, b, xb), EBUSY);  // the target QP uses the domain
   reg.remove_client(b);
   EXPECT_EQ(reg.qp_entry(tgt), nullptr);
   EXPECT_EQ(counts().qps, 0u);
@@ -550,10 +560,10 @@ TEST_F(RegistryContext, ReleaseTouchesOnlyItsContext) {
   reg.remove_client(a);
   EXPECT_EQ(reg.qp_entry(qa), nullptr);
   ASSERT_NE(reg.qp_entry(qb), nullptr);
-  EXPECT_EQ(reg.dealloc_pd(b, pb), EBUSY);
-  EXPECT_EQ(reg.destroy_qp(b, qb), 0);
-  EXPECT_EQ(reg.destroy_cq(b, cb), 0);
-  EXPECT_EQ(reg.dealloc_pd(b, pb), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, b, pb), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, b, qb), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, b, cb), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, b, pb), 0);
 }
 
 // ---- Sharing: regions -----------------------------------------------------------
@@ -573,7 +583,7 @@ TEST_F(RegistrySharing, RegionGoesWithItsLastMr) {
   EXPECT_EQ(rep.created, 1u);
   EXPECT_EQ(reg.region_count(), 1u);
   proto::RegMrReply m = mr(a, p, rep.backing);
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
   EXPECT_EQ(reg.region_count(), 0u);
   EXPECT_EQ(counts().backings, 0u);
 }

@@ -64,26 +64,6 @@ int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto:
   return 0;
 }
 
-int Registry::destroy_srq(uint32_t client, uint32_t handle) {
-  auto it = srqs_.find(handle);
-  if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
-  if (it->second.refs) return EBUSY;  // QPs still use it
-  forget(ObjKind::kSrq, handle);  // drops its PD, and an XRC SRQ's CQ and domain
-  return 0;
-}
-
-int Registry::import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds) {
-  Srq* srq = srqs_.owned(handle, ctx(client));
-  if (!srq) return EINVAL;
-  rep.pd = srq->pd;
-  // The daemon's record: the header is memory every holder can write, and
-  // an importer writes up to max_sge SGEs into each ring slot.
-  rep.max_sge = srq->max_sge;
-  rep.segment_size = srq->map.size();
-  out_fds.push_back(srq->fd.get());
-  return 0;
-}
-
 // IBTA 11.5.2.4: the SRQ limit event goes to the SRQ's holders. A sender
 // that saw the queue fall below the armed limit (and disarmed it: the event
 // is one-shot per arm, IBTA 10.2.9.4) asks for it. Only a sender that can

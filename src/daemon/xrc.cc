@@ -67,9 +67,9 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
   return 0;
 }
 
-int Registry::close_xrcd(uint32_t client, uint32_t handle) {
-  uint32_t id = xrcd_of(client, handle);
-  if (!id) return EINVAL;
+// The destroy hook of a domain's handle (ibv_close_xrcd(3)).
+int Registry::close_xrcd_handle(uint32_t, uint32_t handle) {
+  const uint32_t id = xrcd_handles_.at(handle).xrcd;
   Xrcd& x = xrcds_[id];
   // The last handle of a domain that SRQs or target QPs still use.
   if (x.opens == 1 && x.refs) return EBUSY;
