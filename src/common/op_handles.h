@@ -64,6 +64,18 @@ SV_FIELDS(ImportSrq,      SV_F(handle, Srq, Read))
 SV_FIELDS(CloseXrcd,      SV_F(handle, Xrcd, Destroy))
 SV_FIELDS(FreeDm,         SV_F(handle, Dm, Destroy))
 SV_FIELDS(ImportDm,       SV_F(handle, Dm, Read))
+SV_FIELDS(RegDmMr,        SV_F(pd, Pd, Read), SV_F(dm, Dm, Read))
+SV_FIELDS(AllocMw,        SV_F(pd, Pd, Read))
+SV_FIELDS(CreateCq,       SV_F(channel, Channel, Optional))
+SV_FIELDS(ResizeCq,       SV_F(handle, Cq, Read))
+SV_FIELDS(ResizeCqDone,   SV_F(handle, Cq, Read))
+SV_FIELDS(ModifyQp,       SV_F(qpn, Qp, Read))
+SV_FIELDS(ImportQp,       SV_F(handle, Qp, Read))
+SV_FIELDS(ConnectPeer,    SV_F(handle, Qp, Read))
+SV_FIELDS(ConnectUd,      SV_F(qpn, Qp, Read))
+SV_FIELDS(PeerError,      SV_F(handle, Qp, Read))
+SV_FIELDS(AttachMcast,    SV_F(qpn, Qp, Read))
+SV_FIELDS(DetachMcast,    SV_F(qpn, Qp, Read))
 #undef SV_F
 #undef SV_FIELDS
 

@@ -189,14 +189,14 @@ SV_HANDLER(QueryMr) {
 SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(env.client, req.key, rep, env.out_fds); }
 SV_HANDLER(RegShmid) { return env.registry.reg_shmid(env.client, req, rep, env.out_fds); }
 SV_HANDLER(RegShared) { return env.registry.reg_shared(env.client, req, rep); }
-SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, req, rep); }
+SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, obj.id<0>(), req, rep); }
 SV_DESTROY_HANDLER(DeallocMw)
 SV_HANDLER(BindMw) { return env.registry.bind_mw(env.client, req, rep); }
 SV_HANDLER(InvalidateKey) { return env.registry.invalidate(env.client, req); }
 SV_HANDLER(AllocDm) { return env.registry.alloc_dm(env.client, req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(FreeDm)
 SV_HANDLER(ImportDm) { return env.registry.import_dm(obj.id<0>(), obj.get<0>(), rep, env.out_fds); }
-SV_HANDLER(RegDmMr) { return env.registry.reg_dm_mr(env.client, req, rep); }
+SV_HANDLER(RegDmMr) { return env.registry.reg_dm_mr(env.client, obj.id<0>(), obj.get<1>(), req, rep); }
 
 // ---- Channels and CQs -----------------------------------------------------
 SV_HANDLER(CreateChannel) {
@@ -209,23 +209,35 @@ SV_HANDLER(ImportChannel) {
   env.out_fds.push_back(ch.wake.get());
   return 0;
 }
-SV_HANDLER(CreateCq) { return env.registry.create_cq(env.client, req, rep, env.out_fds); }
+SV_HANDLER(CreateCq) { return env.registry.create_cq(env.client, obj.id<0>(), req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(DestroyCq)
 SV_HANDLER(ImportCq) { return env.registry.import_cq(env.client, req.handle, rep, env.out_fds); }
-SV_HANDLER(ResizeCq) { return env.registry.resize_cq(env.client, req, rep, env.out_fds); }
-SV_HANDLER(ResizeCqDone) { return env.registry.resize_cq_done(env.client, req); }
+SV_HANDLER(ResizeCq) { return env.registry.resize_cq(obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ResizeCqDone) { return env.registry.resize_cq_done(obj.get<0>(), req); }
 SV_HANDLER(GetCq) { return env.registry.get_cq(env.client, req.handle, rep, env.out_fds); }
 SV_HANDLER(CqError) { return env.registry.cq_error(env.client, req.handle); }
 SV_HANDLER(PollCq) { return env.registry.poll_granted_cq(env.client, req, rep); }
 
 // ---- QPs ------------------------------------------------------------------
 SV_HANDLER(CreateQp) { return env.registry.create_qp(env.client, req, rep, env.out_fds); }
-SV_HANDLER(ModifyQp) { return env.registry.modify_qp(env.client, req); }
+SV_HANDLER(ModifyQp) { return env.registry.modify_qp(obj.get<0>(), req); }
 SV_DESTROY_HANDLER(DestroyQp)
-SV_HANDLER(ImportQp) { return env.registry.import_qp(env.client, req.handle, rep, env.out_fds); }
-SV_HANDLER(ConnectPeer) { return env.registry.connect_peer(env.client, req.handle, rep, env.out_fds); }
-SV_HANDLER(ConnectUd) { return env.registry.connect_ud(env.client, req.qpn, req.dest, rep, env.out_fds); }
-SV_HANDLER(PeerError) { return env.registry.peer_error(env.client, req.handle, req.wc_status); }
+SV_HANDLER(ImportQp) {
+  const Qp& qp = obj.get<0>();
+  rep.pd = qp.pd;
+  rep.send_cq = qp.send_cq;
+  rep.recv_cq = qp.recv_cq;
+  rep.qp_type = qp.type;
+  rep.max_send_wr = qp.sq_capacity;
+  rep.max_recv_wr = qp.rq_capacity;
+  rep.sq_sig_all = qp.sq_sig_all;
+  rep.segment_size = qp.map.size();
+  env.out_fds.push_back(qp.fd.get());
+  return 0;
+}
+SV_HANDLER(ConnectPeer) { return env.registry.connect_peer(env.client, obj.get<0>(), obj.id<0>(), rep, env.out_fds); }
+SV_HANDLER(ConnectUd) { return env.registry.connect_ud(env.client, obj.get<0>(), req.dest, rep, env.out_fds); }
+SV_HANDLER(PeerError) { return env.registry.peer_error(obj.id<0>(), req.wc_status); }
 SV_HANDLER(Mediate) { return env.registry.mediate(env.client, req, rep, env.deferred); }
 SV_HANDLER(MediatePost) {
   (void)rep;  // never sent (Server::serve)
@@ -241,8 +253,8 @@ SV_HANDLER(Wake) {
   return env.wake ? env.wake(env.out_fds) : EOPNOTSUPP;
 }
 SV_HANDLER(MediateGone) { return env.registry.mediate_gone(env.client, req.qpn, req.client); }
-SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, req); }
-SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(env.client, req); }
+SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, obj.get<0>(), req); }
+SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(obj.get<0>(), req); }
 SV_HANDLER(RoceAttach) {
   if (!env.roce.opened()) return EOPNOTSUPP;  // SOFTVERBS_ROCE=0
   if (!env.registry.holds_qp(env.client, req.qpn)) return EINVAL;

@@ -263,8 +263,7 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   return 0;
 }
 
-int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep) {
-  if (!pds_.owned(req.pd, ctx(client))) return EINVAL;
+int Registry::alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep) {
   if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
   if (int e = quotas_.admit(Quotas::kMw, client_uid(client))) return e;
   uint32_t slot = alloc_key_slot();
@@ -273,7 +272,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   uint32_t key = (slot << 8) | ++mr_key_byte_[slot];
   MrEntry& e = tables_.mr_at(slot);
   e.access = 0;
-  e.pd = req.pd;
+  e.pd = pd;
   e.backing = 0;
   e.iova = 0;
   e.length = 0;
@@ -288,7 +287,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   quotas_.charge(Quotas::kMw, slot, client_uid(client));
   Mw mw;
   mw.owner = ctx(client);
-  mw.pd = req.pd;
+  mw.pd = pd;
   mw.type = req.type;
   mw.key = key;
   hold(mws_.insert(slot, std::move(mw)).held());

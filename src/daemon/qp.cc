@@ -167,9 +167,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   return 0;
 }
 
-int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
-  Qp* qp = find_qp(client, r.qpn);
-  if (!qp) return EINVAL;
+int Registry::modify_qp(const Qp& qp, const proto::ModifyQpReq& r) {
   QpEntry& e = qp_slot(r.qpn);
   auto cur = ibv_qp_state(e.state.load());
   uint32_t mask = r.attr_mask;
@@ -179,7 +177,7 @@ int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
   }
   auto next = (mask & IBV_QP_STATE) ? ibv_qp_state(r.qp_state) : cur;
   if (int(next) < IBV_QPS_RESET || int(next) > IBV_QPS_ERR) return EINVAL;
-  if (int err = check_qp_transition(qp->type, cur, next, mask)) return err;
+  if (int err = check_qp_transition(qp.type, cur, next, mask)) return err;
 
   // Attribute ranges (ibv_modify_qp(3), IBTA 11.2.4.2).
   if ((mask & IBV_QP_PORT) && r.port_num != 1) return EINVAL;
@@ -290,28 +288,12 @@ int Registry::destroy_qp_handle(uint32_t c, uint32_t qpn) {
   return 0;
 }
 
-int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds) {
-  Qp* qp = find_qp(client, qpn);
-  if (!qp) return EINVAL;
-  rep.pd = qp->pd;
-  rep.send_cq = qp->send_cq;
-  rep.recv_cq = qp->recv_cq;
-  rep.qp_type = qp->type;
-  rep.max_send_wr = qp->sq_capacity;
-  rep.max_recv_wr = qp->rq_capacity;
-  rep.sq_sig_all = qp->sq_sig_all;
-  rep.segment_size = qp->map.size();
-  out_fds.push_back(qp->fd.get());
-  return 0;
-}
-
 // Attach QP to multicast group (IBTA verbs chapter 11; ibv_attach_mcast(3)): UD QPs only, and the
 // GID must be a multicast GID (first byte 0xFF, or an IPv4 group's ::ffff:224.0.0.0/4 as
 // RoCEv2 has it: common/mgid.h). The link layer is Ethernet,
 // so the LID is not checked, as the kernel does for RoCE.
-int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
-  Qp* qp = find_qp(client, req.qpn);
-  if (!qp || qp->type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
+int Registry::attach_mcast(uint32_t client, const Qp& qp, const proto::McastReq& req) {
+  if (qp.type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
   // The groups are daemon-private (device_tables.h): ENOMEM past
   // max_mcast_grp groups or max_mcast_qp_attach QPs in one group. Every
   // user's share is bounded (quota.h): the groups it creates (MCG), its
@@ -358,9 +340,8 @@ uid_t Registry::qp_uid(uint32_t qpn) const {
   return c == contexts_.end() ? uid_t(-1) : c->second.uid;
 }
 
-int Registry::detach_mcast(uint32_t client, const proto::McastReq& req) {
-  Qp* qp = find_qp(client, req.qpn);
-  if (!qp || qp->type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
+int Registry::detach_mcast(const Qp& qp, const proto::McastReq& req) {
+  if (qp.type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
   DeviceTables::McgChange ch;
   int err = tables_.mcg_detach(req.gid, req.qpn, &ch);
   if (!err) mcg_release(ch, req.qpn);
@@ -409,10 +390,8 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
   return 0;
 }
 
-int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
+int Registry::connect_peer(uint32_t client, const Qp& qp, uint32_t qpn, proto::ConnectPeerReply& rep,
                            std::vector<int>& out_fds) {
-  Qp* qp = find_qp(client, qpn);
-  if (!qp) return EINVAL;
   const QpEntry& mine = qp_slot(qpn);
   uint32_t dest = mine.dest_qpn.load();
   auto peer = qps_.find(dest);
@@ -421,24 +400,22 @@ int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerRepl
   auto st = ibv_qp_state(pe.state.load());
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE)
     return EAGAIN;  // not ready to receive: the requester retries
-  if (peer->second.type != qp->type) return EAGAIN;  // an RC QP does not talk to a UC one
+  if (peer->second.type != qp.type) return EAGAIN;  // an RC QP does not talk to a UC one
   if (pe.dest_qpn.load() != qpn) return EAGAIN;
   return peer_reply(client, dest, rep, out_fds);
 }
 
 // UD has no connection: any UD QP may send to any UD QP whose Q_Key it
 // knows (checked per message by the sender against the QP table).
-int Registry::connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::ConnectPeerReply& rep,
+int Registry::connect_ud(uint32_t client, const Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
                          std::vector<int>& out_fds) {
-  Qp* qp = find_qp(client, qpn);
-  if (!qp || qp->type != IBV_QPT_UD) return EINVAL;
+  if (qp.type != IBV_QPT_UD) return EINVAL;
   auto peer = qps_.find(dest);
   if (peer == qps_.end() || peer->second.type != IBV_QPT_UD) return ENOENT;
   return peer_reply(client, dest, rep, out_fds);
 }
 
-int Registry::peer_error(uint32_t client, uint32_t qpn, uint32_t wc_status) {
-  if (!find_qp(client, qpn)) return EINVAL;
+int Registry::peer_error(uint32_t qpn, uint32_t wc_status) {
   uint32_t dest = qp_slot(qpn).dest_qpn.load();
   auto peer = qps_.find(dest);
   if (peer == qps_.end()) return 0;

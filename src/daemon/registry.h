@@ -108,7 +108,6 @@ class Registry : private MediationTables {
   // CQ's poll lock taken with a try-lock: the daemon never waits on a lock a
   // client can hold (a busy lock answers 0 completions).
   int poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep);
-  int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
   int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
   // The namespace (name_space.h). Publishing needs the object in the
@@ -137,12 +136,12 @@ class Registry : private MediationTables {
   int reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
   int rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep);
   int create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle);
-  int create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
+  // `channel`: the client's (0: none).
+  int create_cq(uint32_t client, uint32_t channel, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                 std::vector<int>& out_fds);
   // ibv_resize_cq: a pending segment, then its commit or abort (see docs/PROTOCOL.md).
-  int resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
-                std::vector<int>& out_fds);
-  int resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req);
+  int resize_cq(daemon::Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqReply& rep, std::vector<int>& out_fds);
+  int resize_cq_done(daemon::Cq& cq, const proto::ResizeCqDoneReq& req);
   // A CQ's current segment, for a process that completes into it (its
   // context's CQ, or the receive CQ of a QP one of its QPs can reach).
   int get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
@@ -151,18 +150,21 @@ class Registry : private MediationTables {
   int connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                   std::vector<int>& out_fds);
   int open_qp(uint32_t client, const proto::OpenQpReq& req, proto::ImportQpReply& rep, std::vector<int>& out_fds);
-  int attach_mcast(uint32_t client, const proto::McastReq& req);
-  int detach_mcast(uint32_t client, const proto::McastReq& req);
+  // Multicast (qp.cc): QP req.qpn is `qp`, the client's.
+  int attach_mcast(uint32_t client, const daemon::Qp& qp, const proto::McastReq& req);
+  int detach_mcast(const daemon::Qp& qp, const proto::McastReq& req);
   int create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
-  int modify_qp(uint32_t client, const proto::ModifyQpReq& req);
-  int connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
+  int modify_qp(const daemon::Qp& qp, const proto::ModifyQpReq& req);
+  // The peer of the client's QP `qp` (`qpn`), or (UD) QP `dest`.
+  int connect_peer(uint32_t client, const daemon::Qp& qp, uint32_t qpn, proto::ConnectPeerReply& rep,
                    std::vector<int>& out_fds);
-  int connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::ConnectPeerReply& rep,
+  int connect_ud(uint32_t client, const daemon::Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
                  std::vector<int>& out_fds);
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
-  int peer_error(uint32_t client, uint32_t qpn, uint32_t wc_status);
+  // The requester QP `qpn` (the client's) reports a responder error.
+  int peer_error(uint32_t qpn, uint32_t wc_status);
   // Operations towards a peer of another user: the registry's Mediation
   // (mediation.h) carries them out on its tables.
   int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
@@ -187,14 +189,14 @@ class Registry : private MediationTables {
   uint32_t mr_backing(uint32_t client, uint32_t handle) const;
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
-  int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
+  int alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep);
   int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
   int invalidate(uint32_t client, const proto::InvalidateReq& req);
   // Device memory (dm.cc; ibv_alloc_dm(3)).
   int alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
   // ibv_import_dm(3): DM `handle` (resolved by the command layer) and its memfd.
   int import_dm(uint32_t handle, const daemon::Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds);
-  int reg_dm_mr(uint32_t client, const proto::RegDmMrReq& req, proto::RegMrReply& rep);
+  int reg_dm_mr(uint32_t client, uint32_t pd, const daemon::Dm& dm, const proto::RegDmMrReq& req, proto::RegMrReply& rep);
   // Bytes of device memory `uid` holds (whole pages).
   uint64_t dm_bytes(uid_t uid) const {
     auto it = dm_bytes_.find(uid);

@@ -25,6 +25,13 @@ constexpr uint32_t kPage = 4096;
 int destroy(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
   return reg.resolve(kind, client, handle) ? reg.destroy(kind, client, handle) : EINVAL;
 }
+// The object a handle field resolves to for the caller (which must exist).
+template <class T>
+T& resolved(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
+  Object* o = reg.resolve(kind, client, handle);
+  EXPECT_NE(nullptr, o);
+  return *static_cast<T*>(o);
+}
 // A query op's check: the handle is the caller's.
 int query(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
   return reg.resolve(kind, client, handle) ? 0 : EINVAL;
@@ -81,7 +88,7 @@ class RegistryObjects : public ::testing::Test {
     req.channel = ch;
     proto::CreateCqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(reg.create_cq(c, req, rep, fds), 0);
+    EXPECT_EQ(reg.create_cq(c, req.channel, req, rep, fds), 0);
     EXPECT_EQ(fds.size(), 1u);
     return rep.handle;
   }
@@ -130,13 +137,13 @@ class RegistryObjects : public ::testing::Test {
     m.qp_state = IBV_QPS_INIT;
     m.port_num = 1;
     m.qkey = 0x11;
-    ASSERT_EQ(reg.modify_qp(c, m), 0);
+    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
     m.attr_mask = IBV_QP_STATE;
     m.qp_state = IBV_QPS_RTR;
-    ASSERT_EQ(reg.modify_qp(c, m), 0);
+    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
     m.attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
     m.qp_state = IBV_QPS_RTS;
-    ASSERT_EQ(reg.modify_qp(c, m), 0);
+    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
   }
   uint32_t open_xrcd(uint32_t c, int file = -1) {
     proto::OpenXrcdReq req{};
@@ -309,7 +316,7 @@ TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   alloc.pd = p;
   alloc.type = IBV_MW_TYPE_1;
   proto::KeyReply w{};
-  ASSERT_EQ(reg.alloc_mw(a, alloc, w), 0);
+  ASSERT_EQ(reg.alloc_mw(a, alloc.pd, alloc, w), 0);
   proto::BindMwReq bind{};
   bind.mw = w.handle;
   bind.qpn = q;
@@ -404,12 +411,12 @@ TEST_F(RegistryCq, CqHoldsItsChannel) {
   rs.cqe = 64;
   proto::CreateCqReply rep{};
   std::vector<int> fds;
-  ASSERT_EQ(reg.resize_cq(a, rs, rep, fds), 0);
-  EXPECT_EQ(reg.resize_cq(a, rs, rep, fds), EBUSY);
+  ASSERT_EQ(reg.resize_cq(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), 0);
+  EXPECT_EQ(reg.resize_cq(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), EBUSY);
   proto::ResizeCqDoneReq done{};
   done.handle = c;
   done.commit = 1;
-  EXPECT_EQ(reg.resize_cq_done(a, done), 0);
+  EXPECT_EQ(reg.resize_cq_done(resolved<Cq>(reg, ObjKind::kCq, a, done.handle), done), 0);
   EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
   EXPECT_EQ(destroy(reg, ObjKind::kChannel, a, ch), 0);
   EXPECT_EQ(counts().cqs, 0u);
@@ -521,7 +528,7 @@ TEST_F(RegistryContext, ReleasingAContextFreesEverything) {
   alloc.pd = p;
   alloc.type = IBV_MW_TYPE_1;
   proto::KeyReply w{};
-  ASSERT_EQ(reg.alloc_mw(a, alloc, w), 0);
+  ASSERT_EQ(reg.alloc_mw(a, alloc.pd, alloc, w), 0);
   proto::BindMwReq bind{};
   bind.mw = w.handle;
   bind.qpn = ud;
