@@ -179,8 +179,14 @@ SV_HANDLER(QueryPd) {
   return 0;
 }
 SV_HANDLER(RegBacking) { return env.registry.reg_backing(env.client, std::move(env.in_fds[0]), rep.handle); }
-SV_HANDLER(RegMr) { return env.registry.reg_mr(env.client, req, rep); }
-SV_HANDLER(ReregMr) { return env.registry.rereg_mr(env.client, req, rep); }
+SV_HANDLER(RegMr) {
+  (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
+  return env.registry.reg_mr(env.client, obj.get<1>(), req, rep);
+}
+SV_HANDLER(ReregMr) {
+  (void)obj.optional<1>();  // a new PD: the caller's (the MR records req.pd)
+  return env.registry.rereg_mr(env.client, obj.get<0>(), obj.optional<2>(), req, rep);
+}
 SV_DESTROY_HANDLER(DeregMr)
 SV_HANDLER(QueryMr) {
   env.registry.query_mr(obj.id<0>(), obj.get<0>(), rep);

@@ -17,12 +17,12 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-// Is `req` a registration this client may make (ibv_reg_mr(3))? The one
-// check for a new registration (RegMr, RegShared) and for what a
-// re-registration would make of an existing one (ReregMr).
-int Registry::check_mr(uint32_t client, const proto::RegMrReq& req) {
-  const Backing* b = backings_.owned(req.backing, ctx(client));
-  if (!pds_.owned(req.pd, ctx(client)) || !b) return EINVAL;
+// Is `req` over backing `b` a registration that may be made (ibv_reg_mr(3))?
+// The one check for a new registration (RegMr, RegShared) and for what a
+// re-registration would make of an existing one (ReregMr); its PD and
+// backing are the registrant's (resolved by the command layer, or the MR's own).
+int Registry::check_mr(const Backing& backing, const proto::RegMrReq& req) {
+  const Backing* b = &backing;
   if (b->dm) return EINVAL;  // device memory is registered by RegDmMr alone (dm.cc)
   if (req.access & ~kKnownAccess) return EINVAL;
   // ibv_reg_mr(3): remote write or remote atomic access needs local write.
@@ -54,8 +54,8 @@ void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t cl
   e.generation++;
 }
 
-int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
-  if (int e = check_mr(client, req)) return e;
+int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+  if (int e = check_mr(b, req)) return e;
   return install_mr(client, req, true, 0, rep);
 }
 
@@ -103,10 +103,11 @@ int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charg
 // dereg_mr is) while memory windows are bound to it: their entries were
 // cut from its range and rights. Any refusal leaves the MR exactly as it
 // was.
-int Registry::rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep) {
+int Registry::rereg_mr(uint32_t client, Mr& the_mr, const Backing* backing, const proto::ReregMrReq& req,
+                       proto::RegMrReply& rep) {
   constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
-  Mr* mr = mrs_.owned(req.handle, ctx(client));
-  if (!mr || req.flags == 0 || (req.flags & ~kFlags)) return EINVAL;
+  Mr* mr = &the_mr;
+  if (req.flags == 0 || (req.flags & ~kFlags)) return EINVAL;
   if (mr->dm) return EINVAL;  // an MR over device memory is not re-registered (as mlx5)
   if (mr->refs) return EBUSY;
   MrEntry& e = tables_.mr_at(req.handle);
@@ -118,7 +119,9 @@ int Registry::rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::Reg
   n.addr = moves ? req.addr : e.file_offset;
   n.length = moves ? req.length : e.length;
   n.iova = moves ? req.iova : e.iova;
-  if (int err = check_mr(client, n)) return err;
+  // A new PD or backing is named (and resolved as the caller's); else the MR's own.
+  if (!n.pd || !n.backing || (moves && !backing)) return EINVAL;
+  if (int err = check_mr(moves ? *backing : backings_.at(mr->backing), n)) return err;
   // New pages are charged to the caller, the old charge counted as gone
   // when the caller holds it; then the old charge is released.
   uint64_t bytes = mr->charged_bytes;
@@ -206,7 +209,7 @@ int Registry::reg_shared(uint32_t client, const proto::RegSharedReq& req, proto:
   r.length = e->length;
   r.iova = req.iova;
   r.access = req.access;
-  return reg_mr(client, r, rep);
+  return reg_mr(client, backings_.at(r.backing), r, rep);
 }
 
 void Registry::query_mr(uint32_t handle, const Mr& mr, proto::QueryMrReply& rep) const {

@@ -133,8 +133,11 @@ class Registry : private MediationTables {
   // receives borrowed descriptors to send with the reply.
   int alloc_pd(uint32_t client, uint32_t& pd);
   int reg_backing(uint32_t client, Fd fd, uint32_t& id);
-  int reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
-  int rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep);
+  // The registrations: `b` is backing req.backing (the client's).
+  int reg_mr(uint32_t client, const daemon::Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep);
+  // `backing`: the new one of a move (null: none named).
+  int rereg_mr(uint32_t client, daemon::Mr& mr, const daemon::Backing* backing, const proto::ReregMrReq& req,
+               proto::RegMrReply& rep);
   int create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle);
   // `channel`: the client's (0: none).
   int create_cq(uint32_t client, uint32_t channel, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
@@ -346,7 +349,7 @@ class Registry : private MediationTables {
   };
   int charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit, uint64_t& bytes);
   void uncharge_memlock(pid_t pid, uint64_t bytes);
-  int check_mr(uint32_t client, const proto::RegMrReq& req);
+  int check_mr(const Backing& b, const proto::RegMrReq& req);
   // Makes the MR `req` describes (checked); `charge`: count its pages as
   // the registrant's locked memory (not for device memory).
   int install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm, proto::RegMrReply& rep);

@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include "daemon/commands.h"
+
 namespace sv::daemon {
 namespace {
 
@@ -24,6 +26,23 @@ constexpr uint32_t kPage = 4096;
 // handle resolved as the caller's (else EINVAL), then its type's destroy.
 int destroy(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
   return reg.resolve(kind, client, handle) ? reg.destroy(kind, client, handle) : EINVAL;
+}
+// A request as a client's reaches the registry: through the command layer
+// (commands.h), which resolves the handle fields its op declares.
+template <proto::Op op>
+int call(Registry& reg, uint32_t client, typename proto::Command<op>::Req req,
+         typename proto::Command<op>::Rep* rep = nullptr) {
+  static RocePort roce;  // not opened
+  std::vector<Fd> in;
+  std::vector<int> out;
+  CommandEnv env{reg, roce, client, in, out, nullptr};
+  proto::init_header(req, op);
+  uint8_t buf[proto::kMaxMessage];
+  run_command(env, req.h, reinterpret_cast<const uint8_t*>(&req), sizeof req, buf);
+  proto::Header h;
+  std::memcpy(&h, buf, sizeof h);
+  if (rep) std::memcpy(rep, buf, sizeof *rep);
+  return h.status;
 }
 // The object a handle field resolves to for the caller (which must exist).
 template <class T>
@@ -72,7 +91,7 @@ class RegistryObjects : public ::testing::Test {
     req.iova = 0x10000;
     req.access = access;
     proto::RegMrReply rep{};
-    EXPECT_EQ(reg.reg_mr(c, req, rep), 0);
+    EXPECT_EQ(call<proto::Op::RegMr>(reg, c, req, &rep), 0);
     return rep;
   }
   uint32_t channel(uint32_t c) {
@@ -350,7 +369,7 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
   r.flags = IBV_REREG_MR_CHANGE_PD;
   r.pd = p2;
   proto::RegMrReply rep{};
-  ASSERT_EQ(reg.rereg_mr(a, r, rep), 0);
+  ASSERT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), 0);
   EXPECT_EQ(rep.key, m.key);
   ASSERT_NE(reg.mr_entry(m.key), nullptr);
   EXPECT_EQ(reg.mr_entry(m.key)->pd, p2);
@@ -362,7 +381,7 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
   r.addr = kPage;
   r.length = 2 * kPage;
   r.iova = 0x20000;
-  ASSERT_EQ(reg.rereg_mr(a, r, rep), 0);
+  ASSERT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), 0);
   const shm::MrEntry* e = reg.mr_entry(m.key);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->file_offset, kPage);
@@ -373,22 +392,22 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
   // write without local write, and another context's MR, PD or backing.
   const uint32_t gen2 = e->generation;
   r.addr = 3 * kPage;
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   r.flags = 0;
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   r.flags = IBV_REREG_MR_CHANGE_ACCESS;
   r.access = IBV_ACCESS_REMOTE_WRITE;
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   uint32_t other = reg.add_client(::getpid(), ::getuid(), ::getgid());
   r.access = IBV_ACCESS_LOCAL_WRITE;
-  EXPECT_EQ(reg.rereg_mr(other, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, other, r, &rep), EINVAL);
   r.flags = IBV_REREG_MR_CHANGE_PD;
   r.pd = pd(other);
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   r.flags = IBV_REREG_MR_CHANGE_TRANSLATION;
   r.backing = backing(other);
   r.addr = 0;
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   e = reg.mr_entry(m.key);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->generation, gen2);
