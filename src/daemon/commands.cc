@@ -225,7 +225,11 @@ SV_HANDLER(CqError) { return env.registry.cq_error(env.client, req.handle); }
 SV_HANDLER(PollCq) { return env.registry.poll_granted_cq(env.client, req, rep); }
 
 // ---- QPs ------------------------------------------------------------------
-SV_HANDLER(CreateQp) { return env.registry.create_qp(env.client, req, rep, env.out_fds); }
+SV_HANDLER(CreateQp) {
+  // Its PD and CQs: the caller's, or none (an XRC target QP); the QP records them.
+  (void)obj.optional<0>(), (void)obj.optional<1>(), (void)obj.optional<2>();
+  return env.registry.create_qp(env.client, {obj.optional<3>(), obj.optional<4>()}, req, rep, env.out_fds);
+}
 SV_HANDLER(ModifyQp) { return env.registry.modify_qp(obj.get<0>(), req); }
 SV_DESTROY_HANDLER(DestroyQp)
 SV_HANDLER(ImportQp) {
@@ -278,7 +282,11 @@ SV_HANDLER(RoceAttach) {
 }
 
 // ---- SRQs and XRC ---------------------------------------------------------
-SV_HANDLER(CreateSrq) { return env.registry.create_srq(env.client, req, rep, env.out_fds); }
+SV_HANDLER(CreateSrq) {
+  // Its PD and (XRC) CQ: the caller's; the SRQ records them.
+  (void)obj.get<0>(), (void)obj.optional<2>();
+  return env.registry.create_srq(env.client, obj.optional<1>(), req, rep, env.out_fds);
+}
 SV_DESTROY_HANDLER(DestroySrq)
 SV_HANDLER(ImportSrq) {
   const Srq& srq = obj.get<0>();
@@ -296,8 +304,8 @@ SV_HANDLER(OpenXrcd) {
   return env.registry.open_xrcd(env.client, req, std::move(fd), rep.handle);
 }
 SV_DESTROY_HANDLER(CloseXrcd)
-SV_HANDLER(ConnectXrc) { return env.registry.connect_xrc(env.client, req, rep, env.out_fds); }
-SV_HANDLER(OpenQp) { return env.registry.open_qp(env.client, req, rep, env.out_fds); }
+SV_HANDLER(ConnectXrc) { return env.registry.connect_xrc(env.client, obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(OpenQp) { return env.registry.open_qp(env.client, obj.get<0>(), req, rep, env.out_fds); }
 
 // ---- The namespace (docs/SHARING.md) --------------------------------------
 SV_HANDLER(NsPublish) { return env.registry.ns_publish(env.client, req); }

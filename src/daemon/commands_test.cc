@@ -236,7 +236,7 @@ class CommandHandles : public Commands {
     req.max_send_sge = req.max_recv_sge = 1;
     proto::CreateQpReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(0, reg().create_qp(client, req, rep, fds));
+    EXPECT_EQ(0, reg().create_qp(client, {}, req, rep, fds));
     return rep.qpn;
   }
   uint32_t mr() {
@@ -259,7 +259,7 @@ class CommandHandles : public Commands {
     req.srq_type = IBV_SRQT_BASIC;
     proto::CreateSrqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(0, reg().create_srq(client, req, rep, fds));
+    EXPECT_EQ(0, reg().create_srq(client, nullptr, req, rep, fds));
     return rep.handle;
   }
   uint32_t make(proto::Obj kind) {

@@ -43,21 +43,16 @@ Registry::Qp* Registry::held_qp(uint32_t c, uint32_t qpn) {
 // be the client's, its sizes within the device's. An XRC target QP has no
 // PD, CQs or queues: it belongs to its XRC domain (*xrcd), and receives go
 // to the XRC SRQ each message names (IBTA annex A14).
-int Registry::check_create_qp(uint32_t client, const proto::CreateQpReq& req, uint32_t& xrcd) {
+int Registry::check_create_qp(const QpObjects& o, const proto::CreateQpReq& req) {
   const bool tgt = req.qp_type == IBV_QPT_XRC_RECV;
-  const uint32_t c = ctx(client);
-  xrcd = 0;
   if (tgt) {
-    xrcd = xrcd_of(client, req.xrcd);
-    if (!xrcd || req.pd || req.send_cq || req.recv_cq || req.srq) return EINVAL;
+    if (!o.xrcd || req.pd || req.send_cq || req.recv_cq || req.srq) return EINVAL;
   } else if (req.xrcd) {
     return EINVAL;
   }
-  if (!tgt && (!pds_.owned(req.pd, c) || !cqs_.owned(req.send_cq, c) || !cqs_.owned(req.recv_cq, c))) return EINVAL;
-  if (req.srq) {
-    const Srq* srq = srqs_.owned(req.srq, c);
-    if (!srq || req.qp_type == IBV_QPT_UD || req.qp_type == IBV_QPT_XRC_SEND || srq->type != IBV_SRQT_BASIC)
-      return EINVAL;
+  if (!tgt && (!req.pd || !req.send_cq || !req.recv_cq)) return EINVAL;
+  if (o.srq) {
+    if (req.qp_type == IBV_QPT_UD || req.qp_type == IBV_QPT_XRC_SEND || o.srq->type != IBV_SRQT_BASIC) return EINVAL;
   }
   if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC && req.qp_type != IBV_QPT_UD &&
       req.qp_type != IBV_QPT_XRC_SEND && !tgt)
@@ -122,11 +117,11 @@ int make_qp_segment(uint32_t qpn, const QpLayout& layout, Fd& fd, Mapping& map) 
 
 }  // namespace
 
-int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
-                        std::vector<int>& out_fds) {
+int Registry::create_qp(uint32_t client, const QpObjects& o, const proto::CreateQpReq& req,
+                        proto::CreateQpReply& rep, std::vector<int>& out_fds) {
   if (int e = quotas_.admit(Quotas::kQp, client_uid(client))) return e;
-  uint32_t xrcd = 0;
-  if (int e = check_create_qp(client, req, xrcd)) return e;
+  if (int e = check_create_qp(o, req)) return e;
+  const uint32_t xrcd = o.xrcd ? o.xrcd->xrcd : 0;
   uint32_t slot = alloc_qp_slot();
   if (!slot) return ENOMEM;
   if (int err = tables_.claim_qp(slot, ctx_uid(ctx(client)))) return err;

@@ -150,13 +150,20 @@ class Registry : private MediationTables {
   int get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int cq_error(uint32_t client, uint32_t handle);
   int open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle);
-  int connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
+  int connect_xrc(uint32_t client, const daemon::Qp& qp, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                   std::vector<int>& out_fds);
-  int open_qp(uint32_t client, const proto::OpenQpReq& req, proto::ImportQpReply& rep, std::vector<int>& out_fds);
+  // XRC target QP req.qpn, in the domain of the client's handle `xrcd`.
+  int open_qp(uint32_t client, const daemon::XrcdHandle& xrcd, const proto::OpenQpReq& req, proto::ImportQpReply& rep,
+              std::vector<int>& out_fds);
   // Multicast (qp.cc): QP req.qpn is `qp`, the client's.
   int attach_mcast(uint32_t client, const daemon::Qp& qp, const proto::McastReq& req);
   int detach_mcast(const daemon::Qp& qp, const proto::McastReq& req);
-  int create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
+  // The objects a CreateQp names (each the client's, or null for none).
+  struct QpObjects {
+    const daemon::Srq* srq = nullptr;
+    const daemon::XrcdHandle* xrcd = nullptr;
+  };
+  int create_qp(uint32_t client, const QpObjects& o, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
   int modify_qp(const daemon::Qp& qp, const proto::ModifyQpReq& req);
   // The peer of the client's QP `qp` (`qpn`), or (UD) QP `dest`.
@@ -210,7 +217,9 @@ class Registry : private MediationTables {
   void accounts(proto::AccountsReply& rep) const;
 
   int reg_async(uint32_t client, Fd wake);
-  int create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
+  // `xrcd`: the client's handle of an XRC domain req.xrcd names (null: none).
+  int create_srq(uint32_t client, const daemon::XrcdHandle* xrcd, const proto::CreateSrqReq& req,
+                 proto::CreateSrqReply& rep,
                  std::vector<int>& out_fds);
   int srq_limit(uint32_t client, uint32_t handle);
   // Async events waiting to be sent: (client, event type, element). The
@@ -364,7 +373,7 @@ class Registry : private MediationTables {
   bool cq_granted(uint32_t client, uint32_t handle) const;
 
   // ---- QPs (qp.cc) ----
-  int check_create_qp(uint32_t client, const proto::CreateQpReq& req, uint32_t& xrcd);
+  int check_create_qp(const QpObjects& o, const proto::CreateQpReq& req);
   uint32_t alloc_qp_slot();
   void init_qp_entry(uint32_t client, uint32_t slot, uint32_t qpn, const proto::CreateQpReq& req);
   int peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
@@ -380,7 +389,6 @@ class Registry : private MediationTables {
   uid_t qp_uid(uint32_t qpn) const;
 
   // ---- XRC (xrc.cc) ----
-  uint32_t xrcd_of(uint32_t client, uint32_t handle);  // 0 if not the client's
   void xrcd_drop_if_unused(uint32_t id);
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
   void release_xrcd_handle(uint32_t handle);

@@ -121,7 +121,7 @@ class RegistryObjects : public ::testing::Test {
     req.cq = xcq;
     proto::CreateSrqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(reg.create_srq(c, req, rep, fds), 0);
+    EXPECT_EQ(call<proto::Op::CreateSrq>(reg, c, req, &rep), 0);
     return rep.handle;
   }
   int create_qp(uint32_t c, uint32_t p, uint32_t scq, uint32_t rcq, uint32_t s, ibv_qp_type type,
@@ -139,7 +139,7 @@ class RegistryObjects : public ::testing::Test {
     req.xrcd = xrcd;
     proto::CreateQpReply rep{};
     std::vector<int> fds;
-    int err = reg.create_qp(c, req, rep, fds);
+    int err = call<proto::Op::CreateQp>(reg, c, req, &rep);
     qpn = rep.qpn;
     return err;
   }
@@ -519,7 +519,7 @@ TEST_F(RegistryXrc, XrcTargetQpOutlivesItsCreator) {
   oq.xrcd = xb;
   proto::ImportQpReply rep{};
   std::vector<int> fds;
-  ASSERT_EQ(reg.open_qp(b, oq, rep, fds), 0);
+  ASSERT_EQ(call<proto::Op::OpenQp>(reg, b, oq, &rep), 0);
   reg.remove_client(a);
   ASSERT_NE(reg.qp_entry(tgt), nullptr);
   EXPECT_TRUE(reg.holds_qp(b, tgt));

@@ -13,17 +13,16 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
-                         std::vector<int>& out_fds) {
+int Registry::create_srq(uint32_t client, const XrcdHandle* xh, const proto::CreateSrqReq& req,
+                         proto::CreateSrqReply& rep, std::vector<int>& out_fds) {
   if (int e = quotas_.admit(Quotas::kSrq, client_uid(client))) return e;
-  if (!pds_.owned(req.pd, ctx(client))) return EINVAL;
   if (req.max_wr == 0 || req.max_wr > kMaxQpWr || req.max_sge == 0 || req.max_sge > kMaxSge) return EINVAL;
   if (req.reserved) return EINVAL;
   uint32_t xrcd = 0;
   if (req.srq_type == IBV_SRQT_XRC) {
     // An XRC SRQ belongs to an XRC domain and has its own CQ.
-    xrcd = xrcd_of(client, req.xrcd);
-    if (!xrcd || !cqs_.owned(req.cq, ctx(client))) return EINVAL;
+    xrcd = xh ? xh->xrcd : 0;
+    if (!xrcd || !req.cq) return EINVAL;
   } else if (req.srq_type != IBV_SRQT_BASIC) {
     return req.srq_type == IBV_SRQT_TM ? EOPNOTSUPP : EINVAL;
   } else if (req.xrcd || req.cq) {
