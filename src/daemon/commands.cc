@@ -193,11 +193,17 @@ SV_HANDLER(QueryMr) {
   return 0;
 }
 SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(env.client, req.key, rep, env.out_fds); }
-SV_HANDLER(RegShmid) { return env.registry.reg_shmid(env.client, req, rep, env.out_fds); }
-SV_HANDLER(RegShared) { return env.registry.reg_shared(env.client, req, rep); }
+SV_HANDLER(RegShmid) {
+  (void)obj.get<0>();  // the PD: the caller's (the registration that follows names it)
+  return env.registry.reg_shmid(env.client, req, rep, env.out_fds);
+}
+SV_HANDLER(RegShared) {
+  (void)obj.get<0>();  // the PD: the caller's (the new MR records req.pd)
+  return env.registry.reg_shared(env.client, req, rep);
+}
 SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, obj.id<0>(), req, rep); }
 SV_DESTROY_HANDLER(DeallocMw)
-SV_HANDLER(BindMw) { return env.registry.bind_mw(env.client, req, rep); }
+SV_HANDLER(BindMw) { return env.registry.bind_mw(obj.get<0>(), obj.get<1>(), req, rep); }
 SV_HANDLER(InvalidateKey) { return env.registry.invalidate(env.client, req); }
 SV_HANDLER(AllocDm) { return env.registry.alloc_dm(env.client, req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(FreeDm)

@@ -209,7 +209,7 @@ int Registry::reg_shared(uint32_t client, const proto::RegSharedReq& req, proto:
   r.length = e->length;
   r.iova = req.iova;
   r.access = req.access;
-  return reg_mr(client, backings_.at(r.backing), r, rep);
+  return reg_mr(client, backings_.at(r.backing), r, rep);  // req.pd: resolved as the client's
 }
 
 void Registry::query_mr(uint32_t handle, const Mr& mr, proto::QueryMrReply& rep) const {
@@ -330,12 +330,8 @@ void Registry::release_mw(uint32_t slot) {
   forget(ObjKind::kMw, slot);
 }
 
-int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyReply& rep) {
-  auto it = mws_.find(r.mw);
-  if (it == mws_.end() || it->second.owner != ctx(client)) return EINVAL;
-  Mw& mw = it->second;
-  Qp* qp = find_qp(client, r.qpn);
-  if (!qp) return EINVAL;
+int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto::KeyReply& rep) {
+  const Qp* qp = &binder;
   if (ibv_qp_state(qp_slot(r.qpn).state.load()) != IBV_QPS_RTS) return EINVAL;
   constexpr uint32_t kWindowAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;

@@ -108,6 +108,8 @@ class Registry : private MediationTables {
   // CQ's poll lock taken with a try-lock: the daemon never waits on a lock a
   // client can hold (a busy lock answers 0 completions).
   int poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep);
+  // A region by id, and a registration of an MR's pages (by key): req.pd is
+  // the client's (resolved by the command layer).
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
   int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
   // The namespace (name_space.h). Publishing needs the object in the
@@ -200,7 +202,8 @@ class Registry : private MediationTables {
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
   int alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep);
-  int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
+  // Window `mw` (req.mw) through QP `qp` (req.qpn), both the client's.
+  int bind_mw(daemon::Mw& mw, const daemon::Qp& qp, const proto::BindMwReq& req, proto::KeyReply& rep);
   int invalidate(uint32_t client, const proto::InvalidateReq& req);
   // Device memory (dm.cc; ibv_alloc_dm(3)).
   int alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);

@@ -344,12 +344,12 @@ TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   bind.length = 64;
   bind.access = IBV_ACCESS_REMOTE_WRITE;
   proto::KeyReply bound{};
-  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
+  ASSERT_EQ(call<proto::Op::BindMw>(reg, a, bind, &bound), 0);
   EXPECT_NE(reg.mr_entry(bound.key), nullptr);
   EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), EBUSY);  // a window is bound to it
   bind.mr_key = 0;
   bind.length = 0;  // type 1 unbind
-  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
+  ASSERT_EQ(call<proto::Op::BindMw>(reg, a, bind, &bound), 0);
   EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
   EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EBUSY);  // the window and the QP
   EXPECT_EQ(destroy(reg, ObjKind::kMw, a, w.handle), 0);
@@ -556,7 +556,7 @@ TEST_F(RegistryContext, ReleasingAContextFreesEverything) {
   bind.length = 64;
   bind.access = IBV_ACCESS_REMOTE_WRITE;
   proto::KeyReply bound{};
-  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
+  ASSERT_EQ(call<proto::Op::BindMw>(reg, a, bind, &bound), 0);
   (void)xs;
 
   // A second process of the context: its leaving frees nothing.
@@ -605,7 +605,7 @@ TEST_F(RegistrySharing, RegionGoesWithItsLastMr) {
   req.length = kPage;
   proto::RegShmidReply rep{};
   std::vector<int> fds;
-  ASSERT_EQ(reg.reg_shmid(a, req, rep, fds), 0);
+  ASSERT_EQ(call<proto::Op::RegShmid>(reg, a, req, &rep), 0);
   EXPECT_EQ(rep.created, 1u);
   EXPECT_EQ(reg.region_count(), 1u);
   proto::RegMrReply m = mr(a, p, rep.backing);
