@@ -1,6 +1,8 @@
 // commands.cc: each op's handler, and the generic checks around it (see
-// commands.h). A handler decodes nothing and checks no descriptor count:
-// run_command has done both from the op's declaration (common/protocol.h).
+// commands.h). A handler decodes nothing, checks no descriptor count and
+// looks up no handle field: run_command has done all three from the op's
+// declaration (common/protocol.h, common/op_handles.h), and destroys the
+// object of a destroy op by its type's hook once the handler succeeded.
 #include "daemon/commands.h"
 
 #include <fcntl.h>

@@ -2,9 +2,12 @@
 //
 // Contract: single-threaded (the daemon's event loop owns it). Every entry
 // point takes the id of the calling client and a request whose fields have
-// not been trusted yet; it validates each handle (it must exist and be held
-// by that client), length, key and attribute, and answers with a positive
-// errno on any violation. The registry writes the device segments (MR, QP
+// not been trusted yet. The handle fields an op declares (common/
+// op_handles.h) were resolved before the call by the command layer
+// (commands.cc, through resolve()), which passes the objects; the entry
+// point validates everything else (lengths, keys, attributes, handles
+// reached some other way) and answers with a positive errno on any
+// violation. Destroying a declared handle is destroy(), per type. The registry writes the device segments (MR, QP
 // and multicast tables, one per user: device_tables.h) that clients map
 // read-only; they are sealed, so what it reads back from them is its own. Objects are released when their
 // holder destroys them or when the holder's connection closes.
