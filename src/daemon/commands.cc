@@ -206,7 +206,10 @@ SV_HANDLER(RegShared) {
 SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, obj.id<0>(), req, rep); }
 SV_DESTROY_HANDLER(DeallocMw)
 SV_HANDLER(BindMw) { return env.registry.bind_mw(obj.get<0>(), obj.get<1>(), req, rep); }
-SV_HANDLER(InvalidateKey) { return env.registry.invalidate(env.client, req); }
+SV_HANDLER(InvalidateKey) {
+  (void)obj.get<0>();  // the QP: the caller's (its PD and peer are checked against the key's window)
+  return env.registry.invalidate(env.client, req);
+}
 SV_HANDLER(AllocDm) { return env.registry.alloc_dm(env.client, req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(FreeDm)
 SV_HANDLER(ImportDm) { return env.registry.import_dm(obj.id<0>(), obj.get<0>(), rep, env.out_fds); }

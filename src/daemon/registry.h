@@ -207,6 +207,8 @@ class Registry : private MediationTables {
   int alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep);
   // Window `mw` (req.mw) through QP `qp` (req.qpn), both the client's.
   int bind_mw(daemon::Mw& mw, const daemon::Qp& qp, const proto::BindMwReq& req, proto::KeyReply& rep);
+  // QP req.qpn is the client's (resolved by the command layer, or checked by
+  // invalidate_remote); the key names the window.
   int invalidate(uint32_t client, const proto::InvalidateReq& req);
   // Device memory (dm.cc; ibv_alloc_dm(3)).
   int alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
