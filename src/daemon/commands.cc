@@ -1,6 +1,8 @@
 // commands.cc: each op's handler, and the generic checks around it (see
-// commands.h). A handler decodes nothing and checks no descriptor count:
-// run_command has done both from the op's declaration (common/protocol.h).
+// commands.h). A handler decodes nothing, checks no descriptor count and
+// looks up no handle field: run_command has done all three from the op's
+// declaration (common/protocol.h, common/op_handles.h), and destroys the
+// object of a destroy op by its type's hook once the handler succeeded.
 #include "daemon/commands.h"
 
 #include <fcntl.h>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/op_handles.h"
 #include "common/paths.h"
 #include "common/trace.h"
 
@@ -26,16 +29,106 @@ using Req = typename proto::Command<op>::Req;
 template <Op op>
 using Rep = typename proto::Command<op>::Rep;
 
-// The handler of op `op`: returns the reply's status (0 or a positive
-// errno) and fills `rep` and env.out_fds. Specialised once per op below
-// (but AsyncEvent, which the daemon only sends); one missing does not link.
-template <Op op>
-int handler(CommandEnv& env, const Req<op>& req, Rep<op>& rep);
+HandleAudit g_audit;
 
-#define SV_HANDLER(op_)                                                                          \
-  template <>                                                                                    \
+// The objects the request fields of op `op` name (common/op_handles.h),
+// resolved before its handler runs: each must exist and be the caller's
+// (Registry::resolve), else the request fails with EINVAL and no handler
+// runs. The handler takes them typed from here, which records which ones
+// it used; a kDestroy one is destroyed here once the handler succeeded.
+template <Op op>
+class Resolved {
+  static constexpr auto& kFields = proto::HandleFields<op>::list;
+  static constexpr size_t kN = kFields.size();
+  static_assert(kN <= 32);
+  template <size_t I>
+  using T = typename ObjType<kFields[I].kind>::type;
+  template <size_t I>
+  static constexpr ObjKind kind = ObjType<kFields[I].kind>::kind;
+
+ public:
+  // 0, or EINVAL naming the first field that is no object of the caller.
+  int resolve(Registry& reg, uint32_t client, const Req<op>& req) {
+    return resolve_each(reg, client, req, std::make_index_sequence<kN>{});
+  }
+  // The object of field I (kRead).
+  template <size_t I>
+  T<I>& get() {
+    static_assert(kFields[I].access == proto::HandleAccess::kRead);
+    used_ |= 1u << I;
+    return *static_cast<T<I>*>(objs_[I]);
+  }
+  // The object of field I (kOptional), null for none.
+  template <size_t I>
+  T<I>* optional() {
+    static_assert(kFields[I].access == proto::HandleAccess::kOptional);
+    used_ |= 1u << I;
+    return static_cast<T<I>*>(objs_[I]);
+  }
+  // Field I's handle (that of the object get<I> gives).
+  template <size_t I>
+  uint32_t id() {
+    used_ |= 1u << I;
+    return ids_[I];
+  }
+  // Destroys the kDestroy objects, by their types' hooks (EBUSY while used).
+  int destroy(Registry& reg, uint32_t client) { return destroy_each(reg, client, std::make_index_sequence<kN>{}); }
+  uint32_t declared() const { return kN ? uint32_t((uint64_t(1) << kN) - 1) : 0; }
+  uint32_t used() const { return used_; }
+
+ private:
+  template <size_t... I>
+  int resolve_each([[maybe_unused]] Registry& reg, [[maybe_unused]] uint32_t client, [[maybe_unused]] const Req<op>& req,
+                   std::index_sequence<I...>) {
+    int e = 0;
+    ((e = e ? e : resolve_one<I>(reg, client, req.*(kFields[I].field))), ...);
+    return e;
+  }
+  template <size_t I>
+  int resolve_one(Registry& reg, uint32_t client, uint32_t handle) {
+    ids_[I] = handle;
+    if (kFields[I].access == proto::HandleAccess::kOptional && handle == 0) return 0;
+    objs_[I] = reg.resolve(kind<I>, client, handle);
+    if (objs_[I]) return 0;
+    SV_TRACE("daemon: %s: %s %u is no object of the caller", proto::Command<op>::info.name,
+             type_info(kind<I>).name, handle);
+    return EINVAL;
+  }
+  template <size_t... I>
+  int destroy_each([[maybe_unused]] Registry& reg, [[maybe_unused]] uint32_t client, std::index_sequence<I...>) {
+    int e = 0;
+    ((e = e ? e : destroy_one<I>(reg, client)), ...);
+    return e;
+  }
+  template <size_t I>
+  int destroy_one(Registry& reg, uint32_t client) {
+    if constexpr (kFields[I].access != proto::HandleAccess::kDestroy) {
+      return 0;
+    } else {
+      used_ |= 1u << I;
+      return reg.destroy(kind<I>, client, ids_[I]);
+    }
+  }
+
+  std::array<Object*, kN> objs_{};
+  std::array<uint32_t, kN> ids_{};
+  uint32_t used_ = 0;
+};
+
+// The handler of op `op`: returns the reply's status (0 or a positive
+// errno) and fills `rep` and env.out_fds, from the request and the objects
+// its handle fields name. Specialised once per op below (but AsyncEvent,
+// which the daemon only sends); one missing does not link.
+template <Op op>
+int handler(CommandEnv& env, const Req<op>& req, Rep<op>& rep, Resolved<op>& obj);
+
+#define SV_HANDLER(op_)                                                                             \
+  template <>                                                                                       \
   int handler<Op::op_>([[maybe_unused]] CommandEnv & env, [[maybe_unused]] const Req<Op::op_>& req, \
-                       [[maybe_unused]] Rep<Op::op_>& rep)
+                       [[maybe_unused]] Rep<Op::op_>& rep, [[maybe_unused]] Resolved<Op::op_>& obj)
+// An op whose work is the destroy of its kDestroy handle, which run() does.
+#define SV_DESTROY_HANDLER(op_) \
+  SV_HANDLER(op_) { return 0; }
 
 // ---- Context ------------------------------------------------------------
 SV_HANDLER(Hello) {
@@ -82,48 +175,90 @@ SV_HANDLER(Accounts) {
 
 // ---- PD, backings, MRs, windows -------------------------------------------
 SV_HANDLER(AllocPd) { return env.registry.alloc_pd(env.client, rep.handle); }
-SV_HANDLER(DeallocPd) { return env.registry.dealloc_pd(env.client, req.handle); }
-SV_HANDLER(QueryPd) { return env.registry.query_pd(env.client, req.handle); }
+SV_DESTROY_HANDLER(DeallocPd)
+SV_HANDLER(QueryPd) {
+  (void)obj.get<0>();  // ibv_query_pd: the PD is the caller's
+  return 0;
+}
 SV_HANDLER(RegBacking) { return env.registry.reg_backing(env.client, std::move(env.in_fds[0]), rep.handle); }
-SV_HANDLER(RegMr) { return env.registry.reg_mr(env.client, req, rep); }
-SV_HANDLER(ReregMr) { return env.registry.rereg_mr(env.client, req, rep); }
-SV_HANDLER(DeregMr) { return env.registry.dereg_mr(env.client, req.handle); }
-SV_HANDLER(QueryMr) { return env.registry.query_mr(env.client, req.handle, rep); }
+SV_HANDLER(RegMr) {
+  (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
+  return env.registry.reg_mr(env.client, obj.get<1>(), req, rep);
+}
+SV_HANDLER(ReregMr) {
+  (void)obj.optional<1>();  // a new PD: the caller's (the MR records req.pd)
+  return env.registry.rereg_mr(env.client, obj.get<0>(), obj.optional<2>(), req, rep);
+}
+SV_DESTROY_HANDLER(DeregMr)
+SV_HANDLER(QueryMr) {
+  env.registry.query_mr(obj.id<0>(), obj.get<0>(), rep);
+  return 0;
+}
 SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(env.client, req.key, rep, env.out_fds); }
-SV_HANDLER(RegShmid) { return env.registry.reg_shmid(env.client, req, rep, env.out_fds); }
-SV_HANDLER(RegShared) { return env.registry.reg_shared(env.client, req, rep); }
-SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, req, rep); }
-SV_HANDLER(DeallocMw) { return env.registry.dealloc_mw(env.client, req.handle); }
-SV_HANDLER(BindMw) { return env.registry.bind_mw(env.client, req, rep); }
-SV_HANDLER(InvalidateKey) { return env.registry.invalidate(env.client, req); }
+SV_HANDLER(RegShmid) {
+  (void)obj.get<0>();  // the PD: the caller's (the registration that follows names it)
+  return env.registry.reg_shmid(env.client, req, rep, env.out_fds);
+}
+SV_HANDLER(RegShared) {
+  (void)obj.get<0>();  // the PD: the caller's (the new MR records req.pd)
+  return env.registry.reg_shared(env.client, req, rep);
+}
+SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, obj.id<0>(), req, rep); }
+SV_DESTROY_HANDLER(DeallocMw)
+SV_HANDLER(BindMw) { return env.registry.bind_mw(obj.get<0>(), obj.get<1>(), req, rep); }
+SV_HANDLER(InvalidateKey) {
+  (void)obj.get<0>();  // the QP: the caller's (its PD and peer are checked against the key's window)
+  return env.registry.invalidate(env.client, req);
+}
 SV_HANDLER(AllocDm) { return env.registry.alloc_dm(env.client, req, rep, env.out_fds); }
-SV_HANDLER(FreeDm) { return env.registry.free_dm(env.client, req.handle); }
-SV_HANDLER(ImportDm) { return env.registry.import_dm(env.client, req.handle, rep, env.out_fds); }
-SV_HANDLER(RegDmMr) { return env.registry.reg_dm_mr(env.client, req, rep); }
+SV_DESTROY_HANDLER(FreeDm)
+SV_HANDLER(ImportDm) { return env.registry.import_dm(obj.id<0>(), obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(RegDmMr) { return env.registry.reg_dm_mr(env.client, obj.id<0>(), obj.get<1>(), req, rep); }
 
 // ---- Channels and CQs -----------------------------------------------------
 SV_HANDLER(CreateChannel) {
   return env.registry.create_channel(env.client, std::move(env.in_fds[0]), std::move(env.in_fds[1]), rep.handle);
 }
-SV_HANDLER(DestroyChannel) { return env.registry.destroy_channel(env.client, req.handle); }
-SV_HANDLER(ImportChannel) { return env.registry.import_channel(env.client, req.handle, env.out_fds); }
-SV_HANDLER(CreateCq) { return env.registry.create_cq(env.client, req, rep, env.out_fds); }
-SV_HANDLER(DestroyCq) { return env.registry.destroy_cq(env.client, req.handle); }
+SV_DESTROY_HANDLER(DestroyChannel)
+SV_HANDLER(ImportChannel) {
+  const Channel& ch = obj.get<0>();
+  env.out_fds.push_back(ch.fd.get());
+  env.out_fds.push_back(ch.wake.get());
+  return 0;
+}
+SV_HANDLER(CreateCq) { return env.registry.create_cq(env.client, obj.id<0>(), req, rep, env.out_fds); }
+SV_DESTROY_HANDLER(DestroyCq)
 SV_HANDLER(ImportCq) { return env.registry.import_cq(env.client, req.handle, rep, env.out_fds); }
-SV_HANDLER(ResizeCq) { return env.registry.resize_cq(env.client, req, rep, env.out_fds); }
-SV_HANDLER(ResizeCqDone) { return env.registry.resize_cq_done(env.client, req); }
+SV_HANDLER(ResizeCq) { return env.registry.resize_cq(obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ResizeCqDone) { return env.registry.resize_cq_done(obj.get<0>(), req); }
 SV_HANDLER(GetCq) { return env.registry.get_cq(env.client, req.handle, rep, env.out_fds); }
 SV_HANDLER(CqError) { return env.registry.cq_error(env.client, req.handle); }
 SV_HANDLER(PollCq) { return env.registry.poll_granted_cq(env.client, req, rep); }
 
 // ---- QPs ------------------------------------------------------------------
-SV_HANDLER(CreateQp) { return env.registry.create_qp(env.client, req, rep, env.out_fds); }
-SV_HANDLER(ModifyQp) { return env.registry.modify_qp(env.client, req); }
-SV_HANDLER(DestroyQp) { return env.registry.destroy_qp(env.client, req.handle); }
-SV_HANDLER(ImportQp) { return env.registry.import_qp(env.client, req.handle, rep, env.out_fds); }
-SV_HANDLER(ConnectPeer) { return env.registry.connect_peer(env.client, req.handle, rep, env.out_fds); }
-SV_HANDLER(ConnectUd) { return env.registry.connect_ud(env.client, req.qpn, req.dest, rep, env.out_fds); }
-SV_HANDLER(PeerError) { return env.registry.peer_error(env.client, req.handle, req.wc_status); }
+SV_HANDLER(CreateQp) {
+  // Its PD and CQs: the caller's, or none (an XRC target QP); the QP records them.
+  (void)obj.optional<0>(), (void)obj.optional<1>(), (void)obj.optional<2>();
+  return env.registry.create_qp(env.client, {obj.optional<3>(), obj.optional<4>()}, req, rep, env.out_fds);
+}
+SV_HANDLER(ModifyQp) { return env.registry.modify_qp(obj.get<0>(), req); }
+SV_DESTROY_HANDLER(DestroyQp)
+SV_HANDLER(ImportQp) {
+  const Qp& qp = obj.get<0>();
+  rep.pd = qp.pd;
+  rep.send_cq = qp.send_cq;
+  rep.recv_cq = qp.recv_cq;
+  rep.qp_type = qp.type;
+  rep.max_send_wr = qp.sq_capacity;
+  rep.max_recv_wr = qp.rq_capacity;
+  rep.sq_sig_all = qp.sq_sig_all;
+  rep.segment_size = qp.map.size();
+  env.out_fds.push_back(qp.fd.get());
+  return 0;
+}
+SV_HANDLER(ConnectPeer) { return env.registry.connect_peer(env.client, obj.get<0>(), obj.id<0>(), rep, env.out_fds); }
+SV_HANDLER(ConnectUd) { return env.registry.connect_ud(env.client, obj.get<0>(), req.dest, rep, env.out_fds); }
+SV_HANDLER(PeerError) { return env.registry.peer_error(obj.id<0>(), req.wc_status); }
 SV_HANDLER(Mediate) { return env.registry.mediate(env.client, req, rep, env.deferred); }
 SV_HANDLER(MediatePost) {
   (void)rep;  // never sent (Server::serve)
@@ -139,8 +274,8 @@ SV_HANDLER(Wake) {
   return env.wake ? env.wake(env.out_fds) : EOPNOTSUPP;
 }
 SV_HANDLER(MediateGone) { return env.registry.mediate_gone(env.client, req.qpn, req.client); }
-SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, req); }
-SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(env.client, req); }
+SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, obj.get<0>(), req); }
+SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(obj.get<0>(), req); }
 SV_HANDLER(RoceAttach) {
   if (!env.roce.opened()) return EOPNOTSUPP;  // SOFTVERBS_ROCE=0
   if (!env.registry.holds_qp(env.client, req.qpn)) return EINVAL;
@@ -158,17 +293,30 @@ SV_HANDLER(RoceAttach) {
 }
 
 // ---- SRQs and XRC ---------------------------------------------------------
-SV_HANDLER(CreateSrq) { return env.registry.create_srq(env.client, req, rep, env.out_fds); }
-SV_HANDLER(DestroySrq) { return env.registry.destroy_srq(env.client, req.handle); }
-SV_HANDLER(ImportSrq) { return env.registry.import_srq(env.client, req.handle, rep, env.out_fds); }
+SV_HANDLER(CreateSrq) {
+  // Its PD and (XRC) CQ: the caller's; the SRQ records them.
+  (void)obj.get<0>(), (void)obj.optional<2>();
+  return env.registry.create_srq(env.client, obj.optional<1>(), req, rep, env.out_fds);
+}
+SV_DESTROY_HANDLER(DestroySrq)
+SV_HANDLER(ImportSrq) {
+  const Srq& srq = obj.get<0>();
+  rep.pd = srq.pd;
+  // The daemon's record: the header is memory every holder can write, and
+  // an importer writes up to max_sge SGEs into each ring slot.
+  rep.max_sge = srq.max_sge;
+  rep.segment_size = srq.map.size();
+  env.out_fds.push_back(srq.fd.get());
+  return 0;
+}
 SV_HANDLER(SrqLimit) { return env.registry.srq_limit(env.client, req.handle); }
 SV_HANDLER(OpenXrcd) {
   Fd fd = env.in_fds.empty() ? Fd() : std::move(env.in_fds[0]);  // none: a private domain
   return env.registry.open_xrcd(env.client, req, std::move(fd), rep.handle);
 }
-SV_HANDLER(CloseXrcd) { return env.registry.close_xrcd(env.client, req.handle); }
-SV_HANDLER(ConnectXrc) { return env.registry.connect_xrc(env.client, req, rep, env.out_fds); }
-SV_HANDLER(OpenQp) { return env.registry.open_qp(env.client, req, rep, env.out_fds); }
+SV_DESTROY_HANDLER(CloseXrcd)
+SV_HANDLER(ConnectXrc) { return env.registry.connect_xrc(env.client, obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(OpenQp) { return env.registry.open_qp(env.client, obj.get<0>(), req, rep, env.out_fds); }
 
 // ---- The namespace (docs/SHARING.md) --------------------------------------
 SV_HANDLER(NsPublish) { return env.registry.ns_publish(env.client, req); }
@@ -186,6 +334,7 @@ SV_HANDLER(CmBind) {
   return e;
 }
 SV_HANDLER(CmUnbind) { return env.registry.cm_unbind(env.client, req); }
+#undef SV_DESTROY_HANDLER
 #undef SV_HANDLER
 
 // ---- The generic part -----------------------------------------------------
@@ -251,7 +400,14 @@ size_t run(CommandEnv& env, const proto::Header& h, const uint8_t* msg, size_t l
     }
     std::memcpy(&req, msg, sizeof req);
     Rep<op> rep{};
-    int st = handler<op>(env, req, rep);
+    Resolved<op> obj;
+    int st = obj.resolve(env.registry, env.client, req);
+    if (st == 0) {
+      const uint64_t lookups = owner_lookups();
+      st = handler<op>(env, req, rep, obj);
+      if (st == 0) st = obj.destroy(env.registry, env.client);
+      g_audit = {uint16_t(op), obj.declared(), obj.used(), owner_lookups() - lookups};
+    }
     if (st == 0 && !proto::reply_matches<C>(rep, env.out_fds.size())) {
       SV_TRACE("daemon: %s: reply with %zu descriptors, not as declared", C::info.name, env.out_fds.size());
       st = EIO;
@@ -271,6 +427,8 @@ constexpr std::array<Runner, sizeof...(I)> make_runners(std::index_sequence<I...
 constexpr auto kRunners = make_runners(std::make_index_sequence<size_t(Op::kCount) - 1>{});
 
 }  // namespace
+
+const HandleAudit& last_handle_audit() { return g_audit; }
 
 size_t run_command(CommandEnv& env, const proto::Header& h, const uint8_t* msg, size_t len, uint8_t* out) {
   const proto::OpInfo* op = proto::op_info(h.op);

@@ -43,4 +43,15 @@ struct CommandEnv {
 // (at least a Header; at most kMaxMessage).
 size_t run_command(CommandEnv& env, const proto::Header& h, const uint8_t* msg, size_t len, uint8_t* out);
 
+// What the last request that reached its handler did with the handle fields
+// its op declares (common/op_handles.h; bit i: field i), for the test that
+// holds every handler to its declaration (commands_test.cc): the fields it
+// used, and the lookups by owner it made on its own (objects.h).
+struct HandleAudit {
+  uint16_t op = 0;
+  uint32_t declared = 0, used = 0;
+  uint64_t own_lookups = 0;
+};
+const HandleAudit& last_handle_audit();
+
 }  // namespace sv::daemon

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/op_handles.h"
 #include "daemon/server.h"
 
 namespace sv::daemon {
@@ -194,6 +196,170 @@ TEST_F(Commands, OptionalDescriptorOpenXrcd) {
   EXPECT_EQ(0, r.h.status);
   EXPECT_EQ(sizeof(proto::HandleReply), r.len);
   EXPECT_EQ(EBADF, send(proto::Op::OpenXrcd, req, 2).h.status);
+}
+
+
+// ---- Each op's handle fields (common/op_handles.h) ----------------------
+
+// A fresh object of each kind, of the test's client, made in the registry.
+class CommandHandles : public Commands {
+ protected:
+  Registry& reg() { return server.registry(); }
+  uint32_t pd() {
+    uint32_t h = 0;
+    EXPECT_EQ(0, reg().alloc_pd(client, h));
+    return h;
+  }
+  uint32_t backing() {
+    int fd = ::memfd_create("commands-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_EQ(0, ::ftruncate(fd, 4096));
+    EXPECT_EQ(0, ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL));
+    uint32_t id = 0;
+    EXPECT_EQ(0, reg().reg_backing(client, Fd(fd), id));
+    return id;
+  }
+  uint32_t cq() {
+    proto::CreateCqReq req{};
+    req.cqe = 4;
+    proto::CreateCqReply rep{};
+    std::vector<int> fds;
+    EXPECT_EQ(0, reg().create_cq(client, 0, req, rep, fds));
+    return rep.handle;
+  }
+  uint32_t qp() {
+    proto::CreateQpReq req{};
+    req.pd = pd();
+    req.send_cq = cq();
+    req.recv_cq = cq();
+    req.qp_type = IBV_QPT_RC;
+    req.max_send_wr = req.max_recv_wr = 4;
+    req.max_send_sge = req.max_recv_sge = 1;
+    proto::CreateQpReply rep{};
+    std::vector<int> fds;
+    EXPECT_EQ(0, reg().create_qp(client, {}, req, rep, fds));
+    return rep.qpn;
+  }
+  uint32_t mr() {
+    proto::RegMrReq req{};
+    req.pd = pd();
+    req.backing = backing();
+    req.length = 4096;
+    req.access = IBV_ACCESS_LOCAL_WRITE;
+    proto::RegMrReply rep{};
+    const Reply r = send(proto::Op::RegMr, req);
+    EXPECT_EQ(0, r.h.status);
+    std::memcpy(&rep, r.bytes, sizeof rep);
+    return rep.handle;
+  }
+  uint32_t srq() {
+    proto::CreateSrqReq req{};
+    req.pd = pd();
+    req.max_wr = 4;
+    req.max_sge = 1;
+    req.srq_type = IBV_SRQT_BASIC;
+    proto::CreateSrqReply rep{};
+    std::vector<int> fds;
+    EXPECT_EQ(0, reg().create_srq(client, nullptr, req, rep, fds));
+    return rep.handle;
+  }
+  uint32_t make(proto::Obj kind) {
+    uint32_t h = 0;
+    switch (kind) {
+      case proto::kObjPd: return pd();
+      case proto::kObjBacking: return backing();
+      case proto::kObjMr: return mr();
+      case proto::kObjCq: return cq();
+      case proto::kObjQp: return qp();
+      case proto::kObjSrq: return srq();
+      case proto::kObjMw: {
+        proto::AllocMwReq req{};
+        req.pd = pd();
+        req.type = IBV_MW_TYPE_1;
+        proto::KeyReply rep{};
+        EXPECT_EQ(0, reg().alloc_mw(client, req.pd, req, rep));
+        return rep.handle;
+      }
+      case proto::kObjChannel: {
+        Fd rd, wake;
+        EXPECT_EQ(0, make_wake_pair(rd, wake));
+        EXPECT_EQ(0, reg().create_channel(client, std::move(rd), std::move(wake), h));
+        return h;
+      }
+      case proto::kObjXrcd: {
+        proto::OpenXrcdReq req{};
+        req.oflags = O_CREAT;
+        EXPECT_EQ(0, reg().open_xrcd(client, req, Fd(), h));
+        return h;
+      }
+      case proto::kObjDm: {
+        proto::AllocDmReq req{};
+        req.length = 64;
+        proto::DmReply rep{};
+        std::vector<int> fds;
+        EXPECT_EQ(0, reg().alloc_dm(client, req, rep, fds));
+        return rep.handle;
+      }
+      default: ADD_FAILURE() << "no maker for kind " << kind; return 0;
+    }
+  }
+
+  // Runs op `op` with each declared field naming a fresh object of the
+  // caller, and checks what its handler did with them.
+  template <proto::Op op>
+  void run_declared() {
+    using C = proto::Command<op>;
+    if constexpr (proto::has_handle_fields<op>()) {
+      typename C::Req req{};
+      for (const auto& f : proto::HandleFields<op>::list) req.*f.field = make(f.kind);
+      // The handler runs whatever its other fields say (its status is its
+      // own): the resolution that precedes it reads only the handle fields.
+      const Reply r = send(op, req);
+      const HandleAudit& a = last_handle_audit();
+      EXPECT_EQ(uint16_t(op), a.op) << C::info.name << ": its handler did not run (status " << r.h.status << ")";
+      EXPECT_EQ(a.declared, a.used) << C::info.name << ": declares a handle field its handler does not use";
+      EXPECT_EQ(0u, a.own_lookups) << C::info.name << ": its handler looks up a handle it does not declare";
+      ++ran;
+    }
+  }
+  template <size_t... I>
+  void run_every_op(std::index_sequence<I...>) {
+    (run_declared<proto::Op(I + 1)>(), ...);
+  }
+  int ran = 0;
+};
+
+// Every op that declares handle fields: its handler uses each of them, and
+// checks no other handle by owner itself (objects.h, owner_lookups): the
+// command layer did the checks, from the declaration alone.
+TEST_F(CommandHandles, EveryHandlerUsesExactlyTheHandlesItsOpDeclares) {
+  run_every_op(std::make_index_sequence<size_t(proto::Op::kCount) - 1>{});
+  EXPECT_GT(ran, 0);
+}
+
+// A declared field that names nothing of the caller's is EINVAL before the
+// handler runs; a destroyed object is gone, and one still used is EBUSY.
+TEST_F(CommandHandles, DeclaredFieldsAreResolvedAndDestroyedGenerically) {
+  proto::HandleReq req{};
+  req.handle = 0x7777;
+  EXPECT_EQ(EINVAL, send(proto::Op::QueryPd, req).h.status);
+  EXPECT_EQ(EINVAL, send(proto::Op::DeallocPd, req).h.status);
+  proto::RegMrReq mr_req{};
+  mr_req.pd = pd();
+  mr_req.backing = backing();
+  mr_req.length = 4096;
+  mr_req.access = IBV_ACCESS_LOCAL_WRITE;
+  proto::RegMrReply mr{};
+  const Reply r = send(proto::Op::RegMr, mr_req);
+  ASSERT_EQ(0, r.h.status);
+  std::memcpy(&mr, r.bytes, sizeof mr);
+  req.handle = mr_req.pd;
+  EXPECT_EQ(EBUSY, send(proto::Op::DeallocPd, req).h.status);  // the MR uses it
+  req.handle = mr.handle;
+  EXPECT_EQ(0, send(proto::Op::DeregMr, req).h.status);
+  EXPECT_EQ(EINVAL, send(proto::Op::QueryMr, req).h.status);
+  req.handle = mr_req.pd;
+  EXPECT_EQ(0, send(proto::Op::DeallocPd, req).h.status);
+  EXPECT_EQ(EINVAL, send(proto::Op::QueryPd, req).h.status);
 }
 
 }  // namespace

@@ -30,34 +30,15 @@ int Registry::create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle) 
   return 0;
 }
 
-int Registry::destroy_channel(uint32_t client, uint32_t handle) {
-  Channel* ch = channels_.owned(handle, ctx(client));
-  if (!ch) return EINVAL;
-  if (ch->refs) return EBUSY;  // ibv_destroy_comp_channel(3): CQs still attached
-  forget(ObjKind::kChannel, handle);
-  return 0;
-}
-
-int Registry::import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds) {
-  Channel* ch = channels_.owned(handle, ctx(client));
-  if (!ch) return EINVAL;
-  out_fds.push_back(ch->fd.get());
-  out_fds.push_back(ch->wake.get());
-  return 0;
-}
-
-int Registry::create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
+int Registry::create_cq(uint32_t client, uint32_t channel, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                         std::vector<int>& out_fds) {
   if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
   if (int e = quotas_.admit(Quotas::kCq, client_uid(client))) return e;
-  if (req.channel) {
-    if (!channels_.owned(req.channel, ctx(client))) return EINVAL;
-  }
   Cq cq;
   cq.owner = ctx(client);
-  cq.channel = req.channel;
+  cq.channel = channel;
   uint32_t handle = next_handle_;
-  if (int e = make_cq_segment(handle, req.cqe, req.channel, cq.fd, cq.map, cq.capacity)) return e;
+  if (int e = make_cq_segment(handle, req.cqe, channel, cq.fd, cq.map, cq.capacity)) return e;
   next_handle_++;
   rep.handle = handle;
   rep.capacity = cq.capacity;
@@ -90,12 +71,9 @@ int Registry::make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, F
 // the resizing process closes the old ring to producers, moves the waiting
 // completions over in order and commits. Producers that meet the closed
 // ring wait for `moved` and fetch the new segment with GetCq.
-int Registry::resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
+int Registry::resize_cq(Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
                         std::vector<int>& out_fds) {
-  auto it = cqs_.find(req.handle);
-  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
   if (req.cqe == 0 || req.cqe > kMaxCqe - 1) return EINVAL;
-  Cq& cq = it->second;
   if (cq.next_fd.valid()) return EBUSY;  // another holder is resizing it
   if (int e = make_cq_segment(req.handle, req.cqe, cq.channel, cq.next_fd, cq.next_map, cq.next_capacity)) {
     cq.next_fd = Fd();
@@ -109,11 +87,8 @@ int Registry::resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::C
   return 0;
 }
 
-int Registry::resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req) {
-  auto it = cqs_.find(req.handle);
-  if (it == cqs_.end() || it->second.owner != ctx(client)) return EINVAL;
+int Registry::resize_cq_done(Cq& cq, const proto::ResizeCqDoneReq& req) {
   if (req.commit > 1) return EINVAL;
-  Cq& cq = it->second;
   if (!cq.next_fd.valid()) return EINVAL;
   if (req.commit) {
     Mapping old = std::move(cq.map);
@@ -179,14 +154,6 @@ int Registry::cq_error(uint32_t client, uint32_t handle) {
     if (ibv_qp_state(e.state.load()) == IBV_QPS_RESET) continue;
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
   }
-  return 0;
-}
-
-int Registry::destroy_cq(uint32_t client, uint32_t handle) {
-  Cq* cq = cqs_.owned(handle, ctx(client));
-  if (!cq) return EINVAL;
-  if (cq->refs) return EBUSY;  // ibv_destroy_cq(3): QPs still attached
-  forget(ObjKind::kCq, handle);  // drops its channel
   return 0;
 }
 

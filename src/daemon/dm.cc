@@ -85,26 +85,16 @@ void Registry::release_dm(uint32_t handle) {
   forget(ObjKind::kDm, handle);
 }
 
-int Registry::free_dm(uint32_t client, uint32_t handle) {
-  const Dm* dm = dms_.owned(handle, ctx(client));
-  if (!dm) return EINVAL;
-  if (dm->refs) return EBUSY;  // MRs are registered over it (the kernel's ib_uverbs refuses too)
-  release_dm(handle);
-  return 0;
-}
-
 // ibv_import_dm(3): "imports a device memory from a context that is shared
 // with the current one" (ibv_import_device): a DM of the caller's context
 // only. Any other handle, another context's included, is EINVAL.
-int Registry::import_dm(uint32_t client, uint32_t handle, proto::DmReply& rep, std::vector<int>& out_fds) {
-  const Dm* dm = dms_.owned(handle, ctx(client));
-  if (!dm) return EINVAL;
-  auto b = backings_.find(dm->backing);
+int Registry::import_dm(uint32_t handle, const Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds) {
+  auto b = backings_.find(dm.backing);
   if (b == backings_.end()) return EINVAL;
   rep.handle = handle;
-  rep.backing = dm->backing;
-  rep.length = dm->length;
-  rep.map_size = dm->charged;
+  rep.backing = dm.backing;
+  rep.length = dm.length;
+  rep.map_size = dm.charged;
   out_fds.push_back(b->second.fd.get());
   return 0;
 }
@@ -113,16 +103,14 @@ int Registry::import_dm(uint32_t client, uint32_t handle, proto::DmReply& rep, s
 // the DM, with IBV_ACCESS_ZERO_BASED (its addresses are offsets from the
 // MR's start); the access rules of ibv_reg_mr(3) otherwise. A zero length
 // is accepted (a key for no byte; mlx5 takes it, rdma-core's tests use it).
-int Registry::reg_dm_mr(uint32_t client, const proto::RegDmMrReq& req, proto::RegMrReply& rep) {
-  const Dm* dm = dms_.owned(req.dm, ctx(client));
-  if (!dm || !pds_.owned(req.pd, ctx(client))) return EINVAL;
+int Registry::reg_dm_mr(uint32_t client, uint32_t pd, const Dm& dm, const proto::RegDmMrReq& req, proto::RegMrReply& rep) {
   if (!(req.access & IBV_ACCESS_ZERO_BASED) || (req.access & ~kKnownAccess)) return EINVAL;
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(req.access & IBV_ACCESS_LOCAL_WRITE))
     return EINVAL;
-  if (req.offset > dm->length || req.length > dm->length - req.offset) return EINVAL;
+  if (req.offset > dm.length || req.length > dm.length - req.offset) return EINVAL;
   proto::RegMrReq r{};
-  r.pd = req.pd;
-  r.backing = dm->backing;
+  r.pd = pd;
+  r.backing = dm.backing;
   r.addr = req.offset;  // the backing's file offset
   r.length = req.length;
   r.iova = 0;

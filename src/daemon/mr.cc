@@ -17,12 +17,12 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-// Is `req` a registration this client may make (ibv_reg_mr(3))? The one
-// check for a new registration (RegMr, RegShared) and for what a
-// re-registration would make of an existing one (ReregMr).
-int Registry::check_mr(uint32_t client, const proto::RegMrReq& req) {
-  const Backing* b = backings_.owned(req.backing, ctx(client));
-  if (!pds_.owned(req.pd, ctx(client)) || !b) return EINVAL;
+// Is `req` over backing `b` a registration that may be made (ibv_reg_mr(3))?
+// The one check for a new registration (RegMr, RegShared) and for what a
+// re-registration would make of an existing one (ReregMr); its PD and
+// backing are the registrant's (resolved by the command layer, or the MR's own).
+int Registry::check_mr(const Backing& backing, const proto::RegMrReq& req) {
+  const Backing* b = &backing;
   if (b->dm) return EINVAL;  // device memory is registered by RegDmMr alone (dm.cc)
   if (req.access & ~kKnownAccess) return EINVAL;
   // ibv_reg_mr(3): remote write or remote atomic access needs local write.
@@ -54,8 +54,8 @@ void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t cl
   e.generation++;
 }
 
-int Registry::reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
-  if (int e = check_mr(client, req)) return e;
+int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+  if (int e = check_mr(b, req)) return e;
   return install_mr(client, req, true, 0, rep);
 }
 
@@ -103,10 +103,11 @@ int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charg
 // dereg_mr is) while memory windows are bound to it: their entries were
 // cut from its range and rights. Any refusal leaves the MR exactly as it
 // was.
-int Registry::rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep) {
+int Registry::rereg_mr(uint32_t client, Mr& the_mr, const Backing* backing, const proto::ReregMrReq& req,
+                       proto::RegMrReply& rep) {
   constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
-  Mr* mr = mrs_.owned(req.handle, ctx(client));
-  if (!mr || req.flags == 0 || (req.flags & ~kFlags)) return EINVAL;
+  Mr* mr = &the_mr;
+  if (req.flags == 0 || (req.flags & ~kFlags)) return EINVAL;
   if (mr->dm) return EINVAL;  // an MR over device memory is not re-registered (as mlx5)
   if (mr->refs) return EBUSY;
   MrEntry& e = tables_.mr_at(req.handle);
@@ -118,7 +119,9 @@ int Registry::rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::Reg
   n.addr = moves ? req.addr : e.file_offset;
   n.length = moves ? req.length : e.length;
   n.iova = moves ? req.iova : e.iova;
-  if (int err = check_mr(client, n)) return err;
+  // A new PD or backing is named (and resolved as the caller's); else the MR's own.
+  if (!n.pd || !n.backing || (moves && !backing)) return EINVAL;
+  if (int err = check_mr(moves ? *backing : backings_.at(mr->backing), n)) return err;
   // New pages are charged to the caller, the old charge counted as gone
   // when the caller holds it; then the old charge is released.
   uint64_t bytes = mr->charged_bytes;
@@ -206,27 +209,16 @@ int Registry::reg_shared(uint32_t client, const proto::RegSharedReq& req, proto:
   r.length = e->length;
   r.iova = req.iova;
   r.access = req.access;
-  return reg_mr(client, r, rep);
+  return reg_mr(client, backings_.at(r.backing), r, rep);  // req.pd: resolved as the client's
 }
 
-int Registry::dereg_mr(uint32_t client, uint32_t handle) {
-  auto it = mrs_.find(handle);
-  if (it == mrs_.end() || it->second.owner != ctx(client)) return EINVAL;
-  if (it->second.refs) return EBUSY;  // memory windows are still bound to it
-  release_mr(handle);
-  return 0;
-}
-
-int Registry::query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep) {
-  Mr* mr = mrs_.owned(handle, ctx(client));
-  if (!mr) return EINVAL;
+void Registry::query_mr(uint32_t handle, const Mr& mr, proto::QueryMrReply& rep) const {
   const MrEntry& e = tables_.mr_at(handle);
-  rep.pd = mr->pd;
-  rep.key = mr->key;
+  rep.pd = mr.pd;
+  rep.key = mr.key;
   rep.addr = e.file_offset;  // the registrant's address
   rep.length = e.length;
   rep.access = e.access;
-  return 0;
 }
 
 const MrEntry* Registry::mr_entry(uint32_t key) const {
@@ -274,8 +266,7 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   return 0;
 }
 
-int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep) {
-  if (!pds_.owned(req.pd, ctx(client))) return EINVAL;
+int Registry::alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep) {
   if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
   if (int e = quotas_.admit(Quotas::kMw, client_uid(client))) return e;
   uint32_t slot = alloc_key_slot();
@@ -284,7 +275,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   uint32_t key = (slot << 8) | ++mr_key_byte_[slot];
   MrEntry& e = tables_.mr_at(slot);
   e.access = 0;
-  e.pd = req.pd;
+  e.pd = pd;
   e.backing = 0;
   e.iova = 0;
   e.length = 0;
@@ -299,7 +290,7 @@ int Registry::alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::Key
   quotas_.charge(Quotas::kMw, slot, client_uid(client));
   Mw mw;
   mw.owner = ctx(client);
-  mw.pd = req.pd;
+  mw.pd = pd;
   mw.type = req.type;
   mw.key = key;
   hold(mws_.insert(slot, std::move(mw)).held());
@@ -339,18 +330,8 @@ void Registry::release_mw(uint32_t slot) {
   forget(ObjKind::kMw, slot);
 }
 
-int Registry::dealloc_mw(uint32_t client, uint32_t handle) {
-  if (!mws_.owned(handle, ctx(client))) return EINVAL;
-  release_mw(handle);
-  return 0;
-}
-
-int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyReply& rep) {
-  auto it = mws_.find(r.mw);
-  if (it == mws_.end() || it->second.owner != ctx(client)) return EINVAL;
-  Mw& mw = it->second;
-  Qp* qp = find_qp(client, r.qpn);
-  if (!qp) return EINVAL;
+int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto::KeyReply& rep) {
+  const Qp* qp = &binder;
   if (ibv_qp_state(qp_slot(r.qpn).state.load()) != IBV_QPS_RTS) return EINVAL;
   constexpr uint32_t kWindowAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
@@ -411,8 +392,6 @@ int Registry::bind_mw(uint32_t client, const proto::BindMwReq& r, proto::KeyRepl
 }
 
 int Registry::invalidate(uint32_t client, const proto::InvalidateReq& r) {
-  Qp* qp = find_qp(client, r.qpn);
-  if (!qp) return EINVAL;
   uint32_t slot = r.key >> 8;
   auto it = mws_.find(slot);
   // Only type 2 windows are invalidated by work requests (IBTA 10.6.7.2.6).

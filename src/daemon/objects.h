@@ -223,6 +223,38 @@ struct Qp : Object {
   }
 };
 
+// The table kind and type of each kind of handle a request field names
+// (proto::Obj; common/op_handles.h). An XRC domain's handle is a context's
+// handle of it.
+template <proto::Obj>
+struct ObjType;
+#define SV_OBJ_TYPE(bit_, Type_, kind_)          \
+  template <>                                    \
+  struct ObjType<proto::bit_> {                  \
+    using type = Type_;                          \
+    static constexpr ObjKind kind = ObjKind::kind_; \
+  };
+SV_OBJ_TYPE(kObjPd, Pd, kPd)
+SV_OBJ_TYPE(kObjBacking, Backing, kBacking)
+SV_OBJ_TYPE(kObjMr, Mr, kMr)
+SV_OBJ_TYPE(kObjMw, Mw, kMw)
+SV_OBJ_TYPE(kObjChannel, Channel, kChannel)
+SV_OBJ_TYPE(kObjCq, Cq, kCq)
+SV_OBJ_TYPE(kObjQp, Qp, kQp)
+SV_OBJ_TYPE(kObjSrq, Srq, kSrq)
+SV_OBJ_TYPE(kObjXrcd, XrcdHandle, kXrcdHandle)
+SV_OBJ_TYPE(kObjDm, Dm, kDm)
+#undef SV_OBJ_TYPE
+
+// Lookups of an object by a handle and the context that must own it
+// (ObjectTable::owned, Registry::find_qp): the ownership checks outside
+// the command layer's resolver, counted so that a test can tell that an
+// op's handler made none (commands_test.cc).
+inline uint64_t& owner_lookups() {
+  static thread_local uint64_t n = 0;
+  return n;
+}
+
 // The objects of one type by handle. It reads as the std::map it wraps
 // (find, end, iteration), plus lookups by owner and counted references.
 // (No virtual functions: the registry picks a table by kind with a switch,
@@ -280,10 +312,12 @@ class ObjectTable {
   }
   // The object if it exists and belongs to context `ctx`.
   T* owned(uint32_t h, uint32_t ctx) {
+    ++owner_lookups();
     T* o = get(h);
     return o && o->owner == ctx ? o : nullptr;
   }
   const T* owned(uint32_t h, uint32_t ctx) const {
+    ++owner_lookups();
     auto it = m_.find(h);
     return it != m_.end() && it->second.owner == ctx ? &it->second : nullptr;
   }

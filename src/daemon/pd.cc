@@ -31,16 +31,6 @@ int Registry::alloc_pd(uint32_t client, uint32_t& pd) {
   return 0;
 }
 
-int Registry::dealloc_pd(uint32_t client, uint32_t pd) {
-  Pd* p = pds_.owned(pd, ctx(client));
-  if (!p) return EINVAL;
-  if (p->refs) return EBUSY;  // ibv_dealloc_pd(3): still in use
-  forget(ObjKind::kPd, pd);
-  return 0;
-}
-
-int Registry::query_pd(uint32_t client, uint32_t pd) { return pds_.owned(pd, ctx(client)) ? 0 : EINVAL; }
-
 // A backing is mapped by the registrant's peers (same user) and, a page at
 // a time, by the daemon (mediated atomics): a file its holder could shrink
 // would turn their next access into SIGBUS. Accepted: a memfd (tmpfs,

@@ -27,9 +27,13 @@ const QpEntry* Registry::qp_entry(uint32_t qpn) const {
 }
 
 Registry::Qp* Registry::find_qp(uint32_t client, uint32_t qpn) {
+  ++owner_lookups();
+  return held_qp(ctx(client), qpn);
+}
+
+Registry::Qp* Registry::held_qp(uint32_t c, uint32_t qpn) {
   auto it = qps_.find(qpn);
-  if (it == qps_.end()) return nullptr;
-  uint32_t c = ctx(client);
+  if (it == qps_.end() || !c) return nullptr;
   const auto& h = it->second.holders;
   if (it->second.owner != c && std::find(h.begin(), h.end(), c) == h.end()) return nullptr;
   return &it->second;
@@ -39,21 +43,16 @@ Registry::Qp* Registry::find_qp(uint32_t client, uint32_t qpn) {
 // be the client's, its sizes within the device's. An XRC target QP has no
 // PD, CQs or queues: it belongs to its XRC domain (*xrcd), and receives go
 // to the XRC SRQ each message names (IBTA annex A14).
-int Registry::check_create_qp(uint32_t client, const proto::CreateQpReq& req, uint32_t& xrcd) {
+int Registry::check_create_qp(const QpObjects& o, const proto::CreateQpReq& req) {
   const bool tgt = req.qp_type == IBV_QPT_XRC_RECV;
-  const uint32_t c = ctx(client);
-  xrcd = 0;
   if (tgt) {
-    xrcd = xrcd_of(client, req.xrcd);
-    if (!xrcd || req.pd || req.send_cq || req.recv_cq || req.srq) return EINVAL;
+    if (!o.xrcd || req.pd || req.send_cq || req.recv_cq || req.srq) return EINVAL;
   } else if (req.xrcd) {
     return EINVAL;
   }
-  if (!tgt && (!pds_.owned(req.pd, c) || !cqs_.owned(req.send_cq, c) || !cqs_.owned(req.recv_cq, c))) return EINVAL;
-  if (req.srq) {
-    const Srq* srq = srqs_.owned(req.srq, c);
-    if (!srq || req.qp_type == IBV_QPT_UD || req.qp_type == IBV_QPT_XRC_SEND || srq->type != IBV_SRQT_BASIC)
-      return EINVAL;
+  if (!tgt && (!req.pd || !req.send_cq || !req.recv_cq)) return EINVAL;
+  if (o.srq) {
+    if (req.qp_type == IBV_QPT_UD || req.qp_type == IBV_QPT_XRC_SEND || o.srq->type != IBV_SRQT_BASIC) return EINVAL;
   }
   if (req.qp_type != IBV_QPT_RC && req.qp_type != IBV_QPT_UC && req.qp_type != IBV_QPT_UD &&
       req.qp_type != IBV_QPT_XRC_SEND && !tgt)
@@ -118,11 +117,11 @@ int make_qp_segment(uint32_t qpn, const QpLayout& layout, Fd& fd, Mapping& map) 
 
 }  // namespace
 
-int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
-                        std::vector<int>& out_fds) {
+int Registry::create_qp(uint32_t client, const QpObjects& o, const proto::CreateQpReq& req,
+                        proto::CreateQpReply& rep, std::vector<int>& out_fds) {
   if (int e = quotas_.admit(Quotas::kQp, client_uid(client))) return e;
-  uint32_t xrcd = 0;
-  if (int e = check_create_qp(client, req, xrcd)) return e;
+  if (int e = check_create_qp(o, req)) return e;
+  const uint32_t xrcd = o.xrcd ? o.xrcd->xrcd : 0;
   uint32_t slot = alloc_qp_slot();
   if (!slot) return ENOMEM;
   if (int err = tables_.claim_qp(slot, ctx_uid(ctx(client)))) return err;
@@ -163,9 +162,7 @@ int Registry::create_qp(uint32_t client, const proto::CreateQpReq& req, proto::C
   return 0;
 }
 
-int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
-  Qp* qp = find_qp(client, r.qpn);
-  if (!qp) return EINVAL;
+int Registry::modify_qp(const Qp& qp, const proto::ModifyQpReq& r) {
   QpEntry& e = qp_slot(r.qpn);
   auto cur = ibv_qp_state(e.state.load());
   uint32_t mask = r.attr_mask;
@@ -175,7 +172,7 @@ int Registry::modify_qp(uint32_t client, const proto::ModifyQpReq& r) {
   }
   auto next = (mask & IBV_QP_STATE) ? ibv_qp_state(r.qp_state) : cur;
   if (int(next) < IBV_QPS_RESET || int(next) > IBV_QPS_ERR) return EINVAL;
-  if (int err = check_qp_transition(qp->type, cur, next, mask)) return err;
+  if (int err = check_qp_transition(qp.type, cur, next, mask)) return err;
 
   // Attribute ranges (ibv_modify_qp(3), IBTA 11.2.4.2).
   if ((mask & IBV_QP_PORT) && r.port_num != 1) return EINVAL;
@@ -267,14 +264,15 @@ void Registry::before_release_qps(uint32_t, const std::vector<uint32_t>& qpns) {
   for (uint32_t id : qpns) complete_torn_receive(id);
 }
 
-int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
-  Qp* qp = find_qp(client, qpn);
+// The destroy hook of a QP (ibv_destroy_qp(3)), for a holder in context `c`.
+int Registry::destroy_qp_handle(uint32_t c, uint32_t qpn) {
+  Qp* qp = held_qp(c, qpn);
   if (!qp) return EINVAL;
   if (qp->type == IBV_QPT_XRC_RECV) {
     // A target QP lives while some handle of it exists (ibv_open_qp(3)).
-    if (auto h = std::find(qp->holders.begin(), qp->holders.end(), ctx(client)); h != qp->holders.end()) {
+    if (auto h = std::find(qp->holders.begin(), qp->holders.end(), c); h != qp->holders.end()) {
       qp->holders.erase(h);
-      if (auto x = xrc_handles_.find({ctx(client), qpn}); x != xrc_handles_.end()) xrc_handles_.erase(x);
+      if (auto x = xrc_handles_.find({c, qpn}); x != xrc_handles_.end()) xrc_handles_.erase(x);
     }
     if (!qp->holders.empty()) {
       qps_.set_owner(qpn, qp->holders.front());
@@ -285,28 +283,12 @@ int Registry::destroy_qp(uint32_t client, uint32_t qpn) {
   return 0;
 }
 
-int Registry::import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds) {
-  Qp* qp = find_qp(client, qpn);
-  if (!qp) return EINVAL;
-  rep.pd = qp->pd;
-  rep.send_cq = qp->send_cq;
-  rep.recv_cq = qp->recv_cq;
-  rep.qp_type = qp->type;
-  rep.max_send_wr = qp->sq_capacity;
-  rep.max_recv_wr = qp->rq_capacity;
-  rep.sq_sig_all = qp->sq_sig_all;
-  rep.segment_size = qp->map.size();
-  out_fds.push_back(qp->fd.get());
-  return 0;
-}
-
 // Attach QP to multicast group (IBTA verbs chapter 11; ibv_attach_mcast(3)): UD QPs only, and the
 // GID must be a multicast GID (first byte 0xFF, or an IPv4 group's ::ffff:224.0.0.0/4 as
 // RoCEv2 has it: common/mgid.h). The link layer is Ethernet,
 // so the LID is not checked, as the kernel does for RoCE.
-int Registry::attach_mcast(uint32_t client, const proto::McastReq& req) {
-  Qp* qp = find_qp(client, req.qpn);
-  if (!qp || qp->type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
+int Registry::attach_mcast(uint32_t client, const Qp& qp, const proto::McastReq& req) {
+  if (qp.type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
   // The groups are daemon-private (device_tables.h): ENOMEM past
   // max_mcast_grp groups or max_mcast_qp_attach QPs in one group. Every
   // user's share is bounded (quota.h): the groups it creates (MCG), its
@@ -353,9 +335,8 @@ uid_t Registry::qp_uid(uint32_t qpn) const {
   return c == contexts_.end() ? uid_t(-1) : c->second.uid;
 }
 
-int Registry::detach_mcast(uint32_t client, const proto::McastReq& req) {
-  Qp* qp = find_qp(client, req.qpn);
-  if (!qp || qp->type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
+int Registry::detach_mcast(const Qp& qp, const proto::McastReq& req) {
+  if (qp.type != IBV_QPT_UD || !gid_is_multicast(req.gid)) return EINVAL;
   DeviceTables::McgChange ch;
   int err = tables_.mcg_detach(req.gid, req.qpn, &ch);
   if (!err) mcg_release(ch, req.qpn);
@@ -404,10 +385,8 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
   return 0;
 }
 
-int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
+int Registry::connect_peer(uint32_t client, const Qp& qp, uint32_t qpn, proto::ConnectPeerReply& rep,
                            std::vector<int>& out_fds) {
-  Qp* qp = find_qp(client, qpn);
-  if (!qp) return EINVAL;
   const QpEntry& mine = qp_slot(qpn);
   uint32_t dest = mine.dest_qpn.load();
   auto peer = qps_.find(dest);
@@ -416,24 +395,22 @@ int Registry::connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerRepl
   auto st = ibv_qp_state(pe.state.load());
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE)
     return EAGAIN;  // not ready to receive: the requester retries
-  if (peer->second.type != qp->type) return EAGAIN;  // an RC QP does not talk to a UC one
+  if (peer->second.type != qp.type) return EAGAIN;  // an RC QP does not talk to a UC one
   if (pe.dest_qpn.load() != qpn) return EAGAIN;
   return peer_reply(client, dest, rep, out_fds);
 }
 
 // UD has no connection: any UD QP may send to any UD QP whose Q_Key it
 // knows (checked per message by the sender against the QP table).
-int Registry::connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::ConnectPeerReply& rep,
+int Registry::connect_ud(uint32_t client, const Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
                          std::vector<int>& out_fds) {
-  Qp* qp = find_qp(client, qpn);
-  if (!qp || qp->type != IBV_QPT_UD) return EINVAL;
+  if (qp.type != IBV_QPT_UD) return EINVAL;
   auto peer = qps_.find(dest);
   if (peer == qps_.end() || peer->second.type != IBV_QPT_UD) return ENOENT;
   return peer_reply(client, dest, rep, out_fds);
 }
 
-int Registry::peer_error(uint32_t client, uint32_t qpn, uint32_t wc_status) {
-  if (!find_qp(client, qpn)) return EINVAL;
+int Registry::peer_error(uint32_t qpn, uint32_t wc_status) {
   uint32_t dest = qp_slot(qpn).dest_qpn.load();
   auto peer = qps_.find(dest);
   if (peer == qps_.end()) return 0;

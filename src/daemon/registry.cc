@@ -138,16 +138,16 @@ void Registry::remove_client(uint32_t client) {
 // means the objects the context owns; a null `cleanup`, forget() alone.
 const Registry::TypeOps Registry::kTypeOps[] = {
     {ObjKind::kQp, &Registry::qps_to_release, &Registry::before_release_qps, &Registry::release_qp,
-     &Registry::fail_peers_of},
-    {ObjKind::kSrq, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kXrcdHandle, nullptr, nullptr, &Registry::release_xrcd_handle, nullptr},
-    {ObjKind::kMw, nullptr, nullptr, &Registry::release_mw, nullptr},
-    {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, &Registry::release_mr, nullptr},
-    {ObjKind::kDm, nullptr, nullptr, &Registry::release_dm, nullptr},
-    {ObjKind::kCq, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kChannel, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kBacking, nullptr, nullptr, &Registry::drop_backing, nullptr},
-    {ObjKind::kPd, nullptr, nullptr, nullptr, nullptr},
+     &Registry::fail_peers_of, &Registry::destroy_qp_handle},
+    {ObjKind::kSrq, nullptr, nullptr, nullptr, nullptr, nullptr},
+    {ObjKind::kXrcdHandle, nullptr, nullptr, &Registry::release_xrcd_handle, nullptr, &Registry::close_xrcd_handle},
+    {ObjKind::kMw, nullptr, nullptr, &Registry::release_mw, nullptr, nullptr},
+    {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, &Registry::release_mr, nullptr, nullptr},
+    {ObjKind::kDm, nullptr, nullptr, &Registry::release_dm, nullptr, nullptr},
+    {ObjKind::kCq, nullptr, nullptr, nullptr, nullptr, nullptr},
+    {ObjKind::kChannel, nullptr, nullptr, nullptr, nullptr, nullptr},
+    {ObjKind::kBacking, nullptr, nullptr, &Registry::drop_backing, nullptr, nullptr},
+    {ObjKind::kPd, nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
 template <class F>
@@ -167,6 +167,33 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
     case ObjKind::kCount: break;
   }
   return f(xrcds_);
+}
+
+Object* Registry::resolve(ObjKind kind, uint32_t client, uint32_t handle) {
+  const uint32_t c = ctx(client);
+  if (kind == ObjKind::kQp) return held_qp(c, handle);
+  if (kind >= ObjKind::kXrcd) return nullptr;  // a domain is named by a handle of it
+  return with_table(kind, [&](auto& t) -> Object* {
+    Object* o = t.get(handle);
+    return o && c && o->owner == c ? o : nullptr;
+  });
+}
+
+int Registry::destroy(ObjKind kind, uint32_t client, uint32_t handle) {
+  if (kind >= ObjKind::kXrcd) return EINVAL;
+  const TypeOps& t = kTypeOps[size_t(kind)];
+  if (t.destroy) return (this->*t.destroy)(ctx(client), handle);
+  const uint32_t refs = with_table(kind, [&](auto& table) {
+    const auto* o = table.get(handle);
+    return o ? o->refs : 0;
+  });
+  if (refs) return EBUSY;  // still used by other objects
+  if (t.cleanup) {
+    (this->*t.cleanup)(handle);
+  } else {
+    forget(kind, handle);
+  }
+  return 0;
 }
 
 void Registry::hold(Ref r) {

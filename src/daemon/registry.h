@@ -2,9 +2,12 @@
 //
 // Contract: single-threaded (the daemon's event loop owns it). Every entry
 // point takes the id of the calling client and a request whose fields have
-// not been trusted yet; it validates each handle (it must exist and be held
-// by that client), length, key and attribute, and answers with a positive
-// errno on any violation. The registry writes the device segments (MR, QP
+// not been trusted yet. The handle fields an op declares (common/
+// op_handles.h) were resolved before the call by the command layer
+// (commands.cc, through resolve()), which passes the objects; the entry
+// point validates everything else (lengths, keys, attributes, handles
+// reached some other way) and answers with a positive errno on any
+// violation. Destroying a declared handle is destroy(), per type. The registry writes the device segments (MR, QP
 // and multicast tables, one per user: device_tables.h) that clients map
 // read-only; they are sealed, so what it reads back from them is its own. Objects are released when their
 // holder destroys them or when the holder's connection closes.
@@ -59,6 +62,16 @@ class Registry : private MediationTables {
  public:
   Registry();
   int init();
+
+  // The command layer's access to the object tables (commands.cc, as the
+  // kernel's uverbs core looks up each handle a method declares). The
+  // object `handle` of kind `kind` when the client may use it: one of its
+  // context's (a QP: also an XRC target QP it holds a handle of); else null.
+  Object* resolve(ObjKind kind, uint32_t client, uint32_t handle);
+  // Destroys an object resolve() gave the client, by its type's destroy
+  // hook (kTypeOps): EBUSY while other objects use it (ibv_dealloc_pd(3)
+  // and the other destroy verbs).
+  int destroy(ObjKind kind, uint32_t client, uint32_t handle);
   // The read-only device segment for the client's user (device_tables.h),
   // made on first use; the descriptor stays the registry's.
   int device_fd(uint32_t client, int& fd);
@@ -87,8 +100,8 @@ class Registry : private MediationTables {
   // inode) claimed by a client of the same user as the context (EPERM for
   // any other user, root included).
   int import_context(uint32_t client, Fd fd);
-  int query_pd(uint32_t client, uint32_t pd);
-  int query_mr(uint32_t client, uint32_t handle, proto::QueryMrReply& rep);
+  // ibv_query_mr: what MR `handle` (resolved by the command layer) covers.
+  void query_mr(uint32_t handle, const daemon::Mr& mr, proto::QueryMrReply& rep) const;
   // A CQ of the client's context comes with its segment; a CQ granted by
   // name to another user comes without any descriptor (segment_size 0): the
   // grantee polls it with poll_granted_cq and can neither write entries nor
@@ -98,9 +111,8 @@ class Registry : private MediationTables {
   // CQ's poll lock taken with a try-lock: the daemon never waits on a lock a
   // client can hold (a busy lock answers 0 completions).
   int poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep);
-  int import_qp(uint32_t client, uint32_t qpn, proto::ImportQpReply& rep, std::vector<int>& out_fds);
-  int import_channel(uint32_t client, uint32_t handle, std::vector<int>& out_fds);
-  int import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds);
+  // A region by id, and a registration of an MR's pages (by key): req.pd is
+  // the client's (resolved by the command layer).
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
   int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
   // The namespace (name_space.h). Publishing needs the object in the
@@ -125,42 +137,49 @@ class Registry : private MediationTables {
   // request (already checked to be the number the op expects); `out_fds`
   // receives borrowed descriptors to send with the reply.
   int alloc_pd(uint32_t client, uint32_t& pd);
-  int dealloc_pd(uint32_t client, uint32_t pd);
   int reg_backing(uint32_t client, Fd fd, uint32_t& id);
-  int reg_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
-  int rereg_mr(uint32_t client, const proto::ReregMrReq& req, proto::RegMrReply& rep);
-  int dereg_mr(uint32_t client, uint32_t handle);
+  // The registrations: `b` is backing req.backing (the client's).
+  int reg_mr(uint32_t client, const daemon::Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep);
+  // `backing`: the new one of a move (null: none named).
+  int rereg_mr(uint32_t client, daemon::Mr& mr, const daemon::Backing* backing, const proto::ReregMrReq& req,
+               proto::RegMrReply& rep);
   int create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle);
-  int destroy_channel(uint32_t client, uint32_t handle);
-  int create_cq(uint32_t client, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
+  // `channel`: the client's (0: none).
+  int create_cq(uint32_t client, uint32_t channel, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
                 std::vector<int>& out_fds);
-  int destroy_cq(uint32_t client, uint32_t handle);
   // ibv_resize_cq: a pending segment, then its commit or abort (see docs/PROTOCOL.md).
-  int resize_cq(uint32_t client, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
-                std::vector<int>& out_fds);
-  int resize_cq_done(uint32_t client, const proto::ResizeCqDoneReq& req);
+  int resize_cq(daemon::Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqReply& rep, std::vector<int>& out_fds);
+  int resize_cq_done(daemon::Cq& cq, const proto::ResizeCqDoneReq& req);
   // A CQ's current segment, for a process that completes into it (its
   // context's CQ, or the receive CQ of a QP one of its QPs can reach).
   int get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int cq_error(uint32_t client, uint32_t handle);
   int open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle);
-  int close_xrcd(uint32_t client, uint32_t handle);
-  int connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
+  int connect_xrc(uint32_t client, const daemon::Qp& qp, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                   std::vector<int>& out_fds);
-  int open_qp(uint32_t client, const proto::OpenQpReq& req, proto::ImportQpReply& rep, std::vector<int>& out_fds);
-  int attach_mcast(uint32_t client, const proto::McastReq& req);
-  int detach_mcast(uint32_t client, const proto::McastReq& req);
-  int create_qp(uint32_t client, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
+  // XRC target QP req.qpn, in the domain of the client's handle `xrcd`.
+  int open_qp(uint32_t client, const daemon::XrcdHandle& xrcd, const proto::OpenQpReq& req, proto::ImportQpReply& rep,
+              std::vector<int>& out_fds);
+  // Multicast (qp.cc): QP req.qpn is `qp`, the client's.
+  int attach_mcast(uint32_t client, const daemon::Qp& qp, const proto::McastReq& req);
+  int detach_mcast(const daemon::Qp& qp, const proto::McastReq& req);
+  // The objects a CreateQp names (each the client's, or null for none).
+  struct QpObjects {
+    const daemon::Srq* srq = nullptr;
+    const daemon::XrcdHandle* xrcd = nullptr;
+  };
+  int create_qp(uint32_t client, const QpObjects& o, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
-  int modify_qp(uint32_t client, const proto::ModifyQpReq& req);
-  int destroy_qp(uint32_t client, uint32_t qpn);
-  int connect_peer(uint32_t client, uint32_t qpn, proto::ConnectPeerReply& rep,
+  int modify_qp(const daemon::Qp& qp, const proto::ModifyQpReq& req);
+  // The peer of the client's QP `qp` (`qpn`), or (UD) QP `dest`.
+  int connect_peer(uint32_t client, const daemon::Qp& qp, uint32_t qpn, proto::ConnectPeerReply& rep,
                    std::vector<int>& out_fds);
-  int connect_ud(uint32_t client, uint32_t qpn, uint32_t dest, proto::ConnectPeerReply& rep,
+  int connect_ud(uint32_t client, const daemon::Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
                  std::vector<int>& out_fds);
   int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
                      std::vector<int>& out_fds);
-  int peer_error(uint32_t client, uint32_t qpn, uint32_t wc_status);
+  // The requester QP `qpn` (the client's) reports a responder error.
+  int peer_error(uint32_t qpn, uint32_t wc_status);
   // Operations towards a peer of another user: the registry's Mediation
   // (mediation.h) carries them out on its tables.
   int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
@@ -185,15 +204,17 @@ class Registry : private MediationTables {
   uint32_t mr_backing(uint32_t client, uint32_t handle) const;
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
-  int alloc_mw(uint32_t client, const proto::AllocMwReq& req, proto::KeyReply& rep);
-  int dealloc_mw(uint32_t client, uint32_t handle);
-  int bind_mw(uint32_t client, const proto::BindMwReq& req, proto::KeyReply& rep);
+  int alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep);
+  // Window `mw` (req.mw) through QP `qp` (req.qpn), both the client's.
+  int bind_mw(daemon::Mw& mw, const daemon::Qp& qp, const proto::BindMwReq& req, proto::KeyReply& rep);
+  // QP req.qpn is the client's (resolved by the command layer, or checked by
+  // invalidate_remote); the key names the window.
   int invalidate(uint32_t client, const proto::InvalidateReq& req);
   // Device memory (dm.cc; ibv_alloc_dm(3)).
   int alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
-  int free_dm(uint32_t client, uint32_t handle);
-  int import_dm(uint32_t client, uint32_t handle, proto::DmReply& rep, std::vector<int>& out_fds);
-  int reg_dm_mr(uint32_t client, const proto::RegDmMrReq& req, proto::RegMrReply& rep);
+  // ibv_import_dm(3): DM `handle` (resolved by the command layer) and its memfd.
+  int import_dm(uint32_t handle, const daemon::Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds);
+  int reg_dm_mr(uint32_t client, uint32_t pd, const daemon::Dm& dm, const proto::RegDmMrReq& req, proto::RegMrReply& rep);
   // Bytes of device memory `uid` holds (whole pages).
   uint64_t dm_bytes(uid_t uid) const {
     auto it = dm_bytes_.find(uid);
@@ -204,9 +225,10 @@ class Registry : private MediationTables {
   void accounts(proto::AccountsReply& rep) const;
 
   int reg_async(uint32_t client, Fd wake);
-  int create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
+  // `xrcd`: the client's handle of an XRC domain req.xrcd names (null: none).
+  int create_srq(uint32_t client, const daemon::XrcdHandle* xrcd, const proto::CreateSrqReq& req,
+                 proto::CreateSrqReply& rep,
                  std::vector<int>& out_fds);
-  int destroy_srq(uint32_t client, uint32_t handle);
   int srq_limit(uint32_t client, uint32_t handle);
   // Async events waiting to be sent: (client, event type, element). The
   // server sends them after each request or disconnection.
@@ -305,6 +327,9 @@ class Registry : private MediationTables {
     void (Registry::*before)(uint32_t ctx, const std::vector<uint32_t>& ids);
     void (Registry::*cleanup)(uint32_t handle);
     void (Registry::*after)(const std::vector<uint32_t>& ids);
+    // What a holder's destroy does (null: EBUSY while referenced, else the
+    // cleanup), given the holder's context.
+    int (Registry::*destroy)(uint32_t ctx, uint32_t handle);
   };
   static const TypeOps kTypeOps[];
   // Calls f(table) with the table of `kind` (registry.cc only).
@@ -341,7 +366,7 @@ class Registry : private MediationTables {
   };
   int charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit, uint64_t& bytes);
   void uncharge_memlock(pid_t pid, uint64_t bytes);
-  int check_mr(uint32_t client, const proto::RegMrReq& req);
+  int check_mr(const Backing& b, const proto::RegMrReq& req);
   // Makes the MR `req` describes (checked); `charge`: count its pages as
   // the registrant's locked memory (not for device memory).
   int install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm, proto::RegMrReply& rep);
@@ -356,7 +381,7 @@ class Registry : private MediationTables {
   bool cq_granted(uint32_t client, uint32_t handle) const;
 
   // ---- QPs (qp.cc) ----
-  int check_create_qp(uint32_t client, const proto::CreateQpReq& req, uint32_t& xrcd);
+  int check_create_qp(const QpObjects& o, const proto::CreateQpReq& req);
   uint32_t alloc_qp_slot();
   void init_qp_entry(uint32_t client, uint32_t slot, uint32_t qpn, const proto::CreateQpReq& req);
   int peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
@@ -372,10 +397,10 @@ class Registry : private MediationTables {
   uid_t qp_uid(uint32_t qpn) const;
 
   // ---- XRC (xrc.cc) ----
-  uint32_t xrcd_of(uint32_t client, uint32_t handle);  // 0 if not the client's
   void xrcd_drop_if_unused(uint32_t id);
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
   void release_xrcd_handle(uint32_t handle);
+  int close_xrcd_handle(uint32_t ctx, uint32_t handle);
 
   // ---- Sharing: namespace, regions (sharing.cc) ----
   Credentials credentials(uint32_t client) const;
@@ -401,6 +426,8 @@ class Registry : private MediationTables {
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
   Qp* find_qp(uint32_t client, uint32_t qpn);
+  Qp* held_qp(uint32_t ctx, uint32_t qpn);  // find_qp, by context (not counted as a lookup)
+  int destroy_qp_handle(uint32_t ctx, uint32_t qpn);
   void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                       const proto::MediateReply& rep);
   void release_qp(uint32_t qpn);

@@ -71,6 +71,7 @@ int Registry::invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) {
   r.key = key;
   r.qpn = qpn;
   r.remote = 1;
+  if (!find_qp(client, qpn)) return EINVAL;
   return invalidate(client, r);
 }
 

@@ -15,10 +15,46 @@
 
 #include <gtest/gtest.h>
 
+#include "daemon/commands.h"
+
 namespace sv::daemon {
 namespace {
 
 constexpr uint32_t kPage = 4096;
+
+// A destroy op as the command layer carries it out (commands.cc): the
+// handle resolved as the caller's (else EINVAL), then its type's destroy.
+int destroy(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
+  return reg.resolve(kind, client, handle) ? reg.destroy(kind, client, handle) : EINVAL;
+}
+// A request as a client's reaches the registry: through the command layer
+// (commands.h), which resolves the handle fields its op declares.
+template <proto::Op op>
+int call(Registry& reg, uint32_t client, typename proto::Command<op>::Req req,
+         typename proto::Command<op>::Rep* rep = nullptr) {
+  static RocePort roce;  // not opened
+  std::vector<Fd> in;
+  std::vector<int> out;
+  CommandEnv env{reg, roce, client, in, out, nullptr};
+  proto::init_header(req, op);
+  uint8_t buf[proto::kMaxMessage];
+  run_command(env, req.h, reinterpret_cast<const uint8_t*>(&req), sizeof req, buf);
+  proto::Header h;
+  std::memcpy(&h, buf, sizeof h);
+  if (rep) std::memcpy(rep, buf, sizeof *rep);
+  return h.status;
+}
+// The object a handle field resolves to for the caller (which must exist).
+template <class T>
+T& resolved(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
+  Object* o = reg.resolve(kind, client, handle);
+  EXPECT_NE(nullptr, o);
+  return *static_cast<T*>(o);
+}
+// A query op's check: the handle is the caller's.
+int query(Registry& reg, ObjKind kind, uint32_t client, uint32_t handle) {
+  return reg.resolve(kind, client, handle) ? 0 : EINVAL;
+}
 
 class RegistryObjects : public ::testing::Test {
  protected:
@@ -55,7 +91,7 @@ class RegistryObjects : public ::testing::Test {
     req.iova = 0x10000;
     req.access = access;
     proto::RegMrReply rep{};
-    EXPECT_EQ(reg.reg_mr(c, req, rep), 0);
+    EXPECT_EQ(call<proto::Op::RegMr>(reg, c, req, &rep), 0);
     return rep;
   }
   uint32_t channel(uint32_t c) {
@@ -71,7 +107,7 @@ class RegistryObjects : public ::testing::Test {
     req.channel = ch;
     proto::CreateCqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(reg.create_cq(c, req, rep, fds), 0);
+    EXPECT_EQ(reg.create_cq(c, req.channel, req, rep, fds), 0);
     EXPECT_EQ(fds.size(), 1u);
     return rep.handle;
   }
@@ -85,7 +121,7 @@ class RegistryObjects : public ::testing::Test {
     req.cq = xcq;
     proto::CreateSrqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(reg.create_srq(c, req, rep, fds), 0);
+    EXPECT_EQ(call<proto::Op::CreateSrq>(reg, c, req, &rep), 0);
     return rep.handle;
   }
   int create_qp(uint32_t c, uint32_t p, uint32_t scq, uint32_t rcq, uint32_t s, ibv_qp_type type,
@@ -103,7 +139,7 @@ class RegistryObjects : public ::testing::Test {
     req.xrcd = xrcd;
     proto::CreateQpReply rep{};
     std::vector<int> fds;
-    int err = reg.create_qp(c, req, rep, fds);
+    int err = call<proto::Op::CreateQp>(reg, c, req, &rep);
     qpn = rep.qpn;
     return err;
   }
@@ -120,13 +156,13 @@ class RegistryObjects : public ::testing::Test {
     m.qp_state = IBV_QPS_INIT;
     m.port_num = 1;
     m.qkey = 0x11;
-    ASSERT_EQ(reg.modify_qp(c, m), 0);
+    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
     m.attr_mask = IBV_QP_STATE;
     m.qp_state = IBV_QPS_RTR;
-    ASSERT_EQ(reg.modify_qp(c, m), 0);
+    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
     m.attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
     m.qp_state = IBV_QPS_RTS;
-    ASSERT_EQ(reg.modify_qp(c, m), 0);
+    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
   }
   uint32_t open_xrcd(uint32_t c, int file = -1) {
     proto::OpenXrcdReq req{};
@@ -257,12 +293,12 @@ TEST(ObjectTypes, OwnerIndexFollowsTheTable) {
 TEST_F(RegistryPd, PdBelongsToItsContext) {
   uint32_t p = pd(a);
   uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
-  EXPECT_EQ(reg.query_pd(a, p), 0);
-  EXPECT_EQ(reg.query_pd(b, p), EINVAL);
-  EXPECT_EQ(reg.dealloc_pd(b, p), EINVAL);
+  EXPECT_EQ(query(reg, ObjKind::kPd, a, p), 0);
+  EXPECT_EQ(query(reg, ObjKind::kPd, b, p), EINVAL);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, b, p), EINVAL);
   EXPECT_EQ(used(Quotas::kPd), 1u);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p), EINVAL);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EINVAL);
   EXPECT_EQ(counts().pds, 0u);
   EXPECT_EQ(used(Quotas::kPd), 0u);
 }
@@ -282,10 +318,10 @@ TEST_F(RegistryMr, MrHoldsItsPdAndItsKeyIsRevoked) {
   uint32_t p = pd(a), b = backing(a);
   proto::RegMrReply m = mr(a, p, b);
   ASSERT_NE(reg.mr_entry(m.key), nullptr);
-  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);  // ibv_dealloc_pd(3): still in use
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EBUSY);  // ibv_dealloc_pd(3): still in use
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
   EXPECT_EQ(reg.mr_entry(m.key), nullptr);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
   EXPECT_EQ(counts().mrs, 0u);
   EXPECT_EQ(used(Quotas::kMr), 0u);
 }
@@ -299,7 +335,7 @@ TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   alloc.pd = p;
   alloc.type = IBV_MW_TYPE_1;
   proto::KeyReply w{};
-  ASSERT_EQ(reg.alloc_mw(a, alloc, w), 0);
+  ASSERT_EQ(reg.alloc_mw(a, alloc.pd, alloc, w), 0);
   proto::BindMwReq bind{};
   bind.mw = w.handle;
   bind.qpn = q;
@@ -308,18 +344,18 @@ TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   bind.length = 64;
   bind.access = IBV_ACCESS_REMOTE_WRITE;
   proto::KeyReply bound{};
-  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
+  ASSERT_EQ(call<proto::Op::BindMw>(reg, a, bind, &bound), 0);
   EXPECT_NE(reg.mr_entry(bound.key), nullptr);
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), EBUSY);  // a window is bound to it
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), EBUSY);  // a window is bound to it
   bind.mr_key = 0;
   bind.length = 0;  // type 1 unbind
-  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);  // the window and the QP
-  EXPECT_EQ(reg.dealloc_mw(a, w.handle), 0);
+  ASSERT_EQ(call<proto::Op::BindMw>(reg, a, bind, &bound), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EBUSY);  // the window and the QP
+  EXPECT_EQ(destroy(reg, ObjKind::kMw, a, w.handle), 0);
   EXPECT_EQ(used(Quotas::kMw), 0u);
-  EXPECT_EQ(reg.destroy_qp(a, q), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, a, q), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
 }
 
 // ibv_rereg_mr: the entry changes in place under the same key, checked as a
@@ -333,19 +369,19 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
   r.flags = IBV_REREG_MR_CHANGE_PD;
   r.pd = p2;
   proto::RegMrReply rep{};
-  ASSERT_EQ(reg.rereg_mr(a, r, rep), 0);
+  ASSERT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), 0);
   EXPECT_EQ(rep.key, m.key);
   ASSERT_NE(reg.mr_entry(m.key), nullptr);
   EXPECT_EQ(reg.mr_entry(m.key)->pd, p2);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);       // the MR let go of it
-  EXPECT_EQ(reg.dealloc_pd(a, p2), EBUSY);  // and holds this one
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);       // the MR let go of it
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p2), EBUSY);  // and holds this one
   const uint32_t gen = reg.mr_entry(m.key)->generation;
   r.flags = IBV_REREG_MR_CHANGE_TRANSLATION;
   r.backing = b;
   r.addr = kPage;
   r.length = 2 * kPage;
   r.iova = 0x20000;
-  ASSERT_EQ(reg.rereg_mr(a, r, rep), 0);
+  ASSERT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), 0);
   const shm::MrEntry* e = reg.mr_entry(m.key);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->file_offset, kPage);
@@ -356,22 +392,22 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
   // write without local write, and another context's MR, PD or backing.
   const uint32_t gen2 = e->generation;
   r.addr = 3 * kPage;
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   r.flags = 0;
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   r.flags = IBV_REREG_MR_CHANGE_ACCESS;
   r.access = IBV_ACCESS_REMOTE_WRITE;
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   uint32_t other = reg.add_client(::getpid(), ::getuid(), ::getgid());
   r.access = IBV_ACCESS_LOCAL_WRITE;
-  EXPECT_EQ(reg.rereg_mr(other, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, other, r, &rep), EINVAL);
   r.flags = IBV_REREG_MR_CHANGE_PD;
   r.pd = pd(other);
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   r.flags = IBV_REREG_MR_CHANGE_TRANSLATION;
   r.backing = backing(other);
   r.addr = 0;
-  EXPECT_EQ(reg.rereg_mr(a, r, rep), EINVAL);
+  EXPECT_EQ(call<proto::Op::ReregMr>(reg, a, r, &rep), EINVAL);
   e = reg.mr_entry(m.key);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->generation, gen2);
@@ -379,8 +415,8 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
   EXPECT_EQ(e->file_offset, kPage);
   EXPECT_EQ(e->length, 2u * kPage);
   EXPECT_EQ(used(Quotas::kMr), 1u);  // quotas unchanged
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p2), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p2), 0);
 }
 
 // ---- CQs and channels ---------------------------------------------------------
@@ -388,20 +424,20 @@ TEST_F(RegistryMr, ReregChangesTheEntryInPlace) {
 TEST_F(RegistryCq, CqHoldsItsChannel) {
   uint32_t ch = channel(a);
   uint32_t c = cq(a, ch);
-  EXPECT_EQ(reg.destroy_channel(a, ch), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kChannel, a, ch), EBUSY);
   proto::ResizeCqReq rs{};
   rs.handle = c;
   rs.cqe = 64;
   proto::CreateCqReply rep{};
   std::vector<int> fds;
-  ASSERT_EQ(reg.resize_cq(a, rs, rep, fds), 0);
-  EXPECT_EQ(reg.resize_cq(a, rs, rep, fds), EBUSY);
+  ASSERT_EQ(reg.resize_cq(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), 0);
+  EXPECT_EQ(reg.resize_cq(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), EBUSY);
   proto::ResizeCqDoneReq done{};
   done.handle = c;
   done.commit = 1;
-  EXPECT_EQ(reg.resize_cq_done(a, done), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), 0);
-  EXPECT_EQ(reg.destroy_channel(a, ch), 0);
+  EXPECT_EQ(reg.resize_cq_done(resolved<Cq>(reg, ObjKind::kCq, a, done.handle), done), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kChannel, a, ch), 0);
   EXPECT_EQ(counts().cqs, 0u);
   EXPECT_EQ(counts().channels, 0u);
   EXPECT_EQ(used(Quotas::kCq), 0u);
@@ -415,26 +451,26 @@ TEST_F(RegistryQp, QpHoldsItsPdCqsAndSrq) {
   uint32_t q = qp(a, p, scq, rcq, s);
   ASSERT_NE(reg.qp_entry(q), nullptr);
   EXPECT_TRUE(reg.holds_qp(a, q));
-  EXPECT_EQ(reg.dealloc_pd(a, p), EBUSY);
-  EXPECT_EQ(reg.destroy_cq(a, scq), EBUSY);
-  EXPECT_EQ(reg.destroy_cq(a, rcq), EBUSY);
-  EXPECT_EQ(reg.destroy_srq(a, s), EBUSY);
-  EXPECT_EQ(reg.destroy_qp(a, q), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, scq), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, rcq), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kSrq, a, s), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, a, q), 0);
   EXPECT_EQ(reg.qp_entry(q), nullptr);
-  EXPECT_EQ(reg.destroy_srq(a, s), 0);
-  EXPECT_EQ(reg.destroy_cq(a, scq), 0);
-  EXPECT_EQ(reg.destroy_cq(a, rcq), 0);
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kSrq, a, s), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, scq), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, rcq), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
   EXPECT_EQ(used(Quotas::kQp), 0u);
 }
 
 TEST_F(RegistryQp, QpWithOneCqTwiceTakesTwoReferences) {
   uint32_t p = pd(a), c = cq(a);
   uint32_t q1 = qp(a, p, c, c), q2 = qp(a, p, c, c);
-  EXPECT_EQ(reg.destroy_qp(a, q1), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), EBUSY);
-  EXPECT_EQ(reg.destroy_qp(a, q2), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, a, q1), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, a, q2), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
 }
 
 TEST_F(RegistryQp, QpRefusesAnotherContextsObjects) {
@@ -445,8 +481,8 @@ TEST_F(RegistryQp, QpRefusesAnotherContextsObjects) {
   EXPECT_EQ(create_qp(b, pb, c, cb, 0, IBV_QPT_RC, qpn), EINVAL);
   EXPECT_EQ(create_qp(b, pb, cb, c, 0, IBV_QPT_RC, qpn), EINVAL);
   // A failed create takes no reference.
-  EXPECT_EQ(reg.dealloc_pd(a, p), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, a, p), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
   EXPECT_EQ(used(Quotas::kQp), 0u);
 }
 
@@ -455,11 +491,11 @@ TEST_F(RegistryQp, QpRefusesAnotherContextsObjects) {
 TEST_F(RegistrySrq, XrcSrqHoldsItsCqAndDomain) {
   uint32_t p = pd(a), c = cq(a), x = open_xrcd(a);
   uint32_t s = srq(a, p, x, c);
-  EXPECT_EQ(reg.destroy_cq(a, c), EBUSY);
-  EXPECT_EQ(reg.close_xrcd(a, x), EBUSY);  // its last handle, still used
-  EXPECT_EQ(reg.destroy_srq(a, s), 0);
-  EXPECT_EQ(reg.close_xrcd(a, x), 0);
-  EXPECT_EQ(reg.destroy_cq(a, c), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kXrcdHandle, a, x), EBUSY);  // its last handle, still used
+  EXPECT_EQ(destroy(reg, ObjKind::kSrq, a, s), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kXrcdHandle, a, x), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
   EXPECT_EQ(used(Quotas::kSrq), 0u);
   EXPECT_EQ(used(Quotas::kXrcd), 0u);
 }
@@ -483,11 +519,11 @@ TEST_F(RegistryXrc, XrcTargetQpOutlivesItsCreator) {
   oq.xrcd = xb;
   proto::ImportQpReply rep{};
   std::vector<int> fds;
-  ASSERT_EQ(reg.open_qp(b, oq, rep, fds), 0);
+  ASSERT_EQ(call<proto::Op::OpenQp>(reg, b, oq, &rep), 0);
   reg.remove_client(a);
   ASSERT_NE(reg.qp_entry(tgt), nullptr);
   EXPECT_TRUE(reg.holds_qp(b, tgt));
-  EXPECT_EQ(reg.close_xrcd(b, xb), EBUSY);  // the target QP uses the domain
+  EXPECT_EQ(destroy(reg, ObjKind::kXrcdHandle, b, xb), EBUSY);  // the target QP uses the domain
   reg.remove_client(b);
   EXPECT_EQ(reg.qp_entry(tgt), nullptr);
   EXPECT_EQ(counts().qps, 0u);
@@ -511,7 +547,7 @@ TEST_F(RegistryContext, ReleasingAContextFreesEverything) {
   alloc.pd = p;
   alloc.type = IBV_MW_TYPE_1;
   proto::KeyReply w{};
-  ASSERT_EQ(reg.alloc_mw(a, alloc, w), 0);
+  ASSERT_EQ(reg.alloc_mw(a, alloc.pd, alloc, w), 0);
   proto::BindMwReq bind{};
   bind.mw = w.handle;
   bind.qpn = ud;
@@ -520,7 +556,7 @@ TEST_F(RegistryContext, ReleasingAContextFreesEverything) {
   bind.length = 64;
   bind.access = IBV_ACCESS_REMOTE_WRITE;
   proto::KeyReply bound{};
-  ASSERT_EQ(reg.bind_mw(a, bind, bound), 0);
+  ASSERT_EQ(call<proto::Op::BindMw>(reg, a, bind, &bound), 0);
   (void)xs;
 
   // A second process of the context: its leaving frees nothing.
@@ -550,10 +586,10 @@ TEST_F(RegistryContext, ReleaseTouchesOnlyItsContext) {
   reg.remove_client(a);
   EXPECT_EQ(reg.qp_entry(qa), nullptr);
   ASSERT_NE(reg.qp_entry(qb), nullptr);
-  EXPECT_EQ(reg.dealloc_pd(b, pb), EBUSY);
-  EXPECT_EQ(reg.destroy_qp(b, qb), 0);
-  EXPECT_EQ(reg.destroy_cq(b, cb), 0);
-  EXPECT_EQ(reg.dealloc_pd(b, pb), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, b, pb), EBUSY);
+  EXPECT_EQ(destroy(reg, ObjKind::kQp, b, qb), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kCq, b, cb), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kPd, b, pb), 0);
 }
 
 // ---- Sharing: regions -----------------------------------------------------------
@@ -569,11 +605,11 @@ TEST_F(RegistrySharing, RegionGoesWithItsLastMr) {
   req.length = kPage;
   proto::RegShmidReply rep{};
   std::vector<int> fds;
-  ASSERT_EQ(reg.reg_shmid(a, req, rep, fds), 0);
+  ASSERT_EQ(call<proto::Op::RegShmid>(reg, a, req, &rep), 0);
   EXPECT_EQ(rep.created, 1u);
   EXPECT_EQ(reg.region_count(), 1u);
   proto::RegMrReply m = mr(a, p, rep.backing);
-  EXPECT_EQ(reg.dereg_mr(a, m.handle), 0);
+  EXPECT_EQ(destroy(reg, ObjKind::kMr, a, m.handle), 0);
   EXPECT_EQ(reg.region_count(), 0u);
   EXPECT_EQ(counts().backings, 0u);
 }

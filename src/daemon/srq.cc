@@ -13,17 +13,16 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto::CreateSrqReply& rep,
-                         std::vector<int>& out_fds) {
+int Registry::create_srq(uint32_t client, const XrcdHandle* xh, const proto::CreateSrqReq& req,
+                         proto::CreateSrqReply& rep, std::vector<int>& out_fds) {
   if (int e = quotas_.admit(Quotas::kSrq, client_uid(client))) return e;
-  if (!pds_.owned(req.pd, ctx(client))) return EINVAL;
   if (req.max_wr == 0 || req.max_wr > kMaxQpWr || req.max_sge == 0 || req.max_sge > kMaxSge) return EINVAL;
   if (req.reserved) return EINVAL;
   uint32_t xrcd = 0;
   if (req.srq_type == IBV_SRQT_XRC) {
     // An XRC SRQ belongs to an XRC domain and has its own CQ.
-    xrcd = xrcd_of(client, req.xrcd);
-    if (!xrcd || !cqs_.owned(req.cq, ctx(client))) return EINVAL;
+    xrcd = xh ? xh->xrcd : 0;
+    if (!xrcd || !req.cq) return EINVAL;
   } else if (req.srq_type != IBV_SRQT_BASIC) {
     return req.srq_type == IBV_SRQT_TM ? EOPNOTSUPP : EINVAL;
   } else if (req.xrcd || req.cq) {
@@ -61,26 +60,6 @@ int Registry::create_srq(uint32_t client, const proto::CreateSrqReq& req, proto:
   out_fds.push_back(srq.fd.get());
   quotas_.charge(Quotas::kSrq, handle, client_uid(client));
   hold(srqs_.insert(handle, std::move(srq)).held());  // its PD, and an XRC SRQ's CQ and domain
-  return 0;
-}
-
-int Registry::destroy_srq(uint32_t client, uint32_t handle) {
-  auto it = srqs_.find(handle);
-  if (it == srqs_.end() || it->second.owner != ctx(client)) return EINVAL;
-  if (it->second.refs) return EBUSY;  // QPs still use it
-  forget(ObjKind::kSrq, handle);  // drops its PD, and an XRC SRQ's CQ and domain
-  return 0;
-}
-
-int Registry::import_srq(uint32_t client, uint32_t handle, proto::ImportSrqReply& rep, std::vector<int>& out_fds) {
-  Srq* srq = srqs_.owned(handle, ctx(client));
-  if (!srq) return EINVAL;
-  rep.pd = srq->pd;
-  // The daemon's record: the header is memory every holder can write, and
-  // an importer writes up to max_sge SGEs into each ring slot.
-  rep.max_sge = srq->max_sge;
-  rep.segment_size = srq->map.size();
-  out_fds.push_back(srq->fd.get());
   return 0;
 }
 

@@ -15,12 +15,6 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-uint32_t Registry::xrcd_of(uint32_t client, uint32_t handle) {
-  XrcdHandle* h = xrcd_handles_.owned(handle, ctx(client));
-  if (!h) return 0;
-  return h->xrcd;
-}
-
 void Registry::xrcd_drop_if_unused(uint32_t id) {
   auto it = xrcds_.find(id);
   if (it == xrcds_.end() || it->second.opens != 0 || it->second.refs != 0) return;
@@ -67,9 +61,9 @@ int Registry::open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, u
   return 0;
 }
 
-int Registry::close_xrcd(uint32_t client, uint32_t handle) {
-  uint32_t id = xrcd_of(client, handle);
-  if (!id) return EINVAL;
+// The destroy hook of a domain's handle (ibv_close_xrcd(3)).
+int Registry::close_xrcd_handle(uint32_t, uint32_t handle) {
+  const uint32_t id = xrcd_handles_.at(handle).xrcd;
   Xrcd& x = xrcds_[id];
   // The last handle of a domain that SRQs or target QPs still use.
   if (x.opens == 1 && x.refs) return EBUSY;
@@ -101,10 +95,10 @@ bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {
 // IBTA annex A14: an XRC message names the SRQ that takes it; the SRQ must be in
 // the target QP's domain. EAGAIN: the target is not ready (the requester
 // retries); ENOENT: no such SRQ there (an invalid request).
-int Registry::connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
-                          std::vector<int>& out_fds) {
-  Qp* qp = find_qp(client, req.qpn);
-  if (!qp || (qp->type != IBV_QPT_XRC_SEND && qp->type != IBV_QPT_XRC_RECV)) return EINVAL;
+int Registry::connect_xrc(uint32_t client, const Qp& my_qp, const proto::ConnectXrcReq& req,
+                          proto::ConnectPeerReply& rep, std::vector<int>& out_fds) {
+  const Qp* qp = &my_qp;
+  if (qp->type != IBV_QPT_XRC_SEND && qp->type != IBV_QPT_XRC_RECV) return EINVAL;
   // An XRC target whose initiator is on another host (docs/ROCE.md, XRC on
   // the wire): the caller runs the target's transport and asks for the SRQ
   // a request names, in the target's own XRC domain (IBTA annex A14).
@@ -144,11 +138,11 @@ int Registry::connect_xrc(uint32_t client, const proto::ConnectXrcReq& req, prot
 
 // ibv_open_qp(3): another handle of an XRC target QP, for a context that
 // opened the QP's domain.
-int Registry::open_qp(uint32_t client, const proto::OpenQpReq& req, proto::ImportQpReply& rep,
+int Registry::open_qp(uint32_t client, const XrcdHandle& xh, const proto::OpenQpReq& req, proto::ImportQpReply& rep,
                       std::vector<int>& out_fds) {
-  uint32_t xrcd = xrcd_of(client, req.xrcd);
+  const uint32_t xrcd = xh.xrcd;
   auto it = qps_.find(req.qpn);
-  if (!xrcd || it == qps_.end() || it->second.type != IBV_QPT_XRC_RECV || it->second.xrcd != xrcd) return EINVAL;
+  if (it == qps_.end() || it->second.type != IBV_QPT_XRC_RECV || it->second.xrcd != xrcd) return EINVAL;
   Qp& q = it->second;
   q.holders.push_back(ctx(client));  // one entry per handle: each is destroyed on its own
   xrc_handles_.insert({ctx(client), req.qpn});
