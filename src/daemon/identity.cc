@@ -153,7 +153,62 @@ bool parse_hex(const char* p, unsigned long long& out) {
   return errno == 0 && *end == '\0';
 }
 
+// "pid:[4026531836]" (namespaces(7)): the inode; 0 if not such a link.
+uint64_t pid_ns_link_inode(const char* path) {
+  char link[64];
+  const ssize_t n = ::readlink(path, link, sizeof(link) - 1);
+  if (n <= 0) return 0;
+  link[n] = '\0';
+  unsigned long long ino = 0;
+  char end = 0;
+  return std::sscanf(link, "pid:[%llu%c", &ino, &end) == 2 && end == ']' ? uint64_t(ino) : 0;
+}
+
+// The inode of this daemon's pid namespace, where this process's /proc is
+// that namespace's: its own NSpid: line (proc(5)) has one entry, its own
+// pid (after unshare -p without a new /proc it has two, and /proc names
+// processes by another namespace's numbers). 0 otherwise: then no link is
+// read by a client's pid.
+uint64_t own_pid_ns_via_proc() {
+  static const uint64_t ino = [] {
+    Fd f(::open("/proc/self/status", O_RDONLY | O_CLOEXEC));
+    if (!f.valid()) return uint64_t(0);
+    std::string text;
+    char chunk[4096];
+    for (ssize_t n; (n = ::read(f.get(), chunk, sizeof chunk)) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return uint64_t(0);
+      text.append(chunk, size_t(n));
+    }
+    const size_t at = text.find("\nNSpid:");
+    if (at == std::string::npos) return uint64_t(0);
+    const size_t eol = text.find('\n', at + 1);
+    unsigned long first = 0;
+    char extra = 0;
+    const std::string line = text.substr(at + 7, eol == std::string::npos ? std::string::npos : eol - at - 7);
+    if (std::sscanf(line.c_str(), " %lu %c", &first, &extra) != 1 || first != unsigned(::getpid())) return uint64_t(0);
+    return pid_ns_link_inode("/proc/self/ns/pid");
+  }();
+  return ino;
+}
+
 }  // namespace
+
+int client_in_pid_namespace(pid_t pid, int pidfd, bool& same) {
+  if (pid <= 0 || pidfd < 0) return ESRCH;
+  if (const uint64_t mine = own_pid_ns_via_proc()) {
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/ns/pid", int(pid));
+    if (const uint64_t theirs = pid_ns_link_inode(path)) {
+      // Read through the pid: only an answer about the process behind the
+      // pidfd, not one that reused its number meanwhile.
+      if (!pidfd_alive(pidfd)) return ESRCH;
+      same = theirs == mine;
+      return 0;
+    }
+  }
+  return same_pid_namespace(pid, pidfd, same);
+}
 
 // The same through /proc/PID/status alone: for kernels without
 // PIDFD_GET_INFO (before 6.13).

@@ -29,4 +29,14 @@ bool read_identity_proc(pid_t pid, int pidfd, ConnectIdentity& out);
 // kernel does), decided for the process that connected.
 uint64_t memlock_limit(pid_t pid, int pidfd, const ConnectIdentity& at_connect, uint64_t total);
 
+// Whether `pid` (the process behind `pidfd`, alive until the answer was
+// read) is in this daemon's pid namespace, as sv::same_pid_namespace
+// answers, at a connection's cost of one readlink(2) where it can: the
+// link /proc/PID/ns/pid against the daemon's own, both read through a
+// /proc of the daemon's own namespace (looked at once). The link needs
+// ptrace's read access to the process; without it (another user's process
+// to a daemon without CAP_SYS_PTRACE, a process in a user namespace of its
+// own) sv::same_pid_namespace reads /proc/PID/status, which anyone may.
+int client_in_pid_namespace(pid_t pid, int pidfd, bool& same);
+
 }  // namespace sv::daemon

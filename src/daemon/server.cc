@@ -20,6 +20,7 @@
 
 #include "common/paths.h"
 #include "daemon/commands.h"
+#include "daemon/identity.h"
 
 namespace sv::daemon {
 
@@ -516,7 +517,7 @@ void Server::accept_clients() {
     // message. So a client in a container reaches a daemon of its own
     // namespace: its container's, or its pod's (docs/CONTAINERS.md).
     bool same = false;
-    if (const int e = same_pid_namespace(cred.pid, pidfd.get(), same); e != 0 || !same) {
+    if (const int e = client_in_pid_namespace(cred.pid, pidfd.get(), same); e != 0 || !same) {
       tell_refused(fd, proto::kRefusedPidNamespace, EPERM, pid_namespace_inode(cred.pid, pidfd.get()),
                    pid_namespace_inode(0, -1));
       // Said once: a flood of such connections must not flood the log.

@@ -113,43 +113,12 @@ ibv_context* open_context(ibv_device* device) {
 
 namespace {
 
-// Binds a fresh connection to its context: claims the socket as ours, then
-// joins the context of another process's socket (ibv_import_device(3)) or
-// of a published object (svx_open), if asked. 0 or an errno.
-int attach_connection(ContextState& st, int import_fd, NsAttach* ns) {
-  struct stat sst {};
-  if (::fstat(st.conn.fd(), &sst) != 0) return errno;
-  proto::ClaimSocketReq claim{};
-  claim.inode = sst.st_ino;
-  proto::Empty none{};
-  if (int e = st.conn.call<proto::Op::ClaimSocket>(claim, none)) return e;
-  if (import_fd >= 0) {
-    proto::Empty req{};
-    proto::ClientReply joined{};
-    int fds1[1] = {import_fd};
-    if (int e = st.conn.call<proto::Op::ImportContext>(req, joined, fds1)) return e == ENOENT ? EINVAL : e;
-  }
-  if (ns) {
-    proto::NsNameReq req{};
-    req.access = ns->access;
-    req.flags = ns->flags;
-    std::strncpy(req.name, ns->name, sizeof(req.name) - 1);
-    if (int e = st.conn.call<proto::Op::NsOpen>(req, ns->rep)) return e;
-  }
-  return 0;
-}
-
-// Hello: the daemon's boot id and this user's device segment (the MR, QP
-// and multicast tables, read-only: docs/SHARED_MEMORY.md), mapped and
-// checked. 0 or an errno.
-int map_device(ContextState& st) {
-  proto::Empty hello{};
-  proto::HelloReply rep{};
-  std::vector<Fd> fds;
-  if (int e = st.conn.call<proto::Op::Hello>(hello, rep, {}, &fds)) return e;
+// The device segment of Hello's reply (the MR, QP and multicast tables,
+// read-only: docs/SHARED_MEMORY.md), mapped and checked. 0 or an errno.
+int map_device(ContextState& st, const proto::HelloReply& rep, const Fd& segment) {
   st.boot_id = rep.boot_id;
   st.conn.set_client_id(rep.client_id);
-  if (int e = map_shared(fds[0].get(), 0, shm::DeviceLayout::size(), PROT_READ, false, st.device_map)) return e;
+  if (int e = map_shared(segment.get(), 0, shm::DeviceLayout::size(), PROT_READ, false, st.device_map)) return e;
   auto* dh = st.device_map.as<shm::DeviceHeader>();
   if (dh->magic != shm::kDeviceMagic || dh->version != shm::kLayoutVersion) return EPROTO;
   st.mr_table = reinterpret_cast<const MrEntry*>(st.device_map.as<char>() + dh->mr_table_offset);
@@ -158,39 +127,76 @@ int map_device(ContextState& st) {
   return 0;
 }
 
-// Async events from the daemon: it sends the event and signals our wake-up
-// pair (a socketpair, not an eventfd: the daemon's signal must not be able
-// to block whatever the application does to the descriptor).
-int register_async(ContextState& st) {
+// Without a wake socket (a daemon that does not offer it) requests a
+// departed sharer left queued on a QP wait for the next post on that QP:
+// said once, the context still works.
+void say_no_wake(int e) {
+  static std::once_flag once;
+  std::call_once(once, [e] {
+    std::fprintf(stderr, "softverbs: the daemon gave no wake socket (%s): requests a process sharing a QP "
+                         "leaves queued wait for the next post on that QP\n", std::strerror(e));
+  });
+}
+
+// The requests that bind a fresh connection to its context, sent in one
+// batch (DaemonConn::call_batch: one round trip), in this order:
+//   ClaimSocket    the socket is ours (its inode);
+//   ImportContext  join the context of another process's socket
+//                  (ibv_import_device(3)), if asked;
+//   NsOpen         or of a published object (svx_open), if asked;
+//   Hello          the daemon's boot id and this user's device segment;
+//   RegAsync       async events: the daemon sends the event and signals our
+//                  wake-up pair (a socketpair, not an eventfd: its signal
+//                  must not be able to block whatever the application does
+//                  to the descriptor);
+//   Wake           the wake socket (see start_watchdog); optional.
+// 0 or an errno.
+int set_up_connection(ContextState& st, int import_fd, NsAttach* ns) {
+  struct stat sst {};
+  if (::fstat(st.conn.fd(), &sst) != 0) return errno;
   if (int e = make_wake_pair(st.async_fd, st.async_wake)) return e;
-  proto::Empty req{};
-  proto::Empty rep{};
-  int fds1[1] = {st.async_wake.get()};
-  if (int e = st.conn.call<proto::Op::RegAsync>(req, rep, fds1)) return e;
-  ContextState* raw = &st;
+  proto::ClaimSocketReq claim{};
+  claim.inode = sst.st_ino;
+  proto::Empty none[4]{};
+  proto::ClientReply joined{};
+  proto::NsNameReq ns_req{};
+  proto::HelloReply hello{};
+  proto::Empty async_rep{}, wake_rep{};
+  std::vector<Fd> segment, wake;
+  const int import_fds[1] = {import_fd};
+  const int async_fds[1] = {st.async_wake.get()};
+  DaemonConn::Batched calls[6];
+  size_t n = 0, import_at = 0;
+  calls[n++] = DaemonConn::batched<proto::Op::ClaimSocket>(claim, none[0]);
+  if (import_fd >= 0) {
+    import_at = n;
+    calls[n++] = DaemonConn::batched<proto::Op::ImportContext>(none[1], joined, import_fds);
+  }
+  if (ns) {
+    ns_req.access = ns->access;
+    ns_req.flags = ns->flags;
+    std::strncpy(ns_req.name, ns->name, sizeof(ns_req.name) - 1);
+    calls[n++] = DaemonConn::batched<proto::Op::NsOpen>(ns_req, ns->rep);
+  }
+  calls[n++] = DaemonConn::batched<proto::Op::Hello>(none[2], hello, {}, &segment);
+  calls[n++] = DaemonConn::batched<proto::Op::RegAsync>(none[3], async_rep, async_fds);
+  const size_t wake_at = n;
+  proto::Empty wake_req{};
+  calls[n++] = DaemonConn::batched<proto::Op::Wake>(wake_req, wake_rep, {}, &wake);
+  calls[wake_at].optional = true;
+  ContextState* raw = &st;  // events may come with the replies
   st.conn.on_event = [raw](const proto::AsyncEventMsg& m) {
     std::lock_guard<std::mutex> g(raw->async.mu);
     raw->async.raw.push_back(m);
   };
-  return 0;
-}
-
-// The wake socket (Op::Wake, see start_watchdog). Without one (a daemon
-// that does not offer it) requests a departed sharer left queued on a QP
-// wait for the next post on that QP: said once, the context still works.
-void register_wake(ContextState& st) {
-  proto::Empty req{};
-  proto::Empty rep{};
-  std::vector<Fd> fds;
-  if (int e = st.conn.call<proto::Op::Wake>(req, rep, {}, &fds)) {
-    static std::once_flag once;
-    std::call_once(once, [e] {
-      std::fprintf(stderr, "softverbs: the daemon gave no wake socket (%s): requests a process sharing a QP "
-                           "leaves queued wait for the next post on that QP\n", std::strerror(e));
-    });
-    return;
+  if (int e = st.conn.call_batch(std::span(calls, n))) {
+    if (import_at && calls[import_at].status == ENOENT && e == ENOENT) return EINVAL;
+    return e;
   }
-  st.wake = std::move(fds[0]);
+  if (int e = map_device(st, hello, segment[0])) return e;
+  if (calls[wake_at].status == 0) st.wake = std::move(wake[0]);
+  else say_no_wake(calls[wake_at].status);
+  return 0;
 }
 
 // The context as libibverbs sees it: the provider's ops (rdma-core's
@@ -247,12 +253,9 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     st = std::make_unique<ContextState>();
     e = st->conn.open();
-    if (!e) e = attach_connection(*st, import_fd, ns);
-    if (!e) e = map_device(*st);
+    if (!e) e = set_up_connection(*st, import_fd, ns);
     if (e != ECONNRESET) break;
   }
-  if (!e) e = register_async(*st);
-  if (!e) register_wake(*st);
   if (e) {
     errno = e;
     return nullptr;

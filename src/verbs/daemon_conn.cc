@@ -413,8 +413,11 @@ int DaemonConn::raw_call(void* req, size_t req_len, void* rep, size_t rep_len,
 int DaemonConn::raw_call_locked(void* req, size_t req_len, void* rep, size_t rep_len,
                                 std::span<const int> send_fds, std::vector<Fd>* recv_fds, const Work* work) {
   if (int e = send_locked(req, req_len, send_fds)) return e;
-  auto* h = static_cast<proto::Header*>(req);
   if (work) *work->result = work->run(work->ctx);
+  return recv_reply_locked(static_cast<proto::Header*>(req)->seq, rep, rep_len, recv_fds, nullptr);
+}
+
+int DaemonConn::recv_reply_locked(uint32_t seq, void* rep, size_t rep_len, std::vector<Fd>* recv_fds, bool* broken) {
   alignas(8) uint8_t buf[proto::kMaxMessage];
   std::vector<Fd> fds;
   size_t len = 0;
@@ -428,19 +431,57 @@ int DaemonConn::raw_call_locked(void* req, size_t req_len, void* rep, size_t rep
       if (::poll(&p, 1, 0) == 1) break;
       __builtin_ia32_pause();
     }
-    if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds))
-      return refused(e == EAGAIN ? ETIMEDOUT : e, h->seq);
-    if (len == 0) return refused(ENODEV, h->seq);  // the daemon went away
+    if (int e = recv_message(sock_.get(), buf, sizeof(buf), &len, fds)) {
+      if (broken) *broken = true;
+      return refused(e == EAGAIN ? ETIMEDOUT : e, seq);
+    }
+    if (broken) *broken = len < sizeof(proto::Header);
+    if (len == 0) return refused(ENODEV, seq);  // the daemon went away
     if (len < sizeof(proto::Header)) return EPROTO;
-    if (int r = take_refusal(buf, len)) return r;
+    if (int r = take_refusal(buf, len)) {
+      if (broken) *broken = true;
+      return r;
+    }
     if (!dispatch_event(buf, len)) break;  // not an async event: our reply
   }
   std::memcpy(&rh, buf, sizeof(rh));
-  if (rh.magic != proto::kMagic || rh.seq != h->seq) return EPROTO;
+  if (rh.magic != proto::kMagic || rh.seq != seq) {
+    if (broken) *broken = true;  // out of step: what follows cannot be matched
+    return EPROTO;
+  }
   if (rh.status != 0) return rh.status;
   if (len != rep_len) return EPROTO;
   std::memcpy(rep, buf, rep_len);
   if (recv_fds) *recv_fds = std::move(fds);
+  return 0;
+}
+
+// All sent, then all answered: a request the daemon refuses does not stop
+// the ones after it (they were sent already), so every reply is read. A
+// send that fails stops the sending; the replies to what went are still
+// read (the first one of a refused connection says why: refused()).
+int DaemonConn::call_batch(std::span<Batched> calls) {
+  std::lock_guard<std::mutex> g(mu_);
+  size_t sent = 0;
+  int send_error = 0;
+  for (Batched& c : calls) {
+    if ((send_error = send_locked(c.req, c.req_len, c.send_fds)) != 0) break;
+    ++sent;
+  }
+  bool broken = false;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Batched& c = calls[i];
+    if (i >= sent || broken) {
+      c.status = i == sent && send_error ? send_error : ENODEV;  // never sent, or its reply cannot come
+      continue;
+    }
+    std::vector<Fd> fds;
+    c.status = recv_reply_locked(static_cast<proto::Header*>(c.req)->seq, c.rep, c.rep_len, &fds, &broken);
+    if (c.status == 0 && !c.matches(c.rep, fds.size())) c.status = EPROTO;
+    if (c.status == 0 && c.recv_fds) *c.recv_fds = std::move(fds);
+  }
+  for (const Batched& c : calls)
+    if (c.status != 0 && !c.optional) return c.status;
   return 0;
 }
 

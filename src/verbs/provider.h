@@ -94,6 +94,36 @@ class DaemonConn {
     return 0;
   }
 
+  // One request of a batch (call_batch): typed as call() types it.
+  struct Batched {
+    void* req;
+    size_t req_len;
+    void* rep;
+    size_t rep_len;
+    std::span<const int> send_fds;
+    std::vector<Fd>* recv_fds;  // the reply's descriptors; closed if null
+    bool (*matches)(const void* rep, size_t nfds);  // the op's reply declaration
+    bool optional = false;  // its failure is its own (status), not the batch's
+    int status = 0;         // filled in by call_batch: as call() would return it
+  };
+  template <proto::Op op>
+  static Batched batched(typename proto::Command<op>::Req& req, typename proto::Command<op>::Rep& rep,
+                         std::span<const int> send_fds = {}, std::vector<Fd>* recv_fds = nullptr) {
+    using C = proto::Command<op>;
+    proto::init_header(req, op);
+    return {&req, sizeof req, &rep, sizeof rep, send_fds, recv_fds,
+            [](const void* r, size_t n) {
+              return proto::reply_matches<C>(*static_cast<const typename C::Rep*>(r), n);
+            }};
+  }
+  // Sends every request of `calls` before it waits for the first reply, so
+  // that a connection's set-up costs one round trip, not one per request;
+  // the daemon serves them in order, as if called one after the other.
+  // Each call's status is filled in; returns the first failure of a call
+  // not `optional` (ENODEV and the like for a call that never went out),
+  // else 0.
+  int call_batch(std::span<Batched> calls);
+
   // Sends `req` and waits for nothing: an op the daemon never answers
   // (Op::MediatePost). The connection orders it with every other request:
   // a later call's reply means the daemon has run it. 0 or the send's error.
@@ -132,6 +162,10 @@ class DaemonConn {
                std::vector<Fd>* recv_fds, const Work* work = nullptr);
   int raw_call_locked(void* req, size_t req_len, void* rep, size_t rep_len, std::span<const int> send_fds,
                       std::vector<Fd>* recv_fds, const Work* work);
+  // With mu_ held: waits for the reply to request `seq` (async events on the
+  // way dispatched); its status, or the transport's error (then *broken is
+  // set, when given: no later reply can be read).
+  int recv_reply_locked(uint32_t seq, void* rep, size_t rep_len, std::vector<Fd>* recv_fds, bool* broken);
   // The request ring (Op::PostRing, daemon/post_ring.h): pipelined requests
   // go there instead of the socket once the daemon gave one; with mu_ held.
   struct PostRing {

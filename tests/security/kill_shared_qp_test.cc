@@ -342,8 +342,10 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
     if (HasFatalFailure()) return;
   }
   const uint64_t t0 = now_ms();
+  uint64_t t_wait = 0, t_start = 0, t_start_max = 0;  // where the time goes (said at the end)
   for (int k = 0; k < kills; ++k) {
     Writer& v = ws[rng() % kWriters];
+    const uint64_t k0 = now_ms();
     // Let the victim get going (a wedged QP shows here: it never posts; the
     // bound is for a loaded sanitizer run, where a writer takes seconds to start).
     uint64_t deadline = now_ms() + 30000;
@@ -359,9 +361,16 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
     waitpid(v.pid, &st, 0);
     close(v.sock);
     killed.push_back(v.gen);
+    const uint64_t k1 = now_ms();
     start_writer(v);
     if (HasFatalFailure()) return;
+    t_wait += k1 - k0;
+    t_start += now_ms() - k1;
+    t_start_max = std::max(t_start_max, now_ms() - k1);
   }
+  std::printf("KillSharedQp: %llu ms waiting for victims to post and killing them, %llu ms starting writers "
+              "(longest %llu ms)\n",
+              (unsigned long long)t_wait, (unsigned long long)t_start, (unsigned long long)t_start_max);
   // The survivors go on: kAfter more each, all delivered.
   uint32_t target[kWriters];
   for (int i = 0; i < kWriters; ++i) {
