@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """docs/SECURITY.md's input table against the code: every op of the control
-protocol's table (src/common/protocol.h, SV_OP lines), every shared segment
+protocol's table (src/common/op_table.h, SV_OP lines), every shared segment
 layout (src/common/shm_layout.h's `struct ...Layout` and the request ring's
 header) and every environment variable the library or daemon reads
 (getenv("...") in src/) has a row; every test a row names exists
@@ -55,9 +55,9 @@ def main():
         return 1
     rows = first_cells(inputs)
 
-    ops = re.findall(r"^SV_OP(?:_DECL)?\((\w+),", read("src/common/protocol.h"), re.M)
+    ops = re.findall(r"^SV_OP(?:_DECL)?\((\w+),", read("src/common/op_table.h"), re.M)
     if len(ops) < 10:
-        gaps.append("could not read the op table from src/common/protocol.h")
+        gaps.append("could not read the op table from src/common/op_table.h")
     gaps += [f"op {op}: no row in docs/SECURITY.md's input table" for op in ops if op not in rows]
 
     layouts = re.findall(r"^struct (\w+Layout)\b", read("src/common/shm_layout.h"), re.M)

@@ -29,17 +29,12 @@ import sys
 MAX_FILE, MAX_FN = 900, 80
 
 # TEMPORARY, TO BE EMPTIED BY THE LEAD: breaches in files under concurrent
-# change elsewhere (server.cc, verbs/requester.cc, roce_link.cc, protocol.h),
+# change elsewhere (verbs/requester.cc, roce_link.cc),
 # to go once those changes are merged and the files are split.
 ALLOWED = {
-    ("src/daemon/server.cc", None),
-    ("src/daemon/server.cc", "int Server::run() {"),
-    ("src/daemon/server.cc", "void Server::accept_clients() {"),
-    ("src/daemon/server.cc", "bool Server::serve(int fd) {"),
     ("src/verbs/requester.cc", None),
     ("src/verbs/requester.cc", "[[gnu::always_inline]] inline bool fast_post(QpState& q, const ibv_send_wr* wr) {"),
     ("src/verbs/roce_link.cc", None),
-    ("src/common/protocol.h", None),
 }
 
 CONTROL = re.compile(r"^\s*(\}\s*)?(if|for|while|switch|catch|do|else|try)\b")

@@ -60,21 +60,6 @@ uid_t unmapped_uid() {
   return uid;
 }
 
-// Fairness (docs/PROTOCOL.md, "Flow control"): each turn of the loop serves
-// at most this many requests of one connection, so that one client's
-// pipeline does not hold up the others; a client with this many replies
-// waiting for its socket is not read until it reads them (it is slowed,
-// not dropped); and at most this many distinct async events wait for one
-// client (identical ones are coalesced, so this is only reached by a
-// client holding more objects than that, whose further events are lost).
-constexpr int kRequestsPerTurn = 4;
-constexpr uint32_t kRingTurnsPerPoll = 8;
-constexpr size_t kMaxQueuedReplies = 64;
-constexpr size_t kMaxQueuedEvents = 1 << 16;
-// The copy worker moves this much of one user's copy, then turns to the
-// next user with a copy waiting.
-constexpr uint64_t kCopyPiece = 1 << 20;
-constexpr uint64_t kContendedOffload = 64 << 10;  // copies from this size on go to the worker under contention
 void on_signal(int) { g_stop = 1; }
 
 // systemd's socket activation protocol (sd_listen_fds(3)): LISTEN_PID names
@@ -367,26 +352,8 @@ int Server::run() {
       return errno;
     }
     note_contention(evs, n);
-    for (int i = 0; i < n; ++i) {
-      int fd = evs[i].data.fd;
-      if (fd == listen_fd_.get()) accept_clients();
-      else if (roce_.owns(fd)) roce_.readable(fd);
-      else if (fd == cm_.fd()) cm_.run();
-      else if (copy_done_fd_.valid() && fd == copy_done_fd_.get()) copies_done();
-      else if (auto r = ring_efds_.find(fd); r != ring_efds_.end()) {
-        ring_woken(fd, r->second);
-        continue;  // a wake-up is no request (no spin for it)
-      } else if (evs[i].events & (EPOLLIN | EPOLLOUT)) {
-        if (evs[i].events & EPOLLOUT) flush(fd);
-        if ((evs[i].events & EPOLLIN) && !serve(fd)) continue;
-      } else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
-        SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, evs[i].events);
-        drop(fd);
-      }
-      // Only work keeps the loop spinning (a wake-up that served nothing,
-      // a connection not served, does not).
-      last_request = monotonic_ns();
-    }
+    for (int i = 0; i < n; ++i)
+      if (dispatch(evs[i])) last_request = monotonic_ns();
     if (serve_rings()) {
       last_request = monotonic_ns();
       ++ring_turns;
@@ -403,6 +370,32 @@ int Server::run() {
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
   ::unlinkat(rundir_.fd.get(), "control", 0);
   return 0;
+}
+
+// One descriptor epoll reported, to its owner. True when it was work:
+// only work keeps the loop spinning (a wake-up that served nothing, a
+// connection not served, does not).
+bool Server::dispatch(const epoll_event& ev) {
+  const int fd = ev.data.fd;
+  if (fd == listen_fd_.get()) {
+    accept_clients();
+  } else if (roce_.owns(fd)) {
+    roce_.readable(fd);
+  } else if (fd == cm_.fd()) {
+    cm_.run();
+  } else if (copy_done_fd_.valid() && fd == copy_done_fd_.get()) {
+    copies_done();
+  } else if (auto r = ring_efds_.find(fd); r != ring_efds_.end()) {
+    ring_woken(fd, r->second);
+    return false;  // a wake-up is no request (no spin for it)
+  } else if (ev.events & (EPOLLIN | EPOLLOUT)) {
+    if (ev.events & EPOLLOUT) flush(fd);
+    if ((ev.events & EPOLLIN) && !serve(fd)) return false;
+  } else if (ev.events & (EPOLLHUP | EPOLLERR)) {
+    SV_TRACE("daemon: fd %d hung up (events 0x%x)", fd, ev.events);
+    drop(fd);
+  }
+  return true;
 }
 
 // Whether the loop's spin would take a CPU that another thread wants. On
@@ -467,6 +460,61 @@ void Server::revoke_copies(uint32_t client, const uint8_t* msg, size_t len) {
   copy_step_cv_.wait(lk, [this] { return !copy_current_ || !copy_current_->revoked.load(); });
 }
 
+// Whether this daemon serves the process that connected on `fd` (its
+// credentials and pidfd filled in); if not, it has been told why.
+bool Server::admitted(int fd, PeerCred& cred, Fd& pidfd) {
+  // A per-user daemon refuses every other user's process; the system
+  // daemon serves all users (the registry keeps them apart), each up to
+  // its quota of connections.
+  if (peer_credentials(fd, cred) != 0) return false;
+  if (cred.uid == unmapped_uid()) {
+    tell_refused(fd, proto::kRefusedUnmappedUser, EPERM, cred.uid, ::getuid());
+    return false;
+  }
+  if (!system_ && cred.uid != ::getuid()) {
+    tell_refused(fd, proto::kRefusedUser, EPERM, cred.uid, ::getuid());
+    return false;
+  }
+  // The socket and the pidfd: two descriptors of the user's quota.
+  if (registry_.quotas().admit(Quotas::kConnection, cred.uid) != 0 || registry_.quotas().admit_fds(cred.uid, 2) != 0) {
+    SV_TRACE("daemon: uid %u: connection quota reached", unsigned(cred.uid));
+    tell_refused(fd, proto::kRefusedConnections, EMFILE, 0, 0);
+    return false;
+  }
+  // The process that connected, by a pidfd: its locked-memory limit is
+  // decided for it, not for whatever process reuses its pid.
+  peer_pidfd(fd, cred, boottime_ns(), pidfd);
+  // Only processes of this daemon's pid namespace. The shared rings name
+  // their claimers by pid, and every process that touches a ring (its
+  // sharers and this daemon, which pushes completions, carries mediated
+  // work and recovers for the dead) judges a claimer's death by that
+  // number (shm_ring.h): a pid from another namespace names another
+  // process here, or none, and a live claimer taken for dead loses a
+  // message. So a client in a container reaches a daemon of its own
+  // namespace: its container's, or its pod's (docs/CONTAINERS.md).
+  bool same = false;
+  if (const int e = client_in_pid_namespace(cred.pid, pidfd.get(), same); e != 0 || !same) {
+    tell_refused(fd, proto::kRefusedPidNamespace, EPERM, pid_namespace_inode(cred.pid, pidfd.get()),
+                 pid_namespace_inode(0, -1));
+    // Said once: a flood of such connections must not flood the log.
+    // Another user's namespace is read with ptrace's permission: a
+    // system daemon in a container (a pod's, docs/CONTAINERS.md) needs
+    // CAP_SYS_PTRACE, as root has it on a host.
+    if (!refused_pid_ns_++) {
+      if (e == EPERM || e == EACCES)
+        std::fprintf(stderr,
+                     "softverbsd: refused a connection of uid %u: cannot read its pid namespace (%s; a system "
+                     "daemon in a container needs --cap-add SYS_PTRACE)\n",
+                     unsigned(cred.uid), std::strerror(e));
+      else
+        std::fprintf(stderr, "softverbsd: refused a connection of uid %u: not in this daemon's pid namespace\n",
+                     unsigned(cred.uid));
+    }
+    return false;
+  }
+  return true;
+}
+
 void Server::accept_clients() {
   for (;;) {
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -486,56 +534,8 @@ void Server::accept_clients() {
     }
     Fd sock(fd);
     PeerCred cred{};
-    // A per-user daemon refuses every other user's process; the system
-    // daemon serves all users (the registry keeps them apart), each up to
-    // its quota of connections.
-    if (peer_credentials(fd, cred) != 0) continue;
-    if (cred.uid == unmapped_uid()) {
-      tell_refused(fd, proto::kRefusedUnmappedUser, EPERM, cred.uid, ::getuid());
-      continue;
-    }
-    if (!system_ && cred.uid != ::getuid()) {
-      tell_refused(fd, proto::kRefusedUser, EPERM, cred.uid, ::getuid());
-      continue;
-    }
-    // The socket and the pidfd: two descriptors of the user's quota.
-    if (registry_.quotas().admit(Quotas::kConnection, cred.uid) != 0 || registry_.quotas().admit_fds(cred.uid, 2) != 0) {
-      SV_TRACE("daemon: uid %u: connection quota reached", unsigned(cred.uid));
-      tell_refused(fd, proto::kRefusedConnections, EMFILE, 0, 0);
-      continue;
-    }
-    // The process that connected, by a pidfd: its locked-memory limit is
-    // decided for it, not for whatever process reuses its pid.
     Fd pidfd;
-    peer_pidfd(fd, cred, boottime_ns(), pidfd);
-    // Only processes of this daemon's pid namespace. The shared rings name
-    // their claimers by pid, and every process that touches a ring (its
-    // sharers and this daemon, which pushes completions, carries mediated
-    // work and recovers for the dead) judges a claimer's death by that
-    // number (shm_ring.h): a pid from another namespace names another
-    // process here, or none, and a live claimer taken for dead loses a
-    // message. So a client in a container reaches a daemon of its own
-    // namespace: its container's, or its pod's (docs/CONTAINERS.md).
-    bool same = false;
-    if (const int e = client_in_pid_namespace(cred.pid, pidfd.get(), same); e != 0 || !same) {
-      tell_refused(fd, proto::kRefusedPidNamespace, EPERM, pid_namespace_inode(cred.pid, pidfd.get()),
-                   pid_namespace_inode(0, -1));
-      // Said once: a flood of such connections must not flood the log.
-      // Another user's namespace is read with ptrace's permission: a
-      // system daemon in a container (a pod's, docs/CONTAINERS.md) needs
-      // CAP_SYS_PTRACE, as root has it on a host.
-      if (!refused_pid_ns_++) {
-        if (e == EPERM || e == EACCES)
-          std::fprintf(stderr,
-                       "softverbsd: refused a connection of uid %u: cannot read its pid namespace (%s; a system "
-                       "daemon in a container needs --cap-add SYS_PTRACE)\n",
-                       unsigned(cred.uid), std::strerror(e));
-        else
-          std::fprintf(stderr, "softverbsd: refused a connection of uid %u: not in this daemon's pid namespace\n",
-                       unsigned(cred.uid));
-      }
-      continue;
-    }
+    if (!admitted(fd, cred, pidfd)) continue;
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
@@ -599,341 +599,6 @@ void Server::clear_rendezvous(int cm, const std::string& path) {
       std::fprintf(stderr, "softverbsd: %s/%s not removed: %s\n", path.c_str(), e->d_name, std::strerror(errno));
   }
   ::closedir(d);
-}
-
-// Async events go out as unsolicited messages (seq 0) on the client's
-// socket, and its async eventfd is raised so that a poller wakes up. An
-// event that does not fit waits in the client's queue; an identical event
-// already waiting there is not queued again (the client learns of it once,
-// as a kernel's async event queue would coalesce a repeated event).
-void Server::send_events() {
-  for (const auto& ev : registry_.take_events()) {
-    int fd = -1;
-    if (Conn* c = conn_of(ev.client, fd)) {
-      Conn& conn = *c;
-      proto::AsyncEventMsg m{};
-      proto::init_header(m, proto::Op::AsyncEvent, 0);
-      m.event_type = ev.type;
-      m.element = ev.element;
-      const uint64_t key = ((uint64_t(ev.type) << 32) | ev.element) + 1;
-      if (conn.events_queued.count(key)) continue;
-      if (conn.events_queued.size() >= kMaxQueuedEvents) continue;
-      if (enqueue(fd, conn, &m, sizeof(m), {}, key)) {
-        int afd = registry_.async_fd_of(conn.client);
-        if (afd >= 0) wake_signal(afd);  // never sleeps (a full socket: already signalled)
-      }
-    }
-  }
-}
-
-bool Server::enqueue(int fd, Conn& c, const void* msg, size_t len, std::span<const int> fds, uint64_t event_key) {
-  if (c.out.empty()) {
-    int e = send_message(fd, msg, len, fds, true);
-    if (e == 0) return true;
-    if (e != EAGAIN && e != EWOULDBLOCK && e != ENOBUFS) {
-      SV_TRACE("daemon: fd %d: not sent: %s", fd, std::strerror(e));
-      return false;  // the client is gone; its hang-up drops it
-    }
-  }
-  Out o;
-  o.bytes.assign(static_cast<const uint8_t*>(msg), static_cast<const uint8_t*>(msg) + len);
-  for (int f : fds) {
-    Fd d(::fcntl(f, F_DUPFD_CLOEXEC, 0));
-    if (!d.valid()) return false;
-    o.fds.push_back(std::move(d));
-  }
-  // The duplicates are the user's descriptors until they are sent (serve
-  // admitted them before the request ran: Server::fds_admitted).
-  if (!o.fds.empty()) {
-    o.fd_key = kQueuedFdsKey | ++queued_fds_seq_;
-    registry_.quotas().charge_fds(o.fd_key, registry_.client_uid(c.client), uint32_t(o.fds.size()));
-  }
-  o.event_key = event_key;
-  if (event_key) c.events_queued.insert(event_key);
-  else ++c.replies_queued;
-  c.out.push_back(std::move(o));
-  update_interest(fd, c);
-  return true;
-}
-
-// The client's socket has room: send what waits, in order.
-void Server::flush(int fd) {
-  auto it = conns_.find(fd);
-  if (it == conns_.end()) return;
-  Conn& c = it->second;
-  while (!c.out.empty()) {
-    Out& o = c.out.front();
-    std::vector<int> raw;
-    for (const Fd& f : o.fds) raw.push_back(f.get());
-    int e = send_message(fd, o.bytes.data(), o.bytes.size(), raw, true);
-    if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) break;
-    if (e != 0) {
-      SV_TRACE("daemon: fd %d: queued message not sent: %s", fd, std::strerror(e));
-      drop(fd);
-      return;
-    }
-    if (o.event_key) c.events_queued.erase(o.event_key);
-    else --c.replies_queued;
-    registry_.quotas().release_fds(o.fd_key);
-    c.out.pop_front();
-  }
-  update_interest(fd, c);
-}
-
-bool Server::held(const Conn& c) { return c.replies_queued >= kMaxQueuedReplies || c.copying; }
-
-// Reading while few replies wait; writability while any message waits.
-// A connection not served (held()) is not asked for EPOLLRDHUP either: a
-// client that shut its sending half down would have it reported on every
-// turn (level-triggered), a busy loop; its closing is EPOLLHUP, always
-// reported.
-void Server::update_interest(int fd, Conn& c) {
-  uint32_t want = 0;
-  if (!held(c)) want |= EPOLLIN | EPOLLRDHUP;
-  if (!c.out.empty()) want |= EPOLLOUT;
-  if (want == c.interest) return;
-  epoll_event ev{};
-  ev.events = want;
-  ev.data.fd = fd;
-  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, fd, &ev) == 0) c.interest = want;
-}
-
-bool Server::serve(int fd) {
-  auto it = conns_.find(fd);
-  if (it == conns_.end()) return false;
-  bool worked = false;
-  uint8_t in[proto::kMaxMessage];
-  uint8_t out[proto::kMaxMessage];
-  const uint64_t copied = registry_.mediated_on_loop();
-  for (int served = 0; served < kRequestsPerTurn; ++served, worked = true) {
-    // Not while it has kMaxQueuedReplies unread (it reads them first), nor
-    // while its Mediate is being carried out (one request at a time).
-    if (held(it->second)) return worked;
-    size_t len = 0;
-    std::vector<Fd> fds;
-    // The ring first: what the client wrote there came before any request
-    // it sends on the socket after it (post_ring.h).
-    bool ringed = false;
-    int e = 0;
-    if (PostRing* ring = it->second.ring.get()) {
-      const PostRing::Take t = ring->take(in);
-      if (t == PostRing::Take::kCorrupt) {
-        SV_TRACE("daemon: fd %d: request ring with an impossible tail: dropped", fd);
-        drop(fd);
-        return true;
-      }
-      ringed = t == PostRing::Take::kOne;
-      if (ringed) len = PostRing::kSlotSize;
-    }
-    if (!ringed) e = recv_message(fd, in, sizeof(in), &len, fds, true);
-    if (e == EAGAIN) return worked;
-    if (e == EMSGSIZE) {
-      // Oversized or truncated message: answer with an error if we can read a header.
-      if (len < sizeof(proto::Header)) continue;
-    } else if (e != 0 || len == 0) {
-      SV_TRACE("daemon: fd %d: %s", fd, e ? std::strerror(e) : "closed by the client");
-      drop(fd);
-      return true;
-    }
-    std::vector<int> out_fds;
-    // A pipelined request (Op::MediatePost) is never answered, not even
-    // malformed: its sender waits for no reply.
-    uint16_t op = 0;
-    if (len >= sizeof(proto::Header)) std::memcpy(&op, in + offsetof(proto::Header, op), sizeof op);
-    const bool posted = op == uint16_t(proto::Op::MediatePost);
-    if (ringed && !posted) continue;  // only MediatePost travels on the ring: anything else is ignored
-    if (e != EMSGSIZE) revoke_copies(it->second.client, in, len);
-    size_t rlen = 0;
-    if (e != EMSGSIZE && !posted && !fds_admitted(it->second.client, op)) {
-      rlen = refuse(in, EMFILE, out);
-    } else if (e != EMSGSIZE) {
-      serving_fd_ = fd;
-      rlen = handle(it->second.client, in, len, fds, out, out_fds);
-      serving_fd_ = -1;
-    }
-    if (deferred_) {
-      // The copy goes to the worker; the reply waits for it.
-      Copy c{it->second.client, {}, std::move(deferred_)};
-      std::memcpy(&c.h, in, sizeof c.h);
-      const uid_t uid = c.job->uid;
-      {
-        std::lock_guard<std::mutex> g(copy_mu_);
-        copy_queues_[uid].push_back(std::move(c));
-      }
-      copy_cv_.notify_one();
-      it->second.copying = true;
-      update_interest(fd, it->second);
-      send_events();
-      return true;
-    }
-    if (posted) {
-      send_events();
-      it = conns_.find(fd);
-      if (it == conns_.end() || registry_.mediated_on_loop() - copied >= kCopyPiece) return true;
-      continue;
-    }
-    if (rlen == 0) {
-      // Malformed beyond answering (bad magic or version, truncated header): say so.
-      proto::Empty rep{};
-      proto::init_header(rep, proto::Op(0));
-      rep.h.status = EPROTO;
-      if (len >= sizeof(proto::Header)) std::memcpy(&rep.h.seq, in + offsetof(proto::Header, seq), 4);
-      std::memcpy(out, &rep, sizeof(rep));
-      rlen = sizeof(rep);
-      out_fds.clear();
-    }
-    const bool queued = enqueue(fd, it->second, out, rlen, out_fds, 0);
-    wake_given_.reset();  // sent or duplicated into the queue by now
-    if (!queued) {
-      drop(fd);
-      return true;
-    }
-    send_events();
-    it = conns_.find(fd);  // an event's failed send may not drop, but stay safe
-    if (it == conns_.end()) return true;
-    // Mediated copies made on the loop count against the turn: a piece's
-    // worth ends it, as the copy worker serves a piece at a time.
-    if (registry_.mediated_on_loop() - copied >= kCopyPiece) return true;
-  }
-  return true;
-}
-
-// A reply may wait in the output queue with duplicates of its descriptors
-// (enqueue), charged to the user: a request whose reply may carry some is
-// run only while the user's quota has room for all it may carry (else
-// EMFILE, as for any descriptor over the quota). So what a user's unread
-// replies hold stays within its quota, give or take one reply's.
-bool Server::fds_admitted(uint32_t client, uint16_t op) {
-  const proto::OpInfo* info = proto::op_info(op);
-  if (!info || info->out.max == 0) return true;
-  if (registry_.quotas().admit_fds(registry_.client_uid(client), info->out.max) == 0) return true;
-  SV_TRACE("daemon: client %u: %s refused: descriptor quota reached", client, info->name);
-  return false;
-}
-
-size_t Server::refuse(const uint8_t* req, int status, uint8_t* out) {
-  proto::Empty rep{};
-  std::memcpy(&rep.h, req, sizeof rep.h);
-  rep.h.status = status;
-  std::memcpy(out, &rep, sizeof rep);
-  return sizeof rep;
-}
-
-// Lookup, check, call: commands.cc, from the op table (common/protocol.h).
-size_t Server::handle(uint32_t client, const uint8_t* msg, size_t len, std::vector<Fd>& in_fds,
-                      uint8_t* out, std::vector<int>& out_fds) {
-  if (len < sizeof(proto::Header)) return 0;
-  proto::Header h;
-  std::memcpy(&h, msg, sizeof(h));
-  if (h.magic != proto::kMagic || h.version != proto::kVersion) return 0;
-  CommandEnv env{registry_, roce_, client, in_fds, out_fds, defer_copies_ ? &deferred_ : nullptr};
-  if (serving_fd_ >= 0) {
-    const int fd = serving_fd_;
-    env.post_ring = [this, fd](proto::PostRingReply& rep, std::vector<int>& fds) { return open_ring(fd, rep, fds); };
-    env.wake = [this, fd](std::vector<int>& fds) { return open_wake(fd, fds); };
-  }
-  const size_t n = run_command(env, h, msg, len, out);
-  sync_mcast();
-  return n;
-}
-
-// ---- Request rings (post_ring.h) ---------------------------------------------
-
-// Op::PostRing: one ring per connection, its eventfd watched with the rest.
-int Server::open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_fds) {
-  auto it = conns_.find(fd);
-  if (it == conns_.end()) return EINVAL;
-  if (it->second.ring) return EBUSY;
-  const uid_t uid = registry_.client_uid(it->second.client);
-  if (int e = registry_.quotas().admit_fds(uid, PostRing::kFds)) return e;
-  std::unique_ptr<PostRing> ring;
-  if (int e = PostRing::create(ring)) return e;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = ring->wake();
-  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, ring->wake(), &ev) != 0) return errno;
-  ring_efds_[ring->wake()] = fd;
-  registry_.quotas().charge_fds(Quotas::fd_key(it->second.client, Quotas::kRingFds), uid, PostRing::kFds);
-  rep.capacity = ring->capacity();
-  rep.slot_size = uint32_t(PostRing::kSlotSize);
-  rep.size = PostRing::size();
-  out_fds = {ring->memfd(), ring->theirs()};
-  it->second.ring = std::move(ring);
-  return 0;
-}
-
-int Server::open_wake(int fd, std::vector<int>& out_fds) {
-  auto it = conns_.find(fd);
-  if (it == conns_.end()) return EINVAL;
-  if (it->second.wake.valid()) return EBUSY;
-  const uid_t uid = registry_.client_uid(it->second.client);
-  if (int e = registry_.quotas().admit_fds(uid, 1)) return e;  // the daemon's end
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) return errno;
-  it->second.wake.reset(sv[0]);
-  registry_.quotas().charge_fds(Quotas::fd_key(it->second.client, Quotas::kWakeFd), uid, 1);
-  wake_given_.reset(sv[1]);
-  out_fds = {sv[1]};
-  return 0;
-}
-
-// The daemon's end is its own open file: whatever the client does to its
-// end (never reading, flags) the send cannot block. A full socket holds
-// wakes the client has not read; the one dropped is said on the trace.
-void Server::wake_sharers(uint32_t context, uint32_t pid) {
-  if (context == 0) return;
-  // The context's own connections (the registry's index): the cost is the
-  // departed process's sharers, not every connection of the daemon.
-  for (uint32_t client : registry_.clients_of(context)) {
-    int fd = -1;
-    Conn* c = conn_of(client, fd);
-    if (c && c->wake.valid() && ::send(c->wake.get(), &pid, sizeof pid, MSG_DONTWAIT | MSG_NOSIGNAL) != ssize_t(sizeof pid))
-      SV_TRACE("daemon: fd %d: wake for pid %u not sent: %s", fd, pid, std::strerror(errno));
-  }
-}
-
-// A connection not served (held) is not looked at: what waits in its ring
-// waits until it is served again (its unread replies read: EPOLLOUT, flush;
-// its copy done: copies_done), however its tail moves meanwhile.
-bool Server::serve_rings() {
-  ring_ready_.clear();
-  for (auto& [fd, c] : conns_)
-    if (c.ring && !held(c) && c.ring->pending()) ring_ready_.push_back(fd);
-  bool worked = false;
-  for (int fd : ring_ready_) worked |= serve(fd);  // may drop a connection: by fd, not by iterator
-  return worked;
-}
-
-bool Server::rings_may_sleep() {
-  bool waiting = false;
-  for (auto& [fd, c] : conns_)
-    if (c.ring && !held(c) && c.ring->may_sleep()) waiting = true;
-  return waiting;
-}
-
-// A ring's wake-up: read without sleeping. Its other end closed (EOF,
-// reported readable for good): no longer watched.
-void Server::ring_woken(int wake, int conn_fd) {
-  if (wake_drain(wake) == EPIPE) {
-    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, wake, nullptr);
-    ring_efds_.erase(wake);
-  }
-  serve(conn_fd);
-}
-
-void Server::rings_awake() {
-  for (auto& [fd, c] : conns_)
-    if (c.ring) c.ring->awake();
-}
-
-// The RoCEv2 port listens to the multicast groups that have members
-// (docs/ROCE.md, "Multicast"): after every command and departed client,
-// when the groups changed (attach, detach, a destroyed QP).
-void Server::sync_mcast() {
-  const uint64_t g = registry_.mcast_generation();
-  if (g == mcast_generation_) return;
-  mcast_generation_ = g;
-  roce_.mcast_sync(registry_.mcast_gids());
 }
 
 }  // namespace sv::daemon

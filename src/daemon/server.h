@@ -30,6 +30,22 @@
 
 namespace sv::daemon {
 
+// Fairness (docs/PROTOCOL.md, "Flow control"): each turn of the loop serves
+// at most this many requests of one connection, so that one client's
+// pipeline does not hold up the others; a client with this many replies
+// waiting for its socket is not read until it reads them (it is slowed,
+// not dropped); and at most this many distinct async events wait for one
+// client (identical ones are coalesced, so this is only reached by a
+// client holding more objects than that, whose further events are lost).
+inline constexpr int kRequestsPerTurn = 4;
+inline constexpr uint32_t kRingTurnsPerPoll = 8;
+inline constexpr size_t kMaxQueuedReplies = 64;
+inline constexpr size_t kMaxQueuedEvents = 1 << 16;
+// The copy worker moves this much of one user's copy, then turns to the
+// next user with a copy waiting.
+inline constexpr uint64_t kCopyPiece = 1 << 20;
+inline constexpr uint64_t kContendedOffload = 64 << 10;  // copies from this size on go to the worker under contention
+
 class Server {
  public:
   // `system`: the host-wide daemon (run as root) that serves every user; its
@@ -55,9 +71,14 @@ class Server {
  private:
   struct Conn;
   void accept_clients();
+  bool admitted(int fd, PeerCred& cred, Fd& pidfd);
+  bool dispatch(const epoll_event& ev);
   // Serves up to kRequestsPerTurn requests of connection `fd`; true if it
   // read any (or dropped the connection).
   bool serve(int fd);
+  int next_request(int fd, Conn& c, uint8_t* in, size_t& len, std::vector<Fd>& fds, bool& ringed);
+  void defer_copy(int fd, Conn& conn, const uint8_t* in);
+  static size_t malformed(const uint8_t* in, size_t len, uint8_t* out);
   bool fds_admitted(uint32_t client, uint16_t op);
   static size_t refuse(const uint8_t* req, int status, uint8_t* out);
   void drop(int fd);
