@@ -1,5 +1,5 @@
 // flood_bench: what one user's flood of the system daemon costs another user
-// (issue 18, "a fair daemon"). Run as root: it starts a private system
+// (the daemon's fairness between users). Run as root: it starts a private system
 // daemon (tests/security/attack.h), a flooder of user nobody that sends
 // pipelined mediated 4 MiB RDMA WRITEs on two connections without pause (its
 // whole 8 MiB of locked memory), and, in interleaved rounds with the flood

@@ -135,13 +135,13 @@ def issue24_panel(R, ax):
         return
     pos = range(len(bars))
     ax.bar(pos, [b[1] for b in bars], color=["tab:green" if b[1] <= 1 else "tab:red" for b in bars])
-    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="target (issue 24)")
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="target")
     ax.set_xticks(list(pos))
     ax.set_xticklabels([b[0] for b in bars], fontsize=6, rotation=60, ha="right")
     for i, b in enumerate(bars):
         ax.text(i, b[1], "%.2f" % b[1], ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("measured / target's limit (at most 1 = met)")
-    ax.set_title("Control path against issue 24's targets")
+    ax.set_title("Control path against its targets")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)

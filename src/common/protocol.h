@@ -86,7 +86,7 @@ enum class Op : uint16_t {
   ImportDm,        // ibv_import_dm: a DM of my context by handle; reply fd: its memfd
   RegDmMr,         // ibv_reg_dm_mr: a zero-based MR over part of a DM
   Netns,           // the caller's network namespace: EXDEV if the daemon serves another (common/paths.h)
-  MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, session 18); the outcome in the QP segment and CQ
+  MediatePost,     // Mediate without a reply: pipelined (docs/PERFORMANCE.md, "Between users"); the outcome in the QP segment and CQ
   MediateGone,     // can connection `client` still finish pipelined requests on my QP? 0: never again; EBUSY: it can
   PostRing,        // this connection's request ring for MediatePost; reply fds: the ring's memfd, its wake-up socket
   CmBind,          // rdma_cm (system daemon): hold a port; reply fd: the listening socket the daemon made for it

@@ -4,7 +4,7 @@
 // Contract: single-threaded (the daemon's event loop). Each user (uid) has
 // its own segment, made on first use: it holds the MR entries (MRs and
 // memory windows) and QP entries of that user's contexts only, so a user
-// sees none of another user's keys, addresses or QPNs (issue 18, finding 1).
+// sees none of another user's keys, addresses or QPNs.
 // The key and QPN allocators stay global (Registry), so keys and QPNs are
 // unique on the device; each MR slot and QP slot belongs to the user whose
 // object took it last (a daemon-private owner per slot), and mr_at/qp_at

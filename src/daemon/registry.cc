@@ -87,8 +87,8 @@ bool Registry::same_user(uint32_t client, uint32_t owner) const {
   // Strictly the same user: root is not special here. Descriptors of a
   // context map its holder's memory and queues; a root process that got a
   // descriptor of another user's context (or gave one of its own) would mix
-  // the two users' memory, which is what a hostile user wants root to do
-  // (issue 18, finding 4). Between users, work goes through the daemon.
+  // the two users' memory, which is what a hostile user wants root to do.
+  // Between users, work goes through the daemon.
   return c->second.uid == o->second.uid;
 }
 

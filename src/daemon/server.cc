@@ -118,7 +118,7 @@ int Server::start() {
     std::fprintf(stderr, "softverbsd: %s not written: %s\n", netns_record_path(dir_).c_str(), std::strerror(e));
   }
   if (int e = registry_.init()) return e;
-  // Descriptors (issue 18, finding 9): as many as we may have, each user
+  // Descriptors: as many as we may have, each user
   // capped to a share of them (quota.h), and one in reserve to refuse a
   // connection with when they are all taken.
   rlimit nofile{};
@@ -337,9 +337,9 @@ int Server::run() {
     // While the rings keep the loop busy, the other descriptors (sockets,
     // the copy worker's, the wire's) are looked at every kRingTurnsPerPoll
     // turns or 50 us, whichever comes first (a turn is a few requests of
-    // each ring): each epoll_wait is a system call, and they had been a
-    // fifth of the daemon's time at 64 KiB between users (session 20:
-    // 64 KiB WRITE between users 43 -> 60 GB/s).
+    // each ring): each epoll_wait is a system call, and made at every turn
+    // they are a fifth of the daemon's time at 64 KiB between users
+    // (docs/PERFORMANCE.md, "Between users").
     int n = 0;
     const uint64_t now = monotonic_ns();
     if (sleeping || ring_turns % kRingTurnsPerPoll == 0 || now - last_poll > 50'000) {
@@ -408,7 +408,7 @@ bool Server::dispatch(const epoll_event& ev) {
 // the loop then sleeps between requests for 100 ms before it tries
 // spinning again: the client wakes it through its ring's eventfd and
 // yields its CPU to it (DaemonConn::ring_push_locked). 11 us one way
-// (docs/PERFORMANCE.md, session 20); shorter back-offs (1 and 10 ms) gave
+// (docs/PERFORMANCE.md, "Between users"); shorter back-offs (1 and 10 ms) gave
 // 18-36 us.
 bool Server::spin_contended() {
   constexpr uint64_t kBackOffNs = 100'000'000;

@@ -127,7 +127,7 @@ __attribute__((noinline, no_sanitize("address", "thread", "undefined"))) bool pa
 // non-zero ones are written, the all-zero ones punched out of the file
 // (they stay holes, and whatever a peer wrote there since the last revert
 // goes). Punching only where a page is zero saves a system call per
-// registration of data (issue 24).
+// registration of data.
 int copy_to_file(int fd, uintptr_t b, uintptr_t n) {
   const uintptr_t ps = page_size();
   uintptr_t run = b;
@@ -159,8 +159,8 @@ int copy_from_file(int fd, uint64_t off, uintptr_t dst, uint64_t n) {
     if ((r = sys::lseek(fd, data, SEEK_HOLE, &hole))) return r;
     hole = std::min(hole, end);
     // The pages are faulted in by one madvise(2) first rather than one
-    // page fault each from inside pread(2): at 1 MiB the faults were a
-    // third of a reg + dereg (issue 24). Best effort: pread faults them
+    // page fault each from inside pread(2): at 1 MiB the faults are a
+    // third of a reg + dereg. Best effort: pread faults them
     // in anyway.
     sys::madvise(dst + (data - off), hole - data, MADV_POPULATE_WRITE);
     if ((r = sys::pread_all(fd, dst + (data - off), hole - data, data))) return r;
@@ -186,7 +186,7 @@ struct Park {
 // for each one it copies back. Up to this many bytes of parked ranges per
 // process keep their pages instead: the revert copies into pages that are
 // there, and neither side allocates, zeroes or frees an anonymous page. At
-// 1 MiB that was about a third of a reg + dereg (issue 24). The pages
+// 1 MiB that is about a third of a reg + dereg. The pages
 // are private to this process and inaccessible (PROT_NONE) while parked:
 // memory, not reach; revocation is the file's (docs/MEMORY.md).
 constexpr uint64_t kKeepBudget = uint64_t{16} << 20;
@@ -279,7 +279,7 @@ int make_private(int fd, uintptr_t b, uintptr_t e, int prot, bool concurrent, Pa
   const bool drop_write = concurrent && (prot & PROT_WRITE) != 0;
   if (drop_write) r = sys::mprotect(b, n, prot & ~PROT_WRITE);
   // Small ranges are read whole: one pread(2) instead of two lseek(2)s
-  // besides (issue 24); zeros read from a hole cost a few fresh pages.
+  // besides; zeros read from a hole cost a few fresh pages.
   if (r == 0) r = zeroed && n > kWholeRead ? copy_from_file(fd, b, dst, n) : sys::pread_all(fd, dst, n, b);
   if (r == 0 && prot != (PROT_READ | PROT_WRITE)) r = sys::mprotect(dst, n, prot);
   if (r == 0) r = sys::mremap_fixed(dst, n, b);
