@@ -59,38 +59,6 @@ uint32_t wire_mtu_for(const uint8_t* sgid) {
   return mtu;
 }
 
-ibv_wc_status to_status(WcStatus s) {
-  switch (s) {
-    case WcStatus::kSuccess: return IBV_WC_SUCCESS;
-    case WcStatus::kLocLenErr: return IBV_WC_LOC_LEN_ERR;
-    case WcStatus::kLocQpOpErr: return IBV_WC_LOC_QP_OP_ERR;
-    case WcStatus::kLocProtErr: return IBV_WC_LOC_PROT_ERR;
-    case WcStatus::kWrFlushErr: return IBV_WC_WR_FLUSH_ERR;
-    case WcStatus::kRemInvReqErr: return IBV_WC_REM_INV_REQ_ERR;
-    case WcStatus::kRemAccessErr: return IBV_WC_REM_ACCESS_ERR;
-    case WcStatus::kRemOpErr: return IBV_WC_REM_OP_ERR;
-    case WcStatus::kRetryExcErr: return IBV_WC_RETRY_EXC_ERR;
-    case WcStatus::kRnrRetryExcErr: return IBV_WC_RNR_RETRY_EXC_ERR;
-    case WcStatus::kMwBindErr: return IBV_WC_MW_BIND_ERR;
-  }
-  return IBV_WC_GENERAL_ERR;
-}
-
-ibv_wc_opcode to_wc_opcode(WcOpcode o) {
-  switch (o) {
-    case WcOpcode::kSend: return IBV_WC_SEND;
-    case WcOpcode::kWrite: return IBV_WC_RDMA_WRITE;
-    case WcOpcode::kRead: return IBV_WC_RDMA_READ;
-    case WcOpcode::kCompareSwap: return IBV_WC_COMP_SWAP;
-    case WcOpcode::kFetchAdd: return IBV_WC_FETCH_ADD;
-    case WcOpcode::kRecv: return IBV_WC_RECV;
-    case WcOpcode::kRecvWriteImm: return IBV_WC_RECV_RDMA_WITH_IMM;
-    case WcOpcode::kLocalInv: return IBV_WC_LOCAL_INV;
-    case WcOpcode::kBindMw: return IBV_WC_BIND_MW;
-  }
-  return IBV_WC_SEND;
-}
-
 void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1, const UdpEndpointStats* other) {
   UdpEndpointStats e = e1;
   if (other) {
