@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 
 #include "common/access.h"
@@ -30,11 +29,6 @@ namespace sv::verbs {
 namespace {
 
 constexpr uint64_t kMaxMessage = 1ull << 31;
-
-// IBTA 9.7.5.2.8 table 45: RNR NAK timer field (min_rnr_timer) in microseconds x 100.
-constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,    8,     12,    16,   24,   32,
-                                        48,    64,   96,   128,  192,  256,  384,   512,   768,  1024, 1536,
-                                        2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
 
 }  // namespace
 
@@ -122,6 +116,8 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
   return w->at(access::file_offset(*e, addr));
 }
 
+}  // namespace
+
 Peer* resolve_peer(QpState& q) {
   uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
   Peer* p = q.peer.get();
@@ -155,8 +151,6 @@ Peer* resolve_peer(QpState& q) {
   if (p->entry->dest_qpn.load(std::memory_order_relaxed) != q.qpn) return nullptr;
   return p;
 }
-
-}  // namespace
 
 // Gathers the local source of a send, write or atomic.
 bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& total, ibv_wc_status& err) {
@@ -193,22 +187,38 @@ bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& tota
 // L_Keys, in its PD with local write, of the buffers the message reaches):
 // Check::kOk with `remote` filled (nr pieces), or the check that failed.
 SV_HOT core::Check resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr) {
-  nr = 0;
-  return core::scatter_receive(r.sge, r.num_sge, 0, len, [&](const shm::Sge& s, uint64_t at, uint64_t n, uint64_t) {
-    uint8_t* d = peer_address(q, p, s.lkey, s.addr + at, n, IBV_ACCESS_LOCAL_WRITE);
-    remote[nr++] = {d, n};
-    return d != nullptr;
-  });
+  uint32_t k = 0;
+  const core::Check c =
+      core::scatter_receive(r.sge, r.num_sge, 0, len, [&](const shm::Sge& s, uint64_t at, uint64_t n, uint64_t) {
+        uint8_t* d = peer_address(q, p, s.lkey, s.addr + at, n, IBV_ACCESS_LOCAL_WRITE);
+        remote[k++] = {d, n};
+        return d != nullptr;
+      });
+  nr = k;
+  return c;
 }
 
-SV_HOT void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, uint32_t len,
-                                 uint32_t opcode, uint32_t send_flags, uint32_t imm_data, uint32_t invalidate_rkey) {
+namespace {
+
+// The receive completion (core::receive_completion) into the responder's CQ;
+// inlined into the fast path.
+[[gnu::always_inline]] inline void deliver_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id,
+                                                           ibv_wc_status status, uint32_t len, uint32_t opcode,
+                                                           uint32_t send_flags, uint32_t imm_data,
+                                                           uint32_t invalidate_rkey) {
   const ibv_wc wc = core::receive_completion(recv_wr_id, status, opcode, len, p.qpn, q.qpn, imm_data, invalidate_rkey);
   // The torn record goes when the completion is written, before it can be
   // polled: a kill at any point leaves one of them, never both (a duplicate)
   // nor neither (a receive lost).
   if (!p.recv_cq.push(wc, (send_flags & IBV_SEND_SOLICITED) || status != IBV_WC_SUCCESS, &q.hdr->torn_qpn))
     q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
+}
+
+}  // namespace
+
+SV_HOT void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, uint32_t len,
+                                 uint32_t opcode, uint32_t send_flags, uint32_t imm_data, uint32_t invalidate_rkey) {
+  deliver_recv_completion(q, p, recv_wr_id, status, len, opcode, send_flags, imm_data, invalidate_rkey);
 }
 
 void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, uint32_t len,
@@ -373,10 +383,12 @@ Outcome execute_xrc(QpState& q, const shm::SendWqe& w) {
   return execute_at(q, *p, w);
 }
 
+}  // namespace
+
 // `owed`: a record of this completion (sq_running), cleared as it is
 // published, or at once when it cannot be.
 void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
-                          shm::OwedRecord owed = {}) {
+                          shm::OwedRecord owed) {
   ibv_wc wc{};
   wc.wr_id = wr_id;
   wc.status = status;
@@ -416,42 +428,6 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
   move_to_error(q);
 }
 
-uint64_t retry_delay_ns(QpState& q, Step s) {
-  if (s == Step::kRnr) {
-    uint32_t code = !q.peer ? 0 : q.peer->mediated ? q.peer->min_rnr_timer : q.peer->entry->min_rnr_timer;
-    return uint64_t(kRnrTimer10us[code & 31]) * 10'000;
-  }
-  uint32_t t = q.entry->timeout;
-  if (t == 0) return 1'000'000;  // "infinite": keep trying every millisecond
-  return 4096ull << std::min<uint32_t>(t, 31);  // 4.096 us x 2^timeout (IBTA 9.7.6.1.3)
-}
-
-// Decides what a stalled head request does next; returns false when it failed for good.
-bool stall(QpState& q, Step s) {
-  uint64_t now = monotonic_ns();
-  SV_TRACE("QP 0x%x: %s stall (rnr left %u, retry left %u)", q.qpn, s == Step::kRnr ? "RNR" : "transport",
-           q.rnr_left, q.retry_left);
-  if (!q.head_started) {
-    q.head_started = true;
-    q.rnr_left = q.entry->rnr_retry;
-    q.retry_left = q.entry->retry_cnt;
-  }
-  if (s == Step::kRnr) {
-    if (q.rnr_left != 7) {  // 7 means retry forever (IBTA 9.7.5.2.8)
-      if (q.rnr_left == 0) return false;
-      q.rnr_left--;
-    }
-  } else if (q.entry->timeout != 0) {
-    if (q.retry_left == 0) return false;
-    q.retry_left--;
-  }
-  q.next_try_ns = now + retry_delay_ns(q, s);
-  return true;
-}
-
-
-}  // namespace
-
 Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w) {
   if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
   Peer* p = resolve_peer(q);
@@ -485,106 +461,6 @@ Outcome execute_uc(QpState& q, const shm::SendWqe& w) { return uc_outcome(execut
 Outcome execute_uc_mediated(QpState& q, const shm::SendWqe& w) { return uc_outcome(execute_rc_mediated(q, w)); }
 
 Outcome run(QpState& q, const shm::SendWqe& w) { return q.ops.load(std::memory_order_relaxed)->execute(q, w); }
-
-// Called with the send lock held. A torn receive (see pop_peer_recv) under
-// a lock we hold means its previous holder, another process sharing this QP,
-// was killed mid-delivery and we took the lock over: the responder gets that
-// receive back as aborted rather than never.
-void complete_torn_receive(QpState& q) {
-  uint32_t qpn = q.hdr->torn_qpn.load(std::memory_order_acquire);
-  if (qpn == 0) return;
-  Peer* p = q.type == IBV_QPT_UD ? ud_peer(q, qpn) : resolve_peer(q);
-  if (p && !p->mediated && p->qpn == qpn) {
-    uint64_t wr_id = q.hdr->torn_wr_id;
-    if (!q.hdr->torn_taken.load(std::memory_order_acquire)) {
-      // Killed between the record and the copy: the receive is still in
-      // the slot if the claim was made (else nothing was taken).
-      shm::RecvWqe r;
-      uint64_t pos = q.hdr->torn_pos;
-      uint32_t pid = q.hdr->torn_pid;
-      if (!(p->srq_hdr ? p->srq.reclaim_dead_take(pos, pid, r) : p->rq.reclaim_dead_take(pos, pid, r))) {
-        q.hdr->torn_qpn.store(0, std::memory_order_release);
-        return;
-      }
-      wr_id = r.wr_id;
-    }
-    ibv_wc wc{};
-    wc.wr_id = wr_id;
-    wc.status = IBV_WC_REM_ABORT_ERR;
-    wc.opcode = IBV_WC_RECV;
-    wc.qp_num = qpn;
-    wc.src_qp = q.qpn;
-    if (p->recv_cq.push(wc, true, &q.hdr->torn_qpn)) return;  // as push_recv_completion
-  }
-  q.hdr->torn_qpn.store(0, std::memory_order_release);
-}
-
-// Called with the send lock held: a queued request whose execution the
-// previous holder of the lock did not finish (it was killed: sq_running) is
-// completed in error, not carried out twice (issue 18, finding 11).
-// The holder may have died before it took the request off the queue (it is
-// still the head), or after (the head moved past it, or front() passes over
-// its claim now): the slot still holds the request either way, as no
-// producer reaches it before the next lap.
-void complete_dead_run(QpState& q) {
-  uint64_t r = q.hdr->sq_running.load(std::memory_order_relaxed);
-  if (!r) return;
-  const shm::SendWqe* head = q.sq.front();
-  shm::SendWqe w;
-  if (head && q.sq.head() + 1 == r) {
-    w = *head;
-    shm::SendWqe gone;
-    q.sq.pop(gone);
-  } else if (q.sq.head() == r) {
-    w = q.sq.at(r - 1);
-  } else {
-    q.hdr->sq_running.store(0, std::memory_order_relaxed);
-    return;
-  }
-  q.head_started = false;
-  q.next_try_ns = 0;
-  push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), IBV_WC_GENERAL_ERR, 0, &q.hdr->sq_running);
-}
-
-// Runs queued requests in order; the caller holds the send lock.
-bool progress_qp(QpState& q) {
-  complete_torn_receive(q);
-  complete_dead_run(q);
-  for (;;) {
-    if ((q.hdr->med_pid.load(std::memory_order_relaxed) || q.peer) && pipeline_queued(q)) return true;
-    const shm::SendWqe* head = q.sq.front();
-    if (!head) return false;
-    if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
-      flush_sq_locked(q);
-      return false;
-    }
-    if (monotonic_ns() < q.next_try_ns) return true;
-    shm::SendWqe w = *head;
-    q.hdr->sq_running.store(q.sq.head() + 1, std::memory_order_relaxed);
-    Outcome o = run(q, w);
-    if (o.step == Step::kRnr || o.step == Step::kRetry) {
-      // Nothing reached the responder: the request stays at the head.
-      q.hdr->sq_running.store(0, std::memory_order_relaxed);
-      if (stall(q, o.step)) return true;
-      shm::SendWqe gone;
-      q.sq.pop(gone);
-      fail(q, w, {Step::kError, o.step == Step::kRnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR});
-      return false;
-    }
-    shm::SendWqe gone;
-    q.sq.pop(gone);
-    if (__builtin_expect(g_die_at == 3, 0)) ::raise(SIGKILL);  // test hook (srq.cc)
-    q.head_started = false;
-    q.med_sync_head = false;
-    q.next_try_ns = 0;
-    // sq_running is cleared as the completion is published (complete()).
-    if (o.step == Step::kError) {
-      fail(q, w, o);
-      return false;
-    }
-    complete(q, w, IBV_WC_SUCCESS, o.byte_len);
-  }
-}
 
 namespace {
 
@@ -699,7 +575,7 @@ inline Peer* attached_peer(QpState& q) {
                          std::memory_order_relaxed);
     }
     if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-      push_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
+      deliver_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
   } else {
     // The receive completion ends this SEND and the responder is polling
     // for it: start taking its CQ slot now, so that the transfer overlaps
@@ -728,7 +604,7 @@ inline Peer* attached_peer(QpState& q) {
       Seg local{const_cast<uint8_t*>(src), len};
       copy_segments(remote, int(nr), &local, 1, len);
     }
-    push_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
+    deliver_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
   }
   if (q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED))
     push_send_completion(q, wr->wr_id, send ? IBV_WC_SEND : read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,

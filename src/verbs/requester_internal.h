@@ -30,6 +30,24 @@ void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_sta
 void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, uint32_t len,
                           uint32_t opcode, uint32_t send_flags, uint32_t imm_data, uint32_t invalidate_rkey);
 
+// The pieces the send queue's progress (requester_progress.cc) shares with
+// the requests (requester.cc): the connected peer, (re)attached when the
+// destination changed (null while it is not ready); a send completion
+// (`owed`: a record of it, sq_running, cleared as it is published); a
+// request's completion, and its failure (the QP to ERR, the peer told);
+// carrying a request out on the QP's path; what a stalled head request does
+// next (false: it failed for good).
+Peer* resolve_peer(QpState& q);
+void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
+                          shm::OwedRecord owed = {});
+void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len);
+void fail(QpState& q, const shm::SendWqe& w, const Outcome& o);
+Outcome run(QpState& q, const shm::SendWqe& w);
+bool stall(QpState& q, Step s);
+// With the send lock held: a receive that a killed sharer took and did not
+// complete completes aborted.
+void complete_torn_receive(QpState& q);
+
 // UD (requester_ud.cc): the peer QP `dest` of a datagram, attached on first
 // use; the execute operation of UD QPs.
 Peer* ud_peer(QpState& q, uint32_t dest);
