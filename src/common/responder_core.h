@@ -209,19 +209,25 @@ inline uint64_t apply_atomic(uint64_t* word, bool compare_swap, uint64_t compare
 // min(n, 8) bytes with one memcpy (as the RoCE responder did) lets a copy
 // of fewer than 8 bytes store them in any order. The source's final bytes
 // are loaded before anything is stored, so overlapping ranges copy right.
+// The rule's other case: everything but the last byte, then the last byte.
+[[gnu::noinline]] inline void store_last_byte_last(uint8_t* d, const uint8_t* s, uint64_t n) {
+  if (n == 0) return;
+  const uint8_t last = s[n - 1];
+  if (n > 1) std::memmove(d, s, n - 1);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  d[n - 1] = last;
+}
+
 [[gnu::always_inline]] inline void store_tail_last(uint8_t* d, const uint8_t* s, uint64_t n) {
-  if (n >= 8 && ((reinterpret_cast<uintptr_t>(d) + n - 8) & 63) <= 56) {
+  if (__builtin_expect(n >= 8 && ((reinterpret_cast<uintptr_t>(d) + n - 8) & 63) <= 56, 1)) {
     uint64_t tail;
     std::memcpy(&tail, s + n - 8, 8);
     if (n > 8) std::memmove(d, s, n - 8);
     __atomic_thread_fence(__ATOMIC_RELEASE);
     std::memcpy(d + n - 8, &tail, 8);  // one (possibly unaligned, not line-crossing) store
-  } else if (n) {
-    const uint8_t last = s[n - 1];
-    if (n > 1) std::memmove(d, s, n - 1);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    d[n - 1] = last;
+    return;
   }
+  store_last_byte_last(d, s, n);
 }
 
 }  // namespace sv::core

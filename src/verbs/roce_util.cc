@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/responder_core.h"
 #include "common/sys.h"
 #include "roce/headers.h"
 #include "verbs/provider.h"
@@ -90,26 +91,22 @@ void CqSink::complete(const roce::Completion& c) {
   if (c.status != roce::WcStatus::kSuccess && before_error) before_error();
   // An XRC target's receives complete in the CQ of the SRQ they came from.
   if (c.is_recv && q_.type == IBV_QPT_XRC_RECV) {
-    xrc_->complete(c, to_status(c.status), to_wc_opcode(c.opcode));
+    xrc_->complete(c, to_status(c.status));
     return;
   }
   ibv_wc wc{};
-  wc.wr_id = c.wr_id;
-  wc.status = to_status(c.status);
-  wc.opcode = to_wc_opcode(c.opcode);
-  wc.qp_num = q_.qpn;
-  wc.byte_len = c.byte_len;
-  if (c.has_imm) {
-    wc.wc_flags |= IBV_WC_WITH_IMM;
-    wc.imm_data = htonl(c.imm);  // back to the wire's bytes, as ibv_wc has them
+  if (c.is_recv) {
+    // The immediate back to the wire's bytes, as ibv_wc has them.
+    wc = core::receive_completion(c.wr_id, to_status(c.status), sender_opcode(c), c.byte_len, q_.qpn, c.src_qp,
+                                  htonl(c.imm), c.invalidated_rkey);
+    if (c.grh) wc.wc_flags |= IBV_WC_GRH;
+  } else {
+    wc.wr_id = c.wr_id;
+    wc.status = to_status(c.status);
+    wc.opcode = to_wc_opcode(c.opcode);
+    wc.qp_num = q_.qpn;
+    wc.byte_len = c.byte_len;
   }
-  if (c.has_inv) {
-    wc.wc_flags |= IBV_WC_WITH_INV;
-    wc.invalidated_rkey = c.invalidated_rkey;
-  }
-  if (c.grh) wc.wc_flags |= IBV_WC_GRH;
-  wc.src_qp = c.src_qp;
-  wc.pkey_index = 0;
   Cq* cq = c.is_recv ? q_.recv_cq : q_.send_cq;
   cq->st->view.push(wc, c.is_recv);
 }
