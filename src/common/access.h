@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/opcode_rules.h"
 #include "common/shm_layout.h"
 
 namespace sv::access {
@@ -86,13 +87,6 @@ constexpr ibv_event_type responder_event(ibv_wc_status requester_status) {
     case IBV_WC_REM_INV_REQ_ERR: return IBV_EVENT_QP_REQ_ERR;
     default: return IBV_EVENT_QP_FATAL;
   }
-}
-
-// A receive WQE that could not take a SEND completes at the responder with
-// `receive_status` (a local protection or length error there); the requester
-// sees that as a remote operational error or an invalid request (9.7.5.2).
-constexpr Fault receive_fault(ibv_wc_status receive_status) {
-  return receive_status == IBV_WC_LOC_PROT_ERR ? Fault::kRemoteOperation : Fault::kRemoteInvalid;
 }
 
 // ---- Key lookup ----------------------------------------------------------
@@ -170,44 +164,22 @@ inline const shm::MrEntry* check(const At& at, uint32_t key, Use use, const User
 
 // The fault of a failed check: the requester's own L_Key is a local
 // protection error; a key the responder checks, a remote access error. (A
-// responder's receive L_Key goes through receive_fault.)
+// responder's receive L_Key: core::verdict, common/responder_core.h.)
 constexpr Fault fault_of(Use use) { return use == Use::kLocal ? Fault::kLocalProtection : Fault::kRemoteAccess; }
 
 // ---- Operations ------------------------------------------------------------
+// (What each opcode is and needs: common/opcode_rules.h.)
 
-constexpr bool is_atomic(uint32_t opcode) {
-  return opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-}
+constexpr bool is_atomic(uint32_t opcode) { return rules::rule_of(opcode).kind == rules::WrKind::kAtomic; }
 
 // The local SGEs are written (the destination of a READ, the result of an
 // atomic), so their L_Keys need local write.
-constexpr bool writes_local(uint32_t opcode) { return opcode == IBV_WR_RDMA_READ || is_atomic(opcode); }
+constexpr bool writes_local(uint32_t opcode) { return rules::writes_local(opcode); }
 
 // What an operation's R_Key must grant (0: it carries none).
-constexpr uint32_t remote_need(uint32_t opcode) {
-  switch (opcode) {
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_ACCESS_REMOTE_WRITE;
-    case IBV_WR_RDMA_READ: return IBV_ACCESS_REMOTE_READ;
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_ACCESS_REMOTE_ATOMIC;
-    default: return 0;
-  }
-}
+constexpr uint32_t remote_need(uint32_t opcode) { return rules::rule_of(opcode).remote_need; }
 
 // Atomics act on one 8-byte quadword (IBTA 9.4.5).
 constexpr uint64_t kAtomicBytes = 8;
-
-// The checks of an atomic before its R_Key: the operation is one of the two
-// atomics (anything else, masked atomics included, is not one this device
-// has: a local QP operation error), its local result buffer holds 8 bytes
-// (local length error), and its remote address is 8-byte aligned (NAK
-// invalid request, 9.4.5).
-constexpr Fault check_atomic(uint32_t opcode, uint64_t result_len, uint64_t remote_addr) {
-  if (!is_atomic(opcode)) return Fault::kLocalOperation;
-  if (result_len < kAtomicBytes) return Fault::kLocalLength;
-  if (remote_addr & (kAtomicBytes - 1)) return Fault::kRemoteInvalid;
-  return Fault::kNone;
-}
 
 }  // namespace sv::access

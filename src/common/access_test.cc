@@ -1,6 +1,7 @@
 // The one access check (common/access.h), table-driven, on an MR table in
 // plain memory: no daemon, no sockets.
 #include "common/access.h"
+#include "common/responder_core.h"
 
 #include <gtest/gtest.h>
 
@@ -173,11 +174,6 @@ TEST(Faults, EachClassHasOneStatus) {
   EXPECT_EQ(fault_of(Use::kRemote), Fault::kRemoteAccess);
 }
 
-TEST(Faults, AReceiveThatFailsIsTheRequestersRemoteError) {
-  EXPECT_EQ(receive_fault(IBV_WC_LOC_PROT_ERR), Fault::kRemoteOperation);
-  EXPECT_EQ(receive_fault(IBV_WC_LOC_LEN_ERR), Fault::kRemoteInvalid);
-}
-
 // ---- Operations --------------------------------------------------------------
 
 TEST(Operations, WhatEachOpcodeNeeds) {
@@ -224,7 +220,7 @@ TEST(Operations, AtomicsActOnOneAlignedQuadword) {
       {"not an atomic", IBV_WR_RDMA_WRITE, 8, 0x1000, Fault::kLocalOperation},
       {"atomic write (not this device's)", IBV_WR_ATOMIC_WRITE, 8, 0x1000, Fault::kLocalOperation},
   };
-  for (const Row& r : rows) EXPECT_EQ(check_atomic(r.opcode, r.result_len, r.addr), r.f) << r.name;
+  for (const Row& r : rows) EXPECT_EQ(core::check_atomic(r.opcode, r.result_len, r.addr), r.f) << r.name;
 
   // Aligned, then the key over its 8 bytes: the last quadword is in, the
   // one at the end is not.

@@ -60,23 +60,6 @@ struct Extent {
 Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at}; }
 Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) { return {s.backing, s.fd.get(), s.off + at}; }
 
-// Copies n bytes with the last 8 (or the last byte) stored last, as the
-// shared-memory requester does: a poller of a message's final byte sees the
-// whole message. Between windows of two processes' files, so memmove.
-void copy_tail_last(uint8_t* d, const uint8_t* s, uint64_t n) {
-  if (n >= 8) {
-    if (n > 8) std::memmove(d, s, n - 8);
-    uint64_t tail;
-    std::memcpy(&tail, s + n - 8, 8);
-    asm volatile("" ::: "memory");
-    std::memcpy(d + n - 8, &tail, 8);
-  } else if (n) {
-    if (n > 1) std::memmove(d, s, n - 1);
-    asm volatile("" ::: "memory");
-    d[n - 1] = s[n - 1];
-  }
-}
-
 // Moves n bytes from `s` to `d`, n within both windows' reach: one memcpy
 // between the daemon's windows, or through a bounce buffer with
 // pread/pwrite where a window cannot be mapped.
@@ -85,7 +68,7 @@ bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t 
   uint8_t* dp = win.at(d.backing, d.fd, d.off, hd);
   const uint8_t* sp = dp ? win.at(s.backing, s.fd, s.off, hs) : nullptr;
   if (dp && sp) {
-    copy_tail_last(dp, sp, n);
+    core::store_tail_last(dp, sp, n);  // the last byte last (common/responder_core.h)
     return true;
   }
   std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
@@ -101,7 +84,7 @@ bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t 
 bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n) {
   std::shared_ptr<Window> hd;
   if (uint8_t* dp = win.at(d.backing, d.fd, d.off, hd)) {
-    copy_tail_last(dp, src, n);
+    core::store_tail_last(dp, src, n);
     return true;
   }
   return pwrite_all(d.fd, src, n, d.off);
@@ -166,13 +149,9 @@ bool atomic_on_page(BackingWindows& win, const Span& sp, const proto::MediateReq
   std::shared_ptr<Window> h;
   uint8_t* p = win.at(sp.backing, sp.fd, sp.off, h);
   if (!p) return false;
-  auto* word = reinterpret_cast<uint64_t*>(p);  // 8-byte aligned (access::check_atomic)
-  if (req.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-    old = req.compare_add;
-    __atomic_compare_exchange_n(word, &old, req.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-  } else {
-    old = __atomic_fetch_add(word, req.compare_add, __ATOMIC_SEQ_CST);
-  }
+  // 8-byte aligned (core::check_atomic).
+  old = core::apply_atomic(reinterpret_cast<uint64_t*>(p), req.opcode == IBV_WR_ATOMIC_CMP_AND_SWP, req.compare_add,
+                           req.swap);
   return true;
 }
 
@@ -271,23 +250,10 @@ void Mediation::push_recv(uint32_t qpn, const ibv_wc& wc, bool solicited) {
   if (t_.responder_qp(qpn, v)) t_.push_cq_entry(v.recv_cq, wc, solicited);  // follows a CQ that a resize moved
 }
 
-void Mediation::recv_completion(const Delivery& d, const RecvWqe& r, ibv_wc_status st, ibv_wc_opcode op,
-                                uint64_t len) {
-  ibv_wc wc{};
-  wc.wr_id = r.wr_id;
-  wc.status = st;
-  wc.opcode = op;
-  wc.byte_len = uint32_t(len);
-  wc.qp_num = d.dest;
-  wc.src_qp = d.requester_qpn;
-  if (d.opcode == IBV_WR_SEND_WITH_IMM || d.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-    wc.wc_flags = IBV_WC_WITH_IMM;
-    wc.imm_data = d.imm_data;
-  } else if (d.opcode == IBV_WR_SEND_WITH_INV && st == IBV_WC_SUCCESS) {
-    wc.wc_flags = IBV_WC_WITH_INV;
-    wc.invalidated_rkey = d.imm_data;
-  }
-  push_recv(d.dest, wc, d.solicited);
+void Mediation::recv_completion(const Delivery& d, const RecvWqe& r, ibv_wc_status st, uint64_t len) {
+  push_recv(d.dest, core::receive_completion(r.wr_id, st, d.opcode, uint32_t(len), d.dest, d.requester_qpn, d.imm_data,
+                                             d.imm_data),
+            d.solicited);
 }
 
 // ---- Outcomes --------------------------------------------------------------
@@ -311,13 +277,15 @@ int Mediation::complete(Op& op, uint64_t len) { return reply(op.rep, proto::kMed
 
 // A SEND's bytes are in the receive buffer: SEND with Invalidate invalidates
 // the responder's type 2 window first (IBTA 9.4.1.2.1, 10.6.7.2.6; a key it
-// may not invalidate fails the receive), then the receive completes.
+// may not invalidate fails the receive: core::Check::kInvalidateRefused),
+// then the receive completes.
 int Mediation::deliver_send(const Delivery& d, const RecvWqe& r, uint64_t len, proto::MediateReply& rep) {
   if (d.opcode == IBV_WR_SEND_WITH_INV && t_.invalidate_remote(d.client, d.requester_qpn, d.imm_data) != 0) {
-    recv_completion(d, r, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
-    return fail(d, Fault::kRemoteOperation, rep);
+    const core::Verdict v = core::verdict(core::Check::kInvalidateRefused);
+    recv_completion(d, r, v.receive_status, 0);
+    return fail(d, v.fault, rep);
   }
-  recv_completion(d, r, IBV_WC_SUCCESS, IBV_WC_RECV, len);
+  recv_completion(d, r, IBV_WC_SUCCESS, len);
   return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, len);
 }
 
@@ -337,20 +305,13 @@ bool Mediation::check_responder(Op& op) {
   return true;
 }
 
-// The opcode on this QP type (IBTA 9.8: UC has no READ, atomics nor SEND
-// with Invalidate). See the top of the file for what is refused.
+// The opcode on this QP type (the opcode rules, common/opcode_rules.h;
+// IBTA 9.8: UC has no READ, atomics nor SEND with Invalidate), and one that
+// acts at the responder (see the top of the file for what is refused).
 Fault Mediation::check_opcode(const Op& op) const {
-  switch (op.req.opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return Fault::kNone;
-    case IBV_WR_SEND_WITH_INV:
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: return op.me.type == IBV_QPT_RC ? Fault::kNone : Fault::kLocalOperation;
-    default: return Fault::kLocalOperation;
-  }
+  if (!rules::allowed_on(op.req.opcode, op.me.type)) return Fault::kLocalOperation;
+  const rules::WrKind k = rules::rule_of(op.req.opcode).kind;
+  return k == rules::WrKind::kLocal ? Fault::kLocalOperation : Fault::kNone;
 }
 
 // The requester's side: its own MRs through its L_Keys in its PD (local
@@ -384,26 +345,17 @@ Fault Mediation::resolve_remote(const Op& op, uint64_t len, Span& out) const {
   return Fault::kNone;
 }
 
-// A receive WQE of the responder as a list in its memory (its L_Keys, its
-// PD, local write), trimmed to the message: IBV_WC_SUCCESS, or the
-// responder's local protection or length error.
-ibv_wc_status Mediation::recv_spans(const Op& op, const RecvWqe& r, std::vector<Span>& out) const {
+// A receive WQE of the responder as a list in its memory for the message
+// (core::scatter_receive: its length, then the L_Keys of the buffers the
+// message reaches, in the responder's PD with local write).
+core::Check Mediation::recv_spans(const Op& op, const RecvWqe& r, std::vector<Span>& out) const {
   const access::User owner{op.peer.pd, op.d.dest, 0};
-  uint64_t room = 0;
-  for (uint32_t i = 0; i < r.num_sge && i < kMaxSge; ++i) {
-    const Sge& s = r.sge[i];
-    if (s.length == 0) continue;
+  return core::scatter_receive(r.sge, r.num_sge, 0, op.total, [&](const Sge& s, uint64_t at, uint64_t n, uint64_t) {
     Span sp{};
-    if (!resolve_key(s.lkey, access::Use::kLocal, owner, IBV_ACCESS_LOCAL_WRITE, s.addr, s.length, sp))
-      return IBV_WC_LOC_PROT_ERR;
+    if (!resolve_key(s.lkey, access::Use::kLocal, owner, IBV_ACCESS_LOCAL_WRITE, s.addr + at, n, sp)) return false;
     out.push_back(sp);
-    room += s.length;
-  }
-  if (room < op.total) return IBV_WC_LOC_LEN_ERR;
-  uint64_t left = op.total;
-  for (auto& sp : out) sp.len = std::min(sp.len, left), left -= sp.len;
-  std::erase_if(out, [](const Span& sp) { return sp.len == 0; });
-  return IBV_WC_SUCCESS;
+    return true;
+  });
 }
 
 // ---- Moving the bytes --------------------------------------------------------
@@ -456,11 +408,11 @@ int Mediation::execute_send(Op& op) {
   RecvWqe r{};
   if (!pop_recv(op.d.dest, r)) return reply(op.rep, proto::kMediateRnr);
   std::vector<Span> dst;
-  if (ibv_wc_status rs = recv_spans(op, r, dst)) {
-    // IBTA 9.7.5.2: the responder's protection error is our remote
-    // operational error, its length error our invalid request.
-    recv_completion(op.d, r, rs, IBV_WC_RECV, 0);
-    return fail(op, access::receive_fault(rs));
+  if (core::Check c = recv_spans(op, r, dst); c != core::Check::kOk) {
+    // The receive completes in error, the requester fails (core::verdict).
+    const core::Verdict v = core::verdict(c);
+    recv_completion(op.d, r, v.receive_status, 0);
+    return fail(op, v.fault);
   }
   if (defer_copy(op, dst, op.local)) {
     (*op.defer)->has_recv = true;
@@ -468,8 +420,9 @@ int Mediation::execute_send(Op& op) {
     return 0;
   }
   if (op.total && !copy_to(op, dst)) {
-    recv_completion(op.d, r, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
-    return fail(op, Fault::kRemoteOperation);
+    const core::Verdict v = core::verdict(core::Check::kResponderFault);
+    recv_completion(op.d, r, v.receive_status, 0);
+    return fail(op, v.fault);
   }
   return deliver_send(op.d, r, op.total, op.rep);
 }
@@ -482,7 +435,7 @@ int Mediation::execute_write(Op& op) {
     dst.push_back(sp);
   }
   RecvWqe r{};
-  const bool imm = op.req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  const bool imm = (rules::rule_of(op.req.opcode).flags & rules::kWrRecv) != 0;
   if (imm && !pop_recv(op.d.dest, r)) return reply(op.rep, proto::kMediateRnr);
   if (defer_copy(op, dst, op.local)) {
     (*op.defer)->has_recv = imm;
@@ -490,7 +443,7 @@ int Mediation::execute_write(Op& op) {
     return 0;
   }
   if (op.total && !copy_to(op, dst)) return fail(op, Fault::kRemoteOperation);
-  if (imm) recv_completion(op.d, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, op.total);
+  if (imm) recv_completion(op.d, r, IBV_WC_SUCCESS, op.total);
   return complete(op, op.total);
 }
 
@@ -507,7 +460,7 @@ int Mediation::execute_read(Op& op) {
 
 int Mediation::execute_atomic(Op& op) {
   const uint64_t result_len = op.local.empty() ? 0 : op.local[0].len;
-  if (Fault f = access::check_atomic(op.req.opcode, result_len, op.req.remote_addr); f != Fault::kNone)
+  if (Fault f = core::check_atomic(op.req.opcode, result_len, op.req.remote_addr); f != Fault::kNone)
     return fail(op, f);
   Span sp{};
   if (Fault f = resolve_remote(op, access::kAtomicBytes, sp); f != Fault::kNone) return fail(op, f);
@@ -532,13 +485,10 @@ int Mediation::mediate(uint32_t client, const proto::MediateReq& req, proto::Med
   if (!check_responder(op)) return reply(rep, proto::kMediateRetry);
   if (Fault f = check_opcode(op); f != Fault::kNone) return fail(op, f);
   if (Fault f = resolve_local(op); f != Fault::kNone) return fail(op, f);
-  switch (req.opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_SEND_WITH_INV: return execute_send(op);
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return execute_write(op);
-    case IBV_WR_RDMA_READ: return execute_read(op);
+  switch (rules::rule_of(req.opcode).kind) {
+    case rules::WrKind::kSend: return execute_send(op);
+    case rules::WrKind::kWrite: return execute_write(op);
+    case rules::WrKind::kRead: return execute_read(op);
     default: return execute_atomic(op);  // check_opcode let only the two atomics through
   }
 }
@@ -548,19 +498,17 @@ int Mediation::mediate(uint32_t client, const proto::MediateReq& req, proto::Med
 int Mediation::finish(MediationJob& job, proto::MediateReply& rep) {
   const Delivery d{job.client, job.requester_qpn, job.dest, job.opcode, job.imm_data, job.solicited, job.type};
   const bool ok = !job.failed && job.left == 0;
-  switch (job.opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_SEND_WITH_INV:
+  switch (rules::rule_of(job.opcode).kind) {
+    case rules::WrKind::kSend:
       if (!ok) {
-        recv_completion(d, job.recv, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
-        return fail(d, Fault::kRemoteOperation, rep);
+        const core::Verdict v = core::verdict(core::Check::kResponderFault);
+        recv_completion(d, job.recv, v.receive_status, 0);
+        return fail(d, v.fault, rep);
       }
       return deliver_send(d, job.recv, job.total, rep);
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case rules::WrKind::kWrite:
       if (!ok) return fail(d, Fault::kRemoteOperation, rep);
-      if (job.has_recv) recv_completion(d, job.recv, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, job.total);
+      if (job.has_recv) recv_completion(d, job.recv, IBV_WC_SUCCESS, job.total);
       return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
     default:  // IBV_WR_RDMA_READ
       if (!ok) return fail(d, Fault::kRemoteOperation, rep);

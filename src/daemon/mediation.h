@@ -23,6 +23,7 @@
 
 #include "common/access.h"
 #include "common/protocol.h"
+#include "common/responder_core.h"
 #include "common/shm_layout.h"
 #include "common/shm_ring.h"
 #include "common/sys.h"
@@ -167,12 +168,12 @@ class Mediation {
   int execute_atomic(Op& op);
   // What the executes share.
   access::Fault resolve_remote(const Op& op, uint64_t len, Span& out) const;
-  ibv_wc_status recv_spans(const Op& op, const shm::RecvWqe& r, std::vector<Span>& out) const;
+  core::Check recv_spans(const Op& op, const shm::RecvWqe& r, std::vector<Span>& out) const;
   bool copy_to(const Op& op, const std::vector<Span>& dst) const;
   bool copy_spans(const std::vector<Span>& dst, const std::vector<Span>& src, uint64_t total) const;
   bool defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src);
   void push_recv(uint32_t qpn, const ibv_wc& wc, bool solicited);
-  void recv_completion(const Delivery& d, const shm::RecvWqe& r, ibv_wc_status st, ibv_wc_opcode op, uint64_t len);
+  void recv_completion(const Delivery& d, const shm::RecvWqe& r, ibv_wc_status st, uint64_t len);
   int deliver_send(const Delivery& d, const shm::RecvWqe& r, uint64_t len, proto::MediateReply& rep);
   int fail(const Delivery& d, access::Fault f, proto::MediateReply& rep);
   int fail(Op& op, access::Fault f);

@@ -225,10 +225,12 @@ TEST_F(MediationTest, SendWithInvalidateInvalidatesTheBoundWindow) {
   EXPECT_EQ(t.completions[0].invalidated_rkey, uint32_t(kRespMw2));
 
   // A key the responder may not invalidate: its receive fails, the
-  // requester sees a remote operational error, the RC responder goes to ERR.
+  // requester sees an invalid request (NAK invalid request, as the RoCE
+  // responder answers: core::Check::kInvalidateRefused), the RC responder
+  // goes to ERR.
   t.post_recv(2, kRespBase, 32);
   r.imm_data = kRespMr;
-  expect(run(r), proto::kMediateError, IBV_WC_REM_OP_ERR, true);
+  expect(run(r), proto::kMediateError, IBV_WC_REM_INV_REQ_ERR, true);
   ASSERT_EQ(t.completions.size(), 2u);
   EXPECT_EQ(t.completions[1].status, IBV_WC_REM_INV_REQ_ERR);
   EXPECT_EQ(t.flushes, 1);

@@ -3,6 +3,8 @@
 // that daemon/mediation.cc never touches the registry's maps.
 #include "daemon/registry.h"
 
+#include "common/opcode_rules.h"
+
 namespace sv::daemon {
 
 using namespace shm;
@@ -91,17 +93,6 @@ namespace {
 
 enum MedStop : uint8_t { kRunGoes = 0, kRunReturns = 1, kRunFlushes = 2 };
 
-ibv_wc_opcode send_opcode(uint32_t op) {
-  switch (op) {
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
-    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
-    default: return IBV_WC_SEND;
-  }
-}
-
 proto::MediateReply posted_error(ibv_wc_status st) {
   proto::MediateReply rep{};
   rep.outcome = proto::kMediateError;
@@ -175,7 +166,7 @@ void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opco
       ibv_wc wc{};
       wc.wr_id = wr_id;
       wc.status = error ? ibv_wc_status(rep.wc_status) : IBV_WC_SUCCESS;
-      wc.opcode = send_opcode(opcode);
+      wc.opcode = rules::send_completion_opcode(opcode);
       wc.byte_len = error ? 0 : rep.byte_len;
       wc.qp_num = qpn;
       push_cq(q.send_cq, wc, true);

@@ -31,6 +31,8 @@
 #include <span>
 #include <vector>
 
+#include "common/opcode_rules.h"
+#include "common/responder_core.h"
 #include "roce/headers.h"
 #include "roce/psn.h"
 
@@ -45,27 +47,39 @@ enum class QpType : uint8_t { kRC, kUC, kUD, kXrcSend, kXrcRecv };
 
 // kLocalInv and kBindMw (a type 2 window) act on this side only, through
 // Memory::execute_local, in send-queue order.
-enum class WrOpcode : uint8_t {
-  kSend, kSendImm, kSendInv, kWrite, kWriteImm, kRead, kCompareSwap, kFetchAdd, kLocalInv, kBindMw
-};
+// The request opcodes: the opcode rules' (common/opcode_rules.h), which
+// say each one's completion opcode and kind.
+using WrOpcode = rules::WireOp;
 
-// The ibv_wc_status values the transport produces (same meaning and names).
+// The ibv_wc_status values the transport produces (the same values).
 enum class WcStatus : uint8_t {
-  kSuccess,
-  kLocLenErr,        // IBV_WC_LOC_LEN_ERR
-  kLocQpOpErr,       // IBV_WC_LOC_QP_OP_ERR
-  kLocProtErr,       // IBV_WC_LOC_PROT_ERR
-  kWrFlushErr,       // IBV_WC_WR_FLUSH_ERR
-  kRemInvReqErr,     // IBV_WC_REM_INV_REQ_ERR
-  kRemAccessErr,     // IBV_WC_REM_ACCESS_ERR
-  kRemOpErr,         // IBV_WC_REM_OP_ERR
-  kRetryExcErr,      // IBV_WC_RETRY_EXC_ERR
-  kRnrRetryExcErr,   // IBV_WC_RNR_RETRY_EXC_ERR
-  kMwBindErr,        // IBV_WC_MW_BIND_ERR
+  kSuccess = IBV_WC_SUCCESS,
+  kLocLenErr = IBV_WC_LOC_LEN_ERR,
+  kLocQpOpErr = IBV_WC_LOC_QP_OP_ERR,
+  kLocProtErr = IBV_WC_LOC_PROT_ERR,
+  kWrFlushErr = IBV_WC_WR_FLUSH_ERR,
+  kRemInvReqErr = IBV_WC_REM_INV_REQ_ERR,
+  kRemAccessErr = IBV_WC_REM_ACCESS_ERR,
+  kRemOpErr = IBV_WC_REM_OP_ERR,
+  kRetryExcErr = IBV_WC_RETRY_EXC_ERR,
+  kRnrRetryExcErr = IBV_WC_RNR_RETRY_EXC_ERR,
+  kMwBindErr = IBV_WC_MW_BIND_ERR,
 };
+constexpr WcStatus to_engine(ibv_wc_status s) { return WcStatus(uint8_t(s)); }
 const char* wc_status_name(WcStatus s);
 
-enum class WcOpcode : uint8_t { kSend, kWrite, kRead, kCompareSwap, kFetchAdd, kRecv, kRecvWriteImm, kLocalInv, kBindMw };
+// The ibv_wc_opcode values of the completions (the same values).
+enum class WcOpcode : uint8_t {
+  kSend = IBV_WC_SEND,
+  kWrite = IBV_WC_RDMA_WRITE,
+  kRead = IBV_WC_RDMA_READ,
+  kCompareSwap = IBV_WC_COMP_SWAP,
+  kFetchAdd = IBV_WC_FETCH_ADD,
+  kRecv = IBV_WC_RECV,
+  kRecvWriteImm = IBV_WC_RECV_RDMA_WITH_IMM,
+  kLocalInv = IBV_WC_LOCAL_INV,
+  kBindMw = IBV_WC_BIND_MW,
+};
 
 // Access bits, the values of ibv_access_flags.
 enum : uint32_t { kLocalWrite = 1, kRemoteWrite = 2, kRemoteRead = 4, kRemoteAtomic = 8 };
@@ -339,7 +353,13 @@ class Qp {
 
   // ---- responder (responder.cc)
   enum class RespMsg : uint8_t { kNone, kSend, kWrite };  // the multi-packet message in progress
-  enum class RespResult : uint8_t { kDone, kRnr, kNakInvalid, kNakAccess, kNakOperational, kDrop };
+  // kNak: a check failed (resp_check_ says which; core::verdict says what
+  // it means at both ends).
+  enum class RespResult : uint8_t { kDone, kRnr, kNak, kDrop };
+  RespResult refuse(core::Check c) {
+    resp_check_ = c;
+    return RespResult::kNak;
+  }
   struct Resource {  // IBTA 9.7.5: a READ or atomic kept for duplicates
     bool atomic = false;
     uint32_t xrc_srqn = 0;  // XRC target: the SRQ whose PD the READ's key was checked in
@@ -368,7 +388,8 @@ class Qp {
   void send_ack(uint8_t syndrome, uint32_t psn);
   void send_atomic_ack(uint32_t psn, uint64_t orig);
   void flush_pending_ack();
-  bool scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data, bool* too_long);
+  // `data` into the receive `r` at `off` (core::scatter_receive's checks).
+  core::Check scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data);
   void complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Packet* p, uint64_t from = 0,
                      bool write_imm = false, bool grh = false);
 
@@ -399,6 +420,7 @@ class Qp {
   Clock& clock_;
   QpState state_ = QpState::kReady;
   WcStatus resp_fault_ = WcStatus::kSuccess;  // responder_fault()
+  core::Check resp_check_ = core::Check::kOk;  // the check that made the last kNak
   QpStats stats_;
   std::vector<uint8_t> tx_;       // one packet being built
   std::vector<uint8_t> payload_;  // one packet's payload being gathered

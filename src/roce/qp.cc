@@ -205,15 +205,12 @@ void Qp::complete_send(const SendWqe& w, WcStatus st) {
   c.status = st;
   c.qp_num = cfg_.qpn;
   c.byte_len = w.len;
-  switch (w.wr.opcode) {
-    case WrOpcode::kSend: case WrOpcode::kSendImm: case WrOpcode::kSendInv: c.opcode = WcOpcode::kSend; break;
-    case WrOpcode::kWrite: case WrOpcode::kWriteImm: c.opcode = WcOpcode::kWrite; break;
-    case WrOpcode::kRead: c.opcode = WcOpcode::kRead; break;
-    case WrOpcode::kCompareSwap: c.opcode = WcOpcode::kCompareSwap; c.byte_len = 8; break;
-    case WrOpcode::kFetchAdd: c.opcode = WcOpcode::kFetchAdd; c.byte_len = 8; break;
-    case WrOpcode::kLocalInv: c.opcode = WcOpcode::kLocalInv; c.byte_len = 0; break;
-    case WrOpcode::kBindMw: c.opcode = WcOpcode::kBindMw; c.byte_len = 0; break;
-  }
+  // The completion's opcode is the opcode rules' (common/opcode_rules.h);
+  // an atomic completes with its 8 bytes, a local operation with none.
+  const rules::OpcodeRule& rule = rules::rule_of_wire(w.wr.opcode);
+  c.opcode = WcOpcode(rule.send_wc);
+  if (rule.kind == rules::WrKind::kAtomic) c.byte_len = uint32_t(access::kAtomicBytes);
+  if (rule.kind == rules::WrKind::kLocal) c.byte_len = 0;
   cq_.complete(c);
 }
 

@@ -9,6 +9,11 @@
 
 namespace sv::roce {
 
+// The responder core's NAK codes are the AETH's (IBTA 9.7.5.2.4).
+static_assert(uint8_t(NakCode::kInvalidRequest) == uint8_t(core::Nak::kInvalidRequest) &&
+              uint8_t(NakCode::kRemoteAccess) == uint8_t(core::Nak::kRemoteAccess) &&
+              uint8_t(NakCode::kRemoteOperational) == uint8_t(core::Nak::kRemoteOperational));
+
 void Qp::send_ack(uint8_t syndrome, uint32_t psn) {
   rx_since_ack_ = 0;
   Packet p;
@@ -67,21 +72,11 @@ void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
   }
 }
 
-bool Qp::scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data, bool* too_long) {
-  uint64_t total = 0;
-  for (const Sge& s : r.sg) total += s.length;
-  *too_long = off + uint64_t(data.size()) > total;
-  if (*too_long) return false;
-  size_t done = 0;
-  for (const Sge& s : r.sg) {
-    if (done == data.size()) break;
-    if (off >= s.length) { off -= s.length; continue; }
-    size_t n = std::min<size_t>(s.length - off, data.size() - done);
-    if (!rmem().local_write(s.lkey, s.addr + off, data.subspan(done, n))) return false;
-    done += n;
-    off = 0;
-  }
-  return true;
+core::Check Qp::scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data) {
+  return core::scatter_receive(r.sg.data(), uint32_t(r.sg.size()), off, data.size(),
+                               [&](const Sge& s, uint64_t at, uint64_t n, uint64_t msg_at) {
+                                 return rmem().local_write(s.lkey, s.addr + at, data.subspan(msg_at, n));
+                               });
 }
 
 void Qp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
@@ -120,7 +115,7 @@ void Qp::responder_rc(const Packet& p) {
     responder_duplicate(p);
     return;
   }
-  const RespResult r = no_srq ? RespResult::kNakInvalid : responder_execute(p);
+  const RespResult r = no_srq ? refuse(core::Check::kMalformedRequest) : responder_execute(p);
   switch (r) {
     case RespResult::kDone:
       nak_sent_ = false;
@@ -136,18 +131,14 @@ void Qp::responder_rc(const Packet& p) {
     case RespResult::kDrop:
       stats_.dropped++;
       return;
-    default: {
+    case RespResult::kNak: {
       // Invalid request, remote access and remote operational errors are
-      // fatal to the connection at both ends (IBTA 9.7.5.2).
-      const NakCode code = r == RespResult::kNakInvalid  ? NakCode::kInvalidRequest
-                           : r == RespResult::kNakAccess ? NakCode::kRemoteAccess
-                                                         : NakCode::kRemoteOperational;
+      // fatal to the connection at both ends (IBTA 9.7.5.2); what the check
+      // that failed means is core::verdict's.
+      const core::Verdict v = core::verdict(resp_check_);
       flush_pending_ack();
-      send_ack(syndrome_nak(code), p.bth.psn);
-      if (state_ == QpState::kReady)
-        resp_fault_ = r == RespResult::kNakInvalid  ? WcStatus::kRemInvReqErr
-                      : r == RespResult::kNakAccess ? WcStatus::kRemAccessErr
-                                                    : WcStatus::kRemOpErr;
+      send_ack(syndrome_nak(NakCode(v.nak)), p.bth.psn);
+      if (state_ == QpState::kReady) resp_fault_ = to_engine(access::status(v.fault));
       set_error();
       return;
     }
@@ -195,20 +186,20 @@ Qp::RespResult Qp::responder_execute(const Packet& p) {
   // XRC: the packets of one message name one SRQ (their receive WQE, their
   // R_Key's PD).
   if (cfg_.type == QpType::kXrcRecv) {
-    if (resp_msg_ != RespMsg::kNone && p.xrc_srqn != xrc_msg_srqn_) return RespResult::kNakInvalid;
+    if (resp_msg_ != RespMsg::kNone && p.xrc_srqn != xrc_msg_srqn_) return refuse(core::Check::kMalformedRequest);
     xrc_msg_srqn_ = p.xrc_srqn;
   }
   // Opcode sequence (IBTA 9.7.4): Middle/Last only continue a message of
   // the same kind; anything else only starts one.
   switch (resp_msg_) {
     case RespMsg::kNone:
-      if (!i.starts_message()) return RespResult::kNakInvalid;
+      if (!i.starts_message()) return refuse(core::Check::kMalformedRequest);
       break;
     case RespMsg::kSend:
-      if (i.kind != OpKind::kSend || i.starts_message()) return RespResult::kNakInvalid;
+      if (i.kind != OpKind::kSend || i.starts_message()) return refuse(core::Check::kMalformedRequest);
       break;
     case RespMsg::kWrite:
-      if (i.kind != OpKind::kWrite || i.starts_message()) return RespResult::kNakInvalid;
+      if (i.kind != OpKind::kWrite || i.starts_message()) return refuse(core::Check::kMalformedRequest);
       break;
   }
   switch (i.kind) {
@@ -225,7 +216,7 @@ Qp::RespResult Qp::respond_send(const Packet& p) {
   const OpcodeInfo& i = p.info();
   // Every packet but the last of a message is exactly one path MTU (9.7.4).
   if (p.payload.size() > cfg_.pmtu || (!i.ends_message() && p.payload.size() != cfg_.pmtu)) {
-    return RespResult::kNakInvalid;
+    return refuse(core::Check::kMalformedRequest);
   }
   if (i.starts_message()) {
     if (!have_recv()) return RespResult::kRnr;
@@ -234,23 +225,22 @@ Qp::RespResult Qp::respond_send(const Packet& p) {
     recv_off_ = 0;
     resp_msg_ = RespMsg::kSend;
   }
-  bool too_long = false;
-  if (!scatter(*cur_recv_, recv_off_, p.payload, &too_long)) {
-    // Too long for the receive buffer: invalid request at the requester, a
-    // local length error here (IBTA 9.7.5.2); a bad local key: remote
-    // operational error there, local protection error here.
-    complete_recv(*cur_recv_, too_long ? WcStatus::kLocLenErr : WcStatus::kLocProtErr, 0, nullptr);
+  if (core::Check c = scatter(*cur_recv_, recv_off_, p.payload); c != core::Check::kOk) {
+    // Too long for the receive buffer, or a bad L_Key there: the receive
+    // completes in error, the requester gets the NAK (core::verdict).
+    complete_recv(*cur_recv_, to_engine(core::verdict(c).receive_status), 0, nullptr);
     cur_recv_.reset();
     resp_msg_ = RespMsg::kNone;
-    return too_long ? RespResult::kNakInvalid : RespResult::kNakOperational;
+    return refuse(c);
   }
   recv_off_ += uint32_t(p.payload.size());
   if (i.ends_message()) {
     if (i.has(kHasIeth) && !rmem().invalidate(p.ieth_rkey)) {
-      complete_recv(*cur_recv_, WcStatus::kLocProtErr, 0, nullptr);
+      constexpr core::Check c = core::Check::kInvalidateRefused;
+      complete_recv(*cur_recv_, to_engine(core::verdict(c).receive_status), 0, nullptr);
       cur_recv_.reset();
       resp_msg_ = RespMsg::kNone;
-      return RespResult::kNakInvalid;
+      return refuse(c);
     }
     complete_recv(*cur_recv_, WcStatus::kSuccess, recv_off_, &p);
     cur_recv_.reset();
@@ -269,7 +259,7 @@ Qp::RespResult Qp::respond_write(const Packet& p) {
   // anything, so that the retry after an RNR NAK finds the state unchanged.
   if (imm && !have_recv()) return RespResult::kRnr;
   if (p.payload.size() > cfg_.pmtu || (!i.ends_message() && p.payload.size() != cfg_.pmtu)) {
-    return RespResult::kNakInvalid;
+    return refuse(core::Check::kMalformedRequest);
   }
   Reth cur = cur_write_;
   if (i.starts_message()) {
@@ -278,14 +268,14 @@ Qp::RespResult Qp::respond_write(const Packet& p) {
     // R_Key must cover the whole length; a zero-length WRITE checks nothing.
     if (cur.dma_len != 0 &&
         (!(cfg_.access & kRemoteWrite) || !rmem().remote_check(cur.rkey, cur.va, cur.dma_len, kRemoteWrite))) {
-      return RespResult::kNakAccess;
+      return refuse(core::Check::kRemoteKey);
     }
     write_total_ = cur.dma_len;
   }
   if (p.payload.size() > cur.dma_len || (i.ends_message() && p.payload.size() != cur.dma_len)) {
-    return RespResult::kNakInvalid;  // more or less data than the RETH announced
+    return refuse(core::Check::kMalformedRequest);  // more or less data than the RETH announced
   }
-  if (!p.payload.empty() && !rmem().remote_write(cur.rkey, cur.va, p.payload)) return RespResult::kNakAccess;
+  if (!p.payload.empty() && !rmem().remote_write(cur.rkey, cur.va, p.payload)) return refuse(core::Check::kRemoteKey);
   cur.va += p.payload.size();
   cur.dma_len -= uint32_t(p.payload.size());
   cur_write_ = cur;
@@ -305,10 +295,10 @@ Qp::RespResult Qp::respond_write(const Packet& p) {
 
 Qp::RespResult Qp::respond_read(const Packet& p) {
   const Reth& reth = p.reth;
-  if (reth.dma_len > (1u << 31)) return RespResult::kNakInvalid;
+  if (reth.dma_len > (1u << 31)) return refuse(core::Check::kMalformedRequest);
   if (reth.dma_len != 0 &&
       (!(cfg_.access & kRemoteRead) || !rmem().remote_check(reth.rkey, reth.va, reth.dma_len, kRemoteRead))) {
-    return RespResult::kNakAccess;
+    return refuse(core::Check::kRemoteKey);
   }
   const uint32_t n = std::max<uint32_t>(1, (reth.dma_len + cfg_.pmtu - 1) / cfg_.pmtu);
   Resource res;
@@ -327,13 +317,15 @@ Qp::RespResult Qp::respond_read(const Packet& p) {
 
 Qp::RespResult Qp::respond_atomic(const Packet& p) {
   const AtomicEth& a = p.atomic;
-  if (!(cfg_.access & kRemoteAtomic)) return RespResult::kNakAccess;
-  if (a.va % 8) return RespResult::kNakInvalid;  // IBTA 9.4: atomics are naturally aligned
+  // The aligned quadword first (IBTA 9.4.5), as the other paths check it
+  // before the key (core::check_atomic).
+  if (core::Check c = core::check_atomic_target(a.va); c != core::Check::kOk) return refuse(c);
+  if (!(cfg_.access & kRemoteAtomic)) return refuse(core::Check::kRemoteKey);
   uint64_t orig = 0;
   const bool cas = p.info().kind == OpKind::kCompareSwap;
   if (!rmem().remote_check(a.rkey, a.va, 8, kRemoteAtomic) ||
       !rmem().remote_atomic(a.rkey, a.va, cas, cas ? a.compare : a.swap_add, a.swap_add, &orig)) {
-    return RespResult::kNakAccess;
+    return refuse(core::Check::kRemoteKey);
   }
   Resource res;
   res.atomic = true;
@@ -385,10 +377,11 @@ void Qp::responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> g
   }
   RecvWr r = std::move(rq_.front());
   rq_.pop_front();
-  bool too_long = false;
   const bool with_grh = grh.size() == 40;
-  if (!scatter(r, 40, p.payload, &too_long) || (with_grh && !scatter(r, 0, grh, &too_long))) {
-    complete_recv(r, too_long ? WcStatus::kLocLenErr : WcStatus::kLocProtErr, 0, nullptr);
+  core::Check c = scatter(r, 40, p.payload);
+  if (c == core::Check::kOk && with_grh) c = scatter(r, 0, grh);
+  if (c != core::Check::kOk) {
+    complete_recv(r, to_engine(core::verdict(c).receive_status), 0, nullptr);
     return;
   }
   complete_recv(r, WcStatus::kSuccess, uint32_t(p.payload.size()) + 40, &p, from, false, with_grh);

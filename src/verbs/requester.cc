@@ -14,10 +14,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 
 #include "common/access.h"
+#include "common/responder_core.h"
 #include "common/trace.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
@@ -30,17 +30,11 @@ namespace {
 
 constexpr uint64_t kMaxMessage = 1ull << 31;
 
-// IBTA 9.7.5.2.8 table 45: RNR NAK timer field (min_rnr_timer) in microseconds x 100.
-constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,    8,     12,    16,   24,   32,
-                                        48,    64,   96,   128,  192,  256,  384,   512,   768,  1024, 1536,
-                                        2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
-
 }  // namespace
 
-// Copies between two scatter lists in order. The last bytes land last, after
-// a compiler barrier, so a poller watching the final byte of the target (as
-// perftest's latency tests do) sees a complete message (x86 stores are seen
-// in program order).
+// Copies between two scatter lists in order, the final piece with its last
+// byte stored last (core::store_tail_last), so a poller watching the final
+// byte of the target (as perftest's latency tests do) sees a complete message.
 void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t total) {
   int di = 0, si = 0;
   uint64_t doff = 0, soff = 0, done = 0;
@@ -51,13 +45,8 @@ void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t tota
     n = std::min(n, total - done);
     uint8_t* d = dst[di].p + doff;
     const uint8_t* s = src[si].p + soff;
-    if (done + n == total && n > 0) {
-      // Everything but the tail, then the tail in one store: few stores
-      // means the target line does not bounce to a poller between them.
-      uint64_t tail = n >= 8 ? 8 : 1;
-      std::memcpy(d, s, n - tail);
-      asm volatile("" ::: "memory");
-      std::memcpy(d + n - tail, s + n - tail, tail);  // one (possibly unaligned) store
+    if (done + n == total) {
+      core::store_tail_last(d, s, n);
     } else {
       std::memcpy(d, s, n);
     }
@@ -127,6 +116,8 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
   return w->at(access::file_offset(*e, addr));
 }
 
+}  // namespace
+
 Peer* resolve_peer(QpState& q) {
   uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
   Peer* p = q.peer.get();
@@ -161,8 +152,6 @@ Peer* resolve_peer(QpState& q) {
   return p;
 }
 
-}  // namespace
-
 // Gathers the local source of a send, write or atomic.
 bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& total, ibv_wc_status& err) {
   n = 0;
@@ -193,43 +182,31 @@ bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& tota
   return true;
 }
 
-// Resolves a receive WQE's scatter list in the responder's memory (its
-// L_Keys in its PD, with local write) for a message of `len` bytes: the
-// responder's error status, or IBV_WC_SUCCESS with `remote` filled.
-SV_HOT ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr) {
-  if (r.num_sge > shm::kMaxSge) return IBV_WC_LOC_LEN_ERR;  // a corrupt ring entry
-  nr = r.num_sge;
-  uint64_t room = 0;
-  for (uint32_t i = 0; i < nr; ++i) {
-    uint8_t* d = nullptr;
-    if (r.sge[i].length) {
-      d = peer_address(q, p, r.sge[i].lkey, r.sge[i].addr, r.sge[i].length, IBV_ACCESS_LOCAL_WRITE);
-      if (!d) return IBV_WC_LOC_PROT_ERR;
-    }
-    remote[i] = {d, r.sge[i].length};
-    room += r.sge[i].length;
-  }
-  return len > room ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
+// Resolves a receive WQE's scatter list in the responder's memory for a
+// message of `len` bytes (core::scatter_receive: the length, then the
+// L_Keys, in its PD with local write, of the buffers the message reaches):
+// Check::kOk with `remote` filled (nr pieces), or the check that failed.
+SV_HOT core::Check resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr) {
+  uint32_t k = 0;
+  const core::Check c =
+      core::scatter_receive(r.sge, r.num_sge, 0, len, [&](const shm::Sge& s, uint64_t at, uint64_t n, uint64_t) {
+        uint8_t* d = peer_address(q, p, s.lkey, s.addr + at, n, IBV_ACCESS_LOCAL_WRITE);
+        remote[k++] = {d, n};
+        return d != nullptr;
+      });
+  nr = k;
+  return c;
 }
 
-SV_HOT void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, ibv_wc_opcode op,
-                          uint32_t len, uint32_t opcode, uint32_t send_flags, uint32_t imm_data,
-                          uint32_t invalidate_rkey) {
-  ibv_wc wc{};
-  wc.wr_id = recv_wr_id;
-  wc.status = status;
-  wc.opcode = op;
-  wc.byte_len = len;
-  wc.qp_num = p.qpn;
-  wc.src_qp = q.qpn;
-  if (status == IBV_WC_SUCCESS && (opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) {
-    wc.wc_flags = IBV_WC_WITH_IMM;
-    wc.imm_data = imm_data;
-  }
-  if (status == IBV_WC_SUCCESS && opcode == IBV_WR_SEND_WITH_INV) {
-    wc.wc_flags = IBV_WC_WITH_INV;
-    wc.invalidated_rkey = invalidate_rkey;
-  }
+namespace {
+
+// The receive completion (core::receive_completion) into the responder's CQ;
+// inlined into the fast path.
+[[gnu::always_inline]] inline void deliver_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id,
+                                                           ibv_wc_status status, uint32_t len, uint32_t opcode,
+                                                           uint32_t send_flags, uint32_t imm_data,
+                                                           uint32_t invalidate_rkey) {
+  const ibv_wc wc = core::receive_completion(recv_wr_id, status, opcode, len, p.qpn, q.qpn, imm_data, invalidate_rkey);
   // The torn record goes when the completion is written, before it can be
   // polled: a kill at any point leaves one of them, never both (a duplicate)
   // nor neither (a receive lost).
@@ -237,9 +214,16 @@ SV_HOT void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_w
     q.hdr->torn_qpn.store(0, std::memory_order_release);  // see pop_peer_recv
 }
 
-void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
-                          uint32_t len, const shm::SendWqe& w) {
-  push_recv_completion(q, p, r.wr_id, status, op, len, w.opcode, w.send_flags, w.imm_data, w.invalidate_rkey);
+}  // namespace
+
+SV_HOT void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, uint32_t len,
+                                 uint32_t opcode, uint32_t send_flags, uint32_t imm_data, uint32_t invalidate_rkey) {
+  deliver_recv_completion(q, p, recv_wr_id, status, len, opcode, send_flags, imm_data, invalidate_rkey);
+}
+
+void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, uint32_t len,
+                          const shm::SendWqe& w) {
+  push_recv_completion(q, p, r.wr_id, status, len, w.opcode, w.send_flags, w.imm_data, w.invalidate_rkey);
 }
 
 namespace {
@@ -286,12 +270,11 @@ Outcome send_to(QpState& q, Peer& p, const shm::SendWqe& w) {
   if (!pop_peer_recv(q, p, r)) return {Step::kRnr};
   Seg remote[shm::kMaxSge];
   uint32_t nr = 0;
-  if (ibv_wc_status rs = resolve_recv(q, p, r, total, remote, nr)) {
-    // The responder's receive buffer is bad (its local protection error:
-    // our remote operational error) or too small (its local length error:
-    // our invalid request), IBTA 9.7.5.2.
-    push_recv_completion(q, p, r, rs, IBV_WC_RECV, 0, w);
-    return {Step::kError, access::status(access::receive_fault(rs)), true};
+  if (core::Check c = resolve_recv(q, p, r, total, remote, nr); c != core::Check::kOk) {
+    // The responder's receive completes in error; what the requester sees
+    // is the same check's (core::verdict, IBTA 9.7.5.2).
+    push_recv_completion(q, p, r, core::verdict(c).receive_status, 0, w);
+    return {Step::kError, core::requester_status(c), true};
   }
   copy_segments(remote, int(nr), local, nl, total);
   if (w.opcode == IBV_WR_SEND_WITH_INV) {
@@ -302,11 +285,12 @@ Outcome send_to(QpState& q, Peer& p, const shm::SendWqe& w) {
     req.remote = 1;
     proto::Empty rep{};
     if (q.ctx->st->conn.call<proto::Op::InvalidateKey>(req, rep)) {
-      push_recv_completion(q, p, r, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, w);
-      return {Step::kError, IBV_WC_REM_OP_ERR, true};
+      constexpr core::Check c = core::Check::kInvalidateRefused;
+      push_recv_completion(q, p, r, core::verdict(c).receive_status, 0, w);
+      return {Step::kError, core::requester_status(c), true};
     }
   }
-  push_recv_completion(q, p, r, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(total), w);
+  push_recv_completion(q, p, r, IBV_WC_SUCCESS, uint32_t(total), w);
   return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
 }
 
@@ -327,7 +311,7 @@ Outcome write_to(QpState& q, Peer& p, const shm::SendWqe& w) {
   Seg dst{d, total};
   if (total) copy_segments(&dst, 1, local, nl, total);
   if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-    push_recv_completion(q, p, r, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(total), w);
+    push_recv_completion(q, p, r, IBV_WC_SUCCESS, uint32_t(total), w);
   return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
 }
 
@@ -355,18 +339,12 @@ Outcome atomic_at(QpState& q, Peer& p, const shm::SendWqe& w) {
   Seg res;
   if (!local_segment(q, w.sge[0], true, res)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
   // IBTA 9.4.5: atomics act on an 8-byte aligned remote quadword.
-  if (access::Fault f = access::check_atomic(w.opcode, res.len, w.remote_addr); f != access::Fault::kNone)
+  if (access::Fault f = core::check_atomic(w.opcode, res.len, w.remote_addr); f != access::Fault::kNone)
     return {Step::kError, access::status(f), access::responder_detected(f)};
   uint8_t* t = peer_address(q, p, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC);
   if (!t) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
-  auto* word = reinterpret_cast<uint64_t*>(t);
-  uint64_t old;
-  if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-    old = w.compare_add;
-    __atomic_compare_exchange_n(word, &old, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-  } else {
-    old = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
-  }
+  const uint64_t old = core::apply_atomic(reinterpret_cast<uint64_t*>(t), w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP,
+                                         w.compare_add, w.swap);
   std::memcpy(res.p, &old, 8);
   return {Step::kDone, IBV_WC_SUCCESS, false, 8};
 }
@@ -405,10 +383,12 @@ Outcome execute_xrc(QpState& q, const shm::SendWqe& w) {
   return execute_at(q, *p, w);
 }
 
+}  // namespace
+
 // `owed`: a record of this completion (sq_running), cleared as it is
 // published, or at once when it cannot be.
 void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
-                          shm::OwedRecord owed = {}) {
+                          shm::OwedRecord owed) {
   ibv_wc wc{};
   wc.wr_id = wr_id;
   wc.status = status;
@@ -448,42 +428,6 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
   move_to_error(q);
 }
 
-uint64_t retry_delay_ns(QpState& q, Step s) {
-  if (s == Step::kRnr) {
-    uint32_t code = !q.peer ? 0 : q.peer->mediated ? q.peer->min_rnr_timer : q.peer->entry->min_rnr_timer;
-    return uint64_t(kRnrTimer10us[code & 31]) * 10'000;
-  }
-  uint32_t t = q.entry->timeout;
-  if (t == 0) return 1'000'000;  // "infinite": keep trying every millisecond
-  return 4096ull << std::min<uint32_t>(t, 31);  // 4.096 us x 2^timeout (IBTA 9.7.6.1.3)
-}
-
-// Decides what a stalled head request does next; returns false when it failed for good.
-bool stall(QpState& q, Step s) {
-  uint64_t now = monotonic_ns();
-  SV_TRACE("QP 0x%x: %s stall (rnr left %u, retry left %u)", q.qpn, s == Step::kRnr ? "RNR" : "transport",
-           q.rnr_left, q.retry_left);
-  if (!q.head_started) {
-    q.head_started = true;
-    q.rnr_left = q.entry->rnr_retry;
-    q.retry_left = q.entry->retry_cnt;
-  }
-  if (s == Step::kRnr) {
-    if (q.rnr_left != 7) {  // 7 means retry forever (IBTA 9.7.5.2.8)
-      if (q.rnr_left == 0) return false;
-      q.rnr_left--;
-    }
-  } else if (q.entry->timeout != 0) {
-    if (q.retry_left == 0) return false;
-    q.retry_left--;
-  }
-  q.next_try_ns = now + retry_delay_ns(q, s);
-  return true;
-}
-
-
-}  // namespace
-
 Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w) {
   if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
   Peer* p = resolve_peer(q);
@@ -518,106 +462,6 @@ Outcome execute_uc_mediated(QpState& q, const shm::SendWqe& w) { return uc_outco
 
 Outcome run(QpState& q, const shm::SendWqe& w) { return q.ops.load(std::memory_order_relaxed)->execute(q, w); }
 
-// Called with the send lock held. A torn receive (see pop_peer_recv) under
-// a lock we hold means its previous holder, another process sharing this QP,
-// was killed mid-delivery and we took the lock over: the responder gets that
-// receive back as aborted rather than never.
-void complete_torn_receive(QpState& q) {
-  uint32_t qpn = q.hdr->torn_qpn.load(std::memory_order_acquire);
-  if (qpn == 0) return;
-  Peer* p = q.type == IBV_QPT_UD ? ud_peer(q, qpn) : resolve_peer(q);
-  if (p && !p->mediated && p->qpn == qpn) {
-    uint64_t wr_id = q.hdr->torn_wr_id;
-    if (!q.hdr->torn_taken.load(std::memory_order_acquire)) {
-      // Killed between the record and the copy: the receive is still in
-      // the slot if the claim was made (else nothing was taken).
-      shm::RecvWqe r;
-      uint64_t pos = q.hdr->torn_pos;
-      uint32_t pid = q.hdr->torn_pid;
-      if (!(p->srq_hdr ? p->srq.reclaim_dead_take(pos, pid, r) : p->rq.reclaim_dead_take(pos, pid, r))) {
-        q.hdr->torn_qpn.store(0, std::memory_order_release);
-        return;
-      }
-      wr_id = r.wr_id;
-    }
-    ibv_wc wc{};
-    wc.wr_id = wr_id;
-    wc.status = IBV_WC_REM_ABORT_ERR;
-    wc.opcode = IBV_WC_RECV;
-    wc.qp_num = qpn;
-    wc.src_qp = q.qpn;
-    if (p->recv_cq.push(wc, true, &q.hdr->torn_qpn)) return;  // as push_recv_completion
-  }
-  q.hdr->torn_qpn.store(0, std::memory_order_release);
-}
-
-// Called with the send lock held: a queued request whose execution the
-// previous holder of the lock did not finish (it was killed: sq_running) is
-// completed in error, not carried out twice (issue 18, finding 11).
-// The holder may have died before it took the request off the queue (it is
-// still the head), or after (the head moved past it, or front() passes over
-// its claim now): the slot still holds the request either way, as no
-// producer reaches it before the next lap.
-void complete_dead_run(QpState& q) {
-  uint64_t r = q.hdr->sq_running.load(std::memory_order_relaxed);
-  if (!r) return;
-  const shm::SendWqe* head = q.sq.front();
-  shm::SendWqe w;
-  if (head && q.sq.head() + 1 == r) {
-    w = *head;
-    shm::SendWqe gone;
-    q.sq.pop(gone);
-  } else if (q.sq.head() == r) {
-    w = q.sq.at(r - 1);
-  } else {
-    q.hdr->sq_running.store(0, std::memory_order_relaxed);
-    return;
-  }
-  q.head_started = false;
-  q.next_try_ns = 0;
-  push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), IBV_WC_GENERAL_ERR, 0, &q.hdr->sq_running);
-}
-
-// Runs queued requests in order; the caller holds the send lock.
-bool progress_qp(QpState& q) {
-  complete_torn_receive(q);
-  complete_dead_run(q);
-  for (;;) {
-    if ((q.hdr->med_pid.load(std::memory_order_relaxed) || q.peer) && pipeline_queued(q)) return true;
-    const shm::SendWqe* head = q.sq.front();
-    if (!head) return false;
-    if (q.entry->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
-      flush_sq_locked(q);
-      return false;
-    }
-    if (monotonic_ns() < q.next_try_ns) return true;
-    shm::SendWqe w = *head;
-    q.hdr->sq_running.store(q.sq.head() + 1, std::memory_order_relaxed);
-    Outcome o = run(q, w);
-    if (o.step == Step::kRnr || o.step == Step::kRetry) {
-      // Nothing reached the responder: the request stays at the head.
-      q.hdr->sq_running.store(0, std::memory_order_relaxed);
-      if (stall(q, o.step)) return true;
-      shm::SendWqe gone;
-      q.sq.pop(gone);
-      fail(q, w, {Step::kError, o.step == Step::kRnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR});
-      return false;
-    }
-    shm::SendWqe gone;
-    q.sq.pop(gone);
-    if (__builtin_expect(g_die_at == 3, 0)) ::raise(SIGKILL);  // test hook (srq.cc)
-    q.head_started = false;
-    q.med_sync_head = false;
-    q.next_try_ns = 0;
-    // sq_running is cleared as the completion is published (complete()).
-    if (o.step == Step::kError) {
-      fail(q, w, o);
-      return false;
-    }
-    complete(q, w, IBV_WC_SUCCESS, o.byte_len);
-  }
-}
-
 namespace {
 
 // ---- The fast path ----------------------------------------------------------
@@ -632,23 +476,6 @@ namespace {
 // last one, a peer to (re)connect, an empty receive queue -- makes it return
 // false *before it changed anything*, and the general path handles the
 // request from scratch, so the outcome is the same either way.
-
-// Copies a small or large payload with the last 8 bytes (or the last byte)
-// stored last, as copy_segments() does (a poller of the final byte sees the
-// whole message).
-inline void copy_tail_last(uint8_t* d, const uint8_t* s, uint64_t n) {
-  if (n >= 8) {
-    if (n > 8) std::memcpy(d, s, n - 8);
-    uint64_t tail;
-    std::memcpy(&tail, s + n - 8, 8);
-    asm volatile("" ::: "memory");
-    std::memcpy(d + n - 8, &tail, 8);  // one (possibly unaligned) store
-  } else if (n) {
-    if (n > 1) std::memcpy(d, s, n - 1);
-    asm volatile("" ::: "memory");
-    d[n - 1] = s[n - 1];
-  }
-}
 
 // The peer as resolve_peer() accepts it, without (re)connecting.
 inline Peer* attached_peer(QpState& q) {
@@ -727,7 +554,7 @@ inline Peer* attached_peer(QpState& q) {
       const uint8_t* from =
           fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len, IBV_ACCESS_REMOTE_READ);
       if (!from) return false;
-      copy_tail_last(const_cast<uint8_t*>(src), from, len);
+      core::store_tail_last(const_cast<uint8_t*>(src), from, len);
     }
   } else if (write) {
     uint8_t* dst = nullptr;
@@ -740,7 +567,7 @@ inline Peer* attached_peer(QpState& q) {
       p->recv_cq.prefetch_push();  // as for a SEND (below): the completion is what the responder waits for
       if (!pop_peer_recv(q, *p, r)) return false;
     }
-    copy_tail_last(dst, src, len);
+    core::store_tail_last(dst, src, len);
     // Bookkeeping after the data store, which is what the responder waits for.
     if (len) {
       q.hint_rkey.store(wr->wr.rdma.rkey, std::memory_order_relaxed);
@@ -748,8 +575,7 @@ inline Peer* attached_peer(QpState& q) {
                          std::memory_order_relaxed);
     }
     if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-      push_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(len), opcode,
-                           wr->send_flags, wr->imm_data, 0);
+      deliver_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
   } else {
     // The receive completion ends this SEND and the responder is polling
     // for it: start taking its CQ slot now, so that the transfer overlaps
@@ -759,26 +585,26 @@ inline Peer* attached_peer(QpState& q) {
     if (!pop_peer_recv(q, *p, r)) return false;  // RNR (or a UC drop): the general path decides
     Seg remote[shm::kMaxSge];
     uint32_t nr = 0;
-    if (ibv_wc_status rs = resolve_recv(q, *p, r, len, remote, nr)) {
+    if (core::Check c = resolve_recv(q, *p, r, len, remote, nr); c != core::Check::kOk) {
       // As execute() (IBTA 9.7.5.2), and execute_uc() for UC: the receive
       // completes in error at the responder; the requester fails on RC only.
-      push_recv_completion(q, *p, r.wr_id, rs, IBV_WC_RECV, 0, opcode, wr->send_flags, wr->imm_data, 0);
+      push_recv_completion(q, *p, r.wr_id, core::verdict(c).receive_status, 0, opcode, wr->send_flags, wr->imm_data,
+                           0);
       shm::SendWqe w;
       to_send_wqe(q, wr, w);
       if (q.type == IBV_QPT_UC)
         complete(q, w, IBV_WC_SUCCESS, 0);
       else
-        fail(q, w, {Step::kError, access::status(access::receive_fault(rs)), true});
+        fail(q, w, {Step::kError, core::requester_status(c), true});
       return true;
     }
     if (nr == 1) {
-      copy_tail_last(remote[0].p, src, len);
+      core::store_tail_last(remote[0].p, src, len);
     } else {
       Seg local{const_cast<uint8_t*>(src), len};
       copy_segments(remote, int(nr), &local, 1, len);
     }
-    push_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(len), opcode, wr->send_flags,
-                         wr->imm_data, 0);
+    deliver_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
   }
   if (q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED))
     push_send_completion(q, wr->wr_id, send ? IBV_WC_SEND : read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/responder_core.h"
 #include "verbs/provider.h"
 #include "verbs/transport.h"
 
@@ -18,16 +19,34 @@ struct Seg {
 void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t total);
 // Gathers the local source of a send, write or atomic (IBTA 10.6.7.1).
 bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& total, ibv_wc_status& err);
-// Resolves a receive WQE's scatter list in the responder's memory.
-ibv_wc_status resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr);
+// Resolves a receive WQE's scatter list in the responder's memory
+// (core::scatter_receive's checks).
+core::Check resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr);
 // Completes the responder's receive `r` for the request `w`.
-void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, ibv_wc_opcode op,
-                          uint32_t len, const shm::SendWqe& w);
+void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, uint32_t len,
+                          const shm::SendWqe& w);
 // The same from its parts (`opcode`: the sender's ibv_wr_opcode, for the
 // immediate / invalidate flags); also for an XRC target on the wire.
-void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, ibv_wc_opcode op,
-                          uint32_t len, uint32_t opcode, uint32_t send_flags, uint32_t imm_data,
-                          uint32_t invalidate_rkey);
+void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, uint32_t len,
+                          uint32_t opcode, uint32_t send_flags, uint32_t imm_data, uint32_t invalidate_rkey);
+
+// The pieces the send queue's progress (requester_progress.cc) shares with
+// the requests (requester.cc): the connected peer, (re)attached when the
+// destination changed (null while it is not ready); a send completion
+// (`owed`: a record of it, sq_running, cleared as it is published); a
+// request's completion, and its failure (the QP to ERR, the peer told);
+// carrying a request out on the QP's path; what a stalled head request does
+// next (false: it failed for good).
+Peer* resolve_peer(QpState& q);
+void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
+                          shm::OwedRecord owed = {});
+void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len);
+void fail(QpState& q, const shm::SendWqe& w, const Outcome& o);
+Outcome run(QpState& q, const shm::SendWqe& w);
+bool stall(QpState& q, Step s);
+// With the send lock held: a receive that a killed sharer took and did not
+// complete completes aborted.
+void complete_torn_receive(QpState& q);
 
 // UD (requester_ud.cc): the peer QP `dest` of a datagram, attached on first
 // use; the execute operation of UD QPs.

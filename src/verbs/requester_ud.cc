@@ -73,23 +73,14 @@ bool deliver_ud(QpState& q, Peer& p, const shm::SendWqe& w, const Seg* local, in
   for (int i = 0; i < nl; ++i) src[i + 1] = local[i];
   Seg remote[shm::kMaxSge];
   uint32_t nr = 0;
-  if (ibv_wc_status rs = resolve_recv(q, p, r, total + 40, remote, nr)) {
-    push_recv_completion(q, p, r, rs, IBV_WC_RECV, 0, w);  // the responder's error; the sender never knows
+  if (core::Check c = resolve_recv(q, p, r, total + 40, remote, nr); c != core::Check::kOk) {
+    push_recv_completion(q, p, r, core::verdict(c).receive_status, 0, w);  // the responder's error; the sender never knows
     return false;
   }
   copy_segments(remote, int(nr), src, nl + 1, total + 40);
-  ibv_wc wc{};
-  wc.wr_id = r.wr_id;
-  wc.status = IBV_WC_SUCCESS;
-  wc.opcode = IBV_WC_RECV;
-  wc.byte_len = uint32_t(total + 40);
-  wc.qp_num = p.qpn;
-  wc.src_qp = q.qpn;
-  wc.wc_flags = w.ud_grh ? IBV_WC_GRH : 0;
-  if (w.opcode == IBV_WR_SEND_WITH_IMM) {
-    wc.wc_flags |= IBV_WC_WITH_IMM;
-    wc.imm_data = w.imm_data;
-  }
+  ibv_wc wc = core::receive_completion(r.wr_id, IBV_WC_SUCCESS, w.opcode, uint32_t(total + 40), p.qpn, q.qpn,
+                                       w.imm_data, 0);
+  if (w.ud_grh) wc.wc_flags |= IBV_WC_GRH;
   if (!p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0, &q.hdr->torn_qpn))  // as push_recv_completion
     q.hdr->torn_qpn.store(0, std::memory_order_release);
   return true;

@@ -21,6 +21,7 @@
 #include <functional>
 
 #include "common/access.h"
+#include "common/responder_core.h"
 #include "common/mgid.h"
 #include "common/started_thread.h"
 #include "common/port_holder.h"
@@ -123,14 +124,10 @@ class OwnMemory : public Memory {
     return access(rkey, va, len, need, true, [](uint8_t*) {});
   }
   bool remote_write(uint32_t rkey, uint64_t va, std::span<const uint8_t> in) override {
-    return access(rkey, va, in.size(), IBV_ACCESS_REMOTE_WRITE, true, [&](uint8_t* p) {
-      // The last bytes last, so a poller of a buffer's final byte (perftest's
-      // latency tests) sees the message whole (docs/ARCHITECTURE.md).
-      size_t n = in.size(), tail = n >= 8 ? 8 : n;
-      std::memcpy(p, in.data(), n - tail);
-      asm volatile("" ::: "memory");
-      std::memcpy(p + n - tail, in.data() + n - tail, tail);
-    });
+    // The last byte last, so a poller of a buffer's final byte (perftest's
+    // latency tests) sees the message whole (core::store_tail_last).
+    return access(rkey, va, in.size(), IBV_ACCESS_REMOTE_WRITE, true,
+                  [&](uint8_t* p) { core::store_tail_last(p, in.data(), in.size()); });
   }
   bool remote_read(uint32_t rkey, uint64_t va, std::span<uint8_t> out) override {
     return access(rkey, va, out.size(), IBV_ACCESS_REMOTE_READ, true,
@@ -138,17 +135,9 @@ class OwnMemory : public Memory {
   }
   bool remote_atomic(uint32_t rkey, uint64_t va, bool cas, uint64_t compare_add, uint64_t swap,
                      uint64_t* orig) override {
-    // __atomic on the shared page: atomic with respect to local QPs too.
-    return access(rkey, va, 8, IBV_ACCESS_REMOTE_ATOMIC, true, [&](uint8_t* p) {
-      auto* w = reinterpret_cast<uint64_t*>(p);
-      if (cas) {
-        uint64_t expect = compare_add;
-        __atomic_compare_exchange_n(w, &expect, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-        *orig = expect;
-      } else {
-        *orig = __atomic_fetch_add(w, compare_add, __ATOMIC_SEQ_CST);
-      }
-    });
+    // On the shared page: atomic with respect to local QPs too (core::apply_atomic).
+    return access(rkey, va, 8, IBV_ACCESS_REMOTE_ATOMIC, true,
+                  [&](uint8_t* p) { *orig = core::apply_atomic(reinterpret_cast<uint64_t*>(p), cas, compare_add, swap); });
   }
 
   // SEND with Invalidate from the wire: the window must be a type 2 window

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/responder_core.h"
 #include "common/sys.h"
 #include "roce/headers.h"
 #include "verbs/provider.h"
@@ -59,38 +60,6 @@ uint32_t wire_mtu_for(const uint8_t* sgid) {
   return mtu;
 }
 
-ibv_wc_status to_status(WcStatus s) {
-  switch (s) {
-    case WcStatus::kSuccess: return IBV_WC_SUCCESS;
-    case WcStatus::kLocLenErr: return IBV_WC_LOC_LEN_ERR;
-    case WcStatus::kLocQpOpErr: return IBV_WC_LOC_QP_OP_ERR;
-    case WcStatus::kLocProtErr: return IBV_WC_LOC_PROT_ERR;
-    case WcStatus::kWrFlushErr: return IBV_WC_WR_FLUSH_ERR;
-    case WcStatus::kRemInvReqErr: return IBV_WC_REM_INV_REQ_ERR;
-    case WcStatus::kRemAccessErr: return IBV_WC_REM_ACCESS_ERR;
-    case WcStatus::kRemOpErr: return IBV_WC_REM_OP_ERR;
-    case WcStatus::kRetryExcErr: return IBV_WC_RETRY_EXC_ERR;
-    case WcStatus::kRnrRetryExcErr: return IBV_WC_RNR_RETRY_EXC_ERR;
-    case WcStatus::kMwBindErr: return IBV_WC_MW_BIND_ERR;
-  }
-  return IBV_WC_GENERAL_ERR;
-}
-
-ibv_wc_opcode to_wc_opcode(WcOpcode o) {
-  switch (o) {
-    case WcOpcode::kSend: return IBV_WC_SEND;
-    case WcOpcode::kWrite: return IBV_WC_RDMA_WRITE;
-    case WcOpcode::kRead: return IBV_WC_RDMA_READ;
-    case WcOpcode::kCompareSwap: return IBV_WC_COMP_SWAP;
-    case WcOpcode::kFetchAdd: return IBV_WC_FETCH_ADD;
-    case WcOpcode::kRecv: return IBV_WC_RECV;
-    case WcOpcode::kRecvWriteImm: return IBV_WC_RECV_RDMA_WITH_IMM;
-    case WcOpcode::kLocalInv: return IBV_WC_LOCAL_INV;
-    case WcOpcode::kBindMw: return IBV_WC_BIND_MW;
-  }
-  return IBV_WC_SEND;
-}
-
 void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1, const UdpEndpointStats* other) {
   UdpEndpointStats e = e1;
   if (other) {
@@ -122,26 +91,22 @@ void CqSink::complete(const roce::Completion& c) {
   if (c.status != roce::WcStatus::kSuccess && before_error) before_error();
   // An XRC target's receives complete in the CQ of the SRQ they came from.
   if (c.is_recv && q_.type == IBV_QPT_XRC_RECV) {
-    xrc_->complete(c, to_status(c.status), to_wc_opcode(c.opcode));
+    xrc_->complete(c, to_status(c.status));
     return;
   }
   ibv_wc wc{};
-  wc.wr_id = c.wr_id;
-  wc.status = to_status(c.status);
-  wc.opcode = to_wc_opcode(c.opcode);
-  wc.qp_num = q_.qpn;
-  wc.byte_len = c.byte_len;
-  if (c.has_imm) {
-    wc.wc_flags |= IBV_WC_WITH_IMM;
-    wc.imm_data = htonl(c.imm);  // back to the wire's bytes, as ibv_wc has them
+  if (c.is_recv) {
+    // The immediate back to the wire's bytes, as ibv_wc has them.
+    wc = core::receive_completion(c.wr_id, to_status(c.status), sender_opcode(c), c.byte_len, q_.qpn, c.src_qp,
+                                  htonl(c.imm), c.invalidated_rkey);
+    if (c.grh) wc.wc_flags |= IBV_WC_GRH;
+  } else {
+    wc.wr_id = c.wr_id;
+    wc.status = to_status(c.status);
+    wc.opcode = to_wc_opcode(c.opcode);
+    wc.qp_num = q_.qpn;
+    wc.byte_len = c.byte_len;
   }
-  if (c.has_inv) {
-    wc.wc_flags |= IBV_WC_WITH_INV;
-    wc.invalidated_rkey = c.invalidated_rkey;
-  }
-  if (c.grh) wc.wc_flags |= IBV_WC_GRH;
-  wc.src_qp = c.src_qp;
-  wc.pkey_index = 0;
   Cq* cq = c.is_recv ? q_.recv_cq : q_.send_cq;
   cq->st->view.push(wc, c.is_recv);
 }

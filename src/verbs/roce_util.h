@@ -53,8 +53,17 @@ std::string gid_to_ip(const uint8_t* g);
 // headers, ICRC) fit the netdev that holds `sgid`: never IP-fragment.
 uint32_t wire_mtu_for(const uint8_t* sgid);
 
-ibv_wc_status to_status(roce::WcStatus s);
-ibv_wc_opcode to_wc_opcode(roce::WcOpcode o);
+// The engine's completion status and opcode are ibv_wc's values (roce/engine.h).
+// The requester's ibv_wr_opcode of a receive the engine completed (what
+// core::receive_completion takes): WRITE with immediate, SEND with
+// immediate or with Invalidate, or a SEND.
+constexpr uint32_t sender_opcode(const roce::Completion& c) {
+  if (c.opcode == roce::WcOpcode::kRecvWriteImm) return IBV_WR_RDMA_WRITE_WITH_IMM;
+  if (c.has_imm) return IBV_WR_SEND_WITH_IMM;
+  return c.has_inv ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
+}
+constexpr ibv_wc_status to_status(roce::WcStatus s) { return ibv_wc_status(s); }
+constexpr ibv_wc_opcode to_wc_opcode(roce::WcOpcode o) { return ibv_wc_opcode(o); }
 // The engine's fault hook as the daemon's attach reply says it
 // (SOFTVERBS_FAULTS), each QP its own sequence; the engine's QP type.
 roce::FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn);

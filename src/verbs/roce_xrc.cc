@@ -8,6 +8,7 @@
 #include "common/trace.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
+#include "verbs/roce_util.h"
 
 namespace sv::verbs {
 
@@ -61,15 +62,12 @@ const roce::XrcSrq* XrcTargetSrqs::find_srq(uint32_t srqn) {
   return &(srqs_[srqn] = std::move(s))->srq;
 }
 
-void XrcTargetSrqs::complete(const roce::Completion& c, ibv_wc_status status, ibv_wc_opcode op) {
+void XrcTargetSrqs::complete(const roce::Completion& c, ibv_wc_status status) {
   auto it = srqs_.find(c.xrc_srqn);
   if (it == srqs_.end()) return;  // cannot be: the WQE came from there
-  // push_recv_completion takes the sender's opcode for the IMM / INV flags.
-  uint32_t wr_op = IBV_WR_SEND;
-  if (op == IBV_WC_RECV_RDMA_WITH_IMM) wr_op = IBV_WR_RDMA_WRITE_WITH_IMM;
-  else if (c.has_imm) wr_op = IBV_WR_SEND_WITH_IMM;
-  else if (c.has_inv) wr_op = IBV_WR_SEND_WITH_INV;
-  push_recv_completion(q_, it->second->peer, c.wr_id, status, op, c.byte_len, wr_op, IBV_SEND_SOLICITED,
+  // push_recv_completion takes the sender's opcode (core::receive_completion:
+  // the completion's opcode and its IMM / INV flags).
+  push_recv_completion(q_, it->second->peer, c.wr_id, status, c.byte_len, sender_opcode(c), IBV_SEND_SOLICITED,
                        htonl(c.imm), c.invalidated_rkey);
 }
 

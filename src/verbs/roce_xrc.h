@@ -32,9 +32,9 @@ class XrcTargetSrqs : public roce::XrcDomain {
   XrcTargetSrqs(QpState& q, MemoryFor mem_for);
   ~XrcTargetSrqs() override;
   const roce::XrcSrq* find_srq(uint32_t srqn) override;
-  // A receive completion of the target QP, with its ibv_wc status and
-  // opcode: into the CQ of the SRQ its WQE came from (c.xrc_srqn).
-  void complete(const roce::Completion& c, ibv_wc_status status, ibv_wc_opcode op);
+  // A receive completion of the target QP, with its ibv_wc status: into the
+  // CQ of the SRQ its WQE came from (c.xrc_srqn).
+  void complete(const roce::Completion& c, ibv_wc_status status);
 
  private:
   struct Srq;

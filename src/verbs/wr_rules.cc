@@ -87,11 +87,11 @@ void to_send_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
 
 uint64_t supported_send_ops(ibv_qp_type type) {
   uint64_t ops = 0;
-  for (const WrRule& r : kWrRules)
+  for (const WrRule& r : rules::kOpcodeRules)
     if (r.qp_types & qp_type_bit(type)) ops |= r.ex_flag;
   return ops;
 }
 
-ibv_wc_opcode send_wc_opcode(uint32_t op) { return wr_rule(op).wc; }
+ibv_wc_opcode send_wc_opcode(uint32_t op) { return rules::send_completion_opcode(op); }
 
 }  // namespace sv::verbs
