@@ -527,6 +527,47 @@ inline Peer* attached_peer(QpState& q) {
   return w->at(access::file_offset(*e, addr));
 }
 
+// fast_post's RDMA WRITE (with immediate or not): false when the general
+// path must decide (a key the fast check does not grant, no receive for the
+// immediate).
+[[gnu::always_inline]] inline bool fast_write(QpState& q, Peer& p, const ibv_send_wr* wr, uint32_t opcode,
+                                              const uint8_t* src, uint64_t len) {
+  uint8_t* dst = nullptr;
+  if (len) {
+    dst = fast_remote(q, p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len);
+    if (!dst) return false;
+  }
+  shm::RecvWqe r;
+  if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    p.recv_cq.prefetch_push();  // as for a SEND (fast_post): the completion is what the responder waits for
+    if (!pop_peer_recv(q, p, r)) return false;
+  }
+  core::store_tail_last(dst, src, len);
+  // Bookkeeping after the data store, which is what the responder waits for.
+  if (len) {
+    q.hint_rkey.store(wr->wr.rdma.rkey, std::memory_order_relaxed);
+    q.hint_delta.store(reinterpret_cast<uintptr_t>(dst) - uintptr_t(wr->wr.rdma.remote_addr),
+                       std::memory_order_relaxed);
+  }
+  if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+    deliver_recv_completion(q, p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
+  return true;
+}
+
+// A SEND whose receive the responder core refused (`c`): as execute()
+// (IBTA 9.7.5.2), and execute_uc() for UC, the receive completes in error
+// at the responder; the requester fails on RC only.
+[[gnu::noinline]] void fast_receive_fault(QpState& q, Peer& p, const shm::RecvWqe& r, core::Check c,
+                                          const ibv_send_wr* wr, uint32_t opcode) {
+  push_recv_completion(q, p, r.wr_id, core::verdict(c).receive_status, 0, opcode, wr->send_flags, wr->imm_data, 0);
+  shm::SendWqe w;
+  to_send_wqe(q, wr, w);
+  if (q.type == IBV_QPT_UC)
+    complete(q, w, IBV_WC_SUCCESS, 0);
+  else
+    fail(q, w, {Step::kError, core::requester_status(c), true});
+}
+
 // Called with the send lock held. True when the request was carried out
 // (and completed); false when the general path must take it, nothing done.
 // Only the shared-memory ops of RC and UC QPs take it (post_shm<true>).
@@ -557,25 +598,7 @@ inline Peer* attached_peer(QpState& q) {
       core::store_tail_last(const_cast<uint8_t*>(src), from, len);
     }
   } else if (write) {
-    uint8_t* dst = nullptr;
-    if (len) {
-      dst = fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len);
-      if (!dst) return false;
-    }
-    shm::RecvWqe r;
-    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-      p->recv_cq.prefetch_push();  // as for a SEND (below): the completion is what the responder waits for
-      if (!pop_peer_recv(q, *p, r)) return false;
-    }
-    core::store_tail_last(dst, src, len);
-    // Bookkeeping after the data store, which is what the responder waits for.
-    if (len) {
-      q.hint_rkey.store(wr->wr.rdma.rkey, std::memory_order_relaxed);
-      q.hint_delta.store(reinterpret_cast<uintptr_t>(dst) - uintptr_t(wr->wr.rdma.remote_addr),
-                         std::memory_order_relaxed);
-    }
-    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-      deliver_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
+    if (!fast_write(q, *p, wr, opcode, src, len)) return false;
   } else {
     // The receive completion ends this SEND and the responder is polling
     // for it: start taking its CQ slot now, so that the transfer overlaps
@@ -586,16 +609,7 @@ inline Peer* attached_peer(QpState& q) {
     Seg remote[shm::kMaxSge];
     uint32_t nr = 0;
     if (core::Check c = resolve_recv(q, *p, r, len, remote, nr); c != core::Check::kOk) {
-      // As execute() (IBTA 9.7.5.2), and execute_uc() for UC: the receive
-      // completes in error at the responder; the requester fails on RC only.
-      push_recv_completion(q, *p, r.wr_id, core::verdict(c).receive_status, 0, opcode, wr->send_flags, wr->imm_data,
-                           0);
-      shm::SendWqe w;
-      to_send_wqe(q, wr, w);
-      if (q.type == IBV_QPT_UC)
-        complete(q, w, IBV_WC_SUCCESS, 0);
-      else
-        fail(q, w, {Step::kError, core::requester_status(c), true});
+      fast_receive_fault(q, *p, r, c, wr, opcode);
       return true;
     }
     if (nr == 1) {
