@@ -3,6 +3,7 @@
 // while the socket is full), its epoll interest, and the wake socket the
 // daemon signals when a sharer of its context departs. The loop itself, the
 // listener and the copy worker are in server.cc.
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
