@@ -417,7 +417,7 @@ void watch(AgentState& s, uint64_t off, std::vector<uint8_t> want, uint32_t ms) 
 // Carries out one command; the reply's status, its payload in `out`.
 int serve_one(AgentState& s, uint32_t op, const std::vector<uint8_t>& in, std::vector<uint8_t>& out) {
   auto arg = [&](auto& v) {
-    std::memcpy(&v, in.data(), std::min(sizeof(v), in.size()));
+    if (!in.empty()) std::memcpy(&v, in.data(), std::min(sizeof(v), in.size()));
   };
   auto put = [&](const void* p, size_t n) {
     auto* c = static_cast<const uint8_t*>(p);
