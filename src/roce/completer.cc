@@ -9,17 +9,17 @@
 
 namespace sv::roce {
 
-void Qp::completer_receive(const Packet& p) {
+void EngineQp::completer_receive(const Packet& p) {
   switch (p.info().kind) {
     case OpKind::kAck: on_ack(p); break;
     case OpKind::kReadResponse: on_read_response(p); break;
     case OpKind::kAtomicAck: on_atomic_ack(p); break;
     default: stats_.dropped++; break;
   }
-  if (state_ == QpState::kReady && psn_lt(next_psn_, una_)) position(una_);
+  if (state_ == EngineState::kReady && psn_lt(next_psn_, una_)) position(una_);
 }
 
-Qp::SendWqe* Qp::oldest_pending_read_or_atomic() {
+EngineQp::SendWqe* EngineQp::oldest_pending_read_or_atomic() {
   for (SendWqe& w : sq_) {
     if (!w.started) break;
     if (is_read_or_atomic(w) && !w.done) return &w;
@@ -31,7 +31,7 @@ Qp::SendWqe* Qp::oldest_pending_read_or_atomic() {
 // forward progress. An acknowledgement that covers a READ or atomic whose
 // response has not arrived means the response was lost: an implied NAK
 // (IBTA 9.7.5), so the request is sent again, once per such PSN.
-bool Qp::acknowledge_through(uint32_t psn) {
+bool EngineQp::acknowledge_through(uint32_t psn) {
   // Forward progress, for the retry counters, is the responder acknowledging
   // a newer PSN, even while a lost READ response still holds una_ back.
   if (psn_lt(last_acked_, psn)) {
@@ -59,13 +59,13 @@ bool Qp::acknowledge_through(uint32_t psn) {
   return moved;
 }
 
-void Qp::go_back(uint32_t psn) {
+void EngineQp::go_back(uint32_t psn) {
   if (psn_lt(psn, next_psn_)) position(psn);
 }
 
 // Completes, in order, the WQEs at the head of the send queue that are
 // finished: SEND/WRITE wholly below una_, READ/atomic with their response.
-void Qp::retire() {
+void EngineQp::retire() {
   while (!sq_.empty()) {
     SendWqe& w = sq_.front();
     if (!w.started) break;
@@ -85,7 +85,7 @@ void Qp::retire() {
 }
 
 // Make the requester send next the packet with PSN `psn` (go-back-N).
-void Qp::position(uint32_t psn) {
+void EngineQp::position(uint32_t psn) {
   size_t i = 0;
   for (; i < sq_.size() && sq_[i].started; i++) {
     const SendWqe& w = sq_[i];
@@ -104,7 +104,7 @@ void Qp::position(uint32_t psn) {
   next_psn_ = psn;
 }
 
-void Qp::arm_retransmit_timer() {
+void EngineQp::arm_retransmit_timer() {
   if (psn_diff(sent_end_, una_) <= 0 || timeout_ns() == UINT64_MAX) {
     retransmit_at_ = UINT64_MAX;
   } else {
@@ -112,7 +112,7 @@ void Qp::arm_retransmit_timer() {
   }
 }
 
-void Qp::fail_wqe_at(uint32_t psn, WcStatus st) {
+void EngineQp::fail_wqe_at(uint32_t psn, WcStatus st) {
   size_t idx = 0;
   for (size_t i = 0; i < sq_.size() && sq_[i].started; i++) {
     if (psn_le(sq_[i].first_psn, psn) && psn_le(psn, sq_[i].last_psn)) {
@@ -123,7 +123,7 @@ void Qp::fail_wqe_at(uint32_t psn, WcStatus st) {
   enter_error(idx, st);
 }
 
-void Qp::on_ack(const Packet& p) {
+void EngineQp::on_ack(const Packet& p) {
   const uint32_t psn = p.bth.psn;
   const uint32_t last_sent = psn_add(sent_end_, -1);
   if (psn_diff(psn, last_sent) > 0) {  // acknowledges what was never sent: ignore
@@ -156,7 +156,7 @@ void Qp::on_ack(const Packet& p) {
     case AckType::kNak: {
       if (psn_lt(psn, una_)) return;  // stale
       acknowledge_through(psn_add(psn, -1));
-      if (state_ != QpState::kReady) return;
+      if (state_ != EngineState::kReady) return;
       switch (NakCode(syndrome_value(syn))) {
         case NakCode::kPsnSeqError:
           // IBTA 9.7.5.2: resend from the PSN the responder expects; this
@@ -185,7 +185,7 @@ void Qp::on_ack(const Packet& p) {
   }
 }
 
-void Qp::on_read_response(const Packet& p) {
+void EngineQp::on_read_response(const Packet& p) {
   SendWqe* r = oldest_pending_read_or_atomic();
   const uint32_t psn = p.bth.psn;
   if (!r || r->wr.opcode != WrOpcode::kRead || psn != psn_add(r->first_psn, r->resp_pkts)) {
@@ -228,7 +228,7 @@ void Qp::on_read_response(const Packet& p) {
   arm_retransmit_timer();
 }
 
-void Qp::on_atomic_ack(const Packet& p) {
+void EngineQp::on_atomic_ack(const Packet& p) {
   SendWqe* r = oldest_pending_read_or_atomic();
   if (!r || r->wr.opcode == WrOpcode::kRead || p.bth.psn != r->first_psn) {
     stats_.duplicates++;
@@ -253,7 +253,7 @@ void Qp::on_atomic_ack(const Packet& p) {
   arm_retransmit_timer();
 }
 
-void Qp::on_timers() {
+void EngineQp::on_timers() {
   const uint64_t now = clock_.now_ns();
   if (rnr_until_ != 0 && now >= rnr_until_) rnr_until_ = 0;
   if (now < retransmit_at_) return;

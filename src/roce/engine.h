@@ -16,10 +16,10 @@
 // read responses and atomic ACKs -> send completions, retransmission timer,
 // RNR wait, retry counters, errors and flush).
 //
-// Contract: a Qp is not thread-safe; its owner serialises every call (one
+// Contract: an EngineQp is not thread-safe; its owner serialises every call (one
 // lock per QP, or one thread per set of QPs). The interfaces are called
-// synchronously from inside those calls and must not call back into the Qp.
-// The Qp keeps references to the interfaces, which must outlive it.
+// synchronously from inside those calls and must not call back into the EngineQp.
+// The EngineQp keeps references to the interfaces, which must outlive it.
 // Completions of one queue are delivered in order, each exactly once; an
 // unsignaled send completes silently unless it fails.
 #pragma once
@@ -207,7 +207,7 @@ class Memory {
   virtual WcStatus execute_local(const SendWr& wr) { (void)wr; return WcStatus::kLocQpOpErr; }
 };
 
-// Where receive WQEs come from when the Qp's own receive queue is empty:
+// Where receive WQEs come from when the EngineQp's own receive queue is empty:
 // a queue shared with others (an SRQ, or a ring that other paths also
 // consume), taken from one WQE at a time, only when a message needs one.
 class RecvSource {
@@ -229,7 +229,7 @@ class XrcDomain {
   virtual ~XrcDomain() = default;
   // The XRC SRQ `srqn` if it belongs to the target QP's XRC domain, else
   // nullptr (the request is then an invalid request). The pointer stays
-  // valid as long as the Qp.
+  // valid as long as the EngineQp.
   virtual const XrcSrq* find_srq(uint32_t srqn) = 0;
 };
 
@@ -256,7 +256,10 @@ struct QpConfig {
   uint32_t ack_urgent_after = 0;  // packets after which a pending ACK is not held (0: max_window / 4)
 };
 
-enum class QpState : uint8_t { kReady, kError };
+// The engine's own state, not the verbs QP state of common/qp_state.h:
+// kError once a fatal error or set_error() has flushed the queues (the ERR
+// state of IBTA 10.3.1); every later post completes with kWrFlushErr.
+enum class EngineState : uint8_t { kReady, kError };
 
 struct QpStats {
   uint64_t packets_sent = 0, packets_received = 0, retransmit_timeouts = 0, seq_naks_sent = 0,
@@ -265,11 +268,12 @@ struct QpStats {
   uint64_t wrong_source = 0;  // connected QPs: from an address other than the peer's (also in dropped)
 };
 
-class Qp {
+// The RoCEv2 transport of one QP (requester, responder, completer).
+class EngineQp {
  public:
-  Qp(const QpConfig& cfg, PacketSink& net, CompletionSink& cq, Memory& mem, Clock& clock);
-  Qp(const Qp&) = delete;
-  Qp& operator=(const Qp&) = delete;
+  EngineQp(const QpConfig& cfg, PacketSink& net, CompletionSink& cq, Memory& mem, Clock& clock);
+  EngineQp(const EngineQp&) = delete;
+  EngineQp& operator=(const EngineQp&) = delete;
 
   // Queue a work request. In the error state it completes at once with
   // kWrFlushErr (as a QP in ERR flushes what is posted). Returns 0, or
@@ -301,7 +305,7 @@ class Qp {
     return ack_pending_ && rx_since_ack_ >= (cfg_.ack_urgent_after ? cfg_.ack_urgent_after : cfg_.max_window / 4);
   }
   void flush_ack() {
-    if (state_ == QpState::kReady) flush_pending_ack();
+    if (state_ == EngineState::kReady) flush_pending_ack();
   }
   // When progress() next has timer work (ns on the Clock), or UINT64_MAX.
   uint64_t next_deadline() const;
@@ -311,7 +315,7 @@ class Qp {
   // Move to the error state: flush both queues (IBTA 10.3.1).
   void set_error();
 
-  QpState state() const { return state_; }
+  EngineState state() const { return state_; }
   // Why the responder took the QP to the error state, as the requester's
   // completion names it (kRemInvReqErr, kRemAccessErr, kRemOpErr; IBTA
   // 9.7.5.2); kSuccess if it did not. The owner raises the responder's
@@ -418,7 +422,7 @@ class Qp {
   CompletionSink& cq_;
   Memory& mem_;
   Clock& clock_;
-  QpState state_ = QpState::kReady;
+  EngineState state_ = EngineState::kReady;
   WcStatus resp_fault_ = WcStatus::kSuccess;  // responder_fault()
   core::Check resp_check_ = core::Check::kOk;  // the check that made the last kNak
   QpStats stats_;

@@ -26,8 +26,8 @@ struct Pair {
     for (size_t i = 0; i < 65536; i++) sim.nodes[0].mem.bytes(a)[i] = uint8_t(i * 7);
     sim.start();
   }
-  Qp& qa() { return *sim.nodes[0].qp; }
-  Qp& qb() { return *sim.nodes[1].qp; }
+  EngineQp& qa() { return *sim.nodes[0].qp; }
+  EngineQp& qb() { return *sim.nodes[1].qp; }
   std::vector<Completion>& ca() { return sim.nodes[0].cq.all; }
   std::vector<Completion>& cb() { return sim.nodes[1].cq.all; }
   bool settle() { return sim.run([] { return false; }); }
@@ -62,7 +62,7 @@ TEST(RcErrors, RnrRetryExceeded) {
   EXPECT_EQ(p.ca()[0].wr_id, 1u);
   EXPECT_EQ(p.ca()[1].status, WcStatus::kWrFlushErr);
   EXPECT_EQ(p.qa().stats().rnr_naks_received, 3u);  // the first try and rnr_retry = 2 more
-  EXPECT_EQ(p.qa().state(), QpState::kError);
+  EXPECT_EQ(p.qa().state(), EngineState::kError);
   // Posting in the error state completes at once, flushed.
   p.qa().post_send(wr(3, WrOpcode::kSend, p.a, kA, 1));
   ASSERT_EQ(p.ca().size(), 3u);
@@ -111,7 +111,7 @@ TEST(RcErrors, RemoteAccessErrorIsFatalAtBothEnds) {
   ASSERT_EQ(p.ca().size(), 2u);
   EXPECT_EQ(p.ca()[0].status, WcStatus::kRemAccessErr);
   EXPECT_EQ(p.ca()[1].status, WcStatus::kWrFlushErr);
-  EXPECT_EQ(p.qb().state(), QpState::kError);
+  EXPECT_EQ(p.qb().state(), EngineState::kError);
   // The responder says why, for its affiliated event (IBTA 11.6.3.1); the
   // requester's error was not its responder's.
   EXPECT_EQ(p.qb().responder_fault(), WcStatus::kRemAccessErr);
@@ -314,7 +314,7 @@ TEST(RcDuplicates, ReadIsReplayedFromMemory) {
   EXPECT_EQ(resp, 3);  // 700 bytes at 256
   EXPECT_EQ(p.qb().stats().read_replays, 1u);
   EXPECT_EQ(p.ca().size(), 1u);  // the requester ignores the stale responses
-  EXPECT_EQ(p.qa().state(), QpState::kReady);
+  EXPECT_EQ(p.qa().state(), EngineState::kReady);
 }
 
 TEST(RcDuplicates, OutOfSequencePacketGetsOneNak) {
@@ -540,10 +540,10 @@ TEST(Engine, CorruptedPacketsNeverBreakTheInvariants) {
     }
     int sends = 0, recvs = 0;
     for (int k = 0; k < 60; k++) {
-      Qp& q = k % 3 ? p.qa() : p.qb();
+      EngineQp& q = k % 3 ? p.qa() : p.qb();
       uint32_t key = k % 3 ? p.a : p.b;
       uint64_t base = k % 3 ? kA : kB;
-      Qp& peer = k % 3 ? p.qb() : p.qa();
+      EngineQp& peer = k % 3 ? p.qb() : p.qa();
       uint32_t pkey = k % 3 ? p.b : p.a;
       uint64_t pbase = k % 3 ? kB : kA;
       WrOpcode op = WrOpcode(k % 8 == 2 ? 0 : k % 8);
@@ -566,7 +566,7 @@ TEST(Engine, CorruptedPacketsNeverBreakTheInvariants) {
     size_t send_done = 0, recv_done = 0;
     for (auto& e : seen) (e.first ? recv_done : send_done)++;
     EXPECT_EQ(send_done, size_t(sends)) << "seed " << seed;
-    if (p.qa().state() == QpState::kError && p.qb().state() == QpState::kError) {
+    if (p.qa().state() == EngineState::kError && p.qb().state() == EngineState::kError) {
       EXPECT_EQ(recv_done, size_t(recvs)) << "seed " << seed;
     }
   }
@@ -683,7 +683,7 @@ TEST(RcEngineOps, FailedLocalOperationEndsTheQp) {
   EXPECT_EQ(p.ca()[0].status, WcStatus::kMwBindErr);
   EXPECT_EQ(p.ca()[0].opcode, WcOpcode::kLocalInv);
   EXPECT_EQ(p.ca()[1].status, WcStatus::kWrFlushErr);
-  EXPECT_EQ(p.qa().state(), QpState::kError);
+  EXPECT_EQ(p.qa().state(), EngineState::kError);
 
   Pair u(QpType::kUD);
   u.start();
@@ -707,7 +707,7 @@ TEST(Engine, MalformedAndMisaddressedPacketsAreDropped) {
   build_packet(q, b);
   p.qb().receive(b, 0);
   EXPECT_EQ(p.qb().stats().dropped, 3u);
-  EXPECT_EQ(p.qb().state(), QpState::kReady);
+  EXPECT_EQ(p.qb().state(), EngineState::kReady);
   EXPECT_EQ(p.qb().stats().packets_sent, 0u);
 }
 
@@ -717,7 +717,7 @@ TEST(Engine, MalformedAndMisaddressedPacketsAreDropped) {
 namespace sv::roce {
 namespace {
 
-// Captures what a Qp sends, to hand over by hand.
+// Captures what an EngineQp sends, to hand over by hand.
 struct PacketCapture : PacketSink {
   std::vector<std::vector<uint8_t>> out;
   void send(uint64_t, std::span<const uint8_t> p) override { out.emplace_back(p.begin(), p.end()); }
@@ -740,7 +740,7 @@ TEST(RcEngineOps, StreamMakesTheAckUrgentAfterAQuarterWindow) {
   a.pmtu = b.pmtu = 256;
   a.max_window = b.max_window = 256;
   const uint32_t ka = ma.add(kA, 65536, kLocalWrite), kb = mb.add(kB, 65536, kLocalWrite | kRemoteWrite);
-  Qp qa(a, na, ca, ma, clock), qb(b, nb, cb, mb, clock);
+  EngineQp qa(a, na, ca, ma, clock), qb(b, nb, cb, mb, clock);
   SendWr w = testsim::wr(1, WrOpcode::kWrite, ka, kA, 100 * 256);
   w.remote_addr = kB;
   w.rkey = kb;
@@ -771,7 +771,7 @@ TEST(RcEngineOps, AckHeldUntilFlushed) {
   a.qpn = 0x11, a.dest_qpn = 0x12, b.qpn = 0x12, b.dest_qpn = 0x11;
   a.access = b.access = kRemoteWrite;
   const uint32_t ka = ma.add(kA, 4096, kLocalWrite | kRemoteWrite), kb = mb.add(kB, 4096, kLocalWrite | kRemoteWrite);
-  Qp qa(a, na, ca, ma, clock), qb(b, nb, cb, mb, clock);
+  EngineQp qa(a, na, ca, ma, clock), qb(b, nb, cb, mb, clock);
   auto write = [](uint64_t id, uint32_t lkey, uint64_t addr, uint32_t len, uint64_t raddr, uint32_t rkey) {
     SendWr w = testsim::wr(id, WrOpcode::kWrite, lkey, addr, len);
     w.remote_addr = raddr;

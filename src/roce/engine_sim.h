@@ -138,7 +138,7 @@ class Sim {
     TestMemory mem;
     Cq cq;
     Sink sink;
-    std::unique_ptr<Qp> qp;
+    std::unique_ptr<EngineQp> qp;
     std::function<void(std::vector<uint8_t>&)> tap;  // sees (and may change) each arriving packet
   };
   Sim(QpType type, FaultConfig f, uint32_t pmtu = 1024, uint32_t psn0 = 0, uint32_t psn1 = 0) : fault_(f) {
@@ -163,7 +163,7 @@ class Sim {
     }
   }
   void start() {
-    for (int i = 0; i < 2; i++) nodes[i].qp = std::make_unique<Qp>(cfg[i], nodes[i].sink, nodes[i].cq, nodes[i].mem, clock);
+    for (int i = 0; i < 2; i++) nodes[i].qp = std::make_unique<EngineQp>(cfg[i], nodes[i].sink, nodes[i].cq, nodes[i].mem, clock);
   }
   void transmit(int from, int to, std::span<const uint8_t> pkt) {
     sent++;

@@ -58,7 +58,7 @@ void write_from_third_host(QpType type) {
   EXPECT_EQ(sim.nodes[1].mem.bytes(dst), std::vector<uint8_t>(64, 0));
   EXPECT_EQ(s1.acks_sent, 0u);
   EXPECT_TRUE(sim.nodes[1].cq.all.empty());
-  EXPECT_EQ(sim.nodes[1].qp->state(), QpState::kReady);
+  EXPECT_EQ(sim.nodes[1].qp->state(), EngineState::kReady);
 
   // From the peer, the very same packet is taken (it was a valid one).
   if (type == QpType::kUC) sim.inject(1, 0, *cap.pkt);  // RC: the requester retransmits it

@@ -59,7 +59,7 @@ void run_rc_workload(FaultConfig f, int nwr, uint32_t pmtu, uint32_t psn0 = 0, u
   int posted[2] = {0, 0};
   for (int k = 0; k < nwr; k++) {
     int s = both_ways ? int(g() % 2) : 0, t = 1 - s;
-    Qp& qp = *sim.nodes[s].qp;
+    EngineQp& qp = *sim.nodes[s].qp;
     uint32_t len = g() % 4 == 0 ? g() % 16 : g() % (6 * pmtu + 1);
     if (off[s] + len > Workload::kSize / 2) break;
     uint64_t id = uint64_t(s) << 32 | uint64_t(k);
@@ -164,7 +164,7 @@ void run_rc_workload(FaultConfig f, int nwr, uint32_t pmtu, uint32_t psn0 = 0, u
     uint64_t counter;
     std::memcpy(&counter, sim.nodes[i].mem.bytes(w.atom[i]).data(), 8);
     EXPECT_EQ(counter, w.counter_sum[i]) << "node " << i;
-    EXPECT_EQ(sim.nodes[i].qp->state(), QpState::kReady);
+    EXPECT_EQ(sim.nodes[i].qp->state(), EngineState::kReady);
     EXPECT_EQ(sim.nodes[i].qp->send_queue_depth(), 0u);
   }
   // Fetch-and-add originals: each add saw a distinct prefix sum.

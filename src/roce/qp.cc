@@ -23,7 +23,7 @@ const char* wc_status_name(WcStatus s) {
   return "?";
 }
 
-Qp::Qp(const QpConfig& cfg, PacketSink& net, CompletionSink& cq, Memory& mem, Clock& clock)
+EngineQp::EngineQp(const QpConfig& cfg, PacketSink& net, CompletionSink& cq, Memory& mem, Clock& clock)
     : cfg_(cfg), net_(net), cq_(cq), mem_(mem), clock_(clock) {
   cfg_.sq_psn &= kPsnMask;
   cfg_.rq_psn &= kPsnMask;
@@ -39,7 +39,7 @@ Qp::Qp(const QpConfig& cfg, PacketSink& net, CompletionSink& cq, Memory& mem, Cl
   payload_.resize(cfg_.pmtu);
 }
 
-void Qp::set_requester(uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry,
+void EngineQp::set_requester(uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry,
                        uint8_t max_rd_atomic) {
   cfg_.sq_psn = sq_psn & kPsnMask;
   cfg_.timeout = timeout;
@@ -52,12 +52,12 @@ void Qp::set_requester(uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt, uint
   rnr_left_ = cfg_.rnr_retry & 7;
 }
 
-uint64_t Qp::timeout_ns() const {
+uint64_t EngineQp::timeout_ns() const {
   // IBTA 9.7.6.1.3: 4.096 us x 2^timeout; 0 means the timer is disabled.
   return cfg_.timeout == 0 ? UINT64_MAX : 4096ull << (cfg_.timeout & 31);
 }
 
-uint8_t Qp::opcode_base() const {
+uint8_t EngineQp::opcode_base() const {
   switch (cfg_.type) {
     case QpType::kUC: return op::kUC;
     case QpType::kUD: return op::kUD;
@@ -66,7 +66,7 @@ uint8_t Qp::opcode_base() const {
   }
 }
 
-int Qp::post_send(SendWr wr) {
+int EngineQp::post_send(SendWr wr) {
   if (cfg_.type == QpType::kXrcRecv) return EINVAL;  // an XRC target has no send queue (IBTA A14)
   const bool rc = cfg_.type == QpType::kRC || cfg_.type == QpType::kXrcSend, ud = cfg_.type == QpType::kUD;
   switch (wr.opcode) {
@@ -89,7 +89,7 @@ int Qp::post_send(SendWr wr) {
   if (len > (1u << 31)) return EINVAL;  // IBTA 9.4: a message is at most 2^31 bytes
   w.len = uint32_t(len);
   w.wr = std::move(wr);
-  if (state_ == QpState::kError) {
+  if (state_ == EngineState::kError) {
     complete_send(w, WcStatus::kWrFlushErr);
     return 0;
   }
@@ -97,7 +97,7 @@ int Qp::post_send(SendWr wr) {
   return 0;
 }
 
-bool Qp::have_recv() {
+bool EngineQp::have_recv() {
   if (!rq_.empty()) return true;
   RecvWr r;
   // An XRC target has no receive queue: the request's XRC SRQ (IBTA A14).
@@ -107,8 +107,8 @@ bool Qp::have_recv() {
   return true;
 }
 
-int Qp::post_recv(RecvWr wr) {
-  if (state_ == QpState::kError) {
+int EngineQp::post_recv(RecvWr wr) {
+  if (state_ == EngineState::kError) {
     complete_recv(wr, WcStatus::kWrFlushErr, 0, nullptr);
     return 0;
   }
@@ -116,10 +116,10 @@ int Qp::post_recv(RecvWr wr) {
   return 0;
 }
 
-void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const uint8_t> grh) {
+void EngineQp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const uint8_t> grh) {
   stats_.packets_received++;
   Packet p;
-  if (state_ == QpState::kError || parse_packet(packet, false, &p) != ParseError::kOk) {
+  if (state_ == EngineState::kError || parse_packet(packet, false, &p) != ParseError::kOk) {
     stats_.dropped++;
     return;
   }
@@ -160,29 +160,29 @@ void Qp::receive(std::span<const uint8_t> packet, uint64_t from, std::span<const
   }
 }
 
-void Qp::progress(bool flush_ack) {
-  if (state_ != QpState::kReady) return;
+void EngineQp::progress(bool flush_ack) {
+  if (state_ != EngineState::kReady) return;
   on_timers();
-  if (state_ != QpState::kReady) return;
+  if (state_ != EngineState::kReady) return;
   if (flush_ack) flush_pending_ack();
   requester_run();
 }
 
-uint64_t Qp::next_deadline() const {
-  if (state_ != QpState::kReady) return UINT64_MAX;
+uint64_t EngineQp::next_deadline() const {
+  if (state_ != EngineState::kReady) return UINT64_MAX;
   uint64_t t = retransmit_at_;
   if (rnr_until_ != 0 && rnr_until_ < t) t = rnr_until_;
   return t;
 }
 
-void Qp::set_error() { enter_error(SIZE_MAX, WcStatus::kWrFlushErr); }
+void EngineQp::set_error() { enter_error(SIZE_MAX, WcStatus::kWrFlushErr); }
 
 // IBTA 10.3.1: in the error state every outstanding WR completes,
 // with `st` for the one that failed and WR_FLUSH_ERR for the rest; the send
 // queue in order first, then the receives.
-void Qp::enter_error(size_t idx, WcStatus st) {
-  if (state_ == QpState::kError) return;
-  state_ = QpState::kError;
+void EngineQp::enter_error(size_t idx, WcStatus st) {
+  if (state_ == EngineState::kError) return;
+  state_ = EngineState::kError;
   retransmit_at_ = UINT64_MAX;
   rnr_until_ = 0;
   std::deque<SendWqe> sq;
@@ -198,7 +198,7 @@ void Qp::enter_error(size_t idx, WcStatus st) {
   for (const RecvWr& r : rq) complete_recv(r, WcStatus::kWrFlushErr, 0, nullptr);
 }
 
-void Qp::complete_send(const SendWqe& w, WcStatus st) {
+void EngineQp::complete_send(const SendWqe& w, WcStatus st) {
   if (st == WcStatus::kSuccess && !w.wr.signaled) return;
   Completion c;
   c.wr_id = w.wr.wr_id;
@@ -214,7 +214,7 @@ void Qp::complete_send(const SendWqe& w, WcStatus st) {
   cq_.complete(c);
 }
 
-void Qp::complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Packet* p, uint64_t from,
+void EngineQp::complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, const Packet* p, uint64_t from,
                        bool write_imm, bool grh) {
   Completion c;
   c.wr_id = r.wr_id;
@@ -248,7 +248,7 @@ void PacketSink::send_gather(uint64_t ah, std::span<const uint8_t> headers,
   send(ah, packet);
 }
 
-void Qp::emit_packet_gather(uint64_t ah, const Packet& p, std::span<const std::span<const uint8_t>> pieces) {
+void EngineQp::emit_packet_gather(uint64_t ah, const Packet& p, std::span<const std::span<const uint8_t>> pieces) {
   size_t len = 0;
   for (auto piece : pieces) len += piece.size();
   const size_t n = build_headers(p, len, tx_);
@@ -257,7 +257,7 @@ void Qp::emit_packet_gather(uint64_t ah, const Packet& p, std::span<const std::s
   net_.send_gather(ah, std::span<const uint8_t>(tx_.data(), n), pieces);
 }
 
-void Qp::emit_packet(uint64_t ah, const Packet& p) {
+void EngineQp::emit_packet(uint64_t ah, const Packet& p) {
   size_t n = build_packet(p, tx_);
   if (n == 0) return;  // cannot happen: tx_ holds pmtu + the longest headers
   stats_.packets_sent++;

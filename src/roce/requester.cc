@@ -10,38 +10,38 @@
 
 namespace sv::roce {
 
-bool Qp::is_read_or_atomic(const SendWqe& w) const {
+bool EngineQp::is_read_or_atomic(const SendWqe& w) const {
   return w.wr.opcode == WrOpcode::kRead || w.wr.opcode == WrOpcode::kCompareSwap ||
          w.wr.opcode == WrOpcode::kFetchAdd;
 }
 
-uint32_t Qp::packets_of(const SendWqe& w) const {
+uint32_t EngineQp::packets_of(const SendWqe& w) const {
   if (w.wr.opcode == WrOpcode::kCompareSwap || w.wr.opcode == WrOpcode::kFetchAdd) return 1;
   // A zero-length message is one packet; a READ's responses use its PSNs (9.7.2).
   return std::max<uint32_t>(1, (w.len + cfg_.pmtu - 1) / cfg_.pmtu);
 }
 
-void Qp::requester_run() {
+void EngineQp::requester_run() {
   while (requester_step() == ReqStep::kSent) {
   }
 }
 
-Qp::ReqStep Qp::requester_step() {
-  if (state_ != QpState::kReady || sq_next_ >= sq_.size()) return ReqStep::kIdle;
+EngineQp::ReqStep EngineQp::requester_step() {
+  if (state_ != EngineState::kReady || sq_next_ >= sq_.size()) return ReqStep::kIdle;
   if (rnr_until_ != 0) return ReqStep::kBlocked;  // waiting out an RNR NAK's timer
   SendWqe& w = sq_[sq_next_];
   if (is_local(w)) return local_step(w);
   if (reliable() && psn_diff(next_psn_, una_) >= int32_t(cfg_.max_window)) return ReqStep::kBlocked;
-  if (!w.started && !start_wqe(w)) return state_ == QpState::kReady ? ReqStep::kBlocked : ReqStep::kIdle;
+  if (!w.started && !start_wqe(w)) return state_ == EngineState::kReady ? ReqStep::kBlocked : ReqStep::kIdle;
   send_request_packet(w);
-  return state_ == QpState::kReady ? ReqStep::kSent : ReqStep::kIdle;
+  return state_ == EngineState::kReady ? ReqStep::kSent : ReqStep::kIdle;
 }
 
 // LOCAL_INV and BIND_MW (IBTA 10.6.7.2): no packet. They wait until every
 // earlier WQE has completed (stricter than a fence, and what keeps a
 // retransmission from reading memory they just invalidated), then act and
 // complete in order; a failure is a local error that ends the QP.
-Qp::ReqStep Qp::local_step(SendWqe& w) {
+EngineQp::ReqStep EngineQp::local_step(SendWqe& w) {
   if (sq_next_ != 0) return ReqStep::kBlocked;  // retire() moves the queue on
   const WcStatus st = mem_.execute_local(w.wr);
   if (st != WcStatus::kSuccess) {
@@ -53,7 +53,7 @@ Qp::ReqStep Qp::local_step(SendWqe& w) {
   return ReqStep::kSent;
 }
 
-bool Qp::start_wqe(SendWqe& w) {
+bool EngineQp::start_wqe(SendWqe& w) {
   const bool atomic = w.wr.opcode == WrOpcode::kCompareSwap || w.wr.opcode == WrOpcode::kFetchAdd;
   if (atomic && w.len != 8) {  // the original value lands in one 8-byte local buffer
     enter_error(sq_next_, WcStatus::kLocLenErr);
@@ -76,7 +76,7 @@ bool Qp::start_wqe(SendWqe& w) {
   return true;
 }
 
-bool Qp::gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out) {
+bool EngineQp::gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out) {
   size_t done = 0;
   for (const Sge& s : w.wr.sg) {
     if (done == out.size()) break;
@@ -89,7 +89,7 @@ bool Qp::gather(const SendWqe& w, uint32_t off, std::span<uint8_t> out) {
   return done == out.size();
 }
 
-size_t Qp::gather_views(const SendWqe& w, uint32_t off, uint32_t len,
+size_t EngineQp::gather_views(const SendWqe& w, uint32_t off, uint32_t len,
                         std::array<std::span<const uint8_t>, kMaxPayloadPieces>& out) {
   size_t n = 0, done = 0;
   for (const Sge& s : w.wr.sg) {
@@ -133,7 +133,7 @@ uint8_t payload_opcode(WrOpcode wr, bool first, bool last) {
 // and moves sq_next_off_ past it. Its payload is left where it lies, in
 // views[0, nviews), or copied into payload_. last: the message's last packet.
 // False after a local protection error (the QP has entered the error state).
-bool Qp::build_payload_packet(SendWqe& w, Packet& p, PayloadViews& views, size_t& nviews, bool& last) {
+bool EngineQp::build_payload_packet(SendWqe& w, Packet& p, PayloadViews& views, size_t& nviews, bool& last) {
   const uint32_t off = sq_next_off_;
   const bool rel = reliable();
   const uint32_t chunk = std::min(cfg_.pmtu, w.len - off);
@@ -174,7 +174,7 @@ bool Qp::build_payload_packet(SendWqe& w, Packet& p, PayloadViews& views, size_t
   return true;
 }
 
-void Qp::send_request_packet(SendWqe& w) {
+void EngineQp::send_request_packet(SendWqe& w) {
   const QpType t = cfg_.type;
   Packet p;
   p.bth.pkey = cfg_.pkey;

@@ -14,7 +14,7 @@ static_assert(uint8_t(NakCode::kInvalidRequest) == uint8_t(core::Nak::kInvalidRe
               uint8_t(NakCode::kRemoteAccess) == uint8_t(core::Nak::kRemoteAccess) &&
               uint8_t(NakCode::kRemoteOperational) == uint8_t(core::Nak::kRemoteOperational));
 
-void Qp::send_ack(uint8_t syndrome, uint32_t psn) {
+void EngineQp::send_ack(uint8_t syndrome, uint32_t psn) {
   rx_since_ack_ = 0;
   Packet p;
   p.bth.opcode = uint8_t(opcode_base() | op::kAck);  // XRC: no XRCETH on responses (IBTA A14)
@@ -28,13 +28,13 @@ void Qp::send_ack(uint8_t syndrome, uint32_t psn) {
 
 // ACK coalescing: the AckReqs of one batch of receives get one ACK, for the
 // newest PSN (IBTA 9.7.5 lets one ACK acknowledge every earlier PSN).
-void Qp::flush_pending_ack() {
+void EngineQp::flush_pending_ack() {
   if (!ack_pending_) return;
   ack_pending_ = false;
   send_ack(syndrome_ack(), psn_add(epsn_, -1));
 }
 
-void Qp::send_atomic_ack(uint32_t psn, uint64_t orig) {
+void EngineQp::send_atomic_ack(uint32_t psn, uint64_t orig) {
   Packet p;
   p.bth.opcode = uint8_t(opcode_base() | op::kAtomicAck);
   p.bth.pkey = cfg_.pkey;
@@ -45,7 +45,7 @@ void Qp::send_atomic_ack(uint32_t psn, uint64_t orig) {
   emit_packet(cfg_.dest_ah, p);
 }
 
-void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
+void EngineQp::send_read_response(const Reth& reth, uint32_t first_psn) {
   const uint32_t n = std::max<uint32_t>(1, (reth.dma_len + cfg_.pmtu - 1) / cfg_.pmtu);
   for (uint32_t k = 0; k < n; k++) {
     const uint32_t off = k * cfg_.pmtu;
@@ -72,14 +72,14 @@ void Qp::send_read_response(const Reth& reth, uint32_t first_psn) {
   }
 }
 
-core::Check Qp::scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data) {
+core::Check EngineQp::scatter(const RecvWr& r, uint32_t off, std::span<const uint8_t> data) {
   return core::scatter_receive(r.sg.data(), uint32_t(r.sg.size()), off, data.size(),
                                [&](const Sge& s, uint64_t at, uint64_t n, uint64_t msg_at) {
                                  return rmem().local_write(s.lkey, s.addr + at, data.subspan(msg_at, n));
                                });
 }
 
-void Qp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
+void EngineQp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
   if (cfg_.type == QpType::kUD) return responder_ud(p, from, grh);
   if (cfg_.type == QpType::kUC) return responder_uc(p);
   // XRC target (IBTA annex A14): the request's XRCETH names the XRC SRQ
@@ -91,7 +91,7 @@ void Qp::responder_receive(const Packet& p, uint64_t from, std::span<const uint8
   xrc_srq_ = nullptr;
 }
 
-void Qp::responder_rc(const Packet& p) {
+void EngineQp::responder_rc(const Packet& p) {
   const bool no_srq = cfg_.type == QpType::kXrcRecv && !xrc_srq_;
   const int32_t d = psn_diff(p.bth.psn, epsn_);
   if (d > 0) {
@@ -138,7 +138,7 @@ void Qp::responder_rc(const Packet& p) {
       const core::Verdict v = core::verdict(resp_check_);
       flush_pending_ack();
       send_ack(syndrome_nak(NakCode(v.nak)), p.bth.psn);
-      if (state_ == QpState::kReady) resp_fault_ = to_engine(access::status(v.fault));
+      if (state_ == EngineState::kReady) resp_fault_ = to_engine(access::status(v.fault));
       set_error();
       return;
     }
@@ -148,7 +148,7 @@ void Qp::responder_rc(const Packet& p) {
 // IBTA 9.7.5 (duplicate requests): a duplicate SEND or WRITE is
 // acknowledged again and not executed; a duplicate READ is answered again
 // from memory; a duplicate atomic gets the result saved when it ran.
-void Qp::responder_duplicate(const Packet& p) {
+void EngineQp::responder_duplicate(const Packet& p) {
   const uint32_t psn = p.bth.psn;
   switch (p.info().kind) {
     case OpKind::kReadRequest:
@@ -181,7 +181,7 @@ void Qp::responder_duplicate(const Packet& p) {
   }
 }
 
-Qp::RespResult Qp::responder_execute(const Packet& p) {
+EngineQp::RespResult EngineQp::responder_execute(const Packet& p) {
   const OpcodeInfo& i = p.info();
   // XRC: the packets of one message name one SRQ (their receive WQE, their
   // R_Key's PD).
@@ -212,7 +212,7 @@ Qp::RespResult Qp::responder_execute(const Packet& p) {
   }
 }
 
-Qp::RespResult Qp::respond_send(const Packet& p) {
+EngineQp::RespResult EngineQp::respond_send(const Packet& p) {
   const OpcodeInfo& i = p.info();
   // Every packet but the last of a message is exactly one path MTU (9.7.4).
   if (p.payload.size() > cfg_.pmtu || (!i.ends_message() && p.payload.size() != cfg_.pmtu)) {
@@ -252,7 +252,7 @@ Qp::RespResult Qp::respond_send(const Packet& p) {
   return RespResult::kDone;
 }
 
-Qp::RespResult Qp::respond_write(const Packet& p) {
+EngineQp::RespResult EngineQp::respond_write(const Packet& p) {
   const OpcodeInfo& i = p.info();
   const bool imm = i.has(kHasImmDt);
   // WRITE with Immediate consumes a receive WQE: check before touching
@@ -293,7 +293,7 @@ Qp::RespResult Qp::respond_write(const Packet& p) {
   return RespResult::kDone;
 }
 
-Qp::RespResult Qp::respond_read(const Packet& p) {
+EngineQp::RespResult EngineQp::respond_read(const Packet& p) {
   const Reth& reth = p.reth;
   if (reth.dma_len > (1u << 31)) return refuse(core::Check::kMalformedRequest);
   if (reth.dma_len != 0 &&
@@ -315,7 +315,7 @@ Qp::RespResult Qp::respond_read(const Packet& p) {
   return RespResult::kDone;
 }
 
-Qp::RespResult Qp::respond_atomic(const Packet& p) {
+EngineQp::RespResult EngineQp::respond_atomic(const Packet& p) {
   const AtomicEth& a = p.atomic;
   // The aligned quadword first (IBTA 9.4.5), as the other paths check it
   // before the key (core::check_atomic).
@@ -343,7 +343,7 @@ Qp::RespResult Qp::respond_atomic(const Packet& p) {
 // UC (IBTA 9.8): no ACKs and no retransmission. A PSN gap loses the
 // message in progress; the responder resynchronises on the next First or
 // Only packet, and the receive WQE the lost message had taken is reused.
-void Qp::responder_uc(const Packet& p) {
+void EngineQp::responder_uc(const Packet& p) {
   const bool starts = p.info().starts_message();
   if (psn_diff(p.bth.psn, epsn_) != 0 || uc_resync_) {
     if (resp_msg_ == RespMsg::kSend && cur_recv_) rq_.push_front(std::move(*cur_recv_));
@@ -370,7 +370,7 @@ void Qp::responder_uc(const Packet& p) {
 // UD (IBTA 9.8): one packet per message; a Q_Key mismatch or no receive
 // WQE drops it silently. The first 40 bytes of the receive buffer are the
 // GRH's (IBTA 11.4.1), filled from `grh` when the packet I/O gives one.
-void Qp::responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
+void EngineQp::responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> grh) {
   if (p.deth.qkey != cfg_.qkey || !have_recv()) {
     stats_.dropped++;
     return;

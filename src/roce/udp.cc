@@ -113,7 +113,7 @@ uint64_t UdpEndpoint::add_peer(const std::string& addr, uint16_t port) {
   Addr a;
   if (!parse(addr, port, &a) || a.ss.ss_family != local_.ss.ss_family) return UINT64_MAX;
   // One handle per address: a connected QP's packets are matched to its
-  // peer by handle (Qp::receive), and peer_for() names the first.
+  // peer by handle (EngineQp::receive), and peer_for() names the first.
   for (size_t i = 0; i < peers_.size(); i++) {
     if (peers_[i] == a) return i;
   }
@@ -163,7 +163,7 @@ std::string UdpEndpoint::peer_name(uint64_t ah) const {
   return s;
 }
 
-void UdpEndpoint::attach(Qp* qp) { qps_[qp->config().qpn] = qp; }
+void UdpEndpoint::attach(EngineQp* qp) { qps_[qp->config().qpn] = qp; }
 void UdpEndpoint::detach(uint32_t qpn) { qps_.erase(qpn); }
 
 size_t UdpEndpoint::header(const Addr& src, const Addr& dst, size_t transport_len, uint8_t* out) {

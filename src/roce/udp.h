@@ -79,7 +79,7 @@ class UdpEndpoint : public PacketSink {
   size_t peer_count() const { return peers_.size(); }
   // Arriving packets for `qp->config().qpn` go to `qp`, which must outlive
   // the endpoint or be detached.
-  void attach(Qp* qp);
+  void attach(EngineQp* qp);
   void detach(uint32_t qpn);
 
   // PacketSink: frames a transport packet (appends the ICRC) and sends it.
@@ -91,10 +91,10 @@ class UdpEndpoint : public PacketSink {
                    std::span<const std::span<const uint8_t>> payload) override;
 
   // Receives what is there (waiting at most timeout_ms), delivers it, then
-  // runs progress() on every attached Qp.
+  // runs progress() on every attached EngineQp.
   void poll(int timeout_ms);
   // One arriving UDP payload (BTH .. ICRC) from `from`: ICRC check, QPN
-  // demultiplexing, receive() on the Qp. progress() is the caller's.
+  // demultiplexing, receive() on the EngineQp. progress() is the caller's.
   // `ipv4_id`: the IP ID the datagram is likely to have been sent with (the
   // k-th of a UDP GRO train: k), checked exactly besides 0.
   void deliver(const sockaddr* from, socklen_t from_len, const uint8_t* data, size_t n, uint16_t ipv4_id = 0);
@@ -192,7 +192,7 @@ class UdpEndpoint : public PacketSink {
   Addr rx_local_;  // the destination of what arrives (local_, or at the receive port)
   uint16_t port_ = 0;  // rx_local_'s
   std::vector<Addr> peers_;
-  std::map<uint32_t, Qp*> qps_;
+  std::map<uint32_t, EngineQp*> qps_;
   std::priority_queue<Delayed, std::vector<Delayed>, std::greater<Delayed>> delayed_;
   uint64_t seq_ = 0;
   std::vector<uint8_t> rx_;

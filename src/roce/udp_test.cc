@@ -26,7 +26,7 @@ struct Side {
   UdpEndpoint ep;
   TestMemory mem;
   Cq cq;
-  std::unique_ptr<Qp> qp;
+  std::unique_ptr<EngineQp> qp;
   uint32_t key = 0;
   explicit Side(FaultConfig f) : ep(clock, f) {}
 };
@@ -50,8 +50,8 @@ TEST_P(UdpLoopback, RcWithFaults) {
   a.key = a.mem.add(0x1000000, 1 << 20, kLocalWrite | kRemoteRead | kRemoteWrite);
   b.key = b.mem.add(0x2000000, 1 << 20, kLocalWrite | kRemoteRead | kRemoteWrite);
   for (size_t i = 0; i < (1 << 20); i++) a.mem.bytes(a.key)[i] = uint8_t(i * 13 + 1);
-  a.qp = std::make_unique<Qp>(ca, a.ep, a.cq, a.mem, a.clock);
-  b.qp = std::make_unique<Qp>(cb, b.ep, b.cq, b.mem, b.clock);
+  a.qp = std::make_unique<EngineQp>(ca, a.ep, a.cq, a.mem, a.clock);
+  b.qp = std::make_unique<EngineQp>(cb, b.ep, b.cq, b.mem, b.clock);
   a.ep.attach(a.qp.get());
   b.ep.attach(b.qp.get());
   // 40 SENDs of 3000 bytes and 40 WRITEs of 5000 into the second half.
@@ -95,8 +95,8 @@ TEST_P(UdpLoopback, UdCarriesTheIpHeaderAsGrh) {
   ca.qkey = cb.qkey = 0x11;
   a.key = a.mem.add(0x1000, 4096, kLocalWrite);
   b.key = b.mem.add(0x2000, 4096, kLocalWrite);
-  a.qp = std::make_unique<Qp>(ca, a.ep, a.cq, a.mem, a.clock);
-  b.qp = std::make_unique<Qp>(cb, b.ep, b.cq, b.mem, b.clock);
+  a.qp = std::make_unique<EngineQp>(ca, a.ep, a.cq, a.mem, a.clock);
+  b.qp = std::make_unique<EngineQp>(cb, b.ep, b.cq, b.mem, b.clock);
   a.ep.attach(a.qp.get());
   b.ep.attach(b.qp.get());
   b.qp->post_recv(rwr(1, b.key, 0x2000, 1064));
@@ -151,8 +151,8 @@ TEST_P(UdpLoopback, GatheredPayloadsInGsoBatches) {
   b.key = b.mem.add(0x2000000, 1 << 20, kLocalWrite | kRemoteRead | kRemoteWrite);
   for (size_t i = 0; i < (1 << 20); i++) a.mem.bytes(a.key)[i] = uint8_t(i * 7 + 3);
   for (size_t i = 0; i < (1 << 20); i++) b.mem.bytes(b.key)[i] = uint8_t(i * 11 + 5);
-  a.qp = std::make_unique<Qp>(ca, a.ep, a.cq, a.mem, a.clock);
-  b.qp = std::make_unique<Qp>(cb, b.ep, b.cq, b.mem, b.clock);
+  a.qp = std::make_unique<EngineQp>(ca, a.ep, a.cq, a.mem, a.clock);
+  b.qp = std::make_unique<EngineQp>(cb, b.ep, b.cq, b.mem, b.clock);
   a.ep.attach(a.qp.get());
   b.ep.attach(b.qp.get());
   const uint64_t A = 0x1000000, B = 0x2000000;
@@ -217,7 +217,7 @@ TEST(UdpEndpoint, CorruptIcrcAndUnknownQpAreDropped) {
   c.qpn = 0x33;
   c.access = kRemoteWrite;
   uint32_t key = mem.add(0x5000, 64, kRemoteWrite);
-  Qp qp(c, ep, cq, mem, clock);
+  EngineQp qp(c, ep, cq, mem, clock);
   ep.attach(&qp);
   // A raw UDP socket plays the peer.
   int s = socket(AF_INET, SOCK_DGRAM, 0);
@@ -283,7 +283,7 @@ TEST(UdpEndpoint, Ipv4IcrcOverANonZeroIpId) {
     c.qpn = 0x33;
     c.access = kRemoteWrite;
     uint32_t key = mem.add(0x5000, 64, kRemoteWrite);
-    Qp qp(c, ep, cq, mem, clock);
+    EngineQp qp(c, ep, cq, mem, clock);
     ep.attach(&qp);
     sockaddr_in from{};
     from.sin_family = AF_INET;
@@ -343,7 +343,7 @@ TEST(UdpEndpoint, MulticastToAMemberAndGarbledOnesDropped) {
   c.qpn = 0x44;
   c.qkey = 0x1234;
   const uint32_t key = mem.add(0x6000, 8192, kLocalWrite);
-  Qp qp(c, ep, cq, mem, clock);
+  EngineQp qp(c, ep, cq, mem, clock);
   ep.attach(&qp);
   for (int i = 0; i < 8; i++) qp.post_recv(rwr(10 + uint64_t(i), key, 0x6000 + 1024 * uint64_t(i), 1024));
   sockaddr_in from{}, group{}, other{};
@@ -421,7 +421,7 @@ TEST(UdpEndpoint, Ipv6DatagramsWithAZeroUdpChecksumArrive) {
   c.qpn = 0x66;
   c.access = kRemoteWrite;
   uint32_t key = mem.add(0x6000, 64, kRemoteWrite);
-  Qp qp(c, ep, cq, mem, clock);
+  EngineQp qp(c, ep, cq, mem, clock);
   ep.attach(&qp);
 
   int s = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);

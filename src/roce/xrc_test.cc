@@ -152,8 +152,8 @@ struct XrcPair {
     w.rkey = rkey;
     return w;
   }
-  Qp& qa() { return *sim.nodes[0].qp; }
-  Qp& qb() { return *sim.nodes[1].qp; }
+  EngineQp& qa() { return *sim.nodes[0].qp; }
+  EngineQp& qb() { return *sim.nodes[1].qp; }
   std::vector<Completion>& ca() { return sim.nodes[0].cq.all; }
   std::vector<Completion>& cb() { return sim.nodes[1].cq.all; }
   bool settle() { return sim.run([] { return false; }); }
@@ -257,7 +257,7 @@ TEST(XrcEngine, SendsGoToTheNamedSrqAndRdmaUsesItsPd) {
   EXPECT_TRUE(has(to_target, 0xa6) && has(to_target, 0xa9) && has(to_target, 0xac) && has(to_target, 0xb4));
   EXPECT_TRUE(has(to_initiator, 0xb1) && has(to_initiator, 0xad) && has(to_initiator, 0xaf) &&
               has(to_initiator, 0xb2));
-  EXPECT_EQ(p.qb().state(), QpState::kReady);
+  EXPECT_EQ(p.qb().state(), EngineState::kReady);
 }
 
 TEST(XrcEngine, RkeyOfAnotherSrqsPdIsARemoteAccessError) {
@@ -273,7 +273,7 @@ TEST(XrcEngine, RkeyOfAnotherSrqsPdIsARemoteAccessError) {
   ASSERT_EQ(p.ca().size(), 2u);
   EXPECT_EQ(p.ca()[0].status, WcStatus::kRemAccessErr);
   EXPECT_EQ(p.ca()[1].status, WcStatus::kWrFlushErr);
-  EXPECT_EQ(p.qb().state(), QpState::kError);
+  EXPECT_EQ(p.qb().state(), EngineState::kError);
   EXPECT_EQ(p.qb().responder_fault(), WcStatus::kRemAccessErr);
   EXPECT_EQ(p.sim.nodes[1].mem.writes + p.srq(5).mem.writes + p.srq(6).mem.writes, 0u);
 }
@@ -287,8 +287,8 @@ void expect_invalid_request(XrcPair& p, uint32_t srqn) {
   ASSERT_EQ(p.ca().size(), 2u);
   EXPECT_EQ(p.ca()[0].status, WcStatus::kRemInvReqErr);
   EXPECT_EQ(p.ca()[1].status, WcStatus::kWrFlushErr);
-  EXPECT_EQ(p.qa().state(), QpState::kError);
-  EXPECT_EQ(p.qb().state(), QpState::kError);
+  EXPECT_EQ(p.qa().state(), EngineState::kError);
+  EXPECT_EQ(p.qb().state(), EngineState::kError);
   EXPECT_EQ(p.qb().responder_fault(), WcStatus::kRemInvReqErr);
   EXPECT_TRUE(p.cb().empty());  // no SRQ's WQE was taken
   EXPECT_EQ(p.srq(5).wqes.size(), 1u);

@@ -46,7 +46,7 @@ int mcast_call(proto::Op op, ibv_qp* qp, const ibv_gid* gid, uint16_t lid) {
   if (!qp || !gid) return EINVAL;
   // ibv_attach_mcast(3): UD QPs only; a multicast GID (common/mgid.h).
   if (qp->qp_type != IBV_QPT_UD || !gid_is_multicast(gid->raw)) return EINVAL;
-  QpState& q = *to_qp(qp)->st;
+  ProcessQp& q = *to_qp(qp)->st;
   proto::McastReq req{};
   req.qpn = q.qpn;
   req.lid = lid;

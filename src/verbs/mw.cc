@@ -41,7 +41,7 @@ int dealloc_mw(ibv_mw* mw) {
   return 0;
 }
 
-int daemon_bind(QpState& q, uint32_t mw_handle, uint32_t new_key, const ibv_mw_bind_info& b, uint32_t* key_out) {
+int daemon_bind(ProcessQp& q, uint32_t mw_handle, uint32_t new_key, const ibv_mw_bind_info& b, uint32_t* key_out) {
   proto::BindMwReq req{};
   req.mw = mw_handle;
   req.qpn = q.qpn;
@@ -59,7 +59,7 @@ int daemon_bind(QpState& q, uint32_t mw_handle, uint32_t new_key, const ibv_mw_b
 // Type 1 bind: takes effect at once and, if signaled, completes on the send
 // CQ with IBV_WC_BIND_MW; the window's new key is in mw->rkey.
 int bind_mw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) {
-  QpState& q = *to_qp(ibqp)->st;
+  ProcessQp& q = *to_qp(ibqp)->st;
   if (q.entry->state.load(std::memory_order_acquire) != IBV_QPS_RTS) return EINVAL;
   uint32_t key = 0;
   q.hdr->send_lock.lock(self_pid());

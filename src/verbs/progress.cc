@@ -21,7 +21,7 @@ namespace {
 struct Progress {
   std::mutex mu;
   std::condition_variable cv;
-  std::set<QpState*> qps;
+  std::set<ProcessQp*> qps;
   bool started = false;
 
   void run() {
@@ -34,7 +34,7 @@ struct Progress {
       uint64_t now = monotonic_ns();
       uint64_t next = now + 1'000'000;  // look again within 1 ms at the latest
       for (auto it = qps.begin(); it != qps.end();) {
-        QpState* q = *it;
+        ProcessQp* q = *it;
         q->hdr->send_lock.lock(self_pid());
         q->hdr->progress_pid.store(self_pid(), std::memory_order_relaxed);
         bool pending = progress_qp(*q);
@@ -64,7 +64,7 @@ Progress& progress() {
 
 }  // namespace
 
-void progress_register(QpState* q) {
+void progress_register(ProcessQp* q) {
   Progress& p = progress();
   std::lock_guard<std::mutex> g(p.mu);
   q->in_progress_list = true;
@@ -84,7 +84,7 @@ namespace {
 // thread domain is not taken: no other process holds it (it cannot be
 // imported), and only its poster may put it on the list (post_queue posts
 // to it without the lock while it is off the list).
-bool has_work(const QpState& q) {
+bool has_work(const ProcessQp& q) {
   if (!q.hdr || q.lockless) return false;
   return !q.sq.empty() || q.hdr->sq_running.load(std::memory_order_acquire) ||
          q.hdr->torn_qpn.load(std::memory_order_acquire) || q.hdr->med_pid.load(std::memory_order_acquire);
@@ -95,7 +95,7 @@ bool has_work(const QpState& q) {
 // is gone: a live one's progress thread has it already (another progress
 // thread beside it only contends for the send lock). The claim moves
 // progress_pid to this process, so of several survivors one takes it.
-bool claim(QpState& q, std::span<const uint32_t> gone) {
+bool claim(ProcessQp& q, std::span<const uint32_t> gone) {
   uint32_t p = q.hdr->progress_pid.load(std::memory_order_acquire);
   const bool left = p == 0 || std::find(gone.begin(), gone.end(), p) != gone.end() || !shm::ShmLock::alive(p);
   return left && q.hdr->progress_pid.compare_exchange_strong(p, self_pid(), std::memory_order_acq_rel);
@@ -114,7 +114,7 @@ void progress_adopt(ContextState& st, std::span<const uint32_t> gone) {
   {
     std::lock_guard<std::mutex> c(st.mu);
     for (auto& [qpn, qp] : st.qp_handles) {
-      QpState* q = qp->st;
+      ProcessQp* q = qp->st;
       if (!has_work(*q) || !claim(*q, gone)) continue;
       q->in_progress_list = true;
       p.qps.insert(q);
@@ -129,7 +129,7 @@ void progress_adopt(ContextState& st, std::span<const uint32_t> gone) {
   p.cv.notify_one();
 }
 
-void progress_unregister(QpState* q) {
+void progress_unregister(ProcessQp* q) {
   Progress& p = progress();
   std::lock_guard<std::mutex> g(p.mu);
   p.qps.erase(q);

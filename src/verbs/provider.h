@@ -376,7 +376,9 @@ struct Window {
 
 struct QpOps;  // transport.h
 
-struct QpState {
+// This process's state of one QP: its rings, its peer and the requester's
+// progress. Owned by the QpHandle the application holds (self points back).
+struct ProcessQp {
   // What every post reads comes first, on two cache lines.
   Context* ctx;
   uint32_t qpn;
@@ -428,7 +430,7 @@ struct QpState {
   bool med_sync_head = false;
   uint64_t med_asked_ns = 0;  // when the daemon was last asked whether a dead sender's run can still finish
   std::atomic<bool> in_progress_list{false};  // read by posters, written by the progress thread
-  struct Qp* self = nullptr;
+  struct QpHandle* self = nullptr;
 
   // Extended QPs (qp_ex.cc): the IBV_QP_EX_WITH_* ops allowed, 0 for a QP
   // not created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, and the batch being
@@ -437,9 +439,11 @@ struct QpState {
   std::shared_ptr<struct WrBatch> batch;
 };
 
-struct Qp {
+// What ibv_create_qp returns to the application: the ibv_qp_ex it holds,
+// and this process's state of the QP.
+struct QpHandle {
   ibv_qp_ex qpx;  // ibv_qp at offset 0
-  QpState* st;
+  ProcessQp* st;
 };
 
 struct AsyncQueue {
@@ -484,7 +488,7 @@ struct ContextState {
   // resolution (svx_resolve_qp): daemon handle -> local object.
   std::map<uint32_t, Pd*> pds;
   std::map<uint32_t, Cq*> cq_handles;
-  std::map<uint32_t, Qp*> qp_handles;
+  std::map<uint32_t, QpHandle*> qp_handles;
   std::map<uint32_t, ibv_srq*> srq_handles;
   std::map<uint32_t, Channel*> channel_handles;
   // Backing files this process has mapped itself (named regions): backing id
@@ -510,7 +514,7 @@ inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 inline Td* to_td(ibv_td* t) { return reinterpret_cast<Td*>(t); }
 inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
-inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+inline QpHandle* to_qp(ibv_qp* q) { return reinterpret_cast<QpHandle*>(q); }
 inline Channel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<Channel*>(c); }
 
 // After the device is gone (daemon dead), destroying an object frees this
@@ -572,15 +576,15 @@ int post_send_all(ibv_qp* qp, ibv_send_wr* wr);
 // Extended QPs (qp_ex.cc): the supported IBV_QP_EX_WITH_* ops of a QP type,
 // and filling in the ibv_wr_* builders of a QP created with send_ops_flags.
 uint64_t supported_send_ops(ibv_qp_type type);
-void init_qp_ex(Qp* qp, uint64_t send_ops);
+void init_qp_ex(QpHandle* qp, uint64_t send_ops);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Runs the QP's queued work requests; returns true while some remain queued.
-bool progress_qp(QpState& qp);
-void flush_qp(QpState& qp);
-void move_to_error(QpState& qp);
-void progress_register(QpState* qp);
-void progress_unregister(QpState* qp);
+bool progress_qp(ProcessQp& qp);
+void flush_qp(ProcessQp& qp);
+void move_to_error(ProcessQp& qp);
+void progress_register(ProcessQp* qp);
+void progress_unregister(ProcessQp* qp);
 // Processes `gone` left the context: every QP this process holds that has
 // work waiting (queued requests, a torn receive, a request whose executor
 // died, a pipelined run) and whose queue one of them (or a dead process)
@@ -588,21 +592,21 @@ void progress_unregister(QpState* qp);
 // out or completes it, as the next post would.
 void progress_adopt(ContextState& st, std::span<const uint32_t> gone);
 
-inline Qp* to_qp_from_state(QpState& q) { return q.self; }
+inline QpHandle* to_qp_from_state(ProcessQp& q) { return q.self; }
 ibv_wc_opcode send_wc_opcode(uint32_t op);
-void flush_sq_locked(QpState& q);
+void flush_sq_locked(ProcessQp& q);
 // With the send lock held: completes in error a request whose previous
 // holder of the lock died carrying it out (sq_running, requester.cc).
-void complete_dead_run(QpState& q);
+void complete_dead_run(ProcessQp& q);
 // SOFTVERBS_TEST_DIE, read at load (srq.cc): 0, or where a test kills this process.
 extern const int g_die_at;
-void flush_rq(QpState& q);
+void flush_rq(ProcessQp& q);
 void flush_peer_rq(Peer& p);
 
 // Receive side of a peer (srq.cc): the next receive WQE from its RQ or SRQ
 // (raising the SRQ limit event when it falls below the armed limit), and
 // mapping the peer's segments from a ConnectPeer/ConnectUd reply.
-bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out);
+bool pop_peer_recv(ProcessQp& q, Peer& p, shm::RecvWqe& out);
 int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, std::vector<Fd>& fds);
 
 // This process's handle of a PD / CQ (created here or imported): allocated,
@@ -656,7 +660,7 @@ inline void copy_recv_wqe(shm::RecvWqe& out, const shm::RecvWqe& slot) {
 }
 
 // Sharing (sharing.cc, qp.cc)
-int attach_qp_segment(QpState& q, int fd, uint64_t size);
+int attach_qp_segment(ProcessQp& q, int fd, uint64_t size);
 Cq* import_cq_handle(ibv_context* c, uint32_t handle);
 ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn);
 
@@ -680,7 +684,7 @@ ibv_srq* create_srq(ibv_context* c, ibv_pd* pd, ibv_srq_attr& attr, void* srq_co
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);
 int dealloc_mw(ibv_mw* mw);
 int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
-int daemon_bind(QpState& q, uint32_t mw_handle, uint32_t new_key, const ibv_mw_bind_info& b, uint32_t* key_out);
+int daemon_bind(ProcessQp& q, uint32_t mw_handle, uint32_t new_key, const ibv_mw_bind_info& b, uint32_t* key_out);
 
 // Memory (mr.cc)
 int get_backing(ContextState& st);  // registers the process backing on this connection

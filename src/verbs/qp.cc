@@ -14,7 +14,7 @@
 
 namespace sv::verbs {
 
-int attach_qp_segment(QpState& q, int fd, uint64_t size) {
+int attach_qp_segment(ProcessQp& q, int fd, uint64_t size) {
   if (int e = map_shared(fd, 0, size, PROT_READ | PROT_WRITE, false, q.seg)) return e;
   auto* h = q.seg.as<shm::QpSegmentHeader>();
   shm::QpLayout l{h->sq_capacity, h->rq_capacity};
@@ -43,7 +43,7 @@ void flush_rq_into(shm::Ring<shm::RecvWqe>& rq, CqView& cq, uint32_t qpn) {
 
 }  // namespace
 
-void flush_sq_locked(QpState& q) {
+void flush_sq_locked(ProcessQp& q) {
   if (!q.send_cq) return;  // an XRC target: no send queue
   // Pipelined requests in flight complete through the daemon first (their
   // completions come before the flushed ones).
@@ -68,13 +68,13 @@ void flush_sq_locked(QpState& q) {
   q.head_started = false;
 }
 
-void flush_rq(QpState& q) {
+void flush_rq(ProcessQp& q) {
   if (q.recv_cq) flush_rq_into(q.rq, q.recv_cq->st->view, q.qpn);
 }
 
 void flush_peer_rq(Peer& p) { flush_rq_into(p.rq, p.recv_cq, p.qpn); }
 
-void flush_qp(QpState& q) {
+void flush_qp(ProcessQp& q) {
   q.hdr->send_lock.lock(self_pid());
   flush_sq_locked(q);
   q.hdr->send_lock.unlock();
@@ -83,7 +83,7 @@ void flush_qp(QpState& q) {
 
 // Moves the QP to ERR after an error completion (IBTA 10.3.1: a requester
 // error takes the QP to the error state); the caller holds the send lock.
-void move_to_error(QpState& q) {
+void move_to_error(ProcessQp& q) {
   ContextState& cs = *q.ctx->st;
   proto::ModifyQpReq req{};
   req.qpn = q.qpn;
@@ -163,9 +163,9 @@ proto::CreateQpReq create_qp_request(const ibv_qp_init_attr_ex* a) {
 
 // The application's ibv_qp for the daemon's QP number qpn, in RESET, its
 // private state not yet attached; nullptr when out of memory.
-Qp* new_qp_object(ibv_context* c, const ibv_qp_init_attr_ex* a, uint32_t qpn) {
+QpHandle* new_qp_object(ibv_context* c, const ibv_qp_init_attr_ex* a, uint32_t qpn) {
   const bool tgt = a->qp_type == IBV_QPT_XRC_RECV;
-  auto* qp = static_cast<Qp*>(std::calloc(1, sizeof(Qp)));
+  auto* qp = static_cast<QpHandle*>(std::calloc(1, sizeof(QpHandle)));
   if (!qp) return nullptr;
   ibv_qp& q = qp->qpx.qp_base;
   q.context = c;
@@ -203,7 +203,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
     errno = e;
     return nullptr;
   }
-  auto st = std::make_unique<QpState>();
+  auto st = std::make_unique<ProcessQp>();
   st->ctx = to_ctx(c);
   st->qpn = rep.qpn;
   st->type = a->qp_type;
@@ -238,7 +238,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
   st->attr.qp_state = IBV_QPS_RESET;
   st->attr.cap = cap;
 
-  Qp* qp = new_qp_object(c, a, rep.qpn);
+  QpHandle* qp = new_qp_object(c, a, rep.qpn);
   if (!qp) {
     errno = ENOMEM;
     return nullptr;
@@ -254,7 +254,7 @@ ibv_qp* create_qp_ex(ibv_context* c, ibv_qp_init_attr_ex* a) {
 }
 
 SV_HOT int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
-  QpState& q = *to_qp(ibqp)->st;
+  ProcessQp& q = *to_qp(ibqp)->st;
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // Destroyed by another sharer: the handle is stale.
   if (q.ctx->st->dead.load(std::memory_order_relaxed)) {
@@ -296,7 +296,7 @@ using namespace sv::verbs;
 namespace {
 
 // The daemon's request for ibv_modify_qp: the attributes `mask` names.
-int modify_request(const QpState& q, const ibv_qp_attr& attr, int mask, proto::ModifyQpReq& req) {
+int modify_request(const ProcessQp& q, const ibv_qp_attr& attr, int mask, proto::ModifyQpReq& req) {
   req.qpn = q.qpn;
   req.attr_mask = uint32_t(mask);
   req.qp_state = attr.qp_state;
@@ -331,7 +331,7 @@ int modify_request(const QpState& q, const ibv_qp_attr& attr, int mask, proto::M
 }
 
 // What ibv_query_qp answers, once the daemon accepted the change.
-void remember_attr(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next) {
+void remember_attr(ProcessQp& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next) {
   std::lock_guard<std::mutex> g(q.attr_mu);
   ibv_qp_attr& s = q.attr;
   if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr.pkey_index;
@@ -353,7 +353,7 @@ void remember_attr(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
 }
 
 // RESET discards both queues without completions (IBTA 10.3.1).
-void reset_queues(QpState& q, ibv_qp_state was) {
+void reset_queues(ProcessQp& q, ibv_qp_state was) {
   q.hdr->send_lock.lock(self_pid());
   mediated_drain(q);  // nothing of a pipelined run lands after the reset
   q.med_sync_head = false;
@@ -402,7 +402,7 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 }
 
 int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
-  QpState& q = *to_qp(ibqp)->st;
+  ProcessQp& q = *to_qp(ibqp)->st;
   proto::ModifyQpReq req{};
   if (int e = modify_request(q, *attr, mask, req)) return e;
   const auto was = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
@@ -436,7 +436,7 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
 }
 
 int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
-  QpState& q = *to_qp(ibqp)->st;
+  ProcessQp& q = *to_qp(ibqp)->st;
   {
     std::lock_guard<std::mutex> g(q.attr_mu);
     *attr = q.attr;
@@ -458,8 +458,8 @@ int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
 }
 
 int ibv_destroy_qp(ibv_qp* ibqp) {
-  Qp* qp = to_qp(ibqp);
-  QpState& q = *qp->st;
+  QpHandle* qp = to_qp(ibqp);
+  ProcessQp& q = *qp->st;
   ContextState& cs = *q.ctx->st;
   proto::HandleReq req{};
   req.handle = q.qpn;

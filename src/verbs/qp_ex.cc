@@ -34,7 +34,7 @@ struct WrBatch {
 
 namespace {
 
-QpState& state(ibv_qp_ex* qx) { return *reinterpret_cast<Qp*>(qx)->st; }
+ProcessQp& state(ibv_qp_ex* qx) { return *reinterpret_cast<QpHandle*>(qx)->st; }
 
 void set_error(WrBatch& b, int e) {
   if (!b.err) b.err = e;
@@ -43,7 +43,7 @@ void set_error(WrBatch& b, int e) {
 // Starts a new WR of opcode `op` (allowed by `flag`) from the QP's wr_id
 // and wr_flags; NULL when the batch is not open or the op not allowed.
 WrBatch::Entry* begin(ibv_qp_ex* qx, ibv_wr_opcode op, uint64_t flag) {
-  QpState& q = state(qx);
+  ProcessQp& q = state(qx);
   WrBatch& b = *q.batch;
   if (!b.open) return nullptr;  // no wr_start: nothing to attach the WR to
   if (!(q.send_ops & flag)) {
@@ -80,7 +80,7 @@ void wr_start(ibv_qp_ex* qx) {
 }
 
 int wr_complete(ibv_qp_ex* qx) {
-  QpState& q = state(qx);
+  ProcessQp& q = state(qx);
   WrBatch& b = *q.batch;
   if (!b.open) return EINVAL;
   int rc = b.err;
@@ -222,8 +222,8 @@ void wr_set_inline_data(ibv_qp_ex* qx, void* addr, size_t length) {
 
 }  // namespace
 
-void init_qp_ex(Qp* qp, uint64_t send_ops) {
-  QpState& q = *qp->st;
+void init_qp_ex(QpHandle* qp, uint64_t send_ops) {
+  ProcessQp& q = *qp->st;
   q.send_ops = send_ops;
   q.batch = std::make_shared<WrBatch>();
   ibv_qp_ex& x = qp->qpx;
@@ -256,7 +256,7 @@ extern "C" {
 
 // rdma-core returns the extended QP only for QPs created as such.
 ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
-  auto* q = reinterpret_cast<sv::verbs::Qp*>(qp);
+  auto* q = reinterpret_cast<sv::verbs::QpHandle*>(qp);
   if (!qp || !q->st->batch) return nullptr;
   return &q->qpx;
 }

@@ -59,7 +59,7 @@ void copy_segments(const Seg* dst, int nd, const Seg* src, int ns, uint64_t tota
 namespace {
 
 // Resolves a local SGE (IBTA 10.6.7.1: L_Key, PD, bounds, local write).
-bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
+bool local_segment(ProcessQp& q, const shm::Sge& sge, bool write, Seg& out) {
   ContextState& cs = *q.ctx->st;
   if (sge.length == 0) {
     out = {nullptr, 0};
@@ -100,7 +100,7 @@ bool local_segment(QpState& q, const shm::Sge& sge, bool write, Seg& out) {
   return access::permits(e, use, who, need, addr, len) ? e : nullptr;
 }
 
-uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
+uint8_t* peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
   ContextState& cs = *q.ctx->st;
   const MrEntry* e = peer_key(cs, p, key, addr, len, need);
   if (!e) return nullptr;
@@ -118,7 +118,7 @@ uint8_t* peer_address(QpState& q, const Peer& p, uint32_t key, uint64_t addr, ui
 
 }  // namespace
 
-Peer* resolve_peer(QpState& q) {
+Peer* resolve_peer(ProcessQp& q) {
   uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
   Peer* p = q.peer.get();
   // A mediated peer (another user's QP) has no entry in this user's device
@@ -153,7 +153,7 @@ Peer* resolve_peer(QpState& q) {
 }
 
 // Gathers the local source of a send, write or atomic.
-bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& total, ibv_wc_status& err) {
+bool gather(ProcessQp& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& total, ibv_wc_status& err) {
   n = 0;
   total = 0;
   if (w.send_flags & IBV_SEND_INLINE) {
@@ -186,7 +186,7 @@ bool gather(QpState& q, const shm::SendWqe& w, Seg* segs, int& n, uint64_t& tota
 // message of `len` bytes (core::scatter_receive: the length, then the
 // L_Keys, in its PD with local write, of the buffers the message reaches):
 // Check::kOk with `remote` filled (nr pieces), or the check that failed.
-SV_HOT core::Check resolve_recv(QpState& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr) {
+SV_HOT core::Check resolve_recv(ProcessQp& q, Peer& p, const shm::RecvWqe& r, uint64_t len, Seg* remote, uint32_t& nr) {
   uint32_t k = 0;
   const core::Check c =
       core::scatter_receive(r.sge, r.num_sge, 0, len, [&](const shm::Sge& s, uint64_t at, uint64_t n, uint64_t) {
@@ -202,7 +202,7 @@ namespace {
 
 // The receive completion (core::receive_completion) into the responder's CQ;
 // inlined into the fast path.
-[[gnu::always_inline]] inline void deliver_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id,
+[[gnu::always_inline]] inline void deliver_recv_completion(ProcessQp& q, Peer& p, uint64_t recv_wr_id,
                                                            ibv_wc_status status, uint32_t len, uint32_t opcode,
                                                            uint32_t send_flags, uint32_t imm_data,
                                                            uint32_t invalidate_rkey) {
@@ -216,12 +216,12 @@ namespace {
 
 }  // namespace
 
-SV_HOT void push_recv_completion(QpState& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, uint32_t len,
+SV_HOT void push_recv_completion(ProcessQp& q, Peer& p, uint64_t recv_wr_id, ibv_wc_status status, uint32_t len,
                                  uint32_t opcode, uint32_t send_flags, uint32_t imm_data, uint32_t invalidate_rkey) {
   deliver_recv_completion(q, p, recv_wr_id, status, len, opcode, send_flags, imm_data, invalidate_rkey);
 }
 
-void push_recv_completion(QpState& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, uint32_t len,
+void push_recv_completion(ProcessQp& q, Peer& p, const shm::RecvWqe& r, ibv_wc_status status, uint32_t len,
                           const shm::SendWqe& w) {
   push_recv_completion(q, p, r.wr_id, status, len, w.opcode, w.send_flags, w.imm_data, w.invalidate_rkey);
 }
@@ -231,7 +231,7 @@ namespace {
 // XRC (IBTA annex A14): the message goes through the target QP to the XRC SRQ
 // it names, whose CQ takes the receive completion. One Peer per SRQ number.
 // Null with `invalid` set when the target's domain has no such SRQ.
-Peer* xrc_peer(QpState& q, uint32_t srqn, bool& invalid) {
+Peer* xrc_peer(ProcessQp& q, uint32_t srqn, bool& invalid) {
   uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
   auto it = q.ud_peers.find(srqn);
   Peer* p = it == q.ud_peers.end() ? nullptr : it->second.get();
@@ -260,7 +260,7 @@ Peer* xrc_peer(QpState& q, uint32_t srqn, bool& invalid) {
 
 // The request of a SEND to a shared-memory peer: the responder's receive
 // takes the message (IBTA 9.7.5.2 for its errors).
-Outcome send_to(QpState& q, Peer& p, const shm::SendWqe& w) {
+Outcome send_to(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   Seg local[shm::kMaxSge];
   int nl = 0;
   uint64_t total = 0;
@@ -295,7 +295,7 @@ Outcome send_to(QpState& q, Peer& p, const shm::SendWqe& w) {
 }
 
 // RDMA WRITE (with immediate: it takes a receive too), IBTA 9.4.3.
-Outcome write_to(QpState& q, Peer& p, const shm::SendWqe& w) {
+Outcome write_to(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   Seg local[shm::kMaxSge];
   int nl = 0;
   uint64_t total = 0;
@@ -316,7 +316,7 @@ Outcome write_to(QpState& q, Peer& p, const shm::SendWqe& w) {
 }
 
 // RDMA READ, IBTA 9.4.4: the local SGEs are the destination.
-Outcome read_from(QpState& q, Peer& p, const shm::SendWqe& w) {
+Outcome read_from(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   Seg local[shm::kMaxSge];
   int nl = 0;
   uint64_t total = 0;
@@ -335,7 +335,7 @@ Outcome read_from(QpState& q, Peer& p, const shm::SendWqe& w) {
 }
 
 // Compare-and-swap and fetch-and-add on the responder's quadword, IBTA 9.4.5.
-Outcome atomic_at(QpState& q, Peer& p, const shm::SendWqe& w) {
+Outcome atomic_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   Seg res;
   if (!local_segment(q, w.sge[0], true, res)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
   // IBTA 9.4.5: atomics act on an 8-byte aligned remote quadword.
@@ -351,7 +351,7 @@ Outcome atomic_at(QpState& q, Peer& p, const shm::SendWqe& w) {
 
 // A request to a peer in shared memory, by the kind its opcode rule names
 // (wr_rules.h; validate_wr() accepted it for this QP type).
-Outcome execute_at(QpState& q, Peer& p, const shm::SendWqe& w) {
+Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   switch (wr_rule(w.opcode).kind) {
     case WrKind::kSend: return send_to(q, p, w);
     case WrKind::kWrite: return write_to(q, p, w);
@@ -365,7 +365,7 @@ Outcome execute_at(QpState& q, Peer& p, const shm::SendWqe& w) {
 // operation needs no peer. resolve_peer() (re)connects the QP when its
 // destination changed and chooses its ops again (choose_transport): when a
 // reconnection changed the path, the request takes the new one.
-Outcome execute_rc(QpState& q, const shm::SendWqe& w) {
+Outcome execute_rc(ProcessQp& q, const shm::SendWqe& w) {
   if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
   Peer* p = resolve_peer(q);
   if (!p) return {Step::kRetry};
@@ -374,7 +374,7 @@ Outcome execute_rc(QpState& q, const shm::SendWqe& w) {
 }
 
 // XRC initiators reach the target's SRQ the request names.
-Outcome execute_xrc(QpState& q, const shm::SendWqe& w) {
+Outcome execute_xrc(ProcessQp& q, const shm::SendWqe& w) {
   if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
   bool invalid = false;
   Peer* p = xrc_peer(q, w.xrc_srqn, invalid);
@@ -387,7 +387,7 @@ Outcome execute_xrc(QpState& q, const shm::SendWqe& w) {
 
 // `owed`: a record of this completion (sq_running), cleared as it is
 // published, or at once when it cannot be.
-void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
+void push_send_completion(ProcessQp& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
                           shm::OwedRecord owed) {
   ibv_wc wc{};
   wc.wr_id = wr_id;
@@ -404,7 +404,7 @@ void push_send_completion(QpState& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_s
 // poster killed at any instruction leaves the next holder of the send lock
 // either the completion or the record (complete_dead_run), not neither.
 // Requests that never entered the queue have no record: sq_running is 0.
-void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len) {
+void complete(ProcessQp& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len) {
   bool signaled = q.sq_sig_all || (w.send_flags & IBV_SEND_SIGNALED);
   if (status == IBV_WC_SUCCESS && !signaled) {
     q.hdr->sq_running.store(0, std::memory_order_relaxed);
@@ -413,7 +413,7 @@ void complete(QpState& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t 
   push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), status, len, &q.hdr->sq_running);
 }
 
-void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
+void fail(ProcessQp& q, const shm::SendWqe& w, const Outcome& o) {
   SV_TRACE("QP 0x%x: wr_id %llu failed: %s", q.qpn, (unsigned long long)w.wr_id, ibv_wc_status_str(o.status));
   complete(q, w, o.status, 0);
   if (o.peer_error && q.peer) {
@@ -428,7 +428,7 @@ void fail(QpState& q, const shm::SendWqe& w, const Outcome& o) {
   move_to_error(q);
 }
 
-Outcome execute_rc_mediated(QpState& q, const shm::SendWqe& w) {
+Outcome execute_rc_mediated(ProcessQp& q, const shm::SendWqe& w) {
   if (wr_rule(w.opcode).kind == WrKind::kLocal) return execute_local(q, w);
   Peer* p = resolve_peer(q);
   if (!p) return {Step::kRetry};
@@ -457,10 +457,10 @@ Outcome uc_outcome(const Outcome& o) {
   return o;
 }
 
-Outcome execute_uc(QpState& q, const shm::SendWqe& w) { return uc_outcome(execute_rc(q, w)); }
-Outcome execute_uc_mediated(QpState& q, const shm::SendWqe& w) { return uc_outcome(execute_rc_mediated(q, w)); }
+Outcome execute_uc(ProcessQp& q, const shm::SendWqe& w) { return uc_outcome(execute_rc(q, w)); }
+Outcome execute_uc_mediated(ProcessQp& q, const shm::SendWqe& w) { return uc_outcome(execute_rc_mediated(q, w)); }
 
-Outcome run(QpState& q, const shm::SendWqe& w) { return q.ops.load(std::memory_order_relaxed)->execute(q, w); }
+Outcome run(ProcessQp& q, const shm::SendWqe& w) { return q.ops.load(std::memory_order_relaxed)->execute(q, w); }
 
 namespace {
 
@@ -478,7 +478,7 @@ namespace {
 // request from scratch, so the outcome is the same either way.
 
 // The peer as resolve_peer() accepts it, without (re)connecting.
-inline Peer* attached_peer(QpState& q) {
+inline Peer* attached_peer(ProcessQp& q) {
   Peer* p = q.peer.get();
   if (!p || p->mediated) return nullptr;
   uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
@@ -493,7 +493,7 @@ inline Peer* attached_peer(QpState& q) {
 // L_Key, PD, bounds, IBTA 10.6.7.1), for this process's own registered memory.
 // With `local_write` (RDMA READ: the SGE is the destination) the MR must allow
 // local write, and inline data is not allowed.
-[[gnu::always_inline]] inline bool fast_source(QpState& q, const ibv_send_wr* wr, const uint8_t*& src, uint64_t& len,
+[[gnu::always_inline]] inline bool fast_source(ProcessQp& q, const ibv_send_wr* wr, const uint8_t*& src, uint64_t& len,
                         bool local_write = false) {
   if (wr->num_sge == 0) {
     src = nullptr;
@@ -518,7 +518,7 @@ inline Peer* attached_peer(QpState& q) {
 
 // The target of an RDMA WRITE (or source of a READ) through the QP's last
 // window (peer_address()).
-[[gnu::always_inline]] inline uint8_t* fast_remote(QpState& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
+[[gnu::always_inline]] inline uint8_t* fast_remote(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len,
                             uint32_t need = IBV_ACCESS_REMOTE_WRITE) {
   const MrEntry* e = peer_key(*q.ctx->st, p, key, addr, len, need);
   if (!e) return nullptr;
@@ -530,7 +530,7 @@ inline Peer* attached_peer(QpState& q) {
 // fast_post's RDMA WRITE (with immediate or not): false when the general
 // path must decide (a key the fast check does not grant, no receive for the
 // immediate).
-[[gnu::always_inline]] inline bool fast_write(QpState& q, Peer& p, const ibv_send_wr* wr, uint32_t opcode,
+[[gnu::always_inline]] inline bool fast_write(ProcessQp& q, Peer& p, const ibv_send_wr* wr, uint32_t opcode,
                                               const uint8_t* src, uint64_t len) {
   uint8_t* dst = nullptr;
   if (len) {
@@ -557,7 +557,7 @@ inline Peer* attached_peer(QpState& q) {
 // A SEND whose receive the responder core refused (`c`): as execute()
 // (IBTA 9.7.5.2), and execute_uc() for UC, the receive completes in error
 // at the responder; the requester fails on RC only.
-[[gnu::noinline]] void fast_receive_fault(QpState& q, Peer& p, const shm::RecvWqe& r, core::Check c,
+[[gnu::noinline]] void fast_receive_fault(ProcessQp& q, Peer& p, const shm::RecvWqe& r, core::Check c,
                                           const ibv_send_wr* wr, uint32_t opcode) {
   push_recv_completion(q, p, r.wr_id, core::verdict(c).receive_status, 0, opcode, wr->send_flags, wr->imm_data, 0);
   shm::SendWqe w;
@@ -571,7 +571,7 @@ inline Peer* attached_peer(QpState& q) {
 // Called with the send lock held. True when the request was carried out
 // (and completed); false when the general path must take it, nothing done.
 // Only the shared-memory ops of RC and UC QPs take it (post_shm<true>).
-[[gnu::always_inline]] inline bool fast_post(QpState& q, const ibv_send_wr* wr) {
+[[gnu::always_inline]] inline bool fast_post(ProcessQp& q, const ibv_send_wr* wr) {
   const uint32_t opcode = opcode_of(wr);
   // The opcode rules (wr_rules.h) say whether this path takes it (SEND,
   // RDMA WRITE, READ; with immediate or not) and whether the QP type has
@@ -637,7 +637,7 @@ inline Peer* attached_peer(QpState& q) {
 // so that the transfer overlaps the checks and the lock (first thing: the
 // transfer is the longest part of a WRITE). A prefetch never faults and
 // changes nothing but timing; the checks decide.
-inline void prefetch_write_target(QpState& q, const ibv_send_wr* wr) {
+inline void prefetch_write_target(ProcessQp& q, const ibv_send_wr* wr) {
   if (wr && wr->num_sge == 1 && (opcode_of(wr) == IBV_WR_RDMA_WRITE || opcode_of(wr) == IBV_WR_RDMA_WRITE_WITH_IMM)) {
     uint32_t key = q.hint_rkey.load(std::memory_order_relaxed);
     if (key && wr->wr.rdma.rkey == key && wr->sg_list[0].length) {
@@ -649,7 +649,7 @@ inline void prefetch_write_target(QpState& q, const ibv_send_wr* wr) {
 }
 
 // 0, or the errno of a send queue that takes no request now (with *bad set).
-inline int refuse_post(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
+inline int refuse_post(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
   // (and in ERR, where they are flushed); earlier states refuse them.
@@ -667,7 +667,7 @@ inline int refuse_post(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 // ibv_wr_complete(3): the whole batch is posted or none of it. Every WR
 // might have to wait in the send queue, so all of them must fit there.
-int check_batch(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
+int check_batch(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   uint64_t n = 0;
   for (ibv_send_wr* w = wr; w; w = w->next, ++n) {
     if (int e = validate_wr(q, w)) {
@@ -686,7 +686,7 @@ int check_batch(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
 // One request on the general path, with the send lock held: carried out
 // now if nothing waits before it, else queued for the progress thread
 // (`queued`). 0, or the errno for which it was refused.
-int post_one(QpState& q, const ibv_send_wr* wr, bool& queued) {
+int post_one(ProcessQp& q, const ibv_send_wr* wr, bool& queued) {
   if (int e = validate_wr(q, wr)) return e;
   shm::SendWqe w;
   to_send_wqe(q, wr, w);
@@ -722,7 +722,7 @@ int post_one(QpState& q, const ibv_send_wr* wr, bool& queued) {
 // The shared-memory (and mediated) post: under the send lock, each request
 // through the fast path if kFast and it qualifies, else the general path.
 template <bool kFast>
-[[gnu::always_inline]] inline int post_queue(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+[[gnu::always_inline]] inline int post_queue(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   int rc = 0;
   bool need_progress = false;
   // A QP of a thread domain is posted to by one thread at a time (the
@@ -762,7 +762,7 @@ template <bool kFast>
 }
 
 template <bool kFast>
-SV_HOT int post_shm(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+SV_HOT int post_shm(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   // First thing on the QP's path (in post_send, before the ops, it cost
   // READs 25 % in post_cost_bench).
   if (kFast) prefetch_write_target(q, wr);
@@ -772,7 +772,7 @@ SV_HOT int post_shm(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_
 
 // The peer is on another host: the RoCEv2 engine carries the requests
 // (roce_link.h), which validates each with validate_wr().
-int post_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+int post_wire(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   if (int e = refuse_post(q, wr, bad)) return e;
   if (!wr) return post_queue<false>(q, wr, bad, all_or_nothing);
   return roce_post_send(q, wr, bad);
@@ -780,18 +780,18 @@ int post_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothin
 
 // A UD QP on the wire still reaches this host's QPs through shared memory
 // (requester_ud.cc).
-int post_wire_ud(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+int post_wire_ud(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   if (int e = refuse_post(q, wr, bad)) return e;
   return post_ud_on_wire(q, wr, bad, all_or_nothing, post_queue<false>);
 }
 
 // An XRC target QP has no send queue.
-int post_none(QpState&, ibv_send_wr* wr, ibv_send_wr** bad, bool) {
+int post_none(ProcessQp&, ibv_send_wr* wr, ibv_send_wr** bad, bool) {
   *bad = wr;
   return EINVAL;
 }
 
-Outcome execute_none(QpState&, const shm::SendWqe&) { return {Step::kError, IBV_WC_LOC_QP_OP_ERR}; }
+Outcome execute_none(ProcessQp&, const shm::SendWqe&) { return {Step::kError, IBV_WC_LOC_QP_OP_ERR}; }
 
 // The paths, per QP type. A QP on the wire queues nothing in shared memory
 // (its send queue is the engine's), but its execute is its type's, for
@@ -810,7 +810,7 @@ constexpr QpOps kNoSend{"none", post_none, execute_none};
 
 }  // namespace
 
-void choose_transport(QpState& q) {
+void choose_transport(ProcessQp& q) {
   const bool wire = roce_attached(q);
   const bool mediated = q.peer && q.peer->mediated;
   const QpOps* ops = &kNoSend;
@@ -827,12 +827,12 @@ void choose_transport(QpState& q) {
 }
 
 SV_HOT int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
-  QpState& q = *to_qp(ibqp)->st;
+  ProcessQp& q = *to_qp(ibqp)->st;
   return q.ops.load(std::memory_order_acquire)->post_send(q, wr, bad, false);
 }
 
 int post_send_all(ibv_qp* ibqp, ibv_send_wr* wr) {
-  QpState& q = *to_qp(ibqp)->st;
+  ProcessQp& q = *to_qp(ibqp)->st;
   ibv_send_wr* bad = nullptr;
   return q.ops.load(std::memory_order_acquire)->post_send(q, wr, &bad, true);
 }

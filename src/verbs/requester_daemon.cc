@@ -20,7 +20,7 @@
 namespace sv::verbs {
 
 // Binds and local invalidations act on this side only (no peer needed).
-Outcome execute_local(QpState& q, const shm::SendWqe& w) {
+Outcome execute_local(ProcessQp& q, const shm::SendWqe& w) {
   ContextState& cs = *q.ctx->st;
   if (w.opcode == IBV_WR_BIND_MW) {
     const MrEntry* me = cs.mr(w.mr_key);
@@ -46,7 +46,7 @@ namespace {
 
 // The request for `w`: false when its inline payload (not captured yet)
 // is longer than a request carries.
-bool mediate_request(QpState& q, const shm::SendWqe& w, proto::MediateReq& req) {
+bool mediate_request(ProcessQp& q, const shm::SendWqe& w, proto::MediateReq& req) {
   req.qpn = q.qpn;
   req.opcode = w.opcode;
   req.send_flags = w.send_flags & ~kInlineCaptured;
@@ -77,7 +77,7 @@ bool mediate_request(QpState& q, const shm::SendWqe& w, proto::MediateReq& req) 
 // A peer of another user (system daemon): the daemon carries the operation
 // out between the two processes' memory with every key checked
 // (daemon/mediation.cc); one round trip for this work request.
-Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
+Outcome execute_mediated(ProcessQp& q, const shm::SendWqe& w) {
   proto::MediateReq req{};
   if (!mediate_request(q, w, req)) return {Step::kError, IBV_WC_LOC_LEN_ERR};
   proto::MediateReply rep{};
@@ -100,12 +100,12 @@ Outcome execute_mediated(QpState& q, const shm::SendWqe& w) {
 // that sent it (med_pid): another sharer's requests wait until it is over,
 // since they would travel on another connection. All of it under send_lock.
 
-uint64_t mediated_in_flight(const QpState& q) {
+uint64_t mediated_in_flight(const ProcessQp& q) {
   const shm::QpSegmentHeader& h = *q.hdr;
   return h.med_pid.load(std::memory_order_relaxed) ? h.med_sent - h.med_popped : 0;
 }
 
-uint64_t mediated_reap(QpState& q) {
+uint64_t mediated_reap(ProcessQp& q) {
   shm::QpSegmentHeader& h = *q.hdr;
   if (!h.med_pid.load(std::memory_order_relaxed)) return 0;
   // The daemon counts a request done before it pushes its completion
@@ -134,7 +134,7 @@ uint64_t mediated_reap(QpState& q) {
   return 0;
 }
 
-int mediated_send(QpState& q, const shm::SendWqe& w) {
+int mediated_send(ProcessQp& q, const shm::SendWqe& w) {
   shm::QpSegmentHeader& h = *q.hdr;
   proto::MediateReq req{};
   if (!mediate_request(q, w, req)) return EINVAL;
@@ -175,7 +175,7 @@ constexpr uint64_t kGoneAskNs = 1'000'000;
 // waiting a while, is what keeps a completion from coming twice when the
 // daemon is slow to work through the dead connection's requests
 // (MediationPipeline.ASharerKilledMidRunWhileTheDaemonStalls...).
-void reclaim_dead_run(QpState& q) {
+void reclaim_dead_run(ProcessQp& q) {
   shm::QpSegmentHeader& h = *q.hdr;
   const uint32_t pid = h.med_pid.load(std::memory_order_relaxed);
   if (!pid || pid == self_pid() || ::kill(pid_t(pid), 0) == 0 || errno != ESRCH) return;
@@ -199,7 +199,7 @@ void reclaim_dead_run(QpState& q) {
   h.med_pid.store(0, std::memory_order_relaxed);
 }
 
-void mediated_drain(QpState& q) {
+void mediated_drain(ProcessQp& q) {
   if (!mediated_reap(q)) return;
   if (q.hdr->med_pid.load(std::memory_order_relaxed) == self_pid()) {
     // Our own run: the reply to any later request of this connection comes
@@ -229,7 +229,7 @@ void mediated_drain(QpState& q) {
 // nothing of the QP waits for a retry, the run in flight (if any) is this
 // process's, and the QP is not in ERR. Local operations (binds, local
 // invalidations) go alone, once the run is over.
-bool may_pipeline(QpState& q, const shm::SendWqe& w) {
+bool may_pipeline(ProcessQp& q, const shm::SendWqe& w) {
   if (q.type != IBV_QPT_RC || q.ops.load(std::memory_order_relaxed)->execute != execute_rc_mediated) return false;
   const Peer* p = q.peer.get();
   if (!p || !p->mediated || p->qpn != q.entry->dest_qpn.load(std::memory_order_relaxed)) return false;
@@ -246,7 +246,7 @@ constexpr uint64_t kRunLookNs = 1'000'000;
 // The progress thread's part: what the daemon finished leaves the queue,
 // what waits behind the run is sent when it may be. True while requests
 // are in flight (look again later).
-bool pipeline_queued(QpState& q) {
+bool pipeline_queued(ProcessQp& q) {
   if (mediated_reap(q)) reclaim_dead_run(q);
   for (uint64_t n; (n = mediated_in_flight(q)) < q.sq.size();) {
     const shm::SendWqe& w = q.sq.at(q.sq.head() + n);
@@ -257,7 +257,7 @@ bool pipeline_queued(QpState& q) {
   return true;
 }
 
-bool pipelines_now(QpState& q, const shm::SendWqe& w) {
+bool pipelines_now(ProcessQp& q, const shm::SendWqe& w) {
   if (!may_pipeline(q, w)) return false;
   if (q.sq.size() >= q.cap.max_send_wr) mediated_reap(q);  // full: what the daemon finished makes room
   return may_pipeline(q, w) && q.sq.size() == mediated_in_flight(q);  // nothing unsent waits before it
@@ -265,7 +265,7 @@ bool pipelines_now(QpState& q, const shm::SendWqe& w) {
 
 // A request sent to the daemon without waiting (may_pipeline), in the send
 // queue until the daemon has finished it: the queue's depth counts it.
-int post_pipelined(QpState& q, shm::SendWqe& w, bool& queued) {
+int post_pipelined(ProcessQp& q, shm::SendWqe& w, bool& queued) {
   if (q.sq.size() >= q.cap.max_send_wr) return ENOMEM;
   capture_inline(w);
   if (int e = mediated_send(q, w)) return e;

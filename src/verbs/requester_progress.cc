@@ -18,7 +18,7 @@ constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,    8, 
                                         48,    64,   96,   128,  192,  256,  384,   512,   768,  1024, 1536,
                                         2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
 
-uint64_t retry_delay_ns(QpState& q, Step s) {
+uint64_t retry_delay_ns(ProcessQp& q, Step s) {
   if (s == Step::kRnr) {
     uint32_t code = !q.peer ? 0 : q.peer->mediated ? q.peer->min_rnr_timer : q.peer->entry->min_rnr_timer;
     return uint64_t(kRnrTimer10us[code & 31]) * 10'000;
@@ -31,7 +31,7 @@ uint64_t retry_delay_ns(QpState& q, Step s) {
 }  // namespace
 
 // Decides what a stalled head request does next; returns false when it failed for good.
-bool stall(QpState& q, Step s) {
+bool stall(ProcessQp& q, Step s) {
   uint64_t now = monotonic_ns();
   SV_TRACE("QP 0x%x: %s stall (rnr left %u, retry left %u)", q.qpn, s == Step::kRnr ? "RNR" : "transport",
            q.rnr_left, q.retry_left);
@@ -57,7 +57,7 @@ bool stall(QpState& q, Step s) {
 // a lock we hold means its previous holder, another process sharing this QP,
 // was killed mid-delivery and we took the lock over: the responder gets that
 // receive back as aborted rather than never.
-void complete_torn_receive(QpState& q) {
+void complete_torn_receive(ProcessQp& q) {
   uint32_t qpn = q.hdr->torn_qpn.load(std::memory_order_acquire);
   if (qpn == 0) return;
   Peer* p = q.type == IBV_QPT_UD ? ud_peer(q, qpn) : resolve_peer(q);
@@ -93,7 +93,7 @@ void complete_torn_receive(QpState& q) {
 // still the head), or after (the head moved past it, or front() passes over
 // its claim now): the slot still holds the request either way, as no
 // producer reaches it before the next lap.
-void complete_dead_run(QpState& q) {
+void complete_dead_run(ProcessQp& q) {
   uint64_t r = q.hdr->sq_running.load(std::memory_order_relaxed);
   if (!r) return;
   const shm::SendWqe* head = q.sq.front();
@@ -114,7 +114,7 @@ void complete_dead_run(QpState& q) {
 }
 
 // Runs queued requests in order; the caller holds the send lock.
-bool progress_qp(QpState& q) {
+bool progress_qp(ProcessQp& q) {
   complete_torn_receive(q);
   complete_dead_run(q);
   for (;;) {

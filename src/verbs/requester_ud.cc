@@ -26,7 +26,7 @@ bool gid_is_local(const uint8_t* gid) {
   return false;
 }
 
-Peer* ud_peer(QpState& q, uint32_t dest) {
+Peer* ud_peer(ProcessQp& q, uint32_t dest) {
   auto it = q.ud_peers.find(dest);
   if (it != q.ud_peers.end()) {
     if (it->second->entry->qpn.load(std::memory_order_acquire) == dest) return it->second.get();
@@ -51,7 +51,7 @@ namespace {
 // Delivers one UD message to the QP `p` if its Q_Key matches and a receive
 // is posted; the receive buffer starts with 40 bytes for the GRH. Returns
 // false when it was dropped.
-bool deliver_ud(QpState& q, Peer& p, const shm::SendWqe& w, const Seg* local, int nl, uint64_t total) {
+bool deliver_ud(ProcessQp& q, Peer& p, const shm::SendWqe& w, const Seg* local, int nl, uint64_t total) {
   auto st = p.entry->state.load(std::memory_order_acquire);
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) return false;
   uint32_t qkey = (w.ud_qkey & 0x80000000u) ? q.entry->qkey.load() : w.ud_qkey;
@@ -100,7 +100,7 @@ bool is_multicast(const shm::SendWqe& w) {
 // request (or to every QP attached to the multicast group it names, on this
 // host) if its Q_Key matches. Whatever cannot be delivered is dropped
 // without an error at the sender.
-Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
+Outcome execute_ud(ProcessQp& q, const shm::SendWqe& w) {
   Seg local[shm::kMaxSge];
   int nl = 0;
   uint64_t total = 0;
@@ -125,7 +125,7 @@ Outcome execute_ud(QpState& q, const shm::SendWqe& w) {
   return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
 }
 
-int post_ud_on_wire(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing, PostFn local) {
+int post_ud_on_wire(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing, PostFn local) {
   // wr.ud shares its bytes with wr.rdma and wr.atomic: the AH is read only
   // for an opcode a UD QP takes (IBTA 9.7.1 / ibv_post_send(3): SEND and
   // SEND_WITH_IMM); any other is refused by post_queue's checks (the

@@ -66,7 +66,7 @@ struct RoceQp;
 void publish_error(RoceQp& r);
 
 struct RoceQp {
-  QpState* q;
+  ProcessQp* q;
   Gid sgid{};
   OwnMemory mem;
   XrcTargetSrqs xrc;
@@ -75,7 +75,7 @@ struct RoceQp {
   std::unique_ptr<UdpEndpoint> ep;
   std::unique_ptr<UdpEndpoint> ep2;  // UD: on the first GID of the other family, for sending (attach_other)
   RouteSink route;
-  std::unique_ptr<roce::Qp> engine;
+  std::unique_ptr<roce::EngineQp> engine;
   roce::QpConfig cfg;
   std::map<Gid, uint64_t> ahs;  // UD destinations -> endpoint address handles
   uint32_t wire_mtu = 1024;
@@ -84,7 +84,7 @@ struct RoceQp {
   bool error_published = false;  // the daemon's table says ERR (publish_error)
   int ep_fd = -1;  // the endpoint's socket (owned by it)
   uint64_t ack_due = 0;  // a held ACK goes by then (Hub::kAckHold)
-  explicit RoceQp(QpState& s)
+  explicit RoceQp(ProcessQp& s)
       : q(&s), mem(s, s.pd ? s.pd->handle : 0),
         xrc(s, [&s](uint32_t pd) { return std::make_unique<OwnMemory>(s, pd); }), sink(s, &xrc), recvs(s) {
     sink.before_error = [this] { publish_error(*this); };
@@ -118,10 +118,10 @@ const unsigned g_slow_error_us = [] {
 // asked so and was told RTS once in CI). Called with the hub lock held
 // (lock order: hub, then the connection).
 void publish_error(RoceQp& r) {
-  if (r.error_published || !r.engine || r.engine->state() != roce::QpState::kError) return;
+  if (r.error_published || !r.engine || r.engine->state() != roce::EngineState::kError) return;
   r.error_published = true;
   if (g_slow_error_us) ::usleep(g_slow_error_us);
-  QpState& q = *r.q;
+  ProcessQp& q = *r.q;
   proto::ModifyQpReq req{};
   req.qpn = q.qpn;
   req.attr_mask = IBV_QP_STATE;
@@ -144,10 +144,10 @@ void publish_error(RoceQp& r) {
 // Then, once the engine's own completions are out, what waits in the
 // receive ring is flushed after them.
 void report_error(RoceQp& r) {
-  if (r.error_reported || !r.engine || r.engine->state() != roce::QpState::kError) return;
+  if (r.error_reported || !r.engine || r.engine->state() != roce::EngineState::kError) return;
   r.error_reported = true;
   publish_error(r);
-  QpState& q = *r.q;
+  ProcessQp& q = *r.q;
   if (!q.srq && q.type != IBV_QPT_XRC_RECV) flush_rq(q);  // an XRC target has no receive queue
   SV_TRACE("roce: QP %u: transport error, now in ERR", q.qpn);
 }
@@ -235,7 +235,7 @@ struct Hub {
   }
 
   // A stream's ACK goes as soon as a quarter window has come (see
-  // Qp::ack_urgent), not after the batch and the hold: the requester would
+  // EngineQp::ack_urgent), not after the batch and the hold: the requester would
   // otherwise sit on a full window while we drain it.
   std::vector<RoceQp*> urgent;
   void send_urgent_acks() {
@@ -475,7 +475,7 @@ void receive_on(Hub& h, ContextState& cs, int fd) {
 // group, the QPN steered to it too (else the daemon's, and what arrives
 // there for the QP is forwarded). Best effort: without it those
 // destinations stay local.
-void attach_other(Hub& h, QpState& q, RoceQp& r) {
+void attach_other(Hub& h, ProcessQp& q, RoceQp& r) {
   static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   const bool v4 = std::memcmp(r.sgid.data(), mapped, 12) == 0;
   for (int i = 1; i < int(kGidTableLen); ++i) {
@@ -507,7 +507,7 @@ void attach_other(Hub& h, QpState& q, RoceQp& r) {
 // RoceAttach: this process's socket on the address of `sgid` (steered:
 // in the port's group; else for sending only), and this connection's
 // arrival socket. Called with the hub lock held.
-int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out) {
+int attach(Hub& h, ProcessQp& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out) {
   ContextState& cs = *q.ctx->st;
   proto::RoceAttachReq req{};
   req.qpn = q.qpn;
@@ -553,7 +553,7 @@ int attach(Hub& h, QpState& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out
 // The engine's form of a work request validate_wr() accepted: inline data
 // copied into a staging slot, a UD destination as an endpoint peer. 0 or
 // EINVAL (an address the endpoint cannot reach).
-int to_engine_wr(QpState& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
+int to_engine_wr(ProcessQp& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
   const uint32_t op = opcode_of(wr);
   s.opcode = wr_rule(op).wire;
   const bool local_op = wr_rule(op).kind == WrKind::kLocal;
@@ -626,9 +626,9 @@ int to_engine_wr(QpState& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
 
 }  // namespace
 
-bool roce_attached(const QpState& q) { return q.on_wire.load(std::memory_order_acquire); }
+bool roce_attached(const ProcessQp& q) { return q.on_wire.load(std::memory_order_acquire); }
 
-int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next) {
+int roce_on_modify(ProcessQp& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next) {
   Hub& h = hub();
   if (next == IBV_QPS_RESET) {
     roce_detach(q);
@@ -689,7 +689,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
     }
     nr->route.first = nr->ep.get();
     nr->route.other = nr->ep2.get();
-    nr->engine = std::make_unique<roce::Qp>(c, nr->route, nr->sink, nr->mem, h.clock);
+    nr->engine = std::make_unique<roce::EngineQp>(c, nr->route, nr->sink, nr->mem, h.clock);
     nr->engine->set_recv_source(&nr->recvs);
     nr->engine->set_xrc_domain(&nr->xrc);
     nr->ep->attach(nr->engine.get());
@@ -708,7 +708,7 @@ int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state n
   return 0;
 }
 
-void roce_detach(QpState& q) {
+void roce_detach(ProcessQp& q) {
   Hub& h = hub();
   std::lock_guard<std::mutex> g(h.mu);
   auto it = h.qps.find(q.qpn);
@@ -734,7 +734,7 @@ void roce_detach(QpState& q) {
 
 // A multicast send is not "remote": its local members get it through
 // shared memory (execute_ud), the wire a copy (roce_post_mcast).
-bool roce_ud_remote(const QpState&, const ibv_send_wr* wr) {
+bool roce_ud_remote(const ProcessQp&, const ibv_send_wr* wr) {
   const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
   return ah && ah->attr.is_global && !gid_is_multicast(ah->attr.grh.dgid.raw) &&
          !gid_is_local(ah->attr.grh.dgid.raw);
@@ -743,7 +743,7 @@ bool roce_ud_remote(const QpState&, const ibv_send_wr* wr) {
 // An AH from the loopback GID (index 0, ::ffff:127.0.0.1: a group joined
 // on an id bound to 127.0.0.1 or ::1) keeps the group on this host, as IP
 // multicast sent on lo does.
-bool roce_ud_multicast(const QpState&, const ibv_send_wr* wr) {
+bool roce_ud_multicast(const ProcessQp&, const ibv_send_wr* wr) {
   const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
   return ah && ah->attr.is_global && ah->attr.grh.sgid_index != 0 && gid_is_multicast(ah->attr.grh.dgid.raw) &&
          (wr->wr.ud.remote_qpn & 0xffffff) == kMulticastQpn;
@@ -757,7 +757,7 @@ bool roce_ud_multicast(const QpState&, const ibv_send_wr* wr) {
 // set by the daemon on every socket of the port), so this host's members
 // get the message once, from execute_ud. An MGID of the other family than
 // the QP's address (a UD QP sends from GID index 1, IPv4) stays local.
-int roce_post_mcast(QpState& q, const ibv_send_wr* wr) {
+int roce_post_mcast(ProcessQp& q, const ibv_send_wr* wr) {
   Hub& h = hub();
   std::lock_guard<std::mutex> g(h.mu);
   auto it = h.qps.find(q.qpn);
@@ -783,7 +783,7 @@ int roce_post_mcast(QpState& q, const ibv_send_wr* wr) {
   return rc;
 }
 
-int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad) {
+int roce_post_send(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   Hub& h = hub();
   std::lock_guard<std::mutex> g(h.mu);
   auto it = h.qps.find(q.qpn);

@@ -14,7 +14,7 @@
 //
 // Thread safety: every function may be called from any thread; one mutex
 // (per process) serialises all engines, the RoCE thread included. An
-// attached QP must be detached (roce_detach) before its QpState is freed.
+// attached QP must be detached (roce_detach) before its ProcessQp is freed.
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -22,23 +22,23 @@
 
 namespace sv::verbs {
 
-struct QpState;
+struct ProcessQp;
 
 // Called by ibv_modify_qp after the daemon accepted the transition to
 // `next`, with the QP's attributes as they now are. Returns 0 or an errno.
-int roce_on_modify(QpState& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next);
+int roce_on_modify(ProcessQp& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next);
 // Destroy or RESET: the QP leaves the wire.
-void roce_detach(QpState& q);
+void roce_detach(ProcessQp& q);
 // Is this QP's traffic on the wire? (post_send then calls roce_post_send.)
-bool roce_attached(const QpState& q);
+bool roce_attached(const ProcessQp& q);
 // For UD: does this work request go to another host?
-bool roce_ud_remote(const QpState& q, const ibv_send_wr* wr);
+bool roce_ud_remote(const ProcessQp& q, const ibv_send_wr* wr);
 // For UD: is this a multicast SEND (a multicast DGID, DestQP 0xFFFFFF)?
-bool roce_ud_multicast(const QpState& q, const ibv_send_wr* wr);
+bool roce_ud_multicast(const ProcessQp& q, const ibv_send_wr* wr);
 // Its copy for the wire (the IP group), without a completion: 0 or an errno
 // (the local path goes on regardless).
-int roce_post_mcast(QpState& q, const ibv_send_wr* wr);
-int roce_post_send(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad);
+int roce_post_mcast(ProcessQp& q, const ibv_send_wr* wr);
+int roce_post_send(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad);
 // ibv_poll_cq found a wire CQ empty: receive what waits and run the engines
 // in the caller's thread, unless another thread is at it. True if anything
 // was done (the CQ may have completions now).

@@ -29,7 +29,7 @@ using roce::WrOpcode;
 // SRQ's a request names (IBTA annex A14); 0 grants nothing.
 class OwnMemory : public roce::Memory {
  public:
-  OwnMemory(QpState& q, uint32_t pd) : q_(q), pd_(pd) {}
+  OwnMemory(ProcessQp& q, uint32_t pd) : q_(q), pd_(pd) {}
 
   // The MR table's entry for `key` if it grants `need` over [addr, addr+len)
   // (common/access.h). The engine checked the QP's remote access flags.
@@ -150,7 +150,7 @@ class OwnMemory : public roce::Memory {
     return q_.ctx->st->conn.call<proto::Op::InvalidateKey>(req, rep);
   }
 
-  QpState& q_;
+  ProcessQp& q_;
   uint32_t pd_;
 };
 

@@ -15,7 +15,7 @@
 
 namespace sv::verbs {
 
-struct QpState;
+struct ProcessQp;
 class XrcTargetSrqs;
 
 // The engine's completions, into the QP's CQ rings as ibv_wc (an XRC
@@ -26,12 +26,12 @@ class XrcTargetSrqs;
 // completion that tells the application about it can be polled.
 class CqSink : public roce::CompletionSink {
  public:
-  CqSink(QpState& q, XrcTargetSrqs* xrc) : q_(q), xrc_(xrc) {}
+  CqSink(ProcessQp& q, XrcTargetSrqs* xrc) : q_(q), xrc_(xrc) {}
   void complete(const roce::Completion& c) override;
   std::function<void()> before_error;
 
  private:
-  QpState& q_;
+  ProcessQp& q_;
   XrcTargetSrqs* xrc_;
 };
 
@@ -40,11 +40,11 @@ class CqSink : public roce::CompletionSink {
 // an SRQ with other QPs.
 class RingRecvSource : public roce::RecvSource {
  public:
-  explicit RingRecvSource(QpState& q) : q_(q) {}
+  explicit RingRecvSource(ProcessQp& q) : q_(q) {}
   bool take(roce::RecvWr& out) override;
 
  private:
-  QpState& q_;
+  ProcessQp& q_;
 };
 
 // "a.b.c.d" for an IPv4-mapped GID (RoCEv2, IBTA annex A17.4.5.1), else the IPv6 text.

@@ -13,12 +13,12 @@
 namespace sv::verbs {
 
 struct XrcTargetSrqs::Srq : roce::RecvSource {
-  QpState& q;
+  ProcessQp& q;
   uint32_t srqn;
   Peer peer;
   std::unique_ptr<roce::Memory> mem;
   roce::XrcSrq srq;
-  Srq(QpState& qs, uint32_t n) : q(qs), srqn(n) {}
+  Srq(ProcessQp& qs, uint32_t n) : q(qs), srqn(n) {}
   bool take(roce::RecvWr& out) override {
     shm::RecvWqe w;
     if (!pop_peer_recv(q, peer, w)) return false;
@@ -31,7 +31,7 @@ struct XrcTargetSrqs::Srq : roce::RecvSource {
   }
 };
 
-XrcTargetSrqs::XrcTargetSrqs(QpState& q, MemoryFor mem_for) : q_(q), mem_for_(std::move(mem_for)) {}
+XrcTargetSrqs::XrcTargetSrqs(ProcessQp& q, MemoryFor mem_for) : q_(q), mem_for_(std::move(mem_for)) {}
 XrcTargetSrqs::~XrcTargetSrqs() = default;
 
 const roce::XrcSrq* XrcTargetSrqs::find_srq(uint32_t srqn) {

@@ -23,13 +23,13 @@
 
 namespace sv::verbs {
 
-struct QpState;
+struct ProcessQp;
 
 class XrcTargetSrqs : public roce::XrcDomain {
  public:
   // The registered memory of PD `pd` as the engine needs it.
   using MemoryFor = std::function<std::unique_ptr<roce::Memory>(uint32_t pd)>;
-  XrcTargetSrqs(QpState& q, MemoryFor mem_for);
+  XrcTargetSrqs(ProcessQp& q, MemoryFor mem_for);
   ~XrcTargetSrqs() override;
   const roce::XrcSrq* find_srq(uint32_t srqn) override;
   // A receive completion of the target QP, with its ibv_wc status: into the
@@ -38,7 +38,7 @@ class XrcTargetSrqs : public roce::XrcDomain {
 
  private:
   struct Srq;
-  QpState& q_;
+  ProcessQp& q_;
   MemoryFor mem_for_;
   std::map<uint32_t, std::unique_ptr<Srq>> srqs_;
 };

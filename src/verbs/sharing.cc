@@ -90,7 +90,7 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
     errno = e;
     return nullptr;
   }
-  auto st = std::make_unique<QpState>();
+  auto st = std::make_unique<ProcessQp>();
   st->ctx = to_ctx(c);
   st->qpn = qpn;
   st->type = ibv_qp_type(rep.qp_type);
@@ -119,7 +119,7 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
   st->attr.cap = st->cap;
   st->attr.dest_qp_num = st->entry->dest_qpn.load();
   choose_transport(*st);
-  auto* qp = static_cast<Qp*>(std::calloc(1, sizeof(Qp)));
+  auto* qp = static_cast<QpHandle*>(std::calloc(1, sizeof(QpHandle)));
   if (!qp) {
     errno = ENOMEM;
     return nullptr;
@@ -257,7 +257,7 @@ ibv_qp* svx_import_qp(ibv_context* c, uint32_t qpn) { return import_qp_num(c, qp
 ibv_qp* svx_resolve_qp(ibv_context* c, uint32_t qpn) { return import_qp_num(c, qpn); }
 
 void svx_unimport_qp(ibv_qp* ibqp) {
-  Qp* qp = to_qp(ibqp);
+  QpHandle* qp = to_qp(ibqp);
   ContextState& cs = ctx_state(ibqp->context);
   {
     std::lock_guard<std::mutex> g(cs.mu);

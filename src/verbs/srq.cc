@@ -81,7 +81,7 @@ const int g_die_at = [] {
   return std::strcmp(e, "sq-taken") == 0 ? 3 : 0;
 }();
 
-SV_HOT bool pop_peer_recv(QpState& q, Peer& p, shm::RecvWqe& out) {
+SV_HOT bool pop_peer_recv(ProcessQp& q, Peer& p, shm::RecvWqe& out) {
   auto* h = q.hdr;
   auto before = [h, qpn = p.qpn](uint64_t pos) {
     h->torn_taken.store(0, std::memory_order_relaxed);

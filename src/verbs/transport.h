@@ -1,6 +1,6 @@
 // transport.h: which path a QP's send work requests take, chosen when the
 // QP is created, modified (RTR, RESET) or connected to its peer, and held as
-// the QP's operations (QpState::ops), as rdma-core's providers set their
+// the QP's operations (ProcessQp::ops), as rdma-core's providers set their
 // per-QP post functions when a QP is created or modified. ibv_post_send
 // calls the QP's post_send without deciding anything per call.
 //
@@ -26,7 +26,7 @@ struct SendWqe;
 
 namespace sv::verbs {
 
-struct QpState;
+struct ProcessQp;
 
 // What carrying out one request did.
 enum class Step { kDone, kRnr, kRetry, kError };
@@ -42,22 +42,22 @@ struct QpOps {
   const char* path;  // "shared memory", "mediated", "wire", "none": for traces and tests
   // ibv_post_send; all_or_nothing: ibv_wr_complete (every request checked,
   // and room for all, before any runs).
-  int (*post_send)(QpState& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing);
+  int (*post_send)(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing);
   // Carries out one request of the send queue (at post time or later, from
   // the progress thread), with the send lock held.
-  Outcome (*execute)(QpState& q, const shm::SendWqe& w);
+  Outcome (*execute)(ProcessQp& q, const shm::SendWqe& w);
 };
 
 // Sets q.ops from the QP's type, whether it is on the wire (roce_attached)
 // and whether its peer is another user's (Peer::mediated). Called at
 // create/import, by ibv_modify_qp at RTR and RESET, and when the requester
 // (re)connects the QP to its peer (with the send lock held).
-void choose_transport(QpState& q);
+void choose_transport(ProcessQp& q);
 
 // The daemon's part of the requester (requester_daemon.cc): binds and
 // local invalidations, and every request to a mediated peer.
-Outcome execute_local(QpState& q, const shm::SendWqe& w);
-Outcome execute_mediated(QpState& q, const shm::SendWqe& w);
+Outcome execute_local(ProcessQp& q, const shm::SendWqe& w);
+Outcome execute_mediated(ProcessQp& q, const shm::SendWqe& w);
 
 // Pipelined requests of a mediated RC QP (requester_daemon.cc), all with
 // the send lock held. How many are in flight (sent, not yet off the send
@@ -66,9 +66,9 @@ Outcome execute_mediated(QpState& q, const shm::SendWqe& w);
 // send queue after those in flight, or about to be pushed there) as the
 // next of this process's run: 0 or an errno; draining waits for the
 // daemon to finish them all (at most seconds, for a dead sharer's run).
-uint64_t mediated_in_flight(const QpState& q);
-uint64_t mediated_reap(QpState& q);
-int mediated_send(QpState& q, const shm::SendWqe& w);
-void mediated_drain(QpState& q);
+uint64_t mediated_in_flight(const ProcessQp& q);
+uint64_t mediated_reap(ProcessQp& q);
+int mediated_send(ProcessQp& q, const shm::SendWqe& w);
+void mediated_drain(ProcessQp& q);
 
 }  // namespace sv::verbs

@@ -8,7 +8,7 @@
 
 namespace sv::verbs {
 
-int validate_wr(const QpState& q, const ibv_send_wr* wr) {
+int validate_wr(const ProcessQp& q, const ibv_send_wr* wr) {
   const uint32_t opcode = opcode_of(wr);
   const WrRule& r = wr_rule(opcode);
   if (!r.known || !(r.qp_types & qp_type_bit(q.type))) return EINVAL;
@@ -37,7 +37,7 @@ int validate_wr(const QpState& q, const ibv_send_wr* wr) {
   return 0;
 }
 
-void to_send_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w) {
+void to_send_wqe(const ProcessQp& q, const ibv_send_wr* wr, shm::SendWqe& w) {
   const uint32_t opcode = opcode_of(wr);
   w.wr_id = wr->wr_id;
   w.opcode = opcode;

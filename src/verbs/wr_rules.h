@@ -14,7 +14,7 @@
 
 namespace sv::verbs {
 
-struct QpState;
+struct ProcessQp;
 
 // Internal send flag of a queued SendWqe: inline_data holds the payload
 // (captured when the request was queued; ibv_post_send(3) lets the caller
@@ -73,10 +73,10 @@ inline uint32_t opcode_of(const ibv_send_wr* wr) {
 // an opcode its type does not have, a bad address handle or window, more
 // SGEs than the QP has, inline data it cannot hold, an atomic without one
 // 8-byte result buffer (IBTA 9.4.5).
-int validate_wr(const QpState& q, const ibv_send_wr* wr);
+int validate_wr(const ProcessQp& q, const ibv_send_wr* wr);
 
 // The SendWqe of a validated request (what the send queue holds).
-void to_send_wqe(const QpState& q, const ibv_send_wr* wr, shm::SendWqe& w);
+void to_send_wqe(const ProcessQp& q, const ibv_send_wr* wr, shm::SendWqe& w);
 
 // The IBV_QP_EX_WITH_* ops a QP type allows (ibv_create_qp_ex send_ops_flags).
 uint64_t supported_send_ops(ibv_qp_type type);

@@ -1,5 +1,5 @@
 // The opcode rules (wr_rules.h) and validate_wr(), table-driven, without a
-// daemon: a QpState of each type with only what the check reads.
+// daemon: a ProcessQp of each type with only what the check reads.
 #include "verbs/wr_rules.h"
 
 #include <gtest/gtest.h>
@@ -13,8 +13,8 @@ namespace {
 
 struct FakeQp {
   ibv_context ctx{};
-  Qp qp{};
-  QpState st;
+  QpHandle qp{};
+  ProcessQp st;
   explicit FakeQp(ibv_qp_type t) {
     st.type = t;
     st.cap = {16, 16, 4, 4, 64};

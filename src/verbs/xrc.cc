@@ -127,7 +127,7 @@ ibv_qp* open_qp(ibv_context* c, ibv_qp_open_attr* a) {
     errno = e;
     return nullptr;
   }
-  auto st = std::make_unique<QpState>();
+  auto st = std::make_unique<ProcessQp>();
   st->ctx = to_ctx(c);
   st->qpn = a->qp_num;
   st->type = IBV_QPT_XRC_RECV;
@@ -143,7 +143,7 @@ ibv_qp* open_qp(ibv_context* c, ibv_qp_open_attr* a) {
   st->attr.qp_state = ibv_qp_state(st->entry->state.load());
   st->attr.dest_qp_num = st->entry->dest_qpn.load();
   choose_transport(*st);
-  auto* qp = static_cast<Qp*>(std::calloc(1, sizeof(Qp)));
+  auto* qp = static_cast<QpHandle*>(std::calloc(1, sizeof(QpHandle)));
   if (!qp) {
     errno = ENOMEM;
     return nullptr;

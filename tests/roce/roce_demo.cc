@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   c.timeout = 12;  // 16.8 ms
   c.access = kRemoteWrite | kRemoteRead | kRemoteAtomic;
   Cq cq;
-  Qp qp(c, ep, cq, mem, clock);
+  EngineQp qp(c, ep, cq, mem, clock);
   ep.attach(&qp);
   const uint64_t deadline = clock.now_ns() + 60'000'000'000ull;
   int failures = 0;
