@@ -70,17 +70,18 @@ struct OtherDaemon {
       wait_for(pid);
     }
   }
-  bool alive() const {
+  int exit_status = -1;  // once reaped: its exit status (128 + signal)
+  // Whether it runs; one that stopped is reaped here, its status kept.
+  bool alive() {
+    if (pid <= 0) return false;
     int st = 0;
-    return pid > 0 && ::waitpid(pid, &st, WNOHANG) == 0;
+    if (::waitpid(pid, &st, WNOHANG) != pid) return true;
+    exit_status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    pid = -1;
+    return false;
   }
   // The exit status once it stopped by itself (77: not prepared), else -1.
-  int stopped() {
-    if (alive()) return -1;
-    const int rc = wait_for(pid);
-    pid = -1;
-    return rc;
-  }
+  int stopped() { return alive() ? -1 : exit_status; }
 };
 
 // Two opens with stderr in a memfd: 0 when both failed and `want` is on

@@ -697,6 +697,12 @@ TEST_P(Semantics, UdSendArrivesAfterTheGrh) {
 // write_lat) rely on; softverbs promises it on every path -------------------
 
 TEST_P(Semantics, LastByteOfAWriteLandsLast) {
+#if defined(__SANITIZE_THREAD__)
+  // The watcher reads the buffer while the responder stores into it, with
+  // no atomics, as an RDMA poller does: on the wire path both are threads of
+  // one process, a race by design that TSan reports.
+  if (GetParam() == Path::kWire) GTEST_SKIP() << "a poller's read of a buffer being written is a race by design";
+#endif
   OpenArgs big;
   big.len = 2 << 20;
   open_pair(big, big);
