@@ -310,7 +310,12 @@ class CommandHandles : public Commands {
     using C = proto::Command<op>;
     if constexpr (proto::has_handle_fields<op>()) {
       typename C::Req req{};
-      for (const auto& f : proto::HandleFields<op>::list) req.*f.field = make(f.kind);
+      for (const auto& f : proto::HandleFields<op>::list) {
+        req.*f.field = make(f.kind);
+        // A grant, as NsOpen of another user's CQ makes: the rule's case
+        // that lets the handler run.
+        if (f.rule == proto::HandleRule::kGranted) reg().grant_cq(client, req.*f.field);
+      }
       // The handler runs whatever its other fields say (its status is its
       // own): the resolution that precedes it reads only the handle fields.
       const Reply r = send(op, req);
@@ -360,6 +365,51 @@ TEST_F(CommandHandles, DeclaredFieldsAreResolvedAndDestroyedGenerically) {
   req.handle = mr_req.pd;
   EXPECT_EQ(0, send(proto::Op::DeallocPd, req).h.status);
   EXPECT_EQ(EINVAL, send(proto::Op::QueryPd, req).h.status);
+}
+
+// A field's rule is the declaration's, applied before the handler runs:
+// the caller's own CQ is no grant (PollCq), a CQ nobody completes into from
+// the caller's QPs is not completable (another context's), and an SRQ that
+// exists but is out of the caller's reach is EACCES (SrqLimit).
+TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
+  proto::PollCqReq poll{};
+  poll.handle = cq();
+  poll.max = 1;
+  EXPECT_EQ(EINVAL, send(proto::Op::PollCq, poll).h.status);  // its own: it polls the segment itself
+  reg().grant_cq(client, poll.handle);
+  EXPECT_EQ(0, send(proto::Op::PollCq, poll).h.status);
+  poll.max = 0;
+  EXPECT_EQ(EINVAL, send(proto::Op::PollCq, poll).h.status);
+
+  const uint32_t other = reg().add_client(::getpid(), ::getuid(), ::getgid());  // a context of its own
+  proto::CreateCqReq cq_req{};
+  cq_req.cqe = 4;
+  proto::CreateCqReply cq_rep{};
+  std::vector<int> fds;
+  ASSERT_EQ(0, reg().create_cq(other, 0, cq_req, cq_rep, fds));
+  proto::HandleReq req{};
+  req.handle = cq_rep.handle;
+  EXPECT_EQ(EINVAL, send(proto::Op::GetCq, req).h.status);
+  EXPECT_EQ(EINVAL, send(proto::Op::CqError, req).h.status);
+  EXPECT_EQ(EINVAL, send(proto::Op::ImportCq, req).h.status);
+  req.handle = cq();
+  EXPECT_EQ(0, send(proto::Op::GetCq, req).h.status);
+  EXPECT_EQ(0, send(proto::Op::ImportCq, req).h.status);
+
+  proto::CreateSrqReq srq_req{};
+  srq_req.pd = 0;
+  ASSERT_EQ(0, reg().alloc_pd(other, srq_req.pd));
+  srq_req.max_wr = 4;
+  srq_req.max_sge = 1;
+  srq_req.srq_type = IBV_SRQT_BASIC;
+  proto::CreateSrqReply srq_rep{};
+  ASSERT_EQ(0, reg().create_srq(other, nullptr, srq_req, srq_rep, fds));
+  req.handle = srq_rep.handle;
+  EXPECT_EQ(EACCES, send(proto::Op::SrqLimit, req).h.status);  // exists, not reached
+  req.handle = 0x7777;
+  EXPECT_EQ(EINVAL, send(proto::Op::SrqLimit, req).h.status);  // none
+  req.handle = srq();
+  EXPECT_EQ(0, send(proto::Op::SrqLimit, req).h.status);
 }
 
 }  // namespace
