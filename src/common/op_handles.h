@@ -36,6 +36,10 @@ enum class HandleRule : uint8_t {
   kCompletable,     // a CQ the caller's QPs may complete into (the CQ of a peer they reach)
   kReachable,       // an SRQ the caller's QPs reach (its own, XRC, or a peer's both ways connected);
                     // one that exists but is not reachable: EACCES
+  // The field is a key (an MR's key, or a window's), not a handle:
+  kOwnKey,          // the MR of an MR key of the caller's context (not a window's)
+  kReachableKey,    // the MR of a key (a window's: the MR it is bound to) of the caller's user, whose PD
+                    // is the caller's or one its QPs reach; no such key: EINVAL, out of reach: EACCES
 };
 template <class Req>
 struct HandleField {
@@ -82,7 +86,8 @@ SV_FIELDS(ReregMr,        SV_F(handle, Mr, Read), SV_F(pd, Pd, Optional), SV_F(b
 SV_FIELDS(RegDmMr,        SV_F(pd, Pd, Read), SV_F(dm, Dm, Read))
 SV_FIELDS(BindMw,         SV_F(mw, Mw, Read), SV_F(qpn, Qp, Read))
 SV_FIELDS(RegShmid,       SV_F(pd, Pd, Read))
-SV_FIELDS(RegShared,      SV_F(pd, Pd, Read))
+SV_FIELDS(RegShared,      SV_F(pd, Pd, Read), SV_FR(key, Mr, Read, OwnKey))
+SV_FIELDS(GetMrBacking,   SV_FR(key, Mr, Read, ReachableKey))
 SV_FIELDS(InvalidateKey,  SV_F(qpn, Qp, Read))
 SV_FIELDS(AllocMw,        SV_F(pd, Pd, Read))
 SV_FIELDS(CreateCq,       SV_F(channel, Channel, Optional))
@@ -123,6 +128,8 @@ constexpr bool rule_fits(Obj kind, HandleRule rule) {
   switch (rule) {
     case HandleRule::kOwned: return true;
     case HandleRule::kReachable: return kind == kObjSrq;
+    case HandleRule::kOwnKey:
+    case HandleRule::kReachableKey: return kind == kObjMr;
     default: return kind == kObjCq;
   }
 }

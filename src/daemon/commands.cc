@@ -194,14 +194,14 @@ SV_HANDLER(QueryMr) {
   env.registry.query_mr(obj.id<0>(), obj.get<0>(), rep);
   return 0;
 }
-SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(env.client, req.key, rep, env.out_fds); }
+SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(obj.get<0>(), rep, env.out_fds); }
 SV_HANDLER(RegShmid) {
   (void)obj.get<0>();  // the PD: the caller's (the registration that follows names it)
   return env.registry.reg_shmid(env.client, req, rep, env.out_fds);
 }
 SV_HANDLER(RegShared) {
   (void)obj.get<0>();  // the PD: the caller's (the new MR records req.pd)
-  return env.registry.reg_shared(env.client, req, rep);
+  return env.registry.reg_shared(env.client, obj.get<1>(), req, rep);
 }
 SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, obj.id<0>(), req, rep); }
 SV_DESTROY_HANDLER(DeallocMw)
@@ -277,6 +277,8 @@ SV_HANDLER(MediateGone) { return env.registry.mediate_gone(obj.get<0>(), req.cli
 SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, obj.get<0>(), req); }
 SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(obj.get<0>(), req); }
 SV_HANDLER(RoceAttach) {
+  // RoCE off is EOPNOTSUPP whatever the QP (Daemon.RoceAttachRefusedWithRoceOff):
+  // the QP is checked here, after it, not as a declared field.
   if (!env.roce.opened()) return EOPNOTSUPP;  // SOFTVERBS_ROCE=0
   if (!env.registry.holds_qp(env.client, req.qpn)) return EINVAL;
   // The connection's arrival socket pair, made at its first attach: two

@@ -202,6 +202,10 @@ int Registry::resolve(ObjKind kind, proto::HandleRule rule, uint32_t client, uin
         out = s;
       }
       break;
+    case HandleRule::kOwnKey:
+    case HandleRule::kReachableKey:
+      if (kind == ObjKind::kMr) return mr_by_key(client, handle, rule == HandleRule::kReachableKey, out);
+      break;
   }
   return out ? 0 : EINVAL;
 }

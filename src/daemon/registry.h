@@ -124,7 +124,8 @@ class Registry : private MediationTables {
   // A region by id, and a registration of an MR's pages (by key): req.pd is
   // the client's (resolved by the command layer).
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
-  int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
+  // `mr`: the client's MR of key req.key (resolved by the command layer).
+  int reg_shared(uint32_t client, const daemon::Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep);
   // The namespace (name_space.h). Publishing needs the object in the
   // caller's context; opening attaches the caller's fresh connection to the
   // object's context, as ibv_import_device does, after the mode check.
@@ -187,8 +188,9 @@ class Registry : private MediationTables {
                    std::vector<int>& out_fds);
   int connect_ud(uint32_t client, const daemon::Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
                  std::vector<int>& out_fds);
-  int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
-                     std::vector<int>& out_fds);
+  // The backing of MR `mr`, which the key of the request reaches (resolved
+  // by the command layer, HandleRule::kReachableKey).
+  int get_mr_backing(const daemon::Mr& mr, proto::GetMrBackingReply& rep, std::vector<int>& out_fds);
   // The requester QP `qpn` (the client's) reports a responder error.
   int peer_error(uint32_t qpn, uint32_t wc_status);
   // Operations towards a peer of another user: the registry's Mediation
@@ -395,6 +397,9 @@ class Registry : private MediationTables {
   bool may_complete_into(uint32_t client, uint32_t cq);
   void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
   bool cq_granted(uint32_t client, uint32_t handle) const;
+  // The MR a key names for the client (HandleRule::kOwnKey, or kReachableKey
+  // when `reach`): 0, EINVAL or EACCES.
+  int mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out);
   // Whether the client's QPs reach SRQ `handle` (its own, XRC, or a peer's connected both ways).
   bool srq_reachable(uint32_t client, const daemon::Srq& srq, uint32_t handle);
 
