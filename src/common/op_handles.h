@@ -2,10 +2,12 @@
 // op table (protocol.h), whose Handles say only the kinds.
 //
 // Per op, each request field that names an object of the caller: the field,
-// its kind (one kObj bit, one of the op's Handles) and what the op does to
-// it. The daemon resolves every declared field before the op's handler runs
-// (src/daemon/commands.cc: the object must exist and belong to the caller's
-// context, else EINVAL), hands the handler the typed objects, and after it
+// its kind (one kObj bit, one of the op's Handles), what the op does to it
+// and who may name it (HandleRule: by default the caller's context). The
+// daemon resolves every declared field before the op's handler runs
+// (src/daemon/commands.cc, Registry::resolve: the object must exist and the
+// rule allow the caller, else EINVAL, or the rule's own errno), hands the
+// handler the typed objects, and after it
 // succeeds destroys a kDestroy one (EBUSY while other objects use it), as
 // the kernel's uverbs core does with the UVERBS_ATTR_IDR attributes of a
 // method. A handler looks up no handle of its own: commands_test.cc runs
@@ -26,11 +28,25 @@ enum class HandleAccess : uint8_t {
   kOptional,  // as kRead, or 0 for none
   kDestroy,   // the caller's object, which the op destroys
 };
+// Who may name the object (Registry::resolve applies the rule).
+enum class HandleRule : uint8_t {
+  kOwned,           // of the caller's context (a QP: also one the caller holds, an XRC target QP)
+  kOwnedOrGranted,  // a CQ: as kOwned, or granted to the caller by name (NsOpen by another user)
+  kGranted,         // a CQ granted to the caller by name, not its own (the daemon polls it for the caller)
+  kCompletable,     // a CQ the caller's QPs may complete into (the CQ of a peer they reach)
+  kReachable,       // an SRQ the caller's QPs reach (its own, XRC, or a peer's both ways connected);
+                    // one that exists but is not reachable: EACCES
+  // The field is a key (an MR's key, or a window's), not a handle:
+  kOwnKey,          // the MR of an MR key of the caller's context (not a window's)
+  kReachableKey,    // the MR of a key (a window's: the MR it is bound to) of the caller's user, whose PD
+                    // is the caller's or one its QPs reach; no such key: EINVAL, out of reach: EACCES
+};
 template <class Req>
 struct HandleField {
   uint32_t Req::*field;
   Obj kind;
   HandleAccess access;
+  HandleRule rule = HandleRule::kOwned;
 };
 
 // Ops not listed have no field the daemon resolves for them (their Handles
@@ -47,7 +63,8 @@ struct HandleFields {
     using R = Command<Op::op_>::Req;                                           \
     static constexpr auto list = std::to_array<HandleField<R>>({__VA_ARGS__}); \
   };
-#define SV_F(field_, kind_, access_) {&R::field_, kObj##kind_, HandleAccess::k##access_}
+#define SV_F(field_, kind_, access_) {&R::field_, kObj##kind_, HandleAccess::k##access_, HandleRule::kOwned}
+#define SV_FR(field_, kind_, access_, rule_) {&R::field_, kObj##kind_, HandleAccess::k##access_, HandleRule::k##rule_}
 
 //        op                 field   kind     access
 SV_FIELDS(DeallocPd,      SV_F(handle, Pd, Destroy))
@@ -69,12 +86,18 @@ SV_FIELDS(ReregMr,        SV_F(handle, Mr, Read), SV_F(pd, Pd, Optional), SV_F(b
 SV_FIELDS(RegDmMr,        SV_F(pd, Pd, Read), SV_F(dm, Dm, Read))
 SV_FIELDS(BindMw,         SV_F(mw, Mw, Read), SV_F(qpn, Qp, Read))
 SV_FIELDS(RegShmid,       SV_F(pd, Pd, Read))
-SV_FIELDS(RegShared,      SV_F(pd, Pd, Read))
+SV_FIELDS(RegShared,      SV_F(pd, Pd, Read), SV_FR(key, Mr, Read, OwnKey))
+SV_FIELDS(GetMrBacking,   SV_FR(key, Mr, Read, ReachableKey))
 SV_FIELDS(InvalidateKey,  SV_F(qpn, Qp, Read))
 SV_FIELDS(AllocMw,        SV_F(pd, Pd, Read))
 SV_FIELDS(CreateCq,       SV_F(channel, Channel, Optional))
 SV_FIELDS(ResizeCq,       SV_F(handle, Cq, Read))
 SV_FIELDS(ResizeCqDone,   SV_F(handle, Cq, Read))
+SV_FIELDS(ImportCq,       SV_FR(handle, Cq, Read, OwnedOrGranted))
+SV_FIELDS(PollCq,         SV_FR(handle, Cq, Read, Granted))
+SV_FIELDS(GetCq,          SV_FR(handle, Cq, Read, Completable))
+SV_FIELDS(CqError,        SV_FR(handle, Cq, Read, Completable))
+SV_FIELDS(SrqLimit,       SV_FR(handle, Srq, Read, Reachable))
 SV_FIELDS(CreateSrq,      SV_F(pd, Pd, Read), SV_F(xrcd, Xrcd, Optional), SV_F(cq, Cq, Optional))
 SV_FIELDS(CreateQp,       SV_F(pd, Pd, Optional), SV_F(send_cq, Cq, Optional), SV_F(recv_cq, Cq, Optional),
                           SV_F(srq, Srq, Optional), SV_F(xrcd, Xrcd, Optional))
@@ -87,6 +110,10 @@ SV_FIELDS(ConnectUd,      SV_F(qpn, Qp, Read))
 SV_FIELDS(PeerError,      SV_F(handle, Qp, Read))
 SV_FIELDS(AttachMcast,    SV_F(qpn, Qp, Read))
 SV_FIELDS(DetachMcast,    SV_F(qpn, Qp, Read))
+SV_FIELDS(Mediate,        SV_F(qpn, Qp, Read))
+SV_FIELDS(MediatePost,    SV_F(qpn, Qp, Read))
+SV_FIELDS(MediateGone,    SV_F(qpn, Qp, Read))
+#undef SV_FR
 #undef SV_F
 #undef SV_FIELDS
 
@@ -96,8 +123,19 @@ constexpr bool has_handle_fields() {
   return !HandleFields<op>::list.empty();
 }
 
+// A rule other than kOwned is for the one kind it is written for.
+constexpr bool rule_fits(Obj kind, HandleRule rule) {
+  switch (rule) {
+    case HandleRule::kOwned: return true;
+    case HandleRule::kReachable: return kind == kObjSrq;
+    case HandleRule::kOwnKey:
+    case HandleRule::kReachableKey: return kind == kObjMr;
+    default: return kind == kObjCq;
+  }
+}
+
 // Every declared field is of one kind that its op's Handles name for that
-// access, and every op that destroys an object of the tables (a name is
+// access, under a rule for that kind, and every op that destroys an object of the tables (a name is
 // not one) declares the field that names it.
 template <Op op>
 constexpr bool fields_match_handles() {
@@ -105,7 +143,7 @@ constexpr bool fields_match_handles() {
   int destroyed = 0;
   for (const auto& f : HandleFields<op>::list) {
     const uint16_t mask = f.access == HandleAccess::kDestroy ? h.destroys : h.reads;
-    if (!(mask & f.kind) || (f.kind & (f.kind - 1))) return false;
+    if (!(mask & f.kind) || (f.kind & (f.kind - 1)) || !rule_fits(f.kind, f.rule)) return false;
     destroyed += f.access == HandleAccess::kDestroy;
   }
   return destroyed == ((h.destroys & ~kObjName) ? 1 : 0);

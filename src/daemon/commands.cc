@@ -32,9 +32,9 @@ using Rep = typename proto::Command<op>::Rep;
 HandleAudit g_audit;
 
 // The objects the request fields of op `op` name (common/op_handles.h),
-// resolved before its handler runs: each must exist and be the caller's
-// (Registry::resolve), else the request fails with EINVAL and no handler
-// runs. The handler takes them typed from here, which records which ones
+// resolved before its handler runs: each must exist and its field's rule
+// allow the caller (Registry::resolve: by default, the caller's), else the
+// request fails with EINVAL (or the rule's errno) and no handler runs. The handler takes them typed from here, which records which ones
 // it used; a kDestroy one is destroyed here once the handler succeeded.
 template <Op op>
 class Resolved {
@@ -47,7 +47,7 @@ class Resolved {
   static constexpr ObjKind kind = ObjType<kFields[I].kind>::kind;
 
  public:
-  // 0, or EINVAL naming the first field that is no object of the caller.
+  // 0, or the errno of the first field whose object the caller may not name.
   int resolve(Registry& reg, uint32_t client, const Req<op>& req) {
     return resolve_each(reg, client, req, std::make_index_sequence<kN>{});
   }
@@ -88,11 +88,11 @@ class Resolved {
   int resolve_one(Registry& reg, uint32_t client, uint32_t handle) {
     ids_[I] = handle;
     if (kFields[I].access == proto::HandleAccess::kOptional && handle == 0) return 0;
-    objs_[I] = reg.resolve(kind<I>, client, handle);
-    if (objs_[I]) return 0;
-    SV_TRACE("daemon: %s: %s %u is no object of the caller", proto::Command<op>::info.name,
-             type_info(kind<I>).name, handle);
-    return EINVAL;
+    const int e = reg.resolve(kind<I>, kFields[I].rule, client, handle, objs_[I]);
+    if (e == 0) return 0;
+    SV_TRACE("daemon: %s: %s %u is no object the caller may name (rule %u): %s", proto::Command<op>::info.name,
+             type_info(kind<I>).name, handle, unsigned(kFields[I].rule), std::strerror(e));
+    return e;
   }
   template <size_t... I>
   int destroy_each([[maybe_unused]] Registry& reg, [[maybe_unused]] uint32_t client, std::index_sequence<I...>) {
@@ -194,14 +194,14 @@ SV_HANDLER(QueryMr) {
   env.registry.query_mr(obj.id<0>(), obj.get<0>(), rep);
   return 0;
 }
-SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(env.client, req.key, rep, env.out_fds); }
+SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(obj.get<0>(), rep, env.out_fds); }
 SV_HANDLER(RegShmid) {
   (void)obj.get<0>();  // the PD: the caller's (the registration that follows names it)
   return env.registry.reg_shmid(env.client, req, rep, env.out_fds);
 }
 SV_HANDLER(RegShared) {
   (void)obj.get<0>();  // the PD: the caller's (the new MR records req.pd)
-  return env.registry.reg_shared(env.client, req, rep);
+  return env.registry.reg_shared(env.client, obj.get<1>(), req, rep);
 }
 SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, obj.id<0>(), req, rep); }
 SV_DESTROY_HANDLER(DeallocMw)
@@ -228,12 +228,12 @@ SV_HANDLER(ImportChannel) {
 }
 SV_HANDLER(CreateCq) { return env.registry.create_cq(env.client, obj.id<0>(), req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(DestroyCq)
-SV_HANDLER(ImportCq) { return env.registry.import_cq(env.client, req.handle, rep, env.out_fds); }
+SV_HANDLER(ImportCq) { return env.registry.import_cq(env.client, obj.get<0>(), rep, env.out_fds); }
 SV_HANDLER(ResizeCq) { return env.registry.resize_cq(obj.get<0>(), req, rep, env.out_fds); }
 SV_HANDLER(ResizeCqDone) { return env.registry.resize_cq_done(obj.get<0>(), req); }
-SV_HANDLER(GetCq) { return env.registry.get_cq(env.client, req.handle, rep, env.out_fds); }
-SV_HANDLER(CqError) { return env.registry.cq_error(env.client, req.handle); }
-SV_HANDLER(PollCq) { return env.registry.poll_granted_cq(env.client, req, rep); }
+SV_HANDLER(GetCq) { return env.registry.get_cq(obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(CqError) { return env.registry.cq_error(obj.get<0>(), obj.id<0>()); }
+SV_HANDLER(PollCq) { return env.registry.poll_granted_cq(obj.get<0>(), req, rep); }
 
 // ---- QPs ------------------------------------------------------------------
 SV_HANDLER(CreateQp) {
@@ -259,10 +259,10 @@ SV_HANDLER(ImportQp) {
 SV_HANDLER(ConnectPeer) { return env.registry.connect_peer(env.client, obj.get<0>(), obj.id<0>(), rep, env.out_fds); }
 SV_HANDLER(ConnectUd) { return env.registry.connect_ud(env.client, obj.get<0>(), req.dest, rep, env.out_fds); }
 SV_HANDLER(PeerError) { return env.registry.peer_error(obj.id<0>(), req.wc_status); }
-SV_HANDLER(Mediate) { return env.registry.mediate(env.client, req, rep, env.deferred); }
+SV_HANDLER(Mediate) { return env.registry.mediate(env.client, obj.get<0>(), req, rep, env.deferred); }
 SV_HANDLER(MediatePost) {
   (void)rep;  // never sent (Server::serve)
-  return env.registry.mediate_posted(env.client, req, env.deferred);
+  return env.registry.mediate_posted(env.client, obj.get<0>(), req, env.deferred);
 }
 SV_HANDLER(PostRing) {
   (void)req;
@@ -273,10 +273,12 @@ SV_HANDLER(Wake) {
   (void)rep;
   return env.wake ? env.wake(env.out_fds) : EOPNOTSUPP;
 }
-SV_HANDLER(MediateGone) { return env.registry.mediate_gone(env.client, req.qpn, req.client); }
+SV_HANDLER(MediateGone) { return env.registry.mediate_gone(obj.get<0>(), req.client); }
 SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, obj.get<0>(), req); }
 SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(obj.get<0>(), req); }
 SV_HANDLER(RoceAttach) {
+  // RoCE off is EOPNOTSUPP whatever the QP (Daemon.RoceAttachRefusedWithRoceOff):
+  // the QP is checked here, after it, not as a declared field.
   if (!env.roce.opened()) return EOPNOTSUPP;  // SOFTVERBS_ROCE=0
   if (!env.registry.holds_qp(env.client, req.qpn)) return EINVAL;
   // The connection's arrival socket pair, made at its first attach: two
@@ -309,7 +311,7 @@ SV_HANDLER(ImportSrq) {
   env.out_fds.push_back(srq.fd.get());
   return 0;
 }
-SV_HANDLER(SrqLimit) { return env.registry.srq_limit(env.client, req.handle); }
+SV_HANDLER(SrqLimit) { return env.registry.srq_limit(obj.get<0>(), obj.id<0>()); }
 SV_HANDLER(OpenXrcd) {
   Fd fd = env.in_fds.empty() ? Fd() : std::move(env.in_fds[0]);  // none: a private domain
   return env.registry.open_xrcd(env.client, req, std::move(fd), rep.handle);

@@ -239,7 +239,9 @@ class CommandHandles : public Commands {
     EXPECT_EQ(0, reg().create_qp(client, {}, req, rep, fds));
     return rep.qpn;
   }
-  uint32_t mr() {
+  uint32_t mr() { return reg_mr().handle; }
+  uint32_t mr_key() { return reg_mr().key; }
+  proto::RegMrReply reg_mr() {
     proto::RegMrReq req{};
     req.pd = pd();
     req.backing = backing();
@@ -249,7 +251,7 @@ class CommandHandles : public Commands {
     const Reply r = send(proto::Op::RegMr, req);
     EXPECT_EQ(0, r.h.status);
     std::memcpy(&rep, r.bytes, sizeof rep);
-    return rep.handle;
+    return rep;
   }
   uint32_t srq() {
     proto::CreateSrqReq req{};
@@ -310,7 +312,13 @@ class CommandHandles : public Commands {
     using C = proto::Command<op>;
     if constexpr (proto::has_handle_fields<op>()) {
       typename C::Req req{};
-      for (const auto& f : proto::HandleFields<op>::list) req.*f.field = make(f.kind);
+      for (const auto& f : proto::HandleFields<op>::list) {
+        const bool key = f.rule == proto::HandleRule::kOwnKey || f.rule == proto::HandleRule::kReachableKey;
+        req.*f.field = key ? mr_key() : make(f.kind);
+        // A grant, as NsOpen of another user's CQ makes: the rule's case
+        // that lets the handler run.
+        if (f.rule == proto::HandleRule::kGranted) reg().grant_cq(client, req.*f.field);
+      }
       // The handler runs whatever its other fields say (its status is its
       // own): the resolution that precedes it reads only the handle fields.
       const Reply r = send(op, req);
@@ -360,6 +368,86 @@ TEST_F(CommandHandles, DeclaredFieldsAreResolvedAndDestroyedGenerically) {
   req.handle = mr_req.pd;
   EXPECT_EQ(0, send(proto::Op::DeallocPd, req).h.status);
   EXPECT_EQ(EINVAL, send(proto::Op::QueryPd, req).h.status);
+}
+
+// A field's rule is the declaration's, applied before the handler runs:
+// the caller's own CQ is no grant (PollCq), a CQ nobody completes into from
+// the caller's QPs is not completable (another context's), and an SRQ that
+// exists but is out of the caller's reach is EACCES (SrqLimit).
+TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
+  proto::PollCqReq poll{};
+  poll.handle = cq();
+  poll.max = 1;
+  EXPECT_EQ(EINVAL, send(proto::Op::PollCq, poll).h.status);  // its own: it polls the segment itself
+  reg().grant_cq(client, poll.handle);
+  EXPECT_EQ(0, send(proto::Op::PollCq, poll).h.status);
+  poll.max = 0;
+  EXPECT_EQ(EINVAL, send(proto::Op::PollCq, poll).h.status);
+
+  const uint32_t other = reg().add_client(::getpid(), ::getuid(), ::getgid());  // a context of its own
+  proto::CreateCqReq cq_req{};
+  cq_req.cqe = 4;
+  proto::CreateCqReply cq_rep{};
+  std::vector<int> fds;
+  ASSERT_EQ(0, reg().create_cq(other, 0, cq_req, cq_rep, fds));
+  proto::HandleReq req{};
+  req.handle = cq_rep.handle;
+  EXPECT_EQ(EINVAL, send(proto::Op::GetCq, req).h.status);
+  EXPECT_EQ(EINVAL, send(proto::Op::CqError, req).h.status);
+  EXPECT_EQ(EINVAL, send(proto::Op::ImportCq, req).h.status);
+  req.handle = cq();
+  EXPECT_EQ(0, send(proto::Op::GetCq, req).h.status);
+  EXPECT_EQ(0, send(proto::Op::ImportCq, req).h.status);
+
+  proto::CreateSrqReq srq_req{};
+  srq_req.pd = 0;
+  ASSERT_EQ(0, reg().alloc_pd(other, srq_req.pd));
+  srq_req.max_wr = 4;
+  srq_req.max_sge = 1;
+  srq_req.srq_type = IBV_SRQT_BASIC;
+  proto::CreateSrqReply srq_rep{};
+  ASSERT_EQ(0, reg().create_srq(other, nullptr, srq_req, srq_rep, fds));
+  req.handle = srq_rep.handle;
+  EXPECT_EQ(EACCES, send(proto::Op::SrqLimit, req).h.status);  // exists, not reached
+  req.handle = 0x7777;
+  EXPECT_EQ(EINVAL, send(proto::Op::SrqLimit, req).h.status);  // none
+  req.handle = srq();
+  EXPECT_EQ(0, send(proto::Op::SrqLimit, req).h.status);
+}
+
+// Fields that are keys: GetMrBacking's reaches the MR of a key of the
+// caller's user whose PD the caller owns or reaches (EACCES otherwise,
+// EINVAL for no key); RegShared's is an MR key of the caller's own context.
+TEST_F(CommandHandles, DeclaredKeyRules) {
+  proto::GetMrBackingReq get{};
+  get.key = mr_key();
+  EXPECT_EQ(0, send(proto::Op::GetMrBacking, get).h.status);
+  get.key = 0x777701;
+  EXPECT_EQ(EINVAL, send(proto::Op::GetMrBacking, get).h.status);
+
+  const uint32_t other = reg().add_client(::getpid(), ::getuid(), ::getgid());  // a context of its own
+  int fd = ::memfd_create("commands-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(0, ::ftruncate(fd, 4096));
+  ASSERT_EQ(0, ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL));
+  proto::RegMrReq req{};
+  ASSERT_EQ(0, reg().alloc_pd(other, req.pd));
+  ASSERT_EQ(0, reg().reg_backing(other, Fd(fd), req.backing));
+  req.length = 4096;
+  req.access = IBV_ACCESS_LOCAL_WRITE;
+  proto::RegMrReply theirs{};
+  auto* b = static_cast<Backing*>(reg().resolve(ObjKind::kBacking, other, req.backing));
+  ASSERT_NE(nullptr, b);
+  ASSERT_EQ(0, reg().reg_mr(other, *b, req, theirs));
+  get.key = theirs.key;
+  EXPECT_EQ(EACCES, send(proto::Op::GetMrBacking, get).h.status);  // its PD is not reached
+
+  proto::RegSharedReq shared{};
+  shared.pd = pd();
+  shared.key = theirs.key;
+  shared.access = IBV_ACCESS_LOCAL_WRITE;
+  EXPECT_EQ(EINVAL, send(proto::Op::RegShared, shared).h.status);  // another context's MR
+  shared.key = mr_key();
+  EXPECT_EQ(0, send(proto::Op::RegShared, shared).h.status);
 }
 
 }  // namespace

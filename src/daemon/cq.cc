@@ -128,9 +128,7 @@ bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
   return false;
 }
 
-int Registry::get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
-  if (!may_complete_into(client, handle)) return EINVAL;
-  Cq& cq = cqs_.at(handle);
+int Registry::get_cq(const Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
   rep.capacity = cq.capacity;
   rep.segment_size = cq.map.size();
   out_fds.push_back(cq.fd.get());
@@ -139,9 +137,7 @@ int Registry::get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep
 
 // IBTA 11.4.2.1 and 10.10.2.3: a CQ overrun is a CQ error. The CQ's holders
 // get IBV_EVENT_CQ_ERR and every QP completing into it goes to ERR.
-int Registry::cq_error(uint32_t client, uint32_t handle) {
-  if (!may_complete_into(client, handle)) return EINVAL;
-  Cq& cq = cqs_.at(handle);
+int Registry::cq_error(Cq& cq, uint32_t handle) {
   if (cq.failed) return 0;
   cq.failed = true;
   for (uint32_t id : clients_of(cq.owner)) events_.push_back({id, IBV_EVENT_CQ_ERR, handle});
@@ -182,12 +178,13 @@ bool Registry::cq_granted(uint32_t client, uint32_t handle) const {
   return false;
 }
 
-int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
-  auto it = cqs_.find(handle);
-  if (it == cqs_.end()) return EINVAL;
-  rep.capacity = it->second.capacity;
-  if (it->second.owner != ctx(client)) {
-    if (!cq_granted(client, handle)) return EINVAL;
+void Registry::grant_cq(uint32_t client, uint32_t handle) {
+  if (!cq_granted(client, handle)) cq_grants_.emplace(client, handle);
+}
+
+int Registry::import_cq(uint32_t client, const Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
+  rep.capacity = cq.capacity;
+  if (cq.owner != ctx(client)) {
     // Granted (another user opened it by name): no descriptor at all. Any
     // mapping of the segment, even a read-only one reopened through
     // /proc/self/fd, would let the grantee forge completions or hold the
@@ -197,18 +194,15 @@ int Registry::import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& 
     rep.segment_size = 0;
     return 0;
   }
-  rep.channel = it->second.channel;
-  rep.segment_size = it->second.map.size();
-  out_fds.push_back(it->second.fd.get());
+  rep.channel = cq.channel;
+  rep.segment_size = cq.map.size();
+  out_fds.push_back(cq.fd.get());
   return 0;
 }
 
-int Registry::poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep) {
+int Registry::poll_granted_cq(Cq& cq, const proto::PollCqReq& req, proto::PollCqReply& rep) {
   rep.count = 0;
   if (req.max == 0 || req.max > proto::kPollCqMax) return EINVAL;
-  auto it = cqs_.find(req.handle);
-  if (it == cqs_.end() || !cq_granted(client, req.handle)) return EINVAL;
-  Cq& cq = it->second;
   // The current segment as the daemon made it (a committed resize moved
   // cq.map); its geometry is the daemon's, never the header's.
   auto* h = cq.map.as<CqSegmentHeader>();

@@ -476,10 +476,16 @@ int Mediation::execute_atomic(Op& op) {
 
 int Mediation::mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
                        std::unique_ptr<MediationJob>* defer) {
+  MediationTables::QpView me;
+  if (!t_.requester_qp(client, req.qpn, me)) return EINVAL;
+  return mediate_as(client, me, req, rep, defer);
+}
+
+int Mediation::mediate_as(uint32_t client, const MediationTables::QpView& me, const proto::MediateReq& req,
+                          proto::MediateReply& rep, std::unique_ptr<MediationJob>* defer) {
   const Delivery d{client, req.qpn, 0, req.opcode, req.imm_data, (req.send_flags & IBV_SEND_SOLICITED) != 0, IBV_QPT_RC};
-  Op op{req, rep, defer, d, {}, {}, 0, false, {}, 0};
-  if (!t_.requester_qp(client, req.qpn, op.me) || (op.me.type != IBV_QPT_RC && op.me.type != IBV_QPT_UC))
-    return EINVAL;
+  Op op{req, rep, defer, d, me, {}, 0, false, {}, 0};
+  if (op.me.type != IBV_QPT_RC && op.me.type != IBV_QPT_UC) return EINVAL;
   if (req.num_sge > kMaxSge || req.inline_len > kMaxInline) return EINVAL;
   op.d.type = op.me.type;
   if (!check_responder(op)) return reply(rep, proto::kMediateRetry);

@@ -126,6 +126,10 @@ class Mediation {
   // be run by the caller and completed with finish() on the loop.
   int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
               std::unique_ptr<MediationJob>* defer = nullptr);
+  // The same for the requester QP req.qpn, `me`, which the caller found the
+  // client holds (the command layer's declared field).
+  int mediate_as(uint32_t client, const MediationTables::QpView& me, const proto::MediateReq& req,
+                 proto::MediateReply& rep, std::unique_ptr<MediationJob>* defer = nullptr);
   // The end of a deferred operation, on the loop: what mediate() would have
   // done after its copy.
   int finish(MediationJob& job, proto::MediateReply& rep);

@@ -197,14 +197,12 @@ void Registry::release_mr(uint32_t handle) {
 }
 
 // Seed 000's reg_shared: a new registration of an existing MR's pages.
-int Registry::reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep) {
+int Registry::reg_shared(uint32_t client, const Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep) {
   const MrEntry* e = mr_entry(req.key);
-  auto mr = mrs_.find(req.key >> 8);
-  if (!e || mr == mrs_.end() || e->kind != kKindMr || mr->second.owner != ctx(client)) return EINVAL;
-  if (mr->second.dm) return EINVAL;  // device memory: RegDmMr
+  if (!e || mr.dm) return EINVAL;  // device memory: RegDmMr
   proto::RegMrReq r{};
   r.pd = req.pd;
-  r.backing = mr->second.backing;
+  r.backing = mr.backing;
   r.addr = e->file_offset;
   r.length = e->length;
   r.iova = req.iova;
@@ -225,10 +223,16 @@ const MrEntry* Registry::mr_entry(uint32_t key) const {
   return access::lookup(key, [this](uint32_t slot) -> const MrEntry& { return tables_.mr_at(slot); });
 }
 
-int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
-                             std::vector<int>& out_fds) {
+int Registry::mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out) {
+  out = nullptr;
   const MrEntry* e = mr_entry(key);
   if (!e) return EINVAL;
+  if (!reach) {  // the caller's own MR, by its own key
+    Mr* mr = mrs_.get(key >> 8);
+    if (e->kind != kKindMr || !mr || mr->owner != ctx(client)) return EINVAL;
+    out = mr;
+    return 0;
+  }
   uint32_t mr_slot = key >> 8;
   if (auto w = mws_.find(mr_slot); w != mws_.end()) mr_slot = w->second.bound_mr;  // a window: its MR
   auto mr = mrs_.find(mr_slot);
@@ -236,8 +240,8 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
   if (!same_user(client, mr->second.owner)) return EACCES;
   // A key grants access only to a process that owns the MR's PD, or that
   // holds a QP connected to a QP of that PD.
-  bool allowed = false;
-  if (pds_.owned(mr->second.pd, ctx(client))) allowed = true;
+  const Pd* pd = pds_.get(mr->second.pd);
+  bool allowed = pd && pd->owner == ctx(client);
   bool has_ud = false;
   for (uint32_t qpn : qps_.of(ctx(client))) {
     if (allowed) break;
@@ -246,7 +250,6 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
     if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
   }
   // The QPs and SRQs of a PD are of the PD's context: only those are looked at.
-  const Pd* pd = pds_.get(mr->second.pd);
   const uint32_t pd_owner = pd ? pd->owner : 0;
   // A UD sender scatters into receive buffers of any UD QP of that PD.
   for (uint32_t qpn : pd && has_ud ? qps_.of(pd_owner) : std::vector<uint32_t>{}) {
@@ -259,9 +262,14 @@ int Registry::get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingR
     if (!allowed && s.pd == mr->second.pd && xrc_reaches_srq(ctx(client), s)) allowed = true;
   }
   if (!allowed) return EACCES;
-  auto b = backings_.find(mr->second.backing);
+  out = &mr->second;
+  return 0;
+}
+
+int Registry::get_mr_backing(const Mr& mr, proto::GetMrBackingReply& rep, std::vector<int>& out_fds) {
+  auto b = backings_.find(mr.backing);
   if (b == backings_.end()) return EINVAL;
-  rep.backing = mr->second.backing;
+  rep.backing = mr.backing;
   out_fds.push_back(b->second.fd.get());
   return 0;
 }

@@ -31,12 +31,13 @@ Registry::Qp* Registry::find_qp(uint32_t client, uint32_t qpn) {
   return held_qp(ctx(client), qpn);
 }
 
+bool Registry::holds(const Qp& q, uint32_t c) {
+  return c && (q.owner == c || std::find(q.holders.begin(), q.holders.end(), c) != q.holders.end());
+}
+
 Registry::Qp* Registry::held_qp(uint32_t c, uint32_t qpn) {
   auto it = qps_.find(qpn);
-  if (it == qps_.end() || !c) return nullptr;
-  const auto& h = it->second.holders;
-  if (it->second.owner != c && std::find(h.begin(), h.end(), c) == h.end()) return nullptr;
-  return &it->second;
+  return it != qps_.end() && holds(it->second, c) ? &it->second : nullptr;
 }
 
 // The checks of ibv_create_qp(3) on the request: its PD, CQs and SRQ must

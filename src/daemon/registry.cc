@@ -179,6 +179,37 @@ Object* Registry::resolve(ObjKind kind, uint32_t client, uint32_t handle) {
   });
 }
 
+// The rules other than kOwned are each for one kind (proto::rule_fits).
+int Registry::resolve(ObjKind kind, proto::HandleRule rule, uint32_t client, uint32_t handle, Object*& out) {
+  using proto::HandleRule;
+  out = nullptr;
+  switch (rule) {
+    case HandleRule::kOwned: out = resolve(kind, client, handle); break;
+    case HandleRule::kOwnedOrGranted:
+      out = resolve(kind, client, handle);
+      if (!out && kind == ObjKind::kCq && cq_granted(client, handle)) out = cqs_.get(handle);
+      break;
+    case HandleRule::kGranted:
+      if (kind == ObjKind::kCq && cq_granted(client, handle)) out = cqs_.get(handle);
+      break;
+    case HandleRule::kCompletable:
+      if (kind == ObjKind::kCq && may_complete_into(client, handle)) out = cqs_.get(handle);
+      break;
+    case HandleRule::kReachable:
+      if (kind != ObjKind::kSrq) break;
+      if (Srq* s = srqs_.get(handle)) {
+        if (!srq_reachable(client, *s, handle)) return EACCES;
+        out = s;
+      }
+      break;
+    case HandleRule::kOwnKey:
+    case HandleRule::kReachableKey:
+      if (kind == ObjKind::kMr) return mr_by_key(client, handle, rule == HandleRule::kReachableKey, out);
+      break;
+  }
+  return out ? 0 : EINVAL;
+}
+
 int Registry::destroy(ObjKind kind, uint32_t client, uint32_t handle) {
   if (kind >= ObjKind::kXrcd) return EINVAL;
   const TypeOps& t = kTypeOps[size_t(kind)];

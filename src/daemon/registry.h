@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/op_handles.h"
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
@@ -68,6 +69,10 @@ class Registry : private MediationTables {
   // object `handle` of kind `kind` when the client may use it: one of its
   // context's (a QP: also an XRC target QP it holds a handle of); else null.
   Object* resolve(ObjKind kind, uint32_t client, uint32_t handle);
+  // The same under a declared field's rule (proto::HandleRule): 0 and the
+  // object in `out`, or EINVAL (EACCES: an SRQ that exists but that the
+  // caller does not reach, kReachable).
+  int resolve(ObjKind kind, proto::HandleRule rule, uint32_t client, uint32_t handle, Object*& out);
   // Destroys an object resolve() gave the client, by its type's destroy
   // hook (kTypeOps): EBUSY while other objects use it (ibv_dealloc_pd(3)
   // and the other destroy verbs).
@@ -106,15 +111,21 @@ class Registry : private MediationTables {
   // name to another user comes without any descriptor (segment_size 0): the
   // grantee polls it with poll_granted_cq and can neither write entries nor
   // hold the owner's poll lock.
-  int import_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
+  // `cq` (`handle`) is the client's or granted to it (resolved by the command layer).
+  int import_cq(uint32_t client, const daemon::Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   // Pops up to req.max completions of a CQ granted to the client, under the
   // CQ's poll lock taken with a try-lock: the daemon never waits on a lock a
   // client can hold (a busy lock answers 0 completions).
-  int poll_granted_cq(uint32_t client, const proto::PollCqReq& req, proto::PollCqReply& rep);
+  // `cq` is granted to the client (resolved by the command layer).
+  int poll_granted_cq(daemon::Cq& cq, const proto::PollCqReq& req, proto::PollCqReply& rep);
+  // Grants CQ `handle` to the client (NsOpen of another user's CQ), once per
+  // client and CQ: a client repeating NsOpen does not grow the table.
+  void grant_cq(uint32_t client, uint32_t handle);
   // A region by id, and a registration of an MR's pages (by key): req.pd is
   // the client's (resolved by the command layer).
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
-  int reg_shared(uint32_t client, const proto::RegSharedReq& req, proto::RegMrReply& rep);
+  // `mr`: the client's MR of key req.key (resolved by the command layer).
+  int reg_shared(uint32_t client, const daemon::Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep);
   // The namespace (name_space.h). Publishing needs the object in the
   // caller's context; opening attaches the caller's fresh connection to the
   // object's context, as ibv_import_device does, after the mode check.
@@ -151,9 +162,10 @@ class Registry : private MediationTables {
   int resize_cq(daemon::Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqReply& rep, std::vector<int>& out_fds);
   int resize_cq_done(daemon::Cq& cq, const proto::ResizeCqDoneReq& req);
   // A CQ's current segment, for a process that completes into it (its
-  // context's CQ, or the receive CQ of a QP one of its QPs can reach).
-  int get_cq(uint32_t client, uint32_t handle, proto::ImportCqReply& rep, std::vector<int>& out_fds);
-  int cq_error(uint32_t client, uint32_t handle);
+  // context's CQ, or the receive CQ of a QP one of its QPs can reach:
+  // resolved by the command layer, HandleRule::kCompletable).
+  int get_cq(const daemon::Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds);
+  int cq_error(daemon::Cq& cq, uint32_t handle);
   int open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle);
   int connect_xrc(uint32_t client, const daemon::Qp& qp, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                   std::vector<int>& out_fds);
@@ -176,26 +188,30 @@ class Registry : private MediationTables {
                    std::vector<int>& out_fds);
   int connect_ud(uint32_t client, const daemon::Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
                  std::vector<int>& out_fds);
-  int get_mr_backing(uint32_t client, uint32_t key, proto::GetMrBackingReply& rep,
-                     std::vector<int>& out_fds);
+  // The backing of MR `mr`, which the key of the request reaches (resolved
+  // by the command layer, HandleRule::kReachableKey).
+  int get_mr_backing(const daemon::Mr& mr, proto::GetMrBackingReply& rep, std::vector<int>& out_fds);
   // The requester QP `qpn` (the client's) reports a responder error.
   int peer_error(uint32_t qpn, uint32_t wc_status);
   // Operations towards a peer of another user: the registry's Mediation
   // (mediation.h) carries them out on its tables.
-  int mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
+  // `qp`: requester QP req.qpn, which the client holds (resolved by the command layer).
+  int mediate(uint32_t client, const daemon::Qp& qp, const proto::MediateReq& req, proto::MediateReply& rep,
               std::unique_ptr<MediationJob>* defer = nullptr) {
-    return mediation_.mediate(client, req, rep, defer);
+    return mediation_.mediate_as(client, {qp.type, qp.pd, qp.recv_cq}, req, rep, defer);
   }
   int finish_mediation(MediationJob& job, proto::MediateReply& rep) { return mediation_.finish(job, rep); }
   // Op::MediatePost: one pipelined request, checked and carried out as
   // mediate() does, in the order of its connection; no reply. Its outcome
   // goes to the QP segment's counts and, where due, to the send CQ. An
-  // errno only for a request that names no RC QP of the client.
-  int mediate_posted(uint32_t client, const proto::MediateReq& req, std::unique_ptr<MediationJob>* defer = nullptr);
+  // errno only for a request whose QP `q` (req.qpn, which the client holds:
+  // resolved by the command layer) is not RC.
+  int mediate_posted(uint32_t client, daemon::Qp& q, const proto::MediateReq& req,
+                     std::unique_ptr<MediationJob>* defer = nullptr);
   // Op::MediateGone: 0 when connection `sender` can no longer finish
-  // anything on QP `qpn` (gone, or no longer a holder of it), EBUSY while
-  // it can; EINVAL unless `client` holds the QP.
-  int mediate_gone(uint32_t client, uint32_t qpn, uint32_t sender);
+  // anything on the client's QP `q` (gone, or no longer a holder of it),
+  // EBUSY while it can.
+  int mediate_gone(const daemon::Qp& q, uint32_t sender);
   // The end of a deferred MediatePost (its copy done), on the loop.
   void finish_posted(MediationJob& job);
   // Bytes mediated copies have moved on the loop so far (the server's budget per turn).
@@ -229,7 +245,9 @@ class Registry : private MediationTables {
   int create_srq(uint32_t client, const daemon::XrcdHandle* xrcd, const proto::CreateSrqReq& req,
                  proto::CreateSrqReply& rep,
                  std::vector<int>& out_fds);
-  int srq_limit(uint32_t client, uint32_t handle);
+  // SRQ `handle`, reached by the client (resolved by the command layer,
+  // HandleRule::kReachable).
+  int srq_limit(const daemon::Srq& srq, uint32_t handle);
   // Async events waiting to be sent: (client, event type, element). The
   // server sends them after each request or disconnection.
   struct PendingEvent {
@@ -379,6 +397,11 @@ class Registry : private MediationTables {
   bool may_complete_into(uint32_t client, uint32_t cq);
   void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
   bool cq_granted(uint32_t client, uint32_t handle) const;
+  // The MR a key names for the client (HandleRule::kOwnKey, or kReachableKey
+  // when `reach`): 0, EINVAL or EACCES.
+  int mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out);
+  // Whether the client's QPs reach SRQ `handle` (its own, XRC, or a peer's connected both ways).
+  bool srq_reachable(uint32_t client, const daemon::Srq& srq, uint32_t handle);
 
   // ---- QPs (qp.cc) ----
   int check_create_qp(const QpObjects& o, const proto::CreateQpReq& req);
@@ -426,7 +449,8 @@ class Registry : private MediationTables {
 
   shm::QpEntry& qp_slot(uint32_t qpn) const;
   Qp* find_qp(uint32_t client, uint32_t qpn);
-  Qp* held_qp(uint32_t ctx, uint32_t qpn);  // find_qp, by context (not counted as a lookup)
+  Qp* held_qp(uint32_t ctx, uint32_t qpn);
+  static bool holds(const Qp& q, uint32_t ctx);  // context `ctx` owns or holds `q`  // find_qp, by context (not counted as a lookup)
   int destroy_qp_handle(uint32_t ctx, uint32_t qpn);
   void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                       const proto::MediateReply& rep);

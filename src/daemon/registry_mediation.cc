@@ -102,9 +102,10 @@ proto::MediateReply posted_error(ibv_wc_status st) {
 
 }  // namespace
 
-int Registry::mediate_posted(uint32_t client, const proto::MediateReq& req, std::unique_ptr<MediationJob>* defer) {
-  Qp* q = find_qp(client, req.qpn);
-  if (!q || q->type != IBV_QPT_RC) return EINVAL;  // nothing to count it against: the sender's own loss
+int Registry::mediate_posted(uint32_t client, Qp& qp, const proto::MediateReq& req,
+                             std::unique_ptr<MediationJob>* defer) {
+  Qp* q = &qp;
+  if (q->type != IBV_QPT_RC) return EINVAL;  // nothing to count it against: the sender's own loss
   const bool signaled = (req.send_flags & IBV_SEND_SIGNALED) || q->sq_sig_all;
   if (q->med_stop != kRunGoes && q->med_stop_epoch == req.epoch) {
     proto::MediateReply rep = posted_error(IBV_WC_WR_FLUSH_ERR);
@@ -118,7 +119,8 @@ int Registry::mediate_posted(uint32_t client, const proto::MediateReq& req, std:
     return 0;
   }
   proto::MediateReply rep{};
-  if (mediation_.mediate(client, req, rep, defer) != 0) rep = posted_error(IBV_WC_LOC_QP_OP_ERR);
+  if (mediation_.mediate_as(client, {q->type, q->pd, q->recv_cq}, req, rep, defer) != 0)
+    rep = posted_error(IBV_WC_LOC_QP_OP_ERR);
   if (defer && *defer) {  // its copy goes to the worker: finish_posted() ends it
     MediationJob& job = **defer;
     job.posted = true;
@@ -144,10 +146,7 @@ void Registry::finish_posted(MediationJob& job) {
 // no QP in finish_posted) or it holds the QP no more. The loop answers this
 // between two requests, so a "gone" follows every outcome the sender's
 // requests will ever have (registry_mediation's posted_outcome).
-int Registry::mediate_gone(uint32_t client, uint32_t qpn, uint32_t sender) {
-  if (!find_qp(client, qpn)) return EINVAL;
-  return find_qp(sender, qpn) ? EBUSY : 0;
-}
+int Registry::mediate_gone(const Qp& q, uint32_t sender) { return holds(q, ctx(sender)) ? EBUSY : 0; }
 
 // The slot first, then the completion, then the run's end: a request's
 // slot is free before its completion can be polled (an application posts

@@ -253,9 +253,7 @@ int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpe
   // are reached through keys over a connection instead (mediate.cc).
   if (!same_user(client, e.ctx)) {
     if (e.kind != proto::kNsCq) return EPERM;
-    // Once per client and CQ: opening the same name again adds nothing (a
-    // client repeating NsOpen must not grow the daemon's table).
-    if (!cq_granted(client, e.handle)) cq_grants_.emplace(client, e.handle);
+    grant_cq(client, e.handle);
     rep.kind = e.kind;
     rep.handle = e.handle;
     return 0;

@@ -71,18 +71,20 @@ int Registry::create_srq(uint32_t client, const XrcdHandle* xh, const proto::Cre
 // QP is no connection. Between users the daemon itself takes the receives
 // (mediate.cc) and raises the event there. Repeats of a pending event are
 // coalesced by the server.
-int Registry::srq_limit(uint32_t client, uint32_t handle) {
-  auto it = srqs_.find(handle);
-  if (it == srqs_.end()) return EINVAL;
-  bool allowed = it->second.owner == ctx(client) || xrc_reaches_srq(ctx(client), it->second);
-  for (uint32_t qpn : qps_.of(ctx(client))) {
-    if (allowed || !same_user(client, it->second.owner)) break;
+bool Registry::srq_reachable(uint32_t client, const Srq& srq, uint32_t handle) {
+  const uint32_t c = ctx(client);
+  if (srq.owner == c || xrc_reaches_srq(c, srq)) return true;
+  if (!same_user(client, srq.owner)) return false;
+  for (uint32_t qpn : qps_.of(c)) {
     const uint32_t dest = qp_slot(qpn).dest_qpn.load();
     auto peer = qps_.find(dest);
-    if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) allowed = true;
+    if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) return true;
   }
-  if (!allowed) return EACCES;
-  for (uint32_t id : clients_of(it->second.owner)) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, handle});
+  return false;
+}
+
+int Registry::srq_limit(const Srq& srq, uint32_t handle) {
+  for (uint32_t id : clients_of(srq.owner)) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, handle});
   return 0;
 }
 
