@@ -27,7 +27,8 @@
 #include "rdmacm/cm_msg.h"
 #include "rdmacm/cm_state.h"
 #include "rdmacm/cm_trace.h"
-#include "rdmacm/cma.h"
+#include "rdmacm/addr.h"
+#include "rdmacm/device.h"
 
 using namespace sv::rdmacm;
 using namespace sv::rdmacm::detail;
