@@ -113,6 +113,7 @@ SV_FIELDS(DetachMcast,    SV_F(qpn, Qp, Read))
 SV_FIELDS(Mediate,        SV_F(qpn, Qp, Read))
 SV_FIELDS(MediatePost,    SV_F(qpn, Qp, Read))
 SV_FIELDS(MediateGone,    SV_F(qpn, Qp, Read))
+SV_FIELDS(RoceAttach,     SV_F(qpn, Qp, Read))
 #undef SV_FR
 #undef SV_F
 #undef SV_FIELDS

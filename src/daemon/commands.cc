@@ -115,6 +115,18 @@ class Resolved {
   uint32_t used_ = 0;
 };
 
+// Whether op `op` is served at all here, before any of its handles is
+// resolved: a feature switched off answers the same whatever the request
+// names (0, or the errno). Specialised for the ops that have such a switch.
+template <Op op>
+int served(CommandEnv&) {
+  return 0;
+}
+template <>
+int served<Op::RoceAttach>(CommandEnv& env) {
+  return env.roce.opened() ? 0 : EOPNOTSUPP;  // SOFTVERBS_ROCE=0 (Daemon.RoceAttachRefusedWithRoceOff)
+}
+
 // The handler of op `op`: returns the reply's status (0 or a positive
 // errno) and fills `rep` and env.out_fds, from the request and the objects
 // its handle fields name. Specialised once per op below (but AsyncEvent,
@@ -277,10 +289,7 @@ SV_HANDLER(MediateGone) { return env.registry.mediate_gone(obj.get<0>(), req.cli
 SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, obj.get<0>(), req); }
 SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(obj.get<0>(), req); }
 SV_HANDLER(RoceAttach) {
-  // RoCE off is EOPNOTSUPP whatever the QP (Daemon.RoceAttachRefusedWithRoceOff):
-  // the QP is checked here, after it, not as a declared field.
-  if (!env.roce.opened()) return EOPNOTSUPP;  // SOFTVERBS_ROCE=0
-  if (!env.registry.holds_qp(env.client, req.qpn)) return EINVAL;
+  (void)obj.get<0>();  // the QP: the caller's (the port keys its binding by req.qpn)
   // The connection's arrival socket pair, made at its first attach: two
   // descriptors of its user's quota.
   const uid_t uid = env.registry.client_uid(env.client);
@@ -403,12 +412,14 @@ size_t run(CommandEnv& env, const proto::Header& h, const uint8_t* msg, size_t l
     std::memcpy(&req, msg, sizeof req);
     Rep<op> rep{};
     Resolved<op> obj;
-    int st = obj.resolve(env.registry, env.client, req);
+    int st = served<op>(env);
+    if (st != 0) g_audit = {uint16_t(op), 0, 0, 0, true};
+    if (st == 0) st = obj.resolve(env.registry, env.client, req);
     if (st == 0) {
       const uint64_t lookups = owner_lookups();
       st = handler<op>(env, req, rep, obj);
       if (st == 0) st = obj.destroy(env.registry, env.client);
-      g_audit = {uint16_t(op), obj.declared(), obj.used(), owner_lookups() - lookups};
+      g_audit = {uint16_t(op), obj.declared(), obj.used(), owner_lookups() - lookups, false};
     }
     if (st == 0 && !proto::reply_matches<C>(rep, env.out_fds.size())) {
       SV_TRACE("daemon: %s: reply with %zu descriptors, not as declared", C::info.name, env.out_fds.size());

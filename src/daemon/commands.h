@@ -51,6 +51,7 @@ struct HandleAudit {
   uint16_t op = 0;
   uint32_t declared = 0, used = 0;
   uint64_t own_lookups = 0;
+  bool not_served = false;  // the op is switched off here (commands.cc, served<op>): nothing resolved
 };
 const HandleAudit& last_handle_audit();
 

@@ -323,6 +323,7 @@ class CommandHandles : public Commands {
       // own): the resolution that precedes it reads only the handle fields.
       const Reply r = send(op, req);
       const HandleAudit& a = last_handle_audit();
+      if (a.op == uint16_t(op) && a.not_served) return;  // switched off in this daemon (RoCE): nothing to audit
       EXPECT_EQ(uint16_t(op), a.op) << C::info.name << ": its handler did not run (status " << r.h.status << ")";
       EXPECT_EQ(a.declared, a.used) << C::info.name << ": declares a handle field its handler does not use";
       EXPECT_EQ(0u, a.own_lookups) << C::info.name << ": its handler looks up a handle it does not declare";
