@@ -52,7 +52,7 @@ constexpr uint64_t kRegMrKnown = abi::kRegMrMaskIova | abi::kRegMrMaskAddr | abi
 constexpr uint32_t kDmahKnown = abi::kDmahMaskCpuId | abi::kDmahMaskPh | abi::kDmahMaskTphMemType;
 
 template <typename T>
-T* fail(int e, const char* why = nullptr) {
+T* refuse(int e, const char* why = nullptr) {
   if (why) std::fprintf(stderr, "softverbs: %s\n", why);
   errno = e;
   return nullptr;
@@ -89,10 +89,10 @@ int check_buf(ibv_pd* pd, const abi::MrInitAttr& a) {
 // dma_buf_get); an open one is refused: a dma-buf needs a device to attach
 // to, and this one has none.
 ibv_mr* reg_dmabuf_mr(ibv_pd* pd, uint64_t, size_t length, uint64_t, int fd, int) {
-  if (!pd || length == 0) return fail<ibv_mr>(EINVAL, "ibv_reg_dmabuf_mr: no PD or a zero length");
+  if (!pd || length == 0) return refuse<ibv_mr>(EINVAL, "ibv_reg_dmabuf_mr: no PD or a zero length");
   if (fd < 0 || fcntl(fd, F_GETFD) < 0)
-    return fail<ibv_mr>(EBADF, "ibv_reg_dmabuf_mr: the dma-buf fd is not an open file descriptor");
-  return fail<ibv_mr>(EOPNOTSUPP,
+    return refuse<ibv_mr>(EBADF, "ibv_reg_dmabuf_mr: the dma-buf fd is not an open file descriptor");
+  return refuse<ibv_mr>(EOPNOTSUPP,
                       "ibv_reg_dmabuf_mr: a software device cannot attach to a dma-buf "
                       "(register the memory by address instead)");
 }
@@ -102,31 +102,31 @@ ibv_mr* reg_dmabuf_mr(ibv_pd* pd, uint64_t, size_t length, uint64_t, int fd, int
 // an address-less registration without an fd), as rdma-core's generic
 // reg_mr_ex (libibverbs/dummy_ops.c) and cmd_mr.c.
 ibv_mr* reg_mr_ex(ibv_pd* pd, abi::MrInitAttr* attr) {
-  if (!pd || !attr) return fail<ibv_mr>(EINVAL, "ibv_reg_mr_ex: no PD or no attributes");
+  if (!pd || !attr) return refuse<ibv_mr>(EINVAL, "ibv_reg_mr_ex: no PD or no attributes");
   abi::MrInitAttr a = *attr;
   if (a.comp_mask & ~kRegMrKnown)
-    return fail<ibv_mr>(EOPNOTSUPP, "ibv_reg_mr_ex: comp_mask has bits this libibverbs does not know");
+    return refuse<ibv_mr>(EOPNOTSUPP, "ibv_reg_mr_ex: comp_mask has bits this libibverbs does not know");
   if (a.comp_mask & abi::kRegMrMaskBuf) {
     if (int e = check_buf(pd, a))
-      return fail<ibv_mr>(e, "ibv_reg_mr_ex: the range is not inside the ibv_buf of this PD, or lacks its address");
+      return refuse<ibv_mr>(e, "ibv_reg_mr_ex: the range is not inside the ibv_buf of this PD, or lacks its address");
   }
   DmahState* dmah = nullptr;
   if (a.comp_mask & abi::kRegMrMaskDmah) {
     dmah = reinterpret_cast<DmahState*>(a.dmah);
     if (!dmah || dmah->dmah.context != pd->context)
-      return fail<ibv_mr>(EINVAL, "ibv_reg_mr_ex: the DMA handle is missing or of another context");
+      return refuse<ibv_mr>(EINVAL, "ibv_reg_mr_ex: the DMA handle is missing or of another context");
     if (a.access & IBV_ACCESS_ON_DEMAND)
-      return fail<ibv_mr>(EINVAL, "ibv_reg_mr_ex: a DMA handle cannot steer an on-demand-paging MR");
+      return refuse<ibv_mr>(EINVAL, "ibv_reg_mr_ex: a DMA handle cannot steer an on-demand-paging MR");
   }
   ibv_mr* mr;
   if (a.comp_mask & abi::kRegMrMaskFd) {
     if ((a.comp_mask & abi::kRegMrMaskAddr) || !(a.comp_mask & abi::kRegMrMaskFdOffset) ||
         !(a.comp_mask & abi::kRegMrMaskIova))
-      return fail<ibv_mr>(EINVAL, "ibv_reg_mr_ex: an fd registration needs FD_OFFSET and IOVA, and no ADDR");
+      return refuse<ibv_mr>(EINVAL, "ibv_reg_mr_ex: an fd registration needs FD_OFFSET and IOVA, and no ADDR");
     mr = reg_dmabuf_mr(pd, a.fd_offset, a.length, a.iova, a.fd, a.access);
   } else {
     if (!(a.comp_mask & abi::kRegMrMaskAddr) || (a.comp_mask & abi::kRegMrMaskFdOffset))
-      return fail<ibv_mr>(EINVAL, "ibv_reg_mr_ex: a registration by address needs ADDR and no FD_OFFSET");
+      return refuse<ibv_mr>(EINVAL, "ibv_reg_mr_ex: a registration by address needs ADDR and no FD_OFFSET");
     uint64_t iova = (a.comp_mask & abi::kRegMrMaskIova) ? a.iova : reinterpret_cast<uintptr_t>(a.addr);
     mr = reg_mr(pd, a.addr, a.length, iova, a.access);
   }
@@ -141,23 +141,23 @@ ibv_mr* reg_mr_ex(ibv_pd* pd, abi::MrInitAttr* attr) {
 // the CPU (check_cpu), the memory type (IBV_TPH_MEM_TYPE_VM or _PM), the
 // processing hint (two bits: PCIe 6.2 section 2.2.7.1.1).
 abi::Dmah* alloc_dmah(ibv_context* c, abi::DmahInitAttr* attr) {
-  if (!c || !attr) return fail<abi::Dmah>(EINVAL, "ibv_alloc_dmah: no context or no attributes");
+  if (!c || !attr) return refuse<abi::Dmah>(EINVAL, "ibv_alloc_dmah: no context or no attributes");
   if (attr->comp_mask & ~kDmahKnown)
-    return fail<abi::Dmah>(EOPNOTSUPP, "ibv_alloc_dmah: comp_mask has bits this libibverbs does not know");
+    return refuse<abi::Dmah>(EOPNOTSUPP, "ibv_alloc_dmah: comp_mask has bits this libibverbs does not know");
   if (attr->comp_mask & abi::kDmahMaskCpuId) {
     if (int e = check_cpu(attr->cpu_id)) {
       std::fprintf(stderr, "softverbs: ibv_alloc_dmah: cpu_id %u is %s\n", attr->cpu_id,
                    e == EINVAL ? "not a CPU of this machine" : "not one this process may run on");
-      return fail<abi::Dmah>(e);
+      return refuse<abi::Dmah>(e);
     }
   }
   if ((attr->comp_mask & abi::kDmahMaskTphMemType) && attr->tph_mem_type != abi::kTphMemVolatile &&
       attr->tph_mem_type != abi::kTphMemPersistent)
-    return fail<abi::Dmah>(EINVAL, "ibv_alloc_dmah: tph_mem_type is neither IBV_TPH_MEM_TYPE_VM nor _PM");
+    return refuse<abi::Dmah>(EINVAL, "ibv_alloc_dmah: tph_mem_type is neither IBV_TPH_MEM_TYPE_VM nor _PM");
   if ((attr->comp_mask & abi::kDmahMaskPh) && (attr->ph & ~3u))
-    return fail<abi::Dmah>(EINVAL, "ibv_alloc_dmah: ph (a TLP processing hint) is two bits: 0 to 3");
+    return refuse<abi::Dmah>(EINVAL, "ibv_alloc_dmah: ph (a TLP processing hint) is two bits: 0 to 3");
   auto* d = new (std::nothrow) DmahState;
-  if (!d) return fail<abi::Dmah>(ENOMEM);
+  if (!d) return refuse<abi::Dmah>(ENOMEM);
   d->dmah.context = c;
   d->comp_mask = attr->comp_mask;
   d->cpu_id = attr->cpu_id;
@@ -180,13 +180,13 @@ void release_dmah(DmahState* dmah) { dmah->mrs.fetch_sub(1, std::memory_order_re
 // ibv_alloc_buf(3): page-aligned process memory, which ibv_reg_buf_mr
 // registers by address like any other.
 void* alloc_buf(ibv_pd* pd, size_t size, abi::Buf** buf) {
-  if (!pd || !buf || size == 0) return fail<void>(EINVAL, "ibv_alloc_buf: no PD, no handle pointer or a zero size");
+  if (!pd || !buf || size == 0) return refuse<void>(EINVAL, "ibv_alloc_buf: no PD, no handle pointer or a zero size");
   auto* b = static_cast<BufState*>(std::calloc(1, sizeof(BufState)));
-  if (!b) return fail<void>(ENOMEM);
+  if (!b) return refuse<void>(ENOMEM);
   void* p = nullptr;
   if (int e = posix_memalign(&p, size_t(sysconf(_SC_PAGESIZE)), size)) {
     std::free(b);
-    return fail<void>(e);
+    return refuse<void>(e);
   }
   *b = BufState{p, size, pd, -1};
   *buf = reinterpret_cast<abi::Buf*>(b);
@@ -216,35 +216,34 @@ int dm_export_dmabuf_fd(ibv_dm* dm) {
 }  // namespace sv::verbs
 
 using namespace sv::verbs;
-namespace abi = sv::abi;
 
 // The public calls (rdma-core v64 libibverbs/verbs.h): the same functions
 // as the context's ops, so a client reaching an op through verbs_context
 // gets the same answers.
 extern "C" {
 
-ibv_mr* ibv_reg_mr_ex(ibv_pd* pd, abi::MrInitAttr* attr) { return reg_mr_ex(pd, attr); }
+ibv_mr* ibv_reg_mr_ex(ibv_pd* pd, sv::abi::MrInitAttr* attr) { return reg_mr_ex(pd, attr); }
 
 ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access) {
   return reg_dmabuf_mr(pd, offset, length, iova, fd, access);
 }
 
-abi::Dmah* ibv_alloc_dmah(ibv_context* c, abi::DmahInitAttr* attr) { return alloc_dmah(c, attr); }
+sv::abi::Dmah* ibv_alloc_dmah(ibv_context* c, sv::abi::DmahInitAttr* attr) { return alloc_dmah(c, attr); }
 
-int ibv_dealloc_dmah(abi::Dmah* dmah) { return dealloc_dmah(dmah); }
+int ibv_dealloc_dmah(sv::abi::Dmah* dmah) { return dealloc_dmah(dmah); }
 
 int ibv_dm_export_dmabuf_fd(ibv_dm* dm) { return dm_export_dmabuf_fd(dm); }
 
-void* ibv_alloc_buf(ibv_pd* pd, size_t size, abi::Buf** buf) { return alloc_buf(pd, size, buf); }
+void* ibv_alloc_buf(ibv_pd* pd, size_t size, sv::abi::Buf** buf) { return alloc_buf(pd, size, buf); }
 
-void ibv_free_buf(abi::Buf* buf) { free_buf(buf); }
+void ibv_free_buf(sv::abi::Buf* buf) { free_buf(buf); }
 
 // ibv_reg_buf_mr(3): ibv_reg_mr_ex with IBV_REG_MR_MASK_BUF | _ADDR.
-ibv_mr* ibv_reg_buf_mr(ibv_pd* pd, abi::Buf* buf, void* addr, size_t length, int access) {
-  abi::MrInitAttr a{};
+ibv_mr* ibv_reg_buf_mr(ibv_pd* pd, sv::abi::Buf* buf, void* addr, size_t length, int access) {
+  sv::abi::MrInitAttr a{};
   a.length = length;
   a.access = access;
-  a.comp_mask = abi::kRegMrMaskBuf | abi::kRegMrMaskAddr;
+  a.comp_mask = sv::abi::kRegMrMaskBuf | sv::abi::kRegMrMaskAddr;
   a.addr = addr;
   a.buf = buf;
   return reg_mr_ex(pd, &a);
