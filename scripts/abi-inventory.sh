@@ -1,5 +1,12 @@
 #!/usr/bin/env bash
-# Keep src/verbs/libibverbs.map honest.
+# Keep src/verbs/libibverbs.map honest against what is installed here.
+#
+# This compares with the installed (distribution's) libibverbs.so.1 and its
+# clients. Our library is a superset of it: it also carries the nodes of
+# newer rdma-core releases (up to v64), which show here as "exported by our
+# library only" and as differing version nodes. Every node and symbol up
+# to v64 is checked by tests/abi/check-abi.sh (ctest -L abi) against the
+# inventory in tests/abi/*.abi.
 #
 # Lists the (symbol, version) pairs exported by the real libibverbs.so.1 and
 # those imported by every installed program or library that links it, then

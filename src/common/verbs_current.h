@@ -123,4 +123,14 @@ struct VerbsContextCurrent {
 static_assert(offsetof(VerbsContextCurrent, v44) == 6 * sizeof(void*));
 static_assert(offsetof(verbs_context, query_port) == 0, "v44's verbs_context starts with query_port");
 
+// --- librdmacm (RDMACM_1.4): rdma_cm_event_type after TIMEWAIT_EXIT (15),
+// and rdma_cm_event's param union, which gained `uint64_t arg` (the value
+// of rdma_write_cm_event) at its start. ---
+inline constexpr int kCmEventAddrinfoResolved = 16;  // RDMA_CM_EVENT_ADDRINFO_RESOLVED
+inline constexpr int kCmEventAddrinfoError = 17;     // RDMA_CM_EVENT_ADDRINFO_ERROR
+inline constexpr int kCmEventUser = 18;              // RDMA_CM_EVENT_USER
+inline constexpr int kCmEventInternal = 19;          // RDMA_CM_EVENT_INTERNAL (librdmacm's own)
+inline constexpr int kRaiSa = 0x10;                  // RAI_SA: resolve through the IB SA
+inline constexpr int kRaiDns = 0x20;                 // RAI_DNS (the default; excludes RAI_SA)
+
 }  // namespace sv::abi

@@ -230,6 +230,7 @@ void destroy_locked(Id* d) {
   unwatch_close(d->conn_fd);
   if (d->bind_fd >= 0) release_bind(d);
   std::free(d->id.route.path_rec);
+  rdma_freeaddrinfo(d->resolved_ai);
   delete d->ep_qp_attr;
   rdma_event_channel* ch = d->own_channel ? nullptr : d->id.channel;
   if (d->own_channel) free_channel(d->own_channel);

@@ -164,6 +164,10 @@ struct Id {
   };
   std::vector<HeldReq> held;
   std::vector<Mcast> mcs;  // joined groups (rdma_join_multicast), in join order
+  // rdma_resolve_addrinfo: from the call until rdma_query_addrinfo takes
+  // the result (or ADDRINFO_ERROR says there is none); the result, owned.
+  bool resolving_ai = false;
+  rdma_addrinfo* resolved_ai = nullptr;
 };
 
 struct Timer {

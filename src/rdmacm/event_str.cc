@@ -1,6 +1,8 @@
 // event_str.cc: rdma_event_str(3), the name of a CM event type.
 #include <rdma/rdma_cma.h>
 
+#include "common/verbs_current.h"
+
 extern "C" {
 
 const char* rdma_event_str(rdma_cm_event_type event) {
@@ -21,6 +23,13 @@ const char* rdma_event_str(rdma_cm_event_type event) {
     case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
     case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
     case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+  }
+  // rdma-core v64's events (RDMACM_1.4), past the end of v44's enum.
+  switch (int(event)) {
+    case sv::abi::kCmEventAddrinfoResolved: return "RDMA_CM_EVENT_ADDRINFO_RESOLVED";
+    case sv::abi::kCmEventAddrinfoError: return "RDMA_CM_EVENT_ADDRINFO_ERROR";
+    case sv::abi::kCmEventUser: return "RDMA_CM_EVENT_USER";
+    case sv::abi::kCmEventInternal: return "RDMA_CM_EVENT_INTERNAL";
   }
   return "UNKNOWN EVENT";
 }

@@ -205,7 +205,13 @@ Context* new_verbs_context(ContextState& st) {
   auto* ctx = static_cast<Context*>(std::calloc(1, sizeof(Context)));
   if (!ctx) return nullptr;
   verbs_context& v = ctx->v;
-  v.sz = sizeof(verbs_context);
+  v.sz = sizeof(abi::VerbsContextCurrent);  // reaches back over v64's ops
+  ctx->v64.free_buf = free_buf;
+  ctx->v64.alloc_buf = alloc_buf;
+  ctx->v64.dm_export_dmabuf_fd = dm_export_dmabuf_fd;
+  ctx->v64.reg_mr_ex = reg_mr_ex;
+  ctx->v64.dealloc_dmah = dealloc_dmah;
+  ctx->v64.alloc_dmah = alloc_dmah;
   v.query_port = query_port;
   v.query_device_ex = query_device_ex;
   v.create_cq_ex = create_cq_ex;
@@ -317,7 +323,13 @@ int query_port(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t attr_len)
   a.active_speed = p.active_speed;
   a.phys_state = p.phys_state;
   a.link_layer = p.link_layer;
-  std::memcpy(attr, &a, std::min(attr_len, sizeof(a)));
+  // The caller's size says which release's struct it holds: v64's ends
+  // with active_speed_ex (the speed when it does not fit active_speed's
+  // byte; the kernel fills it with the same value otherwise).
+  abi::PortAttrCurrent cur{};
+  cur.v44 = a;
+  cur.active_speed_ex = p.active_speed;
+  std::memcpy(attr, &cur, std::min(attr_len, sizeof(cur)));
   return 0;
 }
 
@@ -446,6 +458,39 @@ int ibv_query_port(ibv_context* c, uint8_t port, struct _compat_ibv_port_attr* a
                     offsetof(ibv_port_attr, link_layer) + sizeof(uint8_t));
 }
 
+// ibv_query_port_speed(3): the port's effective bandwidth in units of
+// 100 Mb/s, the data rate of one lane (after line coding: SDR 2.5 Gb/s ...
+// XDR 200 Gb/s, IBTA vol. 2 table "link speeds") times the lanes of the
+// active width. Returns 0 or an errno.
+int ibv_query_port_speed(ibv_context* c, uint32_t port, uint64_t* speed) {
+  if (!c || !speed || port != 1) return EINVAL;
+  const dev::Port& p = dev::port();
+  uint64_t lane = 0;
+  switch (uint32_t(p.active_speed)) {  // XDR (256) only fits active_speed_ex
+    case 1: lane = 25; break;     // SDR
+    case 2: lane = 50; break;     // DDR
+    case 4: lane = 100; break;    // QDR
+    case 8: lane = 100; break;    // FDR10
+    case 16: lane = 140; break;   // FDR
+    case 32: lane = 250; break;   // EDR
+    case 64: lane = 500; break;   // HDR
+    case 128: lane = 1000; break; // NDR
+    case 256: lane = 2000; break; // XDR
+    default: return EINVAL;
+  }
+  uint64_t lanes = 0;
+  switch (p.active_width) {
+    case 1: lanes = 1; break;
+    case 2: lanes = 4; break;
+    case 4: lanes = 8; break;
+    case 8: lanes = 12; break;
+    case 16: lanes = 2; break;
+    default: return EINVAL;
+  }
+  *speed = lane * lanes;
+  return 0;
+}
+
 int ibv_query_gid(ibv_context*, uint8_t port, int index, ibv_gid* gid) {
   if (port != 1 || index < 0 || index >= int(kGidTableLen)) {
     errno = EINVAL;
@@ -485,7 +530,7 @@ ssize_t _ibv_query_gid_table(ibv_context* c, ibv_gid_entry* entries, size_t max,
   return ssize_t(t.size());
 }
 
-// Private (IBVERBS_PRIVATE_34): 0 = IB/RoCE v1, 1 = RoCE v2.
+// Private (IBVERBS_PRIVATE_NN, pyverbs imports it): 0 = IB/RoCE v1, 1 = RoCE v2.
 int ibv_query_gid_type(ibv_context*, uint8_t port, unsigned index, int* type) {
   if (port != 1 || index >= kGidTableLen) {
     errno = EINVAL;
@@ -535,9 +580,6 @@ int ibv_get_async_event(ibv_context* c, ibv_async_event* ev) {
 }
 
 void ibv_ack_async_event(ibv_async_event*) {}
-
-// Private: provider registration is a no-op; softverbs is the only device.
-void verbs_register_driver_34(const void*) {}
 
 // ibv_import_device(3): cmd_fd is another process's context's command fd
 // (passed over a unix socket); the new context shares its objects.

@@ -1,5 +1,6 @@
 // Names of the verbs' enumerations (ibv_wc_status_str(3),
-// ibv_node_type_str(3), ibv_port_state_str(3), ibv_event_type_str(3)) and
+// ibv_node_type_str(3), ibv_port_state_str(3), ibv_event_type_str(3),
+// ibv_wr_opcode_str, exported in the private node since rdma-core v56) and
 // the conversions between static rates, multipliers and Mb/s
 // (ibv_rate_to_mult(3), ibv_rate_to_mbps(3)). No device state.
 #include <infiniband/verbs.h>
@@ -106,6 +107,18 @@ int ibv_rate_to_mbps(ibv_rate rate) {
     case IBV_RATE_600_GBPS: return 637500;
     default: return -1;
   }
+}
+
+// The names rdma-core's libibverbs gives (libibverbs/enum_strs.c); one
+// beyond IBV_WR_ATOMIC_WRITE (15) is "unknown".
+const char* ibv_wr_opcode_str(ibv_wr_opcode op) {
+  static const char* const names[] = {
+      "rdma-write", "rdma-write-with-imm", "send",     "send-with-imm", "rdma-read",  "atomic-cmp-and-swp",
+      "atomic-fetch-and-add", "local-inv", "bind-mw", "send-with-inv", "tso",        "driver1",
+      nullptr, nullptr, "flush", "atomic-write"};
+  unsigned i = unsigned(op);
+  if (i >= sizeof(names) / sizeof(names[0]) || !names[i]) return "unknown";
+  return names[i];
 }
 
 ibv_rate mbps_to_ibv_rate(int mbps) {

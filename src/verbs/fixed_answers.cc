@@ -3,6 +3,9 @@
 #include <infiniband/verbs.h>
 
 #include <cerrno>
+#include <cstdint>
+
+#include "common/verbs_current.h"
 
 extern "C" {
 
@@ -25,7 +28,15 @@ int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 
 // Data of one QP lands in order: the requester copies each message front to
-// back, last byte last.
-int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t) { return 1; }
+// back, last byte last. ibv_query_qp_data_in_order(3) of rdma-core v64:
+// unknown flags answer 0; IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS asks for
+// the capability bits: a whole message in order, and so (rdma-core adds it
+// whenever WHOLE_MSG holds) every aligned 128 bytes; without it, 1.
+int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t flags) {
+  namespace abi = sv::abi;
+  if (flags & ~uint32_t(abi::kInOrderReturnCaps | abi::kInOrderDeviceOnly)) return 0;
+  if (flags & abi::kInOrderReturnCaps) return abi::kInOrderWholeMsg | abi::kInOrderAligned128;
+  return 1;
+}
 
 }  // extern "C"

@@ -118,6 +118,8 @@ int backed_registration(ContextState& st, void* addr, size_t length, proto::RegM
   return e;
 }
 
+}  // namespace
+
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int access) {
   if (!ibpd) {
     errno = EINVAL;
@@ -162,8 +164,6 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int acces
   mr->reg_len = length;
   return &mr->mr;
 }
-
-}  // namespace
 
 // ibv_alloc_td(3): no attributes are defined yet.
 ibv_td* alloc_td(ibv_context* c, ibv_td_init_attr* attr) {
@@ -290,6 +290,7 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
   }
   if (mr->reg_addr) MemBacking::instance().release(mr->reg_addr, mr->reg_len);
   if (mr->map_addr) ::munmap(mr->map_addr, mr->map_len);
+  if (mr->dmah) release_dmah(mr->dmah);
   std::free(mr);
   return 0;
 }

@@ -1,4 +1,5 @@
-// IBVERBS_PRIVATE_34: libibverbs' private provider ABI (rdma-core 44).
+// IBVERBS_PRIVATE_64 (and, through private_compat.cc, _33, _34, _57,
+// _59): libibverbs' private provider ABI (rdma-core v33 to v64).
 //
 // Debian's real provider libraries (libmlx5.so.1, libefa.so.1, libmana.so.1,
 // libmlx4.so.1 and the plug-ins in libibverbs/) import these, and clients
@@ -11,17 +12,21 @@
 //     completion count, returns -1;
 //   - pointer results are NULL with errno = EOPNOTSUPP;
 //   - void functions do nothing.
-// ibv_query_gid_type and verbs_register_driver_34 are real and live elsewhere.
+// ibv_query_gid_type, ibv_wr_opcode_str and verbs_register_driver_NN are
+// real and live elsewhere.
 //
-// Prototypes follow rdma-core v44's libibverbs/driver.h and cmd_ioctl.h,
-// which are not installed; the types they use beyond verbs.h are declared
-// here as incomplete structs, since only pointers to them are passed.
+// Prototypes follow rdma-core v64's libibverbs/driver.h, cmd_ioctl.h and
+// dmabuf_heap.h, which are not installed; the types they use beyond
+// verbs.h are declared here as incomplete structs, since only pointers to
+// them are passed. Where a prototype changed between releases (a trailing
+// argument added), every caller's arguments are ignored alike.
 
 #include <infiniband/verbs.h>
 
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <sys/types.h>
 
 // rdma-core driver.h types.
 struct verbs_sysfs_dev;
@@ -35,6 +40,11 @@ struct verbs_flow_action;
 struct verbs_dm;
 struct verbs_counters;
 struct ibv_command_buffer;
+struct verbs_create_cq_prov_attr;
+struct verbs_dmah;
+struct ibv_dmah_init_attr;
+struct ibv_mr_init_attr;
+struct ibv_dmabuf_heap;
 
 // Kernel uverbs command/response structs (rdma-core kern-abi.h and
 // <rdma/ib_user_verbs.h>).  Several share a name with a verb; as struct tags
@@ -267,6 +277,46 @@ int ibv_cmd_reg_dm_mr(struct ibv_pd * /*pd*/, struct verbs_dm * /*dm*/,
   return unsupported();
 }
 
+int ibv_cmd_reg_mr_ex(struct ibv_pd * /*pd*/, struct verbs_mr * /*vmr*/,
+                      struct ibv_mr_init_attr * /*mr_init_attr*/) {
+  return unsupported();
+}
+
+int ibv_cmd_export_dmabuf_fd(struct ibv_context * /*ctx*/, off_t /*pg_off*/) {
+  errno = EOPNOTSUPP;
+  return -1;  // an fd or -1 in rdma-core
+}
+
+int ibv_cmd_alloc_dmah(struct ibv_context * /*ctx*/, struct verbs_dmah * /*st*/,
+                       struct ibv_dmah_init_attr * /*attr*/) {
+  return unsupported();
+}
+
+int ibv_cmd_free_dmah(struct verbs_dmah * /*dmah*/) { return unsupported(); }
+
+int ibv_cmd_query_port_speed(struct ibv_context * /*context*/,
+                             uint32_t /*port_num*/, uint64_t * /*speed*/) {
+  return unsupported();
+}
+
+// --- dma-buf heaps (confidential-computing shared buffers) ---------------------
+
+struct ibv_dmabuf_heap *ibv_dmabuf_heap_cc_shared_init(void) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+
+void ibv_dmabuf_heap_destroy(struct ibv_dmabuf_heap * /*heap*/) {}
+
+void *ibv_dmabuf_heap_alloc(struct ibv_dmabuf_heap * /*heap*/, size_t /*size*/,
+                            int *dmabuf_fd) {
+  if (dmabuf_fd) *dmabuf_fd = -1;
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+
+void ibv_dmabuf_heap_free(void * /*buf*/, size_t /*size*/, int /*dmabuf_fd*/) {}
+
 // --- CQ ----------------------------------------------------------------------
 
 int ibv_cmd_create_cq(struct ibv_context * /*context*/, int /*cqe*/,
@@ -285,6 +335,18 @@ int ibv_cmd_create_cq_ex(struct ibv_context * /*context*/,
                          size_t /*cmd_size*/,
                          struct ib_uverbs_ex_create_cq_resp * /*resp*/,
                          size_t /*resp_size*/, uint32_t /*cmd_flags*/) {
+  return unsupported();
+}
+
+int ibv_cmd_create_cq_ex2(struct ibv_context * /*context*/,
+                          const struct ibv_cq_init_attr_ex * /*cq_attr*/,
+                          struct verbs_create_cq_prov_attr * /*prov_attr*/,
+                          struct verbs_cq * /*cq*/,
+                          struct ibv_create_cq_ex * /*cmd*/,
+                          size_t /*cmd_size*/,
+                          struct ib_uverbs_ex_create_cq_resp * /*resp*/,
+                          size_t /*resp_size*/, uint32_t /*cmd_flags*/,
+                          struct ibv_command_buffer * /*driver*/) {
   return unsupported();
 }
 

@@ -37,6 +37,7 @@
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
+#include "common/verbs_current.h"
 
 struct svx_object;
 
@@ -243,6 +244,7 @@ struct CqView {
 // ---- Objects ---------------------------------------------------------------
 
 struct Context;
+struct DmahState;  // ibv_alloc_dmah (mr_ex.cc)
 struct Cq;
 
 // A thread domain (ibv_alloc_td(3)): objects created in a parent domain
@@ -271,6 +273,7 @@ struct Mr {
   size_t reg_len;
   void* map_addr;   // a mapping the library made for this MR (shared regions), unmapped at dereg
   size_t map_len;
+  DmahState* dmah;  // the DMA handle it was registered with (ibv_reg_mr_ex), counted
 };
 
 struct Ah {
@@ -501,13 +504,19 @@ struct ContextState {
   const QpEntry* qp_slot(uint32_t qpn) const { return &qp_table[qpn & (shm::kQpTableSize - 1)]; }
 };
 
+// Laid out as rdma-core v64's verbs_context (sv::abi::VerbsContextCurrent):
+// the ops added since v44 sit before v44's verbs_context, and v.sz counts
+// them, so a client's verbs_get_ctx_op() of either release finds its ops.
 struct Context {
+  abi::VerbsContextV64Ops v64;
   verbs_context v;  // v.context is what clients hold
   ContextState* st;
 };
+static_assert(offsetof(Context, v) == offsetof(abi::VerbsContextCurrent, v44));
 
 inline Context* to_ctx(ibv_context* c) {
-  return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+  return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(Context, v) -
+                                    offsetof(verbs_context, context));
 }
 inline ContextState& ctx_state(ibv_context* c) { return *to_ctx(c)->st; }
 inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
@@ -556,6 +565,18 @@ void push_async_event(ContextState& st, const ibv_async_event& ev);
 void start_watchdog(ContextState& st);
 
 void fill_device_attr(ibv_device_attr& a);
+
+// Registration and DMA handles of IBVERBS_1.15-1.17 (mr_ex.cc), the
+// verbs_context ops v64 added; reg_mr is ibv_reg_mr_iova2's (mr.cc).
+ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access);
+ibv_mr* reg_mr_ex(ibv_pd* pd, abi::MrInitAttr* attr);
+ibv_mr* reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access);
+abi::Dmah* alloc_dmah(ibv_context* c, abi::DmahInitAttr* attr);
+int dealloc_dmah(abi::Dmah* dmah);
+void release_dmah(DmahState* dmah);  // an MR registered with it is gone
+void* alloc_buf(ibv_pd* pd, size_t size, abi::Buf** buf);
+void free_buf(abi::Buf* buf);
+int dm_export_dmabuf_fd(ibv_dm* dm);
 
 // CQs (cq.cc)
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);

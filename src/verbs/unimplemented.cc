@@ -30,12 +30,7 @@ extern "C" {
 
 // --- Memory ------------------------------------------------------------------
 
-struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd * /*pd*/, uint64_t /*offset*/,
-                                 size_t /*length*/, uint64_t /*iova*/,
-                                 int /*fd*/, int /*access*/) {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
+// ibv_reg_dmabuf_mr is in mr_ex.cc, beside ibv_reg_mr_ex's fd registration.
 
 // Declared in rdma-core's private driver.h, exported at IBVERBS_1.1 and used
 // by providers.  rdma-core itself returns 0 without doing anything unless
