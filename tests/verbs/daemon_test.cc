@@ -2,12 +2,18 @@
 // a client that speaks raw, malformed or forged messages gets errors, never
 // a crash, and never another client's objects.
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "common/paths.h"
@@ -187,6 +193,60 @@ TEST(Daemon, NetnsCheck) {
   EXPECT_EQ(EXDEV, c.send(proto::Op::Netns, other));
   other.flags = proto::kNetnsQuery;  // only asking
   EXPECT_EQ(0, c.send(proto::Op::Netns, other));
+}
+
+// The daemon a process starts stays in that process's session: under
+// autogroup scheduling (sched(7)) a session is a scheduling group, and a
+// daemon alone in a group of its own was left runnable but unrun for over
+// 30 s while its clients (another group) spun on every CPU waiting for it
+// (KillSharedQp.ThreeWritersFiftyKillsNothingLostNothingWedged on 2 CPUs).
+// It leads a process group of its own, so that a signal to the starter's
+// group (Ctrl-C, timeout(1)) does not reach it.
+TEST(Daemon, StartedInTheStartersSessionInAProcessGroupOfItsOwn) {
+  // A directory of our own: the daemon there is started by this process.
+  char dir[] = "/tmp/softverbs-session-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir));
+  struct Restore {
+    std::string dir, old;
+    bool had;
+    ~Restore() {
+      if (had) setenv("SOFTVERBS_DIR", old.c_str(), 1);
+      else unsetenv("SOFTVERBS_DIR");
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } restore{dir, getenv("SOFTVERBS_DIR") ? getenv("SOFTVERBS_DIR") : "", getenv("SOFTVERBS_DIR") != nullptr};
+  setenv("SOFTVERBS_DIR", dir, 1);
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ASSERT_TRUE(list && n > 0);
+  ibv_context* ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  ASSERT_NE(nullptr, ctx) << "no daemon started in " << dir;
+  Fd sock;
+  ASSERT_EQ(0, connect_seqpacket(socket_path(dir), sock));
+  PeerCred daemon{};
+  ASSERT_EQ(0, peer_credentials(sock.get(), daemon));
+  Fd pidfd;
+  ASSERT_EQ(0, pidfd_open(daemon.pid, pidfd));
+  EXPECT_EQ(getsid(0), getsid(daemon.pid)) << "the daemon left the session of the process that started it";
+  EXPECT_EQ(daemon.pid, getpgid(daemon.pid)) << "the daemon does not lead a process group of its own";
+  EXPECT_NE(getpgid(0), getpgid(daemon.pid));
+  auto autogroup = [](const std::string& pid) {  // "/autogroup-N nice K": the group's name
+    std::ifstream f("/proc/" + pid + "/autogroup");
+    std::string name;
+    f >> name;
+    return name;
+  };
+  if (const std::string mine = autogroup("self"); !mine.empty()) {
+    EXPECT_EQ(mine, autogroup(std::to_string(daemon.pid)));
+  }
+  sock.reset();
+  ibv_close_device(ctx);
+  // Ours to stop (it would linger for SOFTVERBSD_IDLE): SIGTERM, then its exit.
+  ASSERT_EQ(0, kill(daemon.pid, SIGTERM));
+  pollfd p{pidfd.get(), POLLIN, 0};
+  EXPECT_EQ(1, poll(&p, 1, 60000)) << "the daemon did not exit on SIGTERM";
 }
 
 }  // namespace
