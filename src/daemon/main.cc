@@ -119,9 +119,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!foreground) {
-    // Detach from the starter's session and descriptors: a pipe the starter
-    // reads must not stay open because of us. Errors go to DIR/daemon.log.
-    ::setsid();
+    // Detach from the starter's descriptors: a pipe the starter reads must
+    // not stay open because of us. Errors go to DIR/daemon.log.
+    //
+    // A process group of our own (setpgid(2)): a signal to the starter's
+    // group (a terminal's Ctrl-C, timeout(1), kill of a job) does not reach
+    // us. But not a session of our own: with autogroup scheduling
+    // (sched(7), "The autogroup feature"; kernel.sched_autogroup_enabled,
+    // on by default) every session is a scheduling group of its own, and a
+    // daemon alone in its group was seen runnable and never run for more
+    // than 30 s on a 2-CPU machine while its clients' group spun on both
+    // CPUs (ibv_post_send retried on a full queue, sched_yield between
+    // tries), waiting for a client whose request it had not read. In the
+    // starter's session the daemon competes with its clients' threads one
+    // to one, and the kernel shares the CPUs between them.
+    ::setpgid(0, 0);
     int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
     int log = ::openat(server.dir_fd(), "daemon.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (null >= 0) {

@@ -442,7 +442,18 @@ int DaemonConn::recv_reply_locked(uint32_t seq, void* rep, size_t rep_len, std::
       if (broken) *broken = true;
       return r;
     }
-    if (!dispatch_event(buf, len)) break;  // not an async event: our reply
+    if (dispatch_event(buf, len)) continue;
+    // A reply to an earlier request of this connection: one whose caller
+    // stopped waiting (ETIMEDOUT), answered late by a daemon held up (a
+    // loaded machine). The daemon answers in order, so ours follows it;
+    // taken as ours, it would put every later call one reply out of step.
+    std::memcpy(&rh, buf, sizeof(rh));
+    if (rh.magic == proto::kMagic && rh.seq != seq && int32_t(rh.seq - seq) < 0) {
+      SV_TRACE("verbs: a late reply (seq %u, op %u) dropped while waiting for seq %u", unsigned(rh.seq),
+               unsigned(rh.op), unsigned(seq));
+      continue;
+    }
+    break;  // our reply
   }
   std::memcpy(&rh, buf, sizeof(rh));
   if (rh.magic != proto::kMagic || rh.seq != seq) {

@@ -106,10 +106,13 @@ ibv_qp* import_qp_num(ibv_context* c, uint32_t qpn) {
     errno = EPERM;
     return nullptr;
   }
+  // Each stops at the first failure, whose errno is the caller's.
   Pd* pd = local_pd(cs, c, rep.pd);
+  if (!pd) return nullptr;
   Cq* scq = import_cq_handle(c, rep.send_cq);
+  if (!scq) return nullptr;
   Cq* rcq = import_cq_handle(c, rep.recv_cq);
-  if (!pd || !scq || !rcq) return nullptr;
+  if (!rcq) return nullptr;
   st->pd = pd;
   st->send_cq = scq;
   st->recv_cq = rcq;

@@ -2,12 +2,20 @@
 // a client that speaks raw, malformed or forged messages gets errors, never
 // a crash, and never another client's objects.
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "common/paths.h"
@@ -187,6 +195,147 @@ TEST(Daemon, NetnsCheck) {
   EXPECT_EQ(EXDEV, c.send(proto::Op::Netns, other));
   other.flags = proto::kNetnsQuery;  // only asking
   EXPECT_EQ(0, c.send(proto::Op::Netns, other));
+}
+
+// SOFTVERBS_DIR set to `dir` (a directory made for one test) while this
+// lives; then the variable as it was, and the directory removed.
+class OwnDir {
+ public:
+  explicit OwnDir(const std::string& dir) : dir_(dir) {
+    const char* old = getenv("SOFTVERBS_DIR");
+    had_ = old != nullptr;
+    if (old) old_ = old;
+    setenv("SOFTVERBS_DIR", dir.c_str(), 1);
+  }
+  ~OwnDir() {
+    if (had_) setenv("SOFTVERBS_DIR", old_.c_str(), 1);
+    else unsetenv("SOFTVERBS_DIR");
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+ private:
+  std::string dir_, old_;
+  bool had_ = false;
+};
+
+ibv_context* open_first_device() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) return nullptr;
+  ibv_context* ctx = n > 0 ? ibv_open_device(list[0]) : nullptr;
+  ibv_free_device_list(list);
+  return ctx;
+}
+
+// The daemon a process starts stays in that process's session: under
+// autogroup scheduling (sched(7)) a session is a scheduling group, and a
+// daemon alone in a group of its own was left runnable but unrun for over
+// 30 s while its clients (another group) spun on every CPU waiting for it
+// (KillSharedQp.ThreeWritersFiftyKillsNothingLostNothingWedged on 2 CPUs).
+// It leads a process group of its own, so that a signal to the starter's
+// group (Ctrl-C, timeout(1)) does not reach it.
+TEST(Daemon, StartedInTheStartersSessionInAProcessGroupOfItsOwn) {
+  // A directory of our own: the daemon there is started by this process.
+  char dir[] = "/tmp/softverbs-session-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir));
+  OwnDir own(dir);
+  ibv_context* ctx = open_first_device();
+  ASSERT_NE(nullptr, ctx) << "no daemon started in " << dir;
+  Fd sock;
+  ASSERT_EQ(0, connect_seqpacket(socket_path(dir), sock));
+  PeerCred daemon{};
+  ASSERT_EQ(0, peer_credentials(sock.get(), daemon));
+  Fd pidfd;
+  ASSERT_EQ(0, pidfd_open(daemon.pid, pidfd));
+  EXPECT_EQ(getsid(0), getsid(daemon.pid)) << "the daemon left the session of the process that started it";
+  EXPECT_EQ(daemon.pid, getpgid(daemon.pid)) << "the daemon does not lead a process group of its own";
+  EXPECT_NE(getpgid(0), getpgid(daemon.pid));
+  auto autogroup = [](const std::string& pid) {  // "/autogroup-N nice K": the group's name
+    std::ifstream f("/proc/" + pid + "/autogroup");
+    std::string name;
+    f >> name;
+    return name;
+  };
+  if (const std::string mine = autogroup("self"); !mine.empty()) {
+    EXPECT_EQ(mine, autogroup(std::to_string(daemon.pid)));
+  }
+  sock.reset();
+  ibv_close_device(ctx);
+  // Ours to stop (it would linger for SOFTVERBSD_IDLE): SIGTERM, then its exit.
+  ASSERT_EQ(0, kill(daemon.pid, SIGTERM));
+  pollfd p{pidfd.get(), POLLIN, 0};
+  EXPECT_EQ(1, poll(&p, 1, 60000)) << "the daemon did not exit on SIGTERM";
+}
+
+// A reply that comes after its caller stopped waiting for it (the call
+// timed out: a daemon held up on a loaded machine) is dropped by the call
+// that reads it next, which waits for its own. Taken as that call's, it put
+// every later call of the connection one reply out of step (EPROTO: a
+// KillSharedQp writer's svx_unpack failed so after a timed-out import).
+// A proxy between the library and the daemon plays the late reply: before
+// the daemon's reply to the second AllocPd it delivers a copy of the first's.
+TEST(Daemon, ALateReplyIsDroppedNotTakenForTheNextCallsReply) {
+  ensure_daemon();
+  const std::string daemon_dir = runtime_dir();
+  char dir[] = "/tmp/softverbs-late-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir));
+  Fd listener;
+  ASSERT_EQ(0, listen_seqpacket(socket_path(dir), listener));
+  std::atomic<int> late{0};
+  std::thread proxy([&] {
+    pollfd l{listener.get(), POLLIN, 0};
+    if (::poll(&l, 1, 30000) != 1) return;  // the library never came
+    Fd lib(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    Fd daemon;
+    if (!lib.valid() || connect_seqpacket(socket_path(daemon_dir), daemon) != 0) return;
+    std::vector<uint8_t> first;  // the first AllocPd reply
+    pollfd p[2] = {{lib.get(), POLLIN, 0}, {daemon.get(), POLLIN, 0}};
+    while (::poll(p, 2, 30000) > 0) {
+      for (int i = 0; i < 2; ++i) {
+        if (!p[i].revents) continue;
+        uint8_t buf[proto::kMaxMessage];
+        size_t len = 0;
+        std::vector<Fd> fds;
+        if (recv_message(p[i].fd, buf, sizeof buf, &len, fds) != 0 || len < sizeof(proto::Header)) return;
+        const int to = i == 0 ? daemon.get() : lib.get();
+        proto::Header h;
+        std::memcpy(&h, buf, sizeof h);
+        if (i == 1 && h.seq != 0 && h.op == uint16_t(proto::Op::AllocPd)) {
+          if (first.empty()) {
+            first.assign(buf, buf + len);
+          } else if (!late.exchange(1) && send_message(to, first.data(), first.size(), {}) != 0) {
+            return;
+          }
+        }
+        std::vector<int> raw;
+        for (const Fd& f : fds) raw.push_back(f.get());
+        if (send_message(to, buf, len, raw) != 0) return;
+      }
+    }
+  });
+  {
+    OwnDir own(dir);
+    ibv_context* ctx = open_first_device();
+    EXPECT_NE(nullptr, ctx);
+    if (ctx) {
+      ibv_pd* a = ibv_alloc_pd(ctx);
+      ibv_pd* b = ibv_alloc_pd(ctx);  // reads the late copy of a's reply first
+      const int b_errno = errno;
+      ibv_pd* c = ibv_alloc_pd(ctx);  // in step after it
+      EXPECT_NE(nullptr, a);
+      EXPECT_NE(nullptr, b) << "the late reply was taken for this call's: " << std::strerror(b_errno);
+      EXPECT_NE(nullptr, c);
+      EXPECT_EQ(1, late.load()) << "the proxy never delivered the late reply";
+      for (ibv_pd* pd : {a, b, c}) {
+        if (pd) {
+          EXPECT_EQ(0, ibv_dealloc_pd(pd));
+        }
+      }
+      ibv_close_device(ctx);  // the proxy sees the connection closed, and ends
+    }
+  }
+  proxy.join();
 }
 
 }  // namespace
