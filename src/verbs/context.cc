@@ -317,6 +317,7 @@ int query_port(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t attr_len)
   a.active_speed = p.active_speed;
   a.phys_state = p.phys_state;
   a.link_layer = p.link_layer;
+  a.max_vl_num = p.max_vl_num;
   std::memcpy(attr, &a, std::min(attr_len, sizeof(a)));
   return 0;
 }
