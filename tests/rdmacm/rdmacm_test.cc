@@ -28,6 +28,7 @@
 #include "rdmacm/cm_msg.h"
 
 int multicast_child(const std::string& mode);  // multicast_test.cc
+int loopback_child(const std::string& mode, uint16_t port);  // loopback_test.cc
 
 namespace {
 
@@ -193,6 +194,7 @@ int device_removal_child() {
 int child_main(const std::string& mode, uint16_t port) {
   if (mode == "device-removal") return device_removal_child();
   if (mode.rfind("mc-", 0) == 0) return multicast_child(mode);
+  if (mode.rfind("lo-", 0) == 0) return loopback_child(mode, port);
   Active c;
   if (mode == "nobody-listens") {  // TraceLinesLeaveWhole's child
     int status = 0;
