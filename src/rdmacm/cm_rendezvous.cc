@@ -211,17 +211,11 @@ int do_bind(Id* d, const sockaddr* addr) {
   CM_TRACE("id %llu bound at %s", (unsigned long long)d->serial, d->bind_path.c_str());
   watch(fd, FdKind::kBind, d->serial);
   std::memcpy(&d->id.route.addr.src_storage, &a, sizeof(a));
-  // A specific address is the device's when its GID table holds it, the
-  // rule of Linux's rdma_bind_addr (the device whose port has the source
-  // address as a GID). sv0's GID 0 is ::ffff:127.0.0.1 (common/device_info.h),
-  // so a loopback address (127.0.0.0/8, ::1) binds to sv0 with GID index 0,
-  // as rdma_resolve_addr to it does (resolve_local), and a server bound to
-  // 127.0.0.1 or ::1 has its device at once (librpma's
-  // rpma_utils_get_ibv_context reads id->verbs after the bind). Linux's CM
-  // counts loopback as any address and gives no device; libfabric's verbs
-  // provider, which then offers the device's own addresses, offers
-  // 127.0.0.1 instead (docs/RDMACM.md, "Addresses").
-  if (!addr_is_any(sa)) {
+  // A loopback address is no device's (as in Linux, where no RoCE GID holds
+  // it): the id gets its device when it connects or is connected to.
+  // libfabric's verbs provider relies on this to find the device's own
+  // addresses when it binds "localhost" (vrb_get_rai_id).
+  if (!addr_is_any(sa) && !addr_is_loopback(sa)) {
     ibv_gid gid{};
     int idx = gid_index_of(sa, &gid);
     if (idx >= 0) {

@@ -80,6 +80,10 @@ void resolve_local(Id* d, sockaddr* dst_addr) {
     std::memcpy(&d->id.route.addr.src_storage, &src, sizeof(src));
     d->sgid_index = gid_index_of(dst_addr, &d->id.route.addr.addr.ibaddr.sgid);
     if (d->sgid_index < 0) d->sgid_index = 0;
+  } else if (addr_is_loopback(&d->id.route.addr.src_addr)) {
+    // Bound to loopback, which gave no device (do_bind): GID index 0.
+    d->sgid_index = gid_index_of(&d->id.route.addr.src_addr, &d->id.route.addr.addr.ibaddr.sgid);
+    if (d->sgid_index < 0) d->sgid_index = 0;
   }
   addr_resolved(d);
 }

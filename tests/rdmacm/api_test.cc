@@ -22,7 +22,7 @@ namespace rdmacm_api {
 namespace {
 
 // A synchronous id with 127.0.0.1 resolved (it then has its device and
-// PD).
+// PD; a bind to loopback gives none, as on Linux).
 struct BoundId {
   rdma_cm_id* id = nullptr;
   BoundId() {
