@@ -651,8 +651,10 @@ ibv_qp_state qp_state(ibv_qp* qp) {
 // The peer ends the connection in order (rdma_disconnect) and its process
 // exits before this side has read DISCONNECTED. As on hardware (a peer QP
 // in the Error state is silent, IBTA 10.3.1; the CM says the connection
-// ended), this side's QP raises no asynchronous event and keeps its
-// receives posted until this side disconnects too; then they flush.
+// ended), this side's QP raises no asynchronous event and stays in RTS
+// with its receives posted; a request of its own then goes unanswered
+// until its retries run out (RETRY_EXC_ERR, the QP to ERR, receives
+// flushed, still no event).
 // `killed`: the peer is SIGKILLed while connected instead: a fault, which
 // the daemon reports at once (IBV_EVENT_QP_FATAL, the QP in ERR,
 // docs/RELIABILITY.md).
@@ -682,6 +684,14 @@ void peer_leaves_test(bool killed) {
   } else {
     EXPECT_EQ(events, "") << "an orderly disconnect raised an async event";
     EXPECT_EQ(qp_state(id->qp), IBV_QPS_RTS);
+    // A request of ours now goes unanswered, as on a wire: its retries run
+    // out (IBTA 9.7.5.2.3), the QP goes to ERR, and still no async event.
+    ASSERT_EQ(rdma_post_send(id, nullptr, msg, 5, mr, 0), 0);
+    ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+    EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << ibv_wc_status_str(wc.status);
+    // (the progress thread moves the QP right after the completion)
+    for (int i = 0; i < 200 && qp_state(id->qp) != IBV_QPS_ERR; ++i) ::usleep(10000);
+    EXPECT_EQ(qp_state(id->qp), IBV_QPS_ERR);
   }
   EXPECT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_DISCONNECTED));
   EXPECT_EQ(async_events(id->verbs, 300), "");
