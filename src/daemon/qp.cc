@@ -442,22 +442,6 @@ void Registry::responder_error_event(uint32_t qpn, ibv_wc_status requester_statu
   for (uint32_t id : clients_of(q->second.owner)) events_.push_back({id, ev, qpn});
 }
 
-// The peers of QPs that just died (their last holder exited) while still
-// connected: connected QPs go to ERR at once, their posted receives
-// complete with flush errors, and every process holding them gets
-// IBV_EVENT_QP_FATAL. (On a wire the peers would find out by their retries
-// running out; on one host the daemon knows.) Their send queues are flushed
-// by their holders, which see the ERR state on their next post or retry.
-//
-// A QP its holder had already taken out of the connection (to ERR, as
-// rdma_disconnect does before its DREQ, or RESET) left in order: the peer
-// was told by the CM (DISCONNECTED), and its requests already went
-// unanswered, as a wire's peer in the Error state drops what arrives (IBTA
-// 10.3.1, 9.9.3: a requester learns it by its retries running out,
-// IBV_WC_RETRY_EXC_ERR, with no asynchronous event). Its going changes
-// nothing a peer could see, so the peer is left as it is: hardware raises
-// no QP_FATAL at an orderly disconnect, whether the peer processes the
-// DISCONNECTED event before or after the other process exits.
 // A process killed while its QP was delivering a message (pop_peer_recv in
 // the library) leaves the responder's receive taken but not completed.
 // Complete it now, before fail_peers_of flushes the rest of that queue, so
@@ -517,6 +501,22 @@ bool Registry::torn_record_allowed(const Qp& dead, uint32_t dead_qpn, const Qp& 
   return qp_slot(dead_qpn).dest_qpn.load() == peer_qpn && qp_slot(peer_qpn).dest_qpn.load() == dead_qpn;
 }
 
+// The peers of QPs that just died (their last holder exited) while still
+// connected: connected QPs go to ERR at once, their posted receives
+// complete with flush errors, and every process holding them gets
+// IBV_EVENT_QP_FATAL. (On a wire the peers would find out by their retries
+// running out; on one host the daemon knows.) Their send queues are flushed
+// by their holders, which see the ERR state on their next post or retry.
+//
+// A QP its holder had already taken out of the connection (to ERR, as
+// rdma_disconnect does before its DREQ, or to RESET) left in order: the CM
+// told the peer (DISCONNECTED), and the peer's requests already went
+// unanswered, as a QP in the Error state on a wire answers nothing (IBTA
+// 10.3.1): the peer's requester learns it when its retries run out
+// (IBV_WC_RETRY_EXC_ERR, IBTA 9.7.6.1.3), with no asynchronous event. Its
+// going changes nothing the peer could see, so the peer is left as it is:
+// no QP_FATAL at an orderly disconnect, whether the peer reads DISCONNECTED
+// before or after the other process exits.
 void Registry::fail_peers_of(const std::vector<uint32_t>& released) {
   std::vector<uint32_t> dead;  // the released QPs that were still connected
   for (uint32_t d : released)
