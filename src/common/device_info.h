@@ -42,6 +42,9 @@ struct Port {
   uint8_t active_width = 2;  // 4x
   uint8_t active_speed = 32; // EDR (25 Gb/s a lane)
   uint8_t link_layer = 2;    // IBV_LINK_LAYER_ETHERNET
+  // VLCap (IBTA 14.2.5.6, PortInfo): 1 = VL0 only, the one data VL that
+  // RoCE has (Linux rxe reports 1 too). ibv_devinfo calls 0 invalid.
+  uint8_t max_vl_num = 1;
   uint32_t cap_flags = 1u << 16;  // IBV_PORT_CM_SUP
   uint32_t max_msg_sz = 1u << 31;
   uint16_t lid = 0;

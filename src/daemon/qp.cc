@@ -97,6 +97,11 @@ void Registry::init_qp_entry(uint32_t client, uint32_t slot, uint32_t qpn, const
 
 namespace {
 
+// The states in which a QP carries its connection's traffic (IBTA 10.3.1).
+bool qp_connected(ibv_qp_state s) {
+  return s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE;
+}
+
 // A QP's segment: its header and its two rings.
 int make_qp_segment(uint32_t qpn, const QpLayout& layout, Fd& fd, Mapping& map) {
   if (int e = make_memfd("softverbs-qp", layout.size(), fd)) return e;
@@ -260,9 +265,14 @@ void Registry::set_dest(uint32_t qpn, uint32_t dest) {
 }
 
 // Before they go: receives their processes were delivering when they died
-// complete (complete_torn_receive); after, their peers fail (fail_peers_of).
+// complete (complete_torn_receive), and the QPs still connected are noted
+// (their state is about to be ERR); after, the peers of those fail
+// (fail_peers_of).
 void Registry::before_release_qps(uint32_t, const std::vector<uint32_t>& qpns) {
-  for (uint32_t id : qpns) complete_torn_receive(id);
+  for (uint32_t id : qpns) {
+    complete_torn_receive(id);
+    if (qp_connected(ibv_qp_state(qp_slot(id).state.load(std::memory_order_acquire)))) died_connected_.insert(id);
+  }
 }
 
 // The destroy hook of a QP (ibv_destroy_qp(3)), for a holder in context `c`.
@@ -432,12 +442,6 @@ void Registry::responder_error_event(uint32_t qpn, ibv_wc_status requester_statu
   for (uint32_t id : clients_of(q->second.owner)) events_.push_back({id, ev, qpn});
 }
 
-// The peers of QPs that just died (their last holder exited): connected
-// QPs go to ERR at once, their posted receives complete with flush errors,
-// and every process holding them gets IBV_EVENT_QP_FATAL. (On a wire the
-// peers would find out by their retries running out; on one host the
-// daemon knows.) Their send queues are flushed by their holders, which see
-// the ERR state on their next post or retry.
 // A process killed while its QP was delivering a message (pop_peer_recv in
 // the library) leaves the responder's receive taken but not completed.
 // Complete it now, before fail_peers_of flushes the rest of that queue, so
@@ -497,7 +501,26 @@ bool Registry::torn_record_allowed(const Qp& dead, uint32_t dead_qpn, const Qp& 
   return qp_slot(dead_qpn).dest_qpn.load() == peer_qpn && qp_slot(peer_qpn).dest_qpn.load() == dead_qpn;
 }
 
-void Registry::fail_peers_of(const std::vector<uint32_t>& dead) {
+// The peers of QPs that just died (their last holder exited) while still
+// connected: connected QPs go to ERR at once, their posted receives
+// complete with flush errors, and every process holding them gets
+// IBV_EVENT_QP_FATAL. (On a wire the peers would find out by their retries
+// running out; on one host the daemon knows.) Their send queues are flushed
+// by their holders, which see the ERR state on their next post or retry.
+//
+// A QP its holder had already taken out of the connection (to ERR, as
+// rdma_disconnect does before its DREQ, or to RESET) left in order: the CM
+// told the peer (DISCONNECTED), and the peer's requests already went
+// unanswered, as a QP in the Error state on a wire answers nothing (IBTA
+// 10.3.1): the peer's requester learns it when its retries run out
+// (IBV_WC_RETRY_EXC_ERR, IBTA 9.7.6.1.3), with no asynchronous event. Its
+// going changes nothing the peer could see, so the peer is left as it is:
+// no QP_FATAL at an orderly disconnect, whether the peer reads DISCONNECTED
+// before or after the other process exits.
+void Registry::fail_peers_of(const std::vector<uint32_t>& released) {
+  std::vector<uint32_t> dead;  // the released QPs that were still connected
+  for (uint32_t d : released)
+    if (died_connected_.erase(d)) dead.push_back(d);
   if (dead.empty()) return;
   std::set<uint32_t> peers;  // the QPs whose entry names a dead QP, in QPN order
   for (uint32_t d : dead)

@@ -476,6 +476,10 @@ class Registry : private MediationTables {
   // the QPs connected to one QP without a walk over every QP.
   std::set<std::pair<uint32_t, uint32_t>> by_dest_;
   void set_dest(uint32_t qpn, uint32_t dest);
+  // The QPs of a context being released that were still connected (RTR,
+  // RTS, SQD or SQE) when their last holder went: before_release_qps notes
+  // them, fail_peers_of fails their peers and forgets them.
+  std::set<uint32_t> died_connected_;
   // (MR slot, window slot) of every bound window: the windows of the MRs a
   // context's release frees without a walk over every window.
   std::set<std::pair<uint32_t, uint32_t>> mw_bound_;

@@ -323,6 +323,7 @@ int query_port(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t attr_len)
   a.active_speed = p.active_speed;
   a.phys_state = p.phys_state;
   a.link_layer = p.link_layer;
+  a.max_vl_num = p.max_vl_num;
   // The caller's size says which release's struct it holds: v64's ends
   // with active_speed_ex (the speed when it does not fit active_speed's
   // byte; the kernel fills it with the same value otherwise).

@@ -29,6 +29,9 @@ devinfo)
   check "Ethernet link layer" '^[[:space:]]+link_layer:[[:space:]]+Ethernet$'
   check "GID 0 ::ffff:127.0.0.1 RoCE v2" '^[[:space:]]+GID\[ *0\]:[[:space:]]+::ffff:127\.0\.0\.1, RoCE v2$'
   check "phys_port_cnt 1" '^[[:space:]]+phys_port_cnt:[[:space:]]+1$'
+  # VLCap 1: VL0 only, as Linux rxe reports it (0 prints "invalid value (0)").
+  check "max_vl_num 1" '^[[:space:]]+max_vl_num:[[:space:]]+1 \(1\)$'
+  grep -q 'invalid value' "$out" && fail "ibv_devinfo -v: an attribute has an invalid value: $(grep 'invalid value' "$out")"
   # Also the short form.
   sv_run ibv_devinfo -d sv0 -i 1 >"$out.short" 2>&1 || fail "ibv_devinfo -d sv0 -i 1 exited $?"
   grep -Eq '^[[:space:]]+state:[[:space:]]+PORT_ACTIVE' "$out.short" || fail "ibv_devinfo -d sv0 -i 1: port not active"

@@ -5,6 +5,7 @@
 #   rdmacm.sh BIN_DIR MODE PORT
 # MODE: rping | rping_q (the application creates and moves its QP:
 # CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish) | rping6 (over ::1) |
+# rping_lo (the server bound to 127.0.0.1, then to ::1) |
 # ucmatose | ucmatose4 | ucmatose_m (rdma_migrate_id) | udaddy | rdma_server |
 # ib_send_bw | ib_write_lat | ib_read_bw | fi_pingpong (its PORT is TCP). PORT is an rdma_cm port: it lives in this
 # test's own SOFTVERBS_DIR (the rendezvous sockets), not in TCP.
@@ -41,6 +42,29 @@ case "$mode" in
       expect "$SERVER_OUT" '^server DISCONNECT EVENT' 1
       no_errors "$ERRORS"
     fi
+    ;;
+  rping_lo)
+    # A server bound to the loopback address itself (not the wildcard), as
+    # the README runs it: rping -s -a 127.0.0.1 -C 3, rping -c -a 127.0.0.1
+    # -C 3 -v, then the same on ::1; rping's default port (7174, in this
+    # test's own directory).
+    require rping
+    compat_setup
+    for addr in 127.0.0.1 ::1; do
+      name=rping_lo${addr//[.:]/_}
+      if cm_pair "$name" $TCP 7174 rping -s -a "$addr" -C 3 -- rping -c -a "$addr" -C 3 -v; then
+        for i in 0 1 2; do
+          line="rdma-ping-$i: "
+          for k in $(seq 0 49); do
+            line+=$(printf "\\$(printf '%03o' $((65 + (i + k) % 58)))")
+          done
+          grep -Fxq -- "ping data: $line" "$CLIENT_OUT" || fail "$addr: client: no line 'ping data: $line'"
+        done
+        expect "$CLIENT_OUT" '^ping data: ' 3
+        expect "$SERVER_OUT" '^server DISCONNECT EVENT' 1
+      fi
+    done
+    no_errors "$ERRORS"
     ;;
   ucmatose | ucmatose4 | ucmatose_m)
     require ucmatose

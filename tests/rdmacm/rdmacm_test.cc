@@ -28,6 +28,7 @@
 #include "rdmacm/cm_msg.h"
 
 int multicast_child(const std::string& mode);  // multicast_test.cc
+int loopback_child(const std::string& mode, uint16_t port);  // loopback_test.cc
 
 namespace {
 
@@ -193,6 +194,7 @@ int device_removal_child() {
 int child_main(const std::string& mode, uint16_t port) {
   if (mode == "device-removal") return device_removal_child();
   if (mode.rfind("mc-", 0) == 0) return multicast_child(mode);
+  if (mode.rfind("lo-", 0) == 0) return loopback_child(mode, port);
   Active c;
   if (mode == "nobody-listens") {  // TraceLinesLeaveWhole's child
     int status = 0;
@@ -222,6 +224,12 @@ int child_main(const std::string& mode, uint16_t port) {
   }
   if (mode == "active-disconnects") {
     if (rdma_disconnect(c.id)) return 7;
+  }
+  if (mode == "disconnect-exit") {
+    // An orderly end, then the process goes at once: the daemon releases
+    // the QP (in ERR since rdma_disconnect) with the process.
+    if (rdma_disconnect(c.id)) return 7;
+    ::_exit(0);
   }
   if (!expect_event(c.ch, RDMA_CM_EVENT_DISCONNECTED)) return 8;
   return 0;  // ~Active releases the MR, QP, id and channel
@@ -613,6 +621,95 @@ TEST(RdmaCm, TraceLinesLeaveWhole) {
   }
   EXPECT_TRUE(rejected) << records.size() << " records";
 }
+
+// The survivor's async events for `ms`: "" if none came, else their names.
+std::string async_events(ibv_context* c, int ms) {
+  int fl = ::fcntl(c->async_fd, F_GETFL);
+  ::fcntl(c->async_fd, F_SETFL, fl | O_NONBLOCK);
+  std::string got;
+  auto end = Clock::now() + std::chrono::milliseconds(ms);
+  while (Clock::now() < end) {
+    ibv_async_event ev{};
+    if (ibv_get_async_event(c, &ev) == 0) {
+      got.append(ibv_event_type_str(ev.event_type)).append(" ");
+      ibv_ack_async_event(&ev);
+      continue;
+    }
+    pollfd p{c->async_fd, POLLIN, 0};
+    ::poll(&p, 1, 10);
+  }
+  ::fcntl(c->async_fd, F_SETFL, fl);
+  return got;
+}
+
+ibv_qp_state qp_state(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  return ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0 ? a.qp_state : ibv_qp_state(-1);
+}
+
+// The peer ends the connection in order (rdma_disconnect) and its process
+// exits before this side has read DISCONNECTED. As on hardware (a peer QP
+// in the Error state is silent, IBTA 10.3.1; the CM says the connection
+// ended), this side's QP raises no asynchronous event and stays in RTS
+// with its receives posted; a request of its own then goes unanswered
+// until its retries run out (RETRY_EXC_ERR, the QP to ERR, receives
+// flushed, still no event).
+// `killed`: the peer is SIGKILLed while connected instead: a fault, which
+// the daemon reports at once (IBV_EVENT_QP_FATAL, the QP in ERR,
+// docs/RELIABILITY.md).
+void peer_leaves_test(bool killed) {
+  Listener l;
+  ASSERT_TRUE(l.open());
+  pid_t pid = spawn(killed ? "die" : "disconnect-exit", l.port);
+  rdma_cm_id* id = accept_one(l);
+  ASSERT_NE(id, nullptr);
+  ASSERT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_ESTABLISHED));
+  char* msg = static_cast<char*>(std::calloc(1, 64));
+  std::strcpy(msg, "ping");
+  ibv_mr* mr = rdma_reg_msgs(id, msg, 64);
+  ASSERT_NE(mr, nullptr);
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(rdma_post_recv(id, nullptr, msg + 16, 16, mr), 0);  // outstanding work
+  ASSERT_EQ(rdma_post_send(id, nullptr, msg, 5, mr, 0), 0);
+  ibv_wc wc{};
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(reap(pid), killed ? 128 + SIGKILL : 0);
+  // The daemon has seen the process go (its socket closed with the exit):
+  // whatever it raises for our QP comes now.
+  std::string events = async_events(id->verbs, 1500);
+  if (killed) {
+    EXPECT_EQ(events, std::string(ibv_event_type_str(IBV_EVENT_QP_FATAL)) + " ");
+    EXPECT_EQ(qp_state(id->qp), IBV_QPS_ERR);
+  } else {
+    EXPECT_EQ(events, "") << "an orderly disconnect raised an async event";
+    EXPECT_EQ(qp_state(id->qp), IBV_QPS_RTS);
+    // A request of ours now goes unanswered, as on a wire: its retries run
+    // out (IBTA 9.7.5.2.3), the QP goes to ERR, and still no async event.
+    ASSERT_EQ(rdma_post_send(id, nullptr, msg, 5, mr, 0), 0);
+    ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+    EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << ibv_wc_status_str(wc.status);
+    // (the progress thread moves the QP right after the completion)
+    for (int i = 0; i < 200 && qp_state(id->qp) != IBV_QPS_ERR; ++i) ::usleep(10000);
+    EXPECT_EQ(qp_state(id->qp), IBV_QPS_ERR);
+  }
+  EXPECT_TRUE(expect_event(l.ch, RDMA_CM_EVENT_DISCONNECTED));
+  EXPECT_EQ(async_events(id->verbs, 300), "");
+  EXPECT_EQ(rdma_disconnect(id), 0);
+  EXPECT_EQ(qp_state(id->qp), IBV_QPS_ERR);
+  for (int i = 0; i < 2; ++i) {  // each receive completes once, flushed
+    ASSERT_EQ(rdma_get_recv_comp(id, &wc), 1);
+    EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+  }
+  EXPECT_EQ(ibv_poll_cq(id->recv_cq, 1, &wc), 0);
+  rdma_dereg_mr(mr);
+  std::free(msg);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+}
+
+TEST(RdmaCm, OrderlyDisconnectThenExitRaisesNoQpFatal) { peer_leaves_test(false); }
+TEST(RdmaCm, PeerKilledWhileConnectedRaisesQpFatal) { peer_leaves_test(true); }
 
 TEST(RdmaCm, DisconnectFromActiveSide) { disconnect_test("active-disconnects"); }
 TEST(RdmaCm, DisconnectFromPassiveSide) { disconnect_test("passive-disconnects"); }

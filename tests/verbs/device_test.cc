@@ -26,6 +26,9 @@ TEST(Device, PortIsActiveEthernetWithLoopbackGidAtIndexZero) {
   ASSERT_EQ(0, ibv_query_port(s.ctx, 1, &pa));
   EXPECT_EQ(IBV_PORT_ACTIVE, pa.state);
   EXPECT_EQ(IBV_LINK_LAYER_ETHERNET, pa.link_layer);
+  // VLCap (IBTA 14.2.5.6): 1 means VL0 only, RoCE's one data VL; 0 is no
+  // valid value at all.
+  EXPECT_EQ(1, pa.max_vl_num);
   EXPECT_NE(0, ibv_query_port(s.ctx, 2, &pa));
 
   ibv_gid gid{};
