@@ -27,7 +27,7 @@ int loopback_child(const std::string& mode, uint16_t port);
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kLen = 64;
+constexpr size_t kMsgLen = 64;
 
 rdma_cm_event* lo_event(rdma_event_channel* ch, int ms = 10000) {
   pollfd p{ch->fd, POLLIN, 0};
@@ -115,9 +115,9 @@ int client(int family, uint16_t port) {
     return 9;
   ibv_qp_init_attr qa = lo_qp_attr();
   if (rdma_create_qp(id, nullptr, &qa)) return 10;
-  char* buf = static_cast<char*>(std::calloc(1, kLen));
-  ibv_mr* mr = rdma_reg_msgs(id, buf, kLen);
-  if (!mr || rdma_post_recv(id, nullptr, buf, kLen, mr)) return 11;
+  char* buf = static_cast<char*>(std::calloc(1, kMsgLen));
+  ibv_mr* mr = rdma_reg_msgs(id, buf, kMsgLen);
+  if (!mr || rdma_post_recv(id, nullptr, buf, kMsgLen, mr)) return 11;
   rdma_conn_param p{};
   p.retry_count = 7;
   p.rnr_retry_count = 7;
@@ -224,10 +224,10 @@ TEST_P(Loopback, ServerBoundToLoopbackServesALoopbackClient) {
   EXPECT_EQ(family, rdma_get_peer_addr(id)->sa_family);
   ibv_qp_init_attr qa = lo_qp_attr();
   ASSERT_EQ(0, rdma_create_qp(id, pd, &qa)) << std::strerror(errno);
-  char* buf = static_cast<char*>(std::calloc(1, kLen));
-  ibv_mr* mr = ibv_reg_mr(pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE);
+  char* buf = static_cast<char*>(std::calloc(1, kMsgLen));
+  ibv_mr* mr = ibv_reg_mr(pd, buf, kMsgLen, IBV_ACCESS_LOCAL_WRITE);
   ASSERT_NE(nullptr, mr);
-  ASSERT_EQ(0, rdma_post_recv(id, nullptr, buf + 8, kLen - 8, mr));
+  ASSERT_EQ(0, rdma_post_recv(id, nullptr, buf + 8, kMsgLen - 8, mr));
   ASSERT_EQ(0, rdma_accept(id, nullptr));
   ASSERT_TRUE(lo_expect(ch, RDMA_CM_EVENT_ESTABLISHED));
   std::strcpy(buf, "ping");
