@@ -328,6 +328,7 @@ SV_HANDLER(NsList) {
   env.registry.ns_list(std::string(req.after, ::strnlen(req.after, sizeof(req.after))), rep);
   return 0;
 }
+SV_HANDLER(ResList) { return env.registry.res_list(env.client, req, rep); }
 // ---- rdma_cm ports (cm_ports.h) -----------------------------------------
 SV_HANDLER(CmBind) {
   int fd = -1;

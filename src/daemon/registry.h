@@ -133,6 +133,10 @@ class Registry : private MediationTables {
   int ns_unpublish(uint32_t client, const proto::NsNameReq& req);
   int ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep);
   void ns_list(const std::string& after, proto::NsListReply& rep);
+  // The objects of one kind the client may see, from handle req.after on
+  // (resources.cc): its own user's; every user's for root. EINVAL for an
+  // unknown kind.
+  int res_list(uint32_t client, const proto::ResListReq& req, proto::ResListReply& rep) const;
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
   // Per-user limits (quota.h); the server charges connections here too.
@@ -284,6 +288,8 @@ class Registry : private MediationTables {
 
   // The clients (processes) of a context, from the registry's index.
   std::vector<uint32_t> clients_of(uint32_t context) const;
+  // The process that opened a context: its first connection still there (0: none).
+  uint32_t context_pid(uint32_t context) const;
 
  private:
   // The object types (objects.h), by the names the registry's files use.

@@ -1,0 +1,88 @@
+// resources.cc: the objects a client may see, for `rdma resource show`
+// (Op::ResList; src/nldev/ turns them into RDMA netlink). Like the kernel's
+// restrack, which shows a process's objects only within its pid namespace
+// (every client of this daemon is of the daemon's own), and, as one daemon
+// serves many users, only the caller's own user's objects unless the
+// caller is root.
+#include <cerrno>
+
+#include "common/shm_layout.h"
+#include "daemon/registry.h"
+
+namespace sv::daemon {
+
+uint32_t Registry::context_pid(uint32_t context) const {
+  auto it = ctx_clients_.lower_bound({context, 0});
+  return it != ctx_clients_.end() && it->first == context ? client_pid(it->second) : 0;
+}
+
+namespace {
+
+// Appends the objects of `table` above `after` that `visible` admits,
+// `fill` writing each entry's kind fields, until the page is full.
+template <class Table, class Visible, class Fill>
+void page_of(const Table& table, uint32_t after, proto::ResListReply& rep, Visible&& visible, Fill&& fill) {
+  for (auto it = table.find(after) == table.end() ? table.begin() : std::next(table.find(after));
+       it != table.end() && rep.count < proto::kResListPage; ++it) {
+    if (it->first <= after || !visible(it->second)) continue;
+    proto::ResEntry& e = rep.entries[rep.count++];
+    e = {};
+    e.handle = it->first;
+    e.context = it->second.owner;
+    fill(it->first, it->second, e);
+  }
+}
+
+}  // namespace
+
+int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::ResListReply& rep) const {
+  rep.count = 0;
+  const uid_t me = client_uid(client);
+  if (me == uid_t(-1)) return EINVAL;
+  auto may_see = [&](const Object& o) { return me == 0 || (o.owner != 0 && ctx_uid(o.owner) == me); };
+  auto who = [&](const Object& o, proto::ResEntry& e) {
+    e.uid = uint32_t(ctx_uid(o.owner));
+    e.pid = context_pid(o.owner);
+  };
+  switch (req.kind) {
+    case proto::kResQp:
+      page_of(qps_, req.after, rep, may_see, [&](uint32_t qpn, const Qp& q, proto::ResEntry& e) {
+        who(q, e);
+        const shm::QpEntry& slot = qp_slot(qpn);
+        e.a = uint32_t(q.type);
+        e.b = slot.state.load(std::memory_order_relaxed);
+        e.c = q.pd;
+        e.d = slot.dest_qpn.load(std::memory_order_relaxed);
+      });
+      return 0;
+    case proto::kResCq:
+      page_of(cqs_, req.after, rep, may_see, [&](uint32_t, const Cq& c, proto::ResEntry& e) {
+        who(c, e);
+        e.a = c.capacity;
+        e.b = c.refs;
+      });
+      return 0;
+    case proto::kResMr:
+      page_of(mrs_, req.after, rep, may_see, [&](uint32_t, const Mr& m, proto::ResEntry& e) {
+        who(m, e);
+        if (m.charged_pid) e.pid = uint32_t(m.charged_pid);
+        e.a = m.key;
+        e.b = m.pd;
+        if (const shm::MrEntry* me_ = mr_entry(m.key)) {
+          e.length = me_->length;
+          e.iova = me_->iova;
+        }
+      });
+      return 0;
+    case proto::kResPd:
+      page_of(pds_, req.after, rep, may_see, [&](uint32_t, const Pd& p, proto::ResEntry& e) {
+        who(p, e);
+        e.b = p.refs;
+      });
+      return 0;
+    default:
+      return EINVAL;
+  }
+}
+
+}  // namespace sv::daemon

@@ -1,0 +1,146 @@
+// `rdma resource show` under softverbs (Op::ResList, src/nldev/): one daemon
+// serves every user, and a user must not learn another user's objects
+// (their QPNs, CQs, MR keys and lengths, PDs, nor the pids that hold them)
+// unless root. nobody asks the daemon directly, walking every page from
+// every starting handle, and must see its own objects and none of root's;
+// root sees both users'.
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "attack.h"
+
+namespace svsec {
+namespace {
+
+constexpr uint32_t kNobodyUid = 65534;
+
+struct Seen {
+  uint32_t foreign = 0;   // entries of another user
+  uint32_t own_qp = 0;    // the QP it made itself
+  uint32_t own_pid = 0;   // ... reported with its own pid
+  uint32_t answered = 0;  // kinds the daemon listed (status 0)
+};
+
+// Every entry of every kind nobody's connection gets, starting the walk
+// at 0 and at every handle up to `max_after` (a start past an object it
+// may not see must not reveal what follows it either).
+Seen walk(RawConn& raw, uint32_t my_qpn, uint32_t max_after) {
+  Seen s;
+  for (uint32_t kind : {sv::proto::kResQp, sv::proto::kResCq, sv::proto::kResMr, sv::proto::kResPd}) {
+    bool ok = true;
+    for (uint32_t after = 0; after <= max_after && ok; after += after < 64 ? 1 : 4093) {
+      sv::proto::ResListReq req{};
+      req.kind = kind;
+      req.after = after;
+      sv::proto::ResListReply rep{};
+      if (raw.call(sv::proto::Op::ResList, req, rep) != 0 || rep.count > sv::proto::kResListPage) {
+        ok = false;
+        break;
+      }
+      for (uint32_t i = 0; i < rep.count; ++i) {
+        const auto& e = rep.entries[i];
+        if (e.uid != kNobodyUid) ++s.foreign;
+        if (after == 0 && kind == sv::proto::kResQp && e.handle == my_qpn) {
+          ++s.own_qp;
+          s.own_pid += e.pid == uint32_t(::getpid());
+        }
+      }
+    }
+    s.answered += ok;
+  }
+  return s;
+}
+
+TEST(Resources, AUserSeesOnlyItsOwnObjects) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  // root's objects, made first: a PD, an MR, a CQ and a QP in INIT.
+  ibv_context* c = open_dev();
+  ASSERT_NE(nullptr, c);
+  ibv_pd* pd = ibv_alloc_pd(c);
+  ASSERT_NE(nullptr, pd);
+  static char buf[8192];
+  ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_NE(nullptr, mr);
+  ibv_cq* cq = ibv_create_cq(c, 16, nullptr, nullptr, 0);
+  ASSERT_NE(nullptr, cq);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &qa);
+  ASSERT_NE(nullptr, qp);
+  ASSERT_EQ(0, qp_to_init(qp, IBV_ACCESS_REMOTE_READ));
+
+  const std::string sock = sysd.socket();
+  const uint32_t max_after = qp->qp_num + 4096;
+  Child nobody(true, [sock, max_after](int s) {
+    ibv_context* nc = open_dev();
+    ibv_pd* npd = nc ? ibv_alloc_pd(nc) : nullptr;
+    ibv_cq* ncq = nc ? ibv_create_cq(nc, 8, nullptr, nullptr, 0) : nullptr;
+    if (!npd || !ncq) return 2;
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = ncq;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = a.cap.max_recv_wr = 2;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    ibv_qp* nqp = ibv_create_qp(npd, &a);
+    if (!nqp) return 3;
+    RawConn raw(sock);
+    if (!raw.ok()) return 4;
+    Seen seen = walk(raw, nqp->qp_num, max_after);
+    if (!send_val(s, seen)) return 5;
+    uint32_t qpn = nqp->qp_num;
+    if (!send_val(s, qpn)) return 6;
+    char go = 0;
+    if (!recv_val(s, go)) return 7;  // holds its objects until root has looked
+    return 0;
+  });
+  nobody.start();
+  Seen seen;
+  uint32_t nobody_qpn = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), seen));
+  ASSERT_TRUE(recv_val(nobody.sock(), nobody_qpn));
+  EXPECT_EQ(4u, seen.answered) << "the daemon did not list every kind for nobody";
+  EXPECT_EQ(1u, seen.own_qp) << "nobody's own QP is missing from its list";
+  EXPECT_EQ(1u, seen.own_pid) << "nobody's QP is not shown with nobody's pid";
+  EXPECT_EQ(0u, seen.foreign) << "nobody learned objects of another user";
+
+  // root sees every user's: its own QP and nobody's, each with its user.
+  RawConn raw(sysd.socket());
+  ASSERT_TRUE(raw.ok());
+  std::set<std::pair<uint32_t, uint32_t>> qps;  // (qpn, uid)
+  sv::proto::ResListReq req{};
+  req.kind = sv::proto::kResQp;
+  for (;;) {
+    sv::proto::ResListReply rep{};
+    ASSERT_EQ(0, raw.call(sv::proto::Op::ResList, req, rep));
+    for (uint32_t i = 0; i < rep.count; ++i) qps.insert({rep.entries[i].handle, rep.entries[i].uid});
+    if (rep.count < sv::proto::kResListPage) break;
+    req.after = rep.entries[rep.count - 1].handle;
+  }
+  EXPECT_TRUE(qps.count({qp->qp_num, 0u}));
+  EXPECT_TRUE(qps.count({nobody_qpn, kNobodyUid}));
+  // An unknown kind is refused.
+  req.kind = 99;
+  req.after = 0;
+  sv::proto::ResListReply rep{};
+  EXPECT_EQ(EINVAL, raw.call(sv::proto::Op::ResList, req, rep));
+
+  char go = 1;
+  ASSERT_TRUE(send_val(nobody.sock(), go));
+  EXPECT_EQ(0, nobody.wait());
+  ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  ibv_dereg_mr(mr);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(c);
+}
+
+}  // namespace
+}  // namespace svsec
