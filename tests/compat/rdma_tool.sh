@@ -44,7 +44,7 @@ sv_run rdma resource show >"$out.res" 2>&1 || fail "rdma resource show exited $?
 check "$out.res" "rdma resource show: the counts" '^[0-9]+: sv0: pd 1 cq 1 qp 1 mr 1 *$'
 sv_run rdma resource show qp >"$out.qp" 2>&1 || fail "rdma resource show qp exited $?"
 check "$out.qp" "rdma resource show qp: the server's QP with its pid" \
-  '^link sv0/1 lqpn [0-9]+ type RC state INIT .*pid [0-9]+ comm ibv_rc_pingpong *$'
+  '^link sv0/1 lqpn [0-9]+ rqpn [0-9]+ type RC state INIT .*pid [0-9]+ comm ibv_rc_pingpong *$'
 for kind in cq mr pd; do
   sv_run rdma resource show $kind >"$out.$kind" 2>&1 || fail "rdma resource show $kind exited $?"
   check "$out.$kind" "rdma resource show $kind: the server's with its pid" '^dev sv0 .*pid [0-9]+ comm ibv_rc_pingpong *$'
