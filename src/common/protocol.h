@@ -94,6 +94,7 @@ enum class Op : uint16_t {
   Wake,            // reply fd: this connection's wake socket; a pid comes when another process leaves its context
   Refused,         // daemon -> client, unsolicited (seq 0), then the daemon closes: why it will not serve
   ResList,         // the objects of one kind the caller may see, a page at a time (`rdma resource`)
+  WireCounters,    // the port's RoCEv2 counters of the caller's own QPs (`rdma statistic show`)
   kCount
 };
 
@@ -789,6 +790,17 @@ struct ResListReply {
   ResEntry entries[kResListPage];
 };
 static_assert(sizeof(ResListReply) <= kMaxMessage);
+
+// WireCounters: the sums of shm::WireCounter over the QPs the caller may
+// see (as ResList: its own user's, every user's for root), the live ones
+// and those destroyed since the daemon started.
+struct WireCountersReply {
+  Header h;
+  uint32_t count;  // shm::kWireCounterCount
+  uint32_t reserved;
+  uint64_t values[16];
+};
+static_assert(sizeof(WireCountersReply) <= kMaxMessage);
 
 template <class T>
 inline void init_header(T& m, Op op, uint32_t seq = 0) {

@@ -329,6 +329,10 @@ SV_HANDLER(NsList) {
   return 0;
 }
 SV_HANDLER(ResList) { return env.registry.res_list(env.client, req, rep); }
+SV_HANDLER(WireCounters) {
+  env.registry.wire_counters(env.client, rep);
+  return 0;
+}
 // ---- rdma_cm ports (cm_ports.h) -----------------------------------------
 SV_HANDLER(CmBind) {
   int fd = -1;

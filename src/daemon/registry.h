@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <array>
 #include <map>
 #include <set>
 #include <memory>
@@ -137,6 +138,9 @@ class Registry : private MediationTables {
   // (resources.cc): its own user's; every user's for root. EINVAL for an
   // unknown kind.
   int res_list(uint32_t client, const proto::ResListReq& req, proto::ResListReply& rep) const;
+  // The RoCEv2 port counters of the QPs the client may see (as res_list),
+  // live and destroyed (resources.cc).
+  void wire_counters(uint32_t client, proto::WireCountersReply& rep) const;
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
   // Per-user limits (quota.h); the server charges connections here too.
@@ -461,6 +465,9 @@ class Registry : private MediationTables {
   void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                       const proto::MediateReply& rep);
   void release_qp(uint32_t qpn);
+  // A QP going: its wire counts join its user's totals (resources.cc).
+  void retire_wire_counters(const Qp& q);
+  std::map<uid_t, std::array<uint64_t, shm::kWireCounterCount>> retired_wire_;
 
   uint64_t boot_id_ = 0;
 

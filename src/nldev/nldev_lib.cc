@@ -2,19 +2,22 @@
 // (nldev.h) for this host, loaded by the netlink shim (preload.c) when a
 // program opens a NETLINK_RDMA socket under `softverbs run`. The device's
 // facts are device_info.h's (as ibv_query_device/port and the sysfs view
-// give them); its objects come from the daemon the program's own verbs
-// calls would reach (common/paths.h), asked with Op::ResList: one that is
-// not running holds no objects, and no daemon is started for asking.
+// give them); its objects and counters come from the daemon the program's
+// own verbs calls would reach (common/paths.h), asked with Op::ResList and
+// Op::WireCounters: one that is not running holds no objects and counted
+// nothing, and no daemon is started for asking.
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "common/device_info.h"
 #include "common/paths.h"
 #include "common/protocol.h"
+#include "common/shm_layout.h"
 #include "common/sys.h"
 #include "nldev/nldev.h"
 
@@ -35,11 +38,12 @@ void port_netdev(PortFacts& p) {
 }
 
 // rxe's port counters (drivers/infiniband/sw/rxe/rxe_hw_counters.c), by
-// the names it gives them. Not counted by softverbs: all read 0.
+// the names it gives them, in shm::WireCounter's order.
 constexpr const char* kCounterNames[] = {
     "sent_pkts",          "rcvd_pkts",     "duplicate_request", "out_of_seq_request", "rcvd_rnr_err",
     "send_rnr_err",       "rcvd_seq_err",  "ack_deferred",      "retry_exceeded_err", "retry_rnr_exceeded_err",
     "completer_retry_err", "send_err",     "link_downed",       "rdma_sends",         "rdma_recvs"};
+static_assert(std::size(kCounterNames) == shm::kWireCounterCount);
 
 class HostSource : public Source {
  public:
@@ -61,10 +65,7 @@ class HostSource : public Source {
     }
   }
   const DeviceFacts& device() override { return d_; }
-  int counters(uint32_t, std::vector<Counter>& out) override {
-    for (const char* n : kCounterNames) out.push_back({n, 0});
-    return 0;
-  }
+  int counters(uint32_t port, std::vector<Counter>& out) override;
   int resources(Resources& out) override;
   bool privileged() override { return ::geteuid() == 0; }
 
@@ -112,6 +113,30 @@ int HostSource::list(uint32_t kind, std::vector<proto::ResEntry>& out) {
     if (rep.count < proto::kResListPage) return 0;
     after = rep.entries[rep.count - 1].handle;
   }
+}
+
+// The daemon's sums of the wire counts (RoCEv2) of the caller's QPs; with
+// no daemon running, nothing was counted: zeros.
+int HostSource::counters(uint32_t, std::vector<Counter>& out) {
+  proto::WireCountersReply rep{};
+  if (int e = connect(); e == 0) {
+    proto::Empty req{};
+    proto::init_header(req, proto::Op::WireCounters, ++seq_);
+    std::vector<Fd> fds;
+    size_t len = 0;
+    if ((e = send_message(sock_.get(), &req, sizeof req, {})) == 0)
+      e = recv_message(sock_.get(), &rep, sizeof rep, &len, fds);
+    if (e == 0 && (len != sizeof rep || rep.count > std::size(rep.values))) e = EPROTO;
+    if (e == 0) e = rep.h.status;
+    if (e) {
+      std::fprintf(stderr, "softverbs: rdma netlink: the daemon's counters: %s\n", std::strerror(e));
+      return e;
+    }
+  } else if (e != ENOENT && e != ECONNREFUSED) {
+    return e;
+  }
+  for (uint32_t i = 0; i < shm::kWireCounterCount; ++i) out.push_back({kCounterNames[i], i < rep.count ? rep.values[i] : 0});
+  return 0;
 }
 
 int HostSource::resources(Resources& r) {

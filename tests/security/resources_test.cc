@@ -6,12 +6,14 @@
 // root sees both users'.
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <set>
 
 #include "attack.h"
+#include "common/shm_layout.h"
 
 namespace svsec {
 namespace {
@@ -140,6 +142,80 @@ TEST(Resources, AUserSeesOnlyItsOwnObjects) {
   ibv_dereg_mr(mr);
   ibv_dealloc_pd(pd);
   ibv_close_device(c);
+}
+
+// The port counters (`rdma statistic show`, Op::WireCounters) are summed
+// from memory each QP's processes write: root forges huge counts in its own
+// QP's segment; nobody, asking, must get none of them (its own QPs never
+// went on the wire: zeros), and root gets its own.
+TEST(Resources, WireCountersAreTheCallersOwn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  using sv::proto::Op;
+  RawConn root(sysd.socket());
+  ASSERT_TRUE(root.ok());
+  std::vector<sv::Fd> fds;
+  sv::proto::Empty e{};
+  sv::proto::HelloReply hello{};
+  ASSERT_EQ(0, root.call(Op::Hello, e, hello, {}, &fds));
+  sv::proto::HandleReply pd{};
+  ASSERT_EQ(0, root.call(Op::AllocPd, e, pd));
+  sv::proto::CreateCqReq cq{};
+  cq.cqe = 16;
+  sv::proto::CreateCqReply cqrep{};
+  ASSERT_EQ(0, root.call(Op::CreateCq, cq, cqrep, {}, &fds));
+  sv::proto::CreateQpReq q{};
+  q.pd = pd.handle;
+  q.send_cq = q.recv_cq = cqrep.handle;
+  q.qp_type = IBV_QPT_RC;
+  q.max_send_wr = q.max_recv_wr = 4;
+  q.max_send_sge = q.max_recv_sge = 1;
+  sv::proto::CreateQpReply qrep{};
+  fds.clear();
+  ASSERT_EQ(0, root.call(Op::CreateQp, q, qrep, {}, &fds));
+  ASSERT_EQ(1u, fds.size());
+  void* seg = mmap(nullptr, sizeof(sv::shm::QpSegmentHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fds[0].get(), 0);
+  ASSERT_NE(MAP_FAILED, seg);
+  constexpr uint64_t kForged = 1'000'000'007;
+  auto* h = static_cast<sv::shm::QpSegmentHeader*>(seg);
+  for (auto& w : h->wire) w.store(kForged);
+
+  const std::string sock = sysd.socket();
+  Child nobody(true, [sock](int s) {
+    ibv_context* nc = open_dev();  // a context of its own, with a QP never on the wire
+    ibv_pd* npd = nc ? ibv_alloc_pd(nc) : nullptr;
+    ibv_cq* ncq = nc ? ibv_create_cq(nc, 8, nullptr, nullptr, 0) : nullptr;
+    if (!npd || !ncq) return 2;
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = ncq;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = a.cap.max_recv_wr = 2;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    if (!ibv_create_qp(npd, &a)) return 3;
+    RawConn raw(sock);
+    if (!raw.ok()) return 4;
+    sv::proto::Empty req{};
+    sv::proto::WireCountersReply rep{};
+    if (raw.call(sv::proto::Op::WireCounters, req, rep) != 0) return 5;
+    return send_val(s, rep) ? 0 : 6;
+  });
+  nobody.start();
+  sv::proto::WireCountersReply seen{};
+  ASSERT_TRUE(recv_val(nobody.sock(), seen));
+  EXPECT_EQ(0, nobody.wait());
+  EXPECT_EQ(uint32_t(sv::shm::kWireCounterCount), seen.count);
+  for (uint32_t i = 0; i < sv::shm::kWireCounterCount; ++i)
+    EXPECT_EQ(0u, seen.values[i]) << "nobody's counter " << i << " holds root's counts";
+  // root sees its own, live and, once the QP is gone, retired.
+  sv::proto::WireCountersReply mine{};
+  ASSERT_EQ(0, root.call(Op::WireCounters, e, mine));
+  EXPECT_EQ(kForged, mine.values[sv::shm::kWireSentPkts]);
+  munmap(seg, sizeof(sv::shm::QpSegmentHeader));
+  sv::proto::HandleReq d{};
+  d.handle = qrep.qpn;
+  ASSERT_EQ(0, root.call(Op::DestroyQp, d));
+  ASSERT_EQ(0, root.call(Op::WireCounters, e, mine));
+  EXPECT_EQ(kForged, mine.values[sv::shm::kWireRdmaRecvs]);
 }
 
 }  // namespace
