@@ -496,6 +496,11 @@ class Registry : private MediationTables {
   std::multiset<std::pair<uint32_t, uint32_t>> xrc_handles_;
   std::map<uint32_t, Fd> async_fds_;  // by client
   std::map<uint32_t, Context> contexts_;
+  // (user, context) of every context: a user's contexts without a walk over
+  // every user's (resources.cc lists a user's objects by them).
+  std::set<std::pair<uid_t, uint32_t>> user_contexts_;
+  // The contexts of user `uid`.
+  std::vector<uint32_t> contexts_of_user(uid_t uid) const;
   ObjectTable<Pd> pds_;
   ObjectTable<Backing> backings_;
   ObjectTable<Mr> mrs_;        // by slot in the MR table

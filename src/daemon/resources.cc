@@ -3,7 +3,10 @@
 // restrack, which shows a process's objects only within its pid namespace
 // (every client of this daemon is of the daemon's own), and, as one daemon
 // serves many users, only the caller's own user's objects unless the
-// caller is root.
+// caller is root. A user's call walks its own contexts' objects only (by
+// the owner index): what it costs the daemon is bounded by what the user
+// holds, not by every user's objects.
+#include <algorithm>
 #include <cerrno>
 #include <iterator>
 
@@ -17,20 +20,48 @@ uint32_t Registry::context_pid(uint32_t context) const {
   return it != ctx_clients_.end() && it->first == context ? client_pid(it->second) : 0;
 }
 
+std::vector<uint32_t> Registry::contexts_of_user(uid_t uid) const {
+  std::vector<uint32_t> v;
+  for (auto it = user_contexts_.lower_bound({uid, 0}); it != user_contexts_.end() && it->first == uid; ++it)
+    v.push_back(it->second);
+  return v;
+}
+
 namespace {
 
-// Appends the objects of `table` above `after` that `visible` admits,
-// `fill` writing each entry's kind fields, until the page is full.
-template <class Table, class Visible, class Fill>
-void page_of(const Table& table, uint32_t after, proto::ResListReply& rep, Visible&& visible, Fill&& fill) {
-  for (auto it = table.find(after) == table.end() ? table.begin() : std::next(table.find(after));
-       it != table.end() && rep.count < proto::kResListPage; ++it) {
-    if (it->first <= after || !visible(it->second)) continue;
+// The handles of the page after `after`: root's, the table's; another
+// user's, its own contexts' (`ctxs`) merged in handle order, by the owner
+// index, so that what the call costs is bounded by the caller's own
+// objects, not by every user's.
+template <class Table>
+std::vector<uint32_t> next_page(const Table& table, const std::vector<uint32_t>* ctxs, uint32_t after) {
+  std::vector<uint32_t> ids;
+  if (!ctxs) {
+    for (auto it = table.upper_bound(after); it != table.end() && ids.size() < proto::kResListPage; ++it)
+      ids.push_back(it->first);
+    return ids;
+  }
+  for (uint32_t c : *ctxs) {
+    const std::vector<uint32_t> more = table.of_after(c, after, proto::kResListPage);
+    ids.insert(ids.end(), more.begin(), more.end());
+  }
+  std::sort(ids.begin(), ids.end());
+  if (ids.size() > proto::kResListPage) ids.resize(proto::kResListPage);
+  return ids;
+}
+
+// Fills the page: each object's handle and context, then `fill` its kind's fields.
+template <class Table, class Fill>
+void page_of(const Table& table, const std::vector<uint32_t>* ctxs, uint32_t after, proto::ResListReply& rep,
+             Fill&& fill) {
+  for (uint32_t h : next_page(table, ctxs, after)) {
+    auto it = table.find(h);
+    if (it == table.end()) continue;
     proto::ResEntry& e = rep.entries[rep.count++];
     e = {};
-    e.handle = it->first;
+    e.handle = h;
     e.context = it->second.owner;
-    fill(it->first, it->second, e);
+    fill(h, it->second, e);
   }
 }
 
@@ -40,14 +71,15 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
   rep.count = 0;
   const uid_t me = client_uid(client);
   if (me == uid_t(-1)) return EINVAL;
-  auto may_see = [&](const Object& o) { return me == 0 || (o.owner != 0 && ctx_uid(o.owner) == me); };
+  const std::vector<uint32_t> mine = contexts_of_user(me);
+  const std::vector<uint32_t>* may_see = me == 0 ? nullptr : &mine;  // root: every user's
   auto who = [&](const Object& o, proto::ResEntry& e) {
     e.uid = uint32_t(ctx_uid(o.owner));
     e.pid = context_pid(o.owner);
   };
   switch (req.kind) {
     case proto::kResQp:
-      page_of(qps_, req.after, rep, may_see, [&](uint32_t qpn, const Qp& q, proto::ResEntry& e) {
+      page_of(qps_, may_see, req.after, rep, [&](uint32_t qpn, const Qp& q, proto::ResEntry& e) {
         who(q, e);
         const shm::QpEntry& slot = qp_slot(qpn);
         e.a = uint32_t(q.type);
@@ -57,14 +89,14 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
       });
       return 0;
     case proto::kResCq:
-      page_of(cqs_, req.after, rep, may_see, [&](uint32_t, const Cq& c, proto::ResEntry& e) {
+      page_of(cqs_, may_see, req.after, rep, [&](uint32_t, const Cq& c, proto::ResEntry& e) {
         who(c, e);
         e.a = c.capacity;
         e.b = c.refs;
       });
       return 0;
     case proto::kResMr:
-      page_of(mrs_, req.after, rep, may_see, [&](uint32_t, const Mr& m, proto::ResEntry& e) {
+      page_of(mrs_, may_see, req.after, rep, [&](uint32_t, const Mr& m, proto::ResEntry& e) {
         who(m, e);
         if (m.charged_pid) e.pid = uint32_t(m.charged_pid);
         e.a = m.key;
@@ -76,7 +108,7 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
       });
       return 0;
     case proto::kResPd:
-      page_of(pds_, req.after, rep, may_see, [&](uint32_t, const Pd& p, proto::ResEntry& e) {
+      page_of(pds_, may_see, req.after, rep, [&](uint32_t, const Pd& p, proto::ResEntry& e) {
         who(p, e);
         e.b = p.refs;
       });
@@ -114,12 +146,17 @@ void Registry::wire_counters(uint32_t client, proto::WireCountersReply& rep) con
     if (me != 0 && uid != me) continue;
     for (uint32_t i = 0; i < shm::kWireCounterCount; ++i) rep.values[i] += total[i];
   }
-  for (const auto& [qpn, q] : qps_) {
-    if (me != 0 && (q.owner == 0 || ctx_uid(q.owner) != me)) continue;
-    const std::atomic<uint64_t>* w = wire_of(q.map);
-    if (!w) continue;
-    for (uint32_t i = 0; i < shm::kWireCounterCount; ++i) rep.values[i] += w[i].load(std::memory_order_relaxed);
+  auto add = [&](const Qp& q) {
+    if (const std::atomic<uint64_t>* w = wire_of(q.map))
+      for (uint32_t i = 0; i < shm::kWireCounterCount; ++i) rep.values[i] += w[i].load(std::memory_order_relaxed);
+  };
+  if (me == 0) {
+    for (const auto& [qpn, q] : qps_) add(q);
+    return;
   }
+  // Another user's: its own contexts' QPs, by the owner index.
+  for (uint32_t c : contexts_of_user(me))
+    for (uint32_t qpn : qps_.of(c)) add(qps_.find(qpn)->second);
 }
 
 }  // namespace sv::daemon

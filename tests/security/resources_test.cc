@@ -9,6 +9,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -216,6 +219,101 @@ TEST(Resources, WireCountersAreTheCallersOwn) {
   ASSERT_EQ(0, root.call(Op::DestroyQp, d));
   ASSERT_EQ(0, root.call(Op::WireCounters, e, mine));
   EXPECT_EQ(kForged, mine.values[sv::shm::kWireRdmaRecvs]);
+}
+
+// What nobody's listing costs the daemon is bounded by nobody's own
+// objects: 200 ResList (QPs, from the start) and 200 WireCounters, timed
+// (best of five rounds) before and after root fills the daemon with QPs,
+// against a control request that looks at no object.
+struct ListTimes {
+  double control, list, counters;
+};
+
+ListTimes time_listing(RawConn& raw) {
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](auto f) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < 200; ++i) f();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  ListTimes best{1e9, 1e9, 1e9};
+  for (int round = 0; round < 5; ++round) {
+    best.control = std::min(best.control, secs([&] {
+      sv::proto::HandleReq r{};
+      raw.call(sv::proto::Op::QueryPd, r);
+    }));
+    best.list = std::min(best.list, secs([&] {
+      sv::proto::ResListReq r{};
+      r.kind = sv::proto::kResQp;
+      sv::proto::ResListReply rep{};
+      raw.call(sv::proto::Op::ResList, r, rep);
+    }));
+    best.counters = std::min(best.counters, secs([&] {
+      sv::proto::Empty r{};
+      sv::proto::WireCountersReply rep{};
+      raw.call(sv::proto::Op::WireCounters, r, rep);
+    }));
+  }
+  return best;
+}
+
+TEST(Resources, AnotherUsersObjectsDoNotSlowTheListing) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  setenv("SOFTVERBSD_QUOTA_FD", "1000000", 1);  // each QP holds a descriptor of the daemon's
+  SystemDaemon sysd;
+  unsetenv("SOFTVERBSD_QUOTA_FD");
+  const std::string sock = sysd.socket();
+  Child nobody(true, [sock](int s) {
+    RawConn raw(sock);
+    if (!raw.ok() || !raw_hello(raw)) return 2;
+    char go = 0;
+    for (int phase = 0; phase < 2; ++phase) {
+      if (!recv_val(s, go)) return 3;
+      const ListTimes t = time_listing(raw);
+      if (!send_val(s, t)) return 4;
+    }
+    return 0;
+  });
+  nobody.start();
+  char go = 1;
+  ListTimes before{}, after{};
+  ASSERT_TRUE(send_val(nobody.sock(), go));
+  ASSERT_TRUE(recv_val(nobody.sock(), before));
+  RawConn root(sock);
+  ASSERT_TRUE(raw_hello(root));
+  sv::proto::Empty e{};
+  sv::proto::HandleReply pd{};
+  ASSERT_EQ(0, root.call(sv::proto::Op::AllocPd, e, pd));
+  sv::proto::CreateCqReq cq{};
+  cq.cqe = 16;
+  sv::proto::CreateCqReply cqrep{};
+  std::vector<sv::Fd> fds;
+  ASSERT_EQ(0, root.call(sv::proto::Op::CreateCq, cq, cqrep, {}, &fds));
+  uint32_t made = 0;
+  for (; made < sv::shm::kQpTableSize / 4; ++made) {  // the per-user QP quota
+    sv::proto::CreateQpReq q{};
+    q.pd = pd.handle;
+    q.send_cq = q.recv_cq = cqrep.handle;
+    q.qp_type = IBV_QPT_RC;
+    q.max_send_wr = q.max_recv_wr = q.max_send_sge = q.max_recv_sge = 1;
+    sv::proto::CreateQpReply qrep{};
+    fds.clear();
+    if (root.call(sv::proto::Op::CreateQp, q, qrep, {}, &fds) != 0) break;
+  }
+  ASSERT_GE(made, sv::shm::kQpTableSize / 8) << "the daemon refused root's QPs too early to measure anything";
+  ASSERT_TRUE(send_val(nobody.sock(), go));
+  ASSERT_TRUE(recv_val(nobody.sock(), after));
+  EXPECT_EQ(0, nobody.wait());
+  auto check = [&](const char* what, double b, double a) {
+    const double b_trips = b / before.control, a_trips = a / after.control;
+    std::fprintf(stderr, "%s: %.2f ms before, %.2f ms after root's %u QPs (%.1f and %.1f times the control)\n", what,
+                 b * 1e3, a * 1e3, made, b_trips, a_trips);
+    // In round trips of the moment (the control): a machine busy with other
+    // work makes every round trip dearer, whatever the daemon holds.
+    EXPECT_LT(a_trips, 3 * b_trips + 1) << what << " got slower with another user's objects in the daemon";
+  };
+  check("200 ResList", before.list, after.list);
+  check("200 WireCounters", before.counters, after.counters);
 }
 
 }  // namespace
