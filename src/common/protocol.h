@@ -774,7 +774,7 @@ struct ResListReq {
 // One object. handle: QPN, CQ handle, MR slot (its key's index), PD
 // handle. pid: the process that opened its context (0: none left). The
 // kind's fields: QP: a = ibv_qp_type, b = ibv_qp_state, c = PD, d = the
-// connected QPN; CQ: a = capacity, b = references (QPs, SRQs); MR: a = key,
+// connected QPN, length = its starting SQ PSN << 32 | RQ PSN; CQ: a = capacity, b = references (QPs, SRQs); MR: a = key,
 // b = PD, length, iova; PD: b = references (MRs, windows, QPs, SRQs).
 struct ResEntry {
   uint32_t handle, pid, uid, context;

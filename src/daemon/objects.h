@@ -208,6 +208,7 @@ struct Qp : Object {
   uint32_t sq_capacity = 0;
   uint32_t rq_capacity = 0;
   uint32_t sq_sig_all = 0;
+  uint32_t rq_psn = 0, sq_psn = 0;  // the starting PSNs ibv_modify_qp gave (RTR, RTS)
   uint32_t srq = 0;
   uint32_t xrcd = 0;               // XRC target: its domain
   std::vector<uint32_t> holders;  // XRC target: the context of each handle of it (ibv_open_qp)

@@ -190,7 +190,7 @@ class Registry : private MediationTables {
   };
   int create_qp(uint32_t client, const QpObjects& o, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
-  int modify_qp(const daemon::Qp& qp, const proto::ModifyQpReq& req);
+  int modify_qp(daemon::Qp& qp, const proto::ModifyQpReq& req);
   // The peer of the client's QP `qp` (`qpn`), or (UD) QP `dest`.
   int connect_peer(uint32_t client, const daemon::Qp& qp, uint32_t qpn, proto::ConnectPeerReply& rep,
                    std::vector<int>& out_fds);

@@ -86,6 +86,7 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
         e.b = slot.state.load(std::memory_order_relaxed);
         e.c = q.pd;
         e.d = slot.dest_qpn.load(std::memory_order_relaxed);
+        e.length = uint64_t(q.sq_psn) << 32 | q.rq_psn;
       });
       return 0;
     case proto::kResCq:

@@ -144,10 +144,12 @@ int HostSource::resources(Resources& r) {
   std::vector<proto::ResEntry> v;
   int e = list(proto::kResQp, v);
   for (const auto& q : v) {
-    // A QP has a port from INIT on (ibv_modify_qp's port_num); its PSNs are
-    // not kept by the daemon: 0.
+    // A QP has a port from INIT on (ibv_modify_qp's port_num); its PSNs
+    // are the starting ones ibv_modify_qp gave (the daemon does not see
+    // them move).
     const uint8_t state = uint8_t(q.b);
-    r.qps.push_back({q.handle, q.d, 0, 0, q.c, q.pid, state == IBV_QPS_RESET ? 0u : 1u, uint8_t(q.a), state});
+    r.qps.push_back({q.handle, q.d, uint32_t(q.length >> 32), uint32_t(q.length), q.c, q.pid,
+                     state == IBV_QPS_RESET ? 0u : 1u, uint8_t(q.a), state});
   }
   v.clear();
   if (!e) e = list(proto::kResCq, v);
