@@ -36,6 +36,8 @@ install(TARGETS ibverbs_dropin EXPORT softverbsTargets
 # librdmacm.so.1 finds its libibverbs.so.1 beside it.
 set_target_properties(rdmacm_dropin PROPERTIES INSTALL_RPATH "$ORIGIN")
 install(TARGETS rdmacm_dropin LIBRARY DESTINATION ${SOFTVERBS_PRIVATE_LIBDIR} COMPONENT runtime NAMELINK_SKIP)
+# The RDMA netlink stand-in (`rdma` under softverbs run): the shim and what it loads, side by side.
+install(TARGETS netlink_shim nldev_answers LIBRARY DESTINATION ${SOFTVERBS_PRIVATE_LIBDIR} COMPONENT runtime)
 
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/softverbs DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev
         FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")

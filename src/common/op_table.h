@@ -162,6 +162,8 @@ SV_OP(CmBind,        CmBindReq,      CmBindReply,        fds(0),    fds(1),    {
 SV_OP(CmUnbind,      CmBindReq,      Empty,              fds(0),    fds(0),    {})
 SV_OP(Wake,          Empty,          Empty,              fds(0),    fds(1),    {})
 SV_OP_DECL(Refused,  RefusedMsg,     Empty,              fds(0),    fds(0),    true, {})
+SV_OP(ResList,       ResListReq,     ResListReply,       fds(0),    fds(0),    {})
+SV_OP(WireCounters,  Empty,          WireCountersReply,  fds(0),    fds(0),    {})
 #undef SV_OP
 #undef SV_OP_DECL
 

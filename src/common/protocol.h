@@ -93,6 +93,8 @@ enum class Op : uint16_t {
   CmUnbind,        // give a held port back
   Wake,            // reply fd: this connection's wake socket; a pid comes when another process leaves its context
   Refused,         // daemon -> client, unsolicited (seq 0), then the daemon closes: why it will not serve
+  ResList,         // the objects of one kind the caller may see, a page at a time (`rdma resource`)
+  WireCounters,    // the port's RoCEv2 counters of the caller's own QPs (`rdma statistic show`)
   kCount
 };
 
@@ -756,6 +758,49 @@ struct PollCqReply {
   ibv_wc wc[kPollCqMax];
 };
 static_assert(sizeof(PollCqReply) <= kMaxMessage);
+
+// ---- Resources (`rdma resource show`, src/nldev/) ---------------------------
+// The objects of one kind the caller may see: its own user's, every user's
+// for root (uid 0). The daemon serves only processes of its own pid
+// namespace, so every pid it reports is one the caller's namespace names.
+enum ResKind : uint32_t { kResQp = 1, kResCq = 2, kResMr = 3, kResPd = 4 };
+
+struct ResListReq {
+  Header h;
+  uint32_t kind;   // kRes*
+  uint32_t after;  // the page starts at the first handle above this one (0: the first)
+};
+
+// One object. handle: QPN, CQ handle, MR slot (its key's index), PD
+// handle. pid: the process that opened its context (0: none left). The
+// kind's fields: QP: a = ibv_qp_type, b = ibv_qp_state, c = PD, d = the
+// connected QPN, length = its starting SQ PSN << 32 | RQ PSN; CQ: a = capacity, b = references (QPs, SRQs); MR: a = key,
+// b = PD, length, iova; PD: b = references (MRs, windows, QPs, SRQs).
+struct ResEntry {
+  uint32_t handle, pid, uid, context;
+  uint32_t a, b, c, d;
+  uint64_t length, iova;
+};
+constexpr size_t kResListPage = 20;
+
+struct ResListReply {
+  Header h;
+  uint32_t count;  // entries in this page; fewer than kResListPage: the last page
+  uint32_t reserved;
+  ResEntry entries[kResListPage];
+};
+static_assert(sizeof(ResListReply) <= kMaxMessage);
+
+// WireCounters: the sums of shm::WireCounter over the QPs the caller may
+// see (as ResList: its own user's, every user's for root), the live ones
+// and those destroyed since the daemon started.
+struct WireCountersReply {
+  Header h;
+  uint32_t count;  // shm::kWireCounterCount
+  uint32_t reserved;
+  uint64_t values[16];
+};
+static_assert(sizeof(WireCountersReply) <= kMaxMessage);
 
 template <class T>
 inline void init_header(T& m, Op op, uint32_t seq = 0) {

@@ -36,7 +36,8 @@ constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
 // 5: a ring's claim is the move of its index, which names the claimer
 //    (RingHeader.tail_by, head_by; shm_ring.h)
 // 6: QpSegmentHeader.progress_pid (who carries out the send queue)
-constexpr uint32_t kLayoutVersion = 6;
+// 7: QpSegmentHeader.wire (the QP's RoCEv2 counts, `rdma statistic show`)
+constexpr uint32_t kLayoutVersion = 7;
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -163,6 +164,31 @@ struct RecvWqe {
   Sge sge[kMaxSge];
 };
 
+// The port counters `rdma statistic show` lists, by Linux rxe's names and
+// in its order (drivers/infiniband/sw/rxe/rxe_hw_counters.h): sent_pkts,
+// rcvd_pkts, duplicate_request, out_of_seq_request, rcvd_rnr_err,
+// send_rnr_err, rcvd_seq_err, ack_deferred, retry_exceeded_err,
+// retry_rnr_exceeded_err, completer_retry_err, send_err, link_downed,
+// rdma_sends, rdma_recvs. Counted on the wire (RoCEv2) only.
+enum WireCounter : uint32_t {
+  kWireSentPkts,
+  kWireRcvdPkts,
+  kWireDuplicateRequest,
+  kWireOutOfSeqRequest,
+  kWireRcvdRnrErr,
+  kWireSendRnrErr,
+  kWireRcvdSeqErr,
+  kWireAckDeferred,
+  kWireRetryExceededErr,
+  kWireRetryRnrExceededErr,
+  kWireCompleterRetryErr,
+  kWireSendErr,
+  kWireLinkDowned,
+  kWireRdmaSends,
+  kWireRdmaRecvs,
+  kWireCounterCount
+};
+
 struct QpSegmentHeader {
   uint32_t magic;
   uint32_t qpn;
@@ -229,6 +255,11 @@ struct QpSegmentHeader {
   uint64_t med_base_done;
   uint64_t med_sent;
   uint64_t med_popped;
+  // The QP's counts on the wire (RoCEv2; WireCounter), as the process that
+  // carries it there last copied its engine's (after each pass of it). The
+  // daemon sums them for `rdma statistic show` (Op::WireCounters), for the
+  // QP's own user: whatever a holder writes here, it shows only to itself.
+  alignas(64) std::atomic<uint64_t> wire[kWireCounterCount];
 };
 static_assert(sizeof(QpSegmentHeader) <= 4096);
 constexpr uint64_t kSendOpsExtended = 1ull << 63;

@@ -337,6 +337,11 @@ SV_HANDLER(NsList) {
   env.registry.ns_list(std::string(req.after, ::strnlen(req.after, sizeof(req.after))), rep);
   return 0;
 }
+SV_HANDLER(ResList) { return env.registry.res_list(env.client, req, rep); }
+SV_HANDLER(WireCounters) {
+  env.registry.wire_counters(env.client, rep);
+  return 0;
+}
 // ---- rdma_cm ports (cm_ports.h) -----------------------------------------
 SV_HANDLER(CmBind) {
   int fd = -1;

@@ -208,6 +208,7 @@ struct Qp : Object {
   uint32_t sq_capacity = 0;
   uint32_t rq_capacity = 0;
   uint32_t sq_sig_all = 0;
+  uint32_t rq_psn = 0, sq_psn = 0;  // the starting PSNs ibv_modify_qp gave (RTR, RTS)
   uint32_t srq = 0;
   uint32_t xrcd = 0;               // XRC target: its domain
   std::vector<uint32_t> holders;  // XRC target: the context of each handle of it (ibv_open_qp)
@@ -344,6 +345,17 @@ class ObjectTable {
     return it == m_.end() ? Held{} : it->second.held();
   }
   void remove(uint32_t h) { erase(h); }
+  // Up to `max` handles of context `ctx`'s objects above `after`, in
+  // handle order (by the owner index: the cost is that context's objects).
+  std::vector<uint32_t> of_after(uint32_t ctx, uint32_t after, size_t max) const {
+    std::vector<uint32_t> ids;
+    if (after == UINT32_MAX) return ids;
+    for (auto it = by_owner_.lower_bound({ctx, after + 1}); it != by_owner_.end() && it->first == ctx && ids.size() < max;
+         ++it)
+      ids.push_back(it->second);
+    return ids;
+  }
+  const_iterator upper_bound(uint32_t h) const { return m_.upper_bound(h); }
   // The handles of context `ctx`'s objects, in handle order.
   std::vector<uint32_t> of(uint32_t ctx) const {
     std::vector<uint32_t> ids;

@@ -168,7 +168,7 @@ int Registry::create_qp(uint32_t client, const QpObjects& o, const proto::Create
   return 0;
 }
 
-int Registry::modify_qp(const Qp& qp, const proto::ModifyQpReq& r) {
+int Registry::modify_qp(Qp& qp, const proto::ModifyQpReq& r) {
   QpEntry& e = qp_slot(r.qpn);
   auto cur = ibv_qp_state(e.state.load());
   uint32_t mask = r.attr_mask;
@@ -207,6 +207,8 @@ int Registry::modify_qp(const Qp& qp, const proto::ModifyQpReq& r) {
   if (mask & IBV_QP_RETRY_CNT) e.retry_cnt = r.retry_cnt;
   if (mask & IBV_QP_RNR_RETRY) e.rnr_retry = r.rnr_retry;
   if (mask & IBV_QP_QKEY) e.qkey.store(r.qkey, std::memory_order_relaxed);
+  if (mask & IBV_QP_RQ_PSN) qp.rq_psn = r.rq_psn;  // as given (`rdma resource show`)
+  if (mask & IBV_QP_SQ_PSN) qp.sq_psn = r.sq_psn;
   if (next == IBV_QPS_RESET) {
     set_dest(r.qpn, 0);
     e.access.store(0, std::memory_order_relaxed);
@@ -224,6 +226,7 @@ int Registry::modify_qp(const Qp& qp, const proto::ModifyQpReq& r) {
 void Registry::release_qp(uint32_t qpn) {
   auto it = qps_.find(qpn);
   if (it == qps_.end()) return;
+  retire_wire_counters(it->second);
   QpEntry& e = qp_slot(qpn);
   e.state.store(IBV_QPS_ERR, std::memory_order_release);
   e.qpn.store(0, std::memory_order_release);

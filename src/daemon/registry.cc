@@ -72,6 +72,7 @@ uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid, Fd pidfd) {
   clients_[id] = std::move(c);
   ctx_clients_.insert({context, id});
   contexts_[context] = Context{1, uid};
+  user_contexts_.insert({uid, context});
   return id;
 }
 
@@ -107,6 +108,7 @@ uint32_t Registry::ctx(uint32_t client) const {
 void Registry::remove_context_if_unused(uint32_t context) {
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached == 0) {
+    user_contexts_.erase({ct->second.uid, context});
     contexts_.erase(ct);
     release_context(context);
   }
@@ -127,6 +129,7 @@ void Registry::remove_client(uint32_t client) {
   cq_grants_.erase(client);
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it
+  if (ct != contexts_.end()) user_contexts_.erase({ct->second.uid, context});
   contexts_.erase(context);
   release_context(context);
 }

@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <array>
 #include <map>
 #include <set>
 #include <memory>
@@ -133,6 +134,13 @@ class Registry : private MediationTables {
   int ns_unpublish(uint32_t client, const proto::NsNameReq& req);
   int ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep);
   void ns_list(const std::string& after, proto::NsListReply& rep);
+  // The objects of one kind the client may see, from handle req.after on
+  // (resources.cc): its own user's; every user's for root. EINVAL for an
+  // unknown kind.
+  int res_list(uint32_t client, const proto::ResListReq& req, proto::ResListReply& rep) const;
+  // The RoCEv2 port counters of the QPs the client may see (as res_list),
+  // live and destroyed (resources.cc).
+  void wire_counters(uint32_t client, proto::WireCountersReply& rep) const;
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
   // Per-user limits (quota.h); the server charges connections here too.
@@ -182,7 +190,7 @@ class Registry : private MediationTables {
   };
   int create_qp(uint32_t client, const QpObjects& o, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
                 std::vector<int>& out_fds);
-  int modify_qp(const daemon::Qp& qp, const proto::ModifyQpReq& req);
+  int modify_qp(daemon::Qp& qp, const proto::ModifyQpReq& req);
   // The peer of the client's QP `qp` (`qpn`), or (UD) QP `dest`.
   int connect_peer(uint32_t client, const daemon::Qp& qp, uint32_t qpn, proto::ConnectPeerReply& rep,
                    std::vector<int>& out_fds);
@@ -284,6 +292,8 @@ class Registry : private MediationTables {
 
   // The clients (processes) of a context, from the registry's index.
   std::vector<uint32_t> clients_of(uint32_t context) const;
+  // The process that opened a context: its first connection still there (0: none).
+  uint32_t context_pid(uint32_t context) const;
 
  private:
   // The object types (objects.h), by the names the registry's files use.
@@ -455,6 +465,9 @@ class Registry : private MediationTables {
   void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                       const proto::MediateReply& rep);
   void release_qp(uint32_t qpn);
+  // A QP going: its wire counts join its user's totals (resources.cc).
+  void retire_wire_counters(const Qp& q);
+  std::map<uid_t, std::array<uint64_t, shm::kWireCounterCount>> retired_wire_;
 
   uint64_t boot_id_ = 0;
 
@@ -487,6 +500,11 @@ class Registry : private MediationTables {
   std::multiset<std::pair<uint32_t, uint32_t>> xrc_handles_;
   std::map<uint32_t, Fd> async_fds_;  // by client
   std::map<uint32_t, Context> contexts_;
+  // (user, context) of every context: a user's contexts without a walk over
+  // every user's (resources.cc lists a user's objects by them).
+  std::set<std::pair<uid_t, uint32_t>> user_contexts_;
+  // The contexts of user `uid`.
+  std::vector<uint32_t> contexts_of_user(uid_t uid) const;
   ObjectTable<Pd> pds_;
   ObjectTable<Backing> backings_;
   ObjectTable<Mr> mrs_;        // by slot in the MR table

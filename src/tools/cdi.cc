@@ -75,7 +75,8 @@ std::string device_entry(const CdiPaths& p, const std::string& name, const std::
   s += "    {\n";
   s += "      \"name\": " + quote(name) + ",\n";
   s += "      \"containerEdits\": {\n";
-  s += "        \"env\": [\"LD_LIBRARY_PATH=/opt/softverbs/lib\", \"SOFTVERBSD=/opt/softverbs/bin/softverbsd\"";
+  s += "        \"env\": [\"LD_LIBRARY_PATH=/opt/softverbs/lib\", \"SOFTVERBSD=/opt/softverbs/bin/softverbsd\", "
+       "\"LD_PRELOAD=/opt/softverbs/lib/libsoftverbs_netlink.so\"";
   if (users)
     s += ", \"SOFTVERBS_SYSTEM=1\", " + quote(std::string("SOFTVERBS_SYSTEM_DIR=") + kDomainContainerDir);
   else if (!domain_dir.empty())

@@ -30,6 +30,10 @@ TEST(Cdi, Sv0AloneMountsNoDomainDirectory) {
   EXPECT_NE(s.find("\"name\": \"sv0\""), std::string::npos);
   EXPECT_EQ(s.find("SOFTVERBS_DIR"), std::string::npos) << "sv0's daemon is the container's own, in its /tmp";
   EXPECT_EQ(s.find("/run/softverbs-domain"), std::string::npos);
+  // iproute2's `rdma` in the container: the RDMA netlink shim, from the
+  // mounted library directory.
+  EXPECT_NE(s.find("\"LD_PRELOAD=/opt/softverbs/lib/libsoftverbs_netlink.so\""), std::string::npos);
+  EXPECT_NE(s.find("\"containerPath\": \"/opt/softverbs/lib\""), std::string::npos);
 }
 
 TEST(Cdi, ADomainsDeviceHasItsDirectoryReadWriteAndNothingElseDoes) {

@@ -79,6 +79,9 @@ sv::tools::CdiPaths cdi_paths() {
   return p;
 }
 
+// The RDMA netlink stand-in's shim, beside the libraries (src/nldev/preload.c).
+constexpr const char* kNetlinkShim = "libsoftverbs_netlink.so";
+
 // The machine-wide mode's file (softverbs enable, below).
 constexpr const char* kLdConf = "/etc/ld.so.conf.d/00-softverbs.conf";
 
@@ -87,7 +90,8 @@ constexpr const char* kRunUsage =
     "  runs CMD with softverbs' libibverbs.so.1 and librdmacm.so.1 first on LD_LIBRARY_PATH;\n"
     "  the daemon softverbsd starts on demand (SOFTVERBS_DIR: its directory).\n"
     "  CMD sees the device where tools look for it, in a private mount namespace:\n"
-    "  /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0 (--no-view: not)\n";
+    "  /dev/infiniband/uverbs0 and /sys/class/infiniband/sv0, and RDMA netlink answers\n"
+    "  for iproute2's `rdma` (LD_PRELOAD: libsoftverbs_netlink.so) (--no-view: none of these)\n";
 
 // The device view (tools/view_ns.h); if the namespace cannot be made, one
 // warning and the program runs without it.
@@ -145,6 +149,21 @@ void start_daemon_outside_view(const std::string& lib) {
   }
 }
 
+// The RDMA netlink stand-in (src/nldev/): its shim first on LD_PRELOAD, so
+// that iproute2's `rdma` finds sv0 as on a kernel with the device. Without
+// the shim beside the libraries, one warning.
+void preload_netlink(const std::string& lib) {
+  const std::string shim = lib + "/" + kNetlinkShim;
+  if (::access(shim.c_str(), R_OK) != 0) {
+    std::fprintf(stderr, "softverbs run: warning: no %s in %s; `rdma` will not see %s\n", kNetlinkShim, lib.c_str(),
+                 sv::dev::kName);
+    return;
+  }
+  std::string v = shim;
+  if (const char* old = std::getenv("LD_PRELOAD"); old && *old) v.append(":").append(old);
+  ::setenv("LD_PRELOAD", v.c_str(), 1);
+}
+
 int run(int argc, char** argv) {
   if (argc > 0 && (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0)) {
     std::fputs(kRunUsage, stdout);
@@ -172,6 +191,7 @@ int run(int argc, char** argv) {
   if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path.append(":").append(old);
   ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
   if (!std::getenv("SOFTVERBSD")) ::setenv("SOFTVERBSD", (self_dir() + "/softverbsd").c_str(), 1);
+  if (view) preload_netlink(lib);
   if (view && ::geteuid() != 0 && !sv::use_system_daemon() && !std::getenv("SOFTVERBS_NO_SPAWN"))
     start_daemon_outside_view(lib);
   if (view) enter_view_or_warn();

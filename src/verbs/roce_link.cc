@@ -95,9 +95,12 @@ struct RoceQp {
     ep->flush_delayed(all);
     if (ep2) ep2->flush_delayed(all);
   }
+  // What a pass of the engine sent goes out; its counts go to the QP's
+  // segment (`rdma statistic show`).
   void flush_tx() {
     ep->flush_tx();
     if (ep2) ep2->flush_tx();
+    if (engine && q->hdr) publish_wire_counters(*q->hdr, engine->stats());
   }
   uint64_t next_delayed() const { return std::min(ep->next_delayed(), ep2 ? ep2->next_delayed() : UINT64_MAX); }
 };

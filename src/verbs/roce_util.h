@@ -75,4 +75,9 @@ roce::QpType engine_type(ibv_qp_type t);
 void print_roce_stats(uint32_t qpn, const roce::QpStats& s, const roce::UdpEndpointStats& e,
                       const roce::UdpEndpointStats* other);
 
+// Copies a wire QP's engine counters into its segment's `wire` counts
+// (shm::WireCounter, rxe's names), where the daemon reads them for `rdma
+// statistic show`. Those the engine does not count stay 0.
+void publish_wire_counters(shm::QpSegmentHeader& h, const roce::QpStats& s);
+
 }  // namespace sv::verbs

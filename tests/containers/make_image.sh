@@ -7,8 +7,8 @@ set -eu
 progs=(/usr/bin/ibv_devinfo /usr/bin/ibv_rc_pingpong /usr/bin/ib_write_bw /usr/bin/rping
        /bin/sh /bin/true /bin/sleep /bin/cat /bin/ls /bin/grep /usr/bin/head /usr/sbin/ip)
 for p in "${progs[@]}"; do [ -x "$p" ] || { echo "make_image: $p is not installed" >&2; exit 1; }; done
-# Optional: the baselines of bench/containers.sh.
-for p in /usr/bin/ib_write_lat /usr/bin/qperf /usr/sbin/ibstat; do [ -x "$p" ] && progs+=("$p"); done
+# Optional: the baselines of bench/containers.sh; iproute2's rdma.
+for p in /usr/bin/ib_write_lat /usr/bin/qperf /usr/sbin/ibstat /usr/bin/rdma; do [ -x "$p" ] && progs+=("$p"); done
 files=()
 for p in "${progs[@]}"; do
   files+=("$p")

@@ -12,6 +12,9 @@
 #   sysfs      /sys/class/infiniband/sv0 in the container (the spec's
 #              createContainer hook), its GID the container's address, the
 #              container's own classes still there; ibstat reads it
+#   rdma       iproute2's rdma in the container (the spec's LD_PRELOAD of the
+#              RDMA netlink shim): rdma link names sv0/1 with the
+#              container's eth0, rdma statistic show lists rxe's counters
 #   pingpong   ibv_rc_pingpong between two containers (RoCEv2 over the
 #              container network), 1000 iterations on both sides
 #   write_bw   ib_write_bw 64 KiB between two containers, a bandwidth line
@@ -229,6 +232,20 @@ device)
   addr=$(echo "$out" | awk '$1 == "eth0" || $1 ~ /^eth0@/ {print $3}' | cut -d/ -f1)
   [ -n "$addr" ] || fail "the container has no eth0 address"
   echo "$out" | grep -q "GID\[ *$GID\]:.*::ffff:$addr, RoCE v2" || fail "GID $GID is not the container's own address $addr"
+  ;;
+rdma)
+  out=$(timeout 60 "${RUN[@]}" --rm "$IMAGE" /bin/sh -c \
+    '[ -x /usr/bin/rdma ] || exit 77; rdma link show -j; echo; rdma link; rdma dev; rdma statistic show; rdma resource show' 2>&1)
+  rc=$?
+  [ $rc -eq 77 ] && { log "SKIP: no iproute2 rdma on this machine for the image"; exit $SKIP; }
+  log "$out"
+  echo "$out" | grep -q '"ifname":"sv0","port":1,"state":"ACTIVE",.*"netdev":"eth0"' ||
+    fail "rdma link show -j: no sv0/1, active, on the container's eth0"
+  echo "$out" | grep -q '^link sv0/1 state ACTIVE physical_state LINK_UP netdev eth0' || fail "rdma link: no sv0/1"
+  echo "$out" | grep -Eq '^[0-9]+: sv0: node_type ca ' || fail "rdma dev: no sv0"
+  echo "$out" | grep -Eq '^link sv0/1 sent_pkts [0-9]+ rcvd_pkts [0-9]+ .* rdma_recvs [0-9]+' ||
+    fail "rdma statistic show: not rxe's counters"
+  echo "$out" | grep -Eq '^[0-9]+: sv0: pd [0-9]+ cq [0-9]+ qp [0-9]+ mr [0-9]+' || fail "rdma resource show: no counts"
   ;;
 sysfs)
   # The CDI spec's createContainer hook (softverbs cdi-hook) gives the

@@ -10,7 +10,8 @@
 #   netns_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: pingpong   RC between the namespaces over RoCEv2 (GID index 1, the
 #                    veth's IPv4 address); two daemons, one per namespace,
-#                    each with its namespace's GIDs
+#                    each with its namespace's GIDs; `rdma statistic show`
+#                    in each counts the packets sent and received
 #         isolation  a process of namespace B never reaches A's daemon: not
 #                    by the record (BASE/netns), nor when the record is gone
 #                    (the daemon refuses it: EXDEV, and it starts its own)
@@ -191,6 +192,18 @@ case $case in
 pingpong)
   pair pingpong "$run" 18515
   check_pingpong pingpong
+  # The wire's counts, as `rdma statistic show` reads them from each
+  # namespace's daemon (src/nldev/, Op::WireCounters): the QPs are gone,
+  # their counts stay; 1000 round trips sent and received on each side.
+  if command -v rdma >/dev/null 2>&1; then
+    for h in h0 h1; do
+      on $h "$run" rdma statistic show >"$work/stat.$h" 2>&1 || fail "rdma statistic show in $h exited $?"
+      sent=$(sed -nE 's/.* sent_pkts ([0-9]+) .*/\1/p' "$work/stat.$h")
+      rcvd=$(sed -nE 's/.* rcvd_pkts ([0-9]+) .*/\1/p' "$work/stat.$h")
+      [ "${sent:-0}" -ge 1000 ] && [ "${rcvd:-0}" -ge 1000 ] ||
+        fail "rdma statistic show in $h: sent_pkts '$sent', rcvd_pkts '$rcvd' (want >= 1000): $(cat "$work/stat.$h")"
+    done
+  fi
   # One daemon per namespace: BASE serves one, BASE/net-INO-DEV the other.
   for h in h0 h1; do
     rec=$(netns_of $h)
