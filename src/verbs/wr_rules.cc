@@ -2,6 +2,7 @@
 // (wr_rules.h), and its translation into the send queue's SendWqe.
 #include "verbs/wr_rules.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 
@@ -19,10 +20,10 @@ namespace {
 int validate_a19(const ibv_send_wr* wr, uint32_t opcode) {
   if (opcode == uint32_t(abi::kWrFlush)) {
     if (!(wr->send_flags & kFlushBuilt)) {
-      static bool said = false;
-      if (!said) std::fprintf(stderr, "softverbs: IBV_WR_FLUSH needs ibv_wr_flush(3): ibv_post_send has no fields "
-                                      "for its placement type\n");
-      said = true;
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true, std::memory_order_relaxed))
+        std::fprintf(stderr, "softverbs: IBV_WR_FLUSH needs ibv_wr_flush(3): ibv_post_send has no fields for its "
+                             "placement type\n");
       return EINVAL;
     }
     const FlushFields f = flush_fields(wr->wr.atomic.remote_addr, wr->wr.atomic.rkey, wr->wr.atomic.compare_add,
