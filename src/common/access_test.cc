@@ -192,7 +192,7 @@ TEST(Operations, WhatEachOpcodeNeeds) {
       {IBV_WR_RDMA_READ, RR, true, false},
       {IBV_WR_ATOMIC_CMP_AND_SWP, RA, true, true},
       {IBV_WR_ATOMIC_FETCH_AND_ADD, RA, true, true},
-      {IBV_WR_ATOMIC_WRITE, 0, false, false},
+      {IBV_WR_ATOMIC_WRITE, RW, false, false},  // as rxe: remote write (IBTA annex A19)
       {IBV_WR_LOCAL_INV, 0, false, false},
   };
   for (const Row& r : rows) {
@@ -218,7 +218,8 @@ TEST(Operations, AtomicsActOnOneAlignedQuadword) {
       {"result buffer of 7 bytes", IBV_WR_ATOMIC_CMP_AND_SWP, 7, 0x1000, Fault::kLocalLength},
       {"no result buffer", IBV_WR_ATOMIC_FETCH_AND_ADD, 0, 0x1000, Fault::kLocalLength},
       {"not an atomic", IBV_WR_RDMA_WRITE, 8, 0x1000, Fault::kLocalOperation},
-      {"atomic write (not this device's)", IBV_WR_ATOMIC_WRITE, 8, 0x1000, Fault::kLocalOperation},
+      {"atomic write (not a compare-and-swap nor a fetch-and-add)", IBV_WR_ATOMIC_WRITE, 8, 0x1000,
+       Fault::kLocalOperation},
   };
   for (const Row& r : rows) EXPECT_EQ(core::check_atomic(r.opcode, r.result_len, r.addr), r.f) << r.name;
 

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "common/verbs_current.h"
+
 namespace sv::rules {
 
 // QP types as bits of OpcodeRule::qp_types.
@@ -26,8 +28,11 @@ static_assert(qp_type_bit(IBV_QPT_RC) == kRcBit && qp_type_bit(IBV_QPT_UC) == kU
               qp_type_bit(IBV_QPT_XRC_RECV) == 0 && qp_type_bit(IBV_QPT_RAW_PACKET) == 0);
 
 // What a request of an opcode does at the responder (kLocal: nothing; it
-// acts on the requester's side only).
-enum class WrKind : uint8_t { kSend, kWrite, kRead, kAtomic, kLocal, kNone };
+// acts on the requester's side only). kAtomicWrite and kFlush are IBTA
+// annex A19's memory placement operations: an 8-byte store that is one
+// single-copy atomic store, and a FLUSH of a range or of a whole region
+// to a placement type.
+enum class WrKind : uint8_t { kSend, kWrite, kRead, kAtomic, kLocal, kAtomicWrite, kFlush, kNone };
 
 enum WrFlag : uint8_t {
   kWrImm = 1,         // carries immediate data (IBV_WC_WITH_IMM at the responder)
@@ -39,7 +44,10 @@ enum WrFlag : uint8_t {
 
 // The values of roce::WrOpcode (roce/engine.h; the engine has no
 // libibverbs types). verbs/wr_rules.h checks that they agree.
-enum class WireOp : uint8_t { kSend, kSendImm, kSendInv, kWrite, kWriteImm, kRead, kCompareSwap, kFetchAdd, kLocalInv, kBindMw };
+enum class WireOp : uint8_t {
+  kSend, kSendImm, kSendInv, kWrite, kWriteImm, kRead, kCompareSwap, kFetchAdd, kLocalInv, kBindMw, kFlush, kAtomicWrite
+};
+constexpr uint32_t kWireOpCount = 12;
 
 struct OpcodeRule {
   bool known;               // an opcode softverbs implements
@@ -59,7 +67,10 @@ struct OpcodeRule {
 // has SENDs only (9.8.2). Type 1 windows are bound with ibv_bind_mw(3),
 // type 2 through the send queue (IBTA 10.6.7.2.5). Completion opcodes:
 // ibv_poll_cq(3); R_Key rights: IBTA 10.6.7.2 (9.4.3 WRITE, 9.4.4 READ,
-// 9.4.5 atomics).
+// 9.4.5 atomics). FLUSH and ATOMIC WRITE (IBTA annex A19; rdma-core's
+// ibv_wr_flush, ibv_wr_atomic_write) are on RC only, as Linux rxe has them:
+// ATOMIC WRITE's R_Key needs remote write (rxe's check), FLUSH's the
+// FLUSH rights of its placement type (flush_need(), not the table's).
 constexpr uint8_t kConnected = kRcBit | kUcBit | kXrcBit;
 constexpr uint8_t kReliable = kRcBit | kXrcBit;
 constexpr ibv_wc_opcode kNoRecv = IBV_WC_RECV;  // recv_wc of opcodes that take no receive (unused)
@@ -92,12 +103,32 @@ constexpr OpcodeRule kOpcodeRules[] = {
     /* IBV_WR_SEND_WITH_INV */
     {true, WrKind::kSend, kReliable, kWrRecv | kWrInvalidate, IBV_WC_SEND, IBV_WC_RECV, 0,
      IBV_QP_EX_WITH_SEND_WITH_INV, WireOp::kSendInv},
+    /* IBV_WR_TSO, IBV_WR_DRIVER1, 12, 13: not operations of this device */
+    {false, WrKind::kNone, 0, 0, IBV_WC_SEND, kNoRecv, 0, 0, WireOp::kSend},
+    {false, WrKind::kNone, 0, 0, IBV_WC_SEND, kNoRecv, 0, 0, WireOp::kSend},
+    {false, WrKind::kNone, 0, 0, IBV_WC_SEND, kNoRecv, 0, 0, WireOp::kSend},
+    {false, WrKind::kNone, 0, 0, IBV_WC_SEND, kNoRecv, 0, 0, WireOp::kSend},
+    /* IBV_WR_FLUSH (rdma-core v58 on) */
+    {true, WrKind::kFlush, kRcBit, kWrNoInline, ibv_wc_opcode(abi::kWcFlush), kNoRecv, 0, abi::kQpExWithFlush,
+     WireOp::kFlush},
+    /* IBV_WR_ATOMIC_WRITE */
+    {true, WrKind::kAtomicWrite, kRcBit, 0, IBV_WC_ATOMIC_WRITE, kNoRecv, IBV_ACCESS_REMOTE_WRITE,
+     IBV_QP_EX_WITH_ATOMIC_WRITE, WireOp::kAtomicWrite},
 };
 constexpr uint32_t kOpcodeCount = sizeof(kOpcodeRules) / sizeof(kOpcodeRules[0]);
-static_assert(IBV_WR_RDMA_WRITE == 0 && IBV_WR_SEND_WITH_INV == 9 && kOpcodeCount == 10,
+static_assert(IBV_WR_RDMA_WRITE == 0 && IBV_WR_SEND_WITH_INV == 9 && abi::kWrFlush == 14 &&
+                  IBV_WR_ATOMIC_WRITE == 15 && kOpcodeCount == 16,
               "kOpcodeRules is indexed by ibv_wr_opcode");
 
 constexpr OpcodeRule kUnknownOpcode{false, WrKind::kNone, 0, 0, IBV_WC_SEND, kNoRecv, 0, 0, WireOp::kSend};
+
+// What a FLUSH's R_Key (and the responder QP's access flags) must grant for
+// its placement type (IBTA A19.4.3; rxe's check_rkey): the FLUSH right of
+// each type it names.
+constexpr uint32_t flush_need(uint8_t placement) {
+  return ((placement & abi::kFlushGlobal) ? abi::kAccessFlushGlobal : 0) |
+         ((placement & abi::kFlushPersistent) ? abi::kAccessFlushPersistent : 0);
+}
 
 // The rule of `opcode` (any integer a caller may have put there).
 constexpr const OpcodeRule& rule_of(uint32_t opcode) {
@@ -115,20 +146,24 @@ constexpr ibv_wc_opcode send_completion_opcode(uint32_t opcode) { return rule_of
 
 // The rule of the RoCE engine's request opcode.
 struct WireIndex {
-  uint8_t opcode_of[kOpcodeCount];
+  uint8_t opcode_of[kWireOpCount];
 };
 constexpr WireIndex make_wire_index() {
   WireIndex w{};
-  for (uint32_t op = 0; op < kOpcodeCount; ++op) w.opcode_of[uint8_t(kOpcodeRules[op].wire)] = uint8_t(op);
+  for (uint32_t op = 0; op < kOpcodeCount; ++op)
+    if (kOpcodeRules[op].known) w.opcode_of[uint8_t(kOpcodeRules[op].wire)] = uint8_t(op);
   return w;
 }
 inline constexpr WireIndex kWireIndex = make_wire_index();
 constexpr const OpcodeRule& rule_of_wire(WireOp op) {
-  return uint8_t(op) < kOpcodeCount ? kOpcodeRules[kWireIndex.opcode_of[uint8_t(op)]] : kUnknownOpcode;
+  return uint8_t(op) < kWireOpCount ? kOpcodeRules[kWireIndex.opcode_of[uint8_t(op)]] : kUnknownOpcode;
 }
 static_assert(rule_of_wire(WireOp::kCompareSwap).send_wc == IBV_WC_COMP_SWAP &&
               rule_of_wire(WireOp::kWriteImm).send_wc == IBV_WC_RDMA_WRITE &&
-              rule_of_wire(WireOp::kBindMw).send_wc == IBV_WC_BIND_MW);
+              rule_of_wire(WireOp::kSend).send_wc == IBV_WC_SEND &&
+              rule_of_wire(WireOp::kBindMw).send_wc == IBV_WC_BIND_MW &&
+              rule_of_wire(WireOp::kFlush).send_wc == abi::kWcFlush &&
+              rule_of_wire(WireOp::kAtomicWrite).send_wc == IBV_WC_ATOMIC_WRITE);
 
 // The request's local SGEs are written (the destination of a READ, the
 // result of an atomic), so their L_Keys need local write (IBTA 10.6.7.1).

@@ -14,12 +14,16 @@
 //    buffers the message lands in (scatter_receive);
 //  - the atomics: the aligned quadword, compare-and-swap and fetch-and-add
 //    (check_atomic_target, apply_atomic);
+//  - IBTA annex A19's ATOMIC WRITE and FLUSH (check_atomic_write,
+//    store_atomic_write; check_flush, flush_extent, apply_flush);
 //  - the store of a message's bytes with its last byte last (store_tail_last);
 //  - the receive completion (receive_completion).
 //
 // Header-only: the shared-memory post path inlines all of it.
 #pragma once
 #include <infiniband/verbs.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -189,6 +193,63 @@ inline uint64_t apply_atomic(uint64_t* word, bool compare_swap, uint64_t compare
     return old;
   }
   return __atomic_fetch_add(word, compare_add, __ATOMIC_SEQ_CST);
+}
+
+// ---- ATOMIC WRITE and FLUSH (IBTA annex A19) -------------------------------
+
+// ATOMIC WRITE carries exactly 8 bytes (A19.4.4) to an aligned quadword
+// (as the atomics; rxe refuses a misaligned one as a misaligned atomic).
+constexpr Check check_atomic_write(uint64_t len, uint64_t remote_addr) {
+  if (len != access::kAtomicBytes) return Check::kMalformedRequest;
+  return check_atomic_target(remote_addr);
+}
+
+// The 8 bytes land as one single-copy atomic store, after every earlier
+// store of the QP (a release store; rxe's smp_store_release).
+inline void store_atomic_write(uint64_t* word, uint64_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
+
+// A FLUSH's FETH (A19.4.3): a placement type made of the two known bits,
+// and a selectivity level of range (0) or memory region (1).
+constexpr Check check_flush(uint8_t placement, uint8_t level) {
+  if (placement & ~(abi::kFlushGlobal | abi::kFlushPersistent)) return Check::kMalformedRequest;
+  if (level > abi::kFlushMr) return Check::kMalformedRequest;
+  return Check::kOk;
+}
+
+// What a FLUSH acts on: the range it names, or (selectivity MR) the whole
+// region its R_Key names, whatever address and length it carries (rxe
+// checks no range then).
+struct Extent {
+  uint64_t addr, len;
+};
+constexpr Extent flush_extent(const shm::MrEntry& e, uint8_t level, uint64_t addr, uint64_t len) {
+  return level == abi::kFlushMr ? Extent{e.iova, e.length} : Extent{addr, len};
+}
+
+// Carries out a FLUSH of [p, p + len) of the responder's mapping. Memory
+// here is ordinary coherent memory shared between processes: every store
+// an earlier operation made is visible to every CPU once it is done, so
+// global visibility is a full fence. Persistence is what the memory's
+// backing file offers: msync(MS_SYNC) writes the range back to it, which
+// makes a region over a file on a persistent file system durable there; a
+// region over anonymous memory (a memfd) has no persistent medium, and
+// there the FLUSH ends as a global one (docs/MEMORY.md). False when the
+// range could not be written back.
+inline bool apply_flush(uint8_t* p, uint64_t len, uint8_t placement) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!(placement & abi::kFlushPersistent) || len == 0) return true;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + len;
+  return ::msync(reinterpret_cast<void*>(start), end - start, MS_SYNC) == 0;
+}
+
+// The same FLUSH where the responder reaches the memory through its
+// backing file `fd` rather than one mapping of the range (the daemon
+// between users): the fence, then fdatasync(2) of the file for persistence.
+inline bool apply_flush_file(int fd, uint8_t placement) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  return !(placement & abi::kFlushPersistent) || ::fdatasync(fd) == 0;
 }
 
 // ---- Storing a message -----------------------------------------------------

@@ -5,12 +5,13 @@
 // receive WQE (IBTA 10.6.7.2, common/access.h) and moves the bytes.
 //
 // What it carries: SEND, SEND with immediate, SEND with Invalidate, RDMA
-// WRITE (with immediate), RDMA READ and the two atomics, on RC (READ,
-// atomics, SEND with Invalidate) and UC (SEND, WRITE), as the shared-memory
-// requester does. What it refuses, with a local QP operation error: LOCAL_INV
-// and BIND_MW (they act on the requester's side only; the library carries
-// them out and never sends them here), and any other opcode (ATOMIC_WRITE,
-// masked atomics, TSO, flush: not operations of this device).
+// WRITE (with immediate), RDMA READ, the two atomics, and IBTA annex A19's
+// ATOMIC WRITE and FLUSH, on RC (READ, atomics, SEND with Invalidate, A19)
+// and UC (SEND, WRITE), as the shared-memory requester does. What it
+// refuses, with a local QP operation error: LOCAL_INV and BIND_MW (they act
+// on the requester's side only; the library carries them out and never
+// sends them here), and any other opcode (masked atomics, TSO: not
+// operations of this device).
 #include "daemon/mediation.h"
 
 #include <fcntl.h>
@@ -472,6 +473,51 @@ int Mediation::execute_atomic(Op& op) {
   return complete(op, access::kAtomicBytes);
 }
 
+// ATOMIC WRITE (IBTA annex A19): the requester's 8 bytes (inline, or read
+// from its spans) as one aligned store on the daemon's window of the
+// responder's page, like the atomics.
+int Mediation::execute_atomic_write(Op& op) {
+  if (core::Check c = core::check_atomic_write(op.total, op.req.remote_addr); c != core::Check::kOk)
+    return fail(op, core::verdict(c).fault);
+  Span sp{};
+  if (Fault f = resolve_remote(op, access::kAtomicBytes, sp); f != Fault::kNone) return fail(op, f);
+  uint8_t bytes[8];
+  if (op.is_inline) {
+    std::memcpy(bytes, op.req.inline_data, 8);
+  } else {
+    uint64_t at = 0;
+    for (const Span& l : op.local) {
+      if (!pread_all(l.fd, bytes + at, l.len, l.off)) return fail(op, Fault::kLocalProtection);
+      at += l.len;
+    }
+  }
+  std::shared_ptr<Window> h;
+  uint8_t* p = windows_->at(sp.backing, sp.fd, sp.off, h);
+  if (!p) return fail(op, Fault::kRemoteOperation);
+  uint64_t v;
+  std::memcpy(&v, bytes, 8);
+  core::store_atomic_write(reinterpret_cast<uint64_t*>(p), v);
+  return complete(op, access::kAtomicBytes);
+}
+
+// FLUSH (IBTA annex A19): the R_Key with the FLUSH rights of the placement
+// type over the range or (selectivity MR) its whole region, then the
+// responder core's flush of the backing file.
+int Mediation::execute_flush(Op& op) {
+  const uint8_t placement = uint8_t(op.req.swap), level = uint8_t(op.req.swap >> 8);
+  if (core::Check c = core::check_flush(placement, level); c != core::Check::kOk)
+    return fail(op, core::verdict(c).fault);
+  const MrEntry* e =
+      access::lookup(op.req.rkey, [this](uint32_t slot) -> const MrEntry& { return t_.mr_slot(slot); });
+  if (!e) return fail(op, Fault::kRemoteAccess);
+  const core::Extent x = core::flush_extent(*e, level, op.req.remote_addr, op.req.compare_add);
+  Span sp{};
+  if (!resolve_key(op.req.rkey, access::Use::kRemote, op.responder(), rules::flush_need(placement), x.addr, x.len, sp))
+    return fail(op, Fault::kRemoteAccess);
+  if (!core::apply_flush_file(sp.fd, placement)) return fail(op, core::verdict(core::Check::kResponderFault).fault);
+  return complete(op, uint32_t(op.req.compare_add));
+}
+
 // ---- Entry points ------------------------------------------------------------
 
 int Mediation::mediate(uint32_t client, const proto::MediateReq& req, proto::MediateReply& rep,
@@ -495,6 +541,8 @@ int Mediation::mediate_as(uint32_t client, const MediationTables::QpView& me, co
     case rules::WrKind::kSend: return execute_send(op);
     case rules::WrKind::kWrite: return execute_write(op);
     case rules::WrKind::kRead: return execute_read(op);
+    case rules::WrKind::kAtomicWrite: return execute_atomic_write(op);
+    case rules::WrKind::kFlush: return execute_flush(op);
     default: return execute_atomic(op);  // check_opcode let only the two atomics through
   }
 }

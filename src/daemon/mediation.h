@@ -170,6 +170,8 @@ class Mediation {
   int execute_write(Op& op);
   int execute_read(Op& op);
   int execute_atomic(Op& op);
+  int execute_atomic_write(Op& op);
+  int execute_flush(Op& op);
   // What the executes share.
   access::Fault resolve_remote(const Op& op, uint64_t len, Span& out) const;
   core::Check recv_spans(const Op& op, const shm::RecvWqe& r, std::vector<Span>& out) const;

@@ -281,7 +281,9 @@ const Refusal kRefusals[] = {
     {"atomic without the right", IBV_WR_ATOMIC_CMP_AND_SWP, 8, kReqMr, kRespRo, 0, IBV_WC_REM_ACCESS_ERR, true},
     {"LOCAL_INV", IBV_WR_LOCAL_INV, 0, kReqMr, kRespMr, 0, IBV_WC_LOC_QP_OP_ERR, false},
     {"BIND_MW", IBV_WR_BIND_MW, 0, kReqMr, kRespMr, 0, IBV_WC_LOC_QP_OP_ERR, false},
-    {"ATOMIC_WRITE", IBV_WR_ATOMIC_WRITE, 8, kReqMr, kRespMr, 0, IBV_WC_LOC_QP_OP_ERR, false},
+    {"atomic write misaligned", IBV_WR_ATOMIC_WRITE, 8, kReqMr, kRespMr, 4, IBV_WC_REM_INV_REQ_ERR, true},
+    {"atomic write of 16 bytes", IBV_WR_ATOMIC_WRITE, 16, kReqMr, kRespMr, 0, IBV_WC_REM_INV_REQ_ERR, true},
+    {"atomic write without remote write", IBV_WR_ATOMIC_WRITE, 8, kReqMr, kRespRo, 0, IBV_WC_REM_ACCESS_ERR, true},
     {"unknown opcode", 200, 8, kReqMr, kRespMr, 0, IBV_WC_LOC_QP_OP_ERR, false},
 };
 

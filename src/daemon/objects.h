@@ -33,15 +33,20 @@
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
+#include "common/verbs_current.h"
 #include "daemon/quota.h"
 
 namespace sv::daemon {
 
-// Access flags an MR may carry, and those that mean something for a QP.
+// Access flags an MR may carry, and those that mean something for a QP
+// (the FLUSH rights of IBTA annex A19: ibv_reg_mr(3), and an RC QP's
+// qp_access_flags, which the kernel takes).
 inline constexpr uint32_t kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                          IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                         IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED;
-inline constexpr uint32_t kQpAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+                                         IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | abi::kAccessFlushGlobal |
+                                         abi::kAccessFlushPersistent;
+inline constexpr uint32_t kQpAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                      abi::kAccessFlushGlobal | abi::kAccessFlushPersistent;
 
 // The object types. The order of the context-owned ones is the order a
 // context's objects are destroyed in (kDestroyOrder); an XRC domain is

@@ -185,9 +185,29 @@ void EngineQp::on_ack(const Packet& p) {
   }
 }
 
+// FLUSH and ATOMIC WRITE (IBTA annex A19) are answered with an RDMA READ
+// response Only that carries no payload (as rxe answers them): it ends the
+// request and acknowledges everything before it.
+void EngineQp::on_a19_response(SendWqe& r, const Packet& p) {
+  if (p.bth.psn != r.first_psn || !p.payload.empty() || !p.info().ends_message()) {
+    stats_.duplicates++;
+    return;
+  }
+  acknowledge_through(psn_add(r.first_psn, -1));
+  r.done = true;
+  rd_atomic_in_flight_--;
+  una_ = psn_add(p.bth.psn, 1);
+  last_acked_ = p.bth.psn;
+  retry_left_ = cfg_.retry_cnt & 7;
+  rnr_left_ = cfg_.rnr_retry & 7;
+  retire();
+  arm_retransmit_timer();
+}
+
 void EngineQp::on_read_response(const Packet& p) {
   SendWqe* r = oldest_pending_read_or_atomic();
   const uint32_t psn = p.bth.psn;
+  if (r && (r->wr.opcode == WrOpcode::kFlush || r->wr.opcode == WrOpcode::kAtomicWrite)) return on_a19_response(*r, p);
   if (!r || r->wr.opcode != WrOpcode::kRead || psn != psn_add(r->first_psn, r->resp_pkts)) {
     stats_.duplicates++;  // a duplicate, or one past a gap that the timer will repair
     return;
@@ -230,7 +250,8 @@ void EngineQp::on_read_response(const Packet& p) {
 
 void EngineQp::on_atomic_ack(const Packet& p) {
   SendWqe* r = oldest_pending_read_or_atomic();
-  if (!r || r->wr.opcode == WrOpcode::kRead || p.bth.psn != r->first_psn) {
+  if (!r || (r->wr.opcode != WrOpcode::kCompareSwap && r->wr.opcode != WrOpcode::kFetchAdd) ||
+      p.bth.psn != r->first_psn) {
     stats_.duplicates++;
     return;
   }

@@ -79,10 +79,15 @@ enum class WcOpcode : uint8_t {
   kRecvWriteImm = IBV_WC_RECV_RDMA_WITH_IMM,
   kLocalInv = IBV_WC_LOCAL_INV,
   kBindMw = IBV_WC_BIND_MW,
+  kFlush = abi::kWcFlush,
+  kAtomicWrite = IBV_WC_ATOMIC_WRITE,
 };
 
 // Access bits, the values of ibv_access_flags.
-enum : uint32_t { kLocalWrite = 1, kRemoteWrite = 2, kRemoteRead = 4, kRemoteAtomic = 8 };
+enum : uint32_t {
+  kLocalWrite = 1, kRemoteWrite = 2, kRemoteRead = 4, kRemoteAtomic = 8,
+  kFlushGlobal = abi::kAccessFlushGlobal, kFlushPersistent = abi::kAccessFlushPersistent,
+};
 
 struct Sge {
   uint64_t addr = 0;
@@ -103,9 +108,12 @@ struct SendWr {
     uint32_t mw_handle = 0, rkey = 0, mr_lkey = 0, access = 0;
     uint64_t addr = 0, length = 0;
   } bind;
-  uint64_t remote_addr = 0;      // write, read, atomics
+  uint64_t remote_addr = 0;      // write, read, atomics, A19's FLUSH and ATOMIC WRITE
   uint32_t rkey = 0;
-  uint64_t compare_add = 0;      // compare (CmpSwap) or add (FetchAdd)
+  uint64_t compare_add = 0;      // compare (CmpSwap) or add (FetchAdd); ATOMIC WRITE without sg: its 8 bytes
+  uint8_t placement = 0;         // kFlush: the FETH's placement type and selectivity level, and the
+  uint8_t level = 0;             //   RETH's length (IBTA annex A19)
+  uint32_t flush_len = 0;
   uint64_t swap = 0;
   uint32_t remote_qpn = 0;       // UD
   uint32_t remote_qkey = 0;      // UD; high bit set = use the QP's Q_Key
@@ -200,6 +208,21 @@ class Memory {
   // access to that memory (other QPs, local CPUs).
   virtual bool remote_atomic(uint32_t rkey, uint64_t va, bool cas, uint64_t compare_add, uint64_t swap,
                              uint64_t* orig) = 0;
+  // IBTA annex A19. ATOMIC WRITE: the 8 bytes `value` (as they were on the
+  // wire) at va, aligned (checked by the responder), with an R_Key granting
+  // remote write, as one store (core::store_atomic_write). FLUSH: the R_Key
+  // grants `need` over [va, va + len), or over its whole region when `level`
+  // is IBV_FLUSH_MR, and the flush to `placement` is done (core::apply_flush):
+  // kOk, kRemoteKey, or kResponderFault when it could not be.
+  virtual bool remote_atomic_write(uint32_t rkey, uint64_t va, const uint8_t (&value)[8]) {
+    (void)rkey, (void)va, (void)value;
+    return false;
+  }
+  virtual core::Check remote_flush(uint32_t rkey, uint64_t va, uint64_t len, uint32_t need, uint8_t placement,
+                                   uint8_t level) {
+    (void)rkey, (void)va, (void)len, (void)need, (void)placement, (void)level;
+    return core::Check::kRemoteKey;
+  }
   // SEND with Invalidate (IBTA 10.6.7): false if the key cannot be invalidated.
   virtual bool invalidate(uint32_t rkey) { (void)rkey; return false; }
   // A LOCAL_INV or BIND_MW work request, carried out when the send queue
@@ -339,6 +362,7 @@ class EngineQp {
   ReqStep requester_step();
   bool start_wqe(SendWqe& w);
   void send_request_packet(SendWqe& w);
+  bool build_a19_packet(SendWqe& w, Packet& p);
   using PayloadViews = std::array<std::span<const uint8_t>, kMaxPayloadPieces>;
   bool build_payload_packet(SendWqe& w, Packet& p, PayloadViews& views, size_t& nviews, bool& last);
   void requester_run();
@@ -366,6 +390,7 @@ class EngineQp {
   }
   struct Resource {  // IBTA 9.7.5: a READ or atomic kept for duplicates
     bool atomic = false;
+    bool ack_only = false;  // FLUSH, ATOMIC WRITE: a duplicate is answered, not executed (A19)
     uint32_t xrc_srqn = 0;  // XRC target: the SRQ whose PD the READ's key was checked in
     uint32_t first_psn = 0, last_psn = 0;
     Reth reth;
@@ -386,6 +411,9 @@ class EngineQp {
   RespResult respond_write(const Packet& p);
   RespResult respond_read(const Packet& p);
   RespResult respond_atomic(const Packet& p);
+  RespResult respond_flush(const Packet& p);
+  RespResult respond_atomic_write(const Packet& p);
+  RespResult respond_a19(const Packet& p);  // what FLUSH and ATOMIC WRITE share once done
   void responder_ud(const Packet& p, uint64_t from, std::span<const uint8_t> grh);
   void responder_uc(const Packet& p);
   void send_read_response(const Reth& reth, uint32_t first_psn);
@@ -402,6 +430,7 @@ class EngineQp {
   void on_ack(const Packet& p);
   void on_read_response(const Packet& p);
   void on_atomic_ack(const Packet& p);
+  void on_a19_response(SendWqe& r, const Packet& p);
   bool acknowledge_through(uint32_t psn);
   void retire();
   void position(uint32_t psn);

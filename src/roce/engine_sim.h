@@ -96,6 +96,30 @@ class TestMemory : public Memory {
     atomics++;
     return true;
   }
+  bool remote_atomic_write(uint32_t rkey, uint64_t va, const uint8_t (&value)[8]) override {
+    uint8_t* p = at(rkey, va, 8, kRemoteWrite);
+    if (!p) return false;
+    std::memcpy(p, value, 8);
+    atomic_writes++;
+    return true;
+  }
+  // A FLUSH is counted, with what it covered (the region's whole range for
+  // selectivity MR).
+  core::Check remote_flush(uint32_t rkey, uint64_t va, uint64_t len, uint32_t need, uint8_t placement,
+                           uint8_t level) override {
+    auto it = regions_.find(rkey);
+    if (it == regions_.end()) return core::Check::kRemoteKey;
+    if (level == abi::kFlushMr) va = it->second.base, len = it->second.bytes.size();
+    if (!at(rkey, va, len, need)) return core::Check::kRemoteKey;
+    flushes.push_back({va, len, placement});
+    return core::Check::kOk;
+  }
+  struct Flush {
+    uint64_t va, len;
+    uint8_t placement;
+  };
+  std::vector<Flush> flushes;
+  uint64_t atomic_writes = 0;
   bool invalidate(uint32_t rkey) override { return regions_.erase(rkey) == 1; }
   // LOCAL_INV removes the region; BIND_MW adds a region of bind.length bytes
   // at bind.addr under key bind.rkey, with bind.access.

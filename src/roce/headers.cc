@@ -86,6 +86,7 @@ ParseError parse_packet(std::span<const uint8_t> buf, bool has_icrc, Packet* out
   auto take = [&](size_t n) { const uint8_t* q = p + off; off += n; return q; };
   // XRCETH: 8 reserved bits, then the XRC SRQ number (IBTA annex A14).
   if (info.has(kHasXrcEth)) pk.xrc_srqn = get_be24(take(kXrcEthLen) + 1);
+  if (info.has(kHasFeth)) pk.feth = Feth::decode(take(kFethLen));
   if (info.has(kHasDeth)) pk.deth = Deth::decode(take(kDethLen));
   if (info.has(kHasReth)) pk.reth = Reth::decode(take(kRethLen));
   if (info.has(kHasAtomicEth)) pk.atomic = AtomicEth::decode(take(kAtomicEthLen));
@@ -126,6 +127,7 @@ size_t build_headers(const Packet& pk, size_t payload_len, std::span<uint8_t> ou
     put_be24(p + off + 1, pk.xrc_srqn);
     off += kXrcEthLen;
   }
+  if (info.has(kHasFeth)) { pk.feth.encode(p + off); off += kFethLen; }
   if (info.has(kHasDeth)) { pk.deth.encode(p + off); off += kDethLen; }
   if (info.has(kHasReth)) { pk.reth.encode(p + off); off += kRethLen; }
   if (info.has(kHasAtomicEth)) { pk.atomic.encode(p + off); off += kAtomicEthLen; }

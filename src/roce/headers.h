@@ -1,6 +1,6 @@
 // headers.h: the InfiniBand transport headers as RoCEv2 carries them (IBTA
 // vol. 1 9.2-9.3 and Annex A17): BTH, RETH, AETH, AtomicETH, AtomicAckETH,
-// DETH, ImmDt, IETH, XRCETH (Annex A14); the opcode table (IBTA 9.2, table
+// DETH, ImmDt, IETH, XRCETH (Annex A14), FETH (Annex A19); the opcode table (IBTA 9.2, table
 // 38, with A14's XRC opcodes) as data; and a
 // packet parser/builder for "BTH .. payload .. pad" (the ICRC is added and
 // checked by icrc.h, since it covers the IP and UDP headers too).
@@ -20,7 +20,7 @@ namespace sv::roce {
 
 constexpr uint16_t kRoceV2Port = 4791;  // IANA; IBTA Annex A17
 constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28, kAtomicAckEthLen = 8,
-                 kDethLen = 8, kImmDtLen = 4, kIethLen = 4, kXrcEthLen = 4, kIcrcLen = 4;
+                 kDethLen = 8, kImmDtLen = 4, kIethLen = 4, kXrcEthLen = 4, kIcrcLen = 4, kFethLen = 4;
 constexpr uint16_t kDefaultPkey = 0xffff;
 // The destination QP of every multicast packet (IBTA vol. 1 9.8.2 and
 // 10.5: UD only; the members are the QPs attached to the group its DGID, on
@@ -105,11 +105,27 @@ uint64_t rnr_timer_ns(uint8_t code);
 // The top three bits of an opcode (IBTA 9.2 table 38; 100 is CNP, A17.9.3;
 // 101 is XRC, annex A14).
 enum class Transport : uint8_t { kRC = 0, kUC = 1, kRD = 2, kUD = 3, kXRC = 5 };
-enum class OpKind : uint8_t { kSend, kWrite, kReadRequest, kReadResponse, kAck, kAtomicAck, kCompareSwap, kFetchAdd };
-enum Hdr : uint8_t {  // which extension headers follow BTH (order on the wire: IBTA 9.2 figure)
+enum class OpKind : uint8_t {
+  kSend, kWrite, kReadRequest, kReadResponse, kAck, kAtomicAck, kCompareSwap, kFetchAdd, kFlush, kAtomicWrite
+};
+enum Hdr : uint16_t {  // which extension headers follow BTH (order on the wire: IBTA 9.2 figure)
   kHasDeth = 1, kHasReth = 2, kHasAtomicEth = 4, kHasAeth = 8, kHasAtomicAckEth = 16, kHasImmDt = 32,
   kHasIeth = 64,
   kHasXrcEth = 128,  // XRC requests: right after BTH, before RETH / AtomicETH (IBTA annex A14)
+  kHasFeth = 256,    // FLUSH: right after BTH, before its RETH (IBTA annex A19)
+};
+
+// The FLUSH Extended Transport Header (IBTA annex A19; 4 bytes): the
+// placement type in bits 3-0, the selectivity level in bits 5-4, the rest
+// reserved (0), as rxe lays it out.
+struct Feth {
+  uint8_t placement = 0;
+  uint8_t level = 0;
+  void encode(uint8_t* p) const {
+    p[0] = p[1] = p[2] = 0;
+    p[3] = uint8_t((placement & 0xf) | (level & 0x3) << 4);
+  }
+  static Feth decode(const uint8_t* p) { return {uint8_t(p[3] & 0xf), uint8_t((p[3] >> 4) & 0x3)}; }
 };
 enum class Position : uint8_t { kOnly, kFirst, kMiddle, kLast };
 
@@ -119,7 +135,7 @@ struct OpcodeInfo {
   Transport transport = Transport::kRC;
   OpKind kind = OpKind::kSend;
   Position pos = Position::kOnly;
-  uint8_t hdrs = 0;            // Hdr bits
+  uint16_t hdrs = 0;           // Hdr bits
   bool payload = false;        // carries data after the headers
   bool request = false;        // requester -> responder (else a response)
   uint8_t hdr_len = 0;         // BTH + extension headers
@@ -129,13 +145,14 @@ struct OpcodeInfo {
 };
 
 namespace detail {
-constexpr OpcodeInfo op(const char* name, Transport t, OpKind k, Position pos, uint8_t hdrs, bool payload,
+constexpr OpcodeInfo op(const char* name, Transport t, OpKind k, Position pos, uint16_t hdrs, bool payload,
                         bool request) {
   OpcodeInfo i;
   i.valid = true; i.name = name; i.transport = t; i.kind = k; i.pos = pos; i.hdrs = hdrs;
   i.payload = payload; i.request = request;
   size_t len = kBthLen;
   if (hdrs & kHasXrcEth) len += kXrcEthLen;
+  if (hdrs & kHasFeth) len += kFethLen;
   if (hdrs & kHasDeth) len += kDethLen;
   if (hdrs & kHasReth) len += kRethLen;
   if (hdrs & kHasAtomicEth) len += kAtomicEthLen;
@@ -186,6 +203,11 @@ constexpr std::array<OpcodeInfo, 256> make_opcode_table() {
   // 0x15 is RD's RESYNC in table 38; not valid for RC.
   t[0x16] = op("RC SEND Last with Invalidate", RC, K::kSend, P::kLast, kHasIeth, true, true);
   t[0x17] = op("RC SEND Only with Invalidate", RC, K::kSend, P::kOnly, kHasIeth, true, true);
+  // IBTA annex A19 (memory placement extensions), RC only as in rxe: FLUSH
+  // carries FETH and RETH and no payload; ATOMIC WRITE a RETH and its 8
+  // bytes. Both are answered with an RDMA READ response Only of no payload.
+  t[0x1c] = op("RC FLUSH", RC, K::kFlush, P::kOnly, kHasFeth | kHasReth, false, true);
+  t[0x1d] = op("RC ATOMIC WRITE", RC, K::kAtomicWrite, P::kOnly, kHasReth, true, true);
   // XRC (IBTA annex A14, table 38's 101 prefix): RC's operations with
   // the same low five bits; every request carries the XRCETH (the
   // responder's XRC SRQ), responses and acknowledgements do not.
@@ -201,7 +223,7 @@ constexpr std::array<OpcodeInfo, 256> make_opcode_table() {
         "XRC ATOMIC Acknowledge", "XRC CmpSwap", "XRC FetchAdd", nullptr, "XRC SEND Last with Invalidate",
         "XRC SEND Only with Invalidate"};
     t[0xa0 | low] = op(xname[low], Transport::kXRC, r.kind, r.pos,
-                       uint8_t(r.hdrs | (r.request ? kHasXrcEth : 0)), r.payload, r.request);
+                       uint16_t(r.hdrs | (r.request ? kHasXrcEth : 0)), r.payload, r.request);
   }
   t[0x64] = op("UD SEND Only", UD, K::kSend, P::kOnly, kHasDeth, true, true);
   t[0x65] = op("UD SEND Only with Immediate", UD, K::kSend, P::kOnly, kHasDeth | kHasImmDt, true, true);
@@ -219,7 +241,7 @@ constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSend
                   kWriteLastImm = 0x09, kWriteOnly = 0x0a, kWriteOnlyImm = 0x0b, kReadRequest = 0x0c,
                   kReadRespFirst = 0x0d, kReadRespMiddle = 0x0e, kReadRespLast = 0x0f, kReadRespOnly = 0x10,
                   kAck = 0x11, kAtomicAck = 0x12, kCompareSwap = 0x13, kFetchAdd = 0x14, kSendLastInv = 0x16,
-                  kSendOnlyInv = 0x17;
+                  kSendOnlyInv = 0x17, kFlush = 0x1c, kAtomicWrite = 0x1d;
 constexpr uint8_t kRC = 0x00, kUC = 0x20, kUD = 0x60, kXRC = 0xa0;
 }  // namespace op
 
@@ -234,6 +256,7 @@ struct Packet {
   uint32_t imm = 0;           // ImmDt, as the 4 bytes read big-endian
   uint32_t ieth_rkey = 0;     // IETH
   uint32_t xrc_srqn = 0;      // XRCETH: the XRC SRQ at the responder (24 bits; IBTA annex A14)
+  Feth feth;                  // FETH (FLUSH)
   std::span<const uint8_t> payload;  // without pad (parse) / the data to copy (build)
   const OpcodeInfo& info() const { return opcode_info(bth.opcode); }
 };

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 namespace sv::roce {
@@ -15,7 +16,7 @@ TEST(Opcodes, TableMatchesIbtaTable38) {
     EXPECT_EQ(int(o.transport), i >> 5) << i;
     (o.transport == Transport::kRC ? rc : o.transport == Transport::kUC ? uc : o.transport == Transport::kUD ? ud : xrc)++;
   }
-  EXPECT_EQ(rc, 23);  // 0x00-0x17 without 0x15 (RD's RESYNC)
+  EXPECT_EQ(rc, 25);  // 0x00-0x17 without 0x15 (RD's RESYNC), and annex A19's FLUSH (0x1c), ATOMIC WRITE (0x1d)
   EXPECT_EQ(uc, 12);  // SEND and RDMA WRITE only
   EXPECT_EQ(ud, 2);
   EXPECT_EQ(xrc, 23);  // annex A14: RC's, with the 101 prefix (0xa0-0xb7 without 0xb5)
@@ -46,6 +47,54 @@ TEST(Opcodes, HeadersAndProperties) {
   EXPECT_FALSE(opcode_info(op::kSendMiddle).starts_message());
   EXPECT_TRUE(opcode_info(op::kUC | op::kWriteFirst).starts_message());
   EXPECT_STREQ(opcode_info(0x12).name, "RC ATOMIC Acknowledge");
+  // IBTA annex A19 (rxe's layout): FLUSH is BTH, FETH, RETH and no payload;
+  // ATOMIC WRITE is BTH, RETH and its payload. RC only.
+  EXPECT_EQ(opcode_info(op::kFlush).hdrs, kHasFeth | kHasReth);
+  EXPECT_EQ(opcode_info(op::kFlush).hdr_len, 12 + 4 + 16);
+  EXPECT_FALSE(opcode_info(op::kFlush).payload);
+  EXPECT_EQ(opcode_info(op::kAtomicWrite).hdr_len, 12 + 16);
+  EXPECT_TRUE(opcode_info(op::kAtomicWrite).payload);
+  EXPECT_TRUE(opcode_info(op::kAtomicWrite).request);
+  EXPECT_FALSE(opcode_info(op::kUC | op::kFlush).valid);
+  EXPECT_FALSE(opcode_info(op::kXRC | op::kAtomicWrite).valid);
+}
+
+// FLUSH on the wire as rxe writes it: FETH's placement type in bits 3-0 and
+// selectivity level in bits 5-4 of its last byte, before the RETH.
+TEST(Opcodes, FlushAndAtomicWriteRoundTrip) {
+  Packet f;
+  f.bth.opcode = op::kFlush;
+  f.bth.psn = 7;
+  f.feth = Feth{2, 1};  // persistent, whole region
+  f.reth = Reth{0x1000, 0x1234, 64};
+  uint8_t buf[64];
+  const size_t n = build_packet(f, buf);
+  ASSERT_EQ(n, 32u);
+  EXPECT_EQ(buf[12], 0);
+  EXPECT_EQ(buf[15], 0x12);
+  EXPECT_EQ(get_be64(buf + 16), 0x1000u);
+  Packet g;
+  ASSERT_EQ(parse_packet(std::span<const uint8_t>(buf, n), false, &g), ParseError::kOk);
+  EXPECT_EQ(g.feth.placement, 2);
+  EXPECT_EQ(g.feth.level, 1);
+  EXPECT_EQ(g.reth.rkey, 0x1234u);
+  EXPECT_EQ(g.reth.dma_len, 64u);
+  // Bytes after a FLUSH's headers are not a FLUSH.
+  uint8_t longer[68] = {};
+  std::memcpy(longer, buf, n);
+  EXPECT_EQ(parse_packet(std::span<const uint8_t>(longer, n + 4), false, &g), ParseError::kUnexpectedPayload);
+
+  Packet a;
+  a.bth.opcode = op::kAtomicWrite;
+  a.reth = Reth{0x2008, 0x55, 8};
+  const uint8_t v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  a.payload = v;
+  const size_t m = build_packet(a, buf);
+  ASSERT_EQ(m, 12u + 16 + 8);
+  ASSERT_EQ(parse_packet(std::span<const uint8_t>(buf, m), false, &g), ParseError::kOk);
+  ASSERT_EQ(g.payload.size(), 8u);
+  EXPECT_EQ(g.payload[7], 8);
+  EXPECT_EQ(g.reth.va, 0x2008u);
 }
 
 TEST(Headers, BthWireLayout) {

@@ -76,6 +76,11 @@ int EngineQp::post_send(SendWr wr) {
     case WrOpcode::kSendInv: case WrOpcode::kRead: case WrOpcode::kCompareSwap: case WrOpcode::kFetchAdd:
       if (!rc) return EINVAL;
       break;
+    // IBTA annex A19's operations: RC only, as rxe has them.
+    case WrOpcode::kFlush: case WrOpcode::kAtomicWrite:
+      if (cfg_.type != QpType::kRC) return EINVAL;
+      if (wr.opcode == WrOpcode::kFlush) wr.sg.clear();
+      break;
     // Binding a type 2 window and local invalidation: connected QPs (UD
     // QPs cannot use type 2 windows, IBTA 10.6.7.2.5).
     case WrOpcode::kLocalInv: case WrOpcode::kBindMw:
@@ -211,6 +216,8 @@ void EngineQp::complete_send(const SendWqe& w, WcStatus st) {
   c.opcode = WcOpcode(rule.send_wc);
   if (rule.kind == rules::WrKind::kAtomic) c.byte_len = uint32_t(access::kAtomicBytes);
   if (rule.kind == rules::WrKind::kLocal) c.byte_len = 0;
+  if (rule.kind == rules::WrKind::kAtomicWrite) c.byte_len = uint32_t(access::kAtomicBytes);
+  if (rule.kind == rules::WrKind::kFlush) c.byte_len = w.wr.flush_len;  // as rxe: the length it was given
   cq_.complete(c);
 }
 

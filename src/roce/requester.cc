@@ -5,18 +5,25 @@
 // completer moving (sq_next_, sq_next_off_, next_psn_) back; this file then
 // simply sends from there again.
 #include <algorithm>
+#include <cstring>
 
 #include "roce/engine.h"
 
 namespace sv::roce {
 
+// READs, atomics and IBTA annex A19's FLUSH and ATOMIC WRITE: each waits
+// for a response of its own (an RDMA READ response Only of no payload for
+// A19's, as rxe answers them) and takes one of the initiator depth.
 bool EngineQp::is_read_or_atomic(const SendWqe& w) const {
   return w.wr.opcode == WrOpcode::kRead || w.wr.opcode == WrOpcode::kCompareSwap ||
-         w.wr.opcode == WrOpcode::kFetchAdd;
+         w.wr.opcode == WrOpcode::kFetchAdd || w.wr.opcode == WrOpcode::kFlush ||
+         w.wr.opcode == WrOpcode::kAtomicWrite;
 }
 
 uint32_t EngineQp::packets_of(const SendWqe& w) const {
-  if (w.wr.opcode == WrOpcode::kCompareSwap || w.wr.opcode == WrOpcode::kFetchAdd) return 1;
+  if (w.wr.opcode == WrOpcode::kCompareSwap || w.wr.opcode == WrOpcode::kFetchAdd ||
+      w.wr.opcode == WrOpcode::kFlush || w.wr.opcode == WrOpcode::kAtomicWrite)
+    return 1;
   // A zero-length message is one packet; a READ's responses use its PSNs (9.7.2).
   return std::max<uint32_t>(1, (w.len + cfg_.pmtu - 1) / cfg_.pmtu);
 }
@@ -56,6 +63,12 @@ EngineQp::ReqStep EngineQp::local_step(SendWqe& w) {
 bool EngineQp::start_wqe(SendWqe& w) {
   const bool atomic = w.wr.opcode == WrOpcode::kCompareSwap || w.wr.opcode == WrOpcode::kFetchAdd;
   if (atomic && w.len != 8) {  // the original value lands in one 8-byte local buffer
+    enter_error(sq_next_, WcStatus::kLocLenErr);
+    return false;
+  }
+  // ATOMIC WRITE carries exactly 8 bytes (IBTA A19.4.4), from its SGEs or
+  // (none) already in compare_add.
+  if (w.wr.opcode == WrOpcode::kAtomicWrite && !w.wr.sg.empty() && w.len != 8) {
     enter_error(sq_next_, WcStatus::kLocLenErr);
     return false;
   }
@@ -174,6 +187,30 @@ bool EngineQp::build_payload_packet(SendWqe& w, Packet& p, PayloadViews& views, 
   return true;
 }
 
+// IBTA annex A19's requests, one packet each: FLUSH is FETH and RETH with
+// no payload (A19.4.3, oA19-2), ATOMIC WRITE a RETH and its 8 bytes
+// (A19.4.4). False after a local protection error.
+bool EngineQp::build_a19_packet(SendWqe& w, Packet& p) {
+  p.bth.ack_req = true;
+  if (w.wr.opcode == WrOpcode::kFlush) {
+    p.bth.opcode = uint8_t(opcode_base() | op::kFlush);
+    p.feth = Feth{w.wr.placement, w.wr.level};
+    p.reth = Reth{w.wr.remote_addr, w.wr.rkey, w.wr.flush_len};
+    return true;
+  }
+  std::span<uint8_t> data(payload_.data(), 8);
+  if (w.wr.sg.empty()) {
+    std::memcpy(data.data(), &w.wr.compare_add, 8);
+  } else if (!gather(w, 0, data)) {
+    enter_error(sq_next_, WcStatus::kLocProtErr);
+    return false;
+  }
+  p.bth.opcode = uint8_t(opcode_base() | op::kAtomicWrite);
+  p.reth = Reth{w.wr.remote_addr, w.wr.rkey, 8};
+  p.payload = data;
+  return true;
+}
+
 void EngineQp::send_request_packet(SendWqe& w) {
   const QpType t = cfg_.type;
   Packet p;
@@ -210,6 +247,11 @@ void EngineQp::send_request_packet(SendWqe& w) {
       finished = true;
       break;
     }
+    case WrOpcode::kFlush:
+    case WrOpcode::kAtomicWrite:
+      if (!build_a19_packet(w, p)) return;
+      finished = true;
+      break;
     default:
       if (!build_payload_packet(w, p, views, nviews, finished)) return;
       break;

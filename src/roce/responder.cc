@@ -153,7 +153,7 @@ void EngineQp::responder_duplicate(const Packet& p) {
   switch (p.info().kind) {
     case OpKind::kReadRequest:
       for (const Resource& res : resources_) {
-        if (!res.atomic && psn_le(res.first_psn, psn) && psn_le(psn, res.last_psn)) {
+        if (!res.atomic && !res.ack_only && psn_le(res.first_psn, psn) && psn_le(psn, res.last_psn)) {
           if (p.reth.dma_len && !rmem().remote_check(p.reth.rkey, p.reth.va, p.reth.dma_len, kRemoteRead)) return;
           flush_pending_ack();
           stats_.read_replays++;
@@ -170,6 +170,18 @@ void EngineQp::responder_duplicate(const Packet& p) {
           flush_pending_ack();
           stats_.atomic_replays++;
           send_atomic_ack(psn, res.orig);
+          return;
+        }
+      }
+      stats_.dropped++;
+      return;
+    case OpKind::kFlush:
+    case OpKind::kAtomicWrite:
+      // Done once (oA19-14, oA19-15 for FLUSH): a duplicate is answered again.
+      for (const Resource& res : resources_) {
+        if (res.ack_only && res.first_psn == psn) {
+          flush_pending_ack();
+          send_read_response(Reth{}, psn);
           return;
         }
       }
@@ -208,6 +220,8 @@ EngineQp::RespResult EngineQp::responder_execute(const Packet& p) {
     case OpKind::kReadRequest: return respond_read(p);
     case OpKind::kCompareSwap:
     case OpKind::kFetchAdd: return respond_atomic(p);
+    case OpKind::kFlush: return respond_flush(p);
+    case OpKind::kAtomicWrite: return respond_atomic_write(p);
     default: return RespResult::kDrop;
   }
 }
@@ -337,6 +351,47 @@ EngineQp::RespResult EngineQp::respond_atomic(const Packet& p) {
   epsn_ = psn_add(epsn_, 1);
   msn_++;
   send_atomic_ack(p.bth.psn, orig);
+  return RespResult::kDone;
+}
+
+// IBTA annex A19 FLUSH: the FETH's placement type and selectivity level,
+// the QP's and the R_Key's FLUSH rights for that type (rxe's check_rkey;
+// a key that lacks them is a remote access error), over the RETH's range or
+// the key's whole region; then the flush (core::apply_flush).
+EngineQp::RespResult EngineQp::respond_flush(const Packet& p) {
+  if (core::Check c = core::check_flush(p.feth.placement, p.feth.level); c != core::Check::kOk) return refuse(c);
+  const uint32_t need = rules::flush_need(p.feth.placement);
+  if ((cfg_.access & need) != need) return refuse(core::Check::kRemoteKey);
+  const core::Check c = rmem().remote_flush(p.reth.rkey, p.reth.va, p.reth.dma_len, need, p.feth.placement, p.feth.level);
+  if (c != core::Check::kOk) return refuse(c);
+  return respond_a19(p);
+}
+
+// IBTA annex A19 ATOMIC WRITE: exactly 8 bytes (RETH and payload) to an
+// aligned quadword, under an R_Key with remote write (as rxe).
+EngineQp::RespResult EngineQp::respond_atomic_write(const Packet& p) {
+  if (p.payload.size() != access::kAtomicBytes) return refuse(core::Check::kMalformedRequest);
+  if (core::Check c = core::check_atomic_write(p.reth.dma_len, p.reth.va); c != core::Check::kOk) return refuse(c);
+  if (!(cfg_.access & kRemoteWrite)) return refuse(core::Check::kRemoteKey);
+  uint8_t value[8];
+  std::copy(p.payload.begin(), p.payload.end(), value);
+  if (!rmem().remote_atomic_write(p.reth.rkey, p.reth.va, value)) return refuse(core::Check::kRemoteKey);
+  return respond_a19(p);
+}
+
+// What FLUSH and ATOMIC WRITE share once carried out: a resource, so that a
+// duplicate is answered without acting twice, and the answer, an RDMA READ
+// response Only of no payload (rxe's send_read_response_ack).
+EngineQp::RespResult EngineQp::respond_a19(const Packet& p) {
+  Resource res;
+  res.ack_only = true;
+  res.first_psn = res.last_psn = p.bth.psn;
+  resources_.push_back(res);
+  while (resources_.size() > std::max<uint8_t>(cfg_.max_dest_rd_atomic, 1)) resources_.pop_front();
+  flush_pending_ack();
+  epsn_ = psn_add(epsn_, 1);
+  msn_++;
+  send_read_response(Reth{}, p.bth.psn);
   return RespResult::kDone;
 }
 

@@ -290,6 +290,11 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
   if (attr_size < sizeof(attr->orig_attr)) return EINVAL;
   std::memset(attr, 0, std::min(attr_size, sizeof(*attr)));
   fill_device_attr(attr->orig_attr);
+  // The 64-bit capabilities: the 32 of ibv_device_attr, and (as rxe reports
+  // them) FLUSH to both placement types and ATOMIC WRITE (IBTA annex A19).
+  if (attr_size >= offsetof(ibv_device_attr_ex, device_cap_flags_ex) + sizeof(attr->device_cap_flags_ex))
+    attr->device_cap_flags_ex = uint64_t(uint32_t(attr->orig_attr.device_cap_flags)) | abi::kDeviceFlushGlobal |
+                                abi::kDeviceFlushPersistent | abi::kDeviceAtomicWrite;
   // Completion timestamps are CLOCK_MONOTONIC nanoseconds: a 1 GHz clock.
   if (attr_size >= offsetof(ibv_device_attr_ex, hca_core_clock) + sizeof(attr->hca_core_clock)) {
     attr->completion_timestamp_mask = ~uint64_t(0);

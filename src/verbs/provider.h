@@ -443,11 +443,17 @@ struct ProcessQp {
 };
 
 // What ibv_create_qp returns to the application: the ibv_qp_ex it holds,
+// in today's layout (abi::QpExCurrent: rdma-core v64 appends wr_flush to
+// v44's struct, and a program built against it calls through that member),
 // and this process's state of the QP.
 struct QpHandle {
-  ibv_qp_ex qpx;  // ibv_qp at offset 0
+  ibv_qp_ex qpx;            // ibv_qp at offset 0; up to wr_atomic_write
+  abi::WrFlushFn wr_flush;  // abi::QpExCurrent::wr_flush
   ProcessQp* st;
 };
+static_assert(offsetof(QpHandle, wr_flush) == offsetof(abi::QpExCurrent, wr_flush) &&
+                  offsetof(QpHandle, qpx) == offsetof(abi::QpExCurrent, v44),
+              "the application's ibv_qp_ex has v64's layout");
 
 struct AsyncQueue {
   std::mutex mu;

@@ -17,6 +17,7 @@
 #include <deque>
 
 #include "verbs/provider.h"
+#include "verbs/wr_rules.h"
 
 namespace sv::verbs {
 
@@ -162,8 +163,31 @@ void wr_local_inv(ibv_qp_ex* qx, uint32_t rkey) {
   if (auto* e = begin(qx, IBV_WR_LOCAL_INV, IBV_QP_EX_WITH_LOCAL_INV)) e->wr.invalidate_rkey = rkey;
 }
 
-void wr_atomic_write(ibv_qp_ex* qx, uint32_t, uint64_t, const void*) {
-  begin(qx, IBV_WR_ATOMIC_WRITE, IBV_QP_EX_WITH_ATOMIC_WRITE);  // never allowed: records the error
+// IBTA annex A19 ATOMIC WRITE: the 8 bytes at `data` are copied now
+// (ibv_wr_post(3)) and go as inline data.
+void wr_atomic_write(ibv_qp_ex* qx, uint32_t rkey, uint64_t addr, const void* data) {
+  auto* e = begin(qx, IBV_WR_ATOMIC_WRITE, IBV_QP_EX_WITH_ATOMIC_WRITE);
+  if (!e) return;
+  if (!data) {
+    set_error(*state(qx).batch, EINVAL);
+    return;
+  }
+  e->wr.wr.rdma = {addr, rkey};
+  e->inline_data.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + 8);
+  e->sge[0] = {reinterpret_cast<uint64_t>(e->inline_data.data()), 8, 0};
+  e->wr.sg_list = e->sge;
+  e->wr.num_sge = 1;
+  e->wr.send_flags |= IBV_SEND_INLINE;
+}
+
+// IBTA annex A19 FLUSH of [addr, addr + len) (level IBV_FLUSH_RANGE) or of
+// the whole region `rkey` names (IBV_FLUSH_MR) to the placement types in
+// `type`; its fields travel in wr.atomic (wr_rules.h, kFlushBuilt).
+void wr_flush(ibv_qp_ex* qx, uint32_t rkey, uint64_t addr, size_t len, uint8_t type, uint8_t level) {
+  auto* e = begin(qx, ibv_wr_opcode(abi::kWrFlush), abi::kQpExWithFlush);
+  if (!e) return;
+  e->wr.wr.atomic = {addr, uint64_t(len), flush_code(type, level), rkey};
+  e->wr.send_flags |= kFlushBuilt;
 }
 
 void wr_set_ud_addr(ibv_qp_ex* qx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
@@ -248,6 +272,7 @@ void init_qp_ex(QpHandle* qp, uint64_t send_ops) {
   x.wr_complete = wr_complete;
   x.wr_abort = wr_abort;
   x.wr_atomic_write = wr_atomic_write;
+  qp->wr_flush = wr_flush;
 }
 
 }  // namespace sv::verbs

@@ -349,6 +349,44 @@ Outcome atomic_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   return {Step::kDone, IBV_WC_SUCCESS, false, 8};
 }
 
+// ATOMIC WRITE (IBTA annex A19): the 8 bytes as one aligned store.
+Outcome atomic_write_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+  Seg local[shm::kMaxSge];
+  int nl = 0;
+  uint64_t total = 0;
+  ibv_wc_status err = IBV_WC_SUCCESS;
+  if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
+  if (core::Check c = core::check_atomic_write(total, w.remote_addr); c != core::Check::kOk)
+    return {Step::kError, core::requester_status(c), true};
+  uint8_t* t = peer_address(q, p, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE);
+  if (!t) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  uint64_t v = 0;
+  const Seg dst{reinterpret_cast<uint8_t*>(&v), 8};
+  copy_segments(&dst, 1, local, nl, 8);
+  core::store_atomic_write(reinterpret_cast<uint64_t*>(t), v);
+  return {Step::kDone, IBV_WC_SUCCESS, false, 8};
+}
+
+// FLUSH (IBTA annex A19): the R_Key must grant the FLUSH rights of its
+// placement type over the range, or over the whole region for selectivity
+// MR (core::flush_extent); then core::apply_flush. Its completion carries
+// the length it was given, as rxe's.
+Outcome flush_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+  const uint8_t placement = uint8_t(w.swap), level = uint8_t(w.swap >> 8);
+  if (core::Check c = core::check_flush(placement, level); c != core::Check::kOk)
+    return {Step::kError, core::requester_status(c), true};
+  const MrEntry* e = q.ctx->st->mr(w.rkey);
+  if (!e) return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  const core::Extent x = core::flush_extent(*e, level, w.remote_addr, w.compare_add);
+  const uint32_t need = rules::flush_need(placement);
+  uint8_t* t = nullptr;
+  if (x.len ? !(t = peer_address(q, p, w.rkey, x.addr, x.len, need)) : !peer_key(*q.ctx->st, p, w.rkey, x.addr, 0, need))
+    return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  if (!core::apply_flush(t, x.len, placement))
+    return {Step::kError, core::requester_status(core::Check::kResponderFault), true};
+  return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(w.compare_add)};
+}
+
 // A request to a peer in shared memory, by the kind its opcode rule names
 // (wr_rules.h; validate_wr() accepted it for this QP type).
 Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
@@ -357,6 +395,8 @@ Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
     case WrKind::kWrite: return write_to(q, p, w);
     case WrKind::kRead: return read_from(q, p, w);
     case WrKind::kAtomic: return atomic_at(q, p, w);
+    case WrKind::kAtomicWrite: return atomic_write_at(q, p, w);
+    case WrKind::kFlush: return flush_at(q, p, w);
     default: return {Step::kError, IBV_WC_LOC_QP_OP_ERR};
   }
 }

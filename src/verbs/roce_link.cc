@@ -553,6 +553,28 @@ int attach(Hub& h, ProcessQp& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& o
   return 0;
 }
 
+// Where a connected QP's request acts at the responder: the RETH's fields,
+// an atomic's AtomicETH, a FLUSH's (wr_rules.h: flush_fields).
+void remote_fields(const ibv_send_wr* wr, uint32_t op, SendWr& s) {
+  if (wr_rule(op).kind == WrKind::kFlush) {
+    const FlushFields f = flush_fields(wr->wr.atomic.remote_addr, wr->wr.atomic.rkey, wr->wr.atomic.compare_add,
+                                       wr->wr.atomic.swap);
+    s.remote_addr = f.addr;
+    s.rkey = f.rkey;
+    s.placement = f.placement;
+    s.level = f.level;
+    s.flush_len = uint32_t(f.len);  // validate_wr: a range's length fits the RETH
+  } else if (wr_rule(op).kind == WrKind::kAtomic) {
+    s.remote_addr = wr->wr.atomic.remote_addr;
+    s.rkey = wr->wr.atomic.rkey;
+    s.compare_add = wr->wr.atomic.compare_add;
+    s.swap = wr->wr.atomic.swap;
+  } else {
+    s.remote_addr = wr->wr.rdma.remote_addr;
+    s.rkey = wr->wr.rdma.rkey;
+  }
+}
+
 // The engine's form of a work request validate_wr() accepted: inline data
 // copied into a staging slot, a UD destination as an endpoint peer. 0 or
 // EINVAL (an address the endpoint cannot reach).
@@ -578,6 +600,15 @@ int to_engine_wr(ProcessQp& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
       s.bind.addr = b.addr;
       s.bind.length = b.length;
     }
+  } else if (op == IBV_WR_ATOMIC_WRITE && (wr->send_flags & IBV_SEND_INLINE)) {
+    // Its 8 bytes (validate_wr counted them) travel in the WR itself.
+    uint8_t v[8] = {};
+    uint64_t off = 0;
+    for (int i = 0; i < wr->num_sge && off + wr->sg_list[i].length <= 8; ++i) {
+      std::memcpy(v + off, reinterpret_cast<const void*>(wr->sg_list[i].addr), wr->sg_list[i].length);
+      off += wr->sg_list[i].length;
+    }
+    std::memcpy(&s.compare_add, v, 8);
   } else if ((wr->send_flags & IBV_SEND_INLINE) && op != IBV_WR_RDMA_READ) {
     // Copied now (ibv_post_send(3): the buffer may be reused at once) into
     // a staging slot, which lives until the WR has surely retired: the
@@ -615,14 +646,8 @@ int to_engine_wr(ProcessQp& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
     s.ah = a->second;
     s.remote_qpn = wr->wr.ud.remote_qpn & 0xffffff;
     s.remote_qkey = wr->wr.ud.remote_qkey;
-  } else if (wr_rule(op).kind == WrKind::kAtomic) {
-    s.remote_addr = wr->wr.atomic.remote_addr;
-    s.rkey = wr->wr.atomic.rkey;
-    s.compare_add = wr->wr.atomic.compare_add;
-    s.swap = wr->wr.atomic.swap;
   } else {
-    s.remote_addr = wr->wr.rdma.remote_addr;
-    s.rkey = wr->wr.rdma.rkey;
+    remote_fields(wr, op, s);
   }
   return 0;
 }

@@ -125,6 +125,26 @@ class OwnMemory : public roce::Memory {
                   [&](uint8_t* p) { *orig = core::apply_atomic(reinterpret_cast<uint64_t*>(p), cas, compare_add, swap); });
   }
 
+  // IBTA annex A19 from the wire, through the responder core.
+  bool remote_atomic_write(uint32_t rkey, uint64_t va, const uint8_t (&value)[8]) override {
+    uint64_t v;
+    std::memcpy(&v, value, 8);
+    return access(rkey, va, 8, IBV_ACCESS_REMOTE_WRITE, true,
+                  [&](uint8_t* p) { core::store_atomic_write(reinterpret_cast<uint64_t*>(p), v); });
+  }
+  core::Check remote_flush(uint32_t rkey, uint64_t va, uint64_t len, uint32_t need, uint8_t placement,
+                           uint8_t level) override {
+    const MrEntry* e = q_.ctx->st->mr(rkey);
+    if (!e) return core::Check::kRemoteKey;
+    const core::Extent x = core::flush_extent(*e, level, va, len);
+    if (!granted(rkey, x.addr, x.len, need, true)) return core::Check::kRemoteKey;
+    bool ok = core::apply_flush(nullptr, 0, placement);  // the fence (and all of a zero-length range)
+    if (x.len && !access(rkey, x.addr, x.len, need, true,
+                         [&](uint8_t* p) { ok = core::apply_flush(p, x.len, placement); }))
+      return core::Check::kRemoteKey;
+    return ok ? core::Check::kOk : core::Check::kResponderFault;
+  }
+
   // SEND with Invalidate from the wire: the window must be a type 2 window
   // bound to this QP (IBTA 10.6.7.2.6; the daemon checks, as for LOCAL_INV).
   bool invalidate(uint32_t rkey) override { return invalidate_key(rkey) == 0; }

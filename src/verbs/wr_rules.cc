@@ -2,11 +2,42 @@
 // (wr_rules.h), and its translation into the send queue's SendWqe.
 #include "verbs/wr_rules.h"
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 
+#include "common/responder_core.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
+
+namespace {
+
+// IBTA annex A19: a FLUSH as ibv_wr_flush built it (kFlushBuilt; ibv_post_send
+// has no way to name its placement type), with a known placement type and
+// selectivity level and, for a range, a length a RETH holds; an ATOMIC WRITE
+// carries exactly 8 bytes.
+int validate_a19(const ibv_send_wr* wr, uint32_t opcode) {
+  if (opcode == uint32_t(abi::kWrFlush)) {
+    if (!(wr->send_flags & kFlushBuilt)) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true, std::memory_order_relaxed))
+        std::fprintf(stderr, "softverbs: IBV_WR_FLUSH needs ibv_wr_flush(3): ibv_post_send has no fields for its "
+                             "placement type\n");
+      return EINVAL;
+    }
+    const FlushFields f = flush_fields(wr->wr.atomic.remote_addr, wr->wr.atomic.rkey, wr->wr.atomic.compare_add,
+                                       wr->wr.atomic.swap);
+    if (f.placement == 0 || core::check_flush(f.placement, f.level) != core::Check::kOk) return EINVAL;
+    if (f.level == abi::kFlushRange && f.len > UINT32_MAX) return EINVAL;
+    return 0;
+  }
+  uint64_t len = 0;
+  for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+  return len == access::kAtomicBytes ? 0 : EINVAL;
+}
+
+}  // namespace
 
 int validate_wr(const ProcessQp& q, const ibv_send_wr* wr) {
   const uint32_t opcode = opcode_of(wr);
@@ -19,6 +50,9 @@ int validate_wr(const ProcessQp& q, const ibv_send_wr* wr) {
     // IBTA 9.4.5: the original remote quadword lands in one 8-byte buffer.
     if (wr->num_sge != 1 || wr->sg_list[0].length < 8) return EINVAL;
     if (wr->send_flags & IBV_SEND_INLINE) return EINVAL;
+  } else if (r.kind == WrKind::kFlush || r.kind == WrKind::kAtomicWrite) {
+    if (wr->num_sge < 0 || uint32_t(wr->num_sge) > q.cap.max_send_sge) return EINVAL;
+    return validate_a19(wr, opcode);  // ATOMIC WRITE's 8 bytes may be inline, whatever max_inline_data
   } else if (r.kind == WrKind::kLocal) {
     // Local operations have no scatter list. Type 1 windows are bound with
     // ibv_bind_mw(3), not through the send queue.
@@ -41,7 +75,7 @@ void to_send_wqe(const ProcessQp& q, const ibv_send_wr* wr, shm::SendWqe& w) {
   const uint32_t opcode = opcode_of(wr);
   w.wr_id = wr->wr_id;
   w.opcode = opcode;
-  w.send_flags = wr->send_flags & ~kInlineCaptured;
+  w.send_flags = wr->send_flags & ~(kInlineCaptured | kFlushBuilt);
   w.imm_data = wr->imm_data;
   w.num_sge = 0;
   w.inline_len = 0;
@@ -58,6 +92,13 @@ void to_send_wqe(const ProcessQp& q, const ibv_send_wr* wr, shm::SendWqe& w) {
     return;
   }
   if (opcode == IBV_WR_LOCAL_INV) return;
+  if (opcode == uint32_t(abi::kWrFlush)) {  // no scatter list; compare_add the length, swap the FETH's fields
+    w.remote_addr = wr->wr.atomic.remote_addr;
+    w.rkey = wr->wr.atomic.rkey;
+    w.compare_add = wr->wr.atomic.compare_add;
+    w.swap = wr->wr.atomic.swap;
+    return;
+  }
   // Only requests that carry data have a scatter list; validate_wr() bounded
   // num_sge for them. (Found by fuzz/wr_fuzz.cc: LOCAL_INV with a large
   // num_sge overflowed w.sge.)

@@ -21,6 +21,23 @@ struct ProcessQp;
 // reuse the buffer at once).
 constexpr uint32_t kInlineCaptured = 1u << 31;
 
+// Internal send flag of an ibv_send_wr that ibv_wr_flush built: a FLUSH
+// (IBV_WR_FLUSH). ibv_send_wr has no fields for a FLUSH's placement type
+// and selectivity level, so ibv_post_send(3) cannot express one (rdma-core
+// offers FLUSH through ibv_wr_flush only); the builder carries them in
+// wr.atomic: remote_addr, rkey, compare_add the length, swap the placement
+// type and (bits 8 on) the selectivity level (flush_fields).
+constexpr uint32_t kFlushBuilt = 1u << 30;
+struct FlushFields {
+  uint64_t addr, len;
+  uint32_t rkey;
+  uint8_t placement, level;
+};
+constexpr uint64_t flush_code(uint8_t placement, uint8_t level) { return placement | uint64_t(level) << 8; }
+constexpr FlushFields flush_fields(uint64_t addr, uint32_t rkey, uint64_t len, uint64_t code) {
+  return {addr, len, rkey, uint8_t(code), uint8_t(code >> 8)};
+}
+
 // The opcode rules themselves are common/opcode_rules.h, shared with the
 // daemon's mediation and the responder core; the library's names for them.
 using rules::kRcBit;

@@ -62,7 +62,7 @@ bool allowed(ibv_qp_type t, uint32_t op) {
 TEST(WrRules, EachQpTypeTakesItsOpcodesOnly) {
   for (ibv_qp_type t : kTypes) {
     FakeQp q(t);
-    for (uint32_t op : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 10u, 11u, 12u, 255u, 0x80000000u}) {
+    for (uint32_t op : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 10u, 11u, 12u, 13u, 16u, 255u, 0x80000000u}) {
       Wr w(q, op);
       w.wr.bind_mw.mw = &w.mw;  // a valid type 2 window for BIND_MW
       EXPECT_EQ(validate_wr(q.st, &w.wr), allowed(t, op) ? 0 : EINVAL) << "type " << t << " opcode " << op;
@@ -81,6 +81,48 @@ TEST(WrRules, AtomicsNeedOneEightByteBufferAndNoInline) {
     in.wr.send_flags = IBV_SEND_INLINE;
     EXPECT_EQ(validate_wr(q.st, &in.wr), EINVAL);
   }
+}
+
+// IBTA annex A19 as rdma-core has it: ATOMIC WRITE (RC) carries exactly 8
+// bytes, inline whatever max_inline_data; FLUSH only as ibv_wr_flush builds
+// it (ibv_send_wr has no field for its placement type), with a known
+// placement type and selectivity level.
+TEST(WrRules, AtomicWriteAndFlush) {
+  FakeQp q(IBV_QPT_RC);
+  EXPECT_EQ(check(q, IBV_WR_ATOMIC_WRITE, 1, 8), 0);
+  EXPECT_EQ(check(q, IBV_WR_ATOMIC_WRITE, 2, 4), 0);
+  EXPECT_EQ(check(q, IBV_WR_ATOMIC_WRITE, 1, 4), EINVAL);
+  EXPECT_EQ(check(q, IBV_WR_ATOMIC_WRITE, 1, 16), EINVAL);
+  EXPECT_EQ(check(q, IBV_WR_ATOMIC_WRITE, 0), EINVAL);
+  q.st.cap.max_inline_data = 0;
+  Wr in(q, IBV_WR_ATOMIC_WRITE);
+  in.wr.send_flags = IBV_SEND_INLINE;
+  EXPECT_EQ(validate_wr(q.st, &in.wr), 0);
+  for (ibv_qp_type t : {IBV_QPT_UC, IBV_QPT_UD, IBV_QPT_XRC_SEND}) {
+    FakeQp o(t);
+    EXPECT_EQ(check(o, IBV_WR_ATOMIC_WRITE), EINVAL) << t;
+  }
+
+  Wr f(q, abi::kWrFlush, 0);
+  f.wr.wr.atomic = {0x1000, 64, flush_code(abi::kFlushGlobal, abi::kFlushRange), 7};
+  EXPECT_EQ(validate_wr(q.st, &f.wr), EINVAL) << "through ibv_post_send";
+  f.wr.send_flags = kFlushBuilt;
+  EXPECT_EQ(validate_wr(q.st, &f.wr), 0);
+  f.wr.wr.atomic.swap = flush_code(abi::kFlushGlobal | abi::kFlushPersistent, abi::kFlushMr);
+  EXPECT_EQ(validate_wr(q.st, &f.wr), 0);
+  for (uint64_t bad : {flush_code(0, 0), flush_code(4, 0), flush_code(1, 2)}) {
+    f.wr.wr.atomic.swap = bad;
+    EXPECT_EQ(validate_wr(q.st, &f.wr), EINVAL) << bad;
+  }
+  f.wr.wr.atomic.swap = flush_code(abi::kFlushGlobal, abi::kFlushRange);
+  f.wr.wr.atomic.compare_add = 1ull << 32;  // more than a RETH's length
+  EXPECT_EQ(validate_wr(q.st, &f.wr), EINVAL);
+  shm::SendWqe w{};
+  f.wr.wr.atomic.compare_add = 64;
+  to_send_wqe(q.st, &f.wr, w);
+  EXPECT_EQ(w.num_sge, 0u);
+  EXPECT_EQ(w.compare_add, 64u);
+  EXPECT_EQ(w.send_flags & kFlushBuilt, 0u);
 }
 
 TEST(WrRules, ScatterListAndInlineLimits) {
@@ -133,7 +175,8 @@ TEST(WrRules, ExtendedOpsAndCompletionOpcodesComeFromTheTable) {
   const uint64_t rc = uc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW |
                       IBV_QP_EX_WITH_SEND_WITH_INV;
-  EXPECT_EQ(supported_send_ops(IBV_QPT_RC), rc);
+  // IBTA annex A19's operations: RC only, as rxe has them.
+  EXPECT_EQ(supported_send_ops(IBV_QPT_RC), rc | IBV_QP_EX_WITH_ATOMIC_WRITE | abi::kQpExWithFlush);
   EXPECT_EQ(supported_send_ops(IBV_QPT_XRC_SEND), rc);
   EXPECT_EQ(supported_send_ops(IBV_QPT_UC), uc);
   EXPECT_EQ(supported_send_ops(IBV_QPT_UD), sends);
@@ -143,6 +186,8 @@ TEST(WrRules, ExtendedOpsAndCompletionOpcodesComeFromTheTable) {
   EXPECT_EQ(send_wc_opcode(IBV_WR_ATOMIC_CMP_AND_SWP), IBV_WC_COMP_SWAP);
   EXPECT_EQ(send_wc_opcode(IBV_WR_ATOMIC_FETCH_AND_ADD), IBV_WC_FETCH_ADD);
   EXPECT_EQ(send_wc_opcode(IBV_WR_BIND_MW), IBV_WC_BIND_MW);
+  EXPECT_EQ(send_wc_opcode(IBV_WR_ATOMIC_WRITE), IBV_WC_ATOMIC_WRITE);
+  EXPECT_EQ(send_wc_opcode(abi::kWrFlush), abi::kWcFlush);
   EXPECT_EQ(send_wc_opcode(IBV_WR_LOCAL_INV), IBV_WC_LOCAL_INV);
   EXPECT_EQ(send_wc_opcode(IBV_WR_RDMA_READ), IBV_WC_RDMA_READ);
   EXPECT_EQ(send_wc_opcode(12345), IBV_WC_SEND);

@@ -208,7 +208,7 @@ int RawConn::send_raw(const void* msg, size_t len, std::span<const int> fds, std
 // that has `tail` more bytes after it. Fills `req` with an RDMA WRITE of the
 // whole MR onto itself (the backing's descriptor in *memfd if asked).
 bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, sv::Fd* memfd, uint64_t mr_offset,
-                       uint64_t tail, uint32_t* mr_handle) {
+                       uint64_t tail, uint32_t* mr_handle, uint32_t extra_access) {
   using sv::proto::Op;
   sv::proto::Empty hello{};
   sv::proto::HelloReply hrep{};
@@ -232,7 +232,8 @@ bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, s
   mr.addr = mr_offset;
   mr.iova = mr_offset;
   mr.length = len;
-  mr.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  mr.access =
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | extra_access;
   sv::proto::RegMrReply mrep{};
   if (raw.call(Op::RegMr, mr, mrep) != 0) return false;
   if (mr_handle) *mr_handle = mrep.handle;
@@ -258,7 +259,7 @@ bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, s
     m.attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
     m.qp_state = IBV_QPS_INIT;
     m.port_num = 1;
-    m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | extra_access;
     if (raw.call(Op::ModifyQp, m) != 0) return false;
     sv::proto::ModifyQpReq r{};
     r.qpn = qpn[i];

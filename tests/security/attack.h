@@ -58,7 +58,8 @@ long cpu_ticks_of(pid_t pid);
 // WRITE of the whole MR onto itself; the backing's descriptor in *memfd.
 // The MR's handle in *mr_handle when asked for.
 bool raw_mediated_pair(RawConn& raw, uint64_t len, sv::proto::MediateReq& req, sv::Fd* memfd = nullptr,
-                       uint64_t mr_offset = 0, uint64_t tail = 0, uint32_t* mr_handle = nullptr);
+                       uint64_t mr_offset = 0, uint64_t tail = 0, uint32_t* mr_handle = nullptr,
+                       uint32_t extra_access = 0);
 
 // A private system daemon for the life of the object; the environment points
 // this process and the children forked after it at that daemon.

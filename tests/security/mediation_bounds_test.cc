@@ -24,6 +24,10 @@ constexpr uint64_t kMrAt = kPage;  // the MR: [4096, 8192) of a 12288-byte backi
 constexpr uint64_t kMrLen = kPage;
 constexpr uint8_t kOutside = 0xab, kInside = 0x11;
 
+constexpr uint32_t kFlush = 14;               // IBV_WR_FLUSH (rdma-core v64)
+constexpr uint32_t kFlushMrPersistent = 1014;  // the same, persistent placement, selectivity MR
+constexpr uint32_t kAccessFlushGlobal = 1u << 8;
+
 struct Case {
   const char* what;
   uint32_t opcode;
@@ -48,6 +52,19 @@ const Case kCases[] = {
     {"FETCH_ADD at the end", IBV_WR_ATOMIC_FETCH_AND_ADD, kMrAt + kMrLen, 1, kMrAt, 8, false},
     {"CMP_AND_SWP before the start", IBV_WR_ATOMIC_CMP_AND_SWP, kMrAt - 8, 1, kMrAt, 8, false},
     {"FETCH_ADD misaligned (IBTA 9.4.5)", IBV_WR_ATOMIC_FETCH_AND_ADD, kMrAt + 3, 1, kMrAt, 8, false},
+    // IBTA annex A19. ATOMIC WRITE: 8 bytes from the local SGEs.
+    {"ATOMIC_WRITE in bounds (control)", IBV_WR_ATOMIC_WRITE, kMrAt + kMrLen - 8, 1, kMrAt, 8, true},
+    {"ATOMIC_WRITE at the end", IBV_WR_ATOMIC_WRITE, kMrAt + kMrLen, 1, kMrAt, 8, false},
+    {"ATOMIC_WRITE before the start", IBV_WR_ATOMIC_WRITE, kMrAt - 8, 1, kMrAt, 8, false},
+    {"ATOMIC_WRITE misaligned", IBV_WR_ATOMIC_WRITE, kMrAt + kMrLen - 4, 1, kMrAt, 8, false},
+    {"ATOMIC_WRITE of 16 bytes", IBV_WR_ATOMIC_WRITE, kMrAt, 1, kMrAt, 16, false},
+    {"ATOMIC_WRITE from a local SGE past the end", IBV_WR_ATOMIC_WRITE, kMrAt, 1, kMrAt + kMrLen - 4, 8, false},
+    // FLUSH (global, range): sge_len is the range's length, no SGE.
+    {"FLUSH in bounds (control)", kFlush, kMrAt, 0, 0, uint32_t(kMrLen), true},
+    {"FLUSH one byte past the end", kFlush, kMrAt, 0, 0, uint32_t(kMrLen + 1), false},
+    {"FLUSH before the start", kFlush, kMrAt - 1, 0, 0, 2, false},
+    {"FLUSH whose end wraps", kFlush, ~uint64_t(0) - 7, 0, 0, 16, false},
+    {"FLUSH of the MR, persistent: a right it lacks", kFlushMrPersistent, 0, 0, 0, 0, false},
 };
 
 TEST(MediationBounds, EveryOutOfBoundsOperationIsRefusedAndTouchesNothing) {
@@ -59,7 +76,7 @@ TEST(MediationBounds, EveryOutOfBoundsOperationIsRefusedAndTouchesNothing) {
       RawConn raw(sysd.socket());
       sv::proto::MediateReq req{};
       sv::Fd mem;
-      if (!raw.ok() || !raw_mediated_pair(raw, kMrLen, req, &mem, kMrAt, kPage)) return 2;
+      if (!raw.ok() || !raw_mediated_pair(raw, kMrLen, req, &mem, kMrAt, kPage, nullptr, kAccessFlushGlobal)) return 2;
       std::vector<uint8_t> bytes(kMrAt + kMrLen + kPage, kOutside);
       std::memset(bytes.data() + kMrAt, kInside, kMrLen);
       if (pwrite(mem.get(), bytes.data(), bytes.size(), 0) != ssize_t(bytes.size())) return 3;
@@ -72,6 +89,11 @@ TEST(MediationBounds, EveryOutOfBoundsOperationIsRefusedAndTouchesNothing) {
         req.sge[s].lkey = req.rkey;
       }
       req.compare_add = 1;
+      if (c.opcode == kFlush || c.opcode == kFlushMrPersistent) {  // the FETH's fields as the library sends them
+        req.opcode = kFlush;
+        req.compare_add = c.sge_len;
+        req.swap = c.opcode == kFlush ? 1 : (2 | 1 << 8);
+      }
       sv::proto::MediateReply rep{};
       int st = raw.call(Op::Mediate, req, rep);
       int result[3] = {int(i), st, st == 0 && rep.outcome == sv::proto::kMediateDone};

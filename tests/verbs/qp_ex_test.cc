@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "common/verbs_current.h"
 #include "harness.h"
 
 namespace svtest {
@@ -51,7 +52,8 @@ TEST(QpEx, CreateHonoursSendOpsFlags) {
       {IBV_QPT_UC, IBV_QP_EX_WITH_RDMA_READ},         // IBTA 9.8: no READ on UC
       {IBV_QPT_UC, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD},
       {IBV_QPT_RC, IBV_QP_EX_WITH_TSO},               // no TSO (a raw packet feature)
-      {IBV_QPT_RC, IBV_QP_EX_WITH_ATOMIC_WRITE},
+      {IBV_QPT_UC, IBV_QP_EX_WITH_ATOMIC_WRITE},      // annex A19: RC only, as rxe
+      {IBV_QPT_UC, sv::abi::kQpExWithFlush},
       {IBV_QPT_RC, 1ull << 40},                       // unknown bit
   };
   for (const Case& c : refused) {
@@ -69,10 +71,43 @@ TEST(QpEx, CreateHonoursSendOpsFlags) {
   ASSERT_NE(nullptr, plain) << strerror(errno);
   EXPECT_EQ(0, ibv_destroy_qp(plain));
 
+  // IBTA annex A19: ATOMIC WRITE and FLUSH on RC, with v64's wr_flush
+  // after v44's ibv_qp_ex.
+  ibv_qp* a19 = create_ex(me, IBV_QPT_RC, IBV_QP_EX_WITH_ATOMIC_WRITE | sv::abi::kQpExWithFlush);
+  ASSERT_NE(nullptr, a19) << strerror(errno);
+  EXPECT_NE(nullptr, ibv_qp_to_qp_ex(a19)->wr_atomic_write);
+  EXPECT_NE(nullptr, reinterpret_cast<sv::abi::QpExCurrent*>(ibv_qp_to_qp_ex(a19))->wr_flush);
+  EXPECT_EQ(0, ibv_destroy_qp(a19));
+
   ibv_qp* ud = create_ex(me, IBV_QPT_UD, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM);
   ASSERT_NE(nullptr, ud);
   EXPECT_NE(nullptr, ibv_qp_to_qp_ex(ud));
   EXPECT_EQ(0, ibv_destroy_qp(ud));
+}
+
+// The FLUSH access flags (ibv_reg_mr(3), an RC QP's qp_access_flags: the
+// kernel takes them, and rdma-core v64's tests set them on every RC QP) and
+// the device capabilities rxe reports for annex A19.
+TEST(QpEx, FlushAccessFlagsAndDeviceCaps) {
+  Side me;
+  Side::Options o;
+  o.qp_access |= int(sv::abi::kAccessFlushGlobal | sv::abi::kAccessFlushPersistent);
+  ASSERT_EQ(0, me.open(o));
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  ASSERT_EQ(0, ibv_query_qp(me.qp, &a, IBV_QP_ACCESS_FLAGS, &ia));
+  EXPECT_EQ(sv::abi::kAccessFlushGlobal | sv::abi::kAccessFlushPersistent,
+            a.qp_access_flags & (sv::abi::kAccessFlushGlobal | sv::abi::kAccessFlushPersistent));
+  ibv_mr* mr = ibv_reg_mr(me.pd, me.buf, 4096,
+                          int(IBV_ACCESS_LOCAL_WRITE | sv::abi::kAccessFlushGlobal | sv::abi::kAccessFlushPersistent));
+  ASSERT_NE(nullptr, mr) << strerror(errno);
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+  ibv_device_attr_ex dx{};
+  ASSERT_EQ(0, ibv_query_device_ex(me.ctx, nullptr, &dx));
+  EXPECT_TRUE(dx.device_cap_flags_ex & sv::abi::kDeviceFlushGlobal);
+  EXPECT_TRUE(dx.device_cap_flags_ex & sv::abi::kDeviceFlushPersistent);
+  EXPECT_TRUE(dx.device_cap_flags_ex & sv::abi::kDeviceAtomicWrite);
+  EXPECT_EQ(uint32_t(dx.orig_attr.device_cap_flags), uint32_t(dx.device_cap_flags_ex));
 }
 
 class QpExData : public ::testing::Test {

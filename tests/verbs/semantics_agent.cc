@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "../security/attack.h"
+#include "common/verbs_current.h"
 
 namespace svsem {
 namespace {
@@ -256,7 +257,19 @@ int open_side(AgentState& s, const OpenArgs& a, Endpoint& e) {
   ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
   ia.cap.max_send_sge = ia.cap.max_recv_sge = kMaxSge;
   ia.cap.max_inline_data = kMaxInline;
-  if (!(s.qp = ibv_create_qp(s.pd, &ia))) return errno;
+  if (a.extended) {
+    ibv_qp_init_attr_ex x{};
+    x.send_cq = x.recv_cq = s.cq;
+    x.qp_type = ia.qp_type;
+    x.cap = ia.cap;
+    x.pd = s.pd;
+    x.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    x.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_SEND |
+                       IBV_QP_EX_WITH_ATOMIC_WRITE | sv::abi::kQpExWithFlush;
+    if (!(s.qp = ibv_create_qp_ex(s.ctx, &x))) return errno;
+  } else if (!(s.qp = ibv_create_qp(s.pd, &ia))) {
+    return errno;
+  }
   s.type = a.qp_type;
   s.gid_index = a.gid_index;
   s.access = a.qp_access;
@@ -329,6 +342,12 @@ int connect_side(AgentState& s, const Endpoint& peer) {
 // The scatter/gather list of a Wr or Recv: none for a zero-length first.
 template <class W>
 int sg_list(const AgentState& s, const W& w, ibv_sge (&out)[kMaxSge]) {
+  if constexpr (requires { w.zero_sge; }) {
+    if (!w.len && w.zero_sge) {
+      out[0] = {reinterpret_cast<uintptr_t>(s.buf) + w.off, 0, s.mr->lkey ^ w.lkey_xor};
+      return 1;
+    }
+  }
   if (!w.len) return 0;
   out[0] = {reinterpret_cast<uintptr_t>(s.buf) + w.off, w.len, s.mr->lkey ^ w.lkey_xor};
   const uint32_t more = std::min(w.more, kMaxSge - 1);
@@ -339,7 +358,36 @@ int sg_list(const AgentState& s, const W& w, ibv_sge (&out)[kMaxSge]) {
   return int(1 + more);
 }
 
+// IBTA annex A19 through the ibv_wr_* API: ibv_wr_flush is v64's member
+// of ibv_qp_ex (sv::abi::QpExCurrent), past v44's struct.
+int post_send_new(AgentState& s, const Wr& w) {
+  ibv_qp_ex* x = ibv_qp_to_qp_ex(s.qp);
+  if (!x) return EINVAL;
+  ibv_wr_start(x);
+  x->wr_id = w.wr_id;
+  x->wr_flags = w.send_flags;
+  if (w.opcode == kWrFlush) {
+    reinterpret_cast<sv::abi::QpExCurrent*>(x)->wr_flush(x, w.rkey, w.raddr, w.flush_len, w.flush_type,
+                                                          w.flush_level);
+  } else {
+    ibv_wr_atomic_write(x, w.rkey, w.raddr, s.buf + w.off);
+  }
+  return ibv_wr_complete(x);
+}
+
 int post_send_side(AgentState& s, const Wr& w) {
+  if (w.new_api || w.opcode == kWrFlush) {
+    if (!w.new_api) {  // IBV_WR_FLUSH through ibv_post_send: the placement type is not in ibv_send_wr
+      ibv_send_wr wr{}, *bad = nullptr;
+      wr.wr_id = w.wr_id;
+      wr.opcode = ibv_wr_opcode(w.opcode);
+      wr.send_flags = w.send_flags;
+      wr.wr.rdma.remote_addr = w.raddr;
+      wr.wr.rdma.rkey = w.rkey;
+      return ibv_post_send(s.qp, &wr, &bad);
+    }
+    return post_send_new(s, w);
+  }
   ibv_sge sge[kMaxSge];
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = w.wr_id;

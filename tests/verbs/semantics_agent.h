@@ -39,6 +39,7 @@ struct OpenArgs {
   uint32_t gid_index = 0;  // set by Pair from the path
   uint64_t len = 1 << 20;
   uint32_t rnr_retry = 7;  // RC: 7 retries an RNR NAK for ever (IBTA 9.7.5.2.8)
+  uint32_t extended = 0;   // RC: created with ibv_create_qp_ex and every send op (ibv_wr_* posts)
 };
 
 // What an agent opened: how the other side reaches it.
@@ -74,7 +75,24 @@ struct Wr {
   uint32_t lkey_xor = 0;  // non-zero: the SGE's L_Key spoiled
   uint32_t more = 0;      // how many of more_sge follow the first
   Sge more_sge[kMaxSge - 1];
+  uint32_t zero_sge = 0;  // with len 0: one SGE of length 0 rather than none
+  // Posted with the ibv_wr_* API (an extended QP): IBV_WR_ATOMIC_WRITE as
+  // ibv_wr_atomic_write of the 8 bytes at `off`, and IBV_WR_FLUSH always, as
+  // ibv_wr_flush(rkey, raddr, flush_len, flush_type, flush_level).
+  uint32_t new_api = 0;
+  uint8_t flush_type = 0;
+  uint8_t flush_level = 0;
+  uint64_t flush_len = 0;
 };
+
+// IBTA annex A19 in rdma-core v64's values (libibverbs/verbs.h), which the
+// verbs.h these tests build against (v44) lacks.
+constexpr uint32_t kWrFlush = 14;           // IBV_WR_FLUSH
+constexpr uint32_t kWcFlush = 8;            // IBV_WC_FLUSH
+constexpr uint32_t kAccessFlushGlobal = 1u << 8;
+constexpr uint32_t kAccessFlushPersistent = 1u << 9;
+constexpr uint8_t kFlushGlobal = 1, kFlushPersistent = 2;  // ibv_placement_type
+constexpr uint8_t kFlushRange = 0, kFlushMr = 1;           // ibv_selectivity_level
 
 // Inline (IBV_SEND_INLINE) work requests carry up to this much.
 constexpr uint32_t kMaxInline = 64;

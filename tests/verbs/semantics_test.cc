@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -720,6 +721,206 @@ TEST_P(Semantics, LastByteOfAWriteLandsLast) {
     EXPECT_NE(2, r.state) << "the last byte never arrived";
     EXPECT_NE(1, r.state) << "the last byte arrived before byte " << r.first_missing;
     EXPECT_EQ(0, r.state);
+  }
+}
+
+// ---- Zero-length operations (IBTA 9.4.1.1, 9.4.3.1, 9.4.4.1: valid, with
+// no SGE or one SGE of length 0; a zero-length RDMA operation needs no
+// R_Key nor address, 9.7.4.1.5, and rxe checks none) --------------------------
+
+TEST_P(Semantics, ZeroLengthOperationsNeedNoKey) {
+  open_pair();
+  ASSERT_TRUE(resp.store(0, std::vector<uint8_t>(64, kGuard)));
+  for (uint32_t zero_sge : {0u, 1u}) {
+    SCOPED_TRACE(zero_sge ? "one SGE of length 0" : "no SGE");
+    for (uint32_t op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ}) {
+      Wr w = rdma(op, 0, 0, 0);
+      w.zero_sge = zero_sge;
+      w.rkey = b.rkey ^ 0x5a5a00;  // no key of the responder's
+      w.raddr = 0;
+      ibv_wc wc = run(w);
+      EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << "opcode " << op << ": " << ibv_wc_status_str(wc.status);
+      EXPECT_EQ(0u, wc.byte_len);
+    }
+    Recv r;
+    r.off = 0;
+    r.len = 0;
+    r.wr_id = 77;
+    ASSERT_EQ(0, resp.post_recv(r));
+    Wr w;
+    w.opcode = IBV_WR_SEND;
+    w.zero_sge = zero_sge;
+    ibv_wc wc = run(w);
+    EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    ibv_wc rc = one(resp);
+    EXPECT_EQ(IBV_WC_SUCCESS, rc.status) << ibv_wc_status_str(rc.status);
+    EXPECT_EQ(0u, rc.byte_len);
+  }
+  expect_framed(resp.load(0, 64), 0, std::vector<uint8_t>(64, kGuard));
+}
+
+// ---- ATOMIC WRITE (IBTA annex A19, ibv_wr_atomic_write; rxe: an R_Key with
+// remote write, 8 bytes to an aligned address, IBV_WC_ATOMIC_WRITE) ---------
+
+OpenArgs a19_args() {
+  OpenArgs o;
+  o.extended = 1;
+  o.mr_access |= kAccessFlushGlobal | kAccessFlushPersistent;
+  o.qp_access |= kAccessFlushGlobal | kAccessFlushPersistent;
+  return o;
+}
+
+TEST_P(Semantics, AtomicWriteStoresItsEightBytes) {
+  open_pair(a19_args(), a19_args());
+  ASSERT_TRUE(resp.store(0, std::vector<uint8_t>(512, kGuard)));
+  for (uint32_t new_api : {0u, 1u}) {
+    SCOPED_TRACE(new_api ? "ibv_wr_atomic_write" : "ibv_post_send");
+    const auto v = pattern(uint8_t(40 + new_api), 8);
+    ASSERT_TRUE(req.store(64, v));
+    Wr w = rdma(IBV_WR_ATOMIC_WRITE, 64, 8, 256);
+    w.new_api = new_api;
+    w.wr_id = 60 + new_api;
+    ibv_wc wc = run(w);
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(IBV_WC_ATOMIC_WRITE, wc.opcode);
+    EXPECT_EQ(60u + new_api, wc.wr_id);
+    expect_framed(resp.load(0, 512), 256, v);
+    ASSERT_TRUE(resp.store(256, std::vector<uint8_t>(8, kGuard)));
+  }
+  // Inline (its 8 bytes whatever max_inline_data), and after a WRITE it
+  // lands after the WRITE's bytes.
+  ASSERT_TRUE(req.store(0, pattern(9, 64)));
+  ASSERT_EQ(0, req.post_send(rdma(IBV_WR_RDMA_WRITE, 0, 64, 128)));
+  Wr w = rdma(IBV_WR_ATOMIC_WRITE, 8, 8, 192);
+  w.send_flags |= IBV_SEND_INLINE;
+  w.wr_id = 2;
+  ASSERT_EQ(0, req.post_send(w));
+  auto wc = req.poll(2);
+  ASSERT_EQ(2u, wc.size());
+  EXPECT_EQ(IBV_WC_SUCCESS, wc[1].status) << ibv_wc_status_str(wc[1].status);
+  auto got = resp.load(128, 72);
+  const auto p = pattern(9, 64);
+  EXPECT_TRUE(std::equal(p.begin(), p.end(), got.begin()));
+  EXPECT_TRUE(std::equal(p.begin() + 8, p.begin() + 16, got.begin() + 64));
+}
+
+// Its errors: a length other than 8 is refused at the post (EINVAL); the
+// responder finds a misaligned address an invalid request, an MR without
+// remote write or an address past its end a remote access error.
+TEST_P(Semantics, AtomicWriteErrors) {
+  OpenArgs no_write = a19_args();
+  no_write.mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  struct Case {
+    const char* name;
+    uint64_t remote_off;
+    bool read_only_mr;
+    ibv_wc_status status;
+  } const cases[] = {
+      {"misaligned", 260, false, IBV_WC_REM_INV_REQ_ERR},
+      {"MR without remote write", 256, true, IBV_WC_REM_ACCESS_ERR},
+      {"past the MR's end", 1 << 20, false, IBV_WC_REM_ACCESS_ERR},
+  };
+  bool first = true;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    if (first) {
+      open_pair(a19_args(), c.read_only_mr ? no_write : a19_args());
+    } else {
+      fresh_pair(a19_args(), c.read_only_mr ? no_write : a19_args());
+    }
+    if (first) {
+      EXPECT_EQ(EINVAL, req.post_send(rdma(IBV_WR_ATOMIC_WRITE, 0, 4, 256))) << "4 bytes";
+      EXPECT_EQ(EINVAL, req.post_send(rdma(IBV_WR_ATOMIC_WRITE, 0, 16, 256))) << "16 bytes";
+    }
+    first = false;
+    ASSERT_TRUE(resp.store(256, std::vector<uint8_t>(16, kGuard)));
+    ibv_wc wc = run(rdma(IBV_WR_ATOMIC_WRITE, 0, 8, c.remote_off));
+    EXPECT_EQ(c.status, wc.status) << ibv_wc_status_str(wc.status);
+    expect_framed(resp.load(256, 16), 0, std::vector<uint8_t>(16, kGuard));
+  }
+}
+
+// ---- FLUSH (IBTA annex A19, ibv_wr_flush; IBV_WC_FLUSH; the R_Key and the
+// responder QP must grant the FLUSH right of each placement type asked) -----
+
+Wr flush_wr(const Endpoint& b, uint64_t off, uint64_t len, uint8_t type, uint8_t level) {
+  Wr w;
+  w.opcode = kWrFlush;
+  w.new_api = 1;
+  w.rkey = b.rkey;
+  w.raddr = b.addr + off;
+  w.flush_len = len;
+  w.flush_type = type;
+  w.flush_level = level;
+  return w;
+}
+
+TEST_P(Semantics, FlushOfARangeAndOfTheRegion) {
+  open_pair(a19_args(), a19_args());
+  ASSERT_TRUE(req.store(0, pattern(3, 4096)));
+  ASSERT_EQ(0, req.post_send(rdma(IBV_WR_RDMA_WRITE, 0, 4096, 0)));
+  struct {
+    uint8_t type, level;
+    uint64_t len;
+  } const flushes[] = {
+      {kFlushGlobal, kFlushRange, 4096},
+      {kFlushPersistent, kFlushRange, 4096},
+      {kFlushGlobal | kFlushPersistent, kFlushRange, 0},
+      {kFlushGlobal, kFlushMr, 0},  // the whole region, whatever the range says
+      {kFlushPersistent, kFlushMr, 1ull << 40},
+  };
+  uint64_t id = 10;
+  for (const auto& f : flushes) {
+    Wr w = flush_wr(b, 0, f.len, f.type, f.level);
+    w.wr_id = id++;
+    ASSERT_EQ(0, req.post_send(w));
+  }
+  auto wc = req.poll(6);
+  ASSERT_EQ(6u, wc.size());
+  for (size_t i = 1; i < 6; ++i) {
+    EXPECT_EQ(IBV_WC_SUCCESS, wc[i].status) << i << ": " << ibv_wc_status_str(wc[i].status);
+    EXPECT_EQ(kWcFlush, unsigned(wc[i].opcode)) << i;
+    EXPECT_EQ(9u + i, wc[i].wr_id);
+  }
+  expect_framed(resp.load(0, 4096), 0, pattern(3, 4096));
+}
+
+// FLUSH errors: ibv_post_send cannot carry one (EINVAL: ibv_send_wr has no
+// placement type); a placement type the MR or the responder QP does not
+// grant (rdma-core's test_qp_ex_rc_flush_type_violate), or a range past the
+// MR, is a remote access error.
+TEST_P(Semantics, FlushErrors) {
+  OpenArgs global_mr = a19_args();
+  global_mr.mr_access &= ~kAccessFlushPersistent;
+  OpenArgs global_qp = a19_args();
+  global_qp.qp_access &= ~kAccessFlushPersistent;
+  struct Case {
+    const char* name;
+    OpenArgs responder;
+    uint64_t off, len;
+    uint8_t type;
+  } const cases[] = {
+      {"persistent, MR grants global only", global_mr, 0, 64, kFlushPersistent},
+      {"persistent, QP grants global only", global_qp, 0, 64, kFlushPersistent},
+      {"range past the MR", a19_args(), (1 << 20) - 64, 128, kFlushGlobal},
+  };
+  bool first = true;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    if (first) {
+      open_pair(a19_args(), c.responder);
+      Wr old = flush_wr(b, 0, 64, kFlushGlobal, kFlushRange);
+      old.new_api = 0;
+      EXPECT_EQ(EINVAL, req.post_send(old)) << "IBV_WR_FLUSH through ibv_post_send";
+      // The same with the right the MR has succeeds.
+      ibv_wc ok = run(flush_wr(b, 0, 64, kFlushGlobal, kFlushRange));
+      EXPECT_EQ(IBV_WC_SUCCESS, ok.status) << ibv_wc_status_str(ok.status);
+    } else {
+      fresh_pair(a19_args(), c.responder);
+    }
+    first = false;
+    ibv_wc wc = run(flush_wr(b, c.off, c.len, c.type, kFlushRange));
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, wc.status) << ibv_wc_status_str(wc.status);
   }
 }
 
