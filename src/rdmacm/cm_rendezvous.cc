@@ -231,6 +231,9 @@ int do_bind(Id* d, const sockaddr* addr) {
       d->id.pd = default_pd();
       d->id.port_num = 1;
     }
+  } else if (addr_is_loopback(sa)) {
+    CM_TRACE("id %llu: loopback, no device until it connects (SOFTVERBS_CM_LOOPBACK_DEVICE=1: at the bind)",
+             (unsigned long long)d->serial);
   }
   d->id.route.addr.addr.ibaddr.pkey = htobe16(0xffff);
   return 0;
