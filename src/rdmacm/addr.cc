@@ -66,6 +66,11 @@ bool addr_is_loopback(const sockaddr* a) {
   return false;
 }
 
+bool loopback_bind_gives_device() {
+  const char* v = std::getenv("SOFTVERBS_CM_LOOPBACK_DEVICE");
+  return v && std::strcmp(v, "1") == 0;
+}
+
 bool addr_is_local(const sockaddr* a) {
   if (addr_is_loopback(a)) return true;
   in_addr v4;

@@ -18,6 +18,11 @@ uint16_t addr_port(const sockaddr* a);  // host order
 void set_port(sockaddr* a, uint16_t port);
 bool addr_is_any(const sockaddr* a);
 bool addr_is_loopback(const sockaddr* a);
+// Whether a bind to a loopback address gives the id sv0 (GID index 0):
+// SOFTVERBS_CM_LOOPBACK_DEVICE=1 in the environment, read at each bind.
+// Without it a loopback bind gives no device, as in Linux
+// (docs/RDMACM.md, "Addresses").
+bool loopback_bind_gives_device();
 // An address of this host (getifaddrs), loopback included.
 bool addr_is_local(const sockaddr* a);
 // "a.b.c.d" or the IPv6 text; an IPv4-mapped IPv6 address prints as IPv4.

@@ -211,11 +211,17 @@ int do_bind(Id* d, const sockaddr* addr) {
   CM_TRACE("id %llu bound at %s", (unsigned long long)d->serial, d->bind_path.c_str());
   watch(fd, FdKind::kBind, d->serial);
   std::memcpy(&d->id.route.addr.src_storage, &a, sizeof(a));
-  // A loopback address is no device's (as in Linux, where no RoCE GID holds
-  // it): the id gets its device when it connects or is connected to.
-  // libfabric's verbs provider relies on this to find the device's own
-  // addresses when it binds "localhost" (vrb_get_rai_id).
-  if (!addr_is_any(sa) && !addr_is_loopback(sa)) {
+  // A specific address gives the device whose GID table holds it (Linux's
+  // rdma_bind_addr). A loopback address gives none by default, as in Linux,
+  // whose CM counts loopback as any address (cma_any_addr): the id gets its
+  // device when it resolves, connects or is connected to. libfabric's verbs
+  // provider needs that: it binds "localhost" and, with no device there,
+  // offers the device's own addresses; with one it offers 127.0.0.1, which
+  // its servers then hand to clients on other hosts. The opt-in
+  // (loopback_bind_gives_device) gives sv0 with GID index 0
+  // (::ffff:127.0.0.1) at the bind, for programs that read id->verbs after
+  // binding 127.0.0.1 or ::1 (librpma's rpma_utils_get_ibv_context).
+  if (!addr_is_any(sa) && (!addr_is_loopback(sa) || loopback_bind_gives_device())) {
     ibv_gid gid{};
     int idx = gid_index_of(sa, &gid);
     if (idx >= 0) {
@@ -225,6 +231,9 @@ int do_bind(Id* d, const sockaddr* addr) {
       d->id.pd = default_pd();
       d->id.port_num = 1;
     }
+  } else if (addr_is_loopback(sa)) {
+    CM_TRACE("id %llu: loopback, no device until it connects (SOFTVERBS_CM_LOOPBACK_DEVICE=1: at the bind)",
+             (unsigned long long)d->serial);
   }
   d->id.route.addr.addr.ibaddr.pkey = htobe16(0xffff);
   return 0;

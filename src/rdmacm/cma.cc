@@ -81,7 +81,7 @@ void resolve_local(Id* d, sockaddr* dst_addr) {
     d->sgid_index = gid_index_of(dst_addr, &d->id.route.addr.addr.ibaddr.sgid);
     if (d->sgid_index < 0) d->sgid_index = 0;
   } else if (addr_is_loopback(&d->id.route.addr.src_addr)) {
-    // Bound to loopback, which gave no device (do_bind): GID index 0.
+    // Bound to loopback: GID index 0 (do_bind gave it, or no device).
     d->sgid_index = gid_index_of(&d->id.route.addr.src_addr, &d->id.route.addr.addr.ibaddr.sgid);
     if (d->sgid_index < 0) d->sgid_index = 0;
   }

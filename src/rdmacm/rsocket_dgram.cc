@@ -156,8 +156,9 @@ namespace {
 int ds_create_qp(Rs* rs, Ds* d, const sockaddr* src) {
   if (rdma_create_id(nullptr, &d->id, rs, RDMA_PS_UDP)) return -1;
   if (rdma_bind_addr(d->id, const_cast<sockaddr*>(src))) return -1;
-  // Bound to a loopback address, an id has no device until it resolves
-  // one (docs/RDMACM.md "Addresses"): resolve to itself.
+  // Bound to a loopback address (without the opt-in of docs/RDMACM.md
+  // "Addresses") or to one the device's GID table lacks, an id has no
+  // device until it resolves one: resolve to itself.
   if (!d->id->verbs && rdma_resolve_addr(d->id, nullptr, const_cast<sockaddr*>(src), 2000)) return -1;
   if (!d->id->verbs) return seterr(ENODEV);
   rs->rq_size = uint16_t(std::clamp<uint32_t>(rs->rbuf_size / kMsg, 2, rs->rq_size));

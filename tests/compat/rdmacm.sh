@@ -47,18 +47,22 @@ case "$mode" in
     # A server bound to the loopback address itself (not the wildcard), as
     # the README runs it: rping -s -a 127.0.0.1 -C 3, rping -c -a 127.0.0.1
     # -C 3 -v, then the same on ::1; rping's default port (7174, in this
-    # test's own directory).
+    # test's own directory). Then all of it again with
+    # SOFTVERBS_CM_LOOPBACK_DEVICE=1, where the server's bind already gives
+    # it sv0 (docs/RDMACM.md, "Addresses").
     require rping
     compat_setup
-    for addr in 127.0.0.1 ::1; do
-      name=rping_lo${addr//[.:]/_}
+    for run in 127.0.0.1 ::1 dev:127.0.0.1 dev:::1; do
+      addr=${run#dev:}
+      if [ "$run" != "$addr" ]; then export SOFTVERBS_CM_LOOPBACK_DEVICE=1; else unset SOFTVERBS_CM_LOOPBACK_DEVICE; fi
+      name=rping_lo${run//[.:]/_}
       if cm_pair "$name" $TCP 7174 rping -s -a "$addr" -C 3 -- rping -c -a "$addr" -C 3 -v; then
         for i in 0 1 2; do
           line="rdma-ping-$i: "
           for k in $(seq 0 49); do
             line+=$(printf "\\$(printf '%03o' $((65 + (i + k) % 58)))")
           done
-          grep -Fxq -- "ping data: $line" "$CLIENT_OUT" || fail "$addr: client: no line 'ping data: $line'"
+          grep -Fxq -- "ping data: $line" "$CLIENT_OUT" || fail "$run: client: no line 'ping data: $line'"
         done
         expect "$CLIENT_OUT" '^ping data: ' 3
         expect "$SERVER_OUT" '^server DISCONNECT EVENT' 1

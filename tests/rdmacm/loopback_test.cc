@@ -197,13 +197,52 @@ TEST_P(Loopback, BindIsAnyAddressResolveGivesGidZero) {
   rdma_freeaddrinfo(rai);
 }
 
+// SOFTVERBS_CM_LOOPBACK_DEVICE=1 for the life of a test.
+struct LoopbackDeviceOptIn {
+  LoopbackDeviceOptIn() { ::setenv("SOFTVERBS_CM_LOOPBACK_DEVICE", "1", 1); }
+  ~LoopbackDeviceOptIn() { ::unsetenv("SOFTVERBS_CM_LOOPBACK_DEVICE"); }
+};
+
+// librpma's rpma_utils_get_ibv_context(addr, RPMA_UTIL_IBV_CONTEXT_LOCAL):
+// rdma_getaddrinfo (passive), a synchronous id, a bind, the id's verbs, the
+// id destroyed. libfabric's verbs provider makes the same calls on
+// "localhost" for an fi_getinfo without an address.
+ibv_context* context_of_bind(const char* node, ibv_gid* sgid = nullptr, rdma_cm_id** keep = nullptr) {
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  hints.ai_qp_type = IBV_QPT_RC;
+  rdma_addrinfo* rai = nullptr;
+  if (rdma_getaddrinfo(node, nullptr, &hints, &rai)) return nullptr;
+  rdma_cm_id* id = nullptr;
+  ibv_context* ctx = nullptr;
+  if (rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP) == 0) {
+    if (rdma_bind_addr(id, rai->ai_src_addr) == 0) {
+      ctx = id->verbs;
+      if (sgid) *sgid = id->route.addr.addr.ibaddr.sgid;
+    }
+    if (keep && ctx) *keep = id;
+    else rdma_destroy_id(id);
+  }
+  rdma_freeaddrinfo(rai);
+  return ctx;
+}
+
 // A server bound to the loopback address (not the wildcard) and listening:
 // the client in another process resolves the same address, connects, and
-// they exchange a message each way; the connection is on sv0, GID 0.
-TEST_P(Loopback, ServerBoundToLoopbackServesALoopbackClient) {
-  const int family = GetParam();
+// they exchange a message each way; the connection is on sv0, GID 0. With
+// `ctx` (the device a bind gave, as librpma finds it), the PD and the
+// memory are made from it before any client comes, and the connection
+// request must be on that device.
+void serve_one_loopback_client(int family, ibv_context* ctx) {
   rdma_event_channel* ch = rdma_create_event_channel();
   ASSERT_NE(nullptr, ch);
+  char* buf = static_cast<char*>(std::calloc(1, kMsgLen));
+  ibv_pd* pd = ctx ? ibv_alloc_pd(ctx) : nullptr;
+  ibv_mr* mr = pd ? ibv_reg_mr(pd, buf, kMsgLen, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+  if (ctx) {
+    ASSERT_NE(nullptr, mr) << "no PD or MR on the device the bind gave: " << std::strerror(errno);
+  }
   rdma_cm_id* l = nullptr;
   ASSERT_EQ(0, rdma_create_id(ch, &l, nullptr, RDMA_PS_TCP));
   sockaddr_storage a = lo_addr(family, 0);
@@ -216,17 +255,19 @@ TEST_P(Loopback, ServerBoundToLoopbackServesALoopbackClient) {
   ASSERT_TRUE(lo_expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, &id));
   ASSERT_NE(nullptr, id->verbs);
   EXPECT_STREQ("sv0", ibv_get_device_name(id->verbs->device));
-  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  if (ctx) {
+    EXPECT_EQ(ctx, id->verbs) << "the request is on another device than the bind gave";
+  }
+  if (!pd) pd = ibv_alloc_pd(id->verbs);
   ASSERT_NE(nullptr, pd);
+  if (!mr) mr = ibv_reg_mr(pd, buf, kMsgLen, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(nullptr, mr);
   ibv_gid g{};
   ASSERT_TRUE(gid0(id->verbs, &g));
   EXPECT_TRUE(same_gid(g, id->route.addr.addr.ibaddr.sgid));
   EXPECT_EQ(family, rdma_get_peer_addr(id)->sa_family);
   ibv_qp_init_attr qa = lo_qp_attr();
   ASSERT_EQ(0, rdma_create_qp(id, pd, &qa)) << std::strerror(errno);
-  char* buf = static_cast<char*>(std::calloc(1, kMsgLen));
-  ibv_mr* mr = ibv_reg_mr(pd, buf, kMsgLen, IBV_ACCESS_LOCAL_WRITE);
-  ASSERT_NE(nullptr, mr);
   ASSERT_EQ(0, rdma_post_recv(id, nullptr, buf + 8, kMsgLen - 8, mr));
   ASSERT_EQ(0, rdma_accept(id, nullptr));
   ASSERT_TRUE(lo_expect(ch, RDMA_CM_EVENT_ESTABLISHED));
@@ -248,6 +289,52 @@ TEST_P(Loopback, ServerBoundToLoopbackServesALoopbackClient) {
   rdma_destroy_id(l);
   rdma_destroy_event_channel(ch);
   std::free(buf);
+}
+
+TEST_P(Loopback, ServerBoundToLoopbackServesALoopbackClient) { serve_one_loopback_client(GetParam(), nullptr); }
+
+// The opt-in: a bind to 127.0.0.1, 127.0.0.2 or ::1 gives sv0, port 1, GID
+// index 0 (::ffff:127.0.0.1), with a PD, at once; the bound address stays
+// what was bound. Without it the same calls give no device (the test
+// above), which libfabric's address-less servers need.
+TEST_P(Loopback, OptInBindGivesTheDeviceWithGidZero) {
+  LoopbackDeviceOptIn opt_in;
+  const char* node = GetParam() == AF_INET ? "127.0.0.1" : "::1";
+  rdma_cm_id* id = nullptr;
+  ibv_gid sgid{};
+  ibv_context* ctx = context_of_bind(node, &sgid, &id);
+  ASSERT_NE(nullptr, ctx) << "a bind to " << node << " gave no device";
+  EXPECT_STREQ("sv0", ibv_get_device_name(ctx->device));
+  EXPECT_EQ(1, id->port_num);
+  EXPECT_NE(nullptr, id->pd);
+  EXPECT_EQ(GetParam(), rdma_get_local_addr(id)->sa_family);
+  sockaddr_storage want = lo_addr(GetParam(), 0);
+  sockaddr_storage got{};
+  std::memcpy(&got, rdma_get_local_addr(id), sizeof(got));
+  if (GetParam() == AF_INET)
+    EXPECT_EQ(reinterpret_cast<sockaddr_in*>(&want)->sin_addr.s_addr,
+              reinterpret_cast<sockaddr_in*>(&got)->sin_addr.s_addr);
+  else
+    EXPECT_TRUE(IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(&got)->sin6_addr));
+  ibv_gid g{};
+  ASSERT_TRUE(gid0(ctx, &g));
+  EXPECT_TRUE(same_gid(g, sgid)) << "the source GID is not GID 0";
+  rdma_destroy_id(id);
+  if (GetParam() == AF_INET) {
+    ibv_gid other{};
+    EXPECT_EQ(ctx, context_of_bind("127.0.0.2", &other)) << "127.0.0.2 gave no device";
+    EXPECT_TRUE(same_gid(g, other));
+  }
+}
+
+// librpma's server on loopback with the opt-in: the device of a bind to
+// the address, a PD and registered memory on it, then a listener bound
+// there that serves a client process dialling the same address.
+TEST_P(Loopback, OptInServerUsesTheBindsDevice) {
+  LoopbackDeviceOptIn opt_in;
+  ibv_context* ctx = context_of_bind(GetParam() == AF_INET ? "127.0.0.1" : "::1");
+  ASSERT_NE(nullptr, ctx) << "the bind gave no device";
+  serve_one_loopback_client(GetParam(), ctx);
 }
 
 INSTANTIATE_TEST_SUITE_P(RdmaCm, Loopback, ::testing::Values(AF_INET, AF_INET6), family_name);
