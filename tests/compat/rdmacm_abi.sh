@@ -1,7 +1,8 @@
 #!/bin/bash
 # compat.rdmacm.abi: every RDMACM_* symbol that an installed program or
 # library imports is exported by our librdmacm.so.1 at that version, and we
-# export exactly what Debian's librdmacm.so.1 exports.
+# export everything Debian's librdmacm.so.1 exports (and more: the nodes of
+# later releases, which abi.librdmacm checks against tests/abi/librdmacm.abi).
 #   rdmacm_abi.sh BIN_DIR   (our library is BIN_DIR/../lib/librdmacm.so.1)
 set -u
 BIN_DIR=${1:?usage: $0 BIN_DIR}
@@ -15,9 +16,9 @@ exports() { objdump -T "$1" | awk '$0 !~ /\*UND\*/ && / RDMACM_/ {print $NF "@" 
 ours=$(exports "$OURS")
 real=$(exports "$REAL")
 rc=0
-if [ "$ours" != "$real" ]; then
-  echo "FAIL: exports differ from $REAL:" >&2
-  diff <(echo "$real") <(echo "$ours") >&2
+lacking=$(comm -23 <(echo "$real") <(echo "$ours"))
+if [ -n "$lacking" ]; then
+  echo "FAIL: $REAL exports what we do not:" $lacking >&2
   rc=1
 fi
 clients=0
