@@ -9,7 +9,7 @@
 #include "roce/engine_sim.h"
 
 namespace sv::roce {
-namespace {
+namespace a19 {  // named: a unity build joins this file with engine_test.cc, whose kA, kB and Pair differ
 
 using testsim::Sim;
 using testsim::TestMemory;
@@ -240,5 +240,5 @@ TEST(A19Wire, AtomicWriteOfOtherThanEightBytesIsALocalLengthError) {
   EXPECT_EQ(p.mb().atomic_writes, 0u);
 }
 
-}  // namespace
+}  // namespace a19
 }  // namespace sv::roce
