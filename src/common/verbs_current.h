@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace sv::abi {
 
@@ -130,6 +131,16 @@ inline constexpr int kCmEventAddrinfoResolved = 16;  // RDMA_CM_EVENT_ADDRINFO_R
 inline constexpr int kCmEventAddrinfoError = 17;     // RDMA_CM_EVENT_ADDRINFO_ERROR
 inline constexpr int kCmEventUser = 18;              // RDMA_CM_EVENT_USER
 inline constexpr int kCmEventInternal = 19;          // RDMA_CM_EVENT_INTERNAL (librdmacm's own)
+// An event's type as an int: v44's enum rdma_cm_event_type stops at 15, so
+// reading 16 and above through the enum is undefined (UBSan's -fsanitize=enum
+// says so); every read of a type that may be a v64 one goes through here.
+template <class CmEvent>
+int cm_event_type(const CmEvent& e) {
+  static_assert(sizeof(e.event) == sizeof(int));
+  int t;
+  std::memcpy(&t, &e.event, sizeof t);
+  return t;
+}
 inline constexpr int kRaiSa = 0x10;                  // RAI_SA: resolve through the IB SA
 inline constexpr int kRaiDns = 0x20;                 // RAI_DNS (the default; excludes RAI_SA)
 

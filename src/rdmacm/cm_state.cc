@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/verbs_current.h"
 #include "common/paths.h"
 #include "rdmacm/cm_msg.h"
 #include "rdmacm/cm_state.h"
@@ -600,7 +601,7 @@ int complete(Id* d) {
   if (rdma_get_cm_event(d->id.channel, &d->id.event)) return -1;
   rdma_cm_event* e = d->id.event;
   if (e->status) {
-    if (e->event == RDMA_CM_EVENT_REJECTED) return fail(ECONNREFUSED);
+    if (sv::abi::cm_event_type(*e) == RDMA_CM_EVENT_REJECTED) return fail(ECONNREFUSED);
     return fail(e->status < 0 ? -e->status : e->status);
   }
   return 0;

@@ -1,12 +1,16 @@
 // event_str.cc: rdma_event_str(3), the name of a CM event type.
 #include <rdma/rdma_cma.h>
 
+#include <cstring>
+
 #include "common/verbs_current.h"
 
 extern "C" {
 
 const char* rdma_event_str(rdma_cm_event_type event) {
-  switch (event) {
+  int type;  // v64's types lie beyond v44's enum: read as an int (verbs_current.h, cm_event_type)
+  std::memcpy(&type, &event, sizeof type);
+  switch (type) {
     case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
     case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
     case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";

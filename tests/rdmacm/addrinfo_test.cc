@@ -42,7 +42,7 @@ struct AsyncId {
   int next(int* status = nullptr, uint64_t* arg = nullptr) {
     rdma_cm_event* e = nullptr;
     if (rdma_get_cm_event(ch, &e)) return -1;
-    int t = int(e->event);
+    int t = sv::abi::cm_event_type(*e);
     if (status) *status = e->status;
     if (arg) std::memcpy(arg, &e->param, sizeof(*arg));
     EXPECT_EQ(id, e->id);
