@@ -289,6 +289,9 @@ struct SrqSegmentHeader {
   uint32_t capacity;
   uint32_t max_sge;
   alignas(64) std::atomic<uint32_t> limit;  // armed limit (IBV_SRQ_LIMIT), 0 = not armed
+  // Set by the daemon when a resize committed: the SRQ lives in another
+  // segment now (GetSrq), its posted receives moved there in order.
+  alignas(64) std::atomic<uint32_t> moved;
 };
 
 struct SrqLayout {
