@@ -176,6 +176,8 @@ TEST(SrqResize, AnImporterInAnotherProcessKeepsPostingAcrossTheResize) {
   Sock p;
   pid_t child = fork();  // before this process starts the library's threads
   if (child == 0) importer(p.b);
+  close(p.b);  // a child that failed ends the parent's reads
+  p.b = -1;
   SrqPair s;
   ASSERT_NO_FATAL_FAILURE(s.open());
   svx_object objs[2];
