@@ -116,7 +116,7 @@ bool RingRecvSource::take(roce::RecvWr& out) {
   if (q_.srq) {
     SrqState& st = *q_.srq->st;
     SrqSegment* s = &st.now();
-    while (!s->ring.pop(w)) {
+    while (!shm::take_srq_receive(s->hdr, [&] { return s->ring.pop(w); })) {
       if (!s->hdr->moved.load(std::memory_order_acquire) || !follow_srq(st, s)) return false;
       s = &st.now();  // resized: its receives are in the new segment
     }

@@ -135,17 +135,21 @@ SV_HOT bool pop_peer_recv(ProcessQp& q, Peer& p, shm::RecvWqe& out) {
   };
   // One call site, so that the ring's fast path is inlined here (two cost a
   // call with six saved registers per receive, as callgrind counts).
-  shm::Ring<shm::RecvWqe>& ring = p.srq_hdr ? p.srq : p.rq;
-  if (!ring.pop_recorded(out, before, take)) {
+  if (!p.srq_hdr) {
+    if (p.rq.pop_recorded(out, before, take)) return true;
+    h->torn_qpn.store(0, std::memory_order_release);  // nothing taken
+    return false;
+  }
+  auto pop = [&] { return p.srq.pop_recorded(out, before, take); };
+  if (!shm::take_srq_receive(p.srq_hdr, pop)) {
     h->torn_qpn.store(0, std::memory_order_release);  // nothing taken
     // A resized SRQ: its receives wait in the segment it moved to.
-    if (!p.srq_hdr || !p.srq_hdr->moved.load(std::memory_order_acquire) || !follow_peer_srq(q, p)) return false;
-    if (!p.srq.pop_recorded(out, before, take)) {
+    if (!p.srq_hdr->moved.load(std::memory_order_acquire) || !follow_peer_srq(q, p)) return false;
+    if (!shm::take_srq_receive(p.srq_hdr, pop)) {
       h->torn_qpn.store(0, std::memory_order_release);
       return false;
     }
   }
-  if (!p.srq_hdr) return true;
   uint32_t limit = p.srq_hdr->limit.load(std::memory_order_relaxed);
   if (limit && p.srq.size() < limit && p.srq_hdr->limit.exchange(0) != 0) {
     // Below the armed limit: the SRQ's holders get IBV_EVENT_SRQ_LIMIT_REACHED
@@ -380,16 +384,23 @@ int resize_srq(SrqState& st, uint32_t max_wr, uint32_t limit) {
     done(0);
     return EAGAIN;
   }
+  // Takers first keep off the ring (take_srq_receive), then posters.
+  old->hdr->moving.store(1, std::memory_order_seq_cst);
+  const uint64_t until = monotonic_ns() + 1'000'000'000ull;
+  while (old->hdr->takers.load(std::memory_order_seq_cst) != 0 && monotonic_ns() < until) sched_yield();
   uint64_t tail = old->ring.close();
   if (tail - old->ring.head() > max_wr) {
     old->ring.reopen();
+    old->hdr->moving.store(0, std::memory_order_release);
     done(0);
     std::fprintf(stderr, "softverbs: ibv_modify_srq: max_wr %u is below the %llu receives posted to the SRQ\n",
                  max_wr, (unsigned long long)(tail - old->ring.head()));
     return EINVAL;
   }
-  // Move the posted receives in order (senders may take some meanwhile). A
-  // slot reserved before the close may still be being written: wait for it.
+  // Move the posted receives in order (takers are off the ring; one past
+  // the bounded wait above still takes from its head). A slot reserved
+  // before the close may still be being written: wait for it (one of a
+  // dead poster is voided by the pop).
   shm::RecvWqe w;
   while (old->ring.head() < tail) {
     if (old->ring.pop(w))
@@ -402,6 +413,7 @@ int resize_srq(SrqState& st, uint32_t max_wr, uint32_t limit) {
     // Not committed: put the receives back in the old ring (they came from there).
     old->ring.reopen();
     while (ns->ring.pop(w)) old->ring.push(w);
+    old->hdr->moving.store(0, std::memory_order_release);
     return rc;
   }
   st.cur.store(ns.get(), std::memory_order_release);

@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "harness.h"
 #include "softverbs/softverbs.h"
@@ -119,6 +121,39 @@ TEST(SrqResize, ShrinkBelowTheReceivesOutstandingIsRefused) {
   ASSERT_EQ(0, ibv_modify_srq(s.srq, &a, IBV_SRQ_MAX_WR));
   EXPECT_GE(s.max_wr(), 60u);
   ASSERT_NO_FATAL_FAILURE(s.expect_received_in_order(0, 60));
+}
+
+// Resizes race the posts and the sender's takes: another thread resizes the
+// SRQ back and forth while this one posts; every receive arrives once, in
+// the order posted.
+TEST(SrqResize, ResizesRacePostsAndTakesWithoutLossOrReordering) {
+  SrqPair s;
+  ASSERT_NO_FATAL_FAILURE(s.open());
+  ibv_srq_attr first{};
+  first.max_wr = 64;  // room for a round's 40 from here on
+  ASSERT_EQ(0, ibv_modify_srq(s.srq, &first, IBV_SRQ_MAX_WR));
+  std::atomic<bool> stop{false};
+  std::atomic<int> resized{0};
+  struct Joined {
+    std::atomic<bool>& stop;
+    std::thread t;
+    ~Joined() {
+      stop = true;
+      t.join();
+    }
+  } resizer{stop, std::thread([&] {
+    for (uint32_t i = 0; !stop.load(); ++i) {
+      ibv_srq_attr a{};
+      a.max_wr = (i & 1) ? 64 : 200;
+      if (ibv_modify_srq(s.srq, &a, IBV_SRQ_MAX_WR) == 0) resized.fetch_add(1);
+    }
+  })};
+  uint64_t id = 0;
+  for (int round = 0; round < 20; ++round) {
+    for (int k = 0; k < 40; ++k, ++id) ASSERT_EQ(0, s.post(id)) << id;
+    ASSERT_NO_FATAL_FAILURE(s.expect_received_in_order(id - 40, 40));
+  }
+  EXPECT_GT(resized.load(), 1);
 }
 
 struct Sock {
