@@ -373,6 +373,7 @@ struct SrqState {
 // The segment of an SRQ that has moved on from `from` (GetSrq); false if
 // the daemon does not give it.
 bool follow_srq(SrqState& st, SrqSegment* from);
+void follow_if_moved(SrqState& st);
 
 struct Srq {
   ibv_srq srq;

@@ -53,6 +53,13 @@ bool follow_peer_srq(ProcessQp& q, Peer& p) {
 
 }  // namespace
 
+// The SRQ's current segment, for the calls that read or write its header
+// (its size, its armed limit): another holder's resize is followed first.
+void follow_if_moved(SrqState& st) {
+  SrqSegment* s = &st.now();
+  if (s->hdr->moved.load(std::memory_order_acquire)) follow_srq(st, s);
+}
+
 bool follow_srq(SrqState& st, SrqSegment* from) {
   std::lock_guard<std::mutex> g(st.mu);
   if (st.cur.load(std::memory_order_acquire) != from) return true;  // another thread followed already
@@ -283,6 +290,7 @@ int ibv_modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) {
                          "IBV_SRQ_LIMIT\n", unsigned(mask));
     return EINVAL;
   }
+  follow_if_moved(st);  // another holder may have resized it
   if (mask & IBV_SRQ_MAX_WR) {
     const uint32_t limit = (mask & IBV_SRQ_LIMIT) ? attr->srq_limit : st.now().hdr->limit.load();
     if (int e = resize_srq(st, attr->max_wr, limit)) return e;
@@ -301,6 +309,7 @@ int ibv_modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) {
 
 int ibv_query_srq(ibv_srq* ibsrq, ibv_srq_attr* attr) {
   SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;
+  follow_if_moved(st);
   SrqSegment& s = st.now();
   attr->max_wr = s.ring.capacity();
   attr->max_sge = st.max_sge;

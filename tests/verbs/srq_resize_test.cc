@@ -177,8 +177,9 @@ uint32_t get(int fd) {
   return v;
 }
 
-// The importer: posts 4 receives before the resize and 40 (more than the
-// old segment held) after it, through its own (old) mapping of the SRQ.
+// The importer: posts 4 receives before the resize; after it, queries the
+// size, arms the limit and posts 40 (more than the old segment held), all
+// through its own (old) mapping of the SRQ, which it follows.
 [[noreturn]] void importer(int sock) {
   ibv_context* c = nullptr;
   svx_object objs[2];
@@ -198,10 +199,13 @@ uint32_t get(int fd) {
     if (post(i)) _exit(3);
   put(sock, 1);
   if (get(sock) != 2) _exit(4);  // resized
-  for (uint64_t i = 104; i < 144; ++i)
-    if (post(i)) _exit(5);
+  // Its size and its limit are the new segment's, before any post here.
   ibv_srq_attr q{};
   if (ibv_query_srq(objs[0].srq, &q) || q.max_wr < 128) _exit(6);
+  q.srq_limit = 5;
+  if (ibv_modify_srq(objs[0].srq, &q, IBV_SRQ_LIMIT)) _exit(7);
+  for (uint64_t i = 104; i < 144; ++i)
+    if (post(i)) _exit(5);
   put(sock, 3);
   get(sock);
   _exit(0);
@@ -227,6 +231,9 @@ TEST(SrqResize, AnImporterInAnotherProcessKeepsPostingAcrossTheResize) {
   ASSERT_EQ(0, ibv_modify_srq(s.srq, &a, IBV_SRQ_MAX_WR));
   ASSERT_TRUE(put(p.a, 2));
   EXPECT_EQ(3u, get(p.a));
+  ibv_srq_attr q{};
+  ASSERT_EQ(0, ibv_query_srq(s.srq, &q));
+  EXPECT_EQ(5u, q.srq_limit);  // armed by the importer, in the segment in use
   ASSERT_NO_FATAL_FAILURE(s.expect_received_in_order(100, 44));
   put(p.a, 4);
   int st = 0;
