@@ -164,6 +164,9 @@ SV_OP(Wake,          Empty,          Empty,              fds(0),    fds(1),    {
 SV_OP_DECL(Refused,  RefusedMsg,     Empty,              fds(0),    fds(0),    true, {})
 SV_OP(ResList,       ResListReq,     ResListReply,       fds(0),    fds(0),    {})
 SV_OP(WireCounters,  Empty,          WireCountersReply,  fds(0),    fds(0),    {})
+SV_OP(ResizeSrq,     ResizeSrqReq,   CreateSrqReply,     fds(0),    fds(1),    {kObjSrq})
+SV_OP(ResizeSrqDone, ResizeSrqDoneReq, Empty,            fds(0),    fds(0),    {kObjSrq})
+SV_OP(GetSrq,        HandleReq,      ImportSrqReply,     fds(0),    fds(1),    {kObjSrq})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -95,6 +95,9 @@ enum class Op : uint16_t {
   Refused,         // daemon -> client, unsolicited (seq 0), then the daemon closes: why it will not serve
   ResList,         // the objects of one kind the caller may see, a page at a time (`rdma resource`)
   WireCounters,    // the port's RoCEv2 counters of the caller's own QPs (`rdma statistic show`)
+  ResizeSrq,       // a new, pending segment for an SRQ (IBV_SRQ_MAX_WR); reply fd: that segment
+  ResizeSrqDone,   // commit (the SRQ moves to the pending segment) or abort a ResizeSrq
+  GetSrq,          // the current segment of an SRQ I hold or reach; reply fd: the segment
   kCount
 };
 
@@ -278,6 +281,18 @@ struct ResizeCqDoneReq {
   Header h;
   uint32_t handle;
   uint32_t commit;  // 1: the caller moved every completion into the pending segment; 0: abort
+};
+
+struct ResizeSrqReq {  // reply: CreateSrqReply
+  Header h;
+  uint32_t handle;
+  uint32_t max_wr;
+};
+
+struct ResizeSrqDoneReq {
+  Header h;
+  uint32_t handle;
+  uint32_t commit;  // 1: the caller moved every posted receive into the pending segment; 0: abort
 };
 
 struct McastReq {  // AttachMcast, DetachMcast

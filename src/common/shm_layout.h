@@ -289,7 +289,31 @@ struct SrqSegmentHeader {
   uint32_t capacity;
   uint32_t max_sge;
   alignas(64) std::atomic<uint32_t> limit;  // armed limit (IBV_SRQ_LIMIT), 0 = not armed
+  // Set by the daemon when a resize committed: the SRQ lives in another
+  // segment now (GetSrq), its posted receives moved there in order.
+  alignas(64) std::atomic<uint32_t> moved;
+  // A resize about to move the receives (set by the resizer): takers keep
+  // off the ring (take_srq_receive), so that none takes a receive posted
+  // after one the resizer moved, which would complete out of order.
+  std::atomic<uint32_t> moving;
+  // Takers between their check of `moving` and the end of their take; the
+  // resizer waits for none (a bounded wait: a taker killed in between
+  // leaves it raised, as anyone can write it).
+  alignas(64) std::atomic<uint32_t> takers;
 };
+
+// One take from an SRQ's ring, `pop()`, unless a resize is moving its
+// receives (then: none, as from an empty ring). The increment of `takers`
+// and the load of `moving` pair with the resizer's store of `moving` and
+// load of `takers` (both sequentially consistent): either the taker sees
+// the resize, or the resizer sees the taker and waits for it.
+template <class Pop>
+inline bool take_srq_receive(SrqSegmentHeader* h, Pop pop) {
+  h->takers.fetch_add(1, std::memory_order_seq_cst);
+  const bool ok = h->moving.load(std::memory_order_seq_cst) == 0 && pop();
+  h->takers.fetch_sub(1, std::memory_order_release);
+  return ok;
+}
 
 struct SrqLayout {
   uint32_t capacity;

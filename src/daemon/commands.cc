@@ -321,6 +321,16 @@ SV_HANDLER(ImportSrq) {
   return 0;
 }
 SV_HANDLER(SrqLimit) { return env.registry.srq_limit(obj.get<0>(), obj.id<0>()); }
+SV_HANDLER(ResizeSrq) { return env.registry.resize_srq(obj.get<0>(), obj.id<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ResizeSrqDone) { return env.registry.resize_srq_done(obj.get<0>(), req); }
+SV_HANDLER(GetSrq) {
+  const Srq& srq = obj.get<0>();
+  rep.pd = srq.pd;
+  rep.max_sge = srq.max_sge;  // the daemon's record, as ImportSrq
+  rep.segment_size = srq.map.size();
+  env.out_fds.push_back(srq.fd.get());
+  return 0;
+}
 SV_HANDLER(OpenXrcd) {
   Fd fd = env.in_fds.empty() ? Fd() : std::move(env.in_fds[0]);  // none: a private domain
   return env.registry.open_xrcd(env.client, req, std::move(fd), rep.handle);

@@ -236,7 +236,8 @@ bool Mediation::resolve_key(uint32_t key, access::Use use, const access::User& w
 
 bool Mediation::pop_recv(uint32_t qpn, RecvWqe& out) {
   MediationTables::RecvQueue q;
-  if (!t_.receive_queue(qpn, q) || !q.ring.pop(out)) return false;
+  if (!t_.receive_queue(qpn, q)) return false;
+  if (!(q.srq_header ? take_srq_receive(q.srq_header, [&] { return q.ring.pop(out); }) : q.ring.pop(out))) return false;
   if (q.srq_header) {
     // The SRQ fell below its armed limit: the event, once per arm (IBTA
     // 10.2.9.4, 11.5.2.4), as the library raises it on one user's path.

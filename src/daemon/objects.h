@@ -181,6 +181,9 @@ struct Srq : Object {  // refs: QPs using it
   uint32_t cq = 0;        // XRC: the CQ its receives complete into
   uint32_t capacity = 0;  // its ring's, as made here (not the header's)
   uint32_t max_sge = 0;   // as created (not the header's: its holders can write that)
+  Fd next_fd;             // a resize's pending segment (ResizeSrq until ResizeSrqDone)
+  Mapping next_map;
+  uint32_t next_capacity = 0;
   Held held() const { return {Ref{ObjKind::kPd, pd}, Ref{ObjKind::kCq, cq}, Ref{ObjKind::kXrcd, xrcd}}; }
 };
 

@@ -256,6 +256,9 @@ class Registry : private MediationTables {
   // SRQ `handle`, reached by the client (resolved by the command layer,
   // HandleRule::kReachable).
   int srq_limit(const daemon::Srq& srq, uint32_t handle);
+  int resize_srq(daemon::Srq& srq, uint32_t handle, const proto::ResizeSrqReq& req, proto::CreateSrqReply& rep,
+                 std::vector<int>& out_fds);
+  int resize_srq_done(daemon::Srq& srq, const proto::ResizeSrqDoneReq& req);
   // Async events waiting to be sent: (client, event type, element). The
   // server sends them after each request or disconnection.
   struct PendingEvent {

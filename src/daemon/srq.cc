@@ -13,6 +13,28 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
+namespace {
+
+// A fresh SRQ segment of `capacity` slots (a power of two), its header
+// written from the daemon's record.
+int make_srq_segment(uint32_t handle, uint32_t capacity, uint32_t max_sge, Fd& fd, Mapping& map) {
+  SrqLayout layout{capacity};
+  if (int e = make_memfd("softverbs-srq", layout.size(), fd)) return e;
+  if (int e = map_shared(fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, map)) return e;
+  auto* h = map.as<SrqSegmentHeader>();
+  h->magic = kSrqMagic;
+  h->handle = handle;
+  h->size = layout.size();
+  h->ring_offset = layout.ring_offset();
+  h->capacity = layout.capacity;
+  h->max_sge = max_sge;
+  auto* rh = reinterpret_cast<RingHeader*>(map.as<char>() + layout.ring_offset());
+  Ring<RecvWqe>::init(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), layout.capacity);
+  return 0;
+}
+
+}  // namespace
+
 int Registry::create_srq(uint32_t client, const XrcdHandle* xh, const proto::CreateSrqReq& req,
                          proto::CreateSrqReply& rep, std::vector<int>& out_fds) {
   if (int e = quotas_.admit(Quotas::kSrq, client_uid(client))) return e;
@@ -41,19 +63,10 @@ int Registry::create_srq(uint32_t client, const XrcdHandle* xh, const proto::Cre
     srq.xrcd = xrcd;
     srq.cq = req.cq;
   }
-  if (int e = make_memfd("softverbs-srq", layout.size(), srq.fd)) return e;
-  if (int e = map_shared(srq.fd.get(), 0, layout.size(), PROT_READ | PROT_WRITE, false, srq.map)) return e;
-  uint32_t handle = next_handle_++;
-  auto* h = srq.map.as<SrqSegmentHeader>();
-  h->magic = kSrqMagic;
-  h->handle = handle;
-  h->size = layout.size();
-  h->ring_offset = layout.ring_offset();
-  h->capacity = layout.capacity;
-  h->max_sge = req.max_sge;
-  h->limit.store(req.srq_limit, std::memory_order_relaxed);
-  auto* rh = reinterpret_cast<RingHeader*>(srq.map.as<char>() + layout.ring_offset());
-  Ring<RecvWqe>::init(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), layout.capacity);
+  uint32_t handle = next_handle_;
+  if (int e = make_srq_segment(handle, layout.capacity, req.max_sge, srq.fd, srq.map)) return e;
+  next_handle_++;
+  srq.map.as<SrqSegmentHeader>()->limit.store(req.srq_limit, std::memory_order_relaxed);
   rep.handle = handle;
   rep.capacity = layout.capacity;
   rep.segment_size = layout.size();
@@ -81,6 +94,47 @@ bool Registry::srq_reachable(uint32_t client, const Srq& srq, uint32_t handle) {
     if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) return true;
   }
   return false;
+}
+
+// ibv_modify_srq(3) with IBV_SRQ_MAX_WR moves an SRQ to a new segment, as
+// ibv_resize_cq moves a CQ (cq.cc): the daemon makes the segment, sized and
+// headed from its own record (capacity from max_wr, the SRQ's max_sge: never
+// the old header's, which every holder can write); the resizing process
+// closes the old ring to posters, moves the posted receives over in order
+// and commits. Posters that meet the closed ring wait for `moved` and fetch
+// the new segment (GetSrq), as do the senders taking from it; the daemon's
+// own takers (mediation) read the SRQ's current segment each time.
+int Registry::resize_srq(Srq& srq, uint32_t handle, const proto::ResizeSrqReq& req, proto::CreateSrqReply& rep,
+                         std::vector<int>& out_fds) {
+  if (req.max_wr == 0 || req.max_wr > kMaxQpWr) return EINVAL;
+  if (srq.next_fd.valid()) return EBUSY;  // another holder is resizing it
+  uint32_t capacity = recv_ring_capacity(req.max_wr);
+  if (int e = make_srq_segment(handle, capacity, srq.max_sge, srq.next_fd, srq.next_map)) {
+    srq.next_fd = Fd();
+    srq.next_map = Mapping();
+    return e;
+  }
+  srq.next_capacity = capacity;
+  rep.handle = handle;
+  rep.capacity = capacity;
+  rep.segment_size = srq.next_map.size();
+  out_fds.push_back(srq.next_fd.get());
+  return 0;
+}
+
+int Registry::resize_srq_done(Srq& srq, const proto::ResizeSrqDoneReq& req) {
+  if (req.commit > 1 || !srq.next_fd.valid()) return EINVAL;
+  if (req.commit) {
+    Mapping old = std::move(srq.map);
+    srq.fd = std::move(srq.next_fd);
+    srq.map = std::move(srq.next_map);
+    srq.capacity = srq.next_capacity;
+    old.as<SrqSegmentHeader>()->moved.store(1, std::memory_order_release);  // its holders follow now
+  }
+  srq.next_fd = Fd();
+  srq.next_map = Mapping();
+  srq.next_capacity = 0;
+  return 0;
 }
 
 int Registry::srq_limit(const Srq& srq, uint32_t handle) {

@@ -55,7 +55,7 @@ class HostSource : public Source {
     // ibv_query_device's device_cap_flags (the library's context.cc); the
     // kernel's ib_device_cap_flags share these bits.
     d_.cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_MEM_WINDOW |
-                   IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC;
+                   IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC | IBV_DEVICE_SRQ_RESIZE;
     for (uint32_t i = 0; i < dev::kPortCount; ++i) {
       PortFacts p;
       p.state = dev::port().state;

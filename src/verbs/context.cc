@@ -79,7 +79,7 @@ void fill_device_attr(ibv_device_attr& a) {
   a.max_qp = shm::kQpTableSize - 2;
   a.max_qp_wr = shm::kMaxQpWr;
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_MEM_WINDOW |
-                       IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC;
+                       IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC | IBV_DEVICE_SRQ_RESIZE;
   a.max_sge = shm::kMaxSge;
   a.max_sge_rd = shm::kMaxSge;
   a.max_cq = 65536;

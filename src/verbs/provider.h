@@ -347,17 +347,33 @@ struct Peer {
   shm::SrqSegmentHeader* srq_hdr = nullptr;
   shm::Ring<shm::RecvWqe> srq;
   uint32_t srq_handle = 0;
+  std::vector<Mapping> srq_old;  // segments the SRQ was resized away from (srq.cc follow_peer_srq)
+};
+
+// One segment of an SRQ: resizing (ibv_modify_srq with IBV_SRQ_MAX_WR)
+// moves it to a new one; the old ones stay mapped until the handle goes,
+// for threads still looking at them.
+struct SrqSegment {
+  Mapping seg;
+  shm::SrqSegmentHeader* hdr = nullptr;
+  shm::Ring<shm::RecvWqe> ring;
 };
 
 struct SrqState {
   Context* ctx;
   uint32_t handle;
-  Mapping seg;
-  shm::SrqSegmentHeader* hdr;
-  shm::Ring<shm::RecvWqe> ring;
+  std::atomic<SrqSegment*> cur{nullptr};
+  std::mutex mu;  // resizing and following
+  std::vector<std::unique_ptr<SrqSegment>> segs;
   uint32_t max_sge;
   uint32_t srq_type = IBV_SRQT_BASIC;
+  SrqSegment& now() const { return *cur.load(std::memory_order_acquire); }
 };
+
+// The segment of an SRQ that has moved on from `from` (GetSrq); false if
+// the daemon does not give it.
+bool follow_srq(SrqState& st, SrqSegment* from);
+void follow_if_moved(SrqState& st);
 
 struct Srq {
   ibv_srq srq;
@@ -606,6 +622,8 @@ uint64_t supported_send_ops(ibv_qp_type type);
 void init_qp_ex(QpHandle* qp, uint64_t send_ops);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int resize_srq(SrqState& st, uint32_t max_wr, uint32_t limit);
+bool push_after_resize(SrqState& st, const ibv_recv_wr& wr, uint32_t num_sge);
 // Runs the QP's queued work requests; returns true while some remain queued.
 bool progress_qp(ProcessQp& qp);
 void flush_qp(ProcessQp& qp);

@@ -114,13 +114,17 @@ void CqSink::complete(const roce::Completion& c) {
 bool RingRecvSource::take(roce::RecvWr& out) {
   shm::RecvWqe w;
   if (q_.srq) {
-    SrqState& s = *q_.srq->st;
-    if (!s.ring.pop(w)) return false;
-    uint32_t limit = s.hdr->limit.load(std::memory_order_relaxed);
-    if (limit && s.ring.size() < limit && s.hdr->limit.exchange(0) != 0) {
+    SrqState& st = *q_.srq->st;
+    SrqSegment* s = &st.now();
+    while (!shm::take_srq_receive(s->hdr, [&] { return s->ring.pop(w); })) {
+      if (!s->hdr->moved.load(std::memory_order_acquire) || !follow_srq(st, s)) return false;
+      s = &st.now();  // resized: its receives are in the new segment
+    }
+    uint32_t limit = s->hdr->limit.load(std::memory_order_relaxed);
+    if (limit && s->ring.size() < limit && s->hdr->limit.exchange(0) != 0) {
       // Below the armed limit: IBV_EVENT_SRQ_LIMIT_REACHED to its holders.
       proto::HandleReq req{};
-      req.handle = s.handle;
+      req.handle = st.handle;
       proto::Empty rep{};
       q_.ctx->st->conn.call<proto::Op::SrqLimit>(req, rep);
     }

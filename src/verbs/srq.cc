@@ -29,7 +29,51 @@ int attach_srq_segment(Mapping& seg, shm::SrqSegmentHeader*& hdr, shm::Ring<shm:
   return 0;
 }
 
+int attach_srq(SrqSegment& s, int fd, uint64_t size) { return attach_srq_segment(s.seg, s.hdr, s.ring, fd, size); }
+
+// A sender's view of a peer's SRQ that a resize moved: the new segment, the
+// old one kept mapped (Peer::srq_old). Only a receive taken from the old
+// ring before the move can still name it (its torn record).
+bool follow_peer_srq(ProcessQp& q, Peer& p) {
+  proto::HandleReq req{};
+  req.handle = p.srq_handle;
+  proto::ImportSrqReply rep{};
+  std::vector<Fd> fds;
+  if (q.ctx->st->conn.call<proto::Op::GetSrq>(req, rep, {}, &fds)) return false;
+  Mapping seg;
+  shm::SrqSegmentHeader* hdr = nullptr;
+  shm::Ring<shm::RecvWqe> ring;
+  if (attach_srq_segment(seg, hdr, ring, fds[0].get(), rep.segment_size)) return false;
+  p.srq_old.push_back(std::move(p.srq_seg));
+  p.srq_seg = std::move(seg);
+  p.srq_hdr = hdr;
+  p.srq = ring;
+  return true;
+}
+
 }  // namespace
+
+// The SRQ's current segment, for the calls that read or write its header
+// (its size, its armed limit): another holder's resize is followed first.
+void follow_if_moved(SrqState& st) {
+  SrqSegment* s = &st.now();
+  if (s->hdr->moved.load(std::memory_order_acquire)) follow_srq(st, s);
+}
+
+bool follow_srq(SrqState& st, SrqSegment* from) {
+  std::lock_guard<std::mutex> g(st.mu);
+  if (st.cur.load(std::memory_order_acquire) != from) return true;  // another thread followed already
+  proto::HandleReq req{};
+  req.handle = st.handle;
+  proto::ImportSrqReply rep{};
+  std::vector<Fd> fds;
+  if (st.ctx->st->conn.call<proto::Op::GetSrq>(req, rep, {}, &fds)) return false;
+  auto s = std::make_unique<SrqSegment>();
+  if (attach_srq(*s, fds[0].get(), rep.segment_size)) return false;
+  st.cur.store(s.get(), std::memory_order_release);
+  st.segs.push_back(std::move(s));
+  return true;
+}
 
 int attach_peer(ContextState& cs, Peer& p, const proto::ConnectPeerReply& rep, std::vector<Fd>& fds) {
   // fds: as many as the reply says (checked by DaemonConn::call, proto::reply_fds).
@@ -98,12 +142,21 @@ SV_HOT bool pop_peer_recv(ProcessQp& q, Peer& p, shm::RecvWqe& out) {
   };
   // One call site, so that the ring's fast path is inlined here (two cost a
   // call with six saved registers per receive, as callgrind counts).
-  shm::Ring<shm::RecvWqe>& ring = p.srq_hdr ? p.srq : p.rq;
-  if (!ring.pop_recorded(out, before, take)) {
+  if (!p.srq_hdr) {
+    if (p.rq.pop_recorded(out, before, take)) return true;
     h->torn_qpn.store(0, std::memory_order_release);  // nothing taken
     return false;
   }
-  if (!p.srq_hdr) return true;
+  auto pop = [&] { return p.srq.pop_recorded(out, before, take); };
+  if (!shm::take_srq_receive(p.srq_hdr, pop)) {
+    h->torn_qpn.store(0, std::memory_order_release);  // nothing taken
+    // A resized SRQ: its receives wait in the segment it moved to.
+    if (!p.srq_hdr->moved.load(std::memory_order_acquire) || !follow_peer_srq(q, p)) return false;
+    if (!shm::take_srq_receive(p.srq_hdr, pop)) {
+      h->torn_qpn.store(0, std::memory_order_release);
+      return false;
+    }
+  }
   uint32_t limit = p.srq_hdr->limit.load(std::memory_order_relaxed);
   if (limit && p.srq.size() < limit && p.srq_hdr->limit.exchange(0) != 0) {
     // Below the armed limit: the SRQ's holders get IBV_EVENT_SRQ_LIMIT_REACHED
@@ -127,10 +180,13 @@ ibv_srq* new_srq_handle(ibv_pd* pd, uint32_t handle, uint32_t max_sge, void* srq
   st->ctx = to_ctx(pd->context);
   st->handle = handle;
   st->max_sge = std::min(max_sge, shm::kMaxSge);  // the ring slot's room, whatever a daemon says
-  if (int e = attach_srq_segment(st->seg, st->hdr, st->ring, fd, size)) {
+  auto seg = std::make_unique<SrqSegment>();
+  if (int e = attach_srq(*seg, fd, size)) {
     errno = e;
     return nullptr;
   }
+  st->cur.store(seg.get(), std::memory_order_release);
+  st->segs.push_back(std::move(seg));
   auto* srq = static_cast<Srq*>(std::calloc(1, sizeof(Srq)));
   if (!srq) {
     errno = ENOMEM;
@@ -229,20 +285,35 @@ void svx_unimport_srq(ibv_srq* ibsrq) {
 
 int ibv_modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) {
   SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;
-  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
-  if (mask & IBV_SRQ_MAX_WR) return EINVAL;  // resizing is not supported (IBV_DEVICE_SRQ_RESIZE is not set)
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) {
+    std::fprintf(stderr, "softverbs: ibv_modify_srq: attribute mask 0x%x has bits beyond IBV_SRQ_MAX_WR and "
+                         "IBV_SRQ_LIMIT\n", unsigned(mask));
+    return EINVAL;
+  }
+  follow_if_moved(st);  // another holder may have resized it
+  if (mask & IBV_SRQ_MAX_WR) {
+    const uint32_t limit = (mask & IBV_SRQ_LIMIT) ? attr->srq_limit : st.now().hdr->limit.load();
+    if (int e = resize_srq(st, attr->max_wr, limit)) return e;
+  }
   if (mask & IBV_SRQ_LIMIT) {
-    if (attr->srq_limit >= st.hdr->capacity) return EINVAL;
-    st.hdr->limit.store(attr->srq_limit, std::memory_order_release);  // arms it (0 disarms)
+    SrqSegment& s = st.now();
+    if (attr->srq_limit >= s.ring.capacity()) {
+      std::fprintf(stderr, "softverbs: ibv_modify_srq: srq_limit %u is not below the SRQ's size %u\n",
+                   attr->srq_limit, s.ring.capacity());
+      return EINVAL;
+    }
+    s.hdr->limit.store(attr->srq_limit, std::memory_order_release);  // arms it (0 disarms)
   }
   return 0;
 }
 
 int ibv_query_srq(ibv_srq* ibsrq, ibv_srq_attr* attr) {
   SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;
-  attr->max_wr = st.hdr->capacity;
+  follow_if_moved(st);
+  SrqSegment& s = st.now();
+  attr->max_wr = s.ring.capacity();
   attr->max_sge = st.max_sge;
-  attr->srq_limit = st.hdr->limit.load(std::memory_order_relaxed);
+  attr->srq_limit = s.hdr->limit.load(std::memory_order_relaxed);
   return 0;
 }
 
@@ -268,6 +339,97 @@ int ibv_destroy_srq(ibv_srq* ibsrq) {
 
 namespace sv::verbs {
 
+// The SRQ's ring refused a receive: full, or closed by a resize. A resize
+// being moved is waited for (its commit, then the new segment; its abort
+// reopens the ring); a resizer that died mid-way fails the post.
+bool push_after_resize(SrqState& st, const ibv_recv_wr& wr, uint32_t num_sge) {
+  uint64_t deadline = 0;
+  for (;;) {
+    SrqSegment* s = &st.now();
+    if (push_recv_wqe(s->ring, wr, num_sge)) return true;
+    if (s->hdr->moved.load(std::memory_order_acquire)) {
+      if (!follow_srq(st, s)) return false;
+      continue;
+    }
+    if (!s->ring.closed()) return false;  // full
+    uint64_t now = monotonic_ns();
+    if (!deadline) deadline = now + 2'000'000'000ull;
+    if (now > deadline) return false;
+    sched_yield();
+  }
+}
+
+// ibv_modify_srq(3), IBV_SRQ_MAX_WR: the SRQ moves to a new segment of at
+// least max_wr receives with the receives posted to it, in order. Refused
+// (EINVAL) below the receives outstanding or the armed limit, as rxe.
+int resize_srq(SrqState& st, uint32_t max_wr, uint32_t limit) {
+  ContextState& cs = *st.ctx->st;
+  if (max_wr == 0 || max_wr > shm::kMaxQpWr || (limit && max_wr < limit)) {
+    std::fprintf(stderr, "softverbs: ibv_modify_srq: max_wr %u is 0, above the device's %u or below srq_limit %u\n",
+                 max_wr, shm::kMaxQpWr, limit);
+    return EINVAL;
+  }
+  proto::ResizeSrqReq req{};
+  req.handle = st.handle;
+  req.max_wr = max_wr;
+  proto::CreateSrqReply rep{};
+  std::vector<Fd> fds;
+  if (int e = cs.conn.call<proto::Op::ResizeSrq>(req, rep, {}, &fds)) return e;
+  auto done = [&](uint32_t commit) {
+    proto::ResizeSrqDoneReq d{};
+    d.handle = st.handle;
+    d.commit = commit;
+    proto::Empty r{};
+    return cs.conn.call<proto::Op::ResizeSrqDone>(d, r);
+  };
+  auto ns = std::make_unique<SrqSegment>();
+  if (int e = attach_srq(*ns, fds[0].get(), rep.segment_size)) {
+    done(0);
+    return e;
+  }
+  std::lock_guard<std::mutex> g(st.mu);
+  SrqSegment* old = st.cur.load(std::memory_order_acquire);
+  if (old->hdr->moved.load(std::memory_order_acquire)) {  // another holder resized it: start from its segment
+    done(0);
+    return EAGAIN;
+  }
+  // Takers first keep off the ring (take_srq_receive), then posters.
+  old->hdr->moving.store(1, std::memory_order_seq_cst);
+  const uint64_t until = monotonic_ns() + 1'000'000'000ull;
+  while (old->hdr->takers.load(std::memory_order_seq_cst) != 0 && monotonic_ns() < until) sched_yield();
+  uint64_t tail = old->ring.close();
+  if (tail - old->ring.head() > max_wr) {
+    old->ring.reopen();
+    old->hdr->moving.store(0, std::memory_order_release);
+    done(0);
+    std::fprintf(stderr, "softverbs: ibv_modify_srq: max_wr %u is below the %llu receives posted to the SRQ\n",
+                 max_wr, (unsigned long long)(tail - old->ring.head()));
+    return EINVAL;
+  }
+  // Move the posted receives in order (takers are off the ring; one past
+  // the bounded wait above still takes from its head). A slot reserved
+  // before the close may still be being written: wait for it (one of a
+  // dead poster is voided by the pop).
+  shm::RecvWqe w;
+  while (old->ring.head() < tail) {
+    if (old->ring.pop(w))
+      ns->ring.push(w);
+    else
+      __builtin_ia32_pause();
+  }
+  ns->hdr->limit.store(old->hdr->limit.load());
+  if (int rc = done(1)) {  // the daemon sets old->moved: posters and senders follow
+    // Not committed: put the receives back in the old ring (they came from there).
+    old->ring.reopen();
+    while (ns->ring.pop(w)) old->ring.push(w);
+    old->hdr->moving.store(0, std::memory_order_release);
+    return rc;
+  }
+  st.cur.store(ns.get(), std::memory_order_release);
+  st.segs.push_back(std::move(ns));
+  return 0;
+}
+
 int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   SrqState& st = *reinterpret_cast<Srq*>(ibsrq)->st;
   if (st.ctx->st->dead.load(std::memory_order_relaxed)) {
@@ -280,12 +442,12 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       *bad = wr;
       return EINVAL;
     }
-    if (!push_recv_wqe(st.ring, *wr, uint32_t(num_sge))) {
+    if (!push_recv_wqe(st.now().ring, *wr, uint32_t(num_sge)) && !push_after_resize(st, *wr, uint32_t(num_sge))) {
       *bad = wr;
       return ENOMEM;
     }
   }
-  st.ring.prefetch_next_push();  // as post_recv (qp.cc)
+  st.now().ring.prefetch_next_push();  // as post_recv (qp.cc)
   return 0;
 }
 

@@ -590,11 +590,18 @@ TEST_F(Errors, ModifySrqLimitAboveItsSizeIsEinval) {
   EXPECT_EQ(0, ibv_modify_srq(srq, &m, IBV_SRQ_LIMIT));
   ASSERT_EQ(0, ibv_query_srq(srq, &q));
   EXPECT_EQ(4u, q.srq_limit);
-  // Resizing needs IBV_DEVICE_SRQ_RESIZE, which the device does not report.
-  if (!(dev.device_cap_flags & IBV_DEVICE_SRQ_RESIZE)) {
-    m.max_wr = 64;
-    EXPECT_NE(0, ibv_modify_srq(srq, &m, IBV_SRQ_MAX_WR));
-  }
+  // The device resizes SRQs (IBV_DEVICE_SRQ_RESIZE); not below the armed
+  // limit, nor to 0; the limit stays armed.
+  EXPECT_TRUE(dev.device_cap_flags & IBV_DEVICE_SRQ_RESIZE);
+  m.max_wr = 2;
+  EXPECT_EQ(EINVAL, ibv_modify_srq(srq, &m, IBV_SRQ_MAX_WR));
+  m.max_wr = 0;
+  EXPECT_EQ(EINVAL, ibv_modify_srq(srq, &m, IBV_SRQ_MAX_WR));
+  m.max_wr = 64;
+  EXPECT_EQ(0, ibv_modify_srq(srq, &m, IBV_SRQ_MAX_WR));
+  ASSERT_EQ(0, ibv_query_srq(srq, &q));
+  EXPECT_GE(q.max_wr, 64u);
+  EXPECT_EQ(4u, q.srq_limit);
   EXPECT_EQ(0, ibv_destroy_srq(srq));
 }
 
