@@ -92,10 +92,11 @@ void move_to_error(ProcessQp& q) {
   proto::Empty rep{};
   cs.conn.call<proto::Op::ModifyQp>(req, rep);
   {
+    // ibv_qp::state too: ibv_modify_qp writes it from the application's thread.
     std::lock_guard<std::mutex> g(q.attr_mu);
     q.attr.qp_state = IBV_QPS_ERR;
+    reinterpret_cast<ibv_qp*>(&to_qp_from_state(q)->qpx)->state = IBV_QPS_ERR;
   }
-  reinterpret_cast<ibv_qp*>(&to_qp_from_state(q)->qpx)->state = IBV_QPS_ERR;
   flush_sq_locked(q);
   flush_rq(q);
 }
@@ -409,9 +410,14 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   proto::Empty rep{};
   if (int e = q.ctx->st->conn.call<proto::Op::ModifyQp>(req, rep)) return e;
 
-  ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : ibqp->state;
+  ibv_qp_state next;
+  {
+    // ibv_qp::state is also written by the progress thread (move_to_error).
+    std::lock_guard<std::mutex> g(q.attr_mu);
+    next = (mask & IBV_QP_STATE) ? attr->qp_state : ibqp->state;
+    ibqp->state = next;
+  }
   remember_attr(q, *attr, mask, next);
-  ibqp->state = next;
   if (mask & IBV_QP_STATE) {
     // A peer on another host: the QP goes on the wire at RTR (roce_link.h).
     ibv_qp_attr now;

@@ -138,10 +138,10 @@ void publish_error(RoceQp& r) {
   proto::Empty rep{};
   q.ctx->st->conn.call<proto::Op::ModifyQp>(req, rep);
   {
-    std::lock_guard<std::mutex> g(q.attr_mu);
+    std::lock_guard<std::mutex> g(q.attr_mu);  // ibv_modify_qp writes ibv_qp::state under it too
     q.attr.qp_state = IBV_QPS_ERR;
+    q.self->qpx.qp_base.state = IBV_QPS_ERR;
   }
-  q.self->qpx.qp_base.state = IBV_QPS_ERR;
 }
 
 // Then, once the engine's own completions are out, what waits in the
