@@ -196,12 +196,7 @@ void EngineQp::on_a19_response(SendWqe& r, const Packet& p) {
   acknowledge_through(psn_add(r.first_psn, -1));
   r.done = true;
   rd_atomic_in_flight_--;
-  una_ = psn_add(p.bth.psn, 1);
-  last_acked_ = p.bth.psn;
-  retry_left_ = cfg_.retry_cnt & 7;
-  rnr_left_ = cfg_.rnr_retry & 7;
-  retire();
-  arm_retransmit_timer();
+  responded_through(p.bth.psn);
 }
 
 void EngineQp::on_read_response(const Packet& p) {
@@ -240,6 +235,12 @@ void EngineQp::on_read_response(const Packet& p) {
     r->done = true;
     rd_atomic_in_flight_--;
   }
+  responded_through(psn);
+}
+
+// A response (READ, atomic, A19) at `psn` moved the requester on: what it
+// acknowledges retires, the retry budgets start again (IBTA 9.7.5.1.6).
+void EngineQp::responded_through(uint32_t psn) {
   una_ = psn_add(psn, 1);
   last_acked_ = psn;
   retry_left_ = cfg_.retry_cnt & 7;
@@ -266,12 +267,7 @@ void EngineQp::on_atomic_ack(const Packet& p) {
   }
   r->done = true;
   rd_atomic_in_flight_--;
-  una_ = psn_add(p.bth.psn, 1);
-  last_acked_ = p.bth.psn;
-  retry_left_ = cfg_.retry_cnt & 7;
-  rnr_left_ = cfg_.rnr_retry & 7;
-  retire();
-  arm_retransmit_timer();
+  responded_through(p.bth.psn);
 }
 
 void EngineQp::on_timers() {

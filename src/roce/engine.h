@@ -431,6 +431,7 @@ class EngineQp {
   void on_read_response(const Packet& p);
   void on_atomic_ack(const Packet& p);
   void on_a19_response(SendWqe& r, const Packet& p);
+  void responded_through(uint32_t psn);
   bool acknowledge_through(uint32_t psn);
   void retire();
   void position(uint32_t psn);
