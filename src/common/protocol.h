@@ -98,6 +98,7 @@ enum class Op : uint16_t {
   ResizeSrq,       // a new, pending segment for an SRQ (IBV_SRQ_MAX_WR); reply fd: that segment
   ResizeSrqDone,   // commit (the SRQ moves to the pending segment) or abort a ResizeSrq
   GetSrq,          // the current segment of an SRQ I hold or reach; reply fd: the segment
+  Counters,        // the port's counters and, a page at a time, each QP's (common/counters.h), of the caller's own QPs
   kCount
 };
 
@@ -816,6 +817,30 @@ struct WireCountersReply {
   uint64_t values[16];
 };
 static_assert(sizeof(WireCountersReply) <= kMaxMessage);
+
+// Counters: the named counters (common/counters.h, counters::kNames' order)
+// summed over the QPs the caller may see (as WireCounters: its own user's,
+// every user's for root; live and destroyed), and the live ones' own, a
+// page at a time by QPN.
+constexpr uint32_t kCounterSlots = 24;  // >= counters::kCount
+constexpr size_t kCounterPage = 3;
+struct CountersReq {
+  Header h;
+  uint32_t after;  // the page starts at the first QPN above this one (0: the first)
+  uint32_t reserved;
+};
+struct CounterEntry {
+  uint32_t qpn, pid, uid, context;  // pid: its context's opener
+  uint64_t values[kCounterSlots];
+};
+struct CountersReply {
+  Header h;
+  uint32_t count;      // QP entries in this page; fewer than kCounterPage: the last page
+  uint32_t ncounters;  // counters::kCount
+  uint64_t port[kCounterSlots];
+  CounterEntry entries[kCounterPage];
+};
+static_assert(sizeof(CountersReply) <= kMaxMessage);
 
 template <class T>
 inline void init_header(T& m, Op op, uint32_t seq = 0) {

@@ -37,7 +37,8 @@ constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
 //    (RingHeader.tail_by, head_by; shm_ring.h)
 // 6: QpSegmentHeader.progress_pid (who carries out the send queue)
 // 7: QpSegmentHeader.wire (the QP's RoCEv2 counts, `rdma statistic show`)
-constexpr uint32_t kLayoutVersion = 7;
+// 8: QpSegmentHeader.req_counts, rsp_counts (the shared-memory path's counts)
+constexpr uint32_t kLayoutVersion = 8;
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -189,6 +190,9 @@ enum WireCounter : uint32_t {
   kWireCounterCount
 };
 
+constexpr uint32_t kReqCounterSlots = 8;
+constexpr uint32_t kRspCounterSlots = 8;
+
 struct QpSegmentHeader {
   uint32_t magic;
   uint32_t qpn;
@@ -260,6 +264,12 @@ struct QpSegmentHeader {
   // daemon sums them for `rdma statistic show` (Op::WireCounters), for the
   // QP's own user: whatever a holder writes here, it shows only to itself.
   alignas(64) std::atomic<uint64_t> wire[kWireCounterCount];
+  // The QP's counts on the shared-memory path (common/counters.h): as
+  // requester (ShmReq), written by its holders under send_lock; as
+  // responder (ShmRsp), written by the requesters of its own user that
+  // reach it, on their own line. Shown, as `wire`, only to the QP's user.
+  alignas(64) std::atomic<uint64_t> req_counts[kReqCounterSlots];
+  alignas(64) std::atomic<uint64_t> rsp_counts[kRspCounterSlots];
 };
 static_assert(sizeof(QpSegmentHeader) <= 4096);
 constexpr uint64_t kSendOpsExtended = 1ull << 63;

@@ -352,6 +352,7 @@ SV_HANDLER(WireCounters) {
   env.registry.wire_counters(env.client, rep);
   return 0;
 }
+SV_HANDLER(Counters) { return env.registry.counters_page(env.client, req, rep); }
 // ---- rdma_cm ports (cm_ports.h) -----------------------------------------
 SV_HANDLER(CmBind) {
   int fd = -1;

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/counters.h"
 #include "common/protocol.h"
 #include "common/shm_layout.h"
 #include "common/sys.h"
@@ -226,6 +227,9 @@ struct Qp : Object {
   uint64_t med_finished = 0, med_done = 0;
   uint32_t med_stop_epoch = 0;
   uint8_t med_stop = 0;  // MedStop
+  // Its counts between users (counters::Mediated): the daemon's own, of
+  // what it carried out for and to this QP.
+  uint64_t med_counts[counters::kMedCount] = {};
   Held held() const {
     return {Ref{ObjKind::kPd, pd}, Ref{ObjKind::kCq, send_cq}, Ref{ObjKind::kCq, recv_cq}, Ref{ObjKind::kSrq, srq},
             Ref{ObjKind::kXrcd, xrcd}};

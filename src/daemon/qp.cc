@@ -226,7 +226,7 @@ int Registry::modify_qp(Qp& qp, const proto::ModifyQpReq& r) {
 void Registry::release_qp(uint32_t qpn) {
   auto it = qps_.find(qpn);
   if (it == qps_.end()) return;
-  retire_wire_counters(it->second);
+  retire_counters(it->second);
   QpEntry& e = qp_slot(qpn);
   e.state.store(IBV_QPS_ERR, std::memory_order_release);
   e.qpn.store(0, std::memory_order_release);

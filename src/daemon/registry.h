@@ -138,9 +138,15 @@ class Registry : private MediationTables {
   // (resources.cc): its own user's; every user's for root. EINVAL for an
   // unknown kind.
   int res_list(uint32_t client, const proto::ResListReq& req, proto::ResListReply& rep) const;
-  // The RoCEv2 port counters of the QPs the client may see (as res_list),
-  // live and destroyed (resources.cc).
+  // The port counters of the QPs the client may see (as res_list), live
+  // and destroyed (counters.cc): the first 15 named ones (rxe's).
   void wire_counters(uint32_t client, proto::WireCountersReply& rep) const;
+  // Op::Counters: the same sums, every named counter, and a page of the
+  // live QPs' own from QPN req.after on (counters.cc).
+  int counters_page(uint32_t client, const proto::CountersReq& req, proto::CountersReply& rep) const;
+  // A request between users the daemon finished (Op::Mediate, MediatePost):
+  // counted against requester QP `qpn` and its destination (counters.cc).
+  void count_mediated(uint32_t qpn, uint32_t opcode, const proto::MediateReply& rep);
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
   // Per-user limits (quota.h); the server charges connections here too.
@@ -206,9 +212,15 @@ class Registry : private MediationTables {
   // `qp`: requester QP req.qpn, which the client holds (resolved by the command layer).
   int mediate(uint32_t client, const daemon::Qp& qp, const proto::MediateReq& req, proto::MediateReply& rep,
               std::unique_ptr<MediationJob>* defer = nullptr) {
-    return mediation_.mediate_as(client, {qp.type, qp.pd, qp.recv_cq}, req, rep, defer);
+    const int e = mediation_.mediate_as(client, {qp.type, qp.pd, qp.recv_cq}, req, rep, defer);
+    if (e == 0 && !(defer && *defer)) count_mediated(req.qpn, req.opcode, rep);
+    return e;
   }
-  int finish_mediation(MediationJob& job, proto::MediateReply& rep) { return mediation_.finish(job, rep); }
+  int finish_mediation(MediationJob& job, proto::MediateReply& rep) {
+    const int e = mediation_.finish(job, rep);
+    if (e == 0) count_mediated(job.requester_qpn, job.opcode, rep);
+    return e;
+  }
   // Op::MediatePost: one pipelined request, checked and carried out as
   // mediate() does, in the order of its connection; no reply. Its outcome
   // goes to the QP segment's counts and, where due, to the send CQ. An
@@ -468,9 +480,11 @@ class Registry : private MediationTables {
   void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                       const proto::MediateReply& rep);
   void release_qp(uint32_t qpn);
-  // A QP going: its wire counts join its user's totals (resources.cc).
-  void retire_wire_counters(const Qp& q);
-  std::map<uid_t, std::array<uint64_t, shm::kWireCounterCount>> retired_wire_;
+  // A QP going: its counts join its user's totals (counters.cc).
+  void retire_counters(const Qp& q);
+  void qp_counters(const Qp& q, counters::Values& out) const;
+  void port_counters(uid_t me, counters::Values& out) const;
+  std::map<uid_t, std::array<uint64_t, counters::kCount>> retired_counters_;
 
   uint64_t boot_id_ = 0;
 

@@ -156,6 +156,7 @@ int Registry::mediate_gone(const Qp& q, uint32_t sender) { return holds(q, ctx(s
 void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                               const proto::MediateReply& rep) {
   auto* h = q.map.as<QpSegmentHeader>();
+  count_mediated(qpn, opcode, rep);
   ++q.med_finished;
   const bool error = rep.outcome == proto::kMediateError;
   if (rep.outcome == proto::kMediateDone || error) {

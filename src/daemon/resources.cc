@@ -119,45 +119,4 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
   }
 }
 
-namespace {
-
-// The wire counts in a QP's segment (none if it has no segment).
-const std::atomic<uint64_t>* wire_of(const Mapping& m) {
-  if (!m.get() || m.size() < sizeof(shm::QpSegmentHeader)) return nullptr;
-  return m.as<shm::QpSegmentHeader>()->wire;
-}
-
-}  // namespace
-
-void Registry::retire_wire_counters(const Qp& q) {
-  const std::atomic<uint64_t>* w = wire_of(q.map);
-  if (!w) return;
-  auto& total = retired_wire_[q.uid];
-  for (uint32_t i = 0; i < shm::kWireCounterCount; ++i) total[i] += w[i].load(std::memory_order_relaxed);
-}
-
-// The sums wrap: the counts come from memory the QP's processes write, and
-// only their own user sees what they add up to.
-void Registry::wire_counters(uint32_t client, proto::WireCountersReply& rep) const {
-  static_assert(shm::kWireCounterCount <= std::size(proto::WireCountersReply{}.values));
-  rep.count = shm::kWireCounterCount;
-  const uid_t me = client_uid(client);
-  if (me == uid_t(-1)) return;
-  for (const auto& [uid, total] : retired_wire_) {
-    if (me != 0 && uid != me) continue;
-    for (uint32_t i = 0; i < shm::kWireCounterCount; ++i) rep.values[i] += total[i];
-  }
-  auto add = [&](const Qp& q) {
-    if (const std::atomic<uint64_t>* w = wire_of(q.map))
-      for (uint32_t i = 0; i < shm::kWireCounterCount; ++i) rep.values[i] += w[i].load(std::memory_order_relaxed);
-  };
-  if (me == 0) {
-    for (const auto& [qpn, q] : qps_) add(q);
-    return;
-  }
-  // Another user's: its own contexts' QPs, by the owner index.
-  for (uint32_t c : contexts_of_user(me))
-    for (uint32_t qpn : qps_.of(c)) add(qps_.find(qpn)->second);
-}
-
 }  // namespace sv::daemon

@@ -19,6 +19,7 @@
 #include "common/access.h"
 #include "common/responder_core.h"
 #include "common/trace.h"
+#include "verbs/counting.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
 #include "verbs/roce_link.h"
@@ -389,7 +390,7 @@ Outcome flush_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
 
 // A request to a peer in shared memory, by the kind its opcode rule names
 // (wr_rules.h; validate_wr() accepted it for this QP type).
-Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+Outcome execute_kind(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   switch (wr_rule(w.opcode).kind) {
     case WrKind::kSend: return send_to(q, p, w);
     case WrKind::kWrite: return write_to(q, p, w);
@@ -399,6 +400,14 @@ Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
     case WrKind::kFlush: return flush_at(q, p, w);
     default: return {Step::kError, IBV_WC_LOC_QP_OP_ERR};
   }
+}
+
+// ... counted (counting.h) when it was carried out.
+Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+  const Outcome o = execute_kind(q, p, w);
+  const WrRule& r = wr_rule(w.opcode);
+  if (o.step == Step::kDone) count_done<false>(*q.hdr, *p.hdr, r.kind, r.flags & kWrRecv, o.byte_len);
+  return o;
 }
 
 // The execute operation of RC (and, through execute_uc, UC) QPs. A local
@@ -455,6 +464,7 @@ void complete(ProcessQp& q, const shm::SendWqe& w, ibv_wc_status status, uint32_
 
 void fail(ProcessQp& q, const shm::SendWqe& w, const Outcome& o) {
   SV_TRACE("QP 0x%x: wr_id %llu failed: %s", q.qpn, (unsigned long long)w.wr_id, ibv_wc_status_str(o.status));
+  if (!q.peer || !q.peer->mediated) count_error(*q.hdr, o.status);  // the daemon counts a mediated one
   complete(q, w, o.status, 0);
   if (o.peer_error && q.peer) {
     ContextState& cs = *q.ctx->st;
@@ -591,6 +601,7 @@ inline Peer* attached_peer(ProcessQp& q) {
   }
   if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
     deliver_recv_completion(q, p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
+  count_done<true>(*q.hdr, *p.hdr, WrKind::kWrite, opcode == IBV_WR_RDMA_WRITE_WITH_IMM, len);
   return true;
 }
 
@@ -637,6 +648,7 @@ inline Peer* attached_peer(ProcessQp& q) {
       if (!from) return false;
       core::store_tail_last(const_cast<uint8_t*>(src), from, len);
     }
+    count_done<true>(*q.hdr, *p->hdr, WrKind::kRead, false, len);
   } else if (write) {
     if (!fast_write(q, *p, wr, opcode, src, len)) return false;
   } else {
@@ -659,6 +671,7 @@ inline Peer* attached_peer(ProcessQp& q) {
       copy_segments(remote, int(nr), &local, 1, len);
     }
     deliver_recv_completion(q, *p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
+    count_done<true>(*q.hdr, *p->hdr, WrKind::kSend, true, len);
   }
   if (q.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED))
     push_send_completion(q, wr->wr_id, send ? IBV_WC_SEND : read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/counters.h"
 #include "common/mgid.h"
 #include "verbs/requester_internal.h"
 #include "verbs/roce_link.h"
@@ -83,6 +84,8 @@ bool deliver_ud(ProcessQp& q, Peer& p, const shm::SendWqe& w, const Seg* local, 
   if (w.ud_grh) wc.wc_flags |= IBV_WC_GRH;
   if (!p.recv_cq.push(wc, (w.send_flags & IBV_SEND_SOLICITED) != 0, &q.hdr->torn_qpn))  // as push_recv_completion
     q.hdr->torn_qpn.store(0, std::memory_order_release);
+  counters::add(p.hdr->rsp_counts[counters::kRspRecvs], 1);  // several senders may reach it at once
+  counters::add(p.hdr->rsp_counts[counters::kRspRcvdBytes], total);
   return true;
 }
 
@@ -107,6 +110,10 @@ Outcome execute_ud(ProcessQp& q, const shm::SendWqe& w) {
   ibv_wc_status err = IBV_WC_SUCCESS;
   if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
   if (total > 4096) return {Step::kError, IBV_WC_LOC_LEN_ERR};  // larger than the path MTU
+  // Sent, whether or not anyone receives it (counting.h).
+  counters::bump(q.hdr->req_counts[counters::kReqOps], 1);
+  counters::bump(q.hdr->req_counts[counters::kReqSends], 1);
+  counters::bump(q.hdr->req_counts[counters::kReqSentBytes], total);
   if (is_multicast(w)) {
     std::vector<uint32_t> members;
     if (w.ud_qpn != kMulticastQpn || !mcast_members(*q.ctx->st, w.ud_grh ? w.ud_dgid : nullptr,
