@@ -4,7 +4,7 @@
 // facts are device_info.h's (as ibv_query_device/port and the sysfs view
 // give them); its objects and counters come from the daemon the program's
 // own verbs calls would reach (common/paths.h), asked with Op::ResList and
-// Op::WireCounters: one that is not running holds no objects and counted
+// Op::Counters: one that is not running holds no objects and counted
 // nothing, and no daemon is started for asking.
 #include <infiniband/verbs.h>
 #include <unistd.h>
@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "common/counters_query.h"
 #include "common/device_info.h"
 #include "common/paths.h"
 #include "common/protocol.h"
@@ -36,14 +37,6 @@ void port_netdev(PortFacts& p) {
     }
   }
 }
-
-// rxe's port counters (drivers/infiniband/sw/rxe/rxe_hw_counters.c), by
-// the names it gives them, in shm::WireCounter's order.
-constexpr const char* kCounterNames[] = {
-    "sent_pkts",          "rcvd_pkts",     "duplicate_request", "out_of_seq_request", "rcvd_rnr_err",
-    "send_rnr_err",       "rcvd_seq_err",  "ack_deferred",      "retry_exceeded_err", "retry_rnr_exceeded_err",
-    "completer_retry_err", "send_err",     "link_downed",       "rdma_sends",         "rdma_recvs"};
-static_assert(std::size(kCounterNames) == shm::kWireCounterCount);
 
 class HostSource : public Source {
  public:
@@ -115,27 +108,20 @@ int HostSource::list(uint32_t kind, std::vector<proto::ResEntry>& out) {
   }
 }
 
-// The daemon's sums of the wire counts (RoCEv2) of the caller's QPs; with
-// no daemon running, nothing was counted: zeros.
+// The daemon's sums of the counters (common/counters.h: rxe's names, then
+// softverbs' own) of the caller's QPs; with no daemon running, nothing was
+// counted: zeros.
 int HostSource::counters(uint32_t, std::vector<Counter>& out) {
-  proto::WireCountersReply rep{};
+  sv::counters::Snapshot snap;
   if (int e = connect(); e == 0) {
-    proto::Empty req{};
-    proto::init_header(req, proto::Op::WireCounters, ++seq_);
-    std::vector<Fd> fds;
-    size_t len = 0;
-    if ((e = send_message(sock_.get(), &req, sizeof req, {})) == 0)
-      e = recv_message(sock_.get(), &rep, sizeof rep, &len, fds);
-    if (e == 0 && (len != sizeof rep || rep.count > std::size(rep.values))) e = EPROTO;
-    if (e == 0) e = rep.h.status;
-    if (e) {
+    if ((e = sv::counters::query(sock_.get(), seq_, snap, false))) {
       std::fprintf(stderr, "softverbs: rdma netlink: the daemon's counters: %s\n", std::strerror(e));
       return e;
     }
   } else if (e != ENOENT && e != ECONNREFUSED) {
     return e;
   }
-  for (uint32_t i = 0; i < shm::kWireCounterCount; ++i) out.push_back({kCounterNames[i], i < rep.count ? rep.values[i] : 0});
+  for (uint32_t i = 0; i < sv::counters::kCount; ++i) out.push_back({sv::counters::kNames[i], snap.port[i]});
   return 0;
 }
 
