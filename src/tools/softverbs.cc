@@ -34,6 +34,7 @@
 #include "tools/cdi.h"
 #include "tools/doctor.h"
 #include "tools/oci_hook.h"
+#include "tools/status_counters.h"
 #include "common/protocol.h"
 #include "common/device_info.h"
 #include "common/sys.h"
@@ -279,7 +280,43 @@ int list_names() {
   }
 }
 
-int status() {
+// A string as a JSON string's contents (RFC 8259, 7).
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += char(c);
+    }
+  }
+  return o;
+}
+
+// `softverbs status --json`: the daemon's facts and the counters
+// (status_counters.h; docs/LAB.md for the schema) on stdout.
+int status_json(int sock, const sv::proto::StatusReply& rep, const std::string& dir) {
+  sv::counters::Snapshot snap;
+  uint32_t seq = 10;
+  if (int e = sv::tools::fetch_counters(sock, seq, snap)) {
+    std::fprintf(stderr, "softverbs status: the daemon's counters: %s; see %s/daemon.log\n", std::strerror(e),
+                 dir.c_str());
+    return 1;
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "\"pid\": %u, \"clients\": %u, \"pds\": %u, \"mrs\": %u, \"cqs\": %u, \"qps\": %u, "
+                "\"system\": %s, \"dir\": \"",
+                rep.daemon_pid, rep.clients, rep.pds, rep.mrs, rep.cqs, rep.qps,
+                (rep.served_as & sv::proto::kServedAsSystem) ? "true" : "false");
+  std::fputs(sv::tools::counters_json(snap, buf + json_escape(dir) + "\"").c_str(), stdout);
+  return 0;
+}
+
+int status(bool json) {
   std::string dir = daemon_dir();
   sv::Fd s;
   if (int e = connect_daemon(dir, s)) {
@@ -300,6 +337,7 @@ int status() {
     std::printf("softverbsd: bad status reply; see %s/daemon.log\n", dir.c_str());
     return 1;
   }
+  if (json) return status_json(s.get(), rep, dir);
   sv::proto::Empty areq{};
   sv::proto::init_header(areq, sv::proto::Op::Accounts, 2);
   sv::proto::AccountsReply arep{};
@@ -349,7 +387,26 @@ int status() {
     if (arep.others_bytes) std::printf("  (more processes: %llu bytes)\n", (unsigned long long)arep.others_bytes);
     for (auto& [uid, b] : per_user) std::printf("  user %u: %llu bytes locked\n", uid, (unsigned long long)b);
   }
+  sv::counters::Snapshot snap;
+  uint32_t seq = 10;
+  if (int e = sv::tools::fetch_counters(s.get(), seq, snap))
+    std::printf("counters: not read: %s\n", std::strerror(e));
+  else
+    sv::tools::print_counters(snap);
   return 0;
+}
+
+// status [--json]
+int status_main(int argc, char** argv) {
+  if (argc == 0) return status(false);
+  if (argc == 1 && std::strcmp(argv[0], "--json") == 0) return status(true);
+  if (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0) {
+    std::printf("usage: softverbs status [--json]\n");
+    return 0;
+  }
+  std::fprintf(stderr, "softverbs status: unexpected argument '%s'; try 'softverbs status' or 'softverbs status --json'\n",
+               argv[0]);
+  return 2;
 }
 
 // ---- The machine-wide mode -------------------------------------------------
@@ -550,7 +607,8 @@ constexpr const char* kUsage =
     "usage: softverbs COMMAND [ARGS...]\n"
     "  run [--no-view] [--] CMD [ARGS...]\n"
     "                          run CMD, unmodified, on the softverbs device\n"
-    "  status                  what the daemon holds (objects, locked memory)\n"
+    "  status [--json]         what the daemon holds (objects, locked memory) and its counters;\n"
+    "                          --json: the counters per port, context and QP as JSON (docs/LAB.md)\n"
     "  ls                      names published in the daemon's namespace\n"
     "  doctor [--program P] [--memlock BYTES]\n"
     "                          checks this set-up, one line each with its fix (the library of P;\n"
@@ -570,7 +628,7 @@ constexpr const char* kUsage =
     "Environment: SOFTVERBS_DIR (the per-user daemon's directory), SOFTVERBS_SYSTEM=1\n"
     "(the host-wide daemon), SOFTVERBS_LIB, SOFTVERBSD. See softverbs(1).\n";
 
-// status and ls take no arguments but help.
+// ls and disable take no arguments but help.
 int no_args(const char* cmd, int argc, char** argv, int (*fn)()) {
   if (argc == 0) return fn();
   if (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0) {
@@ -598,7 +656,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "run") return run(argc - 2, argv + 2);
-  if (cmd == "status") return no_args("status", argc - 2, argv + 2, status);
+  if (cmd == "status") return status_main(argc - 2, argv + 2);
   if (cmd == "ls") return no_args("ls", argc - 2, argv + 2, list_names);
   if (cmd == "doctor") return sv::tools::doctor_main(argc - 2, argv + 2, {library_dir(), self_dir() + "/softverbs"});
   if (cmd == "enable") return enable(argc - 2, argv + 2);
