@@ -1,0 +1,43 @@
+#!/bin/bash
+# compat.counters: the device's counters (docs/LAB.md, "Counters") against
+# known traffic. Debian's ibv_rc_pingpong -n 100 -s 4096 (both sides send
+# and receive 100 messages of 4096 bytes over shared memory), then:
+# `rdma statistic show` (iproute2, through the netlink stand-in) must show
+# exactly rdma_sends 200, rdma_recvs 200, sent_bytes and rcvd_bytes 819200,
+# shm_ops 200 and no packet; `softverbs status --json` must parse
+# (python3 -m json.tool) and say the same.
+#   counters.sh BIN_DIR PORT
+. "$(dirname "$0")/lib.sh"
+port=${2:?TCP port for ibv_rc_pingpong}
+require rdma ibv_rc_pingpong python3
+compat_setup
+out="$COMPAT_DIR/counters"
+
+run_pair pingpong "$port" ibv_rc_pingpong -g 0 -p "$port" -s 4096 -n 100 -- \
+  ibv_rc_pingpong -g 0 -p "$port" -s 4096 -n 100 127.0.0.1 || fail "ibv_rc_pingpong failed"
+
+sv_run rdma statistic show >"$out.stat" 2>&1 || fail "rdma statistic show exited $?"
+for want in "sent_pkts 0" "rcvd_pkts 0" "rdma_sends 200" "rdma_recvs 200" "sent_bytes 819200" \
+  "rcvd_bytes 819200" "shm_ops 200" "mediated_ops 0" "shm_errors 0"; do
+  grep -Eq "^link sv0/1 .*\\b$want\\b" "$out.stat" || fail "rdma statistic show: want '$want'"
+done
+
+"$SV" status --json >"$out.json" 2>"$out.json.err" || fail "softverbs status --json exited $?"
+python3 -m json.tool "$out.json" >/dev/null || fail "softverbs status --json: not JSON"
+python3 - "$out.json" "$out.stat" <<'PY' || fail "softverbs status --json: not what rdma statistic show says"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["schema"] == "softverbs-status/1", doc["schema"]
+port = doc["ports"][0]
+assert port["device"] == "sv0" and port["port"] == 1, port
+assert list(port["counters"]) == doc["counter_names"], "counters in counter_names' order"
+words = open(sys.argv[2]).read().split()
+stat = {words[i]: int(words[i + 1]) for i in range(2, len(words) - 1, 2)}
+assert stat == port["counters"], (stat, port["counters"])
+assert doc["contexts"] == [], "no QP lives once ibv_rc_pingpong exited"
+PY
+
+if [ "$_compat_failures" -ne 0 ]; then
+  for f in "$out".*; do show "$(basename "$f")" "$f"; done
+fi
+finish
