@@ -130,7 +130,7 @@ inline void add_qp(const shm::QpSegmentHeader* hp, const uint64_t* med, Values& 
 inline void bump(std::atomic<uint64_t>& c, uint64_t n) {
 #if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
   static_assert(sizeof(std::atomic<uint64_t>) == 8);
-  asm volatile("addq %1, %0" : "+m"(c) : "er"(n));
+  asm("addq %1, %0" : "+m"(c) : "er"(n));
 #else
   c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 #endif

@@ -592,6 +592,7 @@ inline Peer* attached_peer(ProcessQp& q) {
     p.recv_cq.prefetch_push();  // as for a SEND (fast_post): the completion is what the responder waits for
     if (!pop_peer_recv(q, p, r)) return false;
   }
+  count_done<true>(*q.hdr, *p.hdr, WrKind::kWrite, opcode == IBV_WR_RDMA_WRITE_WITH_IMM, len);  // nothing fails now
   core::store_tail_last(dst, src, len);
   // Bookkeeping after the data store, which is what the responder waits for.
   if (len) {
@@ -601,7 +602,6 @@ inline Peer* attached_peer(ProcessQp& q) {
   }
   if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
     deliver_recv_completion(q, p, r.wr_id, IBV_WC_SUCCESS, uint32_t(len), opcode, wr->send_flags, wr->imm_data, 0);
-  count_done<true>(*q.hdr, *p.hdr, WrKind::kWrite, opcode == IBV_WR_RDMA_WRITE_WITH_IMM, len);
   return true;
 }
 
@@ -646,9 +646,11 @@ inline Peer* attached_peer(ProcessQp& q) {
       const uint8_t* from =
           fast_remote(q, *p, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len, IBV_ACCESS_REMOTE_READ);
       if (!from) return false;
+      count_done<true>(*q.hdr, *p->hdr, WrKind::kRead, false, len);  // nothing fails from here on
       core::store_tail_last(const_cast<uint8_t*>(src), from, len);
+    } else {
+      count_done<true>(*q.hdr, *p->hdr, WrKind::kRead, false, 0);
     }
-    count_done<true>(*q.hdr, *p->hdr, WrKind::kRead, false, len);
   } else if (write) {
     if (!fast_write(q, *p, wr, opcode, src, len)) return false;
   } else {
