@@ -33,6 +33,7 @@
 #include "common/paths.h"
 #include "tools/cdi.h"
 #include "tools/doctor.h"
+#include "tools/hw_counters.h"
 #include "tools/oci_hook.h"
 #include "tools/status_counters.h"
 #include "common/protocol.h"
@@ -173,6 +174,18 @@ void preload_netlink(const std::string& lib) {
 #endif
 }
 
+std::string daemon_dir();
+int connect_daemon(const std::string& dir, sv::Fd& s);
+
+// The view's port counter files (ports/1/hw_counters), kept up to date
+// while the program runs (tools/hw_counters.h), when this process made a
+// view it may write.
+void refresh_view_counters() {
+  const std::string port_dir = std::string("/sys/class/infiniband/") + sv::dev::kName + "/ports/1";
+  if (::access((port_dir + "/hw_counters").c_str(), W_OK) != 0) return;
+  sv::tools::start_hw_counters_refresh(port_dir, [](sv::Fd& s) { return connect_daemon(daemon_dir(), s); });
+}
+
 int run(int argc, char** argv) {
   if (argc > 0 && (std::strcmp(argv[0], "-h") == 0 || std::strcmp(argv[0], "--help") == 0)) {
     std::fputs(kRunUsage, stdout);
@@ -204,6 +217,7 @@ int run(int argc, char** argv) {
   if (view && ::geteuid() != 0 && !sv::use_system_daemon() && !std::getenv("SOFTVERBS_NO_SPAWN"))
     start_daemon_outside_view(lib);
   if (view) enter_view_or_warn();
+  if (view) refresh_view_counters();
   ::execvp(argv[0], argv);
   int e = errno;
   std::fprintf(stderr, "softverbs run: %s: %s%s\n", argv[0], std::strerror(e),

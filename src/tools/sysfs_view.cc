@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <set>
 
+#include "common/counters.h"
+
 namespace sv::view {
 
 DeviceFacts this_device(const std::string& dev_numbers) {
@@ -108,6 +110,10 @@ void port_entries(const DeviceFacts& f, const std::string& p, std::vector<Entry>
   }
   dir(p + "/pkeys");
   for (uint32_t i = 0; i < pt.pkey_tbl_len; ++i) file(p + "/pkeys/" + std::to_string(i), hex(i ? 0 : pt.pkey, 4));
+  // hw_counters/: the port's counters by name, as rxe's (docs/LAB.md), 0
+  // until `softverbs run` refreshes them (tools/hw_counters.h).
+  dir(p + "/hw_counters");
+  for (const char* n : counters::kNames) file(p + "/hw_counters/" + n, "0");
 }
 
 }  // namespace

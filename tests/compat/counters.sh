@@ -4,7 +4,8 @@
 # and receive 100 messages of 4096 bytes over shared memory), then:
 # `rdma statistic show` (iproute2, through the netlink stand-in) must show
 # exactly rdma_sends 200, rdma_recvs 200, sent_bytes and rcvd_bytes 819200,
-# shm_ops 200 and no packet; `softverbs status --json` must parse
+# shm_ops 200 and no packet; so must the sysfs view's
+# ports/1/hw_counters files; `softverbs status --json` must parse
 # (python3 -m json.tool) and say the same.
 #   counters.sh BIN_DIR PORT
 . "$(dirname "$0")/lib.sh"
@@ -20,6 +21,15 @@ sv_run rdma statistic show >"$out.stat" 2>&1 || fail "rdma statistic show exited
 for want in "sent_pkts 0" "rcvd_pkts 0" "rdma_sends 200" "rdma_recvs 200" "sent_bytes 819200" \
   "rcvd_bytes 819200" "shm_ops 200" "mediated_ops 0" "shm_errors 0"; do
   grep -Eq "^link sv0/1 .*\\b$want\\b" "$out.stat" || fail "rdma statistic show: want '$want'"
+done
+
+# The sysfs view's hw_counters (rxe's files), refreshed every second while
+# the program runs: read after the first refresh.
+hw=/sys/class/infiniband/sv0/ports/1/hw_counters
+sv_run sh -c "sleep 1.5; for f in rdma_sends rdma_recvs sent_bytes shm_ops sent_pkts; do echo \$f \$(cat $hw/\$f); done" \
+  >"$out.hw" 2>&1 || fail "reading $hw exited $?"
+for want in "rdma_sends 200" "rdma_recvs 200" "sent_bytes 819200" "shm_ops 200" "sent_pkts 0"; do
+  grep -qx "$want" "$out.hw" || fail "$hw: want '$want'"
 done
 
 "$SV" status --json >"$out.json" 2>"$out.json.err" || fail "softverbs status --json exited $?"
