@@ -221,20 +221,7 @@ int cmd_res(Ctx& c, uint32_t op) {
   }
 }
 
-// RDMA_NLDEV_CMD_STAT_GET without STAT_RES (the port's counters, as
-// `rdma statistic show` asks): STAT_HWCOUNTERS, one entry per counter.
-// The per-QP counter modes (STAT_RES, a dump) are not kept: EOPNOTSUPP.
-int cmd_stat_get(Ctx& c) {
-  if (c.dump() || c.attrs.count(RDMA_NLDEV_ATTR_STAT_RES)) return EOPNOTSUPP;
-  uint32_t port = 0;
-  if (int e = named_device(c, true)) return e;
-  if (!get_u32(c.attrs, RDMA_NLDEV_ATTR_PORT_INDEX, port) || port == 0 || port > c.src.device().ports.size())
-    return EINVAL;
-  std::vector<Counter> counters;
-  if (int e = c.src.counters(port, counters)) return e;
-  MsgWriter w = c.writer();
-  put_device_handle(w, c.src.device());
-  w.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, port);
+void put_hwcounters(MsgWriter& w, const std::vector<Counter>& counters) {
   const size_t table = w.begin_nest(RDMA_NLDEV_ATTR_STAT_HWCOUNTERS);
   for (const Counter& k : counters) {
     const size_t e = w.begin_nest(RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY);
@@ -243,6 +230,61 @@ int cmd_stat_get(Ctx& c) {
     w.end_nest(e);
   }
   w.end_nest(table);
+}
+
+// RDMA_NLDEV_CMD_STAT_GET dump with STAT_RES = RES_QP (`rdma statistic qp
+// show`): the counter objects, one per live QP (as the kernel's automatic
+// per-QP mode would bind them), numbered by QPN, each with its counters
+// and its one QP, as STAT_COUNTER entries, in as many messages as they fill.
+int stat_qp_dump(Ctx& c, uint32_t port) {
+  std::vector<QpCounters> qps;
+  if (int e = c.src.qp_counters(qps)) return e;
+  size_t i = 0;
+  do {
+    MsgWriter w = c.writer();
+    put_device_handle(w, c.src.device());
+    w.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, port);
+    const size_t table = w.begin_nest(RDMA_NLDEV_ATTR_STAT_COUNTER);
+    for (; i < qps.size() && w.size() < kMaxMessage; ++i) {
+      const size_t e = w.begin_nest(RDMA_NLDEV_ATTR_STAT_COUNTER_ENTRY);
+      w.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, port);
+      w.put_u32(RDMA_NLDEV_ATTR_STAT_COUNTER_ID, qps[i].qpn);
+      put_pid(w, qps[i].pid);
+      put_hwcounters(w, qps[i].values);
+      const size_t qt = w.begin_nest(RDMA_NLDEV_ATTR_RES_QP);
+      const size_t qe = w.begin_nest(RDMA_NLDEV_ATTR_RES_QP_ENTRY);
+      w.put_u32(RDMA_NLDEV_ATTR_RES_LQPN, qps[i].qpn);
+      w.end_nest(qe);
+      w.end_nest(qt);
+      w.end_nest(e);
+    }
+    w.end_nest(table);
+    c.out.push_back(w.finish());
+  } while (i < qps.size());
+  return 0;
+}
+
+// RDMA_NLDEV_CMD_STAT_GET: without STAT_RES, the port's counters (as
+// `rdma statistic show` asks): STAT_HWCOUNTERS, one entry per counter;
+// with STAT_RES = RES_QP, a dump, each QP's (stat_qp_dump). Other
+// resources and the counter modes are not kept: EOPNOTSUPP.
+int cmd_stat_get(Ctx& c) {
+  uint32_t res = 0;
+  const bool per_qp = get_u32(c.attrs, RDMA_NLDEV_ATTR_STAT_RES, res);
+  if (c.attrs.count(RDMA_NLDEV_ATTR_STAT_RES) && (!per_qp || res != RDMA_NLDEV_ATTR_RES_QP || !c.dump()))
+    return EOPNOTSUPP;
+  if (!per_qp && c.dump()) return EOPNOTSUPP;
+  uint32_t port = 0;
+  if (int e = named_device(c, true)) return e;
+  if (!get_u32(c.attrs, RDMA_NLDEV_ATTR_PORT_INDEX, port) || port == 0 || port > c.src.device().ports.size())
+    return EINVAL;
+  if (per_qp) return stat_qp_dump(c, port);
+  std::vector<Counter> counters;
+  if (int e = c.src.counters(port, counters)) return e;
+  MsgWriter w = c.writer();
+  put_device_handle(w, c.src.device());
+  w.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, port);
+  put_hwcounters(w, counters);
   c.out.push_back(w.finish());
   return 0;
 }

@@ -37,6 +37,13 @@ struct Counter {
   uint64_t value = 0;
 };
 
+// One QP's own counters (`rdma statistic qp show`: each QP its own counter
+// object, numbered by its QPN). `pid`: its context's opener (0: unknown).
+struct QpCounters {
+  uint32_t qpn = 0, pid = 0;
+  std::vector<Counter> values;
+};
+
 // One object, as the resource commands show it. `pid`: the process that
 // made it (0: none known, no PID attribute).
 struct QpRes {
@@ -68,6 +75,8 @@ class Source {
   virtual const DeviceFacts& device() = 0;
   // The port's counters (rxe's names), or an errno.
   virtual int counters(uint32_t port, std::vector<Counter>& out) = 0;
+  // Each live QP's counters the caller may see, or an errno.
+  virtual int qp_counters(std::vector<QpCounters>& out) = 0;
   // The objects the caller may see, or an errno.
   virtual int resources(Resources& out) = 0;
   // May the caller see keys (the kernel's CAP_NET_ADMIN test)?

@@ -59,6 +59,7 @@ class HostSource : public Source {
   }
   const DeviceFacts& device() override { return d_; }
   int counters(uint32_t port, std::vector<Counter>& out) override;
+  int qp_counters(std::vector<QpCounters>& out) override;
   int resources(Resources& out) override;
   bool privileged() override { return ::geteuid() == 0; }
 
@@ -122,6 +123,22 @@ int HostSource::counters(uint32_t, std::vector<Counter>& out) {
     return e;
   }
   for (uint32_t i = 0; i < sv::counters::kCount; ++i) out.push_back({sv::counters::kNames[i], snap.port[i]});
+  return 0;
+}
+
+// Each live QP's counters the daemon shows the caller (its own user's).
+int HostSource::qp_counters(std::vector<QpCounters>& out) {
+  if (int e = connect()) return e == ENOENT || e == ECONNREFUSED ? 0 : e;
+  sv::counters::Snapshot snap;
+  if (int e = sv::counters::query(sock_.get(), seq_, snap)) {
+    std::fprintf(stderr, "softverbs: rdma netlink: the daemon's counters: %s\n", std::strerror(e));
+    return e;
+  }
+  for (const proto::CounterEntry& q : snap.qps) {
+    QpCounters c{q.qpn, q.pid, {}};
+    for (uint32_t i = 0; i < sv::counters::kCount; ++i) c.values.push_back({sv::counters::kNames[i], q.values[i]});
+    out.push_back(std::move(c));
+  }
   return 0;
 }
 

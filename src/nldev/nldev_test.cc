@@ -6,6 +6,7 @@
 #include <rdma/rdma_netlink.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "nldev/nl_msg.h"
 #include "nldev/nldev.h"
@@ -27,6 +28,10 @@ class FakeSource : public Source {
     out = {{"sent_pkts", 7}, {"rcvd_pkts", 9}};
     return 0;
   }
+  int qp_counters(std::vector<QpCounters>& out) override {
+    out = qps;
+    return 0;
+  }
   int resources(Resources& out) override {
     out = res;
     return 0;
@@ -34,6 +39,7 @@ class FakeSource : public Source {
   bool privileged() override { return priv; }
   DeviceFacts d;
   Resources res;
+  std::vector<QpCounters> qps;
   bool priv = false;
 };
 
@@ -69,6 +75,13 @@ uint64_t u64(const AttrMap& m, uint16_t t) {
   uint64_t v = 0;
   auto it = m.find(t);
   if (it != m.end() && it->second.size() == 8) std::memcpy(&v, it->second.data(), 8);
+  return v;
+}
+
+uint32_t u32(const AttrMap& m, uint16_t t) {
+  uint32_t v = 0;
+  auto it = m.find(t);
+  if (it != m.end() && it->second.size() == 4) std::memcpy(&v, it->second.data(), 4);
   return v;
 }
 
@@ -268,6 +281,53 @@ TEST(Nldev, PortCountersByName) {
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0], std::make_pair(std::string("sent_pkts"), uint64_t(7)));
   EXPECT_EQ(seen[1], std::make_pair(std::string("rcvd_pkts"), uint64_t(9)));
+}
+
+// `rdma statistic qp show`: a dump of the counter objects, one per QP
+// (numbered by QPN), each with its pid, its counters and its one QP.
+TEST(Nldev, QpCountersOnePerQp) {
+  FakeSource src;
+  src.qps = {{17, 4242, {{"rdma_sends", 5}, {"sent_bytes", 640}}}, {18, 0, {{"rdma_sends", 0}, {"sent_bytes", 0}}}};
+  auto out = answer(request(RDMA_NLDEV_CMD_STAT_GET, NLM_F_DUMP | NLM_F_ACK,
+                            {{RDMA_NLDEV_ATTR_DEV_INDEX, 1}, {RDMA_NLDEV_ATTR_PORT_INDEX, 1},
+                             {RDMA_NLDEV_ATTR_STAT_RES, RDMA_NLDEV_ATTR_RES_QP}}),
+                    9, src);
+  ASSERT_GE(out.size(), 2u);
+  Parsed p = parse(out[0]);
+  std::string_view t = p.attrs.at(RDMA_NLDEV_ATTR_STAT_COUNTER);
+  std::vector<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t>> seen;  // cntn, pid, lqpn, sent_bytes
+  while (!t.empty()) {
+    nlattr a;
+    std::memcpy(&a, t.data(), sizeof a);
+    AttrMap e;
+    ASSERT_TRUE(parse_attrs(t.substr(4, a.nla_len - 4), e));
+    AttrMap qp_entry;  // RES_QP holds one RES_QP_ENTRY
+    ASSERT_TRUE(parse_attrs(e.at(RDMA_NLDEV_ATTR_RES_QP).substr(4), qp_entry));
+    uint64_t bytes = 0;
+    std::string_view h = e.at(RDMA_NLDEV_ATTR_STAT_HWCOUNTERS);
+    while (!h.empty()) {
+      nlattr b;
+      std::memcpy(&b, h.data(), sizeof b);
+      AttrMap c;
+      ASSERT_TRUE(parse_attrs(h.substr(4, b.nla_len - 4), c));
+      if (str(c, RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_NAME) == "sent_bytes")
+        bytes = u64(c, RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_VALUE);
+      h.remove_prefix(std::min(h.size(), size_t((b.nla_len + 3) & ~3)));
+    }
+    const uint32_t pid = e.count(RDMA_NLDEV_ATTR_RES_PID) ? u32(e, RDMA_NLDEV_ATTR_RES_PID) : 0;
+    seen.push_back({u32(e, RDMA_NLDEV_ATTR_STAT_COUNTER_ID), pid, u32(qp_entry, RDMA_NLDEV_ATTR_RES_LQPN), bytes});
+    t.remove_prefix(std::min(t.size(), size_t((a.nla_len + 3) & ~3)));
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], std::make_tuple(17u, 4242u, 17u, uint64_t(640)));
+  EXPECT_EQ(seen[1], std::make_tuple(18u, 0u, 18u, uint64_t(0)));
+  // Without a dump, or for another resource: refused.
+  out = answer(request(RDMA_NLDEV_CMD_STAT_GET, NLM_F_ACK,
+                       {{RDMA_NLDEV_ATTR_DEV_INDEX, 1}, {RDMA_NLDEV_ATTR_PORT_INDEX, 1},
+                        {RDMA_NLDEV_ATTR_STAT_RES, RDMA_NLDEV_ATTR_RES_QP}}),
+               9, src);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(error_of(out[0]), -EOPNOTSUPP);
 }
 
 TEST(Nldev, SeveralRequestsInOneBuffer) {

@@ -32,6 +32,20 @@ for want in "rdma_sends 200" "rdma_recvs 200" "sent_bytes 819200" "shm_ops 200" 
   grep -qx "$want" "$out.hw" || fail "$hw: want '$want'"
 done
 
+# `rdma statistic qp show`: a live QP's own counters (ibv_rc_pingpong's
+# server, waiting for its client), one counter object per QP.
+qport=$((port + 1000))
+"$SV" run -- timeout -k 5 $((COMPAT_TIMEOUT + 10)) ibv_rc_pingpong -g 0 -p "$qport" >"$out.server" 2>&1 &
+spid=$!
+_compat_pids+=("$spid")
+wait_listen "$qport" "$spid" || fail "ibv_rc_pingpong never listened on $qport"
+sv_run rdma statistic qp show >"$out.qp" 2>&1 || fail "rdma statistic qp show exited $?"
+grep -Eq '^link sv0/1 cntn [0-9]+ pid [0-9]+ comm ibv_rc_pingpong .*rdma_sends 0 .*shm_ops 0 ' "$out.qp" ||
+  fail "rdma statistic qp show: the server's QP with its pid and counters"
+grep -Eq '^ +LQPN: <[0-9]+>' "$out.qp" || fail "rdma statistic qp show: the QP's number"
+kill "$spid" 2>/dev/null
+wait "$spid" 2>/dev/null
+
 "$SV" status --json >"$out.json" 2>"$out.json.err" || fail "softverbs status --json exited $?"
 python3 -m json.tool "$out.json" >/dev/null || fail "softverbs status --json: not JSON"
 python3 - "$out.json" "$out.stat" <<'PY' || fail "softverbs status --json: not what rdma statistic show says"
