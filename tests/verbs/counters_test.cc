@@ -135,18 +135,18 @@ TEST(Counters, ExactCountsOfAScriptedPatternPerQp) {
 // stay in the port's.
 TEST(Counters, AnErrorIsCountedAndADestroyedQpsCountsStayInThePorts) {
   Snapshot before;
-  {
-    sv::Fd sock;
-    ASSERT_EQ(0, sv::connect_seqpacket(sv::socket_path(sv::runtime_dir()), sock));
-    uint32_t seq = 0;
-    ASSERT_EQ(0, query(sock.get(), seq, before, false));
-  }
   uint32_t qpn = 0;
   {
     Side a, b;
     Side::Options o;
-    ASSERT_EQ(0, a.open(o));
+    ASSERT_EQ(0, a.open(o));  // the daemon runs from here on
     ASSERT_EQ(0, b.open(o));
+    {
+      sv::Fd sock;
+      ASSERT_EQ(0, sv::connect_seqpacket(sv::socket_path(sv::runtime_dir()), sock));
+      uint32_t seq = 0;
+      ASSERT_EQ(0, query(sock.get(), seq, before, false));
+    }
     ASSERT_EQ(0, a.connect(b.qp->qp_num, o));
     ASSERT_EQ(0, b.connect(a.qp->qp_num, o));
     ibv_sge s0{reinterpret_cast<uint64_t>(a.buf), 40, a.mr->lkey};
