@@ -330,14 +330,22 @@ int status_json(int sock, const sv::proto::StatusReply& rep, const std::string& 
   return 0;
 }
 
+// No daemon to ask: said on stdout, or with --json on stderr (stdout is
+// for the document alone); 1.
+int not_running(const std::string& dir, int e, bool json) {
+  if (json)
+    std::fprintf(stderr, "softverbs status: no daemon at %s: %s; %s\n", sv::socket_path(dir).c_str(), std::strerror(e),
+                 kNoDaemonHint);
+  else
+    std::printf("softverbsd: not running (%s: %s); %s\n", sv::socket_path(dir).c_str(), std::strerror(e),
+                kNoDaemonHint);
+  return 1;
+}
+
 int status(bool json) {
   std::string dir = daemon_dir();
   sv::Fd s;
-  if (int e = connect_daemon(dir, s)) {
-    std::printf("softverbsd: not running (%s: %s); %s\n", sv::socket_path(dir).c_str(), std::strerror(e),
-                kNoDaemonHint);
-    return 1;
-  }
+  if (int e = connect_daemon(dir, s)) return not_running(dir, e, json);
   sv::proto::Empty req{};
   sv::proto::init_header(req, sv::proto::Op::Status, 1);
   if (int e = sv::send_message(s.get(), &req, sizeof(req), {})) {

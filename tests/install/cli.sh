@@ -55,12 +55,14 @@ expect 127 '' "^softverbs run: no-such-program-here: No such file or directory; 
 touch "$tmp/not-executable"
 expect 126 '' "^softverbs run: $tmp/not-executable: Permission denied; check that it is an executable file\$" \
   "$sv" run "$tmp/not-executable"
-expect 0 '^usage: softverbs status$' '' "$sv" status -h
+expect 0 '^usage: softverbs status \[--json\]$' '' "$sv" status -h
 expect 0 '^usage: softverbs ls$' '' "$sv" ls --help
-expect 2 '' "^softverbs status: unexpected argument 'x'; try 'softverbs status' alone\$" "$sv" status x
+expect 2 '' "^softverbs status: unexpected argument 'x'; try 'softverbs status' or 'softverbs status --json'\$" "$sv" status x
 expect 2 '' "^softverbs ls: unexpected argument 'x'; try 'softverbs ls' alone\$" "$sv" ls x
 expect 1 "^softverbsd: not running .*; it starts with the first program run under 'softverbs run'" '' \
   env SOFTVERBS_DIR="$nodaemon" "$sv" status
+expect 1 '' "^softverbs status: no daemon at .*; it starts with the first program run under 'softverbs run'" \
+  env SOFTVERBS_DIR="$nodaemon" "$sv" status --json
 expect 1 '' "^softverbs ls: no daemon at .*; it starts with the first program run under 'softverbs run'" \
   env SOFTVERBS_DIR="$nodaemon" "$sv" ls
 
