@@ -24,7 +24,9 @@ namespace {
 using namespace sv::counters;
 constexpr uint64_t kForged = 1'000'000'007;
 constexpr uint32_t kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-constexpr int kWrites = 20, kReads = 5, kSends = 3;
+constexpr int kWrites = 20, kSends = 3;
+// READs: RC only (UC has none, IBTA 9.8).
+constexpr int reads_of(ibv_qp_type t) { return t == IBV_QPT_RC ? 5 : 0; }
 constexpr uint32_t kWriteLen = 64, kReadLen = 32, kSendLen = 16;
 
 struct Info {
@@ -46,19 +48,37 @@ struct Side {
   ibv_qp* qp = nullptr;
   ibv_mr* mr = nullptr;
   uint8_t* buf = nullptr;  // 8 KiB
-  bool open() {
+  bool open(ibv_qp_type type) {
     ctx = open_dev();
     if (!ctx || !(pd = ibv_alloc_pd(ctx)) || !(cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0))) return false;
     ibv_qp_init_attr ia{};
     ia.send_cq = ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
+    ia.qp_type = type;
     ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
     ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
     void* p = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return false;
     buf = static_cast<uint8_t*>(p);
     if (!(qp = ibv_create_qp(pd, &ia)) || !(mr = ibv_reg_mr(pd, buf, 8192, kAccess))) return false;
-    return qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) == 0;
+    return qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | (type == IBV_QPT_RC ? IBV_ACCESS_REMOTE_READ : 0)) == 0;
+  }
+  // To RTS towards `dest`: qp_to_rts for RC; UC takes no RDMA READ or
+  // retry attributes (IBTA 11.2.4.2, as ibv_modify_qp(3)'s table).
+  bool connect(ibv_qp_type type, uint32_t dest) {
+    if (type == IBV_QPT_RC) return qp_to_rts(ctx, qp, dest) == 0;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = dest;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.hop_limit = 1;
+    ibv_query_gid(ctx, 1, 0, &a.ah_attr.grh.dgid);
+    a.ah_attr.port_num = 1;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN))
+      return false;
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_RTS;
+    return ibv_modify_qp(qp, &r, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0;
   }
   // One signaled request, waited for; true if it succeeded.
   bool run(ibv_wr_opcode op, uint32_t len, const Info& peer) {
@@ -114,9 +134,9 @@ bool forge(RawConn& raw, uint32_t& qpn) {
   return true;
 }
 
-int nobody_body(int sock, const std::string& daemon_socket) {
+int nobody_body(int sock, const std::string& daemon_socket, ibv_qp_type type) {
   Side me;
-  if (!me.open()) return 20;
+  if (!me.open(type)) return 20;
   RawConn raw(daemon_socket);
   uint32_t forged = 0;
   if (!raw.ok() || !forge(raw, forged)) return 21;
@@ -130,7 +150,7 @@ int nobody_body(int sock, const std::string& daemon_socket) {
   Info info{me.qp->qp_num, me.mr->rkey, forged, reinterpret_cast<uintptr_t>(me.buf)};
   uint32_t root_qpn = 0;
   if (!send_val(sock, info) || !recv_val(sock, root_qpn)) return 23;
-  if (qp_to_rts(me.ctx, me.qp, root_qpn)) return 24;
+  if (!me.connect(type, root_qpn)) return 24;
   if (!send_val(sock, 1)) return 25;
   int go = 0;
   if (!recv_val(sock, go)) return 26;
@@ -149,15 +169,15 @@ int nobody_body(int sock, const std::string& daemon_socket) {
   return send_val(sock, saw) ? 0 : 28;
 }
 
-int root_body(int sock) {
+int root_body(int sock, ibv_qp_type type) {
   Side me;
-  if (!me.open()) return 10;
+  if (!me.open(type)) return 10;
   Info peer{};
   if (!send_val(sock, me.qp->qp_num) || !recv_val(sock, peer)) return 11;
-  if (qp_to_rts(me.ctx, me.qp, peer.qpn)) return 12;
+  if (!me.connect(type, peer.qpn)) return 12;
   for (int i = 0; i < kWrites; ++i)
     if (!me.run(IBV_WR_RDMA_WRITE, kWriteLen, peer)) return 13;
-  for (int i = 0; i < kReads; ++i)
+  for (int i = 0; i < reads_of(type); ++i)
     if (!me.run(IBV_WR_RDMA_READ, kReadLen, peer)) return 14;
   for (int i = 0; i < kSends; ++i)
     if (!me.run(IBV_WR_SEND, kSendLen, peer)) return 15;
@@ -172,12 +192,14 @@ const uint64_t* entry(const Snapshot& s, uint32_t qpn) {
   return nullptr;
 }
 
-TEST(Counters, AUserSeesAndForgesOnlyItsOwn) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+// RC between users goes pipelined (Op::MediatePost), UC one request at a
+// time (Op::Mediate): both are counted by the daemon.
+void sees_and_forges_only_its_own(ibv_qp_type type) {
+  const int kReads = reads_of(type);
   SystemDaemon sysd;
   const std::string sock = sysd.socket();
-  Child root(false, root_body);
-  Child nobody(true, [sock](int s) { return nobody_body(s, sock); });
+  Child root(false, [type](int s) { return root_body(s, type); });
+  Child nobody(true, [sock, type](int s) { return nobody_body(s, sock, type); });
   root.start();
   nobody.start();
   uint32_t root_qpn = 0;
@@ -224,6 +246,16 @@ TEST(Counters, AUserSeesAndForgesOnlyItsOwn) {
   ASSERT_TRUE(send_val(root.sock(), go));
   EXPECT_EQ(0, root.wait());
   EXPECT_EQ(0, nobody.wait());
+}
+
+TEST(Counters, AUserSeesAndForgesOnlyItsOwnPipelined) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  sees_and_forges_only_its_own(IBV_QPT_RC);
+}
+
+TEST(Counters, AUserSeesAndForgesOnlyItsOwnOneAtATime) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  sees_and_forges_only_its_own(IBV_QPT_UC);
 }
 
 }  // namespace
