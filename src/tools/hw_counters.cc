@@ -3,7 +3,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 
 #include "common/counters_query.h"
+#include "common/paths.h"
 
 namespace sv::tools {
 
@@ -31,18 +33,34 @@ int write_hw_counters(const std::string& port_dir, const uint64_t* port) {
   return 0;
 }
 
+bool lock_is_held(const std::string& lock_file) {
+  struct stat st {};
+  if (::stat(lock_file.c_str(), &st) != 0) return false;
+  char want[64];
+  std::snprintf(want, sizeof want, " %02x:%02x:%llu ", major(st.st_dev), minor(st.st_dev),
+                (unsigned long long)st.st_ino);
+  FILE* f = std::fopen("/proc/locks", "re");
+  if (!f) return true;  // cannot tell: ask (a running daemon answers, none is ENOENT)
+  char line[256];
+  bool held = false;
+  while (!held && std::fgets(line, sizeof line, f))
+    held = std::strstr(line, " FLOCK ") && std::strstr(line, want);
+  std::fclose(f);
+  return held;
+}
+
 namespace {
 
 // The refresher's loop: until `watched` (a pidfd of the program) is
 // readable (the program ended), every period.
-[[noreturn]] void refresh_loop(const std::string& port_dir, const std::function<int(Fd&)>& connect, int watched,
-                               int period_ms) {
+[[noreturn]] void refresh_loop(const std::string& port_dir, const std::string& lock_file,
+                               const std::function<int(Fd&)>& connect, int watched, int period_ms) {
   bool said = false;
   uint32_t seq = 0;
   for (;;) {
     counters::Snapshot snap;
     Fd sock;
-    int e = connect(sock);
+    int e = lock_is_held(lock_file) ? connect(sock) : ENOENT;
     if (e == 0) e = counters::query(sock.get(), seq, snap, false);
     if (e == ENOENT || e == ECONNREFUSED) e = 0;  // no daemon: nothing counted
     if (e == 0) e = write_hw_counters(port_dir, snap.port);
@@ -57,7 +75,8 @@ namespace {
 
 }  // namespace
 
-void start_hw_counters_refresh(const std::string& port_dir, std::function<int(Fd&)> connect, int period_ms) {
+void start_hw_counters_refresh(const std::string& port_dir, const std::string& daemon_dir,
+                               std::function<int(Fd&)> connect, int period_ms) {
   const pid_t program = ::getpid();  // exec'd into the program next
   const int watched = int(::syscall(SYS_pidfd_open, program, 0));
   if (watched < 0) {
@@ -72,7 +91,7 @@ void start_hw_counters_refresh(const std::string& port_dir, std::function<int(Fd
       ::setsid();
       for (int fd = 0; fd < 3; ++fd)
         if (fd != 2) ::close(fd);  // stderr stays: a failure says why
-      refresh_loop(port_dir, connect, watched, period_ms);
+      refresh_loop(port_dir, lock_path(daemon_dir), connect, watched, period_ms);
     }
     ::_exit(0);
   }

@@ -183,7 +183,8 @@ int connect_daemon(const std::string& dir, sv::Fd& s);
 void refresh_view_counters() {
   const std::string port_dir = std::string("/sys/class/infiniband/") + sv::dev::kName + "/ports/1";
   if (::access((port_dir + "/hw_counters").c_str(), W_OK) != 0) return;
-  sv::tools::start_hw_counters_refresh(port_dir, [](sv::Fd& s) { return connect_daemon(daemon_dir(), s); });
+  sv::tools::start_hw_counters_refresh(port_dir, daemon_dir(),
+                                       [](sv::Fd& s) { return connect_daemon(daemon_dir(), s); });
 }
 
 int run(int argc, char** argv) {
