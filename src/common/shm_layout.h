@@ -170,7 +170,8 @@ struct RecvWqe {
 // rcvd_pkts, duplicate_request, out_of_seq_request, rcvd_rnr_err,
 // send_rnr_err, rcvd_seq_err, ack_deferred, retry_exceeded_err,
 // retry_rnr_exceeded_err, completer_retry_err, send_err, link_downed,
-// rdma_sends, rdma_recvs. Counted on the wire (RoCEv2) only.
+// rdma_sends, rdma_recvs. Counted on the wire (RoCEv2) only; the other
+// paths' counts are common/counters.h's.
 enum WireCounter : uint32_t {
   kWireSentPkts,
   kWireRcvdPkts,

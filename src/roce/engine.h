@@ -289,6 +289,10 @@ struct QpStats {
            seq_naks_received = 0, rnr_naks_sent = 0, rnr_naks_received = 0, acks_sent = 0, duplicates = 0,
            dropped = 0, read_replays = 0, atomic_replays = 0;
   uint64_t wrong_source = 0;  // connected QPs: from an address other than the peer's (also in dropped)
+  // Messages: SENDs completed in success (signaled or not) and receives
+  // completed in success (a SEND, or a WRITE with immediate), as rxe's
+  // rdma_sends and rdma_recvs.
+  uint64_t sends_completed = 0, recvs_completed = 0;
 };
 
 // The RoCEv2 transport of one QP (requester, responder, completer).

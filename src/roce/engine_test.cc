@@ -177,6 +177,15 @@ void run_rc_workload(FaultConfig f, int nwr, uint32_t pmtu, uint32_t psn0 = 0, u
       EXPECT_TRUE(origs.insert(o).second) << "two atomics saw the same value " << o;
     }
   }
+  // rdma_sends and rdma_recvs (QpStats): each SEND and each receive once,
+  // whatever the link lost, duplicated or reordered.
+  for (int i = 0; i < 2; i++) {
+    uint64_t sends = 0, recvs = 0;
+    for (auto& [id, e] : w.expect[i]) sends += e.op == WrOpcode::kSend || e.op == WrOpcode::kSendImm;
+    for (const Completion& c : sim.nodes[i].cq.all) recvs += c.is_recv;
+    EXPECT_EQ(sim.nodes[i].qp->stats().sends_completed, sends) << "node " << i;
+    EXPECT_EQ(sim.nodes[i].qp->stats().recvs_completed, recvs) << "node " << i;
+  }
   const auto& s0 = sim.nodes[0].qp->stats();
   const auto& s1 = sim.nodes[1].qp->stats();
   std::printf("  packets %llu, timeouts %llu/%llu, seq NAKs %llu/%llu, dups %llu/%llu, read replays %llu/%llu, "

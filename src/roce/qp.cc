@@ -204,6 +204,8 @@ void EngineQp::enter_error(size_t idx, WcStatus st) {
 }
 
 void EngineQp::complete_send(const SendWqe& w, WcStatus st) {
+  if (st == WcStatus::kSuccess && rules::rule_of_wire(w.wr.opcode).kind == rules::WrKind::kSend)
+    stats_.sends_completed++;
   if (st == WcStatus::kSuccess && !w.wr.signaled) return;
   Completion c;
   c.wr_id = w.wr.wr_id;
@@ -230,6 +232,7 @@ void EngineQp::complete_recv(const RecvWr& r, WcStatus st, uint32_t byte_len, co
   c.qp_num = cfg_.qpn;
   c.opcode = write_imm ? WcOpcode::kRecvWriteImm : WcOpcode::kRecv;
   c.xrc_srqn = r.xrc_srqn;
+  if (st == WcStatus::kSuccess) stats_.recvs_completed++;
   if (st == WcStatus::kSuccess && p) {
     c.byte_len = byte_len;
     c.has_imm = p->info().has(kHasImmDt);

@@ -162,12 +162,14 @@ roce::QpType engine_type(ibv_qp_type t) {
 void publish_wire_counters(shm::QpSegmentHeader& h, const QpStats& s) {
   // As rxe counts: packets out and in, requests seen twice (duplicate) or
   // out of order (a sequence NAK sent), RNR NAKs received and sent,
-  // sequence NAKs received, and the completer's retransmissions.
+  // sequence NAKs received, the completer's retransmissions, and the
+  // SENDs and receives completed in success.
   const std::pair<shm::WireCounter, uint64_t> counts[] = {
       {shm::kWireSentPkts, s.packets_sent},          {shm::kWireRcvdPkts, s.packets_received},
       {shm::kWireDuplicateRequest, s.duplicates},    {shm::kWireOutOfSeqRequest, s.seq_naks_sent},
       {shm::kWireRcvdRnrErr, s.rnr_naks_received},   {shm::kWireSendRnrErr, s.rnr_naks_sent},
-      {shm::kWireRcvdSeqErr, s.seq_naks_received},   {shm::kWireCompleterRetryErr, s.retransmit_timeouts}};
+      {shm::kWireRcvdSeqErr, s.seq_naks_received},   {shm::kWireCompleterRetryErr, s.retransmit_timeouts},
+      {shm::kWireRdmaSends, s.sends_completed},       {shm::kWireRdmaRecvs, s.recvs_completed}};
   for (const auto& [i, v] : counts) {
     if (h.wire[i].load(std::memory_order_relaxed) != v) h.wire[i].store(v, std::memory_order_relaxed);
   }

@@ -202,6 +202,9 @@ pingpong)
       rcvd=$(sed -nE 's/.* rcvd_pkts ([0-9]+) .*/\1/p' "$work/stat.$h")
       [ "${sent:-0}" -ge 1000 ] && [ "${rcvd:-0}" -ge 1000 ] ||
         fail "rdma statistic show in $h: sent_pkts '$sent', rcvd_pkts '$rcvd' (want >= 1000): $(cat "$work/stat.$h")"
+      # ... and exactly its 1000 SENDs and 1000 receives (ibv_rc_pingpong's default -n).
+      grep -Eq ' rdma_sends 1000 rdma_recvs 1000 ' "$work/stat.$h" ||
+        fail "rdma statistic show in $h: want rdma_sends 1000 rdma_recvs 1000: $(cat "$work/stat.$h")"
     done
   fi
   # One daemon per namespace: BASE serves one, BASE/net-INO-DEV the other.
