@@ -32,7 +32,7 @@
 namespace svsec {
 namespace {
 
-bool write_file(const char* path, const std::string& text) {
+bool write_map_file(const char* path, const std::string& text) {
   sv::Fd f(::open(path, O_WRONLY | O_CLOEXEC));
   return f.valid() && ::write(f.get(), text.data(), text.size()) == ssize_t(text.size());
 }
@@ -172,8 +172,8 @@ TEST(Refusal, AUserTheDaemonsNamespaceCannotNameIsToldWhyOnce) {
   ASSERT_EQ(0, chmod(dir.c_str(), 0755));
   {
     OtherDaemon contained(dir, true, [] {
-      return ::unshare(CLONE_NEWUSER) == 0 && write_file("/proc/self/setgroups", "deny") &&
-             write_file("/proc/self/uid_map", "0 0 1") && write_file("/proc/self/gid_map", "0 0 1");
+      return ::unshare(CLONE_NEWUSER) == 0 && write_map_file("/proc/self/setgroups", "deny") &&
+             write_map_file("/proc/self/uid_map", "0 0 1") && write_map_file("/proc/self/gid_map", "0 0 1");
     });
     if (const int rc = contained.stopped(); rc == 77) GTEST_SKIP() << "no user namespaces here";
     ASSERT_TRUE(contained.alive()) << "the daemon in a user namespace did not start";
