@@ -4,10 +4,14 @@
 # in the same run: perftest's ib_write_bw / ib_write_lat / ib_send_lat on
 # softverbs (each host with its own daemon owning UDP 4791) against qperf's
 # tcp_bw / tcp_lat, and the kernel alone carrying our datagram layout with no
-# RDMA work (bench/udp_ceiling, from BUILD_DIR/bench). Prints a markdown table
-# with the ratios and issue 24's targets (RoCE bandwidth >= 80% of TCP's
-# single stream, latency at most TCP's). Needs root (namespaces), perftest
-# and qperf.
+# RDMA work (bench/udp_ceiling, from BUILD_DIR/bench). Bandwidth with one QP
+# (one TCP stream) and with QPS (default 4) QPs (ib_write_bw -q; as many
+# qperf streams at once), each with its cost in bytes per busy CPU-second
+# (see "Cost per byte" below). Prints a markdown table with the ratios and
+# the targets (issue 24: RoCE bandwidth >= 80% of TCP's single stream,
+# latency at most TCP's; issue 39: bytes per busy CPU-second of the whole
+# machine at least TCP's, one QP). Needs root (namespaces, a cpuacct
+# cgroup), perftest and qperf. DUR (default 5): seconds per bandwidth run.
 #
 #   bench/roce_vs_tcp.sh [BUILD_DIR [MTU]]   (defaults: build, 1500)
 # MTU: the veth pair's (9000: jumbo frames, RoCE path MTU 4096; TCP gets the
