@@ -420,6 +420,9 @@ void UdpEndpoint::flush_tx() {
 }
 
 void UdpEndpoint::flush_delayed(bool all) {
+  // Nothing delayed (the fault hook is off): no clock read. The RoCE thread
+  // calls this twice per QP on every pass, a pass per batch of datagrams.
+  if (delayed_.empty()) return;
   const uint64_t now = all ? UINT64_MAX : clock_.now_ns();
   while (!delayed_.empty() && delayed_.top().at <= now) {
     Delayed d = delayed_.top();
