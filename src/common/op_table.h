@@ -164,6 +164,7 @@ SV_OP(Wake,          Empty,          Empty,              fds(0),    fds(1),    {
 SV_OP_DECL(Refused,  RefusedMsg,     Empty,              fds(0),    fds(0),    true, {})
 SV_OP(ResList,       ResListReq,     ResListReply,       fds(0),    fds(0),    {})
 SV_OP(WireCounters,  Empty,          WireCountersReply,  fds(0),    fds(0),    {})
+SV_OP(RegOdpMr,      RegMrReq,       RegMrReply,         fds(0),    fds(0),    {kObjPd, kObjMr})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -95,6 +95,7 @@ enum class Op : uint16_t {
   Refused,         // daemon -> client, unsolicited (seq 0), then the daemon closes: why it will not serve
   ResList,         // the objects of one kind the caller may see, a page at a time (`rdma resource`)
   WireCounters,    // the port's RoCEv2 counters of the caller's own QPs (`rdma statistic show`)
+  RegOdpMr,        // an on-demand-paging MR: the registrant's address space, nothing pinned (docs/MEMORY.md)
   kCount
 };
 

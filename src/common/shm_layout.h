@@ -70,6 +70,16 @@ struct alignas(64) MrEntry {
 };
 static_assert(sizeof(MrEntry) == 64);
 enum : uint32_t { kKindMr = 0, kKindMw1 = 1, kKindMw2 = 2 };
+// MrEntry.backing of an on-demand-paging MR (IBV_ACCESS_ON_DEMAND): none.
+// Its range is the address space of the process owner_pid as it is at each
+// access (file_offset: the address of iova there); it is reached with
+// process_vm_readv/writev, never mapped (docs/MEMORY.md, "On-demand
+// paging"). No backing id is ever this value, so no view of a file and no
+// "own memory" test (backing == the process's own) matches it.
+constexpr uint32_t kOdpBacking = ~0u;
+// The length of an implicit ODP MR (ibv_reg_mr(pd, NULL, SIZE_MAX, ...)):
+// the whole address space, iova == address.
+constexpr uint64_t kImplicitOdpLength = ~uint64_t(0);
 
 struct alignas(64) QpEntry {
   std::atomic<uint32_t> qpn;    // 0 = free

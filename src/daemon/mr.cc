@@ -59,6 +59,29 @@ int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& r
   return install_mr(client, req, true, 0, rep);
 }
 
+// ibv_reg_mr(3) with IBV_ACCESS_ON_DEMAND: the entry names the registrant's
+// addresses (file_offset = addr in that process, owner_pid its pid), with
+// no backing and no RLIMIT_MEMLOCK charge (nothing is pinned, as with the
+// kernel's ODP). Implicit ODP: addr 0, length SIZE_MAX, iova 0 (the MR's
+// addresses are the process's). Whether a page is there is decided at
+// each access, by the kernel, in the accessor's process_vm_* call.
+int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+  constexpr uint32_t kOdpAccess = kKnownAccess | IBV_ACCESS_ON_DEMAND;
+  if (!(req.access & IBV_ACCESS_ON_DEMAND) || (req.access & ~kOdpAccess)) return EINVAL;
+  if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(req.access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  proto::RegMrReq r = req;
+  r.backing = kOdpBacking;
+  if (req.addr == 0 && req.length == kImplicitOdpLength) {
+    if (req.iova != 0 || (req.access & IBV_ACCESS_ZERO_BASED)) return EINVAL;
+  } else {
+    if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
+    if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
+    if (req.iova + req.length < req.iova) return EINVAL;
+  }
+  return install_mr(client, r, false, 0, rep);
+}
+
 // The MR's key slot, entry and object; `charge`: its pages count as the
 // registrant's locked memory; `dm`: the device memory it is registered over.
 int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm,
@@ -87,7 +110,7 @@ int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charg
   mr.owner = ctx(client);
   mr.key = key;
   mr.pd = req.pd;
-  mr.backing = req.backing;
+  mr.backing = req.backing == kOdpBacking ? 0 : req.backing;  // ODP: holds no backing
   mr.charged_pid = clients_[client].pid;
   mr.charged_bytes = bytes;
   mr.dm = dm;
@@ -111,6 +134,7 @@ int Registry::rereg_mr(uint32_t client, Mr& the_mr, const Backing* backing, cons
   if (mr->dm) return EINVAL;  // an MR over device memory is not re-registered (as mlx5)
   if (mr->refs) return EBUSY;
   MrEntry& e = tables_.mr_at(req.handle);
+  if (e.backing == kOdpBacking) return EOPNOTSUPP;  // an ODP MR is registered anew
   const bool moves = req.flags & IBV_REREG_MR_CHANGE_TRANSLATION;
   proto::RegMrReq n{};
   n.pd = (req.flags & IBV_REREG_MR_CHANGE_PD) ? req.pd : mr->pd;
@@ -199,7 +223,7 @@ void Registry::release_mr(uint32_t handle) {
 // Seed 000's reg_shared: a new registration of an existing MR's pages.
 int Registry::reg_shared(uint32_t client, const Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep) {
   const MrEntry* e = mr_entry(req.key);
-  if (!e || mr.dm) return EINVAL;  // device memory: RegDmMr
+  if (!e || mr.dm || e->backing == kOdpBacking) return EINVAL;  // device memory: RegDmMr; ODP: no pages
   proto::RegMrReq r{};
   r.pd = req.pd;
   r.backing = mr.backing;
@@ -373,6 +397,7 @@ int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto
   const MrEntry* me = mr_entry(r.mr_key);
   auto mr = mrs_.find(r.mr_key >> 8);
   if (!me || mr == mrs_.end() || me->kind != kKindMr) return EINVAL;
+  if (me->backing == kOdpBacking) return EOPNOTSUPP;  // windows over ODP MRs: not offered
   if (mr->second.pd != mw.pd) return EPERM;
   if (!(me->access & IBV_ACCESS_MW_BIND)) return EACCES;
   // A window may not grant writes or atomics its MR does not allow locally.

@@ -159,6 +159,9 @@ class Registry : private MediationTables {
   int reg_backing(uint32_t client, Fd fd, uint32_t& id);
   // The registrations: `b` is backing req.backing (the client's).
   int reg_mr(uint32_t client, const daemon::Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep);
+  // An on-demand-paging MR (IBV_ACCESS_ON_DEMAND): over the registrant's
+  // address space as it is at each access; no backing, no charge.
+  int reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
   // `backing`: the new one of a move (null: none named).
   int rereg_mr(uint32_t client, daemon::Mr& mr, const daemon::Backing* backing, const proto::ReregMrReq& req,
                proto::RegMrReply& rep);

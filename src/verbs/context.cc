@@ -227,6 +227,7 @@ Context* new_verbs_context(ContextState& st) {
   v.alloc_dm = alloc_dm;  // device memory (dm.cc)
   v.free_dm = free_dm;
   v.reg_dm_mr = reg_dm_mr;
+  v.advise_mr = advise_mr;  // on-demand paging (requester_odp.cc)
   ibv_context& c = v.context;
   c.device = &the_device()->dev;
   c.ops.poll_cq = poll_cq;
@@ -303,6 +304,19 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
   // One port, in the field for devices with more than 255 too (ibv_query_device_ex(3)).
   if (attr_size >= offsetof(ibv_device_attr_ex, phys_port_cnt_ex) + sizeof(attr->phys_port_cnt_ex))
     attr->phys_port_cnt_ex = 1;
+  // On-demand paging (docs/MEMORY.md): explicit and implicit ODP MRs, on
+  // the shared-memory path of every transport that has it; atomics and
+  // ATOMIC WRITE on ODP memory are not offered.
+  if (attr_size >= offsetof(ibv_device_attr_ex, odp_caps) + sizeof(attr->odp_caps)) {
+    attr->odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+    constexpr uint32_t kRc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                             IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_SRQ_RECV | abi::kOdpSupportFlush;
+    attr->odp_caps.per_transport_caps.rc_odp_caps = kRc;
+    attr->odp_caps.per_transport_caps.uc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+    if (attr_size >= offsetof(ibv_device_attr_ex, xrc_odp_caps) + sizeof(attr->xrc_odp_caps))
+      attr->xrc_odp_caps = kRc;
+  }
   // Device memory a user may hold in all (ibv_alloc_dm(3), src/daemon/dm.cc).
   if (attr_size >= offsetof(ibv_device_attr_ex, max_dm_size) + sizeof(attr->max_dm_size))
     attr->max_dm_size = proto::kMaxDmSize;

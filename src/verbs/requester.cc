@@ -74,6 +74,7 @@ bool local_segment(ProcessQp& q, const shm::Sge& sge, bool write, Seg& out) {
     out = {reinterpret_cast<uint8_t*>(off), sge.length};  // our own memory: file offset == address
     return true;
   }
+  if (e->backing == shm::kOdpBacking) return !(q.odp_seen = true);  // requester_odp.cc carries it out
   if (e->owner_pid == self_pid()) {
     // Memory this process mapped itself (a named region): no second mapping.
     std::lock_guard<std::mutex> g(cs.mu);
@@ -108,6 +109,7 @@ uint8_t* peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, 
   // count; only a different key goes to the context's window cache.
   Window* w = q.last_window.get();
   if (!w || !w->current(key, *e)) {
+    if (e->backing == shm::kOdpBacking) return (q.odp_seen = true, nullptr);  // requester_odp.cc carries it out
     std::shared_ptr<Window> sp = window_for(cs, *e, key);
     if (!sp) return nullptr;
     q.last_window = std::move(sp);
@@ -117,6 +119,17 @@ uint8_t* peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, 
 }
 
 }  // namespace
+
+// The plain resolutions, for requester_odp.cc.
+bool plain_local_segment(ProcessQp& q, const shm::Sge& sge, bool write, Seg& out) {
+  return local_segment(q, sge, write, out);
+}
+uint8_t* plain_peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
+  return peer_address(q, p, key, addr, len, need);
+}
+const MrEntry* checked_peer_key(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
+  return peer_key(*q.ctx->st, p, key, addr, len, need);
+}
 
 Peer* resolve_peer(ProcessQp& q) {
   uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
@@ -271,6 +284,7 @@ Outcome send_to(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   Seg remote[shm::kMaxSge];
   uint32_t nr = 0;
   if (core::Check c = resolve_recv(q, p, r, total, remote, nr); c != core::Check::kOk) {
+    if (q.odp_seen) return odp_send_into(q, p, w, r);
     // The responder's receive completes in error; what the requester sees
     // is the same check's (core::verdict, IBTA 9.7.5.2).
     push_recv_completion(q, p, r, core::verdict(c).receive_status, 0, w);
@@ -389,7 +403,7 @@ Outcome flush_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
 
 // A request to a peer in shared memory, by the kind its opcode rule names
 // (wr_rules.h; validate_wr() accepted it for this QP type).
-Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+Outcome execute_plain(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   switch (wr_rule(w.opcode).kind) {
     case WrKind::kSend: return send_to(q, p, w);
     case WrKind::kWrite: return write_to(q, p, w);
@@ -399,6 +413,15 @@ Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
     case WrKind::kFlush: return flush_at(q, p, w);
     default: return {Step::kError, IBV_WC_LOC_QP_OP_ERR};
   }
+}
+
+// A key that names ODP memory stops the plain path before it changed
+// anything (odp_seen); the request is then carried out by requester_odp.cc.
+Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+  q.odp_seen = false;
+  const Outcome o = execute_plain(q, p, w);
+  if (o.step == Step::kError && q.odp_seen) [[unlikely]] return execute_odp(q, p, w);
+  return o;
 }
 
 // The execute operation of RC (and, through execute_uc, UC) QPs. A local
@@ -474,17 +497,6 @@ Outcome execute_rc_mediated(ProcessQp& q, const shm::SendWqe& w) {
   if (!p) return {Step::kRetry};
   if (!p->mediated) return execute_at(q, *p, w);
   return execute_mediated(q, w);
-}
-
-void capture_inline(shm::SendWqe& w) {
-  if (!(w.send_flags & IBV_SEND_INLINE) || (w.send_flags & kInlineCaptured)) return;
-  uint32_t off = 0;
-  for (uint32_t i = 0; i < w.num_sge; ++i) {
-    std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
-    off += w.sge[i].length;
-  }
-  w.inline_len = off;
-  w.send_flags |= kInlineCaptured;
 }
 
 // IBTA 9.8: an unreliable connection has no acknowledgements. A message the
@@ -599,9 +611,16 @@ inline Peer* attached_peer(ProcessQp& q) {
 // at the responder; the requester fails on RC only.
 [[gnu::noinline]] void fast_receive_fault(ProcessQp& q, Peer& p, const shm::RecvWqe& r, core::Check c,
                                           const ibv_send_wr* wr, uint32_t opcode) {
-  push_recv_completion(q, p, r.wr_id, core::verdict(c).receive_status, 0, opcode, wr->send_flags, wr->imm_data, 0);
   shm::SendWqe w;
   to_send_wqe(q, wr, w);
+  if (q.odp_seen) {  // a receive buffer in ODP memory
+    const Outcome o = odp_send_into(q, p, w, r);
+    if (o.step == Step::kDone) complete(q, w, IBV_WC_SUCCESS, o.byte_len);
+    else if (q.type == IBV_QPT_UC) complete(q, w, IBV_WC_SUCCESS, 0);
+    else fail(q, w, o);
+    return;
+  }
+  push_recv_completion(q, p, r.wr_id, core::verdict(c).receive_status, 0, opcode, wr->send_flags, wr->imm_data, 0);
   if (q.type == IBV_QPT_UC)
     complete(q, w, IBV_WC_SUCCESS, 0);
   else

@@ -76,4 +76,14 @@ bool pipelines_now(ProcessQp& q, const shm::SendWqe& w);  // and nothing waits b
 bool pipeline_queued(ProcessQp& q);
 int post_pipelined(ProcessQp& q, shm::SendWqe& w, bool& queued);
 
+// On-demand-paging memory (requester_odp.cc): the plain resolutions it
+// uses for the other keys; a request one of whose keys named ODP memory
+// (the plain path stopped with odp_seen set, having changed nothing); a
+// SEND whose receive `r`, already taken, has a buffer in ODP memory.
+bool plain_local_segment(ProcessQp& q, const shm::Sge& sge, bool write, Seg& out);
+uint8_t* plain_peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need);
+const MrEntry* checked_peer_key(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need);
+Outcome execute_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w);
+Outcome odp_send_into(ProcessQp& q, Peer& p, const shm::SendWqe& w, const shm::RecvWqe& r);
+
 }  // namespace sv::verbs

@@ -4,11 +4,13 @@
 // holding the send lock left behind (a torn receive, a request carried out
 // but not completed). The requests themselves are requester.cc's.
 #include <csignal>
+#include <cstring>
 
 #include "common/trace.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
 #include "verbs/transport.h"
+#include "verbs/wr_rules.h"
 
 namespace sv::verbs {
 namespace {
@@ -151,6 +153,18 @@ bool progress_qp(ProcessQp& q) {
     }
     complete(q, w, IBV_WC_SUCCESS, o.byte_len);
   }
+}
+
+// IBV_SEND_INLINE's payload, copied into the WQE before it waits.
+void capture_inline(shm::SendWqe& w) {
+  if (!(w.send_flags & IBV_SEND_INLINE) || (w.send_flags & kInlineCaptured)) return;
+  uint32_t off = 0;
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
+    off += w.sge[i].length;
+  }
+  w.inline_len = off;
+  w.send_flags |= kInlineCaptured;
 }
 
 }  // namespace sv::verbs
