@@ -314,6 +314,8 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
     attr->odp_caps.per_transport_caps.rc_odp_caps = kRc;
     attr->odp_caps.per_transport_caps.uc_odp_caps =
         IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+    attr->odp_caps.per_transport_caps.ud_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
     if (attr_size >= offsetof(ibv_device_attr_ex, xrc_odp_caps) + sizeof(attr->xrc_odp_caps))
       attr->xrc_odp_caps = kRc;
   }

@@ -2,6 +2,7 @@
 // (requester.cc) that its UD part (requester_ud.cc) uses too. Not an API.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "common/responder_core.h"
 #include "verbs/provider.h"
@@ -85,5 +86,10 @@ uint8_t* plain_peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t 
 const MrEntry* checked_peer_key(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need);
 Outcome execute_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w);
 Outcome odp_send_into(ProcessQp& q, Peer& p, const shm::SendWqe& w, const shm::RecvWqe& r);
+// UD (requester_ud.cc): a message's receive `r` with an ODP buffer, from
+// `src` in this process's view (the check that failed, or kOk); a source
+// list with ODP pieces, read into `stage` (false: a local protection error).
+core::Check odp_scatter(ProcessQp& q, Peer& p, const shm::RecvWqe& r, const Seg* src, int ns, uint64_t total);
+bool odp_source(ProcessQp& q, const shm::SendWqe& w, std::vector<uint8_t>& stage, Seg* out, int& n, uint64_t& total);
 
 }  // namespace sv::verbs

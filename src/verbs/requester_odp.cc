@@ -237,19 +237,24 @@ bool send_source(ProcessQp& q, const shm::SendWqe& w, OSeg* local, int& nl, uint
   return true;
 }
 
-// The receive `r` (popped) takes the SEND whose source is `local`.
-Outcome deliver_send(ProcessQp& q, Peer& p, const shm::SendWqe& w, const shm::RecvWqe& r, const OSeg* local, int nl,
-                     uint64_t total) {
+// The receive `r` (popped) takes a message of `total` bytes from `local`
+// (in this process's view): core::scatter_receive's checks, then the copy,
+// whose failure is the responder's buffer's (its protection error).
+core::Check scatter_odp(ProcessQp& q, Peer& p, const shm::RecvWqe& r, const OSeg* local, int nl, uint64_t total) {
   OSeg remote[shm::kMaxSge];
   uint32_t k = 0;
-  core::Check c =
+  const core::Check c =
       core::scatter_receive(r.sge, r.num_sge, 0, total, [&](const shm::Sge& s, uint64_t at, uint64_t n, uint64_t) {
         return peer_oseg(q, p, s.lkey, s.addr + at, n, IBV_ACCESS_LOCAL_WRITE, remote[k++]);
       });
-  // The source is in this process's view (send_source): only the receive's side can fail.
-  if (c == core::Check::kOk && copy_odp(remote, int(k), local, nl, total) != Fail::kNone)
-    c = core::Check::kReceiveBadKey;  // the responder's buffer is not there: its protection error
-  if (c != core::Check::kOk) {
+  if (c != core::Check::kOk) return c;
+  return copy_odp(remote, int(k), local, nl, total) == Fail::kNone ? c : core::Check::kReceiveBadKey;
+}
+
+// The receive `r` (popped) takes the SEND whose source is `local`.
+Outcome deliver_send(ProcessQp& q, Peer& p, const shm::SendWqe& w, const shm::RecvWqe& r, const OSeg* local, int nl,
+                     uint64_t total) {
+  if (core::Check c = scatter_odp(q, p, r, local, nl, total); c != core::Check::kOk) {
     push_recv_completion(q, p, r, core::verdict(c).receive_status, 0, w);
     return {Step::kError, core::requester_status(c), true};
   }
@@ -272,6 +277,24 @@ Outcome odp_send_into(ProcessQp& q, Peer& p, const shm::SendWqe& w, const shm::R
     return {Step::kError, IBV_WC_LOC_PROT_ERR};
   }
   return deliver_send(q, p, w, r, local, nl, total);
+}
+
+// A UD message's receive `r` with a buffer in ODP memory (requester_ud.cc).
+core::Check odp_scatter(ProcessQp& q, Peer& p, const shm::RecvWqe& r, const Seg* src, int ns, uint64_t total) {
+  q.odp_seen = false;
+  OSeg local[shm::kMaxSge + 1];
+  for (int i = 0; i < ns; ++i) local[i] = {src[i].p, src[i].len, 0};
+  return scatter_odp(q, p, r, local, ns, total);
+}
+
+// A source list with ODP pieces, read into `stage` (requester_ud.cc): false
+// if a key fails or a piece is not there (a local protection error).
+bool odp_source(ProcessQp& q, const shm::SendWqe& w, std::vector<uint8_t>& stage, Seg* out, int& n, uint64_t& total) {
+  q.odp_seen = false;
+  OSeg local[shm::kMaxSge];
+  if (!send_source(q, w, local, n, total, stage)) return false;
+  for (int i = 0; i < n; ++i) out[i] = {local[i].p, local[i].len};
+  return true;
 }
 
 // A request one of whose keys named ODP memory, carried out from scratch
