@@ -21,6 +21,8 @@
 
 #include "common/device_info.h"
 #include "common/started_thread.h"
+#include <fcntl.h>
+
 #include "verbs/provider.h"
 
 #undef ibv_query_port
@@ -124,6 +126,11 @@ int map_device(ContextState& st, const proto::HelloReply& rep, const Fd& segment
   st.mr_table = reinterpret_cast<const MrEntry*>(st.device_map.as<char>() + dh->mr_table_offset);
   st.qp_table = reinterpret_cast<const QpEntry*>(st.device_map.as<char>() + dh->qp_table_offset);
   st.mcg_table = reinterpret_cast<const shm::McgEntry*>(st.device_map.as<char>() + shm::DeviceLayout::mcg_offset());
+  // Opened anew, not dup'ed: a flock belongs to an open file description,
+  // and the daemon hands every process the same one.
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/self/fd/%d", segment.get());
+  st.odp_lock = Fd(::open(path, O_RDONLY | O_CLOEXEC));
   return 0;
 }
 
@@ -305,12 +312,13 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
   if (attr_size >= offsetof(ibv_device_attr_ex, phys_port_cnt_ex) + sizeof(attr->phys_port_cnt_ex))
     attr->phys_port_cnt_ex = 1;
   // On-demand paging (docs/MEMORY.md): explicit and implicit ODP MRs, on
-  // the shared-memory path of every transport that has it; atomics and
-  // ATOMIC WRITE on ODP memory are not offered.
+  // the shared-memory path of every transport that has it; ATOMIC WRITE on
+  // ODP memory is not offered.
   if (attr_size >= offsetof(ibv_device_attr_ex, odp_caps) + sizeof(attr->odp_caps)) {
     attr->odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
     constexpr uint32_t kRc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
-                             IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_SRQ_RECV | abi::kOdpSupportFlush;
+                             IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV |
+                             abi::kOdpSupportFlush;
     attr->odp_caps.per_transport_caps.rc_odp_caps = kRc;
     attr->odp_caps.per_transport_caps.uc_odp_caps =
         IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;

@@ -479,6 +479,10 @@ struct ContextState {
   Fd wake;
   uint64_t boot_id = 0;
   Mapping device_map;
+  // A description of its own of the device segment (its user's, shared by
+  // every process of that user): the flock(2) that RDMA atomics on
+  // on-demand-paging memory take (requester_odp.cc). -1 if it could not be opened.
+  Fd odp_lock;
   const MrEntry* mr_table = nullptr;
   const QpEntry* qp_table = nullptr;
   const shm::McgEntry* mcg_table = nullptr;

@@ -13,6 +13,7 @@
 // memory (ProcessQp::odp_seen, set where the plain resolution met an ODP
 // entry on its rare branch); everything is resolved again here, plain keys
 // as requester.cc resolves them.
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 
@@ -206,6 +207,57 @@ Outcome odp_read(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(total)};
 }
 
+// Holds the lock every RDMA atomic on ODP memory of this user takes: a
+// flock(2) of the user's device segment (ContextState::odp_lock).
+class AtomicLock {
+ public:
+  explicit AtomicLock(int fd) : fd_(fd) {
+    while (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~AtomicLock() {
+    if (fd_ >= 0) ::flock(fd_, LOCK_UN);
+  }
+  AtomicLock(const AtomicLock&) = delete;
+  AtomicLock& operator=(const AtomicLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// Compare-and-swap and fetch-and-add (IBTA 9.4.5) where the quadword or the
+// result buffer is ODP memory. The target's read-modify-write runs under
+// AtomicLock: atomic with respect to every other RDMA atomic on ODP memory
+// of this user (IBV_ATOMIC_HCA), not to the target process's own stores.
+Outcome odp_atomic(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+  OSeg res;
+  if (!local_oseg(q, w.sge[0], true, res)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
+  if (access::Fault f = core::check_atomic(w.opcode, res.len, w.remote_addr); f != access::Fault::kNone)
+    return {Step::kError, access::status(f), access::responder_detected(f)};
+  OSeg t;
+  if (!peer_oseg(q, p, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, t))
+    return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  const bool cas = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+  uint64_t old = 0;
+  if (!t.pid) {
+    old = core::apply_atomic(reinterpret_cast<uint64_t*>(t.p), cas, w.compare_add, w.swap);
+  } else {
+    if (!q.ctx->st->odp_lock.valid()) {
+      say_refused(ENOLCK, t.pid);
+      return {Step::kError, IBV_WC_REM_OP_ERR, true};
+    }
+    AtomicLock lock(q.ctx->st->odp_lock.get());
+    if (!move_bytes(reinterpret_cast<uint8_t*>(&old), 0, t.p, t.pid, 8))
+      return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+    const uint64_t now = cas ? (old == w.compare_add ? w.swap : old) : old + w.compare_add;
+    if (now != old && !move_bytes(t.p, t.pid, reinterpret_cast<const uint8_t*>(&now), 0, 8))
+      return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  }
+  const OSeg from{reinterpret_cast<uint8_t*>(&old), 8, 0};
+  if (copy_piece(res, 0, from, 0, 8) != Fail::kNone) return {Step::kError, IBV_WC_LOC_PROT_ERR};
+  return {Step::kDone, IBV_WC_SUCCESS, false, 8};
+}
+
 // FLUSH on ODP memory: the pages are ordinary process memory with no
 // persistent medium; global visibility is a fence (docs/MEMORY.md, FLUSH).
 Outcome odp_flush(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
@@ -315,9 +367,10 @@ Outcome execute_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
     case WrKind::kWrite: return odp_write(q, p, w);
     case WrKind::kRead: return odp_read(q, p, w);
     case WrKind::kFlush: return odp_flush(q, p, w);
+    case WrKind::kAtomic: return odp_atomic(q, p, w);
     default:
-      // Atomics and ATOMIC WRITE on ODP memory are not offered (odp_caps
-      // says so): the responder refuses the key.
+      // ATOMIC WRITE on ODP memory is not offered (odp_caps says so): the
+      // responder refuses the key.
       return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
   }
 }
