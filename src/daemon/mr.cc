@@ -40,6 +40,28 @@ int Registry::check_mr(const Backing& backing, const proto::RegMrReq& req) {
   return 0;
 }
 
+// The registrant of ODP MRs exited (its pidfd, which the server watches
+// once the client registered one, became readable) or left (`left`: its
+// connection closed: exit, exec, ibv_close_device): its ODP MRs go now,
+// whoever else holds the context, so that no key reaches a later process
+// that reuses the pid, nor the program an exec put in its place. A client
+// whose process is alive and connected is left alone.
+void Registry::odp_owner_gone(uint32_t client, bool left) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  const Client& c = it->second;
+  if (!left && c.pidfd.valid() && pidfd_alive(c.pidfd.get())) return;
+  for (uint32_t h : mrs_.of(ctx(client))) {
+    const MrEntry& e = tables_.mr_at(h);
+    if (e.backing == kOdpBacking && e.owner_pid == uint32_t(c.pid)) release_mr(h);
+  }
+}
+
+int Registry::client_pidfd(uint32_t client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() ? -1 : it->second.pidfd.get();
+}
+
 // Writes an MR's entry from `req`; the caller publishes its key after.
 void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t client) {
   e.access = req.access;
@@ -68,6 +90,9 @@ int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& r
 int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
   constexpr uint32_t kOdpAccess = kKnownAccess | IBV_ACCESS_ON_DEMAND;
   if (!(req.access & IBV_ACCESS_ON_DEMAND) || (req.access & ~kOdpAccess)) return EINVAL;
+  // The MR dies with its process: without a pidfd (Linux 5.3) the daemon
+  // could not tell when (odp_owner_gone).
+  if (auto c = clients_.find(client); c == clients_.end() || !c->second.pidfd.valid()) return EOPNOTSUPP;
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(req.access & IBV_ACCESS_LOCAL_WRITE))
     return EINVAL;
   proto::RegMrReq r = req;

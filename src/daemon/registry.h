@@ -162,6 +162,11 @@ class Registry : private MediationTables {
   // An on-demand-paging MR (IBV_ACCESS_ON_DEMAND): over the registrant's
   // address space as it is at each access; no backing, no charge.
   int reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
+  // The client's process exited (or, `left`, its connection closed): its
+  // ODP MRs are deregistered (mr.cc).
+  void odp_owner_gone(uint32_t client, bool left = false);
+  // The pidfd of the client's process (-1 if none).
+  int client_pidfd(uint32_t client) const;
   // `backing`: the new one of a move (null: none named).
   int rereg_mr(uint32_t client, daemon::Mr& mr, const daemon::Backing* backing, const proto::ReregMrReq& req,
                proto::RegMrReply& rep);

@@ -385,6 +385,10 @@ bool Server::dispatch(const epoll_event& ev) {
     cm_.run();
   } else if (copy_done_fd_.valid() && fd == copy_done_fd_.get()) {
     copies_done();
+  } else if (auto w = odp_owners_.find(fd); w != odp_owners_.end()) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    registry_.odp_owner_gone(w->second);
+    odp_owners_.erase(w);
   } else if (auto r = ring_efds_.find(fd); r != ring_efds_.end()) {
     ring_woken(fd, r->second);
     return false;  // a wake-up is no request (no spin for it)
@@ -554,6 +558,18 @@ void Server::accept_clients() {
   }
 }
 
+// An ODP MR lives no longer than the process that registered it (its
+// addresses mean nothing in another): the first one a client registers
+// makes the server watch that process's pidfd.
+void Server::watch_odp_owner(uint32_t client) {
+  const int pidfd = registry_.client_pidfd(client);
+  if (pidfd < 0 || odp_owners_.count(pidfd)) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = pidfd;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pidfd, &ev) == 0) odp_owners_[pidfd] = client;
+}
+
 Server::Conn* Server::conn_of(uint32_t client, int& fd) {
   auto f = fd_of_client_.find(client);
   if (f == fd_of_client_.end()) return nullptr;
@@ -572,6 +588,11 @@ void Server::drop(int fd) {
     ring_efds_.erase(it->second.ring->wake());
   }
   const uint32_t client = it->second.client;
+  if (auto w = odp_owners_.find(registry_.client_pidfd(client)); w != odp_owners_.end()) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, w->first, nullptr);  // closed with the client
+    odp_owners_.erase(w);
+    registry_.odp_owner_gone(client, true);
+  }
   const uint32_t context = registry_.context_of(client);
   const uint32_t pid = registry_.client_pid(client);
   for (const Out& o : it->second.out) registry_.quotas().release_fds(o.fd_key);

@@ -177,6 +177,10 @@ class Server {
   // socket (its wake-up socket's, post_ring.h); the connection being
   // served (for PostRing, -1 otherwise).
   std::map<int, int> ring_efds_;
+  // Clients that registered an ODP MR, by the pidfd of their process
+  // (watched: readable when the process exits, Registry::odp_owner_gone).
+  std::map<int, uint32_t> odp_owners_;
+  void watch_odp_owner(uint32_t client);
   int serving_fd_ = -1;
   std::vector<int> ring_ready_;  // scratch for run()
   int open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_fds);

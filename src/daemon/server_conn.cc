@@ -205,6 +205,7 @@ bool Server::serve(int fd) {
       serving_fd_ = fd;
       rlen = handle(it->second.client, in, len, fds, out, out_fds);
       serving_fd_ = -1;
+      if (op == uint16_t(proto::Op::RegOdpMr)) watch_odp_owner(it->second.client);
     }
     if (deferred_) {
       defer_copy(fd, it->second, in);

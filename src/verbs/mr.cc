@@ -146,6 +146,9 @@ ibv_mr* reg_odp_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int a
   req.access = uint32_t(access);
   proto::RegMrReply rep{};
   if (int e = st.conn.call<proto::Op::RegOdpMr>(req, rep)) {
+    if (e == EOPNOTSUPP)
+      std::fprintf(stderr, "softverbs: ibv_reg_mr: on-demand paging needs a pidfd of this process in the daemon "
+                           "(Linux 5.3), which it does not have\n");
     errno = e;
     return nullptr;
   }
