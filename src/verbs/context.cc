@@ -115,6 +115,24 @@ ibv_context* open_context(ibv_device* device) {
 
 namespace {
 
+// The file whose flock(2) RDMA atomics on ODP memory take
+// (ContextState::odp_lock): one per user. The user's device segment,
+// opened anew (not dup'ed: a flock belongs to an open file description, and
+// the daemon hands every process the same one) where its mode lets this
+// process (a per-user daemon's, or root's); else /dev/shm/softverbs-odp-UID,
+// created mode 0600 and used only if it is a regular file of this user.
+Fd open_odp_lock(int segment) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/self/fd/%d", segment);
+  Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (fd.valid()) return fd;
+  std::snprintf(path, sizeof(path), "/dev/shm/softverbs-odp-%u", unsigned(::geteuid()));
+  fd = Fd(::open(path, O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  struct stat sb {};
+  if (fd.valid() && (::fstat(fd.get(), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != ::geteuid())) fd.reset();
+  return fd;
+}
+
 // The device segment of Hello's reply (the MR, QP and multicast tables,
 // read-only: docs/SHARED_MEMORY.md), mapped and checked. 0 or an errno.
 int map_device(ContextState& st, const proto::HelloReply& rep, const Fd& segment) {
@@ -126,11 +144,7 @@ int map_device(ContextState& st, const proto::HelloReply& rep, const Fd& segment
   st.mr_table = reinterpret_cast<const MrEntry*>(st.device_map.as<char>() + dh->mr_table_offset);
   st.qp_table = reinterpret_cast<const QpEntry*>(st.device_map.as<char>() + dh->qp_table_offset);
   st.mcg_table = reinterpret_cast<const shm::McgEntry*>(st.device_map.as<char>() + shm::DeviceLayout::mcg_offset());
-  // Opened anew, not dup'ed: a flock belongs to an open file description,
-  // and the daemon hands every process the same one.
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/self/fd/%d", segment.get());
-  st.odp_lock = Fd(::open(path, O_RDONLY | O_CLOEXEC));
+  st.odp_lock = open_odp_lock(segment.get());
   return 0;
 }
 

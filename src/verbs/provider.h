@@ -479,9 +479,10 @@ struct ContextState {
   Fd wake;
   uint64_t boot_id = 0;
   Mapping device_map;
-  // A description of its own of the device segment (its user's, shared by
-  // every process of that user): the flock(2) that RDMA atomics on
-  // on-demand-paging memory take (requester_odp.cc). -1 if it could not be opened.
+  // A file of this user's (its device segment, or a lock file in /dev/shm),
+  // opened by this process: the flock(2) that RDMA atomics on
+  // on-demand-paging memory take (requester_odp.cc, context.cc
+  // open_odp_lock). -1 if none could be opened.
   Fd odp_lock;
   const MrEntry* mr_table = nullptr;
   const QpEntry* qp_table = nullptr;
