@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -343,6 +344,73 @@ TEST(Odp, AtomicsAreAtomicAmongThemselves) {
   EXPECT_EQ(0, ibv_dereg_mr(ma));
   EXPECT_EQ(0, ibv_dereg_mr(mb));
   munmap(w, kPage);
+}
+
+// The MR dies with its process. The peer registers an implicit ODP MR and
+// forks a child that keeps its daemon connection open; the peer is killed
+// and its pid given to a new process of the same user (ns_last_pid), which
+// has `victim` at the same address (both are forks of this program). A
+// WRITE through the dead peer's key must not land in the new process: the
+// daemon revoked the key when the peer's pidfd said it exited.
+volatile uint8_t victim[64];
+
+TEST(Odp, AKeyDiesWithItsProcessNotWithItsPid) {
+  if (geteuid() != 0 || access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+    GTEST_SKIP() << "needs root and ns_last_pid to hand the dead peer's pid to another process";
+  Pair t;
+  ASSERT_TRUE(t.ok);
+  pid_t orphan = 0;
+  const uint32_t rkey = t.peer.odp_orphan(&orphan);
+  ASSERT_NE(0u, rkey) << strerror(orphan);
+  const pid_t dead = t.peer.pid();
+  t.peer.kill9();
+  // A process of this user at the dead peer's pid, holding `victim`.
+  int report[2];
+  ASSERT_EQ(0, pipe(report));
+  pid_t reuser = -1;
+  for (int tries = 0; tries < 200 && reuser != dead; ++tries) {
+    if (reuser > 0) waitpid(reuser, nullptr, 0);
+    FILE* f = fopen("/proc/sys/kernel/ns_last_pid", "w");
+    if (!f) break;
+    fprintf(f, "%d", int(dead) - 1);
+    fclose(f);
+    reuser = fork();
+    if (reuser == 0) {
+      if (getpid() != dead) _exit(0);
+      std::memset(const_cast<uint8_t*>(victim), 0x77, sizeof(victim));
+      usleep(500 * 1000);  // the test's WRITE happens meanwhile
+      uint8_t first = victim[0];
+      (void)!write(report[1], &first, 1);
+      _exit(0);
+    }
+  }
+  if (reuser != dead) {
+    kill(orphan, SIGKILL);
+    waitpid(orphan, nullptr, 0);
+    GTEST_SKIP() << "could not hand pid " << dead << " to a new process";
+  }
+  usleep(100 * 1000);  // the victim has set its bytes
+  ibv_sge sge{uint64_t(uintptr_t(t.me.buf)), 64, t.me.mr->lkey};
+  std::memset(t.me.buf, 0x99, 64);
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = uint64_t(uintptr_t(victim));
+  wr.wr.rdma.rkey = rkey;
+  ASSERT_EQ(0, ibv_post_send(t.me.qp, &wr, &bad));
+  auto v = poll(t.me.cq, 1);
+  uint8_t first = 0;
+  EXPECT_EQ(1, read(report[0], &first, 1));
+  EXPECT_EQ(0x77, first) << "a WRITE through a dead process's key landed in the process that took its pid";
+  ASSERT_EQ(1u, v.size());
+  EXPECT_NE(IBV_WC_SUCCESS, v[0].status);
+  waitpid(reuser, nullptr, 0);
+  kill(orphan, SIGKILL);
+  waitpid(orphan, nullptr, 0);
+  close(report[0]);
+  close(report[1]);
 }
 
 // ibv_advise_mr: PREFETCH_WRITE brings the pages in; a non-ODP MR is refused.
