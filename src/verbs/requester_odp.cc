@@ -25,6 +25,7 @@
 
 #include "common/access.h"
 #include "common/responder_core.h"
+#include "verbs/odp.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
 #include "verbs/wr_rules.h"
@@ -227,9 +228,10 @@ class AtomicLock {
 
 // Compare-and-swap and fetch-and-add (IBTA 9.4.5) where the quadword or the
 // result buffer is ODP memory. The target's read-modify-write runs under
-// AtomicLock: atomic with respect to every other RDMA atomic on ODP memory
-// of this user (IBV_ATOMIC_HCA), not to the target process's own stores.
-Outcome odp_atomic(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+// AtomicLock (odp_atomic, below): atomic with respect to every other RDMA
+// atomic on ODP memory of this user (IBV_ATOMIC_HCA), not to the target
+// process's own stores.
+Outcome atomic_on_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   OSeg res;
   if (!local_oseg(q, w.sge[0], true, res)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
   if (access::Fault f = core::check_atomic(w.opcode, res.len, w.remote_addr); f != access::Fault::kNone)
@@ -241,17 +243,8 @@ Outcome odp_atomic(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   uint64_t old = 0;
   if (!t.pid) {
     old = core::apply_atomic(reinterpret_cast<uint64_t*>(t.p), cas, w.compare_add, w.swap);
-  } else {
-    if (!q.ctx->st->odp_lock.valid()) {
-      say_refused(ENOLCK, t.pid);
-      return {Step::kError, IBV_WC_REM_OP_ERR, true};
-    }
-    AtomicLock lock(q.ctx->st->odp_lock.get());
-    if (!move_bytes(reinterpret_cast<uint8_t*>(&old), 0, t.p, t.pid, 8))
-      return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
-    const uint64_t now = cas ? (old == w.compare_add ? w.swap : old) : old + w.compare_add;
-    if (now != old && !move_bytes(t.p, t.pid, reinterpret_cast<const uint8_t*>(&now), 0, 8))
-      return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  } else if (!odp_atomic(*q.ctx->st, t.pid, uint64_t(uintptr_t(t.p)), cas, w.compare_add, w.swap, &old)) {
+    return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
   }
   const OSeg from{reinterpret_cast<uint8_t*>(&old), 8, 0};
   if (copy_piece(res, 0, from, 0, 8) != Fail::kNone) return {Step::kError, IBV_WC_LOC_PROT_ERR};
@@ -367,7 +360,7 @@ Outcome execute_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
     case WrKind::kWrite: return odp_write(q, p, w);
     case WrKind::kRead: return odp_read(q, p, w);
     case WrKind::kFlush: return odp_flush(q, p, w);
-    case WrKind::kAtomic: return odp_atomic(q, p, w);
+    case WrKind::kAtomic: return atomic_on_odp(q, p, w);
     default:
       // ATOMIC WRITE on ODP memory is not offered (odp_caps says so): the
       // responder refuses the key.
@@ -403,6 +396,29 @@ int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* 
     if (end > a) (void)::madvise(reinterpret_cast<void*>(a), end - a, how);
   }
   return 0;
+}
+
+bool odp_read(pid_t pid, uint64_t addr, uint8_t* out, size_t n) {
+  return move_bytes(out, 0, reinterpret_cast<const uint8_t*>(addr), pid, n);
+}
+
+bool odp_write(pid_t pid, uint64_t addr, const uint8_t* in, size_t n) {
+  return move_bytes(reinterpret_cast<uint8_t*>(addr), pid, in, 0, n);
+}
+
+bool odp_atomic(ContextState& cs, pid_t pid, uint64_t addr, bool cas, uint64_t compare_add, uint64_t swap,
+                uint64_t* orig) {
+  if (!cs.odp_lock.valid()) {
+    say_refused(ENOLCK, pid);
+    return false;
+  }
+  AtomicLock lock(cs.odp_lock.get());
+  uint64_t old = 0;
+  if (!odp_read(pid, addr, reinterpret_cast<uint8_t*>(&old), 8)) return false;
+  const uint64_t now = cas ? (old == compare_add ? swap : old) : old + compare_add;
+  if (now != old && !odp_write(pid, addr, reinterpret_cast<const uint8_t*>(&now), 8)) return false;
+  *orig = old;
+  return true;
 }
 
 }  // namespace sv::verbs
