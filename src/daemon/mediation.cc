@@ -15,6 +15,7 @@
 #include "daemon/mediation.h"
 
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,14 +58,53 @@ struct Extent {
   uint32_t backing;
   int fd;
   uint64_t off;
+  pid_t pid = 0;  // on-demand-paging memory of that process (Span::pid)
 };
-Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at}; }
+Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at, s.pid}; }
 Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) { return {s.backing, s.fd.get(), s.off + at}; }
+
+// Which side of the last failed copy was ODP memory that was not there
+// (1: the destination, 2: the source; 0: none): the execute step maps it
+// to the key's error (docs/MEMORY.md). Taken once.
+thread_local int t_odp_fault = 0;
+int take_odp_fault() { return std::exchange(t_odp_fault, 0); }
+
+// n bytes between ODP memory and the daemon's (process_vm_*: the process's
+// address space as it is now; a hole fails with EFAULT, no signal).
+bool odp_move(pid_t pid, uint64_t addr, uint8_t* here, uint64_t n, bool to_process) {
+  while (n) {
+    iovec local{here, n}, remote{reinterpret_cast<void*>(addr), n};
+    const ssize_t r = to_process ? ::process_vm_writev(pid, &local, 1, &remote, 1, 0)
+                                 : ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (r <= 0) return false;
+    here += r, addr += uint64_t(r), n -= uint64_t(r);
+  }
+  return true;
+}
+
+bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n);
+
+// A piece with ODP memory on either side, through a bounce buffer.
+bool move_odp_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
+  std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min<uint64_t>(n - done, buf.size());
+    const bool got = s.pid ? odp_move(s.pid, s.off + done, buf.data(), k, false)
+                           : pread_all(s.fd, buf.data(), k, s.off + done);
+    if (!got) return (t_odp_fault = s.pid ? 2 : 0), false;
+    Extent at = d;
+    at.off += done;
+    if (!put_piece(win, at, buf.data(), k)) return (t_odp_fault = d.pid ? 1 : 0), false;
+    done += k;
+  }
+  return true;
+}
 
 // Moves n bytes from `s` to `d`, n within both windows' reach: one memcpy
 // between the daemon's windows, or through a bounce buffer with
 // pread/pwrite where a window cannot be mapped.
 bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
+  if (d.pid || s.pid) return move_odp_piece(win, d, s, n);
   std::shared_ptr<Window> hd, hs;
   uint8_t* dp = win.at(d.backing, d.fd, d.off, hd);
   const uint8_t* sp = dp ? win.at(s.backing, s.fd, s.off, hs) : nullptr;
@@ -83,6 +123,7 @@ bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t 
 
 // Bytes from daemon memory (an inline payload) into `d`.
 bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n) {
+  if (d.pid) return odp_move(d.pid, d.off, const_cast<uint8_t*>(src), n, true) || ((t_odp_fault = 1), false);
   std::shared_ptr<Window> hd;
   if (uint8_t* dp = win.at(d.backing, d.fd, d.off, hd)) {
     core::store_tail_last(dp, src, n);
@@ -135,6 +176,7 @@ bool put_inline(BackingWindows& win, const std::vector<D>& dst, const uint8_t* d
 // registrations (a deregistration meanwhile cannot pull the file away).
 bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>& out) {
   for (const Span& sp : v) {
+    if (sp.pid) return false;  // ODP memory: copied on the loop (no file to hold; the MR dies with its process)
     Fd d(::fcntl(sp.fd, F_DUPFD_CLOEXEC, 0));
     if (!d.valid()) return false;
     out.push_back({std::move(d), sp.off, sp.len, sp.backing});
@@ -147,6 +189,7 @@ bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>&
 // (a shared mapping of the same page), not with pread/pwrite. `old`
 // receives the original value.
 bool atomic_on_page(BackingWindows& win, const Span& sp, const proto::MediateReq& req, uint64_t& old) {
+  if (sp.pid) return false;  // ODP memory: not between users (docs/MEMORY.md, "Not yet")
   std::shared_ptr<Window> h;
   uint8_t* p = win.at(sp.backing, sp.fd, sp.off, h);
   if (!p) return false;
@@ -227,6 +270,11 @@ bool Mediation::resolve_key(uint32_t key, access::Use use, const access::User& w
   const MrEntry* e =
       access::check([this](uint32_t slot) -> const MrEntry& { return t_.mr_slot(slot); }, key, use, who, need, addr, len);
   if (!e) return false;
+  if (e->backing == kOdpBacking) {  // the registrant's addresses, while it lives
+    if (!t_.odp_owner_alive(e->owner_pid)) return false;
+    out = Span{-1, access::file_offset(*e, addr), len, kOdpBacking, pid_t(e->owner_pid)};
+    return true;
+  }
   const int fd = t_.backing_fd(e->backing);
   if (fd < 0) return false;
   windows_->live(e->backing);
@@ -421,7 +469,9 @@ int Mediation::execute_send(Op& op) {
     return 0;
   }
   if (op.total && !copy_to(op, dst)) {
-    const core::Verdict v = core::verdict(core::Check::kResponderFault);
+    const int odp = take_odp_fault();  // ODP memory not there: the receive's buffer, or the requester's
+    if (odp == 2) return recv_completion(op.d, r, IBV_WC_WR_FLUSH_ERR, 0), fail(op, Fault::kLocalProtection);
+    const core::Verdict v = core::verdict(odp ? core::Check::kReceiveBadKey : core::Check::kResponderFault);
     recv_completion(op.d, r, v.receive_status, 0);
     return fail(op, v.fault);
   }
@@ -443,7 +493,10 @@ int Mediation::execute_write(Op& op) {
     (*op.defer)->recv = r;
     return 0;
   }
-  if (op.total && !copy_to(op, dst)) return fail(op, Fault::kRemoteOperation);
+  if (op.total && !copy_to(op, dst)) {
+    const int odp = take_odp_fault();
+    return fail(op, odp == 1 ? Fault::kRemoteAccess : odp == 2 ? Fault::kLocalProtection : Fault::kRemoteOperation);
+  }
   if (imm) recv_completion(op.d, r, IBV_WC_SUCCESS, op.total);
   return complete(op, op.total);
 }
@@ -454,7 +507,10 @@ int Mediation::execute_read(Op& op) {
     if (Fault f = resolve_remote(op, op.total, sp); f != Fault::kNone) return fail(op, f);
     const std::vector<Span> remote{sp};
     if (defer_copy(op, op.local, remote)) return 0;
-    if (!copy_spans(op.local, remote, op.total)) return fail(op, Fault::kRemoteOperation);
+    if (!copy_spans(op.local, remote, op.total)) {
+      const int odp = take_odp_fault();
+      return fail(op, odp == 2 ? Fault::kRemoteAccess : odp == 1 ? Fault::kLocalProtection : Fault::kRemoteOperation);
+    }
   }
   return complete(op, op.total);
 }
@@ -491,6 +547,7 @@ int Mediation::execute_atomic_write(Op& op) {
       at += l.len;
     }
   }
+  if (sp.pid) return fail(op, Fault::kRemoteOperation);  // ODP memory: not offered (docs/MEMORY.md)
   std::shared_ptr<Window> h;
   uint8_t* p = windows_->at(sp.backing, sp.fd, sp.off, h);
   if (!p) return fail(op, Fault::kRemoteOperation);
@@ -514,7 +571,10 @@ int Mediation::execute_flush(Op& op) {
   Span sp{};
   if (!resolve_key(op.req.rkey, access::Use::kRemote, op.responder(), rules::flush_need(placement), x.addr, x.len, sp))
     return fail(op, Fault::kRemoteAccess);
-  if (!core::apply_flush_file(sp.fd, placement)) return fail(op, core::verdict(core::Check::kResponderFault).fault);
+  // ODP memory is process memory with no medium: the fence is all.
+  if (sp.pid) std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!sp.pid && !core::apply_flush_file(sp.fd, placement))
+    return fail(op, core::verdict(core::Check::kResponderFault).fault);
   return complete(op, uint32_t(op.req.compare_add));
 }
 

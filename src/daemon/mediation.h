@@ -108,6 +108,12 @@ class MediationTables {
   // client's QP `qpn` is connected to, is invalidated (0, or an errno).
   virtual int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) = 0;
   virtual uid_t uid_of_client(uint32_t client) const = 0;
+  // Is `pid` a live process that registered on-demand-paging MRs (a
+  // client's, alive by its pidfd)? Only then are its addresses reached.
+  virtual bool odp_owner_alive(uint32_t pid) const {
+    (void)pid;
+    return false;
+  }
 
  protected:
   ~MediationTables() = default;
@@ -146,12 +152,15 @@ class Mediation {
   // Deferred copies (mediate's `defer`) are those of this size and more.
   void set_offload(uint64_t bytes) { offload_bytes_ = bytes; }
 
-  // A byte range in a backing file.
+  // A byte range in a backing file; or, with `pid`, of on-demand-paging
+  // memory: [off, off + len) of that process's address space, copied with
+  // process_vm_readv/writev (docs/MEMORY.md, "On-demand paging").
   struct Span {
     int fd;
     uint64_t off;
     uint64_t len;
     uint32_t backing;
+    pid_t pid = 0;
   };
   // The key check (common/access.h) and where the bytes are: the span, or
   // false. `who` is the QP the key is used through.

@@ -461,6 +461,7 @@ class Registry : private MediationTables {
   void flush_receives(uint32_t qpn) override;
   void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
+  bool odp_owner_alive(uint32_t pid) const override;
   int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
   Mediation mediation_{*this};
   void flush_rq(Qp& q, uint32_t qpn);

@@ -28,6 +28,12 @@ uint32_t Registry::mr_backing(uint32_t client, uint32_t handle) const {
   return m ? m->backing : 0;
 }
 
+bool Registry::odp_owner_alive(uint32_t pid) const {
+  for (const auto& [id, c] : clients_)
+    if (uint32_t(c.pid) == pid) return c.pidfd.valid() && pidfd_alive(c.pidfd.get());
+  return false;
+}
+
 int Registry::backing_fd(uint32_t backing) const {
   auto b = backings_.find(backing);
   return b == backings_.end() ? -1 : b->second.fd.get();

@@ -924,11 +924,10 @@ TEST_P(Semantics, FlushErrors) {
   }
 }
 
-// On-demand paging (docs/MEMORY.md): both MRs ODP; WRITE, READ, SEND and
-// the atomics are byte exact as on regular MRs. Between users the daemon
-// does not carry requests on ODP memory yet.
+// On-demand paging (docs/MEMORY.md): both MRs ODP; WRITE, READ and the
+// atomics are byte exact as on regular MRs. Between users the daemon
+// carries WRITE and READ (process_vm_* as root), not atomics yet.
 TEST_P(Semantics, OdpMemoryMovesByteExact) {
-  if (GetParam() == Path::kMediated) GTEST_SKIP() << "between users: ODP not carried by the daemon yet";
   OpenArgs odp;
   odp.mr_access |= IBV_ACCESS_ON_DEMAND;
   open_pair(odp, odp);
@@ -942,6 +941,7 @@ TEST_P(Semantics, OdpMemoryMovesByteExact) {
     ASSERT_EQ(IBV_WC_SUCCESS, run(rdma(IBV_WR_RDMA_READ, 64, n, 64)).status);
     expect_framed(req.load(0, n + 128), 64, pattern(uint8_t(n), n));
   }
+  if (GetParam() == Path::kMediated) return;  // atomics on ODP memory: not between users yet
   ASSERT_TRUE(store_word(resp, 4096, 40));
   ibv_wc wc = run(atomic(IBV_WR_ATOMIC_FETCH_AND_ADD, 4096, 2, 0));
   ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
