@@ -123,6 +123,18 @@ int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charg
   }
 
   uint8_t kb = ++mr_key_byte_[slot];
+  // An implicit ODP MR's key byte is even (nonzero). UCX 1.13's
+  // uct_ib_md_close hands its global ODP memory handle (lkey, rkey, ...,
+  // flags) to uct_ib_mem_dereg as a uct_md_mem_dereg_params_t, whose
+  // field_mask is then the lkey and rkey: with the lkey's bit 0 (the memh
+  // field's bit) set, it takes the handle's flags word for the handle and
+  // crashes; clear, it returns at once. Keys are opaque to applications
+  // (ibv_reg_mr(3)), so any byte will do; the slot's stale keys still
+  // fail, the byte cycling through 127 values instead of 255.
+  if (req.backing == kOdpBacking && req.addr == 0 && req.length == kImplicitOdpLength) {
+    kb = uint8_t(kb + (kb & 1));
+    mr_key_byte_[slot] = kb = kb ? kb : 2;
+  }
   uint32_t key = (slot << 8) | kb;
   if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
 
