@@ -61,7 +61,7 @@ struct Extent {
   pid_t pid = 0;  // on-demand-paging memory of that process (Span::pid)
 };
 Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at, s.pid}; }
-Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) { return {s.backing, s.fd.get(), s.off + at}; }
+Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) { return {s.backing, s.fd.get(), s.off + at, s.pid}; }
 
 // Which side of the last failed copy was ODP memory that was not there
 // (1: the destination, 2: the source; 0: none): the execute step maps it
@@ -174,14 +174,32 @@ bool put_inline(BackingWindows& win, const std::vector<D>& dst, const uint8_t* d
 
 // The spans with descriptors of their own, for a job that outlives the
 // registrations (a deregistration meanwhile cannot pull the file away).
-bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>& out) {
+// ODP memory has no file: its span holds the registrant's pidfd instead,
+// which each step re-checks (the MR dies with its process).
+bool own_spans(const MediationTables& t, const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>& out) {
   for (const Span& sp : v) {
-    if (sp.pid) return false;  // ODP memory: copied on the loop (no file to hold; the MR dies with its process)
+    if (sp.pid) {
+      const int pfd = t.odp_owner_pidfd(uint32_t(sp.pid));
+      Fd p(pfd < 0 ? -1 : ::fcntl(pfd, F_DUPFD_CLOEXEC, 0));
+      if (!p.valid()) return false;
+      out.push_back({Fd(), sp.off, sp.len, sp.backing, sp.pid, std::move(p)});
+      continue;
+    }
     Fd d(::fcntl(sp.fd, F_DUPFD_CLOEXEC, 0));
     if (!d.valid()) return false;
-    out.push_back({std::move(d), sp.off, sp.len, sp.backing});
+    out.push_back({std::move(d), sp.off, sp.len, sp.backing, 0, Fd()});
   }
   return true;
+}
+
+// Which side holds ODP memory whose registrant is gone (1: a destination
+// span, 2: a source span; 0: none).
+int odp_owner_gone(const std::vector<MediationJob::OwnedSpan>& dst, const std::vector<MediationJob::OwnedSpan>& src) {
+  for (const MediationJob::OwnedSpan& s : dst)
+    if (s.pid && !pidfd_alive(s.pidfd.get())) return 1;
+  for (const MediationJob::OwnedSpan& s : src)
+    if (s.pid && !pidfd_alive(s.pidfd.get())) return 2;
+  return 0;
 }
 
 // An atomic on the responder's quadword, atomic with respect to its owner's
@@ -241,14 +259,24 @@ struct Mediation::Op {
 bool MediationJob::step(uint64_t max_bytes) {
   if (revoked.load(std::memory_order_acquire)) failed = true;
   if (failed || left == 0) return false;
+  // ODP memory is reached only while its registrant lives (as resolve_key
+  // checks on the loop): a dead one's pid may be another process's now.
+  if (int gone = odp_owner_gone(dst, src)) {
+    odp_fault = gone;
+    failed = true;
+    return false;
+  }
+  take_odp_fault();
   if (!inline_data.empty()) {
     // The inline payload (at most kMaxInline bytes): at once.
     failed = !put_inline(*windows, dst, inline_data.data(), total);
+    if (failed) odp_fault = take_odp_fault();
     left = 0;
     return false;
   }
   Cursor c{di, si, doff, soff};
   if (!copy_lists(*windows, dst, src, c, left, max_bytes)) {
+    odp_fault = take_odp_fault();
     failed = true;
     return false;
   }
@@ -259,7 +287,14 @@ bool MediationJob::step(uint64_t max_bytes) {
 bool MediationJob::touches(uint32_t backing) const {
   for (const auto* v : {&dst, &src})
     for (const OwnedSpan& s : *v)
-      if (s.backing == backing) return true;
+      if (!s.pid && s.backing == backing) return true;
+  return false;
+}
+
+bool MediationJob::touches_odp_of(pid_t pid) const {
+  for (const auto* v : {&dst, &src})
+    for (const OwnedSpan& s : *v)
+      if (s.pid && s.pid == pid) return true;
   return false;
 }
 
@@ -431,10 +466,10 @@ bool Mediation::copy_spans(const std::vector<Span>& dst, const std::vector<Span>
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
   if (!op.defer || op.total < offload_bytes_) return false;
   auto job = std::make_unique<MediationJob>();
-  if (!own_spans(dst, job->dst)) return false;
+  if (!own_spans(t_, dst, job->dst)) return false;
   if (op.is_inline && &src == &op.local) {
     job->inline_data.assign(op.req.inline_data, op.req.inline_data + op.total);
-  } else if (!own_spans(src, job->src)) {
+  } else if (!own_spans(t_, src, job->src)) {
     return false;
   }
   job->total = job->left = op.total;
@@ -614,18 +649,23 @@ int Mediation::finish(MediationJob& job, proto::MediateReply& rep) {
   const bool ok = !job.failed && job.left == 0;
   switch (rules::rule_of(job.opcode).kind) {
     case rules::WrKind::kSend:
-      if (!ok) {
-        const core::Verdict v = core::verdict(core::Check::kResponderFault);
+      if (!ok) {  // ODP memory not there, as execute_send maps it
+        if (job.odp_fault == 2) return recv_completion(d, job.recv, IBV_WC_WR_FLUSH_ERR, 0), fail(d, Fault::kLocalProtection, rep);
+        const core::Verdict v = core::verdict(job.odp_fault ? core::Check::kReceiveBadKey : core::Check::kResponderFault);
         recv_completion(d, job.recv, v.receive_status, 0);
         return fail(d, v.fault, rep);
       }
       return deliver_send(d, job.recv, job.total, rep);
     case rules::WrKind::kWrite:
-      if (!ok) return fail(d, Fault::kRemoteOperation, rep);
+      if (!ok)
+        return fail(d, job.odp_fault == 1 ? Fault::kRemoteAccess
+                       : job.odp_fault == 2 ? Fault::kLocalProtection : Fault::kRemoteOperation, rep);
       if (job.has_recv) recv_completion(d, job.recv, IBV_WC_SUCCESS, job.total);
       return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
     default:  // IBV_WR_RDMA_READ
-      if (!ok) return fail(d, Fault::kRemoteOperation, rep);
+      if (!ok)
+        return fail(d, job.odp_fault == 2 ? Fault::kRemoteAccess
+                       : job.odp_fault == 1 ? Fault::kLocalProtection : Fault::kRemoteOperation, rep);
       return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
   }
 }

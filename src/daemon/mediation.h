@@ -40,6 +40,10 @@ struct MediationJob {
     uint64_t off;
     uint64_t len;
     uint32_t backing;
+    // On-demand-paging memory: that process's addresses (Span::pid), and
+    // its pidfd, re-checked before every piece (the MR dies with it).
+    pid_t pid = 0;
+    Fd pidfd;
   };
   std::vector<OwnedSpan> dst, src;
   std::vector<uint8_t> inline_data;  // the source when the payload was inline
@@ -52,6 +56,10 @@ struct MediationJob {
   // is deregistered: its next step fails it without copying.
   std::atomic<bool> revoked{false};
   bool touches(uint32_t backing) const;
+  bool touches_odp_of(pid_t pid) const;
+  // Which side's ODP memory failed the copy (1: destination, 2: source;
+  // 0: none or not ODP): finish() maps it to the key's error as the loop does.
+  int odp_fault = 0;
   uid_t uid = 0;  // whose copy (fairness between users)
   uint32_t client = 0;  // the requester's connection
   uint32_t requester_qpn = 0, dest = 0, opcode = 0, imm_data = 0;
@@ -113,6 +121,11 @@ class MediationTables {
   virtual bool odp_owner_alive(uint32_t pid) const {
     (void)pid;
     return false;
+  }
+  // That live registrant's pidfd (borrowed), or -1.
+  virtual int odp_owner_pidfd(uint32_t pid) const {
+    (void)pid;
+    return -1;
   }
 
  protected:

@@ -234,6 +234,8 @@ class Registry : private MediationTables {
   uint64_t mediated_on_loop() const { return mediation_.copied_on_loop(); }
   // The backing of the client's MR `handle`, 0 if there is none.
   uint32_t mr_backing(uint32_t client, uint32_t handle) const;
+  // The registrant's pid of the client's ODP MR `handle` (0: not one).
+  uint32_t mr_odp_owner(uint32_t client, uint32_t handle) const;
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
   int alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep);
@@ -462,6 +464,7 @@ class Registry : private MediationTables {
   void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
   bool odp_owner_alive(uint32_t pid) const override;
+  int odp_owner_pidfd(uint32_t pid) const override;
   int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
   Mediation mediation_{*this};
   void flush_rq(Qp& q, uint32_t qpn);

@@ -28,10 +28,19 @@ uint32_t Registry::mr_backing(uint32_t client, uint32_t handle) const {
   return m ? m->backing : 0;
 }
 
-bool Registry::odp_owner_alive(uint32_t pid) const {
+bool Registry::odp_owner_alive(uint32_t pid) const { return odp_owner_pidfd(pid) >= 0; }
+
+int Registry::odp_owner_pidfd(uint32_t pid) const {
   for (const auto& [id, c] : clients_)
-    if (uint32_t(c.pid) == pid) return c.pidfd.valid() && pidfd_alive(c.pidfd.get());
-  return false;
+    if (uint32_t(c.pid) == pid) return c.pidfd.valid() && pidfd_alive(c.pidfd.get()) ? c.pidfd.get() : -1;
+  return -1;
+}
+
+uint32_t Registry::mr_odp_owner(uint32_t client, uint32_t handle) const {
+  const Mr* m = mrs_.owned(handle, ctx(client));
+  if (!m) return 0;
+  const MrEntry& e = tables_.mr_at(handle);
+  return e.backing == kOdpBacking ? e.owner_pid : 0;
 }
 
 int Registry::backing_fd(uint32_t backing) const {

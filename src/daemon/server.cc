@@ -456,11 +456,23 @@ void Server::revoke_copies(uint32_t client, const uint8_t* msg, size_t len) {
   uint32_t handle = 0;
   std::memcpy(&handle, msg + offsetof(proto::HandleReq, handle), sizeof handle);
   const uint32_t backing = registry_.mr_backing(client, handle);
-  if (!backing) return;
+  if (backing) return revoke_copies_if([backing](const MediationJob& j) { return j.touches(backing); });
+  // An ODP MR holds no backing: the jobs over its registrant's memory.
+  if (const uint32_t pid = registry_.mr_odp_owner(client, handle)) revoke_odp_copies(pid_t(pid));
+}
+
+// Before a client's ODP MRs go with its connection (its process may live
+// on), the jobs over that process's memory are failed likewise.
+void Server::revoke_odp_copies(pid_t pid) {
+  if (!defer_copies_ || pid <= 0) return;
+  revoke_copies_if([pid](const MediationJob& j) { return j.touches_odp_of(pid); });
+}
+
+void Server::revoke_copies_if(const std::function<bool(const MediationJob&)>& hit) {
   std::unique_lock<std::mutex> lk(copy_mu_);
   for (auto& [uid, queue] : copy_queues_)
     for (Copy& c : queue)
-      if (c.job->touches(backing)) c.job->revoked.store(true, std::memory_order_release);
+      if (hit(*c.job)) c.job->revoked.store(true, std::memory_order_release);
   copy_step_cv_.wait(lk, [this] { return !copy_current_ || !copy_current_->revoked.load(); });
 }
 
@@ -591,6 +603,7 @@ void Server::drop(int fd) {
   if (auto w = odp_owners_.find(registry_.client_pidfd(client)); w != odp_owners_.end()) {
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, w->first, nullptr);  // closed with the client
     odp_owners_.erase(w);
+    revoke_odp_copies(pid_t(registry_.client_pid(client)));  // its process may write its memory on
     registry_.odp_owner_gone(client, true);
   }
   const uint32_t context = registry_.context_of(client);

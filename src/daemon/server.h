@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -112,6 +113,8 @@ class Server {
   void copies_done();
   void note_contention(const epoll_event* evs, int n);
   void revoke_copies(uint32_t client, const uint8_t* msg, size_t len);
+  void revoke_odp_copies(pid_t pid);
+  void revoke_copies_if(const std::function<bool(const MediationJob&)>& hit);
   std::unique_ptr<MediationJob> deferred_;  // set by handle() when a Mediate was deferred
   bool defer_copies_ = false;
   // The loop's spin between requests, and when it yields to sleeping
