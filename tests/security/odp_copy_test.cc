@@ -163,5 +163,92 @@ TEST(OdpCopy, AnotherUsersLargeOdpWriteDoesNotStallAThirdClient) {
       << " ms mediated ODP WRITE (" << c.count << " calls)";
 }
 
+// Deregistration revokes at once, ODP memory too: root deregisters its ODP
+// MR while nobody's 512 MiB WRITE into it is being carried (its first byte
+// has landed), then fills it with its own bytes; no byte of nobody's lands
+// in it afterwards, and the WRITE completes in error.
+TEST(OdpCopy, DeregistrationStopsAnOdpWriteInFlight) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Child root(false, [](int sock) {
+    RcQp me;
+    if (!me.open()) return 10;
+    ibv_mr* mr = odp_region(me.pd);
+    if (!mr) return 11;
+    auto* buf = static_cast<uint8_t*>(mr->addr);
+    Target t{me.qp->qp_num, mr->rkey, uint64_t(uintptr_t(buf))};
+    uint32_t peer = 0;
+    if (!send_val(sock, t) || !recv_val(sock, peer) || qp_to_rts(me.ctx, me.qp, peer)) return 12;
+    int ready = 1, posted = 0;
+    if (!send_val(sock, ready) || !recv_val(sock, posted)) return 13;
+    // The copy is under way once its first byte has landed.
+    for (const double until = now_ms() + 20000; *reinterpret_cast<volatile uint8_t*>(buf) != 0xab;)
+      if (now_ms() > until) return 17;
+      else usleep(200);
+    if (ibv_dereg_mr(mr)) return 14;
+    std::memset(buf, 0x11, kBig);
+    int done = 0;
+    if (!send_val(sock, ready) || !recv_val(sock, done)) return 15;
+    size_t changed = 0;
+    for (size_t i = 0; i < kBig; ++i) changed += buf[i] != 0x11;
+    return send_val(sock, changed) ? 0 : 16;
+  });
+  Child nobody(true, [](int sock) {
+    RcQp me;
+    if (!me.open()) return 20;
+    ibv_mr* mr = odp_region(me.pd);
+    if (!mr) return 21;
+    std::memset(mr->addr, 0xab, kBig);
+    Target t{};
+    uint32_t qpn = me.qp->qp_num;
+    if (!recv_val(sock, t) || !send_val(sock, qpn) || qp_to_rts(me.ctx, me.qp, t.qpn)) return 22;
+    int go = 0;
+    if (!recv_val(sock, go)) return 23;
+    ibv_sge sge{uint64_t(uintptr_t(mr->addr)), uint32_t(kBig), mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = t.addr;
+    wr.wr.rdma.rkey = t.rkey;
+    // Root watches for the first byte from now on (a large mediated WRITE
+    // may return from ibv_post_send only once its copy is done).
+    int posting = 1;
+    if (!send_val(sock, posting)) return 25;
+    if (ibv_post_send(me.qp, &wr, &bad)) return 24;
+    for (;;) {
+      ibv_wc wc{};
+      const int n = ibv_poll_cq(me.cq, 1, &wc);
+      if (n < 0) return 26;
+      if (n == 1) return send_val(sock, int(wc.status)) ? 0 : 27;
+    }
+  });
+  root.start();
+  nobody.start();
+  Target t{};
+  ASSERT_TRUE(recv_val(root.sock(), t)) << "root failed: exit " << root.wait();
+  ASSERT_TRUE(send_val(nobody.sock(), t));
+  uint32_t qpn = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), qpn)) << "nobody failed: exit " << nobody.wait();
+  ASSERT_TRUE(send_val(root.sock(), qpn));
+  int ready = 0, posted = 0, status = -1;
+  ASSERT_TRUE(recv_val(root.sock(), ready)) << "root failed: exit " << root.wait();
+  ASSERT_TRUE(send_val(nobody.sock(), ready));
+  ASSERT_TRUE(recv_val(nobody.sock(), posted)) << "nobody failed: exit " << nobody.wait();
+  ASSERT_TRUE(send_val(root.sock(), posted));
+  ASSERT_TRUE(recv_val(root.sock(), ready)) << "root failed: exit " << root.wait();
+  ASSERT_TRUE(recv_val(nobody.sock(), status)) << "nobody failed: exit " << nobody.wait();
+  ASSERT_TRUE(send_val(root.sock(), ready));
+  size_t changed = 1;
+  ASSERT_TRUE(recv_val(root.sock(), changed)) << "root failed: exit " << root.wait();
+  EXPECT_EQ(0, root.wait());
+  EXPECT_EQ(0, nobody.wait());
+  EXPECT_TRUE(sysd.alive()) << "the daemon died";
+  EXPECT_EQ(0u, changed) << "bytes of nobody's WRITE landed in root's memory after ibv_dereg_mr returned";
+  EXPECT_NE(IBV_WC_SUCCESS, status) << "the WRITE completed whole across the deregistration";
+}
+
 }  // namespace
 }  // namespace svsec
