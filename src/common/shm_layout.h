@@ -66,15 +66,18 @@ struct alignas(64) MrEntry {
   // unbind): a view of the memory a process made for (key, generation)
   // still holds what the entry says (ibv_rereg_mr keeps the key).
   uint32_t generation;
-  uint32_t reserved[2];
+  // An on-demand-paging MR: the identity of its registrant's struct pid
+  // (pidfd_identity, common/odp_memory.h), which no later process at
+  // owner_pid has; 0 where the daemon's kernel has none (Linux < 6.9).
+  uint64_t owner_identity;
 };
 static_assert(sizeof(MrEntry) == 64);
 enum : uint32_t { kKindMr = 0, kKindMw1 = 1, kKindMw2 = 2 };
 // MrEntry.backing of an on-demand-paging MR (IBV_ACCESS_ON_DEMAND): none.
 // Its range is the address space of the process owner_pid as it is at each
-// access (file_offset: the address of iova there); it is reached with
-// process_vm_readv/writev, never mapped (docs/MEMORY.md, "On-demand
-// paging"). No backing id is ever this value, so no view of a file and no
+// access (file_offset: the address of iova there); it is reached through
+// the registrant's pinned address space (common/odp_memory.h), never
+// mapped (docs/MEMORY.md, "On-demand paging"). No backing id is ever this value, so no view of a file and no
 // "own memory" test (backing == the process's own) matches it.
 constexpr uint32_t kOdpBacking = ~0u;
 // The length of an implicit ODP MR (ibv_reg_mr(pd, NULL, SIZE_MAX, ...)):

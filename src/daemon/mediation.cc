@@ -58,10 +58,12 @@ struct Extent {
   uint32_t backing;
   int fd;
   uint64_t off;
-  pid_t pid = 0;  // on-demand-paging memory of that process (Span::pid)
+  const OdpMemory* mem = nullptr;  // on-demand-paging memory of that process (Span::mem)
 };
-Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at, s.pid}; }
-Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) { return {s.backing, s.fd.get(), s.off + at, s.pid}; }
+Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at, s.mem.get()}; }
+Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) {
+  return {s.backing, s.fd.get(), s.off + at, s.mem.get()};
+}
 
 // Which side of the last failed copy was ODP memory that was not there
 // (1: the destination, 2: the source; 0: none): the execute step maps it
@@ -69,17 +71,11 @@ Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) { return {s.backing
 thread_local int t_odp_fault = 0;
 int take_odp_fault() { return std::exchange(t_odp_fault, 0); }
 
-// n bytes between ODP memory and the daemon's (process_vm_*: the process's
-// address space as it is now; a hole fails with EFAULT, no signal).
-bool odp_move(pid_t pid, uint64_t addr, uint8_t* here, uint64_t n, bool to_process) {
-  while (n) {
-    iovec local{here, n}, remote{reinterpret_cast<void*>(addr), n};
-    const ssize_t r = to_process ? ::process_vm_writev(pid, &local, 1, &remote, 1, 0)
-                                 : ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (r <= 0) return false;
-    here += r, addr += uint64_t(r), n -= uint64_t(r);
-  }
-  return true;
+// n bytes between ODP memory and the daemon's, through the registrant's
+// pinned address space (common/odp_memory.h: the process's memory as it is
+// now; a hole, or a mapping without the access, fails; no signal).
+bool odp_move(const OdpMemory& mem, uint64_t addr, uint8_t* here, uint64_t n, bool to_process) {
+  return (to_process ? mem.write(addr, here, n) : mem.read(addr, here, n)) == 0;
 }
 
 bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n);
@@ -89,12 +85,12 @@ bool move_odp_piece(BackingWindows& win, const Extent& d, const Extent& s, uint6
   std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min<uint64_t>(n - done, buf.size());
-    const bool got = s.pid ? odp_move(s.pid, s.off + done, buf.data(), k, false)
+    const bool got = s.mem ? odp_move(*s.mem, s.off + done, buf.data(), k, false)
                            : pread_all(s.fd, buf.data(), k, s.off + done);
-    if (!got) return (t_odp_fault = s.pid ? 2 : 0), false;
+    if (!got) return (t_odp_fault = s.mem ? 2 : 0), false;
     Extent at = d;
     at.off += done;
-    if (!put_piece(win, at, buf.data(), k)) return (t_odp_fault = d.pid ? 1 : 0), false;
+    if (!put_piece(win, at, buf.data(), k)) return (t_odp_fault = d.mem ? 1 : 0), false;
     done += k;
   }
   return true;
@@ -104,7 +100,7 @@ bool move_odp_piece(BackingWindows& win, const Extent& d, const Extent& s, uint6
 // between the daemon's windows, or through a bounce buffer with
 // pread/pwrite where a window cannot be mapped.
 bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
-  if (d.pid || s.pid) return move_odp_piece(win, d, s, n);
+  if (d.mem || s.mem) return move_odp_piece(win, d, s, n);
   std::shared_ptr<Window> hd, hs;
   uint8_t* dp = win.at(d.backing, d.fd, d.off, hd);
   const uint8_t* sp = dp ? win.at(s.backing, s.fd, s.off, hs) : nullptr;
@@ -123,7 +119,7 @@ bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t 
 
 // Bytes from daemon memory (an inline payload) into `d`.
 bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n) {
-  if (d.pid) return odp_move(d.pid, d.off, const_cast<uint8_t*>(src), n, true) || ((t_odp_fault = 1), false);
+  if (d.mem) return odp_move(*d.mem, d.off, const_cast<uint8_t*>(src), n, true) || ((t_odp_fault = 1), false);
   std::shared_ptr<Window> hd;
   if (uint8_t* dp = win.at(d.backing, d.fd, d.off, hd)) {
     core::store_tail_last(dp, src, n);
@@ -174,20 +170,20 @@ bool put_inline(BackingWindows& win, const std::vector<D>& dst, const uint8_t* d
 
 // The spans with descriptors of their own, for a job that outlives the
 // registrations (a deregistration meanwhile cannot pull the file away).
-// ODP memory has no file: its span holds the registrant's pidfd instead,
-// which each step re-checks (the MR dies with its process).
-bool own_spans(const MediationTables& t, const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>& out) {
+// ODP memory has no file: its span holds the registrant's pinned address
+// space and its pidfd, which each step re-checks (the MR dies with its
+// process).
+bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>& out) {
   for (const Span& sp : v) {
     if (sp.pid) {
-      const int pfd = t.odp_owner_pidfd(uint32_t(sp.pid));
-      Fd p(pfd < 0 ? -1 : ::fcntl(pfd, F_DUPFD_CLOEXEC, 0));
-      if (!p.valid()) return false;
-      out.push_back({Fd(), sp.off, sp.len, sp.backing, sp.pid, std::move(p)});
+      Fd p(sp.pidfd < 0 ? -1 : ::fcntl(sp.pidfd, F_DUPFD_CLOEXEC, 0));
+      if (!p.valid() || !sp.mem) return false;
+      out.push_back({Fd(), sp.off, sp.len, sp.backing, sp.pid, std::move(p), sp.mem});
       continue;
     }
     Fd d(::fcntl(sp.fd, F_DUPFD_CLOEXEC, 0));
     if (!d.valid()) return false;
-    out.push_back({std::move(d), sp.off, sp.len, sp.backing, 0, Fd()});
+    out.push_back({std::move(d), sp.off, sp.len, sp.backing, 0, Fd(), nullptr});
   }
   return true;
 }
@@ -306,8 +302,10 @@ bool Mediation::resolve_key(uint32_t key, access::Use use, const access::User& w
       access::check([this](uint32_t slot) -> const MrEntry& { return t_.mr_slot(slot); }, key, use, who, need, addr, len);
   if (!e) return false;
   if (e->backing == kOdpBacking) {  // the registrant's addresses, while it lives
-    if (!t_.odp_owner_alive(e->owner_pid)) return false;
-    out = Span{-1, access::file_offset(*e, addr), len, kOdpBacking, pid_t(e->owner_pid)};
+    int pidfd = -1;
+    auto mem = t_.odp_memory(e->owner_pid, e->owner_identity, &pidfd);
+    if (!mem) return false;
+    out = Span{-1, access::file_offset(*e, addr), len, kOdpBacking, pid_t(e->owner_pid), std::move(mem), pidfd};
     return true;
   }
   const int fd = t_.backing_fd(e->backing);
@@ -466,10 +464,10 @@ bool Mediation::copy_spans(const std::vector<Span>& dst, const std::vector<Span>
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
   if (!op.defer || op.total < offload_bytes_) return false;
   auto job = std::make_unique<MediationJob>();
-  if (!own_spans(t_, dst, job->dst)) return false;
+  if (!own_spans(dst, job->dst)) return false;
   if (op.is_inline && &src == &op.local) {
     job->inline_data.assign(op.req.inline_data, op.req.inline_data + op.total);
-  } else if (!own_spans(t_, src, job->src)) {
+  } else if (!own_spans(src, job->src)) {
     return false;
   }
   job->total = job->left = op.total;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/access.h"
+#include "common/odp_memory.h"
 #include "common/protocol.h"
 #include "common/responder_core.h"
 #include "common/shm_layout.h"
@@ -40,10 +41,12 @@ struct MediationJob {
     uint64_t off;
     uint64_t len;
     uint32_t backing;
-    // On-demand-paging memory: that process's addresses (Span::pid), and
-    // its pidfd, re-checked before every piece (the MR dies with it).
+    // On-demand-paging memory: that process's addresses (Span::pid), its
+    // pinned address space, and its pidfd, re-checked before every piece
+    // (the MR dies with it).
     pid_t pid = 0;
     Fd pidfd;
+    std::shared_ptr<const OdpMemory> mem{};
   };
   std::vector<OwnedSpan> dst, src;
   std::vector<uint8_t> inline_data;  // the source when the payload was inline
@@ -116,16 +119,14 @@ class MediationTables {
   // client's QP `qpn` is connected to, is invalidated (0, or an errno).
   virtual int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) = 0;
   virtual uid_t uid_of_client(uint32_t client) const = 0;
-  // Is `pid` a live process that registered on-demand-paging MRs (a
-  // client's, alive by its pidfd)? Only then are its addresses reached.
-  virtual bool odp_owner_alive(uint32_t pid) const {
-    (void)pid;
-    return false;
-  }
-  // That live registrant's pidfd (borrowed), or -1.
-  virtual int odp_owner_pidfd(uint32_t pid) const {
-    (void)pid;
-    return -1;
+  // The pinned address space (common/odp_memory.h) of the live client
+  // (alive by its pidfd) that registered on-demand-paging MRs as process
+  // `pid` with struct pid `identity` (MrEntry::owner_identity), and its
+  // pidfd (borrowed) in *pidfd; null if there is none. Only then are its
+  // addresses reached, and only through that handle.
+  virtual std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd = nullptr) const {
+    (void)pid, (void)identity, (void)pidfd;
+    return nullptr;
   }
 
  protected:
@@ -166,14 +167,16 @@ class Mediation {
   void set_offload(uint64_t bytes) { offload_bytes_ = bytes; }
 
   // A byte range in a backing file; or, with `pid`, of on-demand-paging
-  // memory: [off, off + len) of that process's address space, copied with
-  // process_vm_readv/writev (docs/MEMORY.md, "On-demand paging").
+  // memory: [off, off + len) of that process's address space, copied
+  // through its pinned handle `mem` (common/odp_memory.h).
   struct Span {
     int fd;
     uint64_t off;
     uint64_t len;
     uint32_t backing;
     pid_t pid = 0;
+    std::shared_ptr<const OdpMemory> mem{};  // with `pid`: its pinned address space
+    int pidfd = -1;                        // and its pidfd (borrowed)
   };
   // The key check (common/access.h) and where the bytes are: the span, or
   // false. `who` is the QP the key is used through.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/access.h"
@@ -71,6 +72,7 @@ void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t cl
   e.length = req.length;
   e.file_offset = req.addr;
   e.owner_pid = uint32_t(clients_[client].pid);
+  e.owner_identity = clients_[client].identity;
   e.kind = kKindMr;
   e.bound_qpn = 0;
   e.generation++;
@@ -86,13 +88,25 @@ int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& r
 // no backing and no RLIMIT_MEMLOCK charge (nothing is pinned, as with the
 // kernel's ODP). Implicit ODP: addr 0, length SIZE_MAX, iova 0 (the MR's
 // addresses are the process's). Whether a page is there is decided at
-// each access, by the kernel, in the accessor's process_vm_* call.
+// each access, by the kernel, in the accessor's copy through the
+// registrant's pinned address space (common/odp_memory.h), which the
+// daemon opens here once per client.
 int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
   constexpr uint32_t kOdpAccess = kKnownAccess | IBV_ACCESS_ON_DEMAND;
   if (!(req.access & IBV_ACCESS_ON_DEMAND) || (req.access & ~kOdpAccess)) return EINVAL;
   // The MR dies with its process: without a pidfd (Linux 5.3) the daemon
   // could not tell when (odp_owner_gone).
-  if (auto c = clients_.find(client); c == clients_.end() || !c->second.pidfd.valid()) return EOPNOTSUPP;
+  auto c = clients_.find(client);
+  if (c == clients_.end() || !c->second.pidfd.valid()) return EOPNOTSUPP;
+  // Every copy of its memory goes through its pinned address space,
+  // opened once (the process behind the pidfd held since connect).
+  if (!c->second.odp_memory) {
+    if (int e = OdpMemory::open(c->second.pid, c->second.pidfd.get(), c->second.odp_memory)) {
+      std::fprintf(stderr, "softverbsd: the address space of process %d cannot be opened for on-demand paging: %s\n",
+                   int(c->second.pid), std::strerror(e));
+      return e == ESRCH ? ESRCH : EACCES;
+    }
+  }
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(req.access & IBV_ACCESS_LOCAL_WRITE))
     return EINVAL;
   proto::RegMrReq r = req;

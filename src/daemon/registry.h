@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/odp_memory.h"
 #include "common/op_handles.h"
 #include "common/protocol.h"
 #include "common/shm_layout.h"
@@ -332,6 +333,11 @@ class Registry : private MediationTables {
     Fd pidfd{};             // the process that connected (not one that reused its pid)
     ConnectIdentity at_connect{};
     uint64_t conn_inode = 0;  // the daemon's end of the connection (its peer: the client's end)
+    uint64_t identity = 0;    // pidfd_identity of pidfd (common/odp_memory.h)
+    // Its address space, pinned (common/odp_memory.h): opened at its first
+    // on-demand-paging registration; every copy of its ODP memory goes
+    // through it.
+    std::shared_ptr<const OdpMemory> odp_memory{};
   };
   // A device context: objects belong to it; processes attach to it (by
   // opening a device, or by importing another's context). All are equal.
@@ -463,8 +469,7 @@ class Registry : private MediationTables {
   void flush_receives(uint32_t qpn) override;
   void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
-  bool odp_owner_alive(uint32_t pid) const override;
-  int odp_owner_pidfd(uint32_t pid) const override;
+  std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd) const override;
   int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
   Mediation mediation_{*this};
   void flush_rq(Qp& q, uint32_t qpn);

@@ -28,12 +28,16 @@ uint32_t Registry::mr_backing(uint32_t client, uint32_t handle) const {
   return m ? m->backing : 0;
 }
 
-bool Registry::odp_owner_alive(uint32_t pid) const { return odp_owner_pidfd(pid) >= 0; }
-
-int Registry::odp_owner_pidfd(uint32_t pid) const {
-  for (const auto& [id, c] : clients_)
-    if (uint32_t(c.pid) == pid) return c.pidfd.valid() && pidfd_alive(c.pidfd.get()) ? c.pidfd.get() : -1;
-  return -1;
+// The registrant is named by its pid and the identity of its struct pid
+// (MrEntry::owner_identity): a later client at the same pid is another.
+std::shared_ptr<const OdpMemory> Registry::odp_memory(uint32_t pid, uint64_t identity, int* pidfd) const {
+  for (const auto& [id, c] : clients_) {
+    if (uint32_t(c.pid) != pid || c.identity != identity || !c.odp_memory) continue;
+    if (!c.pidfd.valid() || !pidfd_alive(c.pidfd.get())) return nullptr;
+    if (pidfd) *pidfd = c.pidfd.get();
+    return c.odp_memory;
+  }
+  return nullptr;
 }
 
 uint32_t Registry::mr_odp_owner(uint32_t client, uint32_t handle) const {

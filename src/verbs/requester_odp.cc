@@ -1,10 +1,11 @@
 // The shared-memory requester on on-demand-paging memory (docs/MEMORY.md,
 // "On-demand paging"). An ODP MR (shm::kOdpBacking) has no backing file:
 // its bytes are the registering process's address space as it is now, so
-// they are read and written with process_vm_readv(2)/process_vm_writev(2)
-// on that process (this process's own for its own SGEs), never through a
-// pointer: an address with no mapping, or none that allows the access,
-// makes the call fail with EFAULT, and the request completes in error
+// they are read and written through that process's pinned address space
+// (common/odp_memory.h: /proc/PID/mem of the registrant, opened once and
+// confirmed to be its; this process's own for its own SGEs), never through
+// a pointer: an address with no mapping, or none that allows the access,
+// fails the copy, and the request completes in error
 // (IBTA 10.6.7: a local protection error for a local SGE, a remote access
 // error for an R_Key, the responder's local protection error for a receive
 // buffer), with no signal in either process.
@@ -23,7 +24,13 @@
 #include <cstring>
 #include <vector>
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
 #include "common/access.h"
+#include "common/odp_memory.h"
 #include "common/responder_core.h"
 #include "verbs/odp.h"
 #include "verbs/provider.h"
@@ -39,6 +46,8 @@ struct OSeg {
   uint8_t* p;
   uint64_t len;
   pid_t pid;
+  uint64_t identity = 0;  // with pid: the registrant's (OdpOwner)
+  OdpOwner owner() const { return {pid, identity}; }
 };
 
 enum class Fail : uint8_t { kNone, kSource, kTarget };
@@ -46,40 +55,79 @@ enum class Fail : uint8_t { kNone, kSource, kTarget };
 bool is_odp(const MrEntry& e) { return e.backing == shm::kOdpBacking; }
 
 // Says once per process why ODP memory of another process was refused to
-// us by the kernel (process_vm_*: EPERM when the target may not be
-// ptrace-attached by this process: Yama ptrace_scope, a non-dumpable
-// target, another user).
+// us (EACCES/EPERM opening its /proc/PID/mem: this process may not
+// ptrace-attach it, proc(5): Yama ptrace_scope, a non-dumpable target;
+// EOPNOTSUPP: the daemon's kernel names no registrant's identity). A hole
+// (EFAULT) and a registrant that is gone (ESRCH) are the request's errors,
+// not said.
 void say_refused(int err, pid_t pid) {
   static std::atomic<bool> said{false};
-  if (err == EFAULT || said.exchange(true)) return;
+  if (err == EFAULT || err == ESRCH || said.exchange(true)) return;
   std::fprintf(stderr, "softverbs: on-demand-paging memory of process %d cannot be reached: %s\n", int(pid),
                std::strerror(err));
 }
 
-// n bytes from `from` to `to`, at most one of them in another process's
-// (or this process's ODP) memory. false: the ODP side failed.
-bool move_bytes(uint8_t* to, pid_t to_pid, const uint8_t* from, pid_t from_pid, uint64_t n) {
-  while (n) {
-    iovec here{}, there{};
-    ssize_t r;
-    if (to_pid) {
-      here = {const_cast<uint8_t*>(from), n};
-      there = {to, n};
-      r = ::process_vm_writev(to_pid, &here, 1, &there, 1, 0);
-    } else {
-      here = {to, n};
-      there = {const_cast<uint8_t*>(from), n};
-      r = ::process_vm_readv(from_pid, &here, 1, &there, 1, 0);
-    }
-    if (r <= 0) {
-      say_refused(r < 0 ? errno : EFAULT, to_pid ? to_pid : from_pid);
-      return false;
-    }
-    to += r;
-    from += r;
-    n -= uint64_t(r);
+// The registrants' pinned address spaces this process opened, by owner.
+// An entry stays while its process lives; one whose process is gone fails
+// every access and is dropped when another is opened.
+struct OdpHandles {
+  struct Entry {
+    std::shared_ptr<const OdpMemory> mem;
+    Fd pidfd;
+  };
+  std::mutex mu;
+  std::map<std::pair<pid_t, uint64_t>, Entry> by_owner;
+};
+OdpHandles& odp_handles() {
+  static OdpHandles* h = new OdpHandles;  // outlives every thread's last access
+  return *h;
+}
+
+// Opens the registrant's address space: the process at o.pid is the
+// registrant only if its struct pid has the identity the daemon recorded
+// (pidfd_identity); then OdpMemory::open confirms, after its opens, that
+// this process had not exited, so the number still named it.
+int open_registrant(const OdpOwner& o, OdpHandles::Entry& out) {
+  if (o.identity == 0) {
+    // The daemon's kernel has no pidfs identities (Linux < 6.9): only this
+    // process's own registrations are reached, by the number alone.
+    if (uint32_t(o.pid) != self_pid()) return EOPNOTSUPP;
+    return OdpMemory::open_self(out.mem);
   }
-  return true;
+  if (int e = pidfd_open(o.pid, out.pidfd)) return e;
+  if (pidfd_identity(out.pidfd.get()) != o.identity) return ESRCH;
+  if (uint32_t(o.pid) == self_pid()) return OdpMemory::open_self(out.mem);
+  return OdpMemory::open(o.pid, out.pidfd.get(), out.mem);
+}
+
+// The pinned address space of registrant `o`, or null with *err.
+std::shared_ptr<const OdpMemory> registrant_memory(const OdpOwner& o, int* err) {
+  OdpHandles& h = odp_handles();
+  std::lock_guard<std::mutex> g(h.mu);
+  const auto k = std::make_pair(o.pid, o.identity);
+  if (auto it = h.by_owner.find(k); it != h.by_owner.end()) return it->second.mem;
+  OdpHandles::Entry fresh;
+  if ((*err = open_registrant(o, fresh)) != 0) return nullptr;
+  for (auto it = h.by_owner.begin(); it != h.by_owner.end();)
+    it = it->second.pidfd.valid() && !pidfd_alive(it->second.pidfd.get()) ? h.by_owner.erase(it) : std::next(it);
+  return h.by_owner.emplace(k, std::move(fresh)).first->second.mem;
+}
+
+// n bytes between this process's `here` and address `there` of registrant
+// `o`'s memory. false: the ODP side failed.
+bool odp_copy(const OdpOwner& o, uint64_t there, uint8_t* here, uint64_t n, bool to_registrant) {
+  int err = 0;
+  std::shared_ptr<const OdpMemory> mem = registrant_memory(o, &err);
+  if (mem) err = to_registrant ? mem->write(there, here, n) : mem->read(there, here, n);
+  if (err) say_refused(err, o.pid);
+  return err == 0;
+}
+
+// n bytes from `from` to `to`, at most one of them ODP memory (a non-zero
+// pid). false: the ODP side failed.
+bool move_bytes(uint8_t* to, const OdpOwner& to_owner, const uint8_t* from, const OdpOwner& from_owner, uint64_t n) {
+  if (to_owner.pid) return odp_copy(to_owner, uint64_t(uintptr_t(to)), const_cast<uint8_t*>(from), n, true);
+  return odp_copy(from_owner, uint64_t(uintptr_t(from)), to, n, false);
 }
 
 // One piece of a copy; both sides ODP go through a bounce buffer.
@@ -91,14 +139,14 @@ Fail copy_piece(const OSeg& d, uint64_t doff, const OSeg& s, uint64_t soff, uint
     return Fail::kNone;
   }
   if (!d.pid || !s.pid) {
-    if (move_bytes(to, d.pid, from, s.pid, n)) return Fail::kNone;
+    if (move_bytes(to, d.owner(), from, s.owner(), n)) return Fail::kNone;
     return d.pid ? Fail::kTarget : Fail::kSource;
   }
   static thread_local uint8_t bounce[64 * 1024];
   for (uint64_t at = 0; at < n;) {
     const uint64_t k = std::min<uint64_t>(n - at, sizeof(bounce));
-    if (!move_bytes(bounce, 0, from + at, s.pid, k)) return Fail::kSource;
-    if (!move_bytes(to + at, d.pid, bounce, 0, k)) return Fail::kTarget;
+    if (!move_bytes(bounce, {}, from + at, s.owner(), k)) return Fail::kSource;
+    if (!move_bytes(to + at, d.owner(), bounce, {}, k)) return Fail::kTarget;
     at += k;
   }
   return Fail::kNone;
@@ -132,7 +180,8 @@ bool local_oseg(ProcessQp& q, const shm::Sge& sge, bool write, OSeg& out) {
     if (!access::permits(e, access::Use::kLocal, {q.pd->handle, q.qpn, 0}, write ? IBV_ACCESS_LOCAL_WRITE : 0,
                          sge.addr, sge.length))
       return false;
-    out = {reinterpret_cast<uint8_t*>(access::file_offset(*e, sge.addr)), sge.length, pid_t(e->owner_pid)};
+    out = {reinterpret_cast<uint8_t*>(access::file_offset(*e, sge.addr)), sge.length, pid_t(e->owner_pid),
+           e->owner_identity};
     return true;
   }
   Seg s;
@@ -164,7 +213,7 @@ bool peer_oseg(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_
   const MrEntry* e = checked_peer_key(q, p, key, addr, len, need);
   if (!e) return false;
   if (is_odp(*e)) {
-    out = {reinterpret_cast<uint8_t*>(access::file_offset(*e, addr)), len, pid_t(e->owner_pid)};
+    out = {reinterpret_cast<uint8_t*>(access::file_offset(*e, addr)), len, pid_t(e->owner_pid), e->owner_identity};
     return true;
   }
   uint8_t* d = plain_peer_address(q, p, key, addr, len, need);
@@ -243,7 +292,7 @@ Outcome atomic_on_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   uint64_t old = 0;
   if (!t.pid) {
     old = core::apply_atomic(reinterpret_cast<uint64_t*>(t.p), cas, w.compare_add, w.swap);
-  } else if (!odp_atomic(*q.ctx->st, t.pid, uint64_t(uintptr_t(t.p)), cas, w.compare_add, w.swap, &old)) {
+  } else if (!odp_atomic(*q.ctx->st, t.owner(), uint64_t(uintptr_t(t.p)), cas, w.compare_add, w.swap, &old)) {
     return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
   }
   const OSeg from{reinterpret_cast<uint8_t*>(&old), 8, 0};
@@ -398,25 +447,23 @@ int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* 
   return 0;
 }
 
-bool odp_read(pid_t pid, uint64_t addr, uint8_t* out, size_t n) {
-  return move_bytes(out, 0, reinterpret_cast<const uint8_t*>(addr), pid, n);
+bool odp_read(const OdpOwner& o, uint64_t addr, uint8_t* out, size_t n) { return odp_copy(o, addr, out, n, false); }
+
+bool odp_write(const OdpOwner& o, uint64_t addr, const uint8_t* in, size_t n) {
+  return odp_copy(o, addr, const_cast<uint8_t*>(in), n, true);
 }
 
-bool odp_write(pid_t pid, uint64_t addr, const uint8_t* in, size_t n) {
-  return move_bytes(reinterpret_cast<uint8_t*>(addr), pid, in, 0, n);
-}
-
-bool odp_atomic(ContextState& cs, pid_t pid, uint64_t addr, bool cas, uint64_t compare_add, uint64_t swap,
+bool odp_atomic(ContextState& cs, const OdpOwner& o, uint64_t addr, bool cas, uint64_t compare_add, uint64_t swap,
                 uint64_t* orig) {
   if (!cs.odp_lock.valid()) {
-    say_refused(ENOLCK, pid);
+    say_refused(ENOLCK, o.pid);
     return false;
   }
   AtomicLock lock(cs.odp_lock.get());
   uint64_t old = 0;
-  if (!odp_read(pid, addr, reinterpret_cast<uint8_t*>(&old), 8)) return false;
+  if (!odp_read(o, addr, reinterpret_cast<uint8_t*>(&old), 8)) return false;
   const uint64_t now = cas ? (old == compare_add ? swap : old) : old + compare_add;
-  if (now != old && !odp_write(pid, addr, reinterpret_cast<const uint8_t*>(&now), 8)) return false;
+  if (now != old && !odp_write(o, addr, reinterpret_cast<const uint8_t*>(&now), 8)) return false;
   *orig = old;
   return true;
 }

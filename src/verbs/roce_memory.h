@@ -72,7 +72,7 @@ class OwnMemory : public roce::Memory {
       return true;
     }
     if (e->backing == shm::kOdpBacking) {  // no pointer to it: the caller copies (odp_)
-      odp_ = {true, pid_t(e->owner_pid), access::file_offset(*e, addr)};
+      odp_ = {true, odp_owner(*e), access::file_offset(*e, addr)};
       return false;
     }
     std::shared_ptr<Window> w = window_for(*q_.ctx->st, *e, key);
@@ -82,12 +82,12 @@ class OwnMemory : public roce::Memory {
   }
 
   // On-demand-paging memory (docs/MEMORY.md): access() granted the key but
-  // has no pointer; the bytes are copied with process_vm_readv/writev
-  // (verbs/odp.h), a hole failing as the key would. Set only by access(),
+  // has no pointer; the bytes are copied through the registrant's pinned
+  // address space (verbs/odp.h), a hole failing as the key would. Set only by access(),
   // taken by its caller at once.
   struct OdpTarget {
     bool set = false;
-    pid_t pid = 0;
+    OdpOwner owner{};
     uint64_t at = 0;
   };
   OdpTarget odp_;
@@ -120,14 +120,14 @@ class OwnMemory : public roce::Memory {
     if (access(lkey, addr, out.size(), 0, false, [&](uint8_t* p) { std::memcpy(out.data(), p, out.size()); }))
       return true;
     const OdpTarget o = take_odp();
-    return o.set && odp_read(o.pid, o.at, out.data(), out.size());
+    return o.set && odp_read(o.owner, o.at, out.data(), out.size());
   }
   bool local_write(uint32_t lkey, uint64_t addr, std::span<const uint8_t> in) override {
     if (access(lkey, addr, in.size(), IBV_ACCESS_LOCAL_WRITE, false,
                [&](uint8_t* p) { std::memcpy(p, in.data(), in.size()); }))
       return true;
     const OdpTarget o = take_odp();
-    return o.set && odp_write(o.pid, o.at, in.data(), in.size());
+    return o.set && odp_write(o.owner, o.at, in.data(), in.size());
   }
   bool remote_check(uint32_t rkey, uint64_t va, uint64_t len, uint32_t need) override {
     return access(rkey, va, len, need, true, [](uint8_t*) {}) || take_odp().set;
@@ -139,14 +139,14 @@ class OwnMemory : public roce::Memory {
                [&](uint8_t* p) { core::store_tail_last(p, in.data(), in.size()); }))
       return true;
     const OdpTarget o = take_odp();
-    return o.set && odp_write(o.pid, o.at, in.data(), in.size());
+    return o.set && odp_write(o.owner, o.at, in.data(), in.size());
   }
   bool remote_read(uint32_t rkey, uint64_t va, std::span<uint8_t> out) override {
     if (access(rkey, va, out.size(), IBV_ACCESS_REMOTE_READ, true,
                [&](uint8_t* p) { std::memcpy(out.data(), p, out.size()); }))
       return true;
     const OdpTarget o = take_odp();
-    return o.set && odp_read(o.pid, o.at, out.data(), out.size());
+    return o.set && odp_read(o.owner, o.at, out.data(), out.size());
   }
   bool remote_atomic(uint32_t rkey, uint64_t va, bool cas, uint64_t compare_add, uint64_t swap,
                      uint64_t* orig) override {
@@ -156,7 +156,7 @@ class OwnMemory : public roce::Memory {
       return true;
     // ODP memory: under the lock every RDMA atomic on ODP memory takes.
     const OdpTarget o = take_odp();
-    return o.set && odp_atomic(*q_.ctx->st, o.pid, o.at, cas, compare_add, swap, orig);
+    return o.set && odp_atomic(*q_.ctx->st, o.owner, o.at, cas, compare_add, swap, orig);
   }
 
   // IBTA annex A19 from the wire, through the responder core.

@@ -5,6 +5,7 @@
 // way. An access with no mapping, or none that allows it, completes in
 // error; neither process is harmed.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,8 @@
 #include <string>
 #include <thread>
 
+#include "common/paths.h"
+#include "common/sys.h"
 #include "harness.h"
 
 namespace svtest {
@@ -346,23 +349,75 @@ TEST(Odp, AtomicsAreAtomicAmongThemselves) {
   munmap(w, kPage);
 }
 
-// The MR dies with its process. The peer registers an implicit ODP MR and
-// forks a child that keeps its daemon connection open; the peer is killed
-// and its pid given to a new process of the same user (ns_last_pid), which
-// has `victim` at the same address (both are forks of this program). A
-// WRITE through the dead peer's key must not land in the new process: the
-// daemon revoked the key when the peer's pidfd said it exited.
+// The MR dies with its process, whatever takes its pid. The peer registers
+// an implicit ODP MR and forks a child that keeps its daemon connection
+// open; the daemon is stopped (SIGSTOP), so that it cannot revoke the key
+// when the peer exits; the peer is killed and its pid given to a new
+// process of the same user (ns_last_pid), which has `victim` at the same
+// address (both are forks of this program). A WRITE through the dead
+// peer's key, still published, must not land in the new process: the
+// registrant's memory is reached only through its pinned address space
+// (common/odp_memory.h), which the new process is not. `warm`: this process
+// reached the peer's memory before (its handle is open already); else it
+// opens one after the pid was reused.
 volatile uint8_t victim[64];
 
-TEST(Odp, AKeyDiesWithItsProcessNotWithItsPid) {
-  if (geteuid() != 0 || access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
-    GTEST_SKIP() << "needs root and ns_last_pid to hand the dead peer's pid to another process";
+struct DaemonStopped {
+  pid_t pid = 0;
+  DaemonStopped() {
+    sv::Fd s;
+    sv::PeerCred c{};
+    if (sv::connect_seqpacket(sv::socket_path(sv::runtime_dir()), s) == 0 && sv::peer_credentials(s.get(), c) == 0 &&
+        c.pid > 0 && kill(c.pid, SIGSTOP) == 0)
+      pid = c.pid;
+  }
+  ~DaemonStopped() {
+    if (resume.joinable()) resume.join();
+    if (pid) kill(pid, SIGCONT);
+  }
+  // Lets the daemon go on after `ms` (a failed request's completion asks it
+  // to move the QP to the error state).
+  void resume_after(int ms) {
+    resume = std::thread([this, ms] {
+      usleep(useconds_t(ms) * 1000);
+      kill(pid, SIGCONT);
+    });
+  }
+  std::thread resume;
+};
+
+// A signaled WRITE of this side's first `len` bytes to addr under rkey;
+// its completion's status.
+ibv_wc_status write_to(Side& me, uint64_t addr, uint32_t rkey, uint32_t len) {
+  ibv_sge sge{uint64_t(uintptr_t(me.buf)), len, me.mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = addr;
+  wr.wr.rdma.rkey = rkey;
+  if (ibv_post_send(me.qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
+  auto v = poll(me.cq, 1);
+  return v.size() == 1 ? v[0].status : IBV_WC_GENERAL_ERR;
+}
+
+void dead_key_write(bool warm) {
   Pair t;
   ASSERT_TRUE(t.ok);
   pid_t orphan = 0;
   const uint32_t rkey = t.peer.odp_orphan(&orphan);
   ASSERT_NE(0u, rkey) << strerror(orphan);
+  // What this process needs of the daemon to reach the peer is fetched
+  // now, by a WRITE through the peer's ordinary key; `warm`: also through
+  // its ODP key.
+  ASSERT_EQ(IBV_WC_SUCCESS, write_to(t.me, t.info.addr, t.info.rkey, 8));
+  if (warm) {
+    ASSERT_EQ(IBV_WC_SUCCESS, write_to(t.me, t.info.addr, rkey, 8)) << "the peer's memory through its ODP key";
+  }
   const pid_t dead = t.peer.pid();
+  DaemonStopped stopped;
+  ASSERT_NE(0, stopped.pid) << "cannot stop the daemon";
   t.peer.kill9();
   // A process of this user at the dead peer's pid, holding `victim`.
   int report[2];
@@ -390,27 +445,30 @@ TEST(Odp, AKeyDiesWithItsProcessNotWithItsPid) {
     GTEST_SKIP() << "could not hand pid " << dead << " to a new process";
   }
   usleep(100 * 1000);  // the victim has set its bytes
-  ibv_sge sge{uint64_t(uintptr_t(t.me.buf)), 64, t.me.mr->lkey};
   std::memset(t.me.buf, 0x99, 64);
-  ibv_send_wr wr{}, *bad = nullptr;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = uint64_t(uintptr_t(victim));
-  wr.wr.rdma.rkey = rkey;
-  ASSERT_EQ(0, ibv_post_send(t.me.qp, &wr, &bad));
-  auto v = poll(t.me.cq, 1);
+  stopped.resume_after(300);  // the WRITE's bytes have moved, or not, by then
+  const ibv_wc_status st = write_to(t.me, uint64_t(uintptr_t(victim)), rkey, 64);
   uint8_t first = 0;
   EXPECT_EQ(1, read(report[0], &first, 1));
   EXPECT_EQ(0x77, first) << "a WRITE through a dead process's key landed in the process that took its pid";
-  ASSERT_EQ(1u, v.size());
-  EXPECT_NE(IBV_WC_SUCCESS, v[0].status);
+  EXPECT_NE(IBV_WC_SUCCESS, st);
   waitpid(reuser, nullptr, 0);
   kill(orphan, SIGKILL);
   waitpid(orphan, nullptr, 0);
   close(report[0]);
   close(report[1]);
+}
+
+TEST(Odp, AKeyDiesWithItsProcessNotWithItsPid) {
+  if (geteuid() != 0 || access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+    GTEST_SKIP() << "needs root and ns_last_pid to hand the dead peer's pid to another process";
+  dead_key_write(false);
+}
+
+TEST(Odp, AnOpenHandleDiesWithItsProcessNotWithItsPid) {
+  if (geteuid() != 0 || access("/proc/sys/kernel/ns_last_pid", W_OK) != 0)
+    GTEST_SKIP() << "needs root and ns_last_pid to hand the dead peer's pid to another process";
+  dead_key_write(true);
 }
 
 // ibv_advise_mr: PREFETCH_WRITE brings the pages in; a non-ODP MR is refused.
