@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -60,14 +63,16 @@ int OdpMemory::open(pid_t pid, int pidfd, std::shared_ptr<const OdpMemory>& out)
   // The process behind pidfd had not exited after the opens: the number
   // was still its own, so the files are its mm's.
   if (!pidfd_alive(pidfd)) return ESRCH;
-  out.reset(new OdpMemory(pid, std::move(mem), std::move(maps)));
+  Fd own(::fcntl(pidfd, F_DUPFD_CLOEXEC, 0));
+  if (!own.valid()) return errno;
+  out.reset(new OdpMemory(pid, std::move(own), std::move(mem), std::move(maps)));
   return 0;
 }
 
 int OdpMemory::open_self(std::shared_ptr<const OdpMemory>& out) {
   Fd mem, maps;
   if (int e = open_pair("/proc/self", mem, maps)) return e;
-  out.reset(new OdpMemory(::getpid(), std::move(mem), std::move(maps)));
+  out.reset(new OdpMemory(::getpid(), Fd(), std::move(mem), std::move(maps)));
   return 0;
 }
 
@@ -122,23 +127,60 @@ int OdpMemory::allows_by_text(uint64_t addr, size_t n, bool write) const {
   return at >= end ? 0 : EFAULT;
 }
 
-int OdpMemory::read(uint64_t addr, void* buf, size_t n) const {
-  if (n == 0) return 0;
-  if (int e = allows(addr, n, false)) return e;
-  auto* p = static_cast<uint8_t*>(buf);
+int OdpMemory::readv_all(uint64_t addr, uint8_t* buf, size_t n) const {
   while (n) {
-    const ssize_t r = ::pread(mem_.get(), p, n, off_t(addr));
+    iovec here{buf, n}, there{reinterpret_cast<void*>(addr), n};
+    const ssize_t r = ::process_vm_readv(pid_, &here, 1, &there, 1, 0);
     if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return ESRCH;  // the mm is gone (proc(5): reads return nothing)
-    if (r < 0) return errno == EIO ? EFAULT : errno;
-    p += r, addr += uint64_t(r), n -= size_t(r);
+    if (r <= 0) return r < 0 ? errno : EFAULT;
+    buf += r, addr += uint64_t(r), n -= size_t(r);
   }
   return 0;
+}
+
+int OdpMemory::read(uint64_t addr, void* buf, size_t n) const {
+  if (n == 0) return 0;
+  if (!pidfd_.valid()) return readv_all(addr, static_cast<uint8_t*>(buf), n);  // this process: its own pid
+  // Another process's bytes reach `buf` only once the registrant was seen
+  // alive after they were read.
+  constexpr size_t kBounce = 64 * 1024;
+  static thread_local uint8_t bounce[kBounce];
+  for (size_t done = 0; done < n;) {
+    const size_t k = std::min(n - done, kBounce);
+    const int e = readv_all(addr + done, bounce, k);
+    if (!alive()) return ESRCH;
+    if (e) return e;
+    std::memcpy(static_cast<uint8_t*>(buf) + done, bounce, k);
+    done += k;
+  }
+  return 0;
+}
+
+// One byte of each page of [addr, addr + n), read: the pages are faulted
+// in where the wait is killable.
+int OdpMemory::prefault(uint64_t addr, size_t n) const {
+  constexpr uint64_t kPage = 4096;
+  constexpr size_t kBatch = 64;
+  uint8_t sink[kBatch];
+  iovec here[kBatch], there[kBatch];
+  for (uint64_t at = addr & ~(kPage - 1); at < addr + n;) {
+    size_t k = 0;
+    for (; k < kBatch && at < addr + n; ++k, at += kPage) {
+      here[k] = {sink + k, 1};
+      there[k] = {reinterpret_cast<void*>(std::max(at, addr)), 1};
+    }
+    ssize_t r;
+    while ((r = ::process_vm_readv(pid_, here, k, there, k, 0)) < 0 && errno == EINTR) {
+    }
+    if (r != ssize_t(k)) return r < 0 ? errno : EFAULT;
+  }
+  return alive() ? 0 : ESRCH;
 }
 
 int OdpMemory::write(uint64_t addr, const void* buf, size_t n) const {
   if (n == 0) return 0;
   if (int e = allows(addr, n, true)) return e;
+  if (int e = prefault(addr, n)) return e;
   auto* p = static_cast<const uint8_t*>(buf);
   while (n) {
     const ssize_t r = ::pwrite(mem_.get(), p, n, off_t(addr));

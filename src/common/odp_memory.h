@@ -12,12 +12,23 @@
 // through the handle reaches: once the registrant's mm is gone, every
 // access fails.
 //
-// /proc/PID/mem ignores page protections on private mappings (the kernel's
-// FOLL_FORCE), unlike process_vm_writev(2), so each access first asks the
-// maps descriptor (PROCMAP_QUERY, Linux 6.11; else the text) whether the
-// mappings over the range allow it: readable for a read, writable for a
-// write. An mprotect(2) by the registrant between that question and the
-// copy is not seen by that copy (the registrant racing its own access).
+// Reads are made with process_vm_readv(2) on the pid, into a buffer of
+// this object's, and count only if the pidfd says the registrant was still
+// alive after the call (a live process holds its pid, so the pid named it
+// throughout); else the bytes are dropped. process_vm_readv keeps the
+// kernel's protections, and its fault waits are killable (a page whose
+// FUSE READ is never answered holds the caller, but not its exit).
+//
+// Writes go through /proc/PID/mem, which ignores page protections on
+// private mappings (the kernel's FOLL_FORCE), unlike process_vm_writev(2):
+// each first asks the maps descriptor (PROCMAP_QUERY, Linux 6.11; else the
+// text) whether every mapping over the range is writable. An mprotect(2)
+// by the registrant between that question and the copy is not seen by that
+// copy (the registrant racing its own access). Its faults wait
+// uninterruptibly, so the pages are first faulted in by a one-byte read of
+// each (process_vm_readv, killable); a page the registrant makes wait again
+// in between (its own file, a FUSE one, locked anew) holds the writer
+// until the wait ends.
 #pragma once
 
 #include <sys/types.h>
@@ -49,12 +60,21 @@ class OdpMemory {
   pid_t pid() const { return pid_; }
 
  private:
-  OdpMemory(pid_t pid, Fd mem, Fd maps) : pid_(pid), mem_(std::move(mem)), maps_(std::move(maps)) {}
+  OdpMemory(pid_t pid, Fd pidfd, Fd mem, Fd maps)
+      : pid_(pid), pidfd_(std::move(pidfd)), mem_(std::move(mem)), maps_(std::move(maps)) {}
+  // process_vm_readv of n bytes at addr into buf: 0, EFAULT or an errno.
+  int readv_all(uint64_t addr, uint8_t* buf, size_t n) const;
+  // One byte of each page of the range read (process_vm_readv, whose
+  // fault waits are killable), then alive(): 0, EFAULT, ESRCH or an errno.
+  int prefault(uint64_t addr, size_t n) const;
+  // Whether the registrant is still alive (always, for this process's own).
+  bool alive() const { return !pidfd_.valid() || pidfd_alive(pidfd_.get()); }
   // Whether every byte of [addr, addr + n) lies in mappings that allow
   // reading (or writing): 0, EFAULT, or ESRCH.
   int allows(uint64_t addr, size_t n, bool write) const;
   int allows_by_text(uint64_t addr, size_t n, bool write) const;
   pid_t pid_;
+  Fd pidfd_;  // none: this process's own
   Fd mem_, maps_;
 };
 

@@ -80,6 +80,19 @@ bool odp_move(const OdpMemory& mem, uint64_t addr, uint8_t* here, uint64_t n, bo
 
 bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n);
 
+// The job this thread is stepping (MediationJob::step; null on the loop).
+thread_local MediationJob* t_job = nullptr;
+
+// Runs `put`, which lands bytes in a destination, under the stepped job's
+// landing lock and only while it is not revoked (false then).
+template <class F>
+bool land(F put) {
+  if (!t_job) return put();
+  std::lock_guard<std::timed_mutex> g(t_job->land_mu);
+  if (t_job->revoked.load(std::memory_order_acquire)) return false;
+  return put();
+}
+
 // A piece with ODP memory on either side, through a bounce buffer.
 bool move_odp_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
   std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
@@ -101,31 +114,36 @@ bool move_odp_piece(BackingWindows& win, const Extent& d, const Extent& s, uint6
 // pread/pwrite where a window cannot be mapped.
 bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
   if (d.mem || s.mem) return move_odp_piece(win, d, s, n);
-  std::shared_ptr<Window> hd, hs;
-  uint8_t* dp = win.at(d.backing, d.fd, d.off, hd);
-  const uint8_t* sp = dp ? win.at(s.backing, s.fd, s.off, hs) : nullptr;
-  if (dp && sp) {
-    core::store_tail_last(dp, sp, n);  // the last byte last (common/responder_core.h)
+  return land([&] {
+    std::shared_ptr<Window> hd, hs;
+    uint8_t* dp = win.at(d.backing, d.fd, d.off, hd);
+    const uint8_t* sp = dp ? win.at(s.backing, s.fd, s.off, hs) : nullptr;
+    if (dp && sp) {
+      core::store_tail_last(dp, sp, n);  // the last byte last (common/responder_core.h)
+      return true;
+    }
+    std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
+    for (uint64_t done = 0; done < n;) {
+      const uint64_t k = std::min<uint64_t>(n - done, buf.size());
+      if (!pread_all(s.fd, buf.data(), k, s.off + done) || !pwrite_all(d.fd, buf.data(), k, d.off + done))
+        return false;
+      done += k;
+    }
     return true;
-  }
-  std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
-  for (uint64_t done = 0; done < n;) {
-    const uint64_t k = std::min<uint64_t>(n - done, buf.size());
-    if (!pread_all(s.fd, buf.data(), k, s.off + done) || !pwrite_all(d.fd, buf.data(), k, d.off + done)) return false;
-    done += k;
-  }
-  return true;
+  });
 }
 
 // Bytes from daemon memory (an inline payload) into `d`.
 bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n) {
-  if (d.mem) return odp_move(*d.mem, d.off, const_cast<uint8_t*>(src), n, true) || ((t_odp_fault = 1), false);
-  std::shared_ptr<Window> hd;
-  if (uint8_t* dp = win.at(d.backing, d.fd, d.off, hd)) {
-    core::store_tail_last(dp, src, n);
-    return true;
-  }
-  return pwrite_all(d.fd, src, n, d.off);
+  return land([&] {
+    if (d.mem) return odp_move(*d.mem, d.off, const_cast<uint8_t*>(src), n, true) || ((t_odp_fault = 1), false);
+    std::shared_ptr<Window> hd;
+    if (uint8_t* dp = win.at(d.backing, d.fd, d.off, hd)) {
+      core::store_tail_last(dp, src, n);
+      return true;
+    }
+    return pwrite_all(d.fd, src, n, d.off);
+  });
 }
 
 // Where a copy between two lists of spans got to.
@@ -253,6 +271,10 @@ struct Mediation::Op {
 // ---- Copies off the control loop (issue 18, finding 8) -------------------
 // A large mediated copy runs on the server's copy worker, a piece at a time.
 bool MediationJob::step(uint64_t max_bytes) {
+  struct Stepping {
+    explicit Stepping(MediationJob* j) { t_job = j; }
+    ~Stepping() { t_job = nullptr; }
+  } stepping(this);
   if (revoked.load(std::memory_order_acquire)) failed = true;
   if (failed || left == 0) return false;
   // ODP memory is reached only while its registrant lives (as resolve_key
@@ -285,6 +307,31 @@ bool MediationJob::touches(uint32_t backing) const {
     for (const OwnedSpan& s : *v)
       if (!s.pid && s.backing == backing) return true;
   return false;
+}
+
+pid_t MediationJob::odp_pid() const {
+  for (const auto* v : {&dst, &src})
+    for (const OwnedSpan& s : *v)
+      if (s.pid) return s.pid;
+  return 0;
+}
+
+std::unique_ptr<MediationJob> MediationJob::failed_copy() const {
+  auto j = std::make_unique<MediationJob>();
+  j->total = j->left = total;
+  j->failed = true;
+  j->uid = uid;
+  j->client = client;
+  j->requester_qpn = requester_qpn, j->dest = dest, j->opcode = opcode, j->imm_data = imm_data;
+  j->solicited = solicited;
+  j->type = type;
+  j->has_recv = has_recv;
+  j->recv = recv;
+  j->posted = posted;
+  j->epoch = epoch;
+  j->wr_id = wr_id;
+  j->signaled = signaled;
+  return j;
 }
 
 bool MediationJob::touches_odp_of(pid_t pid) const {
@@ -461,8 +508,16 @@ bool Mediation::copy_spans(const std::vector<Span>& dst, const std::vector<Span>
 // (set_offload): up to its worker's piece (1 MiB, one memcpy between the
 // daemon's windows, about 50 us) while one connection at a time is served,
 // 64 KiB when others wait.
+//
+// A copy that touches ODP memory goes whatever its size: a fault on it may
+// wait for as long as its registrant wants (a FUSE page whose READ is never
+// answered), which the loop must never do.
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
-  if (!op.defer || op.total < offload_bytes_) return false;
+  if (!op.defer) return false;
+  const auto odp = [](const std::vector<Span>& v) {
+    return std::any_of(v.begin(), v.end(), [](const Span& s) { return s.pid != 0; });
+  };
+  if (op.total < offload_bytes_ && !odp(dst) && !(odp(src) && !(op.is_inline && &src == &op.local))) return false;
   auto job = std::make_unique<MediationJob>();
   if (!own_spans(dst, job->dst)) return false;
   if (op.is_inline && &src == &op.local) {

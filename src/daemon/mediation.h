@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "common/access.h"
@@ -58,8 +59,18 @@ struct MediationJob {
   // Set (under the server's copy lock) when an MR of a backing it touches
   // is deregistered: its next step fails it without copying.
   std::atomic<bool> revoked{false};
+  // Held while a piece lands in a destination, which happens only while
+  // the job is not revoked: whoever sets `revoked` and then takes this
+  // lock knows no byte lands afterwards. Reads of ODP memory (which may
+  // wait on a fault for ever) are made without it.
+  std::timed_mutex land_mu;
   bool touches(uint32_t backing) const;
   bool touches_odp_of(pid_t pid) const;
+  // The first process whose ODP memory it copies (0: none).
+  pid_t odp_pid() const;
+  // A job with this one's request, failed, that never copies (what
+  // completes a copy whose thread is stuck on a fault).
+  std::unique_ptr<MediationJob> failed_copy() const;
   // Which side's ODP memory failed the copy (1: destination, 2: source;
   // 0: none or not ODP): finish() maps it to the key's error as the loop does.
   int odp_fault = 0;

@@ -230,6 +230,7 @@ void Server::start_copier() {
   ev.data.fd = copy_done_fd_.get();
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, copy_done_fd_.get(), &ev) != 0) return;
   copy_stop_ = false;
+  odp_copies_ = std::make_unique<OdpCopies>(copy_done_fd_.get());
   copier_ = std::thread([this] { copier_main(); });
   defer_copies_ = true;
 }
@@ -282,6 +283,8 @@ void Server::copies_done() {
     std::lock_guard<std::mutex> g(copy_mu_);
     done.swap(copies_done_);
   }
+  if (odp_copies_)
+    for (Copy& c : odp_copies_->take_done()) done.push_back(std::move(c));
   for (Copy& c : done) {
     proto::MediateReply rep{};
     int st = 0;
@@ -387,6 +390,7 @@ bool Server::dispatch(const epoll_event& ev) {
     copies_done();
   } else if (auto w = odp_owners_.find(fd); w != odp_owners_.end()) {
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    revoke_odp_copies(pid_t(registry_.client_pid(w->second)));  // its copies complete in error now
     registry_.odp_owner_gone(w->second);
     odp_owners_.erase(w);
   } else if (auto r = ring_efds_.find(fd); r != ring_efds_.end()) {
@@ -469,6 +473,7 @@ void Server::revoke_odp_copies(pid_t pid) {
 }
 
 void Server::revoke_copies_if(const std::function<bool(const MediationJob&)>& hit) {
+  if (odp_copies_) odp_copies_->revoke(hit);  // never waits for a fault in ODP memory
   std::unique_lock<std::mutex> lk(copy_mu_);
   for (auto& [uid, queue] : copy_queues_)
     for (Copy& c : queue)

@@ -25,6 +25,7 @@
 
 #include "common/paths.h"
 #include "daemon/cm_gateway.h"
+#include "daemon/odp_copies.h"
 #include "daemon/post_ring.h"
 #include "daemon/registry.h"
 #include "daemon/roce_port.h"
@@ -97,11 +98,9 @@ class Server {
   // the loop, a piece (kCopyPiece) at a time, round robin between users;
   // the requester's connection is not read meanwhile (its reply, sent when
   // the copy is done, is what it waits for), everyone else is served.
-  struct Copy {
-    uint32_t client;
-    proto::Header h;  // the request's, for the reply
-    std::unique_ptr<MediationJob> job;
-  };
+  // Those that touch ODP memory run on threads of their own (odp_copies.h).
+  using Copy = MediatedCopy;
+  std::unique_ptr<OdpCopies> odp_copies_;
   int open_roce();
   int watch_roce_fd(int fd);
   void sync_mcast();

@@ -4,14 +4,10 @@
 // READ, maps a file of it and registers the mapping as ODP memory; root
 // RDMA READs from it, so the daemon's copy faults on a page that never
 // comes. A third client (root's) must still have its control calls
-// answered promptly; nobody's process then exits (its FUSE server lives
-// on, the page still never comes) and root's READ must complete in error.
-//
-// The daemon still copies small ODP spans on its event loop and waits for
-// a copy worker's step in progress at deregistration, so this attack
-// freezes it (every client waits until the FUSE server dies): the test
-// runs only with SOFTVERBS_TEST_ODP_FUSE=1 until the copies of ODP memory
-// run where a stuck one stalls no one (docs/MEMORY.md, "Not yet").
+// answered promptly and its own mediated WRITEs to a fourth (nobody's)
+// carried; nobody's process then exits (its FUSE server lives on, the page
+// still never comes) and root's READ must complete in error; and the
+// daemon must still stop on SIGTERM while its copy is stuck.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/fuse.h>
@@ -189,6 +185,8 @@ struct Calls {
   int failed;
   int count;
   double worst_ms;
+  int writes_failed;       // mediated WRITEs to the fourth client
+  double worst_write_ms;
 };
 struct ReadDone {
   int status;
@@ -208,7 +206,7 @@ struct RcQp {
     ia.qp_type = IBV_QPT_RC;
     ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
     ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
-    return (qp = ibv_create_qp(pd, &ia)) && qp_to_init(qp, IBV_ACCESS_REMOTE_READ) == 0;
+    return (qp = ibv_create_qp(pd, &ia)) && qp_to_init(qp, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE) == 0;
   }
 };
 
@@ -221,9 +219,6 @@ bool recv_within(int sock, T& v, int ms) {
 
 TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
-  if (!getenv("SOFTVERBS_TEST_ODP_FUSE"))
-    GTEST_SKIP() << "the daemon still blocks on a fault in another user's ODP memory (docs/MEMORY.md, \"Not yet\"); "
-                    "SOFTVERBS_TEST_ODP_FUSE=1 runs the attack";
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
   Child nobody(true, [](int sock) {
@@ -273,22 +268,66 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
     }
   });
   Child third(false, [](int sock) {
-    ibv_context* ctx = open_dev();
-    if (!ctx) return 30;
+    RcQp me;
+    if (!me.open()) return 30;
+    static uint8_t buf[4096];
+    ibv_mr* mr = ibv_reg_mr(me.pd, buf, sizeof buf, 0);
+    Target t{};
+    uint32_t qpn = me.qp->qp_num;
+    if (!mr || !recv_val(sock, t) || !send_val(sock, qpn) || qp_to_rts(me.ctx, me.qp, t.qpn)) return 31;
     int go = 0;
-    if (!send_val(sock, go) || !recv_val(sock, go)) return 31;
-    Calls c{0, 0, 0};
+    if (!send_val(sock, go) || !recv_val(sock, go)) return 32;
+    Calls c{0, 0, 0, 0, 0};
     for (const double until = now_ms() + 1500; now_ms() < until; ++c.count) {
       const double t0 = now_ms();
-      ibv_pd* pd = ibv_alloc_pd(ctx);
+      ibv_pd* pd = ibv_alloc_pd(me.ctx);
       if (!pd || ibv_dealloc_pd(pd)) ++c.failed;
       c.worst_ms = std::max(c.worst_ms, now_ms() - t0);
     }
-    return send_val(sock, c) ? 0 : 32;
+    for (int i = 0; i < 16; ++i) {  // another user's mediated traffic
+      ibv_sge sge{uint64_t(uintptr_t(buf)), sizeof buf, mr->lkey};
+      ibv_send_wr wr{}, *bad = nullptr;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = t.addr;
+      wr.wr.rdma.rkey = t.rkey;
+      const double t0 = now_ms();
+      if (ibv_post_send(me.qp, &wr, &bad)) return 33;
+      ibv_wc wc{};
+      int n = 0;
+      while ((n = ibv_poll_cq(me.cq, 1, &wc)) == 0 && now_ms() - t0 < 5000) {
+      }
+      if (n != 1 || wc.status != IBV_WC_SUCCESS) ++c.writes_failed;
+      c.worst_write_ms = std::max(c.worst_write_ms, now_ms() - t0);
+      if (n != 1) break;
+    }
+    return send_val(sock, c) ? 0 : 34;
+  });
+  // The fourth client (another nobody process): an ordinary MR the third writes.
+  Child fourth(true, [](int sock) {
+    RcQp me;
+    if (!me.open()) return 40;
+    static uint8_t buf[4096];
+    ibv_mr* mr = ibv_reg_mr(me.pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr) return 41;
+    Target t{me.qp->qp_num, mr->rkey, uint64_t(uintptr_t(buf)), 0};
+    uint32_t peer = 0;
+    if (!send_val(sock, t) || !recv_val(sock, peer) || qp_to_rts(me.ctx, me.qp, peer)) return 42;
+    int done = 0;
+    return recv_val(sock, done) ? 0 : 43;
   });
   nobody.start();
   root.start();
   third.start();
+  fourth.start();
+  Target t4{};
+  ASSERT_TRUE(recv_val(fourth.sock(), t4)) << "the fourth client failed: exit " << fourth.wait();
+  ASSERT_TRUE(send_val(third.sock(), t4));
+  uint32_t qpn3 = 0;
+  ASSERT_TRUE(recv_val(third.sock(), qpn3)) << "the third client failed: exit " << third.wait();
+  ASSERT_TRUE(send_val(fourth.sock(), qpn3));
   Target t{};
   ASSERT_TRUE(recv_val(nobody.sock(), t)) << "nobody failed: exit " << nobody.wait();
   ASSERT_TRUE(send_val(root.sock(), t));
@@ -302,25 +341,33 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
   ASSERT_TRUE(recv_val(root.sock(), go)) << "root failed: exit " << root.wait();
   usleep(200 * 1000);  // the READ is with the daemon, faulting on the file
   ASSERT_TRUE(send_val(third.sock(), go));
-  Calls c{-1, 0, 0};
-  const bool answered = recv_within(third.sock(), c, 5000);
+  Calls c{-1, 0, 0, -1, 0};
+  const bool answered = recv_within(third.sock(), c, 8000);
   // nobody's process exits; its FUSE server does not.
   ASSERT_TRUE(send_val(nobody.sock(), go));
   EXPECT_EQ(0, nobody.wait());
   ASSERT_TRUE(send_val(root.sock(), go));
   ReadDone r{-1, 0};
   const bool completed = recv_within(root.sock(), r, 5000);
+  // The daemon stops on SIGTERM though a copy of its is still stuck.
+  bool stopped = false;
+  if (sysd.alive() && kill(sysd.pid, SIGTERM) == 0)
+    for (const double until = now_ms() + 5000; !(stopped = !sysd.alive()) && now_ms() < until;) usleep(10 * 1000);
   // Whatever happened, the stuck fault ends with the server.
   kill(t.server, SIGKILL);
-  EXPECT_TRUE(answered) << "the daemon answered no control call of a third client within 5 s while another "
+  EXPECT_TRUE(answered) << "the daemon answered no control call of a third client within 8 s while another "
                            "user's ODP memory faulted on a FUSE page that never came";
   EXPECT_EQ(0, c.failed);
   EXPECT_LT(c.worst_ms, 500.0) << "a control call of a third client waited " << c.worst_ms << " ms";
+  EXPECT_EQ(0, c.writes_failed) << "mediated WRITEs between two other clients failed";
+  EXPECT_LT(c.worst_write_ms, 500.0) << "a mediated WRITE between two other clients took " << c.worst_write_ms << " ms";
   EXPECT_TRUE(completed) << "root's READ did not complete within 5 s of the registrant's exit";
   EXPECT_NE(IBV_WC_SUCCESS, r.status);
-  EXPECT_EQ(0, root.wait());
+  EXPECT_TRUE(stopped) << "the daemon did not stop within 5 s of SIGTERM while a copy of ODP memory was stuck";
+  root.wait();  // its READ may have no completion: the daemon is gone
   EXPECT_EQ(0, third.wait());
-  EXPECT_TRUE(sysd.alive()) << "the daemon died";
+  send_val(fourth.sock(), go);
+  EXPECT_EQ(0, fourth.wait());
 }
 
 }  // namespace
