@@ -125,9 +125,11 @@ void reply(int dev, uint64_t unique, int error, const void* body, size_t n) {
 // A FUSE mount in a user and mount namespace of its own (a helper process:
 // unshare(CLONE_NEWUSER) needs a single-threaded caller), whose server is a
 // process of its own (its pid in *server); the file mapped here, or nullptr.
-void* map_stuck_file(pid_t* server) {
+// The mount point's name (in /tmp, seen from outside the namespace as an
+// empty directory) in dir_out.
+void* map_stuck_file(pid_t* server, char (&dir_out)[32]) {
   int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return nullptr;
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) return nullptr;
   const pid_t helper = fork();
   if (helper == 0) {
     close(sv[0]);
@@ -153,7 +155,7 @@ void* map_stuck_file(pid_t* server) {
     const int fd = open((std::string(dir) + "/f").c_str(), O_RDONLY);
     if (fd < 0) _exit(6);
     const int fds[] = {fd};
-    if (!send_val(sv[1], srv, fds)) _exit(7);
+    if (!send_val(sv[1], srv, fds) || !send_bytes(sv[1], dir, sizeof dir)) _exit(7);
     // The helper faults on the first page itself: FUSE sends the READ
     // (the helper's ids are the mount's), the page stays locked, and any
     // other access to it, root's daemon's too, waits for that lock. The
@@ -165,7 +167,7 @@ void* map_stuck_file(pid_t* server) {
   }
   close(sv[1]);
   std::vector<sv::Fd> got;
-  const bool ok = recv_val(sv[0], *server, &got) && got.size() == 1;
+  const bool ok = recv_val(sv[0], *server, &got) && got.size() == 1 && recv_bytes(sv[0], dir_out, 19);
   close(sv[0]);
   if (!ok) {
     std::fprintf(stderr, "the FUSE helper failed\n");
@@ -180,6 +182,7 @@ struct Target {
   uint32_t qpn, rkey;
   uint64_t addr;
   pid_t server;
+  char dir[32];
 };
 struct Calls {
   int failed;
@@ -223,13 +226,15 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
   ASSERT_TRUE(sysd.alive());
   Child nobody(true, [](int sock) {
     pid_t server = -1;
-    void* p = map_stuck_file(&server);
+    char dir[32] = {};
+    void* p = map_stuck_file(&server, dir);
     if (!p) return 21;
     RcQp me;
     if (!me.open()) return 20;
     ibv_mr* mr = ibv_reg_mr(me.pd, p, kFile, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_REMOTE_READ);
     if (!mr) return 22;
-    Target t{me.qp->qp_num, mr->rkey, uint64_t(uintptr_t(p)), server};
+    Target t{me.qp->qp_num, mr->rkey, uint64_t(uintptr_t(p)), server, {}};
+    std::memcpy(t.dir, dir, sizeof dir);
     uint32_t peer = 0;
     if (!send_val(sock, t) || !recv_val(sock, peer) || qp_to_rts(me.ctx, me.qp, peer)) return 23;
     int go = 0;
@@ -312,7 +317,7 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
     static uint8_t buf[4096];
     ibv_mr* mr = ibv_reg_mr(me.pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!mr) return 41;
-    Target t{me.qp->qp_num, mr->rkey, uint64_t(uintptr_t(buf)), 0};
+    Target t{me.qp->qp_num, mr->rkey, uint64_t(uintptr_t(buf)), 0, {}};
     uint32_t peer = 0;
     if (!send_val(sock, t) || !recv_val(sock, peer) || qp_to_rts(me.ctx, me.qp, peer)) return 42;
     int done = 0;
@@ -355,6 +360,8 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
     for (const double until = now_ms() + 5000; !(stopped = !sysd.alive()) && now_ms() < until;) usleep(10 * 1000);
   // Whatever happened, the stuck fault ends with the server.
   kill(t.server, SIGKILL);
+  t.dir[sizeof t.dir - 1] = 0;
+  if (std::strncmp(t.dir, "/tmp/svfuse-", 12) == 0 && rmdir(t.dir) != 0) std::perror(t.dir);
   EXPECT_TRUE(answered) << "the daemon answered no control call of a third client within 8 s while another "
                            "user's ODP memory faulted on a FUSE page that never came";
   EXPECT_EQ(0, c.failed);
