@@ -512,6 +512,26 @@ bool Mediation::copy_spans(const std::vector<Span>& dst, const std::vector<Span>
 // A copy that touches ODP memory goes whatever its size: a fault on it may
 // wait for as long as its registrant wants (a FUSE page whose READ is never
 // answered), which the loop must never do.
+// An atomic's original value, to land in its result buffer off the loop (a
+// deferred inline copy: finish() completes it as a READ, a failure being
+// the result buffer's, a local protection error).
+bool Mediation::defer_result(Op& op, const uint8_t (&bytes)[8]) {
+  if (!op.defer) return false;
+  auto job = std::make_unique<MediationJob>();
+  if (!own_spans({op.local[0]}, job->dst)) return false;
+  job->inline_data.assign(bytes, bytes + 8);
+  job->total = job->left = 8;
+  job->windows = windows_;
+  job->uid = t_.uid_of_client(op.d.client);
+  job->client = op.d.client;
+  job->requester_qpn = op.d.requester_qpn;
+  job->dest = op.d.dest;
+  job->opcode = op.d.opcode;
+  job->type = op.d.type;
+  *op.defer = std::move(job);
+  return true;
+}
+
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
   if (!op.defer) return false;
   const auto odp = [](const std::vector<Span>& v) {
@@ -613,6 +633,9 @@ int Mediation::execute_atomic(Op& op) {
   if (!atomic_on_page(*windows_, sp, op.req, old)) return fail(op, Fault::kRemoteOperation);
   uint8_t bytes[8];
   std::memcpy(bytes, &old, 8);
+  // A result buffer in ODP memory is written off the loop (defer_copy): its
+  // page may wait on a fault for as long as its registrant wants.
+  if (op.local[0].pid && defer_result(op, bytes)) return 0;
   if (!put_piece(*windows_, extent(op.local[0], 0), bytes, 8)) return fail(op, Fault::kLocalProtection);
   return complete(op, access::kAtomicBytes);
 }

@@ -206,6 +206,7 @@ class Mediation {
   int execute_write(Op& op);
   int execute_read(Op& op);
   int execute_atomic(Op& op);
+  bool defer_result(Op& op, const uint8_t (&bytes)[8]);
   int execute_atomic_write(Op& op);
   int execute_flush(Op& op);
   // What the executes share.

@@ -126,8 +126,9 @@ void reply(int dev, uint64_t unique, int error, const void* body, size_t n) {
 // unshare(CLONE_NEWUSER) needs a single-threaded caller), whose server is a
 // process of its own (its pid in *server); the file mapped here, or nullptr.
 // The mount point's name (in /tmp, seen from outside the namespace as an
-// empty directory) in dir_out.
-void* map_stuck_file(pid_t* server, char (&dir_out)[32]) {
+// empty directory) in dir_out. `writable`: a private writable mapping
+// (whose first write still reads the page in), else a shared read-only one.
+void* map_stuck_file(pid_t* server, char (&dir_out)[32], bool writable = false) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) return nullptr;
   const pid_t helper = fork();
@@ -174,7 +175,8 @@ void* map_stuck_file(pid_t* server, char (&dir_out)[32]) {
     return nullptr;
   }
   usleep(100 * 1000);  // its READ is sent
-  void* p = mmap(nullptr, kFile, PROT_READ, MAP_SHARED, got[0].get(), 0);
+  void* p = mmap(nullptr, kFile, writable ? PROT_READ | PROT_WRITE : PROT_READ, writable ? MAP_PRIVATE : MAP_SHARED,
+                 got[0].get(), 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 
@@ -375,6 +377,102 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
   EXPECT_EQ(0, third.wait());
   send_val(fourth.sock(), go);
   EXPECT_EQ(0, fourth.wait());
+}
+
+// The same page as an atomic's result buffer: nobody FETCH_ADDs root's
+// ordinary MR with its result landing in its stuck ODP page. The atomic
+// itself is the daemon's to carry on root's page; the 8 bytes of result
+// must not be written on the loop, which would wait for the page.
+TEST(OdpFuse, AnAtomicResultIntoAStuckPageStallsNoOneElse) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Child root(false, [](int sock) {
+    RcQp me;
+    if (!me.open()) return 10;
+    static uint64_t word[512];
+    ibv_mr* mr = ibv_reg_mr(me.pd, word, sizeof word, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+    if (!mr) return 11;
+    ibv_qp_attr a{};
+    a.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+    if (ibv_modify_qp(me.qp, &a, IBV_QP_ACCESS_FLAGS)) return 12;
+    Target t{me.qp->qp_num, mr->rkey, uint64_t(uintptr_t(word)), 0, {}};
+    uint32_t peer = 0;
+    if (!send_val(sock, t) || !recv_val(sock, peer) || qp_to_rts(me.ctx, me.qp, peer)) return 13;
+    int done = 0;
+    return recv_val(sock, done) ? 0 : 14;
+  });
+  Child nobody(true, [](int sock) {
+    pid_t server = -1;
+    char dir[32] = {};
+    void* p = map_stuck_file(&server, dir, true);
+    if (!p) return 21;
+    RcQp me;
+    if (!me.open()) return 20;
+    ibv_mr* mr = ibv_reg_mr(me.pd, p, kFile, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE);
+    if (!mr) return 22;
+    Target t{};
+    uint32_t qpn = me.qp->qp_num;
+    if (!recv_val(sock, t) || !send_val(sock, qpn) || qp_to_rts(me.ctx, me.qp, t.qpn)) return 23;
+    ibv_sge sge{uint64_t(uintptr_t(p)), 8, mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = t.addr;
+    wr.wr.atomic.rkey = t.rkey;
+    wr.wr.atomic.compare_add = 1;
+    Target mine{0, 0, 0, server, {}};
+    std::memcpy(mine.dir, dir, sizeof dir);
+    if (!send_val(sock, mine) || ibv_post_send(me.qp, &wr, &bad)) return 24;
+    int done = 0;
+    return recv_val(sock, done) ? 0 : 25;
+  });
+  Child third(false, [](int sock) {
+    ibv_context* ctx = open_dev();
+    if (!ctx) return 30;
+    int go = 0;
+    if (!send_val(sock, go) || !recv_val(sock, go)) return 31;
+    Calls c{0, 0, 0, 0, 0};
+    for (const double until = now_ms() + 1000; now_ms() < until; ++c.count) {
+      const double t0 = now_ms();
+      ibv_pd* pd = ibv_alloc_pd(ctx);
+      if (!pd || ibv_dealloc_pd(pd)) ++c.failed;
+      c.worst_ms = std::max(c.worst_ms, now_ms() - t0);
+    }
+    return send_val(sock, c) ? 0 : 32;
+  });
+  root.start();
+  nobody.start();
+  third.start();
+  Target t{};
+  ASSERT_TRUE(recv_val(root.sock(), t)) << "root failed: exit " << root.wait();
+  ASSERT_TRUE(send_val(nobody.sock(), t));
+  uint32_t qpn = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), qpn)) << "nobody failed: exit " << nobody.wait();
+  ASSERT_TRUE(send_val(root.sock(), qpn));
+  Target mine{};
+  ASSERT_TRUE(recv_val(nobody.sock(), mine)) << "nobody failed: exit " << nobody.wait();
+  int go = 0;
+  ASSERT_TRUE(recv_val(third.sock(), go)) << "the third client failed: exit " << third.wait();
+  usleep(200 * 1000);  // the atomic is with the daemon
+  ASSERT_TRUE(send_val(third.sock(), go));
+  Calls c{-1, 0, 0, 0, 0};
+  const bool answered = recv_within(third.sock(), c, 8000);
+  kill(mine.server, SIGKILL);
+  mine.dir[sizeof mine.dir - 1] = 0;
+  if (std::strncmp(mine.dir, "/tmp/svfuse-", 12) == 0 && rmdir(mine.dir) != 0) std::perror(mine.dir);
+  EXPECT_TRUE(answered) << "the daemon answered no control call of a third client within 8 s while it wrote an "
+                           "atomic's result into a FUSE page that never came";
+  EXPECT_EQ(0, c.failed);
+  EXPECT_LT(c.worst_ms, 500.0) << "a control call of a third client waited " << c.worst_ms << " ms";
+  send_val(nobody.sock(), go);
+  send_val(root.sock(), go);
+  EXPECT_EQ(0, nobody.wait());
+  EXPECT_EQ(0, root.wait());
+  EXPECT_EQ(0, third.wait());
+  EXPECT_TRUE(sysd.alive()) << "the daemon died";
 }
 
 }  // namespace
