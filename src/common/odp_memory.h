@@ -47,7 +47,9 @@ class OdpMemory {
   // or an errno (ESRCH: it exited before the opens were confirmed; EACCES,
   // EPERM: this process may not ptrace-read it, proc(5)).
   static int open(pid_t pid, int pidfd, std::shared_ptr<const OdpMemory>& out);
-  // This process's own (no pidfd needed: /proc/self names the caller).
+  // This process's own: process_vm_readv/writev on its own pid, which is
+  // its own for as long as it runs (no /proc file: a process that changed
+  // its ids is not dumpable, and its /proc/self/mem is root's).
   static int open_self(std::shared_ptr<const OdpMemory>& out);
 
   // n bytes at `addr` of the process, into `buf` / from `buf`. 0, or EFAULT
@@ -74,7 +76,7 @@ class OdpMemory {
   int allows(uint64_t addr, size_t n, bool write) const;
   int allows_by_text(uint64_t addr, size_t n, bool write) const;
   pid_t pid_;
-  Fd pidfd_;  // none: this process's own
+  Fd pidfd_;  // none: this process's own (and no mem_, maps_ either)
   Fd mem_, maps_;
 };
 

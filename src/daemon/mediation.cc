@@ -15,6 +15,7 @@
 #include "daemon/mediation.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -221,7 +222,7 @@ int odp_owner_gone(const std::vector<MediationJob::OwnedSpan>& dst, const std::v
 // (a shared mapping of the same page), not with pread/pwrite. `old`
 // receives the original value.
 bool atomic_on_page(BackingWindows& win, const Span& sp, const proto::MediateReq& req, uint64_t& old) {
-  if (sp.pid) return false;  // ODP memory: not between users (docs/MEMORY.md, "Not yet")
+  if (sp.pid) return false;  // ODP memory: on a copy thread (Mediation::defer_odp_atomic)
   std::shared_ptr<Window> h;
   uint8_t* p = win.at(sp.backing, sp.fd, sp.off, h);
   if (!p) return false;
@@ -285,6 +286,7 @@ bool MediationJob::step(uint64_t max_bytes) {
     return false;
   }
   take_odp_fault();
+  if (atomic) return step_atomic();
   if (!inline_data.empty()) {
     // The inline payload (at most kMaxInline bytes): at once.
     failed = !put_inline(*windows, dst, inline_data.data(), total);
@@ -306,6 +308,34 @@ bool MediationJob::touches(uint32_t backing) const {
   for (const auto* v : {&dst, &src})
     for (const OwnedSpan& s : *v)
       if (!s.pid && s.backing == backing) return true;
+  return false;
+}
+
+// The atomic (IBTA 9.4.5) on the ODP quadword src[0], read-modify-write
+// under the target user's lock (as the library's odp_atomic), its write
+// landing only while the job is not revoked; then the original value to
+// the result buffer dst.
+bool MediationJob::step_atomic() {
+  left = 0;
+  const OwnedSpan& t = src[0];
+  uint64_t old = 0;
+  bool ok = false;
+  while (::flock(lock.get(), LOCK_EX) != 0 && errno == EINTR) {
+  }
+  if (t.mem && t.mem->read(t.off, &old, 8) == 0) {
+    const uint64_t now = cas ? (old == compare_add ? swap : old) : old + compare_add;
+    ok = now == old || land([&] { return t.mem->write(t.off, &now, 8) == 0; });
+  }
+  ::flock(lock.get(), LOCK_UN);
+  if (!ok) {
+    odp_fault = 2;
+    failed = true;
+    return false;
+  }
+  uint8_t bytes[8];
+  std::memcpy(bytes, &old, 8);
+  failed = !put_inline(*windows, dst, bytes, 8);
+  if (failed) odp_fault = take_odp_fault() ? 1 : 0;
   return false;
 }
 
@@ -350,9 +380,10 @@ bool Mediation::resolve_key(uint32_t key, access::Use use, const access::User& w
   if (!e) return false;
   if (e->backing == kOdpBacking) {  // the registrant's addresses, while it lives
     int pidfd = -1;
-    auto mem = t_.odp_memory(e->owner_pid, e->owner_identity, &pidfd);
+    uid_t uid = 0;
+    auto mem = t_.odp_memory(e->owner_pid, e->owner_identity, &pidfd, &uid);
     if (!mem) return false;
-    out = Span{-1, access::file_offset(*e, addr), len, kOdpBacking, pid_t(e->owner_pid), std::move(mem), pidfd};
+    out = Span{-1, access::file_offset(*e, addr), len, kOdpBacking, pid_t(e->owner_pid), std::move(mem), pidfd, uid};
     return true;
   }
   const int fd = t_.backing_fd(e->backing);
@@ -532,6 +563,32 @@ bool Mediation::defer_result(Op& op, const uint8_t (&bytes)[8]) {
   return true;
 }
 
+// An atomic on ODP memory: never on the loop (its page may wait on a fault,
+// its lock on whoever holds it), always a job of its own (MediationJob::
+// atomic) on a copy thread, under the lock the target user's library
+// takes for its own ODP atomics, so that both are atomic with respect to
+// each other.
+int Mediation::defer_odp_atomic(Op& op, const Span& target) {
+  if (!op.defer) return fail(op, Fault::kRemoteOperation);
+  auto job = std::make_unique<MediationJob>();
+  if (t_.odp_lock(target.owner_uid, job->lock) != 0) return fail(op, Fault::kRemoteOperation);
+  if (!own_spans({target}, job->src) || !own_spans({op.local[0]}, job->dst)) return fail(op, Fault::kRemoteOperation);
+  job->atomic = true;
+  job->cas = op.req.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+  job->compare_add = op.req.compare_add;
+  job->swap = op.req.swap;
+  job->total = job->left = access::kAtomicBytes;
+  job->windows = windows_;
+  job->uid = t_.uid_of_client(op.d.client);
+  job->client = op.d.client;
+  job->requester_qpn = op.d.requester_qpn;
+  job->dest = op.d.dest;
+  job->opcode = op.d.opcode;
+  job->type = op.d.type;
+  *op.defer = std::move(job);
+  return 0;
+}
+
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
   if (!op.defer) return false;
   const auto odp = [](const std::vector<Span>& v) {
@@ -629,6 +686,7 @@ int Mediation::execute_atomic(Op& op) {
     return fail(op, f);
   Span sp{};
   if (Fault f = resolve_remote(op, access::kAtomicBytes, sp); f != Fault::kNone) return fail(op, f);
+  if (sp.pid) return defer_odp_atomic(op, sp);
   uint64_t old = 0;
   if (!atomic_on_page(*windows_, sp, op.req, old)) return fail(op, Fault::kRemoteOperation);
   uint8_t bytes[8];

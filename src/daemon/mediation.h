@@ -74,6 +74,13 @@ struct MediationJob {
   // Which side's ODP memory failed the copy (1: destination, 2: source;
   // 0: none or not ODP): finish() maps it to the key's error as the loop does.
   int odp_fault = 0;
+  // An RDMA atomic on ODP memory (src[0], 8 bytes): carried out by step()
+  // under `lock` (the target user's flock), its original value then landing
+  // in dst like an inline payload.
+  bool atomic = false;
+  bool cas = false;
+  uint64_t compare_add = 0, swap = 0;
+  Fd lock;
   uid_t uid = 0;  // whose copy (fairness between users)
   uint32_t client = 0;  // the requester's connection
   uint32_t requester_qpn = 0, dest = 0, opcode = 0, imm_data = 0;
@@ -89,6 +96,7 @@ struct MediationJob {
   bool signaled = false;
   // Copies up to max_bytes more; true while bytes remain (false when done or failed).
   bool step(uint64_t max_bytes);
+  bool step_atomic();
 };
 
 // What mediation needs of the registry, and nothing more.
@@ -135,9 +143,17 @@ class MediationTables {
   // `pid` with struct pid `identity` (MrEntry::owner_identity), and its
   // pidfd (borrowed) in *pidfd; null if there is none. Only then are its
   // addresses reached, and only through that handle.
-  virtual std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd = nullptr) const {
-    (void)pid, (void)identity, (void)pidfd;
+  virtual std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd = nullptr,
+                                                      uid_t* uid = nullptr) const {
+    (void)pid, (void)identity, (void)pidfd, (void)uid;
     return nullptr;
+  }
+  // A file description of the file whose flock(2) every RDMA atomic on ODP
+  // memory of user `uid` takes (the library's ContextState::odp_lock): 0
+  // and `out`, or an errno.
+  virtual int odp_lock(uid_t uid, Fd& out) {
+    (void)uid, (void)out;
+    return ENOLCK;
   }
 
  protected:
@@ -188,6 +204,7 @@ class Mediation {
     pid_t pid = 0;
     std::shared_ptr<const OdpMemory> mem{};  // with `pid`: its pinned address space
     int pidfd = -1;                        // and its pidfd (borrowed)
+    uid_t owner_uid = 0;                   // and its user
   };
   // The key check (common/access.h) and where the bytes are: the span, or
   // false. `who` is the QP the key is used through.
@@ -206,6 +223,7 @@ class Mediation {
   int execute_write(Op& op);
   int execute_read(Op& op);
   int execute_atomic(Op& op);
+  int defer_odp_atomic(Op& op, const Span& target);
   bool defer_result(Op& op, const uint8_t (&bytes)[8]);
   int execute_atomic_write(Op& op);
   int execute_flush(Op& op);

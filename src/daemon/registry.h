@@ -469,7 +469,8 @@ class Registry : private MediationTables {
   void flush_receives(uint32_t qpn) override;
   void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
-  std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd) const override;
+  std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd, uid_t* uid) const override;
+  int odp_lock(uid_t uid, Fd& out) override;
   int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
   Mediation mediation_{*this};
   void flush_rq(Qp& q, uint32_t qpn);
