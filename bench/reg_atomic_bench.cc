@@ -5,6 +5,10 @@
 //          registration; large: per MiB), beside memcpy of the same size
 //          (softverbs copies the pages once in and once out) and
 //          mlock+munlock of the same range (what pinning costs the kernel).
+//   odp    reg+dereg of an on-demand-paging MR at 4 KiB, 1 MiB, 1 GiB beside
+//          a regular MR's, mlock+munlock and two control round trips; 64 KiB
+//          WRITE bandwidth into an ODP MR beside a regular MR (two QPs of
+//          one process).
 //   atomic FETCH_AND_ADD rate between two processes (one RC QP pair, a
 //          window of WRs in flight), beside the rate of __atomic_fetch_add
 //          on one cache line bounced between the same two processes.
@@ -123,11 +127,11 @@ double raw_atomic_rate(uint64_t ops) {
 
 // Brings qp to RTS, connected to QP dest_qpn of the same device, with
 // remote atomics allowed and 16 of them in flight each way.
-bool connect_rc(ibv_qp* qp, uint32_t dest_qpn) {
+bool connect_rc(ibv_qp* qp, uint32_t dest_qpn, int access = IBV_ACCESS_REMOTE_ATOMIC) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_ATOMIC;
+  a.qp_access_flags = access;
   ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   a = {};
   a.qp_state = IBV_QPS_RTR;
@@ -325,12 +329,117 @@ int scale_bench(uint32_t nqp, uint32_t nmr) {
 
 }  // namespace
 
+// ---- On-demand paging (docs/MEMORY.md) ------------------------------------
+
+// Nanoseconds per call of fn, over reps calls.
+template <class F>
+double per_call_ns(int reps, F fn) {
+  const uint64_t t0 = now_ns_steady();
+  for (int i = 0; i < reps; ++i)
+    if (!fn()) return -1;
+  return double(now_ns_steady() - t0) / reps;
+}
+
+// reg+dereg of an ODP MR, of a regular MR and mlock+munlock of the same
+// buffer (touched), and a pair of control round trips (ibv_alloc_pd +
+// ibv_dealloc_pd: what an ODP reg+dereg is made of), at 4 KiB, 1 MiB, 1 GiB.
+int odp_reg_bench(ibv_pd* pd) {
+  constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  for (uint64_t size : {4096ull, 1ull << 20, 1ull << 30}) {
+    auto* buf = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (buf == MAP_FAILED) return 1;
+    std::memset(buf, 1, size);
+    const int reps = size <= (1 << 20) ? 1000 : 3;
+    auto cycle = [&](int access) {
+      ibv_mr* mr = ibv_reg_mr(pd, buf, size, access);
+      return mr && ibv_dereg_mr(mr) == 0;
+    };
+    const double odp = per_call_ns(1000, [&] { return cycle(kAccess | IBV_ACCESS_ON_DEMAND); });
+    const double reg = per_call_ns(reps, [&] { return cycle(kAccess); });
+    const double lock = per_call_ns(reps, [&] { return mlock(buf, size) == 0 && munlock(buf, size) == 0; });
+    const double rtt = per_call_ns(1000, [&] {
+      ibv_pd* p = ibv_alloc_pd(pd->context);
+      return p && ibv_dealloc_pd(p) == 0;
+    });
+    JsonLine()
+        .str("bench", "odp_reg")
+        .num("size", size)
+        .real("odp_reg_dereg_ns", odp)
+        .real("reg_dereg_ns", reg)
+        .real("mlock_munlock_ns", lock)
+        .real("alloc_dealloc_pd_ns", rtt)
+        .emit();
+    munmap(buf, size);
+  }
+  return 0;
+}
+
+// GB/s of RDMA WRITEs of `msg` bytes (32 in flight) between two QPs of this
+// process into `dst`'s MR; -1 if one fails.
+double write_gbps(ibv_qp* qp, ibv_cq* cq, ibv_mr* src, ibv_mr* dst, uint64_t ops, uint32_t msg) {
+  ibv_sge sge{uint64_t(uintptr_t(src->addr)), msg, src->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.wr.rdma.remote_addr = uint64_t(uintptr_t(dst->addr));
+  wr.wr.rdma.rkey = dst->rkey;
+  const double s = time_fetch_adds(qp, cq, wr, ops, 32);
+  return s > 0 ? double(ops) * msg / s / 1e9 : -1;
+}
+
+int odp_bw_bench(ibv_pd* pd) {
+  ibv_cq* cq = ibv_create_cq(pd->context, 256, nullptr, nullptr, 0);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {64, 64, 1, 1, 0};
+  ibv_qp* a = ibv_create_qp(pd, &ia);
+  ibv_qp* b = ibv_create_qp(pd, &ia);
+  if (!a || !b || !connect_rc(a, b->qp_num, IBV_ACCESS_REMOTE_WRITE) || !connect_rc(b, a->qp_num, IBV_ACCESS_REMOTE_WRITE))
+    return std::fprintf(stderr, "odp bw: QPs\n"), 1;
+  constexpr size_t kLen = 1 << 20;
+  static uint8_t src_buf[kLen], plain_buf[kLen], odp_buf[kLen];
+  std::memset(src_buf, 3, kLen);
+  constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  ibv_mr* src = ibv_reg_mr(pd, src_buf, kLen, kAccess);
+  ibv_mr* plain = ibv_reg_mr(pd, plain_buf, kLen, kAccess);
+  ibv_mr* odp = ibv_reg_mr(pd, odp_buf, kLen, kAccess | IBV_ACCESS_ON_DEMAND);
+  if (!src || !plain || !odp) return std::fprintf(stderr, "odp bw: reg_mr\n"), 1;
+  for (uint32_t msg : {64u * 1024, 1u << 20}) {
+    const uint64_t ops = msg < kLen ? 20000 : 2000;
+    write_gbps(a, cq, src, odp, ops / 10, msg);  // warm-up
+    const double odp_gbps = write_gbps(a, cq, src, odp, ops, msg);
+    write_gbps(a, cq, src, plain, ops / 10, msg);
+    const double plain_gbps = write_gbps(a, cq, src, plain, ops, msg);
+    JsonLine().str("bench", "odp_write_bw").num("size", msg).real("odp_gbps", odp_gbps).real("regular_gbps", plain_gbps).emit();
+  }
+  ibv_dereg_mr(odp);
+  ibv_dereg_mr(plain);
+  ibv_dereg_mr(src);
+  ibv_destroy_qp(a);
+  ibv_destroy_qp(b);
+  ibv_destroy_cq(cq);
+  return 0;
+}
+
+int odp_bench() {
+  ibv_context* ctx = open_dev();
+  if (!ctx) return std::fprintf(stderr, "odp: no device\n"), 1;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  const int rc = odp_reg_bench(pd) || odp_bw_bench(pd);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  return rc;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "scale") == 0) {
     uint32_t nqp = argc > 2 ? uint32_t(std::atoi(argv[2])) : 10000;
     uint32_t nmr = argc > 3 ? uint32_t(std::atoi(argv[3])) : 100000;
     return scale_bench(nqp, nmr);
   }
+  if (argc > 1 && std::strcmp(argv[1], "odp") == 0) return odp_bench();
   bool reg = true, atomic = true;
   if (argc > 1) {
     reg = std::strcmp(argv[1], "reg") == 0 || std::strcmp(argv[1], "all") == 0;

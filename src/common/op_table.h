@@ -168,6 +168,7 @@ SV_OP(ResizeSrq,     ResizeSrqReq,   CreateSrqReply,     fds(0),    fds(1),    {
 SV_OP(ResizeSrqDone, ResizeSrqDoneReq, Empty,            fds(0),    fds(0),    {kObjSrq})
 SV_OP(GetSrq,        HandleReq,      ImportSrqReply,     fds(0),    fds(1),    {kObjSrq})
 SV_OP(Counters,      CountersReq,    CountersReply,      fds(0),    fds(0),    {})
+SV_OP(RegOdpMr,      RegMrReq,       RegMrReply,         fds(0),    fds(0),    {kObjPd, kObjMr})
 #undef SV_OP
 #undef SV_OP_DECL
 

@@ -99,6 +99,7 @@ enum class Op : uint16_t {
   ResizeSrqDone,   // commit (the SRQ moves to the pending segment) or abort a ResizeSrq
   GetSrq,          // the current segment of an SRQ I hold or reach; reply fd: the segment
   Counters,        // the port's counters and, a page at a time, each QP's (common/counters.h), of the caller's own QPs
+  RegOdpMr,        // an on-demand-paging MR: the registrant's address space, nothing pinned (docs/MEMORY.md)
   kCount
 };
 

@@ -38,7 +38,8 @@ constexpr uint32_t kCqMagic = 0x53564351;      // "SVCQ"
 // 6: QpSegmentHeader.progress_pid (who carries out the send queue)
 // 7: QpSegmentHeader.wire (the QP's RoCEv2 counts, `rdma statistic show`)
 // 8: QpSegmentHeader.req_counts, rsp_counts (the shared-memory path's counts)
-constexpr uint32_t kLayoutVersion = 8;
+// 9: MrEntry.owner_identity; backing kOdpBacking (on-demand paging)
+constexpr uint32_t kLayoutVersion = 9;
 
 // Device capabilities, reported by ibv_query_device and enforced.
 constexpr uint32_t kMrTableSize = 1u << 20;   // MR slots (index = key >> 8)
@@ -67,10 +68,23 @@ struct alignas(64) MrEntry {
   // unbind): a view of the memory a process made for (key, generation)
   // still holds what the entry says (ibv_rereg_mr keeps the key).
   uint32_t generation;
-  uint32_t reserved[2];
+  // An on-demand-paging MR: the identity of its registrant's struct pid
+  // (pidfd_identity, common/odp_memory.h), which no later process at
+  // owner_pid has; 0 where the daemon's kernel has none (Linux < 6.9).
+  uint64_t owner_identity;
 };
 static_assert(sizeof(MrEntry) == 64);
 enum : uint32_t { kKindMr = 0, kKindMw1 = 1, kKindMw2 = 2 };
+// MrEntry.backing of an on-demand-paging MR (IBV_ACCESS_ON_DEMAND): none.
+// Its range is the address space of the process owner_pid as it is at each
+// access (file_offset: the address of iova there); it is reached through
+// the registrant's pinned address space (common/odp_memory.h), never
+// mapped (docs/MEMORY.md, "On-demand paging"). No backing id is ever this value, so no view of a file and no
+// "own memory" test (backing == the process's own) matches it.
+constexpr uint32_t kOdpBacking = ~0u;
+// The length of an implicit ODP MR (ibv_reg_mr(pd, NULL, SIZE_MAX, ...)):
+// the whole address space, iova == address.
+constexpr uint64_t kImplicitOdpLength = ~uint64_t(0);
 
 struct alignas(64) QpEntry {
   std::atomic<uint32_t> qpn;    // 0 = free

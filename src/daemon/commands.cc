@@ -197,6 +197,10 @@ SV_HANDLER(RegMr) {
   (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
   return env.registry.reg_mr(env.client, obj.get<1>(), req, rep);
 }
+SV_HANDLER(RegOdpMr) {
+  (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
+  return env.registry.reg_odp_mr(env.client, req, rep);
+}
 SV_HANDLER(ReregMr) {
   (void)obj.optional<1>();  // a new PD: the caller's (the MR records req.pd)
   return env.registry.rereg_mr(env.client, obj.get<0>(), obj.optional<2>(), req, rep);

@@ -15,6 +15,8 @@
 #include "daemon/mediation.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,38 +59,92 @@ struct Extent {
   uint32_t backing;
   int fd;
   uint64_t off;
+  const OdpMemory* mem = nullptr;  // on-demand-paging memory of that process (Span::mem)
 };
-Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at}; }
-Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) { return {s.backing, s.fd.get(), s.off + at}; }
+Extent extent(const Span& s, uint64_t at) { return {s.backing, s.fd, s.off + at, s.mem.get()}; }
+Extent extent(const MediationJob::OwnedSpan& s, uint64_t at) {
+  return {s.backing, s.fd.get(), s.off + at, s.mem.get()};
+}
 
-// Moves n bytes from `s` to `d`, n within both windows' reach: one memcpy
-// between the daemon's windows, or through a bounce buffer with
-// pread/pwrite where a window cannot be mapped.
-bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
-  std::shared_ptr<Window> hd, hs;
-  uint8_t* dp = win.at(d.backing, d.fd, d.off, hd);
-  const uint8_t* sp = dp ? win.at(s.backing, s.fd, s.off, hs) : nullptr;
-  if (dp && sp) {
-    core::store_tail_last(dp, sp, n);  // the last byte last (common/responder_core.h)
-    return true;
-  }
+// Which side of the last failed copy was ODP memory that was not there
+// (1: the destination, 2: the source; 0: none): the execute step maps it
+// to the key's error (docs/MEMORY.md). Taken once.
+thread_local int t_odp_fault = 0;
+int take_odp_fault() { return std::exchange(t_odp_fault, 0); }
+
+// n bytes between ODP memory and the daemon's, through the registrant's
+// pinned address space (common/odp_memory.h: the process's memory as it is
+// now; a hole, or a mapping without the access, fails; no signal).
+bool odp_move(const OdpMemory& mem, uint64_t addr, uint8_t* here, uint64_t n, bool to_process) {
+  return (to_process ? mem.write(addr, here, n) : mem.read(addr, here, n)) == 0;
+}
+
+bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n);
+
+// The job this thread is stepping (MediationJob::step; null on the loop).
+thread_local MediationJob* t_job = nullptr;
+
+// Runs `put`, which lands bytes in a destination, under the stepped job's
+// landing lock and only while it is not revoked (false then).
+template <class F>
+bool land(F put) {
+  if (!t_job) return put();
+  std::lock_guard<std::timed_mutex> g(t_job->land_mu);
+  if (t_job->revoked.load(std::memory_order_acquire)) return false;
+  return put();
+}
+
+// A piece with ODP memory on either side, through a bounce buffer.
+bool move_odp_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
   std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min<uint64_t>(n - done, buf.size());
-    if (!pread_all(s.fd, buf.data(), k, s.off + done) || !pwrite_all(d.fd, buf.data(), k, d.off + done)) return false;
+    const bool got = s.mem ? odp_move(*s.mem, s.off + done, buf.data(), k, false)
+                           : pread_all(s.fd, buf.data(), k, s.off + done);
+    if (!got) return (t_odp_fault = s.mem ? 2 : 0), false;
+    Extent at = d;
+    at.off += done;
+    if (!put_piece(win, at, buf.data(), k)) return (t_odp_fault = d.mem ? 1 : 0), false;
     done += k;
   }
   return true;
 }
 
+// Moves n bytes from `s` to `d`, n within both windows' reach: one memcpy
+// between the daemon's windows, or through a bounce buffer with
+// pread/pwrite where a window cannot be mapped.
+bool move_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
+  if (d.mem || s.mem) return move_odp_piece(win, d, s, n);
+  return land([&] {
+    std::shared_ptr<Window> hd, hs;
+    uint8_t* dp = win.at(d.backing, d.fd, d.off, hd);
+    const uint8_t* sp = dp ? win.at(s.backing, s.fd, s.off, hs) : nullptr;
+    if (dp && sp) {
+      core::store_tail_last(dp, sp, n);  // the last byte last (common/responder_core.h)
+      return true;
+    }
+    std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
+    for (uint64_t done = 0; done < n;) {
+      const uint64_t k = std::min<uint64_t>(n - done, buf.size());
+      if (!pread_all(s.fd, buf.data(), k, s.off + done) || !pwrite_all(d.fd, buf.data(), k, d.off + done))
+        return false;
+      done += k;
+    }
+    return true;
+  });
+}
+
 // Bytes from daemon memory (an inline payload) into `d`.
 bool put_piece(BackingWindows& win, const Extent& d, const uint8_t* src, uint64_t n) {
-  std::shared_ptr<Window> hd;
-  if (uint8_t* dp = win.at(d.backing, d.fd, d.off, hd)) {
-    core::store_tail_last(dp, src, n);
-    return true;
-  }
-  return pwrite_all(d.fd, src, n, d.off);
+  return land([&] {
+    if (d.mem) return odp_move(*d.mem, d.off, const_cast<uint8_t*>(src), n, true) || ((t_odp_fault = 1), false);
+    std::shared_ptr<Window> hd;
+    if (uint8_t* dp = win.at(d.backing, d.fd, d.off, hd)) {
+      core::store_tail_last(dp, src, n);
+      return true;
+    }
+    return pwrite_all(d.fd, src, n, d.off);
+  });
 }
 
 // Where a copy between two lists of spans got to.
@@ -133,13 +189,32 @@ bool put_inline(BackingWindows& win, const std::vector<D>& dst, const uint8_t* d
 
 // The spans with descriptors of their own, for a job that outlives the
 // registrations (a deregistration meanwhile cannot pull the file away).
+// ODP memory has no file: its span holds the registrant's pinned address
+// space and its pidfd, which each step re-checks (the MR dies with its
+// process).
 bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>& out) {
   for (const Span& sp : v) {
+    if (sp.pid) {
+      Fd p(sp.pidfd < 0 ? -1 : ::fcntl(sp.pidfd, F_DUPFD_CLOEXEC, 0));
+      if (!p.valid() || !sp.mem) return false;
+      out.push_back({Fd(), sp.off, sp.len, sp.backing, sp.pid, std::move(p), sp.mem});
+      continue;
+    }
     Fd d(::fcntl(sp.fd, F_DUPFD_CLOEXEC, 0));
     if (!d.valid()) return false;
-    out.push_back({std::move(d), sp.off, sp.len, sp.backing});
+    out.push_back({std::move(d), sp.off, sp.len, sp.backing, 0, Fd(), nullptr});
   }
   return true;
+}
+
+// Which side holds ODP memory whose registrant is gone (1: a destination
+// span, 2: a source span; 0: none).
+int odp_owner_gone(const std::vector<MediationJob::OwnedSpan>& dst, const std::vector<MediationJob::OwnedSpan>& src) {
+  for (const MediationJob::OwnedSpan& s : dst)
+    if (s.pid && !pidfd_alive(s.pidfd.get())) return 1;
+  for (const MediationJob::OwnedSpan& s : src)
+    if (s.pid && !pidfd_alive(s.pidfd.get())) return 2;
+  return 0;
 }
 
 // An atomic on the responder's quadword, atomic with respect to its owner's
@@ -147,6 +222,7 @@ bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>&
 // (a shared mapping of the same page), not with pread/pwrite. `old`
 // receives the original value.
 bool atomic_on_page(BackingWindows& win, const Span& sp, const proto::MediateReq& req, uint64_t& old) {
+  if (sp.pid) return false;  // ODP memory: on a copy thread (Mediation::defer_odp_atomic)
   std::shared_ptr<Window> h;
   uint8_t* p = win.at(sp.backing, sp.fd, sp.off, h);
   if (!p) return false;
@@ -196,16 +272,31 @@ struct Mediation::Op {
 // ---- Copies off the control loop (issue 18, finding 8) -------------------
 // A large mediated copy runs on the server's copy worker, a piece at a time.
 bool MediationJob::step(uint64_t max_bytes) {
+  struct Stepping {
+    explicit Stepping(MediationJob* j) { t_job = j; }
+    ~Stepping() { t_job = nullptr; }
+  } stepping(this);
   if (revoked.load(std::memory_order_acquire)) failed = true;
   if (failed || left == 0) return false;
+  // ODP memory is reached only while its registrant lives (as resolve_key
+  // checks on the loop): a dead one's pid may be another process's now.
+  if (int gone = odp_owner_gone(dst, src)) {
+    odp_fault = gone;
+    failed = true;
+    return false;
+  }
+  take_odp_fault();
+  if (atomic) return step_atomic();
   if (!inline_data.empty()) {
     // The inline payload (at most kMaxInline bytes): at once.
     failed = !put_inline(*windows, dst, inline_data.data(), total);
+    if (failed) odp_fault = take_odp_fault();
     left = 0;
     return false;
   }
   Cursor c{di, si, doff, soff};
   if (!copy_lists(*windows, dst, src, c, left, max_bytes)) {
+    odp_fault = take_odp_fault();
     failed = true;
     return false;
   }
@@ -216,7 +307,67 @@ bool MediationJob::step(uint64_t max_bytes) {
 bool MediationJob::touches(uint32_t backing) const {
   for (const auto* v : {&dst, &src})
     for (const OwnedSpan& s : *v)
-      if (s.backing == backing) return true;
+      if (!s.pid && s.backing == backing) return true;
+  return false;
+}
+
+// The atomic (IBTA 9.4.5) on the ODP quadword src[0], read-modify-write
+// under the target user's lock (as the library's odp_atomic), its write
+// landing only while the job is not revoked; then the original value to
+// the result buffer dst.
+bool MediationJob::step_atomic() {
+  left = 0;
+  const OwnedSpan& t = src[0];
+  uint64_t old = 0;
+  bool ok = false;
+  while (::flock(lock.get(), LOCK_EX) != 0 && errno == EINTR) {
+  }
+  if (t.mem && t.mem->read(t.off, &old, 8) == 0) {
+    const uint64_t now = cas ? (old == compare_add ? swap : old) : old + compare_add;
+    ok = now == old || land([&] { return t.mem->write(t.off, &now, 8) == 0; });
+  }
+  ::flock(lock.get(), LOCK_UN);
+  if (!ok) {
+    odp_fault = 2;
+    failed = true;
+    return false;
+  }
+  uint8_t bytes[8];
+  std::memcpy(bytes, &old, 8);
+  failed = !put_inline(*windows, dst, bytes, 8);
+  if (failed) odp_fault = take_odp_fault() ? 1 : 0;
+  return false;
+}
+
+pid_t MediationJob::odp_pid() const {
+  for (const auto* v : {&dst, &src})
+    for (const OwnedSpan& s : *v)
+      if (s.pid) return s.pid;
+  return 0;
+}
+
+std::unique_ptr<MediationJob> MediationJob::failed_copy() const {
+  auto j = std::make_unique<MediationJob>();
+  j->total = j->left = total;
+  j->failed = true;
+  j->uid = uid;
+  j->client = client;
+  j->requester_qpn = requester_qpn, j->dest = dest, j->opcode = opcode, j->imm_data = imm_data;
+  j->solicited = solicited;
+  j->type = type;
+  j->has_recv = has_recv;
+  j->recv = recv;
+  j->posted = posted;
+  j->epoch = epoch;
+  j->wr_id = wr_id;
+  j->signaled = signaled;
+  return j;
+}
+
+bool MediationJob::touches_odp_of(pid_t pid) const {
+  for (const auto* v : {&dst, &src})
+    for (const OwnedSpan& s : *v)
+      if (s.pid && s.pid == pid) return true;
   return false;
 }
 
@@ -227,6 +378,14 @@ bool Mediation::resolve_key(uint32_t key, access::Use use, const access::User& w
   const MrEntry* e =
       access::check([this](uint32_t slot) -> const MrEntry& { return t_.mr_slot(slot); }, key, use, who, need, addr, len);
   if (!e) return false;
+  if (e->backing == kOdpBacking) {  // the registrant's addresses, while it lives
+    int pidfd = -1;
+    uid_t uid = 0;
+    auto mem = t_.odp_memory(e->owner_pid, e->owner_identity, &pidfd, &uid);
+    if (!mem) return false;
+    out = Span{-1, access::file_offset(*e, addr), len, kOdpBacking, pid_t(e->owner_pid), std::move(mem), pidfd, uid};
+    return true;
+  }
   const int fd = t_.backing_fd(e->backing);
   if (fd < 0) return false;
   windows_->live(e->backing);
@@ -381,8 +540,62 @@ bool Mediation::copy_spans(const std::vector<Span>& dst, const std::vector<Span>
 // (set_offload): up to its worker's piece (1 MiB, one memcpy between the
 // daemon's windows, about 50 us) while one connection at a time is served,
 // 64 KiB when others wait.
+//
+// A copy that touches ODP memory goes whatever its size: a fault on it may
+// wait for as long as its registrant wants (a FUSE page whose READ is never
+// answered), which the loop must never do.
+// An atomic's original value, to land in its result buffer off the loop (a
+// deferred inline copy: finish() completes it as a READ, a failure being
+// the result buffer's, a local protection error).
+bool Mediation::defer_result(Op& op, const uint8_t (&bytes)[8]) {
+  if (!op.defer) return false;
+  auto job = std::make_unique<MediationJob>();
+  if (!own_spans({op.local[0]}, job->dst)) return false;
+  job->inline_data.assign(bytes, bytes + 8);
+  job->total = job->left = 8;
+  job->windows = windows_;
+  job->uid = t_.uid_of_client(op.d.client);
+  job->client = op.d.client;
+  job->requester_qpn = op.d.requester_qpn;
+  job->dest = op.d.dest;
+  job->opcode = op.d.opcode;
+  job->type = op.d.type;
+  *op.defer = std::move(job);
+  return true;
+}
+
+// An atomic on ODP memory: never on the loop (its page may wait on a fault,
+// its lock on whoever holds it), always a job of its own (MediationJob::
+// atomic) on a copy thread, under the lock the target user's library
+// takes for its own ODP atomics, so that both are atomic with respect to
+// each other.
+int Mediation::defer_odp_atomic(Op& op, const Span& target) {
+  if (!op.defer) return fail(op, Fault::kRemoteOperation);
+  auto job = std::make_unique<MediationJob>();
+  if (t_.odp_lock(target.owner_uid, job->lock) != 0) return fail(op, Fault::kRemoteOperation);
+  if (!own_spans({target}, job->src) || !own_spans({op.local[0]}, job->dst)) return fail(op, Fault::kRemoteOperation);
+  job->atomic = true;
+  job->cas = op.req.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+  job->compare_add = op.req.compare_add;
+  job->swap = op.req.swap;
+  job->total = job->left = access::kAtomicBytes;
+  job->windows = windows_;
+  job->uid = t_.uid_of_client(op.d.client);
+  job->client = op.d.client;
+  job->requester_qpn = op.d.requester_qpn;
+  job->dest = op.d.dest;
+  job->opcode = op.d.opcode;
+  job->type = op.d.type;
+  *op.defer = std::move(job);
+  return 0;
+}
+
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
-  if (!op.defer || op.total < offload_bytes_) return false;
+  if (!op.defer) return false;
+  const auto odp = [](const std::vector<Span>& v) {
+    return std::any_of(v.begin(), v.end(), [](const Span& s) { return s.pid != 0; });
+  };
+  if (op.total < offload_bytes_ && !odp(dst) && !(odp(src) && !(op.is_inline && &src == &op.local))) return false;
   auto job = std::make_unique<MediationJob>();
   if (!own_spans(dst, job->dst)) return false;
   if (op.is_inline && &src == &op.local) {
@@ -422,7 +635,9 @@ int Mediation::execute_send(Op& op) {
     return 0;
   }
   if (op.total && !copy_to(op, dst)) {
-    const core::Verdict v = core::verdict(core::Check::kResponderFault);
+    const int odp = take_odp_fault();  // ODP memory not there: the receive's buffer, or the requester's
+    if (odp == 2) return recv_completion(op.d, r, IBV_WC_WR_FLUSH_ERR, 0), fail(op, Fault::kLocalProtection);
+    const core::Verdict v = core::verdict(odp ? core::Check::kReceiveBadKey : core::Check::kResponderFault);
     recv_completion(op.d, r, v.receive_status, 0);
     return fail(op, v.fault);
   }
@@ -444,7 +659,10 @@ int Mediation::execute_write(Op& op) {
     (*op.defer)->recv = r;
     return 0;
   }
-  if (op.total && !copy_to(op, dst)) return fail(op, Fault::kRemoteOperation);
+  if (op.total && !copy_to(op, dst)) {
+    const int odp = take_odp_fault();
+    return fail(op, odp == 1 ? Fault::kRemoteAccess : odp == 2 ? Fault::kLocalProtection : Fault::kRemoteOperation);
+  }
   if (imm) recv_completion(op.d, r, IBV_WC_SUCCESS, op.total);
   return complete(op, op.total);
 }
@@ -455,7 +673,10 @@ int Mediation::execute_read(Op& op) {
     if (Fault f = resolve_remote(op, op.total, sp); f != Fault::kNone) return fail(op, f);
     const std::vector<Span> remote{sp};
     if (defer_copy(op, op.local, remote)) return 0;
-    if (!copy_spans(op.local, remote, op.total)) return fail(op, Fault::kRemoteOperation);
+    if (!copy_spans(op.local, remote, op.total)) {
+      const int odp = take_odp_fault();
+      return fail(op, odp == 2 ? Fault::kRemoteAccess : odp == 1 ? Fault::kLocalProtection : Fault::kRemoteOperation);
+    }
   }
   return complete(op, op.total);
 }
@@ -466,10 +687,14 @@ int Mediation::execute_atomic(Op& op) {
     return fail(op, f);
   Span sp{};
   if (Fault f = resolve_remote(op, access::kAtomicBytes, sp); f != Fault::kNone) return fail(op, f);
+  if (sp.pid) return defer_odp_atomic(op, sp);
   uint64_t old = 0;
   if (!atomic_on_page(*windows_, sp, op.req, old)) return fail(op, Fault::kRemoteOperation);
   uint8_t bytes[8];
   std::memcpy(bytes, &old, 8);
+  // A result buffer in ODP memory is written off the loop (defer_copy): its
+  // page may wait on a fault for as long as its registrant wants.
+  if (op.local[0].pid && defer_result(op, bytes)) return 0;
   if (!put_piece(*windows_, extent(op.local[0], 0), bytes, 8)) return fail(op, Fault::kLocalProtection);
   return complete(op, access::kAtomicBytes);
 }
@@ -492,6 +717,7 @@ int Mediation::execute_atomic_write(Op& op) {
       at += l.len;
     }
   }
+  if (sp.pid) return fail(op, Fault::kRemoteOperation);  // ODP memory: not offered (docs/MEMORY.md)
   std::shared_ptr<Window> h;
   uint8_t* p = windows_->at(sp.backing, sp.fd, sp.off, h);
   if (!p) return fail(op, Fault::kRemoteOperation);
@@ -515,7 +741,10 @@ int Mediation::execute_flush(Op& op) {
   Span sp{};
   if (!resolve_key(op.req.rkey, access::Use::kRemote, op.responder(), rules::flush_need(placement), x.addr, x.len, sp))
     return fail(op, Fault::kRemoteAccess);
-  if (!core::apply_flush_file(sp.fd, placement)) return fail(op, core::verdict(core::Check::kResponderFault).fault);
+  // ODP memory is process memory with no medium: the fence is all.
+  if (sp.pid) std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!sp.pid && !core::apply_flush_file(sp.fd, placement))
+    return fail(op, core::verdict(core::Check::kResponderFault).fault);
   return complete(op, uint32_t(op.req.compare_add));
 }
 
@@ -555,18 +784,23 @@ int Mediation::finish(MediationJob& job, proto::MediateReply& rep) {
   const bool ok = !job.failed && job.left == 0;
   switch (rules::rule_of(job.opcode).kind) {
     case rules::WrKind::kSend:
-      if (!ok) {
-        const core::Verdict v = core::verdict(core::Check::kResponderFault);
+      if (!ok) {  // ODP memory not there, as execute_send maps it
+        if (job.odp_fault == 2) return recv_completion(d, job.recv, IBV_WC_WR_FLUSH_ERR, 0), fail(d, Fault::kLocalProtection, rep);
+        const core::Verdict v = core::verdict(job.odp_fault ? core::Check::kReceiveBadKey : core::Check::kResponderFault);
         recv_completion(d, job.recv, v.receive_status, 0);
         return fail(d, v.fault, rep);
       }
       return deliver_send(d, job.recv, job.total, rep);
     case rules::WrKind::kWrite:
-      if (!ok) return fail(d, Fault::kRemoteOperation, rep);
+      if (!ok)
+        return fail(d, job.odp_fault == 1 ? Fault::kRemoteAccess
+                       : job.odp_fault == 2 ? Fault::kLocalProtection : Fault::kRemoteOperation, rep);
       if (job.has_recv) recv_completion(d, job.recv, IBV_WC_SUCCESS, job.total);
       return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
     default:  // IBV_WR_RDMA_READ
-      if (!ok) return fail(d, Fault::kRemoteOperation, rep);
+      if (!ok)
+        return fail(d, job.odp_fault == 2 ? Fault::kRemoteAccess
+                       : job.odp_fault == 1 ? Fault::kLocalProtection : Fault::kRemoteOperation, rep);
       return reply(rep, proto::kMediateDone, IBV_WC_SUCCESS, false, job.total);
   }
 }

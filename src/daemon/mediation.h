@@ -19,9 +19,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "common/access.h"
+#include "common/odp_memory.h"
 #include "common/protocol.h"
 #include "common/responder_core.h"
 #include "common/shm_layout.h"
@@ -40,6 +42,12 @@ struct MediationJob {
     uint64_t off;
     uint64_t len;
     uint32_t backing;
+    // On-demand-paging memory: that process's addresses (Span::pid), its
+    // pinned address space, and its pidfd, re-checked before every piece
+    // (the MR dies with it).
+    pid_t pid = 0;
+    Fd pidfd;
+    std::shared_ptr<const OdpMemory> mem{};
   };
   std::vector<OwnedSpan> dst, src;
   std::vector<uint8_t> inline_data;  // the source when the payload was inline
@@ -51,7 +59,28 @@ struct MediationJob {
   // Set (under the server's copy lock) when an MR of a backing it touches
   // is deregistered: its next step fails it without copying.
   std::atomic<bool> revoked{false};
+  // Held while a piece lands in a destination, which happens only while
+  // the job is not revoked: whoever sets `revoked` and then takes this
+  // lock knows no byte lands afterwards. Reads of ODP memory (which may
+  // wait on a fault for ever) are made without it.
+  std::timed_mutex land_mu;
   bool touches(uint32_t backing) const;
+  bool touches_odp_of(pid_t pid) const;
+  // The first process whose ODP memory it copies (0: none).
+  pid_t odp_pid() const;
+  // A job with this one's request, failed, that never copies (what
+  // completes a copy whose thread is stuck on a fault).
+  std::unique_ptr<MediationJob> failed_copy() const;
+  // Which side's ODP memory failed the copy (1: destination, 2: source;
+  // 0: none or not ODP): finish() maps it to the key's error as the loop does.
+  int odp_fault = 0;
+  // An RDMA atomic on ODP memory (src[0], 8 bytes): carried out by step()
+  // under `lock` (the target user's flock), its original value then landing
+  // in dst like an inline payload.
+  bool atomic = false;
+  bool cas = false;
+  uint64_t compare_add = 0, swap = 0;
+  Fd lock;
   uid_t uid = 0;  // whose copy (fairness between users)
   uint32_t client = 0;  // the requester's connection
   uint32_t requester_qpn = 0, dest = 0, opcode = 0, imm_data = 0;
@@ -67,6 +96,7 @@ struct MediationJob {
   bool signaled = false;
   // Copies up to max_bytes more; true while bytes remain (false when done or failed).
   bool step(uint64_t max_bytes);
+  bool step_atomic();
 };
 
 // What mediation needs of the registry, and nothing more.
@@ -108,6 +138,23 @@ class MediationTables {
   // client's QP `qpn` is connected to, is invalidated (0, or an errno).
   virtual int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) = 0;
   virtual uid_t uid_of_client(uint32_t client) const = 0;
+  // The pinned address space (common/odp_memory.h) of the live client
+  // (alive by its pidfd) that registered on-demand-paging MRs as process
+  // `pid` with struct pid `identity` (MrEntry::owner_identity), and its
+  // pidfd (borrowed) in *pidfd; null if there is none. Only then are its
+  // addresses reached, and only through that handle.
+  virtual std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd = nullptr,
+                                                      uid_t* uid = nullptr) const {
+    (void)pid, (void)identity, (void)pidfd, (void)uid;
+    return nullptr;
+  }
+  // A file description of the file whose flock(2) every RDMA atomic on ODP
+  // memory of user `uid` takes (the library's ContextState::odp_lock): 0
+  // and `out`, or an errno.
+  virtual int odp_lock(uid_t uid, Fd& out) {
+    (void)uid, (void)out;
+    return ENOLCK;
+  }
 
  protected:
   ~MediationTables() = default;
@@ -146,12 +193,18 @@ class Mediation {
   // Deferred copies (mediate's `defer`) are those of this size and more.
   void set_offload(uint64_t bytes) { offload_bytes_ = bytes; }
 
-  // A byte range in a backing file.
+  // A byte range in a backing file; or, with `pid`, of on-demand-paging
+  // memory: [off, off + len) of that process's address space, copied
+  // through its pinned handle `mem` (common/odp_memory.h).
   struct Span {
     int fd;
     uint64_t off;
     uint64_t len;
     uint32_t backing;
+    pid_t pid = 0;
+    std::shared_ptr<const OdpMemory> mem{};  // with `pid`: its pinned address space
+    int pidfd = -1;                        // and its pidfd (borrowed)
+    uid_t owner_uid = 0;                   // and its user
   };
   // The key check (common/access.h) and where the bytes are: the span, or
   // false. `who` is the QP the key is used through.
@@ -170,6 +223,8 @@ class Mediation {
   int execute_write(Op& op);
   int execute_read(Op& op);
   int execute_atomic(Op& op);
+  int defer_odp_atomic(Op& op, const Span& target);
+  bool defer_result(Op& op, const uint8_t (&bytes)[8]);
   int execute_atomic_write(Op& op);
   int execute_flush(Op& op);
   // What the executes share.

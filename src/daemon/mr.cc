@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/access.h"
@@ -40,6 +41,28 @@ int Registry::check_mr(const Backing& backing, const proto::RegMrReq& req) {
   return 0;
 }
 
+// The registrant of ODP MRs exited (its pidfd, which the server watches
+// once the client registered one, became readable) or left (`left`: its
+// connection closed: exit, exec, ibv_close_device): its ODP MRs go now,
+// whoever else holds the context, so that no key reaches a later process
+// that reuses the pid, nor the program an exec put in its place. A client
+// whose process is alive and connected is left alone.
+void Registry::odp_owner_gone(uint32_t client, bool left) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  const Client& c = it->second;
+  if (!left && c.pidfd.valid() && pidfd_alive(c.pidfd.get())) return;
+  for (uint32_t h : mrs_.of(ctx(client))) {
+    const MrEntry& e = tables_.mr_at(h);
+    if (e.backing == kOdpBacking && e.owner_pid == uint32_t(c.pid)) release_mr(h);
+  }
+}
+
+int Registry::client_pidfd(uint32_t client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() ? -1 : it->second.pidfd.get();
+}
+
 // Writes an MR's entry from `req`; the caller publishes its key after.
 void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t client) {
   e.access = req.access;
@@ -49,6 +72,7 @@ void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t cl
   e.length = req.length;
   e.file_offset = req.addr;
   e.owner_pid = uint32_t(clients_[client].pid);
+  e.owner_identity = clients_[client].identity;
   e.kind = kKindMr;
   e.bound_qpn = 0;
   e.generation++;
@@ -57,6 +81,44 @@ void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t cl
 int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep) {
   if (int e = check_mr(b, req)) return e;
   return install_mr(client, req, true, 0, rep);
+}
+
+// ibv_reg_mr(3) with IBV_ACCESS_ON_DEMAND: the entry names the registrant's
+// addresses (file_offset = addr in that process, owner_pid its pid), with
+// no backing and no RLIMIT_MEMLOCK charge (nothing is pinned, as with the
+// kernel's ODP). Implicit ODP: addr 0, length SIZE_MAX, iova 0 (the MR's
+// addresses are the process's). Whether a page is there is decided at
+// each access, by the kernel, in the accessor's copy through the
+// registrant's pinned address space (common/odp_memory.h), which the
+// daemon opens here once per client.
+int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+  constexpr uint32_t kOdpAccess = kKnownAccess | IBV_ACCESS_ON_DEMAND;
+  if (!(req.access & IBV_ACCESS_ON_DEMAND) || (req.access & ~kOdpAccess)) return EINVAL;
+  // The MR dies with its process: without a pidfd (Linux 5.3) the daemon
+  // could not tell when (odp_owner_gone).
+  auto c = clients_.find(client);
+  if (c == clients_.end() || !c->second.pidfd.valid()) return EOPNOTSUPP;
+  // Every copy of its memory goes through its pinned address space,
+  // opened once (the process behind the pidfd held since connect).
+  if (!c->second.odp_memory) {
+    if (int e = OdpMemory::open(c->second.pid, c->second.pidfd.get(), c->second.odp_memory)) {
+      std::fprintf(stderr, "softverbsd: the address space of process %d cannot be opened for on-demand paging: %s\n",
+                   int(c->second.pid), std::strerror(e));
+      return e == ESRCH ? ESRCH : EACCES;
+    }
+  }
+  if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(req.access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  proto::RegMrReq r = req;
+  r.backing = kOdpBacking;
+  if (req.addr == 0 && req.length == kImplicitOdpLength) {
+    if (req.iova != 0 || (req.access & IBV_ACCESS_ZERO_BASED)) return EINVAL;
+  } else {
+    if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
+    if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
+    if (req.iova + req.length < req.iova) return EINVAL;
+  }
+  return install_mr(client, r, false, 0, rep);
 }
 
 // The MR's key slot, entry and object; `charge`: its pages count as the
@@ -75,6 +137,18 @@ int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charg
   }
 
   uint8_t kb = ++mr_key_byte_[slot];
+  // An implicit ODP MR's key byte is even (nonzero). UCX 1.13's
+  // uct_ib_md_close hands its global ODP memory handle (lkey, rkey, ...,
+  // flags) to uct_ib_mem_dereg as a uct_md_mem_dereg_params_t, whose
+  // field_mask is then the lkey and rkey: with the lkey's bit 0 (the memh
+  // field's bit) set, it takes the handle's flags word for the handle and
+  // crashes; clear, it returns at once. Keys are opaque to applications
+  // (ibv_reg_mr(3)), so any byte will do; the slot's stale keys still
+  // fail, the byte cycling through 127 values instead of 255.
+  if (req.backing == kOdpBacking && req.addr == 0 && req.length == kImplicitOdpLength) {
+    kb = uint8_t(kb + (kb & 1));
+    mr_key_byte_[slot] = kb = kb ? kb : 2;
+  }
   uint32_t key = (slot << 8) | kb;
   if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
 
@@ -87,7 +161,7 @@ int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charg
   mr.owner = ctx(client);
   mr.key = key;
   mr.pd = req.pd;
-  mr.backing = req.backing;
+  mr.backing = req.backing == kOdpBacking ? 0 : req.backing;  // ODP: holds no backing
   mr.charged_pid = clients_[client].pid;
   mr.charged_bytes = bytes;
   mr.dm = dm;
@@ -111,6 +185,7 @@ int Registry::rereg_mr(uint32_t client, Mr& the_mr, const Backing* backing, cons
   if (mr->dm) return EINVAL;  // an MR over device memory is not re-registered (as mlx5)
   if (mr->refs) return EBUSY;
   MrEntry& e = tables_.mr_at(req.handle);
+  if (e.backing == kOdpBacking) return EOPNOTSUPP;  // an ODP MR is registered anew
   const bool moves = req.flags & IBV_REREG_MR_CHANGE_TRANSLATION;
   proto::RegMrReq n{};
   n.pd = (req.flags & IBV_REREG_MR_CHANGE_PD) ? req.pd : mr->pd;
@@ -199,7 +274,7 @@ void Registry::release_mr(uint32_t handle) {
 // Seed 000's reg_shared: a new registration of an existing MR's pages.
 int Registry::reg_shared(uint32_t client, const Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep) {
   const MrEntry* e = mr_entry(req.key);
-  if (!e || mr.dm) return EINVAL;  // device memory: RegDmMr
+  if (!e || mr.dm || e->backing == kOdpBacking) return EINVAL;  // device memory: RegDmMr; ODP: no pages
   proto::RegMrReq r{};
   r.pd = req.pd;
   r.backing = mr.backing;
@@ -373,6 +448,7 @@ int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto
   const MrEntry* me = mr_entry(r.mr_key);
   auto mr = mrs_.find(r.mr_key >> 8);
   if (!me || mr == mrs_.end() || me->kind != kKindMr) return EINVAL;
+  if (me->backing == kOdpBacking) return EOPNOTSUPP;  // windows over ODP MRs: not offered
   if (mr->second.pd != mw.pd) return EPERM;
   if (!(me->access & IBV_ACCESS_MW_BIND)) return EACCES;
   // A window may not grant writes or atomics its MR does not allow locally.

@@ -183,9 +183,10 @@ int Registry::modify_qp(Qp& qp, const proto::ModifyQpReq& r) {
   // Attribute ranges (ibv_modify_qp(3), IBTA 11.2.4.2).
   if ((mask & IBV_QP_PORT) && r.port_num != 1) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && r.pkey_index != 0) return EINVAL;
-  // Local write (and MW bind) in qp_access_flags are accepted and mean
-  // nothing for a QP, as with rdma-core's kernel drivers; unknown bits are refused.
-  if ((mask & IBV_QP_ACCESS_FLAGS) && (r.qp_access_flags & ~kKnownAccess)) return EINVAL;
+  // Local write, MW bind and on-demand paging in qp_access_flags are
+  // accepted and mean nothing for a QP, as with rdma-core's kernel drivers
+  // (rdma-core's test_odp sets its MR's flags on its QPs); unknown bits are refused.
+  if ((mask & IBV_QP_ACCESS_FLAGS) && (r.qp_access_flags & ~(kKnownAccess | IBV_ACCESS_ON_DEMAND))) return EINVAL;
   if ((mask & IBV_QP_PATH_MTU) && (r.path_mtu < IBV_MTU_256 || r.path_mtu > IBV_MTU_4096)) return EINVAL;
   if ((mask & IBV_QP_DEST_QPN) && r.dest_qp_num > 0xffffff) return EINVAL;
   if ((mask & IBV_QP_RQ_PSN) && r.rq_psn > 0xffffff) return EINVAL;

@@ -69,6 +69,7 @@ uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid, Fd pidfd) {
   if (read_identity(pid, pidfd.get(), c.at_connect) && (c.at_connect.uids[1] != uid || c.at_connect.gids[1] != gid))
     c.at_connect.ipc_lock = false;
   c.pidfd = std::move(pidfd);
+  c.identity = pidfd_identity(c.pidfd.get());
   clients_[id] = std::move(c);
   ctx_clients_.insert({context, id});
   contexts_[context] = Context{1, uid};

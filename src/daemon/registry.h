@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/odp_memory.h"
 #include "common/op_handles.h"
 #include "common/protocol.h"
 #include "common/shm_layout.h"
@@ -165,6 +166,14 @@ class Registry : private MediationTables {
   int reg_backing(uint32_t client, Fd fd, uint32_t& id);
   // The registrations: `b` is backing req.backing (the client's).
   int reg_mr(uint32_t client, const daemon::Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep);
+  // An on-demand-paging MR (IBV_ACCESS_ON_DEMAND): over the registrant's
+  // address space as it is at each access; no backing, no charge.
+  int reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
+  // The client's process exited (or, `left`, its connection closed): its
+  // ODP MRs are deregistered (mr.cc).
+  void odp_owner_gone(uint32_t client, bool left = false);
+  // The pidfd of the client's process (-1 if none).
+  int client_pidfd(uint32_t client) const;
   // `backing`: the new one of a move (null: none named).
   int rereg_mr(uint32_t client, daemon::Mr& mr, const daemon::Backing* backing, const proto::ReregMrReq& req,
                proto::RegMrReply& rep);
@@ -238,6 +247,8 @@ class Registry : private MediationTables {
   uint64_t mediated_on_loop() const { return mediation_.copied_on_loop(); }
   // The backing of the client's MR `handle`, 0 if there is none.
   uint32_t mr_backing(uint32_t client, uint32_t handle) const;
+  // The registrant's pid of the client's ODP MR `handle` (0: not one).
+  uint32_t mr_odp_owner(uint32_t client, uint32_t handle) const;
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
   int alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep);
@@ -337,6 +348,11 @@ class Registry : private MediationTables {
     Fd pidfd{};             // the process that connected (not one that reused its pid)
     ConnectIdentity at_connect{};
     uint64_t conn_inode = 0;  // the daemon's end of the connection (its peer: the client's end)
+    uint64_t identity = 0;    // pidfd_identity of pidfd (common/odp_memory.h)
+    // Its address space, pinned (common/odp_memory.h): opened at its first
+    // on-demand-paging registration; every copy of its ODP memory goes
+    // through it.
+    std::shared_ptr<const OdpMemory> odp_memory{};
   };
   // A device context: objects belong to it; processes attach to it (by
   // opening a device, or by importing another's context). All are equal.
@@ -468,6 +484,8 @@ class Registry : private MediationTables {
   void flush_receives(uint32_t qpn) override;
   void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
+  std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd, uid_t* uid) const override;
+  int odp_lock(uid_t uid, Fd& out) override;
   int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
   Mediation mediation_{*this};
   void flush_rq(Qp& q, uint32_t qpn);

@@ -230,6 +230,7 @@ void Server::start_copier() {
   ev.data.fd = copy_done_fd_.get();
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, copy_done_fd_.get(), &ev) != 0) return;
   copy_stop_ = false;
+  odp_copies_ = std::make_unique<OdpCopies>(copy_done_fd_.get());
   copier_ = std::thread([this] { copier_main(); });
   defer_copies_ = true;
 }
@@ -282,6 +283,8 @@ void Server::copies_done() {
     std::lock_guard<std::mutex> g(copy_mu_);
     done.swap(copies_done_);
   }
+  if (odp_copies_)
+    for (Copy& c : odp_copies_->take_done()) done.push_back(std::move(c));
   for (Copy& c : done) {
     proto::MediateReply rep{};
     int st = 0;
@@ -385,6 +388,11 @@ bool Server::dispatch(const epoll_event& ev) {
     cm_.run();
   } else if (copy_done_fd_.valid() && fd == copy_done_fd_.get()) {
     copies_done();
+  } else if (auto w = odp_owners_.find(fd); w != odp_owners_.end()) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    revoke_odp_copies(pid_t(registry_.client_pid(w->second)));  // its copies complete in error now
+    registry_.odp_owner_gone(w->second);
+    odp_owners_.erase(w);
   } else if (auto r = ring_efds_.find(fd); r != ring_efds_.end()) {
     ring_woken(fd, r->second);
     return false;  // a wake-up is no request (no spin for it)
@@ -452,11 +460,24 @@ void Server::revoke_copies(uint32_t client, const uint8_t* msg, size_t len) {
   uint32_t handle = 0;
   std::memcpy(&handle, msg + offsetof(proto::HandleReq, handle), sizeof handle);
   const uint32_t backing = registry_.mr_backing(client, handle);
-  if (!backing) return;
+  if (backing) return revoke_copies_if([backing](const MediationJob& j) { return j.touches(backing); });
+  // An ODP MR holds no backing: the jobs over its registrant's memory.
+  if (const uint32_t pid = registry_.mr_odp_owner(client, handle)) revoke_odp_copies(pid_t(pid));
+}
+
+// Before a client's ODP MRs go with its connection (its process may live
+// on), the jobs over that process's memory are failed likewise.
+void Server::revoke_odp_copies(pid_t pid) {
+  if (!defer_copies_ || pid <= 0) return;
+  revoke_copies_if([pid](const MediationJob& j) { return j.touches_odp_of(pid); });
+}
+
+void Server::revoke_copies_if(const std::function<bool(const MediationJob&)>& hit) {
+  if (odp_copies_) odp_copies_->revoke(hit);  // never waits for a fault in ODP memory
   std::unique_lock<std::mutex> lk(copy_mu_);
   for (auto& [uid, queue] : copy_queues_)
     for (Copy& c : queue)
-      if (c.job->touches(backing)) c.job->revoked.store(true, std::memory_order_release);
+      if (hit(*c.job)) c.job->revoked.store(true, std::memory_order_release);
   copy_step_cv_.wait(lk, [this] { return !copy_current_ || !copy_current_->revoked.load(); });
 }
 
@@ -554,6 +575,18 @@ void Server::accept_clients() {
   }
 }
 
+// An ODP MR lives no longer than the process that registered it (its
+// addresses mean nothing in another): the first one a client registers
+// makes the server watch that process's pidfd.
+void Server::watch_odp_owner(uint32_t client) {
+  const int pidfd = registry_.client_pidfd(client);
+  if (pidfd < 0 || odp_owners_.count(pidfd)) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = pidfd;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, pidfd, &ev) == 0) odp_owners_[pidfd] = client;
+}
+
 Server::Conn* Server::conn_of(uint32_t client, int& fd) {
   auto f = fd_of_client_.find(client);
   if (f == fd_of_client_.end()) return nullptr;
@@ -572,6 +605,12 @@ void Server::drop(int fd) {
     ring_efds_.erase(it->second.ring->wake());
   }
   const uint32_t client = it->second.client;
+  if (auto w = odp_owners_.find(registry_.client_pidfd(client)); w != odp_owners_.end()) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, w->first, nullptr);  // closed with the client
+    odp_owners_.erase(w);
+    revoke_odp_copies(pid_t(registry_.client_pid(client)));  // its process may write its memory on
+    registry_.odp_owner_gone(client, true);
+  }
   const uint32_t context = registry_.context_of(client);
   const uint32_t pid = registry_.client_pid(client);
   for (const Out& o : it->second.out) registry_.quotas().release_fds(o.fd_key);

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -24,6 +25,7 @@
 
 #include "common/paths.h"
 #include "daemon/cm_gateway.h"
+#include "daemon/odp_copies.h"
 #include "daemon/post_ring.h"
 #include "daemon/registry.h"
 #include "daemon/roce_port.h"
@@ -96,11 +98,9 @@ class Server {
   // the loop, a piece (kCopyPiece) at a time, round robin between users;
   // the requester's connection is not read meanwhile (its reply, sent when
   // the copy is done, is what it waits for), everyone else is served.
-  struct Copy {
-    uint32_t client;
-    proto::Header h;  // the request's, for the reply
-    std::unique_ptr<MediationJob> job;
-  };
+  // Those that touch ODP memory run on threads of their own (odp_copies.h).
+  using Copy = MediatedCopy;
+  std::unique_ptr<OdpCopies> odp_copies_;
   int open_roce();
   int watch_roce_fd(int fd);
   void sync_mcast();
@@ -112,6 +112,8 @@ class Server {
   void copies_done();
   void note_contention(const epoll_event* evs, int n);
   void revoke_copies(uint32_t client, const uint8_t* msg, size_t len);
+  void revoke_odp_copies(pid_t pid);
+  void revoke_copies_if(const std::function<bool(const MediationJob&)>& hit);
   std::unique_ptr<MediationJob> deferred_;  // set by handle() when a Mediate was deferred
   bool defer_copies_ = false;
   // The loop's spin between requests, and when it yields to sleeping
@@ -177,6 +179,10 @@ class Server {
   // socket (its wake-up socket's, post_ring.h); the connection being
   // served (for PostRing, -1 otherwise).
   std::map<int, int> ring_efds_;
+  // Clients that registered an ODP MR, by the pidfd of their process
+  // (watched: readable when the process exits, Registry::odp_owner_gone).
+  std::map<int, uint32_t> odp_owners_;
+  void watch_odp_owner(uint32_t client);
   int serving_fd_ = -1;
   std::vector<int> ring_ready_;  // scratch for run()
   int open_ring(int fd, proto::PostRingReply& rep, std::vector<int>& out_fds);

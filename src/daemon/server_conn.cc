@@ -144,11 +144,15 @@ void Server::defer_copy(int fd, Conn& conn, const uint8_t* in) {
   Copy c{conn.client, {}, std::move(deferred_)};
   std::memcpy(&c.h, in, sizeof c.h);
   const uid_t uid = c.job->uid;
-  {
-    std::lock_guard<std::mutex> g(copy_mu_);
-    copy_queues_[uid].push_back(std::move(c));
+  if (odp_copies_ && c.job->odp_pid()) {
+    odp_copies_->start(std::move(c), kCopyPiece);
+  } else {
+    {
+      std::lock_guard<std::mutex> g(copy_mu_);
+      copy_queues_[uid].push_back(std::move(c));
+    }
+    copy_cv_.notify_one();
   }
-  copy_cv_.notify_one();
   conn.copying = true;
   update_interest(fd, conn);
   send_events();
@@ -205,6 +209,7 @@ bool Server::serve(int fd) {
       serving_fd_ = fd;
       rlen = handle(it->second.client, in, len, fds, out, out_fds);
       serving_fd_ = -1;
+      if (op == uint16_t(proto::Op::RegOdpMr)) watch_odp_owner(it->second.client);
     }
     if (deferred_) {
       defer_copy(fd, it->second, in);

@@ -21,6 +21,8 @@
 
 #include "common/device_info.h"
 #include "common/started_thread.h"
+#include <fcntl.h>
+
 #include "verbs/provider.h"
 
 #undef ibv_query_port
@@ -113,6 +115,24 @@ ibv_context* open_context(ibv_device* device) {
 
 namespace {
 
+// The file whose flock(2) RDMA atomics on ODP memory take
+// (ContextState::odp_lock): one per user. The user's device segment,
+// opened anew (not dup'ed: a flock belongs to an open file description, and
+// the daemon hands every process the same one) where its mode lets this
+// process (a per-user daemon's, or root's); else /dev/shm/softverbs-odp-UID,
+// created mode 0600 and used only if it is a regular file of this user.
+Fd open_odp_lock(int segment) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/self/fd/%d", segment);
+  Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (fd.valid()) return fd;
+  std::snprintf(path, sizeof(path), "/dev/shm/softverbs-odp-%u", unsigned(::geteuid()));
+  fd = Fd(::open(path, O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  struct stat sb {};
+  if (fd.valid() && (::fstat(fd.get(), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != ::geteuid())) fd.reset();
+  return fd;
+}
+
 // The device segment of Hello's reply (the MR, QP and multicast tables,
 // read-only: docs/SHARED_MEMORY.md), mapped and checked. 0 or an errno.
 int map_device(ContextState& st, const proto::HelloReply& rep, const Fd& segment) {
@@ -124,6 +144,7 @@ int map_device(ContextState& st, const proto::HelloReply& rep, const Fd& segment
   st.mr_table = reinterpret_cast<const MrEntry*>(st.device_map.as<char>() + dh->mr_table_offset);
   st.qp_table = reinterpret_cast<const QpEntry*>(st.device_map.as<char>() + dh->qp_table_offset);
   st.mcg_table = reinterpret_cast<const shm::McgEntry*>(st.device_map.as<char>() + shm::DeviceLayout::mcg_offset());
+  st.odp_lock = open_odp_lock(segment.get());
   return 0;
 }
 
@@ -227,6 +248,7 @@ Context* new_verbs_context(ContextState& st) {
   v.alloc_dm = alloc_dm;  // device memory (dm.cc)
   v.free_dm = free_dm;
   v.reg_dm_mr = reg_dm_mr;
+  v.advise_mr = advise_mr;  // on-demand paging (requester_odp.cc)
   ibv_context& c = v.context;
   c.device = &the_device()->dev;
   c.ops.poll_cq = poll_cq;
@@ -303,6 +325,22 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
   // One port, in the field for devices with more than 255 too (ibv_query_device_ex(3)).
   if (attr_size >= offsetof(ibv_device_attr_ex, phys_port_cnt_ex) + sizeof(attr->phys_port_cnt_ex))
     attr->phys_port_cnt_ex = 1;
+  // On-demand paging (docs/MEMORY.md): explicit and implicit ODP MRs, on
+  // the shared-memory path of every transport that has it; ATOMIC WRITE on
+  // ODP memory is not offered.
+  if (attr_size >= offsetof(ibv_device_attr_ex, odp_caps) + sizeof(attr->odp_caps)) {
+    attr->odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+    constexpr uint32_t kRc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                             IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV |
+                             abi::kOdpSupportFlush;
+    attr->odp_caps.per_transport_caps.rc_odp_caps = kRc;
+    attr->odp_caps.per_transport_caps.uc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+    attr->odp_caps.per_transport_caps.ud_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+    if (attr_size >= offsetof(ibv_device_attr_ex, xrc_odp_caps) + sizeof(attr->xrc_odp_caps))
+      attr->xrc_odp_caps = kRc;
+  }
   // Device memory a user may hold in all (ibv_alloc_dm(3), src/daemon/dm.cc).
   if (attr_size >= offsetof(ibv_device_attr_ex, max_dm_size) + sizeof(attr->max_dm_size))
     attr->max_dm_size = proto::kMaxDmSize;

@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -120,17 +122,53 @@ int backed_registration(ContextState& st, void* addr, size_t length, proto::RegM
 
 }  // namespace
 
+// ibv_reg_mr(3) with IBV_ACCESS_ON_DEMAND: one round trip, nothing pinned,
+// nothing converted (docs/MEMORY.md, "On-demand paging"). Implicit ODP:
+// addr NULL and length SIZE_MAX name the whole address space (iova ==
+// address). Whether the pages are there is decided at each access.
+ibv_mr* reg_odp_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int access) {
+  const bool implicit = !addr && length == SIZE_MAX;
+  if (!implicit && (length == 0 || length > shm::kMaxMrSize || (!addr && !(access & IBV_ACCESS_ZERO_BASED)))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (implicit && (access & IBV_ACCESS_ZERO_BASED)) {
+    std::fprintf(stderr, "softverbs: ibv_reg_mr: an implicit ODP MR cannot be zero-based\n");
+    errno = EINVAL;
+    return nullptr;
+  }
+  ContextState& st = ctx_state(ibpd->context);
+  proto::RegMrReq req{};
+  req.pd = to_pd(ibpd)->handle;
+  req.addr = reinterpret_cast<uint64_t>(addr);
+  req.length = implicit ? shm::kImplicitOdpLength : length;
+  req.iova = implicit ? 0 : (access & IBV_ACCESS_ZERO_BASED) ? 0 : iova;
+  req.access = uint32_t(access);
+  proto::RegMrReply rep{};
+  if (int e = st.conn.call<proto::Op::RegOdpMr>(req, rep)) {
+    if (e == EOPNOTSUPP)
+      std::fprintf(stderr, "softverbs: ibv_reg_mr: on-demand paging needs a pidfd of this process in the daemon "
+                           "(Linux 5.3), which it does not have\n");
+    errno = e;
+    return nullptr;
+  }
+  Mr* mr = new_mr_handle(ibpd, addr, length, rep.handle, rep.key);
+  if (!mr) {
+    deregister_handle(st, rep.handle);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return &mr->mr;
+}
+
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int access) {
   if (!ibpd) {
     errno = EINVAL;
     return nullptr;
   }
   access &= ~kOptionalAccess;
-  if (access & IBV_ACCESS_ON_DEMAND) {
-    errno = EOPNOTSUPP;
-    return nullptr;
-  }
   access &= ~IBV_ACCESS_HUGETLB;  // a hint only
+  if (access & IBV_ACCESS_ON_DEMAND) return reg_odp_mr(ibpd, addr, length, iova, access);
   // Beyond the max_mr_size ibv_query_device reports is EINVAL, checked
   // before the (absent) memory is looked at, which would say EFAULT.
   if (length == 0 || length > shm::kMaxMrSize || (!addr && !(access & IBV_ACCESS_ZERO_BASED))) {
@@ -337,6 +375,11 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
     return input_error();
   Mr* mr = to_mr(ibmr);
   ContextState& st = ctx_state(ibmr->context);
+  if (current_access(st, *ibmr) & IBV_ACCESS_ON_DEMAND) {
+    std::fprintf(stderr, "softverbs: ibv_rereg_mr: an ODP MR is not re-registered; register it anew\n");
+    errno = EOPNOTSUPP;
+    return int(IBV_REREG_MR_ERR_CMD);
+  }
   proto::ReregMrReq req{};
   req.handle = mr->handle;
   req.flags = uint32_t(flags);
@@ -347,7 +390,10 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
   if (flags & IBV_REREG_MR_CHANGE_PD) req.pd = to_pd(pd)->handle;
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
     access &= ~(kOptionalAccess | IBV_ACCESS_HUGETLB);  // as ibv_reg_mr
-    if (access & IBV_ACCESS_ON_DEMAND) return cmd_error(EOPNOTSUPP);
+    if (access & IBV_ACCESS_ON_DEMAND) {
+      std::fprintf(stderr, "softverbs: ibv_rereg_mr: on-demand paging is chosen at ibv_reg_mr only\n");
+      return cmd_error(EOPNOTSUPP);
+    }
     req.access = uint32_t(access);
   }
   if (moves) {

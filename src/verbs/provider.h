@@ -442,6 +442,9 @@ struct ProcessQp {
   uint32_t rnr_left = 0;     // RNR retries left for the WQE at the head
   uint32_t retry_left = 0;   // transport retries left
   bool head_started = false;
+  // A key of the request being carried out named on-demand-paging memory
+  // (requester.cc stops there, requester_odp.cc takes the request).
+  bool odp_seen = false;
   uint64_t next_try_ns = 0;
   // Pipelined requests to another user's QP (requester_daemon.cc): a run
   // ended with requests sent back unexecuted (RNR, responder not ready);
@@ -492,6 +495,11 @@ struct ContextState {
   Fd wake;
   uint64_t boot_id = 0;
   Mapping device_map;
+  // A file of this user's (its device segment, or a lock file in /dev/shm),
+  // opened by this process: the flock(2) that RDMA atomics on
+  // on-demand-paging memory take (requester_odp.cc, context.cc
+  // open_odp_lock). -1 if none could be opened.
+  Fd odp_lock;
   const MrEntry* mr_table = nullptr;
   const QpEntry* qp_table = nullptr;
   const shm::McgEntry* mcg_table = nullptr;
@@ -591,6 +599,8 @@ void fill_device_attr(ibv_device_attr& a);
 // Registration and DMA handles of IBVERBS_1.15-1.17 (mr_ex.cc), the
 // verbs_context ops v64 added; reg_mr is ibv_reg_mr_iova2's (mr.cc).
 ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access);
+ibv_mr* reg_odp_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access);
+int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge);
 ibv_mr* reg_mr_ex(ibv_pd* pd, abi::MrInitAttr* attr);
 ibv_mr* reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access);
 abi::Dmah* alloc_dmah(ibv_context* c, abi::DmahInitAttr* attr);

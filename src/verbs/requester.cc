@@ -75,6 +75,7 @@ bool local_segment(ProcessQp& q, const shm::Sge& sge, bool write, Seg& out) {
     out = {reinterpret_cast<uint8_t*>(off), sge.length};  // our own memory: file offset == address
     return true;
   }
+  if (e->backing == shm::kOdpBacking) return !(q.odp_seen = true);  // requester_odp.cc carries it out
   if (e->owner_pid == self_pid()) {
     // Memory this process mapped itself (a named region): no second mapping.
     std::lock_guard<std::mutex> g(cs.mu);
@@ -109,6 +110,7 @@ uint8_t* peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, 
   // count; only a different key goes to the context's window cache.
   Window* w = q.last_window.get();
   if (!w || !w->current(key, *e)) {
+    if (e->backing == shm::kOdpBacking) return (q.odp_seen = true, nullptr);  // requester_odp.cc carries it out
     std::shared_ptr<Window> sp = window_for(cs, *e, key);
     if (!sp) return nullptr;
     q.last_window = std::move(sp);
@@ -118,6 +120,17 @@ uint8_t* peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, 
 }
 
 }  // namespace
+
+// The plain resolutions, for requester_odp.cc.
+bool plain_local_segment(ProcessQp& q, const shm::Sge& sge, bool write, Seg& out) {
+  return local_segment(q, sge, write, out);
+}
+uint8_t* plain_peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
+  return peer_address(q, p, key, addr, len, need);
+}
+const MrEntry* checked_peer_key(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need) {
+  return peer_key(*q.ctx->st, p, key, addr, len, need);
+}
 
 Peer* resolve_peer(ProcessQp& q) {
   uint32_t dest = q.entry->dest_qpn.load(std::memory_order_relaxed);
@@ -272,6 +285,7 @@ Outcome send_to(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   Seg remote[shm::kMaxSge];
   uint32_t nr = 0;
   if (core::Check c = resolve_recv(q, p, r, total, remote, nr); c != core::Check::kOk) {
+    if (q.odp_seen) return odp_send_into(q, p, w, r);
     // The responder's receive completes in error; what the requester sees
     // is the same check's (core::verdict, IBTA 9.7.5.2).
     push_recv_completion(q, p, r, core::verdict(c).receive_status, 0, w);
@@ -390,7 +404,7 @@ Outcome flush_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
 
 // A request to a peer in shared memory, by the kind its opcode rule names
 // (wr_rules.h; validate_wr() accepted it for this QP type).
-Outcome execute_kind(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+Outcome execute_plain(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   switch (wr_rule(w.opcode).kind) {
     case WrKind::kSend: return send_to(q, p, w);
     case WrKind::kWrite: return write_to(q, p, w);
@@ -402,9 +416,13 @@ Outcome execute_kind(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   }
 }
 
-// ... counted (counting.h) when it was carried out.
+// A key that names ODP memory stops the plain path before it changed
+// anything (odp_seen); the request is then carried out by requester_odp.cc.
+// Either way it is counted (counting.h) when it was carried out.
 Outcome execute_at(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
-  const Outcome o = execute_kind(q, p, w);
+  q.odp_seen = false;
+  Outcome o = execute_plain(q, p, w);
+  if (o.step == Step::kError && q.odp_seen) [[unlikely]] o = execute_odp(q, p, w);
   const WrRule& r = wr_rule(w.opcode);
   if (o.step == Step::kDone) count_done<false>(*q.hdr, *p.hdr, r.kind, r.flags & kWrRecv, o.byte_len);
   return o;
@@ -434,34 +452,6 @@ Outcome execute_xrc(ProcessQp& q, const shm::SendWqe& w) {
 
 }  // namespace
 
-// `owed`: a record of this completion (sq_running), cleared as it is
-// published, or at once when it cannot be.
-void push_send_completion(ProcessQp& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
-                          shm::OwedRecord owed) {
-  ibv_wc wc{};
-  wc.wr_id = wr_id;
-  wc.status = status;
-  wc.opcode = op;
-  wc.byte_len = len;
-  wc.qp_num = q.qpn;
-  if (!q.send_cq->st->view.push(wc, true, owed)) owed.clear();
-}
-
-// Completes a request. The record that the request at the head of the send
-// queue is being carried out (sq_running) is cleared as its completion is
-// published (no completion for an unsignaled success: at once), so that a
-// poster killed at any instruction leaves the next holder of the send lock
-// either the completion or the record (complete_dead_run), not neither.
-// Requests that never entered the queue have no record: sq_running is 0.
-void complete(ProcessQp& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len) {
-  bool signaled = q.sq_sig_all || (w.send_flags & IBV_SEND_SIGNALED);
-  if (status == IBV_WC_SUCCESS && !signaled) {
-    q.hdr->sq_running.store(0, std::memory_order_relaxed);
-    return;
-  }
-  push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), status, len, &q.hdr->sq_running);
-}
-
 void fail(ProcessQp& q, const shm::SendWqe& w, const Outcome& o) {
   SV_TRACE("QP 0x%x: wr_id %llu failed: %s", q.qpn, (unsigned long long)w.wr_id, ibv_wc_status_str(o.status));
   if (!q.peer || !q.peer->mediated) count_error(*q.hdr, o.status);  // the daemon counts a mediated one
@@ -484,17 +474,6 @@ Outcome execute_rc_mediated(ProcessQp& q, const shm::SendWqe& w) {
   if (!p) return {Step::kRetry};
   if (!p->mediated) return execute_at(q, *p, w);
   return execute_mediated(q, w);
-}
-
-void capture_inline(shm::SendWqe& w) {
-  if (!(w.send_flags & IBV_SEND_INLINE) || (w.send_flags & kInlineCaptured)) return;
-  uint32_t off = 0;
-  for (uint32_t i = 0; i < w.num_sge; ++i) {
-    std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
-    off += w.sge[i].length;
-  }
-  w.inline_len = off;
-  w.send_flags |= kInlineCaptured;
 }
 
 // IBTA 9.8: an unreliable connection has no acknowledgements. A message the
@@ -610,9 +589,16 @@ inline Peer* attached_peer(ProcessQp& q) {
 // at the responder; the requester fails on RC only.
 [[gnu::noinline]] void fast_receive_fault(ProcessQp& q, Peer& p, const shm::RecvWqe& r, core::Check c,
                                           const ibv_send_wr* wr, uint32_t opcode) {
-  push_recv_completion(q, p, r.wr_id, core::verdict(c).receive_status, 0, opcode, wr->send_flags, wr->imm_data, 0);
   shm::SendWqe w;
   to_send_wqe(q, wr, w);
+  if (q.odp_seen) {  // a receive buffer in ODP memory
+    const Outcome o = odp_send_into(q, p, w, r);
+    if (o.step == Step::kDone) complete(q, w, IBV_WC_SUCCESS, o.byte_len);
+    else if (q.type == IBV_QPT_UC) complete(q, w, IBV_WC_SUCCESS, 0);
+    else fail(q, w, o);
+    return;
+  }
+  push_recv_completion(q, p, r.wr_id, core::verdict(c).receive_status, 0, opcode, wr->send_flags, wr->imm_data, 0);
   if (q.type == IBV_QPT_UC)
     complete(q, w, IBV_WC_SUCCESS, 0);
   else

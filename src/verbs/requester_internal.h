@@ -2,6 +2,7 @@
 // (requester.cc) that its UD part (requester_ud.cc) uses too. Not an API.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "common/responder_core.h"
 #include "verbs/provider.h"
@@ -75,5 +76,20 @@ bool may_pipeline(ProcessQp& q, const shm::SendWqe& w);
 bool pipelines_now(ProcessQp& q, const shm::SendWqe& w);  // and nothing waits before it (room made)
 bool pipeline_queued(ProcessQp& q);
 int post_pipelined(ProcessQp& q, shm::SendWqe& w, bool& queued);
+
+// On-demand-paging memory (requester_odp.cc): the plain resolutions it
+// uses for the other keys; a request one of whose keys named ODP memory
+// (the plain path stopped with odp_seen set, having changed nothing); a
+// SEND whose receive `r`, already taken, has a buffer in ODP memory.
+bool plain_local_segment(ProcessQp& q, const shm::Sge& sge, bool write, Seg& out);
+uint8_t* plain_peer_address(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need);
+const MrEntry* checked_peer_key(ProcessQp& q, const Peer& p, uint32_t key, uint64_t addr, uint64_t len, uint32_t need);
+Outcome execute_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w);
+Outcome odp_send_into(ProcessQp& q, Peer& p, const shm::SendWqe& w, const shm::RecvWqe& r);
+// UD (requester_ud.cc): a message's receive `r` with an ODP buffer, from
+// `src` in this process's view (the check that failed, or kOk); a source
+// list with ODP pieces, read into `stage` (false: a local protection error).
+core::Check odp_scatter(ProcessQp& q, Peer& p, const shm::RecvWqe& r, const Seg* src, int ns, uint64_t total);
+bool odp_source(ProcessQp& q, const shm::SendWqe& w, std::vector<uint8_t>& stage, Seg* out, int& n, uint64_t& total);
 
 }  // namespace sv::verbs

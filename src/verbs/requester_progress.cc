@@ -2,13 +2,16 @@
 // stalled head request's retries (IBTA 9.7.5.2.8 RNR, 9.7.6.1.3 timeouts),
 // the progress thread's run over a queue, and what a sharer killed while
 // holding the send lock left behind (a torn receive, a request carried out
-// but not completed). The requests themselves are requester.cc's.
+// but not completed), and how a request's completion is published. The
+// requests themselves are requester.cc's.
 #include <csignal>
+#include <cstring>
 
 #include "common/trace.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
 #include "verbs/transport.h"
+#include "verbs/wr_rules.h"
 
 namespace sv::verbs {
 namespace {
@@ -29,6 +32,34 @@ uint64_t retry_delay_ns(ProcessQp& q, Step s) {
 }
 
 }  // namespace
+
+// `owed`: a record of this completion (sq_running), cleared as it is
+// published, or at once when it cannot be.
+void push_send_completion(ProcessQp& q, uint64_t wr_id, ibv_wc_opcode op, ibv_wc_status status, uint32_t len,
+                          shm::OwedRecord owed) {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = status;
+  wc.opcode = op;
+  wc.byte_len = len;
+  wc.qp_num = q.qpn;
+  if (!q.send_cq->st->view.push(wc, true, owed)) owed.clear();
+}
+
+// Completes a request. The record that the request at the head of the send
+// queue is being carried out (sq_running) is cleared as its completion is
+// published (no completion for an unsignaled success: at once), so that a
+// poster killed at any instruction leaves the next holder of the send lock
+// either the completion or the record (complete_dead_run), not neither.
+// Requests that never entered the queue have no record: sq_running is 0.
+void complete(ProcessQp& q, const shm::SendWqe& w, ibv_wc_status status, uint32_t len) {
+  bool signaled = q.sq_sig_all || (w.send_flags & IBV_SEND_SIGNALED);
+  if (status == IBV_WC_SUCCESS && !signaled) {
+    q.hdr->sq_running.store(0, std::memory_order_relaxed);
+    return;
+  }
+  push_send_completion(q, w.wr_id, send_wc_opcode(w.opcode), status, len, &q.hdr->sq_running);
+}
 
 // Decides what a stalled head request does next; returns false when it failed for good.
 bool stall(ProcessQp& q, Step s) {
@@ -151,6 +182,18 @@ bool progress_qp(ProcessQp& q) {
     }
     complete(q, w, IBV_WC_SUCCESS, o.byte_len);
   }
+}
+
+// IBV_SEND_INLINE's payload, copied into the WQE before it waits.
+void capture_inline(shm::SendWqe& w) {
+  if (!(w.send_flags & IBV_SEND_INLINE) || (w.send_flags & kInlineCaptured)) return;
+  uint32_t off = 0;
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(w.sge[i].addr), w.sge[i].length);
+    off += w.sge[i].length;
+  }
+  w.inline_len = off;
+  w.send_flags |= kInlineCaptured;
 }
 
 }  // namespace sv::verbs

@@ -75,10 +75,14 @@ bool deliver_ud(ProcessQp& q, Peer& p, const shm::SendWqe& w, const Seg* local, 
   Seg remote[shm::kMaxSge];
   uint32_t nr = 0;
   if (core::Check c = resolve_recv(q, p, r, total + 40, remote, nr); c != core::Check::kOk) {
-    push_recv_completion(q, p, r, core::verdict(c).receive_status, 0, w);  // the responder's error; the sender never knows
-    return false;
+    if (q.odp_seen) c = odp_scatter(q, p, r, src, nl + 1, total + 40);  // a buffer in ODP memory
+    if (c != core::Check::kOk) {
+      push_recv_completion(q, p, r, core::verdict(c).receive_status, 0, w);  // the responder's error; the sender never knows
+      return false;
+    }
+  } else {
+    copy_segments(remote, int(nr), src, nl + 1, total + 40);
   }
-  copy_segments(remote, int(nr), src, nl + 1, total + 40);
   ibv_wc wc = core::receive_completion(r.wr_id, IBV_WC_SUCCESS, w.opcode, uint32_t(total + 40), p.qpn, q.qpn,
                                        w.imm_data, 0);
   if (w.ud_grh) wc.wc_flags |= IBV_WC_GRH;
@@ -108,7 +112,10 @@ Outcome execute_ud(ProcessQp& q, const shm::SendWqe& w) {
   int nl = 0;
   uint64_t total = 0;
   ibv_wc_status err = IBV_WC_SUCCESS;
-  if (!gather(q, w, local, nl, total, err)) return {Step::kError, err};
+  std::vector<uint8_t> stage;  // a source in ODP memory, read first
+  q.odp_seen = false;
+  if (!gather(q, w, local, nl, total, err) && !(q.odp_seen && odp_source(q, w, stage, local, nl, total)))
+    return {Step::kError, q.odp_seen ? IBV_WC_LOC_PROT_ERR : err};
   if (total > 4096) return {Step::kError, IBV_WC_LOC_LEN_ERR};  // larger than the path MTU
   // Sent, whether or not anyone receives it (counting.h).
   counters::bump(q.hdr->req_counts[counters::kReqOps], 1);

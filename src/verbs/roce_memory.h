@@ -10,11 +10,13 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "common/access.h"
 #include "common/responder_core.h"
 #include "roce/engine.h"
+#include "verbs/odp.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
@@ -69,11 +71,27 @@ class OwnMemory : public roce::Memory {
       fn(p);
       return true;
     }
+    if (e->backing == shm::kOdpBacking) {  // no pointer to it: the caller copies (odp_)
+      odp_ = {true, odp_owner(*e), access::file_offset(*e, addr)};
+      return false;
+    }
     std::shared_ptr<Window> w = window_for(*q_.ctx->st, *e, key);
     if (!w) return false;
     fn(w->at(access::file_offset(*e, addr)));
     return true;
   }
+
+  // On-demand-paging memory (docs/MEMORY.md): access() granted the key but
+  // has no pointer; the bytes are copied through the registrant's pinned
+  // address space (verbs/odp.h), a hole failing as the key would. Set only by access(),
+  // taken by its caller at once.
+  struct OdpTarget {
+    bool set = false;
+    OdpOwner owner{};
+    uint64_t at = 0;
+  };
+  OdpTarget odp_;
+  OdpTarget take_odp() { return std::exchange(odp_, OdpTarget{}); }
 
   const uint8_t* local_view(uint32_t lkey, uint64_t addr, size_t len) override {
     if (lkey == 0 || len == 0) return nullptr;  // inline data is copied from its slot
@@ -99,30 +117,46 @@ class OwnMemory : public roce::Memory {
       std::memcpy(out.data(), p, out.size());
       return true;
     }
-    return access(lkey, addr, out.size(), 0, false, [&](uint8_t* p) { std::memcpy(out.data(), p, out.size()); });
+    if (access(lkey, addr, out.size(), 0, false, [&](uint8_t* p) { std::memcpy(out.data(), p, out.size()); }))
+      return true;
+    const OdpTarget o = take_odp();
+    return o.set && odp_read(o.owner, o.at, out.data(), out.size());
   }
   bool local_write(uint32_t lkey, uint64_t addr, std::span<const uint8_t> in) override {
-    return access(lkey, addr, in.size(), IBV_ACCESS_LOCAL_WRITE, false,
-                  [&](uint8_t* p) { std::memcpy(p, in.data(), in.size()); });
+    if (access(lkey, addr, in.size(), IBV_ACCESS_LOCAL_WRITE, false,
+               [&](uint8_t* p) { std::memcpy(p, in.data(), in.size()); }))
+      return true;
+    const OdpTarget o = take_odp();
+    return o.set && odp_write(o.owner, o.at, in.data(), in.size());
   }
   bool remote_check(uint32_t rkey, uint64_t va, uint64_t len, uint32_t need) override {
-    return access(rkey, va, len, need, true, [](uint8_t*) {});
+    return access(rkey, va, len, need, true, [](uint8_t*) {}) || take_odp().set;
   }
   bool remote_write(uint32_t rkey, uint64_t va, std::span<const uint8_t> in) override {
     // The last byte last, so a poller of a buffer's final byte (perftest's
     // latency tests) sees the message whole (core::store_tail_last).
-    return access(rkey, va, in.size(), IBV_ACCESS_REMOTE_WRITE, true,
-                  [&](uint8_t* p) { core::store_tail_last(p, in.data(), in.size()); });
+    if (access(rkey, va, in.size(), IBV_ACCESS_REMOTE_WRITE, true,
+               [&](uint8_t* p) { core::store_tail_last(p, in.data(), in.size()); }))
+      return true;
+    const OdpTarget o = take_odp();
+    return o.set && odp_write(o.owner, o.at, in.data(), in.size());
   }
   bool remote_read(uint32_t rkey, uint64_t va, std::span<uint8_t> out) override {
-    return access(rkey, va, out.size(), IBV_ACCESS_REMOTE_READ, true,
-                  [&](uint8_t* p) { std::memcpy(out.data(), p, out.size()); });
+    if (access(rkey, va, out.size(), IBV_ACCESS_REMOTE_READ, true,
+               [&](uint8_t* p) { std::memcpy(out.data(), p, out.size()); }))
+      return true;
+    const OdpTarget o = take_odp();
+    return o.set && odp_read(o.owner, o.at, out.data(), out.size());
   }
   bool remote_atomic(uint32_t rkey, uint64_t va, bool cas, uint64_t compare_add, uint64_t swap,
                      uint64_t* orig) override {
     // On the shared page: atomic with respect to local QPs too (core::apply_atomic).
-    return access(rkey, va, 8, IBV_ACCESS_REMOTE_ATOMIC, true,
-                  [&](uint8_t* p) { *orig = core::apply_atomic(reinterpret_cast<uint64_t*>(p), cas, compare_add, swap); });
+    if (access(rkey, va, 8, IBV_ACCESS_REMOTE_ATOMIC, true,
+               [&](uint8_t* p) { *orig = core::apply_atomic(reinterpret_cast<uint64_t*>(p), cas, compare_add, swap); }))
+      return true;
+    // ODP memory: under the lock every RDMA atomic on ODP memory takes.
+    const OdpTarget o = take_odp();
+    return o.set && odp_atomic(*q_.ctx->st, o.owner, o.at, cas, compare_add, swap, orig);
   }
 
   // IBTA annex A19 from the wire, through the responder core.
@@ -139,8 +173,10 @@ class OwnMemory : public roce::Memory {
     const core::Extent x = core::flush_extent(*e, level, va, len);
     if (!granted(rkey, x.addr, x.len, need, true)) return core::Check::kRemoteKey;
     bool ok = core::apply_flush(nullptr, 0, placement);  // the fence (and all of a zero-length range)
+    // ODP memory: process memory, the fence is all (docs/MEMORY.md).
     if (x.len && !access(rkey, x.addr, x.len, need, true,
-                         [&](uint8_t* p) { ok = core::apply_flush(p, x.len, placement); }))
+                         [&](uint8_t* p) { ok = core::apply_flush(p, x.len, placement); }) &&
+        !take_odp().set)
       return core::Check::kRemoteKey;
     return ok ? core::Check::kOk : core::Check::kResponderFault;
   }

@@ -356,6 +356,21 @@ bool write_all(int fd, const void* p, size_t n) {
         r.status = ibv_dereg_mr(s.mr);
         if (!r.status) s.mr = nullptr;
         break;
+      case Peer::kOdpOrphan: {
+        ibv_mr* m = ibv_reg_mr(s.pd, nullptr, SIZE_MAX,
+                               IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                   IBV_ACCESS_REMOTE_READ);
+        r.status = m ? 0 : errno;
+        r.info.rkey = m ? m->rkey : 0;
+        if (m) {
+          pid_t g = ::fork();
+          if (g == 0) {
+            for (;;) ::pause();
+          }
+          r.value = uint64_t(g);
+        }
+        break;
+      }
       case Peer::kExit:
         s.close();
         write_all(fd, &r, sizeof(r));
@@ -478,6 +493,14 @@ uint64_t Peer::checksum(uint64_t off, uint64_t len) {
   c.b = off;
   c.c = len;
   return call(c).value;
+}
+
+uint32_t Peer::odp_orphan(pid_t* orphan) {
+  Cmd c{};
+  c.op = kOdpOrphan;
+  Reply r = call(c);
+  *orphan = r.status ? pid_t(r.status) : pid_t(r.value);
+  return r.status ? 0 : r.info.rkey;
 }
 
 int Peer::restart(uint32_t dest_qpn) {

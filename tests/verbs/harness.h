@@ -67,7 +67,7 @@ struct PeerInfo {
 // A second process holding its own Side.
 class Peer {
  public:
-  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop, kMcast, kRestart };
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop, kMcast, kRestart, kOdpOrphan };
   struct Cmd {
     uint32_t op;
     uint32_t a;
@@ -110,6 +110,11 @@ class Peer {
   int restart(uint32_t dest_qpn);
   // ibv_attach_mcast (attach) or ibv_detach_mcast on the peer's QP; its result.
   int mcast(bool attach, const ibv_gid& gid, uint16_t lid);
+  // ibv_reg_mr(NULL, SIZE_MAX, ON_DEMAND | local/remote write/read): an
+  // implicit ODP MR of the peer; then the peer forks a child that inherits
+  // its connection to the daemon and sleeps (its pid in *orphan). The key,
+  // or 0 with *orphan the errno.
+  uint32_t odp_orphan(pid_t* orphan);
   pid_t pid() const { return pid_; }
   void kill9();
 

@@ -1,0 +1,79 @@
+// odp_copies.cc: see odp_copies.h.
+#include "daemon/odp_copies.h"
+
+#include <fcntl.h>
+
+#include <chrono>
+#include <system_error>
+#include <thread>
+
+namespace sv::daemon {
+
+OdpCopies::OdpCopies(int done_fd) : s_(std::make_shared<Shared>()) {
+  s_->done_fd.reset(::fcntl(done_fd, F_DUPFD_CLOEXEC, 0));
+}
+
+void OdpCopies::start(MediatedCopy c, uint64_t piece) {
+  auto r = std::make_shared<Run>();
+  r->pid = c.job->odp_pid();
+  {
+    std::lock_guard<std::mutex> g(s_->mu);
+    int running = 0;
+    for (const auto& o : s_->runs) running += o->pid == r->pid && !o->abandoned;
+    if (running >= kPerRegistrant) {
+      s_->done.push_back(std::move(c));
+      s_->done.back().job->failed = true;
+      eventfd_signal(s_->done_fd.get());
+      return;
+    }
+    r->c = std::move(c);
+    s_->runs.push_back(r);
+  }
+  try {
+    std::thread(run, s_, r, piece).detach();
+  } catch (const std::system_error&) {
+    std::lock_guard<std::mutex> g(s_->mu);
+    s_->runs.remove(r);
+    r->c.job->failed = true;
+    s_->done.push_back(std::move(r->c));
+    eventfd_signal(s_->done_fd.get());
+  }
+}
+
+// The thread: the whole copy, a piece at a time (MediationJob::step checks
+// the registrant's liveness and `revoked` before each, and lands a piece
+// only while not revoked).
+void OdpCopies::run(std::shared_ptr<Shared> s, std::shared_ptr<Run> r, uint64_t piece) {
+  MediationJob* job = r->c.job.get();
+  while (job->step(piece)) {
+  }
+  std::lock_guard<std::mutex> g(s->mu);
+  s->runs.remove(r);
+  if (r->abandoned) return;
+  s->done.push_back(std::move(r->c));
+  eventfd_signal(s->done_fd.get());
+}
+
+void OdpCopies::revoke(const std::function<bool(const MediationJob&)>& hit) {
+  std::lock_guard<std::mutex> g(s_->mu);
+  for (const auto& r : s_->runs) {
+    if (r->abandoned || !hit(*r->c.job)) continue;
+    MediationJob& job = *r->c.job;
+    job.revoked.store(true, std::memory_order_release);
+    // A piece landing now ends within this wait unless it is a write into
+    // ODP memory held by its own fault; either way none starts after.
+    if (job.land_mu.try_lock_for(std::chrono::milliseconds(50))) job.land_mu.unlock();
+    r->abandoned = true;
+    s_->done.push_back({r->c.client, r->c.h, job.failed_copy()});
+  }
+  eventfd_signal(s_->done_fd.get());
+}
+
+std::deque<MediatedCopy> OdpCopies::take_done() {
+  std::deque<MediatedCopy> out;
+  std::lock_guard<std::mutex> g(s_->mu);
+  out.swap(s_->done);
+  return out;
+}
+
+}  // namespace sv::daemon

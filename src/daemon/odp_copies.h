@@ -1,0 +1,69 @@
+// odp_copies.h: mediated copies that touch on-demand-paging memory
+// (docs/MEMORY.md, "On-demand paging"). Such a copy faults on mappings its
+// registrant controls and may wait for as long as the registrant wants (a
+// FUSE page whose READ is never answered), so none runs on the daemon's
+// loop or on the copy worker that other users' copies share: each runs on
+// a thread of its own, a bounded number per registrant, and the loop never
+// waits for one. A copy whose registrant exits, or whose MR is
+// deregistered, completes in error at once (revoke); its thread, if it is
+// stuck, is left to end when the fault does, and its result is dropped.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+
+#include "common/protocol.h"
+#include "common/sys.h"
+#include "daemon/mediation.h"
+
+namespace sv::daemon {
+
+// A deferred mediated operation: its request's header (for the reply) and
+// its copy.
+struct MediatedCopy {
+  uint32_t client;
+  proto::Header h;
+  std::unique_ptr<MediationJob> job;
+};
+
+class OdpCopies {
+ public:
+  // Copies running over one registrant's memory at most; more fail at once.
+  static constexpr int kPerRegistrant = 4;
+  // `done_fd`: an eventfd signalled when copies are done (duplicated).
+  explicit OdpCopies(int done_fd);
+  // Starts the copy on a thread of its own (or fails it at once, beyond the
+  // bound or if no thread can be made).
+  void start(MediatedCopy c, uint64_t piece);
+  // Every running copy `hit` names is revoked and completes in error now;
+  // no byte of it lands after this returns, save in ODP memory whose own
+  // fault holds the copy (that registrant's own memory, docs/MEMORY.md).
+  void revoke(const std::function<bool(const MediationJob&)>& hit);
+  // The copies done (or failed) since the last call.
+  std::deque<MediatedCopy> take_done();
+
+ private:
+  struct Run {
+    MediatedCopy c;
+    pid_t pid = 0;
+    bool abandoned = false;  // completed in error by revoke(); the thread's result is dropped
+  };
+  // What the threads share with the loop; it outlives the server for a
+  // thread still stuck when the daemon stops.
+  struct Shared {
+    std::mutex mu;
+    std::deque<MediatedCopy> done;
+    std::list<std::shared_ptr<Run>> runs;
+    Fd done_fd;
+  };
+  static void run(std::shared_ptr<Shared> s, std::shared_ptr<Run> r, uint64_t piece);
+  std::shared_ptr<Shared> s_;
+};
+
+}  // namespace sv::daemon
