@@ -239,6 +239,27 @@ TEST(SharedMemoryFile, TruncationFailsAccessBeyondTheEndAndKillsNoOne) {
   }
 }
 
+// A buffer on the calling thread's own stack (the backing file's
+// conversion would stop the thread): registered through its owner, a
+// peer's WRITE lands in it and its READ returns it.
+TEST(SharedMemoryFile, ABufferOnTheCallersStackRegisters) {
+  Pair t;
+  ASSERT_TRUE(t.ok);
+  alignas(64) uint8_t stack_buf[16384];
+  std::memset(stack_buf, 0, sizeof stack_buf);
+  ibv_mr* mr = ibv_reg_mr(t.me.pd, stack_buf, sizeof stack_buf, kAccess);
+  ASSERT_NE(nullptr, mr) << strerror(errno);
+  const uint64_t base = uint64_t(uintptr_t(stack_buf));
+  ibv_wc wc = t.peer.post(IBV_WR_RDMA_WRITE, 0, 5000, base + 7, mr->rkey);
+  ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(t.peer.checksum(0, 5000), checksum(stack_buf + 7, 5000));
+  for (size_t i = 0; i < 4096; i++) stack_buf[8192 + i] = pattern(4, i);
+  wc = t.peer.post(IBV_WR_RDMA_READ, 0, 4096, base + 8192, mr->rkey);
+  ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(checksum(stack_buf + 8192, 4096), t.peer.checksum(0, 4096));
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+}
+
 bool drop_ipc_lock() {
   __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct d[2]{};
