@@ -27,7 +27,7 @@ build) pkgs=("${build[@]}") ;;
 demo) pkgs=("${build[@]}" ibverbs-utils) ;;
 package) pkgs=("${build[@]}" libgmock-dev pkg-config dpkg-dev file) ;;
 test | bench | rxe)
-  pkgs=("${build[@]}" libgmock-dev pkg-config ibverbs-utils perftest rdmacm-utils libfabric-bin ucx-utils libucx-dev
+  pkgs=("${build[@]}" libgmock-dev pkg-config ibverbs-utils perftest rdmacm-utils libfabric-bin ucx-utils libucx-dev librpma-dev
         python3 python3-pyverbs iproute2 procps psmisc clang libclang-rt-14-dev tshark python3-scapy
         systemd dpkg-dev file)
   ;;

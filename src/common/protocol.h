@@ -156,8 +156,14 @@ struct RegMrReq {
   uint64_t length;
   uint64_t iova;
   uint32_t access;
-  uint32_t reserved;
+  uint32_t flags;  // RegOdpMr: kRegThroughOwner or 0; others: 0
 };
+// RegOdpMr for memory that cannot become the backing file's (shared
+// mappings, hugetlb, stacks: docs/MEMORY.md, "Every kind of memory"): the
+// MR is reached through its owner's address space as an ODP MR is, but it
+// is no ODP MR to the application: IBV_ACCESS_ON_DEMAND is refused with
+// it, and its pages count against RLIMIT_MEMLOCK as the kernel's pinning.
+inline constexpr uint32_t kRegThroughOwner = 1;
 
 struct RegMrReply {
   Header h;

@@ -79,6 +79,7 @@ void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t cl
 }
 
 int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+  if (req.flags) return EINVAL;
   if (int e = check_mr(b, req)) return e;
   return install_mr(client, req, true, 0, rep);
 }
@@ -91,9 +92,15 @@ int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& r
 // each access, by the kernel, in the accessor's copy through the
 // registrant's pinned address space (common/odp_memory.h), which the
 // daemon opens here once per client.
+// With proto::kRegThroughOwner, the same for memory the registrant cannot
+// share otherwise: not ON_DEMAND, not implicit, and charged as pinned.
 int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
   constexpr uint32_t kOdpAccess = kKnownAccess | IBV_ACCESS_ON_DEMAND;
-  if (!(req.access & IBV_ACCESS_ON_DEMAND) || (req.access & ~kOdpAccess)) return EINVAL;
+  const bool through_owner = req.flags == proto::kRegThroughOwner;
+  if (req.flags & ~proto::kRegThroughOwner) return EINVAL;
+  if (through_owner ? (req.access & ~kKnownAccess) || req.length == kImplicitOdpLength
+                    : !(req.access & IBV_ACCESS_ON_DEMAND) || (req.access & ~kOdpAccess))
+    return EINVAL;
   // The MR dies with its process: without a pidfd (Linux 5.3) the daemon
   // could not tell when (odp_owner_gone).
   auto c = clients_.find(client);
@@ -118,7 +125,7 @@ int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::Reg
     if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
     if (req.iova + req.length < req.iova) return EINVAL;
   }
-  return install_mr(client, r, false, 0, rep);
+  return install_mr(client, r, through_owner, 0, rep);
 }
 
 // The MR's key slot, entry and object; `charge`: its pages count as the

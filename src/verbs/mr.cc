@@ -126,7 +126,10 @@ int backed_registration(ContextState& st, void* addr, size_t length, proto::RegM
 // nothing converted (docs/MEMORY.md, "On-demand paging"). Implicit ODP:
 // addr NULL and length SIZE_MAX name the whole address space (iova ==
 // address). Whether the pages are there is decided at each access.
-ibv_mr* reg_odp_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int access) {
+// Also (flags kRegThroughOwner) memory that cannot become the backing
+// file's: an MR reached through this process's address space as an ODP
+// MR is, charged as pinned (docs/MEMORY.md, "Every kind of memory").
+ibv_mr* reg_odp_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int access, uint32_t flags) {
   const bool implicit = !addr && length == SIZE_MAX;
   if (!implicit && (length == 0 || length > shm::kMaxMrSize || (!addr && !(access & IBV_ACCESS_ZERO_BASED)))) {
     errno = EINVAL;
@@ -144,11 +147,13 @@ ibv_mr* reg_odp_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int a
   req.length = implicit ? shm::kImplicitOdpLength : length;
   req.iova = implicit ? 0 : (access & IBV_ACCESS_ZERO_BASED) ? 0 : iova;
   req.access = uint32_t(access);
+  req.flags = flags;
   proto::RegMrReply rep{};
   if (int e = st.conn.call<proto::Op::RegOdpMr>(req, rep)) {
     if (e == EOPNOTSUPP)
-      std::fprintf(stderr, "softverbs: ibv_reg_mr: on-demand paging needs a pidfd of this process in the daemon "
-                           "(Linux 5.3), which it does not have\n");
+      std::fprintf(stderr, "softverbs: ibv_reg_mr: %s needs a pidfd of this process in the daemon (Linux 5.3), "
+                           "which it does not have\n",
+                   flags ? "memory other processes map too (or huge pages, or a stack)" : "on-demand paging");
     errno = e;
     return nullptr;
   }
@@ -168,7 +173,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int acces
   }
   access &= ~kOptionalAccess;
   access &= ~IBV_ACCESS_HUGETLB;  // a hint only
-  if (access & IBV_ACCESS_ON_DEMAND) return reg_odp_mr(ibpd, addr, length, iova, access);
+  if (access & IBV_ACCESS_ON_DEMAND) return reg_odp_mr(ibpd, addr, length, iova, access, 0);
   // Beyond the max_mr_size ibv_query_device reports is EINVAL, checked
   // before the (absent) memory is looked at, which would say EFAULT.
   if (length == 0 || length > shm::kMaxMrSize || (!addr && !(access & IBV_ACCESS_ZERO_BASED))) {
@@ -190,6 +195,9 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t iova, int acces
     return nullptr;
   };
   if (int e = backed_registration(st, addr, length, req, rep)) {
+    // Memory whose pages cannot become the backing file's (shared with
+    // other mappings, huge pages, a stack) is reached through this process.
+    if (e == EOPNOTSUPP) return reg_odp_mr(ibpd, addr, length, iova, access, proto::kRegThroughOwner);
     errno = e;
     return nullptr;
   }
@@ -375,8 +383,9 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
     return input_error();
   Mr* mr = to_mr(ibmr);
   ContextState& st = ctx_state(ibmr->context);
-  if (current_access(st, *ibmr) & IBV_ACCESS_ON_DEMAND) {
-    std::fprintf(stderr, "softverbs: ibv_rereg_mr: an ODP MR is not re-registered; register it anew\n");
+  if (const MrEntry* e = st.mr(ibmr->lkey); e && e->backing == shm::kOdpBacking) {
+    std::fprintf(stderr, "softverbs: ibv_rereg_mr: an MR reached through its process's address space (ODP, or "
+                         "memory other mappings share) is not re-registered; register it anew\n");
     errno = EOPNOTSUPP;
     return int(IBV_REREG_MR_ERR_CMD);
   }

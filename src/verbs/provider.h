@@ -599,7 +599,7 @@ void fill_device_attr(ibv_device_attr& a);
 // Registration and DMA handles of IBVERBS_1.15-1.17 (mr_ex.cc), the
 // verbs_context ops v64 added; reg_mr is ibv_reg_mr_iova2's (mr.cc).
 ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access);
-ibv_mr* reg_odp_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access);
+ibv_mr* reg_odp_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access, uint32_t flags = 0);
 int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge);
 ibv_mr* reg_mr_ex(ibv_pd* pd, abi::MrInitAttr* attr);
 ibv_mr* reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access);

@@ -180,6 +180,43 @@ int qp_to_rts(ibv_context* c, ibv_qp* qp, uint32_t dest) {
                            IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+bool RcEnd::open() {
+  ctx = open_dev();
+  if (!ctx || !(pd = ibv_alloc_pd(ctx)) || !(cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0))) return false;
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  return (qp = ibv_create_qp(pd, &ia)) &&
+         qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC) == 0;
+}
+
+int RcEnd::post(ibv_wr_opcode op, void* local, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(local), len, lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = op;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    wr.wr.atomic.remote_addr = raddr;
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.compare_add = 1;
+  } else {
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+  }
+  if (ibv_post_send(qp, &wr, &bad)) return -1;
+  for (int spins = 0; spins < 50'000'000; ++spins) {
+    ibv_wc wc{};
+    const int n = ibv_poll_cq(cq, 1, &wc);
+    if (n < 0) return -1;
+    if (n == 1) return wc.status;
+  }
+  return -1;
+}
+
 RawConn::RawConn(const std::string& socket_path) { sv::connect_seqpacket(socket_path, sock_); }
 
 int RawConn::send_raw(const void* msg, size_t len, std::span<const int> fds, std::vector<sv::Fd>* got, void* reply,

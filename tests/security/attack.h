@@ -45,6 +45,19 @@ int sealed_backing(size_t len);
 int qp_to_init(ibv_qp* qp, int access);
 int qp_to_rts(ibv_context* c, ibv_qp* qp, uint32_t dest);
 
+// One process's end of a connected pair: a context, PD, CQ and RC QP in
+// INIT with remote read, write and atomics allowed (open()); post() sends
+// one signalled request (FETCH_AND_ADD adds 1) and returns its completion
+// status, or -1.
+struct RcEnd {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  bool open();
+  int post(ibv_wr_opcode op, void* local, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey);
+};
+
 class RawConn;
 // Hello on a raw connection (the device segment it answers with dropped); true if answered 0.
 bool raw_hello(RawConn& raw);

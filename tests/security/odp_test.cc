@@ -21,51 +21,6 @@ constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCE
 constexpr size_t kLen = 3 * 4096;
 constexpr uint8_t kSecret = 0x5e;
 
-// An RC QP of this process's context, with a CQ; post() waits for its completion.
-struct Rc {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_qp* qp = nullptr;
-
-  bool open() {
-    ctx = open_dev();
-    if (!ctx || !(pd = ibv_alloc_pd(ctx)) || !(cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0))) return false;
-    ibv_qp_init_attr ia{};
-    ia.send_cq = ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
-    return (qp = ibv_create_qp(pd, &ia)) &&
-           qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC) == 0;
-  }
-
-  int post(ibv_wr_opcode op, void* local, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey) {
-    ibv_sge sge{reinterpret_cast<uintptr_t>(local), len, lkey};
-    ibv_send_wr wr{}, *bad = nullptr;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = op;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-      wr.wr.atomic.remote_addr = raddr;
-      wr.wr.atomic.rkey = rkey;
-      wr.wr.atomic.compare_add = 1;
-    } else {
-      wr.wr.rdma.remote_addr = raddr;
-      wr.wr.rdma.rkey = rkey;
-    }
-    if (ibv_post_send(qp, &wr, &bad)) return -1;
-    for (int spins = 0; spins < 50'000'000; ++spins) {
-      ibv_wc wc{};
-      int n = ibv_poll_cq(cq, 1, &wc);
-      if (n < 0) return -1;
-      if (n == 1) return wc.status;
-    }
-    return -1;
-  }
-};
-
 struct Target {
   uint32_t qpn, rkey;
   uint64_t addr;  // the MR's first byte (the middle page)
@@ -85,7 +40,7 @@ void odp_across(bool peer_is_nobody, Outcome& got, Changed& changed) {
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
   Child root(false, [](int sock) {
-    Rc me;
+    RcEnd me;
     if (!me.open()) return 10;
     auto* buf = static_cast<uint8_t*>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (buf == MAP_FAILED) return 11;
@@ -103,7 +58,7 @@ void odp_across(bool peer_is_nobody, Outcome& got, Changed& changed) {
     return send_val(sock, c) ? 0 : 15;
   });
   Child peer(peer_is_nobody, [](int sock) {
-    Rc me;
+    RcEnd me;
     if (!me.open()) return 20;
     static uint8_t mine[4096] __attribute__((aligned(4096)));
     ibv_mr* mr = ibv_reg_mr(me.pd, mine, sizeof(mine), kAll);
