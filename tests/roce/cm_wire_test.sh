@@ -9,7 +9,7 @@
 #
 #   cm_wire_test.sh SOURCE_DIR BIN_DIR CASE
 #   CASE: rping | rping6 | rping_q | rping_lossy | ucmatose | udaddy | rdma_server | send_bw | write_lat | read_bw |
-#         reject | no_listener | unreachable | peer_dies | capture | rtt | fi_pingpong | ucx | users
+#         reject | no_listener | unreachable | peer_dies | capture | rtt | fi_pingpong | ucx | users | rpma
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -242,6 +242,20 @@ case $case in
       check_rping "$case" 20
       on_wire "$case"
       no_errors "$case"
+    fi
+    ;;
+  rpma)
+    # librpma (tests/compat/rpma_pingpong.c over Debian's librpma): the
+    # server in h1 registers 256 KiB + 3 bytes of a memfd mapped MAP_SHARED
+    # (through its owner, docs/MEMORY.md), the client in h0 reads it all,
+    # writes it back complemented and flushes, over RoCEv2.
+    [ -x "$bin/rpma_pingpong" ] || { log "SKIP: rpma_pingpong not built (librpma-dev)"; exit $SKIP; }
+    start_daemons h0 h1
+    if pair rpma $TCP 7480 "$bin/rpma_pingpong" server "$a1" 7480 memfd 262147 -- \
+        "$bin/rpma_pingpong" client "$a1" 7480 262147; then
+      expect rpma server '^server PASS$' 1
+      expect rpma client '^client PASS$' 1
+      on_wire rpma
     fi
     ;;
   ucmatose)
