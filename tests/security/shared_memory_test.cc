@@ -1,15 +1,19 @@
 // Memory other mappings share, registered through its owner (docs/MEMORY.md,
 // "Every kind of memory"): root's MR is the middle page of three secret
-// pages of a memfd mapped MAP_SHARED. Another user (through the daemon) and
-// a peer of root's own (directly) read it, write 64 bytes and add 1 to a
-// word in it, then write 8 bytes straddling its end: exactly those bytes
-// change, seen through root's second mapping of the memfd, and nothing
-// around the MR does.
+// pages of shared memory of each kind (memfd, MAP_SHARED anonymous, SysV,
+// tmpfs and disk files). Another user (through the daemon) and a peer of
+// root's own (directly) read it, write 64 bytes and add 1 to a word in it,
+// then write 8 bytes straddling its end: exactly those bytes change, seen
+// through root's second mapping of the memory, and nothing around the MR
+// does.
 #include <gtest/gtest.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <iterator>
 
 #include "attack.h"
 
@@ -35,14 +39,46 @@ struct Changed {
   uint8_t word0;  // the low byte of the word the peer added 1 to
 };
 
-int root_side(int sock) {
+enum class Kind { kMemfd, kSharedAnonymous, kSysv, kTmpfsFile, kDiskFile };
+
+// kLen bytes of `kind`, mapped twice (mem, view); false if it cannot be made.
+bool map_twice(Kind kind, uint8_t*& mem, uint8_t*& view) {
+  int fd = -1;
+  switch (kind) {
+    case Kind::kSharedAnonymous:
+      mem = view = static_cast<uint8_t*>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+      return mem != MAP_FAILED;
+    case Kind::kSysv: {
+      const int id = shmget(IPC_PRIVATE, kLen, IPC_CREAT | 0600);
+      if (id < 0) return false;
+      mem = static_cast<uint8_t*>(shmat(id, nullptr, 0));
+      view = static_cast<uint8_t*>(shmat(id, nullptr, 0));
+      shmctl(id, IPC_RMID, nullptr);
+      return mem != reinterpret_cast<uint8_t*>(-1) && view != reinterpret_cast<uint8_t*>(-1);
+    }
+    case Kind::kMemfd: fd = memfd_create("shared_memory_test", MFD_CLOEXEC); break;
+    case Kind::kTmpfsFile:
+    case Kind::kDiskFile: {
+      char path[] = "/dev/shm/sv_shared_memory_test.XXXXXX";
+      char disk[] = "/var/tmp/sv_shared_memory_test.XXXXXX";
+      char* p = kind == Kind::kTmpfsFile ? path : disk;
+      fd = mkstemp(p);
+      unlink(p);
+      break;
+    }
+  }
+  if (fd < 0 || ftruncate(fd, kLen)) return false;
+  mem = static_cast<uint8_t*>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  view = static_cast<uint8_t*>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  return mem != MAP_FAILED && view != MAP_FAILED;
+}
+
+int root_side(Kind kind, int sock) {
   RcEnd me;
   if (!me.open()) return 10;
-  const int fd = memfd_create("shared_memory_test", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, kLen)) return 11;
-  auto* mem = static_cast<uint8_t*>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  auto* view = static_cast<uint8_t*>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  if (mem == MAP_FAILED || view == MAP_FAILED) return 11;
+  uint8_t *mem = nullptr, *view = nullptr;
+  if (!map_twice(kind, mem, view)) return 11;
   std::memset(mem, kSecret, kLen);
   ibv_mr* mr = ibv_reg_mr(me.pd, mem + 4096, 4096, kAll);
   if (!mr) return 12;
@@ -79,10 +115,10 @@ int peer_side(int sock) {
   return send_val(sock, o) ? 0 : 24;
 }
 
-void across(bool peer_is_nobody) {
+void across(bool peer_is_nobody, Kind kind) {
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
-  Child root(false, root_side);
+  Child root(false, [kind](int sock) { return root_side(kind, sock); });
   Child peer(peer_is_nobody, peer_side);
   root.start();
   peer.start();
@@ -112,8 +148,23 @@ void across(bool peer_is_nobody) {
   EXPECT_EQ(0, changed.outside) << "bytes beyond the MR changed";
 }
 
-TEST(SharedMemoryAcross, AnotherUserReachesExactlyTheKeysRangeOfRootsMemfd) { across(true); }
-TEST(SharedMemoryAcross, APeerOfTheSameUserReachesExactlyTheKeysRange) { across(false); }
+// Each kind of shared memory, another user (through the daemon) and a peer
+// of root's own (directly).
+constexpr Kind kKinds[] = {Kind::kMemfd, Kind::kSharedAnonymous, Kind::kSysv, Kind::kTmpfsFile, Kind::kDiskFile};
+constexpr const char* kKindNames[] = {"memfd", "MAP_SHARED|MAP_ANONYMOUS", "SysV", "tmpfs file", "disk file"};
+
+TEST(SharedMemoryAcross, AnotherUserReachesExactlyTheKeysRangeOfEachKind) {
+  for (size_t i = 0; i < std::size(kKinds); ++i) {
+    SCOPED_TRACE(kKindNames[i]);
+    across(true, kKinds[i]);
+  }
+}
+TEST(SharedMemoryAcross, APeerOfTheSameUserReachesExactlyTheKeysRangeOfEachKind) {
+  for (size_t i = 0; i < std::size(kKinds); ++i) {
+    SCOPED_TRACE(kKindNames[i]);
+    across(false, kKinds[i]);
+  }
+}
 
 }  // namespace
 }  // namespace shared_memory_test

@@ -261,6 +261,27 @@ TEST(SharedMemoryFile, ABufferOnTheCallersStackRegisters) {
   EXPECT_EQ(0, ibv_dereg_mr(mr));
 }
 
+// Memory unmapped under its MR: the peer's WRITE and READ complete with the
+// remote access error and neither process gets a signal.
+TEST(SharedMemoryFile, UnmappedMemoryFailsTheAccessAndKillsNoOne) {
+  Pair t;
+  ASSERT_TRUE(t.ok);
+  void* p = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(MAP_FAILED, p);
+  ibv_mr* mr = ibv_reg_mr(t.me.pd, p, kLen, kAccess);
+  ASSERT_NE(nullptr, mr) << strerror(errno);
+  const uint64_t base = uint64_t(uintptr_t(p));
+  ASSERT_EQ(0, munmap(static_cast<uint8_t*>(p) + kLen / 2, kLen / 2));
+  ibv_wc wc = t.peer.post(IBV_WR_RDMA_WRITE, 0, 256, base + 64, mr->rkey);
+  EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+  wc = t.peer.post(IBV_WR_RDMA_READ, 0, 256, base + kLen / 2 + 100, mr->rkey);
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, wc.status) << ibv_wc_status_str(wc.status);
+  int st = 0;
+  EXPECT_EQ(0, waitpid(t.peer.pid(), &st, WNOHANG)) << "the peer died";
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+  munmap(p, kLen / 2);
+}
+
 bool drop_ipc_lock() {
   __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct d[2]{};
