@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Container to container against process to process on the host and TCP
-# between the same two containers (issue 23, item 5), in one run.
+# between the same two containers, in one run.
 #   sudo bench/containers.sh [BUILD_DIR]
 # Host: ib_write_lat / ib_write_bw (Debian's perftest), two processes under
 # softverbs run (the shared-memory path). Containers: the same programs in
@@ -111,7 +111,7 @@ if "${base[@]}" --rm "$image" /usr/bin/qperf --version >/dev/null 2>&1; then
 fi
 out=bench/results/containers.md
 {
-  echo "# Containers (issue 23)"
+  echo "# Containers"
   echo
   echo "$(date -u +%F) on $(nproc) vCPUs, $(uname -r); bench/containers.sh, one run."
   echo "RDMA: Debian's perftest (ib_write_lat 8 B typical one-way latency; ib_write_bw 64 KiB average)."

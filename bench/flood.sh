@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Another user's ibv_open_device + ibv_reg_mr + 8 B ping-pong while one user
-# floods the system daemon, against idle, in interleaved rounds (issue 18's
-# "fair daemon"; bench/flood_bench.cc). Needs root (the flooder runs as
+# floods the system daemon, against idle, in interleaved rounds (the fair
+# daemon; bench/flood_bench.cc). Needs root (the flooder runs as
 # nobody). Writes bench/results/flood.md.
 #   bench/flood.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail

@@ -16,7 +16,7 @@
 //                   over an AF_UNIX SOCK_SEQPACKET socketpair (the daemon's
 //                   socket type) between two processes, blocking read and
 //                   write on both sides: what any control round trip costs
-//                   at least (issue 24: a daemon call at most 2x this;
+//                   at least (the goal: a daemon call at most 2x this;
 //                   ibv_import_pd is one daemon call, its unimport local)
 // and the owner times svx_publish and svx_unpublish of --iters names.
 // Every call goes to the daemon, so these numbers are daemon round trips.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""rsockets against TCP on the same path (issue 21): Debian's rstream.
+"""rsockets against TCP on the same path: Debian's rstream.
 
     bench/rsocket.py [BUILD_DIR] [--rounds 3]
 
@@ -62,7 +62,7 @@ def main():
                 for k, v in run(a.build, who == "tcp", d).items():
                     got[who].setdefault(k, []).append(v)
             sys.stderr.write("round %d/%d done\n" % (r + 1, a.rounds))
-    lines = ["# rsockets against TCP (issue 21)", "",
+    lines = ["# rsockets against TCP", "",
              "%s on %d vCPUs, kernel %s; Debian's rstream on 127.0.0.1, %d alternating rounds (bench/rsocket.py)."
              % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(), os.uname().release, a.rounds),
              "rsockets: softverbs' librdmacm under `softverbs run` (shared memory). TCP: `rstream -T s`.",

@@ -146,7 +146,7 @@ def extra_sections(R):
         pd, rt = R.agg("import", "import_pd", "median_ns"), R.agg("import", "unix_rt", "median_ns")
         if pd and rt:
             L += ["One control round trip (`ibv_import_pd` is one daemon call; its unimport is local) "
-                  "= %s the raw unix-socket round trip of the same run (issue 24's target: at most 2x)."
+                  "= %s the raw unix-socket round trip of the same run (the target: at most 2x)."
                   % fmt_ratio(pd / rt), ""]
     return L
 

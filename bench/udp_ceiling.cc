@@ -1,5 +1,5 @@
 // udp_ceiling: what the kernel alone moves between two hosts when given
-// RoCEv2 datagrams the way softverbs' sender gives them (issue 24, item 4's
+// RoCEv2 datagrams the way softverbs' sender gives them (the RoCE path's
 // baseline): UDP GSO sends of up to 62 datagrams of one size, each gathered
 // from three pieces (a 12-byte BTH from a header slot, the payload from a
 // 1 MiB buffer, the 4-byte ICRC after the header), through sendmmsg; the
@@ -14,7 +14,7 @@
 // MODE: plain (three pieces per datagram, as softverbs sends), merge (each
 // ICRC and the next header one piece: two per datagram), zerocopy (plain
 // with MSG_ZEROCOPY; completions read from the error queue). The last two
-// are the experiments of docs/ROCE.md, session 22. The sender prints its
+// are the experiments of docs/ROCE.md. The sender prints its
 // rate and its CPU time per send.
 // The receiver counts payload bytes (datagrams x PAYLOAD) from its first
 // datagram until nothing arrived for 300 ms (or SECONDS passed), and exits.

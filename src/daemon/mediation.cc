@@ -269,7 +269,7 @@ struct Mediation::Op {
   access::User responder() const { return {peer.pd, d.dest, qp_access}; }
 };
 
-// ---- Copies off the control loop (issue 18, finding 8) -------------------
+// ---- Copies off the control loop ------------------------------------------
 // A large mediated copy runs on the server's copy worker, a piece at a time.
 bool MediationJob::step(uint64_t max_bytes) {
   struct Stepping {

@@ -795,9 +795,9 @@ template <bool kFast>
   if (!need_progress && !q.sq.empty()) need_progress = true;  // as progress_pid says, even if this queued nothing
   if (locked) q.hdr->send_lock.unlock();
   // A full send queue is drained by someone's progress thread: ours too. The
-  // holder that queued those requests may have been killed since (issue 18,
-  // finding 11: every sharer got ENOMEM for good once the queue had filled
-  // behind a dead one's progress thread).
+  // holder that queued those requests may have been killed since (else
+  // every sharer would get ENOMEM for good once the queue had filled behind
+  // a dead one's progress thread).
   if ((need_progress || rc == ENOMEM) && !q.in_progress_list) progress_register(&q);
   return rc;
 }

@@ -90,7 +90,7 @@ Outcome execute_mediated(ProcessQp& q, const shm::SendWqe& w) {
   }
 }
 
-// ---- Pipelined requests (Op::MediatePost; docs/PERFORMANCE.md, session 18) --
+// ---- Pipelined requests (Op::MediatePost; docs/PERFORMANCE.md) -------------
 //
 // A mediated RC QP's requests are sent without waiting for the daemon, a
 // run of them at a time, and stay at the head of the send queue (counted
