@@ -68,6 +68,7 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
     e.fault_dropped += other->fault_dropped;
     e.fault_delayed += other->fault_delayed;
     e.fault_duplicated += other->fault_duplicated;
+    e.fault_corrupted += other->fault_corrupted;
     e.gso_sends += other->gso_sends;
     e.multicast += other->multicast;
   }
@@ -76,7 +77,7 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
                "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
                "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu wrong_source %lu bad_icrc %lu "
                "nonzero_ipv4_id %lu "
-               "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu multicast_received %lu\n",
+               "fault_dropped %lu fault_delayed %lu fault_duplicated %lu fault_corrupted %lu gso_sends %lu multicast_received %lu\n",
                qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
@@ -84,7 +85,7 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
                (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)s.wrong_source,
                (unsigned long)e.bad_icrc,
                (unsigned long)e.nonzero_ipv4_id, (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
-               (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
+               (unsigned long)e.fault_duplicated, (unsigned long)e.fault_corrupted, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
 }
 
 void CqSink::complete(const roce::Completion& c) {
@@ -145,6 +146,7 @@ roce::FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn) {
   f.duplicate = rep.dup_ppm / 1e6;
   f.reorder = rep.reorder_ppm / 1e6;
   f.reorder_delay_ns = uint64_t(rep.reorder_delay_us) * 1000;
+  f.corrupt = rep.corrupt_ppm / 1e6;
   f.seed = rep.seed ^ (uint64_t(qpn) << 32);
   return f;
 }
