@@ -18,8 +18,8 @@ struct FaultConfig {
   double duplicate = 0;      // probability a delivered datagram arrives twice
   double reorder = 0;        // probability a copy is held back by reorder_delay_ns
   uint64_t reorder_delay_ns = 50000;
-  double corrupt = 0;        // probability a delivered datagram has one bit flipped (its ICRC then fails)
   uint64_t seed = 1;
+  double corrupt = 0;        // probability a delivered datagram has one bit flipped (its ICRC then fails)
 };
 
 struct FaultDecision {
