@@ -10,8 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace sv::roce {
+
+struct FaultDecision;
 
 struct FaultConfig {
   double drop = 0;           // probability a datagram is lost
@@ -19,6 +22,9 @@ struct FaultConfig {
   double reorder = 0;        // probability a copy is held back by reorder_delay_ns
   uint64_t reorder_delay_ns = 50000;
   uint64_t seed = 1;
+  // Called with each decision that changes a datagram (lost, duplicated,
+  // delayed or corrupted) and the datagram as it was (a fault plan's log).
+  void (*log)(const FaultDecision& d, std::span<const uint8_t> packet) = nullptr;
   double corrupt = 0;        // probability a delivered datagram has one bit flipped (its ICRC then fails)
 };
 

@@ -227,6 +227,7 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
   if (d.copies == 2) stats_.fault_duplicated++;
+  if (faults_.config().log && (d.copies != 1 || d.corrupt || d.delay_ns[0])) faults_.config().log(d, packet);
   std::vector<uint8_t> flipped;
   if (d.corrupt && d.copies && !packet.empty()) {
     // One bit of the packet changes after its ICRC was computed: the

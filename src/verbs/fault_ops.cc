@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -68,13 +69,12 @@ const char* opcode_name(uint32_t op) {
 // One line per injected fault (SOFTVERBS_FAULTS_LOG), written whole with
 // one append.
 void log_fault(const ProcessQp& q, const shm::SendWqe& w, uint64_t op, ibv_wc_status s) {
-  const int fd = the_plan().log_fd;
-  if (fd < 0) return;
+  if (!fault_log_open()) return;
   char line[160];
   int n = std::snprintf(line, sizeof line, "wc qp=0x%x op=%llu wr_id=%llu opcode=%s status=%s\n", q.qpn,
                         (unsigned long long)op, (unsigned long long)w.wr_id, opcode_name(w.opcode),
                         faults::status_name(s));
-  if (n > 0 && ::write(fd, line, size_t(n)) < 0) return;
+  if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
 }
 
 // The execute of planned operations: the plan decides at a request's first
@@ -104,6 +104,10 @@ constexpr QpOps kPlannedMediated{"mediated (fault plan)", post_planned, execute_
 }  // namespace
 
 const faults::Plan& process_plan() { return the_plan().plan; }
+bool fault_log_open() { return the_plan().log_fd >= 0; }
+void fault_log_line(const char* line, size_t n) {
+  if (::write(the_plan().log_fd, line, n) < 0) return;  // a log that cannot be written loses the line, not the run
+}
 const std::string& process_plan_error() { return the_plan().error; }
 
 const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post) {

@@ -40,6 +40,11 @@ struct QpFaults {
 const faults::Plan& process_plan();
 const std::string& process_plan_error();
 
+// Whether SOFTVERBS_FAULTS_LOG is open, and one line (with its newline)
+// appended to it in one write.
+bool fault_log_open();
+void fault_log_line(const char* line, size_t n);
+
 // The operations `q` takes: `ops`, or the planned ones wrapping it when the
 // plan names a completion fault for q and the path is shared memory or
 // mediated (`slow_post`: that path's post without its fast path).
