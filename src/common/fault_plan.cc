@@ -179,8 +179,10 @@ std::string file_text(std::string_view contents) {
 }
 
 std::string from_environment(Plan& out) {
-  const char* text = std::getenv("SOFTVERBS_FAULTS");
-  const char* file = std::getenv("SOFTVERBS_FAULT_PLAN");
+  // secure_getenv: a set-user-ID or set-group-ID program is given no plan
+  // by whoever starts it.
+  const char* text = secure_getenv("SOFTVERBS_FAULTS");
+  const char* file = secure_getenv("SOFTVERBS_FAULT_PLAN");
   out = Plan{};
   if (text && file) return "SOFTVERBS_FAULTS and SOFTVERBS_FAULT_PLAN are both set: give one";
   if (text) {

@@ -30,8 +30,10 @@ struct ProcessPlan {
       plan = faults::Plan{};
       return;
     }
-    if (const char* path = std::getenv("SOFTVERBS_FAULTS_LOG"); path && !plan.empty()) {
-      log_fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    // Appended to, created mode 0600, never through a symbolic link; not
+    // for a set-user-ID or set-group-ID program (secure_getenv).
+    if (const char* path = secure_getenv("SOFTVERBS_FAULTS_LOG"); path && !plan.empty()) {
+      log_fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
       if (log_fd < 0) std::fprintf(stderr, "softverbs: SOFTVERBS_FAULTS_LOG: cannot open %s: %s\n", path, std::strerror(errno));
     }
   }

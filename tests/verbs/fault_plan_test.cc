@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <string.h>
 #include <unistd.h>
@@ -162,6 +163,26 @@ TEST(FaultPlan, TheSameSeedReplaysTheSameCompletionsAndLog) {
   { std::ofstream(d + "/plan") << "# a recorded plan\nseed=11\nwc:rate=0.06,status=RETRY_EXC_ERR  # one in 16\n"; }
   ChildRun file = run_child("SOFTVERBS_FAULT_PLAN=" + d + "/plan", 6, 30);
   EXPECT_EQ(one.out, file.out);
+  std::system(("rm -rf " + d).c_str());
+}
+
+// The log is created mode 0600 and never written through a symbolic link
+// (a link planted where a user's log goes must not aim it elsewhere).
+TEST(FaultPlan, TheLogIsNeverWrittenThroughASymbolicLink) {
+  char dir[] = "/tmp/sv-faultlog-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir));
+  const std::string d = dir;
+  { std::ofstream(d + "/target") << "untouched\n"; }
+  ASSERT_EQ(0, symlink((d + "/target").c_str(), (d + "/log").c_str()));
+  ChildRun r = run_child("SOFTVERBS_FAULTS='wc:op=1,status=REM_OP_ERR' SOFTVERBS_FAULTS_LOG=" + d + "/log", 1, 1);
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_NE(std::string::npos, r.out.find("softverbs: SOFTVERBS_FAULTS_LOG: cannot open " + d + "/log")) << r.out;
+  EXPECT_NE(std::string::npos, r.out.find("pair 0 wr 1 remote operation error")) << r.out;
+  EXPECT_EQ("untouched\n", slurp(d + "/target"));
+  ChildRun fresh = run_child("SOFTVERBS_FAULTS='wc:op=1,status=REM_OP_ERR' SOFTVERBS_FAULTS_LOG=" + d + "/new", 1, 1);
+  struct stat st {};
+  ASSERT_EQ(0, stat((d + "/new").c_str(), &st)) << fresh.out;
+  EXPECT_EQ(0600u, st.st_mode & 07777);
   std::system(("rm -rf " + d).c_str());
 }
 
