@@ -93,7 +93,7 @@ Outcome execute_planned(ProcessQp& q, const shm::SendWqe& w) {
       }
     }
   }
-  return f.base->execute(q, w);
+  return f.base.load(std::memory_order_acquire)->execute(q, w);
 }
 
 int post_planned(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
@@ -127,8 +127,8 @@ const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post) {
     f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
     q.faults = std::move(f);
   }
-  q.faults->base = ops;
-  q.faults->slow_post = slow_post;
+  q.faults->slow_post = slow_post;  // the same for every path a QP takes here
+  q.faults->base.store(ops, std::memory_order_release);
   return shm ? &kPlannedShm : &kPlannedMediated;
 }
 

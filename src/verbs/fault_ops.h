@@ -12,6 +12,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,7 +29,7 @@ using PostFn = int (*)(ProcessQp&, ibv_send_wr*, ibv_send_wr**, bool);
 // What a QP with completion faults keeps (ProcessQp::faults), guarded by
 // the send lock.
 struct QpFaults {
-  const QpOps* base = nullptr;  // the operations of its path
+  std::atomic<const QpOps*> base{nullptr};  // the operations of its path (chosen again on reconnection)
   PostFn slow_post = nullptr;   // that path's post without its fast path
   std::vector<faults::WcRule> rules;
   uint64_t ops = 0;  // requests carried out so far (the first is op 1)
