@@ -124,6 +124,29 @@ TEST(FaultPlan, APlanForAnotherQpChangesNothing) {
             r.out);
 }
 
+// A rule for one QP fails that QP only. The daemon of this test (its own)
+// numbers QPs in order: a first run says which numbers the requesters got,
+// and the second run's are the next ones.
+TEST(FaultPlan, ARuleForOneQpFailsThatQpOnly) {
+  char path[] = "/tmp/sv-faultlog-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(path));
+  const std::string d = path;
+  ChildRun first = run_child("SOFTVERBS_FAULTS='wc:op=1,status=REM_OP_ERR' SOFTVERBS_FAULTS_LOG=" + d + "/log", 2, 1);
+  ASSERT_EQ(0, first.status) << first.out;
+  unsigned q0 = 0, q1 = 0;
+  ASSERT_EQ(2, std::sscanf(slurp(d + "/log").c_str(), "wc qp=0x%x op=1 %*s %*s %*s wc qp=0x%x", &q0, &q1)) << slurp(d + "/log");
+  char plan[96];
+  std::snprintf(plan, sizeof plan, "SOFTVERBS_FAULTS='wc@qp=0x%x:op=2,status=LOC_PROT_ERR'", q1 + (q1 - q0) * 2);
+  ChildRun r = run_child(plan, 2, 3);
+  ASSERT_EQ(0, r.status) << r.out;
+  EXPECT_EQ("pair 0 wr 1 success\npair 0 wr 2 success\npair 0 wr 3 success\npair 0 requester not ERR responder RTS\n"
+            "pair 1 wr 1 success\npair 1 wr 2 local protection error\npair 1 wr 3 Work Request Flushed Error\n"
+            "pair 1 requester ERR responder RTS\n",
+            r.out)
+      << plan;
+  std::system(("rm -rf " + d).c_str());
+}
+
 TEST(FaultPlan, ABadPlanIsRefusedWithItsReason) {
   ChildRun r = run_child("SOFTVERBS_FAULTS='wc:op=0,status=REM_OP_ERR'", 1, 1);
   EXPECT_NE(0, r.status);
