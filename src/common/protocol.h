@@ -493,7 +493,8 @@ enum : uint32_t { kRoceSecondAddress = 1 };
 
 struct RoceAttachReply {
   Header h;
-  // The fault hook (SOFTVERBS_FAULTS, read by the daemon): per million.
+  // The wire faults of the daemon's plan for this QP (SOFTVERBS_FAULTS or
+  // SOFTVERBS_FAULT_PLAN, common/fault_plan.h): per million.
   uint32_t drop_ppm;
   uint32_t dup_ppm;
   uint32_t reorder_ppm;
@@ -507,7 +508,7 @@ struct RoceAttachReply {
   // address at another port, in no group, for sending only; arrivals come
   // on the arrival socket (always passed: the fallback).
   uint32_t flags;
-  uint32_t pad;
+  uint32_t corrupt_ppm;  // the fault plan again: corruption (an ICRC the receiver rejects)
 };
 enum : uint32_t { kRoceSteered = 1 };
 

@@ -23,32 +23,6 @@ namespace {
 
 constexpr uint16_t kRoceV2Port = 4791;  // IBTA annex A17.2.1
 
-// SOFTVERBS_FAULTS="drop=0.01,dup=0.01,reorder=0.01,delay_us=200,seed=N":
-// the fault hook every attached QP's sender applies (src/roce/fault.h).
-void parse_faults(const char* s, proto::RoceAttachReply& f) {
-  f.reorder_delay_us = 200;
-  f.seed = 1;
-  if (!s) return;
-  std::string str(s);
-  size_t pos = 0;
-  while (pos < str.size()) {
-    size_t end = str.find(',', pos);
-    if (end == std::string::npos) end = str.size();
-    std::string kv = str.substr(pos, end - pos);
-    pos = end + 1;
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    std::string k = kv.substr(0, eq);
-    double v = std::strtod(kv.c_str() + eq + 1, nullptr);
-    auto ppm = [](double p) { return uint32_t(p < 0 ? 0 : p > 1 ? 1000000 : p * 1e6); };
-    if (k == "drop") f.drop_ppm = ppm(v);
-    else if (k == "dup") f.dup_ppm = ppm(v);
-    else if (k == "reorder") f.reorder_ppm = ppm(v);
-    else if (k == "delay_us") f.reorder_delay_us = uint32_t(v);
-    else if (k == "seed") f.seed = std::strtoull(kv.c_str() + eq + 1, nullptr, 0);
-  }
-}
-
 // A UDP socket bound to `ss` (port 4791), options as RoCEv2 needs them;
 // with `reuseport`, one that joins (or starts) the address's SO_REUSEPORT
 // group. Invalid on failure (errno set).
@@ -94,11 +68,29 @@ Fd open_udp(const sockaddr_storage& ss, socklen_t len, bool reuseport, unsigned 
 constexpr uint32_t kCmQpn = 1;        // QP1, the General Services Interface (CM MADs): the daemon's, never steered
 constexpr size_t kMaxSlots = 256;     // client sockets per address; more clients use forwarding
 
+// The wire rule of the plan for `qpn`, per million.
+void set_faults(const faults::Plan& p, uint32_t qpn, proto::RoceAttachReply& rep) {
+  rep.seed = p.seed;
+  rep.reorder_delay_us = 200;
+  const faults::WireRule* r = faults::wire_for(p, qpn);
+  if (!r) return;
+  auto ppm = [](double x) { return uint32_t(x * 1e6 + 0.5); };
+  rep.drop_ppm = ppm(r->drop);
+  rep.dup_ppm = ppm(r->dup);
+  rep.reorder_ppm = ppm(r->reorder);
+  rep.corrupt_ppm = ppm(r->corrupt);
+  rep.reorder_delay_us = r->delay_us;
+}
+
 }  // namespace
 
 int RocePort::open() {
   opened_ = true;
-  parse_faults(std::getenv("SOFTVERBS_FAULTS"), faults_);
+  // The wire part of the fault plan (common/fault_plan.h), which every
+  // attached QP's sender applies (src/roce/fault.h). The library refuses
+  // contexts under a bad plan; the daemon says why and runs without one.
+  if (std::string e = faults::from_environment(faults_); !e.empty())
+    std::fprintf(stderr, "softverbsd: %s (no wire faults)\n", e.c_str());
   ifaddrs* ifs = nullptr;
   if (::getifaddrs(&ifs) != 0) return errno;
   for (ifaddrs* i = ifs; i; i = i->ifa_next) {
@@ -370,11 +362,7 @@ int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req
     it = arrivals_.emplace(client, std::move(a)).first;
   }
   const uint32_t qpn = req.qpn & 0xffffff;
-  rep.drop_ppm = faults_.drop_ppm;
-  rep.dup_ppm = faults_.dup_ppm;
-  rep.reorder_ppm = faults_.reorder_ppm;
-  rep.reorder_delay_us = faults_.reorder_delay_us;
-  rep.seed = faults_.seed;
+  set_faults(faults_, qpn, rep);
   auto had = qpn_sock_.find(qpn);
   if ((req.flags & proto::kRoceSecondAddress) && had != qpn_sock_.end() && had->second != si &&
       qpns_[qpn] == client) {

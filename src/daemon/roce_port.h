@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/fault_plan.h"
 #include "common/protocol.h"
 #include "common/sys.h"
 
@@ -134,7 +135,7 @@ class RocePort {
   std::map<uint32_t, uint32_t> qpns_;     // QPN -> client
   std::map<uint32_t, size_t> qpn_sock_;   // QPN -> index in socks_ of the address it attached on
   std::map<uint32_t, size_t> qpn_sock2_;  // a UD QPN -> its second address's (kRoceSecondAddress)
-  proto::RoceAttachReply faults_{};
+  faults::Plan faults_;
   uint8_t buf_[65536 + sizeof(proto::RoceArrival)];
 };
 

@@ -1,5 +1,6 @@
 // fault.h: seeded packet-fault injection for the transport's packet I/O:
-// drop, duplicate and delay (reorder) datagrams with given probabilities.
+// drop, duplicate, delay (reorder) and corrupt datagrams with given
+// probabilities.
 // This kernel has no netem qdisc (scripts/testbed.sh netem), so recovery is
 // tested by putting a FaultInjector on the send path: the simulated link of
 // the engine tests uses it, and a UDP endpoint is meant to (docs/ROCE.md).
@@ -9,8 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace sv::roce {
+
+struct FaultDecision;
 
 struct FaultConfig {
   double drop = 0;           // probability a datagram is lost
@@ -18,11 +22,20 @@ struct FaultConfig {
   double reorder = 0;        // probability a copy is held back by reorder_delay_ns
   uint64_t reorder_delay_ns = 50000;
   uint64_t seed = 1;
+  // Called with each decision that changes a datagram (lost, duplicated,
+  // delayed or corrupted) and the datagram as it was (a fault plan's log).
+  void (*log)(const FaultDecision& d, std::span<const uint8_t> packet) = nullptr;
+  double corrupt = 0;        // probability a delivered datagram has one bit flipped (its ICRC then fails)
 };
 
 struct FaultDecision {
   int copies = 1;               // 0 = dropped, 1, or 2 (duplicated)
   uint64_t delay_ns[2] = {0, 0};  // extra delay of each copy
+  // A bit to flip in every copy (corrupt_at: a byte offset, taken modulo
+  // the packet's length; the sender keeps the ICRC of the packet as it was).
+  bool corrupt = false;
+  uint32_t corrupt_at = 0;
+  uint8_t corrupt_bit = 0;
 };
 
 class FaultInjector {
@@ -32,6 +45,11 @@ class FaultInjector {
     FaultDecision d;
     if (chance(cfg_.drop)) { d.copies = 0; return d; }
     if (chance(cfg_.duplicate)) d.copies = 2;
+    if (chance(cfg_.corrupt)) {
+      d.corrupt = true;
+      d.corrupt_at = uint32_t(next());
+      d.corrupt_bit = uint8_t(1u << (next() % 8));
+    }
     for (int i = 0; i < d.copies; i++) {
       // A random share of the delay, so that held-back copies also pass each other.
       if (chance(cfg_.reorder)) d.delay_ns[i] = cfg_.reorder_delay_ns / 2 + next() % (cfg_.reorder_delay_ns + 1);

@@ -23,7 +23,7 @@ uint64_t SteadyClock::now_ns() const {
 }
 
 UdpEndpoint::UdpEndpoint(Clock& clock, FaultConfig faults)
-    : clock_(clock), faults_(faults), faulty_(faults.drop > 0 || faults.duplicate > 0 || faults.reorder > 0) {
+    : clock_(clock), faults_(faults), faulty_(faults.drop > 0 || faults.duplicate > 0 || faults.reorder > 0 || faults.corrupt > 0) {
   rx_.resize(65536);
 }
 
@@ -227,6 +227,19 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
   if (d.copies == 2) stats_.fault_duplicated++;
+  if (faults_.config().log && (d.copies != 1 || d.corrupt || d.delay_ns[0])) faults_.config().log(d, packet);
+  std::vector<uint8_t> flipped;
+  if (d.corrupt && d.copies && !packet.empty()) {
+    // One bit of the packet changes after its ICRC was computed: the
+    // receiver's ICRC check drops it (IBTA A17.4.1), the requester resends.
+    // Byte 4 of the BTH (reserved) is masked out of the ICRC: not that one.
+    stats_.fault_corrupted++;
+    flipped.assign(packet.begin(), packet.end());
+    size_t at = d.corrupt_at % packet.size();
+    if (at == 4 && packet.size() > 5) at = 5;
+    flipped[at] ^= d.corrupt_bit;
+    packet = std::span<const uint8_t>(flipped);
+  }
   for (int c = 0; c < d.copies; c++) {
     if (d.delay_ns[c] == 0) {
       transmit(ah, packet, icrc);

@@ -40,7 +40,7 @@ class SteadyClock : public Clock {
 
 struct UdpEndpointStats {
   uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0, fault_delayed = 0,
-           fault_duplicated = 0, nonzero_ipv4_id = 0, gso_sends = 0, multicast = 0;
+           fault_duplicated = 0, fault_corrupted = 0, nonzero_ipv4_id = 0, gso_sends = 0, multicast = 0;
 };
 
 // Socket options every RoCEv2 UDP socket of `family` (AF_INET, AF_INET6)

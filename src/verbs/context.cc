@@ -23,6 +23,7 @@
 #include "common/started_thread.h"
 #include <fcntl.h>
 
+#include "verbs/fault_ops.h"
 #include "verbs/provider.h"
 
 #undef ibv_query_port
@@ -108,6 +109,10 @@ void fill_device_attr(ibv_device_attr& a) {
 ibv_context* open_context(ibv_device* device) {
   if (device != &the_device()->dev) {
     errno = ENODEV;
+    return nullptr;
+  }
+  if (!process_plan_error().empty()) {  // said on stderr when it was read
+    errno = EINVAL;
     return nullptr;
   }
   return make_context(-1);

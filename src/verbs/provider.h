@@ -38,6 +38,7 @@
 #include "common/shm_layout.h"
 #include "common/sys.h"
 #include "common/verbs_current.h"
+#include "verbs/fault_ops.h"
 
 struct svx_object;
 
@@ -442,6 +443,9 @@ struct ProcessQp {
   uint32_t rnr_left = 0;     // RNR retries left for the WQE at the head
   uint32_t retry_left = 0;   // transport retries left
   bool head_started = false;
+  // Completions in error from the process's fault plan (fault_ops.h):
+  // null unless the plan names this QP.
+  std::unique_ptr<QpFaults> faults;
   // A key of the request being carried out named on-demand-paging memory
   // (requester.cc stops there, requester_odp.cc takes the request).
   bool odp_seen = false;

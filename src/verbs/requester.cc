@@ -20,6 +20,7 @@
 #include "common/responder_core.h"
 #include "common/trace.h"
 #include "verbs/counting.h"
+#include "verbs/fault_ops.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
 #include "verbs/roce_link.h"
@@ -862,6 +863,7 @@ void choose_transport(ProcessQp& q) {
     case IBV_QPT_XRC_SEND: ops = wire ? &kWireXrc : &kShmXrc; break;
     default: break;
   }
+  if (!process_plan().wc.empty()) [[unlikely]] ops = planned_ops(q, ops, post_shm<false>);
   if (q.ops.load(std::memory_order_relaxed) != ops)
     SV_TRACE("QP 0x%x: %s path", q.qpn, ops->path);
   q.ops.store(ops, std::memory_order_release);

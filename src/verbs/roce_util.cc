@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -68,6 +69,7 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
     e.fault_dropped += other->fault_dropped;
     e.fault_delayed += other->fault_delayed;
     e.fault_duplicated += other->fault_duplicated;
+    e.fault_corrupted += other->fault_corrupted;
     e.gso_sends += other->gso_sends;
     e.multicast += other->multicast;
   }
@@ -76,7 +78,7 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
                "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
                "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu wrong_source %lu bad_icrc %lu "
                "nonzero_ipv4_id %lu "
-               "fault_dropped %lu fault_delayed %lu fault_duplicated %lu gso_sends %lu multicast_received %lu\n",
+               "fault_dropped %lu fault_delayed %lu fault_duplicated %lu fault_corrupted %lu gso_sends %lu multicast_received %lu\n",
                qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
@@ -84,7 +86,7 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
                (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)s.wrong_source,
                (unsigned long)e.bad_icrc,
                (unsigned long)e.nonzero_ipv4_id, (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
-               (unsigned long)e.fault_duplicated, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
+               (unsigned long)e.fault_duplicated, (unsigned long)e.fault_corrupted, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
 }
 
 void CqSink::complete(const roce::Completion& c) {
@@ -138,14 +140,48 @@ bool RingRecvSource::take(roce::RecvWr& out) {
   return true;
 }
 
-// The fault hook the daemon says (SOFTVERBS_FAULTS), each QP its own sequence.
+namespace {
+
+// One line of the fault log (SOFTVERBS_FAULTS_LOG) per datagram the fault
+// hook changed: the BTH's destination QP, PSN and opcode (IBTA 9.2), what
+// was done to it.
+void log_wire_fault(const roce::FaultDecision& d, std::span<const uint8_t> p) {
+  if (p.size() < 12) return;
+  const unsigned dqp = unsigned(p[5]) << 16 | unsigned(p[6]) << 8 | p[7];
+  const unsigned psn = unsigned(p[9]) << 16 | unsigned(p[10]) << 8 | p[11];
+  char what[64];
+  if (d.copies == 0) std::snprintf(what, sizeof what, "drop");
+  else if (d.copies == 2) std::snprintf(what, sizeof what, "dup delay_us=%llu,%llu", (unsigned long long)d.delay_ns[0] / 1000, (unsigned long long)d.delay_ns[1] / 1000);
+  else std::snprintf(what, sizeof what, "delay_us=%llu", (unsigned long long)d.delay_ns[0] / 1000);
+  char line[160];
+  int n = std::snprintf(line, sizeof line, "wire dqp=0x%x psn=%u opcode=0x%02x %s%s\n", dqp, psn, unsigned(p[0]), what,
+                        d.corrupt ? " corrupt" : "");
+  if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
+}
+
+}  // namespace
+
+// The wire faults of this process's own plan for the QP (SOFTVERBS_FAULTS
+// or SOFTVERBS_FAULT_PLAN in its environment) where it has a wire rule,
+// else those the daemon's plan says; each QP its own sequence.
 roce::FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn) {
   roce::FaultConfig f;
-  f.drop = rep.drop_ppm / 1e6;
-  f.duplicate = rep.dup_ppm / 1e6;
-  f.reorder = rep.reorder_ppm / 1e6;
-  f.reorder_delay_ns = uint64_t(rep.reorder_delay_us) * 1000;
-  f.seed = rep.seed ^ (uint64_t(qpn) << 32);
+  if (const faults::WireRule* r = faults::wire_for(process_plan(), qpn)) {
+    f.drop = r->drop;
+    f.duplicate = r->dup;
+    f.reorder = r->reorder;
+    f.corrupt = r->corrupt;
+    f.reorder_delay_ns = uint64_t(r->delay_us) * 1000;
+    f.seed = process_plan().seed ^ (uint64_t(qpn) << 32);
+  } else {
+    f.drop = rep.drop_ppm / 1e6;
+    f.duplicate = rep.dup_ppm / 1e6;
+    f.reorder = rep.reorder_ppm / 1e6;
+    f.reorder_delay_ns = uint64_t(rep.reorder_delay_us) * 1000;
+    f.corrupt = rep.corrupt_ppm / 1e6;
+    f.seed = rep.seed ^ (uint64_t(qpn) << 32);
+  }
+  if (fault_log_open()) f.log = log_wire_fault;
   return f;
 }
 

@@ -9,7 +9,7 @@
 # SOFTVERBS_ROCE_STATS lines the library prints when a QP is destroyed.
 #
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
-#   CASE: rc | rc_faults | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
+#   CASE: rc | rc_faults | rc_corrupt | rc_plan | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
 #         xsrq | xsrq6 | xsrq_events | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
 #         send_lat_xrc_faults | xrc_capture | xrc_peer
@@ -131,7 +131,8 @@ check_pingpong() {
     # --chk prints "invalid data in page N" on a mismatch and still exits 0.
     grep -qi 'invalid\|fail\|error\|couldn' "$out" && fail "$name $side: reported an error"
     grep -q "^softverbs roce: qp" "$out" || fail "$name $side: the QP was not on the wire"
-    [ "$(stat "$name" "$side" bad_icrc)" -eq 0 ] || fail "$name $side: datagrams with a bad ICRC"
+    # (rc_corrupt corrupts datagrams on purpose.)
+    [ "$name" = rc_corrupt ] || [ "$(stat "$name" "$side" bad_icrc)" -eq 0 ] || fail "$name $side: datagrams with a bad ICRC"
   done
 }
 
@@ -258,6 +259,36 @@ case $case in
   rc_faults)
     start_daemons "$faults"
     pingpong rc_faults ibv_rc_pingpong 1 "$a1" 4096 500 && check_faults rc_faults
+    ;;
+  rc_corrupt)
+    # A fault plan (docs/LAB.md "Faults") that corrupts packets: each one
+    # corrupted fails the receiver's ICRC check, is dropped there and
+    # recovered by retransmission; the pingpong completes.
+    start_daemons "seed=$seed;wire:corrupt=0.02"
+    pingpong rc_corrupt ibv_rc_pingpong 1 "$a1" 4096 300 || exit 1
+    c=$(($(stat rc_corrupt server fault_corrupted) + $(stat rc_corrupt client fault_corrupted)))
+    i=$(($(stat rc_corrupt server bad_icrc) + $(stat rc_corrupt client bad_icrc)))
+    log "rc_corrupt: $c datagrams corrupted, $i refused for their ICRC"
+    [ "$c" -gt 0 ] || fail "rc_corrupt: no datagram was corrupted: plan not applied?"
+    [ "$i" -gt 0 ] || fail "rc_corrupt: no corrupted datagram was refused by the ICRC check"
+    ;;
+  rc_plan)
+    # The programs' own plan (daemons without one): their senders drop and
+    # delay datagrams, and log each (SOFTVERBS_FAULTS_LOG): one "drop" line
+    # per datagram the endpoint counts as dropped by the fault hook.
+    command -v ibv_rc_pingpong >/dev/null || { log "SKIP: ibv_rc_pingpong not installed"; exit $SKIP; }
+    start_daemons ""
+    p="seed=$seed;wire:drop=0.02,reorder=0.02,delay_us=300"
+    args=(-g 1 -c -s 4096 -n 300 -p 18515)
+    pair rc_plan 18515 env SOFTVERBS_FAULTS="$p" SOFTVERBS_FAULTS_LOG="$work/rc_plan.log.server" ibv_rc_pingpong "${args[@]}" \
+      -- env SOFTVERBS_FAULTS="$p" SOFTVERBS_FAULTS_LOG="$work/rc_plan.log.client" ibv_rc_pingpong "${args[@]}" "$a1" &&
+      check_pingpong rc_plan 4096 300 && check_faults rc_plan
+    for side in server client; do
+      d=$(stat rc_plan $side fault_dropped)
+      l=$(grep -c '^wire dqp=0x[0-9a-f]* psn=[0-9]* opcode=0x[0-9a-f]* drop$' "$work/rc_plan.log.$side")
+      log "rc_plan $side: $d dropped, $l drops logged, $(wc -l <"$work/rc_plan.log.$side") faults logged"
+      [ "$d" -eq "$l" ] || fail "rc_plan $side: $d datagrams dropped but $l drops logged"
+    done
     ;;
   rc6_faults)
     start_daemons "$faults,dup=0.01"

@@ -1,0 +1,89 @@
+#include "common/fault_plan.h"
+
+#include <gtest/gtest.h>
+
+namespace sv::faults {
+namespace {
+
+TEST(FaultPlan, ParsesEverySectionAndSelector) {
+  Plan p;
+  ASSERT_EQ("", parse("seed=7; wire:drop=0.01,dup=0.02,reorder=0.03,delay_us=250,corrupt=0.001;"
+                      "wire@qp=0x12:drop=0.5;wc@qp=18:op=5,status=RNR_RETRY_EXC_ERR;wc:rate=0.25,status=IBV_WC_REM_OP_ERR",
+                      p));
+  EXPECT_EQ(7u, p.seed);
+  ASSERT_EQ(2u, p.wire.size());
+  EXPECT_TRUE(p.wire[0].all);
+  EXPECT_DOUBLE_EQ(0.01, p.wire[0].drop);
+  EXPECT_DOUBLE_EQ(0.02, p.wire[0].dup);
+  EXPECT_DOUBLE_EQ(0.03, p.wire[0].reorder);
+  EXPECT_DOUBLE_EQ(0.001, p.wire[0].corrupt);
+  EXPECT_EQ(250u, p.wire[0].delay_us);
+  EXPECT_FALSE(p.wire[1].all);
+  EXPECT_EQ(0x12u, p.wire[1].qpn);
+  EXPECT_EQ(&p.wire[1], wire_for(p, 0x12));
+  EXPECT_EQ(&p.wire[0], wire_for(p, 0x13));
+  ASSERT_EQ(2u, p.wc.size());
+  EXPECT_FALSE(p.wc[0].all);
+  EXPECT_EQ(18u, p.wc[0].qpn);
+  EXPECT_EQ(5u, p.wc[0].op);
+  EXPECT_EQ(IBV_WC_RNR_RETRY_EXC_ERR, p.wc[0].status);
+  EXPECT_TRUE(p.wc[1].all);
+  EXPECT_DOUBLE_EQ(0.25, p.wc[1].rate);
+  EXPECT_EQ(IBV_WC_REM_OP_ERR, p.wc[1].status);
+}
+
+TEST(FaultPlan, AcceptsTheBareWireFormWithItsSeed) {
+  Plan p;
+  ASSERT_EQ("", parse("drop=0.01,reorder=0.01,seed=3", p));
+  EXPECT_EQ(3u, p.seed);
+  ASSERT_EQ(1u, p.wire.size());
+  EXPECT_DOUBLE_EQ(0.01, p.wire[0].drop);
+  EXPECT_EQ(200u, p.wire[0].delay_us);
+  ASSERT_EQ("", parse("", p));
+  EXPECT_TRUE(p.empty());
+}
+
+TEST(FaultPlan, RefusesEveryMalformedPlanWithAReason) {
+  const char* bad[] = {
+      "drop=2",                        // out of range
+      "drop=0.1x",                     // trailing characters
+      "drop=-0.1",                     // negative
+      "wire:drop=0.1,drop=0.2",        // duplicate
+      "wire:lose=0.1",                 // unknown key
+      "wire:seed=3",                   // seed is a clause of its own
+      "wc:op=3",                       // no status
+      "wc:status=REM_OP_ERR",          // neither op nor rate
+      "wc:op=3,rate=0.1,status=REM_OP_ERR",
+      "wc:op=0,status=REM_OP_ERR",     // ops count from 1
+      "wc:op=3,status=WR_FLUSH_ERR",   // not a status a plan injects
+      "wc@qp=0:op=1,status=REM_OP_ERR",
+      "wc@qp=zz:op=1,status=REM_OP_ERR",
+      "wc@0x12:op=1,status=REM_OP_ERR",
+      "disk:drop=0.1",                 // unknown section
+      "wire:drop",                     // not key=value
+      "wire:drop=0.1,,dup=0.1",
+      "seed=-1",
+      "wire:delay_us=0",
+  };
+  for (const char* s : bad) {
+    Plan p;
+    p.seed = 99;
+    std::string e = parse(s, p);
+    EXPECT_NE("", e) << s;
+    EXPECT_EQ(99u, p.seed) << s << ": a refused plan leaves the output alone";
+  }
+  Plan p;
+  EXPECT_NE(std::string::npos, parse("seed=1;wire:lose=1", p).find("clause 2"));
+}
+
+TEST(FaultPlan, FileTextDropsCommentsAndJoinsLines) {
+  Plan p;
+  std::string t = file_text("# a plan\nseed=9\n\nwc@qp=5:op=2,status=LOC_PROT_ERR  # the second op\n");
+  EXPECT_EQ("seed=9;wc@qp=5:op=2,status=LOC_PROT_ERR", t);
+  ASSERT_EQ("", parse(t, p));
+  EXPECT_EQ(9u, p.seed);
+  EXPECT_STREQ("LOC_PROT_ERR", status_name(p.wc[0].status));
+}
+
+}  // namespace
+}  // namespace sv::faults

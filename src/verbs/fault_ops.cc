@@ -1,0 +1,135 @@
+// fault_ops.cc: completions in error from the process's fault plan
+// (fault_ops.h).
+#include "verbs/fault_ops.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/shm_layout.h"
+#include "common/trace.h"
+#include "verbs/provider.h"
+#include "verbs/transport.h"
+
+namespace sv::verbs {
+namespace {
+
+struct ProcessPlan {
+  faults::Plan plan;
+  std::string error;
+  int log_fd = -1;
+  ProcessPlan() {
+    error = faults::from_environment(plan);
+    if (!error.empty()) {
+      std::fprintf(stderr, "softverbs: %s\n", error.c_str());
+      plan = faults::Plan{};
+      return;
+    }
+    // Appended to, created mode 0600, never through a symbolic link; not
+    // for a set-user-ID or set-group-ID program (secure_getenv).
+    if (const char* path = secure_getenv("SOFTVERBS_FAULTS_LOG"); path && !plan.empty()) {
+      log_fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+      if (log_fd < 0) std::fprintf(stderr, "softverbs: SOFTVERBS_FAULTS_LOG: cannot open %s: %s\n", path, std::strerror(errno));
+    }
+  }
+};
+
+ProcessPlan& the_plan() {
+  static ProcessPlan p;
+  return p;
+}
+
+// The QPs given planned operations, in order: each draws from its own
+// stream of the plan's seed, so a scripted run replays whatever QPNs the
+// daemon hands out.
+std::atomic<uint64_t> g_planned_qps{0};
+
+uint64_t stream_seed(uint64_t seed, uint64_t ordinal) {
+  faults::Rng r{seed ^ (ordinal * 0xd1342543de82ef95ull)};
+  return r.next();
+}
+
+const char* opcode_name(uint32_t op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE: return "RDMA_WRITE";
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return "RDMA_WRITE_WITH_IMM";
+    case IBV_WR_SEND: return "SEND";
+    case IBV_WR_SEND_WITH_IMM: return "SEND_WITH_IMM";
+    case IBV_WR_RDMA_READ: return "RDMA_READ";
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return "ATOMIC_CMP_AND_SWP";
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return "ATOMIC_FETCH_AND_ADD";
+    case IBV_WR_SEND_WITH_INV: return "SEND_WITH_INV";
+    default: return "OTHER";
+  }
+}
+
+// One line per injected fault (SOFTVERBS_FAULTS_LOG), written whole with
+// one append.
+void log_fault(const ProcessQp& q, const shm::SendWqe& w, uint64_t op, ibv_wc_status s) {
+  if (!fault_log_open()) return;
+  char line[160];
+  int n = std::snprintf(line, sizeof line, "wc qp=0x%x op=%llu wr_id=%llu opcode=%s status=%s\n", q.qpn,
+                        (unsigned long long)op, (unsigned long long)w.wr_id, opcode_name(w.opcode),
+                        faults::status_name(s));
+  if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
+}
+
+// The execute of planned operations: the plan decides at a request's first
+// try (a head retried after RNR or a timeout was decided then).
+Outcome execute_planned(ProcessQp& q, const shm::SendWqe& w) {
+  QpFaults& f = *q.faults;
+  if (!q.head_started) {
+    const uint64_t n = ++f.ops;
+    for (const faults::WcRule& r : f.rules) {
+      if (r.op ? r.op == n : f.rng.chance(r.rate)) {
+        SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
+        log_fault(q, w, n, r.status);
+        return {Step::kError, r.status};
+      }
+    }
+  }
+  return f.base.load(std::memory_order_acquire)->execute(q, w);
+}
+
+int post_planned(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
+  return q.faults->slow_post(q, wr, bad, all_or_nothing);
+}
+
+constexpr QpOps kPlannedShm{"shared memory (fault plan)", post_planned, execute_planned};
+constexpr QpOps kPlannedMediated{"mediated (fault plan)", post_planned, execute_planned};
+
+}  // namespace
+
+const faults::Plan& process_plan() { return the_plan().plan; }
+bool fault_log_open() { return the_plan().log_fd >= 0; }
+void fault_log_line(const char* line, size_t n) {
+  if (::write(the_plan().log_fd, line, n) < 0) return;  // a log that cannot be written loses the line, not the run
+}
+const std::string& process_plan_error() { return the_plan().error; }
+
+const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post) {
+  const faults::Plan& p = process_plan();
+  if (p.wc.empty()) return ops;
+  const bool shm = std::strcmp(ops->path, "shared memory") == 0;
+  if (!shm && std::strcmp(ops->path, "mediated") != 0) return ops;  // the wire's engine, or no send queue
+  if (!q.faults) {
+    std::vector<faults::WcRule> rules;
+    for (const faults::WcRule& r : p.wc)
+      if (r.all || r.qpn == q.qpn) rules.push_back(r);
+    if (rules.empty()) return ops;
+    auto f = std::make_unique<QpFaults>();
+    f->rules = std::move(rules);
+    f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
+    q.faults = std::move(f);
+  }
+  q.faults->slow_post = slow_post;  // the same for every path a QP takes here
+  q.faults->base.store(ops, std::memory_order_release);
+  return shm ? &kPlannedShm : &kPlannedMediated;
+}
+
+}  // namespace sv::verbs

@@ -1,0 +1,54 @@
+// fault_ops.h: completions in error from the process's fault plan
+// (common/fault_plan.h, docs/LAB.md "Faults"). A QP that a wc rule names
+// gets planned operations when its path is chosen (choose_transport): every
+// request takes the general path, and before each one is carried out the
+// plan decides whether it fails instead, with the status the rule names.
+// The requester then fails it as it would a real such error (fail(): the
+// completion in error, the QP to ERR, later requests flushed; IBTA 10.8.3).
+// A QP the plan does not name keeps its own operations: it pays nothing.
+//
+// Each injected fault is one line of SOFTVERBS_FAULTS_LOG (appended).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/fault_plan.h"
+
+namespace sv::verbs {
+
+struct ProcessQp;
+struct QpOps;
+
+using PostFn = int (*)(ProcessQp&, ibv_send_wr*, ibv_send_wr**, bool);
+
+// What a QP with completion faults keeps (ProcessQp::faults), guarded by
+// the send lock.
+struct QpFaults {
+  std::atomic<const QpOps*> base{nullptr};  // the operations of its path (chosen again on reconnection)
+  PostFn slow_post = nullptr;   // that path's post without its fast path
+  std::vector<faults::WcRule> rules;
+  uint64_t ops = 0;  // requests carried out so far (the first is op 1)
+  faults::Rng rng{0};
+};
+
+// The process's plan (read once from its environment), and why it is
+// refused ("" when it is not): a context is not opened with a bad plan.
+const faults::Plan& process_plan();
+const std::string& process_plan_error();
+
+// Whether SOFTVERBS_FAULTS_LOG is open, and one line (with its newline)
+// appended to it in one write.
+bool fault_log_open();
+void fault_log_line(const char* line, size_t n);
+
+// The operations `q` takes: `ops`, or the planned ones wrapping it when the
+// plan names a completion fault for q and the path is shared memory or
+// mediated (`slow_post`: that path's post without its fast path).
+const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post);
+
+}  // namespace sv::verbs
