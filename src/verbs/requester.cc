@@ -19,6 +19,7 @@
 #include "common/access.h"
 #include "common/responder_core.h"
 #include "common/trace.h"
+#include "verbs/capture.h"
 #include "verbs/counting.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
@@ -849,17 +850,33 @@ constexpr QpOps kWireUd{"wire", post_wire_ud, execute_ud};
 constexpr QpOps kWireXrc{"wire", post_wire, execute_xrc};
 constexpr QpOps kNoSend{"none", post_none, execute_none};
 
+// While a capture is on (capture.h), shared-memory and mediated QPs take
+// these: no fast path, and each request carried out is rendered.
+template <Outcome (*kExecute)(ProcessQp&, const shm::SendWqe&)>
+Outcome execute_captured(ProcessQp& q, const shm::SendWqe& w) {
+  Outcome o = kExecute(q, w);
+  capture_request(q, w, o);
+  return o;
+}
+constexpr QpOps kCapRc{"shared memory", post_shm<false>, execute_captured<execute_rc>};
+constexpr QpOps kCapUc{"shared memory", post_shm<false>, execute_captured<execute_uc>};
+constexpr QpOps kCapUd{"shared memory", post_shm<false>, execute_captured<execute_ud>};
+constexpr QpOps kCapXrc{"shared memory", post_shm<false>, execute_captured<execute_xrc>};
+constexpr QpOps kCapMediatedRc{"mediated", post_shm<false>, execute_captured<execute_rc_mediated>};
+constexpr QpOps kCapMediatedUc{"mediated", post_shm<false>, execute_captured<execute_uc_mediated>};
+
 }  // namespace
 
 void choose_transport(ProcessQp& q) {
   const bool wire = roce_attached(q);
   const bool mediated = q.peer && q.peer->mediated;
+  const bool cap = !wire && capture_on(q);
   const QpOps* ops = &kNoSend;
   switch (q.type) {
-    case IBV_QPT_RC: ops = wire ? &kWireRc : mediated ? &kMediatedRc : &kShmRc; break;
-    case IBV_QPT_UC: ops = wire ? &kWireUc : mediated ? &kMediatedUc : &kShmUc; break;
-    case IBV_QPT_UD: ops = wire ? &kWireUd : &kShmUd; break;
-    case IBV_QPT_XRC_SEND: ops = wire ? &kWireXrc : &kShmXrc; break;
+    case IBV_QPT_RC: ops = wire ? &kWireRc : mediated ? (cap ? &kCapMediatedRc : &kMediatedRc) : cap ? &kCapRc : &kShmRc; break;
+    case IBV_QPT_UC: ops = wire ? &kWireUc : mediated ? (cap ? &kCapMediatedUc : &kMediatedUc) : cap ? &kCapUc : &kShmUc; break;
+    case IBV_QPT_UD: ops = wire ? &kWireUd : cap ? &kCapUd : &kShmUd; break;
+    case IBV_QPT_XRC_SEND: ops = wire ? &kWireXrc : cap ? &kCapXrc : &kShmXrc; break;
     default: break;
   }
   if (q.ops.load(std::memory_order_relaxed) != ops)
