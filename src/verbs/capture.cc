@@ -305,8 +305,16 @@ void capture_request(ProcessQp& q, const shm::SendWqe& w, const Outcome& o) {
   message(r, w, w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM, data);
 }
 
-void capture_datagram(ContextState& st, uint32_t qpn, std::span<const uint8_t> ip) {
-  if (capture::Ring* ring = st.capture.load(std::memory_order_acquire)) ring->write(ip, qpn, capture::now_ns());
+roce::UdpEndpoint::Tap capture_tap(ContextState& st, uint32_t qpn) {
+  roce::UdpEndpoint::Tap t;
+  t.want = [](void* arg) { return static_cast<ContextState*>(arg)->capture.load(std::memory_order_relaxed) != nullptr; };
+  t.put = [](void* arg, std::span<const uint8_t> ip, uint32_t qpn) {
+    if (capture::Ring* ring = static_cast<ContextState*>(arg)->capture.load(std::memory_order_acquire))
+      ring->write(ip, qpn, capture::now_ns());
+  };
+  t.arg = &st;
+  t.qpn = qpn;
+  return t;
 }
 
 }  // namespace sv::verbs

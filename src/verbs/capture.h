@@ -11,6 +11,7 @@
 #include <span>
 
 #include "common/sys.h"
+#include "roce/udp.h"
 
 namespace sv::shm {
 struct SendWqe;
@@ -33,7 +34,8 @@ void capture_changed(ContextState& st, int inotify_fd);
 bool capture_on(const ProcessQp& q);
 // Renders request `w`, which `o` says was carried out, into the ring.
 void capture_request(ProcessQp& q, const shm::SendWqe& w, const Outcome& o);
-// Datagrams as they are (the wire path): `ip` an IP datagram.
-void capture_datagram(ContextState& st, uint32_t qpn, std::span<const uint8_t> ip);
+// The wire path's datagrams as they are: the tap of the context's UDP
+// endpoints (roce/udp.h), writing into the ring while there is one.
+roce::UdpEndpoint::Tap capture_tap(ContextState& st, uint32_t qpn);
 
 }  // namespace sv::verbs
