@@ -8,7 +8,9 @@
 //    made by root at the same name, does get their packets);
 //  - nobody opens root's ring, asks `softverbs capture --uid 0`, and writes
 //    forged packets into its own ring: refused, refused, and what it
-//    forged (and its own traffic) reaches nobody's ring, none of root's.
+//    forged (and its own traffic) reaches nobody's ring, none of root's;
+//  - between root's QP and nobody's (mediated), each user's ring gets its
+//    own requests only.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -147,6 +149,61 @@ TEST(Capture, RootsRingIsRootsAloneAndNobodysForgeriesStayNobodys) {
   EXPECT_EQ(0u, r.forged) << "nobody's forged packets reached root's capture";
   EXPECT_EQ(0u, r.of_pid) << "nobody's packets reached root's capture";
   EXPECT_EQ(4u, r.packets) << "root's own traffic is there";
+}
+
+struct Mr {
+  uint32_t qpn, rkey;
+  uint64_t addr;
+};
+
+// Root's QP and nobody's connected (the daemon carries each request:
+// mediated). Each side's requests are rendered into its own user's ring:
+// root's WRITE and FETCH_AND_ADD (4 packets) into root's, nobody's WRITE (2)
+// into nobody's; neither ring gets a packet of the other user's.
+TEST(Capture, MediatedRequestsReachTheRequestersRingOnly) {
+  SystemDaemon d;
+  ASSERT_TRUE(d.alive());
+  Child nobody(true, [](int sock) {
+    Ring own;
+    std::string why;
+    if (own.create(path_of(kNobody), kNobody, &why) != 0) return 10;
+    RcEnd me;
+    static uint64_t mem[64];
+    if (!me.open()) return 11;
+    ibv_mr* mr = ibv_reg_mr(me.pd, mem, sizeof mem,
+                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+    Mr mine{me.qp->qp_num, mr ? mr->rkey : 0, uintptr_t(mem)}, roots{};
+    if (!mr || !send_val(sock, mine) || !recv_val(sock, roots) || qp_to_rts(me.ctx, me.qp, roots.qpn)) return 12;
+    int step = 1;
+    if (!send_val(sock, step) || !recv_val(sock, step)) return 13;  // root's requests are done
+    if (me.post(IBV_WR_RDMA_WRITE, mem + 8, 64, mr->lkey, roots.addr, roots.rkey) != 0) return 14;
+    const Read r = drain(own, uint32_t(getpid()));
+    ::unlink(path_of(kNobody).c_str());
+    return r.packets == 2 && r.of_pid == 2 ? 0 : 15;
+  });
+  Ring roots;
+  std::string why;
+  ASSERT_EQ(0, roots.create(path_of(0), 0, &why)) << why;
+  nobody.start();
+  RcEnd me;
+  static uint64_t mem[64];
+  ASSERT_TRUE(me.open());
+  ibv_mr* mr = ibv_reg_mr(me.pd, mem, sizeof mem, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(nullptr, mr);
+  Mr theirs{}, mine{me.qp->qp_num, mr->rkey, uintptr_t(mem)};
+  ASSERT_TRUE(recv_val(nobody.sock(), theirs));
+  ASSERT_TRUE(send_val(nobody.sock(), mine));
+  ASSERT_EQ(0, qp_to_rts(me.ctx, me.qp, theirs.qpn));
+  int step = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), step));
+  EXPECT_EQ(0, me.post(IBV_WR_RDMA_WRITE, mem, 64, mr->lkey, theirs.addr, theirs.rkey));
+  EXPECT_EQ(0, me.post(IBV_WR_ATOMIC_FETCH_AND_ADD, mem + 16, 8, mr->lkey, theirs.addr + 256, theirs.rkey));
+  ASSERT_TRUE(send_val(nobody.sock(), step));
+  EXPECT_EQ(0, nobody.wait()) << "nobody's ring: exactly its own WRITE and its ACK";
+  const Read r = drain(roots, uint32_t(getpid()));
+  ::unlink(path_of(0).c_str());
+  EXPECT_EQ(4u, r.packets) << "WRITE Only, ACK, FetchAdd, ATOMIC ACK";
+  EXPECT_EQ(4u, r.of_pid);
 }
 
 }  // namespace
