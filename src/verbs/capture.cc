@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common/capture_ring.h"
@@ -26,30 +27,64 @@ namespace ro = sv::roce;
 
 std::string ring_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
-// Maps the ring if it is there and ours, or drops it; then every QP of the
-// context chooses its ops again (under its send lock, as choose_transport
-// wants it).
+// Takes the send lock of the QP if it is free now (refresh holds the
+// context lock, which a poster may wait for under its send lock: no waiting
+// here).
+bool try_send_lock(ProcessQp& q) {
+  uint32_t expected = 0;
+  return q.hdr->send_lock.next.load(std::memory_order_relaxed) == 0 &&
+         q.hdr->send_lock.owner.compare_exchange_strong(expected, self_pid(), std::memory_order_acquire);
+}
+
+// Every QP of the context chooses its ops again (under its send lock, as
+// choose_transport wants it), those busy now a little later; a QP of a
+// thread domain is left alone (its own thread only may change it).
+void choose_again(ContextState& st) {
+  std::vector<uint32_t> left;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    for (auto& [qpn, h] : st.qp_handles) left.push_back(qpn);
+  }
+  for (int round = 0; !left.empty() && round < 20000; round++) {
+    if (round) ::usleep(500);
+    std::lock_guard<std::mutex> g(st.mu);
+    std::vector<uint32_t> busy;
+    for (uint32_t qpn : left) {
+      auto it = st.qp_handles.find(qpn);
+      if (it == st.qp_handles.end() || it->second->st->lockless) continue;  // gone, or a thread domain's
+      ProcessQp& q = *it->second->st;
+      if (!try_send_lock(q)) {
+        busy.push_back(qpn);
+        continue;
+      }
+      choose_transport(q);
+      q.hdr->send_lock.unlock();
+    }
+    left.swap(busy);
+  }
+}
+
+// Maps the ring if it is there and ours, or drops it, then the QPs choose
+// their ops again. A ring dropped stays mapped a second more, for a poster
+// or the wire path's tap that loaded it just before.
 void refresh(ContextState& st) {
   auto ring = std::make_unique<capture::Ring>();
   const bool on = !st.capture_path.empty() && ring->open_writer(st.capture_path) == 0;
-  capture::Ring* now = st.capture.load(std::memory_order_relaxed);
-  if (on == (now != nullptr) && !on) return;
-  // A ring replaced (a new capture) is mapped anew; the old mapping stays
-  // until the context goes, for a poster still writing into it.
-  std::lock_guard<std::mutex> g(st.mu);
-  if (on) {
-    st.capture.store(ring.get(), std::memory_order_release);
-    st.capture_rings.push_back(std::move(ring));
-  } else {
-    st.capture.store(nullptr, std::memory_order_release);
+  const uint64_t now = capture::now_ns();
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    if (!on && !st.capture.load(std::memory_order_relaxed)) return;
+    auto& old = st.capture_rings;
+    for (size_t i = 0; i < old.size();)
+      if (old[i].first.get() != st.capture.load(std::memory_order_relaxed) && now - old[i].second > 1'000'000'000)
+        old.erase(old.begin() + long(i));
+      else
+        i++;
+    for (auto& r : old) r.second = now;  // retired now (the current one too)
+    st.capture.store(on ? ring.get() : nullptr, std::memory_order_release);
+    if (on) old.emplace_back(std::move(ring), UINT64_MAX / 2);
   }
-  for (auto& [qpn, h] : st.qp_handles) {
-    ProcessQp& q = *h->st;
-    if (q.lockless) continue;  // a thread domain's QP: its own thread only may change it
-    q.hdr->send_lock.lock(self_pid());
-    choose_transport(q);
-    q.hdr->send_lock.unlock();
-  }
+  choose_again(st);
 }
 
 uint32_t mtu_bytes(ibv_mtu m) { return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128u << m : 1024u; }

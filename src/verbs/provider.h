@@ -500,10 +500,11 @@ struct ContextState {
   // QPs that process may have left work on (progress_adopt).
   Fd wake;
   // Capture (capture.h): the ring this user's `softverbs capture` made, while
-  // it is there; the rings mapped so far (kept until the context goes); its
-  // path; and the watchdog's inotify descriptor on /dev/shm.
+  // it is there; the rings mapped, with when each was retired (unmapped a
+  // second later, at a later change); its path; and the watchdog's inotify
+  // descriptor on /dev/shm. capture_rings is guarded by mu.
   std::atomic<capture::Ring*> capture{nullptr};
-  std::vector<std::unique_ptr<capture::Ring>> capture_rings;
+  std::vector<std::pair<std::unique_ptr<capture::Ring>, uint64_t>> capture_rings;
   std::string capture_path;
   Fd capture_watch;
   uint64_t boot_id = 0;
