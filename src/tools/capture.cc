@@ -159,6 +159,8 @@ bool busy(const std::string& path, uint32_t* pid) {
   return *pid && (::kill(pid_t(*pid), 0) == 0 || errno == EPERM);
 }
 
+const char* out_name(const Options& o) { return o.out == "-" ? "standard output" : o.out.c_str(); }
+
 int copy_packets(const Options& o, capture::Ring& ring, Pcapng& out, FILE* f) {
   const uint64_t start = capture::now_ns();
   uint64_t written = 0, lost = 0, idle = 0;
@@ -172,7 +174,7 @@ int copy_packets(const Options& o, capture::Ring& ring, Pcapng& out, FILE* f) {
     }
     if (!wanted(o, *s)) continue;
     if (!out.packet(*s)) {
-      std::fprintf(stderr, "softverbs capture: cannot write %s: %s\n", o.out.c_str(), std::strerror(errno));
+      std::fprintf(stderr, "softverbs capture: cannot write %s: %s\n", out_name(o), std::strerror(errno));
       std::free(s);
       return 1;
     }
@@ -229,11 +231,12 @@ int capture_main(int argc, char** argv) {
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGHUP, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a reader gone (tshark -r - quit): a write error, said, and the ring removed
   std::fprintf(stderr, "softverbs capture: capturing user %u's traffic on sv0\n", uid);
   int rc = copy_packets(o, ring, out, f);
   ::unlink(path.c_str());
   if (std::fclose(f) != 0 && rc == 0) {
-    std::fprintf(stderr, "softverbs capture: cannot write %s: %s\n", o.out.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "softverbs capture: cannot write %s: %s\n", out_name(o), std::strerror(errno));
     rc = 1;
   }
   return rc;
