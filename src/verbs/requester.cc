@@ -862,6 +862,7 @@ constexpr QpOps kCapRc{"shared memory", post_shm<false>, execute_captured<execut
 constexpr QpOps kCapUc{"shared memory", post_shm<false>, execute_captured<execute_uc>};
 constexpr QpOps kCapUd{"shared memory", post_shm<false>, execute_captured<execute_ud>};
 constexpr QpOps kCapXrc{"shared memory", post_shm<false>, execute_captured<execute_xrc>};
+constexpr QpOps kCapWireUd{"wire", post_wire_ud, execute_captured<execute_ud>};  // its local destinations
 constexpr QpOps kCapMediatedRc{"mediated", post_shm<false>, execute_captured<execute_rc_mediated>};
 constexpr QpOps kCapMediatedUc{"mediated", post_shm<false>, execute_captured<execute_uc_mediated>};
 
@@ -870,12 +871,12 @@ constexpr QpOps kCapMediatedUc{"mediated", post_shm<false>, execute_captured<exe
 void choose_transport(ProcessQp& q) {
   const bool wire = roce_attached(q);
   const bool mediated = q.peer && q.peer->mediated;
-  const bool cap = !wire && capture_on(q);
+  const bool cap = capture_on(q);  // on the wire, the UDP endpoint's tap has the datagrams
   const QpOps* ops = &kNoSend;
   switch (q.type) {
     case IBV_QPT_RC: ops = wire ? &kWireRc : mediated ? (cap ? &kCapMediatedRc : &kMediatedRc) : cap ? &kCapRc : &kShmRc; break;
     case IBV_QPT_UC: ops = wire ? &kWireUc : mediated ? (cap ? &kCapMediatedUc : &kMediatedUc) : cap ? &kCapUc : &kShmUc; break;
-    case IBV_QPT_UD: ops = wire ? &kWireUd : cap ? &kCapUd : &kShmUd; break;
+    case IBV_QPT_UD: ops = wire ? (cap ? &kCapWireUd : &kWireUd) : cap ? &kCapUd : &kShmUd; break;
     case IBV_QPT_XRC_SEND: ops = wire ? &kWireXrc : cap ? &kCapXrc : &kShmXrc; break;
     default: break;
   }
