@@ -269,7 +269,7 @@ void UdpEndpoint::send_gather(uint64_t ah, std::span<const uint8_t> headers,
   if (ah >= peers_.size() || fd_ < 0 || headers.size() < kBthLen) return;
   static constexpr uint8_t kZeros[4] = {};
   size_t plen = 0;
-  std::array<std::span<const uint8_t>, 2 + kMaxPayloadPieces> pieces;
+  std::array<std::span<const uint8_t>, 3 + kMaxPayloadPieces> pieces;
   size_t np = 0;
   pieces[np++] = headers;
   for (auto piece : payload) {
@@ -282,6 +282,12 @@ void UdpEndpoint::send_gather(uint64_t ah, std::span<const uint8_t> headers,
   auto prefix = tx_prefix(ah, transport_len);
   auto crc = prefix ? icrc_finish(*prefix, std::span<const std::span<const uint8_t>>(pieces.data(), np)) : std::nullopt;
   if (!crc) return;
+  if (tap_.want && tap_.want(tap_.arg)) [[unlikely]] {
+    uint8_t icrc[kIcrcLen];
+    icrc_store(icrc, *crc);
+    pieces[np] = std::span<const uint8_t>(icrc, kIcrcLen);
+    tap(local_, peers_[ah], std::span<const std::span<const uint8_t>>(pieces.data(), np + 1));
+  }
   ensure_batch();
   // The slot holds the headers, then the pad and the ICRC; the payload's
   // iovecs point at its pieces in between.
@@ -302,7 +308,55 @@ void UdpEndpoint::send_gather(uint64_t ah, std::span<const uint8_t> headers,
   if (++tx_n_ == kTxBatch || tx_bytes_ >= kTxBatchBytes) flush_tx();
 }
 
+void UdpEndpoint::tap(const Addr& src, const Addr& dst, std::span<const std::span<const uint8_t>> pieces,
+                      uint16_t ipv4_id) {
+  size_t n = 0;
+  for (auto p : pieces) n += p.size();
+  if (n < kBthLen + kIcrcLen) return;
+  std::vector<uint8_t> ip(kIpv6UdpLen + n);
+  const size_t hl = header(src, dst, n - kIcrcLen, ip.data());  // the length before the ICRC
+  if (!hl) return;
+  if (ipv4_id && !src.v6()) {  // the ID it likely came with, and the header checksum over it (RFC 791)
+    put_be16(ip.data() + 4, ipv4_id);
+    put_be16(ip.data() + 10, 0);
+    uint32_t sum = 0;
+    for (int i = 0; i < 20; i += 2) sum += get_be16(ip.data() + i);
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    put_be16(ip.data() + 10, uint16_t(~sum));
+  }
+  ip.resize(hl + n);
+  size_t at = hl;
+  for (auto p : pieces) {
+    if (!p.empty()) std::memcpy(ip.data() + at, p.data(), p.size());
+    at += p.size();
+  }
+  tap_.put(tap_.arg, ip, tap_.qpn);
+}
+
+void UdpEndpoint::tap_in(const Addr& from, const uint8_t* data, size_t n, uint32_t crc, uint32_t got,
+                         uint16_t ipv4_id) {
+  // The IPv4 ID the sender's ICRC covers (0, the GRO train's index, or one
+  // a search finds: a GSO send's k-th datagram has ID k), so that the copy
+  // carries a right ICRC; else the likely one.
+  uint16_t id = 0;
+  if (crc != got && !from.v6()) {
+    id = ipv4_id;
+    const size_t total = kIpv4UdpLen + n;
+    for (uint32_t k = 1; k < 4096; k++)
+      if ((crc ^ id_delta(total, uint16_t(k))) == got) {
+        id = uint16_t(k);
+        break;
+      }
+  }
+  const std::span<const uint8_t> whole(data, n);
+  tap(from, rx_local_, std::span<const std::span<const uint8_t>>(&whole, 1), id);
+}
+
 void UdpEndpoint::transmit(uint64_t ah, std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  if (tap_.want && tap_.want(tap_.arg)) [[unlikely]] {
+    const std::span<const uint8_t> pieces[2] = {a, b};
+    tap(local_, peers_[ah], pieces);
+  }
   if (batching_ && a.size() + b.size() <= kTxSlot && a.size() + b.size() >= kBthLen) {
     ensure_batch();
     uint8_t* p = txbuf_.get() + size_t(tx_n_) * kTxSlot;
@@ -520,6 +574,7 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   const uint32_t crc = computed.value_or(0);
   const bool v4 = !from.v6();
   const uint32_t got = icrc_load(data + n - kIcrcLen);
+  if (tap_.want && tap_.want(tap_.arg)) [[unlikely]] tap_in(from, data, n, crc, got, ipv4_id);
   if (crc != got) {
     const size_t total = (v4 ? kIpv4UdpLen : kIpv6UdpLen) + n;
     // The k-th datagram of a UDP GRO train was sent with IP ID k (see

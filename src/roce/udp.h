@@ -140,6 +140,17 @@ class UdpEndpoint : public PacketSink {
   // check keeps 16 of its 32 bits for such peers (docs/ROCE.md).
   void set_accept_any_ipv4_id(bool on) { any_ipv4_id_ = on; }
   const UdpEndpointStats& stats() const { return stats_; }
+  // A copy of every datagram sent (each copy the fault hook makes, when it
+  // goes) and received (before its checks), as an IP datagram with the
+  // headers the kernel builds (IPv4 ID 0), for capture: `want(arg)` is asked
+  // per datagram, `put` gets it while want says so. Set before traffic.
+  struct Tap {
+    bool (*want)(void* arg) = nullptr;
+    void (*put)(void* arg, std::span<const uint8_t> ip, uint32_t qpn) = nullptr;
+    void* arg = nullptr;
+    uint32_t qpn = 0;  // the local QP the endpoint serves, handed to put
+  };
+  void set_tap(const Tap& t) { tap_ = t; }
 
  private:
   struct Addr {
@@ -197,6 +208,13 @@ class UdpEndpoint : public PacketSink {
   uint64_t seq_ = 0;
   std::vector<uint8_t> rx_;
   uint8_t hdr_[kIpv6UdpLen];  // the headers of the datagram being received
+  Tap tap_;
+  // The tap's copy of the datagram src -> dst made of `pieces`.
+  // `pieces`: BTH .. ICRC; `ipv4_id`: its IPv4 ID (else 0).
+  void tap(const Addr& src, const Addr& dst, std::span<const std::span<const uint8_t>> pieces, uint16_t ipv4_id = 0);
+  // The tap's copy of a datagram received (BTH .. ICRC `got`; `crc` the
+  // ICRC computed with IPv4 ID 0).
+  void tap_in(const Addr& from, const uint8_t* data, size_t n, uint32_t crc, uint32_t got, uint16_t ipv4_id);
   bool batching_ = false;
   static constexpr size_t kTxSlot = 4096 + 256;  // a 4096-MTU packet, headers, ICRC
   // kTxBatch slots, uninitialised: a gathered datagram touches only its

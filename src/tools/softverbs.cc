@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/paths.h"
+#include "tools/capture.h"
 #include "tools/cdi.h"
 #include "tools/doctor.h"
 #include "tools/hw_counters.h"
@@ -632,6 +633,8 @@ constexpr const char* kUsage =
     "                          run CMD, unmodified, on the softverbs device\n"
     "  status [--json]         what the daemon holds (objects, locked memory) and its counters;\n"
     "                          --json: the counters per port, context and QP as JSON (docs/LAB.md)\n"
+    "  capture [-w FILE] [--qp QPN] [--pid PID] [-c COUNT] [--duration S]\n"
+    "                          this user's RDMA traffic as pcapng, for tshark/Wireshark (docs/LAB.md)\n"
     "  ls                      names published in the daemon's namespace\n"
     "  doctor [--program P] [--memlock BYTES]\n"
     "                          checks this set-up, one line each with its fix (the library of P;\n"
@@ -680,6 +683,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "run") return run(argc - 2, argv + 2);
   if (cmd == "status") return status_main(argc - 2, argv + 2);
+  if (cmd == "capture") return sv::tools::capture_main(argc - 2, argv + 2);
   if (cmd == "ls") return no_args("ls", argc - 2, argv + 2, list_names);
   if (cmd == "doctor") return sv::tools::doctor_main(argc - 2, argv + 2, {library_dir(), self_dir() + "/softverbs"});
   if (cmd == "enable") return enable(argc - 2, argv + 2);

@@ -24,6 +24,7 @@
 #include <fcntl.h>
 
 #include "verbs/fault_ops.h"
+#include "verbs/capture.h"
 #include "verbs/provider.h"
 
 #undef ibv_query_port
@@ -397,10 +398,14 @@ ContextState::~ContextState() {
 // out (progress_adopt).
 void start_watchdog(ContextState& st) {
   if (make_eventfd(st.watchdog_stop)) return;
+  st.capture_watch = capture_watch(st);  // `softverbs capture` (capture.h)
   st.watchdog = started_thread([&st] {
-    pollfd p[3] = {{st.conn.fd(), POLLRDHUP, 0}, {st.watchdog_stop.get(), POLLIN, 0}, {st.wake.get(), POLLIN, 0}};
+    pollfd p[4] = {{st.conn.fd(), POLLRDHUP, 0},
+                   {st.watchdog_stop.get(), POLLIN, 0},
+                   {st.wake.get(), POLLIN, 0},
+                   {st.capture_watch.get(), POLLIN, 0}};
     for (;;) {
-      int n = ::poll(p, 3, -1);
+      int n = ::poll(p, 4, -1);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 || (p[1].revents & POLLIN)) return;
       if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) break;
@@ -411,6 +416,7 @@ void start_watchdog(ContextState& st) {
         while (::recv(st.wake.get(), &pid, sizeof pid, MSG_DONTWAIT) == ssize_t(sizeof pid)) gone.push_back(pid);
         progress_adopt(st, gone);
       }
+      if (p[3].revents & POLLIN) capture_changed(st, p[3].fd);
     }
     st.dead.store(true);
     ibv_async_event ev{};

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/capture_ring.h"
 #include "common/access.h"
 #include "common/completion.h"
 #include "common/device_info.h"
@@ -463,6 +464,11 @@ struct ProcessQp {
   // built between ibv_wr_start and ibv_wr_complete/abort.
   uint64_t send_ops = 0;
   std::shared_ptr<struct WrBatch> batch;
+
+  // Capture (capture.h), under the send lock: the PSN and the responder's
+  // MSN of the packets rendered, from the QP's SQ PSN at its first one.
+  uint32_t cap_psn = 0, cap_msn = 0;
+  bool cap_started = false;
 };
 
 // What ibv_create_qp returns to the application: the ibv_qp_ex it holds,
@@ -497,6 +503,14 @@ struct ContextState {
   // (Op::Wake): the watchdog then gives this process's progress thread the
   // QPs that process may have left work on (progress_adopt).
   Fd wake;
+  // Capture (capture.h): the ring this user's `softverbs capture` made, while
+  // it is there; the rings mapped, with when each was retired (unmapped a
+  // second later, at a later change); its path; and the watchdog's inotify
+  // descriptor on /dev/shm. capture_rings is guarded by mu.
+  std::atomic<capture::Ring*> capture{nullptr};
+  std::vector<std::pair<std::unique_ptr<capture::Ring>, uint64_t>> capture_rings;
+  std::string capture_path;
+  Fd capture_watch;
   uint64_t boot_id = 0;
   Mapping device_map;
   // A file of this user's (its device segment, or a lock file in /dev/shm),

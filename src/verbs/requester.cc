@@ -19,6 +19,7 @@
 #include "common/access.h"
 #include "common/responder_core.h"
 #include "common/trace.h"
+#include "verbs/capture.h"
 #include "verbs/counting.h"
 #include "verbs/fault_ops.h"
 #include "verbs/provider.h"
@@ -795,10 +796,8 @@ template <bool kFast>
   }
   if (!need_progress && !q.sq.empty()) need_progress = true;  // as progress_pid says, even if this queued nothing
   if (locked) q.hdr->send_lock.unlock();
-  // A full send queue is drained by someone's progress thread: ours too. The
-  // holder that queued those requests may have been killed since (else
-  // every sharer would get ENOMEM for good once the queue had filled behind
-  // a dead one's progress thread).
+  // A full send queue is drained by someone's progress thread: ours too (the
+  // holder that queued those requests may have been killed since).
   if ((need_progress || rc == ENOMEM) && !q.in_progress_list) progress_register(&q);
   return rc;
 }
@@ -850,17 +849,34 @@ constexpr QpOps kWireUd{"wire", post_wire_ud, execute_ud};
 constexpr QpOps kWireXrc{"wire", post_wire, execute_xrc};
 constexpr QpOps kNoSend{"none", post_none, execute_none};
 
+// While a capture is on (capture.h), shared-memory and mediated QPs take
+// these: no fast path, and each request carried out is rendered.
+template <Outcome (*kExecute)(ProcessQp&, const shm::SendWqe&)>
+Outcome execute_captured(ProcessQp& q, const shm::SendWqe& w) {
+  Outcome o = kExecute(q, w);
+  capture_request(q, w, o);
+  return o;
+}
+constexpr QpOps kCapRc{"shared memory", post_shm<false>, execute_captured<execute_rc>};
+constexpr QpOps kCapUc{"shared memory", post_shm<false>, execute_captured<execute_uc>};
+constexpr QpOps kCapUd{"shared memory", post_shm<false>, execute_captured<execute_ud>};
+constexpr QpOps kCapXrc{"shared memory", post_shm<false>, execute_captured<execute_xrc>};
+constexpr QpOps kCapWireUd{"wire", post_wire_ud, execute_captured<execute_ud>};  // its local destinations
+constexpr QpOps kCapMediatedRc{"mediated", post_shm<false>, execute_captured<execute_rc_mediated>};
+constexpr QpOps kCapMediatedUc{"mediated", post_shm<false>, execute_captured<execute_uc_mediated>};
+
 }  // namespace
 
 void choose_transport(ProcessQp& q) {
   const bool wire = roce_attached(q);
   const bool mediated = q.peer && q.peer->mediated;
+  const bool cap = capture_on(q);  // on the wire, the UDP endpoint's tap has the datagrams
   const QpOps* ops = &kNoSend;
   switch (q.type) {
-    case IBV_QPT_RC: ops = wire ? &kWireRc : mediated ? &kMediatedRc : &kShmRc; break;
-    case IBV_QPT_UC: ops = wire ? &kWireUc : mediated ? &kMediatedUc : &kShmUc; break;
-    case IBV_QPT_UD: ops = wire ? &kWireUd : &kShmUd; break;
-    case IBV_QPT_XRC_SEND: ops = wire ? &kWireXrc : &kShmXrc; break;
+    case IBV_QPT_RC: ops = wire ? &kWireRc : mediated ? (cap ? &kCapMediatedRc : &kMediatedRc) : cap ? &kCapRc : &kShmRc; break;
+    case IBV_QPT_UC: ops = wire ? &kWireUc : mediated ? (cap ? &kCapMediatedUc : &kMediatedUc) : cap ? &kCapUc : &kShmUc; break;
+    case IBV_QPT_UD: ops = wire ? (cap ? &kCapWireUd : &kWireUd) : cap ? &kCapUd : &kShmUd; break;
+    case IBV_QPT_XRC_SEND: ops = wire ? &kWireXrc : cap ? &kCapXrc : &kShmXrc; break;
     default: break;
   }
   if (!process_plan().wc.empty()) [[unlikely]] ops = planned_ops(q, ops, post_shm<false>);

@@ -28,6 +28,7 @@
 #include "common/trace.h"
 #include "roce/engine.h"
 #include "roce/udp.h"
+#include "verbs/capture.h"
 #include "verbs/provider.h"
 #include "verbs/roce_memory.h"
 #include "verbs/roce_util.h"
@@ -501,6 +502,7 @@ void attach_other(Hub& h, ProcessQp& q, RoceQp& r) {
     ep->set_accept_any_ipv4_id(true);
     ep->set_batching(true);
     ep->set_gso(h.gso);
+    ep->set_tap(capture_tap(*q.ctx->st, q.qpn));
     r.wire_mtu = std::min(r.wire_mtu, wire_mtu_for(g.raw));
     r.ep2 = std::move(ep);
     return;
@@ -526,6 +528,7 @@ int attach(Hub& h, ProcessQp& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& o
   // to 4791 for the QP is forwarded on the arrival socket.
   if (int e = r->ep->adopt(fds[0].release(), kRoceV2Port)) return e;
   r->ep->set_accept_any_ipv4_id(true);
+  r->ep->set_tap(capture_tap(cs, q.qpn));  // `softverbs capture` (capture.h)
   r->ep->set_batching(true);  // one sendmmsg per call into the engine
   r->ep->set_gso(h.gso);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
   std::memcpy(r->sgid.data(), sgid, 16);

@@ -12,7 +12,7 @@
 #   CASE: rc | rc_faults | rc_corrupt | rc_plan | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
 #         xsrq | xsrq6 | xsrq_events | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
-#         send_lat_xrc_faults | xrc_capture | xrc_peer
+#         send_lat_xrc_faults | xrc_capture | xrc_peer | sv_capture
 # Exit 0 pass, 1 fail, 77 skip (not root, no namespaces, a program missing).
 set -u
 src=$1 bin=$2 case=$3
@@ -454,6 +454,45 @@ case $case in
     [ "$gso" -gt 0 ] || fail "capture: no UDP GSO send"
     ids=$(tshark -r "$work/wire.pcap" -T fields -e ip.id 2>/dev/null | sort -u | wc -l)
     [ "$ids" -ge 4 ] || fail "capture: $ids distinct IP IDs: GSO sends were not cut by the kernel?"
+    ;;
+  sv_capture)
+    # `softverbs capture` of the wire path (docs/LAB.md, "Capture"): on h1,
+    # beside tshark on h1's veth, during one ibv_rc_pingpong. The datagrams
+    # h1's process sent and received, as `softverbs capture` has them, must
+    # be those on the veth (opcode, destination QP, PSN and UDP length each,
+    # as tshark decodes them), each with a right ICRC (check_capture.py).
+    # The senders' UDP GSO sends are cut into datagrams before the veth
+    # (as the capture case), so that tshark sees each one.
+    command -v tshark >/dev/null || { log "SKIP: no tshark"; exit $SKIP; }
+    for h in h0 h1; do
+      "$tb" exec $h /usr/bin/python3 "$src/scripts/netdev_feature.py" eth0 tx-udp-segmentation off ||
+        fail "sv_capture: cannot turn tx-udp-segmentation off"
+    done
+    start_daemons ""
+    "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp port 4791" -w "$work/wire.pcap" 2>"$work/tshark.log" &
+    cap=$!
+    pids+=($cap)
+    for _ in $(seq 100); do grep -q "Capturing on" "$work/tshark.log" 2>/dev/null && break; sleep 0.1; done
+    SOFTVERBS_DIR=$work/h1 "$tb" exec h1 "$bin/softverbs" capture -w "$work/sv.pcapng" --duration 60 \
+      2>"$work/svcap.log" &
+    svcap=$!
+    pids+=($svcap)
+    for _ in $(seq 100); do grep -q capturing "$work/svcap.log" 2>/dev/null && break; sleep 0.05; done
+    pingpong sv_capture ibv_rc_pingpong 1 "$a1" 4096 20
+    sleep 0.5
+    kill $cap $svcap 2>/dev/null
+    wait $cap $svcap 2>/dev/null
+    cat "$work/svcap.log" >&2
+    fields=(-T fields -e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn -e udp.length)
+    tshark -r "$work/wire.pcap" "${fields[@]}" 2>/dev/null | sort >"$work/wire.tsv"
+    tshark -r "$work/sv.pcapng" "${fields[@]}" 2>/dev/null | sort >"$work/sv.tsv"
+    n=$(wc -l <"$work/sv.tsv")
+    log "sv_capture: $n packets captured by softverbs capture, $(wc -l <"$work/wire.tsv") on the veth"
+    [ "$n" -ge 100 ] || fail "sv_capture: only $n packets"
+    cmp -s "$work/wire.tsv" "$work/sv.tsv" || { diff "$work/wire.tsv" "$work/sv.tsv" | head >&2; fail "sv_capture: not the veth's packets"; }
+    tshark -r "$work/sv.pcapng" -F pcap -w "$work/sv.pcap" 2>/dev/null || fail "sv_capture: tshark cannot convert"
+    /usr/bin/python3 "$src/tests/roce/check_capture.py" --verify-pcap "$work/sv.pcap" 0x00,0x01,0x02,0x11 ||
+      fail "sv_capture: check_capture.py"
     ;;
   *)
     log "unknown case $case"
