@@ -29,7 +29,7 @@ volatile sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
 
 constexpr const char* kCaptureUsage =
-    "usage: softverbs capture [-w FILE] [--qp QPN] [--pid PID] [-c COUNT] [--duration S] [--uid UID]\n"
+    "usage: softverbs capture [-w FILE] [--qp QPN] [--pid PID] [-c|--count COUNT] [--duration S] [--uid UID]\n"
     "  records this user's RDMA traffic on the softverbs device as pcapng (default: stdout),\n"
     "  shared-memory and between-user operations rendered as the RoCEv2 packets a NIC would send;\n"
     "  --qp: only packets to or from local QP QPN; --pid: only those process PID made;\n"
