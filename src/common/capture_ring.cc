@@ -1,3 +1,4 @@
+#include "common/fence.h"
 #include "common/capture_ring.h"
 
 #include <fcntl.h>
@@ -88,7 +89,7 @@ void Ring::write(std::span<const uint8_t> ip, uint32_t qpn, uint64_t time_ns) {
   const uint64_t i = hdr_->next.fetch_add(1, std::memory_order_relaxed);
   Slot& s = slots_[i % kSlots];
   s.seq.store(2 * i + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  fence_release();
   const size_t n = ip.size() < kSlotData ? ip.size() : kSlotData;
   s.time_ns = time_ns;
   s.len = uint32_t(n);
@@ -131,7 +132,7 @@ bool Ring::read(Slot& out, uint64_t* lost) {
   out.pid = s.pid;
   out.qpn = s.qpn;
   std::memcpy(out.data, s.data, out.len);
-  std::atomic_thread_fence(std::memory_order_acquire);
+  fence_acquire();
   tail_++;
   if (s.seq.load(std::memory_order_relaxed) != seq) {  // torn by a writer a lap ahead
     (*lost)++;

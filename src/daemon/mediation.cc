@@ -12,6 +12,7 @@
 // on the requester's side only; the library carries them out and never
 // sends them here), and any other opcode (masked atomics, TSO: not
 // operations of this device).
+#include "common/fence.h"
 #include "daemon/mediation.h"
 
 #include <fcntl.h>
@@ -742,7 +743,7 @@ int Mediation::execute_flush(Op& op) {
   if (!resolve_key(op.req.rkey, access::Use::kRemote, op.responder(), rules::flush_need(placement), x.addr, x.len, sp))
     return fail(op, Fault::kRemoteAccess);
   // ODP memory is process memory with no medium: the fence is all.
-  if (sp.pid) std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sp.pid) fence_seq_cst();
   if (!sp.pid && !core::apply_flush_file(sp.fd, placement))
     return fail(op, core::verdict(core::Check::kResponderFault).fault);
   return complete(op, uint32_t(op.req.compare_add));

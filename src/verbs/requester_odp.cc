@@ -29,6 +29,7 @@
 #include <mutex>
 #include <utility>
 
+#include "common/fence.h"
 #include "common/access.h"
 #include "common/odp_memory.h"
 #include "common/responder_core.h"
@@ -311,7 +312,7 @@ Outcome odp_flush(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   const core::Extent x = core::flush_extent(*e, level, w.remote_addr, w.compare_add);
   if (!checked_peer_key(q, p, w.rkey, x.addr, x.len, rules::flush_need(placement)))
     return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  fence_seq_cst();
   return {Step::kDone, IBV_WC_SUCCESS, false, uint32_t(w.compare_add)};
 }
 

@@ -192,6 +192,14 @@ bool RcEnd::open() {
          qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC) == 0;
 }
 
+void RcEnd::close() {
+  if (qp) ibv_destroy_qp(qp);
+  if (cq) ibv_destroy_cq(cq);
+  if (pd) ibv_dealloc_pd(pd);
+  if (ctx) ibv_close_device(ctx);
+  qp = nullptr, cq = nullptr, pd = nullptr, ctx = nullptr;
+}
+
 int RcEnd::post(ibv_wr_opcode op, void* local, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey) {
   ibv_sge sge{reinterpret_cast<uintptr_t>(local), len, lkey};
   ibv_send_wr wr{}, *bad = nullptr;

@@ -56,6 +56,7 @@ struct RcEnd {
   ibv_qp* qp = nullptr;
   bool open();
   int post(ibv_wr_opcode op, void* local, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey);
+  void close();  // the QP, CQ, PD and context (its MRs deregistered first by the caller)
 };
 
 class RawConn;

@@ -204,6 +204,8 @@ TEST(Capture, MediatedRequestsReachTheRequestersRingOnly) {
   ::unlink(path_of(0).c_str());
   EXPECT_EQ(4u, r.packets) << "WRITE Only, ACK, FetchAdd, ATOMIC ACK";
   EXPECT_EQ(4u, r.of_pid);
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+  me.close();
 }
 
 }  // namespace
