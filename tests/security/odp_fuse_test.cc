@@ -224,6 +224,9 @@ bool recv_within(int sock, T& v, int ms) {
 }
 
 TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the attacker's unshare(CLONE_NEWUSER) needs a single-threaded process; ThreadSanitizer's runtime runs a thread";
+#endif
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
@@ -392,6 +395,9 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
 // itself is the daemon's to carry on root's page; the 8 bytes of result
 // must not be written on the loop, which would wait for the page.
 TEST(OdpFuse, AnAtomicResultIntoAStuckPageStallsNoOneElse) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the attacker's unshare(CLONE_NEWUSER) needs a single-threaded process; ThreadSanitizer's runtime runs a thread";
+#endif
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
