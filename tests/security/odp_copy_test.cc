@@ -25,23 +25,6 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-struct RcQp {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_qp* qp = nullptr;
-  bool open() {
-    ctx = open_dev();
-    if (!ctx || !(pd = ibv_alloc_pd(ctx)) || !(cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0))) return false;
-    ibv_qp_init_attr ia{};
-    ia.send_cq = ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
-    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
-    return (qp = ibv_create_qp(pd, &ia)) && qp_to_init(qp, IBV_ACCESS_REMOTE_WRITE) == 0;
-  }
-};
-
 // kBig bytes of untouched anonymous memory, registered ODP.
 ibv_mr* odp_region(ibv_pd* pd) {
   void* p = mmap(nullptr, kBig, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -67,7 +50,7 @@ TEST(OdpCopy, AnotherUsersLargeOdpWriteDoesNotStallAThirdClient) {
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
   Child root(false, [](int sock) {
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 10;
     ibv_mr* mr = odp_region(me.pd);
     if (!mr) return 11;
@@ -78,7 +61,7 @@ TEST(OdpCopy, AnotherUsersLargeOdpWriteDoesNotStallAThirdClient) {
     return send_val(sock, ready) && recv_val(sock, done) ? 0 : 13;
   });
   Child nobody(true, [](int sock) {
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 20;
     ibv_mr* mr = odp_region(me.pd);
     if (!mr) return 21;
@@ -173,7 +156,7 @@ TEST(OdpCopy, DeregistrationStopsAnOdpWriteInFlight) {
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
   Child root(false, [](int sock) {
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 10;
     ibv_mr* mr = odp_region(me.pd);
     if (!mr) return 11;
@@ -196,7 +179,7 @@ TEST(OdpCopy, DeregistrationStopsAnOdpWriteInFlight) {
     return send_val(sock, changed) ? 0 : 16;
   });
   Child nobody(true, [](int sock) {
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 20;
     ibv_mr* mr = odp_region(me.pd);
     if (!mr) return 21;

@@ -199,23 +199,6 @@ struct ReadDone {
   double ms_after_exit;  // from the registrant's exit to the completion
 };
 
-struct RcQp {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_qp* qp = nullptr;
-  bool open() {
-    ctx = open_dev();
-    if (!ctx || !(pd = ibv_alloc_pd(ctx)) || !(cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0))) return false;
-    ibv_qp_init_attr ia{};
-    ia.send_cq = ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
-    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
-    return (qp = ibv_create_qp(pd, &ia)) && qp_to_init(qp, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE) == 0;
-  }
-};
-
 // Waits up to ms for a value on sock.
 template <class T>
 bool recv_within(int sock, T& v, int ms) {
@@ -235,7 +218,7 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
     char dir[32] = {};
     void* p = map_stuck_file(&server, dir);
     if (!p) return 21;
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 20;
     ibv_mr* mr = ibv_reg_mr(me.pd, p, kFile, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_REMOTE_READ);
     if (!mr) return 22;
@@ -247,7 +230,7 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
     return send_val(sock, go) && recv_val(sock, go) ? 0 : 24;  // exits when told (its server lives on)
   });
   Child root(false, [](int sock) {
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 10;
     static uint8_t buf[4096];
     ibv_mr* mr = ibv_reg_mr(me.pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
@@ -279,7 +262,7 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
     }
   });
   Child third(false, [](int sock) {
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 30;
     static uint8_t buf[4096];
     ibv_mr* mr = ibv_reg_mr(me.pd, buf, sizeof buf, 0);
@@ -318,7 +301,7 @@ TEST(OdpFuse, AFaultThatNeverEndsStallsNoOneElse) {
   });
   // The fourth client (another nobody process): an ordinary MR the third writes.
   Child fourth(true, [](int sock) {
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 40;
     static uint8_t buf[4096];
     ibv_mr* mr = ibv_reg_mr(me.pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -402,7 +385,7 @@ TEST(OdpFuse, AnAtomicResultIntoAStuckPageStallsNoOneElse) {
   SystemDaemon sysd;
   ASSERT_TRUE(sysd.alive());
   Child root(false, [](int sock) {
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 10;
     static uint64_t word[512];
     ibv_mr* mr = ibv_reg_mr(me.pd, word, sizeof word, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
@@ -421,7 +404,7 @@ TEST(OdpFuse, AnAtomicResultIntoAStuckPageStallsNoOneElse) {
     char dir[32] = {};
     void* p = map_stuck_file(&server, dir, true);
     if (!p) return 21;
-    RcQp me;
+    RcEnd me;
     if (!me.open()) return 20;
     ibv_mr* mr = ibv_reg_mr(me.pd, p, kFile, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE);
     if (!mr) return 22;
