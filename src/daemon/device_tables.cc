@@ -54,11 +54,15 @@ int DeviceTables::make_segment(uid_t uid, std::unique_ptr<Segment>& out) {
   for (uint32_t i = 0; i < kMcgTableSize; ++i)
     if (groups_[i].count) write_group(s->mcg[i], groups_[i]);
   // Sealed now that the daemon's writable mapping exists: with
-  // F_SEAL_FUTURE_WRITE no new writable shared mapping and no write() is
-  // possible on this file, through any descriptor (memfd_create(2)); ours
-  // keeps working. Mode 0400: another user cannot reopen it at all through
-  // /proc/PID/fd, and its own user only for reading.
+  // F_SEAL_FUTURE_WRITE no new writable shared mapping, no write() and no
+  // hole punched is possible on this file, through any descriptor, its
+  // owner's included (memfd_create(2), fcntl(2) "File seals"); ours keeps
+  // working. Owned by its user (a root daemon chowns it), mode 0400: its
+  // user's processes can reopen it for reading (the lock RDMA atomics on
+  // ODP memory take, verbs/context.cc open_odp_lock), and no other user
+  // can reopen it at all (/proc/PID/fd needs ptrace access to a holder).
   if (::fcntl(rw.get(), F_ADD_SEALS, kSeals) != 0) return errno;
+  if (::geteuid() == 0 && uid != 0 && ::fchown(rw.get(), uid, gid_t(-1)) != 0) return errno;
   if (::fchmod(rw.get(), 0400) != 0) return errno;
   char self[64];
   std::snprintf(self, sizeof(self), "/proc/self/fd/%d", rw.get());

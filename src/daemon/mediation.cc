@@ -198,12 +198,12 @@ bool own_spans(const std::vector<Span>& v, std::vector<MediationJob::OwnedSpan>&
     if (sp.pid) {
       Fd p(sp.pidfd < 0 ? -1 : ::fcntl(sp.pidfd, F_DUPFD_CLOEXEC, 0));
       if (!p.valid() || !sp.mem) return false;
-      out.push_back({Fd(), sp.off, sp.len, sp.backing, sp.pid, std::move(p), sp.mem});
+      out.push_back({Fd(), sp.off, sp.len, sp.backing, sp.pid, std::move(p), sp.mem, sp.owner_uid});
       continue;
     }
     Fd d(::fcntl(sp.fd, F_DUPFD_CLOEXEC, 0));
     if (!d.valid()) return false;
-    out.push_back({std::move(d), sp.off, sp.len, sp.backing, 0, Fd(), nullptr});
+    out.push_back({std::move(d), sp.off, sp.len, sp.backing, 0, Fd(), nullptr, 0});
   }
   return true;
 }
@@ -344,6 +344,13 @@ pid_t MediationJob::odp_pid() const {
   for (const auto* v : {&dst, &src})
     for (const OwnedSpan& s : *v)
       if (s.pid) return s.pid;
+  return 0;
+}
+
+uid_t MediationJob::odp_uid() const {
+  for (const auto* v : {&dst, &src})
+    for (const OwnedSpan& s : *v)
+      if (s.pid) return s.owner_uid;
   return 0;
 }
 

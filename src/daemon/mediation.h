@@ -48,6 +48,7 @@ struct MediationJob {
     pid_t pid = 0;
     Fd pidfd;
     std::shared_ptr<const OdpMemory> mem{};
+    uid_t owner_uid = 0;  // the registrant's user
   };
   std::vector<OwnedSpan> dst, src;
   std::vector<uint8_t> inline_data;  // the source when the payload was inline
@@ -66,8 +67,9 @@ struct MediationJob {
   std::timed_mutex land_mu;
   bool touches(uint32_t backing) const;
   bool touches_odp_of(pid_t pid) const;
-  // The first process whose ODP memory it copies (0: none).
+  // The first process whose ODP memory it copies (0: none), and its user.
   pid_t odp_pid() const;
+  uid_t odp_uid() const;
   // A job with this one's request, failed, that never copies (what
   // completes a copy whose thread is stuck on a fault).
   std::unique_ptr<MediationJob> failed_copy() const;

@@ -15,12 +15,12 @@ OdpCopies::OdpCopies(int done_fd) : s_(std::make_shared<Shared>()) {
 
 void OdpCopies::start(MediatedCopy c, uint64_t piece) {
   auto r = std::make_shared<Run>();
-  r->pid = c.job->odp_pid();
+  r->uid = c.job->odp_uid();
   {
     std::lock_guard<std::mutex> g(s_->mu);
-    int running = 0;
-    for (const auto& o : s_->runs) running += o->pid == r->pid && !o->abandoned;
-    if (running >= kPerRegistrant) {
+    int of_user = 0;
+    for (const auto& o : s_->runs) of_user += o->uid == r->uid;  // abandoned ones too: their threads still run
+    if (of_user >= kPerUser || s_->runs.size() >= size_t(kMaxThreads)) {
       s_->done.push_back(std::move(c));
       s_->done.back().job->failed = true;
       eventfd_signal(s_->done_fd.get());

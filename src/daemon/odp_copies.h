@@ -3,10 +3,18 @@
 // registrant controls and may wait for as long as the registrant wants (a
 // FUSE page whose READ is never answered), so none runs on the daemon's
 // loop or on the copy worker that other users' copies share: each runs on
-// a thread of its own, a bounded number per registrant, and the loop never
-// waits for one. A copy whose registrant exits, or whose MR is
-// deregistered, completes in error at once (revoke); its thread, if it is
-// stuck, is left to end when the fault does, and its result is dropped.
+// a thread of its own, and the loop never waits for one. A copy whose
+// registrant exits, or whose MR is deregistered, completes in error at once
+// (revoke); its thread, if it is stuck, is left to end when the fault does,
+// and its result is dropped.
+//
+// What this costs the daemon is bounded by the registrants' users: a thread
+// (with the job's descriptors: the registrant's pidfd, the ODP lock, and
+// through the pinned address space its three descriptors) per copy, at most
+// kPerUser copies over the memory of one user's processes, stuck ones
+// counted until their threads end, and kMaxThreads in all. A user whose
+// pages never fault in stalls only copies into or out of its own memory;
+// beyond the bounds a copy fails at once (remote operation error).
 #pragma once
 
 #include <sys/types.h>
@@ -34,8 +42,10 @@ struct MediatedCopy {
 
 class OdpCopies {
  public:
-  // Copies running over one registrant's memory at most; more fail at once.
-  static constexpr int kPerRegistrant = 4;
+  // Copy threads over the memory of one user's processes at most, stuck
+  // ones included, and in all; more copies fail at once.
+  static constexpr int kPerUser = 4;
+  static constexpr int kMaxThreads = 256;
   // `done_fd`: an eventfd signalled when copies are done (duplicated).
   explicit OdpCopies(int done_fd);
   // Starts the copy on a thread of its own (or fails it at once, beyond the
@@ -51,7 +61,7 @@ class OdpCopies {
  private:
   struct Run {
     MediatedCopy c;
-    pid_t pid = 0;
+    uid_t uid = 0;  // the registrant's user
     bool abandoned = false;  // completed in error by revoke(); the thread's result is dropped
   };
   // What the threads share with the loop; it outlives the server for a

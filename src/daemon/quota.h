@@ -60,13 +60,14 @@ class Quotas {
   void release(Kind k, uint32_t id);
   // Descriptors held for a user outside the kinds above, counted under kFd:
   // a connection's pidfd, its async wake-up socket, its request ring's memfd
-  // and wake-up socket, its sharers' wake socket (Op::Wake), its RoCE arrival pair, and the duplicates that
+  // and wake-up socket, its sharers' wake socket (Op::Wake), its RoCE arrival pair, its process's
+  // pinned address space for on-demand paging (three), and the duplicates that
   // replies waiting in its output queue carry. `key` names the holding (a
   // connection's: fd_key(client, what); a queued reply's: its own).
   int admit_fds(uid_t uid, uint32_t n) const;
   void charge_fds(uint64_t key, uid_t uid, uint32_t n);
   void release_fds(uint64_t key);
-  enum FdHolding : uint32_t { kPidfd = 1, kAsyncFd, kRingFds, kRoceFds, kWakeFd };
+  enum FdHolding : uint32_t { kPidfd = 1, kAsyncFd, kRingFds, kRoceFds, kWakeFd, kOdpFds };
   static uint64_t fd_key(uint32_t client, FdHolding what) { return (uint64_t(what) << 32) | client; }
   uint32_t limit(Kind k) const { return limit_[k]; }
   uint32_t used(uid_t uid, Kind k) const;

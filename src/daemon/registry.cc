@@ -127,6 +127,7 @@ void Registry::remove_client(uint32_t client) {
   clients_.erase(c);
   async_fds_.erase(client);
   quotas_.release_fds(Quotas::fd_key(client, Quotas::kAsyncFd));
+  quotas_.release_fds(Quotas::fd_key(client, Quotas::kOdpFds));
   cq_grants_.erase(client);
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it

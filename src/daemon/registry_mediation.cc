@@ -48,36 +48,17 @@ std::shared_ptr<const OdpMemory> Registry::odp_memory(uint32_t pid, uint64_t ide
 }
 
 // The file the library of user `uid` locks for RDMA atomics on ODP memory
-// (verbs/context.cc, open_odp_lock): the user's device segment where its
-// processes can reopen it (it is theirs, or they are root), opened anew
-// (a flock belongs to an open file description); else
-// /dev/shm/softverbs-odp-UID, a regular file of that user's, created for it
-// if missing. Opened without following links and without blocking (a FIFO
-// put there answers nothing).
+// (verbs/context.cc, open_odp_lock): the user's device segment, which is
+// the user's own (device_tables.cc), opened anew (a flock belongs to an
+// open file description).
 int Registry::odp_lock(uid_t uid, Fd& out) {
   int err = 0;
   const int seg = tables_.segment_fd(uid, err);
   if (seg < 0) return err ? err : ENOLCK;
-  struct stat sb {};
-  if (::fstat(seg, &sb) != 0) return errno;
   char path[64];
-  if (uid == 0 || sb.st_uid == uid) {
-    std::snprintf(path, sizeof path, "/proc/self/fd/%d", seg);
-    out.reset(::open(path, O_RDONLY | O_CLOEXEC));
-    return out.valid() ? 0 : errno;
-  }
-  std::snprintf(path, sizeof path, "/dev/shm/softverbs-odp-%u", unsigned(uid));
-  out.reset(::open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (!out.valid() && errno == ENOENT) {
-    out.reset(::open(path, O_RDONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (out.valid() && ::geteuid() == 0 && ::fchown(out.get(), uid, gid_t(-1)) != 0) out.reset();
-  }
-  if (!out.valid()) return ENOLCK;
-  if (::fstat(out.get(), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != uid) {
-    out.reset();
-    return ENOLCK;
-  }
-  return 0;
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", seg);
+  out.reset(::open(path, O_RDONLY | O_CLOEXEC));
+  return out.valid() ? 0 : ENOLCK;
 }
 
 uint32_t Registry::mr_odp_owner(uint32_t client, uint32_t handle) const {

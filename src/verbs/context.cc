@@ -122,21 +122,15 @@ ibv_context* open_context(ibv_device* device) {
 namespace {
 
 // The file whose flock(2) RDMA atomics on ODP memory take
-// (ContextState::odp_lock): one per user. The user's device segment,
-// opened anew (not dup'ed: a flock belongs to an open file description, and
-// the daemon hands every process the same one) where its mode lets this
-// process (a per-user daemon's, or root's); else /dev/shm/softverbs-odp-UID,
-// created mode 0600 and used only if it is a regular file of this user.
+// (ContextState::odp_lock): one per user, the user's device segment, its
+// own file (daemon/device_tables.cc), opened anew (not dup'ed: a flock
+// belongs to an open file description, and the daemon hands every process
+// the same one). No name in a shared directory, which another user could
+// take first.
 Fd open_odp_lock(int segment) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/self/fd/%d", segment);
-  Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
-  if (fd.valid()) return fd;
-  std::snprintf(path, sizeof(path), "/dev/shm/softverbs-odp-%u", unsigned(::geteuid()));
-  fd = Fd(::open(path, O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-  struct stat sb {};
-  if (fd.valid() && (::fstat(fd.get(), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != ::geteuid())) fd.reset();
-  return fd;
+  return Fd(::open(path, O_RDONLY | O_CLOEXEC));  // invalid: such atomics fail with ENOLCK, said when tried
 }
 
 // The device segment of Hello's reply (the MR, QP and multicast tables,

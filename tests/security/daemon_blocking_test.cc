@@ -296,6 +296,45 @@ TEST(DaemonBlocking, DescriptorsHeldForAUserStayWithinItsQuota) {
   EXPECT_TRUE(stops_on_sigterm(sysd));
 }
 
+// Contexts of nobody that each register an implicit ODP MR: the daemon
+// keeps each registrant's address space pinned (three descriptors),
+// which count in the user's quota like every other descriptor it holds.
+TEST(DaemonBlocking, OdpRegistrantsDescriptorsStayWithinItsQuota) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  setenv("SOFTVERBSD_QUOTA_FD", std::to_string(kFdQuota).c_str(), 1);
+  SystemDaemon sysd;
+  unsetenv("SOFTVERBSD_QUOTA_FD");
+  ASSERT_TRUE(sysd.alive());
+  ASSERT_EQ(0, root_is_served(10));
+  const int before = open_fds(sysd.pid);
+  ASSERT_GT(before, 0);
+  Child nobody(true, [](int sock) {
+    int n = 0;
+    for (; n < 150; ++n) {
+      ibv_context* ctx = open_dev();
+      ibv_pd* pd = ctx ? ibv_alloc_pd(ctx) : nullptr;
+      if (!pd || !ibv_reg_mr(pd, nullptr, SIZE_MAX, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE)) break;
+    }
+    if (!send_val(sock, n)) return 3;
+    int done = 0;
+    recv_val(sock, done);
+    return 0;
+  });
+  nobody.start();
+  int registrants = 0;
+  ASSERT_TRUE(recv_val(nobody.sock(), registrants)) << "nobody: exit " << nobody.wait();
+  usleep(300000);
+  const int held = open_fds(sysd.pid) - before;
+  std::fprintf(stderr, "nobody: %d ODP registrants; the daemon holds %d more descriptors\n", registrants, held);
+  EXPECT_GT(registrants, 0) << "no ODP registration succeeded";
+  EXPECT_LE(held, kFdQuota + 16) << "over " << registrants << " ODP registrants of nobody";
+  EXPECT_EQ(0, root_is_served(10)) << "root is not served while nobody holds its quota";
+  int done = 1;
+  send_val(nobody.sock(), done);
+  EXPECT_EQ(0, nobody.wait());
+  EXPECT_TRUE(stops_on_sigterm(sysd));
+}
+
 // ---- A ring that must not spin the daemon ------------------------------------
 
 TEST(DaemonBlocking, RingMovedWithRepliesUnreadDoesNotSpinTheDaemon) {

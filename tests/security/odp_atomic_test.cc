@@ -3,10 +3,13 @@
 // FETCH_ADDs the same quadword through a pair of its own QPs (the library's
 // path, under the user's ODP atomics lock). Both are atomic with respect to
 // each other: every update counts and every original value returned is
-// distinct. Root's lock is its device segment; nobody's, which cannot
-// reopen the system daemon's segment, is /dev/shm/softverbs-odp-65534.
+// distinct. The lock is the owner's user's device segment (its own file);
+// a third user that takes the name a lock once had in /dev/shm takes
+// nothing.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -153,6 +156,24 @@ TEST(OdpAtomic, AnotherUsersAtomicsAndTheOwnersAreAtomicTogether) {
 TEST(OdpAtomic, AnotherUsersAtomicsAndAnUnprivilegedOwnersAreAtomicTogether) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
   atomics_together(true);
+}
+
+// Another unprivileged user (65533) creates, before nobody runs, the file
+// a per-user name in /dev/shm would give nobody's ODP atomics lock: they
+// must not depend on a name any user can take first.
+TEST(OdpAtomic, ALockNameTakenFirstByAnotherUserChangesNothing) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  const char* squat = "/dev/shm/softverbs-odp-65534";
+  ::unlink(squat);
+  const pid_t p = fork();
+  if (p == 0) {
+    if (setresgid(65533, 65533, 65533) != 0 || setresuid(65533, 65533, 65533) != 0) _exit(2);
+    const int fd = ::open(squat, O_RDWR | O_CREAT | O_EXCL, 0666);
+    _exit(fd >= 0 && fchmod(fd, 0666) == 0 ? 0 : 3);
+  }
+  ASSERT_EQ(0, wait_for(p));
+  atomics_together(true);
+  ::unlink(squat);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -470,6 +471,112 @@ TEST(OdpFuse, AnAtomicResultIntoAStuckPageStallsNoOneElse) {
   EXPECT_EQ(0, root.wait());
   EXPECT_EQ(0, third.wait());
   EXPECT_TRUE(sysd.alive()) << "the daemon died";
+}
+
+// A thread of the daemon's stays with each copy stuck on a fault, after
+// its registrant is gone. nobody's registrants, one process after another,
+// each register the stuck page and exit while root READs it: the threads
+// the daemon keeps for them stay within the per-user bound
+// (daemon/odp_copies.h), however many processes nobody makes.
+int daemon_threads(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
+  if (!f) return -1;
+  char line[256];
+  int n = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "Threads: %d", &n) == 1) break;
+  std::fclose(f);
+  return n;
+}
+
+TEST(OdpFuse, StuckCopiesOfOneUserHoldBoundedThreads) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the attacker's unshare(CLONE_NEWUSER) needs a single-threaded process; ThreadSanitizer's runtime runs a thread";
+#endif
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  constexpr int kRounds = 8;
+  SystemDaemon sysd;
+  ASSERT_TRUE(sysd.alive());
+  Child nobody(true, [](int sock) {
+    pid_t server = -1;
+    char dir[32] = {};
+    void* p = map_stuck_file(&server, dir);
+    if (!p) return 21;
+    Target cleanup{0, 0, 0, server, {}};
+    std::memcpy(cleanup.dir, dir, sizeof dir);
+    if (!send_val(sock, cleanup)) return 22;
+    for (int i = 0; i < kRounds; ++i) {
+      const pid_t reg = fork();  // a registrant process: the library opened only here
+      if (reg == 0) {
+        RcEnd me;
+        ibv_mr* mr = me.open() ? ibv_reg_mr(me.pd, p, kFile, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_REMOTE_READ) : nullptr;
+        if (!mr) _exit(23);
+        Target t{me.qp->qp_num, mr->rkey, uint64_t(uintptr_t(p)), 0, {}};
+        uint32_t peer = 0;
+        if (!send_val(sock, t) || !recv_val(sock, peer) || qp_to_rts(me.ctx, me.qp, peer)) _exit(24);
+        int go = 0;
+        _exit(send_val(sock, go) && recv_val(sock, go) ? 0 : 25);  // exits when told
+      }
+      if (wait_for(reg) != 0) return 26;
+    }
+    return 0;
+  });
+  Child root(false, [](int sock) {
+    static uint8_t buf[4096];
+    for (int i = 0; i < kRounds; ++i) {
+      auto* me = new RcEnd;  // kept: its READ is still with the daemon
+      ibv_mr* mr = me->open() ? ibv_reg_mr(me->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+      Target t{};
+      uint32_t qpn = mr ? me->qp->qp_num : 0;
+      if (!mr || !recv_val(sock, t) || !send_val(sock, qpn) || qp_to_rts(me->ctx, me->qp, t.qpn)) return 10;
+      int go = 0;
+      if (!recv_val(sock, go)) return 11;
+      ibv_sge sge{uint64_t(uintptr_t(buf)), sizeof buf, mr->lkey};
+      ibv_send_wr wr{}, *bad = nullptr;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_READ;
+      wr.wr.rdma.remote_addr = t.addr;
+      wr.wr.rdma.rkey = t.rkey;
+      // Said first: the post may return only once the copy is over.
+      if (!send_val(sock, go) || ibv_post_send(me->qp, &wr, &bad)) return 12;
+    }
+    int done = 0;
+    return recv_val(sock, done) ? 0 : 14;
+  });
+  nobody.start();
+  root.start();
+  Target cleanup{};
+  ASSERT_TRUE(recv_val(nobody.sock(), cleanup)) << "nobody failed: exit " << nobody.wait();
+  const int before = daemon_threads(sysd.pid);
+  int peak = before;
+  for (int i = 0; i < kRounds; ++i) {
+    Target t{};
+    ASSERT_TRUE(recv_val(nobody.sock(), t)) << "round " << i << ": nobody failed: exit " << nobody.wait();
+    ASSERT_TRUE(send_val(root.sock(), t));
+    uint32_t qpn = 0;
+    ASSERT_TRUE(recv_val(root.sock(), qpn)) << "root failed: exit " << root.wait();
+    ASSERT_TRUE(send_val(nobody.sock(), qpn));
+    int go = 0;
+    ASSERT_TRUE(recv_val(nobody.sock(), go)) << "round " << i << ": the registrant failed";
+    ASSERT_TRUE(send_val(root.sock(), go));
+    ASSERT_TRUE(recv_val(root.sock(), go)) << "root failed: exit " << root.wait();
+    usleep(200 * 1000);  // the READ is with the daemon, faulting on the page
+    peak = std::max(peak, daemon_threads(sysd.pid));
+    ASSERT_TRUE(send_val(nobody.sock(), go));  // the registrant exits; the fault does not end
+  }
+  EXPECT_EQ(0, nobody.wait());
+  usleep(200 * 1000);
+  peak = std::max(peak, daemon_threads(sysd.pid));
+  const int go = 1;
+  send_val(root.sock(), go);
+  kill(cleanup.server, SIGKILL);
+  cleanup.dir[sizeof cleanup.dir - 1] = 0;
+  if (std::strncmp(cleanup.dir, "/tmp/svfuse-", 12) == 0 && rmdir(cleanup.dir) != 0) std::perror(cleanup.dir);
+  root.wait();
+  std::fprintf(stderr, "the daemon ran %d threads before, %d at most over %d stuck registrants\n", before, peak,
+               kRounds);
+  EXPECT_LE(peak - before, 4) << "threads the daemon kept for one user's stuck copies";
 }
 
 }  // namespace
