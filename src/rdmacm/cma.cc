@@ -65,6 +65,14 @@ void addr_resolved(Id* d) {
   post(d, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
 }
 
+// Whether the device's port is down (a fault plan's port rule: the
+// state ibv_query_port(3) reports).
+bool port_down() {
+  ibv_context* c = device();
+  ibv_port_attr a{};
+  return c && ibv_query_port(c, 1, &a) == 0 && a.state == IBV_PORT_DOWN;
+}
+
 // rdma_resolve_addr to an address of this host: the GIDs are the addresses'
 // own; an id bound to a wildcard takes the destination as its source.
 void resolve_local(Id* d, sockaddr* dst_addr) {
@@ -259,7 +267,14 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
       if (int e = bind_for_resolve(d, src_addr, dst_addr)) return fail(e);
     }
     std::memcpy(&d->id.route.addr.dst_storage, dst_addr, addr_len(dst_addr));
-    if (addr_is_multicast(dst_addr)) {
+    if (!addr_is_multicast(dst_addr) && port_down()) {
+      // As Linux when the netdev under the RDMA port is down: its routes are
+      // gone, the route lookup of address resolution fails (drivers/
+      // infiniband/core/addr.c, addr4_resolve/addr6_resolve) and the id gets
+      // RDMA_CM_EVENT_ADDR_ERROR with status -ENETUNREACH.
+      std::fprintf(stderr, "softverbs: rdma_resolve_addr: port 1 of %s is down\n", ibv_get_device_name(device()->device));
+      post(d, RDMA_CM_EVENT_ADDR_ERROR, -ENETUNREACH);
+    } else if (addr_is_multicast(dst_addr)) {
       resolve_multicast(d, dst_addr);  // a group: joined on this host (cm_multicast.cc)
     } else if (addr_is_local(dst_addr)) {
       resolve_local(d, dst_addr);
