@@ -20,7 +20,7 @@
 //                      IBV_EVENT_QP_FATAL instead of being carried out
 //   port kv         := down_ms=D (required, 1 .. 3600000) and one of
 //                      after_ms=T (after the plan is read: the process's
-//                      first context) or op=N (the process's N-th send request
+//                      first context; 0: down from its start) or op=N (the process's N-th send request
 //                      is the first the down port fails)
 //   cq_err kv       := after_ms=T (required), cq=N (the process's N-th CQ, default 1)
 //   srq_limit kv    := after_ms=T (required), srq=N (the process's N-th SRQ, default 1)

@@ -168,8 +168,13 @@ void events_attach(ContextState& st) {
   if (E.seeded) return;
   E.seeded = true;  // times count from the first context
   const uint64_t now = monotonic_ns();
-  for (size_t i = 0; i < p.port.size(); ++i)
-    if (!p.port[i].op) schedule(E, {now + p.port[i].after_ms * 1'000'000, What::kDown, i});
+  for (size_t i = 0; i < p.port.size(); ++i) {
+    if (p.port[i].op) continue;
+    // after_ms=0: the port is down before the first context's first verb
+    // (the application opens its device on a port that is down).
+    if (p.port[i].after_ms == 0) fire(E, {now, What::kDown, i});
+    else schedule(E, {now + p.port[i].after_ms * 1'000'000, What::kDown, i});
+  }
   for (size_t i = 0; i < p.timed.size(); ++i) schedule(E, {now + p.timed[i].after_ms * 1'000'000, What::kTimed, i});
 }
 
