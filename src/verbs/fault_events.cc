@@ -227,8 +227,8 @@ bool event_fault(ProcessQp& q, uint64_t qp_op, uint32_t opcode, uint64_t wr_id, 
   const bool reliable = q.type == IBV_QPT_RC || q.type == IBV_QPT_XRC_SEND;
   log_line("port down: qp=0x%x wr_id=%llu opcode=%s %s\n", q.qpn, (unsigned long long)wr_id, fault_opcode_name(opcode),
            reliable ? "status=RETRY_EXC_ERR" : "lost");
-  // A reliable QP's retries run out without an acknowledgement (IBTA
-  // 9.7.5.1.2); an unreliable one's message is lost on the way.
+  // A reliable QP's retries run out without an acknowledgement; an
+  // unreliable one's message is lost on the way.
   out = reliable ? Outcome{Step::kError, IBV_WC_RETRY_EXC_ERR} : Outcome{Step::kDone};
   return true;
 }

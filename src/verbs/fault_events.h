@@ -8,13 +8,14 @@
 //                 IBV_EVENT_PORT_ERR, then IBV_EVENT_PORT_ACTIVE when it is
 //                 up again. A reliable QP (RC, XRC) whose request is carried
 //                 out while it is down fails it with IBV_WC_RETRY_EXC_ERR (no
-//                 acknowledgement comes back: IBTA 9.7.5.1.2, retries
-//                 exhausted) and goes to ERR, its later requests flushed; an
+//                 acknowledgement comes back: its transport retries run out,
+//                 ibv_poll_cq(3)) and goes to ERR, its later requests flushed; an
 //                 unreliable one's message is lost (completes successfully).
 //                 rdma_cm address resolution fails while it is down (rdmacm).
 //   qp_fatal      the QP's N-th send request is not carried out: the QP goes
 //                 to ERR (that request and the later ones flushed, the
-//                 receives too) and IBV_EVENT_QP_FATAL names it (IBTA 11.6.3.1).
+//                 receives too) and IBV_EVENT_QP_FATAL names it (the
+//                 "local work queue catastrophic error" of ibv_get_async_event(3)).
 //   cq_err        IBV_EVENT_CQ_ERR on the process's N-th CQ, its QPs to ERR,
 //                 as after an overrun (IBTA 11.4.2.1; the daemon does both).
 //   srq_limit     IBV_EVENT_SRQ_LIMIT_REACHED on the process's N-th SRQ if its
