@@ -315,7 +315,6 @@ struct CqState {
   // Another user's CQ granted by name (svx_open): nothing of it is mapped
   // here (`view` is empty); the daemon polls it for this process (PollCq).
   bool granted = false;
-  uint32_t plan_ordinal = 0;  // the process's n-th CQ, for a fault plan's cq_err (fault_events.h)
   // QPs destroyed by this process whose completions may still wait in the
   // ring, or be on their way to it from a peer that took a receive before
   // the destroy: pollers drop them (cq.cc, forget_qp_completions). `gone_n`
@@ -327,6 +326,7 @@ struct CqState {
   std::atomic<uint32_t> gone_n{0};
   std::mutex gone_mu;
   std::vector<GoneQp> gone;
+  uint32_t plan_ordinal = 0;  // the process's n-th CQ, for a fault plan's cq_err (fault_events.h)
 };
 
 struct Cq {
@@ -375,8 +375,8 @@ struct SrqState {
   std::vector<std::unique_ptr<SrqSegment>> segs;
   uint32_t max_sge;
   uint32_t srq_type = IBV_SRQT_BASIC;
-  uint32_t plan_ordinal = 0;  // the process's n-th SRQ, for a fault plan's srq_limit (fault_events.h)
   SrqSegment& now() const { return *cur.load(std::memory_order_acquire); }
+  uint32_t plan_ordinal = 0;  // the process's n-th SRQ, for a fault plan's srq_limit (fault_events.h)
 };
 
 // The segment of an SRQ that has moved on from `from` (GetSrq); false if
