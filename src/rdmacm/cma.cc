@@ -387,6 +387,27 @@ void rdma_destroy_qp(rdma_cm_id* id) {
   }
 }
 
+namespace {
+
+// rdma_connect's REQ goes out (try_connect), unless the port is down: it
+// cannot leave then, Linux's CM resends it until its retries run out and
+// rdma_cm reports UNREACHABLE, -ETIMEDOUT (drivers/infiniband/core/cm.c, a
+// REQ's send error); here at once. With g.mu held.
+void start_connect(Id* d) {
+  if (port_down()) {
+    std::fprintf(stderr, "softverbs: rdma_connect: port 1 of %s is down\n", ibv_get_device_name(d->id.verbs->device));
+    d->st = St::kRejected;
+    post(d, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+    return;
+  }
+  d->st = St::kConnect;
+  d->connect_deadline = Clock::now() + kRepTimeout;
+  d->no_listener_until = Clock::now() + kNoListenerGrace;
+  try_connect(d);
+}
+
+}  // namespace
+
 int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   if (!id) return fail(EINVAL);
   Id* d = id_of(id);
@@ -459,10 +480,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
         std::memcpy(r.private_data + cm::kIpHeader, param->private_data, param->private_data_len);
       cm::encode(r, d->local_comm_id, d->pending_req);
     }
-    d->st = St::kConnect;
-    d->connect_deadline = Clock::now() + kRepTimeout;
-    d->no_listener_until = Clock::now() + kNoListenerGrace;
-    try_connect(d);
+    start_connect(d);
   }
   return complete(d);
 }

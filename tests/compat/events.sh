@@ -4,7 +4,7 @@
 # checks what it sees (ibv_query_port, the events and their elements, the
 # completions and QP states, recovery); this script gives it the plan and
 # checks its exit status and the fault log.
-#   events.sh BIN_DIR PROGRAM MODE
+#   events.sh BIN_DIR PROGRAM MODE   (PROGRAM: async_events, or cm_port_down for MODE cm)
 . "$(dirname "$0")/lib.sh"
 prog=${2:?the async_events program}
 mode=${3:?mode}
@@ -17,13 +17,18 @@ case $mode in
   cq_err) plan='cq_err:cq=1,after_ms=300'; want='^cq_err cq=1$' ;;
   srq_limit) plan='srq_limit:srq=1,after_ms=300'; want='^srq_limit srq=1 limit=4$' ;;
   device_fatal) plan='device_fatal:after_ms=300'; want='^device_fatal$' ;;
+  # cm_port_down.c: rdma_cm while the port is down, on an rdma_cm port of
+  # this test's own SOFTVERBS_DIR.
+  cm) plan='port:after_ms=400,down_ms=600'; want='^port down$|^port up$' ;;
   *) log "unknown mode $mode"; exit 2 ;;
 esac
 out=$COMPAT_DIR/out
-sv_run env SOFTVERBS_FAULTS="$plan" SOFTVERBS_FAULTS_LOG="$COMPAT_DIR/log" "$prog" "$mode" >"$out" 2>&1
+arg=$mode
+[ "$mode" = cm ] && arg=7471
+sv_run env SOFTVERBS_FAULTS="$plan" SOFTVERBS_FAULTS_LOG="$COMPAT_DIR/log" "$prog" "$arg" >"$out" 2>&1
 rc=$?
-[ "$rc" -eq 0 ] || fail "async_events $mode exited with $rc, not 0"
-grep -q '^PASSED$' "$out" || fail "async_events $mode did not pass"
+[ "$rc" -eq 0 ] || fail "$(basename "$prog") $mode exited with $rc, not 0"
+grep -q '^PASSED$' "$out" || fail "$(basename "$prog") $mode did not pass"
 lines=$(grep -c . "$COMPAT_DIR/log" 2>/dev/null || echo 0)
 wanted=$(printf '%s' "$want" | awk -F'|' '{print NF}')
 [ "$lines" -eq "$wanted" ] || fail "the fault log has $lines lines, not $wanted"
