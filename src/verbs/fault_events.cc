@@ -79,18 +79,23 @@ void schedule(Events& E, Due d) {
   E.cv.notify_all();
 }
 
-// The CQ or SRQ of the process with ordinal `n` (under its context's lock),
-// as its daemon handle and context; false if there is none now.
-bool find_object(Events& E, faults::Timed kind, uint32_t n, ContextState*& at, uint32_t& handle, SrqState*& srq) {
+// The CQ or SRQ of the process with ordinal `n`, as its context and daemon
+// handle; false if there is none now. An SRQ's limit is disarmed here, under
+// its context's lock (a destroy takes it too), and returned in `limit`.
+bool find_object(Events& E, faults::Timed kind, uint32_t n, ContextState*& at, uint32_t& handle, uint32_t& limit) {
   for (ContextState* st : E.contexts) {
     std::lock_guard<std::mutex> g(st->mu);
     if (kind == faults::Timed::kCqErr) {
       for (auto& [h, cq] : st->cq_handles)
         if (cq->st->plan_ordinal == n) return (at = st, handle = h, true);
     } else {
-      for (auto& [h, s] : st->srq_handles)
-        if (reinterpret_cast<Srq*>(s)->st->plan_ordinal == n)
-          return (at = st, handle = h, srq = reinterpret_cast<Srq*>(s)->st, true);
+      for (auto& [h, s] : st->srq_handles) {
+        SrqState* srq = reinterpret_cast<Srq*>(s)->st;
+        if (srq->plan_ordinal != n) continue;
+        // IBTA 11.5.2.4: the event disarms the limit; an SRQ not armed has none.
+        limit = srq->now().hdr->limit.exchange(0);
+        return (at = st, handle = h, true);
+      }
     }
   }
   return false;
@@ -108,9 +113,8 @@ void fire_timed(Events& E, const faults::TimedRule& r) {
   }
   const bool cq = r.kind == faults::Timed::kCqErr;
   ContextState* st = nullptr;
-  uint32_t handle = 0;
-  SrqState* srq = nullptr;
-  if (!find_object(E, r.kind, r.n, st, handle, srq)) {
+  uint32_t handle = 0, limit = 0;
+  if (!find_object(E, r.kind, r.n, st, handle, limit)) {
     log_line("%s %s=%u: none (no event)\n", cq ? "cq_err" : "srq_limit", cq ? "cq" : "srq", r.n);
     return;
   }
@@ -122,8 +126,6 @@ void fire_timed(Events& E, const faults::TimedRule& r) {
     st->conn.call<proto::Op::CqError>(req, rep);  // the event, and the CQ's QPs to ERR
     return;
   }
-  // IBTA 11.5.2.4: the event disarms the limit; an SRQ not armed has none.
-  const uint32_t limit = srq->now().hdr->limit.exchange(0);
   log_line(limit ? "srq_limit srq=%u limit=%u\n" : "srq_limit srq=%u: not armed (no event)\n", r.n, limit);
   if (limit) st->conn.call<proto::Op::SrqLimit>(req, rep);
 }
