@@ -10,6 +10,16 @@ prog=${2:?the async_events program}
 mode=${3:?mode}
 compat_setup
 
+if [ "$mode" = bad_plan ]; then
+  # A bad event clause: the program is refused its device, the reason said.
+  require ibv_devinfo
+  sv_run env SOFTVERBS_FAULTS='seed=1;port:after_ms=10' ibv_devinfo >"$COMPAT_DIR/bad" 2>&1 && fail "a bad plan: ibv_devinfo exited 0"
+  grep -qF "softverbs: SOFTVERBS_FAULTS: clause 2 'port:after_ms=10': a port clause needs down_ms=" "$COMPAT_DIR/bad" ||
+    fail "a bad plan: its fault not said on stderr"
+  [ "$_compat_failures" -eq 0 ] || show bad "$COMPAT_DIR/bad"
+  finish
+fi
+
 case $mode in
   port) plan='seed=5; port:after_ms=400,down_ms=600'; want='^port down$|^port down: qp=0x[0-9a-f]+ wr_id=3 opcode=SEND status=RETRY_EXC_ERR$|^port up$' ;;
   port_op) plan='port:op=3,down_ms=400'; want='^port op=3 qp=0x[0-9a-f]+: down for 400 ms$|^port down$|^port down: qp=0x[0-9a-f]+ wr_id=3 opcode=SEND status=RETRY_EXC_ERR$|^port up$' ;;
