@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -105,6 +106,66 @@ std::string wc_setting(std::string_view k, std::string_view v, WcRule& r) {
   return cat("unknown wc setting '", k, "' (op, rate, status)");
 }
 
+// A setting of the event sections: a count or a time.
+std::string event_setting(std::string_view section, std::string_view k, std::string_view v, uint64_t& n) {
+  if (k == "after_ms" || k == "down_ms") {
+    const uint64_t lo = k == "down_ms" ? 1 : 0;
+    if (!to_u64(v, n) || n < lo || n > 3'600'000) return bad_value(k, v, lo ? "milliseconds, 1 to 3600000" : "milliseconds, 0 to 3600000");
+    return "";
+  }
+  if (k == "op") return to_u64(v, n) && n > 0 ? "" : bad_value(k, v, "an operation number from 1");
+  if (k == "cq" || k == "srq")
+    return to_u64(v, n) && n > 0 && n <= 0xffffffff ? "" : bad_value(k, v, "an ordinal from 1");
+  return cat("unknown setting '", k, "' for ", section);
+}
+
+// The keys each event section takes, and the ones it needs.
+struct EventSection {
+  const char* name;
+  const char* keys;      // space-separated
+  const char* required;  // space-separated
+};
+constexpr EventSection kEventSections[] = {
+    {"port", " after_ms op down_ms ", " down_ms "},
+    {"qp_fatal", " op ", " op "},
+    {"cq_err", " after_ms cq ", " after_ms "},
+    {"srq_limit", " after_ms srq ", " after_ms "},
+    {"device_fatal", " after_ms ", " after_ms "},
+};
+
+const EventSection* event_section(std::string_view s) {
+  for (const EventSection& e : kEventSections)
+    if (s == e.name) return &e;
+  return nullptr;
+}
+
+// An event clause's settings into `p`.
+std::string event_clause(const EventSection& es, std::string_view body, bool all, uint32_t qpn, Plan& p) {
+  std::map<std::string_view, uint64_t> kv;
+  for (std::string_view item : split(body, ',')) {
+    std::string_view k, v;
+    if (std::string e = key_value(item, k, v); !e.empty()) return e;
+    if (kv.count(k)) return cat("'", k, "' given twice in one clause");
+    if (std::string_view(es.keys).find(cat(" ", k, " ")) == std::string_view::npos)
+      return cat("unknown setting '", k, "' for ", es.name, " (", trim(es.keys), ")");
+    if (std::string e = event_setting(es.name, k, v, kv[k]); !e.empty()) return e;
+  }
+  for (std::string_view r : split(trim(es.required), ' '))
+    if (!kv.count(r)) return cat("a ", es.name, " clause needs ", r, "=");
+  const std::string_view name = es.name;
+  if (name == "port") {
+    if (kv.count("op") == kv.count("after_ms")) return "a port clause needs one of after_ms= or op=";
+    p.port.push_back({kv.count("after_ms") ? kv["after_ms"] : 0, kv.count("op") ? kv["op"] : 0, kv["down_ms"]});
+  } else if (name == "qp_fatal") {
+    p.qp_fatal.push_back({all, qpn, kv["op"]});
+  } else {
+    const Timed t = name == "cq_err" ? Timed::kCqErr : name == "srq_limit" ? Timed::kSrqLimit : Timed::kDeviceFatal;
+    const uint64_t n = kv.count("cq") ? kv["cq"] : kv.count("srq") ? kv["srq"] : 1;
+    p.timed.push_back({t, kv["after_ms"], uint32_t(n)});
+  }
+  return "";
+}
+
 std::string qp_selector(std::string_view sel, bool& all, uint32_t& qpn) {
   if (sel == "all") return (all = true), "";
   uint64_t n = 0;
@@ -121,13 +182,17 @@ std::string clause(std::string_view c, Plan& p) {
   std::string_view body = colon == std::string_view::npos ? c : trim(c.substr(colon + 1));
   std::string_view section = head.substr(0, head.find('@'));
   const bool bare = colon == std::string_view::npos;
-  if (!bare && section != "wire" && section != "wc")
-    return cat("unknown section '", section, "' (wire or wc)");
+  const EventSection* es = bare ? nullptr : event_section(section);
+  if (!bare && section != "wire" && section != "wc" && !es)
+    return cat("unknown section '", section,
+               "' (wire, wc, port, qp_fatal, cq_err, srq_limit or device_fatal)");
   bool all = true;
   uint32_t qpn = 0;
   if (!bare && head.find('@') != std::string_view::npos) {
+    if (es && section != "qp_fatal") return cat("a ", section, " clause takes no QP selector");
     if (std::string e = qp_selector(trim(head.substr(head.find('@') + 1)), all, qpn); !e.empty()) return e;
   }
+  if (es) return event_clause(*es, body, all, qpn, p);
   WireRule w;
   WcRule r;
   std::set<std::string_view> seen;

@@ -1,17 +1,30 @@
 // fault_plan.h: the fault plan a user gives without recompiling
 // (SOFTVERBS_FAULTS, or a file named by SOFTVERBS_FAULT_PLAN; docs/LAB.md,
 // "Faults"): seeded wire faults (loss, duplication, reordering with delay,
-// corruption) that the RoCEv2 senders apply, and completions in error at a
-// chosen QP and operation number or at a rate, which the requester reports.
+// corruption) that the RoCEv2 senders apply, completions in error at a
+// chosen QP and operation number or at a rate, which the requester reports,
+// and the asynchronous events a NIC raises (port down and up, QP fatal, CQ
+// error, SRQ limit, device fatal), which the library raises in the process
+// that holds the plan (verbs/fault_events.h).
 //
 //   plan    := clause { ";" clause }            (a file: clauses one a line, '#' comments)
 //   clause  := "seed=" N
 //            | section [ "@" qpsel ] ":" kv { "," kv }
 //            | kv { "," kv }                    (a wire clause for all QPs; seed= allowed)
-//   section := "wire" | "wc"
+//   section := "wire" | "wc" | "qp_fatal"        (these take a qpsel)
+//            | "port" | "cq_err" | "srq_limit" | "device_fatal"
 //   qpsel   := "all" | "qp=" N                  (N decimal or 0x hex)
 //   wire kv := drop=P | dup=P | reorder=P | delay_us=N | corrupt=P   (P in [0, 1])
 //   wc kv   := status=NAME (required) and one of op=N (N >= 1) or rate=P
+//   qp_fatal kv     := op=N (required): the QP's N-th send request meets
+//                      IBV_EVENT_QP_FATAL instead of being carried out
+//   port kv         := down_ms=D (required, 1 .. 3600000) and one of
+//                      after_ms=T (after the plan is read: the process's
+//                      first context; 0: down from its start) or op=N (the process's N-th send request
+//                      is the first the down port fails)
+//   cq_err kv       := after_ms=T (required), cq=N (the process's N-th CQ, default 1)
+//   srq_limit kv    := after_ms=T (required), srq=N (the process's N-th SRQ, default 1)
+//   device_fatal kv := after_ms=T (required)
 //   NAME    := RNR_RETRY_EXC_ERR | RETRY_EXC_ERR | REM_ACCESS_ERR | REM_OP_ERR | LOC_PROT_ERR
 //              (an IBV_WC_ prefix is accepted)
 //
@@ -45,11 +58,41 @@ struct WcRule {
   ibv_wc_status status = IBV_WC_SUCCESS;
 };
 
+// The port goes DOWN (at after_ms, or just before the op-th send request
+// of the process) and ACTIVE again down_ms later.
+struct PortRule {
+  uint64_t after_ms = 0;
+  uint64_t op = 0;  // 0: by time
+  uint64_t down_ms = 0;
+};
+
+struct QpFatalRule {
+  bool all = true;
+  uint32_t qpn = 0;
+  uint64_t op = 0;  // the op-th send request the QP carries out (1-based)
+};
+
+// An event at a time: the CQ or SRQ is the process's n-th (1-based).
+enum class Timed { kCqErr, kSrqLimit, kDeviceFatal };
+struct TimedRule {
+  Timed kind;
+  uint64_t after_ms = 0;
+  uint32_t n = 1;
+};
+
 struct Plan {
   uint64_t seed = 1;
   std::vector<WireRule> wire;
   std::vector<WcRule> wc;
-  bool empty() const { return wire.empty() && wc.empty(); }
+  std::vector<PortRule> port;
+  std::vector<QpFatalRule> qp_fatal;
+  std::vector<TimedRule> timed;
+  bool empty() const { return wire.empty() && wc.empty() && !raises_events(); }
+  // Whether send requests on shared memory and mediated paths are planned
+  // (each one looked at before it is carried out).
+  bool plans_sends() const { return !wc.empty() || !qp_fatal.empty() || !port.empty(); }
+  // Whether the library raises asynchronous events for this plan.
+  bool raises_events() const { return !port.empty() || !qp_fatal.empty() || !timed.empty(); }
 };
 
 // Parses `text` into `out`: "" on success, else what is wrong (one line).

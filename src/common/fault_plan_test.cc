@@ -85,5 +85,73 @@ TEST(FaultPlan, FileTextDropsCommentsAndJoinsLines) {
   EXPECT_STREQ("LOC_PROT_ERR", status_name(p.wc[0].status));
 }
 
+TEST(FaultPlan, ParsesTheAsyncEventSections) {
+  Plan p;
+  ASSERT_EQ("", parse("port:after_ms=200,down_ms=300; port:op=7,down_ms=50; qp_fatal@qp=0x11:op=2;"
+                      "qp_fatal:op=4; cq_err:after_ms=10; cq_err:cq=2,after_ms=20; srq_limit:srq=3,after_ms=5;"
+                      "device_fatal:after_ms=0",
+                      p));
+  ASSERT_EQ(2u, p.port.size());
+  EXPECT_EQ(200u, p.port[0].after_ms);
+  EXPECT_EQ(0u, p.port[0].op);
+  EXPECT_EQ(300u, p.port[0].down_ms);
+  EXPECT_EQ(7u, p.port[1].op);
+  EXPECT_EQ(50u, p.port[1].down_ms);
+  ASSERT_EQ(2u, p.qp_fatal.size());
+  EXPECT_FALSE(p.qp_fatal[0].all);
+  EXPECT_EQ(0x11u, p.qp_fatal[0].qpn);
+  EXPECT_EQ(2u, p.qp_fatal[0].op);
+  EXPECT_TRUE(p.qp_fatal[1].all);
+  EXPECT_EQ(4u, p.qp_fatal[1].op);
+  ASSERT_EQ(4u, p.timed.size());
+  EXPECT_EQ(Timed::kCqErr, p.timed[0].kind);
+  EXPECT_EQ(1u, p.timed[0].n);
+  EXPECT_EQ(10u, p.timed[0].after_ms);
+  EXPECT_EQ(2u, p.timed[1].n);
+  EXPECT_EQ(Timed::kSrqLimit, p.timed[2].kind);
+  EXPECT_EQ(3u, p.timed[2].n);
+  EXPECT_EQ(Timed::kDeviceFatal, p.timed[3].kind);
+  EXPECT_EQ(0u, p.timed[3].after_ms);
+  EXPECT_TRUE(p.raises_events());
+  EXPECT_TRUE(p.plans_sends());
+  EXPECT_FALSE(p.empty());
+  Plan t;
+  ASSERT_EQ("", parse("cq_err:after_ms=1", t));
+  EXPECT_TRUE(t.raises_events());
+  EXPECT_FALSE(t.plans_sends());  // a timed event alone leaves the send path alone
+}
+
+TEST(FaultPlan, RefusesEveryMalformedEventClauseWithAReason) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"port:after_ms=10", "needs down_ms="},
+      {"port:down_ms=10", "one of after_ms= or op="},
+      {"port:after_ms=10,op=3,down_ms=10", "one of after_ms= or op="},
+      {"port:after_ms=10,down_ms=0", "bad value '0' for down_ms"},
+      {"port:after_ms=10,down_ms=3600001", "bad value"},
+      {"port:after_ms=x,down_ms=5", "bad value 'x' for after_ms"},
+      {"port:op=0,down_ms=5", "bad value '0' for op"},
+      {"port:after_ms=1,down_ms=5,down_ms=6", "given twice"},
+      {"port:after_ms=1,down_ms=5,status=REM_OP_ERR", "unknown setting 'status' for port"},
+      {"port@qp=5:after_ms=1,down_ms=5", "takes no QP selector"},
+      {"qp_fatal:after_ms=3", "unknown setting 'after_ms' for qp_fatal"},
+      {"qp_fatal@qp=0:op=3", "bad QP selector"},
+      {"qp_fatal:", "an empty setting"},
+      {"cq_err:cq=1", "needs after_ms="},
+      {"cq_err:cq=0,after_ms=1", "bad value '0' for cq"},
+      {"cq_err:srq=1,after_ms=1", "unknown setting 'srq' for cq_err"},
+      {"srq_limit:srq=-1,after_ms=1", "bad value '-1' for srq"},
+      {"device_fatal:op=3", "unknown setting 'op' for device_fatal"},
+      {"device_fatal", "not key=value"},
+      {"link_down:after_ms=1", "unknown section 'link_down'"},
+  };
+  for (const auto& [text, why] : bad) {
+    Plan p;
+    p.seed = 99;
+    std::string e = parse(text, p);
+    EXPECT_NE(std::string::npos, e.find(why)) << text << ": " << e;
+    EXPECT_EQ(99u, p.seed) << text << ": a refused plan leaves the output alone";
+  }
+}
+
 }  // namespace
 }  // namespace sv::faults

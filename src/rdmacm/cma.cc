@@ -65,6 +65,14 @@ void addr_resolved(Id* d) {
   post(d, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
 }
 
+// Whether the device's port is down (a fault plan's port rule: the
+// state ibv_query_port(3) reports).
+bool port_down() {
+  ibv_context* c = device();
+  ibv_port_attr a{};
+  return c && ibv_query_port(c, 1, &a) == 0 && a.state == IBV_PORT_DOWN;
+}
+
 // rdma_resolve_addr to an address of this host: the GIDs are the addresses'
 // own; an id bound to a wildcard takes the destination as its source.
 void resolve_local(Id* d, sockaddr* dst_addr) {
@@ -259,7 +267,14 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
       if (int e = bind_for_resolve(d, src_addr, dst_addr)) return fail(e);
     }
     std::memcpy(&d->id.route.addr.dst_storage, dst_addr, addr_len(dst_addr));
-    if (addr_is_multicast(dst_addr)) {
+    if (!addr_is_multicast(dst_addr) && port_down()) {
+      // As Linux when the netdev under the RDMA port is down: its routes are
+      // gone, the route lookup of address resolution fails (drivers/
+      // infiniband/core/addr.c, addr4_resolve/addr6_resolve) and the id gets
+      // RDMA_CM_EVENT_ADDR_ERROR with status -ENETUNREACH.
+      std::fprintf(stderr, "softverbs: rdma_resolve_addr: port 1 of %s is down\n", ibv_get_device_name(device()->device));
+      post(d, RDMA_CM_EVENT_ADDR_ERROR, -ENETUNREACH);
+    } else if (addr_is_multicast(dst_addr)) {
       resolve_multicast(d, dst_addr);  // a group: joined on this host (cm_multicast.cc)
     } else if (addr_is_local(dst_addr)) {
       resolve_local(d, dst_addr);
@@ -372,6 +387,27 @@ void rdma_destroy_qp(rdma_cm_id* id) {
   }
 }
 
+namespace {
+
+// rdma_connect's REQ goes out (try_connect), unless the port is down: it
+// cannot leave then, Linux's CM resends it until its retries run out and
+// rdma_cm reports UNREACHABLE, -ETIMEDOUT (drivers/infiniband/core/cm.c, a
+// REQ's send error); here at once. With g.mu held.
+void start_connect(Id* d) {
+  if (port_down()) {
+    std::fprintf(stderr, "softverbs: rdma_connect: port 1 of %s is down\n", ibv_get_device_name(d->id.verbs->device));
+    d->st = St::kRejected;
+    post(d, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+    return;
+  }
+  d->st = St::kConnect;
+  d->connect_deadline = Clock::now() + kRepTimeout;
+  d->no_listener_until = Clock::now() + kNoListenerGrace;
+  try_connect(d);
+}
+
+}  // namespace
+
 int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   if (!id) return fail(EINVAL);
   Id* d = id_of(id);
@@ -444,10 +480,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
         std::memcpy(r.private_data + cm::kIpHeader, param->private_data, param->private_data_len);
       cm::encode(r, d->local_comm_id, d->pending_req);
     }
-    d->st = St::kConnect;
-    d->connect_deadline = Clock::now() + kRepTimeout;
-    d->no_listener_until = Clock::now() + kNoListenerGrace;
-    try_connect(d);
+    start_connect(d);
   }
   return complete(d);
 }

@@ -23,6 +23,7 @@
 #include "common/started_thread.h"
 #include <fcntl.h>
 
+#include "verbs/fault_events.h"
 #include "verbs/fault_ops.h"
 #include "verbs/capture.h"
 #include "verbs/provider.h"
@@ -294,12 +295,14 @@ ibv_context* make_context(int import_fd, NsAttach* ns) {
     return nullptr;
   }
   start_watchdog(*st);
+  events_attach(*st);
   ctx->st = st.release();
   return &ctx->v.context;
 }
 
 int close_context(ibv_context* c) {
   Context* ctx = to_ctx(c);
+  events_detach(*ctx->st);
   delete ctx->st;  // closes the daemon connection: the daemon releases what is left
   pthread_mutex_destroy(&c->mutex);
   std::free(ctx);
@@ -365,6 +368,10 @@ int query_port(ibv_context*, uint8_t port, ibv_port_attr* attr, size_t attr_len)
   a.active_width = p.active_width;
   a.active_speed = p.active_speed;
   a.phys_state = p.phys_state;
+  if (planned_port_down()) {  // the fault plan's port rule (fault_events.h): as a NIC whose link is down
+    a.state = IBV_PORT_DOWN;
+    a.phys_state = 3;  // Disabled (IBTA 14.2.5.6 PortPhysicalState)
+  }
   a.link_layer = p.link_layer;
   a.max_vl_num = p.max_vl_num;
   // The caller's size says which release's struct it holds: v64's ends

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "common/completion.h"
+#include "verbs/fault_events.h"
 #include "verbs/provider.h"
 #include "verbs/roce_link.h"
 
@@ -444,6 +445,7 @@ ibv_cq* new_cq_handle(ibv_context* c, std::unique_ptr<CqState> st, uint32_t capa
   if (channel) __atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_RELAXED);
   ContextState& cs = ctx_state(c);
   std::lock_guard<std::mutex> g(cs.mu);
+  cq->st->plan_ordinal = planned_ordinal(faults::Timed::kCqErr);
   cs.cqs.push_back(cq->st);
   cs.cq_handles[q.handle] = cq;
   return &q;

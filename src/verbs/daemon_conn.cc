@@ -323,6 +323,7 @@ int DaemonConn::refused(int e, uint32_t seq) const {
 // With mu_ held: numbers request `req` and sends it (both raw_post and
 // raw_call), after re-attaching a forked child.
 int DaemonConn::send_locked(void* req, size_t req_len, std::span<const int> send_fds) {
+  if (failed_.load(std::memory_order_relaxed)) return EIO;
   if (!sock_.valid()) return ENODEV;
   if (owner_pid_ != self_pid()) {
     if (int e = reattach_after_fork()) return e;
@@ -337,8 +338,14 @@ int DaemonConn::send_locked(void* req, size_t req_len, std::span<const int> send
 // has given one (its first use asks for it), else on the socket. The daemon
 // takes what waits in the ring before the next request on the socket, so
 // the connection's order holds either way.
+void DaemonConn::fail_device() {
+  failed_.store(true);
+  ::shutdown(sock_.get(), SHUT_RDWR);
+}
+
 int DaemonConn::raw_post(void* req, size_t req_len) {
   std::lock_guard<std::mutex> g(mu_);
+  if (failed_.load(std::memory_order_relaxed)) return EIO;
   if (!sock_.valid()) return ENODEV;
   if (owner_pid_ != self_pid()) {
     if (int e = reattach_after_fork()) return e;

@@ -13,6 +13,7 @@
 
 #include "common/shm_layout.h"
 #include "common/trace.h"
+#include "verbs/fault_events.h"
 #include "verbs/provider.h"
 #include "verbs/transport.h"
 
@@ -54,7 +55,9 @@ uint64_t stream_seed(uint64_t seed, uint64_t ordinal) {
   return r.next();
 }
 
-const char* opcode_name(uint32_t op) {
+}  // namespace
+
+const char* fault_opcode_name(uint32_t op) {
   switch (op) {
     case IBV_WR_RDMA_WRITE: return "RDMA_WRITE";
     case IBV_WR_RDMA_WRITE_WITH_IMM: return "RDMA_WRITE_WITH_IMM";
@@ -68,13 +71,15 @@ const char* opcode_name(uint32_t op) {
   }
 }
 
+namespace {
+
 // One line per injected fault (SOFTVERBS_FAULTS_LOG), written whole with
 // one append.
 void log_fault(const ProcessQp& q, const shm::SendWqe& w, uint64_t op, ibv_wc_status s) {
   if (!fault_log_open()) return;
   char line[160];
   int n = std::snprintf(line, sizeof line, "wc qp=0x%x op=%llu wr_id=%llu opcode=%s status=%s\n", q.qpn,
-                        (unsigned long long)op, (unsigned long long)w.wr_id, opcode_name(w.opcode),
+                        (unsigned long long)op, (unsigned long long)w.wr_id, fault_opcode_name(w.opcode),
                         faults::status_name(s));
   if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
 }
@@ -85,6 +90,7 @@ Outcome execute_planned(ProcessQp& q, const shm::SendWqe& w) {
   QpFaults& f = *q.faults;
   if (!q.head_started) {
     const uint64_t n = ++f.ops;
+    if (Outcome o; f.events && event_fault(q, n, w.opcode, w.wr_id, o)) return o;
     for (const faults::WcRule& r : f.rules) {
       if (r.op ? r.op == n : f.rng.chance(r.rate)) {
         SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
@@ -114,16 +120,20 @@ const std::string& process_plan_error() { return the_plan().error; }
 
 const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post) {
   const faults::Plan& p = process_plan();
-  if (p.wc.empty()) return ops;
+  if (!p.plans_sends()) return ops;
   const bool shm = std::strcmp(ops->path, "shared memory") == 0;
   if (!shm && std::strcmp(ops->path, "mediated") != 0) return ops;  // the wire's engine, or no send queue
   if (!q.faults) {
     std::vector<faults::WcRule> rules;
     for (const faults::WcRule& r : p.wc)
       if (r.all || r.qpn == q.qpn) rules.push_back(r);
-    if (rules.empty()) return ops;
+    // Port rules look at every QP; QP fatal ones at those they name.
+    bool events = !p.port.empty();
+    for (const faults::QpFatalRule& r : p.qp_fatal) events |= r.all || r.qpn == q.qpn;
+    if (rules.empty() && !events) return ops;
     auto f = std::make_unique<QpFaults>();
     f->rules = std::move(rules);
+    f->events = events;
     f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
     q.faults = std::move(f);
   }

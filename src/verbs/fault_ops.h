@@ -32,6 +32,7 @@ struct QpFaults {
   std::atomic<const QpOps*> base{nullptr};  // the operations of its path (chosen again on reconnection)
   PostFn slow_post = nullptr;   // that path's post without its fast path
   std::vector<faults::WcRule> rules;
+  bool events = false;  // the plan's port or QP fatal rules look at its requests (fault_events.h)
   uint64_t ops = 0;  // requests carried out so far (the first is op 1)
   faults::Rng rng{0};
 };
@@ -46,9 +47,13 @@ const std::string& process_plan_error();
 bool fault_log_open();
 void fault_log_line(const char* line, size_t n);
 
+// A send opcode's name for the log ("OTHER" for one it does not name).
+const char* fault_opcode_name(uint32_t opcode);
+
 // The operations `q` takes: `ops`, or the planned ones wrapping it when the
 // plan names a completion fault for q and the path is shared memory or
-// mediated (`slow_post`: that path's post without its fast path).
+// mediated (`slow_post`: that path's post without its fast path); also
+// when the plan's port or QP fatal rules apply to q (fault_events.h).
 const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post);
 
 }  // namespace sv::verbs

@@ -68,6 +68,10 @@ class DaemonConn {
   const std::string& dir() const { return dir_; }  // the daemon's directory
   // Receives the async events waiting on the socket without blocking.
   void drain_events();
+  // The device fails (a fault plan's device_fatal): the connection is shut
+  // down, which the context's watchdog sees, and every later request fails
+  // with EIO, as uverbs' commands do after the device is disassociated.
+  void fail_device();
   // The id the daemon gave this connection (Hello's or ImportContext's
   // reply); in a forked child, its own connection's, made now. 0 if none.
   uint32_t client_id();
@@ -198,6 +202,7 @@ class DaemonConn {
   int refused(int e, uint32_t seq) const;
   int take_refusal(const uint8_t* buf, size_t len) const;
   uint32_t owner_pid_ = 0;  // the process whose connection sock_ is
+  std::atomic<bool> failed_{false};  // fail_device()
   uint32_t client_id_ = 0;
 };
 
@@ -321,6 +326,7 @@ struct CqState {
   std::atomic<uint32_t> gone_n{0};
   std::mutex gone_mu;
   std::vector<GoneQp> gone;
+  uint32_t plan_ordinal = 0;  // the process's n-th CQ, for a fault plan's cq_err (fault_events.h)
 };
 
 struct Cq {
@@ -370,6 +376,7 @@ struct SrqState {
   uint32_t max_sge;
   uint32_t srq_type = IBV_SRQT_BASIC;
   SrqSegment& now() const { return *cur.load(std::memory_order_acquire); }
+  uint32_t plan_ordinal = 0;  // the process's n-th SRQ, for a fault plan's srq_limit (fault_events.h)
 };
 
 // The segment of an SRQ that has moved on from `from` (GetSrq); false if

@@ -693,6 +693,10 @@ inline void prefetch_write_target(ProcessQp& q, const ibv_send_wr* wr) {
 
 // 0, or the errno of a send queue that takes no request now (with *bad set).
 inline int refuse_post(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad) {
+  if (q.ctx->st->dead.load(std::memory_order_relaxed)) {  // IBV_EVENT_DEVICE_FATAL happened
+    *bad = wr;
+    return EIO;
+  }
   auto state = ibv_qp_state(q.entry->state.load(std::memory_order_acquire));
   // IBTA 10.8.2: the send queue accepts work requests in RTS, SQD and SQE
   // (and in ERR, where they are flushed); earlier states refuse them.
@@ -700,10 +704,6 @@ inline int refuse_post(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad) {
       q.entry->qpn.load(std::memory_order_relaxed) != q.qpn) {  // or destroyed by another sharer
     *bad = wr;
     return EINVAL;
-  }
-  if (q.ctx->st->dead.load(std::memory_order_relaxed)) {  // IBV_EVENT_DEVICE_FATAL happened
-    *bad = wr;
-    return EIO;
   }
   return 0;
 }
@@ -879,7 +879,7 @@ void choose_transport(ProcessQp& q) {
     case IBV_QPT_XRC_SEND: ops = wire ? &kWireXrc : cap ? &kCapXrc : &kShmXrc; break;
     default: break;
   }
-  if (!process_plan().wc.empty()) [[unlikely]] ops = planned_ops(q, ops, post_shm<false>);
+  if (process_plan().plans_sends()) [[unlikely]] ops = planned_ops(q, ops, post_shm<false>);
   if (q.ops.load(std::memory_order_relaxed) != ops)
     SV_TRACE("QP 0x%x: %s path", q.qpn, ops->path);
   q.ops.store(ops, std::memory_order_release);

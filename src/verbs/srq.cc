@@ -9,6 +9,7 @@
 #include <cstring>
 #include <cstdlib>
 
+#include "verbs/fault_events.h"
 #include "verbs/provider.h"
 
 namespace sv::verbs {
@@ -198,6 +199,7 @@ ibv_srq* new_srq_handle(ibv_pd* pd, uint32_t handle, uint32_t max_sge, void* srq
   srq->srq.handle = handle;
   pthread_mutex_init(&srq->srq.mutex, nullptr);
   pthread_cond_init(&srq->srq.cond, nullptr);
+  st->plan_ordinal = planned_ordinal(faults::Timed::kSrqLimit);
   srq->st = st.release();
   std::lock_guard<std::mutex> g(cs.mu);
   cs.srq_handles[handle] = &srq->srq;
