@@ -119,6 +119,10 @@ struct SendWr {
   uint32_t remote_qkey = 0;      // UD; high bit set = use the QP's Q_Key
   uint32_t xrc_srqn = 0;         // XRC initiator: the responder's XRC SRQ (the XRCETH)
   uint64_t ah = 0;               // UD: destination, opaque to the engine
+  // A fault plan's completion in error (docs/LAB.md "Faults"): the request
+  // sends no packet; once every earlier one has completed it completes with
+  // this status and the QP enters the error state, as after a real error.
+  WcStatus fails_with = WcStatus::kSuccess;
 };
 
 struct RecvWr {
@@ -365,6 +369,7 @@ class EngineQp {
   enum class ReqStep : uint8_t { kSent, kBlocked, kIdle };
   ReqStep requester_step();
   bool start_wqe(SendWqe& w);
+  ReqStep planned_failure_step();
   void send_request_packet(SendWqe& w);
   bool build_a19_packet(SendWqe& w, Packet& p);
   using PayloadViews = std::array<std::span<const uint8_t>, kMaxPayloadPieces>;

@@ -98,6 +98,37 @@ TEST(RcErrors, RetryExceededWhenThePeerIsGone) {
   EXPECT_LT(p.sim.clock.now, 4 * timeout + 10000);
 }
 
+// A request a fault plan fails (SendWr::fails_with): the WRITEs before it
+// land and complete first, it completes with the plan's status without a
+// packet of its own, and the QP is in error with the rest flushed.
+TEST(RcErrors, PlannedFailureCompletesInOrderAndEndsTheQp) {
+  Pair p;
+  p.start();
+  auto write = [&](uint64_t id) {
+    SendWr w = wr(id, WrOpcode::kWrite, p.a, kA, 2000);
+    w.remote_addr = kB;
+    w.rkey = p.b;
+    return w;
+  };
+  ASSERT_EQ(0, p.qa().post_send(write(1)));
+  ASSERT_EQ(0, p.qa().post_send(write(2)));
+  SendWr doomed = wr(3, WrOpcode::kSend, p.a, kA, 100);
+  doomed.fails_with = WcStatus::kRetryExcErr;
+  ASSERT_EQ(0, p.qa().post_send(doomed));
+  ASSERT_EQ(0, p.qa().post_send(write(4)));
+  p.settle();
+  ASSERT_EQ(p.ca().size(), 4u);
+  EXPECT_EQ(p.ca()[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(p.ca()[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(p.ca()[2].wr_id, 3u);
+  EXPECT_EQ(p.ca()[2].status, WcStatus::kRetryExcErr);
+  EXPECT_EQ(p.ca()[3].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(p.qa().state(), EngineState::kError);
+  EXPECT_EQ(p.qa().stats().packets_sent, 4u);  // the two WRITEs' packets only (pmtu 1024)
+  EXPECT_TRUE(p.cb().empty());                  // no SEND arrived
+  EXPECT_EQ(0, memcmp(p.sim.nodes[1].mem.bytes(p.b).data(), p.sim.nodes[0].mem.bytes(p.a).data(), 2000));
+}
+
 TEST(RcErrors, RemoteAccessErrorIsFatalAtBothEnds) {
   Pair p;
   p.start();

@@ -38,6 +38,7 @@ EngineQp::ReqStep EngineQp::requester_step() {
   if (rnr_until_ != 0) return ReqStep::kBlocked;  // waiting out an RNR NAK's timer
   SendWqe& w = sq_[sq_next_];
   if (is_local(w)) return local_step(w);
+  if (w.wr.fails_with != WcStatus::kSuccess) [[unlikely]] return planned_failure_step();
   if (reliable() && psn_diff(next_psn_, una_) >= int32_t(cfg_.max_window)) return ReqStep::kBlocked;
   if (!w.started && !start_wqe(w)) return state_ == EngineState::kReady ? ReqStep::kBlocked : ReqStep::kIdle;
   send_request_packet(w);
@@ -58,6 +59,15 @@ EngineQp::ReqStep EngineQp::local_step(SendWqe& w) {
   complete_send(w, WcStatus::kSuccess);
   sq_.pop_front();
   return ReqStep::kSent;
+}
+
+// A request the process's fault plan fails: it waits, as a local operation
+// does, until every earlier request has completed, then fails as a real
+// error would (IBTA 10.3.1: the QP to the error state, the rest flushed).
+EngineQp::ReqStep EngineQp::planned_failure_step() {
+  if (sq_next_ != 0) return ReqStep::kBlocked;  // retire() moves the queue on
+  enter_error(0, sq_[0].wr.fails_with);
+  return ReqStep::kIdle;
 }
 
 bool EngineQp::start_wqe(SendWqe& w) {

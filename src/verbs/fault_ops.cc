@@ -75,11 +75,11 @@ namespace {
 
 // One line per injected fault (SOFTVERBS_FAULTS_LOG), written whole with
 // one append.
-void log_fault(const ProcessQp& q, const shm::SendWqe& w, uint64_t op, ibv_wc_status s) {
+void log_fault(const ProcessQp& q, uint64_t wr_id, uint32_t opcode, uint64_t op, ibv_wc_status s) {
   if (!fault_log_open()) return;
   char line[160];
   int n = std::snprintf(line, sizeof line, "wc qp=0x%x op=%llu wr_id=%llu opcode=%s status=%s\n", q.qpn,
-                        (unsigned long long)op, (unsigned long long)w.wr_id, fault_opcode_name(w.opcode),
+                        (unsigned long long)op, (unsigned long long)wr_id, fault_opcode_name(opcode),
                         faults::status_name(s));
   if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
 }
@@ -94,7 +94,7 @@ Outcome execute_planned(ProcessQp& q, const shm::SendWqe& w) {
     for (const faults::WcRule& r : f.rules) {
       if (r.op ? r.op == n : f.rng.chance(r.rate)) {
         SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
-        log_fault(q, w, n, r.status);
+        log_fault(q, w.wr_id, w.opcode, n, r.status);
         return {Step::kError, r.status};
       }
     }
@@ -118,11 +118,39 @@ void fault_log_line(const char* line, size_t n) {
 }
 const std::string& process_plan_error() { return the_plan().error; }
 
+ibv_wc_status wire_fault(ProcessQp& q, const ibv_send_wr& wr) {
+  QpFaults& f = *q.faults;
+  const uint64_t n = ++f.ops;
+  for (const faults::WcRule& r : f.rules) {
+    if (r.op ? r.op == n : f.rng.chance(r.rate)) {
+      SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
+      log_fault(q, wr.wr_id, wr.opcode, n, r.status);
+      return r.status;
+    }
+  }
+  return IBV_WC_SUCCESS;
+}
+
 const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post) {
   const faults::Plan& p = process_plan();
   if (!p.plans_sends()) return ops;
   const bool shm = std::strcmp(ops->path, "shared memory") == 0;
-  if (!shm && std::strcmp(ops->path, "mediated") != 0) return ops;  // the wire's engine, or no send queue
+  // On the wire the RoCE engine carries the requests (roce_link.cc asks
+  // wire_fault of each); its ops stay. Port and QP fatal rules do not
+  // apply there.
+  const bool wire = std::strcmp(ops->path, "wire") == 0 && q.type != IBV_QPT_UD;
+  if (wire && !q.faults) {
+    std::vector<faults::WcRule> rules;
+    for (const faults::WcRule& r : p.wc)
+      if (r.all || r.qpn == q.qpn) rules.push_back(r);
+    if (rules.empty()) return ops;
+    auto f = std::make_unique<QpFaults>();
+    f->rules = std::move(rules);
+    f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
+    q.faults = std::move(f);
+  }
+  if (wire) return ops;
+  if (!shm && std::strcmp(ops->path, "mediated") != 0) return ops;  // no send queue
   if (!q.faults) {
     std::vector<faults::WcRule> rules;
     for (const faults::WcRule& r : p.wc)

@@ -3,6 +3,8 @@
 // gets planned operations when its path is chosen (choose_transport): every
 // request takes the general path, and before each one is carried out the
 // plan decides whether it fails instead, with the status the rule names.
+// On the wire the plan decides as the request is handed to the RoCE engine,
+// which fails it in its turn (roce::SendWr::fails_with).
 // The requester then fails it as it would a real such error (fail(): the
 // completion in error, the QP to ERR, later requests flushed; IBTA 10.8.3).
 // A QP the plan does not name keeps its own operations: it pays nothing.
@@ -55,5 +57,9 @@ const char* fault_opcode_name(uint32_t opcode);
 // mediated (`slow_post`: that path's post without its fast path); also
 // when the plan's port or QP fatal rules apply to q (fault_events.h).
 const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post);
+
+// On the wire (a QP with q.faults): whether the plan fails the next request,
+// wr, and with which status (IBV_WC_SUCCESS: it does not). Counts it.
+ibv_wc_status wire_fault(ProcessQp& q, const ibv_send_wr& wr);
 
 }  // namespace sv::verbs

@@ -29,6 +29,7 @@
 #include "roce/engine.h"
 #include "roce/udp.h"
 #include "verbs/capture.h"
+#include "verbs/fault_ops.h"
 #include "verbs/provider.h"
 #include "verbs/roce_memory.h"
 #include "verbs/roce_util.h"
@@ -837,6 +838,8 @@ int roce_post_send(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad) {
       *bad = wr;
       break;
     }
+    if (q.faults) [[unlikely]]
+      s.fails_with = roce::to_engine(wire_fault(q, *wr));
     if (int e = r.engine->post_send(std::move(s))) {
       *bad = wr;
       rc = e;

@@ -9,7 +9,7 @@
 # SOFTVERBS_ROCE_STATS lines the library prints when a QP is destroyed.
 #
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
-#   CASE: rc | rc_faults | rc_corrupt | rc_plan | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
+#   CASE: rc | rc_faults | rc_corrupt | rc_plan | rc_wc | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
 #         xsrq | xsrq6 | xsrq_events | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
 #         send_lat_xrc_faults | xrc_capture | xrc_peer | sv_capture
@@ -289,6 +289,35 @@ case $case in
       log "rc_plan $side: $d dropped, $l drops logged, $(wc -l <"$work/rc_plan.log.$side") faults logged"
       [ "$d" -eq "$l" ] || fail "rc_plan $side: $d datagrams dropped but $l drops logged"
     done
+    ;;
+  rc_wc)
+    # A completion in error from the server's own plan on the wire path: its
+    # third SEND (its third pong) fails with RETRY_EXC_ERR once the two
+    # before it completed; Debian's ibv_rc_pingpong says so for wr_id 2 and
+    # exits 1, as on hardware; the plan's log names op 3.
+    command -v ibv_rc_pingpong >/dev/null || { log "SKIP: ibv_rc_pingpong not installed"; exit $SKIP; }
+    start_daemons ""
+    args=(-g 1 -s 64 -n 20 -p 18517)
+    on h1 env SOFTVERBS_FAULTS="wc:op=3,status=RETRY_EXC_ERR" SOFTVERBS_FAULTS_LOG="$work/rc_wc.log" \
+      timeout -k 5 "$TIMEOUT" ibv_rc_pingpong "${args[@]}" >"$work/rc_wc.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    for _ in $(seq 200); do
+      "$tb" exec h1 ss -Hltn "sport = :18517" 2>/dev/null | grep -q . && break
+      sleep 0.05
+    done
+    on h0 timeout -k 5 30 ibv_rc_pingpong "${args[@]}" "$a1" >"$work/rc_wc.client" 2>&1 &
+    cpid=$!
+    pids+=($cpid)
+    wait $spid
+    src=$?
+    kill $cpid 2>/dev/null
+    [ $src -eq 1 ] || fail "rc_wc: server exit $src, not 1"
+    grep -qF "Failed status transport retry counter exceeded (12) for wr_id 2" "$work/rc_wc.server" ||
+      fail "rc_wc: server: no 'Failed status transport retry counter exceeded (12) for wr_id 2'"
+    grep -Eq "^wc qp=0x[0-9a-f]+ op=3 wr_id=2 opcode=SEND status=RETRY_EXC_ERR$" "$work/rc_wc.log" ||
+      fail "rc_wc: the fault log does not name op 3"
+    [ "$failures" -eq 0 ] || show rc_wc
     ;;
   rc6_faults)
     start_daemons "$faults,dup=0.01"
