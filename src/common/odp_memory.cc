@@ -201,6 +201,11 @@ int OdpMemory::write(uint64_t addr, const void* buf, size_t n) const {
   return 0;
 }
 
+int OdpMemory::store_word(uint64_t addr, uint64_t value) const {
+  if (addr % sizeof value) return EINVAL;
+  return write(addr, &value, sizeof value);
+}
+
 uint64_t pidfd_identity(int pidfd) {
   struct statfs fs {};
   struct stat st {};

@@ -58,6 +58,13 @@ class OdpMemory {
   // failing page may have been copied.
   int read(uint64_t addr, void* buf, size_t n) const;
   int write(uint64_t addr, const void* buf, size_t n) const;
+  // IBTA annex A19's ATOMIC WRITE: the 8 bytes of `value` at the aligned
+  // `addr` (EINVAL if not aligned), with write()'s checks, as one write of
+  // one aligned quadword (a single pwrite(2) / process_vm_writev(2) of 8
+  // bytes, which the kernel copies as one unit within one page; never
+  // split). Atomic with respect to other RDMA atomics only under the lock
+  // they take (the caller's; docs/MEMORY.md, "Atomics").
+  int store_word(uint64_t addr, uint64_t value) const;
 
   pid_t pid() const { return pid_; }
 
