@@ -95,8 +95,15 @@ bool land(F put) {
   return put();
 }
 
-// A piece with ODP memory on either side, through a bounce buffer.
+// A piece with ODP memory on either side: into ODP memory straight from
+// the daemon's window of a source backing where it has one; else through a
+// bounce buffer.
 bool move_odp_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
+  if (d.mem && !s.mem) {
+    std::shared_ptr<Window> hs;
+    if (const uint8_t* sp = win.at(s.backing, s.fd, s.off, hs))
+      return land([&] { return odp_move(*d.mem, d.off, const_cast<uint8_t*>(sp), n, true) || ((t_odp_fault = 1), false); });
+  }
   std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min<uint64_t>(n - done, buf.size());
