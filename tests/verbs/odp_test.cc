@@ -454,6 +454,83 @@ TEST(Odp, AtomicWriteRacingFetchAddsNeverTears) {
   munmap(w, kPage);
 }
 
+// Binds a type 1 window over [at, at + len) of `mr` for `acc`; its key, or 0.
+uint32_t bind_window(Side& me, ibv_mr* mr, ibv_mw* mw, uint64_t at, uint64_t len, unsigned acc) {
+  ibv_mw_bind bind{};
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_info = {mr, at, len, acc};
+  if (ibv_bind_mw(me.qp, mw, &bind) != 0) return 0;
+  auto c = poll(me.cq, 1);
+  return c.size() == 1 && c[0].status == IBV_WC_SUCCESS ? mw->rkey : 0;
+}
+
+// Memory windows over ODP MRs (explicit and implicit): a window grants
+// exactly its range and rights of the registrant's memory as it is now;
+// past it, a right it lacks, or a hole inside it is a remote access error.
+TEST(Odp, WindowsOverOdpMrsGrantExactlyTheWindow) {
+  uint8_t* b = fresh(3 * kPage);
+  std::memset(b, 0x11, 3 * kPage);
+  const int acc = kOdpAccess | IBV_ACCESS_MW_BIND;
+  const auto at = [&](size_t off) { return uint64_t(uintptr_t(b + off)); };
+  {
+    Pair t;
+    ASSERT_TRUE(t.ok);
+    ibv_mr* mr = ibv_reg_mr(t.me.pd, b, 3 * kPage, acc);
+    ASSERT_NE(nullptr, mr) << strerror(errno);
+    ibv_mw* mw = ibv_alloc_mw(t.me.pd, IBV_MW_TYPE_1);
+    ASSERT_NE(nullptr, mw);
+    const uint32_t key = bind_window(t.me, mr, mw, at(kPage), 1000, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    ASSERT_NE(0u, key) << strerror(errno);
+    ibv_wc wc = t.peer.post(IBV_WR_RDMA_WRITE, 0, 1000, at(kPage), key);
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(pattern(9, i), b[kPage + i]) << i;
+    EXPECT_EQ(0x11, b[kPage - 1]);
+    EXPECT_EQ(0x11, b[kPage + 1000]);
+    std::memset(b + kPage, 0x33, 1000);
+    wc = t.peer.post(IBV_WR_RDMA_READ, 0, 10, at(kPage + 990), key);
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    std::vector<uint8_t> want(10, 0x33);
+    EXPECT_EQ(checksum(want.data(), 10), t.peer.checksum(0, 10));
+    // One byte past the window: refused, nothing written.
+    wc = t.peer.post(IBV_WR_RDMA_WRITE, 0, 11, at(kPage + 990), key);
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, wc.status) << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(0x33, b[kPage + 999]);
+    EXPECT_EQ(0x11, b[kPage + 1000]);
+    EXPECT_EQ(0, ibv_dealloc_mw(mw));
+    EXPECT_EQ(0, ibv_dereg_mr(mr));
+  }
+  {  // an implicit ODP MR; a read-only window refuses a WRITE
+    Pair t;
+    ASSERT_TRUE(t.ok);
+    ibv_mr* imp = ibv_reg_mr(t.me.pd, nullptr, SIZE_MAX, acc);
+    ASSERT_NE(nullptr, imp) << strerror(errno);
+    ibv_mw* mw = ibv_alloc_mw(t.me.pd, IBV_MW_TYPE_1);
+    ASSERT_NE(nullptr, mw);
+    const uint32_t key = bind_window(t.me, imp, mw, at(0), 2 * kPage, IBV_ACCESS_REMOTE_READ);
+    ASSERT_NE(0u, key) << strerror(errno);
+    ASSERT_EQ(IBV_WC_SUCCESS, t.peer.post(IBV_WR_RDMA_READ, 0, 64, at(kPage - 32), key).status);
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, t.peer.post(IBV_WR_RDMA_WRITE, 0, 8, at(0), key).status);
+    EXPECT_EQ(0x11, b[0]);
+    EXPECT_EQ(0, ibv_dealloc_mw(mw));
+    EXPECT_EQ(0, ibv_dereg_mr(imp));
+  }
+  {  // a hole inside the window
+    Pair t;
+    ASSERT_TRUE(t.ok);
+    ibv_mr* mr = ibv_reg_mr(t.me.pd, b, 3 * kPage, acc);
+    ASSERT_NE(nullptr, mr);
+    ibv_mw* mw = ibv_alloc_mw(t.me.pd, IBV_MW_TYPE_1);
+    ASSERT_NE(nullptr, mw);
+    const uint32_t key = bind_window(t.me, mr, mw, at(0), 3 * kPage, IBV_ACCESS_REMOTE_WRITE);
+    ASSERT_NE(0u, key);
+    ASSERT_EQ(0, munmap(b + 2 * kPage, kPage));
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, t.peer.post(IBV_WR_RDMA_WRITE, 0, 16, at(2 * kPage + 8), key).status);
+    EXPECT_EQ(0, ibv_dealloc_mw(mw));
+    EXPECT_EQ(0, ibv_dereg_mr(mr));
+  }
+  munmap(b, 2 * kPage);
+}
+
 // The MR dies with its process, whatever takes its pid. The peer registers
 // an implicit ODP MR and forks a child that keeps its daemon connection
 // open; the daemon is stopped (SIGSTOP), so that it cannot revoke the key
