@@ -77,7 +77,9 @@ class SplicePipe {
     if (cap_ == 0 || cap_ > kWanted) cap_ = 4096;
     return true;
   }
-  // Drops the pipe (and whatever a failed copy left in it).
+  // Drops the pipe (and whatever a failed copy left in it). A fork child
+  // leaves the descriptors it inherited alone: it may have closed them and
+  // reused their numbers.
   void reset() {
     if (rd_ >= 0 && owner_ == self_pid()) ::close(rd_), ::close(wr_);
     rd_ = wr_ = -1;
