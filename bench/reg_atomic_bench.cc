@@ -9,12 +9,21 @@
 //          a regular MR's, mlock+munlock and two control round trips; 64 KiB
 //          WRITE bandwidth into an ODP MR beside a regular MR (two QPs of
 //          one process).
+//   odp-bw PATH [thp]
+//          64 KiB and 1 MiB WRITE bandwidth into an ODP MR beside a regular
+//          MR, where the MR's owner is this process (PATH self: two QPs),
+//          a child of the same user (peer), or a child running as uid
+//          65534 (user: through the daemon; run as root against a system
+//          daemon). The ODP buffer is 2 MiB-aligned anonymous memory with
+//          MADV_HUGEPAGE (thp) or MADV_NOHUGEPAGE, touched before.
 //   atomic FETCH_AND_ADD rate between two processes (one RC QP pair, a
 //          window of WRs in flight), beside the rate of __atomic_fetch_add
 //          on one cache line bounced between the same two processes.
 // Output: JSON lines on stdout, like shm_pingpong and verbs_bench.
 #include <infiniband/verbs.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -423,6 +432,140 @@ int odp_bw_bench(ibv_pd* pd) {
   return 0;
 }
 
+// ---- ODP WRITE bandwidth by path ----------------------------------------
+
+constexpr size_t kBwLen = 4u << 20;
+
+// kBwLen bytes of anonymous memory, 2 MiB-aligned, with transparent huge
+// pages asked for (MADV_HUGEPAGE) or refused, every page touched.
+uint8_t* bw_region(bool thp) {
+  constexpr size_t kAlign = 2u << 20;
+  void* p = mmap(nullptr, kBwLen + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  auto* a = reinterpret_cast<uint8_t*>((uintptr_t(p) + kAlign - 1) & ~uintptr_t(kAlign - 1));
+  madvise(a, kBwLen, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  std::memset(a, 1, kBwLen);
+  return a;
+}
+
+// AnonHugePages of this process in KiB (/proc/self/smaps_rollup).
+uint64_t anon_huge_kib() {
+  FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  char line[256];
+  uint64_t kib = 0;
+  while (f && std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "AnonHugePages: %lu kB", &kib) == 1) break;
+  if (f) std::fclose(f);
+  return kib;
+}
+
+// The MRs written into: an ODP MR over a bw_region, a regular MR beside it.
+struct BwTarget {
+  uint32_t qpn = 0, odp_rkey = 0, plain_rkey = 0;
+  uint64_t odp_addr = 0, plain_addr = 0, huge_kib = 0;
+};
+
+struct BwSide {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  ibv_mr* mr = nullptr;  // the client's source, or the owner's regular MR
+  ibv_mr* odp = nullptr;
+  bool open(bool owner, bool thp) {
+    ctx = open_dev();
+    pd = ctx ? ibv_alloc_pd(ctx) : nullptr;
+    cq = pd ? ibv_create_cq(ctx, 256, nullptr, nullptr, 0) : nullptr;
+    if (!cq) return false;
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap = {64, 64, 1, 1, 0};
+    qp = ibv_create_qp(pd, &ia);
+    constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    void* plain = nullptr;
+    if (!qp || posix_memalign(&plain, 4096, kBwLen)) return false;
+    std::memset(plain, 3, kBwLen);
+    mr = ibv_reg_mr(pd, plain, kBwLen, kAccess);
+    if (!owner) return mr != nullptr;
+    uint8_t* r = bw_region(thp);
+    odp = r ? ibv_reg_mr(pd, r, kBwLen, kAccess | IBV_ACCESS_ON_DEMAND) : nullptr;
+    return mr && odp;
+  }
+  BwTarget target() const {
+    return {qp->qp_num, odp->rkey, mr->rkey, uint64_t(uintptr_t(odp->addr)), uint64_t(uintptr_t(mr->addr)),
+            anon_huge_kib()};
+  }
+};
+
+// WRITE bandwidth from `c` into the target's two MRs, one JSON line a size.
+int bw_rounds(BwSide& c, const BwTarget& t, const char* path, bool thp) {
+  for (uint32_t msg : {64u * 1024, 1u << 20}) {
+    const uint64_t ops = msg < (1u << 20) ? 20000 : 2000;
+    ibv_mr odp{}, plain{};
+    odp.addr = reinterpret_cast<void*>(t.odp_addr);
+    odp.rkey = t.odp_rkey;
+    plain.addr = reinterpret_cast<void*>(t.plain_addr);
+    plain.rkey = t.plain_rkey;
+    write_gbps(c.qp, c.cq, c.mr, &odp, ops / 10, msg);  // warm-up
+    const double o = write_gbps(c.qp, c.cq, c.mr, &odp, ops, msg);
+    write_gbps(c.qp, c.cq, c.mr, &plain, ops / 10, msg);
+    const double r = write_gbps(c.qp, c.cq, c.mr, &plain, ops, msg);
+    if (o < 0 || r < 0) return 1;
+    JsonLine()
+        .str("bench", "odp_write_bw")
+        .str("path", path)
+        .str("thp", thp ? "madvise" : "no")
+        .num("owner_anon_huge_kib", t.huge_kib)
+        .num("size", msg)
+        .real("odp_gbps", o)
+        .real("regular_gbps", r)
+        .real("ratio", o / r)
+        .emit();
+  }
+  return 0;
+}
+
+int odp_bw_path(const char* path, bool thp) {
+  const bool self = std::strcmp(path, "self") == 0, user = std::strcmp(path, "user") == 0;
+  if (!self && !user && std::strcmp(path, "peer") != 0) return std::fprintf(stderr, "odp-bw: self|peer|user\n"), 2;
+  if (self) {
+    BwSide a, b;
+    if (!a.open(false, thp) || !b.open(true, thp)) return std::fprintf(stderr, "odp-bw: setup\n"), 1;
+    if (!connect_rc(a.qp, b.qp->qp_num, IBV_ACCESS_REMOTE_WRITE) || !connect_rc(b.qp, a.qp->qp_num, IBV_ACCESS_REMOTE_WRITE))
+      return std::fprintf(stderr, "odp-bw: connect\n"), 1;
+    return bw_rounds(a, b.target(), path, thp);
+  }
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) return 1;
+  const pid_t pid = fork();
+  if (pid == 0) {  // the owner
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (user && (setgroups(0, nullptr) || setresgid(65534, 65534, 65534) || setresuid(65534, 65534, 65534)))
+      _exit(3);
+    BwSide o;
+    if (!o.open(true, thp)) _exit(4);
+    BwTarget t = o.target();
+    uint32_t peer = 0;
+    char c = 0;
+    if (write(sv[1], &t, sizeof t) != sizeof t || read(sv[1], &peer, 4) != 4) _exit(5);
+    if (!connect_rc(o.qp, peer, IBV_ACCESS_REMOTE_WRITE) || write(sv[1], &c, 1) != 1) _exit(6);
+    if (read(sv[1], &c, 1) != 1) _exit(7);  // until the client is done
+    _exit(0);
+  }
+  BwSide c;
+  BwTarget t;
+  if (!c.open(false, thp) || read(sv[0], &t, sizeof t) != sizeof t) return std::fprintf(stderr, "odp-bw: owner\n"), 1;
+  char x = 0;
+  if (write(sv[0], &c.qp->qp_num, 4) != 4 || read(sv[0], &x, 1) != 1 || !connect_rc(c.qp, t.qpn, IBV_ACCESS_REMOTE_WRITE))
+    return std::fprintf(stderr, "odp-bw: connect\n"), 1;
+  const int rc = bw_rounds(c, t, path, thp);
+  if (write(sv[0], &x, 1) != 1) return 1;
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return rc;
+}
+
 int odp_bench() {
   ibv_context* ctx = open_dev();
   if (!ctx) return std::fprintf(stderr, "odp: no device\n"), 1;
@@ -440,6 +583,8 @@ int main(int argc, char** argv) {
     return scale_bench(nqp, nmr);
   }
   if (argc > 1 && std::strcmp(argv[1], "odp") == 0) return odp_bench();
+  if (argc > 2 && std::strcmp(argv[1], "odp-bw") == 0)
+    return odp_bw_path(argv[2], argc > 3 && std::strcmp(argv[3], "thp") == 0);
   bool reg = true, atomic = true;
   if (argc > 1) {
     reg = std::strcmp(argv[1], "reg") == 0 || std::strcmp(argv[1], "all") == 0;

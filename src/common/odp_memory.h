@@ -58,17 +58,31 @@ class OdpMemory {
   // failing page may have been copied.
   int read(uint64_t addr, void* buf, size_t n) const;
   int write(uint64_t addr, const void* buf, size_t n) const;
+  // IBTA annex A19's ATOMIC WRITE: the 8 bytes of `value` at the aligned
+  // `addr` (EINVAL if not aligned), with write()'s checks, as one write of
+  // one aligned quadword (a single pwrite(2) / process_vm_writev(2) of 8
+  // bytes, which the kernel copies as one unit within one page; never
+  // split). Atomic with respect to other RDMA atomics only under the lock
+  // they take (the caller's; docs/MEMORY.md, "Atomics").
+  int store_word(uint64_t addr, uint64_t value) const;
 
   pid_t pid() const { return pid_; }
 
  private:
-  OdpMemory(pid_t pid, Fd pidfd, Fd mem, Fd maps)
-      : pid_(pid), pidfd_(std::move(pidfd)), mem_(std::move(mem)), maps_(std::move(maps)) {}
+  OdpMemory(pid_t pid, Fd pidfd, Fd mem, Fd maps, Fd pagemap)
+      : pid_(pid), pidfd_(std::move(pidfd)), mem_(std::move(mem)), maps_(std::move(maps)),
+        pagemap_(std::move(pagemap)) {}
   // process_vm_readv of n bytes at addr into buf: 0, EFAULT or an errno.
   int readv_all(uint64_t addr, uint8_t* buf, size_t n) const;
-  // One byte of each page of the range read (process_vm_readv, whose
-  // fault waits are killable), then alive(): 0, EFAULT, ESRCH or an errno.
+  // One byte of each page of the range that is not present now read
+  // (process_vm_readv, whose fault waits are killable), then alive(): 0,
+  // EFAULT, ESRCH or an errno. Which pages are present: pagemap_ (one
+  // read for up to 512 pages); without it, every page is read.
   int prefault(uint64_t addr, size_t n) const;
+  // The addresses of the pages of [from, end) not present, at most `max`,
+  // into `out`; how many, with *next the first page not looked at; -1 if
+  // the pagemap cannot be read.
+  int absent_pages(uint64_t from, uint64_t end, uint64_t* out, int max, uint64_t* next) const;
   // Whether the registrant is still alive (always, for this process's own).
   bool alive() const { return !pidfd_.valid() || pidfd_alive(pidfd_.get()); }
   // Whether every byte of [addr, addr + n) lies in mappings that allow
@@ -78,6 +92,7 @@ class OdpMemory {
   pid_t pid_;
   Fd pidfd_;  // none: this process's own (and no mem_, maps_ either)
   Fd mem_, maps_;
+  Fd pagemap_;  // /proc/PID/pagemap of the same mm (proc(5)), if it could be opened
 };
 
 // The identity of the struct pid behind a pidfd that no other process ever

@@ -95,8 +95,15 @@ bool land(F put) {
   return put();
 }
 
-// A piece with ODP memory on either side, through a bounce buffer.
+// A piece with ODP memory on either side: into ODP memory straight from
+// the daemon's window of a source backing where it has one; else through a
+// bounce buffer.
 bool move_odp_piece(BackingWindows& win, const Extent& d, const Extent& s, uint64_t n) {
+  if (d.mem && !s.mem) {
+    std::shared_ptr<Window> hs;
+    if (const uint8_t* sp = win.at(s.backing, s.fd, s.off, hs))
+      return land([&] { return odp_move(*d.mem, d.off, const_cast<uint8_t*>(sp), n, true) || ((t_odp_fault = 1), false); });
+  }
   std::vector<uint8_t> buf(std::min<uint64_t>(n, 1 << 16));
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min<uint64_t>(n - done, buf.size());
@@ -287,7 +294,7 @@ bool MediationJob::step(uint64_t max_bytes) {
     return false;
   }
   take_odp_fault();
-  if (atomic) return step_atomic();
+  if (atomic) return store ? step_store() : step_atomic();
   if (!inline_data.empty()) {
     // The inline payload (at most kMaxInline bytes): at once.
     failed = !put_inline(*windows, dst, inline_data.data(), total);
@@ -337,6 +344,46 @@ bool MediationJob::step_atomic() {
   std::memcpy(bytes, &old, 8);
   failed = !put_inline(*windows, dst, bytes, 8);
   if (failed) odp_fault = take_odp_fault() ? 1 : 0;
+  return false;
+}
+
+// ATOMIC WRITE (IBTA annex A19) with ODP memory on either side: the 8
+// bytes (swap, or read here from the requester's spans dst), then one
+// aligned store into src[0], on ODP memory under the target user's lock
+// (as the library's odp_atomic_write), landing only while the job is not
+// revoked. odp_fault as for a READ: 1 the requester's side, 2 the target.
+bool MediationJob::step_store() {
+  left = 0;
+  uint64_t v = swap;
+  uint64_t at = 0;
+  for (const OwnedSpan& l : dst) {
+    uint8_t* to = reinterpret_cast<uint8_t*>(&v) + at;
+    if (at + l.len > 8 || !(l.mem ? l.mem->read(l.off, to, l.len) == 0 : pread_all(l.fd.get(), to, l.len, l.off))) {
+      odp_fault = 1;
+      failed = true;
+      return false;
+    }
+    at += l.len;
+  }
+  const OwnedSpan& t = src[0];
+  bool ok = false;
+  if (t.mem) {
+    while (::flock(lock.get(), LOCK_EX) != 0 && errno == EINTR) {
+    }
+    ok = land([&] { return t.mem->store_word(t.off, v) == 0; });
+    ::flock(lock.get(), LOCK_UN);
+  } else {
+    ok = land([&] {
+      std::shared_ptr<Window> h;
+      uint8_t* p = windows->at(t.backing, t.fd.get(), t.off, h);
+      if (p) core::store_atomic_write(reinterpret_cast<uint64_t*>(p), v);
+      return p != nullptr;
+    });
+  }
+  if (!ok) {
+    odp_fault = t.mem ? 2 : 0;
+    failed = true;
+  }
   return false;
 }
 
@@ -598,6 +645,30 @@ int Mediation::defer_odp_atomic(Op& op, const Span& target) {
   return 0;
 }
 
+// An ATOMIC WRITE with ODP memory on either side: a job of its own
+// (MediationJob::store) on a copy thread, as defer_odp_atomic. `value`: the
+// 8 bytes, or null where the requester's spans hold ODP memory (read on
+// that thread).
+int Mediation::defer_odp_atomic_write(Op& op, const Span& target, const uint8_t* value) {
+  if (!op.defer) return fail(op, Fault::kRemoteOperation);
+  auto job = std::make_unique<MediationJob>();
+  if (target.pid && t_.odp_lock(target.owner_uid, job->lock) != 0) return fail(op, Fault::kRemoteOperation);
+  if (!own_spans({target}, job->src) || (!value && !own_spans(op.local, job->dst)))
+    return fail(op, Fault::kRemoteOperation);
+  job->atomic = job->store = true;
+  if (value) std::memcpy(&job->swap, value, 8);
+  job->total = job->left = access::kAtomicBytes;
+  job->windows = windows_;
+  job->uid = t_.uid_of_client(op.d.client);
+  job->client = op.d.client;
+  job->requester_qpn = op.d.requester_qpn;
+  job->dest = op.d.dest;
+  job->opcode = op.d.opcode;
+  job->type = op.d.type;
+  *op.defer = std::move(job);
+  return 0;
+}
+
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
   if (!op.defer) return false;
   const auto odp = [](const std::vector<Span>& v) {
@@ -715,17 +786,20 @@ int Mediation::execute_atomic_write(Op& op) {
     return fail(op, core::verdict(c).fault);
   Span sp{};
   if (Fault f = resolve_remote(op, access::kAtomicBytes, sp); f != Fault::kNone) return fail(op, f);
+  // ODP memory on either side: on a copy thread (defer_odp_atomic_write).
+  const bool odp_source =
+      !op.is_inline && std::any_of(op.local.begin(), op.local.end(), [](const Span& l) { return l.pid != 0; });
   uint8_t bytes[8];
   if (op.is_inline) {
     std::memcpy(bytes, op.req.inline_data, 8);
-  } else {
+  } else if (!odp_source) {
     uint64_t at = 0;
     for (const Span& l : op.local) {
       if (!pread_all(l.fd, bytes + at, l.len, l.off)) return fail(op, Fault::kLocalProtection);
       at += l.len;
     }
   }
-  if (sp.pid) return fail(op, Fault::kRemoteOperation);  // ODP memory: not offered (docs/MEMORY.md)
+  if (sp.pid || odp_source) return defer_odp_atomic_write(op, sp, odp_source ? nullptr : bytes);
   std::shared_ptr<Window> h;
   uint8_t* p = windows_->at(sp.backing, sp.fd, sp.off, h);
   if (!p) return fail(op, Fault::kRemoteOperation);

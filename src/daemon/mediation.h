@@ -80,6 +80,9 @@ struct MediationJob {
   // under `lock` (the target user's flock), its original value then landing
   // in dst like an inline payload.
   bool atomic = false;
+  // With atomic: an ATOMIC WRITE of `swap` (or of the 8 bytes of the
+  // requester's spans in dst, when they are ODP memory) into src[0].
+  bool store = false;
   bool cas = false;
   uint64_t compare_add = 0, swap = 0;
   Fd lock;
@@ -99,6 +102,7 @@ struct MediationJob {
   // Copies up to max_bytes more; true while bytes remain (false when done or failed).
   bool step(uint64_t max_bytes);
   bool step_atomic();
+  bool step_store();
 };
 
 // What mediation needs of the registry, and nothing more.
@@ -228,6 +232,7 @@ class Mediation {
   int defer_odp_atomic(Op& op, const Span& target);
   bool defer_result(Op& op, const uint8_t (&bytes)[8]);
   int execute_atomic_write(Op& op);
+  int defer_odp_atomic_write(Op& op, const Span& target, const uint8_t* value);
   int execute_flush(Op& op);
   // What the executes share.
   access::Fault resolve_remote(const Op& op, uint64_t len, Span& out) const;

@@ -52,10 +52,13 @@ void Registry::odp_owner_gone(uint32_t client, bool left) {
   if (it == clients_.end()) return;
   const Client& c = it->second;
   if (!left && c.pidfd.valid() && pidfd_alive(c.pidfd.get())) return;
+  std::vector<uint32_t> gone;
   for (uint32_t h : mrs_.of(ctx(client))) {
     const MrEntry& e = tables_.mr_at(h);
-    if (e.backing == kOdpBacking && e.owner_pid == uint32_t(c.pid)) release_mr(h);
+    if (e.backing == kOdpBacking && e.owner_pid == uint32_t(c.pid)) gone.push_back(h);
   }
+  unbind_windows_of(0, gone);  // a window over them dies with them
+  for (uint32_t h : gone) release_mr(h);
 }
 
 int Registry::client_pidfd(uint32_t client) const {
@@ -387,6 +390,7 @@ int Registry::alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& re
   mw.pd = pd;
   mw.type = req.type;
   mw.key = key;
+  mw.alloc_pid = uint32_t(clients_[client].pid);
   hold(mws_.insert(slot, std::move(mw)).held());
   rep.handle = slot;
   rep.key = key;
@@ -459,7 +463,6 @@ int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto
   const MrEntry* me = mr_entry(r.mr_key);
   auto mr = mrs_.find(r.mr_key >> 8);
   if (!me || mr == mrs_.end() || me->kind != kKindMr) return EINVAL;
-  if (me->backing == kOdpBacking) return EOPNOTSUPP;  // windows over ODP MRs: not offered
   if (mr->second.pd != mw.pd) return EPERM;
   if (!(me->access & IBV_ACCESS_MW_BIND)) return EACCES;
   // A window may not grant writes or atomics its MR does not allow locally.
@@ -474,6 +477,11 @@ int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto
   e.iova = (r.access & IBV_ACCESS_ZERO_BASED) ? 0 : r.addr;
   e.length = r.length;
   e.file_offset = access::file_offset(*me, r.addr);
+  // Over ODP memory the window names the MR's registrant (its addresses,
+  // reached through its pinned address space while it lives), as the MR.
+  const bool odp = me->backing == kOdpBacking;
+  e.owner_pid = odp ? me->owner_pid : mw.alloc_pid;
+  e.owner_identity = odp ? me->owner_identity : 0;
   e.bound_qpn = mw.type == IBV_MW_TYPE_2 ? r.qpn : 0;
   e.generation++;
   mw.bound_mr = r.mr_key >> 8;

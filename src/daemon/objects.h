@@ -148,6 +148,7 @@ struct Mw : Object {
   uint32_t type = 0;
   uint32_t key = 0;       // current key (type 2: also while invalid)
   uint32_t bound_mr = 0;  // MR slot, 0 = not bound / invalid (a reference while bound)
+  uint32_t alloc_pid = 0;  // the allocating client's pid: its entry's owner_pid but while bound to ODP memory
   Held held() const { return {Ref{ObjKind::kPd, pd}, Ref{ObjKind::kMr, bound_mr}}; }
 };
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <system_error>
 #include <thread>
+#include <tuple>
 
 namespace sv::daemon {
 
@@ -28,9 +29,14 @@ void OdpCopies::start(MediatedCopy c, uint64_t piece) {
     }
     r->c = std::move(c);
     s_->runs.push_back(r);
+    if (s_->idle > int(s_->handed.size())) {  // a waiting thread takes it
+      s_->handed.emplace_back(r, piece);
+      s_->more.notify_one();
+      return;
+    }
   }
   try {
-    std::thread(run, s_, r, piece).detach();
+    std::thread(thread_body, s_, r, piece).detach();
   } catch (const std::system_error&) {
     std::lock_guard<std::mutex> g(s_->mu);
     s_->runs.remove(r);
@@ -43,15 +49,32 @@ void OdpCopies::start(MediatedCopy c, uint64_t piece) {
 // The thread: the whole copy, a piece at a time (MediationJob::step checks
 // the registrant's liveness and `revoked` before each, and lands a piece
 // only while not revoked).
-void OdpCopies::run(std::shared_ptr<Shared> s, std::shared_ptr<Run> r, uint64_t piece) {
+void OdpCopies::run(Shared& s, const std::shared_ptr<Run>& r, uint64_t piece) {
   MediationJob* job = r->c.job.get();
   while (job->step(piece)) {
   }
-  std::lock_guard<std::mutex> g(s->mu);
-  s->runs.remove(r);
+  std::lock_guard<std::mutex> g(s.mu);
+  s.runs.remove(r);
   if (r->abandoned) return;
-  s->done.push_back(std::move(r->c));
-  eventfd_signal(s->done_fd.get());
+  s.done.push_back(std::move(r->c));
+  eventfd_signal(s.done_fd.get());
+}
+
+// A copy thread: its first copy, then those handed to it while it waits
+// (at most kIdleMs between two; at most kIdleThreads wait).
+void OdpCopies::thread_body(std::shared_ptr<Shared> s, std::shared_ptr<Run> r, uint64_t piece) {
+  for (;;) {
+    run(*s, r, piece);
+    r.reset();
+    std::unique_lock<std::mutex> g(s->mu);
+    if (s->idle >= kIdleThreads) return;
+    ++s->idle;
+    const bool got = s->more.wait_for(g, std::chrono::milliseconds(kIdleMs), [&] { return !s->handed.empty(); });
+    --s->idle;
+    if (!got) return;
+    std::tie(r, piece) = std::move(s->handed.front());
+    s->handed.pop_front();
+  }
 }
 
 void OdpCopies::revoke(const std::function<bool(const MediationJob&)>& hit) {

@@ -3,7 +3,10 @@
 // registrant controls and may wait for as long as the registrant wants (a
 // FUSE page whose READ is never answered), so none runs on the daemon's
 // loop or on the copy worker that other users' copies share: each runs on
-// a thread of its own, and the loop never waits for one. A copy whose
+// a thread of its own, and the loop never waits for one. A thread that
+// finished its copy waits a while for the next one (of any registrant)
+// before it ends, so that a stream of copies does not make a thread each
+// (at most kIdleThreads wait). A copy whose
 // registrant exits, or whose MR is deregistered, completes in error at once
 // (revoke); its thread, if it is stuck, is left to end when the fault does,
 // and its result is dropped.
@@ -19,12 +22,14 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "common/protocol.h"
 #include "common/sys.h"
@@ -71,8 +76,16 @@ class OdpCopies {
     std::deque<MediatedCopy> done;
     std::list<std::shared_ptr<Run>> runs;
     Fd done_fd;
+    // Threads waiting for a copy, and the copies handed to them.
+    std::condition_variable more;
+    int idle = 0;
+    std::deque<std::pair<std::shared_ptr<Run>, uint64_t>> handed;
   };
-  static void run(std::shared_ptr<Shared> s, std::shared_ptr<Run> r, uint64_t piece);
+  // Threads that wait for another copy at most, and for how long.
+  static constexpr int kIdleThreads = 8;
+  static constexpr int kIdleMs = 2000;
+  static void thread_body(std::shared_ptr<Shared> s, std::shared_ptr<Run> r, uint64_t piece);
+  static void run(Shared& s, const std::shared_ptr<Run>& r, uint64_t piece);
   std::shared_ptr<Shared> s_;
 };
 

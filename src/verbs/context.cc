@@ -329,13 +329,13 @@ int query_device_ex(ibv_context*, const ibv_query_device_ex_input* in, ibv_devic
   if (attr_size >= offsetof(ibv_device_attr_ex, phys_port_cnt_ex) + sizeof(attr->phys_port_cnt_ex))
     attr->phys_port_cnt_ex = 1;
   // On-demand paging (docs/MEMORY.md): explicit and implicit ODP MRs, on
-  // the shared-memory path of every transport that has it; ATOMIC WRITE on
-  // ODP memory is not offered.
+  // the shared-memory path of every transport that has it, between users
+  // and on RoCEv2.
   if (attr_size >= offsetof(ibv_device_attr_ex, odp_caps) + sizeof(attr->odp_caps)) {
     attr->odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
     constexpr uint32_t kRc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
                              IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV |
-                             abi::kOdpSupportFlush;
+                             abi::kOdpSupportFlush | abi::kOdpSupportAtomicWrite;
     attr->odp_caps.per_transport_caps.rc_odp_caps = kRc;
     attr->odp_caps.per_transport_caps.uc_odp_caps =
         IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;

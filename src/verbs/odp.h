@@ -33,5 +33,9 @@ bool odp_write(const OdpOwner& o, uint64_t addr, const uint8_t* in, size_t n);
 // (ContextState::odp_lock); the original value in *orig.
 bool odp_atomic(ContextState& cs, const OdpOwner& o, uint64_t addr, bool cas, uint64_t compare_add, uint64_t swap,
                 uint64_t* orig);
+// ATOMIC WRITE (IBTA annex A19): `value` as one aligned quadword at addr
+// (OdpMemory::store_word), under the same lock as odp_atomic, so that it
+// is atomic with respect to them.
+bool odp_atomic_write(ContextState& cs, const OdpOwner& o, uint64_t addr, uint64_t value);
 
 }  // namespace sv::verbs

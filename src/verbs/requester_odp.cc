@@ -301,6 +301,30 @@ Outcome atomic_on_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
   return {Step::kDone, IBV_WC_SUCCESS, false, 8};
 }
 
+// ATOMIC WRITE (IBTA annex A19) where the target or a source SGE is ODP
+// memory: the checks and errors of atomic_write_at (requester.cc), then the
+// 8 bytes as one aligned store, on ODP memory under AtomicLock
+// (odp_atomic_write).
+Outcome atomic_write_on_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
+  OSeg local[shm::kMaxSge];
+  int nl = 0;
+  uint64_t total = 0;
+  if (!local_list(q, w, false, local, nl, total)) return {Step::kError, IBV_WC_LOC_PROT_ERR};
+  if (core::Check c = core::check_atomic_write(total, w.remote_addr); c != core::Check::kOk)
+    return {Step::kError, core::requester_status(c), true};
+  uint64_t v = 0;
+  const OSeg value{reinterpret_cast<uint8_t*>(&v), 8, 0};
+  if (copy_odp(&value, 1, local, nl, 8) != Fail::kNone) return {Step::kError, IBV_WC_LOC_PROT_ERR};
+  OSeg t;
+  if (!peer_oseg(q, p, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE, t))
+    return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  if (!t.pid)
+    core::store_atomic_write(reinterpret_cast<uint64_t*>(t.p), v);
+  else if (!odp_atomic_write(*q.ctx->st, t.owner(), uint64_t(uintptr_t(t.p)), v))
+    return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+  return {Step::kDone, IBV_WC_SUCCESS, false, 8};
+}
+
 // FLUSH on ODP memory: the pages are ordinary process memory with no
 // persistent medium; global visibility is a fence (docs/MEMORY.md, FLUSH).
 Outcome odp_flush(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
@@ -411,10 +435,8 @@ Outcome execute_odp(ProcessQp& q, Peer& p, const shm::SendWqe& w) {
     case WrKind::kRead: return odp_read(q, p, w);
     case WrKind::kFlush: return odp_flush(q, p, w);
     case WrKind::kAtomic: return atomic_on_odp(q, p, w);
-    default:
-      // ATOMIC WRITE on ODP memory is not offered (odp_caps says so): the
-      // responder refuses the key.
-      return {Step::kError, IBV_WC_REM_ACCESS_ERR, true};
+    case WrKind::kAtomicWrite: return atomic_write_on_odp(q, p, w);
+    default: return {Step::kError, IBV_WC_LOC_QP_OP_ERR};
   }
 }
 
@@ -452,6 +474,19 @@ bool odp_read(const OdpOwner& o, uint64_t addr, uint8_t* out, size_t n) { return
 
 bool odp_write(const OdpOwner& o, uint64_t addr, const uint8_t* in, size_t n) {
   return odp_copy(o, addr, const_cast<uint8_t*>(in), n, true);
+}
+
+bool odp_atomic_write(ContextState& cs, const OdpOwner& o, uint64_t addr, uint64_t value) {
+  if (!cs.odp_lock.valid()) {
+    say_refused(ENOLCK, o.pid);
+    return false;
+  }
+  AtomicLock lock(cs.odp_lock.get());
+  int err = 0;
+  std::shared_ptr<const OdpMemory> mem = registrant_memory(o, &err);
+  if (mem) err = mem->store_word(addr, value);
+  if (err) say_refused(err, o.pid);
+  return err == 0;
 }
 
 bool odp_atomic(ContextState& cs, const OdpOwner& o, uint64_t addr, bool cas, uint64_t compare_add, uint64_t swap,

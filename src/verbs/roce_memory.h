@@ -163,8 +163,12 @@ class OwnMemory : public roce::Memory {
   bool remote_atomic_write(uint32_t rkey, uint64_t va, const uint8_t (&value)[8]) override {
     uint64_t v;
     std::memcpy(&v, value, 8);
-    return access(rkey, va, 8, IBV_ACCESS_REMOTE_WRITE, true,
-                  [&](uint8_t* p) { core::store_atomic_write(reinterpret_cast<uint64_t*>(p), v); });
+    if (access(rkey, va, 8, IBV_ACCESS_REMOTE_WRITE, true,
+               [&](uint8_t* p) { core::store_atomic_write(reinterpret_cast<uint64_t*>(p), v); }))
+      return true;
+    // ODP memory: one aligned store under the lock of the ODP atomics.
+    const OdpTarget o = take_odp();
+    return o.set && odp_atomic_write(*q_.ctx->st, o.owner, o.at, v);
   }
   core::Check remote_flush(uint32_t rkey, uint64_t va, uint64_t len, uint32_t need, uint8_t placement,
                            uint8_t level) override {

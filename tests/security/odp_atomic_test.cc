@@ -5,7 +5,8 @@
 // each other: every update counts and every original value returned is
 // distinct. The lock is the owner's user's device segment (its own file);
 // a third user that takes the name a lock once had in /dev/shm takes
-// nothing.
+// nothing. And ATOMIC WRITE (IBTA annex A19): another user's stores through
+// the daemon never tear the owner's FETCH_ADDs' values.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -63,6 +64,42 @@ bool fetch_adds(const Qp& q, ibv_mr* result, uint64_t addr, uint32_t rkey, std::
   return true;
 }
 
+// kEach ATOMIC WRITEs (IBTA annex A19, inline) of kHighA and kHighB in
+// turn to addr/rkey, one at a time; the values written in `got`.
+constexpr uint64_t kHighA = 0xAAAAAAAA00000000ull, kHighB = 0x5555555500000000ull;
+bool atomic_writes(const Qp& q, uint64_t addr, uint32_t rkey, std::vector<uint64_t>& got) {
+  for (int i = 0; i < kEach; ++i) {
+    uint64_t v = i % 2 ? kHighB : kHighA;
+    ibv_sge sge{uint64_t(uintptr_t(&v)), 8, 0};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_ATOMIC_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+    if (ibv_post_send(q.qp, &wr, &bad)) return false;
+    ibv_wc wc{};
+    int n;
+    while ((n = ibv_poll_cq(q.cq, 1, &wc)) == 0) {
+    }
+    if (n != 1 || wc.status != IBV_WC_SUCCESS) return false;
+    got.push_back(v);
+  }
+  return true;
+}
+
+// Whether a value of the word the ATOMIC WRITEs and the FETCH_ADDs share is
+// whole: a high half of one store (or none yet), a low half of at most
+// kEach adds (they never carry into the high half).
+bool whole(uint64_t v) {
+  const uint64_t hi = v & ~0xffffffffull;
+  return (hi == 0 || hi == kHighA || hi == kHighB) && (v & 0xffffffffull) <= uint64_t(kEach);
+}
+
+// The other user's side: FETCH_ADDs, or (g_other_writes) ATOMIC WRITEs.
+bool g_other_writes = false;
+
 struct Target {
   uint32_t qpn, rkey;
   uint64_t addr;
@@ -109,7 +146,7 @@ void atomics_together(bool owner_is_nobody) {
     int go = 0;
     if (!recv_val(sock, go)) return 22;
     std::vector<uint64_t> got;
-    if (!fetch_adds(q, res, t.addr, t.rkey, got)) return 23;
+    if (!(g_other_writes ? atomic_writes(q, t.addr, t.rkey, got) : fetch_adds(q, res, t.addr, t.rkey, got))) return 23;
     for (uint64_t v : got)
       if (!send_val(sock, v)) return 24;
     return 0;
@@ -143,6 +180,12 @@ void atomics_together(bool owner_is_nobody) {
   ASSERT_TRUE(recv_val(root.sock(), final_value));
   EXPECT_EQ(0, root.wait());
   EXPECT_EQ(0, nobody.wait());
+  if (g_other_writes) {
+    // The owner's adds saw only whole values, and the last value is whole.
+    for (int i = kEach; i < 2 * kEach; ++i) EXPECT_TRUE(whole(all[size_t(i)])) << std::hex << all[size_t(i)];
+    EXPECT_TRUE(whole(final_value) && final_value >> 32 != 0) << std::hex << final_value;
+    return;
+  }
   EXPECT_EQ(uint64_t(2 * kEach), final_value) << "updates were lost";
   std::sort(all.begin(), all.end());
   EXPECT_TRUE(std::adjacent_find(all.begin(), all.end()) == all.end()) << "two atomics returned the same original";
@@ -174,6 +217,17 @@ TEST(OdpAtomic, ALockNameTakenFirstByAnotherUserChangesNothing) {
   ASSERT_EQ(0, wait_for(p));
   atomics_together(true);
   ::unlink(squat);
+}
+
+// Another user's ATOMIC WRITEs through the daemon and the owner's
+// FETCH_ADDs on one ODP word: every original value the owner's adds return,
+// and the last value, is whole (the store is one quadword, under the lock
+// the adds take).
+TEST(OdpAtomic, AnotherUsersAtomicWritesAndTheOwnersAddsNeverTear) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
+  g_other_writes = true;
+  atomics_together(false);
+  g_other_writes = false;
 }
 
 }  // namespace

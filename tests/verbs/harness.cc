@@ -302,6 +302,25 @@ bool write_all(int fd, const void* p, size_t n) {
         }
         break;
       }
+      case Peer::kAtomicWrites: {
+        uint64_t value = 0;
+        ibv_sge sge{reinterpret_cast<uint64_t>(&value), 8, 0};
+        ibv_send_wr wr{};
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_ATOMIC_WRITE;
+        wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+        wr.wr.rdma.remote_addr = c.d;
+        wr.wr.rdma.rkey = c.e;
+        for (uint32_t i = 0; i < c.a && !r.status; ++i) {
+          value = i % 2 ? c.c : c.b;
+          ibv_send_wr* bad;
+          r.status = ibv_post_send(s.qp, &wr, &bad);
+          auto v = poll(s.cq, 1, 5000);
+          if (v.size() != 1 || v[0].status != IBV_WC_SUCCESS) r.status = EIO;
+        }
+        break;
+      }
       case Peer::kLockLoop: {
         uint64_t* local = reinterpret_cast<uint64_t*>(s.buf);
         auto one = [&](ibv_wr_opcode op, uint64_t addr, uint64_t cmp, uint64_t swap, uint32_t len) {
@@ -543,6 +562,17 @@ int Peer::fetch_add(uint32_t count, uint64_t remote_addr, uint32_t rkey) {
   Cmd c{};
   c.op = kAtomics;
   c.a = count;
+  c.d = remote_addr;
+  c.e = rkey;
+  return call(c).status;
+}
+
+int Peer::atomic_writes(uint32_t count, uint64_t a, uint64_t b, uint64_t remote_addr, uint32_t rkey) {
+  Cmd c{};
+  c.op = kAtomicWrites;
+  c.a = count;
+  c.b = a;
+  c.c = b;
   c.d = remote_addr;
   c.e = rkey;
   return call(c).status;

@@ -67,7 +67,7 @@ struct PeerInfo {
 // A second process holding its own Side.
 class Peer {
  public:
-  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop, kMcast, kRestart, kOdpOrphan };
+  enum Op : uint32_t { kOpen = 1, kConnect, kPostRecv, kPoll, kFill, kChecksum, kReadByte, kExit, kToError, kRereg, kPost, kAtomics, kDereg, kLockLoop, kMcast, kRestart, kOdpOrphan, kAtomicWrites };
   struct Cmd {
     uint32_t op;
     uint32_t a;
@@ -97,6 +97,9 @@ class Peer {
   int to_error();
   // `count` fetch-and-add(1) operations on the word at remote_addr, one at a time.
   int fetch_add(uint32_t count, uint64_t remote_addr, uint32_t rkey);
+  // `count` ATOMIC WRITEs (IBTA annex A19, inline) of `a`, `b`, `a`, ...
+  // to the word at remote_addr, one at a time.
+  int atomic_writes(uint32_t count, uint64_t a, uint64_t b, uint64_t remote_addr, uint32_t rkey);
   int dereg();
   // `count` times: take a spinlock (CAS 0 -> 1 on lock_addr), read the counter
   // at counter_addr, write it back plus one, release the lock (CAS 1 -> 0).

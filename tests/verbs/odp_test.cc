@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
@@ -347,6 +348,187 @@ TEST(Odp, AtomicsAreAtomicAmongThemselves) {
   EXPECT_EQ(0, ibv_dereg_mr(ma));
   EXPECT_EQ(0, ibv_dereg_mr(mb));
   munmap(w, kPage);
+}
+
+// ATOMIC WRITE (IBTA annex A19) on ODP memory from a peer process: its 8
+// bytes land, nothing around them; and the errors of a regular MR, plus
+// those of a hole: misaligned (invalid request), an MR without remote
+// write, past the MR, an unmapped page, a read-only page (remote access).
+TEST(Odp, AtomicWriteStoresEightBytesAndFailsAsARegularMr) {
+  uint8_t* b = fresh(3 * kPage);
+  std::memset(b, 0x11, 3 * kPage);
+  {
+    Pair t;
+    ASSERT_TRUE(t.ok);
+    ibv_mr* mr = ibv_reg_mr(t.me.pd, b, 3 * kPage, kOdpAccess);
+    ASSERT_NE(nullptr, mr) << strerror(errno);
+    ibv_wc wc = t.peer.post(IBV_WR_ATOMIC_WRITE, 16, 8, uint64_t(uintptr_t(b + 64)), mr->rkey);
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(IBV_WC_ATOMIC_WRITE, wc.opcode);
+    for (size_t i = 0; i < 8; ++i) EXPECT_EQ(pattern(9, 16 + i), b[64 + i]) << i;
+    EXPECT_EQ(0x11, b[63]);
+    EXPECT_EQ(0x11, b[72]);
+    EXPECT_EQ(0, ibv_dereg_mr(mr));
+  }
+  std::memset(b, 0x11, 128);
+  struct Case {
+    const char* name;
+    size_t at;
+    int access;
+    int change;  // 1: munmap the second page, 2: make it read-only
+    ibv_wc_status status;
+  } const cases[] = {
+      {"misaligned", 68, kOdpAccess, 0, IBV_WC_REM_INV_REQ_ERR},
+      {"MR without remote write", 64, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, 0,
+       IBV_WC_REM_ACCESS_ERR},
+      {"past the MR", 3 * kPage, kOdpAccess, 0, IBV_WC_REM_ACCESS_ERR},
+      {"read-only page", kPage + 8, kOdpAccess, 2, IBV_WC_REM_ACCESS_ERR},
+      {"unmapped page", kPage + 8, kOdpAccess, 1, IBV_WC_REM_ACCESS_ERR},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Pair t;
+    ASSERT_TRUE(t.ok);
+    ibv_mr* mr = ibv_reg_mr(t.me.pd, b, 3 * kPage, c.access);
+    ASSERT_NE(nullptr, mr) << strerror(errno);
+    if (c.change == 1) {
+      ASSERT_EQ(0, munmap(b + kPage, kPage));
+    }
+    if (c.change == 2) {
+      ASSERT_EQ(0, mprotect(b + kPage, kPage, PROT_READ));
+    }
+    ibv_wc wc = t.peer.post(IBV_WR_ATOMIC_WRITE, 16, 8, uint64_t(uintptr_t(b + c.at)), mr->rkey);
+    EXPECT_EQ(c.status, wc.status) << ibv_wc_status_str(wc.status);
+    for (size_t i = 0; i < 128; ++i) ASSERT_EQ(0x11, b[i]) << i;
+    if (c.change == 2) {
+      EXPECT_EQ(0x11, b[kPage + 8]);
+      ASSERT_EQ(0, mprotect(b + kPage, kPage, PROT_READ | PROT_WRITE));
+    }
+    EXPECT_EQ(0, ibv_dereg_mr(mr));
+  }
+  munmap(b, 3 * kPage);
+}
+
+// An ATOMIC WRITE racing FETCH_ADDs on one ODP word never tears: one peer
+// stores 0xAAAAAAAA00000000 and 0x5555555500000000 in turn while another
+// adds 1 (2000 times; the low half never carries into the high one), and
+// this process, the registrant, reads the word all along with 8-byte loads.
+// Every value seen, and the last, has a whole high half; the adds are
+// atomic with the stores (the ODP lock), so the low half ends at most 2000.
+TEST(Odp, AtomicWriteRacingFetchAddsNeverTears) {
+  Pair a, b;
+  ASSERT_TRUE(a.ok && b.ok);
+  uint8_t* w = fresh(kPage);
+  const int acc = kOdpAccess | IBV_ACCESS_REMOTE_ATOMIC;
+  ibv_mr* ma = ibv_reg_mr(a.me.pd, w, kPage, acc);
+  ibv_mr* mb = ibv_reg_mr(b.me.pd, w, kPage, acc);
+  ASSERT_TRUE(ma && mb);
+  const uint64_t at = uint64_t(uintptr_t(w)) + 64;
+  auto* word = reinterpret_cast<uint64_t*>(w + 64);
+  constexpr uint64_t kA = 0xAAAAAAAA00000000ull, kB = 0x5555555500000000ull;
+  const auto whole = [&](uint64_t v) { return (v >> 32) == 0 || (v >> 32) == (kA >> 32) || (v >> 32) == (kB >> 32); };
+  std::atomic<bool> done{false};
+  uint64_t torn = 0, seen = 0, first_torn = 0;
+  std::thread watcher([&] {
+    while (!done.load(std::memory_order_relaxed)) {
+      const uint64_t v = __atomic_load_n(word, __ATOMIC_RELAXED);
+      ++seen;
+      if (!whole(v) && torn++ == 0) first_torn = v;
+    }
+  });
+  int ra = -1, rb = -1;
+  std::thread ta([&] { ra = a.peer.atomic_writes(2000, kA, kB, at, ma->rkey); });
+  std::thread tb([&] { rb = b.peer.fetch_add(2000, at, mb->rkey); });
+  ta.join();
+  tb.join();
+  done = true;
+  watcher.join();
+  EXPECT_EQ(0, ra);
+  EXPECT_EQ(0, rb);
+  EXPECT_EQ(0u, torn) << "of " << seen << " loads; the first: " << std::hex << first_torn;
+  const uint64_t last = __atomic_load_n(word, __ATOMIC_RELAXED);
+  EXPECT_TRUE(whole(last) && (last >> 32) != 0) << std::hex << last;
+  EXPECT_LE(last & 0xffffffffull, 2000u);
+  EXPECT_EQ(0, ibv_dereg_mr(ma));
+  EXPECT_EQ(0, ibv_dereg_mr(mb));
+  munmap(w, kPage);
+}
+
+// Binds a type 1 window over [at, at + len) of `mr` for `acc`; its key, or 0.
+uint32_t bind_window(Side& me, ibv_mr* mr, ibv_mw* mw, uint64_t at, uint64_t len, unsigned acc) {
+  ibv_mw_bind bind{};
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_info = {mr, at, len, acc};
+  if (ibv_bind_mw(me.qp, mw, &bind) != 0) return 0;
+  auto c = poll(me.cq, 1);
+  return c.size() == 1 && c[0].status == IBV_WC_SUCCESS ? mw->rkey : 0;
+}
+
+// Memory windows over ODP MRs (explicit and implicit): a window grants
+// exactly its range and rights of the registrant's memory as it is now;
+// past it, a right it lacks, or a hole inside it is a remote access error.
+TEST(Odp, WindowsOverOdpMrsGrantExactlyTheWindow) {
+  uint8_t* b = fresh(3 * kPage);
+  std::memset(b, 0x11, 3 * kPage);
+  const int acc = kOdpAccess | IBV_ACCESS_MW_BIND;
+  const auto at = [&](size_t off) { return uint64_t(uintptr_t(b + off)); };
+  {
+    Pair t;
+    ASSERT_TRUE(t.ok);
+    ibv_mr* mr = ibv_reg_mr(t.me.pd, b, 3 * kPage, acc);
+    ASSERT_NE(nullptr, mr) << strerror(errno);
+    ibv_mw* mw = ibv_alloc_mw(t.me.pd, IBV_MW_TYPE_1);
+    ASSERT_NE(nullptr, mw);
+    const uint32_t key = bind_window(t.me, mr, mw, at(kPage), 1000, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    ASSERT_NE(0u, key) << strerror(errno);
+    ibv_wc wc = t.peer.post(IBV_WR_RDMA_WRITE, 0, 1000, at(kPage), key);
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(pattern(9, i), b[kPage + i]) << i;
+    EXPECT_EQ(0x11, b[kPage - 1]);
+    EXPECT_EQ(0x11, b[kPage + 1000]);
+    std::memset(b + kPage, 0x33, 1000);
+    wc = t.peer.post(IBV_WR_RDMA_READ, 0, 10, at(kPage + 990), key);
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    std::vector<uint8_t> want(10, 0x33);
+    EXPECT_EQ(checksum(want.data(), 10), t.peer.checksum(0, 10));
+    // One byte past the window: refused, nothing written.
+    wc = t.peer.post(IBV_WR_RDMA_WRITE, 0, 11, at(kPage + 990), key);
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, wc.status) << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(0x33, b[kPage + 999]);
+    EXPECT_EQ(0x11, b[kPage + 1000]);
+    EXPECT_EQ(0, ibv_dealloc_mw(mw));
+    EXPECT_EQ(0, ibv_dereg_mr(mr));
+  }
+  {  // an implicit ODP MR; a read-only window refuses a WRITE
+    Pair t;
+    ASSERT_TRUE(t.ok);
+    ibv_mr* imp = ibv_reg_mr(t.me.pd, nullptr, SIZE_MAX, acc);
+    ASSERT_NE(nullptr, imp) << strerror(errno);
+    ibv_mw* mw = ibv_alloc_mw(t.me.pd, IBV_MW_TYPE_1);
+    ASSERT_NE(nullptr, mw);
+    const uint32_t key = bind_window(t.me, imp, mw, at(0), 2 * kPage, IBV_ACCESS_REMOTE_READ);
+    ASSERT_NE(0u, key) << strerror(errno);
+    ASSERT_EQ(IBV_WC_SUCCESS, t.peer.post(IBV_WR_RDMA_READ, 0, 64, at(kPage - 32), key).status);
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, t.peer.post(IBV_WR_RDMA_WRITE, 0, 8, at(0), key).status);
+    EXPECT_EQ(0x11, b[0]);
+    EXPECT_EQ(0, ibv_dealloc_mw(mw));
+    EXPECT_EQ(0, ibv_dereg_mr(imp));
+  }
+  {  // a hole inside the window
+    Pair t;
+    ASSERT_TRUE(t.ok);
+    ibv_mr* mr = ibv_reg_mr(t.me.pd, b, 3 * kPage, acc);
+    ASSERT_NE(nullptr, mr);
+    ibv_mw* mw = ibv_alloc_mw(t.me.pd, IBV_MW_TYPE_1);
+    ASSERT_NE(nullptr, mw);
+    const uint32_t key = bind_window(t.me, mr, mw, at(0), 3 * kPage, IBV_ACCESS_REMOTE_WRITE);
+    ASSERT_NE(0u, key);
+    ASSERT_EQ(0, munmap(b + 2 * kPage, kPage));
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, t.peer.post(IBV_WR_RDMA_WRITE, 0, 16, at(2 * kPage + 8), key).status);
+    EXPECT_EQ(0, ibv_dealloc_mw(mw));
+    EXPECT_EQ(0, ibv_dereg_mr(mr));
+  }
+  munmap(b, 2 * kPage);
 }
 
 // The MR dies with its process, whatever takes its pid. The peer registers

@@ -840,6 +840,54 @@ TEST_P(Semantics, AtomicWriteErrors) {
   }
 }
 
+// ATOMIC WRITE on on-demand-paging memory (docs/MEMORY.md): both MRs ODP;
+// the same eight bytes, opcode and errors as on regular MRs, on every path.
+TEST_P(Semantics, OdpAtomicWriteStoresItsEightBytesAndFailsAlike) {
+  OpenArgs odp = a19_args();
+  odp.mr_access |= IBV_ACCESS_ON_DEMAND;
+  open_pair(odp, odp);
+  ASSERT_TRUE(resp.store(0, std::vector<uint8_t>(512, kGuard)));
+  for (uint32_t new_api : {0u, 1u}) {
+    SCOPED_TRACE(new_api ? "ibv_wr_atomic_write" : "ibv_post_send");
+    const auto v = pattern(uint8_t(70 + new_api), 8);
+    ASSERT_TRUE(req.store(64, v));
+    Wr w = rdma(IBV_WR_ATOMIC_WRITE, 64, 8, 256);
+    w.new_api = new_api;
+    w.wr_id = 80 + new_api;
+    ibv_wc wc = run(w);
+    ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(IBV_WC_ATOMIC_WRITE, wc.opcode);
+    EXPECT_EQ(80u + new_api, wc.wr_id);
+    expect_framed(resp.load(0, 512), 256, v);
+    ASSERT_TRUE(resp.store(256, std::vector<uint8_t>(8, kGuard)));
+  }
+  Wr in = rdma(IBV_WR_ATOMIC_WRITE, 0, 8, 320);
+  in.send_flags |= IBV_SEND_INLINE;
+  ASSERT_TRUE(req.store(0, pattern(5, 8)));
+  ASSERT_EQ(IBV_WC_SUCCESS, run(in).status);
+  expect_framed(resp.load(0, 512), 320, pattern(5, 8));
+  OpenArgs no_write = odp;
+  no_write.mr_access = IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  struct Case {
+    const char* name;
+    uint64_t remote_off;
+    bool read_only_mr;
+    ibv_wc_status status;
+  } const cases[] = {
+      {"misaligned", 260, false, IBV_WC_REM_INV_REQ_ERR},
+      {"MR without remote write", 256, true, IBV_WC_REM_ACCESS_ERR},
+      {"past the MR's end", 1 << 20, false, IBV_WC_REM_ACCESS_ERR},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    fresh_pair(odp, c.read_only_mr ? no_write : odp);
+    ASSERT_TRUE(resp.store(256, std::vector<uint8_t>(16, kGuard)));
+    ibv_wc wc = run(rdma(IBV_WR_ATOMIC_WRITE, 0, 8, c.remote_off));
+    EXPECT_EQ(c.status, wc.status) << ibv_wc_status_str(wc.status);
+    expect_framed(resp.load(256, 16), 0, std::vector<uint8_t>(16, kGuard));
+  }
+}
+
 // ---- FLUSH (IBTA annex A19, ibv_wr_flush; IBV_WC_FLUSH; the R_Key and the
 // responder QP must grant the FLUSH right of each placement type asked) -----
 
