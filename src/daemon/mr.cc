@@ -110,16 +110,16 @@ int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::Reg
   if (c == clients_.end() || !c->second.pidfd.valid()) return EOPNOTSUPP;
   // Every copy of its memory goes through its pinned address space,
   // opened once (the process behind the pidfd held since connect).
-  // Its three descriptors (/proc/PID/mem, /proc/PID/maps, a pidfd) are
+  // Its four descriptors (/proc/PID/mem, maps and pagemap, a pidfd) are
   // charged to the user while the client lasts.
   if (!c->second.odp_memory) {
-    if (int e = quotas_.admit_fds(c->second.uid, 3)) return e;
+    if (int e = quotas_.admit_fds(c->second.uid, 4)) return e;
     if (int e = OdpMemory::open(c->second.pid, c->second.pidfd.get(), c->second.odp_memory)) {
       std::fprintf(stderr, "softverbsd: the address space of process %d cannot be opened for on-demand paging: %s\n",
                    int(c->second.pid), std::strerror(e));
       return e == ESRCH ? ESRCH : EACCES;
     }
-    quotas_.charge_fds(Quotas::fd_key(client, Quotas::kOdpFds), c->second.uid, 3);
+    quotas_.charge_fds(Quotas::fd_key(client, Quotas::kOdpFds), c->second.uid, 4);
   }
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(req.access & IBV_ACCESS_LOCAL_WRITE))
     return EINVAL;

@@ -13,7 +13,7 @@
 //
 // What this costs the daemon is bounded by the registrants' users: a thread
 // (with the job's descriptors: the registrant's pidfd, the ODP lock, and
-// through the pinned address space its three descriptors) per copy, at most
+// through the pinned address space its four descriptors) per copy, at most
 // kPerUser copies over the memory of one user's processes, stuck ones
 // counted until their threads end, and kMaxThreads in all. A user whose
 // pages never fault in stalls only copies into or out of its own memory;

@@ -61,7 +61,7 @@ class Quotas {
   // Descriptors held for a user outside the kinds above, counted under kFd:
   // a connection's pidfd, its async wake-up socket, its request ring's memfd
   // and wake-up socket, its sharers' wake socket (Op::Wake), its RoCE arrival pair, its process's
-  // pinned address space for on-demand paging (three), and the duplicates that
+  // pinned address space for on-demand paging (four), and the duplicates that
   // replies waiting in its output queue carry. `key` names the holding (a
   // connection's: fd_key(client, what); a queued reply's: its own).
   int admit_fds(uid_t uid, uint32_t n) const;

@@ -297,7 +297,7 @@ TEST(DaemonBlocking, DescriptorsHeldForAUserStayWithinItsQuota) {
 }
 
 // Contexts of nobody that each register an implicit ODP MR: the daemon
-// keeps each registrant's address space pinned (three descriptors),
+// keeps each registrant's address space pinned (four descriptors),
 // which count in the user's quota like every other descriptor it holds.
 TEST(DaemonBlocking, OdpRegistrantsDescriptorsStayWithinItsQuota) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as another user";
