@@ -191,6 +191,10 @@ bool planned_port_down() {
   return process_plan().raises_events() && events().port_down.load(std::memory_order_acquire);
 }
 
+const std::atomic<bool>* planned_port_flag() {
+  return process_plan().port.empty() ? nullptr : &events().port_down;
+}
+
 uint32_t planned_ordinal(faults::Timed kind) {
   const faults::Plan& p = process_plan();
   for (const faults::TimedRule& r : p.timed)

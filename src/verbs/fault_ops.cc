@@ -121,6 +121,11 @@ const std::string& process_plan_error() { return the_plan().error; }
 ibv_wc_status wire_fault(ProcessQp& q, const ibv_send_wr& wr) {
   QpFaults& f = *q.faults;
   const uint64_t n = ++f.ops;
+  // A port rule: a reliable request fails (retries exhausted), an
+  // unreliable one goes into the down link (lost there: the endpoint sends
+  // nothing while the port is down).
+  if (Outcome o; f.events && event_fault(q, n, wr.opcode, wr.wr_id, o))
+    return o.step == Step::kError ? o.status : IBV_WC_SUCCESS;
   for (const faults::WcRule& r : f.rules) {
     if (r.op ? r.op == n : f.rng.chance(r.rate)) {
       SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
@@ -131,40 +136,42 @@ ibv_wc_status wire_fault(ProcessQp& q, const ibv_send_wr& wr) {
   return IBV_WC_SUCCESS;
 }
 
+namespace {
+
+// q's planned state, if the plan has anything for it: its wc rules (with
+// `wc`), and whether its requests go through event_fault (port rules look
+// at every QP; QP fatal ones at those they name). False: nothing.
+bool plan_qp(ProcessQp& q, const faults::Plan& p, bool wc) {
+  if (q.faults) return true;
+  std::vector<faults::WcRule> rules;
+  for (const faults::WcRule& r : p.wc)
+    if (wc && (r.all || r.qpn == q.qpn)) rules.push_back(r);
+  bool events = !p.port.empty();
+  for (const faults::QpFatalRule& r : p.qp_fatal) events |= r.all || r.qpn == q.qpn;
+  if (rules.empty() && !events) return false;
+  auto f = std::make_unique<QpFaults>();
+  f->rules = std::move(rules);
+  f->events = events;
+  f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
+  q.faults = std::move(f);
+  return true;
+}
+
+}  // namespace
+
 const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post) {
   const faults::Plan& p = process_plan();
   if (!p.plans_sends()) return ops;
   const bool shm = std::strcmp(ops->path, "shared memory") == 0;
   // On the wire the RoCE engine carries the requests (roce_link.cc asks
-  // wire_fault of each); its ops stay. Port and QP fatal rules do not
-  // apply there.
-  const bool wire = std::strcmp(ops->path, "wire") == 0 && q.type != IBV_QPT_UD;
-  if (wire && !q.faults) {
-    std::vector<faults::WcRule> rules;
-    for (const faults::WcRule& r : p.wc)
-      if (r.all || r.qpn == q.qpn) rules.push_back(r);
-    if (rules.empty()) return ops;
-    auto f = std::make_unique<QpFaults>();
-    f->rules = std::move(rules);
-    f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
-    q.faults = std::move(f);
+  // wire_fault of each, for a remote destination); its ops stay. Completion
+  // faults do not apply to UD there.
+  if (std::strcmp(ops->path, "wire") == 0) {
+    plan_qp(q, p, q.type != IBV_QPT_UD);
+    return ops;
   }
-  if (wire) return ops;
   if (!shm && std::strcmp(ops->path, "mediated") != 0) return ops;  // no send queue
-  if (!q.faults) {
-    std::vector<faults::WcRule> rules;
-    for (const faults::WcRule& r : p.wc)
-      if (r.all || r.qpn == q.qpn) rules.push_back(r);
-    // Port rules look at every QP; QP fatal ones at those they name.
-    bool events = !p.port.empty();
-    for (const faults::QpFatalRule& r : p.qp_fatal) events |= r.all || r.qpn == q.qpn;
-    if (rules.empty() && !events) return ops;
-    auto f = std::make_unique<QpFaults>();
-    f->rules = std::move(rules);
-    f->events = events;
-    f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
-    q.faults = std::move(f);
-  }
+  if (!plan_qp(q, p, true)) return ops;
   q.faults->slow_post = slow_post;  // the same for every path a QP takes here
   q.faults->base.store(ops, std::memory_order_release);
   return shm ? &kPlannedShm : &kPlannedMediated;
