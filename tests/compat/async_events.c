@@ -153,11 +153,27 @@ static struct ibv_async_event expect_event(enum ibv_event_type type) {
   return ev;
 }
 
+/* The device view's port file NAME (softverbs run's sysfs view) says
+ * WANT; no view (the file absent): nothing to check. */
+static void expect_view(const char* name, const char* want) {
+  char path[96], line[64] = "";
+  snprintf(path, sizeof path, "/sys/class/infiniband/%s/ports/1/%s", ibv_get_device_name(ctx->device), name);
+  FILE* f = fopen(path, "r");
+  if (!f) return;
+  if (!fgets(line, sizeof line, f)) line[0] = 0;
+  fclose(f);
+  line[strcspn(line, "\n")] = 0;
+  printf("sysfs %s %s\n", name, line);
+  if (strcmp(line, want)) fail("%s says '%s', wanted '%s'", path, line, want);
+}
+
 static void expect_port(enum ibv_port_state want) {
   struct ibv_port_attr pa;
   if (ibv_query_port(ctx, 1, &pa)) return fail("ibv_query_port: %s", strerror(errno));
   printf("port state %s\n", ibv_port_state_str(pa.state));
   if (pa.state != want) fail("port %s, wanted %s", ibv_port_state_str(pa.state), ibv_port_state_str(want));
+  expect_view("state", want == IBV_PORT_DOWN ? "1: DOWN" : "4: ACTIVE");
+  expect_view("phys_state", want == IBV_PORT_DOWN ? "3: Disabled" : "5: LinkUp");
 }
 
 static void expect_qp_state(struct ibv_qp* q, enum ibv_qp_state want) {

@@ -29,7 +29,7 @@ case $mode in
   device_fatal) plan='device_fatal:after_ms=300'; want='^device_fatal$' ;;
   # cm_port_down.c: rdma_cm while the port is down, on an rdma_cm port of
   # this test's own SOFTVERBS_DIR.
-  cm) plan='port:after_ms=400,down_ms=600'; want='^port down$|^port up$' ;;
+  cm) plan='port:after_ms=400,down_ms=4000'; want='^port down$|^port up$' ;;
   *) log "unknown mode $mode"; exit 2 ;;
 esac
 out=$COMPAT_DIR/out
@@ -39,6 +39,11 @@ sv_run env SOFTVERBS_FAULTS="$plan" SOFTVERBS_FAULTS_LOG="$COMPAT_DIR/log" "$pro
 rc=$?
 [ "$rc" -eq 0 ] || fail "$(basename "$prog") $mode exited with $rc, not 0"
 grep -q '^PASSED$' "$out" || fail "$(basename "$prog") $mode did not pass"
+# The device view that `softverbs run` gives the program follows its port.
+if [ "$mode" = port ] || [ "$mode" = port_op ]; then
+  grep -q '^sysfs state 1: DOWN$' "$out" || fail "the device view's ports/1/state did not say 1: DOWN"
+  grep -q '^sysfs phys_state 3: Disabled$' "$out" || fail "the device view's ports/1/phys_state did not say 3: Disabled"
+fi
 lines=$(grep -c . "$COMPAT_DIR/log" 2>/dev/null || echo 0)
 wanted=$(printf '%s' "$want" | awk -F'|' '{print NF}')
 [ "$lines" -eq "$wanted" ] || fail "the fault log has $lines lines, not $wanted"
