@@ -95,6 +95,12 @@ std::string wire_setting(std::string_view k, std::string_view v, WireRule& r, Pl
 }
 
 std::string wc_setting(std::string_view k, std::string_view v, WcRule& r) {
+  uint64_t n = 0;
+  if (k == "delay_us") {
+    if (!to_u64(v, n) || n == 0 || n > 10'000'000) return bad_value(k, v, "microseconds, 1 to 10000000");
+    r.delay_us = uint32_t(n);
+    return "";
+  }
   if (k == "op") return to_u64(v, r.op) && r.op > 0 ? "" : bad_value(k, v, "an operation number from 1");
   if (k == "rate") return to_prob(v, r.rate) && r.rate > 0 ? "" : bad_value(k, v, "a probability above 0, at most 1");
   if (k == "status") {
@@ -103,7 +109,7 @@ std::string wc_setting(std::string_view k, std::string_view v, WcRule& r) {
       if (n == s.name) return (r.status = s.s), "";
     return bad_value(k, v, "RNR_RETRY_EXC_ERR, RETRY_EXC_ERR, REM_ACCESS_ERR, REM_OP_ERR or LOC_PROT_ERR");
   }
-  return cat("unknown wc setting '", k, "' (op, rate, status)");
+  return cat("unknown wc setting '", k, "' (op, rate, status, delay_us)");
 }
 
 // A setting of the event sections: a count or a time.
@@ -114,6 +120,8 @@ std::string event_setting(std::string_view section, std::string_view k, std::str
     return "";
   }
   if (k == "op") return to_u64(v, n) && n > 0 ? "" : bad_value(k, v, "an operation number from 1");
+  if (k == "times")
+    return to_u64(v, n) && n > 0 && n <= 1'000'000 ? "" : bad_value(k, v, "a count, 1 to 1000000");
   if (k == "cq" || k == "srq")
     return to_u64(v, n) && n > 0 && n <= 0xffffffff ? "" : bad_value(k, v, "an ordinal from 1");
   return cat("unknown setting '", k, "' for ", section);
@@ -128,6 +136,7 @@ struct EventSection {
 constexpr EventSection kEventSections[] = {
     {"port", " after_ms op down_ms ", " down_ms "},
     {"qp_fatal", " op ", " op "},
+    {"rnr", " op times ", " op "},
     {"cq_err", " after_ms cq ", " after_ms "},
     {"srq_limit", " after_ms srq ", " after_ms "},
     {"device_fatal", " after_ms ", " after_ms "},
@@ -158,6 +167,8 @@ std::string event_clause(const EventSection& es, std::string_view body, bool all
     p.port.push_back({kv.count("after_ms") ? kv["after_ms"] : 0, kv.count("op") ? kv["op"] : 0, kv["down_ms"]});
   } else if (name == "qp_fatal") {
     p.qp_fatal.push_back({all, qpn, kv["op"]});
+  } else if (name == "rnr") {
+    p.rnr.push_back({all, qpn, kv["op"], kv.count("times") ? uint32_t(kv["times"]) : 1u});
   } else {
     const Timed t = name == "cq_err" ? Timed::kCqErr : name == "srq_limit" ? Timed::kSrqLimit : Timed::kDeviceFatal;
     const uint64_t n = kv.count("cq") ? kv["cq"] : kv.count("srq") ? kv["srq"] : 1;
@@ -185,11 +196,11 @@ std::string clause(std::string_view c, Plan& p) {
   const EventSection* es = bare ? nullptr : event_section(section);
   if (!bare && section != "wire" && section != "wc" && !es)
     return cat("unknown section '", section,
-               "' (wire, wc, port, qp_fatal, cq_err, srq_limit or device_fatal)");
+               "' (wire, wc, rnr, port, qp_fatal, cq_err, srq_limit or device_fatal)");
   bool all = true;
   uint32_t qpn = 0;
   if (!bare && head.find('@') != std::string_view::npos) {
-    if (es && section != "qp_fatal") return cat("a ", section, " clause takes no QP selector");
+    if (es && section != "qp_fatal" && section != "rnr") return cat("a ", section, " clause takes no QP selector");
     if (std::string e = qp_selector(trim(head.substr(head.find('@') + 1)), all, qpn); !e.empty()) return e;
   }
   if (es) return event_clause(*es, body, all, qpn, p);
@@ -205,7 +216,7 @@ std::string clause(std::string_view c, Plan& p) {
   }
   if (bare && seen.size() == 1 && seen.count("seed")) return "";  // "seed=N" alone
   if (section == "wc") {
-    if (!seen.count("status")) return "a wc clause needs status=";
+    if (seen.count("status") == seen.count("delay_us")) return "a wc clause needs one of status= or delay_us=";
     if (seen.count("op") == seen.count("rate")) return "a wc clause needs one of op= or rate=";
     r.all = all;
     r.qpn = qpn;

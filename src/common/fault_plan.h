@@ -11,11 +11,16 @@
 //   clause  := "seed=" N
 //            | section [ "@" qpsel ] ":" kv { "," kv }
 //            | kv { "," kv }                    (a wire clause for all QPs; seed= allowed)
-//   section := "wire" | "wc" | "qp_fatal"        (these take a qpsel)
+//   section := "wire" | "wc" | "qp_fatal" | "rnr"  (these take a qpsel)
 //            | "port" | "cq_err" | "srq_limit" | "device_fatal"
 //   qpsel   := "all" | "qp=" N                  (N decimal or 0x hex)
 //   wire kv := drop=P | dup=P | reorder=P | delay_us=N | corrupt=P   (P in [0, 1])
-//   wc kv   := status=NAME (required) and one of op=N (N >= 1) or rate=P
+//   wc kv   := one of status=NAME or delay_us=D (1 .. 10000000), and one of
+//              op=N (N >= 1) or rate=P: the request fails with NAME, or is
+//              carried out D microseconds later than it would have been
+//   rnr kv  := op=N (required), times=K (1 .. 1000000, default 1): the
+//              responder answers the QP's N-th send request with an RNR NAK
+//              K times (RC and XRC; the requester retries per its rnr_retry)
 //   qp_fatal kv     := op=N (required): the QP's N-th send request meets
 //                      IBV_EVENT_QP_FATAL instead of being carried out
 //   port kv         := down_ms=D (required, 1 .. 3600000) and one of
@@ -55,7 +60,17 @@ struct WcRule {
   uint32_t qpn = 0;
   uint64_t op = 0;    // the op-th send work request the QP carries out (1-based); 0: by rate
   double rate = 0;
-  ibv_wc_status status = IBV_WC_SUCCESS;
+  ibv_wc_status status = IBV_WC_SUCCESS;  // IBV_WC_SUCCESS: a delay rule
+  uint32_t delay_us = 0;                  // a delay rule's delay
+};
+
+// The responder refuses the op-th send request of the QP `times` times
+// with an RNR NAK (IBTA 9.7.5.2.8) before it takes it.
+struct RnrRule {
+  bool all = true;
+  uint32_t qpn = 0;
+  uint64_t op = 0;
+  uint32_t times = 1;
 };
 
 // The port goes DOWN (at after_ms, or just before the op-th send request
@@ -87,10 +102,11 @@ struct Plan {
   std::vector<PortRule> port;
   std::vector<QpFatalRule> qp_fatal;
   std::vector<TimedRule> timed;
-  bool empty() const { return wire.empty() && wc.empty() && !raises_events(); }
+  std::vector<RnrRule> rnr;
+  bool empty() const { return wire.empty() && wc.empty() && rnr.empty() && !raises_events(); }
   // Whether send requests on shared memory and mediated paths are planned
   // (each one looked at before it is carried out).
-  bool plans_sends() const { return !wc.empty() || !qp_fatal.empty() || !port.empty(); }
+  bool plans_sends() const { return !wc.empty() || !rnr.empty() || !qp_fatal.empty() || !port.empty(); }
   // Whether the library raises asynchronous events for this plan.
   bool raises_events() const { return !port.empty() || !qp_fatal.empty() || !timed.empty(); }
 };

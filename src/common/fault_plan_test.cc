@@ -153,5 +153,62 @@ TEST(FaultPlan, RefusesEveryMalformedEventClauseWithAReason) {
   }
 }
 
+// A request delayed (a wc clause with delay_us instead of a status) and
+// one refused with RNR NAKs (rnr), with their selectors.
+TEST(FaultPlan, ParsesDelayAndRnrRules) {
+  Plan p;
+  ASSERT_EQ("", parse("wc@qp=0x10002:op=2,delay_us=150000; wc:rate=0.5,delay_us=10; rnr:op=3,times=4; rnr@qp=7:op=1", p));
+  ASSERT_EQ(2u, p.wc.size());
+  EXPECT_FALSE(p.wc[0].all);
+  EXPECT_EQ(0x10002u, p.wc[0].qpn);
+  EXPECT_EQ(2u, p.wc[0].op);
+  EXPECT_EQ(150000u, p.wc[0].delay_us);
+  EXPECT_EQ(IBV_WC_SUCCESS, p.wc[0].status);
+  EXPECT_TRUE(p.wc[1].all);
+  EXPECT_EQ(0.5, p.wc[1].rate);
+  EXPECT_EQ(10u, p.wc[1].delay_us);
+  ASSERT_EQ(2u, p.rnr.size());
+  EXPECT_TRUE(p.rnr[0].all);
+  EXPECT_EQ(3u, p.rnr[0].op);
+  EXPECT_EQ(4u, p.rnr[0].times);
+  EXPECT_FALSE(p.rnr[1].all);
+  EXPECT_EQ(7u, p.rnr[1].qpn);
+  EXPECT_EQ(1u, p.rnr[1].times);  // the default
+  EXPECT_TRUE(p.plans_sends());
+  EXPECT_FALSE(p.empty());
+  Plan only_rnr;
+  ASSERT_EQ("", parse("rnr:op=1", only_rnr));
+  EXPECT_TRUE(only_rnr.plans_sends());
+  EXPECT_FALSE(only_rnr.raises_events());
+}
+
+TEST(FaultPlan, RefusesMalformedDelayAndRnrClausesWithAReason) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"wc:op=2,delay_us=0", "bad value '0' for delay_us"},
+      {"wc:op=2,delay_us=10000001", "bad value '10000001' for delay_us"},
+      {"wc:op=2,delay_us=5ms", "bad value '5ms' for delay_us"},
+      {"wc:op=2,delay_us=10,status=REM_OP_ERR", "one of status= or delay_us="},
+      {"wc:op=2", "one of status= or delay_us="},
+      {"wc:delay_us=10", "one of op= or rate="},
+      {"wc:op=2,delay_us=1,delay_us=2", "given twice"},
+      {"rnr:times=3", "needs op="},
+      {"rnr:op=0", "bad value '0' for op"},
+      {"rnr:op=1,times=0", "bad value '0' for times"},
+      {"rnr:op=1,times=1000001", "bad value '1000001' for times"},
+      {"rnr:op=1,times=2x", "bad value '2x' for times"},
+      {"rnr:op=1,status=RNR_RETRY_EXC_ERR", "unknown setting 'status' for rnr"},
+      {"rnr:op=1,op=2", "given twice"},
+      {"rnr@qp=0:op=1", "bad QP selector"},
+      {"port:after_ms=1,down_ms=5,times=2", "unknown setting 'times' for port"},
+  };
+  for (const auto& [text, why] : bad) {
+    Plan p;
+    p.seed = 99;
+    std::string e = parse(text, p);
+    EXPECT_NE(std::string::npos, e.find(why)) << text << ": " << e;
+    EXPECT_EQ(99u, p.seed) << text << ": a refused plan leaves the output alone";
+  }
+}
+
 }  // namespace
 }  // namespace sv::faults

@@ -346,6 +346,16 @@ void take_req(Id* d, Event* e, const cm::Req& r, const uint8_t* pdata) {
 
 void on_request(int fd, uint64_t serial, const cm::Msg& m) {
   Id* l = find(serial);
+  if (port_down()) {
+    // A NIC whose link is down receives nothing: the REQ is lost and the
+    // active side, unanswered, reports RDMA_CM_EVENT_UNREACHABLE (its CM's
+    // resends of the REQ run out; here when the connection is dropped).
+    std::fprintf(stderr, "softverbs: rdma_cm: a connection request for a listener dropped: port 1 of %s is down\n",
+                 ibv_get_device_name(device()->device));
+    forget_held_request(serial, fd);
+    unwatch_close(fd);
+    return;
+  }
   if (hold_request(l, fd, m)) return;
   bool ud = m.attr == cm::Attr::kSidrReq;
   const uint8_t* pdata = cm::request_private_data(m);

@@ -65,14 +65,6 @@ void addr_resolved(Id* d) {
   post(d, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
 }
 
-// Whether the device's port is down (a fault plan's port rule: the
-// state ibv_query_port(3) reports).
-bool port_down() {
-  ibv_context* c = device();
-  ibv_port_attr a{};
-  return c && ibv_query_port(c, 1, &a) == 0 && a.state == IBV_PORT_DOWN;
-}
-
 // rdma_resolve_addr to an address of this host: the GIDs are the addresses'
 // own; an id bound to a wildcard takes the destination as its source.
 void resolve_local(Id* d, sockaddr* dst_addr) {
@@ -291,9 +283,19 @@ int rdma_resolve_route(rdma_cm_id* id, int) {
   {
     std::lock_guard<std::mutex> lk(g.mu);
     if (d->st != St::kAddrResolved) return fail(EINVAL);
-    fill_path_rec(d);
-    d->st = St::kRouteResolved;
-    post(d, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    if (port_down()) {
+      // No path through a port that is down: as an IB port's path query,
+      // which cannot reach the SA then, the id gets RDMA_CM_EVENT_ROUTE_ERROR
+      // and keeps its resolved address (it may try again; Linux's cma.c
+      // returns a route error to RDMA_CM_ADDR_RESOLVED). Linux's RoCE route
+      // resolution (cma_resolve_iboe_route) does not look at the link.
+      std::fprintf(stderr, "softverbs: rdma_resolve_route: port 1 of %s is down\n", ibv_get_device_name(device()->device));
+      post(d, RDMA_CM_EVENT_ROUTE_ERROR, -ENETUNREACH);
+    } else {
+      fill_path_rec(d);
+      d->st = St::kRouteResolved;
+      post(d, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    }
   }
   return complete(d);
 }

@@ -16,6 +16,12 @@ ibv_pd* g_pd = nullptr;
 
 }  // namespace
 
+bool port_down() {
+  ibv_context* c = device();
+  ibv_port_attr a{};
+  return c && ibv_query_port(c, 1, &a) == 0 && a.state == IBV_PORT_DOWN;
+}
+
 ibv_context* device() {
   std::lock_guard<std::mutex> g(g_dev_mu);
   if (g_ctx) return g_ctx;

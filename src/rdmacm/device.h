@@ -16,6 +16,9 @@ namespace sv::rdmacm {
 // opened on first use; nullptr (errno set) if the device cannot be opened.
 ibv_context* device();
 ibv_pd* default_pd();
+// Whether the device's port is down (a fault plan's port rule, docs/LAB.md:
+// the state ibv_query_port(3) reports).
+bool port_down();
 // A second context on the same device, whose async events only the CM reads
 // (the application may read those of device()); nullptr on failure.
 ibv_context* open_watch_context();

@@ -9,6 +9,7 @@
 // a given seed and sequence of calls.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <span>
 
@@ -26,6 +27,11 @@ struct FaultConfig {
   // delayed or corrupted) and the datagram as it was (a fault plan's log).
   void (*log)(const FaultDecision& d, std::span<const uint8_t> packet) = nullptr;
   double corrupt = 0;        // probability a delivered datagram has one bit flipped (its ICRC then fails)
+  // The link's state, where something can take it down (a fault plan's
+  // port rule): while *link_down is true a UDP endpoint sends nothing and
+  // delivers nothing that arrives, as a NIC whose link is down (both
+  // counted). Not owned; outlives the endpoint.
+  const std::atomic<bool>* link_down = nullptr;
 };
 
 struct FaultDecision {

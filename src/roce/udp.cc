@@ -23,7 +23,9 @@ uint64_t SteadyClock::now_ns() const {
 }
 
 UdpEndpoint::UdpEndpoint(Clock& clock, FaultConfig faults)
-    : clock_(clock), faults_(faults), faulty_(faults.drop > 0 || faults.duplicate > 0 || faults.reorder > 0 || faults.corrupt > 0) {
+    : clock_(clock), faults_(faults),
+      faulty_(faults.drop > 0 || faults.duplicate > 0 || faults.reorder > 0 || faults.corrupt > 0 || faults.link_down),
+      link_down_(faults.link_down) {
   rx_.resize(65536);
 }
 
@@ -224,6 +226,10 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
   uint8_t icrc[kIcrcLen];
   icrc_store(icrc, *crc);
   if (!faulty_) return transmit(ah, packet, icrc);
+  if (link_is_down()) {  // a NIC whose link is down sends nothing
+    stats_.link_down_sent++;
+    return;
+  }
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
   if (d.copies == 2) stats_.fault_duplicated++;
@@ -554,6 +560,10 @@ void UdpEndpoint::deliver(const sockaddr* from_sa, socklen_t from_len, const uin
   } else {
     return;
   }
+  if (link_down_ && link_is_down()) [[unlikely]] {  // nor receives anything
+    stats_.link_down_received++;
+    return;
+  }
   stats_.received++;
   if (n < kBthLen + kIcrcLen) {
     stats_.too_short++;
@@ -623,6 +633,10 @@ void UdpEndpoint::deliver_multicast(const sockaddr* from_sa, socklen_t from_len,
   if (!to_addr(from_sa, from_len, &from) || !to_addr(group_sa, group_len, &group) ||
       from.ss.ss_family != group.ss.ss_family || from.ss.ss_family != local_.ss.ss_family)
     return;
+  if (link_is_down()) {
+    stats_.link_down_received++;
+    return;
+  }
   stats_.received++;
   if (n < kBthLen + kIcrcLen) {
     stats_.too_short++;

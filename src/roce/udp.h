@@ -41,6 +41,9 @@ class SteadyClock : public Clock {
 struct UdpEndpointStats {
   uint64_t sent = 0, received = 0, bad_icrc = 0, no_qp = 0, too_short = 0, fault_dropped = 0, fault_delayed = 0,
            fault_duplicated = 0, fault_corrupted = 0, nonzero_ipv4_id = 0, gso_sends = 0, multicast = 0;
+  // Datagrams not sent, and arrivals dropped, while the link was down
+  // (FaultConfig::link_down).
+  uint64_t link_down_sent = 0, link_down_received = 0;
 };
 
 // Socket options every RoCEv2 UDP socket of `family` (AF_INET, AF_INET6)
@@ -197,6 +200,8 @@ class UdpEndpoint : public PacketSink {
   Clock& clock_;
   FaultInjector faults_;
   bool faulty_;
+  const std::atomic<bool>* link_down_;  // FaultConfig::link_down
+  bool link_is_down() const { return link_down_ && link_down_->load(std::memory_order_acquire); }
   int fd_ = -1;
   void set_local(uint16_t receive_port);
   Addr local_;     // the socket's address: the source of what is sent

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "roce/engine_sim.h"
@@ -291,6 +292,53 @@ TEST(UdpEndpoint, CorruptIcrcAndUnknownQpAreDropped) {
   EXPECT_EQ(mem.writes, 1u);  // only the good one, whose ICRC assumed IP ID 0 as sent
   EXPECT_EQ(mem.bytes(key)[3], 4);
   close(s);
+}
+
+// A link that something took down (FaultConfig::link_down, a fault plan's
+// port rule): the endpoint sends nothing and drops what arrives, counting
+// both; once it is up again the peers' retransmissions go through and every
+// request completes, as after a NIC's link comes back within the retry count.
+TEST(UdpEndpoint, NothingGoesOrArrivesWhileTheLinkIsDown) {
+  std::atomic<bool> down{true};
+  FaultConfig fa;
+  fa.link_down = &down;
+  Side a(fa), b(FaultConfig{});
+  ASSERT_EQ(a.ep.bind("127.0.0.1", 0), 0);
+  ASSERT_EQ(b.ep.bind("127.0.0.1", 0), 0);
+  QpConfig ca, cb;
+  ca.qpn = 0x41; ca.dest_qpn = 0x42; ca.dest_ah = a.ep.add_peer("127.0.0.1", b.ep.port()); ca.timeout = 10;  // 4 ms
+  cb.qpn = 0x42; cb.dest_qpn = 0x41; cb.dest_ah = b.ep.add_peer("127.0.0.1", a.ep.port()); cb.timeout = 10;
+  a.key = a.mem.add(0x1000000, 4096, kLocalWrite);
+  b.key = b.mem.add(0x2000000, 4096, kLocalWrite);
+  a.qp = std::make_unique<EngineQp>(ca, a.ep, a.cq, a.mem, a.clock);
+  b.qp = std::make_unique<EngineQp>(cb, b.ep, b.cq, b.mem, b.clock);
+  a.ep.attach(a.qp.get());
+  b.ep.attach(b.qp.get());
+  a.qp->post_recv(rwr(1, a.key, 0x1000800, 100));
+  b.qp->post_recv(rwr(2, b.key, 0x2000800, 100));
+  a.qp->post_send(wr(10, WrOpcode::kSend, a.key, 0x1000000, 100));
+  b.qp->post_send(wr(20, WrOpcode::kSend, b.key, 0x2000000, 100));
+  for (int i = 0; i < 10; i++) {
+    a.ep.poll(0);
+    b.ep.poll(1);
+  }
+  EXPECT_GE(a.ep.stats().link_down_sent, 1u);
+  EXPECT_GE(a.ep.stats().link_down_received, 1u);
+  EXPECT_EQ(a.ep.stats().received, 0u);
+  EXPECT_EQ(b.ep.stats().received, 0u);
+  EXPECT_TRUE(a.cq.all.empty());
+  EXPECT_TRUE(b.cq.all.empty());
+  down = false;
+  const uint64_t deadline = a.clock.now_ns() + 5'000'000'000ull;
+  while ((a.cq.all.size() < 2 || b.cq.all.size() < 2) && a.clock.now_ns() < deadline) {
+    a.ep.poll(0);
+    b.ep.poll(1);
+  }
+  ASSERT_EQ(a.cq.all.size(), 2u);
+  ASSERT_EQ(b.cq.all.size(), 2u);
+  for (auto& c : a.cq.all) EXPECT_EQ(c.status, WcStatus::kSuccess);
+  for (auto& c : b.cq.all) EXPECT_EQ(c.status, WcStatus::kSuccess);
+  EXPECT_GE(a.qp->stats().retransmit_timeouts + b.qp->stats().retransmit_timeouts, 1u);
 }
 
 // Linux rxe sends IPv4 with DF and a non-zero IP ID, which its ICRC covers

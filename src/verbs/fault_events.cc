@@ -2,15 +2,24 @@
 // (fault_events.h).
 #include "verbs/fault_events.h"
 
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "common/device_info.h"
 #include "common/sys.h"
 #include "common/trace.h"
 #include "verbs/fault_ops.h"
@@ -56,11 +65,39 @@ void log_line(const char* fmt, auto... args) {
   if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
 }
 
+// The device view `softverbs run` gives the program (tools/view_ns.h) is a
+// tmpfs in the program's own mount namespace: its port files follow this
+// process's port as ibv_query_port does, "1: DOWN" and "3: Disabled" while
+// it is down, "4: ACTIVE" and "5: LinkUp" again after (the kernel's
+// spellings, drivers/infiniband/core/sysfs.c). Each file is replaced whole
+// (a reader never sees half of one). A real sysfs (no view) is left alone.
+void view_port_state(bool down) {
+  static const std::string dir = std::string("/sys/class/infiniband/") + dev::kName + "/ports/1/";
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0 || fs.f_type != TMPFS_MAGIC) return;
+  const char* const files[][2] = {{"state", down ? "1: DOWN\n" : "4: ACTIVE\n"},
+                                  {"phys_state", down ? "3: Disabled\n" : "5: LinkUp\n"}};
+  for (const auto& [name, text] : files) {
+    const std::string tmp = dir + "." + name, dst = dir + name;
+    Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0444));
+    const size_t n = std::strlen(text);
+    int e = 0;
+    if (!f.valid() || ::write(f.get(), text, n) != ssize_t(n) || ::rename(tmp.c_str(), dst.c_str()) != 0) e = errno;
+    static bool said = false;
+    if (e && !said) {
+      said = true;
+      std::fprintf(stderr, "softverbs: the device view's %s does not follow the fault plan's port: %s\n", dst.c_str(),
+                   std::strerror(e));
+    }
+  }
+}
+
 // The port goes down (or up) for one rule; the contexts hear of it when
 // the first rule takes it down and when the last lets it up. Under E.mu.
 void port_go(Events& E, bool down) {
   const bool changed = down ? E.downs++ == 0 : (E.downs > 0 && --E.downs == 0);
   if (!changed) return;
+  view_port_state(down);  // first: whoever sees the port down finds the view saying so
   E.port_down.store(down, std::memory_order_release);
   SV_TRACE("fault plan: port 1 %s", down ? "DOWN" : "ACTIVE");
   log_line("port %s\n", down ? "down" : "up");
@@ -189,6 +226,10 @@ void events_detach(ContextState& st) {
 
 bool planned_port_down() {
   return process_plan().raises_events() && events().port_down.load(std::memory_order_acquire);
+}
+
+const std::atomic<bool>* planned_port_flag() {
+  return process_plan().port.empty() ? nullptr : &events().port_down;
 }
 
 uint32_t planned_ordinal(faults::Timed kind) {

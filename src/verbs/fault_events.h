@@ -29,6 +29,7 @@
 // nothing here runs: no thread, and QPs keep their own operations.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "common/fault_plan.h"
@@ -45,6 +46,10 @@ void events_detach(ContextState& st);
 
 // Whether the plan has the port down now.
 bool planned_port_down();
+
+// The port's state as a flag that a RoCEv2 endpoint looks at (true: down;
+// roce::FaultConfig::link_down), or nullptr when the plan has no port rule.
+const std::atomic<bool>* planned_port_flag();
 
 // The ordinal of a CQ or SRQ the process creates (1, 2, ...), for cq_err
 // and srq_limit; 0 when the plan names none.

@@ -16,6 +16,7 @@
 #include "verbs/fault_events.h"
 #include "verbs/provider.h"
 #include "verbs/transport.h"
+#include "verbs/wr_rules.h"
 
 namespace sv::verbs {
 namespace {
@@ -84,20 +85,64 @@ void log_fault(const ProcessQp& q, uint64_t wr_id, uint32_t opcode, uint64_t op,
   if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
 }
 
+void log_line(const char* fmt, auto... args) {
+  if (!fault_log_open()) return;
+  char line[200];
+  int n = std::snprintf(line, sizeof line, fmt, args...);
+  if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
+}
+
+// The plan's decision for request number n, `w`, at its first try: an
+// outcome now (it fails), or none (it goes on, perhaps delayed or refused:
+// f.delay_until, f.rnr_refusals).
+bool decide(ProcessQp& q, QpFaults& f, uint64_t n, const shm::SendWqe& w, Outcome& out) {
+  f.delay_until = 0;
+  f.rnr_refusals = 0;
+  if (f.events && event_fault(q, n, w.opcode, w.wr_id, out)) return true;
+  for (const faults::WcRule& r : f.rules) {
+    if (!(r.op ? r.op == n : f.rng.chance(r.rate))) continue;
+    if (r.delay_us) {
+      f.delay_until = monotonic_ns() + uint64_t(r.delay_us) * 1000;
+      log_line("wc qp=0x%x op=%llu wr_id=%llu opcode=%s delay_us=%u\n", q.qpn, (unsigned long long)n,
+               (unsigned long long)w.wr_id, fault_opcode_name(w.opcode), r.delay_us);
+      continue;
+    }
+    SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
+    log_fault(q, w.wr_id, w.opcode, n, r.status);
+    out = {Step::kError, r.status};
+    return true;
+  }
+  // RC and XRC only: UC and UD have no RNR NAK (IBTA 9.7.5.2.8).
+  const bool reliable = q.type == IBV_QPT_RC || q.type == IBV_QPT_XRC_SEND;
+  for (const faults::RnrRule& r : f.rnr) {
+    if (r.op != n || !reliable || wr_rule(w.opcode).kind == WrKind::kLocal) continue;
+    f.rnr_refusals = r.times;
+    log_line("rnr qp=0x%x op=%llu wr_id=%llu opcode=%s times=%u\n", q.qpn, (unsigned long long)n,
+             (unsigned long long)w.wr_id, fault_opcode_name(w.opcode), r.times);
+  }
+  return false;
+}
+
 // The execute of planned operations: the plan decides at a request's first
-// try (a head retried after RNR or a timeout was decided then).
+// try (a head retried after RNR or a timeout was decided then); a delay
+// holds it at the head (Step::kWait), then each planned refusal is an RNR
+// NAK, then it is carried out.
 Outcome execute_planned(ProcessQp& q, const shm::SendWqe& w) {
   QpFaults& f = *q.faults;
   if (!q.head_started) {
-    const uint64_t n = ++f.ops;
-    if (Outcome o; f.events && event_fault(q, n, w.opcode, w.wr_id, o)) return o;
-    for (const faults::WcRule& r : f.rules) {
-      if (r.op ? r.op == n : f.rng.chance(r.rate)) {
-        SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
-        log_fault(q, w.wr_id, w.opcode, n, r.status);
-        return {Step::kError, r.status};
-      }
+    if (Outcome o; decide(q, f, ++f.ops, w, o)) return o;
+  }
+  if (f.delay_until) [[unlikely]] {
+    if (monotonic_ns() < f.delay_until) {
+      q.next_try_ns = f.delay_until;
+      return {Step::kWait};
     }
+    f.delay_until = 0;
+  }
+  if (f.rnr_refusals) [[unlikely]] {
+    --f.rnr_refusals;
+    SV_TRACE("QP 0x%x: fault plan: RNR NAK (%u more)", q.qpn, f.rnr_refusals);
+    return {Step::kRnr};
   }
   return f.base.load(std::memory_order_acquire)->execute(q, w);
 }
@@ -121,7 +166,13 @@ const std::string& process_plan_error() { return the_plan().error; }
 ibv_wc_status wire_fault(ProcessQp& q, const ibv_send_wr& wr) {
   QpFaults& f = *q.faults;
   const uint64_t n = ++f.ops;
+  // A port rule: a reliable request fails (retries exhausted), an
+  // unreliable one goes into the down link (lost there: the endpoint sends
+  // nothing while the port is down).
+  if (Outcome o; f.events && event_fault(q, n, wr.opcode, wr.wr_id, o))
+    return o.step == Step::kError ? o.status : IBV_WC_SUCCESS;
   for (const faults::WcRule& r : f.rules) {
+    if (r.delay_us) continue;  // delays are not applied on the wire yet
     if (r.op ? r.op == n : f.rng.chance(r.rate)) {
       SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
       log_fault(q, wr.wr_id, wr.opcode, n, r.status);
@@ -131,40 +182,47 @@ ibv_wc_status wire_fault(ProcessQp& q, const ibv_send_wr& wr) {
   return IBV_WC_SUCCESS;
 }
 
+namespace {
+
+// q's planned state, if the plan has anything for it: its wc rules (with
+// `wc`), and whether its requests go through event_fault (port rules look
+// at every QP; QP fatal ones at those they name). False: nothing.
+bool plan_qp(ProcessQp& q, const faults::Plan& p, bool wc) {
+  if (q.faults) return true;
+  std::vector<faults::WcRule> rules;
+  for (const faults::WcRule& r : p.wc)
+    if (wc && (r.all || r.qpn == q.qpn)) rules.push_back(r);
+  std::vector<faults::RnrRule> rnr;
+  for (const faults::RnrRule& r : p.rnr)
+    if (wc && (r.all || r.qpn == q.qpn)) rnr.push_back(r);
+  bool events = !p.port.empty();
+  for (const faults::QpFatalRule& r : p.qp_fatal) events |= r.all || r.qpn == q.qpn;
+  if (rules.empty() && rnr.empty() && !events) return false;
+  auto f = std::make_unique<QpFaults>();
+  f->rules = std::move(rules);
+  f->rnr = std::move(rnr);
+  f->events = events;
+  f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
+  q.faults = std::move(f);
+  return true;
+}
+
+}  // namespace
+
 const QpOps* planned_ops(ProcessQp& q, const QpOps* ops, PostFn slow_post) {
   const faults::Plan& p = process_plan();
   if (!p.plans_sends()) return ops;
   const bool shm = std::strcmp(ops->path, "shared memory") == 0;
   // On the wire the RoCE engine carries the requests (roce_link.cc asks
-  // wire_fault of each); its ops stay. Port and QP fatal rules do not
-  // apply there.
-  const bool wire = std::strcmp(ops->path, "wire") == 0 && q.type != IBV_QPT_UD;
-  if (wire && !q.faults) {
-    std::vector<faults::WcRule> rules;
-    for (const faults::WcRule& r : p.wc)
-      if (r.all || r.qpn == q.qpn) rules.push_back(r);
-    if (rules.empty()) return ops;
-    auto f = std::make_unique<QpFaults>();
-    f->rules = std::move(rules);
-    f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
-    q.faults = std::move(f);
+  // wire_fault of each, for a remote destination); its ops stay. Completion
+  // faults do not apply to UD there.
+  if (std::strcmp(ops->path, "wire") == 0) {
+    // (rnr rules do not apply there yet: its QPFaults has none)
+    if (!q.faults && plan_qp(q, p, q.type != IBV_QPT_UD)) q.faults->rnr.clear();
+    return ops;
   }
-  if (wire) return ops;
   if (!shm && std::strcmp(ops->path, "mediated") != 0) return ops;  // no send queue
-  if (!q.faults) {
-    std::vector<faults::WcRule> rules;
-    for (const faults::WcRule& r : p.wc)
-      if (r.all || r.qpn == q.qpn) rules.push_back(r);
-    // Port rules look at every QP; QP fatal ones at those they name.
-    bool events = !p.port.empty();
-    for (const faults::QpFatalRule& r : p.qp_fatal) events |= r.all || r.qpn == q.qpn;
-    if (rules.empty() && !events) return ops;
-    auto f = std::make_unique<QpFaults>();
-    f->rules = std::move(rules);
-    f->events = events;
-    f->rng.state = stream_seed(p.seed, g_planned_qps.fetch_add(1, std::memory_order_relaxed));
-    q.faults = std::move(f);
-  }
+  if (!plan_qp(q, p, true)) return ops;
   q.faults->slow_post = slow_post;  // the same for every path a QP takes here
   q.faults->base.store(ops, std::memory_order_release);
   return shm ? &kPlannedShm : &kPlannedMediated;

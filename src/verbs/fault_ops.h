@@ -7,6 +7,11 @@
 // which fails it in its turn (roce::SendWr::fails_with).
 // The requester then fails it as it would a real such error (fail(): the
 // completion in error, the QP to ERR, later requests flushed; IBTA 10.8.3).
+// A delay rule holds the request at the head of the send queue for its
+// time (Step::kWait) before it is carried out; an rnr rule makes the
+// responder refuse it with RNR NAKs (Step::kRnr), which the requester
+// retries as any (IBTA 9.7.5.2.8: rnr_retry, the peer's min_rnr_timer).
+// Neither applies on the wire yet.
 // A QP the plan does not name keeps its own operations: it pays nothing.
 //
 // Each injected fault is one line of SOFTVERBS_FAULTS_LOG (appended).
@@ -35,8 +40,13 @@ struct QpFaults {
   PostFn slow_post = nullptr;   // that path's post without its fast path
   std::vector<faults::WcRule> rules;
   bool events = false;  // the plan's port or QP fatal rules look at its requests (fault_events.h)
+  std::vector<faults::RnrRule> rnr;
   uint64_t ops = 0;  // requests carried out so far (the first is op 1)
   faults::Rng rng{0};
+  // The head request's plan: carried out no earlier than delay_until (ns,
+  // monotonic; 0: no delay), after rnr_refusals more RNR NAKs.
+  uint64_t delay_until = 0;
+  uint32_t rnr_refusals = 0;
 };
 
 // The process's plan (read once from its environment), and why it is

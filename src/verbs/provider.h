@@ -662,7 +662,12 @@ bool push_after_resize(SrqState& st, const ibv_recv_wr& wr, uint32_t num_sge);
 // Runs the QP's queued work requests; returns true while some remain queued.
 bool progress_qp(ProcessQp& qp);
 void flush_qp(ProcessQp& qp);
+// The QP to ERR (the daemon's table, ibv_qp::state), then its queues flushed.
 void move_to_error(ProcessQp& qp);
+// Its halves: the QP's state is ERR (its queues untouched); its send and
+// receive queues flushed.
+void enter_error_state(ProcessQp& qp);
+void flush_queues(ProcessQp& qp);
 void progress_register(ProcessQp* qp);
 void progress_unregister(ProcessQp* qp);
 // Processes `gone` left the context: every QP this process holds that has

@@ -83,7 +83,7 @@ void flush_qp(ProcessQp& q) {
 
 // Moves the QP to ERR after an error completion (IBTA 10.3.1: a requester
 // error takes the QP to the error state); the caller holds the send lock.
-void move_to_error(ProcessQp& q) {
+void enter_error_state(ProcessQp& q) {
   ContextState& cs = *q.ctx->st;
   proto::ModifyQpReq req{};
   req.qpn = q.qpn;
@@ -97,8 +97,16 @@ void move_to_error(ProcessQp& q) {
     q.attr.qp_state = IBV_QPS_ERR;
     reinterpret_cast<ibv_qp*>(&to_qp_from_state(q)->qpx)->state = IBV_QPS_ERR;
   }
+}
+
+void flush_queues(ProcessQp& q) {
   flush_sq_locked(q);
   flush_rq(q);
+}
+
+void move_to_error(ProcessQp& q) {
+  enter_error_state(q);
+  flush_queues(q);
 }
 
 namespace {

@@ -457,17 +457,17 @@ Outcome execute_xrc(ProcessQp& q, const shm::SendWqe& w) {
 void fail(ProcessQp& q, const shm::SendWqe& w, const Outcome& o) {
   SV_TRACE("QP 0x%x: wr_id %llu failed: %s", q.qpn, (unsigned long long)w.wr_id, ibv_wc_status_str(o.status));
   if (!q.peer || !q.peer->mediated) count_error(*q.hdr, o.status);  // the daemon counts a mediated one
+  enter_error_state(q);  // before the completion: a poller's ibv_query_qp then says ERR
   complete(q, w, o.status, 0);
   if (o.peer_error && q.peer) {
-    ContextState& cs = *q.ctx->st;
     proto::PeerErrorReq req{};
     req.handle = q.qpn;
     req.wc_status = o.status;
     proto::Empty rep{};
-    cs.conn.call<proto::Op::PeerError>(req, rep);
+    q.ctx->st->conn.call<proto::Op::PeerError>(req, rep);
     if (!q.peer->mediated) flush_peer_rq(*q.peer);  // else the daemon flushed it
   }
-  move_to_error(q);
+  flush_queues(q);
 }
 
 Outcome execute_rc_mediated(ProcessQp& q, const shm::SendWqe& w) {

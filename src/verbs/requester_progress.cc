@@ -64,13 +64,16 @@ void complete(ProcessQp& q, const shm::SendWqe& w, ibv_wc_status status, uint32_
 // Decides what a stalled head request does next; returns false when it failed for good.
 bool stall(ProcessQp& q, Step s) {
   uint64_t now = monotonic_ns();
-  SV_TRACE("QP 0x%x: %s stall (rnr left %u, retry left %u)", q.qpn, s == Step::kRnr ? "RNR" : "transport",
+  SV_TRACE("QP 0x%x: %s stall (rnr left %u, retry left %u)", q.qpn,
+           s == Step::kRnr ? "RNR" : s == Step::kWait ? "planned delay" : "transport",
            q.rnr_left, q.retry_left);
   if (!q.head_started) {
     q.head_started = true;
     q.rnr_left = q.entry->rnr_retry;
     q.retry_left = q.entry->retry_cnt;
   }
+  if (s == Step::kWait) [[unlikely]]
+    return true;  // the execute set next_try_ns
   if (s == Step::kRnr) {
     if (q.rnr_left != 7) {  // 7 means retry forever (IBTA 9.7.5.2.8)
       if (q.rnr_left == 0) return false;
@@ -160,7 +163,7 @@ bool progress_qp(ProcessQp& q) {
     shm::SendWqe w = *head;
     q.hdr->sq_running.store(q.sq.head() + 1, std::memory_order_relaxed);
     Outcome o = run(q, w);
-    if (o.step == Step::kRnr || o.step == Step::kRetry) {
+    if (o.step == Step::kRnr || o.step == Step::kRetry || o.step == Step::kWait) {
       // Nothing reached the responder: the request stays at the head.
       q.hdr->sq_running.store(0, std::memory_order_relaxed);
       if (stall(q, o.step)) return true;

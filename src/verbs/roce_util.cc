@@ -15,6 +15,7 @@
 #include "common/responder_core.h"
 #include "common/sys.h"
 #include "roce/headers.h"
+#include "verbs/fault_events.h"
 #include "verbs/provider.h"
 #include "verbs/roce_xrc.h"
 
@@ -72,13 +73,16 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
     e.fault_corrupted += other->fault_corrupted;
     e.gso_sends += other->gso_sends;
     e.multicast += other->multicast;
+    e.link_down_sent += other->link_down_sent;
+    e.link_down_received += other->link_down_received;
   }
   std::fprintf(stderr,
                "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
                "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
                "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu wrong_source %lu bad_icrc %lu "
                "nonzero_ipv4_id %lu "
-               "fault_dropped %lu fault_delayed %lu fault_duplicated %lu fault_corrupted %lu gso_sends %lu multicast_received %lu\n",
+               "fault_dropped %lu fault_delayed %lu fault_duplicated %lu fault_corrupted %lu port_down_sent %lu "
+               "port_down_received %lu gso_sends %lu multicast_received %lu\n",
                qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
@@ -86,7 +90,8 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
                (unsigned long)s.read_replays, (unsigned long)s.atomic_replays, (unsigned long)s.wrong_source,
                (unsigned long)e.bad_icrc,
                (unsigned long)e.nonzero_ipv4_id, (unsigned long)e.fault_dropped, (unsigned long)e.fault_delayed,
-               (unsigned long)e.fault_duplicated, (unsigned long)e.fault_corrupted, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
+               (unsigned long)e.fault_duplicated, (unsigned long)e.fault_corrupted, (unsigned long)e.link_down_sent,
+               (unsigned long)e.link_down_received, (unsigned long)e.gso_sends, (unsigned long)e.multicast);
 }
 
 void CqSink::complete(const roce::Completion& c) {
@@ -182,6 +187,7 @@ roce::FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn) {
     f.seed = rep.seed ^ (uint64_t(qpn) << 32);
   }
   if (fault_log_open()) f.log = log_wire_fault;
+  f.link_down = planned_port_flag();  // the plan's port rules take the link down too
   return f;
 }
 

@@ -28,8 +28,11 @@ namespace sv::verbs {
 
 struct ProcessQp;
 
-// What carrying out one request did.
-enum class Step { kDone, kRnr, kRetry, kError };
+// What carrying out one request did. kWait: nothing yet, and nothing
+// reached the responder; the request stays at the head until
+// ProcessQp::next_try_ns, which the execute set (a fault plan's delay), and
+// no retry is counted.
+enum class Step { kDone, kRnr, kRetry, kError, kWait };
 
 struct Outcome {
   Step step;

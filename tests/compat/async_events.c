@@ -8,6 +8,9 @@
  *   async_events cq_err      plan cq_err:cq=1,after_ms=T
  *   async_events srq_limit   plan srq_limit:srq=1,after_ms=T
  *   async_events device_fatal plan device_fatal:after_ms=T
+ *   async_events delay       plan wc:op=2,delay_us=300000 (a request delayed)
+ *   async_events rnr         plan rnr:op=2,times=3 (refused 3 times, rnr_retry 5)
+ *   async_events rnr_exc     plan rnr:op=2,times=4 (refused 4 times, rnr_retry 3)
  *
  * Each step says what it saw on stdout; a step that sees something else
  * says "FAIL: ..." on stderr and the program exits 1. Plain libibverbs: two
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int failures;
@@ -49,6 +53,9 @@ struct pair {
   struct ibv_qp* b;
 };
 
+/* The RNR settings of the QPs make_pair connects. */
+static uint8_t rnr_retry = 7, min_rnr_timer = 1;
+
 static int to_rts(struct ibv_qp* q, uint32_t remote) {
   struct ibv_qp_attr at = {.qp_state = IBV_QPS_INIT, .port_num = 1,
                            .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
@@ -59,7 +66,7 @@ static int to_rts(struct ibv_qp* q, uint32_t remote) {
   at.dest_qp_num = remote;
   at.rq_psn = 0;
   at.max_dest_rd_atomic = 1;
-  at.min_rnr_timer = 1;
+  at.min_rnr_timer = min_rnr_timer;
   at.ah_attr.is_global = 1;
   at.ah_attr.port_num = 1;
   at.ah_attr.grh.hop_limit = 1;
@@ -71,7 +78,7 @@ static int to_rts(struct ibv_qp* q, uint32_t remote) {
   at.qp_state = IBV_QPS_RTS;
   at.timeout = 14;
   at.retry_cnt = 7;
-  at.rnr_retry = 7;
+  at.rnr_retry = rnr_retry;
   at.sq_psn = 0;
   at.max_rd_atomic = 1;
   return ibv_modify_qp(q, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
@@ -153,11 +160,27 @@ static struct ibv_async_event expect_event(enum ibv_event_type type) {
   return ev;
 }
 
+/* The device view's port file NAME (softverbs run's sysfs view) says
+ * WANT; no view (the file absent): nothing to check. */
+static void expect_view(const char* name, const char* want) {
+  char path[96], line[64] = "";
+  snprintf(path, sizeof path, "/sys/class/infiniband/%s/ports/1/%s", ibv_get_device_name(ctx->device), name);
+  FILE* f = fopen(path, "r");
+  if (!f) return;
+  if (!fgets(line, sizeof line, f)) line[0] = 0;
+  fclose(f);
+  line[strcspn(line, "\n")] = 0;
+  printf("sysfs %s %s\n", name, line);
+  if (strcmp(line, want)) fail("%s says '%s', wanted '%s'", path, line, want);
+}
+
 static void expect_port(enum ibv_port_state want) {
   struct ibv_port_attr pa;
   if (ibv_query_port(ctx, 1, &pa)) return fail("ibv_query_port: %s", strerror(errno));
   printf("port state %s\n", ibv_port_state_str(pa.state));
   if (pa.state != want) fail("port %s, wanted %s", ibv_port_state_str(pa.state), ibv_port_state_str(want));
+  expect_view("state", want == IBV_PORT_DOWN ? "1: DOWN" : "4: ACTIVE");
+  expect_view("phys_state", want == IBV_PORT_DOWN ? "3: Disabled" : "5: LinkUp");
 }
 
 static void expect_qp_state(struct ibv_qp* q, enum ibv_qp_state want) {
@@ -269,9 +292,67 @@ static void device_fatal(void) {
   if (m || errno != EIO) fail("ibv_reg_mr after the device died: %s, not EIO", m ? "succeeded" : strerror(errno));
 }
 
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* A SEND from a to b, timed from its post to its completion; the receive
+ * completes too. Its time in ms. */
+static double timed_send(struct pair* p, uint64_t id, enum ibv_wc_status st) {
+  if (post_recv(p->b, id + 1000)) fail("post_recv: %s", strerror(errno));
+  double t0 = now_ms();
+  if (post_send(p->a, id)) fail("post_send: %s", strerror(errno));
+  expect_wc(p->cq, p->a->qp_num, id, st);
+  double ms = now_ms() - t0;
+  printf("send %llu: %.1f ms\n", (unsigned long long)id, ms);
+  if (st == IBV_WC_SUCCESS) expect_wc(p->cq, p->b->qp_num, id + 1000, IBV_WC_SUCCESS);
+  return ms;
+}
+
+/* The QP's second send is held 300 ms before it is carried out: it and its
+ * receive complete successfully, that much later; the first and third go
+ * at once. */
+static void delay(void) {
+  struct pair p;
+  make_pair(&p, NULL);
+  double a = timed_send(&p, 1, IBV_WC_SUCCESS), b = timed_send(&p, 2, IBV_WC_SUCCESS),
+         c = timed_send(&p, 3, IBV_WC_SUCCESS);
+  if (b < 300) fail("the delayed send took %.1f ms, not 300 or more", b);
+  if (a > 150 || c > 150) fail("an undelayed send took %.1f / %.1f ms", a, c);
+  expect_qp_state(p.a, IBV_QPS_RTS);
+}
+
+/* The responder answers the second send with RNR NAKs `times` times; with
+ * rnr_retry `retry` (min_rnr_timer 18: 5.12 ms, IBTA table 45) it completes
+ * after those waits, or with RNR_RETRY_EXC_ERR once more come than the
+ * retries allow (the QP to ERR, the next send flushed). */
+static void rnr(int times, int retry) {
+  struct pair p;
+  rnr_retry = (uint8_t)retry;
+  min_rnr_timer = 18;
+  make_pair(&p, NULL);
+  timed_send(&p, 1, IBV_WC_SUCCESS);
+  const int exceeded = times > retry;
+  /* The waits: one per retry made, 5.12 ms each. */
+  const double least = 5.12 * (exceeded ? retry : times);
+  double ms = timed_send(&p, 2, exceeded ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_SUCCESS);
+  if (ms < least) fail("send 2 took %.1f ms, less than its %d RNR waits (%.1f ms)", ms, exceeded ? retry : times, least);
+  if (!exceeded) {
+    timed_send(&p, 3, IBV_WC_SUCCESS);
+    expect_qp_state(p.a, IBV_QPS_RTS);
+    return;
+  }
+  expect_qp_state(p.a, IBV_QPS_ERR);
+  if (post_send(p.a, 3)) fail("post_send: %s", strerror(errno));
+  expect_wc(p.cq, p.a->qp_num, 3, IBV_WC_WR_FLUSH_ERR);
+  expect_qp_state(p.b, IBV_QPS_RTS);  /* the responder only refused */
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: %s port|port_op|qp_fatal|cq_err|srq_limit|device_fatal\n", argv[0]);
+    fprintf(stderr, "usage: %s port|port_op|qp_fatal|cq_err|srq_limit|device_fatal|delay|rnr|rnr_exc\n", argv[0]);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -291,6 +372,9 @@ int main(int argc, char** argv) {
   else if (!strcmp(m, "cq_err")) cq_err();
   else if (!strcmp(m, "srq_limit")) srq_limit();
   else if (!strcmp(m, "device_fatal")) device_fatal();
+  else if (!strcmp(m, "delay")) delay();
+  else if (!strcmp(m, "rnr")) rnr(3, 5);
+  else if (!strcmp(m, "rnr_exc")) rnr(4, 3);
   else {
     fprintf(stderr, "unknown mode %s\n", m);
     return 2;

@@ -5,18 +5,24 @@
  *
  *   cm_port_down PORT
  *
- * A listener on 127.0.0.1:PORT and a client id that resolves its address
- * and route while the port is up; then, once IBV_EVENT_PORT_ERR came,
- * rdma_connect ends in RDMA_CM_EVENT_UNREACHABLE (-ETIMEDOUT) and a new
- * rdma_resolve_addr in RDMA_CM_EVENT_ADDR_ERROR (-ENETUNREACH); once
- * IBV_EVENT_PORT_ACTIVE came, a new id connects to the listener and a SEND
- * moves. Each step says what it saw on stdout; "FAIL: ..." on stderr and
- * exit 1 otherwise. */
+ * A listener on 127.0.0.1:PORT, a client id that resolves its address
+ * and route and one that resolves its address while the port is up; then,
+ * once IBV_EVENT_PORT_ERR came, rdma_connect ends in
+ * RDMA_CM_EVENT_UNREACHABLE (-ETIMEDOUT), rdma_resolve_route in
+ * RDMA_CM_EVENT_ROUTE_ERROR (-ENETUNREACH) and a new rdma_resolve_addr in
+ * RDMA_CM_EVENT_ADDR_ERROR (-ENETUNREACH); another process without a plan
+ * (this program again, "cm_port_down PORT connect") connects to the
+ * listener and gets RDMA_CM_EVENT_UNREACHABLE, the listener no
+ * CONNECT_REQUEST; once IBV_EVENT_PORT_ACTIVE came, a new id connects to the
+ * listener and a SEND moves. Each step says what it saw on stdout;
+ * "FAIL: ..." on stderr and exit 1 otherwise. */
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,9 +84,43 @@ static struct rdma_cm_id* client(void) {
   return id;
 }
 
+/* The other process: its REQ reaches a listener whose port is down, which
+ * drops it: the connection is unreachable. */
+static int connect_child(void) {
+  struct rdma_cm_id* id = client();
+  struct rdma_conn_param cp;
+  memset(&cp, 0, sizeof cp);
+  cp.retry_count = 7;
+  if (rdma_connect(id, &cp)) die("rdma_connect");
+  struct rdma_cm_event* ev;
+  if (rdma_get_cm_event(ch, &ev)) die("rdma_get_cm_event");
+  printf("other process: cm event %s status %d\n", rdma_event_str(ev->event), ev->status);
+  if (ev->event != RDMA_CM_EVENT_UNREACHABLE) FAIL("other process: %s, wanted UNREACHABLE", rdma_event_str(ev->event));
+  rdma_ack_cm_event(ev);
+  return failures ? 1 : 0;
+}
+
+/* This program again, without the plan, as "PORT connect"; its exit status. */
+static int run_other(char** argv) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {
+    unsetenv("SOFTVERBS_FAULTS");
+    unsetenv("SOFTVERBS_FAULT_PLAN");
+    unsetenv("SOFTVERBS_FAULTS_LOG");
+    execl("/proc/self/exe", argv[0], argv[1], "connect", (char*)NULL);
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) die("waitpid");
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s PORT\n", argv[0]);
+  if (argc != 2 && !(argc == 3 && !strcmp(argv[2], "connect"))) {
+    fprintf(stderr, "usage: %s PORT [connect]\n", argv[0]);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -90,11 +130,16 @@ int main(int argc, char** argv) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ch = rdma_create_event_channel();
   if (!ch) die("rdma_create_event_channel");
+  if (argc == 3) return connect_child();
   struct rdma_cm_id* listener;
   if (rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP)) die("rdma_create_id");
   if (rdma_bind_addr(listener, (struct sockaddr*)&addr) || rdma_listen(listener, 4)) die("rdma_listen");
 
   struct rdma_cm_id* early = client();
+  struct rdma_cm_id* late;
+  if (rdma_create_id(ch, &late, NULL, RDMA_PS_TCP)) die("rdma_create_id");
+  if (rdma_resolve_addr(late, NULL, (struct sockaddr*)&addr, 2000)) die("rdma_resolve_addr");
+  expect_cm(RDMA_CM_EVENT_ADDR_RESOLVED, 0);
   expect_async(early->verbs, IBV_EVENT_PORT_ERR);
   struct rdma_conn_param cp;
   memset(&cp, 0, sizeof cp);
@@ -106,6 +151,13 @@ int main(int argc, char** argv) {
   if (rdma_create_id(ch, &refused, NULL, RDMA_PS_TCP)) die("rdma_create_id");
   if (rdma_resolve_addr(refused, NULL, (struct sockaddr*)&addr, 2000)) die("rdma_resolve_addr");
   expect_cm(RDMA_CM_EVENT_ADDR_ERROR, -ENETUNREACH);
+  if (rdma_resolve_route(late, 2000)) die("rdma_resolve_route");
+  expect_cm(RDMA_CM_EVENT_ROUTE_ERROR, -ENETUNREACH);
+  /* Another process connects to our listener: nothing comes in. */
+  int rc = run_other(argv);
+  if (rc != 0) FAIL("the other process's connect: exit %d", rc);
+  struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
+  if (poll(&pf, 1, 100) != 0) FAIL("an rdma_cm event came while the port was down");
 
   expect_async(early->verbs, IBV_EVENT_PORT_ACTIVE);
   struct rdma_cm_id* c = client();

@@ -27,9 +27,13 @@ case $mode in
   cq_err) plan='cq_err:cq=1,after_ms=300'; want='^cq_err cq=1$' ;;
   srq_limit) plan='srq_limit:srq=1,after_ms=300'; want='^srq_limit srq=1 limit=4$' ;;
   device_fatal) plan='device_fatal:after_ms=300'; want='^device_fatal$' ;;
+  # Single requests delayed or refused with RNR NAKs (docs/LAB.md "Faults").
+  delay) plan='wc:op=2,delay_us=300000'; want='^wc qp=0x[0-9a-f]+ op=2 wr_id=2 opcode=SEND delay_us=300000$' ;;
+  rnr) plan='rnr:op=2,times=3'; want='^rnr qp=0x[0-9a-f]+ op=2 wr_id=2 opcode=SEND times=3$' ;;
+  rnr_exc) plan='rnr:op=2,times=4'; want='^rnr qp=0x[0-9a-f]+ op=2 wr_id=2 opcode=SEND times=4$' ;;
   # cm_port_down.c: rdma_cm while the port is down, on an rdma_cm port of
   # this test's own SOFTVERBS_DIR.
-  cm) plan='port:after_ms=400,down_ms=600'; want='^port down$|^port up$' ;;
+  cm) plan='port:after_ms=400,down_ms=4000'; want='^port down$|^port up$' ;;
   *) log "unknown mode $mode"; exit 2 ;;
 esac
 out=$COMPAT_DIR/out
@@ -39,6 +43,22 @@ sv_run env SOFTVERBS_FAULTS="$plan" SOFTVERBS_FAULTS_LOG="$COMPAT_DIR/log" "$pro
 rc=$?
 [ "$rc" -eq 0 ] || fail "$(basename "$prog") $mode exited with $rc, not 0"
 grep -q '^PASSED$' "$out" || fail "$(basename "$prog") $mode did not pass"
+# RNR: the port's retry_rnr_exceeded_err counts the request that ran out of
+# RNR retries, and only that one.
+if [ "$mode" = rnr ] || [ "$mode" = rnr_exc ]; then
+  n=0
+  [ "$mode" = rnr_exc ] && n=1
+  if command -v rdma >/dev/null; then
+    sv_run rdma statistic show >"$COMPAT_DIR/stat" 2>&1 || fail "rdma statistic show exited $?"
+    grep -Eq "^link sv0/1 .*\bretry_rnr_exceeded_err $n\b" "$COMPAT_DIR/stat" ||
+      fail "rdma statistic show: want retry_rnr_exceeded_err $n: $(cat "$COMPAT_DIR/stat")"
+  fi
+fi
+# The device view that `softverbs run` gives the program follows its port.
+if [ "$mode" = port ] || [ "$mode" = port_op ]; then
+  grep -q '^sysfs state 1: DOWN$' "$out" || fail "the device view's ports/1/state did not say 1: DOWN"
+  grep -q '^sysfs phys_state 3: Disabled$' "$out" || fail "the device view's ports/1/phys_state did not say 3: Disabled"
+fi
 lines=$(grep -c . "$COMPAT_DIR/log" 2>/dev/null || echo 0)
 wanted=$(printf '%s' "$want" | awk -F'|' '{print NF}')
 [ "$lines" -eq "$wanted" ] || fail "the fault log has $lines lines, not $wanted"

@@ -9,7 +9,7 @@
 # SOFTVERBS_ROCE_STATS lines the library prints when a QP is destroyed.
 #
 #   wire_test.sh SOURCE_DIR BIN_DIR CASE
-#   CASE: rc | rc_faults | rc_corrupt | rc_plan | rc_wc | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
+#   CASE: rc | rc_faults | rc_corrupt | rc_plan | rc_wc | rc_port | rc6_faults | uc | ud | ud_reorder | ud6 | srq | write_bw_faults |
 #         send_lat_faults | read_bw_faults | write_bw_uc | send_bw_ud | peer_dies | capture | mw |
 #         xsrq | xsrq6 | xsrq_events | xsrq_faults | send_bw_xrc | write_bw_xrc | read_bw_xrc | atomic_bw_xrc |
 #         send_lat_xrc_faults | xrc_capture | xrc_peer | sv_capture
@@ -318,6 +318,39 @@ case $case in
     grep -Eq "^wc qp=0x[0-9a-f]+ op=3 wr_id=2 opcode=SEND status=RETRY_EXC_ERR$" "$work/rc_wc.log" ||
       fail "rc_wc: the fault log does not name op 3"
     [ "$failures" -eq 0 ] || show rc_wc
+    ;;
+  rc_port)
+    # The server's own plan takes its port down just before its third SEND
+    # (its third pong), for 2 s: on the wire as on shared memory, that
+    # request completes with RETRY_EXC_ERR (no packet leaves a port that is
+    # down; its retries would run out). Debian's ibv_rc_pingpong says so
+    # for wr_id 2 and exits 1, as on hardware; the plan's log has the port
+    # going down and the failed request.
+    command -v ibv_rc_pingpong >/dev/null || { log "SKIP: ibv_rc_pingpong not installed"; exit $SKIP; }
+    start_daemons ""
+    args=(-g 1 -s 64 -n 20 -p 18518)
+    on h1 env SOFTVERBS_FAULTS="port:op=3,down_ms=2000" SOFTVERBS_FAULTS_LOG="$work/rc_port.log" \
+      timeout -k 5 "$TIMEOUT" ibv_rc_pingpong "${args[@]}" >"$work/rc_port.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    for _ in $(seq 200); do
+      "$tb" exec h1 ss -Hltn "sport = :18518" 2>/dev/null | grep -q . && break
+      sleep 0.05
+    done
+    on h0 timeout -k 5 30 ibv_rc_pingpong "${args[@]}" "$a1" >"$work/rc_port.client" 2>&1 &
+    cpid=$!
+    pids+=($cpid)
+    wait $spid
+    src=$?
+    kill $cpid 2>/dev/null
+    [ $src -eq 1 ] || fail "rc_port: server exit $src, not 1"
+    grep -qF "Failed status transport retry counter exceeded (12) for wr_id 2" "$work/rc_port.server" ||
+      fail "rc_port: server: no 'Failed status transport retry counter exceeded (12) for wr_id 2'"
+    grep -Eq "^port op=3 qp=0x[0-9a-f]+: down for 2000 ms$" "$work/rc_port.log" ||
+      fail "rc_port: the fault log does not have the port going down at op 3"
+    grep -Eq "^port down: qp=0x[0-9a-f]+ wr_id=2 opcode=SEND status=RETRY_EXC_ERR$" "$work/rc_port.log" ||
+      fail "rc_port: the fault log does not name the failed request"
+    [ "$failures" -eq 0 ] || { show rc_port; cat "$work/rc_port.log" >&2; }
     ;;
   rc6_faults)
     start_daemons "$faults,dup=0.01"
