@@ -103,13 +103,18 @@ std::string wc_setting(std::string_view k, std::string_view v, WcRule& r) {
   }
   if (k == "op") return to_u64(v, r.op) && r.op > 0 ? "" : bad_value(k, v, "an operation number from 1");
   if (k == "rate") return to_prob(v, r.rate) && r.rate > 0 ? "" : bad_value(k, v, "a probability above 0, at most 1");
+  if (k == "after_ms") {
+    if (!to_u64(v, r.after_ms) || r.after_ms == 0 || r.after_ms > 3'600'000)
+      return bad_value(k, v, "milliseconds, 1 to 3600000");
+    return "";
+  }
   if (k == "status") {
     std::string_view n = v.substr(0, 7) == "IBV_WC_" ? v.substr(7) : v;
     for (const Status& s : kStatuses)
       if (n == s.name) return (r.status = s.s), "";
     return bad_value(k, v, "RNR_RETRY_EXC_ERR, RETRY_EXC_ERR, REM_ACCESS_ERR, REM_OP_ERR or LOC_PROT_ERR");
   }
-  return cat("unknown wc setting '", k, "' (op, rate, status, delay_us)");
+  return cat("unknown wc setting '", k, "' (op, rate, after_ms, status, delay_us)");
 }
 
 // A setting of the event sections: a count or a time.
@@ -217,7 +222,10 @@ std::string clause(std::string_view c, Plan& p) {
   if (bare && seen.size() == 1 && seen.count("seed")) return "";  // "seed=N" alone
   if (section == "wc") {
     if (seen.count("status") == seen.count("delay_us")) return "a wc clause needs one of status= or delay_us=";
-    if (seen.count("op") == seen.count("rate")) return "a wc clause needs one of op= or rate=";
+    if (seen.count("op") + seen.count("rate") + seen.count("after_ms") == 0)
+      return "a wc clause needs one of op=, rate= or after_ms=";
+    if (seen.count("op") && (seen.count("rate") || seen.count("after_ms")))
+      return "a wc clause with op= takes neither rate= nor after_ms=";
     r.all = all;
     r.qpn = qpn;
     p.wc.push_back(r);

@@ -16,8 +16,11 @@
 //   qpsel   := "all" | "qp=" N                  (N decimal or 0x hex)
 //   wire kv := drop=P | dup=P | reorder=P | delay_us=N | corrupt=P   (P in [0, 1])
 //   wc kv   := one of status=NAME or delay_us=D (1 .. 10000000), and one of
-//              op=N (N >= 1) or rate=P: the request fails with NAME, or is
-//              carried out D microseconds later than it would have been
+//              op=N (N >= 1), rate=P, after_ms=T (1 .. 3600000: the first
+//              request at or after T ms from when the plan was read) or
+//              rate=P,after_ms=T (at that rate from T on): the request fails
+//              with NAME, or is carried out D microseconds later than it
+//              would have been
 //   rnr kv  := op=N (required), times=K (1 .. 1000000, default 1): the
 //              responder answers the QP's N-th send request with an RNR NAK
 //              K times (RC and XRC; the requester retries per its rnr_retry)
@@ -62,6 +65,7 @@ struct WcRule {
   double rate = 0;
   ibv_wc_status status = IBV_WC_SUCCESS;  // IBV_WC_SUCCESS: a delay rule
   uint32_t delay_us = 0;                  // a delay rule's delay
+  uint64_t after_ms = 0;  // by time: from after_ms on (with rate), or the first request then (without)
 };
 
 // The responder refuses the op-th send request of the QP `times` times

@@ -64,6 +64,9 @@ TEST(FaultPlan, RefusesEveryMalformedPlanWithAReason) {
       "wire:drop=0.1,,dup=0.1",
       "seed=-1",
       "wire:delay_us=0",
+      "wc:op=3,after_ms=10,status=REM_OP_ERR",  // op excludes time
+      "wc:after_ms=0,status=REM_OP_ERR",         // times count from 1 ms
+      "wc:after_ms=3600001,status=REM_OP_ERR",
   };
   for (const char* s : bad) {
     Plan p;
@@ -74,6 +77,21 @@ TEST(FaultPlan, RefusesEveryMalformedPlanWithAReason) {
   }
   Plan p;
   EXPECT_NE(std::string::npos, parse("seed=1;wire:lose=1", p).find("clause 2"));
+}
+
+TEST(FaultPlan, WcRulesByTime) {
+  Plan p;
+  ASSERT_EQ("", parse("wc:after_ms=500,status=RETRY_EXC_ERR;wc@qp=7:rate=0.5,after_ms=20,delay_us=100", p));
+  ASSERT_EQ(2u, p.wc.size());
+  EXPECT_EQ(500u, p.wc[0].after_ms);
+  EXPECT_EQ(0u, p.wc[0].op);
+  EXPECT_EQ(0.0, p.wc[0].rate);
+  EXPECT_EQ(IBV_WC_RETRY_EXC_ERR, p.wc[0].status);
+  EXPECT_EQ(20u, p.wc[1].after_ms);
+  EXPECT_EQ(0.5, p.wc[1].rate);
+  EXPECT_EQ(100u, p.wc[1].delay_us);
+  Plan q;
+  EXPECT_NE(std::string::npos, parse("wc:op=1,after_ms=5,status=REM_OP_ERR", q).find("op= takes neither"));
 }
 
 TEST(FaultPlan, FileTextDropsCommentsAndJoinsLines) {
@@ -189,7 +207,7 @@ TEST(FaultPlan, RefusesMalformedDelayAndRnrClausesWithAReason) {
       {"wc:op=2,delay_us=5ms", "bad value '5ms' for delay_us"},
       {"wc:op=2,delay_us=10,status=REM_OP_ERR", "one of status= or delay_us="},
       {"wc:op=2", "one of status= or delay_us="},
-      {"wc:delay_us=10", "one of op= or rate="},
+      {"wc:delay_us=10", "one of op=, rate= or after_ms="},
       {"wc:op=2,delay_us=1,delay_us=2", "given twice"},
       {"rnr:times=3", "needs op="},
       {"rnr:op=0", "bad value '0' for op"},

@@ -25,6 +25,7 @@ struct ProcessPlan {
   faults::Plan plan;
   std::string error;
   int log_fd = -1;
+  uint64_t read_ns = monotonic_ns();  // when the plan was read: wc rules' after_ms count from here
   ProcessPlan() {
     error = faults::from_environment(plan);
     if (!error.empty()) {
@@ -92,6 +93,21 @@ void log_line(const char* fmt, auto... args) {
   if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
 }
 
+// Whether wc rule `r` (the QP's own copy) takes request number n: by
+// operation number, by rate, or by time (the first request at or after
+// after_ms, once; or at its rate from then on).
+bool takes(QpFaults& f, faults::WcRule& r, uint64_t n) {
+  if (r.op) return r.op == n;
+  if (r.after_ms) {
+    if (monotonic_ns() < the_plan().read_ns + r.after_ms * 1'000'000) return false;
+    if (r.rate == 0) {
+      r.after_ms = UINT64_MAX / 2'000'000;  // spent: taken once
+      return true;
+    }
+  }
+  return f.rng.chance(r.rate);
+}
+
 // The plan's decision for request number n, `w`, at its first try: an
 // outcome now (it fails), or none (it goes on, perhaps delayed or refused:
 // f.delay_until, f.rnr_refusals).
@@ -99,8 +115,8 @@ bool decide(ProcessQp& q, QpFaults& f, uint64_t n, const shm::SendWqe& w, Outcom
   f.delay_until = 0;
   f.rnr_refusals = 0;
   if (f.events && event_fault(q, n, w.opcode, w.wr_id, out)) return true;
-  for (const faults::WcRule& r : f.rules) {
-    if (!(r.op ? r.op == n : f.rng.chance(r.rate))) continue;
+  for (faults::WcRule& r : f.rules) {
+    if (!takes(f, r, n)) continue;
     if (r.delay_us) {
       f.delay_until = monotonic_ns() + uint64_t(r.delay_us) * 1000;
       log_line("wc qp=0x%x op=%llu wr_id=%llu opcode=%s delay_us=%u\n", q.qpn, (unsigned long long)n,
@@ -171,9 +187,9 @@ ibv_wc_status wire_fault(ProcessQp& q, const ibv_send_wr& wr) {
   // nothing while the port is down).
   if (Outcome o; f.events && event_fault(q, n, wr.opcode, wr.wr_id, o))
     return o.step == Step::kError ? o.status : IBV_WC_SUCCESS;
-  for (const faults::WcRule& r : f.rules) {
+  for (faults::WcRule& r : f.rules) {
     if (r.delay_us) continue;  // delays are not applied on the wire yet
-    if (r.op ? r.op == n : f.rng.chance(r.rate)) {
+    if (takes(f, r, n)) {
       SV_TRACE("QP 0x%x: fault plan fails op %llu with %s", q.qpn, (unsigned long long)n, faults::status_name(r.status));
       log_fault(q, wr.wr_id, wr.opcode, n, r.status);
       return r.status;

@@ -7,7 +7,7 @@
 # comes (ibv_rc_pingpong has no timeout), is stopped.
 # With `bad`, the plan has a status no plan injects: the program must be
 # refused its device context, with the plan's fault said on stderr.
-#   fault_pingpong.sh BIN_DIR PORT STATUS "TEXT (N)" [plan|file|bad]
+#   fault_pingpong.sh BIN_DIR PORT STATUS "TEXT (N)" [plan|file|bad|time]
 . "$(dirname "$0")/lib.sh"
 port=${2:?port}
 status=${3:?status}
@@ -27,7 +27,13 @@ if [ "$how" = bad ]; then
   [ "$_compat_failures" -eq 0 ] || show bad "$COMPAT_DIR/bad"
   finish
 fi
-if [ "$how" = file ]; then
+# `time`: the first SEND carried out 300 ms or more after the plan was read
+# fails (a run long enough to get there: ibv_rc_pingpong -n 1000000).
+if [ "$how" = time ]; then
+  plan=(SOFTVERBS_FAULTS="wc:after_ms=300,status=$status" SOFTVERBS_FAULTS_LOG="$COMPAT_DIR/log")
+  args=(-g 0 -p "$port" -s 64 -n 1000000)
+  t0=$(date +%s%N)
+elif [ "$how" = file ]; then
   printf '# the third SEND of each QP fails\nseed=3\nwc:op=3,status=%s\n' "$status" >"$COMPAT_DIR/plan"
   plan=(SOFTVERBS_FAULT_PLAN="$COMPAT_DIR/plan" SOFTVERBS_FAULTS_LOG="$COMPAT_DIR/log")
 else
@@ -49,6 +55,14 @@ wait "$cpid" 2>/dev/null
 grep -qF "Failed status $text for wr_id 2" "$out" || fail "server: no 'Failed status $text for wr_id 2'"
 lines=$(wc -l <"$COMPAT_DIR/log")
 [ "$lines" -eq 1 ] || fail "the fault log has $lines lines, not 1"
-grep -Eq "^wc qp=0x[0-9a-f]+ op=3 wr_id=2 opcode=SEND status=$status$" "$COMPAT_DIR/log" || fail "the fault log does not name op 3"
+if [ "$how" = time ]; then
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  [ "$ms" -ge 300 ] || fail "the fault came after $ms ms, before 300"
+  op=$(sed -n 's/^wc qp=0x[0-9a-f]* op=\([0-9]*\) wr_id=2 opcode=SEND status='"$status"'$/\1/p' "$COMPAT_DIR/log")
+  [ -n "$op" ] && [ "$op" -gt 3 ] || fail "the fault log does not name a later SEND: $(cat "$COMPAT_DIR/log")"
+  log "by time: op $op failed, $ms ms after the server started"
+else
+  grep -Eq "^wc qp=0x[0-9a-f]+ op=3 wr_id=2 opcode=SEND status=$status$" "$COMPAT_DIR/log" || fail "the fault log does not name op 3"
+fi
 [ "$_compat_failures" -eq 0 ] || { show server "$out"; show log "$COMPAT_DIR/log"; }
 finish
