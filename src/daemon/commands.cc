@@ -226,10 +226,10 @@ SV_HANDLER(InvalidateKey) {
   (void)obj.get<0>();  // the QP: the caller's (its PD and peer are checked against the key's window)
   return env.registry.invalidate(env.client, req);
 }
-SV_HANDLER(AllocDm) { return env.registry.alloc_dm(env.client, req, rep, env.out_fds); }
+SV_HANDLER(AllocDm) { return env.registry.dm().alloc(env.client, req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(FreeDm)
-SV_HANDLER(ImportDm) { return env.registry.import_dm(obj.id<0>(), obj.get<0>(), rep, env.out_fds); }
-SV_HANDLER(RegDmMr) { return env.registry.reg_dm_mr(env.client, obj.id<0>(), obj.get<1>(), req, rep); }
+SV_HANDLER(ImportDm) { return env.registry.dm().import(obj.id<0>(), obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(RegDmMr) { return env.registry.dm().reg_mr(env.client, obj.id<0>(), obj.get<1>(), req, rep); }
 
 // ---- Channels and CQs -----------------------------------------------------
 SV_HANDLER(CreateChannel) {

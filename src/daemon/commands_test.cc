@@ -298,7 +298,7 @@ class CommandHandles : public Commands {
         req.length = 64;
         proto::DmReply rep{};
         std::vector<int> fds;
-        EXPECT_EQ(0, reg().alloc_dm(client, req, rep, fds));
+        EXPECT_EQ(0, reg().dm().alloc(client, req, rep, fds));
         return rep.handle;
       }
       default: ADD_FAILURE() << "no maker for kind " << kind; return 0;

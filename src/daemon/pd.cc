@@ -63,6 +63,14 @@ int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
   return 0;
 }
 
+// A backing the daemon made (device memory's memfd), charged to `uid`.
+uint32_t Registry::add_backing(Backing&& b, uid_t uid) {
+  const uint32_t id = next_handle_++;
+  backings_.insert(id, std::move(b));
+  quotas_.charge(Quotas::kBacking, id, uid);
+  return id;
+}
+
 void Registry::drop_backing(uint32_t id) {
   auto b = backings_.find(id);
   if (b == backings_.end()) return;

@@ -142,16 +142,19 @@ void Registry::remove_client(uint32_t client) {
 // the context-owned kinds are numbered in destroy order). A null `collect`
 // means the objects the context owns; a null `cleanup`, forget() alone.
 const Registry::TypeOps Registry::kTypeOps[] = {
-    {ObjKind::kQp, &Registry::qps_to_release, &Registry::before_release_qps, &Registry::release_qp,
-     &Registry::fail_peers_of, &Registry::destroy_qp_handle},
+    {ObjKind::kQp, &Registry::qps_to_release, &Registry::before_release_qps,
+     [](Registry& r, uint32_t qpn) { r.release_qp(qpn); }, &Registry::fail_peers_of,
+     [](Registry& r, uint32_t ctx, uint32_t qpn) { return r.destroy_qp_handle(ctx, qpn); }},
     {ObjKind::kSrq, nullptr, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kXrcdHandle, nullptr, nullptr, &Registry::release_xrcd_handle, nullptr, &Registry::close_xrcd_handle},
-    {ObjKind::kMw, nullptr, nullptr, &Registry::release_mw, nullptr, nullptr},
-    {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, &Registry::release_mr, nullptr, nullptr},
-    {ObjKind::kDm, nullptr, nullptr, &Registry::release_dm, nullptr, nullptr},
+    {ObjKind::kXrcdHandle, nullptr, nullptr, [](Registry& r, uint32_t h) { r.release_xrcd_handle(h); }, nullptr,
+     [](Registry& r, uint32_t ctx, uint32_t h) { return r.close_xrcd_handle(ctx, h); }},
+    {ObjKind::kMw, nullptr, nullptr, [](Registry& r, uint32_t slot) { r.release_mw(slot); }, nullptr, nullptr},
+    {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, [](Registry& r, uint32_t slot) { r.release_mr(slot); },
+     nullptr, nullptr},
+    {ObjKind::kDm, nullptr, nullptr, [](Registry& r, uint32_t h) { r.dm_.release(h); }, nullptr, nullptr},
     {ObjKind::kCq, nullptr, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kChannel, nullptr, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kBacking, nullptr, nullptr, &Registry::drop_backing, nullptr, nullptr},
+    {ObjKind::kBacking, nullptr, nullptr, [](Registry& r, uint32_t id) { r.drop_backing(id); }, nullptr, nullptr},
     {ObjKind::kPd, nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -163,7 +166,7 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
     case ObjKind::kXrcdHandle: return f(xrcd_handles_);
     case ObjKind::kMw: return f(mws_);
     case ObjKind::kMr: return f(mrs_);
-    case ObjKind::kDm: return f(dms_);
+    case ObjKind::kDm: return f(dm_.table());
     case ObjKind::kCq: return f(cqs_);
     case ObjKind::kChannel: return f(channels_);
     case ObjKind::kBacking: return f(backings_);
@@ -218,14 +221,14 @@ int Registry::resolve(ObjKind kind, proto::HandleRule rule, uint32_t client, uin
 int Registry::destroy(ObjKind kind, uint32_t client, uint32_t handle) {
   if (kind >= ObjKind::kXrcd) return EINVAL;
   const TypeOps& t = kTypeOps[size_t(kind)];
-  if (t.destroy) return (this->*t.destroy)(ctx(client), handle);
+  if (t.destroy) return t.destroy(*this, ctx(client), handle);
   const uint32_t refs = with_table(kind, [&](auto& table) {
     const auto* o = table.get(handle);
     return o ? o->refs : 0;
   });
   if (refs) return EBUSY;  // still used by other objects
   if (t.cleanup) {
-    (this->*t.cleanup)(handle);
+    t.cleanup(*this, handle);
   } else {
     forget(kind, handle);
   }
@@ -280,7 +283,7 @@ void Registry::release_context(uint32_t owner) {
     if (t.before) (this->*t.before)(owner, ids);
     for (uint32_t id : ids) {
       if (t.cleanup) {
-        (this->*t.cleanup)(id);
+        t.cleanup(*this, id);
       } else {
         forget(t.kind, id);
       }
@@ -305,6 +308,10 @@ Counts Registry::counts() const {
   return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mrs_.size()),
           uint32_t(cqs_.size()),     uint32_t(qps_.size()),      uint32_t(channels_.size()),
           uint32_t(backings_.size())};
+}
+
+void Registry::context_event(uint32_t context, uint32_t type, uint32_t element) {
+  for (uint32_t id : clients_of(context)) events_.push_back({id, type, element});
 }
 
 // The connection's async wake-up socket (proto::FdKind::kWakeSocket, checked

@@ -39,8 +39,10 @@
 #include "common/shm_layout.h"
 #include "common/sys.h"
 #include "daemon/device_tables.h"
+#include "daemon/dm.h"
 #include "daemon/mediation.h"
 #include "daemon/name_space.h"
+#include "daemon/object_host.h"
 #include "daemon/objects.h"
 #include "daemon/cm_ports.h"
 #include "daemon/quota.h"
@@ -61,7 +63,7 @@ struct Counts {
   uint32_t clients, pds, mrs, cqs, qps, channels, backings;
 };
 
-class Registry : private MediationTables {
+class Registry : private MediationTables, private ObjectHost {
  public:
   Registry();
   int init();
@@ -151,7 +153,7 @@ class Registry : private MediationTables {
   uint32_t region_count() const { return uint32_t(regions_.size()); }
   Counts counts() const;
   // Per-user limits (quota.h); the server charges connections here too.
-  Quotas& quotas() { return quotas_; }
+  Quotas& quotas() override { return quotas_; }
   CmPorts& cm_ports() { return cm_ports_; }
   // Op::CmBind / CmUnbind for `client` (cm_ports.h).
   int cm_bind(uint32_t client, const proto::CmBindReq& req, proto::CmBindReply& rep, int& fd) {
@@ -257,16 +259,8 @@ class Registry : private MediationTables {
   // QP req.qpn is the client's (resolved by the command layer, or checked by
   // invalidate_remote); the key names the window.
   int invalidate(uint32_t client, const proto::InvalidateReq& req);
-  // Device memory (dm.cc; ibv_alloc_dm(3)).
-  int alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
-  // ibv_import_dm(3): DM `handle` (resolved by the command layer) and its memfd.
-  int import_dm(uint32_t handle, const daemon::Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds);
-  int reg_dm_mr(uint32_t client, uint32_t pd, const daemon::Dm& dm, const proto::RegDmMrReq& req, proto::RegMrReply& rep);
-  // Bytes of device memory `uid` holds (whole pages).
-  uint64_t dm_bytes(uid_t uid) const {
-    auto it = dm_bytes_.find(uid);
-    return it == dm_bytes_.end() ? 0 : it->second;
-  }
+  // The object types' classes, which own their tables (object_host.h).
+  DeviceMemory& dm() { return dm_; }
 
   // Locked-memory accounts (pid -> charge), for `softverbs status`.
   void accounts(proto::AccountsReply& rep) const;
@@ -304,9 +298,9 @@ class Registry : private MediationTables {
   bool holds_qp(uint32_t client, uint32_t qpn) { return find_qp(client, qpn) != nullptr; }
 
   // The user of a client's process (uid_t(-1) if unknown).
-  uid_t client_uid(uint32_t client) const;
+  uid_t client_uid(uint32_t client) const override;
   // The context a connection is attached to (0: none).
-  uint32_t context_of(uint32_t client) const { return ctx(client); }
+  uint32_t context_of(uint32_t client) const override { return ctx(client); }
   // The process of a connection (as it connected; 0: none).
   uint32_t client_pid(uint32_t client) const {
     auto c = clients_.find(client);
@@ -384,11 +378,12 @@ class Registry : private MediationTables {
     ObjKind kind;
     std::vector<uint32_t> (Registry::*collect)(uint32_t ctx);
     void (Registry::*before)(uint32_t ctx, const std::vector<uint32_t>& ids);
-    void (Registry::*cleanup)(uint32_t handle);
+    // The cleanup and the destroy reach the type's class, where it has one.
+    void (*cleanup)(Registry& r, uint32_t handle);
     void (Registry::*after)(const std::vector<uint32_t>& ids);
     // What a holder's destroy does (null: EBUSY while referenced, else the
     // cleanup), given the holder's context.
-    int (Registry::*destroy)(uint32_t ctx, uint32_t handle);
+    int (*destroy)(Registry& r, uint32_t ctx, uint32_t handle);
   };
   static const TypeOps kTypeOps[];
   // Calls f(table) with the table of `kind` (registry.cc only).
@@ -399,14 +394,25 @@ class Registry : private MediationTables {
   void release_context(uint32_t ctx);
   // References move only through here: the ones an object declares
   // (held()) are taken when it is made and dropped when it goes.
-  void hold(const Held& refs);
+  void hold(const Held& refs) override;
   void hold(Ref r);
   void drop(const Held& refs);
   void drop(Ref r);
   // The end of every object of a context-owned kind, once its type's own
   // cleanup revoked what it published: its quota charge released, its
   // entry erased, then the references it held dropped.
-  void forget(ObjKind kind, uint32_t handle);
+  void forget(ObjKind kind, uint32_t handle) override;
+
+  // The rest of ObjectHost (registry.cc, pd.cc).
+  bool context_open(uint32_t context) const override { return contexts_.count(context) != 0; }
+  uint32_t next_handle() const override { return next_handle_; }
+  uint32_t take_handle() override { return next_handle_++; }
+  void context_event(uint32_t context, uint32_t type, uint32_t element) override;
+  uint32_t add_backing(Backing&& b, uid_t uid) override;
+  const Backing* backing(uint32_t id) const override {
+    auto it = backings_.find(id);
+    return it == backings_.end() ? nullptr : &it->second;
+  }
 
   // ---- PD and backings (pd.cc) ----
   void drop_backing(uint32_t id);
@@ -428,9 +434,8 @@ class Registry : private MediationTables {
   int check_mr(const Backing& b, const proto::RegMrReq& req);
   // Makes the MR `req` describes (checked); `charge`: count its pages as
   // the registrant's locked memory (not for device memory).
-  int install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm, proto::RegMrReply& rep);
-  // ---- Device memory (dm.cc) ----
-  void release_dm(uint32_t handle);
+  int install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm,
+                 proto::RegMrReply& rep) override;
   void fill_mr_entry(shm::MrEntry& e, const proto::RegMrReq& req, uint32_t client);
 
   // ---- CQs and channels (cq.cc) ----
@@ -544,8 +549,7 @@ class Registry : private MediationTables {
   ObjectTable<Backing> backings_;
   ObjectTable<Mr> mrs_;        // by slot in the MR table
   ObjectTable<Mw> mws_;        // by slot in the MR table
-  ObjectTable<Dm> dms_;
-  std::map<uid_t, uint64_t> dm_bytes_;  // device memory per user (whole pages)
+  DeviceMemory dm_{*this};  // the DM table (dm.h)
   ObjectTable<Channel> channels_;
   ObjectTable<Cq> cqs_;
   ObjectTable<Srq> srqs_;
