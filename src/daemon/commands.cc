@@ -337,7 +337,7 @@ SV_HANDLER(GetSrq) {
 }
 SV_HANDLER(OpenXrcd) {
   Fd fd = env.in_fds.empty() ? Fd() : std::move(env.in_fds[0]);  // none: a private domain
-  return env.registry.open_xrcd(env.client, req, std::move(fd), rep.handle);
+  return env.registry.xrc().open(env.client, req, std::move(fd), rep.handle);
 }
 SV_DESTROY_HANDLER(CloseXrcd)
 SV_HANDLER(ConnectXrc) { return env.registry.connect_xrc(env.client, obj.get<0>(), req, rep, env.out_fds); }

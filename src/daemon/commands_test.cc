@@ -290,7 +290,7 @@ class CommandHandles : public Commands {
       case proto::kObjXrcd: {
         proto::OpenXrcdReq req{};
         req.oflags = O_CREAT;
-        EXPECT_EQ(0, reg().open_xrcd(client, req, Fd(), h));
+        EXPECT_EQ(0, reg().xrc().open(client, req, Fd(), h));
         return h;
       }
       case proto::kObjDm: {

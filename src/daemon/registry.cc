@@ -146,8 +146,8 @@ const Registry::TypeOps Registry::kTypeOps[] = {
      [](Registry& r, uint32_t qpn) { r.release_qp(qpn); }, &Registry::fail_peers_of,
      [](Registry& r, uint32_t ctx, uint32_t qpn) { return r.destroy_qp_handle(ctx, qpn); }},
     {ObjKind::kSrq, nullptr, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kXrcdHandle, nullptr, nullptr, [](Registry& r, uint32_t h) { r.release_xrcd_handle(h); }, nullptr,
-     [](Registry& r, uint32_t ctx, uint32_t h) { return r.close_xrcd_handle(ctx, h); }},
+    {ObjKind::kXrcdHandle, nullptr, nullptr, [](Registry& r, uint32_t h) { r.xrc_.release(h); }, nullptr,
+     [](Registry& r, uint32_t, uint32_t h) { return r.xrc_.close(h); }},
     {ObjKind::kMw, nullptr, nullptr, [](Registry& r, uint32_t slot) { r.release_mw(slot); }, nullptr, nullptr},
     {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, [](Registry& r, uint32_t slot) { r.release_mr(slot); },
      nullptr, nullptr},
@@ -163,7 +163,7 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
   switch (kind) {
     case ObjKind::kQp: return f(qps_);
     case ObjKind::kSrq: return f(srqs_);
-    case ObjKind::kXrcdHandle: return f(xrcd_handles_);
+    case ObjKind::kXrcdHandle: return f(xrc_.handles());
     case ObjKind::kMw: return f(mws_);
     case ObjKind::kMr: return f(mrs_);
     case ObjKind::kDm: return f(dm_.table());
@@ -174,7 +174,7 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
     case ObjKind::kXrcd:
     case ObjKind::kCount: break;
   }
-  return f(xrcds_);
+  return f(xrc_.domains());
 }
 
 Object* Registry::resolve(ObjKind kind, uint32_t client, uint32_t handle) {
@@ -254,7 +254,7 @@ void Registry::drop(Ref r) {
     const Backing& b = backings_.at(r.handle);
     if (!b.region.empty() || b.dm) drop_backing(r.handle);
   }
-  if (r.kind == ObjKind::kXrcd) xrcd_drop_if_unused(r.handle);
+  if (r.kind == ObjKind::kXrcd) xrc_.drop_if_unused(r.handle);
 }
 
 void Registry::drop(const Held& refs) {

@@ -46,6 +46,7 @@
 #include "daemon/objects.h"
 #include "daemon/cm_ports.h"
 #include "daemon/quota.h"
+#include "daemon/xrc.h"
 
 namespace sv::daemon {
 
@@ -191,7 +192,6 @@ class Registry : private MediationTables, private ObjectHost {
   // resolved by the command layer, HandleRule::kCompletable).
   int get_cq(const daemon::Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds);
   int cq_error(daemon::Cq& cq, uint32_t handle);
-  int open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle);
   int connect_xrc(uint32_t client, const daemon::Qp& qp, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                   std::vector<int>& out_fds);
   // XRC target QP req.qpn, in the domain of the client's handle `xrcd`.
@@ -261,6 +261,7 @@ class Registry : private MediationTables, private ObjectHost {
   int invalidate(uint32_t client, const proto::InvalidateReq& req);
   // The object types' classes, which own their tables (object_host.h).
   DeviceMemory& dm() { return dm_; }
+  XrcDomains& xrc() { return xrc_; }
 
   // Locked-memory accounts (pid -> charge), for `softverbs status`.
   void accounts(proto::AccountsReply& rep) const;
@@ -465,11 +466,8 @@ class Registry : private MediationTables, private ObjectHost {
   void mcg_release(const DeviceTables::McgChange& ch, uint32_t qpn);
   uid_t qp_uid(uint32_t qpn) const;
 
-  // ---- XRC (xrc.cc) ----
-  void xrcd_drop_if_unused(uint32_t id);
+  // ---- XRC QPs (qp_xrc.cc) ----
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
-  void release_xrcd_handle(uint32_t handle);
-  int close_xrcd_handle(uint32_t ctx, uint32_t handle);
 
   // ---- Sharing: namespace, regions (sharing.cc) ----
   Credentials credentials(uint32_t client) const;
@@ -553,12 +551,8 @@ class Registry : private MediationTables, private ObjectHost {
   ObjectTable<Channel> channels_;
   ObjectTable<Cq> cqs_;
   ObjectTable<Srq> srqs_;
-  ObjectTable<Xrcd> xrcds_;    // by domain id (owned by no context)
-  ObjectTable<XrcdHandle> xrcd_handles_;
   ObjectTable<Qp> qps_;        // by qpn
-  uint32_t next_xrcd_ = 1;
-  // The domains opened through a file, by (user, device, inode).
-  std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> xrcd_by_file_;
+  XrcDomains xrc_{*this};  // XRC domains and their handles (xrc.h)
   std::map<RegionKey, Region> regions_;
   // CQs another user opened by name (client -> CQ handles): a CQ segment
   // holds completions only, so mapping it grants exactly the named object.

@@ -169,7 +169,7 @@ class RegistryObjects : public ::testing::Test {
     req.oflags = O_CREAT;
     req.has_fd = file >= 0;
     uint32_t h = 0;
-    EXPECT_EQ(reg.open_xrcd(c, req, file >= 0 ? Fd(::dup(file)) : Fd(), h), 0);
+    EXPECT_EQ(reg.xrc().open(c, req, file >= 0 ? Fd(::dup(file)) : Fd(), h), 0);
     return h;
   }
   // A second client joined to `c`'s context through the namespace (as a

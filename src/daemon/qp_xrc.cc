@@ -1,0 +1,84 @@
+// qp_xrc.cc: XRC QPs (IBTA annex A14; ibv_open_qp(3)): which SRQs an XRC
+// initiator reaches, the target's SRQ a request names, and further handles
+// of a target QP. The domains are XrcDomains' (xrc.h).
+#include "daemon/registry.h"
+
+#include <cerrno>
+
+namespace sv::daemon {
+
+using namespace sv::shm;
+
+// Whether one of the context's XRC_SEND QPs is connected to a target QP of
+// the SRQ's domain, i.e. may deliver into that SRQ.
+bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {
+  if (srq.type != IBV_SRQT_XRC) return false;
+  for (uint32_t qpn : qps_.of(context)) {
+    if (qps_.at(qpn).type != IBV_QPT_XRC_SEND) continue;
+    auto t = qps_.find(qp_slot(qpn).dest_qpn.load());
+    if (t != qps_.end() && t->second.type == IBV_QPT_XRC_RECV && t->second.xrcd == srq.xrcd) return true;
+  }
+  return false;
+}
+
+// IBTA annex A14: an XRC message names the SRQ that takes it; the SRQ must be in
+// the target QP's domain. EAGAIN: the target is not ready (the requester
+// retries); ENOENT: no such SRQ there (an invalid request).
+int Registry::connect_xrc(uint32_t client, const Qp& my_qp, const proto::ConnectXrcReq& req,
+                          proto::ConnectPeerReply& rep, std::vector<int>& out_fds) {
+  const Qp* qp = &my_qp;
+  if (qp->type != IBV_QPT_XRC_SEND && qp->type != IBV_QPT_XRC_RECV) return EINVAL;
+  // An XRC target whose initiator is on another host (docs/ROCE.md, XRC on
+  // the wire): the caller runs the target's transport and asks for the SRQ
+  // a request names, in the target's own XRC domain (IBTA annex A14).
+  const bool wire_target = qp->type == IBV_QPT_XRC_RECV;
+  uint32_t dest = wire_target ? req.qpn : qp_slot(req.qpn).dest_qpn.load();
+  auto tgt = qps_.find(dest);
+  if (tgt == qps_.end()) return EAGAIN;
+  const QpEntry& te = qp_slot(dest);
+  auto st = ibv_qp_state(te.state.load());
+  if (tgt->second.type != IBV_QPT_XRC_RECV || (!wire_target && te.dest_qpn.load() != req.qpn)) return EAGAIN;
+  // XRC is not mediated between users; the requester reads the target's
+  // entry in its own user's device segment.
+  if (!same_user(client, tgt->second.owner) || !same_tables(client, tgt->second.owner)) return EACCES;
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return EAGAIN;
+  auto srq = srqs_.find(req.srqn);
+  if (srq == srqs_.end() || srq->second.type != IBV_SRQT_XRC || srq->second.xrcd != tgt->second.xrcd) return ENOENT;
+  auto cq = cqs_.find(srq->second.cq);
+  if (cq == cqs_.end()) return ENOENT;
+  rep.peer_qpn = dest;
+  rep.peer_recv_cq = srq->second.cq;
+  rep.qp_segment_size = tgt->second.map.size();
+  rep.cq_segment_size = cq->second.map.size();
+  out_fds.push_back(tgt->second.fd.get());
+  out_fds.push_back(cq->second.fd.get());
+  out_fds.push_back(srq->second.fd.get());
+  rep.has_srq = 1;
+  rep.srq_segment_size = srq->second.map.size();
+  rep.srq_handle = req.srqn;
+  rep.pd = srq->second.pd;
+  rep.has_channel = 0;
+  if (auto ch = channels_.find(cq->second.channel); ch != channels_.end()) {
+    out_fds.push_back(ch->second.wake.get());
+    rep.has_channel = 1;
+  }
+  return 0;
+}
+
+// ibv_open_qp(3): another handle of an XRC target QP, for a context that
+// opened the QP's domain.
+int Registry::open_qp(uint32_t client, const XrcdHandle& xh, const proto::OpenQpReq& req, proto::ImportQpReply& rep,
+                      std::vector<int>& out_fds) {
+  const uint32_t xrcd = xh.xrcd;
+  auto it = qps_.find(req.qpn);
+  if (it == qps_.end() || it->second.type != IBV_QPT_XRC_RECV || it->second.xrcd != xrcd) return EINVAL;
+  Qp& q = it->second;
+  q.holders.push_back(ctx(client));  // one entry per handle: each is destroyed on its own
+  xrc_handles_.insert({ctx(client), req.qpn});
+  rep.qp_type = q.type;
+  rep.segment_size = q.map.size();
+  out_fds.push_back(q.fd.get());
+  return 0;
+}
+
+}  // namespace sv::daemon
