@@ -311,7 +311,7 @@ SV_HANDLER(RoceAttach) {
 SV_HANDLER(CreateSrq) {
   // Its PD and (XRC) CQ: the caller's; the SRQ records them.
   (void)obj.get<0>(), (void)obj.optional<2>();
-  return env.registry.create_srq(env.client, obj.optional<1>(), req, rep, env.out_fds);
+  return env.registry.srq().create(env.client, obj.optional<1>(), req, rep, env.out_fds);
 }
 SV_DESTROY_HANDLER(DestroySrq)
 SV_HANDLER(ImportSrq) {
@@ -324,9 +324,9 @@ SV_HANDLER(ImportSrq) {
   env.out_fds.push_back(srq.fd.get());
   return 0;
 }
-SV_HANDLER(SrqLimit) { return env.registry.srq_limit(obj.get<0>(), obj.id<0>()); }
-SV_HANDLER(ResizeSrq) { return env.registry.resize_srq(obj.get<0>(), obj.id<0>(), req, rep, env.out_fds); }
-SV_HANDLER(ResizeSrqDone) { return env.registry.resize_srq_done(obj.get<0>(), req); }
+SV_HANDLER(SrqLimit) { return env.registry.srq().limit(obj.get<0>(), obj.id<0>()); }
+SV_HANDLER(ResizeSrq) { return env.registry.srq().resize(obj.get<0>(), obj.id<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ResizeSrqDone) { return env.registry.srq().resize_done(obj.get<0>(), req); }
 SV_HANDLER(GetSrq) {
   const Srq& srq = obj.get<0>();
   rep.pd = srq.pd;

@@ -261,7 +261,7 @@ class CommandHandles : public Commands {
     req.srq_type = IBV_SRQT_BASIC;
     proto::CreateSrqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(0, reg().create_srq(client, nullptr, req, rep, fds));
+    EXPECT_EQ(0, reg().srq().create(client, nullptr, req, rep, fds));
     return rep.handle;
   }
   uint32_t make(proto::Obj kind) {
@@ -407,7 +407,7 @@ TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
   srq_req.max_sge = 1;
   srq_req.srq_type = IBV_SRQT_BASIC;
   proto::CreateSrqReply srq_rep{};
-  ASSERT_EQ(0, reg().create_srq(other, nullptr, srq_req, srq_rep, fds));
+  ASSERT_EQ(0, reg().srq().create(other, nullptr, srq_req, srq_rep, fds));
   req.handle = srq_rep.handle;
   EXPECT_EQ(EACCES, send(proto::Op::SrqLimit, req).h.status);  // exists, not reached
   req.handle = 0x7777;

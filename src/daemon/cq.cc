@@ -123,8 +123,8 @@ bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
   if (has_ud)
     for (uint32_t qpn : qps_.of(cq_owner))
       if (const Qp& q = qps_.at(qpn); q.type == IBV_QPT_UD && q.recv_cq == handle) return true;
-  for (uint32_t h : srqs_.of(cq_owner))
-    if (const Srq& srq = srqs_.at(h); srq.cq == handle && xrc_reaches_srq(c, srq)) return true;
+  for (uint32_t h : srq_.table().of(cq_owner))
+    if (const Srq& srq = srq_.table().at(h); srq.cq == handle && xrc_reaches_srq(c, srq)) return true;
   return false;
 }
 

@@ -346,8 +346,8 @@ int Registry::mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out)
     if (!allowed && q.type == IBV_QPT_UD && q.pd == mr->second.pd) allowed = true;
   }
   // An XRC sender, into buffers posted to an XRC SRQ of that PD it reaches.
-  for (uint32_t h : pd ? srqs_.of(pd_owner) : std::vector<uint32_t>{}) {
-    const Srq& s = srqs_.at(h);
+  for (uint32_t h : pd ? srq_.table().of(pd_owner) : std::vector<uint32_t>{}) {
+    const Srq& s = srq_.table().at(h);
     if (!allowed && s.pd == mr->second.pd && xrc_reaches_srq(ctx(client), s)) allowed = true;
   }
   if (!allowed) return EACCES;

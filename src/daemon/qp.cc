@@ -384,7 +384,7 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
   out_fds.push_back(peer->second.fd.get());
   out_fds.push_back(rcq->second.fd.get());
   rep.has_srq = 0;
-  if (auto q = srqs_.find(peer->second.srq); q != srqs_.end()) {
+  if (auto q = srq_.table().find(peer->second.srq); q != srq_.table().end()) {
     out_fds.push_back(q->second.fd.get());
     rep.has_srq = 1;
     rep.srq_segment_size = q->second.map.size();

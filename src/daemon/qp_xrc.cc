@@ -1,6 +1,7 @@
-// qp_xrc.cc: XRC QPs (IBTA annex A14; ibv_open_qp(3)): which SRQs an XRC
-// initiator reaches, the target's SRQ a request names, and further handles
-// of a target QP. The domains are XrcDomains' (xrc.h).
+// qp_xrc.cc: which SRQs a client's QPs reach, and XRC QPs (IBTA annex A14;
+// ibv_open_qp(3)): the target's SRQ a request names, and further handles of
+// a target QP. The domains are XrcDomains' (xrc.h), the SRQs
+// SharedReceiveQueues' (srq.h).
 #include "daemon/registry.h"
 
 #include <cerrno>
@@ -17,6 +18,22 @@ bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {
     if (qps_.at(qpn).type != IBV_QPT_XRC_SEND) continue;
     auto t = qps_.find(qp_slot(qpn).dest_qpn.load());
     if (t != qps_.end() && t->second.type == IBV_QPT_XRC_RECV && t->second.xrcd == srq.xrcd) return true;
+  }
+  return false;
+}
+
+// Whether the client's QPs reach SRQ `handle`: its own, one an XRC QP of
+// its context reaches, or a peer's connected both ways (a process of the
+// SRQ owner's user). The SRQ limit event (SharedReceiveQueues::limit) is
+// for such a sender only.
+bool Registry::srq_reachable(uint32_t client, const Srq& srq, uint32_t handle) {
+  const uint32_t c = ctx(client);
+  if (srq.owner == c || xrc_reaches_srq(c, srq)) return true;
+  if (!same_user(client, srq.owner)) return false;
+  for (uint32_t qpn : qps_.of(c)) {
+    const uint32_t dest = qp_slot(qpn).dest_qpn.load();
+    auto peer = qps_.find(dest);
+    if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) return true;
   }
   return false;
 }
@@ -42,8 +59,8 @@ int Registry::connect_xrc(uint32_t client, const Qp& my_qp, const proto::Connect
   // entry in its own user's device segment.
   if (!same_user(client, tgt->second.owner) || !same_tables(client, tgt->second.owner)) return EACCES;
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return EAGAIN;
-  auto srq = srqs_.find(req.srqn);
-  if (srq == srqs_.end() || srq->second.type != IBV_SRQT_XRC || srq->second.xrcd != tgt->second.xrcd) return ENOENT;
+  auto srq = srq_.table().find(req.srqn);
+  if (srq == srq_.table().end() || srq->second.type != IBV_SRQT_XRC || srq->second.xrcd != tgt->second.xrcd) return ENOENT;
   auto cq = cqs_.find(srq->second.cq);
   if (cq == cqs_.end()) return ENOENT;
   rep.peer_qpn = dest;

@@ -162,7 +162,7 @@ template <class F>
 decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
   switch (kind) {
     case ObjKind::kQp: return f(qps_);
-    case ObjKind::kSrq: return f(srqs_);
+    case ObjKind::kSrq: return f(srq_.table());
     case ObjKind::kXrcdHandle: return f(xrc_.handles());
     case ObjKind::kMw: return f(mws_);
     case ObjKind::kMr: return f(mrs_);
@@ -205,7 +205,7 @@ int Registry::resolve(ObjKind kind, proto::HandleRule rule, uint32_t client, uin
       break;
     case HandleRule::kReachable:
       if (kind != ObjKind::kSrq) break;
-      if (Srq* s = srqs_.get(handle)) {
+      if (Srq* s = srq_.table().get(handle)) {
         if (!srq_reachable(client, *s, handle)) return EACCES;
         out = s;
       }

@@ -46,6 +46,7 @@
 #include "daemon/objects.h"
 #include "daemon/cm_ports.h"
 #include "daemon/quota.h"
+#include "daemon/srq.h"
 #include "daemon/xrc.h"
 
 namespace sv::daemon {
@@ -262,21 +263,12 @@ class Registry : private MediationTables, private ObjectHost {
   // The object types' classes, which own their tables (object_host.h).
   DeviceMemory& dm() { return dm_; }
   XrcDomains& xrc() { return xrc_; }
+  SharedReceiveQueues& srq() { return srq_; }
 
   // Locked-memory accounts (pid -> charge), for `softverbs status`.
   void accounts(proto::AccountsReply& rep) const;
 
   int reg_async(uint32_t client, Fd wake);
-  // `xrcd`: the client's handle of an XRC domain req.xrcd names (null: none).
-  int create_srq(uint32_t client, const daemon::XrcdHandle* xrcd, const proto::CreateSrqReq& req,
-                 proto::CreateSrqReply& rep,
-                 std::vector<int>& out_fds);
-  // SRQ `handle`, reached by the client (resolved by the command layer,
-  // HandleRule::kReachable).
-  int srq_limit(const daemon::Srq& srq, uint32_t handle);
-  int resize_srq(daemon::Srq& srq, uint32_t handle, const proto::ResizeSrqReq& req, proto::CreateSrqReply& rep,
-                 std::vector<int>& out_fds);
-  int resize_srq_done(daemon::Srq& srq, const proto::ResizeSrqDoneReq& req);
   // Async events waiting to be sent: (client, event type, element). The
   // server sends them after each request or disconnection.
   struct PendingEvent {
@@ -550,7 +542,7 @@ class Registry : private MediationTables, private ObjectHost {
   DeviceMemory dm_{*this};  // the DM table (dm.h)
   ObjectTable<Channel> channels_;
   ObjectTable<Cq> cqs_;
-  ObjectTable<Srq> srqs_;
+  SharedReceiveQueues srq_{*this};  // the SRQ table (srq.h)
   ObjectTable<Qp> qps_;        // by qpn
   XrcDomains xrc_{*this};  // XRC domains and their handles (xrc.h)
   std::map<RegionKey, Region> regions_;

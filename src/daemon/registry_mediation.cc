@@ -80,8 +80,8 @@ bool Registry::receive_queue(uint32_t qpn, RecvQueue& out) {
   if (it == qps_.end()) return false;
   Qp& q = it->second;
   if (q.srq) {
-    auto s = srqs_.find(q.srq);
-    if (s == srqs_.end()) return false;
+    auto s = srq_.table().find(q.srq);
+    if (s == srq_.table().end()) return false;
     const uint32_t cap = s->second.capacity;
     auto* rh = reinterpret_cast<RingHeader*>(s->second.map.as<char>() + SrqLayout{cap}.ring_offset());
     out.ring = Ring<RecvWqe>(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), cap);
@@ -98,8 +98,8 @@ bool Registry::receive_queue(uint32_t qpn, RecvQueue& out) {
 }
 
 void Registry::srq_limit_reached(uint32_t srq) {
-  auto s = srqs_.find(srq);
-  if (s == srqs_.end()) return;
+  auto s = srq_.table().find(srq);
+  if (s == srq_.table().end()) return;
   for (uint32_t id : clients_of(s->second.owner)) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, srq});
 }
 

@@ -171,7 +171,7 @@ bool Registry::ns_alive(const NsEntry& e) const {
     case proto::kNsMr: return mrs_.owned(e.handle, e.ctx) != nullptr;
     case proto::kNsCq: return cqs_.owned(e.handle, e.ctx) != nullptr;
     case proto::kNsQp: return qps_.owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsSrq: return srqs_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsSrq: return srq_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsChannel: return channels_.owned(e.handle, e.ctx) != nullptr;
     default: return false;
   }
