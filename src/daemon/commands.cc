@@ -233,7 +233,7 @@ SV_HANDLER(RegDmMr) { return env.registry.dm().reg_mr(env.client, obj.id<0>(), o
 
 // ---- Channels and CQs -----------------------------------------------------
 SV_HANDLER(CreateChannel) {
-  return env.registry.create_channel(env.client, std::move(env.in_fds[0]), std::move(env.in_fds[1]), rep.handle);
+  return env.registry.cq().create_channel(env.client, std::move(env.in_fds[0]), std::move(env.in_fds[1]), rep.handle);
 }
 SV_DESTROY_HANDLER(DestroyChannel)
 SV_HANDLER(ImportChannel) {
@@ -242,14 +242,14 @@ SV_HANDLER(ImportChannel) {
   env.out_fds.push_back(ch.wake.get());
   return 0;
 }
-SV_HANDLER(CreateCq) { return env.registry.create_cq(env.client, obj.id<0>(), req, rep, env.out_fds); }
+SV_HANDLER(CreateCq) { return env.registry.cq().create(env.client, obj.id<0>(), req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(DestroyCq)
-SV_HANDLER(ImportCq) { return env.registry.import_cq(env.client, obj.get<0>(), rep, env.out_fds); }
-SV_HANDLER(ResizeCq) { return env.registry.resize_cq(obj.get<0>(), req, rep, env.out_fds); }
-SV_HANDLER(ResizeCqDone) { return env.registry.resize_cq_done(obj.get<0>(), req); }
-SV_HANDLER(GetCq) { return env.registry.get_cq(obj.get<0>(), rep, env.out_fds); }
-SV_HANDLER(CqError) { return env.registry.cq_error(obj.get<0>(), obj.id<0>()); }
-SV_HANDLER(PollCq) { return env.registry.poll_granted_cq(obj.get<0>(), req, rep); }
+SV_HANDLER(ImportCq) { return env.registry.cq().import(env.client, obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(ResizeCq) { return env.registry.cq().resize(obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ResizeCqDone) { return env.registry.cq().resize_done(obj.get<0>(), req); }
+SV_HANDLER(GetCq) { return env.registry.cq().get(obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(CqError) { return env.registry.cq().error(obj.get<0>(), obj.id<0>()); }
+SV_HANDLER(PollCq) { return env.registry.cq().poll_granted(obj.get<0>(), req, rep); }
 
 // ---- QPs ------------------------------------------------------------------
 SV_HANDLER(CreateQp) {

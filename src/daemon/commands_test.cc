@@ -223,7 +223,7 @@ class CommandHandles : public Commands {
     req.cqe = 4;
     proto::CreateCqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(0, reg().create_cq(client, 0, req, rep, fds));
+    EXPECT_EQ(0, reg().cq().create(client, 0, req, rep, fds));
     return rep.handle;
   }
   uint32_t qp() {
@@ -284,7 +284,7 @@ class CommandHandles : public Commands {
       case proto::kObjChannel: {
         Fd rd, wake;
         EXPECT_EQ(0, make_wake_pair(rd, wake));
-        EXPECT_EQ(0, reg().create_channel(client, std::move(rd), std::move(wake), h));
+        EXPECT_EQ(0, reg().cq().create_channel(client, std::move(rd), std::move(wake), h));
         return h;
       }
       case proto::kObjXrcd: {
@@ -317,7 +317,7 @@ class CommandHandles : public Commands {
         req.*f.field = key ? mr_key() : make(f.kind);
         // A grant, as NsOpen of another user's CQ makes: the rule's case
         // that lets the handler run.
-        if (f.rule == proto::HandleRule::kGranted) reg().grant_cq(client, req.*f.field);
+        if (f.rule == proto::HandleRule::kGranted) reg().cq().grant(client, req.*f.field);
       }
       // The handler runs whatever its other fields say (its status is its
       // own): the resolution that precedes it reads only the handle fields.
@@ -380,7 +380,7 @@ TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
   poll.handle = cq();
   poll.max = 1;
   EXPECT_EQ(EINVAL, send(proto::Op::PollCq, poll).h.status);  // its own: it polls the segment itself
-  reg().grant_cq(client, poll.handle);
+  reg().cq().grant(client, poll.handle);
   EXPECT_EQ(0, send(proto::Op::PollCq, poll).h.status);
   poll.max = 0;
   EXPECT_EQ(EINVAL, send(proto::Op::PollCq, poll).h.status);
@@ -390,7 +390,7 @@ TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
   cq_req.cqe = 4;
   proto::CreateCqReply cq_rep{};
   std::vector<int> fds;
-  ASSERT_EQ(0, reg().create_cq(other, 0, cq_req, cq_rep, fds));
+  ASSERT_EQ(0, reg().cq().create(other, 0, cq_req, cq_rep, fds));
   proto::HandleReq req{};
   req.handle = cq_rep.handle;
   EXPECT_EQ(EINVAL, send(proto::Op::GetCq, req).h.status);

@@ -36,6 +36,9 @@ class ObjectHost {
   virtual void forget(ObjKind kind, uint32_t handle) = 0;
   // An async event (ibv_get_async_event(3)) for every process of a context.
   virtual void context_event(uint32_t context, uint32_t type, uint32_t element) = 0;
+  // QPs (qp_reach.cc): the QPs of a context that complete into CQ `cq`
+  // go to ERR (a CQ error, IBTA 11.4.2.1), those in RESET excepted.
+  virtual void qps_error_on_cq(uint32_t context, uint32_t cq) = 0;
 
   // Backings (pd.cc): a new one, charged to `uid` (its handle), and one by id.
   virtual uint32_t add_backing(Backing&& b, uid_t uid) = 0;

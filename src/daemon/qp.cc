@@ -375,8 +375,8 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
     rep.min_rnr_timer = qp_slot(dest).min_rnr_timer;
     return 0;
   }
-  auto rcq = cqs_.find(peer->second.recv_cq);
-  if (rcq == cqs_.end()) return ENOENT;
+  auto rcq = cq_.table().find(peer->second.recv_cq);
+  if (rcq == cq_.table().end()) return ENOENT;
   rep.peer_qpn = dest;
   rep.peer_recv_cq = peer->second.recv_cq;
   rep.qp_segment_size = peer->second.map.size();
@@ -392,7 +392,7 @@ int Registry::peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply
   }
   rep.has_channel = 0;
   if (rcq->second.channel) {
-    if (auto ch = channels_.find(rcq->second.channel); ch != channels_.end()) {
+    if (auto ch = cq_.channels().find(rcq->second.channel); ch != cq_.channels().end()) {
       out_fds.push_back(ch->second.wake.get());
       rep.has_channel = 1;
     }
@@ -485,7 +485,7 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
   wc.opcode = IBV_WC_RECV;
   wc.qp_num = qpn;
   wc.src_qp = dead_qpn;
-  push_cq(q->second.recv_cq, wc, true);
+  cq_.push(q->second.recv_cq, wc, true);
 }
 
 // May the dead QP's torn record name responder `peer`? Only a QP its holders
@@ -500,7 +500,7 @@ void Registry::complete_torn_receive(uint32_t dead_qpn) {
 bool Registry::torn_record_allowed(const Qp& dead, uint32_t dead_qpn, const Qp& peer, uint32_t peer_qpn) const {
   if (dead.uid == uint32_t(-1) || dead.uid != peer.uid) return false;
   if (peer.type != dead.type || peer.type == IBV_QPT_XRC_RECV) return false;
-  if (!cqs_.count(peer.recv_cq)) return false;
+  if (!cq_.table().count(peer.recv_cq)) return false;
   if (peer.type == IBV_QPT_UD) return true;
   return qp_slot(dead_qpn).dest_qpn.load() == peer_qpn && qp_slot(peer_qpn).dest_qpn.load() == dead_qpn;
 }
@@ -540,7 +540,7 @@ void Registry::fail_peers_of(const std::vector<uint32_t>& released) {
     if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_ERR) continue;
     SV_TRACE("daemon: QP 0x%x to ERR: its peer QP 0x%x is gone", qpn, dest);
     e.state.store(IBV_QPS_ERR, std::memory_order_release);
-    if (cqs_.count(q.recv_cq)) flush_rq(q, qpn);
+    if (cq_.table().count(q.recv_cq)) flush_rq(q, qpn);
     for (uint32_t id : clients_of(q.owner)) events_.push_back({id, IBV_EVENT_QP_FATAL, qpn});
   }
 }

@@ -128,7 +128,7 @@ void Registry::remove_client(uint32_t client) {
   async_fds_.erase(client);
   quotas_.release_fds(Quotas::fd_key(client, Quotas::kAsyncFd));
   quotas_.release_fds(Quotas::fd_key(client, Quotas::kOdpFds));
-  cq_grants_.erase(client);
+  cq_.drop_grants(client);
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it
   if (ct != contexts_.end()) user_contexts_.erase({ct->second.uid, context});
@@ -167,8 +167,8 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
     case ObjKind::kMw: return f(mws_);
     case ObjKind::kMr: return f(mrs_);
     case ObjKind::kDm: return f(dm_.table());
-    case ObjKind::kCq: return f(cqs_);
-    case ObjKind::kChannel: return f(channels_);
+    case ObjKind::kCq: return f(cq_.table());
+    case ObjKind::kChannel: return f(cq_.channels());
     case ObjKind::kBacking: return f(backings_);
     case ObjKind::kPd: return f(pds_);
     case ObjKind::kXrcd:
@@ -195,13 +195,13 @@ int Registry::resolve(ObjKind kind, proto::HandleRule rule, uint32_t client, uin
     case HandleRule::kOwned: out = resolve(kind, client, handle); break;
     case HandleRule::kOwnedOrGranted:
       out = resolve(kind, client, handle);
-      if (!out && kind == ObjKind::kCq && cq_granted(client, handle)) out = cqs_.get(handle);
+      if (!out && kind == ObjKind::kCq && cq_.granted(client, handle)) out = cq_.table().get(handle);
       break;
     case HandleRule::kGranted:
-      if (kind == ObjKind::kCq && cq_granted(client, handle)) out = cqs_.get(handle);
+      if (kind == ObjKind::kCq && cq_.granted(client, handle)) out = cq_.table().get(handle);
       break;
     case HandleRule::kCompletable:
-      if (kind == ObjKind::kCq && may_complete_into(client, handle)) out = cqs_.get(handle);
+      if (kind == ObjKind::kCq && may_complete_into(client, handle)) out = cq_.table().get(handle);
       break;
     case HandleRule::kReachable:
       if (kind != ObjKind::kSrq) break;
@@ -306,7 +306,7 @@ void Registry::accounts(proto::AccountsReply& rep) const {
 
 Counts Registry::counts() const {
   return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mrs_.size()),
-          uint32_t(cqs_.size()),     uint32_t(qps_.size()),      uint32_t(channels_.size()),
+          uint32_t(cq_.table().size()),     uint32_t(qps_.size()),      uint32_t(cq_.channels().size()),
           uint32_t(backings_.size())};
 }
 

@@ -45,6 +45,7 @@
 #include "daemon/object_host.h"
 #include "daemon/objects.h"
 #include "daemon/cm_ports.h"
+#include "daemon/cq.h"
 #include "daemon/quota.h"
 #include "daemon/srq.h"
 #include "daemon/xrc.h"
@@ -113,20 +114,6 @@ class Registry : private MediationTables, private ObjectHost {
   int import_context(uint32_t client, Fd fd);
   // ibv_query_mr: what MR `handle` (resolved by the command layer) covers.
   void query_mr(uint32_t handle, const daemon::Mr& mr, proto::QueryMrReply& rep) const;
-  // A CQ of the client's context comes with its segment; a CQ granted by
-  // name to another user comes without any descriptor (segment_size 0): the
-  // grantee polls it with poll_granted_cq and can neither write entries nor
-  // hold the owner's poll lock.
-  // `cq` (`handle`) is the client's or granted to it (resolved by the command layer).
-  int import_cq(uint32_t client, const daemon::Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds);
-  // Pops up to req.max completions of a CQ granted to the client, under the
-  // CQ's poll lock taken with a try-lock: the daemon never waits on a lock a
-  // client can hold (a busy lock answers 0 completions).
-  // `cq` is granted to the client (resolved by the command layer).
-  int poll_granted_cq(daemon::Cq& cq, const proto::PollCqReq& req, proto::PollCqReply& rep);
-  // Grants CQ `handle` to the client (NsOpen of another user's CQ), once per
-  // client and CQ: a client repeating NsOpen does not grow the table.
-  void grant_cq(uint32_t client, uint32_t handle);
   // A region by id, and a registration of an MR's pages (by key): req.pd is
   // the client's (resolved by the command layer).
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
@@ -181,18 +168,6 @@ class Registry : private MediationTables, private ObjectHost {
   // `backing`: the new one of a move (null: none named).
   int rereg_mr(uint32_t client, daemon::Mr& mr, const daemon::Backing* backing, const proto::ReregMrReq& req,
                proto::RegMrReply& rep);
-  int create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle);
-  // `channel`: the client's (0: none).
-  int create_cq(uint32_t client, uint32_t channel, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
-                std::vector<int>& out_fds);
-  // ibv_resize_cq: a pending segment, then its commit or abort (see docs/PROTOCOL.md).
-  int resize_cq(daemon::Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqReply& rep, std::vector<int>& out_fds);
-  int resize_cq_done(daemon::Cq& cq, const proto::ResizeCqDoneReq& req);
-  // A CQ's current segment, for a process that completes into it (its
-  // context's CQ, or the receive CQ of a QP one of its QPs can reach:
-  // resolved by the command layer, HandleRule::kCompletable).
-  int get_cq(const daemon::Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds);
-  int cq_error(daemon::Cq& cq, uint32_t handle);
   int connect_xrc(uint32_t client, const daemon::Qp& qp, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                   std::vector<int>& out_fds);
   // XRC target QP req.qpn, in the domain of the client's handle `xrcd`.
@@ -264,6 +239,7 @@ class Registry : private MediationTables, private ObjectHost {
   DeviceMemory& dm() { return dm_; }
   XrcDomains& xrc() { return xrc_; }
   SharedReceiveQueues& srq() { return srq_; }
+  CompletionQueues& cq() { return cq_; }
 
   // Locked-memory accounts (pid -> charge), for `softverbs status`.
   void accounts(proto::AccountsReply& rep) const;
@@ -401,6 +377,7 @@ class Registry : private MediationTables, private ObjectHost {
   uint32_t next_handle() const override { return next_handle_; }
   uint32_t take_handle() override { return next_handle_++; }
   void context_event(uint32_t context, uint32_t type, uint32_t element) override;
+  void qps_error_on_cq(uint32_t context, uint32_t cq) override;
   uint32_t add_backing(Backing&& b, uid_t uid) override;
   const Backing* backing(uint32_t id) const override {
     auto it = backings_.find(id);
@@ -431,11 +408,8 @@ class Registry : private MediationTables, private ObjectHost {
                  proto::RegMrReply& rep) override;
   void fill_mr_entry(shm::MrEntry& e, const proto::RegMrReq& req, uint32_t client);
 
-  // ---- CQs and channels (cq.cc) ----
-  int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map, uint32_t& capacity);
+  // ---- What a client's QPs reach (qp_reach.cc) ----
   bool may_complete_into(uint32_t client, uint32_t cq);
-  void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
-  bool cq_granted(uint32_t client, uint32_t handle) const;
   // The MR a key names for the client (HandleRule::kOwnKey, or kReachableKey
   // when `reach`): 0, EINVAL or EACCES.
   int mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out);
@@ -458,7 +432,7 @@ class Registry : private MediationTables, private ObjectHost {
   void mcg_release(const DeviceTables::McgChange& ch, uint32_t qpn);
   uid_t qp_uid(uint32_t qpn) const;
 
-  // ---- XRC QPs (qp_xrc.cc) ----
+  // ---- XRC QPs (qp_reach.cc) ----
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
 
   // ---- Sharing: namespace, regions (sharing.cc) ----
@@ -475,7 +449,7 @@ class Registry : private MediationTables, private ObjectHost {
   int backing_fd(uint32_t backing) const override;
   bool receive_queue(uint32_t qpn, RecvQueue& out) override;
   void srq_limit_reached(uint32_t srq) override;
-  void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) override { push_cq(cq, wc, solicited); }
+  void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) override { cq_.push(cq, wc, solicited); }
   void flush_receives(uint32_t qpn) override;
   void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
@@ -540,15 +514,11 @@ class Registry : private MediationTables, private ObjectHost {
   ObjectTable<Mr> mrs_;        // by slot in the MR table
   ObjectTable<Mw> mws_;        // by slot in the MR table
   DeviceMemory dm_{*this};  // the DM table (dm.h)
-  ObjectTable<Channel> channels_;
-  ObjectTable<Cq> cqs_;
+  CompletionQueues cq_{*this};  // the CQ and channel tables, CQ grants (cq.h)
   SharedReceiveQueues srq_{*this};  // the SRQ table (srq.h)
   ObjectTable<Qp> qps_;        // by qpn
   XrcDomains xrc_{*this};  // XRC domains and their handles (xrc.h)
   std::map<RegionKey, Region> regions_;
-  // CQs another user opened by name (client -> CQ handles): a CQ segment
-  // holds completions only, so mapping it grants exactly the named object.
-  std::multimap<uint32_t, uint32_t> cq_grants_;
   NameSpace ns_;
   std::map<pid_t, Account> accounts_;
   std::vector<PendingEvent> events_;

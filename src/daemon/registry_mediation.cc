@@ -209,7 +209,7 @@ void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opco
       wc.opcode = rules::send_completion_opcode(opcode);
       wc.byte_len = error ? 0 : rep.byte_len;
       wc.qp_num = qpn;
-      push_cq(q.send_cq, wc, true);
+      cq_.push(q.send_cq, wc, true);
     }
     if (error) {
       qp_slot(qpn).state.store(IBV_QPS_ERR, std::memory_order_release);
@@ -237,7 +237,7 @@ void Registry::flush_rq(Qp& q, uint32_t qpn) {
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = qpn;
-    push_cq(q.recv_cq, wc, true);
+    cq_.push(q.recv_cq, wc, true);
   }
 }
 

@@ -98,7 +98,7 @@ class RegistryObjects : public ::testing::Test {
     uint32_t h = 0;
     Fd rd, wake;
     EXPECT_EQ(make_wake_pair(rd, wake), 0);
-    EXPECT_EQ(reg.create_channel(c, std::move(rd), std::move(wake), h), 0);
+    EXPECT_EQ(reg.cq().create_channel(c, std::move(rd), std::move(wake), h), 0);
     return h;
   }
   uint32_t cq(uint32_t c, uint32_t ch = 0) {
@@ -107,7 +107,7 @@ class RegistryObjects : public ::testing::Test {
     req.channel = ch;
     proto::CreateCqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(reg.create_cq(c, req.channel, req, rep, fds), 0);
+    EXPECT_EQ(reg.cq().create(c, req.channel, req, rep, fds), 0);
     EXPECT_EQ(fds.size(), 1u);
     return rep.handle;
   }
@@ -430,12 +430,12 @@ TEST_F(RegistryCq, CqHoldsItsChannel) {
   rs.cqe = 64;
   proto::CreateCqReply rep{};
   std::vector<int> fds;
-  ASSERT_EQ(reg.resize_cq(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), 0);
-  EXPECT_EQ(reg.resize_cq(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), EBUSY);
+  ASSERT_EQ(reg.cq().resize(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), 0);
+  EXPECT_EQ(reg.cq().resize(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), EBUSY);
   proto::ResizeCqDoneReq done{};
   done.handle = c;
   done.commit = 1;
-  EXPECT_EQ(reg.resize_cq_done(resolved<Cq>(reg, ObjKind::kCq, a, done.handle), done), 0);
+  EXPECT_EQ(reg.cq().resize_done(resolved<Cq>(reg, ObjKind::kCq, a, done.handle), done), 0);
   EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
   EXPECT_EQ(destroy(reg, ObjKind::kChannel, a, ch), 0);
   EXPECT_EQ(counts().cqs, 0u);

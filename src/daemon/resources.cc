@@ -90,7 +90,7 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
       });
       return 0;
     case proto::kResCq:
-      page_of(cqs_, may_see, req.after, rep, [&](uint32_t, const Cq& c, proto::ResEntry& e) {
+      page_of(cq_.table(), may_see, req.after, rep, [&](uint32_t, const Cq& c, proto::ResEntry& e) {
         who(c, e);
         e.a = c.capacity;
         e.b = c.refs;

@@ -169,10 +169,10 @@ bool Registry::ns_alive(const NsEntry& e) const {
   switch (e.kind) {
     case proto::kNsPd: return pds_.owned(e.handle, e.ctx) != nullptr;
     case proto::kNsMr: return mrs_.owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsCq: return cqs_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsCq: return cq_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsQp: return qps_.owned(e.handle, e.ctx) != nullptr;
     case proto::kNsSrq: return srq_.table().owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsChannel: return channels_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsChannel: return cq_.channels().owned(e.handle, e.ctx) != nullptr;
     default: return false;
   }
 }
@@ -253,7 +253,7 @@ int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpe
   // are reached through keys over a connection instead (mediate.cc).
   if (!same_user(client, e.ctx)) {
     if (e.kind != proto::kNsCq) return EPERM;
-    grant_cq(client, e.handle);
+    cq_.grant(client, e.handle);
     rep.kind = e.kind;
     rep.handle = e.handle;
     return 0;

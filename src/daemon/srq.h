@@ -3,7 +3,7 @@
 // reaches the table for resolve, destroy, a context's release, and the
 // receives that QPs and mediation take from an SRQ; it reaches the
 // registry through ObjectHost. Which SRQs a client's QPs reach is the QPs'
-// (qp_xrc.cc).
+// (qp_reach.cc).
 //
 // Contract: single-threaded (the daemon's loop), as the registry.
 #pragma once

@@ -1,4 +1,5 @@
-// qp_xrc.cc: which SRQs a client's QPs reach, and XRC QPs (IBTA annex A14;
+// qp_reach.cc: which CQs and SRQs a client's QPs reach, the QPs a CQ error
+// ends, and XRC QPs (IBTA annex A14;
 // ibv_open_qp(3)): the target's SRQ a request names, and further handles of
 // a target QP. The domains are XrcDomains' (xrc.h), the SRQs
 // SharedReceiveQueues' (srq.h).
@@ -9,6 +10,44 @@
 namespace sv::daemon {
 
 using namespace sv::shm;
+
+bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
+  auto it = cq_.table().find(handle);
+  if (it == cq_.table().end()) return false;
+  uint32_t c = ctx(client);
+  if (it->second.owner == c) return true;
+  if (!same_user(client, it->second.owner)) return false;  // another user's peers are mediated
+  // A requester pushes receive completions into the CQ of the QP it reaches:
+  // its connected peer, or (UD) any UD QP.
+  // Only the caller's QPs, and the QPs and SRQs of the CQ's context (a QP's
+  // or an XRC SRQ's CQ is of its own context) are looked at.
+  bool has_ud = false;
+  for (uint32_t qpn : qps_.of(c)) {
+    has_ud |= qps_.at(qpn).type == IBV_QPT_UD;
+    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
+    if (peer != qps_.end() && peer->second.recv_cq == handle) return true;
+  }
+  const uint32_t cq_owner = it->second.owner;
+  if (has_ud)
+    for (uint32_t qpn : qps_.of(cq_owner))
+      if (const Qp& q = qps_.at(qpn); q.type == IBV_QPT_UD && q.recv_cq == handle) return true;
+  for (uint32_t h : srq_.table().of(cq_owner))
+    if (const Srq& srq = srq_.table().at(h); srq.cq == handle && xrc_reaches_srq(c, srq)) return true;
+  return false;
+}
+
+// IBTA 11.4.2.1 and 10.10.2.3: a CQ overrun is a CQ error; every QP
+// completing into the CQ goes to ERR. A QP completes only into CQs of its
+// own context (check_create_qp), and such a QP keeps its context.
+void Registry::qps_error_on_cq(uint32_t context, uint32_t cq) {
+  for (uint32_t qpn : qps_.of(context)) {
+    const Qp& q = qps_.at(qpn);
+    if (q.send_cq != cq && q.recv_cq != cq) continue;
+    QpEntry& e = qp_slot(qpn);
+    if (ibv_qp_state(e.state.load()) == IBV_QPS_RESET) continue;
+    e.state.store(IBV_QPS_ERR, std::memory_order_release);
+  }
+}
 
 // Whether one of the context's XRC_SEND QPs is connected to a target QP of
 // the SRQ's domain, i.e. may deliver into that SRQ.
@@ -61,8 +100,8 @@ int Registry::connect_xrc(uint32_t client, const Qp& my_qp, const proto::Connect
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return EAGAIN;
   auto srq = srq_.table().find(req.srqn);
   if (srq == srq_.table().end() || srq->second.type != IBV_SRQT_XRC || srq->second.xrcd != tgt->second.xrcd) return ENOENT;
-  auto cq = cqs_.find(srq->second.cq);
-  if (cq == cqs_.end()) return ENOENT;
+  auto cq = cq_.table().find(srq->second.cq);
+  if (cq == cq_.table().end()) return ENOENT;
   rep.peer_qpn = dest;
   rep.peer_recv_cq = srq->second.cq;
   rep.qp_segment_size = tgt->second.map.size();
@@ -75,7 +114,7 @@ int Registry::connect_xrc(uint32_t client, const Qp& my_qp, const proto::Connect
   rep.srq_handle = req.srqn;
   rep.pd = srq->second.pd;
   rep.has_channel = 0;
-  if (auto ch = channels_.find(cq->second.channel); ch != channels_.end()) {
+  if (auto ch = cq_.channels().find(cq->second.channel); ch != cq_.channels().end()) {
     out_fds.push_back(ch->second.wake.get());
     rep.has_channel = 1;
   }
