@@ -13,12 +13,15 @@
 // holder destroys them or when the holder's connection closes.
 //
 // The objects are kept in typed tables (objects.h: handle, owning context,
-// references, destroy order); this class keeps the clients, the contexts
-// and the tables. Its functions are defined by object type: registry.cc
-// (clients, contexts, references, a context's release), pd.cc (PDs,
-// backings), mr.cc (MRs, windows, keys), cq.cc (CQs, channels), qp.cc,
-// srq.cc, xrc.cc, sharing.cc (import, named regions, the namespace),
-// mediate.cc (operations between users).
+// references, destroy order). This class is the composition root: it keeps
+// the clients, the contexts, the quotas and the device tables, resolves
+// and destroys by type, and holds one class per object type that owns
+// that type's table and carries out its verbs (dm.h, xrc.h, srq.h, cq.h),
+// which reaches it through ObjectHost (object_host.h). Its own functions:
+// registry.cc (clients, contexts, references, a context's release), pd.cc
+// (PDs, backings), mr.cc (MRs, windows, keys), qp.cc and qp_reach.cc (QPs,
+// what they reach, XRC QPs), sharing.cc (import, named regions, the
+// namespace), registry_mediation.cc (the tables as mediation sees them).
 #pragma once
 
 #include <sys/types.h>
