@@ -181,7 +181,7 @@ SV_HANDLER(Netns) {
   return NetnsId{req.dev, req.ino} == mine ? 0 : EXDEV;
 }
 SV_HANDLER(Accounts) {
-  env.registry.accounts(rep);
+  env.registry.mr().accounts(rep);
   return 0;
 }
 
@@ -195,36 +195,36 @@ SV_HANDLER(QueryPd) {
 SV_HANDLER(RegBacking) { return env.registry.reg_backing(env.client, std::move(env.in_fds[0]), rep.handle); }
 SV_HANDLER(RegMr) {
   (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
-  return env.registry.reg_mr(env.client, obj.get<1>(), req, rep);
+  return env.registry.mr().reg(env.client, obj.get<1>(), req, rep);
 }
 SV_HANDLER(RegOdpMr) {
   (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
-  return env.registry.reg_odp_mr(env.client, req, rep);
+  return env.registry.mr().reg_odp(env.client, req, rep);
 }
 SV_HANDLER(ReregMr) {
   (void)obj.optional<1>();  // a new PD: the caller's (the MR records req.pd)
-  return env.registry.rereg_mr(env.client, obj.get<0>(), obj.optional<2>(), req, rep);
+  return env.registry.mr().rereg(env.client, obj.get<0>(), obj.optional<2>(), req, rep);
 }
 SV_DESTROY_HANDLER(DeregMr)
 SV_HANDLER(QueryMr) {
-  env.registry.query_mr(obj.id<0>(), obj.get<0>(), rep);
+  env.registry.mr().query(obj.id<0>(), obj.get<0>(), rep);
   return 0;
 }
-SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(GetMrBacking) { return env.registry.mr().get_backing(obj.get<0>(), rep, env.out_fds); }
 SV_HANDLER(RegShmid) {
   (void)obj.get<0>();  // the PD: the caller's (the registration that follows names it)
   return env.registry.reg_shmid(env.client, req, rep, env.out_fds);
 }
 SV_HANDLER(RegShared) {
   (void)obj.get<0>();  // the PD: the caller's (the new MR records req.pd)
-  return env.registry.reg_shared(env.client, obj.get<1>(), req, rep);
+  return env.registry.mr().reg_shared(env.client, obj.get<1>(), req, rep);
 }
-SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, obj.id<0>(), req, rep); }
+SV_HANDLER(AllocMw) { return env.registry.mr().alloc_mw(env.client, obj.id<0>(), req, rep); }
 SV_DESTROY_HANDLER(DeallocMw)
-SV_HANDLER(BindMw) { return env.registry.bind_mw(obj.get<0>(), obj.get<1>(), req, rep); }
+SV_HANDLER(BindMw) { return env.registry.mr().bind_mw(obj.get<0>(), obj.get<1>(), req, rep); }
 SV_HANDLER(InvalidateKey) {
   (void)obj.get<0>();  // the QP: the caller's (its PD and peer are checked against the key's window)
-  return env.registry.invalidate(env.client, req);
+  return env.registry.mr().invalidate(env.client, req);
 }
 SV_HANDLER(AllocDm) { return env.registry.dm().alloc(env.client, req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(FreeDm)

@@ -278,7 +278,7 @@ class CommandHandles : public Commands {
         req.pd = pd();
         req.type = IBV_MW_TYPE_1;
         proto::KeyReply rep{};
-        EXPECT_EQ(0, reg().alloc_mw(client, req.pd, req, rep));
+        EXPECT_EQ(0, reg().mr().alloc_mw(client, req.pd, req, rep));
         return rep.handle;
       }
       case proto::kObjChannel: {
@@ -438,7 +438,7 @@ TEST_F(CommandHandles, DeclaredKeyRules) {
   proto::RegMrReply theirs{};
   auto* b = static_cast<Backing*>(reg().resolve(ObjKind::kBacking, other, req.backing));
   ASSERT_NE(nullptr, b);
-  ASSERT_EQ(0, reg().reg_mr(other, *b, req, theirs));
+  ASSERT_EQ(0, reg().mr().reg(other, *b, req, theirs));
   get.key = theirs.key;
   EXPECT_EQ(EACCES, send(proto::Op::GetMrBacking, get).h.status);  // its PD is not reached
 

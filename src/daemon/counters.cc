@@ -93,7 +93,7 @@ int Registry::counters_page(uint32_t client, const proto::CountersReq& req, prot
     proto::CounterEntry& e = rep.entries[rep.count++];
     e.qpn = qpn;
     e.context = it->second.owner;
-    e.uid = uint32_t(ctx_uid(it->second.owner));
+    e.uid = uint32_t(context_uid(it->second.owner));
     e.pid = context_pid(it->second.owner);
     counters::Values qv{};
     qp_counters(it->second, qv);

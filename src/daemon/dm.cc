@@ -118,7 +118,7 @@ int DeviceMemory::reg_mr(uint32_t client, uint32_t pd, const Dm& dm, const proto
   r.length = req.length;
   r.iova = 0;
   r.access = req.access;
-  return host_.install_mr(client, r, false, req.dm, rep);
+  return mrs_.install(client, r, false, req.dm, rep);
 }
 
 }  // namespace sv::daemon

@@ -1,5 +1,6 @@
 // dm.h: device memory (ibv_alloc_dm(3), ibv_reg_dm_mr, ibv_import_dm): the
-// DM table and the bytes each user holds, and the DM verbs (dm.cc). The
+// DM table and the bytes each user holds, and the DM verbs (dm.cc); an MR
+// over device memory is made by MemoryRegions (mr.h). The
 // registry composes it and reaches the table for resolve, destroy and a
 // context's release; it reaches the registry through ObjectHost.
 //
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/protocol.h"
+#include "daemon/mr.h"
 #include "daemon/object_host.h"
 #include "daemon/objects.h"
 
@@ -20,7 +22,8 @@ namespace sv::daemon {
 
 class DeviceMemory {
  public:
-  explicit DeviceMemory(ObjectHost& host) : host_(host) {}
+  // `mrs`: where an MR over device memory is made.
+  DeviceMemory(ObjectHost& host, MemoryRegions& mrs) : host_(host), mrs_(mrs) {}
 
   // ibv_alloc_dm(3): a DM of the client's context, its memfd in out_fds.
   int alloc(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
@@ -41,6 +44,7 @@ class DeviceMemory {
 
  private:
   ObjectHost& host_;
+  MemoryRegions& mrs_;
   ObjectTable<Dm> dms_;
   std::map<uid_t, uint64_t> bytes_;  // device memory per user (whole pages)
 };

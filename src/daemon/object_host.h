@@ -1,4 +1,4 @@
-// object_host.h: what an object type's class (dm.h, xrc.h, srq.h) reaches
+// object_host.h: what an object type's class (dm.h, xrc.h, srq.h, cq.h, mr.h) reaches
 // of the registry, which composes them: the caller's context and user, the
 // quotas, fresh handles, the references between objects and the end of an
 // object (objects.h), and the few verbs of other types a type's verb uses.
@@ -18,19 +18,51 @@
 
 namespace sv::daemon {
 
+// What decides a client's locked-memory limit, read when its process
+// connected and confirmed through its pidfd (memlock_limit in identity.cc).
+struct ConnectIdentity {
+  bool known = false;     // read, and the process was alive throughout
+  bool ipc_lock = false;  // CAP_IPC_LOCK in the initial user namespace
+  uint64_t memlock = 0;   // RLIMIT_MEMLOCK (soft) in bytes
+  uid_t uids[4]{};        // real, effective, saved, filesystem
+  gid_t gids[4]{};
+};
+
+// A client's process as it connected (registry.cc): what a registration
+// records of its registrant and charges to it.
+struct ClientView {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  uint64_t identity = 0;  // pidfd_identity of its pidfd (common/odp_memory.h)
+  int pidfd = -1;
+  const ConnectIdentity* at_connect = nullptr;
+};
+
 class ObjectHost {
  public:
   // The context a connection works in (0: none), and whether a context is open.
   virtual uint32_t context_of(uint32_t client) const = 0;
   virtual bool context_open(uint32_t context) const = 0;
-  // The user of a client's process (uid_t(-1) if unknown).
+  // The user of a client's process (uid_t(-1) if unknown), of a context
+  // (uid_t(-1) if none), and the client's process.
   virtual uid_t client_uid(uint32_t client) const = 0;
+  virtual uid_t context_uid(uint32_t context) const = 0;
+  virtual ClientView client_view(uint32_t client) = 0;
+  // The client's pinned address space for on-demand paging (registry.cc),
+  // opened at its first ODP registration: 0, or EOPNOTSUPP (no pidfd), the
+  // quota's errno, ESRCH or EACCES.
+  virtual int open_odp_memory(uint32_t client) = 0;
   virtual Quotas& quotas() = 0;
   // The handle the next object gets, and taking it.
   virtual uint32_t next_handle() const = 0;
   virtual uint32_t take_handle() = 0;
-  // Takes the references an object declares (held()), as it is made.
+  // Takes the references an object declares (held()), as it is made, and
+  // drops them (a reference's last drop may free what lives only while
+  // referenced: a region's backing, an XRC domain).
   virtual void hold(const Held& refs) = 0;
+  virtual void hold(Ref r) = 0;
+  virtual void drop(const Held& refs) = 0;
+  virtual void drop(Ref r) = 0;
   // The end of an object once its type's cleanup is done: its quota charge
   // released, its entry erased, the references it held dropped.
   virtual void forget(ObjKind kind, uint32_t handle) = 0;
@@ -43,10 +75,8 @@ class ObjectHost {
   // Backings (pd.cc): a new one, charged to `uid` (its handle), and one by id.
   virtual uint32_t add_backing(Backing&& b, uid_t uid) = 0;
   virtual const Backing* backing(uint32_t id) const = 0;
-  // MRs (mr.cc): makes the MR `req` describes, checked; `charge`: count its
-  // pages as the registrant's locked memory; `dm`: the DM it is over.
-  virtual int install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm,
-                         proto::RegMrReply& rep) = 0;
+  // QPs (qp.cc): whether QP `qpn` exists.
+  virtual bool has_qp(uint32_t qpn) const = 0;
 
  protected:
   ~ObjectHost() = default;

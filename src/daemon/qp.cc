@@ -130,7 +130,7 @@ int Registry::create_qp(uint32_t client, const QpObjects& o, const proto::Create
   const uint32_t xrcd = o.xrcd ? o.xrcd->xrcd : 0;
   uint32_t slot = alloc_qp_slot();
   if (!slot) return ENOMEM;
-  if (int err = tables_.claim_qp(slot, ctx_uid(ctx(client)))) return err;
+  if (int err = tables_.claim_qp(slot, context_uid(ctx(client)))) return err;
   uint32_t qpn = ((uint32_t(++qp_gen_[slot]) << 16) | slot) & 0xffffff;
 
   // At least two slots: a one-slot ring (Vyukov's sequence scheme) takes a
@@ -138,7 +138,7 @@ int Registry::create_qp(uint32_t client, const QpObjects& o, const proto::Create
   QpLayout layout{round_up_pow2(std::max(req.max_send_wr, 2u)), recv_ring_capacity(req.max_recv_wr)};
   Qp qp;
   qp.owner = ctx(client);
-  qp.uid = uint32_t(ctx_uid(qp.owner));
+  qp.uid = uint32_t(context_uid(qp.owner));
   qp.type = ibv_qp_type(req.qp_type);
   qp.slot = slot;
   if (int e = make_qp_segment(qpn, layout, qp.fd, qp.map)) return e;

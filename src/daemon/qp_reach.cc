@@ -49,6 +49,52 @@ void Registry::qps_error_on_cq(uint32_t context, uint32_t cq) {
   }
 }
 
+// The MR a key names for the client: its own MR by its own key, or (`reach`)
+// the MR of an MR's or a bound window's key that the client's QPs reach.
+int Registry::mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out) {
+  out = nullptr;
+  const MrEntry* e = mr_.entry(key);
+  if (!e) return EINVAL;
+  if (!reach) {  // the caller's own MR, by its own key
+    Mr* mr = mr_.table().get(key >> 8);
+    if (e->kind != kKindMr || !mr || mr->owner != ctx(client)) return EINVAL;
+    out = mr;
+    return 0;
+  }
+  uint32_t mr_slot = key >> 8;
+  const ObjectTable<Mw>& windows = mr_.windows();
+  if (auto w = windows.find(mr_slot); w != windows.end()) mr_slot = w->second.bound_mr;  // a window: its MR
+  auto mr = mr_.table().find(mr_slot);
+  if (mr == mr_.table().end()) return EINVAL;
+  if (!same_user(client, mr->second.owner)) return EACCES;
+  // A key grants access only to a process that owns the MR's PD, or that
+  // holds a QP connected to a QP of that PD.
+  const Pd* pd = pds_.get(mr->second.pd);
+  bool allowed = pd && pd->owner == ctx(client);
+  bool has_ud = false;
+  for (uint32_t qpn : qps_.of(ctx(client))) {
+    if (allowed) break;
+    has_ud |= qps_.at(qpn).type == IBV_QPT_UD;
+    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
+    if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
+  }
+  // The QPs and SRQs of a PD are of the PD's context: only those are looked at.
+  const uint32_t pd_owner = pd ? pd->owner : 0;
+  // A UD sender scatters into receive buffers of any UD QP of that PD.
+  for (uint32_t qpn : pd && has_ud ? qps_.of(pd_owner) : std::vector<uint32_t>{}) {
+    const Qp& q = qps_.at(qpn);
+    if (!allowed && q.type == IBV_QPT_UD && q.pd == mr->second.pd) allowed = true;
+  }
+  // An XRC sender, into buffers posted to an XRC SRQ of that PD it reaches.
+  for (uint32_t h : pd ? srq_.table().of(pd_owner) : std::vector<uint32_t>{}) {
+    const Srq& s = srq_.table().at(h);
+    if (!allowed && s.pd == mr->second.pd && xrc_reaches_srq(ctx(client), s)) allowed = true;
+  }
+  if (!allowed) return EACCES;
+  out = &mr->second;
+  return 0;
+}
+
 // Whether one of the context's XRC_SEND QPs is connected to a target QP of
 // the SRQ's domain, i.e. may deliver into that SRQ.
 bool Registry::xrc_reaches_srq(uint32_t context, const Srq& srq) {

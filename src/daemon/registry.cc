@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "common/trace.h"
@@ -19,7 +21,7 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-Registry::Registry() : mr_key_byte_(kMrTableSize, 0), qp_gen_(kQpTableSize, 0) {}
+Registry::Registry() : qp_gen_(kQpTableSize, 0) {}
 
 int Registry::init() {
   std::random_device rd;
@@ -48,14 +50,14 @@ int Registry::device_fd(uint32_t client, int& fd) {
   return fd < 0 ? err : 0;
 }
 
-uid_t Registry::ctx_uid(uint32_t context) const {
+uid_t Registry::context_uid(uint32_t context) const {
   auto it = contexts_.find(context);
   return it == contexts_.end() ? uid_t(-1) : it->second.uid;
 }
 
 bool Registry::same_tables(uint32_t client, uint32_t owner) const {
   auto c = clients_.find(client);
-  return c != clients_.end() && ctx_uid(owner) == c->second.uid && ctx_uid(c->second.ctx) == c->second.uid;
+  return c != clients_.end() && context_uid(owner) == c->second.uid && context_uid(c->second.ctx) == c->second.uid;
 }
 
 uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid, Fd pidfd) {
@@ -142,15 +144,16 @@ void Registry::remove_client(uint32_t client) {
 // the context-owned kinds are numbered in destroy order). A null `collect`
 // means the objects the context owns; a null `cleanup`, forget() alone.
 const Registry::TypeOps Registry::kTypeOps[] = {
-    {ObjKind::kQp, &Registry::qps_to_release, &Registry::before_release_qps,
+    {ObjKind::kQp, &Registry::qps_to_release,
+     [](Registry& r, uint32_t ctx, const std::vector<uint32_t>& qpns) { r.before_release_qps(ctx, qpns); },
      [](Registry& r, uint32_t qpn) { r.release_qp(qpn); }, &Registry::fail_peers_of,
      [](Registry& r, uint32_t ctx, uint32_t qpn) { return r.destroy_qp_handle(ctx, qpn); }},
     {ObjKind::kSrq, nullptr, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kXrcdHandle, nullptr, nullptr, [](Registry& r, uint32_t h) { r.xrc_.release(h); }, nullptr,
      [](Registry& r, uint32_t, uint32_t h) { return r.xrc_.close(h); }},
-    {ObjKind::kMw, nullptr, nullptr, [](Registry& r, uint32_t slot) { r.release_mw(slot); }, nullptr, nullptr},
-    {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, [](Registry& r, uint32_t slot) { r.release_mr(slot); },
-     nullptr, nullptr},
+    {ObjKind::kMw, nullptr, nullptr, [](Registry& r, uint32_t slot) { r.mr_.release_mw(slot); }, nullptr, nullptr},
+    {ObjKind::kMr, nullptr, [](Registry& r, uint32_t, const std::vector<uint32_t>& mrs) { r.mr_.unbind_windows_of(mrs); },
+     [](Registry& r, uint32_t slot) { r.mr_.release(slot); }, nullptr, nullptr},
     {ObjKind::kDm, nullptr, nullptr, [](Registry& r, uint32_t h) { r.dm_.release(h); }, nullptr, nullptr},
     {ObjKind::kCq, nullptr, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kChannel, nullptr, nullptr, nullptr, nullptr, nullptr},
@@ -164,8 +167,8 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
     case ObjKind::kQp: return f(qps_);
     case ObjKind::kSrq: return f(srq_.table());
     case ObjKind::kXrcdHandle: return f(xrc_.handles());
-    case ObjKind::kMw: return f(mws_);
-    case ObjKind::kMr: return f(mrs_);
+    case ObjKind::kMw: return f(mr_.windows());
+    case ObjKind::kMr: return f(mr_.table());
     case ObjKind::kDm: return f(dm_.table());
     case ObjKind::kCq: return f(cq_.table());
     case ObjKind::kChannel: return f(cq_.channels());
@@ -280,7 +283,7 @@ void Registry::release_context(uint32_t owner) {
     const TypeOps& t = kTypeOps[size_t(type.kind)];
     std::vector<uint32_t> ids =
         t.collect ? (this->*t.collect)(owner) : with_table(t.kind, [&](auto& table) { return table.of(owner); });
-    if (t.before) (this->*t.before)(owner, ids);
+    if (t.before) t.before(*this, owner, ids);
     for (uint32_t id : ids) {
       if (t.cleanup) {
         t.cleanup(*this, id);
@@ -292,20 +295,55 @@ void Registry::release_context(uint32_t owner) {
   }
 }
 
-void Registry::accounts(proto::AccountsReply& rep) const {
-  rep.count = 0;
-  rep.others_bytes = 0;
-  for (auto& [pid, a] : accounts_) {
-    if (rep.count < proto::kMaxAccounts) {
-      rep.entries[rep.count++] = {uint32_t(pid), uint32_t(a.uid), a.locked_bytes, a.limit_bytes};
-    } else {
-      rep.others_bytes += a.locked_bytes;
+// The registrant of ODP MRs exited (its pidfd, which the server watches
+// once the client registered one, became readable) or left (`left`: its
+// connection closed: exit, exec, ibv_close_device): its ODP MRs go now,
+// whoever else holds the context, so that no key reaches a later process
+// that reuses the pid, nor the program an exec put in its place. A client
+// whose process is alive and connected is left alone.
+void Registry::odp_owner_gone(uint32_t client, bool left) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  const Client& c = it->second;
+  if (!left && c.pidfd.valid() && pidfd_alive(c.pidfd.get())) return;
+  mr_.registrant_gone(ctx(client), c.pid);
+}
+
+int Registry::client_pidfd(uint32_t client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() ? -1 : it->second.pidfd.get();
+}
+
+// The registrant as a registration records it; a client not there is made
+// (as a registration of one always did: never reached, the command layer
+// serves connected clients only).
+ClientView Registry::client_view(uint32_t client) {
+  const Client& c = clients_[client];
+  return {c.pid, c.uid, c.identity, c.pidfd.get(), &c.at_connect};
+}
+
+// An ODP MR dies with its process: without a pidfd (Linux 5.3) the daemon
+// could not tell when (odp_owner_gone). Every copy of its memory goes
+// through its pinned address space, opened once (the process behind the
+// pidfd held since connect). Its four descriptors (/proc/PID/mem, maps and
+// pagemap, a pidfd) are charged to the user while the client lasts.
+int Registry::open_odp_memory(uint32_t client) {
+  auto c = clients_.find(client);
+  if (c == clients_.end() || !c->second.pidfd.valid()) return EOPNOTSUPP;
+  if (!c->second.odp_memory) {
+    if (int e = quotas_.admit_fds(c->second.uid, 4)) return e;
+    if (int e = OdpMemory::open(c->second.pid, c->second.pidfd.get(), c->second.odp_memory)) {
+      std::fprintf(stderr, "softverbsd: the address space of process %d cannot be opened for on-demand paging: %s\n",
+                   int(c->second.pid), std::strerror(e));
+      return e == ESRCH ? ESRCH : EACCES;
     }
+    quotas_.charge_fds(Quotas::fd_key(client, Quotas::kOdpFds), c->second.uid, 4);
   }
+  return 0;
 }
 
 Counts Registry::counts() const {
-  return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mrs_.size()),
+  return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mr_.table().size()),
           uint32_t(cq_.table().size()),     uint32_t(qps_.size()),      uint32_t(cq_.channels().size()),
           uint32_t(backings_.size())};
 }

@@ -43,6 +43,7 @@
 #include "common/sys.h"
 #include "daemon/device_tables.h"
 #include "daemon/dm.h"
+#include "daemon/mr.h"
 #include "daemon/mediation.h"
 #include "daemon/name_space.h"
 #include "daemon/object_host.h"
@@ -54,16 +55,6 @@
 #include "daemon/xrc.h"
 
 namespace sv::daemon {
-
-// What decides a client's locked-memory limit, read when its process
-// connected and confirmed through its pidfd (memlock_limit in identity.cc).
-struct ConnectIdentity {
-  bool known = false;     // read, and the process was alive throughout
-  bool ipc_lock = false;  // CAP_IPC_LOCK in the initial user namespace
-  uint64_t memlock = 0;   // RLIMIT_MEMLOCK (soft) in bytes
-  uid_t uids[4]{};        // real, effective, saved, filesystem
-  gid_t gids[4]{};
-};
 
 struct Counts {
   uint32_t clients, pds, mrs, cqs, qps, channels, backings;
@@ -115,13 +106,9 @@ class Registry : private MediationTables, private ObjectHost {
   // inode) claimed by a client of the same user as the context (EPERM for
   // any other user, root included).
   int import_context(uint32_t client, Fd fd);
-  // ibv_query_mr: what MR `handle` (resolved by the command layer) covers.
-  void query_mr(uint32_t handle, const daemon::Mr& mr, proto::QueryMrReply& rep) const;
   // A region by id, and a registration of an MR's pages (by key): req.pd is
   // the client's (resolved by the command layer).
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
-  // `mr`: the client's MR of key req.key (resolved by the command layer).
-  int reg_shared(uint32_t client, const daemon::Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep);
   // The namespace (name_space.h). Publishing needs the object in the
   // caller's context; opening attaches the caller's fresh connection to the
   // object's context, as ibv_import_device does, after the mode check.
@@ -158,19 +145,11 @@ class Registry : private MediationTables, private ObjectHost {
   // receives borrowed descriptors to send with the reply.
   int alloc_pd(uint32_t client, uint32_t& pd);
   int reg_backing(uint32_t client, Fd fd, uint32_t& id);
-  // The registrations: `b` is backing req.backing (the client's).
-  int reg_mr(uint32_t client, const daemon::Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep);
-  // An on-demand-paging MR (IBV_ACCESS_ON_DEMAND): over the registrant's
-  // address space as it is at each access; no backing, no charge.
-  int reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
   // The client's process exited (or, `left`, its connection closed): its
-  // ODP MRs are deregistered (mr.cc).
+  // ODP MRs are deregistered (MemoryRegions::registrant_gone).
   void odp_owner_gone(uint32_t client, bool left = false);
   // The pidfd of the client's process (-1 if none).
   int client_pidfd(uint32_t client) const;
-  // `backing`: the new one of a move (null: none named).
-  int rereg_mr(uint32_t client, daemon::Mr& mr, const daemon::Backing* backing, const proto::ReregMrReq& req,
-               proto::RegMrReply& rep);
   int connect_xrc(uint32_t client, const daemon::Qp& qp, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
                   std::vector<int>& out_fds);
   // XRC target QP req.qpn, in the domain of the client's handle `xrcd`.
@@ -192,9 +171,6 @@ class Registry : private MediationTables, private ObjectHost {
                    std::vector<int>& out_fds);
   int connect_ud(uint32_t client, const daemon::Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
                  std::vector<int>& out_fds);
-  // The backing of MR `mr`, which the key of the request reaches (resolved
-  // by the command layer, HandleRule::kReachableKey).
-  int get_mr_backing(const daemon::Mr& mr, proto::GetMrBackingReply& rep, std::vector<int>& out_fds);
   // The requester QP `qpn` (the client's) reports a responder error.
   int peer_error(uint32_t qpn, uint32_t wc_status);
   // Operations towards a peer of another user: the registry's Mediation
@@ -232,20 +208,12 @@ class Registry : private MediationTables, private ObjectHost {
   uint32_t mr_odp_owner(uint32_t client, uint32_t handle) const;
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
-  int alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep);
-  // Window `mw` (req.mw) through QP `qp` (req.qpn), both the client's.
-  int bind_mw(daemon::Mw& mw, const daemon::Qp& qp, const proto::BindMwReq& req, proto::KeyReply& rep);
-  // QP req.qpn is the client's (resolved by the command layer, or checked by
-  // invalidate_remote); the key names the window.
-  int invalidate(uint32_t client, const proto::InvalidateReq& req);
   // The object types' classes, which own their tables (object_host.h).
+  MemoryRegions& mr() { return mr_; }
   DeviceMemory& dm() { return dm_; }
   XrcDomains& xrc() { return xrc_; }
   SharedReceiveQueues& srq() { return srq_; }
   CompletionQueues& cq() { return cq_; }
-
-  // Locked-memory accounts (pid -> charge), for `softverbs status`.
-  void accounts(proto::AccountsReply& rep) const;
 
   int reg_async(uint32_t client, Fd wake);
   // Async events waiting to be sent: (client, event type, element). The
@@ -280,7 +248,7 @@ class Registry : private MediationTables, private ObjectHost {
   }
   // Read access for tests.
   const shm::QpEntry* qp_entry(uint32_t qpn) const;
-  const shm::MrEntry* mr_entry(uint32_t key) const;
+  const shm::MrEntry* mr_entry(uint32_t key) const { return mr_.entry(key); }
 
   // The clients (processes) of a context, from the registry's index.
   std::vector<uint32_t> clients_of(uint32_t context) const;
@@ -332,7 +300,7 @@ class Registry : private MediationTables, private ObjectHost {
   bool same_user(uint32_t client, uint32_t owner) const;
   uint32_t ctx(uint32_t client) const;
   // The user of a context (uid_t(-1) if none).
-  uid_t ctx_uid(uint32_t context) const;
+  uid_t context_uid(uint32_t context) const override;
   // Are the client's user and the context's user the same, so that their
   // objects' entries are in one device segment? (Strictly equal uids.)
   bool same_tables(uint32_t client, uint32_t owner) const;
@@ -349,7 +317,7 @@ class Registry : private MediationTables, private ObjectHost {
   struct TypeOps {
     ObjKind kind;
     std::vector<uint32_t> (Registry::*collect)(uint32_t ctx);
-    void (Registry::*before)(uint32_t ctx, const std::vector<uint32_t>& ids);
+    void (*before)(Registry& r, uint32_t ctx, const std::vector<uint32_t>& ids);
     // The cleanup and the destroy reach the type's class, where it has one.
     void (*cleanup)(Registry& r, uint32_t handle);
     void (Registry::*after)(const std::vector<uint32_t>& ids);
@@ -367,9 +335,9 @@ class Registry : private MediationTables, private ObjectHost {
   // References move only through here: the ones an object declares
   // (held()) are taken when it is made and dropped when it goes.
   void hold(const Held& refs) override;
-  void hold(Ref r);
-  void drop(const Held& refs);
-  void drop(Ref r);
+  void hold(Ref r) override;
+  void drop(const Held& refs) override;
+  void drop(Ref r) override;
   // The end of every object of a context-owned kind, once its type's own
   // cleanup revoked what it published: its quota charge released, its
   // entry erased, then the references it held dropped.
@@ -381,6 +349,9 @@ class Registry : private MediationTables, private ObjectHost {
   uint32_t take_handle() override { return next_handle_++; }
   void context_event(uint32_t context, uint32_t type, uint32_t element) override;
   void qps_error_on_cq(uint32_t context, uint32_t cq) override;
+  ClientView client_view(uint32_t client) override;
+  int open_odp_memory(uint32_t client) override;
+  bool has_qp(uint32_t qpn) const override { return qps_.count(qpn) != 0; }
   uint32_t add_backing(Backing&& b, uid_t uid) override;
   const Backing* backing(uint32_t id) const override {
     auto it = backings_.find(id);
@@ -389,27 +360,6 @@ class Registry : private MediationTables, private ObjectHost {
 
   // ---- PD and backings (pd.cc) ----
   void drop_backing(uint32_t id);
-
-  // ---- MRs, windows and keys (mr.cc) ----
-  uint32_t alloc_key_slot();
-  void unbind_mw(uint32_t slot, Mw& mw);
-  void release_mr(uint32_t handle);
-  void release_mw(uint32_t slot);
-  // Windows of other contexts bound to the MRs about to go die with them.
-  void unbind_windows_of(uint32_t ctx, const std::vector<uint32_t>& mrs);
-  struct Account {
-    uid_t uid;
-    uint64_t locked_bytes = 0;
-    uint64_t limit_bytes = 0;
-  };
-  int charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit, uint64_t& bytes);
-  void uncharge_memlock(pid_t pid, uint64_t bytes);
-  int check_mr(const Backing& b, const proto::RegMrReq& req);
-  // Makes the MR `req` describes (checked); `charge`: count its pages as
-  // the registrant's locked memory (not for device memory).
-  int install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm,
-                 proto::RegMrReply& rep) override;
-  void fill_mr_entry(shm::MrEntry& e, const proto::RegMrReq& req, uint32_t client);
 
   // ---- What a client's QPs reach (qp_reach.cc) ----
   bool may_complete_into(uint32_t client, uint32_t cq);
@@ -500,9 +450,6 @@ class Registry : private MediationTables, private ObjectHost {
   // RTS, SQD or SQE) when their last holder went: before_release_qps notes
   // them, fail_peers_of fails their peers and forgets them.
   std::set<uint32_t> died_connected_;
-  // (MR slot, window slot) of every bound window: the windows of the MRs a
-  // context's release frees without a walk over every window.
-  std::set<std::pair<uint32_t, uint32_t>> mw_bound_;
   // (context, QPN), once per handle a context holds of an XRC target QP.
   std::multiset<std::pair<uint32_t, uint32_t>> xrc_handles_;
   std::map<uint32_t, Fd> async_fds_;  // by client
@@ -514,23 +461,19 @@ class Registry : private MediationTables, private ObjectHost {
   std::vector<uint32_t> contexts_of_user(uid_t uid) const;
   ObjectTable<Pd> pds_;
   ObjectTable<Backing> backings_;
-  ObjectTable<Mr> mrs_;        // by slot in the MR table
-  ObjectTable<Mw> mws_;        // by slot in the MR table
-  DeviceMemory dm_{*this};  // the DM table (dm.h)
+  MemoryRegions mr_{*this, tables_};  // MRs, windows, keys, locked-memory accounts (mr.h)
+  DeviceMemory dm_{*this, mr_};       // the DM table (dm.h)
   CompletionQueues cq_{*this};  // the CQ and channel tables, CQ grants (cq.h)
   SharedReceiveQueues srq_{*this};  // the SRQ table (srq.h)
   ObjectTable<Qp> qps_;        // by qpn
   XrcDomains xrc_{*this};  // XRC domains and their handles (xrc.h)
   std::map<RegionKey, Region> regions_;
   NameSpace ns_;
-  std::map<pid_t, Account> accounts_;
   std::vector<PendingEvent> events_;
   Quotas quotas_;
   CmPorts cm_ports_{quotas_};  // rdma_cm ports (system daemon)
 
-  std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
   std::vector<uint8_t> qp_gen_;       // per QP slot: generation
-  uint32_t next_mr_slot_ = 1;
   uint32_t next_qp_slot_ = 2;  // QPN 0 and 1 are the special QPs
 };
 

@@ -30,7 +30,7 @@ bool Registry::responder_qp(uint32_t qpn, QpView& out) {
 }
 
 uint32_t Registry::mr_backing(uint32_t client, uint32_t handle) const {
-  const Mr* m = mrs_.owned(handle, ctx(client));
+  const Mr* m = mr_.table().owned(handle, ctx(client));
   return m ? m->backing : 0;
 }
 
@@ -62,7 +62,7 @@ int Registry::odp_lock(uid_t uid, Fd& out) {
 }
 
 uint32_t Registry::mr_odp_owner(uint32_t client, uint32_t handle) const {
-  const Mr* m = mrs_.owned(handle, ctx(client));
+  const Mr* m = mr_.table().owned(handle, ctx(client));
   if (!m) return 0;
   const MrEntry& e = tables_.mr_at(handle);
   return e.backing == kOdpBacking ? e.owner_pid : 0;
@@ -114,7 +114,7 @@ int Registry::invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) {
   r.qpn = qpn;
   r.remote = 1;
   if (!find_qp(client, qpn)) return EINVAL;
-  return invalidate(client, r);
+  return mr_.invalidate(client, r);
 }
 
 // ---- Pipelined requests (Op::MediatePost) -----------------------------------

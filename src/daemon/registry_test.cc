@@ -335,7 +335,7 @@ TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   alloc.pd = p;
   alloc.type = IBV_MW_TYPE_1;
   proto::KeyReply w{};
-  ASSERT_EQ(reg.alloc_mw(a, alloc.pd, alloc, w), 0);
+  ASSERT_EQ(reg.mr().alloc_mw(a, alloc.pd, alloc, w), 0);
   proto::BindMwReq bind{};
   bind.mw = w.handle;
   bind.qpn = q;
@@ -547,7 +547,7 @@ TEST_F(RegistryContext, ReleasingAContextFreesEverything) {
   alloc.pd = p;
   alloc.type = IBV_MW_TYPE_1;
   proto::KeyReply w{};
-  ASSERT_EQ(reg.alloc_mw(a, alloc.pd, alloc, w), 0);
+  ASSERT_EQ(reg.mr().alloc_mw(a, alloc.pd, alloc, w), 0);
   proto::BindMwReq bind{};
   bind.mw = w.handle;
   bind.qpn = ud;

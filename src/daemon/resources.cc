@@ -74,7 +74,7 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
   const std::vector<uint32_t> mine = contexts_of_user(me);
   const std::vector<uint32_t>* may_see = me == 0 ? nullptr : &mine;  // root: every user's
   auto who = [&](const Object& o, proto::ResEntry& e) {
-    e.uid = uint32_t(ctx_uid(o.owner));
+    e.uid = uint32_t(context_uid(o.owner));
     e.pid = context_pid(o.owner);
   };
   switch (req.kind) {
@@ -97,12 +97,12 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
       });
       return 0;
     case proto::kResMr:
-      page_of(mrs_, may_see, req.after, rep, [&](uint32_t, const Mr& m, proto::ResEntry& e) {
+      page_of(mr_.table(), may_see, req.after, rep, [&](uint32_t, const Mr& m, proto::ResEntry& e) {
         who(m, e);
         if (m.charged_pid) e.pid = uint32_t(m.charged_pid);
         e.a = m.key;
         e.b = m.pd;
-        if (const shm::MrEntry* me_ = mr_entry(m.key)) {
+        if (const shm::MrEntry* me_ = mr_.entry(m.key)) {
           e.length = me_->length;
           e.iova = me_->iova;
         }

@@ -168,7 +168,7 @@ Credentials Registry::credentials(uint32_t client) const {
 bool Registry::ns_alive(const NsEntry& e) const {
   switch (e.kind) {
     case proto::kNsPd: return pds_.owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsMr: return mrs_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsMr: return mr_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsCq: return cq_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsQp: return qps_.owned(e.handle, e.ctx) != nullptr;
     case proto::kNsSrq: return srq_.table().owned(e.handle, e.ctx) != nullptr;
