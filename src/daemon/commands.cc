@@ -344,11 +344,11 @@ SV_HANDLER(ConnectXrc) { return env.registry.connect_xrc(env.client, obj.get<0>(
 SV_HANDLER(OpenQp) { return env.registry.open_qp(env.client, obj.get<0>(), req, rep, env.out_fds); }
 
 // ---- The namespace (docs/SHARING.md) --------------------------------------
-SV_HANDLER(NsPublish) { return env.registry.ns_publish(env.client, req); }
-SV_HANDLER(NsUnpublish) { return env.registry.ns_unpublish(env.client, req); }
-SV_HANDLER(NsOpen) { return env.registry.ns_open(env.client, req, rep); }
+SV_HANDLER(NsPublish) { return env.registry.names().publish(env.client, req); }
+SV_HANDLER(NsUnpublish) { return env.registry.names().unpublish(env.client, req); }
+SV_HANDLER(NsOpen) { return env.registry.names().open(env.client, req, rep); }
 SV_HANDLER(NsList) {
-  env.registry.ns_list(std::string(req.after, ::strnlen(req.after, sizeof(req.after))), rep);
+  env.registry.names().list(std::string(req.after, ::strnlen(req.after, sizeof(req.after))), rep);
   return 0;
 }
 SV_HANDLER(ResList) { return env.registry.res_list(env.client, req, rep); }

@@ -1,7 +1,8 @@
-// object_host.h: what an object type's class (dm.h, xrc.h, srq.h, cq.h, mr.h) reaches
-// of the registry, which composes them: the caller's context and user, the
-// quotas, fresh handles, the references between objects and the end of an
-// object (objects.h), and the few verbs of other types a type's verb uses.
+// object_host.h: what an object type's class (dm.h, xrc.h, srq.h, cq.h,
+// mr.h, names.h) reaches of the registry, which composes them: the caller's
+// context, user and process, the quotas, fresh handles, the references
+// between objects and the end of an object (objects.h), and the few verbs
+// of other types a type's verb uses.
 // The registry implements it; a type's class sees nothing else of it, as
 // the kernel's uverbs types reach the core only through its uobject calls.
 //
@@ -13,6 +14,7 @@
 #include <cstdint>
 
 #include "common/protocol.h"
+#include "daemon/name_space.h"
 #include "daemon/objects.h"
 #include "daemon/quota.h"
 
@@ -33,6 +35,8 @@ struct ConnectIdentity {
 struct ClientView {
   pid_t pid = 0;
   uid_t uid = 0;
+  gid_t gid = 0;
+  uint32_t ctx = 0;  // the context it works in
   uint64_t identity = 0;  // pidfd_identity of its pidfd (common/odp_memory.h)
   int pidfd = -1;
   const ConnectIdentity* at_connect = nullptr;
@@ -48,6 +52,18 @@ class ObjectHost {
   virtual uid_t client_uid(uint32_t client) const = 0;
   virtual uid_t context_uid(uint32_t context) const = 0;
   virtual ClientView client_view(uint32_t client) = 0;
+  // The same without making one: false for a client not there.
+  virtual bool find_client(uint32_t client, ClientView& out) const = 0;
+  // Its credentials with its supplementary groups, read now (name_space.h).
+  virtual Credentials credentials(uint32_t client) const = 0;
+  // May the client receive descriptors of context `owner`'s objects (the
+  // same user, root no exception)?
+  virtual bool same_user(uint32_t client, uint32_t owner) const = 0;
+  // Moves the client into context `target` (ibv_import_device, or opening
+  // a name): EBUSY if its own context already holds objects.
+  virtual int attach_client(uint32_t client, uint32_t target) = 0;
+  // Does the object a name's entry names exist in the entry's context?
+  virtual bool names_live_object(const NsEntry& e) const = 0;
   // The client's pinned address space for on-demand paging (registry.cc),
   // opened at its first ODP registration: 0, or EOPNOTSUPP (no pidfd), the
   // quota's errno, ESRCH or EACCES.

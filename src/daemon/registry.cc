@@ -319,7 +319,7 @@ int Registry::client_pidfd(uint32_t client) const {
 // serves connected clients only).
 ClientView Registry::client_view(uint32_t client) {
   const Client& c = clients_[client];
-  return {c.pid, c.uid, c.identity, c.pidfd.get(), &c.at_connect};
+  return {c.pid, c.uid, c.gid, c.ctx, c.identity, c.pidfd.get(), &c.at_connect};
 }
 
 // An ODP MR dies with its process: without a pidfd (Linux 5.3) the daemon

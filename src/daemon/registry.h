@@ -46,6 +46,7 @@
 #include "daemon/mr.h"
 #include "daemon/mediation.h"
 #include "daemon/name_space.h"
+#include "daemon/names.h"
 #include "daemon/object_host.h"
 #include "daemon/objects.h"
 #include "daemon/cm_ports.h"
@@ -109,13 +110,6 @@ class Registry : private MediationTables, private ObjectHost {
   // A region by id, and a registration of an MR's pages (by key): req.pd is
   // the client's (resolved by the command layer).
   int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
-  // The namespace (name_space.h). Publishing needs the object in the
-  // caller's context; opening attaches the caller's fresh connection to the
-  // object's context, as ibv_import_device does, after the mode check.
-  int ns_publish(uint32_t client, const proto::NsPublishReq& req);
-  int ns_unpublish(uint32_t client, const proto::NsNameReq& req);
-  int ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep);
-  void ns_list(const std::string& after, proto::NsListReply& rep);
   // The objects of one kind the client may see, from handle req.after on
   // (resources.cc): its own user's; every user's for root. EINVAL for an
   // unknown kind.
@@ -214,6 +208,7 @@ class Registry : private MediationTables, private ObjectHost {
   XrcDomains& xrc() { return xrc_; }
   SharedReceiveQueues& srq() { return srq_; }
   CompletionQueues& cq() { return cq_; }
+  Names& names() { return names_; }
 
   int reg_async(uint32_t client, Fd wake);
   // Async events waiting to be sent: (client, event type, element). The
@@ -297,7 +292,7 @@ class Registry : private MediationTables, private ObjectHost {
   // May `client` receive descriptors that map the memory or queues of
   // context `owner`? Only a process of the same user (or root): a backing
   // memfd maps a process's whole address space, more than any key grants.
-  bool same_user(uint32_t client, uint32_t owner) const;
+  bool same_user(uint32_t client, uint32_t owner) const override;
   uint32_t ctx(uint32_t client) const;
   // The user of a context (uid_t(-1) if none).
   uid_t context_uid(uint32_t context) const override;
@@ -389,10 +384,10 @@ class Registry : private MediationTables, private ObjectHost {
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
 
   // ---- Sharing: namespace, regions (sharing.cc) ----
-  Credentials credentials(uint32_t client) const;
-  bool ns_alive(const NsEntry& e) const;
-  bool ns_drop_if_dead(const std::string& name);
-  void ns_collect_owner(uid_t owner);
+  Credentials credentials(uint32_t client) const override;
+  bool names_live_object(const NsEntry& e) const override;
+  bool find_client(uint32_t client, ClientView& out) const override;
+  int attach_client(uint32_t client, uint32_t target) override;
 
   // The tables as mediation sees them (MediationTables, registry_mediation.cc).
   bool requester_qp(uint32_t client, uint32_t qpn, QpView& out) override;
@@ -468,7 +463,7 @@ class Registry : private MediationTables, private ObjectHost {
   ObjectTable<Qp> qps_;        // by qpn
   XrcDomains xrc_{*this};  // XRC domains and their handles (xrc.h)
   std::map<RegionKey, Region> regions_;
-  NameSpace ns_;
+  Names names_{*this, cq_};  // the namespace (names.h)
   std::vector<PendingEvent> events_;
   Quotas quotas_;
   CmPorts cm_ports_{quotas_};  // rdma_cm ports (system daemon)

@@ -181,13 +181,13 @@ class RegistryObjects : public ::testing::Test {
     pub.mode = 0600;
     pub.group = -1;
     std::strncpy(pub.name, name, sizeof(pub.name) - 1);
-    EXPECT_EQ(reg.ns_publish(a, pub), 0);
+    EXPECT_EQ(reg.names().publish(a, pub), 0);
     uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
     proto::NsNameReq open{};
     open.access = proto::kNsRead | proto::kNsWrite;
     std::strncpy(open.name, name, sizeof(open.name) - 1);
     proto::NsOpenReply rep{};
-    EXPECT_EQ(reg.ns_open(b, open, rep), 0);
+    EXPECT_EQ(reg.names().open(b, open, rep), 0);
     return b;
   }
 
