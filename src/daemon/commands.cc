@@ -255,9 +255,9 @@ SV_HANDLER(PollCq) { return env.registry.cq().poll_granted(obj.get<0>(), req, re
 SV_HANDLER(CreateQp) {
   // Its PD and CQs: the caller's, or none (an XRC target QP); the QP records them.
   (void)obj.optional<0>(), (void)obj.optional<1>(), (void)obj.optional<2>();
-  return env.registry.create_qp(env.client, {obj.optional<3>(), obj.optional<4>()}, req, rep, env.out_fds);
+  return env.registry.qp().create(env.client, {obj.optional<3>(), obj.optional<4>()}, req, rep, env.out_fds);
 }
-SV_HANDLER(ModifyQp) { return env.registry.modify_qp(obj.get<0>(), req); }
+SV_HANDLER(ModifyQp) { return env.registry.qp().modify(obj.get<0>(), req); }
 SV_DESTROY_HANDLER(DestroyQp)
 SV_HANDLER(ImportQp) {
   const Qp& qp = obj.get<0>();
@@ -272,9 +272,13 @@ SV_HANDLER(ImportQp) {
   env.out_fds.push_back(qp.fd.get());
   return 0;
 }
-SV_HANDLER(ConnectPeer) { return env.registry.connect_peer(env.client, obj.get<0>(), obj.id<0>(), rep, env.out_fds); }
-SV_HANDLER(ConnectUd) { return env.registry.connect_ud(env.client, obj.get<0>(), req.dest, rep, env.out_fds); }
-SV_HANDLER(PeerError) { return env.registry.peer_error(obj.id<0>(), req.wc_status); }
+SV_HANDLER(ConnectPeer) {
+  return env.registry.qp().connect_peer(env.client, obj.get<0>(), obj.id<0>(), rep, env.out_fds);
+}
+SV_HANDLER(ConnectUd) {
+  return env.registry.qp().connect_ud(env.client, obj.get<0>(), req.dest, rep, env.out_fds);
+}
+SV_HANDLER(PeerError) { return env.registry.qp().peer_error(obj.id<0>(), req.wc_status); }
 SV_HANDLER(Mediate) { return env.registry.mediate(env.client, obj.get<0>(), req, rep, env.deferred); }
 SV_HANDLER(MediatePost) {
   (void)rep;  // never sent (Server::serve)
@@ -290,8 +294,8 @@ SV_HANDLER(Wake) {
   return env.wake ? env.wake(env.out_fds) : EOPNOTSUPP;
 }
 SV_HANDLER(MediateGone) { return env.registry.mediate_gone(obj.get<0>(), req.client); }
-SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, obj.get<0>(), req); }
-SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(obj.get<0>(), req); }
+SV_HANDLER(AttachMcast) { return env.registry.qp().attach_mcast(env.client, obj.get<0>(), req); }
+SV_HANDLER(DetachMcast) { return env.registry.qp().detach_mcast(obj.get<0>(), req); }
 SV_HANDLER(RoceAttach) {
   (void)obj.get<0>();  // the QP: the caller's (the port keys its binding by req.qpn)
   // The connection's arrival socket pair, made at its first attach: two
@@ -340,8 +344,8 @@ SV_HANDLER(OpenXrcd) {
   return env.registry.xrc().open(env.client, req, std::move(fd), rep.handle);
 }
 SV_DESTROY_HANDLER(CloseXrcd)
-SV_HANDLER(ConnectXrc) { return env.registry.connect_xrc(env.client, obj.get<0>(), req, rep, env.out_fds); }
-SV_HANDLER(OpenQp) { return env.registry.open_qp(env.client, obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ConnectXrc) { return env.registry.qp().connect_xrc(env.client, obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(OpenQp) { return env.registry.qp().open_qp(env.client, obj.get<0>(), req, rep, env.out_fds); }
 
 // ---- The namespace (docs/SHARING.md) --------------------------------------
 SV_HANDLER(NsPublish) { return env.registry.names().publish(env.client, req); }

@@ -236,7 +236,7 @@ class CommandHandles : public Commands {
     req.max_send_sge = req.max_recv_sge = 1;
     proto::CreateQpReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(0, reg().create_qp(client, {}, req, rep, fds));
+    EXPECT_EQ(0, reg().qp().create(client, {}, req, rep, fds));
     return rep.qpn;
   }
   uint32_t mr() { return reg_mr().handle; }

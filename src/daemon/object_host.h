@@ -1,5 +1,5 @@
 // object_host.h: what an object type's class (dm.h, xrc.h, srq.h, cq.h,
-// mr.h, names.h) reaches of the registry, which composes them: the caller's
+// mr.h, qp.h, names.h) reaches of the registry, which composes them: the caller's
 // context, user and process, the quotas, fresh handles, the references
 // between objects and the end of an object (objects.h), and the few verbs
 // of other types a type's verb uses.
@@ -59,6 +59,9 @@ class ObjectHost {
   // May the client receive descriptors of context `owner`'s objects (the
   // same user, root no exception)?
   virtual bool same_user(uint32_t client, uint32_t owner) const = 0;
+  // Are the client's user and the context's user the same, so that their
+  // objects' entries are in one device segment? (Strictly equal uids.)
+  virtual bool same_tables(uint32_t client, uint32_t owner) const = 0;
   // Moves the client into context `target` (ibv_import_device, or opening
   // a name): EBUSY if its own context already holds objects.
   virtual int attach_client(uint32_t client, uint32_t target) = 0;
@@ -91,8 +94,10 @@ class ObjectHost {
   // Backings (pd.cc): a new one, charged to `uid` (its handle), and one by id.
   virtual uint32_t add_backing(Backing&& b, uid_t uid) = 0;
   virtual const Backing* backing(uint32_t id) const = 0;
-  // QPs (qp.cc): whether QP `qpn` exists.
+  // QPs: whether QP `qpn` exists; a QP going: its counts join its user's
+  // totals (counters.cc).
   virtual bool has_qp(uint32_t qpn) const = 0;
+  virtual void retire_counters(const Qp& q) = 0;
 
  protected:
   ~ObjectHost() = default;

@@ -21,7 +21,7 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-Registry::Registry() : qp_gen_(kQpTableSize, 0) {}
+Registry::Registry() = default;
 
 int Registry::init() {
   std::random_device rd;
@@ -144,10 +144,11 @@ void Registry::remove_client(uint32_t client) {
 // the context-owned kinds are numbered in destroy order). A null `collect`
 // means the objects the context owns; a null `cleanup`, forget() alone.
 const Registry::TypeOps Registry::kTypeOps[] = {
-    {ObjKind::kQp, &Registry::qps_to_release,
-     [](Registry& r, uint32_t ctx, const std::vector<uint32_t>& qpns) { r.before_release_qps(ctx, qpns); },
-     [](Registry& r, uint32_t qpn) { r.release_qp(qpn); }, &Registry::fail_peers_of,
-     [](Registry& r, uint32_t ctx, uint32_t qpn) { return r.destroy_qp_handle(ctx, qpn); }},
+    {ObjKind::kQp, [](Registry& r, uint32_t ctx) { return r.qp_.to_release(ctx); },
+     [](Registry& r, uint32_t, const std::vector<uint32_t>& qpns) { r.qp_.before_release(qpns); },
+     [](Registry& r, uint32_t qpn) { r.qp_.release(qpn); },
+     [](Registry& r, const std::vector<uint32_t>& qpns) { r.qp_.fail_peers_of(qpns); },
+     [](Registry& r, uint32_t ctx, uint32_t qpn) { return r.qp_.destroy_handle(ctx, qpn); }},
     {ObjKind::kSrq, nullptr, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kXrcdHandle, nullptr, nullptr, [](Registry& r, uint32_t h) { r.xrc_.release(h); }, nullptr,
      [](Registry& r, uint32_t, uint32_t h) { return r.xrc_.close(h); }},
@@ -164,7 +165,7 @@ const Registry::TypeOps Registry::kTypeOps[] = {
 template <class F>
 decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
   switch (kind) {
-    case ObjKind::kQp: return f(qps_);
+    case ObjKind::kQp: return f(qp_.table());
     case ObjKind::kSrq: return f(srq_.table());
     case ObjKind::kXrcdHandle: return f(xrc_.handles());
     case ObjKind::kMw: return f(mr_.windows());
@@ -182,7 +183,7 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
 
 Object* Registry::resolve(ObjKind kind, uint32_t client, uint32_t handle) {
   const uint32_t c = ctx(client);
-  if (kind == ObjKind::kQp) return held_qp(c, handle);
+  if (kind == ObjKind::kQp) return qp_.held(c, handle);
   if (kind >= ObjKind::kXrcd) return nullptr;  // a domain is named by a handle of it
   return with_table(kind, [&](auto& t) -> Object* {
     Object* o = t.get(handle);
@@ -282,7 +283,7 @@ void Registry::release_context(uint32_t owner) {
   for (const TypeInfo& type : kDestroyOrder) {
     const TypeOps& t = kTypeOps[size_t(type.kind)];
     std::vector<uint32_t> ids =
-        t.collect ? (this->*t.collect)(owner) : with_table(t.kind, [&](auto& table) { return table.of(owner); });
+        t.collect ? t.collect(*this, owner) : with_table(t.kind, [&](auto& table) { return table.of(owner); });
     if (t.before) t.before(*this, owner, ids);
     for (uint32_t id : ids) {
       if (t.cleanup) {
@@ -291,7 +292,7 @@ void Registry::release_context(uint32_t owner) {
         forget(t.kind, id);
       }
     }
-    if (t.after) (this->*t.after)(ids);
+    if (t.after) t.after(*this, ids);
   }
 }
 
@@ -344,7 +345,7 @@ int Registry::open_odp_memory(uint32_t client) {
 
 Counts Registry::counts() const {
   return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mr_.table().size()),
-          uint32_t(cq_.table().size()),     uint32_t(qps_.size()),      uint32_t(cq_.channels().size()),
+          uint32_t(cq_.table().size()),     uint32_t(qp_.table().size()),      uint32_t(cq_.channels().size()),
           uint32_t(backings_.size())};
 }
 

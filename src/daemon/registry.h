@@ -16,12 +16,14 @@
 // references, destroy order). This class is the composition root: it keeps
 // the clients, the contexts, the quotas and the device tables, resolves
 // and destroys by type, and holds one class per object type that owns
-// that type's table and carries out its verbs (dm.h, xrc.h, srq.h, cq.h),
+// that type's table and carries out its verbs (dm.h, xrc.h, srq.h, cq.h,
+// mr.h, qp.h, names.h),
 // which reaches it through ObjectHost (object_host.h). Its own functions:
 // registry.cc (clients, contexts, references, a context's release), pd.cc
-// (PDs, backings), mr.cc (MRs, windows, keys), qp.cc and qp_reach.cc (QPs,
-// what they reach, XRC QPs), sharing.cc (import, named regions, the
-// namespace), registry_mediation.cc (the tables as mediation sees them).
+// (PDs, backings), qp_reach.cc (what a client's QPs reach, for resolve),
+// sharing.cc (import, named regions, what the namespace reaches),
+// registry_mediation.cc (the tables as mediation sees them), counters.cc,
+// resources.cc.
 #pragma once
 
 #include <sys/types.h>
@@ -51,6 +53,7 @@
 #include "daemon/objects.h"
 #include "daemon/cm_ports.h"
 #include "daemon/cq.h"
+#include "daemon/qp.h"
 #include "daemon/quota.h"
 #include "daemon/srq.h"
 #include "daemon/xrc.h"
@@ -144,29 +147,6 @@ class Registry : private MediationTables, private ObjectHost {
   void odp_owner_gone(uint32_t client, bool left = false);
   // The pidfd of the client's process (-1 if none).
   int client_pidfd(uint32_t client) const;
-  int connect_xrc(uint32_t client, const daemon::Qp& qp, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
-                  std::vector<int>& out_fds);
-  // XRC target QP req.qpn, in the domain of the client's handle `xrcd`.
-  int open_qp(uint32_t client, const daemon::XrcdHandle& xrcd, const proto::OpenQpReq& req, proto::ImportQpReply& rep,
-              std::vector<int>& out_fds);
-  // Multicast (qp.cc): QP req.qpn is `qp`, the client's.
-  int attach_mcast(uint32_t client, const daemon::Qp& qp, const proto::McastReq& req);
-  int detach_mcast(const daemon::Qp& qp, const proto::McastReq& req);
-  // The objects a CreateQp names (each the client's, or null for none).
-  struct QpObjects {
-    const daemon::Srq* srq = nullptr;
-    const daemon::XrcdHandle* xrcd = nullptr;
-  };
-  int create_qp(uint32_t client, const QpObjects& o, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
-                std::vector<int>& out_fds);
-  int modify_qp(daemon::Qp& qp, const proto::ModifyQpReq& req);
-  // The peer of the client's QP `qp` (`qpn`), or (UD) QP `dest`.
-  int connect_peer(uint32_t client, const daemon::Qp& qp, uint32_t qpn, proto::ConnectPeerReply& rep,
-                   std::vector<int>& out_fds);
-  int connect_ud(uint32_t client, const daemon::Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
-                 std::vector<int>& out_fds);
-  // The requester QP `qpn` (the client's) reports a responder error.
-  int peer_error(uint32_t qpn, uint32_t wc_status);
   // Operations towards a peer of another user: the registry's Mediation
   // (mediation.h) carries them out on its tables.
   // `qp`: requester QP req.qpn, which the client holds (resolved by the command layer).
@@ -209,6 +189,7 @@ class Registry : private MediationTables, private ObjectHost {
   SharedReceiveQueues& srq() { return srq_; }
   CompletionQueues& cq() { return cq_; }
   Names& names() { return names_; }
+  QueuePairs& qp() { return qp_; }
 
   int reg_async(uint32_t client, Fd wake);
   // Async events waiting to be sent: (client, event type, element). The
@@ -230,7 +211,7 @@ class Registry : private MediationTables, private ObjectHost {
   bool mcast_members(const uint8_t* gid, std::vector<uint32_t>& out) const { return tables_.mcg_members(gid, out); }
 
   // Is `qpn` a QP of the client's context? (RoCE attach)
-  bool holds_qp(uint32_t client, uint32_t qpn) { return find_qp(client, qpn) != nullptr; }
+  bool holds_qp(uint32_t client, uint32_t qpn) { return qp_.find(client, qpn) != nullptr; }
 
   // The user of a client's process (uid_t(-1) if unknown).
   uid_t client_uid(uint32_t client) const override;
@@ -242,7 +223,7 @@ class Registry : private MediationTables, private ObjectHost {
     return c == clients_.end() ? 0 : uint32_t(c->second.pid);
   }
   // Read access for tests.
-  const shm::QpEntry* qp_entry(uint32_t qpn) const;
+  const shm::QpEntry* qp_entry(uint32_t qpn) const { return qp_.entry(qpn); }
   const shm::MrEntry* mr_entry(uint32_t key) const { return mr_.entry(key); }
 
   // The clients (processes) of a context, from the registry's index.
@@ -298,7 +279,7 @@ class Registry : private MediationTables, private ObjectHost {
   uid_t context_uid(uint32_t context) const override;
   // Are the client's user and the context's user the same, so that their
   // objects' entries are in one device segment? (Strictly equal uids.)
-  bool same_tables(uint32_t client, uint32_t owner) const;
+  bool same_tables(uint32_t client, uint32_t owner) const override;
   void remove_context_if_unused(uint32_t ctx);
   // Moves the client into context `target` (ibv_import_device, or opening a
   // name): EBUSY if its own context already holds objects.
@@ -311,11 +292,11 @@ class Registry : private MediationTables, private ObjectHost {
   // then forget it; default: forget it).
   struct TypeOps {
     ObjKind kind;
-    std::vector<uint32_t> (Registry::*collect)(uint32_t ctx);
+    std::vector<uint32_t> (*collect)(Registry& r, uint32_t ctx);
     void (*before)(Registry& r, uint32_t ctx, const std::vector<uint32_t>& ids);
     // The cleanup and the destroy reach the type's class, where it has one.
     void (*cleanup)(Registry& r, uint32_t handle);
-    void (Registry::*after)(const std::vector<uint32_t>& ids);
+    void (*after)(Registry& r, const std::vector<uint32_t>& ids);
     // What a holder's destroy does (null: EBUSY while referenced, else the
     // cleanup), given the holder's context.
     int (*destroy)(Registry& r, uint32_t ctx, uint32_t handle);
@@ -346,7 +327,7 @@ class Registry : private MediationTables, private ObjectHost {
   void qps_error_on_cq(uint32_t context, uint32_t cq) override;
   ClientView client_view(uint32_t client) override;
   int open_odp_memory(uint32_t client) override;
-  bool has_qp(uint32_t qpn) const override { return qps_.count(qpn) != 0; }
+  bool has_qp(uint32_t qpn) const override { return qp_.table().count(qpn) != 0; }
   uint32_t add_backing(Backing&& b, uid_t uid) override;
   const Backing* backing(uint32_t id) const override {
     auto it = backings_.find(id);
@@ -364,23 +345,7 @@ class Registry : private MediationTables, private ObjectHost {
   // Whether the client's QPs reach SRQ `handle` (its own, XRC, or a peer's connected both ways).
   bool srq_reachable(uint32_t client, const daemon::Srq& srq, uint32_t handle);
 
-  // ---- QPs (qp.cc) ----
-  int check_create_qp(const QpObjects& o, const proto::CreateQpReq& req);
-  uint32_t alloc_qp_slot();
-  void init_qp_entry(uint32_t client, uint32_t slot, uint32_t qpn, const proto::CreateQpReq& req);
-  int peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
-  void fail_peers_of(const std::vector<uint32_t>& dead_qpns);
-  void complete_torn_receive(uint32_t dead_qpn);
-  bool torn_record_allowed(const Qp& dead, uint32_t dead_qpn, const Qp& peer, uint32_t peer_qpn) const;
-  // The QPs a context's release frees: its own, and XRC target QPs whose
-  // last handle it held (a target QP another context still holds moves to it).
-  std::vector<uint32_t> qps_to_release(uint32_t ctx);
-  void before_release_qps(uint32_t ctx, const std::vector<uint32_t>& qpns);
-
-  void mcg_release(const DeviceTables::McgChange& ch, uint32_t qpn);
-  uid_t qp_uid(uint32_t qpn) const;
-
-  // ---- XRC QPs (qp_reach.cc) ----
+  // Whether one of the context's XRC_SEND QPs reaches the XRC SRQ.
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
 
   // ---- Sharing: namespace, regions (sharing.cc) ----
@@ -392,31 +357,26 @@ class Registry : private MediationTables, private ObjectHost {
   // The tables as mediation sees them (MediationTables, registry_mediation.cc).
   bool requester_qp(uint32_t client, uint32_t qpn, QpView& out) override;
   bool responder_qp(uint32_t qpn, QpView& out) override;
-  shm::QpEntry& qp_state_entry(uint32_t qpn) override { return qp_slot(qpn); }
+  shm::QpEntry& qp_state_entry(uint32_t qpn) override { return qp_.slot(qpn); }
   const shm::MrEntry& mr_slot(uint32_t slot) const override { return tables_.mr_at(slot); }
   int backing_fd(uint32_t backing) const override;
   bool receive_queue(uint32_t qpn, RecvQueue& out) override;
   void srq_limit_reached(uint32_t srq) override;
   void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) override { cq_.push(cq, wc, solicited); }
   void flush_receives(uint32_t qpn) override;
-  void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
+  void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override {
+    qp_.responder_error_event(qpn, requester_status);
+  }
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
   std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd, uid_t* uid) const override;
   int odp_lock(uid_t uid, Fd& out) override;
   int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
   Mediation mediation_{*this};
-  void flush_rq(Qp& q, uint32_t qpn);
 
-  shm::QpEntry& qp_slot(uint32_t qpn) const;
-  Qp* find_qp(uint32_t client, uint32_t qpn);
-  Qp* held_qp(uint32_t ctx, uint32_t qpn);
-  static bool holds(const Qp& q, uint32_t ctx);  // context `ctx` owns or holds `q`  // find_qp, by context (not counted as a lookup)
-  int destroy_qp_handle(uint32_t ctx, uint32_t qpn);
   void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                       const proto::MediateReply& rep);
-  void release_qp(uint32_t qpn);
   // A QP going: its counts join its user's totals (counters.cc).
-  void retire_counters(const Qp& q);
+  void retire_counters(const Qp& q) override;
   void qp_counters(const Qp& q, counters::Values& out) const;
   void port_counters(uid_t me, counters::Values& out) const;
   std::map<uid_t, std::array<uint64_t, counters::kCount>> retired_counters_;
@@ -437,16 +397,6 @@ class Registry : private MediationTables, private ObjectHost {
   std::set<std::pair<uint32_t, uint32_t>> ctx_clients_;
   // Each claimed socket's client, by inode (claim_socket: at most one).
   std::map<uint64_t, uint32_t> socket_client_;
-  // (destination QPN, QPN) of every QP whose entry names a destination:
-  // the QPs connected to one QP without a walk over every QP.
-  std::set<std::pair<uint32_t, uint32_t>> by_dest_;
-  void set_dest(uint32_t qpn, uint32_t dest);
-  // The QPs of a context being released that were still connected (RTR,
-  // RTS, SQD or SQE) when their last holder went: before_release_qps notes
-  // them, fail_peers_of fails their peers and forgets them.
-  std::set<uint32_t> died_connected_;
-  // (context, QPN), once per handle a context holds of an XRC target QP.
-  std::multiset<std::pair<uint32_t, uint32_t>> xrc_handles_;
   std::map<uint32_t, Fd> async_fds_;  // by client
   std::map<uint32_t, Context> contexts_;
   // (user, context) of every context: a user's contexts without a walk over
@@ -460,16 +410,13 @@ class Registry : private MediationTables, private ObjectHost {
   DeviceMemory dm_{*this, mr_};       // the DM table (dm.h)
   CompletionQueues cq_{*this};  // the CQ and channel tables, CQ grants (cq.h)
   SharedReceiveQueues srq_{*this};  // the SRQ table (srq.h)
-  ObjectTable<Qp> qps_;        // by qpn
+  QueuePairs qp_{*this, tables_, cq_, srq_};  // the QP table, peers, XRC target handles (qp.h)
   XrcDomains xrc_{*this};  // XRC domains and their handles (xrc.h)
   std::map<RegionKey, Region> regions_;
   Names names_{*this, cq_};  // the namespace (names.h)
   std::vector<PendingEvent> events_;
   Quotas quotas_;
   CmPorts cm_ports_{quotas_};  // rdma_cm ports (system daemon)
-
-  std::vector<uint8_t> qp_gen_;       // per QP slot: generation
-  uint32_t next_qp_slot_ = 2;  // QPN 0 and 1 are the special QPs
 };
 
 }  // namespace sv::daemon

@@ -156,13 +156,13 @@ class RegistryObjects : public ::testing::Test {
     m.qp_state = IBV_QPS_INIT;
     m.port_num = 1;
     m.qkey = 0x11;
-    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
+    ASSERT_EQ(reg.qp().modify(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
     m.attr_mask = IBV_QP_STATE;
     m.qp_state = IBV_QPS_RTR;
-    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
+    ASSERT_EQ(reg.qp().modify(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
     m.attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
     m.qp_state = IBV_QPS_RTS;
-    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
+    ASSERT_EQ(reg.qp().modify(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
   }
   uint32_t open_xrcd(uint32_t c, int file = -1) {
     proto::OpenXrcdReq req{};

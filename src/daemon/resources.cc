@@ -79,9 +79,9 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
   };
   switch (req.kind) {
     case proto::kResQp:
-      page_of(qps_, may_see, req.after, rep, [&](uint32_t qpn, const Qp& q, proto::ResEntry& e) {
+      page_of(qp_.table(), may_see, req.after, rep, [&](uint32_t qpn, const Qp& q, proto::ResEntry& e) {
         who(q, e);
-        const shm::QpEntry& slot = qp_slot(qpn);
+        const shm::QpEntry& slot = qp_.slot(qpn);
         e.a = uint32_t(q.type);
         e.b = slot.state.load(std::memory_order_relaxed);
         e.c = q.pd;

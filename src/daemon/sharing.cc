@@ -173,7 +173,7 @@ bool Registry::names_live_object(const NsEntry& e) const {
     case proto::kNsPd: return pds_.owned(e.handle, e.ctx) != nullptr;
     case proto::kNsMr: return mr_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsCq: return cq_.table().owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsQp: return qps_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsQp: return qp_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsSrq: return srq_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsChannel: return cq_.channels().owned(e.handle, e.ctx) != nullptr;
     default: return false;

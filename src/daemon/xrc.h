@@ -3,7 +3,7 @@
 // the handles contexts hold of them, and the domains opened through a file
 // (xrc.cc). The registry composes it and reaches the tables for resolve,
 // destroy, references and a context's release; it reaches the registry
-// through ObjectHost. XRC QPs and SRQs are their own types' (qp_reach.cc, srq.h).
+// through ObjectHost. XRC QPs and SRQs are their own types' (qp.h, srq.h).
 //
 // Contract: single-threaded (the daemon's loop), as the registry.
 #pragma once
