@@ -186,13 +186,13 @@ SV_HANDLER(Accounts) {
 }
 
 // ---- PD, backings, MRs, windows -------------------------------------------
-SV_HANDLER(AllocPd) { return env.registry.alloc_pd(env.client, rep.handle); }
+SV_HANDLER(AllocPd) { return env.registry.pd().alloc(env.client, rep.handle); }
 SV_DESTROY_HANDLER(DeallocPd)
 SV_HANDLER(QueryPd) {
   (void)obj.get<0>();  // ibv_query_pd: the PD is the caller's
   return 0;
 }
-SV_HANDLER(RegBacking) { return env.registry.reg_backing(env.client, std::move(env.in_fds[0]), rep.handle); }
+SV_HANDLER(RegBacking) { return env.registry.backings().reg(env.client, std::move(env.in_fds[0]), rep.handle); }
 SV_HANDLER(RegMr) {
   (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
   return env.registry.mr().reg(env.client, obj.get<1>(), req, rep);
@@ -213,7 +213,7 @@ SV_HANDLER(QueryMr) {
 SV_HANDLER(GetMrBacking) { return env.registry.mr().get_backing(obj.get<0>(), rep, env.out_fds); }
 SV_HANDLER(RegShmid) {
   (void)obj.get<0>();  // the PD: the caller's (the registration that follows names it)
-  return env.registry.reg_shmid(env.client, req, rep, env.out_fds);
+  return env.registry.backings().reg_shmid(env.client, req, rep, env.out_fds);
 }
 SV_HANDLER(RegShared) {
   (void)obj.get<0>();  // the PD: the caller's (the new MR records req.pd)

@@ -207,7 +207,7 @@ class CommandHandles : public Commands {
   Registry& reg() { return server.registry(); }
   uint32_t pd() {
     uint32_t h = 0;
-    EXPECT_EQ(0, reg().alloc_pd(client, h));
+    EXPECT_EQ(0, reg().pd().alloc(client, h));
     return h;
   }
   uint32_t backing() {
@@ -215,7 +215,7 @@ class CommandHandles : public Commands {
     EXPECT_EQ(0, ::ftruncate(fd, 4096));
     EXPECT_EQ(0, ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL));
     uint32_t id = 0;
-    EXPECT_EQ(0, reg().reg_backing(client, Fd(fd), id));
+    EXPECT_EQ(0, reg().backings().reg(client, Fd(fd), id));
     return id;
   }
   uint32_t cq() {
@@ -402,7 +402,7 @@ TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
 
   proto::CreateSrqReq srq_req{};
   srq_req.pd = 0;
-  ASSERT_EQ(0, reg().alloc_pd(other, srq_req.pd));
+  ASSERT_EQ(0, reg().pd().alloc(other, srq_req.pd));
   srq_req.max_wr = 4;
   srq_req.max_sge = 1;
   srq_req.srq_type = IBV_SRQT_BASIC;
@@ -431,8 +431,8 @@ TEST_F(CommandHandles, DeclaredKeyRules) {
   ASSERT_EQ(0, ::ftruncate(fd, 4096));
   ASSERT_EQ(0, ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL));
   proto::RegMrReq req{};
-  ASSERT_EQ(0, reg().alloc_pd(other, req.pd));
-  ASSERT_EQ(0, reg().reg_backing(other, Fd(fd), req.backing));
+  ASSERT_EQ(0, reg().pd().alloc(other, req.pd));
+  ASSERT_EQ(0, reg().backings().reg(other, Fd(fd), req.backing));
   req.length = 4096;
   req.access = IBV_ACCESS_LOCAL_WRITE;
   proto::RegMrReply theirs{};

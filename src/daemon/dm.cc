@@ -54,7 +54,7 @@ int DeviceMemory::alloc(uint32_t client, const proto::AllocDmReq& req, proto::Dm
   b.fd = std::move(fd);
   b.limit = req.length;
   b.dm = true;
-  const uint32_t backing = host_.add_backing(std::move(b), uid);
+  const uint32_t backing = backings_.add(std::move(b), uid);
 
   const uint32_t handle = host_.take_handle();
   Dm dm;
@@ -91,7 +91,7 @@ void DeviceMemory::release(uint32_t handle) {
 // with the current one" (ibv_import_device): a DM of the caller's context
 // only. Any other handle, another context's included, is EINVAL.
 int DeviceMemory::import(uint32_t handle, const Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds) {
-  const Backing* b = host_.backing(dm.backing);
+  const Backing* b = backings_.get(dm.backing);
   if (!b) return EINVAL;
   rep.handle = handle;
   rep.backing = dm.backing;

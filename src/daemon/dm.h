@@ -16,14 +16,17 @@
 #include "common/protocol.h"
 #include "daemon/mr.h"
 #include "daemon/object_host.h"
+#include "daemon/pd.h"
 #include "daemon/objects.h"
 
 namespace sv::daemon {
 
 class DeviceMemory {
  public:
-  // `mrs`: where an MR over device memory is made.
-  DeviceMemory(ObjectHost& host, MemoryRegions& mrs) : host_(host), mrs_(mrs) {}
+  // `mrs`: where an MR over device memory is made; `backings`: where a
+  // DM's file is kept.
+  DeviceMemory(ObjectHost& host, MemoryRegions& mrs, MemoryBackings& backings)
+      : host_(host), mrs_(mrs), backings_(backings) {}
 
   // ibv_alloc_dm(3): a DM of the client's context, its memfd in out_fds.
   int alloc(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
@@ -45,6 +48,7 @@ class DeviceMemory {
  private:
   ObjectHost& host_;
   MemoryRegions& mrs_;
+  MemoryBackings& backings_;
   ObjectTable<Dm> dms_;
   std::map<uid_t, uint64_t> bytes_;  // device memory per user (whole pages)
 };

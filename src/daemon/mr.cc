@@ -18,8 +18,8 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-MemoryRegions::MemoryRegions(ObjectHost& host, DeviceTables& tables)
-    : host_(host), tables_(tables), key_byte_(kMrTableSize, 0) {}
+MemoryRegions::MemoryRegions(ObjectHost& host, DeviceTables& tables, MemoryBackings& backings)
+    : host_(host), tables_(tables), backings_(backings), key_byte_(kMrTableSize, 0) {}
 
 // Is `req` over backing `b` a registration that may be made (ibv_reg_mr(3))?
 // The one check for a new registration (RegMr, RegShared) and for what a
@@ -186,7 +186,7 @@ int MemoryRegions::rereg(uint32_t client, Mr& the_mr, const Backing* backing, co
   n.iova = moves ? req.iova : e.iova;
   // A new PD or backing is named (and resolved as the caller's); else the MR's own.
   if (!n.pd || !n.backing || (moves && !backing)) return EINVAL;
-  if (int err = check(moves ? *backing : *host_.backing(mr->backing), n)) return err;
+  if (int err = check(moves ? *backing : *backings_.get(mr->backing), n)) return err;
   // New pages are charged to the caller, the old charge counted as gone
   // when the caller holds it; then the old charge is released.
   uint64_t bytes = mr->charged_bytes;
@@ -274,7 +274,7 @@ int MemoryRegions::reg_shared(uint32_t client, const Mr& mr, const proto::RegSha
   r.length = e->length;
   r.iova = req.iova;
   r.access = req.access;
-  return reg(client, *host_.backing(r.backing), r, rep);  // req.pd: resolved as the client's
+  return reg(client, *backings_.get(r.backing), r, rep);  // req.pd: resolved as the client's
 }
 
 void MemoryRegions::query(uint32_t handle, const Mr& mr, proto::QueryMrReply& rep) const {
@@ -291,7 +291,7 @@ const MrEntry* MemoryRegions::entry(uint32_t key) const {
 }
 
 int MemoryRegions::get_backing(const Mr& mr, proto::GetMrBackingReply& rep, std::vector<int>& out_fds) {
-  const Backing* b = host_.backing(mr.backing);
+  const Backing* b = backings_.get(mr.backing);
   if (!b) return EINVAL;
   rep.backing = mr.backing;
   out_fds.push_back(b->fd.get());

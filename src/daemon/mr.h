@@ -24,12 +24,13 @@
 #include "daemon/device_tables.h"
 #include "daemon/object_host.h"
 #include "daemon/objects.h"
+#include "daemon/pd.h"
 
 namespace sv::daemon {
 
 class MemoryRegions {
  public:
-  MemoryRegions(ObjectHost& host, DeviceTables& tables);
+  MemoryRegions(ObjectHost& host, DeviceTables& tables, MemoryBackings& backings);
 
   // The registrations: `b` is backing req.backing (the client's).
   int reg(uint32_t client, const Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep);
@@ -92,6 +93,7 @@ class MemoryRegions {
 
   ObjectHost& host_;
   DeviceTables& tables_;
+  MemoryBackings& backings_;
   ObjectTable<Mr> mrs_;  // by slot in the MR table
   ObjectTable<Mw> mws_;  // by slot in the MR table
   // (MR slot, window slot) of every bound window: the windows of the MRs a

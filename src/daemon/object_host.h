@@ -1,5 +1,5 @@
-// object_host.h: what an object type's class (dm.h, xrc.h, srq.h, cq.h,
-// mr.h, qp.h, names.h) reaches of the registry, which composes them: the caller's
+// object_host.h: what an object type's class (pd.h, mr.h, dm.h, cq.h,
+// qp.h, srq.h, xrc.h, names.h) reaches of the registry, which composes them: the caller's
 // context, user and process, the quotas, fresh handles, the references
 // between objects and the end of an object (objects.h), and the few verbs
 // of other types a type's verb uses.
@@ -91,9 +91,8 @@ class ObjectHost {
   // go to ERR (a CQ error, IBTA 11.4.2.1), those in RESET excepted.
   virtual void qps_error_on_cq(uint32_t context, uint32_t cq) = 0;
 
-  // Backings (pd.cc): a new one, charged to `uid` (its handle), and one by id.
-  virtual uint32_t add_backing(Backing&& b, uid_t uid) = 0;
-  virtual const Backing* backing(uint32_t id) const = 0;
+  // Mediation's mappings of a backing that goes (backing_windows.h).
+  virtual void forget_backing_windows(uint32_t backing) = 0;
   // QPs: whether QP `qpn` exists; a QP going: its counts join its user's
   // totals (counters.cc).
   virtual bool has_qp(uint32_t qpn) const = 0;

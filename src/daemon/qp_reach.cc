@@ -69,7 +69,7 @@ int Registry::mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out)
   if (!same_user(client, mr->second.owner)) return EACCES;
   // A key grants access only to a process that owns the MR's PD, or that
   // holds a QP connected to a QP of that PD.
-  const Pd* pd = pds_.get(mr->second.pd);
+  const Pd* pd = pd_.table().get(mr->second.pd);
   bool allowed = pd && pd->owner == ctx(client);
   bool has_ud = false;
   for (uint32_t qpn : qp_.table().of(ctx(client))) {

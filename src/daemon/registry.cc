@@ -158,7 +158,7 @@ const Registry::TypeOps Registry::kTypeOps[] = {
     {ObjKind::kDm, nullptr, nullptr, [](Registry& r, uint32_t h) { r.dm_.release(h); }, nullptr, nullptr},
     {ObjKind::kCq, nullptr, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kChannel, nullptr, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kBacking, nullptr, nullptr, [](Registry& r, uint32_t id) { r.drop_backing(id); }, nullptr, nullptr},
+    {ObjKind::kBacking, nullptr, nullptr, [](Registry& r, uint32_t id) { r.backings_.drop(id); }, nullptr, nullptr},
     {ObjKind::kPd, nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -173,8 +173,8 @@ decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
     case ObjKind::kDm: return f(dm_.table());
     case ObjKind::kCq: return f(cq_.table());
     case ObjKind::kChannel: return f(cq_.channels());
-    case ObjKind::kBacking: return f(backings_);
-    case ObjKind::kPd: return f(pds_);
+    case ObjKind::kBacking: return f(backings_.table());
+    case ObjKind::kPd: return f(pd_.table());
     case ObjKind::kXrcd:
     case ObjKind::kCount: break;
   }
@@ -254,10 +254,7 @@ void Registry::hold(const Held& refs) {
 void Registry::drop(Ref r) {
   if (!r.handle) return;
   const int64_t left = with_table(r.kind, [&](auto& t) { return t.unref(r.handle); });
-  if (r.kind == ObjKind::kBacking && left == 0) {
-    const Backing& b = backings_.at(r.handle);
-    if (!b.region.empty() || b.dm) drop_backing(r.handle);
-  }
+  if (r.kind == ObjKind::kBacking && left == 0) backings_.unreferenced(r.handle);
   if (r.kind == ObjKind::kXrcd) xrc_.drop_if_unused(r.handle);
 }
 
@@ -344,9 +341,9 @@ int Registry::open_odp_memory(uint32_t client) {
 }
 
 Counts Registry::counts() const {
-  return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mr_.table().size()),
+  return {uint32_t(clients_.size()), uint32_t(pd_.table().size()),      uint32_t(mr_.table().size()),
           uint32_t(cq_.table().size()),     uint32_t(qp_.table().size()),      uint32_t(cq_.channels().size()),
-          uint32_t(backings_.size())};
+          uint32_t(backings_.table().size())};
 }
 
 void Registry::context_event(uint32_t context, uint32_t type, uint32_t element) {

@@ -51,6 +51,7 @@
 #include "daemon/names.h"
 #include "daemon/object_host.h"
 #include "daemon/objects.h"
+#include "daemon/pd.h"
 #include "daemon/cm_ports.h"
 #include "daemon/cq.h"
 #include "daemon/qp.h"
@@ -110,9 +111,6 @@ class Registry : private MediationTables, private ObjectHost {
   // inode) claimed by a client of the same user as the context (EPERM for
   // any other user, root included).
   int import_context(uint32_t client, Fd fd);
-  // A region by id, and a registration of an MR's pages (by key): req.pd is
-  // the client's (resolved by the command layer).
-  int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
   // The objects of one kind the client may see, from handle req.after on
   // (resources.cc): its own user's; every user's for root. EINVAL for an
   // unknown kind.
@@ -126,7 +124,7 @@ class Registry : private MediationTables, private ObjectHost {
   // A request between users the daemon finished (Op::Mediate, MediatePost):
   // counted against requester QP `qpn` and its destination (counters.cc).
   void count_mediated(uint32_t qpn, uint32_t opcode, const proto::MediateReply& rep);
-  uint32_t region_count() const { return uint32_t(regions_.size()); }
+  uint32_t region_count() const { return backings_.region_count(); }
   Counts counts() const;
   // Per-user limits (quota.h); the server charges connections here too.
   Quotas& quotas() override { return quotas_; }
@@ -140,8 +138,6 @@ class Registry : private MediationTables, private ObjectHost {
   // One call per protocol op. `in_fds` are the descriptors that came with the
   // request (already checked to be the number the op expects); `out_fds`
   // receives borrowed descriptors to send with the reply.
-  int alloc_pd(uint32_t client, uint32_t& pd);
-  int reg_backing(uint32_t client, Fd fd, uint32_t& id);
   // The client's process exited (or, `left`, its connection closed): its
   // ODP MRs are deregistered (MemoryRegions::registrant_gone).
   void odp_owner_gone(uint32_t client, bool left = false);
@@ -183,6 +179,8 @@ class Registry : private MediationTables, private ObjectHost {
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
   // The object types' classes, which own their tables (object_host.h).
+  ProtectionDomains& pd() { return pd_; }
+  MemoryBackings& backings() { return backings_; }
   MemoryRegions& mr() { return mr_; }
   DeviceMemory& dm() { return dm_; }
   XrcDomains& xrc() { return xrc_; }
@@ -328,14 +326,7 @@ class Registry : private MediationTables, private ObjectHost {
   ClientView client_view(uint32_t client) override;
   int open_odp_memory(uint32_t client) override;
   bool has_qp(uint32_t qpn) const override { return qp_.table().count(qpn) != 0; }
-  uint32_t add_backing(Backing&& b, uid_t uid) override;
-  const Backing* backing(uint32_t id) const override {
-    auto it = backings_.find(id);
-    return it == backings_.end() ? nullptr : &it->second;
-  }
-
-  // ---- PD and backings (pd.cc) ----
-  void drop_backing(uint32_t id);
+  void forget_backing_windows(uint32_t backing) override { mediation_.forget_backing(backing); }
 
   // ---- What a client's QPs reach (qp_reach.cc) ----
   bool may_complete_into(uint32_t client, uint32_t cq);
@@ -404,15 +395,14 @@ class Registry : private MediationTables, private ObjectHost {
   std::set<std::pair<uid_t, uint32_t>> user_contexts_;
   // The contexts of user `uid`.
   std::vector<uint32_t> contexts_of_user(uid_t uid) const;
-  ObjectTable<Pd> pds_;
-  ObjectTable<Backing> backings_;
-  MemoryRegions mr_{*this, tables_};  // MRs, windows, keys, locked-memory accounts (mr.h)
-  DeviceMemory dm_{*this, mr_};       // the DM table (dm.h)
+  ProtectionDomains pd_{*this};                 // the PD table (pd.h)
+  MemoryBackings backings_{*this};               // the backing table and the named regions (pd.h)
+  MemoryRegions mr_{*this, tables_, backings_};  // MRs, windows, keys, locked-memory accounts (mr.h)
+  DeviceMemory dm_{*this, mr_, backings_};       // the DM table (dm.h)
   CompletionQueues cq_{*this};  // the CQ and channel tables, CQ grants (cq.h)
   SharedReceiveQueues srq_{*this};  // the SRQ table (srq.h)
   QueuePairs qp_{*this, tables_, cq_, srq_};  // the QP table, peers, XRC target handles (qp.h)
   XrcDomains xrc_{*this};  // XRC domains and their handles (xrc.h)
-  std::map<RegionKey, Region> regions_;
   Names names_{*this, cq_};  // the namespace (names.h)
   std::vector<PendingEvent> events_;
   Quotas quotas_;

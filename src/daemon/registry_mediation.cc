@@ -69,8 +69,8 @@ uint32_t Registry::mr_odp_owner(uint32_t client, uint32_t handle) const {
 }
 
 int Registry::backing_fd(uint32_t backing) const {
-  auto b = backings_.find(backing);
-  return b == backings_.end() ? -1 : b->second.fd.get();
+  auto b = backings_.table().find(backing);
+  return b == backings_.table().end() ? -1 : b->second.fd.get();
 }
 
 bool Registry::receive_queue(uint32_t qpn, RecvQueue& out) { return qp_.receive_queue(qpn, out); }

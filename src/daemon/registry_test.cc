@@ -68,7 +68,7 @@ class RegistryObjects : public ::testing::Test {
 
   uint32_t pd(uint32_t c) {
     uint32_t h = 0;
-    EXPECT_EQ(reg.alloc_pd(c, h), 0);
+    EXPECT_EQ(reg.pd().alloc(c, h), 0);
     return h;
   }
   // A sealed memfd of the test's user, as the library registers one.
@@ -78,7 +78,7 @@ class RegistryObjects : public ::testing::Test {
     EXPECT_EQ(::ftruncate(fd, off_t(len)), 0);
     EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL), 0);
     uint32_t id = 0;
-    EXPECT_EQ(reg.reg_backing(c, Fd(fd), id), 0);
+    EXPECT_EQ(reg.backings().reg(c, Fd(fd), id), 0);
     return id;
   }
   proto::RegMrReply mr(uint32_t c, uint32_t p, uint32_t b,
@@ -307,7 +307,7 @@ TEST_F(RegistryPd, BackingMustBeASealedMemfd) {
   uint32_t id = 0;
   int fd = ::memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_EQ(::ftruncate(fd, kPage), 0);
-  EXPECT_EQ(reg.reg_backing(a, Fd(fd), id), EINVAL);
+  EXPECT_EQ(reg.backings().reg(a, Fd(fd), id), EINVAL);
   backing(a);
   EXPECT_EQ(counts().backings, 1u);
 }

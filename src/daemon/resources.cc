@@ -109,7 +109,7 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
       });
       return 0;
     case proto::kResPd:
-      page_of(pds_, may_see, req.after, rep, [&](uint32_t, const Pd& p, proto::ResEntry& e) {
+      page_of(pd_.table(), may_see, req.after, rep, [&](uint32_t, const Pd& p, proto::ResEntry& e) {
         who(p, e);
         e.b = p.refs;
       });

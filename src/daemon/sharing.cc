@@ -91,7 +91,7 @@ int Registry::import_context(uint32_t client, Fd fd) {
 // a PD or a backing), and leaves its own context.
 int Registry::join_context(Client& me, uint32_t target) {
   const uint32_t mine = me.ctx;
-  if (pds_.any_of(mine) || backings_.any_of(mine)) return EBUSY;
+  if (pd_.table().any_of(mine) || backings_.table().any_of(mine)) return EBUSY;
   remove_context_if_unused(mine);
   for (auto it = ctx_clients_.lower_bound({mine, 0}); it != ctx_clients_.end() && it->first == mine; ++it)
     if (&clients_.at(it->second) == &me) {
@@ -101,51 +101,6 @@ int Registry::join_context(Client& me, uint32_t target) {
     }
   me.ctx = target;
   contexts_[target].attached++;
-  return 0;
-}
-
-// Seed 000: register memory under a byte-array id. The first caller creates
-// the region, later callers attach, in any order; no caller is the master.
-// An id names a region of the caller's user only: the same id asked by
-// another user is another region (no attach across users, no squatting).
-int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep,
-                        std::vector<int>& out_fds) {
-  if (req.id_len == 0 || req.id_len > proto::kMaxShmidLen) return EINVAL;
-  auto owner = contexts_.find(ctx(client));
-  if (owner == contexts_.end()) return EINVAL;
-  uid_t uid = owner->second.uid;  // the context's user: its memory is that user's
-  if (int e = quotas_.admit(Quotas::kBacking, client_uid(client))) return e;  // a region comes with a backing
-  std::string id(reinterpret_cast<const char*>(req.id), req.id_len);
-  RegionKey key{uid, id};
-  auto r = regions_.find(key);
-  rep.created = 0;
-  if (r == regions_.end()) {
-    if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
-    Region region{Fd(), page_up(req.length), 0};
-    if (int e = make_memfd("softverbs-region", region.length, region.fd)) return e;
-    r = regions_.emplace(key, std::move(region)).first;
-    rep.created = 1;
-  } else if (req.length > r->second.length) {
-    return EINVAL;  // attaching callers may not ask for more than the region holds
-  }
-  Fd dup;
-  if (int e = dup_fd(r->second.fd.get(), dup)) {
-    if (rep.created) regions_.erase(r);
-    return e;
-  }
-  uint32_t handle = next_handle_++;
-  Backing b;
-  b.owner = ctx(client);
-  b.fd = std::move(dup);
-  b.region = id;
-  b.limit = r->second.length;
-  b.region_uid = uid;
-  backings_.insert(handle, std::move(b));
-  quotas_.charge(Quotas::kBacking, handle, client_uid(client));
-  r->second.backings++;
-  rep.backing = handle;
-  rep.length = r->second.length;
-  out_fds.push_back(r->second.fd.get());
   return 0;
 }
 
@@ -170,7 +125,7 @@ Credentials Registry::credentials(uint32_t client) const {
 // names.cc).
 bool Registry::names_live_object(const NsEntry& e) const {
   switch (e.kind) {
-    case proto::kNsPd: return pds_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsPd: return pd_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsMr: return mr_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsCq: return cq_.table().owned(e.handle, e.ctx) != nullptr;
     case proto::kNsQp: return qp_.table().owned(e.handle, e.ctx) != nullptr;
