@@ -16,11 +16,11 @@
 // references, destroy order). This class is the composition root: it keeps
 // the clients, the contexts, the quotas and the device tables, resolves
 // and destroys by type, and holds one class per object type that owns
-// that type's table and carries out its verbs (dm.h, xrc.h, srq.h, cq.h,
-// mr.h, qp.h, names.h),
-// which reaches it through ObjectHost (object_host.h). Its own functions:
-// registry.cc (clients, contexts, references, a context's release), pd.cc
-// (PDs, backings), qp_reach.cc (what a client's QPs reach, for resolve),
+// that type's table and carries out its verbs (pd.h, mr.h, dm.h, cq.h,
+// qp.h, srq.h, xrc.h, names.h), which reaches it through ObjectHost
+// (object_host.h). Its own functions: registry.cc (clients, contexts,
+// references, a context's release), qp_reach.cc (what a client's QPs
+// reach, for resolve),
 // sharing.cc (import, named regions, what the namespace reaches),
 // registry_mediation.cc (the tables as mediation sees them), counters.cc,
 // resources.cc.

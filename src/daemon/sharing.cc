@@ -1,6 +1,7 @@
 // sharing.cc: what crosses contexts: importing a context
-// (ibv_import_device(3)), named shared memory regions (seed 000), and what
-// the namespace (names.h) reaches of clients and contexts.
+// (ibv_import_device(3)), and what the namespace (names.h) reaches of
+// clients and contexts. Named shared memory regions (seed 000) are
+// MemoryBackings' (pd.h).
 #include "daemon/registry.h"
 
 #include <dirent.h>
