@@ -181,59 +181,59 @@ SV_HANDLER(Netns) {
   return NetnsId{req.dev, req.ino} == mine ? 0 : EXDEV;
 }
 SV_HANDLER(Accounts) {
-  env.registry.accounts(rep);
+  env.registry.mr().accounts(rep);
   return 0;
 }
 
 // ---- PD, backings, MRs, windows -------------------------------------------
-SV_HANDLER(AllocPd) { return env.registry.alloc_pd(env.client, rep.handle); }
+SV_HANDLER(AllocPd) { return env.registry.pd().alloc(env.client, rep.handle); }
 SV_DESTROY_HANDLER(DeallocPd)
 SV_HANDLER(QueryPd) {
   (void)obj.get<0>();  // ibv_query_pd: the PD is the caller's
   return 0;
 }
-SV_HANDLER(RegBacking) { return env.registry.reg_backing(env.client, std::move(env.in_fds[0]), rep.handle); }
+SV_HANDLER(RegBacking) { return env.registry.backings().reg(env.client, std::move(env.in_fds[0]), rep.handle); }
 SV_HANDLER(RegMr) {
   (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
-  return env.registry.reg_mr(env.client, obj.get<1>(), req, rep);
+  return env.registry.mr().reg(env.client, obj.get<1>(), req, rep);
 }
 SV_HANDLER(RegOdpMr) {
   (void)obj.get<0>();  // the PD: the caller's (the MR records req.pd)
-  return env.registry.reg_odp_mr(env.client, req, rep);
+  return env.registry.mr().reg_odp(env.client, req, rep);
 }
 SV_HANDLER(ReregMr) {
   (void)obj.optional<1>();  // a new PD: the caller's (the MR records req.pd)
-  return env.registry.rereg_mr(env.client, obj.get<0>(), obj.optional<2>(), req, rep);
+  return env.registry.mr().rereg(env.client, obj.get<0>(), obj.optional<2>(), req, rep);
 }
 SV_DESTROY_HANDLER(DeregMr)
 SV_HANDLER(QueryMr) {
-  env.registry.query_mr(obj.id<0>(), obj.get<0>(), rep);
+  env.registry.mr().query(obj.id<0>(), obj.get<0>(), rep);
   return 0;
 }
-SV_HANDLER(GetMrBacking) { return env.registry.get_mr_backing(obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(GetMrBacking) { return env.registry.mr().get_backing(obj.get<0>(), rep, env.out_fds); }
 SV_HANDLER(RegShmid) {
   (void)obj.get<0>();  // the PD: the caller's (the registration that follows names it)
-  return env.registry.reg_shmid(env.client, req, rep, env.out_fds);
+  return env.registry.backings().reg_shmid(env.client, req, rep, env.out_fds);
 }
 SV_HANDLER(RegShared) {
   (void)obj.get<0>();  // the PD: the caller's (the new MR records req.pd)
-  return env.registry.reg_shared(env.client, obj.get<1>(), req, rep);
+  return env.registry.mr().reg_shared(env.client, obj.get<1>(), req, rep);
 }
-SV_HANDLER(AllocMw) { return env.registry.alloc_mw(env.client, obj.id<0>(), req, rep); }
+SV_HANDLER(AllocMw) { return env.registry.mr().alloc_mw(env.client, obj.id<0>(), req, rep); }
 SV_DESTROY_HANDLER(DeallocMw)
-SV_HANDLER(BindMw) { return env.registry.bind_mw(obj.get<0>(), obj.get<1>(), req, rep); }
+SV_HANDLER(BindMw) { return env.registry.mr().bind_mw(obj.get<0>(), obj.get<1>(), req, rep); }
 SV_HANDLER(InvalidateKey) {
   (void)obj.get<0>();  // the QP: the caller's (its PD and peer are checked against the key's window)
-  return env.registry.invalidate(env.client, req);
+  return env.registry.mr().invalidate(env.client, req);
 }
-SV_HANDLER(AllocDm) { return env.registry.alloc_dm(env.client, req, rep, env.out_fds); }
+SV_HANDLER(AllocDm) { return env.registry.dm().alloc(env.client, req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(FreeDm)
-SV_HANDLER(ImportDm) { return env.registry.import_dm(obj.id<0>(), obj.get<0>(), rep, env.out_fds); }
-SV_HANDLER(RegDmMr) { return env.registry.reg_dm_mr(env.client, obj.id<0>(), obj.get<1>(), req, rep); }
+SV_HANDLER(ImportDm) { return env.registry.dm().import(obj.id<0>(), obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(RegDmMr) { return env.registry.dm().reg_mr(env.client, obj.id<0>(), obj.get<1>(), req, rep); }
 
 // ---- Channels and CQs -----------------------------------------------------
 SV_HANDLER(CreateChannel) {
-  return env.registry.create_channel(env.client, std::move(env.in_fds[0]), std::move(env.in_fds[1]), rep.handle);
+  return env.registry.cq().create_channel(env.client, std::move(env.in_fds[0]), std::move(env.in_fds[1]), rep.handle);
 }
 SV_DESTROY_HANDLER(DestroyChannel)
 SV_HANDLER(ImportChannel) {
@@ -242,22 +242,22 @@ SV_HANDLER(ImportChannel) {
   env.out_fds.push_back(ch.wake.get());
   return 0;
 }
-SV_HANDLER(CreateCq) { return env.registry.create_cq(env.client, obj.id<0>(), req, rep, env.out_fds); }
+SV_HANDLER(CreateCq) { return env.registry.cq().create(env.client, obj.id<0>(), req, rep, env.out_fds); }
 SV_DESTROY_HANDLER(DestroyCq)
-SV_HANDLER(ImportCq) { return env.registry.import_cq(env.client, obj.get<0>(), rep, env.out_fds); }
-SV_HANDLER(ResizeCq) { return env.registry.resize_cq(obj.get<0>(), req, rep, env.out_fds); }
-SV_HANDLER(ResizeCqDone) { return env.registry.resize_cq_done(obj.get<0>(), req); }
-SV_HANDLER(GetCq) { return env.registry.get_cq(obj.get<0>(), rep, env.out_fds); }
-SV_HANDLER(CqError) { return env.registry.cq_error(obj.get<0>(), obj.id<0>()); }
-SV_HANDLER(PollCq) { return env.registry.poll_granted_cq(obj.get<0>(), req, rep); }
+SV_HANDLER(ImportCq) { return env.registry.cq().import(env.client, obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(ResizeCq) { return env.registry.cq().resize(obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ResizeCqDone) { return env.registry.cq().resize_done(obj.get<0>(), req); }
+SV_HANDLER(GetCq) { return env.registry.cq().get(obj.get<0>(), rep, env.out_fds); }
+SV_HANDLER(CqError) { return env.registry.cq().error(obj.get<0>(), obj.id<0>()); }
+SV_HANDLER(PollCq) { return env.registry.cq().poll_granted(obj.get<0>(), req, rep); }
 
 // ---- QPs ------------------------------------------------------------------
 SV_HANDLER(CreateQp) {
   // Its PD and CQs: the caller's, or none (an XRC target QP); the QP records them.
   (void)obj.optional<0>(), (void)obj.optional<1>(), (void)obj.optional<2>();
-  return env.registry.create_qp(env.client, {obj.optional<3>(), obj.optional<4>()}, req, rep, env.out_fds);
+  return env.registry.qp().create(env.client, {obj.optional<3>(), obj.optional<4>()}, req, rep, env.out_fds);
 }
-SV_HANDLER(ModifyQp) { return env.registry.modify_qp(obj.get<0>(), req); }
+SV_HANDLER(ModifyQp) { return env.registry.qp().modify(obj.get<0>(), req); }
 SV_DESTROY_HANDLER(DestroyQp)
 SV_HANDLER(ImportQp) {
   const Qp& qp = obj.get<0>();
@@ -272,9 +272,13 @@ SV_HANDLER(ImportQp) {
   env.out_fds.push_back(qp.fd.get());
   return 0;
 }
-SV_HANDLER(ConnectPeer) { return env.registry.connect_peer(env.client, obj.get<0>(), obj.id<0>(), rep, env.out_fds); }
-SV_HANDLER(ConnectUd) { return env.registry.connect_ud(env.client, obj.get<0>(), req.dest, rep, env.out_fds); }
-SV_HANDLER(PeerError) { return env.registry.peer_error(obj.id<0>(), req.wc_status); }
+SV_HANDLER(ConnectPeer) {
+  return env.registry.qp().connect_peer(env.client, obj.get<0>(), obj.id<0>(), rep, env.out_fds);
+}
+SV_HANDLER(ConnectUd) {
+  return env.registry.qp().connect_ud(env.client, obj.get<0>(), req.dest, rep, env.out_fds);
+}
+SV_HANDLER(PeerError) { return env.registry.qp().peer_error(obj.id<0>(), req.wc_status); }
 SV_HANDLER(Mediate) { return env.registry.mediate(env.client, obj.get<0>(), req, rep, env.deferred); }
 SV_HANDLER(MediatePost) {
   (void)rep;  // never sent (Server::serve)
@@ -290,8 +294,8 @@ SV_HANDLER(Wake) {
   return env.wake ? env.wake(env.out_fds) : EOPNOTSUPP;
 }
 SV_HANDLER(MediateGone) { return env.registry.mediate_gone(obj.get<0>(), req.client); }
-SV_HANDLER(AttachMcast) { return env.registry.attach_mcast(env.client, obj.get<0>(), req); }
-SV_HANDLER(DetachMcast) { return env.registry.detach_mcast(obj.get<0>(), req); }
+SV_HANDLER(AttachMcast) { return env.registry.qp().attach_mcast(env.client, obj.get<0>(), req); }
+SV_HANDLER(DetachMcast) { return env.registry.qp().detach_mcast(obj.get<0>(), req); }
 SV_HANDLER(RoceAttach) {
   (void)obj.get<0>();  // the QP: the caller's (the port keys its binding by req.qpn)
   // The connection's arrival socket pair, made at its first attach: two
@@ -311,7 +315,7 @@ SV_HANDLER(RoceAttach) {
 SV_HANDLER(CreateSrq) {
   // Its PD and (XRC) CQ: the caller's; the SRQ records them.
   (void)obj.get<0>(), (void)obj.optional<2>();
-  return env.registry.create_srq(env.client, obj.optional<1>(), req, rep, env.out_fds);
+  return env.registry.srq().create(env.client, obj.optional<1>(), req, rep, env.out_fds);
 }
 SV_DESTROY_HANDLER(DestroySrq)
 SV_HANDLER(ImportSrq) {
@@ -324,9 +328,9 @@ SV_HANDLER(ImportSrq) {
   env.out_fds.push_back(srq.fd.get());
   return 0;
 }
-SV_HANDLER(SrqLimit) { return env.registry.srq_limit(obj.get<0>(), obj.id<0>()); }
-SV_HANDLER(ResizeSrq) { return env.registry.resize_srq(obj.get<0>(), obj.id<0>(), req, rep, env.out_fds); }
-SV_HANDLER(ResizeSrqDone) { return env.registry.resize_srq_done(obj.get<0>(), req); }
+SV_HANDLER(SrqLimit) { return env.registry.srq().limit(obj.get<0>(), obj.id<0>()); }
+SV_HANDLER(ResizeSrq) { return env.registry.srq().resize(obj.get<0>(), obj.id<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ResizeSrqDone) { return env.registry.srq().resize_done(obj.get<0>(), req); }
 SV_HANDLER(GetSrq) {
   const Srq& srq = obj.get<0>();
   rep.pd = srq.pd;
@@ -337,18 +341,18 @@ SV_HANDLER(GetSrq) {
 }
 SV_HANDLER(OpenXrcd) {
   Fd fd = env.in_fds.empty() ? Fd() : std::move(env.in_fds[0]);  // none: a private domain
-  return env.registry.open_xrcd(env.client, req, std::move(fd), rep.handle);
+  return env.registry.xrc().open(env.client, req, std::move(fd), rep.handle);
 }
 SV_DESTROY_HANDLER(CloseXrcd)
-SV_HANDLER(ConnectXrc) { return env.registry.connect_xrc(env.client, obj.get<0>(), req, rep, env.out_fds); }
-SV_HANDLER(OpenQp) { return env.registry.open_qp(env.client, obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(ConnectXrc) { return env.registry.qp().connect_xrc(env.client, obj.get<0>(), req, rep, env.out_fds); }
+SV_HANDLER(OpenQp) { return env.registry.qp().open_qp(env.client, obj.get<0>(), req, rep, env.out_fds); }
 
 // ---- The namespace (docs/SHARING.md) --------------------------------------
-SV_HANDLER(NsPublish) { return env.registry.ns_publish(env.client, req); }
-SV_HANDLER(NsUnpublish) { return env.registry.ns_unpublish(env.client, req); }
-SV_HANDLER(NsOpen) { return env.registry.ns_open(env.client, req, rep); }
+SV_HANDLER(NsPublish) { return env.registry.names().publish(env.client, req); }
+SV_HANDLER(NsUnpublish) { return env.registry.names().unpublish(env.client, req); }
+SV_HANDLER(NsOpen) { return env.registry.names().open(env.client, req, rep); }
 SV_HANDLER(NsList) {
-  env.registry.ns_list(std::string(req.after, ::strnlen(req.after, sizeof(req.after))), rep);
+  env.registry.names().list(std::string(req.after, ::strnlen(req.after, sizeof(req.after))), rep);
   return 0;
 }
 SV_HANDLER(ResList) { return env.registry.res_list(env.client, req, rep); }

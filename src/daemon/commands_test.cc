@@ -207,7 +207,7 @@ class CommandHandles : public Commands {
   Registry& reg() { return server.registry(); }
   uint32_t pd() {
     uint32_t h = 0;
-    EXPECT_EQ(0, reg().alloc_pd(client, h));
+    EXPECT_EQ(0, reg().pd().alloc(client, h));
     return h;
   }
   uint32_t backing() {
@@ -215,7 +215,7 @@ class CommandHandles : public Commands {
     EXPECT_EQ(0, ::ftruncate(fd, 4096));
     EXPECT_EQ(0, ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL));
     uint32_t id = 0;
-    EXPECT_EQ(0, reg().reg_backing(client, Fd(fd), id));
+    EXPECT_EQ(0, reg().backings().reg(client, Fd(fd), id));
     return id;
   }
   uint32_t cq() {
@@ -223,7 +223,7 @@ class CommandHandles : public Commands {
     req.cqe = 4;
     proto::CreateCqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(0, reg().create_cq(client, 0, req, rep, fds));
+    EXPECT_EQ(0, reg().cq().create(client, 0, req, rep, fds));
     return rep.handle;
   }
   uint32_t qp() {
@@ -236,7 +236,7 @@ class CommandHandles : public Commands {
     req.max_send_sge = req.max_recv_sge = 1;
     proto::CreateQpReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(0, reg().create_qp(client, {}, req, rep, fds));
+    EXPECT_EQ(0, reg().qp().create(client, {}, req, rep, fds));
     return rep.qpn;
   }
   uint32_t mr() { return reg_mr().handle; }
@@ -261,7 +261,7 @@ class CommandHandles : public Commands {
     req.srq_type = IBV_SRQT_BASIC;
     proto::CreateSrqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(0, reg().create_srq(client, nullptr, req, rep, fds));
+    EXPECT_EQ(0, reg().srq().create(client, nullptr, req, rep, fds));
     return rep.handle;
   }
   uint32_t make(proto::Obj kind) {
@@ -278,19 +278,19 @@ class CommandHandles : public Commands {
         req.pd = pd();
         req.type = IBV_MW_TYPE_1;
         proto::KeyReply rep{};
-        EXPECT_EQ(0, reg().alloc_mw(client, req.pd, req, rep));
+        EXPECT_EQ(0, reg().mr().alloc_mw(client, req.pd, req, rep));
         return rep.handle;
       }
       case proto::kObjChannel: {
         Fd rd, wake;
         EXPECT_EQ(0, make_wake_pair(rd, wake));
-        EXPECT_EQ(0, reg().create_channel(client, std::move(rd), std::move(wake), h));
+        EXPECT_EQ(0, reg().cq().create_channel(client, std::move(rd), std::move(wake), h));
         return h;
       }
       case proto::kObjXrcd: {
         proto::OpenXrcdReq req{};
         req.oflags = O_CREAT;
-        EXPECT_EQ(0, reg().open_xrcd(client, req, Fd(), h));
+        EXPECT_EQ(0, reg().xrc().open(client, req, Fd(), h));
         return h;
       }
       case proto::kObjDm: {
@@ -298,7 +298,7 @@ class CommandHandles : public Commands {
         req.length = 64;
         proto::DmReply rep{};
         std::vector<int> fds;
-        EXPECT_EQ(0, reg().alloc_dm(client, req, rep, fds));
+        EXPECT_EQ(0, reg().dm().alloc(client, req, rep, fds));
         return rep.handle;
       }
       default: ADD_FAILURE() << "no maker for kind " << kind; return 0;
@@ -317,7 +317,7 @@ class CommandHandles : public Commands {
         req.*f.field = key ? mr_key() : make(f.kind);
         // A grant, as NsOpen of another user's CQ makes: the rule's case
         // that lets the handler run.
-        if (f.rule == proto::HandleRule::kGranted) reg().grant_cq(client, req.*f.field);
+        if (f.rule == proto::HandleRule::kGranted) reg().cq().grant(client, req.*f.field);
       }
       // The handler runs whatever its other fields say (its status is its
       // own): the resolution that precedes it reads only the handle fields.
@@ -380,7 +380,7 @@ TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
   poll.handle = cq();
   poll.max = 1;
   EXPECT_EQ(EINVAL, send(proto::Op::PollCq, poll).h.status);  // its own: it polls the segment itself
-  reg().grant_cq(client, poll.handle);
+  reg().cq().grant(client, poll.handle);
   EXPECT_EQ(0, send(proto::Op::PollCq, poll).h.status);
   poll.max = 0;
   EXPECT_EQ(EINVAL, send(proto::Op::PollCq, poll).h.status);
@@ -390,7 +390,7 @@ TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
   cq_req.cqe = 4;
   proto::CreateCqReply cq_rep{};
   std::vector<int> fds;
-  ASSERT_EQ(0, reg().create_cq(other, 0, cq_req, cq_rep, fds));
+  ASSERT_EQ(0, reg().cq().create(other, 0, cq_req, cq_rep, fds));
   proto::HandleReq req{};
   req.handle = cq_rep.handle;
   EXPECT_EQ(EINVAL, send(proto::Op::GetCq, req).h.status);
@@ -402,12 +402,12 @@ TEST_F(CommandHandles, DeclaredRulesDecideWhoMayNameTheObject) {
 
   proto::CreateSrqReq srq_req{};
   srq_req.pd = 0;
-  ASSERT_EQ(0, reg().alloc_pd(other, srq_req.pd));
+  ASSERT_EQ(0, reg().pd().alloc(other, srq_req.pd));
   srq_req.max_wr = 4;
   srq_req.max_sge = 1;
   srq_req.srq_type = IBV_SRQT_BASIC;
   proto::CreateSrqReply srq_rep{};
-  ASSERT_EQ(0, reg().create_srq(other, nullptr, srq_req, srq_rep, fds));
+  ASSERT_EQ(0, reg().srq().create(other, nullptr, srq_req, srq_rep, fds));
   req.handle = srq_rep.handle;
   EXPECT_EQ(EACCES, send(proto::Op::SrqLimit, req).h.status);  // exists, not reached
   req.handle = 0x7777;
@@ -431,14 +431,14 @@ TEST_F(CommandHandles, DeclaredKeyRules) {
   ASSERT_EQ(0, ::ftruncate(fd, 4096));
   ASSERT_EQ(0, ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL));
   proto::RegMrReq req{};
-  ASSERT_EQ(0, reg().alloc_pd(other, req.pd));
-  ASSERT_EQ(0, reg().reg_backing(other, Fd(fd), req.backing));
+  ASSERT_EQ(0, reg().pd().alloc(other, req.pd));
+  ASSERT_EQ(0, reg().backings().reg(other, Fd(fd), req.backing));
   req.length = 4096;
   req.access = IBV_ACCESS_LOCAL_WRITE;
   proto::RegMrReply theirs{};
   auto* b = static_cast<Backing*>(reg().resolve(ObjKind::kBacking, other, req.backing));
   ASSERT_NE(nullptr, b);
-  ASSERT_EQ(0, reg().reg_mr(other, *b, req, theirs));
+  ASSERT_EQ(0, reg().mr().reg(other, *b, req, theirs));
   get.key = theirs.key;
   EXPECT_EQ(EACCES, send(proto::Op::GetMrBacking, get).h.status);  // its PD is not reached
 

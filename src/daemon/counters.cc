@@ -46,12 +46,12 @@ void Registry::port_counters(uid_t me, counters::Values& out) const {
     for (uint32_t i = 0; i < counters::kCount; ++i) out[i] += total[i];
   }
   if (me == 0) {
-    for (const auto& [qpn, q] : qps_) qp_counters(q, out);
+    for (const auto& [qpn, q] : qp_.table()) qp_counters(q, out);
     return;
   }
   // Another user's: its own contexts' QPs, by the owner index.
   for (uint32_t c : contexts_of_user(me))
-    for (uint32_t qpn : qps_.of(c)) qp_counters(qps_.find(qpn)->second, out);
+    for (uint32_t qpn : qp_.table().of(c)) qp_counters(qp_.table().find(qpn)->second, out);
 }
 
 void Registry::wire_counters(uint32_t client, proto::WireCountersReply& rep) const {
@@ -77,23 +77,23 @@ int Registry::counters_page(uint32_t client, const proto::CountersReq& req, prot
   // own contexts' QPs, in QPN order.
   std::vector<uint32_t> ids;
   if (me == 0) {
-    for (auto it = qps_.upper_bound(req.after); it != qps_.end() && ids.size() < proto::kCounterPage; ++it)
+    for (auto it = qp_.table().upper_bound(req.after); it != qp_.table().end() && ids.size() < proto::kCounterPage; ++it)
       ids.push_back(it->first);
   } else {
     for (uint32_t c : contexts_of_user(me)) {
-      const std::vector<uint32_t> more = qps_.of_after(c, req.after, proto::kCounterPage);
+      const std::vector<uint32_t> more = qp_.table().of_after(c, req.after, proto::kCounterPage);
       ids.insert(ids.end(), more.begin(), more.end());
     }
     std::sort(ids.begin(), ids.end());
     if (ids.size() > proto::kCounterPage) ids.resize(proto::kCounterPage);
   }
   for (uint32_t qpn : ids) {
-    auto it = qps_.find(qpn);
-    if (it == qps_.end()) continue;
+    auto it = qp_.table().find(qpn);
+    if (it == qp_.table().end()) continue;
     proto::CounterEntry& e = rep.entries[rep.count++];
     e.qpn = qpn;
     e.context = it->second.owner;
-    e.uid = uint32_t(ctx_uid(it->second.owner));
+    e.uid = uint32_t(context_uid(it->second.owner));
     e.pid = context_pid(it->second.owner);
     counters::Values qv{};
     qp_counters(it->second, qv);
@@ -108,8 +108,8 @@ int Registry::counters_page(uint32_t client, const proto::CountersReq& req, prot
 // never ran; one that comes back to be retried is counted when it ends).
 void Registry::count_mediated(uint32_t qpn, uint32_t opcode, const proto::MediateReply& rep) {
   using namespace counters;
-  auto q = qps_.find(qpn);
-  if (q == qps_.end()) return;
+  auto q = qp_.table().find(qpn);
+  if (q == qp_.table().end()) return;
   uint64_t* me = q->second.med_counts;
   if (rep.outcome == proto::kMediateError) {
     if (rep.wc_status != IBV_WC_WR_FLUSH_ERR) ++me[kMedErrors];
@@ -119,9 +119,9 @@ void Registry::count_mediated(uint32_t qpn, uint32_t opcode, const proto::Mediat
   const rules::OpcodeRule& r = rules::rule_of(opcode);
   const uint64_t len = rep.byte_len;
   ++me[kMedOps];
-  auto peer = qps_.find(qp_slot(qpn).dest_qpn.load(std::memory_order_relaxed));
+  auto peer = qp_.table().find(qp_.slot(qpn).dest_qpn.load(std::memory_order_relaxed));
   uint64_t unused[kMedCount] = {};
-  uint64_t* them = peer != qps_.end() ? peer->second.med_counts : unused;
+  uint64_t* them = peer != qp_.table().end() ? peer->second.med_counts : unused;
   switch (r.kind) {
     case rules::WrKind::kSend:
       ++me[kMedSends];

@@ -1,7 +1,7 @@
 // cq.cc: completion queues and completion channels (ibv_create_cq(3),
 // ibv_resize_cq(3), ibv_create_comp_channel(3)); the daemon's own
 // completions; CQs granted to another user by name.
-#include "daemon/registry.h"
+#include "daemon/cq.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -17,40 +17,11 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-int Registry::create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle) {
-  if (!fd.valid() || !wake.valid()) return EINVAL;
-  if (int e = quotas_.admit(Quotas::kChannel, client_uid(client))) return e;
-  handle = next_handle_++;
-  quotas_.charge(Quotas::kChannel, handle, client_uid(client));
-  Channel ch;
-  ch.owner = ctx(client);
-  ch.fd = std::move(fd);
-  ch.wake = std::move(wake);
-  channels_.insert(handle, std::move(ch));
-  return 0;
-}
+namespace cq_segments {
 
-int Registry::create_cq(uint32_t client, uint32_t channel, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
-                        std::vector<int>& out_fds) {
-  if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
-  if (int e = quotas_.admit(Quotas::kCq, client_uid(client))) return e;
-  Cq cq;
-  cq.owner = ctx(client);
-  cq.channel = channel;
-  uint32_t handle = next_handle_;
-  if (int e = make_cq_segment(handle, req.cqe, channel, cq.fd, cq.map, cq.capacity)) return e;
-  next_handle_++;
-  rep.handle = handle;
-  rep.capacity = cq.capacity;
-  rep.segment_size = cq.map.size();
-  out_fds.push_back(cq.fd.get());
-  quotas_.charge(Quotas::kCq, handle, client_uid(client));
-  hold(cqs_.insert(handle, std::move(cq)).held());
-  return 0;
-}
-
-int Registry::make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map,
-                              uint32_t& capacity) {
+// A fresh CQ segment for at least `cqe` entries (its capacity a power of
+// two), its header written from the daemon's record.
+int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map, uint32_t& capacity) {
   CqLayout layout{round_up_pow2(cqe + 1)};
   capacity = layout.capacity;
   if (int e = make_memfd("softverbs-cq", layout.size(), fd)) return e == EINVAL ? ENOMEM : e;
@@ -67,15 +38,50 @@ int Registry::make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, F
   return 0;
 }
 
+}  // namespace cq_segments
+
+int CompletionQueues::create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle) {
+  if (!fd.valid() || !wake.valid()) return EINVAL;
+  Quotas& quotas = host_.quotas();
+  if (int e = quotas.admit(Quotas::kChannel, host_.client_uid(client))) return e;
+  handle = host_.take_handle();
+  quotas.charge(Quotas::kChannel, handle, host_.client_uid(client));
+  Channel ch;
+  ch.owner = host_.context_of(client);
+  ch.fd = std::move(fd);
+  ch.wake = std::move(wake);
+  channels_.insert(handle, std::move(ch));
+  return 0;
+}
+
+int CompletionQueues::create(uint32_t client, uint32_t channel, const proto::CreateCqReq& req,
+                             proto::CreateCqReply& rep, std::vector<int>& out_fds) {
+  if (req.cqe == 0 || req.cqe > kMaxCqe) return EINVAL;
+  Quotas& quotas = host_.quotas();
+  if (int e = quotas.admit(Quotas::kCq, host_.client_uid(client))) return e;
+  Cq cq;
+  cq.owner = host_.context_of(client);
+  cq.channel = channel;
+  uint32_t handle = host_.next_handle();
+  if (int e = cq_segments::make_cq_segment(handle, req.cqe, channel, cq.fd, cq.map, cq.capacity)) return e;
+  host_.take_handle();
+  rep.handle = handle;
+  rep.capacity = cq.capacity;
+  rep.segment_size = cq.map.size();
+  out_fds.push_back(cq.fd.get());
+  quotas.charge(Quotas::kCq, handle, host_.client_uid(client));
+  host_.hold(cqs_.insert(handle, std::move(cq)).held());
+  return 0;
+}
 // ibv_resize_cq moves a CQ to a new segment. The daemon makes the segment;
 // the resizing process closes the old ring to producers, moves the waiting
 // completions over in order and commits. Producers that meet the closed
 // ring wait for `moved` and fetch the new segment with GetCq.
-int Registry::resize_cq(Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
-                        std::vector<int>& out_fds) {
+int CompletionQueues::resize(Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqReply& rep,
+                             std::vector<int>& out_fds) {
   if (req.cqe == 0 || req.cqe > kMaxCqe - 1) return EINVAL;
   if (cq.next_fd.valid()) return EBUSY;  // another holder is resizing it
-  if (int e = make_cq_segment(req.handle, req.cqe, cq.channel, cq.next_fd, cq.next_map, cq.next_capacity)) {
+  if (int e = cq_segments::make_cq_segment(req.handle, req.cqe, cq.channel, cq.next_fd, cq.next_map, cq.next_capacity)) {
     cq.next_fd = Fd();
     cq.next_map = Mapping();
     return e;
@@ -87,7 +93,7 @@ int Registry::resize_cq(Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqRe
   return 0;
 }
 
-int Registry::resize_cq_done(Cq& cq, const proto::ResizeCqDoneReq& req) {
+int CompletionQueues::resize_done(Cq& cq, const proto::ResizeCqDoneReq& req) {
   if (req.commit > 1) return EINVAL;
   if (!cq.next_fd.valid()) return EINVAL;
   if (req.commit) {
@@ -103,32 +109,7 @@ int Registry::resize_cq_done(Cq& cq, const proto::ResizeCqDoneReq& req) {
   return 0;
 }
 
-bool Registry::may_complete_into(uint32_t client, uint32_t handle) {
-  auto it = cqs_.find(handle);
-  if (it == cqs_.end()) return false;
-  uint32_t c = ctx(client);
-  if (it->second.owner == c) return true;
-  if (!same_user(client, it->second.owner)) return false;  // another user's peers are mediated
-  // A requester pushes receive completions into the CQ of the QP it reaches:
-  // its connected peer, or (UD) any UD QP.
-  // Only the caller's QPs, and the QPs and SRQs of the CQ's context (a QP's
-  // or an XRC SRQ's CQ is of its own context) are looked at.
-  bool has_ud = false;
-  for (uint32_t qpn : qps_.of(c)) {
-    has_ud |= qps_.at(qpn).type == IBV_QPT_UD;
-    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
-    if (peer != qps_.end() && peer->second.recv_cq == handle) return true;
-  }
-  const uint32_t cq_owner = it->second.owner;
-  if (has_ud)
-    for (uint32_t qpn : qps_.of(cq_owner))
-      if (const Qp& q = qps_.at(qpn); q.type == IBV_QPT_UD && q.recv_cq == handle) return true;
-  for (uint32_t h : srqs_.of(cq_owner))
-    if (const Srq& srq = srqs_.at(h); srq.cq == handle && xrc_reaches_srq(c, srq)) return true;
-  return false;
-}
-
-int Registry::get_cq(const Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
+int CompletionQueues::get(const Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
   rep.capacity = cq.capacity;
   rep.segment_size = cq.map.size();
   out_fds.push_back(cq.fd.get());
@@ -137,26 +118,18 @@ int Registry::get_cq(const Cq& cq, proto::ImportCqReply& rep, std::vector<int>& 
 
 // IBTA 11.4.2.1 and 10.10.2.3: a CQ overrun is a CQ error. The CQ's holders
 // get IBV_EVENT_CQ_ERR and every QP completing into it goes to ERR.
-int Registry::cq_error(Cq& cq, uint32_t handle) {
+int CompletionQueues::error(Cq& cq, uint32_t handle) {
   if (cq.failed) return 0;
   cq.failed = true;
-  for (uint32_t id : clients_of(cq.owner)) events_.push_back({id, IBV_EVENT_CQ_ERR, handle});
-  // A QP completes only into CQs of its own context (check_create_qp), and
-  // such a QP keeps its context.
-  for (uint32_t qpn : qps_.of(cq.owner)) {
-    const Qp& q = qps_.at(qpn);
-    if (q.send_cq != handle && q.recv_cq != handle) continue;
-    QpEntry& e = qp_slot(qpn);
-    if (ibv_qp_state(e.state.load()) == IBV_QPS_RESET) continue;
-    e.state.store(IBV_QPS_ERR, std::memory_order_release);
-  }
+  host_.context_event(cq.owner, IBV_EVENT_CQ_ERR, handle);
+  host_.qps_error_on_cq(cq.owner, handle);
   return 0;
 }
 
 // The daemon's own completions (flushes, torn receives, mediated
 // operations). While a resize is moving the CQ (its ring closed) they go to
 // the segment it moves to, so none is lost.
-void Registry::push_cq(uint32_t handle, const ibv_wc& wc, bool solicited) {
+void CompletionQueues::push(uint32_t handle, const ibv_wc& wc, bool solicited) {
   auto cq = cqs_.find(handle);
   if (cq == cqs_.end()) return;
   int channel_fd = -1;
@@ -172,19 +145,19 @@ void Registry::push_cq(uint32_t handle, const ibv_wc& wc, bool solicited) {
   }
 }
 
-bool Registry::cq_granted(uint32_t client, uint32_t handle) const {
-  for (auto [g, end] = cq_grants_.equal_range(client); g != end; ++g)
+bool CompletionQueues::granted(uint32_t client, uint32_t handle) const {
+  for (auto [g, end] = grants_.equal_range(client); g != end; ++g)
     if (g->second == handle) return true;
   return false;
 }
 
-void Registry::grant_cq(uint32_t client, uint32_t handle) {
-  if (!cq_granted(client, handle)) cq_grants_.emplace(client, handle);
+void CompletionQueues::grant(uint32_t client, uint32_t handle) {
+  if (!granted(client, handle)) grants_.emplace(client, handle);
 }
 
-int Registry::import_cq(uint32_t client, const Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
+int CompletionQueues::import(uint32_t client, const Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds) {
   rep.capacity = cq.capacity;
-  if (cq.owner != ctx(client)) {
+  if (cq.owner != host_.context_of(client)) {
     // Granted (another user opened it by name): no descriptor at all. Any
     // mapping of the segment, even a read-only one reopened through
     // /proc/self/fd, would let the grantee forge completions or hold the
@@ -200,7 +173,7 @@ int Registry::import_cq(uint32_t client, const Cq& cq, proto::ImportCqReply& rep
   return 0;
 }
 
-int Registry::poll_granted_cq(Cq& cq, const proto::PollCqReq& req, proto::PollCqReply& rep) {
+int CompletionQueues::poll_granted(Cq& cq, const proto::PollCqReq& req, proto::PollCqReply& rep) {
   rep.count = 0;
   if (req.max == 0 || req.max > proto::kPollCqMax) return EINVAL;
   // The current segment as the daemon made it (a committed resize moved

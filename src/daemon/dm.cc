@@ -16,54 +16,56 @@
 // out of device memory. Device memory is the daemon's file, not a
 // process's pages: it is bounded by that limit and charged to no
 // process's RLIMIT_MEMLOCK.
+#include "daemon/dm.h"
+
 #include <algorithm>
 #include <cerrno>
 
 #include "common/trace.h"
-#include "daemon/registry.h"
+
+#include "common/sys.h"
 
 namespace sv::daemon {
 
-int Registry::alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep,
-                       std::vector<int>& out_fds) {
+int DeviceMemory::alloc(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep,
+                        std::vector<int>& out_fds) {
   // ibv_alloc_dm(3): no comp_mask bit is defined for the request.
   if (req.comp_mask || req.length == 0 || req.log_align_req > proto::kMaxDmLogAlign) return EINVAL;
   if (req.length > proto::kMaxDmSize) return ENOMEM;
-  const uint32_t owner = ctx(client);
-  if (!contexts_.count(owner)) return EINVAL;
-  const uid_t uid = client_uid(client);
+  const uint32_t owner = host_.context_of(client);
+  if (!host_.context_open(owner)) return EINVAL;
+  const uid_t uid = host_.client_uid(client);
   const uint64_t charged = page_up(req.length);
-  if (dm_bytes(uid) + charged > proto::kMaxDmSize) {
+  if (bytes(uid) + charged > proto::kMaxDmSize) {
     SV_TRACE("daemon: uid %u: device memory %llu + %llu beyond %llu: ENOMEM", unsigned(uid),
-             (unsigned long long)dm_bytes(uid), (unsigned long long)charged,
+             (unsigned long long)bytes(uid), (unsigned long long)charged,
              (unsigned long long)proto::kMaxDmSize);
     return ENOMEM;
   }
-  if (int e = quotas_.admit(Quotas::kDm, uid)) return e;
-  if (int e = quotas_.admit(Quotas::kBacking, uid)) return e;  // a DM comes with a backing
+  Quotas& quotas = host_.quotas();
+  if (int e = quotas.admit(Quotas::kDm, uid)) return e;
+  if (int e = quotas.admit(Quotas::kBacking, uid)) return e;  // a DM comes with a backing
   Fd fd;
   if (int e = make_memfd("softverbs-dm", charged, fd)) return e;
   const int map_fd = fd.get();
 
-  const uint32_t backing = next_handle_++;
   Backing b;
   b.owner = owner;
   b.fd = std::move(fd);
   b.limit = req.length;
   b.dm = true;
-  backings_.insert(backing, std::move(b));
-  quotas_.charge(Quotas::kBacking, backing, uid);
+  const uint32_t backing = backings_.add(std::move(b), uid);
 
-  const uint32_t handle = next_handle_++;
+  const uint32_t handle = host_.take_handle();
   Dm dm;
   dm.owner = owner;
   dm.backing = backing;
   dm.length = req.length;
   dm.charged = charged;
   dm.uid = uid;
-  hold(dms_.insert(handle, std::move(dm)).held());
-  quotas_.charge(Quotas::kDm, handle, uid);
-  dm_bytes_[uid] += charged;
+  host_.hold(dms_.insert(handle, std::move(dm)).held());
+  quotas.charge(Quotas::kDm, handle, uid);
+  bytes_[uid] += charged;
 
   rep.handle = handle;
   rep.backing = backing;
@@ -75,27 +77,27 @@ int Registry::alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmR
 
 // The end of a DM (ibv_free_dm, or its context's release after its MRs):
 // its bytes go back to its user; its backing goes with it (drop()).
-void Registry::release_dm(uint32_t handle) {
+void DeviceMemory::release(uint32_t handle) {
   auto it = dms_.find(handle);
   if (it == dms_.end()) return;
-  if (auto u = dm_bytes_.find(it->second.uid); u != dm_bytes_.end()) {
+  if (auto u = bytes_.find(it->second.uid); u != bytes_.end()) {
     u->second -= std::min(u->second, it->second.charged);
-    if (u->second == 0) dm_bytes_.erase(u);
+    if (u->second == 0) bytes_.erase(u);
   }
-  forget(ObjKind::kDm, handle);
+  host_.forget(ObjKind::kDm, handle);
 }
 
 // ibv_import_dm(3): "imports a device memory from a context that is shared
 // with the current one" (ibv_import_device): a DM of the caller's context
 // only. Any other handle, another context's included, is EINVAL.
-int Registry::import_dm(uint32_t handle, const Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds) {
-  auto b = backings_.find(dm.backing);
-  if (b == backings_.end()) return EINVAL;
+int DeviceMemory::import(uint32_t handle, const Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds) {
+  const Backing* b = backings_.get(dm.backing);
+  if (!b) return EINVAL;
   rep.handle = handle;
   rep.backing = dm.backing;
   rep.length = dm.length;
   rep.map_size = dm.charged;
-  out_fds.push_back(b->second.fd.get());
+  out_fds.push_back(b->fd.get());
   return 0;
 }
 
@@ -103,7 +105,8 @@ int Registry::import_dm(uint32_t handle, const Dm& dm, proto::DmReply& rep, std:
 // the DM, with IBV_ACCESS_ZERO_BASED (its addresses are offsets from the
 // MR's start); the access rules of ibv_reg_mr(3) otherwise. A zero length
 // is accepted (a key for no byte; mlx5 takes it, rdma-core's tests use it).
-int Registry::reg_dm_mr(uint32_t client, uint32_t pd, const Dm& dm, const proto::RegDmMrReq& req, proto::RegMrReply& rep) {
+int DeviceMemory::reg_mr(uint32_t client, uint32_t pd, const Dm& dm, const proto::RegDmMrReq& req,
+                         proto::RegMrReply& rep) {
   if (!(req.access & IBV_ACCESS_ZERO_BASED) || (req.access & ~kKnownAccess)) return EINVAL;
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(req.access & IBV_ACCESS_LOCAL_WRITE))
     return EINVAL;
@@ -115,7 +118,7 @@ int Registry::reg_dm_mr(uint32_t client, uint32_t pd, const Dm& dm, const proto:
   r.length = req.length;
   r.iova = 0;
   r.access = req.access;
-  return install_mr(client, r, false, req.dm, rep);
+  return mrs_.install(client, r, false, req.dm, rep);
 }
 
 }  // namespace sv::daemon

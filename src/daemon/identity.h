@@ -1,6 +1,6 @@
 // identity.h: what decides a client's locked-memory limit, read through
 // its pidfd and /proc when it connects and again at each registration
-// (Registry::add_client, Registry::reg_mr).
+// (Registry::add_client, MemoryRegions::charge_memlock).
 #pragma once
 
 #include <sys/types.h>

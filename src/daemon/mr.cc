@@ -1,7 +1,7 @@
 // mr.cc: memory regions, memory windows and their keys (IBTA 10.6;
 // ibv_reg_mr(3), ibv_alloc_mw(3), ibv_bind_mw(3)), and who may map an MR's
-// backing.
-#include "daemon/registry.h"
+// backing (see mr.h).
+#include "daemon/mr.h"
 
 #include <sys/stat.h>
 
@@ -18,11 +18,14 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
+MemoryRegions::MemoryRegions(ObjectHost& host, DeviceTables& tables, MemoryBackings& backings)
+    : host_(host), tables_(tables), backings_(backings), key_byte_(kMrTableSize, 0) {}
+
 // Is `req` over backing `b` a registration that may be made (ibv_reg_mr(3))?
 // The one check for a new registration (RegMr, RegShared) and for what a
 // re-registration would make of an existing one (ReregMr); its PD and
 // backing are the registrant's (resolved by the command layer, or the MR's own).
-int Registry::check_mr(const Backing& backing, const proto::RegMrReq& req) {
+int MemoryRegions::check(const Backing& backing, const proto::RegMrReq& req) {
   const Backing* b = &backing;
   if (b->dm) return EINVAL;  // device memory is registered by RegDmMr alone (dm.cc)
   if (req.access & ~kKnownAccess) return EINVAL;
@@ -41,50 +44,37 @@ int Registry::check_mr(const Backing& backing, const proto::RegMrReq& req) {
   return 0;
 }
 
-// The registrant of ODP MRs exited (its pidfd, which the server watches
-// once the client registered one, became readable) or left (`left`: its
-// connection closed: exit, exec, ibv_close_device): its ODP MRs go now,
-// whoever else holds the context, so that no key reaches a later process
-// that reuses the pid, nor the program an exec put in its place. A client
-// whose process is alive and connected is left alone.
-void Registry::odp_owner_gone(uint32_t client, bool left) {
-  auto it = clients_.find(client);
-  if (it == clients_.end()) return;
-  const Client& c = it->second;
-  if (!left && c.pidfd.valid() && pidfd_alive(c.pidfd.get())) return;
+// The ODP MRs a registrant made in context `ctx` (Registry::odp_owner_gone).
+void MemoryRegions::registrant_gone(uint32_t ctx, pid_t pid) {
   std::vector<uint32_t> gone;
-  for (uint32_t h : mrs_.of(ctx(client))) {
+  for (uint32_t h : mrs_.of(ctx)) {
     const MrEntry& e = tables_.mr_at(h);
-    if (e.backing == kOdpBacking && e.owner_pid == uint32_t(c.pid)) gone.push_back(h);
+    if (e.backing == kOdpBacking && e.owner_pid == uint32_t(pid)) gone.push_back(h);
   }
-  unbind_windows_of(0, gone);  // a window over them dies with them
-  for (uint32_t h : gone) release_mr(h);
-}
-
-int Registry::client_pidfd(uint32_t client) const {
-  auto it = clients_.find(client);
-  return it == clients_.end() ? -1 : it->second.pidfd.get();
+  unbind_windows_of(gone);  // a window over them dies with them
+  for (uint32_t h : gone) release(h);
 }
 
 // Writes an MR's entry from `req`; the caller publishes its key after.
-void Registry::fill_mr_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t client) {
+void MemoryRegions::fill_entry(MrEntry& e, const proto::RegMrReq& req, uint32_t client) {
+  const ClientView c = host_.client_view(client);
   e.access = req.access;
   e.pd = req.pd;
   e.backing = req.backing;
   e.iova = req.iova;
   e.length = req.length;
   e.file_offset = req.addr;
-  e.owner_pid = uint32_t(clients_[client].pid);
-  e.owner_identity = clients_[client].identity;
+  e.owner_pid = uint32_t(c.pid);
+  e.owner_identity = c.identity;
   e.kind = kKindMr;
   e.bound_qpn = 0;
   e.generation++;
 }
 
-int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+int MemoryRegions::reg(uint32_t client, const Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep) {
   if (req.flags) return EINVAL;
-  if (int e = check_mr(b, req)) return e;
-  return install_mr(client, req, true, 0, rep);
+  if (int e = check(b, req)) return e;
+  return install(client, req, true, 0, rep);
 }
 
 // ibv_reg_mr(3) with IBV_ACCESS_ON_DEMAND: the entry names the registrant's
@@ -97,30 +87,16 @@ int Registry::reg_mr(uint32_t client, const Backing& b, const proto::RegMrReq& r
 // daemon opens here once per client.
 // With proto::kRegThroughOwner, the same for memory the registrant cannot
 // share otherwise: not ON_DEMAND, not implicit, and charged as pinned.
-int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
+int MemoryRegions::reg_odp(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep) {
   constexpr uint32_t kOdpAccess = kKnownAccess | IBV_ACCESS_ON_DEMAND;
   const bool through_owner = req.flags == proto::kRegThroughOwner;
   if (req.flags & ~proto::kRegThroughOwner) return EINVAL;
   if (through_owner ? (req.access & ~kKnownAccess) || req.length == kImplicitOdpLength
                     : !(req.access & IBV_ACCESS_ON_DEMAND) || (req.access & ~kOdpAccess))
     return EINVAL;
-  // The MR dies with its process: without a pidfd (Linux 5.3) the daemon
-  // could not tell when (odp_owner_gone).
-  auto c = clients_.find(client);
-  if (c == clients_.end() || !c->second.pidfd.valid()) return EOPNOTSUPP;
-  // Every copy of its memory goes through its pinned address space,
-  // opened once (the process behind the pidfd held since connect).
-  // Its four descriptors (/proc/PID/mem, maps and pagemap, a pidfd) are
-  // charged to the user while the client lasts.
-  if (!c->second.odp_memory) {
-    if (int e = quotas_.admit_fds(c->second.uid, 4)) return e;
-    if (int e = OdpMemory::open(c->second.pid, c->second.pidfd.get(), c->second.odp_memory)) {
-      std::fprintf(stderr, "softverbsd: the address space of process %d cannot be opened for on-demand paging: %s\n",
-                   int(c->second.pid), std::strerror(e));
-      return e == ESRCH ? ESRCH : EACCES;
-    }
-    quotas_.charge_fds(Quotas::fd_key(client, Quotas::kOdpFds), c->second.uid, 4);
-  }
+  // The MR dies with its process, and every copy of its memory goes
+  // through its pinned address space (Registry::open_odp_memory).
+  if (int e = host_.open_odp_memory(client)) return e;
   if ((req.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(req.access & IBV_ACCESS_LOCAL_WRITE))
     return EINVAL;
   proto::RegMrReq r = req;
@@ -132,25 +108,25 @@ int Registry::reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::Reg
     if (req.addr + req.length < req.addr || req.addr + req.length > (1ull << 57)) return EINVAL;
     if (req.iova + req.length < req.iova) return EINVAL;
   }
-  return install_mr(client, r, through_owner, 0, rep);
+  return install(client, r, through_owner, 0, rep);
 }
 
 // The MR's key slot, entry and object; `charge`: its pages count as the
 // registrant's locked memory; `dm`: the device memory it is registered over.
-int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm,
-                         proto::RegMrReply& rep) {
-  if (int e = quotas_.admit(Quotas::kMr, client_uid(client))) return e;
+int MemoryRegions::install(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm,
+                           proto::RegMrReply& rep) {
+  if (int e = host_.quotas().admit(Quotas::kMr, host_.client_uid(client))) return e;
 
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
   // The entry goes to the registrant's user's device segment.
-  if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
+  if (int err = tables_.claim_mr(slot, host_.context_uid(host_.context_of(client)))) return err;
   uint64_t bytes = 0;
   if (charge) {
     if (int err = charge_memlock(client, req.addr, req.length, 0, bytes)) return err;
   }
 
-  uint8_t kb = ++mr_key_byte_[slot];
+  uint8_t kb = ++key_byte_[slot];
   // An implicit ODP MR's key byte is even (nonzero). UCX 1.13's
   // uct_ib_md_close hands its global ODP memory handle (lkey, rkey, ...,
   // flags) to uct_ib_mem_dereg as a uct_md_mem_dereg_params_t, whose
@@ -161,25 +137,25 @@ int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charg
   // fail, the byte cycling through 127 values instead of 255.
   if (req.backing == kOdpBacking && req.addr == 0 && req.length == kImplicitOdpLength) {
     kb = uint8_t(kb + (kb & 1));
-    mr_key_byte_[slot] = kb = kb ? kb : 2;
+    key_byte_[slot] = kb = kb ? kb : 2;
   }
   uint32_t key = (slot << 8) | kb;
-  if (key == 0) key = (slot << 8) | ++mr_key_byte_[slot];
+  if (key == 0) key = (slot << 8) | ++key_byte_[slot];
 
   MrEntry& e = tables_.mr_at(slot);
-  fill_mr_entry(e, req, client);
+  fill_entry(e, req, client);
   e.key.store(key, std::memory_order_release);  // publish last
 
-  quotas_.charge(Quotas::kMr, slot, client_uid(client));
+  host_.quotas().charge(Quotas::kMr, slot, host_.client_uid(client));
   Mr mr;
-  mr.owner = ctx(client);
+  mr.owner = host_.context_of(client);
   mr.key = key;
   mr.pd = req.pd;
   mr.backing = req.backing == kOdpBacking ? 0 : req.backing;  // ODP: holds no backing
-  mr.charged_pid = clients_[client].pid;
+  mr.charged_pid = host_.client_view(client).pid;
   mr.charged_bytes = bytes;
   mr.dm = dm;
-  hold(mrs_.insert(slot, std::move(mr)).held());
+  host_.hold(mrs_.insert(slot, std::move(mr)).held());
   rep.handle = slot;
   rep.key = key;
   return 0;
@@ -191,8 +167,8 @@ int Registry::install_mr(uint32_t client, const proto::RegMrReq& req, bool charg
 // dereg_mr is) while memory windows are bound to it: their entries were
 // cut from its range and rights. Any refusal leaves the MR exactly as it
 // was.
-int Registry::rereg_mr(uint32_t client, Mr& the_mr, const Backing* backing, const proto::ReregMrReq& req,
-                       proto::RegMrReply& rep) {
+int MemoryRegions::rereg(uint32_t client, Mr& the_mr, const Backing* backing, const proto::ReregMrReq& req,
+                         proto::RegMrReply& rep) {
   constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
   Mr* mr = &the_mr;
   if (req.flags == 0 || (req.flags & ~kFlags)) return EINVAL;
@@ -210,28 +186,29 @@ int Registry::rereg_mr(uint32_t client, Mr& the_mr, const Backing* backing, cons
   n.iova = moves ? req.iova : e.iova;
   // A new PD or backing is named (and resolved as the caller's); else the MR's own.
   if (!n.pd || !n.backing || (moves && !backing)) return EINVAL;
-  if (int err = check_mr(moves ? *backing : backings_.at(mr->backing), n)) return err;
+  if (int err = check(moves ? *backing : *backings_.get(mr->backing), n)) return err;
   // New pages are charged to the caller, the old charge counted as gone
   // when the caller holds it; then the old charge is released.
   uint64_t bytes = mr->charged_bytes;
   if (moves) {
-    const uint64_t credit = mr->charged_pid == clients_[client].pid ? mr->charged_bytes : 0;
+    const pid_t pid = host_.client_view(client).pid;
+    const uint64_t credit = mr->charged_pid == pid ? mr->charged_bytes : 0;
     if (int err = charge_memlock(client, n.addr, n.length, credit, bytes)) return err;
     uncharge_memlock(mr->charged_pid, mr->charged_bytes);
-    mr->charged_pid = clients_[client].pid;
+    mr->charged_pid = pid;
     mr->charged_bytes = bytes;
   }
   // Revoke the key, change the entry, publish the same key again.
   const uint32_t key = mr->key;
   e.key.store(0, std::memory_order_release);
   const uint32_t owner_pid = e.owner_pid;
-  fill_mr_entry(e, n, client);
+  fill_entry(e, n, client);
   if (!moves) e.owner_pid = owner_pid;  // whose addresses the range names
   const Held before = mr->held();
   mr->pd = n.pd;
   mr->backing = n.backing;
-  hold(mr->held());
-  drop(before);  // a region's backing may go with its last registration
+  host_.hold(mr->held());
+  host_.drop(before);  // a region's backing may go with its last registration
   e.key.store(key, std::memory_order_release);
   rep.handle = req.handle;
   rep.key = key;
@@ -242,14 +219,15 @@ int Registry::rereg_mr(uint32_t client, Mr& the_mr, const Backing* backing, cons
 // the resource manager to the OS; we follow the kernel's RLIMIT_MEMLOCK rule).
 // `credit`: bytes of the client's process's charge that are about to be
 // released (a re-registration's old range).
-int Registry::charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit, uint64_t& bytes) {
-  const Client& c = clients_[client];
+int MemoryRegions::charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit,
+                                  uint64_t& bytes) {
+  const ClientView c = host_.client_view(client);
   pid_t pid = c.pid;
   bytes = page_up(addr + length) - page_down(addr);
   Account& acct = accounts_[pid];
   acct.uid = c.uid;
   const uint64_t total = acct.locked_bytes - std::min(credit, acct.locked_bytes) + bytes;
-  acct.limit_bytes = memlock_limit(pid, c.pidfd.get(), c.at_connect, total);
+  acct.limit_bytes = memlock_limit(pid, c.pidfd, *c.at_connect, total);
   if (acct.limit_bytes != UINT64_MAX && total > acct.limit_bytes) {
     SV_TRACE("daemon: pid %d: RLIMIT_MEMLOCK %llu, locked %llu, asks %llu: ENOMEM", int(pid),
              (unsigned long long)acct.limit_bytes, (unsigned long long)acct.locked_bytes, (unsigned long long)bytes);
@@ -260,7 +238,7 @@ int Registry::charge_memlock(uint32_t client, uint64_t addr, uint64_t length, ui
   return 0;
 }
 
-void Registry::uncharge_memlock(pid_t pid, uint64_t bytes) {
+void MemoryRegions::uncharge_memlock(pid_t pid, uint64_t bytes) {
   if (auto a = accounts_.find(pid); a != accounts_.end()) {
     a->second.locked_bytes -= std::min(bytes, a->second.locked_bytes);
     if (a->second.locked_bytes == 0) accounts_.erase(a);
@@ -268,26 +246,26 @@ void Registry::uncharge_memlock(pid_t pid, uint64_t bytes) {
 }
 
 // A free MR-table slot, round robin so that a freed key is not reused at once.
-uint32_t Registry::alloc_key_slot() {
+uint32_t MemoryRegions::alloc_key_slot() {
   for (uint32_t n = 0; n < kMrTableSize - 1; ++n) {
-    uint32_t s = next_mr_slot_;
-    next_mr_slot_ = next_mr_slot_ + 1 >= kMrTableSize ? 1 : next_mr_slot_ + 1;
+    uint32_t s = next_slot_;
+    next_slot_ = next_slot_ + 1 >= kMrTableSize ? 1 : next_slot_ + 1;
     if (tables_.mr_at(s).key.load(std::memory_order_relaxed) == 0 && !mrs_.count(s) && !mws_.count(s)) return s;
   }
   return 0;
 }
 
-void Registry::release_mr(uint32_t handle) {
+void MemoryRegions::release(uint32_t handle) {
   auto it = mrs_.find(handle);
   if (it == mrs_.end()) return;
   tables_.mr_at(handle).key.store(0, std::memory_order_release);  // revoke first
   uncharge_memlock(it->second.charged_pid, it->second.charged_bytes);
-  forget(ObjKind::kMr, handle);  // a region's backing goes with its last registration (seed 000)
+  host_.forget(ObjKind::kMr, handle);  // a region's backing goes with its last registration (seed 000)
 }
 
 // Seed 000's reg_shared: a new registration of an existing MR's pages.
-int Registry::reg_shared(uint32_t client, const Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep) {
-  const MrEntry* e = mr_entry(req.key);
+int MemoryRegions::reg_shared(uint32_t client, const Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep) {
+  const MrEntry* e = entry(req.key);
   if (!e || mr.dm || e->backing == kOdpBacking) return EINVAL;  // device memory: RegDmMr; ODP: no pages
   proto::RegMrReq r{};
   r.pd = req.pd;
@@ -296,10 +274,10 @@ int Registry::reg_shared(uint32_t client, const Mr& mr, const proto::RegSharedRe
   r.length = e->length;
   r.iova = req.iova;
   r.access = req.access;
-  return reg_mr(client, backings_.at(r.backing), r, rep);  // req.pd: resolved as the client's
+  return reg(client, *backings_.get(r.backing), r, rep);  // req.pd: resolved as the client's
 }
 
-void Registry::query_mr(uint32_t handle, const Mr& mr, proto::QueryMrReply& rep) const {
+void MemoryRegions::query(uint32_t handle, const Mr& mr, proto::QueryMrReply& rep) const {
   const MrEntry& e = tables_.mr_at(handle);
   rep.pd = mr.pd;
   rep.key = mr.key;
@@ -308,68 +286,26 @@ void Registry::query_mr(uint32_t handle, const Mr& mr, proto::QueryMrReply& rep)
   rep.access = e.access;
 }
 
-const MrEntry* Registry::mr_entry(uint32_t key) const {
+const MrEntry* MemoryRegions::entry(uint32_t key) const {
   return access::lookup(key, [this](uint32_t slot) -> const MrEntry& { return tables_.mr_at(slot); });
 }
 
-int Registry::mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out) {
-  out = nullptr;
-  const MrEntry* e = mr_entry(key);
-  if (!e) return EINVAL;
-  if (!reach) {  // the caller's own MR, by its own key
-    Mr* mr = mrs_.get(key >> 8);
-    if (e->kind != kKindMr || !mr || mr->owner != ctx(client)) return EINVAL;
-    out = mr;
-    return 0;
-  }
-  uint32_t mr_slot = key >> 8;
-  if (auto w = mws_.find(mr_slot); w != mws_.end()) mr_slot = w->second.bound_mr;  // a window: its MR
-  auto mr = mrs_.find(mr_slot);
-  if (mr == mrs_.end()) return EINVAL;
-  if (!same_user(client, mr->second.owner)) return EACCES;
-  // A key grants access only to a process that owns the MR's PD, or that
-  // holds a QP connected to a QP of that PD.
-  const Pd* pd = pds_.get(mr->second.pd);
-  bool allowed = pd && pd->owner == ctx(client);
-  bool has_ud = false;
-  for (uint32_t qpn : qps_.of(ctx(client))) {
-    if (allowed) break;
-    has_ud |= qps_.at(qpn).type == IBV_QPT_UD;
-    auto peer = qps_.find(qp_slot(qpn).dest_qpn.load());
-    if (peer != qps_.end() && peer->second.pd == mr->second.pd) allowed = true;
-  }
-  // The QPs and SRQs of a PD are of the PD's context: only those are looked at.
-  const uint32_t pd_owner = pd ? pd->owner : 0;
-  // A UD sender scatters into receive buffers of any UD QP of that PD.
-  for (uint32_t qpn : pd && has_ud ? qps_.of(pd_owner) : std::vector<uint32_t>{}) {
-    const Qp& q = qps_.at(qpn);
-    if (!allowed && q.type == IBV_QPT_UD && q.pd == mr->second.pd) allowed = true;
-  }
-  // An XRC sender, into buffers posted to an XRC SRQ of that PD it reaches.
-  for (uint32_t h : pd ? srqs_.of(pd_owner) : std::vector<uint32_t>{}) {
-    const Srq& s = srqs_.at(h);
-    if (!allowed && s.pd == mr->second.pd && xrc_reaches_srq(ctx(client), s)) allowed = true;
-  }
-  if (!allowed) return EACCES;
-  out = &mr->second;
-  return 0;
-}
-
-int Registry::get_mr_backing(const Mr& mr, proto::GetMrBackingReply& rep, std::vector<int>& out_fds) {
-  auto b = backings_.find(mr.backing);
-  if (b == backings_.end()) return EINVAL;
+int MemoryRegions::get_backing(const Mr& mr, proto::GetMrBackingReply& rep, std::vector<int>& out_fds) {
+  const Backing* b = backings_.get(mr.backing);
+  if (!b) return EINVAL;
   rep.backing = mr.backing;
-  out_fds.push_back(b->second.fd.get());
+  out_fds.push_back(b->fd.get());
   return 0;
 }
 
-int Registry::alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep) {
+int MemoryRegions::alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep) {
   if (req.type != IBV_MW_TYPE_1 && req.type != IBV_MW_TYPE_2) return EINVAL;
-  if (int e = quotas_.admit(Quotas::kMw, client_uid(client))) return e;
+  if (int e = host_.quotas().admit(Quotas::kMw, host_.client_uid(client))) return e;
   uint32_t slot = alloc_key_slot();
   if (!slot) return ENOMEM;
-  if (int err = tables_.claim_mr(slot, ctx_uid(ctx(client)))) return err;
-  uint32_t key = (slot << 8) | ++mr_key_byte_[slot];
+  const uint32_t owner = host_.context_of(client);
+  if (int err = tables_.claim_mr(slot, host_.context_uid(owner))) return err;
+  uint32_t key = (slot << 8) | ++key_byte_[slot];
   MrEntry& e = tables_.mr_at(slot);
   e.access = 0;
   e.pd = pd;
@@ -377,27 +313,28 @@ int Registry::alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& re
   e.iova = 0;
   e.length = 0;
   e.file_offset = 0;
-  e.owner_pid = uint32_t(clients_[client].pid);
+  const pid_t pid = host_.client_view(client).pid;
+  e.owner_pid = uint32_t(pid);
   e.kind = req.type == IBV_MW_TYPE_1 ? kKindMw1 : kKindMw2;
   e.bound_qpn = 0;
   e.generation++;
   // A type 1 window's key is valid (unbound, zero length) from the start; a
   // type 2 window is invalid until its first bind.
   if (req.type == IBV_MW_TYPE_1) e.key.store(key, std::memory_order_release);
-  quotas_.charge(Quotas::kMw, slot, client_uid(client));
+  host_.quotas().charge(Quotas::kMw, slot, host_.client_uid(client));
   Mw mw;
-  mw.owner = ctx(client);
+  mw.owner = owner;
   mw.pd = pd;
   mw.type = req.type;
   mw.key = key;
-  mw.alloc_pid = uint32_t(clients_[client].pid);
-  hold(mws_.insert(slot, std::move(mw)).held());
+  mw.alloc_pid = uint32_t(pid);
+  host_.hold(mws_.insert(slot, std::move(mw)).held());
   rep.handle = slot;
   rep.key = key;
   return 0;
 }
 
-void Registry::unbind_mw(uint32_t slot, Mw& mw) {
+void MemoryRegions::unbind_mw(uint32_t slot, Mw& mw) {
   MrEntry& e = tables_.mr_at(slot);
   if (mw.type == IBV_MW_TYPE_2) e.key.store(0, std::memory_order_release);  // invalid
   e.length = 0;
@@ -405,13 +342,13 @@ void Registry::unbind_mw(uint32_t slot, Mw& mw) {
   e.backing = 0;
   e.generation++;
   mw_bound_.erase({mw.bound_mr, slot});
-  drop(Ref{ObjKind::kMr, mw.bound_mr});
+  host_.drop(Ref{ObjKind::kMr, mw.bound_mr});
   mw.bound_mr = 0;
 }
 
 // Windows of other contexts bound to the MRs of a context that goes die
 // with them (their own context's windows went just before).
-void Registry::unbind_windows_of(uint32_t, const std::vector<uint32_t>& mrs) {
+void MemoryRegions::unbind_windows_of(const std::vector<uint32_t>& mrs) {
   std::set<uint32_t> bound;  // the windows bound to them, in slot order
   for (uint32_t mr : mrs)
     for (auto it = mw_bound_.lower_bound({mr, 0}); it != mw_bound_.end() && it->first == mr; ++it)
@@ -420,17 +357,17 @@ void Registry::unbind_windows_of(uint32_t, const std::vector<uint32_t>& mrs) {
     if (auto w = mws_.find(h); w != mws_.end()) unbind_mw(h, w->second);
 }
 
-void Registry::release_mw(uint32_t slot) {
+void MemoryRegions::release_mw(uint32_t slot) {
   auto it = mws_.find(slot);
   if (it == mws_.end()) return;
   unbind_mw(slot, it->second);
   tables_.mr_at(slot).key.store(0, std::memory_order_release);
-  forget(ObjKind::kMw, slot);
+  host_.forget(ObjKind::kMw, slot);
 }
 
-int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto::KeyReply& rep) {
+int MemoryRegions::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto::KeyReply& rep) {
   const Qp* qp = &binder;
-  if (ibv_qp_state(qp_slot(r.qpn).state.load()) != IBV_QPS_RTS) return EINVAL;
+  if (ibv_qp_state(tables_.qp_at(r.qpn).state.load()) != IBV_QPS_RTS) return EINVAL;
   constexpr uint32_t kWindowAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
   // A window grants remote access only (IBTA 10.6.7.2.2): local rights in the
@@ -446,9 +383,9 @@ int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto
     if ((r.new_key >> 8) != r.mw || r.new_key == mw.key) return EINVAL;
     if (r.length == 0) return EINVAL;
     new_key = r.new_key;
-    mr_key_byte_[r.mw] = uint8_t(new_key);
+    key_byte_[r.mw] = uint8_t(new_key);
   } else {
-    new_key = (r.mw << 8) | ++mr_key_byte_[r.mw];
+    new_key = (r.mw << 8) | ++key_byte_[r.mw];
   }
   MrEntry& e = tables_.mr_at(r.mw);
   if (r.length == 0) {  // type 1 unbind
@@ -460,7 +397,7 @@ int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto
     rep.key = new_key;
     return 0;
   }
-  const MrEntry* me = mr_entry(r.mr_key);
+  const MrEntry* me = entry(r.mr_key);
   auto mr = mrs_.find(r.mr_key >> 8);
   if (!me || mr == mrs_.end() || me->kind != kKindMr) return EINVAL;
   if (mr->second.pd != mw.pd) return EPERM;
@@ -487,28 +424,39 @@ int Registry::bind_mw(Mw& mw, const Qp& binder, const proto::BindMwReq& r, proto
   mw.bound_mr = r.mr_key >> 8;
   mw_bound_.insert({mw.bound_mr, r.mw});
   mw.key = new_key;
-  hold(Ref{ObjKind::kMr, mw.bound_mr});
+  host_.hold(Ref{ObjKind::kMr, mw.bound_mr});
   e.key.store(new_key, std::memory_order_release);
   rep.handle = r.mw;
   rep.key = new_key;
   return 0;
 }
 
-int Registry::invalidate(uint32_t client, const proto::InvalidateReq& r) {
+int MemoryRegions::invalidate(uint32_t client, const proto::InvalidateReq& r) {
   uint32_t slot = r.key >> 8;
   auto it = mws_.find(slot);
   // Only type 2 windows are invalidated by work requests (IBTA 10.6.7.2.6).
   if (it == mws_.end() || it->second.type != IBV_MW_TYPE_2 || it->second.key != r.key || !it->second.bound_mr)
     return EINVAL;
   if (r.remote) {
-    uint32_t peer = qp_slot(r.qpn).dest_qpn.load();
-    auto pq = qps_.find(peer);
-    if (pq == qps_.end() || tables_.mr_at(slot).bound_qpn != peer) return EACCES;
-  } else if (it->second.owner != ctx(client) || tables_.mr_at(slot).bound_qpn != r.qpn) {
+    uint32_t peer = tables_.qp_at(r.qpn).dest_qpn.load();
+    if (!host_.has_qp(peer) || tables_.mr_at(slot).bound_qpn != peer) return EACCES;
+  } else if (it->second.owner != host_.context_of(client) || tables_.mr_at(slot).bound_qpn != r.qpn) {
     return EACCES;
   }
   unbind_mw(slot, it->second);
   return 0;
+}
+
+void MemoryRegions::accounts(proto::AccountsReply& rep) const {
+  rep.count = 0;
+  rep.others_bytes = 0;
+  for (auto& [pid, a] : accounts_) {
+    if (rep.count < proto::kMaxAccounts) {
+      rep.entries[rep.count++] = {uint32_t(pid), uint32_t(a.uid), a.locked_bytes, a.limit_bytes};
+    } else {
+      rep.others_bytes += a.locked_bytes;
+    }
+  }
 }
 
 }  // namespace sv::daemon

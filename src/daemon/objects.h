@@ -261,7 +261,7 @@ SV_OBJ_TYPE(kObjDm, Dm, kDm)
 #undef SV_OBJ_TYPE
 
 // Lookups of an object by a handle and the context that must own it
-// (ObjectTable::owned, Registry::find_qp): the ownership checks outside
+// (ObjectTable::owned, QueuePairs::find): the ownership checks outside
 // the command layer's resolver, counted so that a test can tell that an
 // op's handler made none (commands_test.cc).
 inline uint64_t& owner_lookups() {

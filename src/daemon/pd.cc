@@ -1,6 +1,6 @@
 // pd.cc: protection domains and memory backings (ibv_alloc_pd(3); the
-// descriptors MRs are registered from).
-#include "daemon/registry.h"
+// descriptors MRs are registered from; see pd.h).
+#include "daemon/pd.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -21,12 +21,12 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-int Registry::alloc_pd(uint32_t client, uint32_t& pd) {
-  if (int e = quotas_.admit(Quotas::kPd, client_uid(client))) return e;
-  pd = next_handle_++;
-  quotas_.charge(Quotas::kPd, pd, client_uid(client));
+int ProtectionDomains::alloc(uint32_t client, uint32_t& pd) {
+  if (int e = host_.quotas().admit(Quotas::kPd, host_.client_uid(client))) return e;
+  pd = host_.take_handle();
+  host_.quotas().charge(Quotas::kPd, pd, host_.client_uid(client));
   Pd obj;
-  obj.owner = ctx(client);
+  obj.owner = host_.context_of(client);
   pds_.insert(pd, std::move(obj));
   return 0;
 }
@@ -41,37 +41,96 @@ int Registry::alloc_pd(uint32_t client, uint32_t& pd) {
 // segment of the daemon's (the device, a CQ granted by another user), which
 // the daemon would then write as that user's memory. Its size is checked at
 // each registration.
-int Registry::reg_backing(uint32_t client, Fd fd, uint32_t& id) {
+int MemoryBackings::reg(uint32_t client, Fd fd, uint32_t& id) {
   if (!fd.valid()) return EINVAL;
   struct stat st {};
   struct statfs sfs {};
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || ::fstatfs(fd.get(), &sfs) != 0 ||
       sfs.f_type != TMPFS_MAGIC)
     return EINVAL;
-  if (st.st_uid != client_uid(client)) return EPERM;
+  if (st.st_uid != host_.client_uid(client)) return EPERM;
   const int seals = ::fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL)) return EINVAL;
   const int fl = ::fcntl(fd.get(), F_GETFL);
   if (fl < 0 || (fl & O_ACCMODE) != O_RDWR || (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE))) return EPERM;
-  if (int e = quotas_.admit(Quotas::kBacking, client_uid(client))) return e;
-  id = next_handle_++;
-  quotas_.charge(Quotas::kBacking, id, client_uid(client));
+  if (int e = host_.quotas().admit(Quotas::kBacking, host_.client_uid(client))) return e;
+  id = host_.take_handle();
+  host_.quotas().charge(Quotas::kBacking, id, host_.client_uid(client));
   Backing b;
-  b.owner = ctx(client);
+  b.owner = host_.context_of(client);
   b.fd = std::move(fd);
   backings_.insert(id, std::move(b));
   return 0;
 }
 
-void Registry::drop_backing(uint32_t id) {
+// A backing the daemon made (device memory's memfd), charged to `uid`.
+uint32_t MemoryBackings::add(Backing&& b, uid_t uid) {
+  const uint32_t id = host_.take_handle();
+  backings_.insert(id, std::move(b));
+  host_.quotas().charge(Quotas::kBacking, id, uid);
+  return id;
+}
+
+void MemoryBackings::unreferenced(uint32_t id) {
+  const Backing& b = backings_.at(id);
+  if (!b.region.empty() || b.dm) drop(id);
+}
+
+void MemoryBackings::drop(uint32_t id) {
   auto b = backings_.find(id);
   if (b == backings_.end()) return;
-  mediation_.forget_backing(id);  // the daemon's windows of it
+  host_.forget_backing_windows(id);  // the daemon's windows of it
   if (!b->second.region.empty()) {
     auto r = regions_.find(RegionKey{b->second.region_uid, b->second.region});
     if (r != regions_.end() && --r->second.backings == 0) regions_.erase(r);
   }
-  forget(ObjKind::kBacking, id);
+  host_.forget(ObjKind::kBacking, id);
 }
+
+// Seed 000: register memory under a byte-array id. The first caller creates
+// the region, later callers attach, in any order; no caller is the master.
+// An id names a region of the caller's user only: the same id asked by
+// another user is another region (no attach across users, no squatting).
+int MemoryBackings::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep,
+                              std::vector<int>& out_fds) {
+  if (req.id_len == 0 || req.id_len > proto::kMaxShmidLen) return EINVAL;
+  const uint32_t owner = host_.context_of(client);
+  if (!host_.context_open(owner)) return EINVAL;
+  uid_t uid = host_.context_uid(owner);  // the context's user: its memory is that user's
+  if (int e = host_.quotas().admit(Quotas::kBacking, host_.client_uid(client))) return e;  // a region comes with a backing
+  std::string id(reinterpret_cast<const char*>(req.id), req.id_len);
+  RegionKey key{uid, id};
+  auto r = regions_.find(key);
+  rep.created = 0;
+  if (r == regions_.end()) {
+    if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
+    Region region{Fd(), page_up(req.length), 0};
+    if (int e = make_memfd("softverbs-region", region.length, region.fd)) return e;
+    r = regions_.emplace(key, std::move(region)).first;
+    rep.created = 1;
+  } else if (req.length > r->second.length) {
+    return EINVAL;  // attaching callers may not ask for more than the region holds
+  }
+  Fd dup;
+  if (int e = dup_fd(r->second.fd.get(), dup)) {
+    if (rep.created) regions_.erase(r);
+    return e;
+  }
+  uint32_t handle = host_.take_handle();
+  Backing b;
+  b.owner = host_.context_of(client);
+  b.fd = std::move(dup);
+  b.region = id;
+  b.limit = r->second.length;
+  b.region_uid = uid;
+  backings_.insert(handle, std::move(b));
+  host_.quotas().charge(Quotas::kBacking, handle, host_.client_uid(client));
+  r->second.backings++;
+  rep.backing = handle;
+  rep.length = r->second.length;
+  out_fds.push_back(r->second.fd.get());
+  return 0;
+}
+
 
 }  // namespace sv::daemon

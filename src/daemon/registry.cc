@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "common/trace.h"
@@ -19,7 +21,7 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-Registry::Registry() : mr_key_byte_(kMrTableSize, 0), qp_gen_(kQpTableSize, 0) {}
+Registry::Registry() = default;
 
 int Registry::init() {
   std::random_device rd;
@@ -48,14 +50,14 @@ int Registry::device_fd(uint32_t client, int& fd) {
   return fd < 0 ? err : 0;
 }
 
-uid_t Registry::ctx_uid(uint32_t context) const {
+uid_t Registry::context_uid(uint32_t context) const {
   auto it = contexts_.find(context);
   return it == contexts_.end() ? uid_t(-1) : it->second.uid;
 }
 
 bool Registry::same_tables(uint32_t client, uint32_t owner) const {
   auto c = clients_.find(client);
-  return c != clients_.end() && ctx_uid(owner) == c->second.uid && ctx_uid(c->second.ctx) == c->second.uid;
+  return c != clients_.end() && context_uid(owner) == c->second.uid && context_uid(c->second.ctx) == c->second.uid;
 }
 
 uint32_t Registry::add_client(pid_t pid, uid_t uid, gid_t gid, Fd pidfd) {
@@ -128,7 +130,7 @@ void Registry::remove_client(uint32_t client) {
   async_fds_.erase(client);
   quotas_.release_fds(Quotas::fd_key(client, Quotas::kAsyncFd));
   quotas_.release_fds(Quotas::fd_key(client, Quotas::kOdpFds));
-  cq_grants_.erase(client);
+  cq_.drop_grants(client);
   auto ct = contexts_.find(context);
   if (ct != contexts_.end() && --ct->second.attached > 0) return;  // other processes still hold it
   if (ct != contexts_.end()) user_contexts_.erase({ct->second.uid, context});
@@ -142,41 +144,46 @@ void Registry::remove_client(uint32_t client) {
 // the context-owned kinds are numbered in destroy order). A null `collect`
 // means the objects the context owns; a null `cleanup`, forget() alone.
 const Registry::TypeOps Registry::kTypeOps[] = {
-    {ObjKind::kQp, &Registry::qps_to_release, &Registry::before_release_qps, &Registry::release_qp,
-     &Registry::fail_peers_of, &Registry::destroy_qp_handle},
+    {ObjKind::kQp, [](Registry& r, uint32_t ctx) { return r.qp_.to_release(ctx); },
+     [](Registry& r, uint32_t, const std::vector<uint32_t>& qpns) { r.qp_.before_release(qpns); },
+     [](Registry& r, uint32_t qpn) { r.qp_.release(qpn); },
+     [](Registry& r, const std::vector<uint32_t>& qpns) { r.qp_.fail_peers_of(qpns); },
+     [](Registry& r, uint32_t ctx, uint32_t qpn) { return r.qp_.destroy_handle(ctx, qpn); }},
     {ObjKind::kSrq, nullptr, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kXrcdHandle, nullptr, nullptr, &Registry::release_xrcd_handle, nullptr, &Registry::close_xrcd_handle},
-    {ObjKind::kMw, nullptr, nullptr, &Registry::release_mw, nullptr, nullptr},
-    {ObjKind::kMr, nullptr, &Registry::unbind_windows_of, &Registry::release_mr, nullptr, nullptr},
-    {ObjKind::kDm, nullptr, nullptr, &Registry::release_dm, nullptr, nullptr},
+    {ObjKind::kXrcdHandle, nullptr, nullptr, [](Registry& r, uint32_t h) { r.xrc_.release(h); }, nullptr,
+     [](Registry& r, uint32_t, uint32_t h) { return r.xrc_.close(h); }},
+    {ObjKind::kMw, nullptr, nullptr, [](Registry& r, uint32_t slot) { r.mr_.release_mw(slot); }, nullptr, nullptr},
+    {ObjKind::kMr, nullptr, [](Registry& r, uint32_t, const std::vector<uint32_t>& mrs) { r.mr_.unbind_windows_of(mrs); },
+     [](Registry& r, uint32_t slot) { r.mr_.release(slot); }, nullptr, nullptr},
+    {ObjKind::kDm, nullptr, nullptr, [](Registry& r, uint32_t h) { r.dm_.release(h); }, nullptr, nullptr},
     {ObjKind::kCq, nullptr, nullptr, nullptr, nullptr, nullptr},
     {ObjKind::kChannel, nullptr, nullptr, nullptr, nullptr, nullptr},
-    {ObjKind::kBacking, nullptr, nullptr, &Registry::drop_backing, nullptr, nullptr},
+    {ObjKind::kBacking, nullptr, nullptr, [](Registry& r, uint32_t id) { r.backings_.drop(id); }, nullptr, nullptr},
     {ObjKind::kPd, nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
 template <class F>
 decltype(auto) Registry::with_table(ObjKind kind, F&& f) {
   switch (kind) {
-    case ObjKind::kQp: return f(qps_);
-    case ObjKind::kSrq: return f(srqs_);
-    case ObjKind::kXrcdHandle: return f(xrcd_handles_);
-    case ObjKind::kMw: return f(mws_);
-    case ObjKind::kMr: return f(mrs_);
-    case ObjKind::kDm: return f(dms_);
-    case ObjKind::kCq: return f(cqs_);
-    case ObjKind::kChannel: return f(channels_);
-    case ObjKind::kBacking: return f(backings_);
-    case ObjKind::kPd: return f(pds_);
+    case ObjKind::kQp: return f(qp_.table());
+    case ObjKind::kSrq: return f(srq_.table());
+    case ObjKind::kXrcdHandle: return f(xrc_.handles());
+    case ObjKind::kMw: return f(mr_.windows());
+    case ObjKind::kMr: return f(mr_.table());
+    case ObjKind::kDm: return f(dm_.table());
+    case ObjKind::kCq: return f(cq_.table());
+    case ObjKind::kChannel: return f(cq_.channels());
+    case ObjKind::kBacking: return f(backings_.table());
+    case ObjKind::kPd: return f(pd_.table());
     case ObjKind::kXrcd:
     case ObjKind::kCount: break;
   }
-  return f(xrcds_);
+  return f(xrc_.domains());
 }
 
 Object* Registry::resolve(ObjKind kind, uint32_t client, uint32_t handle) {
   const uint32_t c = ctx(client);
-  if (kind == ObjKind::kQp) return held_qp(c, handle);
+  if (kind == ObjKind::kQp) return qp_.held(c, handle);
   if (kind >= ObjKind::kXrcd) return nullptr;  // a domain is named by a handle of it
   return with_table(kind, [&](auto& t) -> Object* {
     Object* o = t.get(handle);
@@ -192,17 +199,17 @@ int Registry::resolve(ObjKind kind, proto::HandleRule rule, uint32_t client, uin
     case HandleRule::kOwned: out = resolve(kind, client, handle); break;
     case HandleRule::kOwnedOrGranted:
       out = resolve(kind, client, handle);
-      if (!out && kind == ObjKind::kCq && cq_granted(client, handle)) out = cqs_.get(handle);
+      if (!out && kind == ObjKind::kCq && cq_.granted(client, handle)) out = cq_.table().get(handle);
       break;
     case HandleRule::kGranted:
-      if (kind == ObjKind::kCq && cq_granted(client, handle)) out = cqs_.get(handle);
+      if (kind == ObjKind::kCq && cq_.granted(client, handle)) out = cq_.table().get(handle);
       break;
     case HandleRule::kCompletable:
-      if (kind == ObjKind::kCq && may_complete_into(client, handle)) out = cqs_.get(handle);
+      if (kind == ObjKind::kCq && may_complete_into(client, handle)) out = cq_.table().get(handle);
       break;
     case HandleRule::kReachable:
       if (kind != ObjKind::kSrq) break;
-      if (Srq* s = srqs_.get(handle)) {
+      if (Srq* s = srq_.table().get(handle)) {
         if (!srq_reachable(client, *s, handle)) return EACCES;
         out = s;
       }
@@ -218,14 +225,14 @@ int Registry::resolve(ObjKind kind, proto::HandleRule rule, uint32_t client, uin
 int Registry::destroy(ObjKind kind, uint32_t client, uint32_t handle) {
   if (kind >= ObjKind::kXrcd) return EINVAL;
   const TypeOps& t = kTypeOps[size_t(kind)];
-  if (t.destroy) return (this->*t.destroy)(ctx(client), handle);
+  if (t.destroy) return t.destroy(*this, ctx(client), handle);
   const uint32_t refs = with_table(kind, [&](auto& table) {
     const auto* o = table.get(handle);
     return o ? o->refs : 0;
   });
   if (refs) return EBUSY;  // still used by other objects
   if (t.cleanup) {
-    (this->*t.cleanup)(handle);
+    t.cleanup(*this, handle);
   } else {
     forget(kind, handle);
   }
@@ -247,11 +254,8 @@ void Registry::hold(const Held& refs) {
 void Registry::drop(Ref r) {
   if (!r.handle) return;
   const int64_t left = with_table(r.kind, [&](auto& t) { return t.unref(r.handle); });
-  if (r.kind == ObjKind::kBacking && left == 0) {
-    const Backing& b = backings_.at(r.handle);
-    if (!b.region.empty() || b.dm) drop_backing(r.handle);
-  }
-  if (r.kind == ObjKind::kXrcd) xrcd_drop_if_unused(r.handle);
+  if (r.kind == ObjKind::kBacking && left == 0) backings_.unreferenced(r.handle);
+  if (r.kind == ObjKind::kXrcd) xrc_.drop_if_unused(r.handle);
 }
 
 void Registry::drop(const Held& refs) {
@@ -276,35 +280,74 @@ void Registry::release_context(uint32_t owner) {
   for (const TypeInfo& type : kDestroyOrder) {
     const TypeOps& t = kTypeOps[size_t(type.kind)];
     std::vector<uint32_t> ids =
-        t.collect ? (this->*t.collect)(owner) : with_table(t.kind, [&](auto& table) { return table.of(owner); });
-    if (t.before) (this->*t.before)(owner, ids);
+        t.collect ? t.collect(*this, owner) : with_table(t.kind, [&](auto& table) { return table.of(owner); });
+    if (t.before) t.before(*this, owner, ids);
     for (uint32_t id : ids) {
       if (t.cleanup) {
-        (this->*t.cleanup)(id);
+        t.cleanup(*this, id);
       } else {
         forget(t.kind, id);
       }
     }
-    if (t.after) (this->*t.after)(ids);
+    if (t.after) t.after(*this, ids);
   }
 }
 
-void Registry::accounts(proto::AccountsReply& rep) const {
-  rep.count = 0;
-  rep.others_bytes = 0;
-  for (auto& [pid, a] : accounts_) {
-    if (rep.count < proto::kMaxAccounts) {
-      rep.entries[rep.count++] = {uint32_t(pid), uint32_t(a.uid), a.locked_bytes, a.limit_bytes};
-    } else {
-      rep.others_bytes += a.locked_bytes;
+// The registrant of ODP MRs exited (its pidfd, which the server watches
+// once the client registered one, became readable) or left (`left`: its
+// connection closed: exit, exec, ibv_close_device): its ODP MRs go now,
+// whoever else holds the context, so that no key reaches a later process
+// that reuses the pid, nor the program an exec put in its place. A client
+// whose process is alive and connected is left alone.
+void Registry::odp_owner_gone(uint32_t client, bool left) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  const Client& c = it->second;
+  if (!left && c.pidfd.valid() && pidfd_alive(c.pidfd.get())) return;
+  mr_.registrant_gone(ctx(client), c.pid);
+}
+
+int Registry::client_pidfd(uint32_t client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() ? -1 : it->second.pidfd.get();
+}
+
+// The registrant as a registration records it; a client not there is made
+// (as a registration of one always did: never reached, the command layer
+// serves connected clients only).
+ClientView Registry::client_view(uint32_t client) {
+  const Client& c = clients_[client];
+  return {c.pid, c.uid, c.gid, c.ctx, c.identity, c.pidfd.get(), &c.at_connect};
+}
+
+// An ODP MR dies with its process: without a pidfd (Linux 5.3) the daemon
+// could not tell when (odp_owner_gone). Every copy of its memory goes
+// through its pinned address space, opened once (the process behind the
+// pidfd held since connect). Its four descriptors (/proc/PID/mem, maps and
+// pagemap, a pidfd) are charged to the user while the client lasts.
+int Registry::open_odp_memory(uint32_t client) {
+  auto c = clients_.find(client);
+  if (c == clients_.end() || !c->second.pidfd.valid()) return EOPNOTSUPP;
+  if (!c->second.odp_memory) {
+    if (int e = quotas_.admit_fds(c->second.uid, 4)) return e;
+    if (int e = OdpMemory::open(c->second.pid, c->second.pidfd.get(), c->second.odp_memory)) {
+      std::fprintf(stderr, "softverbsd: the address space of process %d cannot be opened for on-demand paging: %s\n",
+                   int(c->second.pid), std::strerror(e));
+      return e == ESRCH ? ESRCH : EACCES;
     }
+    quotas_.charge_fds(Quotas::fd_key(client, Quotas::kOdpFds), c->second.uid, 4);
   }
+  return 0;
 }
 
 Counts Registry::counts() const {
-  return {uint32_t(clients_.size()), uint32_t(pds_.size()),      uint32_t(mrs_.size()),
-          uint32_t(cqs_.size()),     uint32_t(qps_.size()),      uint32_t(channels_.size()),
-          uint32_t(backings_.size())};
+  return {uint32_t(clients_.size()), uint32_t(pd_.table().size()),      uint32_t(mr_.table().size()),
+          uint32_t(cq_.table().size()),     uint32_t(qp_.table().size()),      uint32_t(cq_.channels().size()),
+          uint32_t(backings_.table().size())};
+}
+
+void Registry::context_event(uint32_t context, uint32_t type, uint32_t element) {
+  for (uint32_t id : clients_of(context)) events_.push_back({id, type, element});
 }
 
 // The connection's async wake-up socket (proto::FdKind::kWakeSocket, checked

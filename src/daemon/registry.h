@@ -13,12 +13,17 @@
 // holder destroys them or when the holder's connection closes.
 //
 // The objects are kept in typed tables (objects.h: handle, owning context,
-// references, destroy order); this class keeps the clients, the contexts
-// and the tables. Its functions are defined by object type: registry.cc
-// (clients, contexts, references, a context's release), pd.cc (PDs,
-// backings), mr.cc (MRs, windows, keys), cq.cc (CQs, channels), qp.cc,
-// srq.cc, xrc.cc, sharing.cc (import, named regions, the namespace),
-// mediate.cc (operations between users).
+// references, destroy order). This class is the composition root: it keeps
+// the clients, the contexts, the quotas and the device tables, resolves
+// and destroys by type, and holds one class per object type that owns
+// that type's table and carries out its verbs (pd.h, mr.h, dm.h, cq.h,
+// qp.h, srq.h, xrc.h, names.h), which reaches it through ObjectHost
+// (object_host.h). Its own functions: registry.cc (clients, contexts,
+// references, a context's release), qp_reach.cc (what a client's QPs
+// reach, for resolve),
+// sharing.cc (import, named regions, what the namespace reaches),
+// registry_mediation.cc (the tables as mediation sees them), counters.cc,
+// resources.cc.
 #pragma once
 
 #include <sys/types.h>
@@ -39,29 +44,28 @@
 #include "common/shm_layout.h"
 #include "common/sys.h"
 #include "daemon/device_tables.h"
+#include "daemon/dm.h"
+#include "daemon/mr.h"
 #include "daemon/mediation.h"
 #include "daemon/name_space.h"
+#include "daemon/names.h"
+#include "daemon/object_host.h"
 #include "daemon/objects.h"
+#include "daemon/pd.h"
 #include "daemon/cm_ports.h"
+#include "daemon/cq.h"
+#include "daemon/qp.h"
 #include "daemon/quota.h"
+#include "daemon/srq.h"
+#include "daemon/xrc.h"
 
 namespace sv::daemon {
-
-// What decides a client's locked-memory limit, read when its process
-// connected and confirmed through its pidfd (memlock_limit in identity.cc).
-struct ConnectIdentity {
-  bool known = false;     // read, and the process was alive throughout
-  bool ipc_lock = false;  // CAP_IPC_LOCK in the initial user namespace
-  uint64_t memlock = 0;   // RLIMIT_MEMLOCK (soft) in bytes
-  uid_t uids[4]{};        // real, effective, saved, filesystem
-  gid_t gids[4]{};
-};
 
 struct Counts {
   uint32_t clients, pds, mrs, cqs, qps, channels, backings;
 };
 
-class Registry : private MediationTables {
+class Registry : private MediationTables, private ObjectHost {
  public:
   Registry();
   int init();
@@ -107,34 +111,6 @@ class Registry : private MediationTables {
   // inode) claimed by a client of the same user as the context (EPERM for
   // any other user, root included).
   int import_context(uint32_t client, Fd fd);
-  // ibv_query_mr: what MR `handle` (resolved by the command layer) covers.
-  void query_mr(uint32_t handle, const daemon::Mr& mr, proto::QueryMrReply& rep) const;
-  // A CQ of the client's context comes with its segment; a CQ granted by
-  // name to another user comes without any descriptor (segment_size 0): the
-  // grantee polls it with poll_granted_cq and can neither write entries nor
-  // hold the owner's poll lock.
-  // `cq` (`handle`) is the client's or granted to it (resolved by the command layer).
-  int import_cq(uint32_t client, const daemon::Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds);
-  // Pops up to req.max completions of a CQ granted to the client, under the
-  // CQ's poll lock taken with a try-lock: the daemon never waits on a lock a
-  // client can hold (a busy lock answers 0 completions).
-  // `cq` is granted to the client (resolved by the command layer).
-  int poll_granted_cq(daemon::Cq& cq, const proto::PollCqReq& req, proto::PollCqReply& rep);
-  // Grants CQ `handle` to the client (NsOpen of another user's CQ), once per
-  // client and CQ: a client repeating NsOpen does not grow the table.
-  void grant_cq(uint32_t client, uint32_t handle);
-  // A region by id, and a registration of an MR's pages (by key): req.pd is
-  // the client's (resolved by the command layer).
-  int reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep, std::vector<int>& out_fds);
-  // `mr`: the client's MR of key req.key (resolved by the command layer).
-  int reg_shared(uint32_t client, const daemon::Mr& mr, const proto::RegSharedReq& req, proto::RegMrReply& rep);
-  // The namespace (name_space.h). Publishing needs the object in the
-  // caller's context; opening attaches the caller's fresh connection to the
-  // object's context, as ibv_import_device does, after the mode check.
-  int ns_publish(uint32_t client, const proto::NsPublishReq& req);
-  int ns_unpublish(uint32_t client, const proto::NsNameReq& req);
-  int ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep);
-  void ns_list(const std::string& after, proto::NsListReply& rep);
   // The objects of one kind the client may see, from handle req.after on
   // (resources.cc): its own user's; every user's for root. EINVAL for an
   // unknown kind.
@@ -148,10 +124,10 @@ class Registry : private MediationTables {
   // A request between users the daemon finished (Op::Mediate, MediatePost):
   // counted against requester QP `qpn` and its destination (counters.cc).
   void count_mediated(uint32_t qpn, uint32_t opcode, const proto::MediateReply& rep);
-  uint32_t region_count() const { return uint32_t(regions_.size()); }
+  uint32_t region_count() const { return backings_.region_count(); }
   Counts counts() const;
   // Per-user limits (quota.h); the server charges connections here too.
-  Quotas& quotas() { return quotas_; }
+  Quotas& quotas() override { return quotas_; }
   CmPorts& cm_ports() { return cm_ports_; }
   // Op::CmBind / CmUnbind for `client` (cm_ports.h).
   int cm_bind(uint32_t client, const proto::CmBindReq& req, proto::CmBindReply& rep, int& fd) {
@@ -162,60 +138,11 @@ class Registry : private MediationTables {
   // One call per protocol op. `in_fds` are the descriptors that came with the
   // request (already checked to be the number the op expects); `out_fds`
   // receives borrowed descriptors to send with the reply.
-  int alloc_pd(uint32_t client, uint32_t& pd);
-  int reg_backing(uint32_t client, Fd fd, uint32_t& id);
-  // The registrations: `b` is backing req.backing (the client's).
-  int reg_mr(uint32_t client, const daemon::Backing& b, const proto::RegMrReq& req, proto::RegMrReply& rep);
-  // An on-demand-paging MR (IBV_ACCESS_ON_DEMAND): over the registrant's
-  // address space as it is at each access; no backing, no charge.
-  int reg_odp_mr(uint32_t client, const proto::RegMrReq& req, proto::RegMrReply& rep);
   // The client's process exited (or, `left`, its connection closed): its
-  // ODP MRs are deregistered (mr.cc).
+  // ODP MRs are deregistered (MemoryRegions::registrant_gone).
   void odp_owner_gone(uint32_t client, bool left = false);
   // The pidfd of the client's process (-1 if none).
   int client_pidfd(uint32_t client) const;
-  // `backing`: the new one of a move (null: none named).
-  int rereg_mr(uint32_t client, daemon::Mr& mr, const daemon::Backing* backing, const proto::ReregMrReq& req,
-               proto::RegMrReply& rep);
-  int create_channel(uint32_t client, Fd fd, Fd wake, uint32_t& handle);
-  // `channel`: the client's (0: none).
-  int create_cq(uint32_t client, uint32_t channel, const proto::CreateCqReq& req, proto::CreateCqReply& rep,
-                std::vector<int>& out_fds);
-  // ibv_resize_cq: a pending segment, then its commit or abort (see docs/PROTOCOL.md).
-  int resize_cq(daemon::Cq& cq, const proto::ResizeCqReq& req, proto::CreateCqReply& rep, std::vector<int>& out_fds);
-  int resize_cq_done(daemon::Cq& cq, const proto::ResizeCqDoneReq& req);
-  // A CQ's current segment, for a process that completes into it (its
-  // context's CQ, or the receive CQ of a QP one of its QPs can reach:
-  // resolved by the command layer, HandleRule::kCompletable).
-  int get_cq(const daemon::Cq& cq, proto::ImportCqReply& rep, std::vector<int>& out_fds);
-  int cq_error(daemon::Cq& cq, uint32_t handle);
-  int open_xrcd(uint32_t client, const proto::OpenXrcdReq& req, Fd fd, uint32_t& handle);
-  int connect_xrc(uint32_t client, const daemon::Qp& qp, const proto::ConnectXrcReq& req, proto::ConnectPeerReply& rep,
-                  std::vector<int>& out_fds);
-  // XRC target QP req.qpn, in the domain of the client's handle `xrcd`.
-  int open_qp(uint32_t client, const daemon::XrcdHandle& xrcd, const proto::OpenQpReq& req, proto::ImportQpReply& rep,
-              std::vector<int>& out_fds);
-  // Multicast (qp.cc): QP req.qpn is `qp`, the client's.
-  int attach_mcast(uint32_t client, const daemon::Qp& qp, const proto::McastReq& req);
-  int detach_mcast(const daemon::Qp& qp, const proto::McastReq& req);
-  // The objects a CreateQp names (each the client's, or null for none).
-  struct QpObjects {
-    const daemon::Srq* srq = nullptr;
-    const daemon::XrcdHandle* xrcd = nullptr;
-  };
-  int create_qp(uint32_t client, const QpObjects& o, const proto::CreateQpReq& req, proto::CreateQpReply& rep,
-                std::vector<int>& out_fds);
-  int modify_qp(daemon::Qp& qp, const proto::ModifyQpReq& req);
-  // The peer of the client's QP `qp` (`qpn`), or (UD) QP `dest`.
-  int connect_peer(uint32_t client, const daemon::Qp& qp, uint32_t qpn, proto::ConnectPeerReply& rep,
-                   std::vector<int>& out_fds);
-  int connect_ud(uint32_t client, const daemon::Qp& qp, uint32_t dest, proto::ConnectPeerReply& rep,
-                 std::vector<int>& out_fds);
-  // The backing of MR `mr`, which the key of the request reaches (resolved
-  // by the command layer, HandleRule::kReachableKey).
-  int get_mr_backing(const daemon::Mr& mr, proto::GetMrBackingReply& rep, std::vector<int>& out_fds);
-  // The requester QP `qpn` (the client's) reports a responder error.
-  int peer_error(uint32_t qpn, uint32_t wc_status);
   // Operations towards a peer of another user: the registry's Mediation
   // (mediation.h) carries them out on its tables.
   // `qp`: requester QP req.qpn, which the client holds (resolved by the command layer).
@@ -251,37 +178,18 @@ class Registry : private MediationTables {
   uint32_t mr_odp_owner(uint32_t client, uint32_t handle) const;
   // Copies from this size on go to the copy worker (when there is one).
   void set_mediation_offload(uint64_t bytes) { mediation_.set_offload(bytes); }
-  int alloc_mw(uint32_t client, uint32_t pd, const proto::AllocMwReq& req, proto::KeyReply& rep);
-  // Window `mw` (req.mw) through QP `qp` (req.qpn), both the client's.
-  int bind_mw(daemon::Mw& mw, const daemon::Qp& qp, const proto::BindMwReq& req, proto::KeyReply& rep);
-  // QP req.qpn is the client's (resolved by the command layer, or checked by
-  // invalidate_remote); the key names the window.
-  int invalidate(uint32_t client, const proto::InvalidateReq& req);
-  // Device memory (dm.cc; ibv_alloc_dm(3)).
-  int alloc_dm(uint32_t client, const proto::AllocDmReq& req, proto::DmReply& rep, std::vector<int>& out_fds);
-  // ibv_import_dm(3): DM `handle` (resolved by the command layer) and its memfd.
-  int import_dm(uint32_t handle, const daemon::Dm& dm, proto::DmReply& rep, std::vector<int>& out_fds);
-  int reg_dm_mr(uint32_t client, uint32_t pd, const daemon::Dm& dm, const proto::RegDmMrReq& req, proto::RegMrReply& rep);
-  // Bytes of device memory `uid` holds (whole pages).
-  uint64_t dm_bytes(uid_t uid) const {
-    auto it = dm_bytes_.find(uid);
-    return it == dm_bytes_.end() ? 0 : it->second;
-  }
-
-  // Locked-memory accounts (pid -> charge), for `softverbs status`.
-  void accounts(proto::AccountsReply& rep) const;
+  // The object types' classes, which own their tables (object_host.h).
+  ProtectionDomains& pd() { return pd_; }
+  MemoryBackings& backings() { return backings_; }
+  MemoryRegions& mr() { return mr_; }
+  DeviceMemory& dm() { return dm_; }
+  XrcDomains& xrc() { return xrc_; }
+  SharedReceiveQueues& srq() { return srq_; }
+  CompletionQueues& cq() { return cq_; }
+  Names& names() { return names_; }
+  QueuePairs& qp() { return qp_; }
 
   int reg_async(uint32_t client, Fd wake);
-  // `xrcd`: the client's handle of an XRC domain req.xrcd names (null: none).
-  int create_srq(uint32_t client, const daemon::XrcdHandle* xrcd, const proto::CreateSrqReq& req,
-                 proto::CreateSrqReply& rep,
-                 std::vector<int>& out_fds);
-  // SRQ `handle`, reached by the client (resolved by the command layer,
-  // HandleRule::kReachable).
-  int srq_limit(const daemon::Srq& srq, uint32_t handle);
-  int resize_srq(daemon::Srq& srq, uint32_t handle, const proto::ResizeSrqReq& req, proto::CreateSrqReply& rep,
-                 std::vector<int>& out_fds);
-  int resize_srq_done(daemon::Srq& srq, const proto::ResizeSrqDoneReq& req);
   // Async events waiting to be sent: (client, event type, element). The
   // server sends them after each request or disconnection.
   struct PendingEvent {
@@ -301,20 +209,20 @@ class Registry : private MediationTables {
   bool mcast_members(const uint8_t* gid, std::vector<uint32_t>& out) const { return tables_.mcg_members(gid, out); }
 
   // Is `qpn` a QP of the client's context? (RoCE attach)
-  bool holds_qp(uint32_t client, uint32_t qpn) { return find_qp(client, qpn) != nullptr; }
+  bool holds_qp(uint32_t client, uint32_t qpn) { return qp_.find(client, qpn) != nullptr; }
 
   // The user of a client's process (uid_t(-1) if unknown).
-  uid_t client_uid(uint32_t client) const;
+  uid_t client_uid(uint32_t client) const override;
   // The context a connection is attached to (0: none).
-  uint32_t context_of(uint32_t client) const { return ctx(client); }
+  uint32_t context_of(uint32_t client) const override { return ctx(client); }
   // The process of a connection (as it connected; 0: none).
   uint32_t client_pid(uint32_t client) const {
     auto c = clients_.find(client);
     return c == clients_.end() ? 0 : uint32_t(c->second.pid);
   }
   // Read access for tests.
-  const shm::QpEntry* qp_entry(uint32_t qpn) const;
-  const shm::MrEntry* mr_entry(uint32_t key) const;
+  const shm::QpEntry* qp_entry(uint32_t qpn) const { return qp_.entry(qpn); }
+  const shm::MrEntry* mr_entry(uint32_t key) const { return mr_.entry(key); }
 
   // The clients (processes) of a context, from the registry's index.
   std::vector<uint32_t> clients_of(uint32_t context) const;
@@ -363,13 +271,13 @@ class Registry : private MediationTables {
   // May `client` receive descriptors that map the memory or queues of
   // context `owner`? Only a process of the same user (or root): a backing
   // memfd maps a process's whole address space, more than any key grants.
-  bool same_user(uint32_t client, uint32_t owner) const;
+  bool same_user(uint32_t client, uint32_t owner) const override;
   uint32_t ctx(uint32_t client) const;
   // The user of a context (uid_t(-1) if none).
-  uid_t ctx_uid(uint32_t context) const;
+  uid_t context_uid(uint32_t context) const override;
   // Are the client's user and the context's user the same, so that their
   // objects' entries are in one device segment? (Strictly equal uids.)
-  bool same_tables(uint32_t client, uint32_t owner) const;
+  bool same_tables(uint32_t client, uint32_t owner) const override;
   void remove_context_if_unused(uint32_t ctx);
   // Moves the client into context `target` (ibv_import_device, or opening a
   // name): EBUSY if its own context already holds objects.
@@ -382,13 +290,14 @@ class Registry : private MediationTables {
   // then forget it; default: forget it).
   struct TypeOps {
     ObjKind kind;
-    std::vector<uint32_t> (Registry::*collect)(uint32_t ctx);
-    void (Registry::*before)(uint32_t ctx, const std::vector<uint32_t>& ids);
-    void (Registry::*cleanup)(uint32_t handle);
-    void (Registry::*after)(const std::vector<uint32_t>& ids);
+    std::vector<uint32_t> (*collect)(Registry& r, uint32_t ctx);
+    void (*before)(Registry& r, uint32_t ctx, const std::vector<uint32_t>& ids);
+    // The cleanup and the destroy reach the type's class, where it has one.
+    void (*cleanup)(Registry& r, uint32_t handle);
+    void (*after)(Registry& r, const std::vector<uint32_t>& ids);
     // What a holder's destroy does (null: EBUSY while referenced, else the
     // cleanup), given the holder's context.
-    int (Registry::*destroy)(uint32_t ctx, uint32_t handle);
+    int (*destroy)(Registry& r, uint32_t ctx, uint32_t handle);
   };
   static const TypeOps kTypeOps[];
   // Calls f(table) with the table of `kind` (registry.cc only).
@@ -399,107 +308,66 @@ class Registry : private MediationTables {
   void release_context(uint32_t ctx);
   // References move only through here: the ones an object declares
   // (held()) are taken when it is made and dropped when it goes.
-  void hold(const Held& refs);
-  void hold(Ref r);
-  void drop(const Held& refs);
-  void drop(Ref r);
+  void hold(const Held& refs) override;
+  void hold(Ref r) override;
+  void drop(const Held& refs) override;
+  void drop(Ref r) override;
   // The end of every object of a context-owned kind, once its type's own
   // cleanup revoked what it published: its quota charge released, its
   // entry erased, then the references it held dropped.
-  void forget(ObjKind kind, uint32_t handle);
+  void forget(ObjKind kind, uint32_t handle) override;
 
-  // ---- PD and backings (pd.cc) ----
-  void drop_backing(uint32_t id);
+  // The rest of ObjectHost (registry.cc, pd.cc).
+  bool context_open(uint32_t context) const override { return contexts_.count(context) != 0; }
+  uint32_t next_handle() const override { return next_handle_; }
+  uint32_t take_handle() override { return next_handle_++; }
+  void context_event(uint32_t context, uint32_t type, uint32_t element) override;
+  void qps_error_on_cq(uint32_t context, uint32_t cq) override;
+  ClientView client_view(uint32_t client) override;
+  int open_odp_memory(uint32_t client) override;
+  bool has_qp(uint32_t qpn) const override { return qp_.table().count(qpn) != 0; }
+  void forget_backing_windows(uint32_t backing) override { mediation_.forget_backing(backing); }
 
-  // ---- MRs, windows and keys (mr.cc) ----
-  uint32_t alloc_key_slot();
-  void unbind_mw(uint32_t slot, Mw& mw);
-  void release_mr(uint32_t handle);
-  void release_mw(uint32_t slot);
-  // Windows of other contexts bound to the MRs about to go die with them.
-  void unbind_windows_of(uint32_t ctx, const std::vector<uint32_t>& mrs);
-  struct Account {
-    uid_t uid;
-    uint64_t locked_bytes = 0;
-    uint64_t limit_bytes = 0;
-  };
-  int charge_memlock(uint32_t client, uint64_t addr, uint64_t length, uint64_t credit, uint64_t& bytes);
-  void uncharge_memlock(pid_t pid, uint64_t bytes);
-  int check_mr(const Backing& b, const proto::RegMrReq& req);
-  // Makes the MR `req` describes (checked); `charge`: count its pages as
-  // the registrant's locked memory (not for device memory).
-  int install_mr(uint32_t client, const proto::RegMrReq& req, bool charge, uint32_t dm, proto::RegMrReply& rep);
-  // ---- Device memory (dm.cc) ----
-  void release_dm(uint32_t handle);
-  void fill_mr_entry(shm::MrEntry& e, const proto::RegMrReq& req, uint32_t client);
-
-  // ---- CQs and channels (cq.cc) ----
-  int make_cq_segment(uint32_t handle, uint32_t cqe, uint32_t channel, Fd& fd, Mapping& map, uint32_t& capacity);
+  // ---- What a client's QPs reach (qp_reach.cc) ----
   bool may_complete_into(uint32_t client, uint32_t cq);
-  void push_cq(uint32_t handle, const ibv_wc& wc, bool solicited);
-  bool cq_granted(uint32_t client, uint32_t handle) const;
   // The MR a key names for the client (HandleRule::kOwnKey, or kReachableKey
   // when `reach`): 0, EINVAL or EACCES.
   int mr_by_key(uint32_t client, uint32_t key, bool reach, Object*& out);
   // Whether the client's QPs reach SRQ `handle` (its own, XRC, or a peer's connected both ways).
   bool srq_reachable(uint32_t client, const daemon::Srq& srq, uint32_t handle);
 
-  // ---- QPs (qp.cc) ----
-  int check_create_qp(const QpObjects& o, const proto::CreateQpReq& req);
-  uint32_t alloc_qp_slot();
-  void init_qp_entry(uint32_t client, uint32_t slot, uint32_t qpn, const proto::CreateQpReq& req);
-  int peer_reply(uint32_t client, uint32_t dest, proto::ConnectPeerReply& rep, std::vector<int>& out_fds);
-  void fail_peers_of(const std::vector<uint32_t>& dead_qpns);
-  void complete_torn_receive(uint32_t dead_qpn);
-  bool torn_record_allowed(const Qp& dead, uint32_t dead_qpn, const Qp& peer, uint32_t peer_qpn) const;
-  // The QPs a context's release frees: its own, and XRC target QPs whose
-  // last handle it held (a target QP another context still holds moves to it).
-  std::vector<uint32_t> qps_to_release(uint32_t ctx);
-  void before_release_qps(uint32_t ctx, const std::vector<uint32_t>& qpns);
-
-  void mcg_release(const DeviceTables::McgChange& ch, uint32_t qpn);
-  uid_t qp_uid(uint32_t qpn) const;
-
-  // ---- XRC (xrc.cc) ----
-  void xrcd_drop_if_unused(uint32_t id);
+  // Whether one of the context's XRC_SEND QPs reaches the XRC SRQ.
   bool xrc_reaches_srq(uint32_t context, const Srq& srq);
-  void release_xrcd_handle(uint32_t handle);
-  int close_xrcd_handle(uint32_t ctx, uint32_t handle);
 
   // ---- Sharing: namespace, regions (sharing.cc) ----
-  Credentials credentials(uint32_t client) const;
-  bool ns_alive(const NsEntry& e) const;
-  bool ns_drop_if_dead(const std::string& name);
-  void ns_collect_owner(uid_t owner);
+  Credentials credentials(uint32_t client) const override;
+  bool names_live_object(const NsEntry& e) const override;
+  bool find_client(uint32_t client, ClientView& out) const override;
+  int attach_client(uint32_t client, uint32_t target) override;
 
   // The tables as mediation sees them (MediationTables, registry_mediation.cc).
   bool requester_qp(uint32_t client, uint32_t qpn, QpView& out) override;
   bool responder_qp(uint32_t qpn, QpView& out) override;
-  shm::QpEntry& qp_state_entry(uint32_t qpn) override { return qp_slot(qpn); }
+  shm::QpEntry& qp_state_entry(uint32_t qpn) override { return qp_.slot(qpn); }
   const shm::MrEntry& mr_slot(uint32_t slot) const override { return tables_.mr_at(slot); }
   int backing_fd(uint32_t backing) const override;
   bool receive_queue(uint32_t qpn, RecvQueue& out) override;
   void srq_limit_reached(uint32_t srq) override;
-  void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) override { push_cq(cq, wc, solicited); }
+  void push_cq_entry(uint32_t cq, const ibv_wc& wc, bool solicited) override { cq_.push(cq, wc, solicited); }
   void flush_receives(uint32_t qpn) override;
-  void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override;
+  void responder_error_event(uint32_t qpn, ibv_wc_status requester_status) override {
+    qp_.responder_error_event(qpn, requester_status);
+  }
   uid_t uid_of_client(uint32_t client) const override { return client_uid(client); }
   std::shared_ptr<const OdpMemory> odp_memory(uint32_t pid, uint64_t identity, int* pidfd, uid_t* uid) const override;
   int odp_lock(uid_t uid, Fd& out) override;
   int invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) override;
   Mediation mediation_{*this};
-  void flush_rq(Qp& q, uint32_t qpn);
 
-  shm::QpEntry& qp_slot(uint32_t qpn) const;
-  Qp* find_qp(uint32_t client, uint32_t qpn);
-  Qp* held_qp(uint32_t ctx, uint32_t qpn);
-  static bool holds(const Qp& q, uint32_t ctx);  // context `ctx` owns or holds `q`  // find_qp, by context (not counted as a lookup)
-  int destroy_qp_handle(uint32_t ctx, uint32_t qpn);
   void posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opcode, bool signaled, uint32_t epoch,
                       const proto::MediateReply& rep);
-  void release_qp(uint32_t qpn);
   // A QP going: its counts join its user's totals (counters.cc).
-  void retire_counters(const Qp& q);
+  void retire_counters(const Qp& q) override;
   void qp_counters(const Qp& q, counters::Values& out) const;
   void port_counters(uid_t me, counters::Values& out) const;
   std::map<uid_t, std::array<uint64_t, counters::kCount>> retired_counters_;
@@ -520,19 +388,6 @@ class Registry : private MediationTables {
   std::set<std::pair<uint32_t, uint32_t>> ctx_clients_;
   // Each claimed socket's client, by inode (claim_socket: at most one).
   std::map<uint64_t, uint32_t> socket_client_;
-  // (destination QPN, QPN) of every QP whose entry names a destination:
-  // the QPs connected to one QP without a walk over every QP.
-  std::set<std::pair<uint32_t, uint32_t>> by_dest_;
-  void set_dest(uint32_t qpn, uint32_t dest);
-  // The QPs of a context being released that were still connected (RTR,
-  // RTS, SQD or SQE) when their last holder went: before_release_qps notes
-  // them, fail_peers_of fails their peers and forgets them.
-  std::set<uint32_t> died_connected_;
-  // (MR slot, window slot) of every bound window: the windows of the MRs a
-  // context's release frees without a walk over every window.
-  std::set<std::pair<uint32_t, uint32_t>> mw_bound_;
-  // (context, QPN), once per handle a context holds of an XRC target QP.
-  std::multiset<std::pair<uint32_t, uint32_t>> xrc_handles_;
   std::map<uint32_t, Fd> async_fds_;  // by client
   std::map<uint32_t, Context> contexts_;
   // (user, context) of every context: a user's contexts without a walk over
@@ -540,35 +395,18 @@ class Registry : private MediationTables {
   std::set<std::pair<uid_t, uint32_t>> user_contexts_;
   // The contexts of user `uid`.
   std::vector<uint32_t> contexts_of_user(uid_t uid) const;
-  ObjectTable<Pd> pds_;
-  ObjectTable<Backing> backings_;
-  ObjectTable<Mr> mrs_;        // by slot in the MR table
-  ObjectTable<Mw> mws_;        // by slot in the MR table
-  ObjectTable<Dm> dms_;
-  std::map<uid_t, uint64_t> dm_bytes_;  // device memory per user (whole pages)
-  ObjectTable<Channel> channels_;
-  ObjectTable<Cq> cqs_;
-  ObjectTable<Srq> srqs_;
-  ObjectTable<Xrcd> xrcds_;    // by domain id (owned by no context)
-  ObjectTable<XrcdHandle> xrcd_handles_;
-  ObjectTable<Qp> qps_;        // by qpn
-  uint32_t next_xrcd_ = 1;
-  // The domains opened through a file, by (user, device, inode).
-  std::map<std::tuple<uint32_t, uint64_t, uint64_t>, uint32_t> xrcd_by_file_;
-  std::map<RegionKey, Region> regions_;
-  // CQs another user opened by name (client -> CQ handles): a CQ segment
-  // holds completions only, so mapping it grants exactly the named object.
-  std::multimap<uint32_t, uint32_t> cq_grants_;
-  NameSpace ns_;
-  std::map<pid_t, Account> accounts_;
+  ProtectionDomains pd_{*this};                 // the PD table (pd.h)
+  MemoryBackings backings_{*this};               // the backing table and the named regions (pd.h)
+  MemoryRegions mr_{*this, tables_, backings_};  // MRs, windows, keys, locked-memory accounts (mr.h)
+  DeviceMemory dm_{*this, mr_, backings_};       // the DM table (dm.h)
+  CompletionQueues cq_{*this};  // the CQ and channel tables, CQ grants (cq.h)
+  SharedReceiveQueues srq_{*this};  // the SRQ table (srq.h)
+  QueuePairs qp_{*this, tables_, cq_, srq_};  // the QP table, peers, XRC target handles (qp.h)
+  XrcDomains xrc_{*this};  // XRC domains and their handles (xrc.h)
+  Names names_{*this, cq_};  // the namespace (names.h)
   std::vector<PendingEvent> events_;
   Quotas quotas_;
   CmPorts cm_ports_{quotas_};  // rdma_cm ports (system daemon)
-
-  std::vector<uint8_t> mr_key_byte_;  // per MR slot: last key byte used
-  std::vector<uint8_t> qp_gen_;       // per QP slot: generation
-  uint32_t next_mr_slot_ = 1;
-  uint32_t next_qp_slot_ = 2;  // QPN 0 and 1 are the special QPs
 };
 
 }  // namespace sv::daemon

@@ -16,21 +16,21 @@ namespace sv::daemon {
 using namespace shm;
 
 bool Registry::requester_qp(uint32_t client, uint32_t qpn, QpView& out) {
-  const Qp* q = find_qp(client, qpn);
+  const Qp* q = qp_.find(client, qpn);
   if (!q) return false;
   out = {q->type, q->pd, q->recv_cq};
   return true;
 }
 
 bool Registry::responder_qp(uint32_t qpn, QpView& out) {
-  auto it = qps_.find(qpn);
-  if (it == qps_.end()) return false;
+  auto it = qp_.table().find(qpn);
+  if (it == qp_.table().end()) return false;
   out = {it->second.type, it->second.pd, it->second.recv_cq};
   return true;
 }
 
 uint32_t Registry::mr_backing(uint32_t client, uint32_t handle) const {
-  const Mr* m = mrs_.owned(handle, ctx(client));
+  const Mr* m = mr_.table().owned(handle, ctx(client));
   return m ? m->backing : 0;
 }
 
@@ -62,50 +62,28 @@ int Registry::odp_lock(uid_t uid, Fd& out) {
 }
 
 uint32_t Registry::mr_odp_owner(uint32_t client, uint32_t handle) const {
-  const Mr* m = mrs_.owned(handle, ctx(client));
+  const Mr* m = mr_.table().owned(handle, ctx(client));
   if (!m) return 0;
   const MrEntry& e = tables_.mr_at(handle);
   return e.backing == kOdpBacking ? e.owner_pid : 0;
 }
 
 int Registry::backing_fd(uint32_t backing) const {
-  auto b = backings_.find(backing);
-  return b == backings_.end() ? -1 : b->second.fd.get();
+  auto b = backings_.table().find(backing);
+  return b == backings_.table().end() ? -1 : b->second.fd.get();
 }
 
-// The rings are located by the capacities recorded when they were made,
-// not by the segment header's offsets, which the peer's process can write.
-bool Registry::receive_queue(uint32_t qpn, RecvQueue& out) {
-  auto it = qps_.find(qpn);
-  if (it == qps_.end()) return false;
-  Qp& q = it->second;
-  if (q.srq) {
-    auto s = srqs_.find(q.srq);
-    if (s == srqs_.end()) return false;
-    const uint32_t cap = s->second.capacity;
-    auto* rh = reinterpret_cast<RingHeader*>(s->second.map.as<char>() + SrqLayout{cap}.ring_offset());
-    out.ring = Ring<RecvWqe>(rh, reinterpret_cast<RingSlot<RecvWqe>*>(rh + 1), cap);
-    out.srq = q.srq;
-    out.srq_header = s->second.map.as<SrqSegmentHeader>();
-    return true;
-  }
-  const QpLayout layout{q.sq_capacity, q.rq_capacity};
-  auto* rqh = reinterpret_cast<RingHeader*>(q.map.as<char>() + layout.rq_offset());
-  out.ring = Ring<RecvWqe>(rqh, reinterpret_cast<RingSlot<RecvWqe>*>(rqh + 1), layout.rq_capacity);
-  out.srq = 0;
-  out.srq_header = nullptr;
-  return true;
-}
+bool Registry::receive_queue(uint32_t qpn, RecvQueue& out) { return qp_.receive_queue(qpn, out); }
 
 void Registry::srq_limit_reached(uint32_t srq) {
-  auto s = srqs_.find(srq);
-  if (s == srqs_.end()) return;
+  auto s = srq_.table().find(srq);
+  if (s == srq_.table().end()) return;
   for (uint32_t id : clients_of(s->second.owner)) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, srq});
 }
 
 void Registry::flush_receives(uint32_t qpn) {
-  auto it = qps_.find(qpn);
-  if (it != qps_.end()) flush_rq(it->second, qpn);
+  auto it = qp_.table().find(qpn);
+  if (it != qp_.table().end()) qp_.flush_rq(it->second, qpn);
 }
 
 int Registry::invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) {
@@ -113,8 +91,8 @@ int Registry::invalidate_remote(uint32_t client, uint32_t qpn, uint32_t key) {
   r.key = key;
   r.qpn = qpn;
   r.remote = 1;
-  if (!find_qp(client, qpn)) return EINVAL;
-  return invalidate(client, r);
+  if (!qp_.find(client, qpn)) return EINVAL;
+  return mr_.invalidate(client, r);
 }
 
 // ---- Pipelined requests (Op::MediatePost) -----------------------------------
@@ -154,7 +132,7 @@ int Registry::mediate_posted(uint32_t client, Qp& qp, const proto::MediateReq& r
     return 0;
   }
   q->med_stop = kRunGoes;
-  if (ibv_qp_state(qp_slot(req.qpn).state.load()) == IBV_QPS_ERR) {
+  if (ibv_qp_state(qp_.slot(req.qpn).state.load()) == IBV_QPS_ERR) {
     posted_outcome(*q, req.qpn, req.wr_id, req.opcode, signaled, req.epoch, posted_error(IBV_WC_WR_FLUSH_ERR));
     return 0;
   }
@@ -176,7 +154,7 @@ int Registry::mediate_posted(uint32_t client, Qp& qp, const proto::MediateReq& r
 void Registry::finish_posted(MediationJob& job) {
   proto::MediateReply rep{};
   if (mediation_.finish(job, rep) != 0) rep = posted_error(IBV_WC_LOC_QP_OP_ERR);
-  Qp* q = find_qp(job.client, job.requester_qpn);
+  Qp* q = qp_.find(job.client, job.requester_qpn);
   if (!q) return;  // the QP is gone, and whoever would count on it
   posted_outcome(*q, job.requester_qpn, job.wr_id, job.opcode, job.signaled, job.epoch, rep);
 }
@@ -186,7 +164,7 @@ void Registry::finish_posted(MediationJob& job) {
 // no QP in finish_posted) or it holds the QP no more. The loop answers this
 // between two requests, so a "gone" follows every outcome the sender's
 // requests will ever have (registry_mediation's posted_outcome).
-int Registry::mediate_gone(const Qp& q, uint32_t sender) { return holds(q, ctx(sender)) ? EBUSY : 0; }
+int Registry::mediate_gone(const Qp& q, uint32_t sender) { return QueuePairs::holds(q, ctx(sender)) ? EBUSY : 0; }
 
 // The slot first, then the completion, then the run's end: a request's
 // slot is free before its completion can be polled (an application posts
@@ -209,10 +187,10 @@ void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opco
       wc.opcode = rules::send_completion_opcode(opcode);
       wc.byte_len = error ? 0 : rep.byte_len;
       wc.qp_num = qpn;
-      push_cq(q.send_cq, wc, true);
+      cq_.push(q.send_cq, wc, true);
     }
     if (error) {
-      qp_slot(qpn).state.store(IBV_QPS_ERR, std::memory_order_release);
+      qp_.slot(qpn).state.store(IBV_QPS_ERR, std::memory_order_release);
       q.med_stop = kRunFlushes;
       q.med_stop_epoch = epoch;
     }
@@ -221,24 +199,6 @@ void Registry::posted_outcome(Qp& q, uint32_t qpn, uint64_t wr_id, uint32_t opco
     q.med_stop_epoch = epoch;
   }
   h->med_finished.store(q.med_finished, std::memory_order_release);
-}
-
-// The QP's own posted receives complete with flush errors (IBTA 10.3.1);
-// an SRQ's receives belong to its other QPs too and stay. At most one ring's
-// worth (the capacity the daemon recorded): a holder that goes on posting
-// into the ring while it is flushed does not keep the daemon here.
-void Registry::flush_rq(Qp& q, uint32_t qpn) {
-  RecvQueue rq;
-  if (q.srq || !receive_queue(qpn, rq)) return;
-  RecvWqe w{};
-  for (uint32_t n = 0; n < q.rq_capacity && rq.ring.pop(w); ++n) {
-    ibv_wc wc{};
-    wc.wr_id = w.wr_id;
-    wc.status = IBV_WC_WR_FLUSH_ERR;
-    wc.opcode = IBV_WC_RECV;
-    wc.qp_num = qpn;
-    push_cq(q.recv_cq, wc, true);
-  }
 }
 
 }  // namespace sv::daemon

@@ -68,7 +68,7 @@ class RegistryObjects : public ::testing::Test {
 
   uint32_t pd(uint32_t c) {
     uint32_t h = 0;
-    EXPECT_EQ(reg.alloc_pd(c, h), 0);
+    EXPECT_EQ(reg.pd().alloc(c, h), 0);
     return h;
   }
   // A sealed memfd of the test's user, as the library registers one.
@@ -78,7 +78,7 @@ class RegistryObjects : public ::testing::Test {
     EXPECT_EQ(::ftruncate(fd, off_t(len)), 0);
     EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL), 0);
     uint32_t id = 0;
-    EXPECT_EQ(reg.reg_backing(c, Fd(fd), id), 0);
+    EXPECT_EQ(reg.backings().reg(c, Fd(fd), id), 0);
     return id;
   }
   proto::RegMrReply mr(uint32_t c, uint32_t p, uint32_t b,
@@ -98,7 +98,7 @@ class RegistryObjects : public ::testing::Test {
     uint32_t h = 0;
     Fd rd, wake;
     EXPECT_EQ(make_wake_pair(rd, wake), 0);
-    EXPECT_EQ(reg.create_channel(c, std::move(rd), std::move(wake), h), 0);
+    EXPECT_EQ(reg.cq().create_channel(c, std::move(rd), std::move(wake), h), 0);
     return h;
   }
   uint32_t cq(uint32_t c, uint32_t ch = 0) {
@@ -107,7 +107,7 @@ class RegistryObjects : public ::testing::Test {
     req.channel = ch;
     proto::CreateCqReply rep{};
     std::vector<int> fds;
-    EXPECT_EQ(reg.create_cq(c, req.channel, req, rep, fds), 0);
+    EXPECT_EQ(reg.cq().create(c, req.channel, req, rep, fds), 0);
     EXPECT_EQ(fds.size(), 1u);
     return rep.handle;
   }
@@ -156,20 +156,20 @@ class RegistryObjects : public ::testing::Test {
     m.qp_state = IBV_QPS_INIT;
     m.port_num = 1;
     m.qkey = 0x11;
-    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
+    ASSERT_EQ(reg.qp().modify(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
     m.attr_mask = IBV_QP_STATE;
     m.qp_state = IBV_QPS_RTR;
-    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
+    ASSERT_EQ(reg.qp().modify(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
     m.attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
     m.qp_state = IBV_QPS_RTS;
-    ASSERT_EQ(reg.modify_qp(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
+    ASSERT_EQ(reg.qp().modify(resolved<Qp>(reg, ObjKind::kQp, c, m.qpn), m), 0);
   }
   uint32_t open_xrcd(uint32_t c, int file = -1) {
     proto::OpenXrcdReq req{};
     req.oflags = O_CREAT;
     req.has_fd = file >= 0;
     uint32_t h = 0;
-    EXPECT_EQ(reg.open_xrcd(c, req, file >= 0 ? Fd(::dup(file)) : Fd(), h), 0);
+    EXPECT_EQ(reg.xrc().open(c, req, file >= 0 ? Fd(::dup(file)) : Fd(), h), 0);
     return h;
   }
   // A second client joined to `c`'s context through the namespace (as a
@@ -181,13 +181,13 @@ class RegistryObjects : public ::testing::Test {
     pub.mode = 0600;
     pub.group = -1;
     std::strncpy(pub.name, name, sizeof(pub.name) - 1);
-    EXPECT_EQ(reg.ns_publish(a, pub), 0);
+    EXPECT_EQ(reg.names().publish(a, pub), 0);
     uint32_t b = reg.add_client(::getpid(), ::getuid(), ::getgid());
     proto::NsNameReq open{};
     open.access = proto::kNsRead | proto::kNsWrite;
     std::strncpy(open.name, name, sizeof(open.name) - 1);
     proto::NsOpenReply rep{};
-    EXPECT_EQ(reg.ns_open(b, open, rep), 0);
+    EXPECT_EQ(reg.names().open(b, open, rep), 0);
     return b;
   }
 
@@ -307,7 +307,7 @@ TEST_F(RegistryPd, BackingMustBeASealedMemfd) {
   uint32_t id = 0;
   int fd = ::memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_EQ(::ftruncate(fd, kPage), 0);
-  EXPECT_EQ(reg.reg_backing(a, Fd(fd), id), EINVAL);
+  EXPECT_EQ(reg.backings().reg(a, Fd(fd), id), EINVAL);
   backing(a);
   EXPECT_EQ(counts().backings, 1u);
 }
@@ -335,7 +335,7 @@ TEST_F(RegistryMr, BoundWindowHoldsItsMr) {
   alloc.pd = p;
   alloc.type = IBV_MW_TYPE_1;
   proto::KeyReply w{};
-  ASSERT_EQ(reg.alloc_mw(a, alloc.pd, alloc, w), 0);
+  ASSERT_EQ(reg.mr().alloc_mw(a, alloc.pd, alloc, w), 0);
   proto::BindMwReq bind{};
   bind.mw = w.handle;
   bind.qpn = q;
@@ -430,12 +430,12 @@ TEST_F(RegistryCq, CqHoldsItsChannel) {
   rs.cqe = 64;
   proto::CreateCqReply rep{};
   std::vector<int> fds;
-  ASSERT_EQ(reg.resize_cq(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), 0);
-  EXPECT_EQ(reg.resize_cq(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), EBUSY);
+  ASSERT_EQ(reg.cq().resize(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), 0);
+  EXPECT_EQ(reg.cq().resize(resolved<Cq>(reg, ObjKind::kCq, a, rs.handle), rs, rep, fds), EBUSY);
   proto::ResizeCqDoneReq done{};
   done.handle = c;
   done.commit = 1;
-  EXPECT_EQ(reg.resize_cq_done(resolved<Cq>(reg, ObjKind::kCq, a, done.handle), done), 0);
+  EXPECT_EQ(reg.cq().resize_done(resolved<Cq>(reg, ObjKind::kCq, a, done.handle), done), 0);
   EXPECT_EQ(destroy(reg, ObjKind::kCq, a, c), 0);
   EXPECT_EQ(destroy(reg, ObjKind::kChannel, a, ch), 0);
   EXPECT_EQ(counts().cqs, 0u);
@@ -547,7 +547,7 @@ TEST_F(RegistryContext, ReleasingAContextFreesEverything) {
   alloc.pd = p;
   alloc.type = IBV_MW_TYPE_1;
   proto::KeyReply w{};
-  ASSERT_EQ(reg.alloc_mw(a, alloc.pd, alloc, w), 0);
+  ASSERT_EQ(reg.mr().alloc_mw(a, alloc.pd, alloc, w), 0);
   proto::BindMwReq bind{};
   bind.mw = w.handle;
   bind.qpn = ud;

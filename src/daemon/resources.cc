@@ -74,14 +74,14 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
   const std::vector<uint32_t> mine = contexts_of_user(me);
   const std::vector<uint32_t>* may_see = me == 0 ? nullptr : &mine;  // root: every user's
   auto who = [&](const Object& o, proto::ResEntry& e) {
-    e.uid = uint32_t(ctx_uid(o.owner));
+    e.uid = uint32_t(context_uid(o.owner));
     e.pid = context_pid(o.owner);
   };
   switch (req.kind) {
     case proto::kResQp:
-      page_of(qps_, may_see, req.after, rep, [&](uint32_t qpn, const Qp& q, proto::ResEntry& e) {
+      page_of(qp_.table(), may_see, req.after, rep, [&](uint32_t qpn, const Qp& q, proto::ResEntry& e) {
         who(q, e);
-        const shm::QpEntry& slot = qp_slot(qpn);
+        const shm::QpEntry& slot = qp_.slot(qpn);
         e.a = uint32_t(q.type);
         e.b = slot.state.load(std::memory_order_relaxed);
         e.c = q.pd;
@@ -90,26 +90,26 @@ int Registry::res_list(uint32_t client, const proto::ResListReq& req, proto::Res
       });
       return 0;
     case proto::kResCq:
-      page_of(cqs_, may_see, req.after, rep, [&](uint32_t, const Cq& c, proto::ResEntry& e) {
+      page_of(cq_.table(), may_see, req.after, rep, [&](uint32_t, const Cq& c, proto::ResEntry& e) {
         who(c, e);
         e.a = c.capacity;
         e.b = c.refs;
       });
       return 0;
     case proto::kResMr:
-      page_of(mrs_, may_see, req.after, rep, [&](uint32_t, const Mr& m, proto::ResEntry& e) {
+      page_of(mr_.table(), may_see, req.after, rep, [&](uint32_t, const Mr& m, proto::ResEntry& e) {
         who(m, e);
         if (m.charged_pid) e.pid = uint32_t(m.charged_pid);
         e.a = m.key;
         e.b = m.pd;
-        if (const shm::MrEntry* me_ = mr_entry(m.key)) {
+        if (const shm::MrEntry* me_ = mr_.entry(m.key)) {
           e.length = me_->length;
           e.iova = me_->iova;
         }
       });
       return 0;
     case proto::kResPd:
-      page_of(pds_, may_see, req.after, rep, [&](uint32_t, const Pd& p, proto::ResEntry& e) {
+      page_of(pd_.table(), may_see, req.after, rep, [&](uint32_t, const Pd& p, proto::ResEntry& e) {
         who(p, e);
         e.b = p.refs;
       });

@@ -1,6 +1,7 @@
 // sharing.cc: what crosses contexts: importing a context
-// (ibv_import_device(3)), named shared memory regions (seed 000) and the
-// namespace (publish/open by name).
+// (ibv_import_device(3)), and what the namespace (names.h) reaches of
+// clients and contexts. Named shared memory regions (seed 000) are
+// MemoryBackings' (pd.h).
 #include "daemon/registry.h"
 
 #include <dirent.h>
@@ -19,14 +20,6 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-namespace {
-// A name field from a client: NUL-terminated within its array, else empty
-// (which no valid name is).
-std::string field_name(const char (&name)[proto::kMaxNsName]) {
-  size_t n = ::strnlen(name, proto::kMaxNsName);
-  return n == proto::kMaxNsName ? std::string() : std::string(name, n);
-}
-}  // namespace
 
 int Registry::claim_socket(uint32_t client, uint64_t inode) {
   auto c = clients_.find(client);
@@ -99,7 +92,7 @@ int Registry::import_context(uint32_t client, Fd fd) {
 // a PD or a backing), and leaves its own context.
 int Registry::join_context(Client& me, uint32_t target) {
   const uint32_t mine = me.ctx;
-  if (pds_.any_of(mine) || backings_.any_of(mine)) return EBUSY;
+  if (pd_.table().any_of(mine) || backings_.table().any_of(mine)) return EBUSY;
   remove_context_if_unused(mine);
   for (auto it = ctx_clients_.lower_bound({mine, 0}); it != ctx_clients_.end() && it->first == mine; ++it)
     if (&clients_.at(it->second) == &me) {
@@ -112,49 +105,14 @@ int Registry::join_context(Client& me, uint32_t target) {
   return 0;
 }
 
-// Seed 000: register memory under a byte-array id. The first caller creates
-// the region, later callers attach, in any order; no caller is the master.
-// An id names a region of the caller's user only: the same id asked by
-// another user is another region (no attach across users, no squatting).
-int Registry::reg_shmid(uint32_t client, const proto::RegShmidReq& req, proto::RegShmidReply& rep,
-                        std::vector<int>& out_fds) {
-  if (req.id_len == 0 || req.id_len > proto::kMaxShmidLen) return EINVAL;
-  auto owner = contexts_.find(ctx(client));
-  if (owner == contexts_.end()) return EINVAL;
-  uid_t uid = owner->second.uid;  // the context's user: its memory is that user's
-  if (int e = quotas_.admit(Quotas::kBacking, client_uid(client))) return e;  // a region comes with a backing
-  std::string id(reinterpret_cast<const char*>(req.id), req.id_len);
-  RegionKey key{uid, id};
-  auto r = regions_.find(key);
-  rep.created = 0;
-  if (r == regions_.end()) {
-    if (req.length == 0 || req.length > kMaxMrSize) return EINVAL;
-    Region region{Fd(), page_up(req.length), 0};
-    if (int e = make_memfd("softverbs-region", region.length, region.fd)) return e;
-    r = regions_.emplace(key, std::move(region)).first;
-    rep.created = 1;
-  } else if (req.length > r->second.length) {
-    return EINVAL;  // attaching callers may not ask for more than the region holds
-  }
-  Fd dup;
-  if (int e = dup_fd(r->second.fd.get(), dup)) {
-    if (rep.created) regions_.erase(r);
-    return e;
-  }
-  uint32_t handle = next_handle_++;
-  Backing b;
-  b.owner = ctx(client);
-  b.fd = std::move(dup);
-  b.region = id;
-  b.limit = r->second.length;
-  b.region_uid = uid;
-  backings_.insert(handle, std::move(b));
-  quotas_.charge(Quotas::kBacking, handle, client_uid(client));
-  r->second.backings++;
-  rep.backing = handle;
-  rep.length = r->second.length;
-  out_fds.push_back(r->second.fd.get());
-  return 0;
+int Registry::attach_client(uint32_t client, uint32_t target) { return join_context(clients_[client], target); }
+
+bool Registry::find_client(uint32_t client, ClientView& out) const {
+  auto c = clients_.find(client);
+  if (c == clients_.end()) return false;
+  out = {c->second.pid, c->second.uid, c->second.gid, c->second.ctx, c->second.identity, c->second.pidfd.get(),
+         &c->second.at_connect};
+  return true;
 }
 
 Credentials Registry::credentials(uint32_t client) const {
@@ -164,131 +122,18 @@ Credentials Registry::credentials(uint32_t client) const {
 }
 
 // An entry names an object only while that object exists in that context;
-// names of destroyed objects disappear (lazily, before each namespace op).
-bool Registry::ns_alive(const NsEntry& e) const {
+// names of destroyed objects disappear (lazily, before each namespace op:
+// names.cc).
+bool Registry::names_live_object(const NsEntry& e) const {
   switch (e.kind) {
-    case proto::kNsPd: return pds_.owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsMr: return mrs_.owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsCq: return cqs_.owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsQp: return qps_.owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsSrq: return srqs_.owned(e.handle, e.ctx) != nullptr;
-    case proto::kNsChannel: return channels_.owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsPd: return pd_.table().owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsMr: return mr_.table().owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsCq: return cq_.table().owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsQp: return qp_.table().owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsSrq: return srq_.table().owned(e.handle, e.ctx) != nullptr;
+    case proto::kNsChannel: return cq_.channels().owned(e.handle, e.ctx) != nullptr;
     default: return false;
   }
-}
-
-// Drops `name` if the object it names is gone; true if it was dropped.
-// Only that one entry is looked at.
-bool Registry::ns_drop_if_dead(const std::string& name) {
-  const NsEntry* e = ns_.find(name);
-  if (!e || ns_alive(*e)) return false;
-  ns_.erase(name);
-  return true;
-}
-
-// Drops the names of `owner` whose objects are gone: bounded by what that
-// owner may hold (its quota), never by anybody else's names.
-void Registry::ns_collect_owner(uid_t owner) {
-  for (const std::string& n : ns_.names_of(owner)) ns_drop_if_dead(n);
-}
-
-int Registry::ns_publish(uint32_t client, const proto::NsPublishReq& req) {
-  auto c = clients_.find(client);
-  if (c == clients_.end()) return EINVAL;
-  std::string name = field_name(req.name);
-  if (!NameSpace::valid_name(name) || (req.mode & ~0777u)) return EINVAL;
-  NsEntry e{req.kind, req.handle, c->second.ctx, c->second.uid, c->second.gid, req.mode};
-  if (!ns_alive(e)) return EINVAL;  // not an object of the caller's context
-  if (req.group != -1) {
-    // As chgrp(1): only to a group the caller is in, unless root.
-    Credentials who = credentials(client);
-    gid_t g = gid_t(req.group);
-    if (req.group < 0) return EINVAL;
-    if (who.uid != 0 && g != who.gid && std::find(who.groups.begin(), who.groups.end(), g) == who.groups.end())
-      return EPERM;
-    e.group = g;
-  }
-  ns_drop_if_dead(name);
-  ns_.set_limit(quotas_.limit(Quotas::kName));
-  if (quotas_.limit(Quotas::kName) && ns_.count(e.owner) >= quotas_.limit(Quotas::kName)) ns_collect_owner(e.owner);
-  int err = ns_.publish(name, e);
-  if (err == EDQUOT)
-    std::fprintf(stderr, "softverbsd: uid %u publishes more than %u names (SOFTVERBSD_QUOTA_NAME): EDQUOT\n",
-                 unsigned(e.owner), quotas_.limit(Quotas::kName));
-  return err;
-}
-
-int Registry::ns_unpublish(uint32_t client, const proto::NsNameReq& req) {
-  std::string name = field_name(req.name);
-  if (!NameSpace::valid_name(name)) return EINVAL;
-  ns_drop_if_dead(name);
-  return ns_.unpublish(name, credentials(client));
-}
-
-int Registry::ns_open(uint32_t client, const proto::NsNameReq& req, proto::NsOpenReply& rep) {
-  auto me = clients_.find(client);
-  if (me == clients_.end()) return EINVAL;
-  if (req.access == 0 || (req.access & ~(proto::kNsRead | proto::kNsWrite))) return EINVAL;
-  if (req.flags & ~proto::kNsOwn) return EINVAL;
-  std::string name = field_name(req.name);
-  ns_drop_if_dead(name);
-  if (req.flags & proto::kNsOwn) {
-    // The caller names an object it expects to be its own user's: a name
-    // another user published (squatting it first) is refused before the
-    // mode is looked at, and grants nothing.
-    if (const NsEntry* it = ns_.find(name)) {
-      auto owner = contexts_.find(it->ctx);
-      if (it->owner != me->second.uid || owner == contexts_.end() || owner->second.uid != me->second.uid)
-        return EPERM;
-    }
-  }
-  NsEntry e{};
-  if (int err = ns_.lookup(name, credentials(client), req.access, e)) return err;
-  // The mode allowed it. Between users the daemon never joins the caller to
-  // the owner's context: its descriptors would map more than the named
-  // object (its holder's whole backing memory), and a joined root process
-  // would register its own memory in the other user's context. Root is no
-  // exception (same_user). A CQ is granted by itself, for polling through
-  // the daemon (poll_granted_cq); PDs, MRs, QPs and SRQs of another user
-  // are reached through keys over a connection instead (mediate.cc).
-  if (!same_user(client, e.ctx)) {
-    if (e.kind != proto::kNsCq) return EPERM;
-    grant_cq(client, e.handle);
-    rep.kind = e.kind;
-    rep.handle = e.handle;
-    return 0;
-  }
-  if (me->second.ctx != e.ctx) {
-    // As ibv_import_device: this connection must not hold objects of its own.
-    if (int err = join_context(me->second, e.ctx)) return err;
-  }
-  rep.kind = e.kind;
-  rep.handle = e.handle;
-  return 0;
-}
-
-// One page of names after `after` (a name cursor: no walk to an index).
-// Entries of objects that are gone are dropped as they are met, each once.
-void Registry::ns_list(const std::string& after, proto::NsListReply& rep) {
-  rep.count = 0;
-  std::vector<std::string> gone;
-  for (auto it = ns_.after(after); it != ns_.end() && rep.count < proto::kNsListPage; ++it) {
-    const auto& [name, e] = *it;
-    if (!ns_alive(e)) {
-      gone.push_back(name);
-      continue;
-    }
-    proto::NsListEntry& out = rep.entries[rep.count++];
-    std::memset(&out, 0, sizeof(out));
-    std::memcpy(out.name, name.data(), std::min(name.size(), proto::kMaxNsName - 1));
-    out.kind = e.kind;
-    out.handle = e.handle;
-    out.uid = uint32_t(e.owner);
-    out.gid = uint32_t(e.group);
-    out.mode = e.mode;
-  }
-  for (const auto& n : gone) ns_.erase(n);
-  rep.total = uint32_t(ns_.size());
 }
 
 }  // namespace sv::daemon

@@ -1,5 +1,5 @@
 // srq.cc: shared receive queues (ibv_create_srq(3)) and their limit event.
-#include "daemon/registry.h"
+#include "daemon/srq.h"
 
 #include <sys/mman.h>
 
@@ -13,7 +13,7 @@ namespace sv::daemon {
 
 using namespace sv::shm;
 
-namespace {
+namespace srq_segments {
 
 // A fresh SRQ segment of `capacity` slots (a power of two), its header
 // written from the daemon's record.
@@ -33,11 +33,11 @@ int make_srq_segment(uint32_t handle, uint32_t capacity, uint32_t max_sge, Fd& f
   return 0;
 }
 
-}  // namespace
+}  // namespace srq_segments
 
-int Registry::create_srq(uint32_t client, const XrcdHandle* xh, const proto::CreateSrqReq& req,
-                         proto::CreateSrqReply& rep, std::vector<int>& out_fds) {
-  if (int e = quotas_.admit(Quotas::kSrq, client_uid(client))) return e;
+int SharedReceiveQueues::create(uint32_t client, const XrcdHandle* xh, const proto::CreateSrqReq& req,
+                                proto::CreateSrqReply& rep, std::vector<int>& out_fds) {
+  if (int e = host_.quotas().admit(Quotas::kSrq, host_.client_uid(client))) return e;
   if (req.max_wr == 0 || req.max_wr > kMaxQpWr || req.max_sge == 0 || req.max_sge > kMaxSge) return EINVAL;
   if (req.reserved) return EINVAL;
   uint32_t xrcd = 0;
@@ -54,7 +54,7 @@ int Registry::create_srq(uint32_t client, const XrcdHandle* xh, const proto::Cre
   // ibv_create_srq(3): the limit must be below the queue's size.
   if (req.srq_limit >= layout.capacity) return EINVAL;
   Srq srq;
-  srq.owner = ctx(client);
+  srq.owner = host_.context_of(client);
   srq.pd = req.pd;
   srq.type = req.srq_type;
   srq.capacity = layout.capacity;
@@ -63,37 +63,17 @@ int Registry::create_srq(uint32_t client, const XrcdHandle* xh, const proto::Cre
     srq.xrcd = xrcd;
     srq.cq = req.cq;
   }
-  uint32_t handle = next_handle_;
-  if (int e = make_srq_segment(handle, layout.capacity, req.max_sge, srq.fd, srq.map)) return e;
-  next_handle_++;
+  uint32_t handle = host_.next_handle();
+  if (int e = srq_segments::make_srq_segment(handle, layout.capacity, req.max_sge, srq.fd, srq.map)) return e;
+  host_.take_handle();
   srq.map.as<SrqSegmentHeader>()->limit.store(req.srq_limit, std::memory_order_relaxed);
   rep.handle = handle;
   rep.capacity = layout.capacity;
   rep.segment_size = layout.size();
   out_fds.push_back(srq.fd.get());
-  quotas_.charge(Quotas::kSrq, handle, client_uid(client));
-  hold(srqs_.insert(handle, std::move(srq)).held());  // its PD, and an XRC SRQ's CQ and domain
+  host_.quotas().charge(Quotas::kSrq, handle, host_.client_uid(client));
+  host_.hold(srqs_.insert(handle, std::move(srq)).held());  // its PD, and an XRC SRQ's CQ and domain
   return 0;
-}
-
-// IBTA 11.5.2.4: the SRQ limit event goes to the SRQ's holders. A sender
-// that saw the queue fall below the armed limit (and disarmed it: the event
-// is one-shot per arm, IBTA 10.2.9.4) asks for it. Only a sender that can
-// see the SRQ may: one mapping it (a process of its owner's user) whose QP
-// is connected to a QP of that SRQ both ways - pointing a QP at another's
-// QP is no connection. Between users the daemon itself takes the receives
-// (mediate.cc) and raises the event there. Repeats of a pending event are
-// coalesced by the server.
-bool Registry::srq_reachable(uint32_t client, const Srq& srq, uint32_t handle) {
-  const uint32_t c = ctx(client);
-  if (srq.owner == c || xrc_reaches_srq(c, srq)) return true;
-  if (!same_user(client, srq.owner)) return false;
-  for (uint32_t qpn : qps_.of(c)) {
-    const uint32_t dest = qp_slot(qpn).dest_qpn.load();
-    auto peer = qps_.find(dest);
-    if (peer != qps_.end() && peer->second.srq == handle && qp_slot(dest).dest_qpn.load() == qpn) return true;
-  }
-  return false;
 }
 
 // ibv_modify_srq(3) with IBV_SRQ_MAX_WR moves an SRQ to a new segment, as
@@ -104,12 +84,12 @@ bool Registry::srq_reachable(uint32_t client, const Srq& srq, uint32_t handle) {
 // and commits. Posters that meet the closed ring wait for `moved` and fetch
 // the new segment (GetSrq), as do the senders taking from it; the daemon's
 // own takers (mediation) read the SRQ's current segment each time.
-int Registry::resize_srq(Srq& srq, uint32_t handle, const proto::ResizeSrqReq& req, proto::CreateSrqReply& rep,
-                         std::vector<int>& out_fds) {
+int SharedReceiveQueues::resize(Srq& srq, uint32_t handle, const proto::ResizeSrqReq& req, proto::CreateSrqReply& rep,
+                                std::vector<int>& out_fds) {
   if (req.max_wr == 0 || req.max_wr > kMaxQpWr) return EINVAL;
   if (srq.next_fd.valid()) return EBUSY;  // another holder is resizing it
   uint32_t capacity = recv_ring_capacity(req.max_wr);
-  if (int e = make_srq_segment(handle, capacity, srq.max_sge, srq.next_fd, srq.next_map)) {
+  if (int e = srq_segments::make_srq_segment(handle, capacity, srq.max_sge, srq.next_fd, srq.next_map)) {
     srq.next_fd = Fd();
     srq.next_map = Mapping();
     return e;
@@ -122,7 +102,7 @@ int Registry::resize_srq(Srq& srq, uint32_t handle, const proto::ResizeSrqReq& r
   return 0;
 }
 
-int Registry::resize_srq_done(Srq& srq, const proto::ResizeSrqDoneReq& req) {
+int SharedReceiveQueues::resize_done(Srq& srq, const proto::ResizeSrqDoneReq& req) {
   if (req.commit > 1 || !srq.next_fd.valid()) return EINVAL;
   if (req.commit) {
     Mapping old = std::move(srq.map);
@@ -137,8 +117,16 @@ int Registry::resize_srq_done(Srq& srq, const proto::ResizeSrqDoneReq& req) {
   return 0;
 }
 
-int Registry::srq_limit(const Srq& srq, uint32_t handle) {
-  for (uint32_t id : clients_of(srq.owner)) events_.push_back({id, IBV_EVENT_SRQ_LIMIT_REACHED, handle});
+// IBTA 11.5.2.4: the SRQ limit event goes to the SRQ's holders. A sender
+// that saw the queue fall below the armed limit (and disarmed it: the event
+// is one-shot per arm, IBTA 10.2.9.4) asks for it. Only a sender that can
+// see the SRQ may: one mapping it (a process of its owner's user) whose QP
+// is connected to a QP of that SRQ both ways - pointing a QP at another's
+// QP is no connection. Between users the daemon itself takes the receives
+// (mediate.cc) and raises the event there. Repeats of a pending event are
+// coalesced by the server.
+int SharedReceiveQueues::limit(const Srq& srq, uint32_t handle) {
+  host_.context_event(srq.owner, IBV_EVENT_SRQ_LIMIT_REACHED, handle);
   return 0;
 }
 
