@@ -1,5 +1,5 @@
 // UD multicast: ibv_attach_mcast/ibv_detach_mcast and the group lookup of
-// the requester. The daemon owns the membership (Registry::attach_mcast) and
+// the requester. The daemon owns the membership (QueuePairs::attach_mcast, daemon/qp.h) and
 // publishes it in the device segment under a sequence lock per group, so a
 // multicast send reads the members from shared memory, with no control
 // round trip; only joining and leaving a group cost one.
