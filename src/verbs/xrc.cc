@@ -1,5 +1,5 @@
 // XRC (IBTA annex A14): XRC domains, XRC SRQs and ibv_open_qp. The domain,
-// the SRQs and the target QPs live in the daemon (Registry::open_xrcd and
+// the SRQs and the target QPs live in the daemon (XrcDomains::open, daemon/xrc.h, and
 // the XRC parts of create_srq/create_qp); XRC_SEND work requests run in the
 // requester (xrc_peer in requester.cc), which reaches the SRQ a message
 // names through the connected target QP.
