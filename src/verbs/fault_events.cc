@@ -58,13 +58,6 @@ Events& events() {
   return *e;
 }
 
-void log_line(const char* fmt, auto... args) {
-  if (!fault_log_open()) return;
-  char line[200];
-  int n = std::snprintf(line, sizeof line, fmt, args...);
-  if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
-}
-
 // The device view `softverbs run` gives the program (tools/view_ns.h) is a
 // tmpfs in the program's own mount namespace: its port files follow this
 // process's port as ibv_query_port does, "1: DOWN" and "3: Disabled" while
@@ -100,7 +93,7 @@ void port_go(Events& E, bool down) {
   view_port_state(down);  // first: whoever sees the port down finds the view saying so
   E.port_down.store(down, std::memory_order_release);
   SV_TRACE("fault plan: port 1 %s", down ? "DOWN" : "ACTIVE");
-  log_line("port %s\n", down ? "down" : "up");
+  fault_logf("port %s\n", down ? "down" : "up");
   ibv_async_event ev{};
   ev.event_type = down ? IBV_EVENT_PORT_ERR : IBV_EVENT_PORT_ACTIVE;
   ev.element.port_num = 1;
@@ -142,7 +135,7 @@ bool find_object(Events& E, faults::Timed kind, uint32_t n, ContextState*& at, u
 void fire_timed(Events& E, const faults::TimedRule& r) {
   if (r.kind == faults::Timed::kDeviceFatal) {
     SV_TRACE("fault plan: device fatal");
-    log_line("%s\n", "device_fatal");
+    fault_logf("%s\n", "device_fatal");
     // The daemon connection ends: each context's watchdog raises
     // IBV_EVENT_DEVICE_FATAL and fails what follows, as when the daemon dies.
     for (ContextState* st : E.contexts) st->conn.fail_device();
@@ -152,18 +145,18 @@ void fire_timed(Events& E, const faults::TimedRule& r) {
   ContextState* st = nullptr;
   uint32_t handle = 0, limit = 0;
   if (!find_object(E, r.kind, r.n, st, handle, limit)) {
-    log_line("%s %s=%u: none (no event)\n", cq ? "cq_err" : "srq_limit", cq ? "cq" : "srq", r.n);
+    fault_logf("%s %s=%u: none (no event)\n", cq ? "cq_err" : "srq_limit", cq ? "cq" : "srq", r.n);
     return;
   }
   proto::HandleReq req{};
   req.handle = handle;
   proto::Empty rep{};
   if (cq) {
-    log_line("cq_err cq=%u\n", r.n);
+    fault_logf("cq_err cq=%u\n", r.n);
     st->conn.call<proto::Op::CqError>(req, rep);  // the event, and the CQ's QPs to ERR
     return;
   }
-  log_line(limit ? "srq_limit srq=%u limit=%u\n" : "srq_limit srq=%u: not armed (no event)\n", r.n, limit);
+  fault_logf(limit ? "srq_limit srq=%u limit=%u\n" : "srq_limit srq=%u: not armed (no event)\n", r.n, limit);
   if (limit) st->conn.call<proto::Op::SrqLimit>(req, rep);
 }
 
@@ -247,7 +240,7 @@ bool event_fault(ProcessQp& q, uint64_t qp_op, uint32_t opcode, uint64_t wr_id, 
     for (size_t i = 0; i < p.port.size(); ++i) {
       if (p.port[i].op != n) continue;
       std::lock_guard<std::mutex> g(E.mu);
-      log_line("port op=%llu qp=0x%x: down for %llu ms\n", (unsigned long long)n, q.qpn,
+      fault_logf("port op=%llu qp=0x%x: down for %llu ms\n", (unsigned long long)n, q.qpn,
                (unsigned long long)p.port[i].down_ms);
       port_go(E, true);
       schedule(E, {monotonic_ns() + p.port[i].down_ms * 1'000'000, What::kUp, i});
@@ -256,7 +249,7 @@ bool event_fault(ProcessQp& q, uint64_t qp_op, uint32_t opcode, uint64_t wr_id, 
   for (const faults::QpFatalRule& r : p.qp_fatal) {
     if ((!r.all && r.qpn != q.qpn) || r.op != qp_op) continue;
     SV_TRACE("QP 0x%x: fault plan: QP fatal at op %llu", q.qpn, (unsigned long long)qp_op);
-    log_line("qp_fatal qp=0x%x op=%llu wr_id=%llu opcode=%s\n", q.qpn, (unsigned long long)qp_op,
+    fault_logf("qp_fatal qp=0x%x op=%llu wr_id=%llu opcode=%s\n", q.qpn, (unsigned long long)qp_op,
              (unsigned long long)wr_id, fault_opcode_name(opcode));
     ibv_async_event ev{};
     ev.event_type = IBV_EVENT_QP_FATAL;
@@ -268,7 +261,7 @@ bool event_fault(ProcessQp& q, uint64_t qp_op, uint32_t opcode, uint64_t wr_id, 
   if (!E.port_down.load(std::memory_order_acquire) || opcode == IBV_WR_LOCAL_INV || opcode == IBV_WR_BIND_MW)
     return false;
   const bool reliable = q.type == IBV_QPT_RC || q.type == IBV_QPT_XRC_SEND;
-  log_line("port down: qp=0x%x wr_id=%llu opcode=%s %s\n", q.qpn, (unsigned long long)wr_id, fault_opcode_name(opcode),
+  fault_logf("port down: qp=0x%x wr_id=%llu opcode=%s %s\n", q.qpn, (unsigned long long)wr_id, fault_opcode_name(opcode),
            reliable ? "status=RETRY_EXC_ERR" : "lost");
   // A reliable QP's retries run out without an acknowledgement; an
   // unreliable one's message is lost on the way.

@@ -86,13 +86,6 @@ void log_fault(const ProcessQp& q, uint64_t wr_id, uint32_t opcode, uint64_t op,
   if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
 }
 
-void log_line(const char* fmt, auto... args) {
-  if (!fault_log_open()) return;
-  char line[200];
-  int n = std::snprintf(line, sizeof line, fmt, args...);
-  if (n > 0) fault_log_line(line, size_t(std::min(n, int(sizeof line) - 1)));
-}
-
 // Whether wc rule `r` (the QP's own copy) takes request number n: by
 // operation number, by rate, or by time (the first request at or after
 // after_ms, once; or at its rate from then on).
@@ -119,7 +112,7 @@ bool decide(ProcessQp& q, QpFaults& f, uint64_t n, const shm::SendWqe& w, Outcom
     if (!takes(f, r, n)) continue;
     if (r.delay_us) {
       f.delay_until = monotonic_ns() + uint64_t(r.delay_us) * 1000;
-      log_line("wc qp=0x%x op=%llu wr_id=%llu opcode=%s delay_us=%u\n", q.qpn, (unsigned long long)n,
+      fault_logf("wc qp=0x%x op=%llu wr_id=%llu opcode=%s delay_us=%u\n", q.qpn, (unsigned long long)n,
                (unsigned long long)w.wr_id, fault_opcode_name(w.opcode), r.delay_us);
       continue;
     }
@@ -133,7 +126,7 @@ bool decide(ProcessQp& q, QpFaults& f, uint64_t n, const shm::SendWqe& w, Outcom
   for (const faults::RnrRule& r : f.rnr) {
     if (r.op != n || !reliable || wr_rule(w.opcode).kind == WrKind::kLocal) continue;
     f.rnr_refusals = r.times;
-    log_line("rnr qp=0x%x op=%llu wr_id=%llu opcode=%s times=%u\n", q.qpn, (unsigned long long)n,
+    fault_logf("rnr qp=0x%x op=%llu wr_id=%llu opcode=%s times=%u\n", q.qpn, (unsigned long long)n,
              (unsigned long long)w.wr_id, fault_opcode_name(w.opcode), r.times);
   }
   return false;

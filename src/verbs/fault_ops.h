@@ -20,6 +20,7 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,6 +59,14 @@ const std::string& process_plan_error();
 // appended to it in one write.
 bool fault_log_open();
 void fault_log_line(const char* line, size_t n);
+// One line, printf-formatted (at most 199 bytes), appended the same way.
+template <class... A>
+void fault_logf(const char* fmt, A... args) {
+  if (!fault_log_open()) return;
+  char line[200];
+  const int n = std::snprintf(line, sizeof line, fmt, args...);
+  if (n > 0) fault_log_line(line, size_t(n < int(sizeof line) ? n : int(sizeof line) - 1));
+}
 
 // A send opcode's name for the log ("OTHER" for one it does not name).
 const char* fault_opcode_name(uint32_t opcode);

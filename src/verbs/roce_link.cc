@@ -32,7 +32,9 @@
 #include "verbs/fault_ops.h"
 #include "verbs/provider.h"
 #include "verbs/roce_memory.h"
-#include "verbs/roce_util.h"
+#include "verbs/roce_engine_io.h"
+#include "verbs/roce_netdev.h"
+#include "verbs/roce_stats.h"
 #include "verbs/roce_xrc.h"
 #include "verbs/wr_rules.h"
 

@@ -8,7 +8,9 @@
 #include "common/trace.h"
 #include "verbs/provider.h"
 #include "verbs/requester_internal.h"
-#include "verbs/roce_util.h"
+#include "verbs/roce_engine_io.h"
+#include "verbs/roce_netdev.h"
+#include "verbs/roce_stats.h"
 
 namespace sv::verbs {
 

@@ -1,13 +1,13 @@
-// roce_util.h: helpers of the wire path (roce_link.cc): a RoCEv2 GID as an
-// IP address, the path MTU its netdev carries, the engine's completions
-// into the QP's CQs and its receives from the QP's ring or SRQ, and the
-// SOFTVERBS_ROCE_STATS line. Not an API; called with the hub lock held.
+// roce_engine_io.h: the RoCEv2 engine (roce/engine.h) in the library's
+// terms, for the wire path (roce_link.cc): its completions into the QP's CQ
+// rings, its receives from the QP's ring or SRQ, its status, opcode and QP
+// type as the verbs' values, and the fault hook a QP's plan gives it. Not
+// an API; called with the hub lock held.
 #pragma once
 #include <infiniband/verbs.h>
 
 #include <cstdint>
 #include <functional>
-#include <string>
 
 #include "common/protocol.h"
 #include "roce/engine.h"
@@ -47,12 +47,6 @@ class RingRecvSource : public roce::RecvSource {
   ProcessQp& q_;
 };
 
-// "a.b.c.d" for an IPv4-mapped GID (RoCEv2, IBTA annex A17.4.5.1), else the IPv6 text.
-std::string gid_to_ip(const uint8_t* g);
-// The largest IB MTU whose packets (IP, UDP, BTH, the longest extension
-// headers, ICRC) fit the netdev that holds `sgid`: never IP-fragment.
-uint32_t wire_mtu_for(const uint8_t* sgid);
-
 // The engine's completion status and opcode are ibv_wc's values (roce/engine.h).
 // The requester's ibv_wr_opcode of a receive the engine completed (what
 // core::receive_completion takes): WRITE with immediate, SEND with
@@ -68,16 +62,5 @@ constexpr ibv_wc_opcode to_wc_opcode(roce::WcOpcode o) { return ibv_wc_opcode(o)
 // (SOFTVERBS_FAULTS), each QP its own sequence; the engine's QP type.
 roce::FaultConfig faults_of(const proto::RoceAttachReply& rep, uint32_t qpn);
 roce::QpType engine_type(ibv_qp_type t);
-
-// One line on stderr with a wire QP's engine and endpoint counters (`other`:
-// a UD QP's endpoint of the other address family, or null; its counters
-// are added).
-void print_roce_stats(uint32_t qpn, const roce::QpStats& s, const roce::UdpEndpointStats& e,
-                      const roce::UdpEndpointStats* other);
-
-// Copies a wire QP's engine counters into its segment's `wire` counts
-// (shm::WireCounter, rxe's names), where the daemon reads them for `rdma
-// statistic show`. Those the engine does not count stay 0.
-void publish_wire_counters(shm::QpSegmentHeader& h, const roce::QpStats& s);
 
 }  // namespace sv::verbs
