@@ -589,16 +589,22 @@ bool Mediation::copy_spans(const std::vector<Span>& dst, const std::vector<Span>
   return copy_lists(*windows_, dst, src, c, total, total);
 }
 
-// A copy large enough to hold up the control loop goes to the copy worker,
-// when the server has one: the job, whose finish() completes the operation
-// on the loop once the bytes have moved. How large is the server's call
-// (set_offload): up to its worker's piece (1 MiB, one memcpy between the
-// daemon's windows, about 50 us) while one connection at a time is served,
-// 64 KiB when others wait.
-//
-// A copy that touches ODP memory goes whatever its size: a fault on it may
-// wait for as long as its registrant wants (a FUSE page whose READ is never
-// answered), which the loop must never do.
+// A job made for `op`, with what finish() completes it by (the requester,
+// its destination, the work request's opcode and immediate data), handed
+// to the copy worker in *op.defer.
+void Mediation::hand_off(Op& op, std::unique_ptr<MediationJob> job) {
+  job->windows = windows_;
+  job->uid = t_.uid_of_client(op.d.client);
+  job->client = op.d.client;
+  job->requester_qpn = op.d.requester_qpn;
+  job->dest = op.d.dest;
+  job->opcode = op.d.opcode;
+  job->imm_data = op.d.imm_data;
+  job->solicited = op.d.solicited;
+  job->type = op.d.type;
+  *op.defer = std::move(job);
+}
+
 // An atomic's original value, to land in its result buffer off the loop (a
 // deferred inline copy: finish() completes it as a READ, a failure being
 // the result buffer's, a local protection error).
@@ -608,14 +614,7 @@ bool Mediation::defer_result(Op& op, const uint8_t (&bytes)[8]) {
   if (!own_spans({op.local[0]}, job->dst)) return false;
   job->inline_data.assign(bytes, bytes + 8);
   job->total = job->left = 8;
-  job->windows = windows_;
-  job->uid = t_.uid_of_client(op.d.client);
-  job->client = op.d.client;
-  job->requester_qpn = op.d.requester_qpn;
-  job->dest = op.d.dest;
-  job->opcode = op.d.opcode;
-  job->type = op.d.type;
-  *op.defer = std::move(job);
+  hand_off(op, std::move(job));
   return true;
 }
 
@@ -634,14 +633,7 @@ int Mediation::defer_odp_atomic(Op& op, const Span& target) {
   job->compare_add = op.req.compare_add;
   job->swap = op.req.swap;
   job->total = job->left = access::kAtomicBytes;
-  job->windows = windows_;
-  job->uid = t_.uid_of_client(op.d.client);
-  job->client = op.d.client;
-  job->requester_qpn = op.d.requester_qpn;
-  job->dest = op.d.dest;
-  job->opcode = op.d.opcode;
-  job->type = op.d.type;
-  *op.defer = std::move(job);
+  hand_off(op, std::move(job));
   return 0;
 }
 
@@ -658,17 +650,20 @@ int Mediation::defer_odp_atomic_write(Op& op, const Span& target, const uint8_t*
   job->atomic = job->store = true;
   if (value) std::memcpy(&job->swap, value, 8);
   job->total = job->left = access::kAtomicBytes;
-  job->windows = windows_;
-  job->uid = t_.uid_of_client(op.d.client);
-  job->client = op.d.client;
-  job->requester_qpn = op.d.requester_qpn;
-  job->dest = op.d.dest;
-  job->opcode = op.d.opcode;
-  job->type = op.d.type;
-  *op.defer = std::move(job);
+  hand_off(op, std::move(job));
   return 0;
 }
 
+// A copy large enough to hold up the control loop goes to the copy worker,
+// when the server has one: the job, whose finish() completes the operation
+// on the loop once the bytes have moved. How large is the server's call
+// (set_offload): up to its worker's piece (1 MiB, one memcpy between the
+// daemon's windows, about 50 us) while one connection at a time is served,
+// 64 KiB when others wait.
+//
+// A copy that touches ODP memory goes whatever its size: a fault on it may
+// wait for as long as its registrant wants (a FUSE page whose READ is never
+// answered), which the loop must never do.
 bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vector<Span>& src) {
   if (!op.defer) return false;
   const auto odp = [](const std::vector<Span>& v) {
@@ -683,16 +678,7 @@ bool Mediation::defer_copy(Op& op, const std::vector<Span>& dst, const std::vect
     return false;
   }
   job->total = job->left = op.total;
-  job->windows = windows_;
-  job->uid = t_.uid_of_client(op.d.client);
-  job->client = op.d.client;
-  job->requester_qpn = op.d.requester_qpn;
-  job->dest = op.d.dest;
-  job->opcode = op.d.opcode;
-  job->imm_data = op.d.imm_data;
-  job->solicited = op.d.solicited;
-  job->type = op.d.type;
-  *op.defer = std::move(job);
+  hand_off(op, std::move(job));
   return true;
 }
 

@@ -231,6 +231,7 @@ class Mediation {
   int execute_atomic(Op& op);
   int defer_odp_atomic(Op& op, const Span& target);
   bool defer_result(Op& op, const uint8_t (&bytes)[8]);
+  void hand_off(Op& op, std::unique_ptr<MediationJob> job);
   int execute_atomic_write(Op& op);
   int defer_odp_atomic_write(Op& op, const Span& target, const uint8_t* value);
   int execute_flush(Op& op);
