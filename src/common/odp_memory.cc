@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/vfs.h>
@@ -15,33 +16,16 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/proc_maps_text.h"
+
 namespace sv {
 namespace {
 
-// PROCMAP_QUERY (include/uapi/linux/fs.h, Linux 6.11): the VMA of a
-// /proc/PID/maps descriptor's mm that covers an address, matching the
-// flags asked for. The layout is the kernel's ABI; declared here because
-// older system headers lack it.
-struct ProcmapQuery {
-  uint64_t size;
-  uint64_t query_flags;
-  uint64_t query_addr;
-  uint64_t vma_start;
-  uint64_t vma_end;
-  uint64_t vma_flags;
-  uint64_t vma_page_size;
-  uint64_t vma_offset;
-  uint64_t inode;
-  uint32_t dev_major;
-  uint32_t dev_minor;
-  uint32_t vma_name_size;
-  uint32_t build_id_size;
-  uint64_t vma_name_addr;
-  uint64_t build_id_addr;
-};
-static_assert(sizeof(ProcmapQuery) == 104);
-constexpr unsigned long kProcmapQuery = 0xC0686611;  // _IOWR('f', 17, struct procmap_query)
-constexpr uint64_t kQueryReadable = 0x01, kQueryWritable = 0x02;
+// PROCMAP_QUERY (common/proc_maps_text.h): the VMA of a /proc/PID/maps
+// descriptor's mm that covers an address, matching the flags asked for.
+using procmaps::ProcmapQuery;
+using procmaps::kProcmapQuery;
+constexpr uint64_t kQueryReadable = procmaps::kVmaReadable, kQueryWritable = procmaps::kVmaWritable;
 constexpr long kPidfsMagic = 0x50494446;  // PID_FS_MAGIC, include/uapi/linux/magic.h
 
 int open_pair(const char* dir, Fd& mem, Fd& maps) {
@@ -208,17 +192,14 @@ int OdpMemory::allows_by_text(uint64_t addr, size_t n, bool write) const {
   const uint64_t end = addr + n;
   uint64_t at = addr;
   for (size_t pos = 0; pos < text.size() && at < end;) {
-    const size_t eol = text.find('\n', pos);
-    const std::string line = text.substr(pos, eol == std::string::npos ? std::string::npos : eol - pos);
-    pos = eol == std::string::npos ? text.size() : eol + 1;
-    char* rest = nullptr;
-    const uint64_t s = std::strtoull(line.c_str(), &rest, 16);
-    if (!rest || *rest != '-') continue;
-    const uint64_t e = std::strtoull(rest + 1, &rest, 16);
-    if (!rest || rest[0] != ' ' || e <= at) continue;
-    if (s > at) return EFAULT;  // a gap
-    if (rest[write ? 2 : 1] != (write ? 'w' : 'r')) return EFAULT;
-    at = e;
+    const size_t eol = std::min(text.find('\n', pos), text.size());
+    procmaps::VmaView v;
+    const bool ok = procmaps::parse_maps_line(text.data() + pos, text.data() + eol, &v);
+    pos = eol + 1;
+    if (!ok || v.end <= at) continue;
+    if (v.start > at) return EFAULT;  // a gap
+    if (!(v.prot & (write ? PROT_WRITE : PROT_READ))) return EFAULT;
+    at = v.end;
   }
   return at >= end ? 0 : EFAULT;
 }

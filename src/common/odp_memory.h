@@ -43,6 +43,10 @@ namespace sv {
 
 class OdpMemory {
  public:
+  // allows() from the maps text, as before Linux 6.11 (no PROCMAP_QUERY):
+  // 0, EFAULT, or ESRCH. Public for its test, which this kernel's path
+  // never takes.
+  int allows_by_text(uint64_t addr, size_t n, bool write) const;
   // The handle of process `pid`, the process behind `pidfd`: 0 and `out`,
   // or an errno (ESRCH: it exited before the opens were confirmed; EACCES,
   // EPERM: this process may not ptrace-read it, proc(5)).
@@ -88,7 +92,6 @@ class OdpMemory {
   // Whether every byte of [addr, addr + n) lies in mappings that allow
   // reading (or writing): 0, EFAULT, or ESRCH.
   int allows(uint64_t addr, size_t n, bool write) const;
-  int allows_by_text(uint64_t addr, size_t n, bool write) const;
   pid_t pid_;
   Fd pidfd_;  // none: this process's own (and no mem_, maps_ either)
   Fd mem_, maps_;

@@ -69,6 +69,22 @@ TEST(OdpMemory, ReachesAnotherProcessAsItsProtectionsAllow) {
   EXPECT_EQ(EFAULT, m->write(a + kPage - 8, b, sizeof b)) << "a write straddling into a read-only page";
 }
 
+// The check from the maps text (kernels before PROCMAP_QUERY) decides as
+// the protections do, across mapping boundaries and holes.
+TEST(OdpMemory, TheMapsTextAllowsAsTheProtectionsDo) {
+  Child c;
+  ASSERT_TRUE(c.start());
+  std::shared_ptr<const OdpMemory> m;
+  ASSERT_EQ(0, OdpMemory::open(c.pid, c.pidfd.get(), m));
+  const uint64_t a = uint64_t(uintptr_t(c.at));
+  EXPECT_EQ(0, m->allows_by_text(a, kPage, true));
+  EXPECT_EQ(0, m->allows_by_text(a, 2 * kPage, false));            // read-write, then read-only
+  EXPECT_EQ(EFAULT, m->allows_by_text(a + kPage - 8, 16, true));  // into the read-only page
+  EXPECT_EQ(EFAULT, m->allows_by_text(a + 2 * kPage, 8, false));  // PROT_NONE
+  EXPECT_EQ(EFAULT, m->allows_by_text(a, 3 * kPage, false));      // runs into it
+  EXPECT_EQ(EFAULT, m->allows_by_text(8, 8, false));              // nothing mapped there
+}
+
 TEST(OdpMemory, AHandleOfAnExitedProcessReachesNothing) {
   Child c;
   ASSERT_TRUE(c.start());

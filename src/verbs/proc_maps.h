@@ -12,31 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "common/proc_maps_text.h"
 #include "raw_syscalls.h"
 
 namespace sv::procmaps {
 
-// One /proc/self/maps line. `name` points into the buffer being parsed.
-struct VmaView {
-  uintptr_t start = 0;
-  uintptr_t end = 0;
-  int prot = 0;
-  bool shared = false;
-  uint64_t offset = 0;
-  unsigned dev_major = 0;
-  unsigned dev_minor = 0;
-  uint64_t inode = 0;
-  const char* name = nullptr;
-  size_t name_len = 0;
-};
-
 struct Vma : VmaView {
   std::string name_str;
 };
-
-// "start-end perms offset major:minor inode   name"; false for a line
-// that is not one.
-bool parse_maps_line(const char* p, const char* end, VmaView* v);
 
 // Calls f(const VmaView&) for every line of /proc/self/maps, in address
 // order. Reads the whole file first into memory from mmap, not from the heap
