@@ -8,7 +8,7 @@ in alternating order, each against its own library and daemon (a private
 SOFTVERBS_DIR per build). The table gives, per test, the median over rounds
 of each build's per-run median and the ratio NEW / OLD (1.00 = no change),
 with the spread over rounds, so that a restructuring can show the post path
-is no slower (issue 19) and the fast path within 5% (issue 18).
+is no slower and the fast path within its bound (docs/PERFORMANCE.md).
 """
 import argparse
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The path between users against the same-user path (issue 24, item 3).
+"""The path between users against the same-user path.
 
     sudo bench/cross_user.py [BUILD_DIR] [--rounds 3] [--uid 65534] [--no-pin]
 
@@ -85,7 +85,7 @@ def main():
         daemon.terminate()
         daemon.wait()
         subprocess.run(["rm", "-rf", sysdir])
-    lines = ["# Between users against the same user (issue 24, item 3)", "",
+    lines = ["# Between users against the same user", "",
              "%s on %d vCPUs, kernel %s; a private system daemon; %d interleaved rounds (bench/cross_user.py)."
              % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(), os.uname().release, a.rounds),
              "Same user: both processes root. Between users: the server runs as uid %d." % a.uid, "",
@@ -110,7 +110,7 @@ def main():
 
 
 def target(key):
-    """Issue 24, item 3: bandwidth at least half the same-user path's, 8 B
+    """The target: bandwidth at least half the same-user path's, 8 B
     WRITE latency at most 3x (READ's round trip has no target)."""
     test, size = key
     if test.endswith("_bw"):
@@ -139,7 +139,7 @@ def plot(rows, path):
     ax.set_xticks(pos)
     ax.set_xticklabels([n for n, _, _ in rows], fontsize=7, rotation=30, ha="right")
     ax.set_yscale("log")
-    ax.set_ylabel("between users / same user (dashed: issue 24's target)")
+    ax.set_ylabel("between users / same user (dashed: the target)")
     ax.set_title("Between users against the same user (green: target met or none)")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()

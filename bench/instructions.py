@@ -13,8 +13,8 @@ and set-up cancel out.
 A timed A/B (bench/ab.py) of the 8 B latencies on a 2-vCPU VM spreads by
 more than 10 % between rounds; these counts repeat to within about 0.5 %,
 and they tell a change in the code from a change in its layout or in the
-machine, which a VM without performance counters cannot (issue 18:
-session 18 found SEND's gap to session 8 to be code, not layout). They are
+machine, which a VM without performance counters cannot (they once showed
+a gap in SEND's cost to be code, not layout). They are
 not time: a cache line fetched from the other CPU costs as much as a
 hundred instructions.
 """

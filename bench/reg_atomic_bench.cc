@@ -70,8 +70,8 @@ int reg_bench() {
     double reg_ns = double(now_ns_steady() - t0) / reps;
     // The registration cache's pattern (UCX's rcache, MPI): the same memory
     // registered again while a registration of it is held, so its pages are
-    // already backed and only counted (issue 24, item 1: at most one
-    // control round trip).
+    // already backed and only counted (the target: at most one control
+    // round trip).
     ibv_mr* held = ibv_reg_mr(pd, buf, size, IBV_ACCESS_LOCAL_WRITE);
     if (!held) return std::fprintf(stderr, "reg_mr %llu failed\n", (unsigned long long)size), 1;
     t0 = now_ns_steady();

@@ -8,9 +8,9 @@
 # (one TCP stream) and with QPS (default 4) QPs (ib_write_bw -q; as many
 # qperf streams at once), each with its cost in bytes per busy CPU-second
 # (see "Cost per byte" below). Prints a markdown table with the ratios and
-# the targets (issue 24: RoCE bandwidth >= 80% of TCP's single stream,
-# latency at most TCP's; issue 39: bytes per busy CPU-second of the whole
-# machine at least TCP's, one QP). Needs root (namespaces, a cpuacct
+# the targets (RoCE bandwidth >= 80% of TCP's single stream, latency at
+# most TCP's, bytes per busy CPU-second of the whole machine at least
+# TCP's, one QP). Needs root (namespaces, a cpuacct
 # cgroup), perftest and qperf. DUR (default 5): seconds per bandwidth run.
 #
 #   bench/roce_vs_tcp.sh [BUILD_DIR [MTU]]   (defaults: build, 1500)
@@ -236,9 +236,9 @@ for q in ("1", nq):
             series[f"own_{st}_{sz}_q{q}"] = col(f"own_{st}_{sz}_q{q}")
 for k in ("wlat", "slat", "tlat", "ceil"):
     series[k] = col(k)
-# (label, ours, theirs, our tool, their tool, direction, target). Issue 24:
-# bandwidth >= 0.8x TCP, latency at most TCP's; issue 39: bytes per busy
-# CPU-second at least TCP's at MTU 1500, one QP.
+# (label, ours, theirs, our tool, their tool, direction, target). Targets:
+# bandwidth >= 0.8x TCP, latency at most TCP's, bytes per busy CPU-second
+# at least TCP's at MTU 1500, one QP.
 measures = []
 for q in ("1", nq):
     qs = "1 QP / 1 stream" if q == "1" else f"{q} QPs / {q} streams"

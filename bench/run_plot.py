@@ -1,7 +1,7 @@
 """The benchmark driver's (run.py) plot, latest.png: bandwidth and latency
 against size, 8 B latency, and the control path against its targets."""
 
-from run_report import event_numbers, issue24_bars, latency_limit
+from run_report import control_bars, event_numbers, latency_limit
 from run_util import HIGHLIGHT, KIB, MIB, fmt_ns, fmt_size, log
 
 def bw_series(R, source, test):
@@ -120,7 +120,7 @@ def make_plot(R, path):
     bandwidth_panel(R, ax1)
     latency_panel(R, ax2)
     small_latency_panel(R, ax3)
-    issue24_panel(R, ax4)
+    control_panel(R, ax4)
     fig.suptitle("softverbs vs raw shared memory (%s mode)" % ("quick" if R.quick else "full"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -128,8 +128,8 @@ def make_plot(R, path):
     return True
 
 
-def issue24_panel(R, ax):
-    bars = issue24_bars(R)
+def control_panel(R, ax):
+    bars = control_bars(R)
     if not bars:
         ax.set_visible(False)
         return

@@ -152,7 +152,7 @@ def extra_sections(R):
 
 
 def targets_section(R):
-    """The targets of issue 7, each with the value measured in this run."""
+    """The one-host data-path targets (docs/PERFORMANCE.md), each with the value measured in this run."""
     shm = R.agg("shm", "lat", "median_ns")
     wl = R.agg("softverbs", "write_lat", "median_ns", 8)
     sl = R.agg("softverbs", "send_lat", "median_ns", 8)
@@ -197,13 +197,13 @@ def targets_section(R):
                      "QP %.1f KiB process + %.1f KiB daemon; MR %.0f B + %.0f B" % (
                          x["process_bytes_per_qp"] / 1024, x["daemon_bytes_per_qp"] / 1024,
                          x["process_bytes_per_mr"], x["daemon_bytes_per_mr"]), "met"))
-    L = ["", "## Targets (issue 7)", "", "| target | measured in this run | |", "|---|---|---|"]
+    L = ["", "## Targets: the data path on one host", "", "| target | measured in this run | |", "|---|---|---|"]
     L += ["| %s | %s | %s |" % row for row in rows]
-    bars = issue24_bars(R)
+    bars = control_bars(R)
     if bars:
-        L += ["", "## Targets (issue 24, items 1 and 2)", "",
+        L += ["", "## Targets: registration and control calls", "",
               "Each as the measured cost over the target's limit, both from this run (at most 1 = met; "
-              "a control round trip is `ibv_import_pd`). Items 3 and 4: `bench/cross_user.py` and "
+              "a control round trip is `ibv_import_pd`). Between users and between hosts: `bench/cross_user.py` and "
               "`bench/roce_vs_tcp.sh`; the plot's right panel shows these rows.", "",
               "| measured / limit | ratio | |", "|---|---:|---|"]
         L += ["| %s | %.2f | %s |" % (b[0].replace("\n", " "), b[1], verdict(b[1] <= 1)) for b in bars]
@@ -409,8 +409,8 @@ def build_report(R, verbs_state):
     return "\n".join(L) + "\n"
 
 
-def issue24_bars(R):
-    """Issue 24's control-path targets (items 1 and 2) as fractions of their
+def control_bars(R):
+    """The registration and control-path targets as fractions of their
     limits, from this run: (label, value / limit). At most 1 = met."""
     def reg(size, key):
         v = [r.get(key) for r in R.raw if r.get("bench") == "reg" and r.get("size") == size]
