@@ -1,4 +1,4 @@
-// The daemon's mappings of backings (issue 24, item 3): mediated copies go
+// The daemon's mappings of backings: mediated copies go
 // through windows the daemon keeps of each backing (daemon/backing_windows.h)
 // instead of pread/pwrite. What must hold: copies across window boundaries
 // of a huge sparse backing are exact and touch nothing else; a backing whose
