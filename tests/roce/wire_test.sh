@@ -136,6 +136,35 @@ check_pingpong() {
   done
 }
 
+# pingpong_fails NAME PORT PLAN: Debian's ibv_rc_pingpong between the hosts,
+# the server (h1) with fault plan PLAN (its log in $work/NAME.log), which
+# fails its third SEND: the server must say "transport retry counter
+# exceeded (12)" for wr_id 2 and exit 1, as on hardware; its client, left
+# waiting for a pong, is stopped.
+pingpong_fails() {
+  local name=$1 port=$2 plan=$3 spid cpid src
+  command -v ibv_rc_pingpong >/dev/null || { log "SKIP: ibv_rc_pingpong not installed"; exit $SKIP; }
+  start_daemons ""
+  local -a args=(-g 1 -s 64 -n 20 -p "$port")
+  on h1 env SOFTVERBS_FAULTS="$plan" SOFTVERBS_FAULTS_LOG="$work/$name.log" \
+    timeout -k 5 "$TIMEOUT" ibv_rc_pingpong "${args[@]}" >"$work/$name.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  for _ in $(seq 200); do
+    "$tb" exec h1 ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
+    sleep 0.05
+  done
+  on h0 timeout -k 5 30 ibv_rc_pingpong "${args[@]}" "$a1" >"$work/$name.client" 2>&1 &
+  cpid=$!
+  pids+=($cpid)
+  wait $spid
+  src=$?
+  kill $cpid 2>/dev/null
+  [ $src -eq 1 ] || fail "$name: server exit $src, not 1"
+  grep -qF "Failed status transport retry counter exceeded (12) for wr_id 2" "$work/$name.server" ||
+    fail "$name: server: no 'Failed status transport retry counter exceeded (12) for wr_id 2'"
+}
+
 # check_faults NAME: drops and reordering did happen, and were recovered from.
 check_faults() {
   local d r
@@ -295,26 +324,7 @@ case $case in
     # third SEND (its third pong) fails with RETRY_EXC_ERR once the two
     # before it completed; Debian's ibv_rc_pingpong says so for wr_id 2 and
     # exits 1, as on hardware; the plan's log names op 3.
-    command -v ibv_rc_pingpong >/dev/null || { log "SKIP: ibv_rc_pingpong not installed"; exit $SKIP; }
-    start_daemons ""
-    args=(-g 1 -s 64 -n 20 -p 18517)
-    on h1 env SOFTVERBS_FAULTS="wc:op=3,status=RETRY_EXC_ERR" SOFTVERBS_FAULTS_LOG="$work/rc_wc.log" \
-      timeout -k 5 "$TIMEOUT" ibv_rc_pingpong "${args[@]}" >"$work/rc_wc.server" 2>&1 &
-    spid=$!
-    pids+=($spid)
-    for _ in $(seq 200); do
-      "$tb" exec h1 ss -Hltn "sport = :18517" 2>/dev/null | grep -q . && break
-      sleep 0.05
-    done
-    on h0 timeout -k 5 30 ibv_rc_pingpong "${args[@]}" "$a1" >"$work/rc_wc.client" 2>&1 &
-    cpid=$!
-    pids+=($cpid)
-    wait $spid
-    src=$?
-    kill $cpid 2>/dev/null
-    [ $src -eq 1 ] || fail "rc_wc: server exit $src, not 1"
-    grep -qF "Failed status transport retry counter exceeded (12) for wr_id 2" "$work/rc_wc.server" ||
-      fail "rc_wc: server: no 'Failed status transport retry counter exceeded (12) for wr_id 2'"
+    pingpong_fails rc_wc 18517 "wc:op=3,status=RETRY_EXC_ERR"
     grep -Eq "^wc qp=0x[0-9a-f]+ op=3 wr_id=2 opcode=SEND status=RETRY_EXC_ERR$" "$work/rc_wc.log" ||
       fail "rc_wc: the fault log does not name op 3"
     [ "$failures" -eq 0 ] || show rc_wc
@@ -326,26 +336,7 @@ case $case in
     # down; its retries would run out). Debian's ibv_rc_pingpong says so
     # for wr_id 2 and exits 1, as on hardware; the plan's log has the port
     # going down and the failed request.
-    command -v ibv_rc_pingpong >/dev/null || { log "SKIP: ibv_rc_pingpong not installed"; exit $SKIP; }
-    start_daemons ""
-    args=(-g 1 -s 64 -n 20 -p 18518)
-    on h1 env SOFTVERBS_FAULTS="port:op=3,down_ms=2000" SOFTVERBS_FAULTS_LOG="$work/rc_port.log" \
-      timeout -k 5 "$TIMEOUT" ibv_rc_pingpong "${args[@]}" >"$work/rc_port.server" 2>&1 &
-    spid=$!
-    pids+=($spid)
-    for _ in $(seq 200); do
-      "$tb" exec h1 ss -Hltn "sport = :18518" 2>/dev/null | grep -q . && break
-      sleep 0.05
-    done
-    on h0 timeout -k 5 30 ibv_rc_pingpong "${args[@]}" "$a1" >"$work/rc_port.client" 2>&1 &
-    cpid=$!
-    pids+=($cpid)
-    wait $spid
-    src=$?
-    kill $cpid 2>/dev/null
-    [ $src -eq 1 ] || fail "rc_port: server exit $src, not 1"
-    grep -qF "Failed status transport retry counter exceeded (12) for wr_id 2" "$work/rc_port.server" ||
-      fail "rc_port: server: no 'Failed status transport retry counter exceeded (12) for wr_id 2'"
+    pingpong_fails rc_port 18518 "port:op=3,down_ms=2000"
     grep -Eq "^port op=3 qp=0x[0-9a-f]+: down for 2000 ms$" "$work/rc_port.log" ||
       fail "rc_port: the fault log does not have the port going down at op 3"
     grep -Eq "^port down: qp=0x[0-9a-f]+ wr_id=2 opcode=SEND status=RETRY_EXC_ERR$" "$work/rc_port.log" ||
