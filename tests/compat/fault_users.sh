@@ -9,38 +9,8 @@
 # the daemon counted the QPs' requests as mediated. Needs root.
 #   fault_users.sh BIN_DIR PORT
 set -u
-BIN=$(cd "${1:?usage: $0 BIN_DIR PORT}" && pwd)
-PORT=${2:?port}
-SKIP=77
-log() { printf '%s\n' "$*" >&2; }
-[ "$(id -u)" -eq 0 ] || { log "SKIP: not root"; exit $SKIP; }
-for p in ibv_rc_pingpong setpriv; do command -v $p >/dev/null || { log "SKIP: $p is not installed"; exit $SKIP; }; done
-as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
-as_nobody test -r "$BIN/../lib/libibverbs.so.1" ||
-  { log "SKIP: the build directory is not readable by nobody"; exit $SKIP; }
-
-work=$(mktemp -d /tmp/svfusers.XXXXXX)
-chmod 755 "$work"
-sysdir=$work/sys
-pids=()
-failures=0
-fail() { log "FAIL: $*"; failures=$((failures + 1)); }
-cleanup() {
-  local rc=$? p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  sleep 0.2
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  [ "$rc" -ne 0 ] && [ -s "$work/daemon.log" ] && { log "--- daemon:"; cat "$work/daemon.log" >&2; }
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-
-"$BIN/softverbsd" --system --foreground --dir "$sysdir" 2>"$work/daemon.log" &
-pids+=($!)
-for _ in $(seq 100); do [ -S "$sysdir/control" ] && break; sleep 0.05; done
-[ -S "$sysdir/control" ] || { log "the system daemon did not come up"; exit 1; }
-export SOFTVERBS_SYSTEM=1 SOFTVERBS_SYSTEM_DIR=$sysdir SOFTVERBS_NO_SPAWN=1
+USERS_NEEDS="ibv_rc_pingpong"
+. "$(dirname "$0")/users_lib.sh"
 
 args=(-g 0 -p "$PORT" -s 64 -n 20)
 "$BIN/softverbs" run -- timeout 30 env SOFTVERBS_FAULTS='wc:op=3,delay_us=400000;rnr:op=5,times=3' \
