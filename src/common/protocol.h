@@ -488,8 +488,14 @@ struct RoceAttachReq {
   uint32_t qpn;
   uint8_t sgid[16];
   uint32_t flags;  // kRoceSecondAddress: a UD QP attached already, on its other family's address
+  // Which of the process's RoCE threads serves the QP (below kRoceMaxLanes):
+  // a client of the port's own user gets one steered socket per lane, and
+  // the QP's datagrams reach that lane's socket (docs/ROCE.md, "Several
+  // engine threads"). Ignored for clients that are forwarded.
+  uint32_t lane;
 };
 enum : uint32_t { kRoceSecondAddress = 1 };
+constexpr uint32_t kRoceMaxLanes = 8;
 
 struct RoceAttachReply {
   Header h;

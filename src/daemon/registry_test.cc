@@ -616,3 +616,35 @@ TEST_F(RegistrySharing, RegionGoesWithItsLastMr) {
 
 }  // namespace
 }  // namespace sv::daemon
+
+namespace sv::daemon {
+namespace {
+
+// RoceAttachReq::lane picks one of the client's steered sockets
+// (docs/ROCE.md, "Several engine threads"): a lane at or beyond
+// kRoceMaxLanes is refused before anything else is looked at, so that no
+// client makes the port open more than kRoceMaxLanes sockets for it per
+// address whatever it sends.
+TEST(RocePortInput, ALaneBeyondTheMaximumIsRefusedFirst) {
+  RocePort port;  // not opened: a valid lane gets EOPNOTSUPP
+  for (uint32_t lane : {proto::kRoceMaxLanes, proto::kRoceMaxLanes + 1, 0x80000000u, 0xffffffffu}) {
+    proto::RoceAttachReq req{};
+    req.qpn = 2;
+    req.lane = lane;
+    proto::RoceAttachReply rep{};
+    std::vector<int> fds;
+    EXPECT_EQ(EINVAL, port.attach(1, 0, req, rep, fds)) << lane;
+    EXPECT_TRUE(fds.empty());
+  }
+  for (uint32_t lane = 0; lane < proto::kRoceMaxLanes; ++lane) {
+    proto::RoceAttachReq req{};
+    req.qpn = 2;
+    req.lane = lane;
+    proto::RoceAttachReply rep{};
+    std::vector<int> fds;
+    EXPECT_EQ(EOPNOTSUPP, port.attach(1, 0, req, rep, fds)) << lane;
+  }
+}
+
+}  // namespace
+}  // namespace sv::daemon

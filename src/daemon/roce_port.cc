@@ -181,8 +181,10 @@ bool RocePort::steer(size_t si) {
     auto qs = qpn_sock_.find(qpn);
     auto q2 = qpn_sock2_.find(qpn);  // a UD QP's second address
     if ((qs == qpn_sock_.end() || qs->second != si) && (q2 == qpn_sock2_.end() || q2->second != si)) continue;
+    const auto ln = qpn_lane_.find(qpn);
+    const uint32_t lane = ln == qpn_lane_.end() ? 0 : ln->second;
     for (size_t j = 0; j < s.slots.size(); ++j) {
-      if (!s.slots[j].used || s.slots[j].client != client) continue;
+      if (!s.slots[j].used || s.slots[j].client != client || s.slots[j].lane != lane) continue;
       f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, qpn, 0, 1));
       f.push_back(BPF_STMT(BPF_RET | BPF_K, uint32_t(j + 1)));
       break;
@@ -197,12 +199,12 @@ bool RocePort::steer(size_t si) {
   return true;
 }
 
-int RocePort::slot_for(size_t si, uint32_t client, uid_t uid) {
+int RocePort::slot_for(size_t si, uint32_t client, uint32_t lane, uid_t uid) {
   Sock& s = socks_[si];
   if (!s.steering) return -1;
   int free_slot = -1;
   for (size_t j = 0; j < s.slots.size(); ++j) {
-    if (s.slots[j].used && s.slots[j].client == client) return int(j);
+    if (s.slots[j].used && s.slots[j].client == client && s.slots[j].lane == lane) return int(j);
     // A departed client's process may live on in a child that inherited the
     // socket: hand it only to the same user (system daemon).
     if (!s.slots[j].used && s.slots[j].uid == uid && free_slot < 0) free_slot = int(j);
@@ -225,6 +227,7 @@ int RocePort::slot_for(size_t si, uint32_t client, uid_t uid) {
   }
   s.slots[free_slot].used = true;
   s.slots[free_slot].client = client;
+  s.slots[free_slot].lane = lane;
   return free_slot;
 }
 
@@ -316,7 +319,8 @@ int RocePort::sender_for(size_t si, uint32_t client) {
 // The socket the client sends (and, steered, receives) on: its own member
 // of the address's group when the kernel would let it make one itself,
 // else sender_for(). kRoceSteered in rep.flags says which.
-int RocePort::client_socket(size_t si, uint32_t client, uid_t uid, bool steerable, proto::RoceAttachReply& rep) {
+int RocePort::client_socket(size_t si, uint32_t client, uint32_t lane, uid_t uid, bool steerable,
+                            proto::RoceAttachReply& rep) {
   // A member of the group can replace the group's steering program
   // (SO_ATTACH_REUSEPORT_CBPF / _EBPF, SO_DETACH_REUSEPORT_BPF: no
   // privilege, no lock: net/core/sock_reuseport.c) and so take every
@@ -326,7 +330,7 @@ int RocePort::client_socket(size_t si, uint32_t client, uid_t uid, bool steerabl
   // group's, udp_lib_lport_inuse), and that user can ptrace this daemon.
   // Under the system daemon (root) that is root alone; a per-user daemon
   // serves its own user only.
-  const int slot = steerable && uid == ::geteuid() ? slot_for(si, client, uid) : -1;
+  const int slot = steerable && uid == ::geteuid() ? slot_for(si, client, lane, uid) : -1;
   if (slot >= 0 && steer(si)) {
     rep.flags = proto::kRoceSteered;
     return socks_[si].slots[size_t(slot)].fd.get();
@@ -336,6 +340,9 @@ int RocePort::client_socket(size_t si, uint32_t client, uid_t uid, bool steerabl
 
 int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req, proto::RoceAttachReply& rep,
                      std::vector<int>& out_fds) {
+  // One steered socket per lane: at most kRoceMaxLanes per client and
+  // address (and kMaxSlots in all), whatever the client asks.
+  if (req.lane >= proto::kRoceMaxLanes) return EINVAL;
   size_t si = socks_.size();
   for (size_t i = 0; i < socks_.size(); ++i) {
     if (std::memcmp(socks_[i].gid, req.sgid, 16) == 0) si = i;
@@ -371,7 +378,7 @@ int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req
     // that address's group (else what comes for it there is forwarded:
     // readable()).
     qpn_sock2_[qpn] = si;
-    const int fd = client_socket(si, client, uid, true, rep);
+    const int fd = client_socket(si, client, qpn_lane_[qpn], uid, true, rep);
     if (fd < 0) return EIO;
     out_fds.push_back(fd);
     out_fds.push_back(it->second.theirs.get());
@@ -380,7 +387,8 @@ int RocePort::attach(uint32_t client, uid_t uid, const proto::RoceAttachReq& req
   qpns_[qpn] = client;
   qpn_sock_[qpn] = si;
   qpn_sock2_.erase(qpn);
-  const int fd = client_socket(si, client, uid, qpn != kCmQpn, rep);
+  qpn_lane_[qpn] = req.lane;
+  const int fd = client_socket(si, client, req.lane, uid, qpn != kCmQpn, rep);
   if (fd < 0) return EIO;
   out_fds.push_back(fd);
   out_fds.push_back(it->second.theirs.get());
@@ -395,6 +403,7 @@ void RocePort::remove_client(uint32_t client) {
     if (it->second == client) {
       qpn_sock_.erase(it->first);
       qpn_sock2_.erase(it->first);
+      qpn_lane_.erase(it->first);
       it = qpns_.erase(it);
     } else {
       ++it;

@@ -88,6 +88,7 @@ class RocePort {
     bool used = false;
     uint32_t client = 0;
     uid_t uid = 0;  // of its first owner: only that user's clients get it again
+    uint32_t lane = 0;  // which of its client's RoCE threads receives on it
   };
   struct Sock {
     Fd fd;            // the daemon's: index 0 of the group (bound first)
@@ -119,11 +120,12 @@ class RocePort {
   bool opened_ = false;
   std::vector<Address> busy_;  // addresses whose port was held at open()
   // The client's slot on socks_[si] (a new or recycled one), or -1.
-  int slot_for(size_t si, uint32_t client, uid_t uid);
+  int slot_for(size_t si, uint32_t client, uint32_t lane, uid_t uid);
   // Rewrites socks_[si]'s steering program from qpns_; false if the kernel refused it.
   bool steer(size_t si);
   int sender_for(size_t si, uint32_t client);
-  int client_socket(size_t si, uint32_t client, uid_t uid, bool steerable, proto::RoceAttachReply& rep);
+  int client_socket(size_t si, uint32_t client, uint32_t lane, uid_t uid, bool steerable,
+                    proto::RoceAttachReply& rep);
   bool arrived_at_own_address(int fd, uint32_t qpn) const;
   std::map<std::pair<uint32_t, size_t>, Fd> senders_;  // (client, index in socks_) -> its sending socket
   std::vector<Sock> socks_;
@@ -133,6 +135,7 @@ class RocePort {
   };
   std::map<uint32_t, Arrival> arrivals_;  // client -> its arrival socket
   std::map<uint32_t, uint32_t> qpns_;     // QPN -> client
+  std::map<uint32_t, uint32_t> qpn_lane_;  // QPN -> its lane (RoceAttachReq::lane)
   std::map<uint32_t, size_t> qpn_sock_;   // QPN -> index in socks_ of the address it attached on
   std::map<uint32_t, size_t> qpn_sock2_;  // a UD QPN -> its second address's (kRoceSecondAddress)
   faults::Plan faults_;

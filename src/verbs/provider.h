@@ -422,6 +422,7 @@ struct ProcessQp {
   // thread has the QP (in_progress_list). Such a QP cannot be imported.
   bool lockless = false;
   std::atomic<bool> on_wire{false};  // RoCEv2: the engine in roce_link.cc carries this QP's sends
+  std::atomic<uint8_t> roce_lane{0};  // which RoCE thread (roce_link.cc's lane) serves it, once on_wire
   bool block_self_mcast = false;     // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: no multicast to itself
   // Requester state, guarded by hdr->send_lock.
   std::unique_ptr<Peer> peer;

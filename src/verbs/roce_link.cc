@@ -4,6 +4,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <fcntl.h>
 #include <netinet/udp.h>
@@ -19,6 +20,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <thread>
+#include <unordered_map>
 
 #include "common/access.h"
 #include "common/responder_core.h"
@@ -33,81 +36,16 @@
 #include "verbs/provider.h"
 #include "verbs/roce_memory.h"
 #include "verbs/roce_engine_io.h"
+#include "verbs/roce_hub.h"
 #include "verbs/roce_netdev.h"
 #include "verbs/roce_stats.h"
 #include "verbs/roce_xrc.h"
 #include "verbs/wr_rules.h"
 
-namespace sv::verbs {
+namespace sv::verbs::wire {
 namespace {
 
-using namespace sv::roce;
-
-using Gid = std::array<uint8_t, 16>;
-
 uint32_t mtu_bytes(ibv_mtu m) { return (m >= IBV_MTU_256 && m <= IBV_MTU_4096) ? 128u << m : 1024; }
-
-// Where the engine's packets go: the QP's endpoint, or for a UD QP's
-// destination of the other address family (an IPv6 group or GID of a QP
-// that listens on the IPv4 GID) its second endpoint, whose address handles
-// carry kOther.
-class RouteSink : public PacketSink {
- public:
-  static constexpr uint64_t kOther = uint64_t(1) << 48;
-  UdpEndpoint* first = nullptr;
-  UdpEndpoint* other = nullptr;
-  void send(uint64_t ah, std::span<const uint8_t> p) override { to(ah)->send(ah & ~kOther, p); }
-  void send_gather(uint64_t ah, std::span<const uint8_t> headers,
-                   std::span<const std::span<const uint8_t>> payload) override {
-    to(ah)->send_gather(ah & ~kOther, headers, payload);
-  }
-
- private:
-  UdpEndpoint* to(uint64_t ah) { return (ah & kOther) && other ? other : first; }
-};
-
-struct RoceQp;
-void publish_error(RoceQp& r);
-
-struct RoceQp {
-  ProcessQp* q;
-  Gid sgid{};
-  OwnMemory mem;
-  XrcTargetSrqs xrc;
-  CqSink sink;
-  RingRecvSource recvs;
-  std::unique_ptr<UdpEndpoint> ep;
-  std::unique_ptr<UdpEndpoint> ep2;  // UD: on the first GID of the other family, for sending (attach_other)
-  RouteSink route;
-  std::unique_ptr<roce::EngineQp> engine;
-  roce::QpConfig cfg;
-  std::map<Gid, uint64_t> ahs;  // UD destinations -> endpoint address handles
-  uint32_t wire_mtu = 1024;
-  uint64_t inline_next = 0;
-  bool error_reported = false;
-  bool error_published = false;  // the daemon's table says ERR (publish_error)
-  int ep_fd = -1;  // the endpoint's socket (owned by it)
-  uint64_t ack_due = 0;  // a held ACK goes by then (Hub::kAckHold)
-  explicit RoceQp(ProcessQp& s)
-      : q(&s), mem(s, s.pd ? s.pd->handle : 0),
-        xrc(s, [&s](uint32_t pd) { return std::make_unique<OwnMemory>(s, pd); }), sink(s, &xrc), recvs(s) {
-    sink.before_error = [this] { publish_error(*this); };
-  }
-  // The endpoint for datagrams of address family `fam`.
-  UdpEndpoint& ep_for(int fam) { return ep2 && ep->family() != fam ? *ep2 : *ep; }
-  void flush_delayed(bool all = false) {
-    ep->flush_delayed(all);
-    if (ep2) ep2->flush_delayed(all);
-  }
-  // What a pass of the engine sent goes out; its counts go to the QP's
-  // segment (`rdma statistic show`).
-  void flush_tx() {
-    ep->flush_tx();
-    if (ep2) ep2->flush_tx();
-    if (engine && q->hdr) publish_wire_counters(*q->hdr, engine->stats());
-  }
-  uint64_t next_delayed() const { return std::min(ep->next_delayed(), ep2 ? ep2->next_delayed() : UINT64_MAX); }
-};
 
 // SOFTVERBS_TEST_SLOW_ERROR=US: the daemon's call waits US microseconds
 // first, the window a loaded machine opens, made certain (roce.wire.xrc_peer
@@ -116,6 +54,8 @@ const unsigned g_slow_error_us = [] {
   const char* e = std::getenv("SOFTVERBS_TEST_SLOW_ERROR");
   return e ? unsigned(std::strtoul(e, nullptr, 10)) : 0u;
 }();
+
+}  // namespace
 
 // The engine went to the error state by itself (a fatal completion error,
 // IBTA 10.3.1): the daemon's QP table follows, so that ibv_query_qp and
@@ -148,8 +88,6 @@ void publish_error(RoceQp& r) {
   }
 }
 
-// Then, once the engine's own completions are out, what waits in the
-// receive ring is flushed after them.
 void report_error(RoceQp& r) {
   if (r.error_reported || !r.engine || r.engine->state() != roce::EngineState::kError) return;
   r.error_reported = true;
@@ -159,321 +97,7 @@ void report_error(RoceQp& r) {
   SV_TRACE("roce: QP %u: transport error, now in ERR", q.qpn);
 }
 
-// What one daemon connection (context) gave this process: its arrival
-// socket (datagrams the daemon forwards) and the sockets the daemon steers
-// this process's QPNs to (one per local address in use; each distinct
-// socket once, by inode). Closed together when the daemon closes the
-// arrival socket, since the daemon may then give those sockets to others.
-struct ConnSocks {
-  Fd arrival;
-  std::vector<std::pair<ino_t, Fd>> steered;
-};
-
-// All RoCE QPs of this process and the thread that serves their arrivals
-// and timers.
-//
-// Who receives: the RoCE thread sleeps in poll() on the sockets; a thread
-// that polls a wire CQ (ibv_poll_cq) and finds it empty receives and runs
-// the engines itself (roce_poll), which on a busy poller's CPU costs no
-// wake-up (ib_send_lat, ib_write_bw's requester). After traffic the RoCE
-// thread looks again without sleeping for a short while (spin_ns), so that
-// a stream of datagrams does not cost a wake-up each.
-struct Hub {
-  std::mutex mu;
-  std::map<uint32_t, std::unique_ptr<RoceQp>> qps;  // by QPN
-  std::map<ContextState*, ConnSocks> conns;          // one per daemon connection
-  SteadyClock clock;
-  Fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
-  bool started = false;
-  // SOFTVERBS_ROCE_GSO=0: one datagram per send and no UDP GRO (captures
-  // then show each packet as the wire of a NIC would).
-  const bool gso = [] {
-    const char* e = std::getenv("SOFTVERBS_ROCE_GSO");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  std::atomic<uint64_t> sleep_until{0};  // ns: when the RoCE thread wakes at the latest
-  std::atomic<uint64_t> last_app_poll{0};  // ns: the last roce_poll of an application thread
-  // While an application thread polls a wire CQ (roce_poll within
-  // kPollerGone), it receives: the RoCE thread keeps off the sockets (a
-  // wake-up per datagram would take the CPU from the poller, on 2 vCPUs)
-  // and only naps (kPollerNap) for timers and held ACKs, and to notice the
-  // poller gone. Arming a CQ for an event ends that at once.
-  static constexpr uint64_t kPollerGone = 200'000;  // ns
-  static constexpr uint64_t kPollerNap = 100'000;   // ns
-  // SOFTVERBS_ROCE_SPIN_US (default 20): how long the RoCE thread keeps
-  // looking after traffic before it sleeps again.
-  const uint64_t spin_ns = [] {
-    const char* e = std::getenv("SOFTVERBS_ROCE_SPIN_US");
-    return (e ? std::strtoull(e, nullptr, 10) : 20) * 1000;
-  }();
-  std::vector<uint8_t> buf = std::vector<uint8_t>(65536 + sizeof(proto::RoceArrival));
-  // recvmmsg batches on the steered sockets. A slot takes a whole UDP GRO
-  // train (the datagrams of one GSO send), so a batch of 4 brings up to
-  // 256 KiB: small enough that the kernel's copy is still in the L2 cache
-  // when the ICRC check and the copy into the MR read it. (32 slots, 2 MiB,
-  // made all three miss: at MTU 9000 1 MiB ib_write_bw went from about
-  // 2.6 to 3.4 GB/s with 4.)
-  static constexpr int kBatch = 4;
-  static constexpr size_t kSlot = 65536;
-  std::vector<uint8_t> rxbuf;  // kBatch * kSlot, on first use (not for local-only processes)
-  std::array<sockaddr_storage, kBatch> rxfrom{};
-  std::array<iovec, kBatch> rxiov{};
-  std::array<mmsghdr, kBatch> rxmsg{};
-  struct CmsgBuf {
-    alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int))];
-  };
-  std::array<CmsgBuf, kBatch> rxcmsg{};
-
-  void kick() { eventfd_signal(wake.get()); }
-
-  // The RoCE thread must wake by `deadline` (a new timer): kick it only if
-  // it sleeps longer (an eventfd write per post would cost a wake-up each).
-  void wake_by(uint64_t deadline) {
-    if (deadline < sleep_until.load(std::memory_order_relaxed)) kick();
-  }
-
-  void deliver_one(const sockaddr* from, socklen_t fl, const uint8_t* dg, size_t len, uint16_t ipv4_id = 0) {
-    if (len < kBthLen + kIcrcLen) return;
-    const uint32_t dqpn = uint32_t(dg[5]) << 16 | uint32_t(dg[6]) << 8 | dg[7];
-    auto it = qps.find(dqpn);
-    if (it == qps.end() || !it->second->engine) return;
-    it->second->ep_for(from->sa_family).deliver(from, fl, dg, len, ipv4_id);
-    if (it->second->engine->ack_urgent()) urgent.push_back(it->second.get());
-  }
-
-  // A stream's ACK goes as soon as a quarter window has come (see
-  // EngineQp::ack_urgent), not after the batch and the hold: the requester would
-  // otherwise sit on a full window while we drain it.
-  std::vector<RoceQp*> urgent;
-  void send_urgent_acks() {
-    for (RoceQp* r : urgent) {
-      if (!r->engine->ack_urgent()) continue;
-      r->engine->flush_ack();
-      r->ack_due = 0;
-      r->flush_tx();
-    }
-    urgent.clear();
-  }
-
-  // Delivers what waits on arrival socket `fd`; returns how many datagrams.
-  int drain(int fd) {
-    int got = 0;
-    for (int budget = 0; budget < 1024; ++budget) {
-      ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
-      if (n < 0) break;
-      if (size_t(n) < sizeof(proto::RoceArrival) + kBthLen + kIcrcLen) continue;
-      proto::RoceArrival a;
-      std::memcpy(&a, buf.data(), sizeof a);
-      if (a.from_len > sizeof a.from) continue;
-      sockaddr_storage from{};
-      std::memcpy(&from, a.from, a.from_len);
-      if (a.to_len) {
-        // A multicast datagram the daemon received for the group and copied
-        // to each member: this one is for our QP a.qpn.
-        if (a.to_len > sizeof a.to) continue;
-        sockaddr_storage to{};
-        std::memcpy(&to, a.to, a.to_len);
-        auto it = qps.find(a.qpn & 0xffffff);
-        if (it != qps.end() && it->second->engine)
-          it->second->ep_for(from.ss_family).deliver_multicast(reinterpret_cast<sockaddr*>(&from), a.from_len,
-                                            reinterpret_cast<sockaddr*>(&to), a.to_len, a.qpn & 0xffffff,
-                                            buf.data() + sizeof a, size_t(n) - sizeof a);
-        ++got;
-        continue;
-      }
-      deliver_one(reinterpret_cast<sockaddr*>(&from), a.from_len, buf.data() + sizeof a, size_t(n) - sizeof a);
-      if (!urgent.empty()) send_urgent_acks();
-      ++got;
-    }
-    return got;
-  }
-
-  // Delivers what waits on steered UDP socket `fd` (recvmmsg batches).
-  int drain_udp(int fd) {
-    if (rxbuf.empty()) rxbuf.resize(kBatch * kSlot);
-    int got = 0;
-    for (int round = 0; round < 32; ++round) {
-      for (int i = 0; i < kBatch; ++i) {
-        rxiov[i] = {rxbuf.data() + size_t(i) * kSlot, kSlot};
-        rxmsg[i].msg_hdr = msghdr{};
-        rxmsg[i].msg_hdr.msg_name = &rxfrom[i];
-        rxmsg[i].msg_hdr.msg_namelen = sizeof rxfrom[i];
-        rxmsg[i].msg_hdr.msg_iov = &rxiov[i];
-        rxmsg[i].msg_hdr.msg_iovlen = 1;
-        rxmsg[i].msg_hdr.msg_control = rxcmsg[i].buf;
-        rxmsg[i].msg_hdr.msg_controllen = sizeof rxcmsg[i].buf;
-      }
-      int n = ::recvmmsg(fd, rxmsg.data(), kBatch, MSG_DONTWAIT, nullptr);
-      if (n <= 0) break;
-      for (int i = 0; i < n; ++i) {
-        const msghdr& m = rxmsg[i].msg_hdr;
-        if (m.msg_flags & MSG_TRUNC) continue;
-        // UDP GRO (enabled on the socket): a train of datagrams of gso_size
-        // bytes each (the last may be shorter), as the sender's GSO send.
-        size_t seg = rxmsg[i].msg_len;
-        for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&m), c)) {
-          if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
-            int g;
-            std::memcpy(&g, CMSG_DATA(c), sizeof g);
-            if (g > 0) seg = size_t(g);
-          }
-        }
-        const uint8_t* p = static_cast<uint8_t*>(rxiov[i].iov_base);
-        uint16_t k = 0;  // the k-th datagram of a GSO send went with IPv4 ID k
-        for (size_t off = 0; off < rxmsg[i].msg_len; off += seg, ++k)
-          deliver_one(reinterpret_cast<sockaddr*>(&rxfrom[i]), m.msg_namelen, p + off,
-                      std::min(seg, size_t(rxmsg[i].msg_len) - off), k);
-        if (!urgent.empty()) send_urgent_acks();
-      }
-      got += n;
-      if (n < kBatch) break;
-    }
-    return got;
-  }
-
-  // `polled`: what ppoll just said, if it watched the arrival sockets for
-  // input. With steered sockets, the daemon's arrival socket is nearly
-  // always empty (datagrams come to it only before a QP's steering is in
-  // place): it is read when ppoll says it is readable, else one turn in
-  // eight, instead of a system call that finds nothing on every turn.
-  unsigned drain_turn = 0;
-  int drain_all(const std::vector<pollfd>* polled = nullptr) {
-    int got = 0;
-    ++drain_turn;
-    for (auto& [cs, c] : conns) {
-      for (auto& [ino, fd] : c.steered) got += drain_udp(fd.get());
-      if (!c.arrival.valid()) continue;
-      bool read = c.steered.empty() || (drain_turn & 7) == 0;
-      if (!read && polled) {
-        for (const pollfd& p : *polled) {
-          if (p.fd == c.arrival.get()) read = !(p.events & POLLIN) || (p.revents & POLLIN);
-        }
-      }
-      if (read) got += drain(c.arrival.get());
-    }
-    return got;
-  }
-
-  // ACKs are held up to kAckHold after the packets that asked for them, so
-  // that an answer the application posts meanwhile carries them in the same
-  // sendmmsg, after it (ib_write_lat: the peer, polling its CQ for the ACK,
-  // has our WRITE in memory when it sees it, and needs no wake-up of its
-  // RoCE thread). The requester's window (256 packets) outlasts the hold
-  // many times over.
-  static constexpr uint64_t kAckHold = 20'000;
-
-  void progress_all() {
-    const uint64_t now = clock.now_ns();
-    for (auto& [qpn, r] : qps) {
-      if (!r->engine) continue;
-      r->flush_delayed();
-      r->engine->progress(r->ack_due != 0 && now >= r->ack_due);
-      if (!r->engine->ack_pending()) r->ack_due = 0;
-      else if (r->ack_due == 0) r->ack_due = now + kAckHold;
-      r->flush_delayed();
-      r->flush_tx();
-      report_error(*r);
-    }
-  }
-
-  uint64_t next_deadline() {
-    uint64_t next = UINT64_MAX;
-    for (auto& [qpn, r] : qps) {
-      if (!r->engine) continue;
-      next = std::min({next, r->engine->next_deadline(), r->next_delayed()});
-      if (r->ack_due) next = std::min(next, r->ack_due);
-    }
-    return next;
-  }
-
-  void run() {
-    std::unique_lock<std::mutex> lk(mu);
-    std::vector<pollfd> pfds;
-    uint64_t spin_until = 0;  // after traffic, look again without sleeping until then
-    for (;;) {
-      const uint64_t now = clock.now_ns();
-      const bool poller = now - last_app_poll.load(std::memory_order_relaxed) < kPollerGone;
-      pfds.clear();
-      pfds.push_back({wake.get(), POLLIN, 0});
-      for (auto& [cs, c] : conns) {
-        pfds.push_back({c.arrival.get(), short(poller ? 0 : POLLIN), 0});  // POLLHUP comes anyway
-        if (poller) continue;
-        for (auto& [ino, fd] : c.steered) pfds.push_back({fd.get(), POLLIN, 0});
-      }
-      uint64_t next = std::min(next_deadline(), now + (poller ? kPollerNap : 20'000'000));
-      if (!poller && now < spin_until) next = now;
-      sleep_until.store(next, std::memory_order_relaxed);
-      timespec ts{time_t((next > now ? next - now : 0) / 1'000'000'000), long((next > now ? next - now : 0) % 1'000'000'000)};
-      lk.unlock();
-      for (;;) {
-        ::ppoll(pfds.data(), pfds.size(), &ts, nullptr);
-        if (!poller) {
-          lk.lock();
-          break;
-        }
-        // A poller holding the lock is doing the work: do not queue behind
-        // it (its unlock would then cost it a futex wake each time).
-        if (lk.try_lock()) break;
-        uint64_t v;
-        while (::read(wake.get(), &v, sizeof v) > 0) {
-        }
-        ts = timespec{0, long(kPollerNap)};
-      }
-      sleep_until.store(0, std::memory_order_relaxed);
-      if (pfds[0].revents & POLLIN) {
-        uint64_t v;
-        while (::read(wake.get(), &v, sizeof v) > 0) {
-        }
-      }
-      for (size_t i = 1; i < pfds.size(); ++i) {
-        if (pfds[i].revents & (POLLHUP | POLLERR)) {
-          // The daemon closed the arrival socket (the context was closed, or
-          // the daemon died): stop polling it, or poll() would return at once
-          // for ever, and drop the steered sockets of that connection.
-          for (auto c = conns.begin(); c != conns.end(); ++c) {
-            if (c->second.arrival.get() == pfds[i].fd) {
-              conns.erase(c);
-              break;
-            }
-          }
-        }
-      }
-      // A poller still at it receives and sends itself (roce_poll): unless a
-      // timer or a held ACK is due, keep off. Taking the work over after
-      // each nap made two threads of one process run it in turns (the
-      // poller yielding on the lock): a third runnable thread on 2 vCPUs.
-      if (poller && clock.now_ns() - last_app_poll.load(std::memory_order_relaxed) < kPollerGone &&
-          next_deadline() > clock.now_ns())
-        continue;
-      if (drain_all(&pfds) > 0) spin_until = clock.now_ns() + spin_ns;
-      progress_all();
-    }
-  }
-};
-
-Hub& hub() {
-  static Hub* h = new Hub;  // lives until exit; its thread is detached
-  return *h;
-}
-
-// Our own socket `fd` of an address's reuseport group (kRoceSteered): the
-// RoCE thread and CQ pollers receive on it (a copy: the endpoint owns the
-// one it sends on), once per distinct socket.
-void receive_on(Hub& h, ContextState& cs, int fd) {
-  ConnSocks& c = h.conns[&cs];
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return;
-  for (auto& [ino, s] : c.steered) {
-    if (ino == st.st_ino) return;
-  }
-  Fd mine(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  // Trains of datagrams from GSO senders arrive whole (one recvmmsg entry
-  // each) instead of being cut by the kernel first.
-  int one = 1;
-  if (h.gso) ::setsockopt(mine.get(), SOL_UDP, UDP_GRO, &one, sizeof one);
-  c.steered.emplace_back(st.st_ino, std::move(mine));
-  h.kick();
-}
+namespace {
 
 // A UD QP also sends from the first GID of the other address family (an
 // IPv6 one after the IPv4 index 1), so that its datagrams to IPv6 GIDs and
@@ -512,17 +136,24 @@ void attach_other(Hub& h, ProcessQp& q, RoceQp& r) {
   }
 }
 
+
 // RoceAttach: this process's socket on the address of `sgid` (steered:
-// in the port's group; else for sending only), and this connection's
-// arrival socket. Called with the hub lock held.
-int attach(Hub& h, ProcessQp& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& out) {
+// in the port's group, on lane `want`'s socket; else for sending only), and
+// this connection's arrival socket. `lane`: the lane that serves the QP
+// (`want` if steered, else 0, whose thread reads the arrival socket).
+// Called with no hub lock held.
+int attach(ProcessQp& q, const uint8_t* sgid, unsigned want, std::unique_ptr<RoceQp>& out, unsigned& lane) {
   ContextState& cs = *q.ctx->st;
   proto::RoceAttachReq req{};
   req.qpn = q.qpn;
+  req.lane = want;
   std::memcpy(req.sgid, sgid, 16);
   proto::RoceAttachReply rep{};
   std::vector<Fd> fds;
   if (int e = cs.conn.call<proto::Op::RoceAttach>(req, rep, {}, &fds)) return e;
+  const bool steered = rep.flags & proto::kRoceSteered;
+  lane = steered ? want : 0;
+  Hub& h = hub(lane);
   const FaultConfig f = faults_of(rep, q.qpn);
   auto r = std::make_unique<RoceQp>(q);
   r->ep = std::make_unique<UdpEndpoint>(h.clock, f);
@@ -536,25 +167,20 @@ int attach(Hub& h, ProcessQp& q, const uint8_t* sgid, std::unique_ptr<RoceQp>& o
   r->ep->set_gso(h.gso);  // rxe's IPv4 packets carry an IP ID (docs/ROCE.md)
   std::memcpy(r->sgid.data(), sgid, 16);
   r->wire_mtu = wire_mtu_for(sgid);
-  // One arrival socket per daemon connection. A ContextState at the address
-  // of a closed one is a new connection with a new socket: compare inodes.
-  auto a = h.conns.find(&cs);
-  struct stat now {}, had {};
-  if (a == h.conns.end() || ::fstat(fds[1].get(), &now) != 0 || ::fstat(a->second.arrival.get(), &had) != 0 ||
-      now.st_ino != had.st_ino) {
-    ConnSocks c;
-    c.arrival = std::move(fds[1]);
-    h.conns[&cs] = std::move(c);
-    h.kick();
+  // One arrival socket per daemon connection, read by lane 0.
+  if (lane != 0) {
+    Fd copy(::fcntl(fds[1].get(), F_DUPFD_CLOEXEC, 0));
+    if (!copy.valid()) return errno;
+    std::lock_guard<std::mutex> g(h.mu);
+    adopt_arrival(h, cs, std::move(copy));
   }
-  if (rep.flags & proto::kRoceSteered) receive_on(h, cs, r->ep_fd);
-  // (An XRC target has no CQs: its SRQs' are marked as it finds them.)
-  if (q.send_cq) q.send_cq->st->wire.store(true, std::memory_order_relaxed);
-  if (q.recv_cq) q.recv_cq->st->wire.store(true, std::memory_order_relaxed);
-  if (!h.started) {
-    h.started = true;
-    started_thread([&h] { h.run(); }).detach();
+  {
+    Hub& h0 = hub(0);
+    std::lock_guard<std::mutex> g(h0.mu);
+    adopt_arrival(h0, cs, std::move(fds[1]));
+    start(h0);
   }
+  r->steered = steered;
   out = std::move(r);
   return 0;
 }
@@ -658,30 +284,9 @@ int to_engine_wr(ProcessQp& q, RoceQp& r, const ibv_send_wr* wr, SendWr& s) {
   return 0;
 }
 
-}  // namespace
-
-bool roce_attached(const ProcessQp& q) { return q.on_wire.load(std::memory_order_acquire); }
-
-int roce_on_modify(ProcessQp& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next) {
-  Hub& h = hub();
-  if (next == IBV_QPS_RESET) {
-    roce_detach(q);
-    return 0;
-  }
-  std::lock_guard<std::mutex> g(h.mu);
-  auto it = h.qps.find(q.qpn);
-  RoceQp* r = (it != h.qps.end() && it->second->q == &q) ? it->second.get() : nullptr;
-  if (next == IBV_QPS_ERR) {
-    if (r && r->engine) {
-      r->error_reported = true;  // the application's own modify
-      r->error_published = true;
-      r->engine->flush_ack();    // what completed here is acknowledged first
-      r->flush_tx();
-      r->engine->set_error();
-    }
-    return 0;
-  }
-  if (next == IBV_QPS_RTR && !r) {
+// RTR: the QP goes on the wire, in the lane the daemon steers it to.
+int go_on_wire(ProcessQp& q, const ibv_qp_attr& attr, int mask) {
+  {
     uint8_t sgid[16] = {};
     if (q.type == IBV_QPT_UD) {
       // A UD QP has no address vector: it listens on the first address of
@@ -697,13 +302,20 @@ int roce_on_modify(ProcessQp& q, const ibv_qp_attr& attr, int mask, ibv_qp_state
       std::memcpy(sgid, s.raw, 16);
     }
     std::unique_ptr<RoceQp> nr;
-    if (int e = attach(h, q, sgid, nr)) {
+    unsigned lane = 0;
+    if (int e = attach(q, sgid, lane_for(q), nr, lane)) {
       // UD without a RoCE port stays a local-only QP.
       if (q.type == IBV_QPT_UD) return 0;
       SV_TRACE("roce: QP %u: no RoCEv2 port: %s", q.qpn, std::strerror(e));
       explain_no_wire(e, q.ctx->st->conn.dir(), sgid);
       return e;
     }
+    Hub& h = hub(lane);
+    std::lock_guard<std::mutex> g(h.mu);
+    if (nr->steered) receive_on(h, *q.ctx->st, nr->ep_fd);
+    // (An XRC target has no CQs: its SRQs' are marked as it finds them.)
+    if (q.send_cq) q.send_cq->st->wire.store(true, std::memory_order_relaxed);
+    if (q.recv_cq) q.recv_cq->st->wire.store(true, std::memory_order_relaxed);
     if (q.type == IBV_QPT_UD) attach_other(h, q, *nr);
     roce::QpConfig& c = nr->cfg;
     c.type = engine_type(q.type);
@@ -731,7 +343,40 @@ int roce_on_modify(ProcessQp& q, const ibv_qp_attr& attr, int mask, ibv_qp_state
     nr->mem.inline_slab.resize(size_t(q.cap.max_send_wr + 1) * std::max<uint32_t>(q.cap.max_inline_data, 1));
     SV_TRACE("roce: QP %u on the wire, pmtu %u", q.qpn, c.pmtu);
     h.qps[q.qpn] = std::move(nr);
+    set_lane_of_qpn(q.qpn, lane);
+    start(h);
+    q.roce_lane.store(uint8_t(lane), std::memory_order_release);
     q.on_wire.store(true, std::memory_order_release);
+    return 0;
+  }
+}
+
+}  // namespace
+}  // namespace sv::verbs::wire
+
+namespace sv::verbs {
+
+bool roce_attached(const ProcessQp& q) { return q.on_wire.load(std::memory_order_acquire); }
+
+int roce_on_modify(ProcessQp& q, const ibv_qp_attr& attr, int mask, ibv_qp_state next) {
+  using namespace wire;
+  if (next == IBV_QPS_RESET) {
+    roce_detach(q);
+    return 0;
+  }
+  if (next == IBV_QPS_RTR && !roce_attached(q)) return go_on_wire(q, attr, mask);
+  Hub& h = hub_of(q);
+  std::lock_guard<std::mutex> g(h.mu);
+  auto it = h.qps.find(q.qpn);
+  RoceQp* r = (it != h.qps.end() && it->second->q == &q) ? it->second.get() : nullptr;
+  if (next == IBV_QPS_ERR) {
+    if (r && r->engine) {
+      r->error_reported = true;  // the application's own modify
+      r->error_published = true;
+      r->engine->flush_ack();    // what completed here is acknowledged first
+      r->flush_tx();
+      r->engine->set_error();
+    }
     return 0;
   }
   if (next == IBV_QPS_RTS && r && r->engine && q.type != IBV_QPT_UD) {
@@ -743,14 +388,15 @@ int roce_on_modify(ProcessQp& q, const ibv_qp_attr& attr, int mask, ibv_qp_state
 }
 
 void roce_detach(ProcessQp& q) {
-  Hub& h = hub();
+  using namespace wire;
+  Hub& h = hub_of(q);
   std::lock_guard<std::mutex> g(h.mu);
   auto it = h.qps.find(q.qpn);
   if (it != h.qps.end() && it->second->q == &q) {
     RoceQp& r = *it->second;
     // SOFTVERBS_ROCE_STATS=1: what the wire did, for tests and debugging.
     if (r.engine && std::getenv("SOFTVERBS_ROCE_STATS"))
-      print_roce_stats(q.qpn, r.engine->stats(), r.ep->stats(), r.ep2 ? &r.ep2->stats() : nullptr);
+      print_roce_stats(q.qpn, h.index, r.engine->stats(), r.ep->stats(), r.ep2 ? &r.ep2->stats() : nullptr);
     // An ACK held for the next request (docs/ROCE.md) acknowledges messages
     // this side has completed: it must leave before the QP goes, or the
     // peer retries into a QP that no longer exists (ibv_rc_pingpong's last
@@ -762,6 +408,7 @@ void roce_detach(ProcessQp& q) {
       r.flush_tx();
     }
     h.qps.erase(it);
+    set_lane_of_qpn(q.qpn, 0);
   }
   q.on_wire.store(false, std::memory_order_release);
 }
@@ -780,7 +427,7 @@ bool roce_ud_remote(const ProcessQp&, const ibv_send_wr* wr) {
 bool roce_ud_multicast(const ProcessQp&, const ibv_send_wr* wr) {
   const Ah* ah = reinterpret_cast<const Ah*>(wr->wr.ud.ah);
   return ah && ah->attr.is_global && ah->attr.grh.sgid_index != 0 && gid_is_multicast(ah->attr.grh.dgid.raw) &&
-         (wr->wr.ud.remote_qpn & 0xffffff) == kMulticastQpn;
+         (wr->wr.ud.remote_qpn & 0xffffff) == roce::kMulticastQpn;
 }
 
 // RoCEv2 multicast (docs/ROCE.md, "Multicast"; IBTA annex A17.4.5: the MGID
@@ -792,7 +439,8 @@ bool roce_ud_multicast(const ProcessQp&, const ibv_send_wr* wr) {
 // get the message once, from execute_ud. An MGID of the other family than
 // the QP's address (a UD QP sends from GID index 1, IPv4) stays local.
 int roce_post_mcast(ProcessQp& q, const ibv_send_wr* wr) {
-  Hub& h = hub();
+  using namespace wire;
+  Hub& h = hub_of(q);
   std::lock_guard<std::mutex> g(h.mu);
   auto it = h.qps.find(q.qpn);
   if (it == h.qps.end() || !it->second->engine) return EINVAL;
@@ -818,7 +466,8 @@ int roce_post_mcast(ProcessQp& q, const ibv_send_wr* wr) {
 }
 
 int roce_post_send(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad) {
-  Hub& h = hub();
+  using namespace wire;
+  Hub& h = hub_of(q);
   std::lock_guard<std::mutex> g(h.mu);
   auto it = h.qps.find(q.qpn);
   if (it == h.qps.end() || !it->second->engine) {
@@ -861,35 +510,43 @@ int roce_post_send(ProcessQp& q, ibv_send_wr* wr, ibv_send_wr** bad) {
   return rc;
 }
 
+// One lane (a small machine): the poller takes the lane's work over while
+// it polls (Hub::kPollerGone). Several lanes: each lane's thread keeps its
+// sockets, and the poller does a lane's work only when it finds that lane
+// free (try_lock), so that a lane thread asleep costs no latency.
 bool roce_poll() {
-  Hub& h = hub();
-  h.last_app_poll.store(h.clock.now_ns(), std::memory_order_relaxed);
-  std::unique_lock<std::mutex> lk(h.mu, std::try_to_lock);
-  if (!lk.owns_lock()) {
-    // The RoCE thread or another poller is at it. If it was preempted on
-    // our CPU (2 vCPUs: likely), spinning here would keep it from finishing.
-    sched_yield();
-    return false;
+  using namespace wire;
+  const std::vector<Hub*>& all = lane_hubs();
+  const bool one = all.size() == 1;
+  bool did = false;
+  for (Hub* hp : all) {
+    Hub& h = *hp;
+    if (!h.started.load(std::memory_order_relaxed)) continue;
+    if (one) h.last_app_poll.store(h.clock.now_ns(), std::memory_order_relaxed);
+    std::unique_lock<std::mutex> lk(h.mu, std::try_to_lock);
+    // Not free: the RoCE thread or another poller is at it.
+    if (!lk.owns_lock()) continue;
+    const int got = h.drain_all();
+    if (got == 0 && h.next_deadline() > h.clock.now_ns()) continue;
+    // A held ACK goes with our next post, or at our next poll after its
+    // time, or from the RoCE thread, which naps no longer than kPollerNap
+    // while we poll: no kick needed.
+    h.progress_all();
+    did = true;
   }
-  const int got = h.drain_all();
-  if (got == 0 && h.next_deadline() > h.clock.now_ns()) {
-    // Nothing came: let another runnable thread of this CPU run (on 2 vCPUs
-    // shared with other work the peer's poller may be queued right here,
-    // and our spinning would hold its answer back for a time slice).
-    lk.unlock();
-    sched_yield();
-    return false;
-  }
-  // A held ACK goes with our next post, or at our next poll after its
-  // time, or from the RoCE thread, which naps no longer than kPollerNap
-  // while we poll: no kick needed.
-  h.progress_all();
-  return true;
+  // Nothing came, or a lane's thread is at it: let another runnable thread
+  // of this CPU run (on 2 vCPUs shared with other work the peer's poller,
+  // or the lane thread we found busy, may be queued right here, and our
+  // spinning would hold its answer back for a time slice).
+  if (!did) sched_yield();
+  return did;
 }
 
 void roce_notify_armed() {
-  Hub& h = hub();
-  if (h.last_app_poll.exchange(0, std::memory_order_relaxed) != 0) h.kick();
+  using namespace wire;
+  for (Hub* h : lane_hubs()) {
+    if (h->last_app_poll.exchange(0, std::memory_order_relaxed) != 0) h->kick();
+  }
 }
 
 }  // namespace sv::verbs

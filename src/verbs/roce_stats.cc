@@ -13,7 +13,7 @@ namespace sv::verbs {
 using roce::QpStats;
 using roce::UdpEndpointStats;
 
-void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1, const UdpEndpointStats* other) {
+void print_roce_stats(uint32_t qpn, unsigned lane, const QpStats& s, const UdpEndpointStats& e1, const UdpEndpointStats* other) {
   UdpEndpointStats e = e1;
   if (other) {
     e.bad_icrc += other->bad_icrc;
@@ -28,13 +28,13 @@ void print_roce_stats(uint32_t qpn, const QpStats& s, const UdpEndpointStats& e1
     e.link_down_received += other->link_down_received;
   }
   std::fprintf(stderr,
-               "softverbs roce: qp %u: packets_sent %lu packets_received %lu retransmit_timeouts %lu "
+               "softverbs roce: qp %u: lane %u packets_sent %lu packets_received %lu retransmit_timeouts %lu "
                "seq_naks_sent %lu seq_naks_received %lu rnr_naks_sent %lu rnr_naks_received %lu "
                "duplicates %lu dropped %lu read_replays %lu atomic_replays %lu wrong_source %lu bad_icrc %lu "
                "nonzero_ipv4_id %lu "
                "fault_dropped %lu fault_delayed %lu fault_duplicated %lu fault_corrupted %lu port_down_sent %lu "
                "port_down_received %lu gso_sends %lu multicast_received %lu\n",
-               qpn, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
+               qpn, lane, (unsigned long)s.packets_sent, (unsigned long)s.packets_received,
                (unsigned long)s.retransmit_timeouts, (unsigned long)s.seq_naks_sent,
                (unsigned long)s.seq_naks_received, (unsigned long)s.rnr_naks_sent,
                (unsigned long)s.rnr_naks_received, (unsigned long)s.duplicates, (unsigned long)s.dropped,

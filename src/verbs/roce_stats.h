@@ -12,8 +12,8 @@ namespace sv::verbs {
 
 // One line on stderr with a wire QP's engine and endpoint counters (`other`:
 // a UD QP's endpoint of the other address family, or null; its counters
-// are added).
-void print_roce_stats(uint32_t qpn, const roce::QpStats& s, const roce::UdpEndpointStats& e,
+// are added; `lane`: the RoCE thread that served it, roce_link.cc).
+void print_roce_stats(uint32_t qpn, unsigned lane, const roce::QpStats& s, const roce::UdpEndpointStats& e,
                       const roce::UdpEndpointStats* other);
 
 // Copies a wire QP's engine counters into its segment's `wire` counts

@@ -257,6 +257,42 @@ case $case in
       grep -q "^softverbs roce: qp" "$work/mw.$side" || fail "mw $side: the QP was not on the wire"
     done
     ;;
+  lanes)
+    # roce.wire.lanes: several RoCE threads per process (docs/ROCE.md, "Several engine
+    # threads"): 4 RC QPs of one process on one CQ, each served by its own
+    # lane, with loss and reordering; every byte, every completion and each
+    # QP's order checked (tests/roce/lanes_wire_peer.cc); the server's
+    # threads named; each side's QPs spread over the 4 lanes.
+    start_daemons "$faults"
+    mkdir -m 777 "$work/lanes"
+    on h1 env SOFTVERBS_ROCE_THREADS=4 "$bin/lanes_wire_peer" server "$work/lanes" 4 300 >"$work/lanes.server" 2>&1 &
+    spid=$!
+    pids+=($spid)
+    on h0 env SOFTVERBS_ROCE_THREADS=4 "$bin/lanes_wire_peer" client "$work/lanes" 4 300 >"$work/lanes.client" 2>&1
+    crc=$?
+    wait $spid
+    src=$?
+    if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+      fail "lanes: server exit $src, client exit $crc"
+    fi
+    for side in server client; do
+      grep -q "^lanes_wire_peer $side: ok" "$work/lanes.$side" || fail "lanes $side: no 'ok'"
+      lanes=$(grep "^softverbs roce: qp" "$work/lanes.$side" | grep -o "lane [0-9]*" | sort -u | wc -l)
+      [ "$lanes" -eq 4 ] || fail "lanes $side: its 4 QPs were served by $lanes lanes, not 4"
+      [ "$(stat lanes "$side" bad_icrc)" -eq 0 ] || fail "lanes $side: datagrams with a bad ICRC"
+    done
+    log "lanes server: $(grep "^threads:" "$work/lanes.server")"
+    log "lanes server: $(grep -o "qp [0-9]*:\|lane [0-9]*" "$work/lanes.server" | paste -sd ' ')"
+    for t in 0 1 2 3; do
+      grep -q "^threads:.* sv-roce-$t\b" "$work/lanes.server" || fail "lanes server: no thread sv-roce-$t"
+    done
+    check_faults lanes
+    r=$(($(stat lanes server retransmit_timeouts) + $(stat lanes client retransmit_timeouts) +
+      $(stat lanes server seq_naks_received) + $(stat lanes client seq_naks_received)))
+    log "lanes: $r retransmissions (timeouts and sequence NAKs)"
+    [ "$r" -gt 0 ] || fail "lanes: nothing was retransmitted: loss not recovered by retransmission?"
+    [ $failures -eq 0 ] || show lanes
+    ;;
   xrc_peer)
     # XRC's checks on the wire (tests/roce/xrc_wire_peer.cc): each SEND in
     # the SRQ it names, keys checked in that SRQ's PD, an unknown SRQ and an
