@@ -361,6 +361,37 @@ void adopt_arrival(Hub& h, ContextState& cs, Fd fd) {
   h.kick();
 }
 
+// IBTA vol. 1 annex A17 (RoCEv2) leaves the UDP source port to the
+// sender, for entropy: a RoCE NIC varies it per QP (rxe: 0xC000 + a hash
+// of the QPN) so that the receiving host's steering (RSS, RPS) spreads the
+// flows over its CPUs. Every steered socket is bound to 4791; each lane
+// sends from a socket of its own at a port the kernel picks, so that the
+// lanes' flows hash apart. Peers answer to 4791 whatever the source
+// port (and check the source address only, as rxe does).
+int lane_sender(Hub& h, int member) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(member, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return -1;
+  if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in&>(ss).sin_port = 0;
+  else if (ss.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6&>(ss).sin6_port = 0;
+  else return -1;
+  std::string key(reinterpret_cast<const char*>(&ss), len);
+  auto it = h.senders.find(key);
+  if (it == h.senders.end()) {
+    // By its system call: a program may preload librspreload.so (common/sys.h).
+    Fd fd(kernel_socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) return -1;
+    set_roce_socket_options(fd.get(), ss.ss_family);
+    int big = 8 << 20, small = 0;
+    if (::setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big) != 0)
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // it only sends
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&ss), len) != 0) return -1;
+    it = h.senders.emplace(std::move(key), std::move(fd)).first;
+  }
+  return ::fcntl(it->second.get(), F_DUPFD_CLOEXEC, 0);
+}
+
 void start(Hub& h) {  // with h.mu held
   if (h.started) return;
   h.started = true;

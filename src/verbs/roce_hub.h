@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/protocol.h"
@@ -79,9 +80,9 @@ struct RoceQp {
   uint64_t inline_next = 0;
   bool error_reported = false;
   bool error_published = false;  // the daemon's table says ERR (publish_error)
-  int ep_fd = -1;  // the endpoint's socket (owned by it)
+  Fd member;  // steered: our socket of the port's group, till the lane receives on it (receive_on)
   uint64_t ack_due = 0;  // a held ACK goes by then (Hub::kAckHold)
-  bool steered = false;  // the daemon steers the QPN to our socket (ep_fd)
+  bool steered = false;  // the daemon steers the QPN to our socket (`member`)
   explicit RoceQp(ProcessQp& s)
       : q(&s), mem(s, s.pd ? s.pd->handle : 0),
         xrc(s, [&s](uint32_t pd) { return std::make_unique<OwnMemory>(s, pd); }), sink(s, &xrc), recvs(s) {
@@ -152,6 +153,7 @@ struct Hub {
   std::mutex mu;
   std::map<uint32_t, std::unique_ptr<RoceQp>> qps;  // by QPN
   std::map<ContextState*, ConnSocks> conns;          // one per daemon connection
+  std::map<std::string, Fd> senders;  // several lanes: the lane's sending socket per local address (lane_sender)
   SteadyClock clock;
   Fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
   std::atomic<bool> started{false};  // its thread (set with mu held)
@@ -262,6 +264,10 @@ unsigned lane_for(const ProcessQp& q);
 void receive_on(Hub& h, ContextState& cs, int fd);
 // Lane `h` watches connection `cs`'s arrival socket (with h.mu held).
 void adopt_arrival(Hub& h, ContextState& cs, Fd fd);
+// Several lanes: the socket lane `h` sends from on the address `member`
+// (a steered socket) is bound to, at a UDP port of the lane's own (a new
+// descriptor for the caller), or -1. With h.mu held.
+int lane_sender(Hub& h, int member);
 // Lane `h`'s thread runs (with h.mu held).
 void start(Hub& h);
 

@@ -157,10 +157,18 @@ int attach(ProcessQp& q, const uint8_t* sgid, unsigned want, std::unique_ptr<Roc
   const FaultConfig f = faults_of(rep, q.qpn);
   auto r = std::make_unique<RoceQp>(q);
   r->ep = std::make_unique<UdpEndpoint>(h.clock, f);
-  r->ep_fd = fds[0].get();
   // Unsteered, the socket only sends (from a port of its own): what comes
-  // to 4791 for the QP is forwarded on the arrival socket.
-  if (int e = r->ep->adopt(fds[0].release(), kRoceV2Port)) return e;
+  // to 4791 for the QP is forwarded on the arrival socket. Steered, the
+  // lane receives on it (receive_on); with several lanes the QP sends from
+  // its lane's own port (lane_sender), else on it.
+  int send_fd = -1;
+  if (steered && lane_count() > 1) {
+    std::lock_guard<std::mutex> g(h.mu);
+    send_fd = lane_sender(h, fds[0].get());
+  }
+  if (send_fd >= 0) r->member = std::move(fds[0]);
+  else if (steered) r->member.reset(::fcntl(fds[0].get(), F_DUPFD_CLOEXEC, 0));
+  if (int e = r->ep->adopt(send_fd >= 0 ? send_fd : fds[0].release(), kRoceV2Port)) return e;
   r->ep->set_accept_any_ipv4_id(true);
   r->ep->set_tap(capture_tap(cs, q.qpn));  // `softverbs capture` (capture.h)
   r->ep->set_batching(true);  // one sendmmsg per call into the engine
@@ -312,7 +320,8 @@ int go_on_wire(ProcessQp& q, const ibv_qp_attr& attr, int mask) {
     }
     Hub& h = hub(lane);
     std::lock_guard<std::mutex> g(h.mu);
-    if (nr->steered) receive_on(h, *q.ctx->st, nr->ep_fd);
+    if (nr->steered && nr->member.valid()) receive_on(h, *q.ctx->st, nr->member.get());
+    nr->member.reset();
     // (An XRC target has no CQs: its SRQs' are marked as it finds them.)
     if (q.send_cq) q.send_cq->st->wire.store(true, std::memory_order_relaxed);
     if (q.recv_cq) q.recv_cq->st->wire.store(true, std::memory_order_relaxed);

@@ -265,6 +265,16 @@ case $case in
     # threads named; each side's QPs spread over the 4 lanes.
     start_daemons "$faults"
     mkdir -m 777 "$work/lanes"
+    # Each lane sends from a UDP port of its own (docs/ROCE.md): h1's veth
+    # sees 4 source ports from each host, none of them 4791.
+    have_tshark=0
+    if command -v tshark >/dev/null; then
+      have_tshark=1
+      "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp dst port 4791" -w "$work/lanes.pcap" 2>"$work/lanes.tshark" &
+      cap=$!
+      pids+=($cap)
+      for _ in $(seq 100); do grep -q "Capturing on" "$work/lanes.tshark" 2>/dev/null && break; sleep 0.1; done
+    fi
     on h1 env SOFTVERBS_ROCE_THREADS=4 "$bin/lanes_wire_peer" server "$work/lanes" 4 300 >"$work/lanes.server" 2>&1 &
     spid=$!
     pids+=($spid)
@@ -287,6 +297,18 @@ case $case in
       grep -q "^threads:.* sv-roce-$t\b" "$work/lanes.server" || fail "lanes server: no thread sv-roce-$t"
     done
     check_faults lanes
+    if [ $have_tshark -eq 1 ]; then
+      sleep 0.5
+      kill $cap 2>/dev/null
+      wait $cap 2>/dev/null
+      tshark -r "$work/lanes.pcap" -T fields -e ip.src -e udp.srcport 2>/dev/null | sort -u >"$work/lanes.ports"
+      log "lanes: source address and port pairs: $(tr '\t\n' ': ' <"$work/lanes.ports")"
+      for a in "$("$tb" addr h0)" "$a1"; do
+        n=$(awk -v a="$a" '$1 == a && $2 != 4791' "$work/lanes.ports" | wc -l)
+        [ "$n" -eq 4 ] || fail "lanes: $a sent from $n ports other than 4791, not 4 (one per lane)"
+      done
+      grep -q "[[:space:]]4791$" "$work/lanes.ports" && fail "lanes: a lane sent from port 4791"
+    fi
     r=$(($(stat lanes server retransmit_timeouts) + $(stat lanes client retransmit_timeouts) +
       $(stat lanes server seq_naks_received) + $(stat lanes client seq_naks_received)))
     log "lanes: $r retransmissions (timeouts and sequence NAKs)"
