@@ -91,6 +91,7 @@ int RocePort::open() {
   // contexts under a bad plan; the daemon says why and runs without one.
   if (std::string e = faults::from_environment(faults_); !e.empty())
     std::fprintf(stderr, "softverbsd: %s (no wire faults)\n", e.c_str());
+  if (const char* e = std::getenv("SOFTVERBS_TEST_STEER_LIMIT")) steer_limit_ = std::strtoul(e, nullptr, 10);
   ifaddrs* ifs = nullptr;
   if (::getifaddrs(&ifs) != 0) return errno;
   for (ifaddrs* i = ifs; i; i = i->ifa_next) {
@@ -176,8 +177,9 @@ bool RocePort::steer(size_t si) {
   std::vector<sock_filter> f;
   f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 4));               // BTH bytes 4-7: resv8, DestQP
   f.push_back(BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xffffff));
+  size_t entries = 0;
   for (const auto& [qpn, client] : qpns_) {
-    if (qpn == kCmQpn || f.size() + 3 > BPF_MAXINSNS) continue;       // the rest: forwarded
+    if (qpn == kCmQpn || f.size() + 3 > BPF_MAXINSNS || entries >= steer_limit_) continue;  // the rest: forwarded
     auto qs = qpn_sock_.find(qpn);
     auto q2 = qpn_sock2_.find(qpn);  // a UD QP's second address
     if ((qs == qpn_sock_.end() || qs->second != si) && (q2 == qpn_sock2_.end() || q2->second != si)) continue;
@@ -187,6 +189,7 @@ bool RocePort::steer(size_t si) {
       if (!s.slots[j].used || s.slots[j].client != client || s.slots[j].lane != lane) continue;
       f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, qpn, 0, 1));
       f.push_back(BPF_STMT(BPF_RET | BPF_K, uint32_t(j + 1)));
+      ++entries;
       break;
     }
   }

@@ -136,6 +136,9 @@ class RocePort {
   std::map<uint32_t, Arrival> arrivals_;  // client -> its arrival socket
   std::map<uint32_t, uint32_t> qpns_;     // QPN -> client
   std::map<uint32_t, uint32_t> qpn_lane_;  // QPN -> its lane (RoceAttachReq::lane)
+  // SOFTVERBS_TEST_STEER_LIMIT=N: at most N QPNs in a steering program, the
+  // rest forwarded as beyond the program's size (tests: roce.wire.lanes_forwarded).
+  size_t steer_limit_ = SIZE_MAX;
   std::map<uint32_t, size_t> qpn_sock_;   // QPN -> index in socks_ of the address it attached on
   std::map<uint32_t, size_t> qpn_sock2_;  // a UD QPN -> its second address's (kRoceSecondAddress)
   faults::Plan faults_;

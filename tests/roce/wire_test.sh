@@ -226,6 +226,65 @@ xsrq() {
   [ $failures -eq 0 ]
 }
 
+lanes() {
+  # roce.wire.lanes: several RoCE threads per process (docs/ROCE.md, "Several engine
+  # threads"): 4 RC QPs of one process on one CQ, each served by its own
+  # lane, with loss and reordering; every byte, every completion and each
+  # QP's order checked (tests/roce/lanes_wire_peer.cc); the server's
+  # threads named; each side's QPs spread over the 4 lanes.
+  start_daemons "$faults"
+  mkdir -m 777 "$work/lanes"
+  # Each lane sends from a UDP port of its own (docs/ROCE.md): h1's veth
+  # sees 4 source ports from each host, none of them 4791.
+  have_tshark=0
+  if command -v tshark >/dev/null; then
+    have_tshark=1
+    "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp dst port 4791" -w "$work/lanes.pcap" 2>"$work/lanes.tshark" &
+    cap=$!
+    pids+=($cap)
+    for _ in $(seq 100); do grep -q "Capturing on" "$work/lanes.tshark" 2>/dev/null && break; sleep 0.1; done
+  fi
+  on h1 env SOFTVERBS_ROCE_THREADS=4 "$bin/lanes_wire_peer" server "$work/lanes" 4 300 >"$work/lanes.server" 2>&1 &
+  spid=$!
+  pids+=($spid)
+  on h0 env SOFTVERBS_ROCE_THREADS=4 "$bin/lanes_wire_peer" client "$work/lanes" 4 300 >"$work/lanes.client" 2>&1
+  crc=$?
+  wait $spid
+  src=$?
+  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+    fail "lanes: server exit $src, client exit $crc"
+  fi
+  for side in server client; do
+    grep -q "^lanes_wire_peer $side: ok" "$work/lanes.$side" || fail "lanes $side: no 'ok'"
+    lanes=$(grep "^softverbs roce: qp" "$work/lanes.$side" | grep -o "lane [0-9]*" | sort -u | wc -l)
+    [ "$lanes" -eq 4 ] || fail "lanes $side: its 4 QPs were served by $lanes lanes, not 4"
+    [ "$(stat lanes "$side" bad_icrc)" -eq 0 ] || fail "lanes $side: datagrams with a bad ICRC"
+  done
+  log "lanes server: $(grep "^threads:" "$work/lanes.server")"
+  log "lanes server: $(grep -o "qp [0-9]*:\|lane [0-9]*" "$work/lanes.server" | paste -sd ' ')"
+  for t in 0 1 2 3; do
+    grep -q "^threads:.* sv-roce-$t\b" "$work/lanes.server" || fail "lanes server: no thread sv-roce-$t"
+  done
+  check_faults lanes
+  if [ $have_tshark -eq 1 ]; then
+    sleep 0.5
+    kill $cap 2>/dev/null
+    wait $cap 2>/dev/null
+    tshark -r "$work/lanes.pcap" -T fields -e ip.src -e udp.srcport 2>/dev/null | sort -u >"$work/lanes.ports"
+    log "lanes: source address and port pairs: $(tr '\t\n' ': ' <"$work/lanes.ports")"
+    for a in "$("$tb" addr h0)" "$a1"; do
+      n=$(awk -v a="$a" '$1 == a && $2 != 4791' "$work/lanes.ports" | wc -l)
+      [ "$n" -eq 4 ] || fail "lanes: $a sent from $n ports other than 4791, not 4 (one per lane)"
+    done
+    grep -q "[[:space:]]4791$" "$work/lanes.ports" && fail "lanes: a lane sent from port 4791"
+  fi
+  r=$(($(stat lanes server retransmit_timeouts) + $(stat lanes client retransmit_timeouts) +
+    $(stat lanes server seq_naks_received) + $(stat lanes client seq_naks_received)))
+  log "lanes: $r retransmissions (timeouts and sequence NAKs)"
+  [ "$r" -gt 0 ] || fail "lanes: nothing was retransmitted: loss not recovered by retransmission?"
+  [ $failures -eq 0 ] || show lanes
+}
+
 # Fixed seeds: each run drops and delays the same datagrams (as far as the
 # timing of retransmissions allows), so a failure can be replayed.
 seed=${ROCE_WIRE_SEED:-7}
@@ -258,62 +317,16 @@ case $case in
     done
     ;;
   lanes)
-    # roce.wire.lanes: several RoCE threads per process (docs/ROCE.md, "Several engine
-    # threads"): 4 RC QPs of one process on one CQ, each served by its own
-    # lane, with loss and reordering; every byte, every completion and each
-    # QP's order checked (tests/roce/lanes_wire_peer.cc); the server's
-    # threads named; each side's QPs spread over the 4 lanes.
-    start_daemons "$faults"
-    mkdir -m 777 "$work/lanes"
-    # Each lane sends from a UDP port of its own (docs/ROCE.md): h1's veth
-    # sees 4 source ports from each host, none of them 4791.
-    have_tshark=0
-    if command -v tshark >/dev/null; then
-      have_tshark=1
-      "$tb" exec h1 tshark -q -i eth0 -F pcap -f "udp dst port 4791" -w "$work/lanes.pcap" 2>"$work/lanes.tshark" &
-      cap=$!
-      pids+=($cap)
-      for _ in $(seq 100); do grep -q "Capturing on" "$work/lanes.tshark" 2>/dev/null && break; sleep 0.1; done
-    fi
-    on h1 env SOFTVERBS_ROCE_THREADS=4 "$bin/lanes_wire_peer" server "$work/lanes" 4 300 >"$work/lanes.server" 2>&1 &
-    spid=$!
-    pids+=($spid)
-    on h0 env SOFTVERBS_ROCE_THREADS=4 "$bin/lanes_wire_peer" client "$work/lanes" 4 300 >"$work/lanes.client" 2>&1
-    crc=$?
-    wait $spid
-    src=$?
-    if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
-      fail "lanes: server exit $src, client exit $crc"
-    fi
-    for side in server client; do
-      grep -q "^lanes_wire_peer $side: ok" "$work/lanes.$side" || fail "lanes $side: no 'ok'"
-      lanes=$(grep "^softverbs roce: qp" "$work/lanes.$side" | grep -o "lane [0-9]*" | sort -u | wc -l)
-      [ "$lanes" -eq 4 ] || fail "lanes $side: its 4 QPs were served by $lanes lanes, not 4"
-      [ "$(stat lanes "$side" bad_icrc)" -eq 0 ] || fail "lanes $side: datagrams with a bad ICRC"
-    done
-    log "lanes server: $(grep "^threads:" "$work/lanes.server")"
-    log "lanes server: $(grep -o "qp [0-9]*:\|lane [0-9]*" "$work/lanes.server" | paste -sd ' ')"
-    for t in 0 1 2 3; do
-      grep -q "^threads:.* sv-roce-$t\b" "$work/lanes.server" || fail "lanes server: no thread sv-roce-$t"
-    done
-    check_faults lanes
-    if [ $have_tshark -eq 1 ]; then
-      sleep 0.5
-      kill $cap 2>/dev/null
-      wait $cap 2>/dev/null
-      tshark -r "$work/lanes.pcap" -T fields -e ip.src -e udp.srcport 2>/dev/null | sort -u >"$work/lanes.ports"
-      log "lanes: source address and port pairs: $(tr '\t\n' ': ' <"$work/lanes.ports")"
-      for a in "$("$tb" addr h0)" "$a1"; do
-        n=$(awk -v a="$a" '$1 == a && $2 != 4791' "$work/lanes.ports" | wc -l)
-        [ "$n" -eq 4 ] || fail "lanes: $a sent from $n ports other than 4791, not 4 (one per lane)"
-      done
-      grep -q "[[:space:]]4791$" "$work/lanes.ports" && fail "lanes: a lane sent from port 4791"
-    fi
-    r=$(($(stat lanes server retransmit_timeouts) + $(stat lanes client retransmit_timeouts) +
-      $(stat lanes server seq_naks_received) + $(stat lanes client seq_naks_received)))
-    log "lanes: $r retransmissions (timeouts and sequence NAKs)"
-    [ "$r" -gt 0 ] || fail "lanes: nothing was retransmitted: loss not recovered by retransmission?"
-    [ $failures -eq 0 ] || show lanes
+    lanes
+    ;;
+  lanes_forwarded)
+    # roce.wire.lanes_forwarded: the same with the daemons' steering
+    # programs holding no QPN (SOFTVERBS_TEST_STEER_LIMIT=0, as when a
+    # program is full): every datagram reaches the daemon, is forwarded on
+    # the process's arrival socket, read by lane 0 and handed to the QP's
+    # lane (roce_hub.cc, Hub::hand).
+    export SOFTVERBS_TEST_STEER_LIMIT=0
+    lanes
     ;;
   xrc_peer)
     # XRC's checks on the wire (tests/roce/xrc_wire_peer.cc): each SEND in
