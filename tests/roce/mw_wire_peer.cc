@@ -116,32 +116,8 @@ void connect(Side& s, const std::string& peer) {
   char* end = nullptr;
   qpn = unsigned(std::strtoul(p, &end, 10));
   for (auto& b : g.raw) b = uint8_t(std::strtoul(end, &end, 10));
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = qpn;
-  a.rq_psn = 0;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = g;
-  a.ah_attr.grh.sgid_index = kGidIndex;
-  a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(s.qp, &a,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    die("modify to RTR");
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = 0;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  if (ibv_modify_qp(s.qp, &a,
-                    IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_MAX_QP_RD_ATOMIC))
-    die("modify to RTS");
+  wire_peer::to_rtr(s.qp, qpn, g, kGidIndex);
+  wire_peer::to_rts(s.qp);
 }
 
 uint32_t bind_window(Side& s, ibv_mw* mw, uint64_t wr_id) {

@@ -1,7 +1,8 @@
 // wire_peer.h: what the test bed's peer programs (mw_wire_peer,
-// xrc_wire_peer) share: dying with a message, handing a line to the other
-// side through a file of the shared directory, waiting for the other side's
-// line, and waiting for one completion.
+// xrc_wire_peer, lanes_wire_peer) share: dying with a message, handing a
+// line to the other side through a file of the shared directory, waiting for
+// the other side's line, a RC QP's moves to RTR and RTS, and waiting for one
+// completion.
 #pragma once
 
 #include <errno.h>
@@ -41,6 +42,40 @@ inline std::string get(const std::string& path) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   die("timed out waiting for " + path);
+}
+
+// RTR toward QP `dest` at `dgid` (path MTU 1024, PSN 0, from GID index
+// `sgid_index` of port 1), then RTS (PSN 0, `timeout`, 7 retries).
+inline void to_rtr(ibv_qp* qp, uint32_t dest, const ibv_gid& dgid, int sgid_index) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = dest;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = dgid;
+  a.ah_attr.grh.sgid_index = uint8_t(sgid_index);
+  a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.port_num = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    die("modify to RTR");
+}
+inline void to_rts(ibv_qp* qp, uint8_t timeout = 14) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;
+  a.timeout = timeout;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                        IBV_QP_MAX_QP_RD_ATOMIC))
+    die("modify to RTS");
 }
 
 // One completion of `cq`: polled, then polled with short sleeps.

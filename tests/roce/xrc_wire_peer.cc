@@ -117,39 +117,6 @@ void to_init(ibv_qp* qp) {
     die("modify to INIT");
 }
 
-void to_rtr(ibv_qp* qp, uint32_t dest, const ibv_gid& dgid) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = dest;
-  a.rq_psn = 0;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = dgid;
-  a.ah_attr.grh.sgid_index = kGidIndex;
-  a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    die("modify to RTR");
-}
-
-void to_rts(ibv_qp* qp) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = 0;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_MAX_QP_RD_ATOMIC))
-    die("modify to RTS");
-}
-
 uint8_t pattern(size_t i) { return uint8_t(i * 13 + 5); }
 
 void post_srq_recv(ibv_srq* srq, ibv_mr* mr, size_t off, uint32_t len, uint64_t wr_id) {
@@ -218,7 +185,7 @@ int server(const std::string& dir) {
   std::vector<uint32_t> init(kPairs);
   for (auto& n : init) peer >> n;
   const ibv_gid pg = parse_gid(peer);
-  for (int i = 0; i < kPairs; ++i) to_rtr(tgt[i], init[i], pg);
+  for (int i = 0; i < kPairs; ++i) wire_peer::to_rtr(tgt[i], init[i], pg, kGidIndex);
   put(dir + "/server_ready", "ready");
 
   // Phase 1's two receives, each from its SRQ, into its SRQ's memory.
@@ -308,8 +275,8 @@ int client(const std::string& dir) {
   for (auto& n : tgt) peer >> n;
   get(dir + "/server_ready");
   for (int i = 0; i < kPairs; ++i) {
-    to_rtr(ini[i], tgt[i], sg);
-    to_rts(ini[i]);
+    wire_peer::to_rtr(ini[i], tgt[i], sg, kGidIndex);
+    wire_peer::to_rts(ini[i]);
   }
   auto post = [&](ibv_qp* q, uint64_t id, ibv_wr_opcode op, uint32_t srqn, size_t off, uint32_t len,
                   uint64_t raddr = 0, uint32_t rkey = 0) {
