@@ -62,13 +62,7 @@ struct Side {
 
 Side open_side(unsigned nqp, unsigned msgs) {
   Side s;
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (!list || n < 1) die("no device");
-  s.ctx = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (!s.ctx) die("ibv_open_device");
-  if (ibv_query_gid(s.ctx, 1, kGidIndex, &s.gid)) die("ibv_query_gid");
+  s.ctx = wire_peer::open_first(kGidIndex, s.gid);
   s.pd = ibv_alloc_pd(s.ctx);
   s.cq = ibv_create_cq(s.ctx, int(nqp * (msgs + kSendDepth) + 16), nullptr, nullptr, 0);
   s.per_qp = kWrite + size_t(msgs) * kMaxMsg;

@@ -1,7 +1,7 @@
 // wire_peer.h: what the test bed's peer programs (mw_wire_peer,
 // xrc_wire_peer, lanes_wire_peer) share: dying with a message, handing a
 // line to the other side through a file of the shared directory, waiting for
-// the other side's line, a RC QP's moves to RTR and RTS, and waiting for one
+// the other side's line, opening the device, a RC QP's moves to RTR and RTS, and waiting for one
 // completion.
 #pragma once
 
@@ -42,6 +42,18 @@ inline std::string get(const std::string& path) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   die("timed out waiting for " + path);
+}
+
+// The first device, opened, and its GID `gid_index` of port 1 in `gid`.
+inline ibv_context* open_first(int gid_index, ibv_gid& gid) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list || n < 1) die("no device");
+  ibv_context* ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!ctx) die("ibv_open_device");
+  if (ibv_query_gid(ctx, 1, gid_index, &gid)) die("ibv_query_gid");
+  return ctx;
 }
 
 // RTR toward QP `dest` at `dgid` (path MTU 1024, PSN 0, from GID index

@@ -66,13 +66,7 @@ struct Dev {
 
 Dev open_dev() {
   Dev d;
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (!list || n < 1) die("no device");
-  d.ctx = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (!d.ctx) die("ibv_open_device");
-  if (ibv_query_gid(d.ctx, 1, kGidIndex, &d.gid)) die("ibv_query_gid");
+  d.ctx = wire_peer::open_first(kGidIndex, d.gid);
   d.cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
   if (!d.cq) die("ibv_create_cq");
   return d;
