@@ -230,6 +230,7 @@ void UdpEndpoint::send(uint64_t ah, std::span<const uint8_t> packet) {
     stats_.link_down_sent++;
     return;
   }
+  if (spared_) return transmit(ah, packet, icrc);
   FaultDecision d = faults_.decide();
   if (d.copies == 0) stats_.fault_dropped++;
   if (d.copies == 2) stats_.fault_duplicated++;

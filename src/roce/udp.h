@@ -108,6 +108,12 @@ class UdpEndpoint : public PacketSink {
   // multicast QPN. Anything else is dropped (counted in stats()).
   void deliver_multicast(const sockaddr* from, socklen_t from_len, const sockaddr* group, socklen_t group_len,
                          uint32_t qpn, const uint8_t* data, size_t n);
+  // From now on nothing this endpoint sends is dropped, delayed or
+  // corrupted by the fault hook (a down link still sends nothing). For a QP
+  // being destroyed: its last ACK, lost, would leave the peer retrying into
+  // a QP that no longer exists until its retry count ends (an outcome of the
+  // test's loss, not of the transport it tests; docs/LAB.md, "Faults").
+  void spare_from_faults() { spared_ = true; }
   // Sends the datagrams the fault hook held back whose time has come (all
   // of them with `all`: they are on the wire already, as it were), and when
   // the next one is due (UINT64_MAX if none).
@@ -200,6 +206,7 @@ class UdpEndpoint : public PacketSink {
   Clock& clock_;
   FaultInjector faults_;
   bool faulty_;
+  bool spared_ = false;  // spare_from_faults()
   const std::atomic<bool>* link_down_;  // FaultConfig::link_down
   bool link_is_down() const { return link_down_ && link_down_->load(std::memory_order_acquire); }
   int fd_ = -1;

@@ -341,6 +341,47 @@ TEST(UdpEndpoint, NothingGoesOrArrivesWhileTheLinkIsDown) {
   EXPECT_GE(a.qp->stats().retransmit_timeouts + b.qp->stats().retransmit_timeouts, 1u);
 }
 
+// spare_from_faults (a QP being destroyed, roce_link.cc): B's plan drops
+// everything it sends, so A's SEND arrives and its ACK never does; once B's
+// endpoint is spared, the ACK for A's retransmission goes and A completes
+// within its retry count.
+TEST(UdpEndpoint, ASparedEndpointSendsDespiteItsPlan) {
+  FaultConfig fb;
+  fb.drop = 1.0;
+  fb.seed = 3;
+  Side a(FaultConfig{}), b(fb);
+  ASSERT_EQ(a.ep.bind("127.0.0.1", 0), 0);
+  ASSERT_EQ(b.ep.bind("127.0.0.1", 0), 0);
+  QpConfig ca, cb;
+  ca.qpn = 0x51; ca.dest_qpn = 0x52; ca.dest_ah = a.ep.add_peer("127.0.0.1", b.ep.port()); ca.timeout = 10;  // 4 ms
+  cb.qpn = 0x52; cb.dest_qpn = 0x51; cb.dest_ah = b.ep.add_peer("127.0.0.1", a.ep.port()); cb.timeout = 10;
+  a.key = a.mem.add(0x1000000, 4096, kLocalWrite);
+  b.key = b.mem.add(0x2000000, 4096, kLocalWrite);
+  a.qp = std::make_unique<EngineQp>(ca, a.ep, a.cq, a.mem, a.clock);
+  b.qp = std::make_unique<EngineQp>(cb, b.ep, b.cq, b.mem, b.clock);
+  a.ep.attach(a.qp.get());
+  b.ep.attach(b.qp.get());
+  b.qp->post_recv(rwr(2, b.key, 0x2000800, 100));
+  a.qp->post_send(wr(10, WrOpcode::kSend, a.key, 0x1000000, 100));
+  uint64_t deadline = a.clock.now_ns() + 2'000'000'000ull;
+  while ((b.cq.all.empty() || b.ep.stats().fault_dropped == 0) && a.clock.now_ns() < deadline) {
+    a.ep.poll(0);
+    b.ep.poll(1);
+  }
+  ASSERT_EQ(b.cq.all.size(), 1u);  // B has the message; its ACK was dropped
+  EXPECT_TRUE(a.cq.all.empty());
+  const uint64_t dropped = b.ep.stats().fault_dropped;
+  b.ep.spare_from_faults();
+  deadline = a.clock.now_ns() + 2'000'000'000ull;
+  while (a.cq.all.empty() && a.clock.now_ns() < deadline) {
+    a.ep.poll(0);
+    b.ep.poll(1);
+  }
+  ASSERT_EQ(a.cq.all.size(), 1u);
+  EXPECT_EQ(a.cq.all[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(b.ep.stats().fault_dropped, dropped);  // nothing dropped once spared
+}
+
 // Linux rxe sends IPv4 with DF and a non-zero IP ID, which its ICRC covers
 // and a UDP socket cannot see: with set_accept_any_ipv4_id such a datagram
 // is accepted, without it dropped; a corrupted one is dropped either way.

@@ -411,6 +411,10 @@ void roce_detach(ProcessQp& q) {
     // peer retries into a QP that no longer exists (ibv_rc_pingpong's last
     // SEND, then the client exits). Datagrams the fault hook holds back
     // were sent, as far as the peer knows: they must not vanish either.
+    // The fault hook spares what goes now (UdpEndpoint::spare_from_faults):
+    // a last ACK lost here could never be made good.
+    if (r.ep) r.ep->spare_from_faults();
+    if (r.ep2) r.ep2->spare_from_faults();
     if (r.engine) r.engine->flush_ack();
     if (r.ep) {
       r.flush_delayed(true);
