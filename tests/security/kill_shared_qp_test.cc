@@ -227,6 +227,32 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
   };
   post_recvs();
 
+  // What a wedged QP looks like, for the next one to find why (it failed
+  // once in a whole test.sh run, 2026-12-05, and not in 40 reruns): both
+  // QPs' states, the receive queue's bookkeeping here, and the device's
+  // counters per QP (`softverbs status --json`: RNR NAKs, retries, errors).
+  auto wedge_report = [&] {
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qi{};
+    for (ibv_qp* q : {sqp, rqp}) {
+      const int r = ibv_query_qp(q, &qa, IBV_QP_STATE, &qi);
+      std::printf("wedge: QP %u: query %d, state %d\n", q->qp_num, r, int(qa.qp_state));
+    }
+    std::printf("wedge: receives posted %llu, completed %llu, refused %d\n", (unsigned long long)next_recv,
+                (unsigned long long)done_recv, recv_full);
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return;
+    exe[n] = 0;
+    const std::string dir = std::string(exe).substr(0, std::string(exe).rfind('/'));
+    std::string tool = dir + "/softverbs";
+    if (access(tool.c_str(), X_OK) != 0) tool = dir + "/../bin/softverbs";  // tests/ beside bin/
+    const std::string cmd = tool + " status --json";
+    std::fflush(stdout);
+    if (std::system(cmd.c_str()) != 0) std::printf("wedge: %s failed\n", cmd.c_str());
+    std::fflush(stdout);
+  };
+
   std::vector<std::vector<uint8_t>> delivered(kMaxGens), errored(kMaxGens);
   std::vector<uint32_t> beyond(kMaxGens, 0);
   std::vector<uint32_t> killed;
@@ -350,6 +376,7 @@ TEST(KillSharedQp, ThreeWritersFiftyKillsNothingLostNothingWedged) {
     // bound is for a loaded sanitizer run, where a writer takes seconds to start).
     uint64_t deadline = now_ms() + 30000;
     while (b->posted[v.gen].load() < 4 && now_ms() < deadline) drain();
+    if (b->posted[v.gen].load() < 4) wedge_report();
     ASSERT_GE(b->posted[v.gen].load(), 4u) << "kill " << k << ": writer " << v.gen
                                            << " cannot post (enomem " << b->enomem[v.gen].load() << ", error " << b->error[v.gen].load()
                                            << "): the shared QP is wedged";
