@@ -294,6 +294,22 @@ TEST(UdpEndpoint, CorruptIcrcAndUnknownQpAreDropped) {
   close(s);
 }
 
+// Sides a and b bound to 127.0.0.1, each with a 4 KiB memory region and a
+// RC QP (QPNs `qpn` and `qpn` + 1, 4 ms timeout) connected to the other's.
+void connect_on_loopback(Side& a, Side& b, uint32_t qpn) {
+  ASSERT_EQ(a.ep.bind("127.0.0.1", 0), 0);
+  ASSERT_EQ(b.ep.bind("127.0.0.1", 0), 0);
+  QpConfig ca, cb;
+  ca.qpn = qpn; ca.dest_qpn = qpn + 1; ca.dest_ah = a.ep.add_peer("127.0.0.1", b.ep.port()); ca.timeout = 10;
+  cb.qpn = qpn + 1; cb.dest_qpn = qpn; cb.dest_ah = b.ep.add_peer("127.0.0.1", a.ep.port()); cb.timeout = 10;
+  a.key = a.mem.add(0x1000000, 4096, kLocalWrite);
+  b.key = b.mem.add(0x2000000, 4096, kLocalWrite);
+  a.qp = std::make_unique<EngineQp>(ca, a.ep, a.cq, a.mem, a.clock);
+  b.qp = std::make_unique<EngineQp>(cb, b.ep, b.cq, b.mem, b.clock);
+  a.ep.attach(a.qp.get());
+  b.ep.attach(b.qp.get());
+}
+
 // A link that something took down (FaultConfig::link_down, a fault plan's
 // port rule): the endpoint sends nothing and drops what arrives, counting
 // both; once it is up again the peers' retransmissions go through and every
@@ -303,17 +319,7 @@ TEST(UdpEndpoint, NothingGoesOrArrivesWhileTheLinkIsDown) {
   FaultConfig fa;
   fa.link_down = &down;
   Side a(fa), b(FaultConfig{});
-  ASSERT_EQ(a.ep.bind("127.0.0.1", 0), 0);
-  ASSERT_EQ(b.ep.bind("127.0.0.1", 0), 0);
-  QpConfig ca, cb;
-  ca.qpn = 0x41; ca.dest_qpn = 0x42; ca.dest_ah = a.ep.add_peer("127.0.0.1", b.ep.port()); ca.timeout = 10;  // 4 ms
-  cb.qpn = 0x42; cb.dest_qpn = 0x41; cb.dest_ah = b.ep.add_peer("127.0.0.1", a.ep.port()); cb.timeout = 10;
-  a.key = a.mem.add(0x1000000, 4096, kLocalWrite);
-  b.key = b.mem.add(0x2000000, 4096, kLocalWrite);
-  a.qp = std::make_unique<EngineQp>(ca, a.ep, a.cq, a.mem, a.clock);
-  b.qp = std::make_unique<EngineQp>(cb, b.ep, b.cq, b.mem, b.clock);
-  a.ep.attach(a.qp.get());
-  b.ep.attach(b.qp.get());
+  connect_on_loopback(a, b, 0x41);
   a.qp->post_recv(rwr(1, a.key, 0x1000800, 100));
   b.qp->post_recv(rwr(2, b.key, 0x2000800, 100));
   a.qp->post_send(wr(10, WrOpcode::kSend, a.key, 0x1000000, 100));
@@ -350,17 +356,7 @@ TEST(UdpEndpoint, ASparedEndpointSendsDespiteItsPlan) {
   fb.drop = 1.0;
   fb.seed = 3;
   Side a(FaultConfig{}), b(fb);
-  ASSERT_EQ(a.ep.bind("127.0.0.1", 0), 0);
-  ASSERT_EQ(b.ep.bind("127.0.0.1", 0), 0);
-  QpConfig ca, cb;
-  ca.qpn = 0x51; ca.dest_qpn = 0x52; ca.dest_ah = a.ep.add_peer("127.0.0.1", b.ep.port()); ca.timeout = 10;  // 4 ms
-  cb.qpn = 0x52; cb.dest_qpn = 0x51; cb.dest_ah = b.ep.add_peer("127.0.0.1", a.ep.port()); cb.timeout = 10;
-  a.key = a.mem.add(0x1000000, 4096, kLocalWrite);
-  b.key = b.mem.add(0x2000000, 4096, kLocalWrite);
-  a.qp = std::make_unique<EngineQp>(ca, a.ep, a.cq, a.mem, a.clock);
-  b.qp = std::make_unique<EngineQp>(cb, b.ep, b.cq, b.mem, b.clock);
-  a.ep.attach(a.qp.get());
-  b.ep.attach(b.qp.get());
+  connect_on_loopback(a, b, 0x51);
   b.qp->post_recv(rwr(2, b.key, 0x2000800, 100));
   a.qp->post_send(wr(10, WrOpcode::kSend, a.key, 0x1000000, 100));
   uint64_t deadline = a.clock.now_ns() + 2'000'000'000ull;

@@ -1,6 +1,7 @@
 // port_attack: a hostile user's process (run as nobody under the system
-// daemon) that puts one RC QP on the wire and then attacks whatever
-// sockets the daemon handed it, for tests/roce/port_group_test.sh
+// daemon) that puts four RC QPs on the wire (one per lane it may ask
+// for) and then attacks whatever sockets the daemon handed it, for
+// tests/roce/port_group_test.sh
 // (roce.port_group). A member of the daemon's UDP 4791 SO_REUSEPORT group
 // could replace the group's steering program (no privilege needed) and
 // take every user's RoCE datagrams and CM MADs. For every descriptor of
@@ -119,6 +120,12 @@ int main(int argc, char** argv) {
   ibv_qp* qp = ctx ? qp_on_wire(ctx, argv[1]) : nullptr;
   if (!qp) return 1;
   std::printf("qpn %u\n", qp->qp_num);
+  // Three more on the wire: run with SOFTVERBS_ROCE_THREADS=4, they ask
+  // the daemon for lanes 1-3 (RoceAttachReq::lane), which must not get a
+  // user other than the daemon's a member of the port's group either.
+  for (int i = 0; i < 3; ++i) {
+    if (!qp_on_wire(ctx, argv[1])) return 1;
+  }
   int bad = 0;
   std::vector<int> udp;
   const std::vector<int> fds = socket_fds();

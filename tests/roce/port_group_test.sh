@@ -72,7 +72,8 @@ on0() {
 
 # The attacker, left running (its stdin a fifo) while the others talk.
 mkfifo "$work/attack.in"
-sys --nobody "$attack" "$a0" "$a1" <"$work/attack.in" >"$work/attack.out" 2>&1 &
+# Four lanes: its QPs ask for lanes 0-3 (docs/ROCE.md, "Several engine threads").
+sys --nobody env SOFTVERBS_ROCE_THREADS=4 "$attack" "$a0" "$a1" <"$work/attack.in" >"$work/attack.out" 2>&1 &
 attacker=$!
 pids+=($attacker)
 exec {attack_fd}>"$work/attack.in"
